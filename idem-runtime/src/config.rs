@@ -1,0 +1,185 @@
+//! [`Idem`]: the pool and the settings that every idempotent handler shares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderName;
+use sqlx::PgPool;
+
+/// Response headers stored and replayed unless configured otherwise.
+pub const DEFAULT_STORED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-language",
+    "content-location",
+    "location",
+    "etag",
+    "last-modified",
+];
+
+/// Headers that are never stored, whatever the configuration says: replaying them
+/// would hand one response's session or credentials to another request.
+pub const NEVER_STORED_HEADERS: &[&str] = &["set-cookie", "set-cookie2"];
+
+/// A configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The header may not be stored (see [`NEVER_STORED_HEADERS`]).
+    #[error("the response header `{0}` must never be stored or replayed")]
+    ForbiddenHeader(String),
+    /// Not a valid header name.
+    #[error("`{0}` is not a valid HTTP header name")]
+    InvalidHeader(String),
+}
+
+/// What idem needs at run time: the PostgreSQL pool and its settings.
+///
+/// Cheap to clone. Put it in your router state and expose it with
+/// [`axum::extract::FromRef`], so that `#[idempotent]` handlers can find it:
+///
+/// ```no_run
+/// use axum::extract::FromRef;
+/// use idem_runtime::Idem;
+///
+/// #[derive(Clone)]
+/// struct AppState {
+///     idem: Idem,
+/// }
+///
+/// impl FromRef<AppState> for Idem {
+///     fn from_ref(state: &AppState) -> Idem {
+///         state.idem.clone()
+///     }
+/// }
+///
+/// # async fn demo(pool: sqlx::PgPool) {
+/// let idem = Idem::new(pool).with_in_flight_wait(std::time::Duration::from_millis(500));
+/// let state = AppState { idem };
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Idem {
+    pool: PgPool,
+    settings: Arc<Settings>,
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    in_flight_wait: Duration,
+    max_response_bytes: usize,
+    stored_headers: Vec<HeaderName>,
+}
+
+impl Idem {
+    /// The default in-flight wait: how long a duplicate waits for the first request.
+    pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
+    /// The default limit on a stored response body.
+    pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+    /// Uses `pool` with the default settings.
+    pub fn new(pool: PgPool) -> Self {
+        Idem {
+            pool,
+            settings: Arc::new(Settings {
+                in_flight_wait: Self::DEFAULT_IN_FLIGHT_WAIT,
+                max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
+                stored_headers: DEFAULT_STORED_HEADERS
+                    .iter()
+                    .map(|h| HeaderName::from_static(h))
+                    .collect(),
+            }),
+        }
+    }
+
+    /// How long a duplicate request waits for a concurrent first request with the
+    /// same key to finish before it is answered `409 Conflict` with `Retry-After`.
+    /// A waiting request holds a pool connection, so keep this short. A handler's
+    /// `in_flight_wait = "..."` overrides it.
+    pub fn with_in_flight_wait(mut self, wait: Duration) -> Self {
+        Arc::make_mut(&mut self.settings).in_flight_wait = wait;
+        self
+    }
+
+    /// The largest response body that is stored. A larger body is not stored: the
+    /// transaction is rolled back and the client gets `500` with the problem type
+    /// [`crate::problem::RESPONSE_TOO_LARGE`], so nothing runs without its outcome
+    /// being recorded.
+    pub fn with_max_response_bytes(mut self, limit: usize) -> Self {
+        Arc::make_mut(&mut self.settings).max_response_bytes = limit;
+        self
+    }
+
+    /// Stores and replays one more response header besides
+    /// [`DEFAULT_STORED_HEADERS`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for an invalid name or one of [`NEVER_STORED_HEADERS`].
+    pub fn with_stored_header(mut self, name: &str) -> Result<Self, ConfigError> {
+        let lower = name.to_ascii_lowercase();
+        if NEVER_STORED_HEADERS.contains(&lower.as_str()) {
+            return Err(ConfigError::ForbiddenHeader(lower));
+        }
+        let header =
+            HeaderName::from_bytes(lower.as_bytes()).map_err(|_| ConfigError::InvalidHeader(lower))?;
+        let settings = Arc::make_mut(&mut self.settings);
+        if !settings.stored_headers.contains(&header) {
+            settings.stored_headers.push(header);
+        }
+        Ok(self)
+    }
+
+    /// The pool claims run on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The configured in-flight wait.
+    pub fn in_flight_wait(&self) -> Duration {
+        self.settings.in_flight_wait
+    }
+
+    /// The configured response body limit.
+    pub fn max_response_bytes(&self) -> usize {
+        self.settings.max_response_bytes
+    }
+
+    /// The response headers that are stored and replayed.
+    pub fn stored_headers(&self) -> &[HeaderName] {
+        &self.settings.stored_headers
+    }
+
+    /// Applies idem's migrations to the pool's database (see [`crate::migrate`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::migrate`].
+    pub async fn migrate(&self) -> Result<(), crate::StoreError> {
+        crate::store::migrate(&self.pool).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idem() -> Idem {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://localhost/none")
+            .unwrap();
+        Idem::new(pool)
+    }
+
+    #[tokio::test]
+    async fn set_cookie_can_never_be_stored() {
+        assert_eq!(
+            idem().with_stored_header("Set-Cookie").unwrap_err(),
+            ConfigError::ForbiddenHeader("set-cookie".into())
+        );
+        assert!(matches!(
+            idem().with_stored_header("bad header"),
+            Err(ConfigError::InvalidHeader(_))
+        ));
+        let i = idem().with_stored_header("X-Request-Id").unwrap();
+        assert!(i.stored_headers().iter().any(|h| h == "x-request-id"));
+    }
+}

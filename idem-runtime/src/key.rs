@@ -1,0 +1,265 @@
+//! The `Idempotency-Key` request header: parsing and validation.
+//!
+//! Two spellings are accepted, because clients in the wild use both:
+//!
+//! * a bare token, as Stripe and most payment APIs document it:
+//!   `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`
+//! * an RFC 8941 structured-field string, as the IETF
+//!   `draft-ietf-httpapi-idempotency-key-header` specifies it:
+//!   `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`
+//!
+//! Both spellings of the same characters name the same key. The raw key never
+//! appears in a `Debug` or `Display` output of this module's types, so it cannot
+//! leak into logs by accident.
+
+use std::fmt;
+
+/// The name of the request header that carries the key.
+pub const HEADER_NAME: &str = "idempotency-key";
+
+/// The longest key accepted, in characters (all keys are ASCII).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// A validated idempotency key.
+///
+/// It can only be built by [`IdempotencyKey::parse`], so holding one proves the
+/// key is non-empty, at most [`MAX_KEY_LEN`] characters and printable ASCII.
+/// Its `Debug` output is redacted: keys are bearer-like secrets in some APIs.
+///
+/// ```
+/// use idem_runtime::IdempotencyKey;
+///
+/// let bare = IdempotencyKey::parse("order-42").unwrap();
+/// let quoted = IdempotencyKey::parse("\"order-42\"").unwrap();
+/// assert_eq!(bare, quoted);
+/// assert_eq!(bare.as_str(), "order-42");
+/// assert_eq!(format!("{bare:?}"), "IdempotencyKey(<redacted, 8 chars>)");
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+/// Why a key was refused. None of the variants carries the key itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The request has no `Idempotency-Key` header.
+    #[error("the request has no Idempotency-Key header")]
+    Missing,
+    /// The header appears more than once.
+    #[error("the Idempotency-Key header appears more than once")]
+    Repeated,
+    /// The key is empty (or only white space).
+    #[error("the Idempotency-Key is empty")]
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`] characters.
+    #[error("the Idempotency-Key is {len} characters long; at most {MAX_KEY_LEN} are allowed")]
+    TooLong {
+        /// The length that was sent.
+        len: usize,
+    },
+    /// The key holds a character outside printable ASCII.
+    #[error(
+        "the Idempotency-Key holds a character outside printable ASCII at position {position}"
+    )]
+    NotPrintableAscii {
+        /// Zero-based byte position of the first offending character.
+        position: usize,
+    },
+    /// The key starts with `"` but is not a valid RFC 8941 string item.
+    #[error(
+        "the Idempotency-Key starts with '\"' but is not a valid structured-field string (RFC 8941)"
+    )]
+    MalformedStructuredString,
+}
+
+impl KeyError {
+    /// True when the header is absent, false when it is present but unusable.
+    pub fn is_missing(&self) -> bool {
+        matches!(self, KeyError::Missing)
+    }
+}
+
+impl IdempotencyKey {
+    /// Parses one header value.
+    ///
+    /// A value that starts with `"` must be a structured-field string item without
+    /// parameters; anything else is a bare token of visible ASCII (`0x21..=0x7e`).
+    /// Surrounding spaces and tabs are ignored, as HTTP field values allow them.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError`] names the rule that the value breaks.
+    pub fn parse(value: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+        let raw = trim_ows(value.as_ref());
+        if raw.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        let key = if raw[0] == b'"' {
+            parse_structured(raw)?
+        } else {
+            if let Some(position) = raw.iter().position(|b| !(0x21..=0x7e).contains(b)) {
+                return Err(KeyError::NotPrintableAscii { position });
+            }
+            // Checked above: every byte is ASCII.
+            String::from_utf8(raw.to_vec()).map_err(|_| KeyError::NotPrintableAscii { position: 0 })?
+        };
+        if key.trim().is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong { len: key.len() });
+        }
+        Ok(IdempotencyKey(key))
+    }
+
+    /// Reads the key from a request's headers.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::Missing`] without the header, [`KeyError::Repeated`] when it is
+    /// sent twice, otherwise whatever [`IdempotencyKey::parse`] says.
+    pub fn from_headers(headers: &axum::http::HeaderMap) -> Result<Self, KeyError> {
+        let mut values = headers.get_all(HEADER_NAME).iter();
+        let first = values.next().ok_or(KeyError::Missing)?;
+        if values.next().is_some() {
+            return Err(KeyError::Repeated);
+        }
+        Self::parse(first.as_bytes())
+    }
+
+    /// The key's characters. Store it, compare it; do not log it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey(<redacted, {} chars>)", self.0.len())
+    }
+}
+
+fn trim_ows(mut raw: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = raw {
+        raw = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = raw {
+        raw = rest;
+    }
+    raw
+}
+
+fn parse_structured(raw: &[u8]) -> Result<String, KeyError> {
+    let item: sfv::Item = sfv::Parser::new(raw)
+        .parse()
+        .map_err(|_| KeyError::MalformedStructuredString)?;
+    if !item.params.is_empty() {
+        return Err(KeyError::MalformedStructuredString);
+    }
+    let s = item
+        .bare_item
+        .as_string()
+        .ok_or(KeyError::MalformedStructuredString)?;
+    Ok(s.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_and_structured_spellings_name_the_same_key() {
+        let a = IdempotencyKey::parse("abc-123").unwrap();
+        let b = IdempotencyKey::parse("\"abc-123\"").unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.as_str(), "abc-123");
+    }
+
+    #[test]
+    fn surrounding_white_space_is_ignored() {
+        assert_eq!(IdempotencyKey::parse("  k1\t").unwrap().as_str(), "k1");
+    }
+
+    #[test]
+    fn structured_string_may_hold_spaces_and_escapes() {
+        let k = IdempotencyKey::parse(r#""a b \"c\"""#).unwrap();
+        assert_eq!(k.as_str(), "a b \"c\"");
+    }
+
+    #[test]
+    fn empty_keys_are_refused() {
+        assert_eq!(IdempotencyKey::parse(""), Err(KeyError::Empty));
+        assert_eq!(IdempotencyKey::parse("   "), Err(KeyError::Empty));
+        assert_eq!(IdempotencyKey::parse("\"\""), Err(KeyError::Empty));
+        assert_eq!(IdempotencyKey::parse("\"   \""), Err(KeyError::Empty));
+    }
+
+    #[test]
+    fn length_limit_is_255() {
+        assert!(IdempotencyKey::parse("k".repeat(255)).is_ok());
+        assert_eq!(
+            IdempotencyKey::parse("k".repeat(256)),
+            Err(KeyError::TooLong { len: 256 })
+        );
+        let quoted = format!("\"{}\"", "k".repeat(256));
+        assert_eq!(IdempotencyKey::parse(quoted), Err(KeyError::TooLong { len: 256 }));
+    }
+
+    #[test]
+    fn control_characters_and_non_ascii_are_refused() {
+        assert_eq!(
+            IdempotencyKey::parse("ab\x01cd"),
+            Err(KeyError::NotPrintableAscii { position: 2 })
+        );
+        assert_eq!(
+            IdempotencyKey::parse("ab\x7fcd"),
+            Err(KeyError::NotPrintableAscii { position: 2 })
+        );
+        assert_eq!(
+            IdempotencyKey::parse("clé".as_bytes()),
+            Err(KeyError::NotPrintableAscii { position: 2 })
+        );
+        assert_eq!(
+            IdempotencyKey::parse("a b"),
+            Err(KeyError::NotPrintableAscii { position: 1 })
+        );
+    }
+
+    #[test]
+    fn malformed_structured_strings_are_refused() {
+        for bad in [
+            "\"unterminated",
+            "\"bad \\x escape\"",
+            "\"tab\tinside\"",
+            "\"x\";param=1",
+            "\"x\" trailing",
+            "\"clé\"",
+        ] {
+            assert_eq!(
+                IdempotencyKey::parse(bad),
+                Err(KeyError::MalformedStructuredString),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_and_debug_never_show_the_key() {
+        let secret = "sk_live_secret_value";
+        let key = IdempotencyKey::parse(secret).unwrap();
+        assert!(!format!("{key:?}").contains(secret));
+        let err = IdempotencyKey::parse(format!("{secret}\u{1}")).unwrap_err();
+        assert!(!err.to_string().contains(secret));
+        assert!(!format!("{err:?}").contains(secret));
+    }
+
+    #[test]
+    fn header_map_reading() {
+        use axum::http::{HeaderMap, HeaderValue};
+        let mut h = HeaderMap::new();
+        assert_eq!(IdempotencyKey::from_headers(&h), Err(KeyError::Missing));
+        h.insert("Idempotency-Key", HeaderValue::from_static("k"));
+        assert_eq!(IdempotencyKey::from_headers(&h).unwrap().as_str(), "k");
+        h.append("idempotency-key", HeaderValue::from_static("k2"));
+        assert_eq!(IdempotencyKey::from_headers(&h), Err(KeyError::Repeated));
+    }
+}

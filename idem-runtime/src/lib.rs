@@ -1,0 +1,88 @@
+//! # idem: at most once, for every retry
+//!
+//! A client that times out cannot know whether its `POST` charged the card. It
+//! retries with the same `Idempotency-Key`, and idem makes sure the operation runs
+//! at most once and every retry gets the same answer.
+//!
+//! For one tenant, one operation and one key, within the retention window, the
+//! service executes at most one accepted logical request, and every retry gets a
+//! stable representation of that request's result. The key is claimed **inside
+//! the handler's own database transaction**, so the effect and its record commit
+//! together or not at all.
+//!
+//! ```ignore
+//! use idem_runtime::{idempotent, Tx};
+//!
+//! #[idempotent(operation = "create-order", retention = "24h", fingerprint(body, header = "x-currency"))]
+//! async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>)
+//!     -> Result<(StatusCode, Json<Order>), ApiError> { /* ... */ }
+//! ```
+//!
+//! Without the macro, the same promise is three calls: [`claim`] in your
+//! transaction, do the work, [`Execution::complete`], commit:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::{claim, Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse};
+//!
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let key = IdempotencyKey::parse("order-42")?;
+//! let mut tx = pool.begin().await?;
+//! let req = ClaimRequest {
+//!     tenant: "acme",
+//!     operation: "create-order",
+//!     key: &key,
+//!     fingerprint: FingerprintBuilder::new("acme", "create-order", "JOB", "orders")
+//!         .body(&serde_json::json!({"sku": "A-1"}))?
+//!         .finish(),
+//!     retention: Duration::from_secs(24 * 3600),
+//!     in_flight_wait: Duration::from_secs(2),
+//! };
+//! match claim(&mut tx, &req).await? {
+//!     Claim::Execute(execution) => {
+//!         sqlx::query("INSERT INTO orders (sku) VALUES ('A-1')").execute(&mut *tx).await?;
+//!         let outcome = StoredResponse { status: 201, headers: vec![], body: "created".into() };
+//!         execution.complete(&mut tx, &outcome).await?;
+//!         tx.commit().await?;
+//!     }
+//!     Claim::Replay(stored) => println!("already done: {}", stored.status),
+//!     Claim::Mismatch => println!("key reused for another request"),
+//!     Claim::InFlight { .. } => println!("still running elsewhere; retry later"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Requirements
+//!
+//! * PostgreSQL, with idem's table: call [`migrate`] at start, or copy
+//!   `migrations/` into your own migration history.
+//! * Claims run at READ COMMITTED, PostgreSQL's default; another isolation level is
+//!   refused with [`StoreError::Isolation`].
+//! * Timestamps come from the database clock (`now()`), never the application's.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod fingerprint;
+pub mod handler;
+pub mod key;
+pub mod problem;
+pub mod response;
+pub mod store;
+pub mod tenant;
+pub mod tx;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use config::{ConfigError, Idem};
+pub use fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
+pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run};
+pub use key::{IdempotencyKey, KeyError};
+pub use problem::Problem;
+pub use store::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, claim, migrate};
+pub use tenant::{SingleTenant, TenantScope};
+pub use tx::Tx;
+
+pub use idem_macros::idempotent;

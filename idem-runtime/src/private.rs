@@ -1,0 +1,114 @@
+//! Support for the code that `#[idempotent]` generates. Not a public API: names
+//! and signatures here change without notice.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use axum::response::IntoResponse;
+use serde::Serialize;
+
+pub use crate::handler::{BoxedHandler, HandlerOutcome, IdemRequest, OperationSpec, run};
+pub use crate::tenant::{SingleTenant, TenantScope};
+pub use crate::tx::Tx;
+pub use axum::response::Response;
+pub use std::boxed::Box;
+pub use std::result::Result::Ok;
+pub use std::string::String;
+pub use std::time::Duration;
+
+/// Boxes a handler body; taking the closure through this bound lets rustc infer
+/// its higher-ranked signature.
+pub fn handler<F>(f: F) -> BoxedHandler
+where
+    F: for<'t> FnOnce(&'t mut Tx) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
+        + Send
+        + 'static,
+{
+    Box::new(f)
+}
+
+/// The tenant id of the `#[tenant]` parameter. Generated with the parameter's type
+/// span, so a type that does not implement [`TenantScope`] is reported there.
+pub fn tenant_id<T: TenantScope>(value: &T) -> String {
+    value.tenant_id().to_owned()
+}
+
+/// A body extractor whose typed value `fingerprint(body)` can canonicalise.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted as a request body",
+    label = "`fingerprint(body)` reads this parameter as the request body",
+    note = "the body extractor must be the handler's last parameter and one of `Json<T>`, `Form<T>` (with `T: serde::Serialize`) or `String`",
+    note = "to identify the request without its body, write `fingerprint(header = \"...\")` without `body`"
+)]
+pub trait FingerprintBody {
+    /// The typed value behind the extractor.
+    type Value: Serialize + ?Sized;
+    /// Borrows it.
+    fn fingerprint_value(&self) -> &Self::Value;
+}
+
+impl<T: Serialize> FingerprintBody for axum::Json<T> {
+    type Value = T;
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Serialize> FingerprintBody for axum::Form<T> {
+    type Value = T;
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+impl FingerprintBody for String {
+    type Value = str;
+    fn fingerprint_value(&self) -> &str {
+        self
+    }
+}
+
+/// The typed value of a body extractor (see [`FingerprintBody`]).
+pub fn body_value<B: FingerprintBody>(body: &B) -> &B::Value {
+    body.fingerprint_value()
+}
+
+/// Borrows a handler's output to find out, by method resolution, whether it is a
+/// `Result` (whose `Err` rolls back) or a plain response.
+pub struct KindProbe<'a, T>(pub &'a T);
+
+/// Chosen first: the output is a `Result`.
+pub trait ViaResult {
+    /// The tag that converts a `Result`.
+    fn __idem_kind(&self) -> ResultTag {
+        ResultTag
+    }
+}
+impl<T, E> ViaResult for KindProbe<'_, Result<T, E>> {}
+
+/// Chosen otherwise: the output is a plain response.
+pub trait ViaPlain {
+    /// The tag that converts a plain response.
+    fn __idem_kind(&self) -> PlainTag {
+        PlainTag
+    }
+}
+impl<T> ViaPlain for &KindProbe<'_, T> {}
+
+/// Converts a `Result` output.
+pub struct ResultTag;
+impl ResultTag {
+    /// `Ok` is stored (unless 5xx), `Err` rolls back.
+    pub fn outcome<T: IntoResponse, E: IntoResponse>(self, r: Result<T, E>) -> HandlerOutcome {
+        HandlerOutcome::from_result(r)
+    }
+}
+
+/// Converts a plain output.
+pub struct PlainTag;
+impl PlainTag {
+    /// Stored unless 5xx.
+    pub fn outcome<R: IntoResponse>(self, r: R) -> HandlerOutcome {
+        HandlerOutcome::ok(r)
+    }
+}

@@ -1,0 +1,143 @@
+//! RFC 9457 `application/problem+json` answers, one stable `type` per failure, so
+//! a client can tell a fingerprint mismatch from its own validation error.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// `400`: the request has no `Idempotency-Key` header.
+pub const MISSING_KEY: &str = "urn:idem:problem:missing-idempotency-key";
+/// `400`: the `Idempotency-Key` header is unusable.
+pub const MALFORMED_KEY: &str = "urn:idem:problem:malformed-idempotency-key";
+/// `422`: the key was used before for a different request.
+pub const FINGERPRINT_MISMATCH: &str = "urn:idem:problem:fingerprint-mismatch";
+/// `409`: a request with the same key is still running.
+pub const IN_FLIGHT: &str = "urn:idem:problem:request-in-flight";
+/// `500`: the response was larger than the configured limit and was not stored;
+/// the operation was rolled back.
+pub const RESPONSE_TOO_LARGE: &str = "urn:idem:problem:response-too-large";
+/// `500`: the tenant id supplied by the application is unusable.
+pub const INVALID_TENANT: &str = "urn:idem:problem:invalid-tenant";
+/// `500`: the request body could not be fingerprinted.
+pub const FINGERPRINT_FAILED: &str = "urn:idem:problem:fingerprint-failed";
+/// `503`: the idempotency store failed; nothing was stored and a retry is safe.
+pub const STORE_UNAVAILABLE: &str = "urn:idem:problem:store-unavailable";
+/// `500`: the handler panicked; its transaction was rolled back.
+pub const HANDLER_PANICKED: &str = "urn:idem:problem:handler-panicked";
+
+/// The media type of problem details.
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// A problem details object (RFC 9457).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// A stable URI naming the kind of problem; the constants of this module.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// A short, stable summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong with this request. Never holds the raw idempotency key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// For [`IN_FLIGHT`]: seconds after which a retry may succeed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    /// A problem of the given type, status and title.
+    pub fn new(type_uri: &str, status: StatusCode, title: &str) -> Self {
+        Problem {
+            type_uri: type_uri.to_owned(),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: None,
+            retry_after: None,
+        }
+    }
+
+    /// Adds a detail sentence.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    /// `400`, [`MISSING_KEY`].
+    pub fn missing_key() -> Self {
+        Problem::new(MISSING_KEY, StatusCode::BAD_REQUEST, "Idempotency-Key header required")
+            .with_detail("this operation needs an Idempotency-Key header: send a unique value, and the same value again when you retry")
+    }
+
+    /// `400`, [`MALFORMED_KEY`], with the reason.
+    pub fn malformed_key(reason: &crate::KeyError) -> Self {
+        Problem::new(MALFORMED_KEY, StatusCode::BAD_REQUEST, "Idempotency-Key header malformed")
+            .with_detail(reason.to_string())
+    }
+
+    /// `422`, [`FINGERPRINT_MISMATCH`].
+    pub fn mismatch() -> Self {
+        Problem::new(
+            FINGERPRINT_MISMATCH,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Idempotency-Key reused for a different request",
+        )
+        .with_detail("this key was first used with a different request body or headers; use a new key for a new request")
+    }
+
+    /// `409`, [`IN_FLIGHT`], with `Retry-After`.
+    pub fn in_flight(retry_after: Duration) -> Self {
+        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let mut p = Problem::new(
+            IN_FLIGHT,
+            StatusCode::CONFLICT,
+            "A request with this Idempotency-Key is in progress",
+        )
+        .with_detail("the first request with this key has not finished; retry with the same key later");
+        p.retry_after = Some(secs.max(1));
+        p
+    }
+
+    /// `503`, [`STORE_UNAVAILABLE`].
+    pub fn store_unavailable() -> Self {
+        Problem::new(
+            STORE_UNAVAILABLE,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Idempotency store unavailable",
+        )
+        .with_detail("nothing was stored; retrying with the same key is safe")
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut resp = (status, body).into_response();
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_rounds_retry_after_up() {
+        assert_eq!(Problem::in_flight(Duration::from_millis(1500)).retry_after, Some(2));
+        assert_eq!(Problem::in_flight(Duration::from_millis(10)).retry_after, Some(1));
+        let resp = Problem::in_flight(Duration::from_secs(3)).into_response();
+        assert_eq!(resp.status(), StatusCode::CONFLICT);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+    }
+}

@@ -1,0 +1,119 @@
+//! The durable half of the state machine: claiming a key and storing its outcome.
+//!
+//! ```text
+//! [none] --claim--> processing --complete (same transaction)--> completed | failed
+//! completed/failed --claim, same fingerprint--> replay
+//! completed/failed --claim, other fingerprint--> mismatch
+//! processing (another transaction) --claim--> waits, then replay | execute | in flight
+//! any state past expires_at --claim--> processing (a new execution)
+//! ```
+//!
+//! PostgreSQL is the reference backend ([`postgres`]).
+
+pub mod postgres;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+
+pub use postgres::{claim, migrate, migrator};
+
+/// Everything a claim needs to know.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The caller's tenant id (see [`crate::TenantScope`]).
+    pub tenant: &'a str,
+    /// The operation's stable name, such as `create-order`.
+    pub operation: &'a str,
+    /// The validated key.
+    pub key: &'a IdempotencyKey,
+    /// The logical request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// How long the key and its outcome are kept after the claim.
+    pub retention: Duration,
+    /// How long a duplicate waits for a concurrent first request to finish.
+    pub in_flight_wait: Duration,
+}
+
+/// What a claim decided. Exactly one of these; nothing else is possible.
+#[derive(Debug)]
+#[must_use = "a claim that is not acted on leaves the transaction holding the key"]
+pub enum Claim {
+    /// The caller owns the key: run the operation in the same transaction, then
+    /// [`Execution::complete`] it and commit.
+    Execute(Execution),
+    /// The operation already ran with the same fingerprint: answer with this.
+    Replay(StoredResponse),
+    /// The key was used for a different request (another fingerprint). Nothing ran.
+    Mismatch,
+    /// Another request with this key is still running. Nothing ran; ask the client
+    /// to retry after `retry_after`.
+    InFlight {
+        /// A hint for the `Retry-After` header.
+        retry_after: Duration,
+    },
+}
+
+/// Proof that this transaction owns a key. Consumed by [`Execution::complete`].
+#[derive(Debug)]
+#[must_use = "an execution must be completed before the transaction commits"]
+pub struct Execution {
+    pub(crate) tenant: String,
+    pub(crate) operation: String,
+    pub(crate) key: IdempotencyKey,
+    pub(crate) generation: i64,
+}
+
+impl Execution {
+    /// The execution's generation: 1 for a new key, one more each time an expired
+    /// key is executed anew.
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+}
+
+/// An outcome as stored and replayed: status, allow-listed headers and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The HTTP status code.
+    pub status: u16,
+    /// Header names (lower case) and values, in response order.
+    pub headers: Vec<(String, String)>,
+    /// The body bytes, exactly as first sent.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Whether this outcome is stored as `failed` (4xx) rather than `completed`.
+    pub fn is_failure(&self) -> bool {
+        self.status >= 400
+    }
+}
+
+/// Why the store could not do its part. None of these carries a raw key.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The transaction does not run at READ COMMITTED.
+    #[error(
+        "idem claims need READ COMMITTED isolation; run the claim in a transaction at the default level"
+    )]
+    Isolation,
+    /// The claim this execution held is gone (deleted, or taken over after expiry).
+    #[error("the execution no longer holds its key (generation {generation}); nothing was stored")]
+    LostClaim {
+        /// The generation that tried to complete.
+        generation: i64,
+    },
+    /// A stored row could not be decoded.
+    #[error("a stored outcome is corrupt: {0}")]
+    Corrupt(String),
+    /// The database refused or failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The migrations could not be applied.
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}

@@ -1,0 +1,147 @@
+//! The PostgreSQL store: one `idem_claim` call to claim, one `UPDATE` to complete,
+//! both in the caller's transaction.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
+
+/// The table in which idem records its own migrations, apart from the application's
+/// `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "_idem_migrations";
+
+/// The embedded migrations of `migrations/`, tracked in [`MIGRATIONS_TABLE`].
+///
+/// Use it to run them with your own options; [`migrate`] runs them as they are.
+pub fn migrator() -> sqlx::migrate::Migrator {
+    let mut m = sqlx::migrate!("../migrations");
+    m.dangerous_set_table_name(MIGRATIONS_TABLE);
+    m
+}
+
+/// Creates or updates the idempotency table and its function. Safe to call at every
+/// start and from several processes at once (sqlx takes an advisory lock).
+///
+/// # Errors
+///
+/// [`StoreError::Migrate`] when the database refuses the migration.
+pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+    migrator().run(pool).await?;
+    Ok(())
+}
+
+const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_headers, response_body \
+     FROM idem_claim($1, $2, $3, $4, $5, $6)";
+
+const COMPLETE_SQL: &str = "UPDATE idempotency_requests \
+        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
+            completed_at = now() \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        AND generation = $4 AND state = 'processing'";
+
+/// Claims `req.key` inside `tx`, atomically.
+///
+/// The transaction must run at READ COMMITTED (PostgreSQL's default). When another
+/// transaction holds the key, this waits up to `req.in_flight_wait` for it to end;
+/// a timeout is reported as [`Claim::InFlight`] and leaves `tx` usable.
+///
+/// # Errors
+///
+/// [`StoreError::Isolation`] at another isolation level, [`StoreError::Database`]
+/// when the database fails. Nothing is claimed then.
+pub async fn claim(
+    tx: &mut Transaction<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    let row = sqlx::query(CLAIM_SQL)
+        .bind(req.tenant)
+        .bind(req.operation)
+        .bind(req.key.as_str())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(millis(req.retention))
+        .bind(millis(req.in_flight_wait))
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("IDEM1") => {
+                StoreError::Isolation
+            }
+            _ => StoreError::Database(e),
+        })?;
+    let outcome: &str = row.try_get("outcome")?;
+    match outcome {
+        "execute" => Ok(Claim::Execute(Execution {
+            tenant: req.tenant.to_owned(),
+            operation: req.operation.to_owned(),
+            key: req.key.clone(),
+            generation: row.try_get("generation")?,
+        })),
+        "replay" => {
+            let status: i16 = row.try_get("response_status")?;
+            let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
+                row.try_get("response_headers")?;
+            let body: Option<Vec<u8>> = row.try_get("response_body")?;
+            Ok(Claim::Replay(StoredResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+                headers: headers.map(|h| h.0).unwrap_or_default(),
+                body: Bytes::from(body.unwrap_or_default()),
+            }))
+        }
+        "mismatch" => Ok(Claim::Mismatch),
+        "in_flight" => Ok(Claim::InFlight {
+            retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
+        }),
+        other => Err(StoreError::Corrupt(format!("claim outcome {other:?}"))),
+    }
+}
+
+impl Execution {
+    /// Stores the outcome in the same transaction that claimed the key. Commit the
+    /// transaction afterwards; until then nobody else sees the key as finished.
+    ///
+    /// A 4xx status is stored as `failed`, anything else as `completed`; both are
+    /// replayed alike. Do not store 5xx outcomes: roll back instead, so a retry
+    /// runs again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostClaim`] when the row no longer belongs to this execution,
+    /// [`StoreError::Database`] when the update fails. Roll back in both cases.
+    pub async fn complete(
+        self,
+        tx: &mut Transaction<'_, Postgres>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let state = if response.is_failure() {
+            "failed"
+        } else {
+            "completed"
+        };
+        let status = i16::try_from(response.status)
+            .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
+        let done = sqlx::query(COMPLETE_SQL)
+            .bind(&self.tenant)
+            .bind(&self.operation)
+            .bind(self.key.as_str())
+            .bind(self.generation)
+            .bind(state)
+            .bind(status)
+            .bind(sqlx::types::Json(&response.headers))
+            .bind(&response.body[..])
+            .execute(&mut **tx)
+            .await?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::LostClaim {
+                generation: self.generation,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,112 @@
+//! Who is asking: the tenant is part of every key's identity.
+//!
+//! Two callers may well pick the same random key; idem must never hand one of them
+//! the other's stored answer. So every claim is scoped by a tenant id that the
+//! application's own authentication supplies, through [`TenantScope`].
+
+/// Implemented by the application's auth extractor (or any type that knows the
+/// caller) to scope idempotency keys by caller.
+///
+/// ```
+/// use idem_runtime::TenantScope;
+///
+/// struct Caller { account_id: String }
+///
+/// impl TenantScope for Caller {
+///     fn tenant_id(&self) -> &str { &self.account_id }
+/// }
+/// ```
+///
+/// The id must be stable for the caller and non-empty; it is stored verbatim in the
+/// `tenant_id` column. A single-tenant service opts out explicitly with
+/// `#[idempotent(single_tenant, ...)]` or, through the runtime API, [`SingleTenant`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not identify a tenant",
+    label = "this parameter is marked `#[tenant]`, but `{Self}` does not implement `idem_runtime::TenantScope`",
+    note = "implement `idem_runtime::TenantScope` for `{Self}` (return the caller's account or organisation id), or mark another parameter `#[tenant]`",
+    note = "a service with a single tenant opts out with `#[idempotent(single_tenant, ...)]` instead"
+)]
+pub trait TenantScope {
+    /// The caller's tenant id: non-empty, at most 255 bytes, stable across retries.
+    fn tenant_id(&self) -> &str;
+}
+
+impl<T: TenantScope + ?Sized> TenantScope for &T {
+    fn tenant_id(&self) -> &str {
+        (**self).tenant_id()
+    }
+}
+
+impl<T: TenantScope + ?Sized> TenantScope for Box<T> {
+    fn tenant_id(&self) -> &str {
+        (**self).tenant_id()
+    }
+}
+
+impl<T: TenantScope + ?Sized> TenantScope for std::sync::Arc<T> {
+    fn tenant_id(&self) -> &str {
+        (**self).tenant_id()
+    }
+}
+
+/// The explicit opt-out for a service that has one tenant only.
+///
+/// Every key of such a service lives in one scope, stored with the tenant id
+/// [`SingleTenant::ID`]. Do not use it in a service that has several callers: they
+/// would see each other's stored answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SingleTenant;
+
+impl SingleTenant {
+    /// The tenant id under which a single-tenant service's keys are stored. It holds
+    /// a character (`*`) that [`validate_tenant_id`] refuses in real tenant ids, so
+    /// the two can never meet.
+    pub const ID: &'static str = "*";
+}
+
+impl TenantScope for SingleTenant {
+    fn tenant_id(&self) -> &str {
+        Self::ID
+    }
+}
+
+/// Why a tenant id cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantError {
+    /// The id is empty.
+    #[error("the tenant id is empty")]
+    Empty,
+    /// The id is longer than 255 bytes.
+    #[error("the tenant id is {0} bytes long; at most 255 are allowed")]
+    TooLong(usize),
+    /// `*` is reserved for [`SingleTenant`].
+    #[error("the tenant id `*` is reserved for single-tenant services")]
+    Reserved,
+}
+
+/// Checks a tenant id that a [`TenantScope`] returned.
+///
+/// # Errors
+///
+/// [`TenantError`] when it is empty, longer than 255 bytes, or the reserved `*`.
+pub fn validate_tenant_id(id: &str) -> Result<(), TenantError> {
+    match id.len() {
+        0 => Err(TenantError::Empty),
+        n if n > 255 => Err(TenantError::TooLong(n)),
+        _ if id == SingleTenant::ID => Err(TenantError::Reserved),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_ids_are_checked() {
+        assert_eq!(validate_tenant_id("acme"), Ok(()));
+        assert_eq!(validate_tenant_id(""), Err(TenantError::Empty));
+        assert_eq!(validate_tenant_id(&"x".repeat(256)), Err(TenantError::TooLong(256)));
+        assert_eq!(validate_tenant_id("*"), Err(TenantError::Reserved));
+    }
+}
