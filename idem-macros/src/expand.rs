@@ -1,0 +1,184 @@
+//! Expand: a checked [`Config`] and the user's function into an ordinary Axum
+//! handler whose body is one call of `__private::run`.
+//!
+//! ```text
+//! async fn name(<extractors>, __idem_request: IdemRequest, <body extractor>) -> Response {
+//!     async fn __idem_inner(<the user's parameters>) -> <the user's return type> { <the user's body> }
+//!     static __IDEM_SPEC: OperationSpec = ...;
+//!     let tenant = tenant_id(&<tenant parameter>);
+//!     let fingerprint = request.fingerprint(&SPEC, &tenant).body(...)...;
+//!     run(request, &SPEC, tenant, fingerprint, handler(move |tx| Box::pin(async move {
+//!         outcome(__idem_inner(<parameters>, tx).await)
+//!     }))).await
+//! }
+//! ```
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, ItemFn, ReturnType};
+
+use crate::validate::{BodyPrint, Config, Tenant};
+
+/// The attribute's entry point over `proc_macro2` tokens.
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(e) => {
+            let msg = syn::Error::new(
+                e.span(),
+                "`#[idempotent]` goes on an `async fn` Axum handler",
+            )
+            .to_compile_error();
+            return quote!(#item #msg);
+        }
+    };
+    let mut errors = darling::Error::accumulator();
+    let config = errors
+        .handle(crate::parse::parse_args(args))
+        .and_then(|raw| crate::validate::validate(raw, &func, &mut errors));
+    match (errors.finish(), config) {
+        (Ok(()), Some(config)) => expand(config, func),
+        (result, _) => {
+            // Re-emit the function as written, so the rest of the crate still
+            // type-checks and IDEs keep working, with every error beside it.
+            strip_tenant_attrs(&mut func);
+            let errors = result.err().map(|e| e.write_errors());
+            quote!(#func #errors)
+        }
+    }
+}
+
+fn strip_tenant_attrs(func: &mut ItemFn) {
+    for arg in func.sig.inputs.iter_mut() {
+        if let FnArg::Typed(t) = arg {
+            t.attrs.retain(|a| !a.path().is_ident("tenant"));
+        }
+    }
+}
+
+fn expand(config: Config, mut func: ItemFn) -> TokenStream {
+    let krate = &config.krate;
+    let rt = quote!(#krate::__private);
+
+    // The inner function keeps the user's signature and body unchanged.
+    let mut inner = func.clone();
+    strip_tenant_attrs(&mut inner);
+    inner.sig.ident = format_ident!("__idem_inner");
+    inner.vis = syn::Visibility::Inherited;
+    inner.attrs.retain(|a| a.path().is_ident("allow") || a.path().is_ident("expect"));
+
+    let mut outer_params = Vec::new();
+    let mut call_args = Vec::new();
+    let mut tenant_expr = None;
+    let mut body_expr = None;
+    let request = format_ident!("__idem_request");
+    let insert_request_at = config.body_param.unwrap_or(usize::MAX);
+    for (i, arg) in func.sig.inputs.iter().enumerate() {
+        let FnArg::Typed(arg) = arg else { continue };
+        if i == config.tx {
+            call_args.push(quote!(__idem_tx));
+            continue;
+        }
+        if i == insert_request_at {
+            outer_params.push(quote!(#request: #rt::IdemRequest));
+        }
+        let name = format_ident!("__idem_arg{}", i);
+        let ty = &arg.ty;
+        outer_params.push(quote!(#name: #ty));
+        call_args.push(quote!(#name));
+        if matches!(config.tenant, Tenant::Param(t) if t == i) {
+            tenant_expr = Some(quote_spanned!(ty.span()=> #rt::tenant_id(&#name)));
+        }
+        if Some(i) == config.body_param {
+            body_expr = Some((name, ty.span()));
+        }
+    }
+    if insert_request_at == usize::MAX {
+        outer_params.push(quote!(#request: #rt::IdemRequest));
+    }
+    let tenant_expr = match config.tenant {
+        Tenant::Single => quote!(#rt::tenant_id(&#rt::SingleTenant)),
+        Tenant::Param(_) => tenant_expr.unwrap_or_else(|| quote!(#rt::tenant_id(&#rt::SingleTenant))),
+    };
+
+    let body_steps = match (&config.body, &body_expr) {
+        (BodyPrint::Whole, Some((name, span))) => {
+            quote_spanned!(*span=> .and_then(|__idem_fp| __idem_fp.body(#rt::body_value(&#name))))
+        }
+        (BodyPrint::Fields(fields), Some((name, _))) => {
+            let steps = fields.iter().map(|(segments, span)| {
+                let path = segments.join(".");
+                let members = segments.iter().map(|s| match s.parse::<u32>() {
+                    Ok(index) => {
+                        let idx = syn::Index { index, span: *span };
+                        quote!(#idx)
+                    }
+                    Err(_) => {
+                        let id = syn::Ident::new(s, *span);
+                        quote!(#id)
+                    }
+                });
+                quote_spanned!(*span=> .and_then(|__idem_fp| __idem_fp.body_field(#path, &#rt::body_value(&#name) #(.#members)*)))
+            });
+            quote!(#(#steps)*)
+        }
+        _ => quote!(),
+    };
+
+    let operation = &config.operation;
+    let retention = duration_tokens(&rt, config.retention);
+    let in_flight_wait = match config.in_flight_wait {
+        Some(d) => {
+            let d = duration_tokens(&rt, d);
+            quote!(::core::option::Option::Some(#d))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let headers = &config.headers;
+    let output_span = match &func.sig.output {
+        ReturnType::Default => func.sig.ident.span(),
+        ReturnType::Type(_, ty) => ty.span(),
+    };
+    let outcome = quote_spanned!(output_span=>
+        (&#rt::KindProbe(&__idem_out)).__idem_kind().outcome(__idem_out)
+    );
+
+    func.sig.inputs = syn::parse_quote!(#(#outer_params),*);
+    func.sig.output = syn::parse_quote!(-> #rt::Response);
+    let body: TokenStream = quote! {
+        #inner
+
+        static __IDEM_SPEC: #rt::OperationSpec = #rt::OperationSpec {
+            operation: #operation,
+            retention: #retention,
+            in_flight_wait: #in_flight_wait,
+            fingerprint_headers: &[#(#headers),*],
+        };
+        let __idem_tenant: #rt::String = #tenant_expr;
+        let __idem_fingerprint = #rt::Ok(#request.fingerprint(&__IDEM_SPEC, &__idem_tenant)) #body_steps;
+        #rt::run(
+            #request,
+            &__IDEM_SPEC,
+            __idem_tenant,
+            __idem_fingerprint,
+            #rt::handler(move |__idem_tx: &mut #rt::Tx| {
+                #rt::Box::pin(async move {
+                    let __idem_out = __idem_inner(#(#call_args),*).await;
+                    #[allow(unused_imports)]
+                    use #rt::{ViaPlain as _, ViaResult as _};
+                    #outcome
+                })
+            }),
+        )
+        .await
+    };
+    func.block = Box::new(syn::parse_quote!({ #body }));
+    quote!(#func)
+}
+
+fn duration_tokens(rt: &TokenStream, d: std::time::Duration) -> TokenStream {
+    let secs = d.as_secs();
+    let nanos = d.subsec_nanos();
+    quote!(#rt::Duration::new(#secs, #nanos))
+}

@@ -1,0 +1,95 @@
+//! Shared by the integration tests: a fresh PostgreSQL database per test, so tests
+//! run in parallel without seeing each other's rows.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// The server the tests use; `IDEM_TEST_DATABASE_URL` overrides it.
+pub fn admin_url() -> String {
+    std::env::var("IDEM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A database of its own for one test, with idem's migrations applied.
+pub struct TestDb {
+    pub pool: PgPool,
+    pub name: String,
+    pub url: String,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl TestDb {
+    /// Creates the database and migrates it.
+    pub async fn new() -> TestDb {
+        Self::with_pool_size(20).await
+    }
+
+    /// As [`TestDb::new`], with a pool of `size` connections.
+    pub async fn with_pool_size(size: u32) -> TestDb {
+        let admin = admin_url();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!(
+            "idem_t_{}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            nanos
+        );
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .expect("PostgreSQL must run on 127.0.0.1:5432 (see README: running the tests)");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.ok();
+        let opts: PgConnectOptions = admin.parse().unwrap();
+        let opts = opts.database(&name);
+        let url = replace_database(&admin, &name);
+        let pool = PgPoolOptions::new()
+            .max_connections(size)
+            .connect_with(opts)
+            .await
+            .unwrap();
+        idem_runtime::migrate(&pool).await.unwrap();
+        TestDb { pool, name, url }
+    }
+
+    /// Runs statements (DDL for a test's business tables).
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// Counts the rows a query returns as `count(*)`.
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+fn replace_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let base = match base.rsplit_once('/') {
+        Some((head, _)) if head.contains("://") && head.len() > "postgres://".len() => head,
+        _ => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
