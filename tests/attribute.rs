@@ -72,7 +72,11 @@ struct NewWidget {
 
 type ApiError = (StatusCode, String);
 
-#[idempotent(operation = "create-widget", retention = "1h", fingerprint(body, header = "x-color"))]
+#[idempotent(
+    operation = "create-widget",
+    retention = "1h",
+    fingerprint(body, header = "x-color")
+)]
 async fn create_widget(
     #[tenant] caller: Caller,
     State(state): State<AppState>,
@@ -94,10 +98,19 @@ async fn create_widget(
         // An Err rolls back the insert above and frees the key.
         Some("err") => Err((StatusCode::CONFLICT, "refused".into())),
         // A 5xx rolls back too.
-        Some("5xx") => Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({"retry": true})))),
+        Some("5xx") => Ok((
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"retry": true})),
+        )),
         // A committed business rejection is stored and replayed.
-        Some("reject") => Ok((StatusCode::NOT_FOUND, Json(json!({"id": id, "rejected": true})))),
-        _ => Ok((StatusCode::CREATED, Json(json!({"id": id, "name": w.name, "tenant": caller.0})))),
+        Some("reject") => Ok((
+            StatusCode::NOT_FOUND,
+            Json(json!({"id": id, "rejected": true})),
+        )),
+        _ => Ok((
+            StatusCode::CREATED,
+            Json(json!({"id": id, "name": w.name, "tenant": caller.0})),
+        )),
     }
 }
 
@@ -108,13 +121,45 @@ async fn import_widget(
     tx: &mut Tx,
     Json(w): Json<NewWidget>,
 ) -> impl IntoResponse {
-    let id: i64 = sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
+            .bind(&caller.0)
+            .bind(&w.name)
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap();
+    (
+        StatusCode::CREATED,
+        Json(json!({"id": id, "imported": true})),
+    )
+}
+
+#[derive(Deserialize, Serialize)]
+struct Blob {
+    size: usize,
+}
+
+/// Answers with headers that are and are not stored, and a body of a chosen size.
+#[idempotent(operation = "make-blob", retention = "1h")]
+async fn make_blob(
+    #[tenant] caller: Caller,
+    tx: &mut Tx,
+    Json(b): Json<Blob>,
+) -> impl IntoResponse {
+    sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, 'blob')")
         .bind(&caller.0)
-        .bind(&w.name)
-        .fetch_one(&mut **tx)
+        .execute(&mut **tx)
         .await
         .unwrap();
-    (StatusCode::CREATED, Json(json!({"id": id, "imported": true})))
+    (
+        StatusCode::CREATED,
+        [
+            ("location", "/blobs/1"),
+            ("set-cookie", "session=secret"),
+            ("x-trace", "not-stored"),
+        ],
+        "x".repeat(b.size),
+    )
 }
 
 struct App {
@@ -124,15 +169,20 @@ struct App {
 
 async fn app(gate: Option<Gate>, wait: Duration) -> App {
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)")
-        .await;
+    db.exec(
+        "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)",
+    )
+    .await;
     let state = AppState {
-        idem: Idem::new(db.pool.clone()).with_in_flight_wait(wait),
+        idem: Idem::new(db.pool.clone())
+            .with_in_flight_wait(wait)
+            .with_max_response_bytes(1000),
         gate,
     };
     let router = Router::new()
         .route("/widgets", post(create_widget))
         .route("/imports", post(import_widget))
+        .route("/blobs", post(make_blob))
         .with_state(state);
     App { db, router }
 }
@@ -159,7 +209,9 @@ impl Answer {
         serde_json::from_slice(&self.body).unwrap()
     }
     fn replayed(&self) -> bool {
-        self.headers.get("idempotent-replayed").is_some_and(|v| v == "true")
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
     }
 }
 
@@ -179,11 +231,24 @@ const WAIT: Duration = Duration::from_secs(2);
 async fn retry_replays_the_stored_answer() {
     let a = app(None, WAIT).await;
     let body = r#"{"name":"bolt"}"#;
-    let first = send(&a.router, request("/widgets", Some("acme"), Some("k1"), body)).await;
+    let first = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(!first.replayed());
     // Reordered white space is the same logical request.
-    let again = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{ "name" : "bolt" }"#)).await;
+    let again = send(
+        &a.router,
+        request(
+            "/widgets",
+            Some("acme"),
+            Some("k1"),
+            r#"{ "name" : "bolt" }"#,
+        ),
+    )
+    .await;
     assert_eq!(again.status, StatusCode::CREATED);
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
@@ -194,14 +259,27 @@ async fn retry_replays_the_stored_answer() {
 #[tokio::test]
 async fn a_changed_body_or_header_is_a_mismatch() {
     let a = app(None, WAIT).await;
-    let first = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#)).await;
+    let first = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let other = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{"name":"nut"}"#)).await;
+    let other = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"nut"}"#),
+    )
+    .await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other.headers["content-type"], "application/problem+json");
-    assert_eq!(other.json()["type"], "urn:idem:problem:fingerprint-mismatch");
+    assert_eq!(
+        other.json()["type"],
+        "urn:idem:problem:fingerprint-mismatch"
+    );
     let mut with_header = request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#);
-    with_header.headers_mut().insert("x-color", "red".parse().unwrap());
+    with_header
+        .headers_mut()
+        .insert("x-color", "red".parse().unwrap());
     let other = send(&a.router, with_header).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
@@ -210,33 +288,76 @@ async fn a_changed_body_or_header_is_a_mismatch() {
 #[tokio::test]
 async fn missing_and_malformed_keys_are_400_problems() {
     let a = app(None, WAIT).await;
-    let missing = send(&a.router, request("/widgets", Some("acme"), None, r#"{"name":"bolt"}"#)).await;
+    let missing = send(
+        &a.router,
+        request("/widgets", Some("acme"), None, r#"{"name":"bolt"}"#),
+    )
+    .await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.headers["content-type"], "application/problem+json");
-    assert_eq!(missing.json()["type"], "urn:idem:problem:missing-idempotency-key");
+    assert_eq!(
+        missing.json()["type"],
+        "urn:idem:problem:missing-idempotency-key"
+    );
     let long = "k".repeat(256);
     for bad in ["\"unterminated", long.as_str(), "a b"] {
-        let r = send(&a.router, request("/widgets", Some("acme"), Some(bad), r#"{"name":"bolt"}"#)).await;
+        let r = send(
+            &a.router,
+            request("/widgets", Some("acme"), Some(bad), r#"{"name":"bolt"}"#),
+        )
+        .await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}");
-        assert_eq!(r.json()["type"], "urn:idem:problem:malformed-idempotency-key");
+        assert_eq!(
+            r.json()["type"],
+            "urn:idem:problem:malformed-idempotency-key"
+        );
         assert!(!String::from_utf8_lossy(&r.body).contains(bad));
     }
-    assert_eq!(a.db.count("SELECT count(*) FROM idempotency_requests").await, 0);
+    assert_eq!(
+        a.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
+        0
+    );
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
 }
 
 #[tokio::test]
 async fn extractor_rejections_reserve_nothing() {
     let a = app(None, WAIT).await;
-    let no_auth = send(&a.router, request("/widgets", None, Some("k1"), r#"{"name":"bolt"}"#)).await;
+    let no_auth = send(
+        &a.router,
+        request("/widgets", None, Some("k1"), r#"{"name":"bolt"}"#),
+    )
+    .await;
     assert_eq!(no_auth.status, StatusCode::UNAUTHORIZED);
-    let bad_json = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{"name":"#)).await;
+    let bad_json = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"#),
+    )
+    .await;
     assert_eq!(bad_json.status, StatusCode::BAD_REQUEST);
-    let unknown_field = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{"name":"x","zzz":1}"#)).await;
+    let unknown_field = send(
+        &a.router,
+        request(
+            "/widgets",
+            Some("acme"),
+            Some("k1"),
+            r#"{"name":"x","zzz":1}"#,
+        ),
+    )
+    .await;
     assert_eq!(unknown_field.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(a.db.count("SELECT count(*) FROM idempotency_requests").await, 0);
+    assert_eq!(
+        a.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
+        0
+    );
     // The same key then executes, with a different body than the rejected ones.
-    let ok = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#)).await;
+    let ok = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#),
+    )
+    .await;
     assert_eq!(ok.status, StatusCode::CREATED);
     assert!(!ok.replayed());
 }
@@ -245,9 +366,21 @@ async fn extractor_rejections_reserve_nothing() {
 async fn tenants_and_operations_are_isolated() {
     let a = app(None, WAIT).await;
     let body = r#"{"name":"bolt"}"#;
-    let acme = send(&a.router, request("/widgets", Some("acme"), Some("same"), body)).await;
-    let globex = send(&a.router, request("/widgets", Some("globex"), Some("same"), body)).await;
-    let import = send(&a.router, request("/imports", Some("acme"), Some("same"), body)).await;
+    let acme = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("same"), body),
+    )
+    .await;
+    let globex = send(
+        &a.router,
+        request("/widgets", Some("globex"), Some("same"), body),
+    )
+    .await;
+    let import = send(
+        &a.router,
+        request("/imports", Some("acme"), Some("same"), body),
+    )
+    .await;
     for r in [&acme, &globex, &import] {
         assert_eq!(r.status, StatusCode::CREATED);
         assert!(!r.replayed());
@@ -257,24 +390,58 @@ async fn tenants_and_operations_are_isolated() {
     assert_eq!(import.json()["imported"], true);
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 3);
     // Each tenant's retry gets its own answer back.
-    let acme2 = send(&a.router, request("/widgets", Some("acme"), Some("same"), body)).await;
+    let acme2 = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("same"), body),
+    )
+    .await;
     assert_eq!(acme2.body, acme.body);
-    let globex2 = send(&a.router, request("/widgets", Some("globex"), Some("same"), body)).await;
+    let globex2 = send(
+        &a.router,
+        request("/widgets", Some("globex"), Some("same"), body),
+    )
+    .await;
     assert_eq!(globex2.body, globex.body);
 }
 
 #[tokio::test]
 async fn handler_err_and_5xx_roll_back_and_free_the_key() {
     let a = app(None, WAIT).await;
-    let err = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{"name":"a","outcome":"err"}"#)).await;
+    let err = send(
+        &a.router,
+        request(
+            "/widgets",
+            Some("acme"),
+            Some("k1"),
+            r#"{"name":"a","outcome":"err"}"#,
+        ),
+    )
+    .await;
     assert_eq!(err.status, StatusCode::CONFLICT);
-    let five = send(&a.router, request("/widgets", Some("acme"), Some("k2"), r#"{"name":"a","outcome":"5xx"}"#)).await;
+    let five = send(
+        &a.router,
+        request(
+            "/widgets",
+            Some("acme"),
+            Some("k2"),
+            r#"{"name":"a","outcome":"5xx"}"#,
+        ),
+    )
+    .await;
     assert_eq!(five.status, StatusCode::SERVICE_UNAVAILABLE);
     // The handler's own inserts were rolled back, and nothing was stored.
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
-    assert_eq!(a.db.count("SELECT count(*) FROM idempotency_requests").await, 0);
+    assert_eq!(
+        a.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
+        0
+    );
     // The keys are free: a retry (here with a corrected body) executes.
-    let ok = send(&a.router, request("/widgets", Some("acme"), Some("k1"), r#"{"name":"a"}"#)).await;
+    let ok = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"a"}"#),
+    )
+    .await;
     assert_eq!(ok.status, StatusCode::CREATED);
     assert!(!ok.replayed());
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
@@ -284,9 +451,17 @@ async fn handler_err_and_5xx_roll_back_and_free_the_key() {
 async fn a_committed_4xx_business_rejection_is_replayed() {
     let a = app(None, WAIT).await;
     let body = r#"{"name":"a","outcome":"reject"}"#;
-    let first = send(&a.router, request("/widgets", Some("acme"), Some("k1"), body)).await;
+    let first = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::NOT_FOUND);
-    let again = send(&a.router, request("/widgets", Some("acme"), Some("k1"), body)).await;
+    let again = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
@@ -317,17 +492,28 @@ async fn a_duplicate_in_flight_gets_409_with_retry_after() {
     // The first request holds the key inside its open transaction now.
     entered.recv().await.unwrap();
     let started = Instant::now();
-    let dup = send(&a.router, request("/widgets", Some("acme"), Some("k1"), body)).await;
+    let dup = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
     let waited = started.elapsed();
     assert_eq!(dup.status, StatusCode::CONFLICT);
     assert_eq!(dup.headers["retry-after"], "1");
     assert_eq!(dup.json()["type"], "urn:idem:problem:request-in-flight");
     // It waited for the bound (the lock timeout), not less.
-    assert!(waited >= wait, "answered after {waited:?}, before the {wait:?} bound");
+    assert!(
+        waited >= wait,
+        "answered after {waited:?}, before the {wait:?} bound"
+    );
     release.add_permits(1);
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
-    let after = send(&a.router, request("/widgets", Some("acme"), Some("k1"), body)).await;
+    let after = send(
+        &a.router,
+        request("/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
     assert!(after.replayed());
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
 }
@@ -343,7 +529,11 @@ async fn concurrent_duplicates_through_the_router_execute_once() {
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            send(&router, request("/widgets", Some("acme"), Some("race"), body)).await
+            send(
+                &router,
+                request("/widgets", Some("acme"), Some("race"), body),
+            )
+            .await
         }));
     }
     let mut originals = 0;
@@ -358,4 +548,57 @@ async fn concurrent_duplicates_through_the_router_execute_once() {
     }
     assert_eq!(originals, 1);
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+#[tokio::test]
+async fn replays_carry_only_stored_headers_and_never_set_cookie() {
+    let a = app(None, WAIT).await;
+    let first = send(
+        &a.router,
+        request("/blobs", Some("acme"), Some("b1"), r#"{"size":10}"#),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // The first answer goes out as the handler built it.
+    assert_eq!(first.headers["set-cookie"], "session=secret");
+    assert_eq!(first.headers["x-trace"], "not-stored");
+    let again = send(
+        &a.router,
+        request("/blobs", Some("acme"), Some("b1"), r#"{"size":10}"#),
+    )
+    .await;
+    assert!(again.replayed());
+    assert_eq!(again.status, first.status);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers["location"], "/blobs/1");
+    assert_eq!(again.headers["content-type"], first.headers["content-type"]);
+    assert!(again.headers.get("set-cookie").is_none());
+    assert!(again.headers.get("x-trace").is_none());
+}
+
+#[tokio::test]
+async fn a_response_over_the_limit_is_rolled_back_not_lost() {
+    let a = app(None, WAIT).await;
+    let big = send(
+        &a.router,
+        request("/blobs", Some("acme"), Some("b1"), r#"{"size":1001}"#),
+    )
+    .await;
+    assert_eq!(big.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(big.json()["type"], "urn:idem:problem:response-too-large");
+    // Neither the effect nor a half-stored key remains.
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
+    assert_eq!(
+        a.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
+        0
+    );
+    // At the limit it is stored.
+    let ok = send(
+        &a.router,
+        request("/blobs", Some("acme"), Some("b2"), r#"{"size":1000}"#),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert_eq!(ok.body.len(), 1000);
 }

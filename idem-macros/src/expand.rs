@@ -66,7 +66,9 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     strip_tenant_attrs(&mut inner);
     inner.sig.ident = format_ident!("__idem_inner");
     inner.vis = syn::Visibility::Inherited;
-    inner.attrs.retain(|a| a.path().is_ident("allow") || a.path().is_ident("expect"));
+    inner
+        .attrs
+        .retain(|a| a.path().is_ident("allow") || a.path().is_ident("expect"));
 
     let mut outer_params = Vec::new();
     let mut call_args = Vec::new();
@@ -88,7 +90,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         outer_params.push(quote!(#name: #ty));
         call_args.push(quote!(#name));
         if matches!(config.tenant, Tenant::Param(t) if t == i) {
-            tenant_expr = Some(quote_spanned!(ty.span()=> #rt::tenant_id(&#name)));
+            // Spanned at the user's type, so "does not identify a tenant" points there.
+            tenant_expr = Some(respan(quote!(#rt::tenant_id(&#name)), ty.span()));
         }
         if Some(i) == config.body_param {
             body_expr = Some((name, ty.span()));
@@ -99,12 +102,15 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     }
     let tenant_expr = match config.tenant {
         Tenant::Single => quote!(#rt::tenant_id(&#rt::SingleTenant)),
-        Tenant::Param(_) => tenant_expr.unwrap_or_else(|| quote!(#rt::tenant_id(&#rt::SingleTenant))),
+        Tenant::Param(_) => {
+            tenant_expr.unwrap_or_else(|| quote!(#rt::tenant_id(&#rt::SingleTenant)))
+        }
     };
 
     let body_steps = match (&config.body, &body_expr) {
         (BodyPrint::Whole, Some((name, span))) => {
-            quote_spanned!(*span=> .and_then(|__idem_fp| __idem_fp.body(#rt::body_value(&#name))))
+            let call = respan(quote!(#rt::fingerprint_body(__idem_fp, &#name)), *span);
+            quote!(.and_then(|__idem_fp| #call))
         }
         (BodyPrint::Fields(fields), Some((name, _))) => {
             let steps = fields.iter().map(|(segments, span)| {
@@ -173,8 +179,26 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         )
         .await
     };
-    func.block = Box::new(syn::parse_quote!({ #body }));
+    *func.block = syn::parse_quote!({ #body });
     quote!(#func)
+}
+
+/// Gives every token the span of the user's code it stands for, so that rustc's
+/// trait errors point at the user's type rather than at the attribute.
+fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut ng = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                ng.set_span(span);
+                tt = proc_macro2::TokenTree::Group(ng);
+            } else {
+                tt.set_span(span);
+            }
+            tt
+        })
+        .collect()
 }
 
 fn duration_tokens(rt: &TokenStream, d: std::time::Duration) -> TokenStream {

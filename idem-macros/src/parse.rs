@@ -69,7 +69,8 @@ fn rewrite_body_paths(inner: TokenStream) -> TokenStream {
     let mut i = 0;
     while i < tokens.len() {
         let is_body = matches!(&tokens[i], TokenTree::Ident(id) if id == "body");
-        let dot_follows = matches!(tokens.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '.');
+        let dot_follows =
+            matches!(tokens.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '.');
         if is_body && dot_follows {
             let mut segments = Vec::new();
             let mut span = None;

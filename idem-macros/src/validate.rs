@@ -44,7 +44,14 @@ pub enum Tenant {
 
 /// Types that read the request body (axum's `FromRequest`, not `FromRequestParts`).
 const BODY_EXTRACTORS: &[&str] = &[
-    "Json", "Form", "Bytes", "String", "Body", "Request", "Multipart", "RawForm",
+    "Json",
+    "Form",
+    "Bytes",
+    "String",
+    "Body",
+    "Request",
+    "Multipart",
+    "RawForm",
 ];
 
 /// The longest in-flight wait accepted: a waiting request holds a connection.
@@ -57,7 +64,11 @@ pub fn tenant_attr(arg: &syn::PatType) -> Option<&syn::Attribute> {
 
 /// Checks everything. `errors` collects what is wrong; the result is `None` when
 /// anything was.
-pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut darling::error::Accumulator) -> Option<Config> {
+pub fn validate(
+    args: RawArgs,
+    func: &ItemFn,
+    errors: &mut darling::error::Accumulator,
+) -> Option<Config> {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
         errors.push(
@@ -143,7 +154,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut darling::error::Accum
             if let Some(attr) = tenant_attr(arg) {
                 errors.push(
                     darling::Error::custom("`#[tenant]` marks the parameter that identifies the caller, not the transaction")
-                        .with_span(attr),
+                        .with_span(attr.path()),
                 );
             }
             continue;
@@ -154,12 +165,14 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut darling::error::Accum
                     darling::Error::custom(
                         "`#[tenant]` contradicts `single_tenant`: keep `#[tenant]` to scope keys by caller, or remove it for a service with one tenant",
                     )
-                    .with_span(attr),
+                    .with_span(attr.path()),
                 );
             } else if tenant.is_some() {
                 errors.push(
-                    darling::Error::custom("only one parameter can be the `#[tenant]`: remove this one or the other")
-                        .with_span(attr),
+                    darling::Error::custom(
+                        "only one parameter can be the `#[tenant]`: remove this one or the other",
+                    )
+                    .with_span(attr),
                 );
             } else {
                 tenant = Some(Tenant::Param(i));
@@ -203,7 +216,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut darling::error::Accum
                 darling::Error::custom("a second body extractor: the request body can be read only once; keep one of them")
                     .with_span(ty),
             );
-        } else if Some(*i) != last_extractor {
+        } else if body_params.len() == 1 && Some(*i) != last_extractor {
             errors.push(
                 darling::Error::custom(
                     "the body extractor must be the last parameter: axum reads the body after every other extractor; move this parameter to the end",
@@ -229,7 +242,10 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut darling::error::Accum
     })
 }
 
-fn check_operation(op: Option<SpannedValue<String>>, errors: &mut darling::error::Accumulator) -> Option<String> {
+fn check_operation(
+    op: Option<SpannedValue<String>>,
+    errors: &mut darling::error::Accumulator,
+) -> Option<String> {
     let Some(op) = op else {
         errors.push(darling::Error::custom(
             "missing `operation`: add `operation = \"create-order\"`, the operation's stable name (it scopes the key, so keep it when you rename the handler)",
@@ -240,16 +256,16 @@ fn check_operation(op: Option<SpannedValue<String>>, errors: &mut darling::error
     let problem = if name.is_empty() {
         Some("`operation` must not be empty: name it, e.g. \"create-order\"".to_owned())
     } else if name.len() > 128 {
-        Some(format!("`operation` is {} characters long; keep it at most 128", name.len()))
-    } else if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/')))
-    {
         Some(format!(
-            "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only, not {c:?}: write e.g. \"create-order\""
+            "`operation` is {} characters long; keep it at most 128",
+            name.len()
         ))
     } else {
-        None
+        name.chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/')))
+            .map(|c| format!(
+                "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only, not {c:?}: write e.g. \"create-order\""
+            ))
     };
     match problem {
         Some(msg) => {
@@ -301,7 +317,11 @@ fn check_fingerprint(
         // Documented default: the whole body when there is one.
         return (
             Vec::new(),
-            if body_param.is_some() { BodyPrint::Whole } else { BodyPrint::None },
+            if body_param.is_some() {
+                BodyPrint::Whole
+            } else {
+                BodyPrint::None
+            },
         );
     };
     let fp_span = fp.span();
@@ -320,7 +340,10 @@ fn check_fingerprint(
                 "the Idempotency-Key is the key itself, not part of the fingerprint: remove this header".into(),
             ));
         } else if headers.contains(&lower) {
-            errors.push(err(format!("the header {:?} is listed twice: remove one", h.as_str())));
+            errors.push(err(format!(
+                "the header {:?} is listed twice: remove one",
+                h.as_str()
+            )));
         } else {
             headers.push(lower);
         }
@@ -352,8 +375,11 @@ fn check_fingerprint(
                 );
             } else if fields.iter().any(|(s, _)| s == &segments) {
                 errors.push(
-                    darling::Error::custom(format!("`body.{}` is listed twice: remove one", f.as_str()))
-                        .with_span(&f.span()),
+                    darling::Error::custom(format!(
+                        "`body.{}` is listed twice: remove one",
+                        f.as_str()
+                    ))
+                    .with_span(&f.span()),
                 );
             } else {
                 fields.push((segments, f.span()));
@@ -397,7 +423,10 @@ mod tests {
         let raw = parse_args(args).map_err(|e| e.to_string())?;
         let cfg = validate(raw, &func, &mut errors);
         errors.finish().map_err(|e| {
-            e.into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+            e.into_iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
         })?;
         Ok(cfg.unwrap())
     }
@@ -411,7 +440,11 @@ mod tests {
     #[test]
     fn the_design_example_is_accepted() {
         let c = check(
-            quote!(operation = "create-order", retention = "24h", fingerprint(body, header = "X-Currency")),
+            quote!(
+                operation = "create-order",
+                retention = "24h",
+                fingerprint(body, header = "X-Currency")
+            ),
             handler(),
         )
         .unwrap();
@@ -430,7 +463,9 @@ mod tests {
         assert!(matches!(c.body, BodyPrint::Whole));
         let c = check(
             quote!(operation = "x", retention = "7d"),
-            parse_quote!(async fn f(#[tenant] c: Caller, tx: &mut Tx) {}),
+            parse_quote!(
+                async fn f(#[tenant] c: Caller, tx: &mut Tx) {}
+            ),
         )
         .unwrap();
         assert!(matches!(c.body, BodyPrint::None));
@@ -440,7 +475,9 @@ mod tests {
     fn errors_are_collected_and_explained() {
         let e = check(
             quote!(retention = "0s", fingerprint(header = "bad header")),
-            parse_quote!(fn f<T>(x: T) {}),
+            parse_quote!(
+                fn f<T>(x: T) {}
+            ),
         )
         .unwrap_err();
         for expected in [
@@ -475,36 +512,67 @@ mod tests {
     #[test]
     fn operation_names() {
         for bad in ["", "create order", "création"] {
-            assert!(check(quote!(operation = #bad, retention = "1h"), handler()).is_err(), "{bad}");
+            assert!(
+                check(quote!(operation = #bad, retention = "1h"), handler()).is_err(),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn tenants_and_transactions() {
-        let two = parse_quote!(async fn f(#[tenant] a: A, #[tenant] b: B, tx: &mut Tx) {});
+        let two = parse_quote!(
+            async fn f(#[tenant] a: A, #[tenant] b: B, tx: &mut Tx) {}
+        );
         let e = check(quote!(operation = "x", retention = "1h"), two).unwrap_err();
         assert!(e.contains("only one parameter"), "{e}");
-        let both = parse_quote!(async fn f(#[tenant] a: A, tx: &mut Tx) {});
-        let e = check(quote!(operation = "x", retention = "1h", single_tenant), both).unwrap_err();
+        let both = parse_quote!(
+            async fn f(#[tenant] a: A, tx: &mut Tx) {}
+        );
+        let e = check(
+            quote!(operation = "x", retention = "1h", single_tenant),
+            both,
+        )
+        .unwrap_err();
         assert!(e.contains("contradicts"), "{e}");
-        let single = parse_quote!(async fn f(tx: &mut Tx) {});
-        let c = check(quote!(operation = "x", retention = "1h", single_tenant), single).unwrap();
+        let single = parse_quote!(
+            async fn f(tx: &mut Tx) {}
+        );
+        let c = check(
+            quote!(operation = "x", retention = "1h", single_tenant),
+            single,
+        )
+        .unwrap();
         assert!(matches!(c.tenant, Tenant::Single));
     }
 
     #[test]
     fn body_rules() {
-        let not_last = parse_quote!(async fn f(#[tenant] a: A, Json(b): Json<B>, tx: &mut Tx, s: State<S>) {});
+        let not_last = parse_quote!(
+            async fn f(#[tenant] a: A, Json(b): Json<B>, tx: &mut Tx, s: State<S>) {}
+        );
         let e = check(quote!(operation = "x", retention = "1h"), not_last).unwrap_err();
         assert!(e.contains("must be the last parameter"), "{e}");
-        let two = parse_quote!(async fn f(#[tenant] a: A, tx: &mut Tx, s: String, b: Bytes) {});
+        let two = parse_quote!(
+            async fn f(#[tenant] a: A, tx: &mut Tx, s: String, b: Bytes) {}
+        );
         let e = check(quote!(operation = "x", retention = "1h"), two).unwrap_err();
         assert!(e.contains("second body extractor"), "{e}");
-        let none = parse_quote!(async fn f(#[tenant] a: A, tx: &mut Tx) {});
-        let e = check(quote!(operation = "x", retention = "1h", fingerprint(body)), none).unwrap_err();
+        let none = parse_quote!(
+            async fn f(#[tenant] a: A, tx: &mut Tx) {}
+        );
+        let e = check(
+            quote!(operation = "x", retention = "1h", fingerprint(body)),
+            none,
+        )
+        .unwrap_err();
         assert!(e.contains("needs a body"), "{e}");
         let e = check(
-            quote!(operation = "x", retention = "1h", fingerprint(body, body.sku)),
+            quote!(
+                operation = "x",
+                retention = "1h",
+                fingerprint(body, body.sku)
+            ),
             handler(),
         )
         .unwrap_err();

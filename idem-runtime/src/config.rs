@@ -119,8 +119,8 @@ impl Idem {
         if NEVER_STORED_HEADERS.contains(&lower.as_str()) {
             return Err(ConfigError::ForbiddenHeader(lower));
         }
-        let header =
-            HeaderName::from_bytes(lower.as_bytes()).map_err(|_| ConfigError::InvalidHeader(lower))?;
+        let header = HeaderName::from_bytes(lower.as_bytes())
+            .map_err(|_| ConfigError::InvalidHeader(lower))?;
         let settings = Arc::make_mut(&mut self.settings);
         if !settings.stored_headers.contains(&header) {
             settings.stored_headers.push(header);

@@ -49,10 +49,19 @@ pub struct FingerprintError(#[from] serde_json::Error);
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Part {
-    Header { name: String, values: Option<Vec<Vec<u8>>> },
+    Header {
+        name: String,
+        values: Option<Vec<Vec<u8>>>,
+    },
     Body(Vec<u8>),
-    BodyField { path: String, json: Vec<u8> },
-    Extra { name: String, value: Vec<u8> },
+    BodyField {
+        path: String,
+        json: Vec<u8>,
+    },
+    Extra {
+        name: String,
+        value: Vec<u8>,
+    },
 }
 
 /// Collects the parts of a request that identify it and hashes them.
@@ -266,7 +275,10 @@ mod tests {
     fn omitted_defaults_are_the_same_request() {
         let full = of_typed(r#"{"sku":"A","quantity":1,"note":null,"priority":1}"#);
         assert_eq!(full, of_typed(r#"{"sku":"A","quantity":1}"#));
-        assert_eq!(full, of_typed(r#"{"quantity":1,   "sku":"A","priority":1}"#));
+        assert_eq!(
+            full,
+            of_typed(r#"{"quantity":1,   "sku":"A","priority":1}"#)
+        );
         assert_ne!(full, of_typed(r#"{"sku":"A","quantity":1,"priority":2}"#));
         assert_ne!(full, of_typed(r#"{"sku":"A","quantity":1,"note":"gift"}"#));
     }

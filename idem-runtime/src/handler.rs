@@ -236,7 +236,11 @@ async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> 
             return Problem::in_flight(retry_after).into_response();
         }
     };
-    tracing::debug!(operation = op, generation = execution.generation(), "idem: execute");
+    tracing::debug!(
+        operation = op,
+        generation = execution.generation(),
+        "idem: execute"
+    );
 
     let outcome = handler(&mut tx).await;
     if outcome.rolls_back() {
@@ -245,7 +249,11 @@ async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> 
         if let Err(e) = tx.into_inner().rollback().await {
             tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
         }
-        tracing::debug!(operation = op, status = outcome.response.status().as_u16(), "idem: rolled back");
+        tracing::debug!(
+            operation = op,
+            status = outcome.response.status().as_u16(),
+            "idem: rolled back"
+        );
         return outcome.response;
     }
     let (response, stored) = match response::capture(

@@ -57,9 +57,7 @@ pub enum KeyError {
         len: usize,
     },
     /// The key holds a character outside printable ASCII.
-    #[error(
-        "the Idempotency-Key holds a character outside printable ASCII at position {position}"
-    )]
+    #[error("the Idempotency-Key holds a character outside printable ASCII at position {position}")]
     NotPrintableAscii {
         /// Zero-based byte position of the first offending character.
         position: usize,
@@ -100,7 +98,8 @@ impl IdempotencyKey {
                 return Err(KeyError::NotPrintableAscii { position });
             }
             // Checked above: every byte is ASCII.
-            String::from_utf8(raw.to_vec()).map_err(|_| KeyError::NotPrintableAscii { position: 0 })?
+            String::from_utf8(raw.to_vec())
+                .map_err(|_| KeyError::NotPrintableAscii { position: 0 })?
         };
         if key.trim().is_empty() {
             return Err(KeyError::Empty);
@@ -201,7 +200,10 @@ mod tests {
             Err(KeyError::TooLong { len: 256 })
         );
         let quoted = format!("\"{}\"", "k".repeat(256));
-        assert_eq!(IdempotencyKey::parse(quoted), Err(KeyError::TooLong { len: 256 }));
+        assert_eq!(
+            IdempotencyKey::parse(quoted),
+            Err(KeyError::TooLong { len: 256 })
+        );
     }
 
     #[test]

@@ -68,6 +68,18 @@ impl FingerprintBody for String {
     }
 }
 
+/// Adds the whole typed body to a fingerprint.
+///
+/// # Errors
+///
+/// As [`crate::FingerprintBuilder::body`].
+pub fn fingerprint_body<B: FingerprintBody>(
+    fp: crate::FingerprintBuilder,
+    body: &B,
+) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+    fp.body(body.fingerprint_value())
+}
+
 /// The typed value of a body extractor (see [`FingerprintBody`]).
 pub fn body_value<B: FingerprintBody>(body: &B) -> &B::Value {
     body.fingerprint_value()

@@ -74,8 +74,12 @@ impl Problem {
 
     /// `400`, [`MALFORMED_KEY`], with the reason.
     pub fn malformed_key(reason: &crate::KeyError) -> Self {
-        Problem::new(MALFORMED_KEY, StatusCode::BAD_REQUEST, "Idempotency-Key header malformed")
-            .with_detail(reason.to_string())
+        Problem::new(
+            MALFORMED_KEY,
+            StatusCode::BAD_REQUEST,
+            "Idempotency-Key header malformed",
+        )
+        .with_detail(reason.to_string())
     }
 
     /// `422`, [`FINGERPRINT_MISMATCH`].
@@ -96,7 +100,9 @@ impl Problem {
             StatusCode::CONFLICT,
             "A request with this Idempotency-Key is in progress",
         )
-        .with_detail("the first request with this key has not finished; retry with the same key later");
+        .with_detail(
+            "the first request with this key has not finished; retry with the same key later",
+        );
         p.retry_after = Some(secs.max(1));
         p
     }
@@ -133,8 +139,14 @@ mod tests {
 
     #[test]
     fn in_flight_rounds_retry_after_up() {
-        assert_eq!(Problem::in_flight(Duration::from_millis(1500)).retry_after, Some(2));
-        assert_eq!(Problem::in_flight(Duration::from_millis(10)).retry_after, Some(1));
+        assert_eq!(
+            Problem::in_flight(Duration::from_millis(1500)).retry_after,
+            Some(2)
+        );
+        assert_eq!(
+            Problem::in_flight(Duration::from_millis(10)).retry_after,
+            Some(1)
+        );
         let resp = Problem::in_flight(Duration::from_secs(3)).into_response();
         assert_eq!(resp.status(), StatusCode::CONFLICT);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "3");

@@ -42,8 +42,7 @@ pub async fn capture(
 ) -> Result<(Response, StoredResponse), CaptureError> {
     let (parts, body) = response.into_parts();
     let body = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if std::error::Error::source(&e)
-            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+        if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
         {
             CaptureError::TooLarge { limit }
         } else {

@@ -106,7 +106,10 @@ mod tests {
     fn tenant_ids_are_checked() {
         assert_eq!(validate_tenant_id("acme"), Ok(()));
         assert_eq!(validate_tenant_id(""), Err(TenantError::Empty));
-        assert_eq!(validate_tenant_id(&"x".repeat(256)), Err(TenantError::TooLong(256)));
+        assert_eq!(
+            validate_tenant_id(&"x".repeat(256)),
+            Err(TenantError::TooLong(256))
+        );
         assert_eq!(validate_tenant_id("*"), Err(TenantError::Reserved));
     }
 }

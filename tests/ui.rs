@@ -1,0 +1,11 @@
+//! Compile-time behaviour of `#[idempotent]`: every supported shape compiles and
+//! mounts on a router; every misuse fails with the message pinned in its `.stderr`.
+//! The `.stderr` files are pinned to the toolchain of the project's machines
+//! (rustc 1.95); regenerate with `TRYBUILD=overwrite cargo test --test ui`.
+
+#[test]
+fn ui() {
+    let t = trybuild::TestCases::new();
+    t.pass("tests/ui/pass/*.rs");
+    t.compile_fail("tests/ui/fail/*.rs");
+}
