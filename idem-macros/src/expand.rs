@@ -42,17 +42,18 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         (result, _) => {
             // Re-emit the function as written, so the rest of the crate still
             // type-checks and IDEs keep working, with every error beside it.
-            strip_tenant_attrs(&mut func);
+            strip_marker_attrs(&mut func);
             let errors = result.err().map(|e| e.write_errors());
             quote!(#func #errors)
         }
     }
 }
 
-fn strip_tenant_attrs(func: &mut ItemFn) {
+fn strip_marker_attrs(func: &mut ItemFn) {
     for arg in func.sig.inputs.iter_mut() {
         if let FnArg::Typed(t) = arg {
-            t.attrs.retain(|a| !a.path().is_ident("tenant"));
+            t.attrs
+                .retain(|a| !a.path().is_ident("tenant") && !a.path().is_ident("body"));
         }
     }
 }
@@ -63,7 +64,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
 
     // The inner function keeps the user's signature and body unchanged.
     let mut inner = func.clone();
-    strip_tenant_attrs(&mut inner);
+    strip_marker_attrs(&mut inner);
     inner.sig.ident = format_ident!("__idem_inner");
     inner.vis = syn::Visibility::Inherited;
     inner

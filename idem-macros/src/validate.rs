@@ -43,6 +43,8 @@ pub enum Tenant {
 }
 
 /// Types that read the request body (axum's `FromRequest`, not `FromRequestParts`).
+/// Besides these, any type whose name ends in `Json` or `Form` (`ValidJson`), and
+/// any parameter marked `#[body]`, is taken as the body extractor.
 const BODY_EXTRACTORS: &[&str] = &[
     "Json",
     "Form",
@@ -178,7 +180,7 @@ pub fn validate(
                 tenant = Some(Tenant::Param(i));
             }
         }
-        if is_body_extractor(&arg.ty) {
+        if is_body_extractor(&arg.ty) || arg.attrs.iter().any(|a| a.path().is_ident("body")) {
             body_params.push((i, &arg.ty));
         }
     }
@@ -400,11 +402,12 @@ fn check_fingerprint(
 
 fn is_body_extractor(ty: &Type) -> bool {
     match ty {
-        Type::Path(p) => p
-            .path
-            .segments
-            .last()
-            .is_some_and(|s| BODY_EXTRACTORS.iter().any(|b| s.ident == b)),
+        Type::Path(p) => p.path.segments.last().is_some_and(|s| {
+            let name = s.ident.to_string();
+            BODY_EXTRACTORS.contains(&name.as_str())
+                || name.ends_with("Json")
+                || name.ends_with("Form")
+        }),
         Type::Paren(p) => is_body_extractor(&p.elem),
         Type::Group(g) => is_body_extractor(&g.elem),
         _ => false,
@@ -544,6 +547,20 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(c.tenant, Tenant::Single));
+    }
+
+    #[test]
+    fn custom_body_extractors() {
+        let by_name = parse_quote!(
+            async fn f(#[tenant] a: A, tx: &mut Tx, b: ValidJson<B>) {}
+        );
+        let c = check(quote!(operation = "x", retention = "1h"), by_name).unwrap();
+        assert_eq!(c.body_param, Some(2));
+        let marked = parse_quote!(
+            async fn f(#[tenant] a: A, tx: &mut Tx, #[body] b: Checked<B>) {}
+        );
+        let c = check(quote!(operation = "x", retention = "1h"), marked).unwrap();
+        assert_eq!(c.body_param, Some(2));
     }
 
     #[test]

@@ -206,6 +206,58 @@ fn put(h: &mut Sha256, bytes: &[u8]) {
     h.update(bytes);
 }
 
+/// A body extractor whose typed value `fingerprint(body)` can canonicalise.
+///
+/// Implemented for `axum::Json<T>`, `axum::Form<T>` (with `T: Serialize`) and
+/// `String`. Implement it for your own body extractor, such as a validating JSON
+/// wrapper:
+///
+/// ```
+/// use idem_runtime::FingerprintBody;
+///
+/// struct ValidJson<T>(pub T);
+///
+/// impl<T: serde::Serialize> FingerprintBody for ValidJson<T> {
+///     type Value = T;
+///     fn fingerprint_value(&self) -> &T {
+///         &self.0
+///     }
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted as a request body",
+    label = "`fingerprint(body)` reads this parameter as the request body",
+    note = "the body extractor must be the handler's last parameter and one of `Json<T>`, `Form<T>` (with `T: serde::Serialize`) or `String`",
+    note = "to identify the request without its body, write `fingerprint(header = \"...\")` without `body`"
+)]
+pub trait FingerprintBody {
+    /// The typed value behind the extractor.
+    type Value: Serialize + ?Sized;
+    /// Borrows it.
+    fn fingerprint_value(&self) -> &Self::Value;
+}
+
+impl<T: Serialize> FingerprintBody for axum::Json<T> {
+    type Value = T;
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Serialize> FingerprintBody for axum::Form<T> {
+    type Value = T;
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+impl FingerprintBody for String {
+    type Value = str;
+    fn fingerprint_value(&self) -> &str {
+        self
+    }
+}
+
 /// Canonical JSON (RFC 8785) of a value, as it is hashed into fingerprints.
 ///
 /// # Errors

@@ -77,7 +77,7 @@ pub mod tx;
 pub mod __private;
 
 pub use config::{ConfigError, Idem};
-pub use fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
+pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
 pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run};
 pub use key::{IdempotencyKey, KeyError};
 pub use problem::Problem;

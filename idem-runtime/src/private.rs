@@ -5,8 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use axum::response::IntoResponse;
-use serde::Serialize;
 
+pub use crate::fingerprint::FingerprintBody;
 pub use crate::handler::{BoxedHandler, HandlerOutcome, IdemRequest, OperationSpec, run};
 pub use crate::tenant::{SingleTenant, TenantScope};
 pub use crate::tx::Tx;
@@ -31,41 +31,6 @@ where
 /// span, so a type that does not implement [`TenantScope`] is reported there.
 pub fn tenant_id<T: TenantScope>(value: &T) -> String {
     value.tenant_id().to_owned()
-}
-
-/// A body extractor whose typed value `fingerprint(body)` can canonicalise.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be fingerprinted as a request body",
-    label = "`fingerprint(body)` reads this parameter as the request body",
-    note = "the body extractor must be the handler's last parameter and one of `Json<T>`, `Form<T>` (with `T: serde::Serialize`) or `String`",
-    note = "to identify the request without its body, write `fingerprint(header = \"...\")` without `body`"
-)]
-pub trait FingerprintBody {
-    /// The typed value behind the extractor.
-    type Value: Serialize + ?Sized;
-    /// Borrows it.
-    fn fingerprint_value(&self) -> &Self::Value;
-}
-
-impl<T: Serialize> FingerprintBody for axum::Json<T> {
-    type Value = T;
-    fn fingerprint_value(&self) -> &T {
-        &self.0
-    }
-}
-
-impl<T: Serialize> FingerprintBody for axum::Form<T> {
-    type Value = T;
-    fn fingerprint_value(&self) -> &T {
-        &self.0
-    }
-}
-
-impl FingerprintBody for String {
-    type Value = str;
-    fn fingerprint_value(&self) -> &str {
-        self
-    }
 }
 
 /// Adds the whole typed body to a fingerprint.

@@ -1,0 +1,94 @@
+//! `orders`: an Axum service whose `POST`s are safe to retry, built with
+//! `#[idempotent]`. The README's quickstart runs it; the end-to-end suite in
+//! `tests/orders_e2e.rs` kills, restarts and races it.
+//!
+//! Environment:
+//!
+//! | variable | default | meaning |
+//! | --- | --- | --- |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | the PostgreSQL database |
+//! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
+//! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
+//! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
+
+mod auth;
+mod input;
+mod problems;
+mod routes;
+
+use std::time::Duration;
+
+use idem_runtime::Idem;
+use sqlx::postgres::PgPoolOptions;
+
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+fn env_ms(name: &str, default: u64, max: u64) -> Result<Duration, String> {
+    let ms = match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => v
+            .parse::<u64>()
+            .map_err(|_| format!("{name} must be a whole number of milliseconds, not {v:?}"))?,
+    };
+    if ms > max {
+        return Err(format!("{name} is {ms}; at most {max} is allowed"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+async fn run() -> Result<(), String> {
+    let database_url =
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+    let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let latency = env_ms("ORDERS_LATENCY_MS", 0, 3_600_000)?;
+    let in_flight_wait = env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?;
+
+    let pool = PgPoolOptions::new()
+        .max_connections(32)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&database_url)
+        .await
+        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+    idem_runtime::migrate(&pool)
+        .await
+        .map_err(|e| format!("idem migrations failed: {e}"))?;
+    sqlx::migrate!("examples/orders/migrations")
+        .run(&pool)
+        .await
+        .map_err(|e| format!("orders migrations failed: {e}"))?;
+
+    let idem = Idem::new(pool.clone()).with_in_flight_wait(in_flight_wait);
+    let app = routes::router(routes::AppState {
+        idem,
+        pool,
+        latency,
+    });
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!("orders listening on http://{local}");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            tokio::signal::ctrl_c().await.ok();
+        })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .init();
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("orders: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
