@@ -1,0 +1,754 @@
+//! The failure-window suite: the real `orders` example process, over real HTTP,
+//! against a real PostgreSQL. Each test has its own database and server(s).
+//!
+//! The example binary is built by `cargo test --workspace` (cargo builds examples
+//! for tests); run `cargo build --example orders` first when running this file alone.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::TestDb;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A running `orders` process.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+fn example_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/orders_e2e-<hash> -> target/<profile>/examples/orders
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir
+        .join("examples")
+        .join(format!("orders{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --workspace`, or `cargo build --example orders` first",
+        bin.display()
+    );
+    bin
+}
+
+impl Server {
+    async fn start(db: &TestDb, env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(example_binary());
+        cmd.env("DATABASE_URL", &db.url)
+            .env("IDEM_ADDR", "127.0.0.1:0")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start the orders example");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let base = loop {
+            let line = tokio::time::timeout_at(deadline.into(), lines.next_line())
+                .await
+                .expect("the server logs its address within 60 s")
+                .unwrap()
+                .expect("the server exited before it was ready");
+            if let Some(at) = line.find("listening on http://") {
+                let url: String = line[at + "listening on ".len()..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace() && *c != '\x1b')
+                    .collect();
+                break url;
+            }
+        };
+        // Keep draining its output so the process never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Server { child, base }
+    }
+
+    /// SIGKILL: no shutdown hooks, no graceful rollback — a crash.
+    async fn kill(&mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+    fn problem_type(&self) -> String {
+        assert_eq!(
+            self.headers
+                .get("content-type")
+                .map(|v| v.to_str().unwrap()),
+            Some("application/problem+json"),
+            "status {}",
+            self.status
+        );
+        self.json()["type"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// One request; the knobs default to a valid `POST /orders`.
+struct Call<'a> {
+    path: &'a str,
+    tenant: Option<&'a str>,
+    key: Option<&'a str>,
+    currency: Option<&'a str>,
+    body: String,
+    content_type: &'a str,
+    timeout: Duration,
+}
+
+impl<'a> Call<'a> {
+    fn order(key: &'a str) -> Self {
+        Call {
+            path: "/orders",
+            tenant: Some("acme"),
+            key: Some(key),
+            currency: Some("EUR"),
+            body: json!({"sku": "A-1", "quantity": 2, "amount_cents": 1999}).to_string(),
+            content_type: "application/json",
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    fn body(mut self, v: Value) -> Self {
+        self.body = v.to_string();
+        self
+    }
+
+    async fn send(&self, server: &Server) -> Result<Answer, reqwest::Error> {
+        self.send_to(&server.base).await
+    }
+
+    async fn send_to(&self, base: &str) -> Result<Answer, reqwest::Error> {
+        let client = reqwest::Client::new();
+        let mut r = client
+            .post(format!("{base}{}", self.path))
+            .timeout(self.timeout)
+            .header("content-type", self.content_type)
+            .body(self.body.clone());
+        if let Some(t) = self.tenant {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(k) = self.key {
+            r = r.header("idempotency-key", k);
+        }
+        if let Some(c) = self.currency {
+            r = r.header("x-currency", c);
+        }
+        let resp = r.send().await?;
+        Ok(Answer {
+            status: resp.status(),
+            headers: resp.headers().clone(),
+            body: resp.bytes().await?.to_vec(),
+        })
+    }
+
+    async fn ok(&self, server: &Server) -> Answer {
+        self.send(server).await.unwrap()
+    }
+
+    /// Retries while the first request is in flight, waiting what `Retry-After` says,
+    /// as a well-behaved client does.
+    async fn until_settled(&self, server: &Server) -> Answer {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let a = self.ok(server).await;
+            if a.status != StatusCode::CONFLICT {
+                return a;
+            }
+            assert!(Instant::now() < deadline, "still in flight after 120 s");
+            let secs: u64 = a.headers["retry-after"].to_str().unwrap().parse().unwrap();
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+        }
+    }
+}
+
+async fn get(server: &Server, path: &str, tenant: &str) -> Answer {
+    let resp = reqwest::Client::new()
+        .get(format!("{}{path}", server.base))
+        .header("authorization", format!("Bearer {tenant}"))
+        .send()
+        .await
+        .unwrap();
+    Answer {
+        status: resp.status(),
+        headers: resp.headers().clone(),
+        body: resp.bytes().await.unwrap().to_vec(),
+    }
+}
+
+async fn orders(db: &TestDb) -> i64 {
+    db.count("SELECT count(*) FROM orders").await
+}
+
+/// Waits until a server session of this database sits inside an open transaction:
+/// the request has claimed its key and is doing its (slow) work.
+async fn wait_until_in_transaction(db: &TestDb) {
+    wait_for(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'", |n| n > 0).await;
+}
+
+async fn wait_for(db: &TestDb, sql: &str, done: impl Fn(i64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done(db.count(sql).await) {
+        assert!(Instant::now() < deadline, "condition never held: {sql}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// 1. N concurrent requests with one key: one order; every answer 201 or 409.
+#[tokio::test]
+async fn concurrent_duplicates_create_one_order() {
+    let db = TestDb::new().await;
+    let server = Arc::new(
+        Server::start(
+            &db,
+            &[
+                ("ORDERS_LATENCY_MS", "200"),
+                ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
+            ],
+        )
+        .await,
+    );
+    let n = 16;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (server, barrier) = (server.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            Call::order("race-1").ok(&server).await
+        }));
+    }
+    let mut originals = 0;
+    for t in tasks {
+        let a = t.await.unwrap();
+        match a.status {
+            StatusCode::CREATED => originals += usize::from(!a.replayed()),
+            StatusCode::CONFLICT => assert!(a.headers.contains_key("retry-after")),
+            s => panic!("unexpected {s}: {}", String::from_utf8_lossy(&a.body)),
+        }
+    }
+    assert_eq!(originals, 1);
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// 2. Same key, different payload: 422 problem, no new order.
+#[tokio::test]
+async fn same_key_different_payload_is_422() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    assert_eq!(
+        Call::order("k").ok(&server).await.status,
+        StatusCode::CREATED
+    );
+    let other = Call::order("k")
+        .body(json!({"sku": "A-1", "quantity": 3, "amount_cents": 1999}))
+        .ok(&server)
+        .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        other.problem_type(),
+        "urn:idem:problem:fingerprint-mismatch"
+    );
+    let mut usd = Call::order("k");
+    usd.currency = Some("USD");
+    let usd = usd.ok(&server).await;
+    assert_eq!(usd.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// 3. The response is lost: the client gives up before the server commits; the
+/// retry replays the committed result.
+#[tokio::test]
+async fn a_lost_response_is_replayed_on_retry() {
+    let db = TestDb::new().await;
+    let server = Server::start(
+        &db,
+        &[
+            ("ORDERS_LATENCY_MS", "1500"),
+            ("IDEM_IN_FLIGHT_WAIT_MS", "500"),
+        ],
+    )
+    .await;
+    let mut call = Call::order("lost-1");
+    call.timeout = Duration::from_millis(300);
+    let err = call
+        .send(&server)
+        .await
+        .err()
+        .expect("the client times out");
+    assert!(err.is_timeout(), "{err}");
+    call.timeout = Duration::from_secs(60);
+    let retry = call.until_settled(&server).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(
+        retry.replayed(),
+        "the server finished the first request; the retry replays it"
+    );
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// 4. Crash before commit: SIGKILL while the request sleeps inside its
+/// transaction, restart, retry: the operation executes once.
+#[tokio::test]
+async fn a_crash_before_commit_leaves_nothing_and_the_retry_executes() {
+    let db = TestDb::new().await;
+    let mut server = Server::start(&db, &[("ORDERS_LATENCY_MS", "600000")]).await;
+    let base = server.base.clone();
+    let in_flight = tokio::spawn(async move { Call::order("crash-1").send_to(&base).await });
+    wait_until_in_transaction(&db).await;
+    server.kill().await;
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client sees the connection die"
+    );
+    // PostgreSQL rolls the dead session's transaction back.
+    wait_for(&db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'", |n| n == 0).await;
+    assert_eq!(orders(&db).await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+
+    let server = Server::start(&db, &[]).await;
+    let retry = Call::order("crash-1").ok(&server).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// 5. The client times out while the server completes: the stored result is the
+/// order in the database, and the retry gets exactly it.
+#[tokio::test]
+async fn the_stored_result_matches_the_order_after_a_client_timeout() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[("ORDERS_LATENCY_MS", "1000")]).await;
+    let mut call = Call::order("timeout-1");
+    call.timeout = Duration::from_millis(200);
+    assert!(call.send(&server).await.is_err());
+    // The server carries on and commits although nobody listens any more.
+    wait_for(
+        &db,
+        "SELECT count(*) FROM idempotency_requests WHERE state = 'completed'",
+        |n| n == 1,
+    )
+    .await;
+    let (status, body): (i16, Vec<u8>) =
+        sqlx::query_as("SELECT response_status, response_body FROM idempotency_requests")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, 201);
+    let stored: Value = serde_json::from_slice(&body).unwrap();
+    let (id, amount): (i64, i64) = sqlx::query_as("SELECT id, amount_cents FROM orders")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored["id"], id);
+    assert_eq!(stored["amount_cents"], amount);
+    call.timeout = Duration::from_secs(60);
+    let retry = call.ok(&server).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, body);
+    assert_eq!(retry.headers["location"], format!("/orders/{id}"));
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// 6. Expiry: once the retention has passed, a retry is a new execution (the
+/// documented retention contract).
+#[tokio::test]
+async fn after_retention_a_retry_executes_anew() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let first = Call::order("exp-1").ok(&server).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let within = Call::order("exp-1").ok(&server).await;
+    assert!(within.replayed());
+    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
+        .await;
+    let after = Call::order("exp-1").ok(&server).await;
+    assert_eq!(after.status, StatusCode::CREATED);
+    assert!(!after.replayed());
+    assert_ne!(after.json()["id"], first.json()["id"]);
+    assert_eq!(orders(&db).await, 2);
+}
+
+/// 7. Replay after the resource changed: the stored 201 is replayed unchanged.
+#[tokio::test]
+async fn a_replay_after_delete_returns_the_stored_201() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let first = Call::order("del-1").ok(&server).await;
+    let id = first.json()["id"].as_i64().unwrap();
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/orders/{id}", server.base))
+        .header("authorization", "Bearer acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        get(&server, &format!("/orders/{id}"), "acme").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let retry = Call::order("del-1").ok(&server).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(
+        orders(&db).await,
+        0,
+        "the replay did not recreate the order"
+    );
+}
+
+/// 8. Two processes on two ports, one database, duplicates across both: one order.
+#[tokio::test]
+async fn two_servers_one_database_one_order() {
+    let db = TestDb::new().await;
+    let env = [
+        ("ORDERS_LATENCY_MS", "200"),
+        ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
+    ];
+    let a = Arc::new(Server::start(&db, &env).await);
+    let b = Arc::new(Server::start(&db, &env).await);
+    assert_ne!(a.base, b.base);
+    let n = 12;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let server = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            Call::order("spread-1").ok(&server).await
+        }));
+    }
+    let mut originals = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        match r.status {
+            StatusCode::CREATED => originals += usize::from(!r.replayed()),
+            StatusCode::CONFLICT => assert!(r.headers.contains_key("retry-after")),
+            s => panic!("unexpected {s}"),
+        }
+    }
+    assert_eq!(originals, 1);
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// 9. Bad input reserves nothing: after each rejection the same key executes.
+#[tokio::test]
+async fn rejected_input_reserves_nothing() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let key = "bad-1";
+    let cases: Vec<(&str, Call, StatusCode)> = vec![
+        (
+            "malformed JSON",
+            Call {
+                body: "{\"sku\":".into(),
+                ..Call::order(key)
+            },
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "missing auth",
+            Call {
+                tenant: None,
+                ..Call::order(key)
+            },
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "malformed auth",
+            Call {
+                tenant: Some("Not Valid"),
+                ..Call::order(key)
+            },
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "missing currency",
+            Call {
+                currency: None,
+                ..Call::order(key)
+            },
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "bad currency",
+            Call {
+                currency: Some("eur"),
+                ..Call::order(key)
+            },
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "unknown field",
+            Call::order(key).body(json!({"sku": "A", "quantity": 1, "amount_cents": 1, "x": 1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "zero quantity",
+            Call::order(key).body(json!({"sku": "A", "quantity": 0, "amount_cents": 1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "negative amount",
+            Call::order(key).body(json!({"sku": "A", "quantity": 1, "amount_cents": -1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "empty sku",
+            Call::order(key).body(json!({"sku": "", "quantity": 1, "amount_cents": 1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "long sku",
+            Call::order(key).body(json!({"sku": "x".repeat(65), "quantity": 1, "amount_cents": 1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "wrong type",
+            Call::order(key).body(json!({"sku": "A", "quantity": "1", "amount_cents": 1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "not JSON",
+            Call {
+                content_type: "text/plain",
+                ..Call::order(key)
+            },
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+    ];
+    for (what, call, status) in cases {
+        let a = call.ok(&server).await;
+        assert_eq!(
+            a.status,
+            status,
+            "{what}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+        a.problem_type();
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+    let ok = Call::order(key).ok(&server).await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert!(
+        !ok.replayed(),
+        "a fresh execution, not a replay and not a 422"
+    );
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// 10. Tenant and operation isolation over HTTP.
+#[tokio::test]
+async fn tenants_and_operations_are_isolated() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let alice = Call {
+        tenant: Some("alice"),
+        ..Call::order("shared")
+    }
+    .ok(&server)
+    .await;
+    let bob = Call {
+        tenant: Some("bob"),
+        ..Call::order("shared")
+    }
+    .ok(&server)
+    .await;
+    assert!(!alice.replayed() && !bob.replayed());
+    assert_ne!(alice.json()["id"], bob.json()["id"]);
+    assert_eq!(orders(&db).await, 2);
+    // Each sees only its own orders and its own replay.
+    let list: Vec<Value> =
+        serde_json::from_slice(&get(&server, "/orders", "alice").await.body).unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["id"], alice.json()["id"]);
+    let bob_id = bob.json()["id"].as_i64().unwrap();
+    assert_eq!(
+        get(&server, &format!("/orders/{bob_id}"), "alice")
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    let alice_again = Call {
+        tenant: Some("alice"),
+        ..Call::order("shared")
+    }
+    .ok(&server)
+    .await;
+    assert_eq!(alice_again.body, alice.body);
+    // The same key on another operation is another request.
+    let refund = Call {
+        path: "/refunds",
+        tenant: Some("alice"),
+        currency: None,
+        ..Call::order("shared")
+    }
+    .body(json!({"order_id": alice.json()["id"], "amount_cents": 500}))
+    .ok(&server)
+    .await;
+    assert_eq!(
+        refund.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    assert!(!refund.replayed());
+    assert_eq!(refund.json()["order_id"], alice.json()["id"]);
+    assert_eq!(refund.json()["amount_cents"], 500);
+}
+
+/// A refund of an order the tenant does not have is a committed 404, replayed.
+#[tokio::test]
+async fn a_refund_of_a_missing_order_is_a_stored_404() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let call = Call {
+        path: "/refunds",
+        currency: None,
+        ..Call::order("r-1")
+    }
+    .body(json!({"order_id": 424242, "amount_cents": 5}));
+    let first = call.ok(&server).await;
+    assert_eq!(first.status, StatusCode::NOT_FOUND);
+    assert_eq!(first.problem_type(), "urn:orders:problem:not-found");
+    let again = call.ok(&server).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers["content-type"], "application/problem+json");
+}
+
+/// A duplicate beyond the in-flight bound: 409 problem with Retry-After.
+#[tokio::test]
+async fn a_duplicate_beyond_the_wait_bound_is_409() {
+    let db = TestDb::new().await;
+    let server = Arc::new(
+        Server::start(
+            &db,
+            &[
+                ("ORDERS_LATENCY_MS", "600000"),
+                ("IDEM_IN_FLIGHT_WAIT_MS", "200"),
+            ],
+        )
+        .await,
+    );
+    let first = tokio::spawn({
+        let server = server.clone();
+        async move { Call::order("slow-1").send(&server).await }
+    });
+    wait_until_in_transaction(&db).await;
+    let dup = Call::order("slow-1").ok(&server).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(dup.problem_type(), "urn:idem:problem:request-in-flight");
+    assert_eq!(dup.headers["retry-after"], "1");
+    first.abort();
+}
+
+/// Keys: missing and malformed are 400 problems.
+#[tokio::test]
+async fn missing_and_malformed_keys_are_400() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let missing = Call {
+        key: None,
+        ..Call::order("")
+    }
+    .ok(&server)
+    .await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.problem_type(),
+        "urn:idem:problem:missing-idempotency-key"
+    );
+    let long = "k".repeat(256);
+    for bad in ["\"open", long.as_str(), "two words"] {
+        let a = Call::order(bad).ok(&server).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(
+            a.problem_type(),
+            "urn:idem:problem:malformed-idempotency-key"
+        );
+    }
+    // The structured-field spelling of a key is the same key as its bare spelling.
+    let bare = Call::order("sf-1").ok(&server).await;
+    let quoted = Call::order("\"sf-1\"").ok(&server).await;
+    assert!(quoted.replayed());
+    assert_eq!(quoted.body, bare.body);
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// The read routes: list, get, delete, and 401 problem answers.
+#[tokio::test]
+async fn read_and_delete_routes() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let created = Call::order("c-1")
+        .body(json!({"sku": "B-2", "quantity": 1, "amount_cents": 0, "note": "gift"}))
+        .ok(&server)
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let order = created.json();
+    let id = order["id"].as_i64().unwrap();
+    assert_eq!(created.headers["location"], format!("/orders/{id}"));
+    for field in [
+        "id",
+        "sku",
+        "quantity",
+        "amount_cents",
+        "currency",
+        "note",
+        "created_at",
+    ] {
+        assert!(order.get(field).is_some(), "missing {field}");
+    }
+    assert_eq!(order["currency"], "EUR");
+    assert_eq!(order["note"], "gift");
+    let fetched = get(&server, &format!("/orders/{id}"), "acme").await;
+    assert_eq!(fetched.status, StatusCode::OK);
+    assert_eq!(fetched.json(), order);
+    let list = get(&server, "/orders", "acme").await;
+    assert_eq!(list.json(), json!([order]));
+    let unauth = reqwest::get(format!("{}/orders", server.base))
+        .await
+        .unwrap();
+    assert_eq!(unauth.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(unauth.headers()["content-type"], "application/problem+json");
+    let client = reqwest::Client::new();
+    let del = |id: i64| {
+        client
+            .delete(format!("{}/orders/{id}", server.base))
+            .header("authorization", "Bearer acme")
+            .send()
+    };
+    assert_eq!(del(id).await.unwrap().status(), StatusCode::NO_CONTENT);
+    assert_eq!(del(id).await.unwrap().status(), StatusCode::NOT_FOUND);
+}
