@@ -37,7 +37,8 @@ CREATE INDEX idempotency_requests_in_flight_idx ON idempotency_requests (created
 -- Claims a key inside the caller's transaction, in one round trip.
 --
 -- outcome is one of:
---   execute    the caller owns the key (new, or its retention had passed); generation
+--   execute    the caller owns the key (new, or a finished outcome whose retention
+--              had passed); generation
 --              identifies this execution for idem_complete
 --   replay     a stored outcome with the same fingerprint; response_* hold it
 --   mismatch   the key is in use for a different request
@@ -114,7 +115,9 @@ BEGIN
                    created_at = now(),
                    completed_at = NULL,
                    expires_at = EXCLUDED.expires_at
-             WHERE r.expires_at <= now()
+             -- Only a finished outcome is forgotten at expiry; an execution that is
+             -- still processing (leased) or uncertain is never taken over silently.
+             WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed')
             RETURNING r.generation INTO v_generation;
             PERFORM set_config('lock_timeout', v_saved_timeout, true);
         EXCEPTION WHEN lock_not_available THEN

@@ -162,6 +162,22 @@ async fn make_blob(
     )
 }
 
+/// A single-tenant operation on a path: `/batches/1` and `/batches/2` are
+/// different requests even with the same key and body.
+#[idempotent(operation = "close-batch", retention = "1h", single_tenant)]
+async fn close_batch(
+    axum::extract::Path(id): axum::extract::Path<i64>,
+    tx: &mut Tx,
+    Json(w): Json<NewWidget>,
+) -> (StatusCode, String) {
+    sqlx::query("INSERT INTO widgets (tenant, name) VALUES ('-', $1)")
+        .bind(&w.name)
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    (StatusCode::OK, format!("closed batch {id}"))
+}
+
 struct App {
     db: TestDb,
     router: Router,
@@ -183,6 +199,7 @@ async fn app(gate: Option<Gate>, wait: Duration) -> App {
         .route("/widgets", post(create_widget))
         .route("/imports", post(import_widget))
         .route("/blobs", post(make_blob))
+        .route("/batches/{id}", post(close_batch))
         .with_state(state);
     App { db, router }
 }
@@ -601,4 +618,77 @@ async fn a_response_over_the_limit_is_rolled_back_not_lost() {
     .await;
     assert_eq!(ok.status, StatusCode::CREATED);
     assert_eq!(ok.body.len(), 1000);
+}
+
+#[tokio::test]
+async fn single_tenant_handlers_run_and_replay() {
+    let a = app(None, WAIT).await;
+    let body = r#"{"name":"b"}"#;
+    let first = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
+    assert_eq!(
+        first.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.body, b"closed batch 1");
+    let again = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
+    assert!(again.replayed());
+    let tenant: String = sqlx::query_scalar("SELECT tenant_id FROM idempotency_requests")
+        .fetch_one(&a.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(tenant, "*");
+}
+
+#[tokio::test]
+async fn the_concrete_path_and_query_are_part_of_the_request() {
+    let a = app(None, WAIT).await;
+    let body = r#"{"name":"b"}"#;
+    let one = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
+    assert_eq!(one.status, StatusCode::OK);
+    // Same key and body on another path: a different request, not batch 1's answer.
+    let two = send(&a.router, request("/batches/2", None, Some("k1"), body)).await;
+    assert_eq!(two.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let query = send(
+        &a.router,
+        request("/batches/1?dry_run=1", None, Some("k1"), body),
+    )
+    .await;
+    assert_eq!(query.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+#[tokio::test]
+async fn a_stricter_default_isolation_level_is_overridden() {
+    let a = app(None, WAIT).await;
+    let db = &a.db.name;
+    a.db.exec(&format!(
+        "ALTER DATABASE {db} SET default_transaction_isolation = 'serializable'"
+    ))
+    .await;
+    // New connections pick the setting up; the pool may hold old ones, so use a new pool.
+    let pool = sqlx::PgPool::connect(&a.db.url).await.unwrap();
+    let level: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(level, "serializable");
+    let router = Router::new()
+        .route("/widgets", post(create_widget))
+        .with_state(AppState {
+            idem: Idem::new(pool),
+            gate: None,
+        });
+    let r = send(
+        &router,
+        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"x"}"#),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
 }

@@ -406,7 +406,7 @@ async fn timestamps_come_from_the_database_clock() {
     let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
     let ok: bool = sqlx::query_scalar(
         "SELECT created_at <= now() AND completed_at >= created_at \
-                AND expires_at = created_at + interval '1 hour' FROM idempotency_requests",
+                AND expires_at = completed_at + interval '1 hour' FROM idempotency_requests",
     )
     .fetch_one(&db.pool)
     .await

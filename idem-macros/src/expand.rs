@@ -80,7 +80,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     for (i, arg) in func.sig.inputs.iter().enumerate() {
         let FnArg::Typed(arg) = arg else { continue };
         if i == config.tx {
-            call_args.push(quote!(__idem_tx));
+            // A parameter of another `&mut` type fails to type-check here, at its type.
+            call_args.push(respan(quote!(__idem_tx), arg.ty.span()));
             continue;
         }
         if i == insert_request_at {
@@ -102,10 +103,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         outer_params.push(quote!(#request: #rt::IdemRequest));
     }
     let tenant_expr = match config.tenant {
-        Tenant::Single => quote!(#rt::tenant_id(&#rt::SingleTenant)),
-        Tenant::Param(_) => {
-            tenant_expr.unwrap_or_else(|| quote!(#rt::tenant_id(&#rt::SingleTenant)))
-        }
+        Tenant::Single => quote!(#rt::single_tenant()),
+        Tenant::Param(_) => tenant_expr.unwrap_or_else(|| quote!(#rt::single_tenant())),
     };
 
     let body_steps = match (&config.body, &body_expr) {
@@ -162,8 +161,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             in_flight_wait: #in_flight_wait,
             fingerprint_headers: &[#(#headers),*],
         };
-        let __idem_tenant: #rt::String = #tenant_expr;
-        let __idem_fingerprint = #rt::Ok(#request.fingerprint(&__IDEM_SPEC, &__idem_tenant)) #body_steps;
+        let __idem_tenant = #tenant_expr;
+        let __idem_fingerprint = #rt::start_fingerprint(&#request, &__IDEM_SPEC, &__idem_tenant) #body_steps;
         #rt::run(
             #request,
             &__IDEM_SPEC,

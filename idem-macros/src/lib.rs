@@ -147,6 +147,12 @@ use proc_macro::TokenStream;
 /// * Replays carry only the stored response headers (`content-type`, `location`,
 ///   `etag`, ... and those added with `Idem::with_stored_header`), never
 ///   `set-cookie`.
+/// * A handler declared `-> impl IntoResponse` is a plain response to idem even
+///   when the hidden type is a `Result`: the opaque type hides the `Err`, so only a
+///   5xx rolls back. Declare `-> Result<impl IntoResponse, E>` to roll back on `Err`.
+/// * The bounded in-flight wait applies to each lock wait: a duplicate that waits
+///   behind a first request which rolls back, and then behind the next one, may
+///   wait the bound more than once.
 /// * The handler body is moved into a nested function, so it cannot use `Self` or
 ///   the generics of an enclosing `impl`.
 /// * Nothing stops the handler from sending `COMMIT` through the transaction by

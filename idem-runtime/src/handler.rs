@@ -18,7 +18,7 @@ use crate::key::IdempotencyKey;
 use crate::problem::{self, Problem};
 use crate::response::{self, CaptureError};
 use crate::store::{self, Claim, ClaimRequest};
-use crate::tenant::validate_tenant_id;
+use crate::tenant::TenantError;
 use crate::tx::Tx;
 
 /// The fixed description of one idempotent operation, written once per handler.
@@ -39,13 +39,26 @@ pub struct OperationSpec {
 ///
 /// As an extractor it refuses a request without a usable key with `400`
 /// `application/problem+json` before anything is reserved.
-#[derive(Debug)]
 pub struct IdemRequest {
     idem: Idem,
     key: IdempotencyKey,
     method: Method,
     route: String,
+    path: String,
+    query: Option<String>,
     headers: HeaderMap,
+}
+
+/// Redacted: the headers hold credentials and the key, so only names are shown.
+impl std::fmt::Debug for IdemRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdemRequest")
+            .field("key", &self.key)
+            .field("method", &self.method)
+            .field("route", &self.route)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
 }
 
 impl IdemRequest {
@@ -54,11 +67,17 @@ impl IdemRequest {
         &self.key
     }
 
-    /// A fingerprint builder seeded with the tenant, operation, method, route and
-    /// the operation's fingerprint headers.
+    /// A fingerprint builder seeded with the tenant, operation, method, route
+    /// template, the concrete path and query string (so `/orders/1/ship` and
+    /// `/orders/2/ship` are different requests), and the operation's fingerprint
+    /// headers.
     pub fn fingerprint(&self, spec: &OperationSpec, tenant: &str) -> FingerprintBuilder {
         let mut fp =
-            FingerprintBuilder::new(tenant, spec.operation, self.method.as_str(), &self.route);
+            FingerprintBuilder::new(tenant, spec.operation, self.method.as_str(), &self.route)
+                .extra("path", &self.path);
+        if let Some(q) = &self.query {
+            fp = fp.extra("query", q);
+        }
         for name in spec.fingerprint_headers {
             fp = fp.header(name, &self.headers);
         }
@@ -92,6 +111,8 @@ where
             key,
             method: parts.method.clone(),
             route,
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().map(str::to_owned),
             headers: parts.headers.clone(),
         })
     }
@@ -159,19 +180,22 @@ pub type BoxedHandler = Box<
 pub async fn run(
     req: IdemRequest,
     spec: &'static OperationSpec,
-    tenant: String,
+    tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
     handler: BoxedHandler,
 ) -> Response {
-    if let Err(e) = validate_tenant_id(&tenant) {
-        tracing::error!(operation = spec.operation, error = %e, "idem: unusable tenant id");
-        return Problem::new(
-            problem::INVALID_TENANT,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Unusable tenant id",
-        )
-        .into_response();
-    }
+    let tenant = match tenant {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(operation = spec.operation, error = %e, "idem: unusable tenant id");
+            return Problem::new(
+                problem::INVALID_TENANT,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Unusable tenant id",
+            )
+            .into_response();
+        }
+    };
     let fingerprint = match fingerprint {
         Ok(fp) => fp.finish(),
         Err(e) => {
@@ -212,7 +236,13 @@ pub async fn run(
 
 async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> Response {
     let op = req.operation;
-    let tx = match idem.pool().begin().await {
+    // Explicit, so a server or role whose default isolation is stricter still
+    // gets the READ COMMITTED that claims need.
+    let tx = match idem
+        .pool()
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await
+    {
         Ok(tx) => tx,
         Err(e) => return store_failed(op, "begin", &e),
     };
@@ -283,7 +313,12 @@ async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> 
         return store_failed(op, "complete", &e);
     }
     if let Err(e) = tx.into_inner().commit().await {
-        return store_failed(op, "commit", &e);
+        // The commit may or may not have happened; either way a retry with the
+        // same key is safe: it replays or executes.
+        tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
+        return Problem::store_unavailable()
+            .with_detail("the outcome is unknown; retry with the same key: it is safe")
+            .into_response();
     }
     response
 }

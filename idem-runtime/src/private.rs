@@ -27,10 +27,28 @@ where
     Box::new(f)
 }
 
-/// The tenant id of the `#[tenant]` parameter. Generated with the parameter's type
-/// span, so a type that does not implement [`TenantScope`] is reported there.
-pub fn tenant_id<T: TenantScope>(value: &T) -> String {
-    value.tenant_id().to_owned()
+/// The checked tenant id of the `#[tenant]` parameter. Generated with the
+/// parameter's type span, so a type that does not implement [`TenantScope`] is
+/// reported there.
+pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::TenantError> {
+    let id = value.tenant_id();
+    crate::tenant::validate_tenant_id(id)?;
+    Ok(id.to_owned())
+}
+
+/// The fingerprint's start: scope, path and headers. An unusable tenant is
+/// answered by [`run`] before the fingerprint is looked at.
+pub fn start_fingerprint(
+    request: &IdemRequest,
+    spec: &OperationSpec,
+    tenant: &Result<String, crate::tenant::TenantError>,
+) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+    Ok(request.fingerprint(spec, tenant.as_deref().unwrap_or_default()))
+}
+
+/// The tenant id of a `single_tenant` handler.
+pub fn single_tenant() -> Result<String, crate::tenant::TenantError> {
+    Ok(SingleTenant::ID.to_owned())
 }
 
 /// Adds the whole typed body to a fingerprint.

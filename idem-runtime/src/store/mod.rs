@@ -65,6 +65,7 @@ pub struct Execution {
     pub(crate) operation: String,
     pub(crate) key: IdempotencyKey,
     pub(crate) generation: i64,
+    pub(crate) retention: std::time::Duration,
 }
 
 impl Execution {

@@ -37,7 +37,8 @@ const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_h
 
 const COMPLETE_SQL: &str = "UPDATE idempotency_requests \
         SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
-            completed_at = now() \
+            completed_at = c.t, expires_at = c.t + $9 * interval '1 millisecond' \
+       FROM (SELECT clock_timestamp() AS t) c \
       WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
         AND generation = $4 AND state = 'processing'";
 
@@ -77,6 +78,7 @@ pub async fn claim(
             operation: req.operation.to_owned(),
             key: req.key.clone(),
             generation: row.try_get("generation")?,
+            retention: req.retention,
         })),
         "replay" => {
             let status: i16 = row.try_get("response_status")?;
@@ -103,7 +105,9 @@ impl Execution {
     /// transaction afterwards; until then nobody else sees the key as finished.
     ///
     /// A 4xx status is stored as `failed`, anything else as `completed`; both are
-    /// replayed alike. Do not store 5xx outcomes: roll back instead, so a retry
+    /// replayed alike. The retention runs from this moment (the database's
+    /// `clock_timestamp()`), so a slow operation is not already expired when it
+    /// commits. Do not store 5xx outcomes: roll back instead, so a retry
     /// runs again.
     ///
     /// # Errors
@@ -131,6 +135,7 @@ impl Execution {
             .bind(status)
             .bind(sqlx::types::Json(&response.headers))
             .bind(&response.body[..])
+            .bind(millis(self.retention))
             .execute(&mut **tx)
             .await?;
         if done.rows_affected() != 1 {
