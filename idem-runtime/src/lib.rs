@@ -66,9 +66,12 @@ pub mod config;
 pub mod fingerprint;
 pub mod handler;
 pub mod key;
+pub mod metrics;
 pub mod problem;
 pub mod response;
+pub mod stats;
 pub mod store;
+pub mod sweeper;
 pub mod tenant;
 pub mod tx;
 

@@ -1,0 +1,1 @@
+//! Table statistics for dashboards and health checks (to be written).

@@ -1,0 +1,1 @@
+//! The retention sweeper (to be written).
