@@ -61,11 +61,14 @@ CREATE FUNCTION idem_claim(
     generation bigint,
     response_status smallint,
     response_headers jsonb,
-    response_body bytea
+    response_body bytea,
+    wait_seconds double precision
 )
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_saved_timeout text := current_setting('lock_timeout');
+    v_wait_start timestamptz;
+    v_wait double precision := 0;
     v_generation bigint;
     v_row idempotency_requests%ROWTYPE;
 BEGIN
@@ -86,15 +89,16 @@ BEGIN
            AND r.state IN ('completed', 'failed');
         IF FOUND THEN
             IF v_row.fingerprint <> p_fingerprint THEN
-                RETURN QUERY SELECT 'mismatch'::text, v_row.generation, NULL::smallint, NULL::jsonb, NULL::bytea;
+                RETURN QUERY SELECT 'mismatch'::text, v_row.generation, NULL::smallint, NULL::jsonb, NULL::bytea, v_wait;
             ELSE
                 RETURN QUERY SELECT 'replay'::text, v_row.generation, v_row.response_status,
-                                    v_row.response_headers, v_row.response_body;
+                                    v_row.response_headers, v_row.response_body, v_wait;
             END IF;
             RETURN;
         END IF;
 
         v_generation := NULL;
+        v_wait_start := clock_timestamp();
         BEGIN
             -- lock_timeout = 0 would mean "wait forever": one millisecond is the floor.
             PERFORM set_config('lock_timeout', greatest(p_wait_ms, 1)::text || 'ms', true);
@@ -120,13 +124,15 @@ BEGIN
              WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed')
             RETURNING r.generation INTO v_generation;
             PERFORM set_config('lock_timeout', v_saved_timeout, true);
+            v_wait := extract(epoch FROM clock_timestamp() - v_wait_start);
         EXCEPTION WHEN lock_not_available THEN
-            RETURN QUERY SELECT 'in_flight'::text, NULL::bigint, NULL::smallint, NULL::jsonb, NULL::bytea;
+            v_wait := extract(epoch FROM clock_timestamp() - v_wait_start);
+            RETURN QUERY SELECT 'in_flight'::text, NULL::bigint, NULL::smallint, NULL::jsonb, NULL::bytea, v_wait;
             RETURN;
         END;
 
         IF v_generation IS NOT NULL THEN
-            RETURN QUERY SELECT 'execute'::text, v_generation, NULL::smallint, NULL::jsonb, NULL::bytea;
+            RETURN QUERY SELECT 'execute'::text, v_generation, NULL::smallint, NULL::jsonb, NULL::bytea, v_wait;
             RETURN;
         END IF;
 
@@ -136,12 +142,12 @@ BEGIN
            AND r.idempotency_key = p_key;
         IF FOUND THEN
             IF v_row.fingerprint <> p_fingerprint THEN
-                RETURN QUERY SELECT 'mismatch'::text, v_row.generation, NULL::smallint, NULL::jsonb, NULL::bytea;
+                RETURN QUERY SELECT 'mismatch'::text, v_row.generation, NULL::smallint, NULL::jsonb, NULL::bytea, v_wait;
             ELSIF v_row.state IN ('completed', 'failed') THEN
                 RETURN QUERY SELECT 'replay'::text, v_row.generation, v_row.response_status,
-                                    v_row.response_headers, v_row.response_body;
+                                    v_row.response_headers, v_row.response_body, v_wait;
             ELSE
-                RETURN QUERY SELECT 'in_flight'::text, v_row.generation, NULL::smallint, NULL::jsonb, NULL::bytea;
+                RETURN QUERY SELECT 'in_flight'::text, v_row.generation, NULL::smallint, NULL::jsonb, NULL::bytea, v_wait;
             END IF;
             RETURN;
         END IF;

@@ -81,7 +81,12 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         let FnArg::Typed(arg) = arg else { continue };
         if i == config.tx {
             // A parameter of another `&mut` type fails to type-check here, at its type.
-            call_args.push(respan(quote!(__idem_tx), arg.ty.span()));
+            let handle = if config.lease.is_some() {
+                quote!(__idem_lease)
+            } else {
+                quote!(__idem_tx)
+            };
+            call_args.push(respan(handle, arg.ty.span()));
             continue;
         }
         if i == insert_request_at {
@@ -141,6 +146,25 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
+    let opt_duration = |d: Option<std::time::Duration>| match d {
+        Some(d) => {
+            let d = duration_tokens(&rt, d);
+            quote!(::core::option::Option::Some(#d))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let lease = opt_duration(config.lease);
+    let lease_ceiling = opt_duration(config.lease_ceiling);
+    let (run_fn, boxer, handle_ty, handle) = if config.lease.is_some() {
+        (
+            quote!(run_leased),
+            quote!(leased_handler),
+            quote!(Lease),
+            quote!(__idem_lease),
+        )
+    } else {
+        (quote!(run), quote!(handler), quote!(Tx), quote!(__idem_tx))
+    };
     let headers = &config.headers;
     let output_span = match &func.sig.output {
         ReturnType::Default => func.sig.ident.span(),
@@ -160,15 +184,17 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             retention: #retention,
             in_flight_wait: #in_flight_wait,
             fingerprint_headers: &[#(#headers),*],
+            lease: #lease,
+            lease_ceiling: #lease_ceiling,
         };
         let __idem_tenant = #tenant_expr;
         let __idem_fingerprint = #rt::start_fingerprint(&#request, &__IDEM_SPEC, &__idem_tenant) #body_steps;
-        #rt::run(
+        #rt::#run_fn(
             #request,
             &__IDEM_SPEC,
             __idem_tenant,
             __idem_fingerprint,
-            #rt::handler(move |__idem_tx: &mut #rt::Tx| {
+            #rt::#boxer(move |#handle: &mut #rt::#handle_ty| {
                 #rt::Box::pin(async move {
                     let __idem_out = __idem_inner(#(#call_args),*).await;
                     #[allow(unused_imports)]

@@ -17,6 +17,8 @@ pub struct RawArgs {
     pub retention: Option<SpannedValue<String>>,
     pub fingerprint: Option<SpannedValue<RawFingerprint>>,
     pub in_flight_wait: Option<SpannedValue<String>>,
+    pub lease: Option<SpannedValue<String>>,
+    pub lease_ceiling: Option<SpannedValue<String>>,
     pub single_tenant: Flag,
     #[darling(rename = "crate")]
     pub krate: Option<SpannedValue<String>>,

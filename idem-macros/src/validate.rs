@@ -16,6 +16,9 @@ pub struct Config {
     pub operation: String,
     pub retention: Duration,
     pub in_flight_wait: Option<Duration>,
+    /// Leased mode: the lease and the renewal ceiling.
+    pub lease: Option<Duration>,
+    pub lease_ceiling: Option<Duration>,
     pub headers: Vec<String>,
     pub body: BodyPrint,
     pub tenant: Tenant,
@@ -103,6 +106,31 @@ pub fn validate(
     let in_flight_wait = args
         .in_flight_wait
         .and_then(|w| check_duration("in_flight_wait", &w, true, Some(MAX_IN_FLIGHT_WAIT), errors));
+    let lease = args
+        .lease
+        .and_then(|l| check_duration("lease", &l, false, None, errors));
+    let lease_ceiling = match args.lease_ceiling {
+        Some(c) if lease.is_none() => {
+            errors.push(
+                darling::Error::custom("`lease_ceiling` needs `lease = \"...\"`: it bounds the renewal of a leased handler")
+                    .with_span(&c.span()),
+            );
+            None
+        }
+        Some(c) => check_duration("lease_ceiling", &c, false, None, errors),
+        None => None,
+    };
+    if let (Some(w), Some(_)) = (&in_flight_wait, &lease) {
+        let _ = w;
+        errors.push(darling::Error::custom(
+            "`in_flight_wait` applies to the transactional mode; a leased duplicate is answered at once with `Retry-After` until the lease lapses: remove `in_flight_wait`",
+        ));
+    }
+    let handle = if lease.is_some() {
+        "lease: &mut idem_runtime::Lease"
+    } else {
+        "tx: &mut idem_runtime::Tx"
+    };
     let krate = match args.krate {
         None => syn::parse_quote!(::idem_runtime),
         Some(k) => match syn::parse_str::<syn::Path>(k.as_str()) {
@@ -158,15 +186,17 @@ pub fn validate(
         if let Type::Reference(r) = &*arg.ty {
             if r.mutability.is_none() {
                 errors.push(
-                    darling::Error::custom(
-                        "the transaction must be taken as `&mut idem_runtime::Tx`; other references cannot be extracted from a request",
-                    )
+                    darling::Error::custom(format!(
+                        "take it as `{handle}`; other references cannot be extracted from a request"
+                    ))
                     .with_span(&arg.ty),
                 );
             } else if tx.is_some() {
                 errors.push(
-                    darling::Error::custom("the handler takes the transaction twice: keep one `&mut idem_runtime::Tx` parameter")
-                        .with_span(&arg.ty),
+                    darling::Error::custom(format!(
+                        "the handler takes two `&mut` parameters: keep one, `{handle}`"
+                    ))
+                    .with_span(&arg.ty),
                 );
             } else {
                 tx = Some(i);
@@ -215,13 +245,18 @@ pub fn validate(
         );
     }
     if tx.is_none() {
-        errors.push(
-            darling::Error::custom(format!(
-                "`{}` takes no transaction: add a parameter `tx: &mut idem_runtime::Tx` and write the operation's effects through it, so they commit together with the stored outcome",
+        let msg = if lease.is_some() {
+            format!(
+                "`{}` takes no lease: add a parameter `{handle}`; it carries the downstream idempotency key and lets the handler report an uncertain outcome",
                 sig.ident
-            ))
-            .with_span(&sig.ident),
-        );
+            )
+        } else {
+            format!(
+                "`{}` takes no transaction: add a parameter `{handle}` and write the operation's effects through it, so they commit together with the stored outcome",
+                sig.ident
+            )
+        };
+        errors.push(darling::Error::custom(msg).with_span(&sig.ident));
     }
     let last_extractor = sig
         .inputs
@@ -253,6 +288,8 @@ pub fn validate(
         operation: operation?,
         retention: retention?,
         in_flight_wait,
+        lease,
+        lease_ceiling,
         headers,
         body,
         tenant: tenant?,

@@ -67,6 +67,7 @@ struct Settings {
     in_flight_wait: Duration,
     max_response_bytes: usize,
     stored_headers: Vec<HeaderName>,
+    tenant_label: bool,
 }
 
 impl Idem {
@@ -86,6 +87,7 @@ impl Idem {
                     .iter()
                     .map(|h| HeaderName::from_static(h))
                     .collect(),
+                tenant_label: false,
             }),
         }
     }
@@ -126,6 +128,18 @@ impl Idem {
             settings.stored_headers.push(header);
         }
         Ok(self)
+    }
+
+    /// Adds the tenant as a label to `idem_claims_total`. Off by default: a service
+    /// with many tenants would create a time series per tenant.
+    pub fn with_tenant_label(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.settings).tenant_label = on;
+        self
+    }
+
+    /// Whether claims are labelled with the tenant.
+    pub fn tenant_label(&self) -> bool {
+        self.settings.tenant_label
     }
 
     /// The pool claims run on.

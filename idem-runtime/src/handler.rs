@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{FromRef, FromRequestParts, MatchedPath};
 use axum::http::request::Parts;
@@ -13,11 +13,13 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::config::Idem;
-use crate::fingerprint::{FingerprintBuilder, FingerprintError};
+use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::key::IdempotencyKey;
+use crate::lease::{Acquisition, Lease, LeaseError, LeaseRequest, LeasedClaim};
+use crate::metrics;
 use crate::problem::{self, Problem};
 use crate::response::{self, CaptureError};
-use crate::store::{self, Claim, ClaimRequest};
+use crate::store::{self, Claim, ClaimRequest, StoredResponse};
 use crate::tenant::TenantError;
 use crate::tx::Tx;
 
@@ -32,6 +34,11 @@ pub struct OperationSpec {
     pub in_flight_wait: Option<Duration>,
     /// Request headers (lower case) that are part of the fingerprint.
     pub fingerprint_headers: &'static [&'static str],
+    /// Leased mode: the lease length (`None` in the transactional mode).
+    pub lease: Option<Duration>,
+    /// Leased mode: the longest a running handler's lease is renewed; after it a
+    /// stuck worker can be taken over. Defaults to ten leases.
+    pub lease_ceiling: Option<Duration>,
 }
 
 /// The request-side input of an idempotent handler: the validated key, the method,
@@ -163,10 +170,65 @@ pub type BoxedHandler = Box<
         + Send,
 >;
 
-/// Runs `handler` at most once for the request's tenant, operation and key.
+/// A handler body that runs holding a lease (leased mode).
+pub type BoxedLeasedHandler = Box<
+    dyn for<'l> FnOnce(&'l mut Lease) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
+        + Send,
+>;
+
+/// Checks the tenant and finishes the fingerprint, or answers why not.
+fn prepare(
+    spec: &OperationSpec,
+    tenant: Result<String, TenantError>,
+    fingerprint: Result<FingerprintBuilder, FingerprintError>,
+) -> Result<(String, Fingerprint), Response> {
+    let tenant = tenant.map_err(|e| {
+        tracing::error!(operation = spec.operation, error = %e, "idem: unusable tenant id");
+        Problem::new(
+            problem::INVALID_TENANT,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Unusable tenant id",
+        )
+        .into_response()
+    })?;
+    let fingerprint = fingerprint.map_err(|e| {
+        tracing::error!(operation = spec.operation, error = %e, "idem: cannot fingerprint the request");
+        Problem::new(
+            problem::FINGERPRINT_FAILED,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "The request could not be fingerprinted",
+        )
+        .into_response()
+    })?;
+    Ok((tenant, fingerprint.finish()))
+}
+
+/// Runs the claimed work on its own task, so a client that disconnects does not
+/// cancel it half-way: the outcome is still recorded and the retry replays it.
+async fn detached(
+    operation: &'static str,
+    work: impl Future<Output = Response> + Send + 'static,
+) -> Response {
+    match tokio::spawn(work).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::error!(operation, error = %e, "idem: handler task failed; its work was rolled back or released at lease expiry");
+            Problem::new(
+                problem::HANDLER_PANICKED,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The handler failed",
+            )
+            .with_detail("nothing was stored; retrying with the same key is safe")
+            .into_response()
+        }
+    }
+}
+
+/// Runs `handler` at most once for the request's tenant, operation and key, in
+/// the transactional mode.
 ///
-/// In order: check the tenant id, finish the fingerprint, begin a transaction,
-/// claim the key, and then
+/// In order: check the tenant id, finish the fingerprint, begin a transaction
+/// (READ COMMITTED), claim the key, and then
 ///
 /// * on [`Claim::Execute`]: run `handler` with the transaction; an `Err` or a 5xx
 ///   rolls back and is answered as it is; anything else is buffered, stored in the
@@ -184,31 +246,11 @@ pub async fn run(
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
     handler: BoxedHandler,
 ) -> Response {
-    let tenant = match tenant {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!(operation = spec.operation, error = %e, "idem: unusable tenant id");
-            return Problem::new(
-                problem::INVALID_TENANT,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Unusable tenant id",
-            )
-            .into_response();
-        }
+    let (tenant, fingerprint) = match prepare(spec, tenant, fingerprint) {
+        Ok(p) => p,
+        Err(resp) => return resp,
     };
-    let fingerprint = match fingerprint {
-        Ok(fp) => fp.finish(),
-        Err(e) => {
-            tracing::error!(operation = spec.operation, error = %e, "idem: cannot fingerprint the request");
-            return Problem::new(
-                problem::FINGERPRINT_FAILED,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "The request could not be fingerprinted",
-            )
-            .into_response();
-        }
-    };
-    let task = tokio::spawn(async move {
+    detached(spec.operation, async move {
         let claim = ClaimRequest {
             tenant: &tenant,
             operation: spec.operation,
@@ -218,24 +260,14 @@ pub async fn run(
             in_flight_wait: spec.in_flight_wait.unwrap_or(req.idem.in_flight_wait()),
         };
         execute(&req.idem, &claim, handler).await
-    });
-    match task.await {
-        Ok(resp) => resp,
-        Err(e) => {
-            tracing::error!(operation = spec.operation, error = %e, "idem: handler task failed; its transaction was rolled back");
-            Problem::new(
-                problem::HANDLER_PANICKED,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "The handler failed",
-            )
-            .with_detail("nothing was stored; retrying with the same key is safe")
-            .into_response()
-        }
-    }
+    })
+    .await
 }
 
 async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> Response {
     let op = req.operation;
+    let tenant_label = idem.tenant_label().then_some(req.tenant);
+    let started = Instant::now();
     // Explicit, so a server or role whose default isolation is stricter still
     // gets the READ COMMITTED that claims need.
     let tx = match idem
@@ -244,28 +276,38 @@ async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> 
         .await
     {
         Ok(tx) => tx,
-        Err(e) => return store_failed(op, "begin", &e),
+        Err(e) => return store_failed(op, tenant_label, "begin", &e),
     };
     let mut tx = Tx::new(tx);
     let claim = match store::claim(tx.transaction(), req).await {
         Ok(c) => c,
-        Err(e) => return store_failed(op, "claim", &e),
+        Err(e) => return store_failed(op, tenant_label, "claim", &e),
     };
+    metrics::seconds(metrics::CLAIM_SECONDS, op, started.elapsed().as_secs_f64());
     let execution = match claim {
         Claim::Execute(execution) => execution,
         Claim::Replay(stored) => {
+            metrics::claim(op, tenant_label, "replayed");
             tracing::debug!(operation = op, status = stored.status, "idem: replay");
             return response::replay(stored);
         }
         Claim::Mismatch => {
+            metrics::claim(op, tenant_label, "mismatched");
             tracing::info!(operation = op, "idem: fingerprint mismatch");
             return Problem::mismatch().into_response();
         }
         Claim::InFlight { retry_after } => {
+            metrics::claim(op, tenant_label, "in_flight");
             tracing::info!(operation = op, "idem: in flight");
             return Problem::in_flight(retry_after).into_response();
         }
     };
+    let reclaimed = execution.generation() > 1;
+    metrics::claim(
+        op,
+        tenant_label,
+        if reclaimed { "reclaimed" } else { "executed" },
+    );
     tracing::debug!(
         operation = op,
         generation = execution.generation(),
@@ -279,6 +321,7 @@ async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> 
         if let Err(e) = tx.into_inner().rollback().await {
             tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
         }
+        metrics::completion(op, "rolled_back");
         tracing::debug!(
             operation = op,
             status = outcome.response.status().as_u16(),
@@ -286,44 +329,235 @@ async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> 
         );
         return outcome.response;
     }
-    let (response, stored) = match response::capture(
-        outcome.response,
-        idem.stored_headers(),
-        idem.max_response_bytes(),
-    )
-    .await
-    {
+    let (response, stored) = match capture(idem, op, outcome.response).await {
         Ok(r) => r,
-        Err(e) => {
-            tracing::error!(operation = op, error = %e, "idem: response not storable; rolled back");
-            let type_uri = match e {
-                CaptureError::TooLarge { .. } => problem::RESPONSE_TOO_LARGE,
-                _ => problem::STORE_UNAVAILABLE,
-            };
-            return Problem::new(
-                type_uri,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "The response could not be stored",
-            )
-            .with_detail(format!("{e}; the operation was rolled back"))
-            .into_response();
-        }
+        Err(resp) => return resp,
     };
     if let Err(e) = execution.complete(tx.transaction(), &stored).await {
-        return store_failed(op, "complete", &e);
+        return store_failed(op, None, "complete", &e);
     }
     if let Err(e) = tx.into_inner().commit().await {
         // The commit may or may not have happened; either way a retry with the
         // same key is safe: it replays or executes.
+        metrics::completion(op, "error");
         tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
         return Problem::store_unavailable()
             .with_detail("the outcome is unknown; retry with the same key: it is safe")
             .into_response();
     }
+    stored_ok(op, &stored, started);
     response
 }
 
-fn store_failed(op: &str, step: &str, e: &dyn std::fmt::Display) -> Response {
+/// Buffers and extracts the stored form of a response, or answers why it cannot.
+async fn capture(
+    idem: &Idem,
+    op: &str,
+    resp: Response,
+) -> Result<(Response, StoredResponse), Response> {
+    response::capture(resp, idem.stored_headers(), idem.max_response_bytes())
+        .await
+        .map_err(|e| {
+            tracing::error!(operation = op, error = %e, "idem: response not storable; rolled back");
+            let type_uri = match e {
+                CaptureError::TooLarge { .. } => {
+                    metrics::completion(op, "too_large");
+                    problem::RESPONSE_TOO_LARGE
+                }
+                _ => {
+                    metrics::completion(op, "error");
+                    problem::STORE_UNAVAILABLE
+                }
+            };
+            Problem::new(
+                type_uri,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The response could not be stored",
+            )
+            .with_detail(format!("{e}; the operation was rolled back"))
+            .into_response()
+        })
+}
+
+fn stored_ok(op: &str, stored: &StoredResponse, started: Instant) {
+    metrics::completion(op, "stored");
+    metrics::seconds(
+        metrics::COMPLETION_SECONDS,
+        op,
+        started.elapsed().as_secs_f64(),
+    );
+    ::metrics::counter!(metrics::STORED_BYTES_TOTAL, "operation" => op.to_owned())
+        .increment(stored.body.len() as u64);
+}
+
+/// Runs `handler` at most once in leased mode: the claim commits on its own, the
+/// handler runs holding a [`Lease`] that is renewed in the background while it
+/// runs (up to the spec's ceiling), and the outcome is stored only if this worker
+/// still owns the execution.
+///
+/// * An `Err` or a 5xx releases the key (the effect is taken not to have
+///   happened); a response built from [`crate::lease::Uncertain`] marks the row
+///   `uncertain`; anything else is stored and sent.
+/// * A worker whose lease was taken over publishes nothing: its client gets the
+///   current owner's stored outcome if there is one, else `409`.
+/// * Retries of an uncertain key get `202` with the problem type
+///   [`problem::OUTCOME_UNCERTAIN`] until a reconciler resolves it.
+pub async fn run_leased(
+    req: IdemRequest,
+    spec: &'static OperationSpec,
+    tenant: Result<String, TenantError>,
+    fingerprint: Result<FingerprintBuilder, FingerprintError>,
+    handler: BoxedLeasedHandler,
+) -> Response {
+    let (tenant, fingerprint) = match prepare(spec, tenant, fingerprint) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    detached(spec.operation, async move {
+        let lease_len = spec.lease.unwrap_or(Duration::from_secs(30));
+        let claim = LeaseRequest {
+            tenant: &tenant,
+            operation: spec.operation,
+            key: &req.key,
+            fingerprint,
+            retention: spec.retention,
+            lease: lease_len,
+        };
+        let ceiling = spec.lease_ceiling.unwrap_or(lease_len * 10);
+        execute_leased(&req.idem, &claim, ceiling, handler).await
+    })
+    .await
+}
+
+async fn execute_leased(
+    idem: &Idem,
+    req: &LeaseRequest<'_>,
+    ceiling: Duration,
+    handler: BoxedLeasedHandler,
+) -> Response {
+    let op = req.operation;
+    let tenant_label = idem.tenant_label().then_some(req.tenant);
+    let started = Instant::now();
+    let claim = match crate::lease::claim_leased(idem.pool(), req).await {
+        Ok(c) => c,
+        Err(e) => return store_failed(op, tenant_label, "claim", &e),
+    };
+    metrics::seconds(metrics::CLAIM_SECONDS, op, started.elapsed().as_secs_f64());
+    let mut lease = match claim {
+        LeasedClaim::Acquired(lease) => lease,
+        LeasedClaim::Replay(stored) => {
+            metrics::claim(op, tenant_label, "replayed");
+            return response::replay(stored);
+        }
+        LeasedClaim::Mismatch => {
+            metrics::claim(op, tenant_label, "mismatched");
+            return Problem::mismatch().into_response();
+        }
+        LeasedClaim::InFlight { retry_after } => {
+            metrics::claim(op, tenant_label, "in_flight");
+            return Problem::in_flight(retry_after).into_response();
+        }
+        LeasedClaim::Uncertain => {
+            metrics::claim(op, tenant_label, "uncertain");
+            return Problem::uncertain(req.lease).into_response();
+        }
+    };
+    let kind = match lease.acquisition() {
+        Acquisition::New => "executed",
+        Acquisition::Reclaimed => "reclaimed",
+        Acquisition::TakenOver => "taken_over",
+    };
+    metrics::claim(op, tenant_label, kind);
+    tracing::debug!(
+        operation = op,
+        generation = lease.generation(),
+        how = kind,
+        "idem: leased execution"
+    );
+
+    let renewer = lease.renewer();
+    let probe = lease.probe();
+    let outcome = {
+        let mut work = handler(&mut lease);
+        tokio::select! {
+            outcome = &mut work => outcome,
+            never = renewer.run(ceiling) => match never {},
+        }
+    };
+    if lease.is_lost() {
+        return stale(op, &probe, req.lease).await;
+    }
+    let result = if outcome
+        .response
+        .extensions()
+        .get::<crate::lease::UncertainMarker>()
+        .is_some()
+    {
+        match lease.mark_uncertain().await {
+            Ok(()) => {
+                metrics::completion(op, "uncertain");
+                tracing::warn!(
+                    operation = op,
+                    "idem: outcome uncertain; awaiting reconciliation"
+                );
+                return outcome.response;
+            }
+            Err(e) => Err(e),
+        }
+    } else if outcome.rolls_back() {
+        match lease.release().await {
+            Ok(()) => {
+                metrics::completion(op, "rolled_back");
+                return outcome.response;
+            }
+            Err(e) => Err(e),
+        }
+    } else {
+        let (response, stored) = match capture(idem, op, outcome.response).await {
+            Ok(r) => r,
+            Err(resp) => {
+                // Not storable: give the key up so a retry is not stuck behind it.
+                if let Err(e) = lease.release().await {
+                    tracing::warn!(operation = op, error = %e, "idem: release after a capture failure failed");
+                }
+                return resp;
+            }
+        };
+        match lease.complete(&stored).await {
+            Ok(()) => {
+                stored_ok(op, &stored, started);
+                return response;
+            }
+            Err(e) => Err(e),
+        }
+    };
+    match result {
+        Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, req.lease).await,
+        Err(LeaseError::Store(e)) => store_failed(op, None, "complete", &e),
+        Ok(()) => Problem::store_unavailable().into_response(),
+    }
+}
+
+/// The answer for a worker that lost its lease: never its own result.
+async fn stale(op: &str, probe: &crate::lease::Probe, lease: Duration) -> Response {
+    metrics::completion(op, "stale_owner");
+    tracing::warn!(
+        operation = op,
+        "idem: stale owner; its result is not published"
+    );
+    match probe.current().await {
+        Ok(Some(stored)) => response::replay(stored),
+        Ok(None) => Problem::in_flight(lease).into_response(),
+        Err(e) => store_failed(op, None, "stale", &e),
+    }
+}
+
+fn store_failed(op: &str, tenant: Option<&str>, step: &str, e: &dyn std::fmt::Display) -> Response {
+    if step == "claim" || step == "begin" {
+        metrics::claim(op, tenant, "error");
+    } else {
+        metrics::completion(op, "error");
+    }
     tracing::error!(operation = op, step, error = %e, "idem: store failed; nothing stored");
     Problem::store_unavailable().into_response()
 }

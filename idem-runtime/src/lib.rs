@@ -66,9 +66,12 @@ pub mod config;
 pub mod fingerprint;
 pub mod handler;
 pub mod key;
+pub mod lease;
 pub mod metrics;
 pub mod problem;
+pub mod reconcile;
 pub mod response;
+pub mod retry;
 pub mod stats;
 pub mod store;
 pub mod sweeper;
@@ -81,10 +84,13 @@ pub mod __private;
 
 pub use config::{ConfigError, Idem};
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
-pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run};
+pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run, run_leased};
 pub use key::{IdempotencyKey, KeyError};
+pub use lease::{Lease, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
 pub use problem::Problem;
+pub use stats::{OperationStats, StateCounts, Stats, stats};
 pub use store::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, claim, migrate};
+pub use sweeper::{SweepReport, Sweeper};
 pub use tenant::{SingleTenant, TenantScope};
 pub use tx::Tx;
 

@@ -55,3 +55,8 @@ pub(crate) fn completion(operation: &str, outcome: &'static str) {
 pub(crate) fn seconds(name: &'static str, operation: &str, secs: f64) {
     metrics::histogram!(name, "operation" => operation.to_owned()).record(secs);
 }
+
+pub(crate) fn reconciled(operation: &str, outcome: &'static str) {
+    metrics::counter!(RECONCILED_TOTAL, "operation" => operation.to_owned(), "outcome" => outcome)
+        .increment(1);
+}

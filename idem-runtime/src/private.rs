@@ -7,7 +7,10 @@ use std::pin::Pin;
 use axum::response::IntoResponse;
 
 pub use crate::fingerprint::FingerprintBody;
-pub use crate::handler::{BoxedHandler, HandlerOutcome, IdemRequest, OperationSpec, run};
+pub use crate::handler::{
+    BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, OperationSpec, run, run_leased,
+};
+pub use crate::lease::Lease;
 pub use crate::tenant::{SingleTenant, TenantScope};
 pub use crate::tx::Tx;
 pub use axum::response::Response;
@@ -21,6 +24,16 @@ pub use std::time::Duration;
 pub fn handler<F>(f: F) -> BoxedHandler
 where
     F: for<'t> FnOnce(&'t mut Tx) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
+        + Send
+        + 'static,
+{
+    Box::new(f)
+}
+
+/// Boxes a leased handler body (see [`handler`]).
+pub fn leased_handler<F>(f: F) -> BoxedLeasedHandler
+where
+    F: for<'l> FnOnce(&'l mut Lease) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
         + Send
         + 'static,
 {

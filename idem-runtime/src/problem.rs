@@ -27,6 +27,10 @@ pub const STORE_UNAVAILABLE: &str = "urn:idem:problem:store-unavailable";
 /// `500`: the handler panicked; its transaction was rolled back.
 pub const HANDLER_PANICKED: &str = "urn:idem:problem:handler-panicked";
 
+/// `202`: an earlier execution's external effect is unknown and is being
+/// reconciled; nothing runs again meanwhile. Retry later with the same key.
+pub const OUTCOME_UNCERTAIN: &str = "urn:idem:problem:outcome-uncertain";
+
 /// The media type of problem details.
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
@@ -104,6 +108,18 @@ impl Problem {
             "the first request with this key has not finished; retry with the same key later",
         );
         p.retry_after = Some(secs.max(1));
+        p
+    }
+
+    /// `202`, [`OUTCOME_UNCERTAIN`], with `Retry-After`.
+    pub fn uncertain(retry_after: Duration) -> Self {
+        let mut p = Problem::new(
+            OUTCOME_UNCERTAIN,
+            StatusCode::ACCEPTED,
+            "The outcome of this request is being confirmed",
+        )
+        .with_detail("an earlier attempt may have taken effect; it is being reconciled and will not run twice. Retry later with the same key");
+        p.retry_after = Some(retry_after.as_secs().max(1));
         p
     }
 

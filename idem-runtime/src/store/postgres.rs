@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
 use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
@@ -32,7 +31,8 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
-const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_headers, response_body \
+const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_headers, response_body, \
+            wait_seconds \
      FROM idem_claim($1, $2, $3, $4, $5, $6)";
 
 const COMPLETE_SQL: &str = "UPDATE idempotency_requests \
@@ -71,6 +71,10 @@ pub async fn claim(
             }
             _ => StoreError::Database(e),
         })?;
+    let wait: f64 = row.try_get("wait_seconds")?;
+    if wait > 0.0 {
+        crate::metrics::seconds(crate::metrics::CLAIM_WAIT_SECONDS, req.operation, wait);
+    }
     let outcome: &str = row.try_get("outcome")?;
     match outcome {
         "execute" => Ok(Claim::Execute(Execution {
@@ -80,18 +84,7 @@ pub async fn claim(
             generation: row.try_get("generation")?,
             retention: req.retention,
         })),
-        "replay" => {
-            let status: i16 = row.try_get("response_status")?;
-            let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
-                row.try_get("response_headers")?;
-            let body: Option<Vec<u8>> = row.try_get("response_body")?;
-            Ok(Claim::Replay(StoredResponse {
-                status: u16::try_from(status)
-                    .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-                headers: headers.map(|h| h.0).unwrap_or_default(),
-                body: Bytes::from(body.unwrap_or_default()),
-            }))
-        }
+        "replay" => Ok(Claim::Replay(crate::lease::stored_from_row(&row)?)),
         "mismatch" => Ok(Claim::Mismatch),
         "in_flight" => Ok(Claim::InFlight {
             retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
