@@ -752,3 +752,72 @@ async fn read_and_delete_routes() {
     assert_eq!(del(id).await.unwrap().status(), StatusCode::NO_CONTENT);
     assert_eq!(del(id).await.unwrap().status(), StatusCode::NOT_FOUND);
 }
+
+fn payment(key: &str, amount: i64) -> Call<'_> {
+    Call {
+        path: "/payments",
+        currency: None,
+        ..Call::order(key)
+    }
+    .body(json!({"amount_cents": amount}))
+}
+
+async fn provider(server: &Server) -> Value {
+    get(server, "/provider", "acme").await.json()
+}
+
+/// `/payments` (leased): a provider outage is retried within the policy's bound;
+/// the client's own retry after recovery charges exactly once.
+#[tokio::test]
+async fn payments_ride_out_an_outage_within_the_retry_bound() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[("PAYMENTS_PROVIDER_OUTAGE_CALLS", "6")]).await;
+    let first = payment("pay-1", 500).ok(&server).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(first.problem_type(), "urn:orders:problem:provider-unavailable");
+    assert_eq!(provider(&server).await["calls"], 4, "four attempts, no more");
+    assert_eq!(db.count("SELECT count(*) FROM idempotency_requests").await, 0, "released");
+    let second = payment("pay-1", 500).ok(&server).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert_eq!(second.json()["amount_cents"], 500);
+    assert_eq!(provider(&server).await, json!({"calls": 7, "charges": 1}));
+    let replay = payment("pay-1", 500).ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, second.body);
+    assert_eq!(provider(&server).await["calls"], 7);
+}
+
+/// `/payments`: the provider charges and times out; the row is uncertain, retries
+/// never charge again, the reconciler finds the charge, and the retry replays it.
+#[tokio::test]
+async fn an_uncertain_payment_is_reconciled_not_repeated() {
+    let db = TestDb::new().await;
+    let server = Server::start(
+        &db,
+        &[("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"), ("PAYMENTS_RECONCILE_INTERVAL_MS", "50")],
+    )
+    .await;
+    let first = payment("pay-2", 700).ok(&server).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    assert_eq!(first.problem_type(), "urn:idem:problem:outcome-uncertain");
+    wait_for(&db, "SELECT count(*) FROM idempotency_requests WHERE state = 'completed'", |n| n == 1).await;
+    let retry = payment("pay-2", 700).ok(&server).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["id"], "ch_000001");
+    assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
+}
+
+/// `/payments`: a declined card is a stored business rejection.
+#[tokio::test]
+async fn a_declined_payment_is_stored_and_replayed() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let first = payment("pay-3", 2_000_000).ok(&server).await;
+    assert_eq!(first.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(first.problem_type(), "urn:orders:problem:card-declined");
+    let again = payment("pay-3", 2_000_000).ok(&server).await;
+    assert!(again.replayed());
+    assert_eq!(again.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(provider(&server).await["calls"], 0);
+}

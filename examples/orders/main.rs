@@ -10,9 +10,14 @@
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
+//! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per call |
+//! | `PAYMENTS_PROVIDER_OUTAGE_CALLS` | `0` | the provider's first N calls fail (503) |
+//! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's first N charges time out after charging |
+//! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
 
 mod auth;
 mod input;
+mod payments;
 mod problems;
 mod routes;
 
@@ -36,6 +41,15 @@ fn env_ms(name: &str, default: u64, max: u64) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
+fn env_count(name: &str) -> Result<u64, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(0),
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("{name} must be a whole number, not {v:?}")),
+    }
+}
+
 async fn run() -> Result<(), String> {
     let database_url =
         std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
@@ -57,11 +71,22 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|e| format!("orders migrations failed: {e}"))?;
 
+    let provider = std::sync::Arc::new(payments::Provider::new(payments::ProviderConfig {
+        latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
+        outage_calls: env_count("PAYMENTS_PROVIDER_OUTAGE_CALLS")?,
+        timeout_after_charge: env_count("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE")?,
+    }));
+    let reconcile_every = env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;
+    idem_runtime::reconcile::Reconciler::new(pool.clone(), payments::AskProvider(provider.clone()))
+        .with_interval(reconcile_every)
+        .spawn();
+
     let idem = Idem::new(pool.clone()).with_in_flight_wait(in_flight_wait);
     let app = routes::router(routes::AppState {
         idem,
         pool,
         latency,
+        provider,
     });
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

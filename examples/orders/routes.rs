@@ -23,6 +23,8 @@ pub struct AppState {
     pub pool: PgPool,
     /// `ORDERS_LATENCY_MS`: slow work inside the transaction, after the claim.
     pub latency: Duration,
+    /// The simulated payment provider of `POST /payments`.
+    pub provider: std::sync::Arc<crate::payments::Provider>,
 }
 
 impl FromRef<AppState> for Idem {
@@ -36,6 +38,8 @@ pub fn router(state: AppState) -> Router {
         .route("/orders", post(create_order).get(list_orders))
         .route("/orders/{id}", get(get_order).delete(delete_order))
         .route("/refunds", post(create_refund))
+        .route("/payments", post(crate::payments::create_payment))
+        .route("/provider", get(crate::payments::provider_summary))
         .with_state(state)
 }
 
