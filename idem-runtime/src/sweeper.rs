@@ -1,1 +1,299 @@
-//! The retention sweeper (to be written).
+//! The retention sweeper: deletes finished outcomes whose retention has passed.
+//!
+//! A key must not be stored forever, nor deleted casually: once its row is gone, an
+//! old retry with that key executes as a new request. So the sweeper deletes only
+//! rows that are **finished** (`completed` or `failed`) **and** past `expires_at`,
+//! which is exactly the set a claim would execute anew anyway. Rows that are
+//! `processing` or `uncertain` are never deleted, however old: an execution may
+//! still be running, or its effect may have happened without being recorded.
+//! Instead, rows in flight for longer than [`Sweeper::with_stale_after`] are
+//! reported (a `tracing` warning with counts, and the gauges
+//! [`STALE_IN_FLIGHT`](crate::metrics::STALE_IN_FLIGHT) and
+//! [`OLDEST_IN_FLIGHT_SECONDS`](crate::metrics::OLDEST_IN_FLIGHT_SECONDS)) so
+//! that an operator resolves them.
+//!
+//! Deletion runs in bounded batches, each its own short statement that locks its
+//! rows with `FOR UPDATE SKIP LOCKED`: several replicas may sweep at once, each
+//! takes rows the others have not, and none waits on a row that a request is
+//! re-claiming at that moment.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::Sweeper;
+//!
+//! # async fn demo(pool: sqlx::PgPool) {
+//! let handle = Sweeper::new(pool)
+//!     .with_interval(Duration::from_secs(60))
+//!     .with_batch_size(1000)
+//!     .spawn();
+//! # drop(handle);
+//! # }
+//! ```
+//!
+//! ## Cost
+//!
+//! Each batch walks the index `idempotency_requests_expires_at_idx (expires_at)`
+//! from the oldest expiry and deletes by row address, so a batch costs about its
+//! size however large the table or the backlog; the in-flight check uses the
+//! partial index `idempotency_requests_in_flight_idx`. The backlog count after a
+//! run is a range scan over the expiry index, proportional to the backlog itself:
+//! cheap while the sweeper keeps up, and the number an operator needs when it
+//! does not. No further index is needed.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{PgPool, Row};
+
+use crate::metrics::{
+    OLDEST_IN_FLIGHT_SECONDS, STALE_IN_FLIGHT, SWEEPER_BACKLOG, SWEEPER_DELETED_TOTAL,
+};
+use crate::store::StoreError;
+
+// The inner SELECT runs once (an InitPlan) and locks its batch; the DELETE then
+// reaches those rows by ctid, a TID scan whose cost is the batch size whatever the
+// backlog (a join on the primary key let the planner hash the whole expired
+// range). The ctids are stable because the rows stay locked until the statement
+// ends. The outer conditions repeat the inner ones so that a row changed between
+// the snapshot and the lock (re-claimed, say) is left alone.
+const DELETE_BATCH_SQL: &str = "DELETE FROM idempotency_requests \
+      WHERE ctid = ANY(ARRAY( \
+            SELECT ctid FROM idempotency_requests \
+             WHERE expires_at <= now() AND state IN ('completed', 'failed') \
+             ORDER BY expires_at \
+             LIMIT $1 \
+             FOR UPDATE SKIP LOCKED)) \
+        AND expires_at <= now() AND state IN ('completed', 'failed')";
+
+const BACKLOG_SQL: &str = "SELECT count(*) FROM idempotency_requests \
+      WHERE expires_at <= now() AND state IN ('completed', 'failed')";
+
+const IN_FLIGHT_SQL: &str = "SELECT \
+        count(*) FILTER (WHERE state = 'processing' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_processing, \
+        count(*) FILTER (WHERE state = 'uncertain' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_uncertain, \
+        extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds \
+      FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
+
+/// Deletes expired finished rows in bounded batches and reports old in-flight rows.
+///
+/// Build it with [`Sweeper::new`] and the `with_*` methods, then either call
+/// [`Sweeper::sweep_once`] yourself (from a cron job, say) or [`Sweeper::spawn`] it
+/// in the service. Safe to run on every replica at once.
+#[derive(Debug, Clone)]
+pub struct Sweeper {
+    pool: PgPool,
+    batch_size: u32,
+    max_batches: u32,
+    interval: Duration,
+    stale_after: Duration,
+}
+
+/// What one [`Sweeper::sweep_once`] did and saw.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SweepReport {
+    /// Rows deleted by this run.
+    pub deleted: u64,
+    /// `DELETE` statements this run issued, at most the configured maximum. The
+    /// last one may delete fewer rows than the batch size (or none): that is how
+    /// the run learns the backlog is drained.
+    pub batches: u32,
+    /// Expired finished rows still present after the run: more than the run could
+    /// take, rows another sweeper or a claim held locked, or rows that expired
+    /// meanwhile. A backlog that keeps growing means the sweeper cannot keep up.
+    pub backlog: u64,
+    /// Rows in flight (`processing` or `uncertain`) for longer than the stale
+    /// threshold. They are never deleted by the sweeper.
+    pub stale_in_flight: u64,
+    /// Age of the oldest in-flight row, if there is one.
+    #[serde(rename = "oldest_in_flight_seconds", serialize_with = "as_seconds")]
+    pub oldest_in_flight: Option<Duration>,
+}
+
+fn as_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+impl Sweeper {
+    /// Rows deleted per statement unless configured otherwise.
+    pub const DEFAULT_BATCH_SIZE: u32 = 1000;
+    /// Statements per run unless configured otherwise.
+    pub const DEFAULT_MAX_BATCHES: u32 = 100;
+    /// Pause between runs of [`Sweeper::spawn`] unless configured otherwise.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+    /// In-flight age beyond which a row is reported as stale unless configured
+    /// otherwise.
+    pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
+
+    /// A sweeper on `pool` with the default settings.
+    pub fn new(pool: PgPool) -> Self {
+        Sweeper {
+            pool,
+            batch_size: Self::DEFAULT_BATCH_SIZE,
+            max_batches: Self::DEFAULT_MAX_BATCHES,
+            interval: Self::DEFAULT_INTERVAL,
+            stale_after: Self::DEFAULT_STALE_AFTER,
+        }
+    }
+
+    /// Rows deleted per statement (at least 1). Each statement is its own short
+    /// transaction, so a smaller batch holds locks for less time.
+    pub fn with_batch_size(mut self, rows: u32) -> Self {
+        self.batch_size = rows.max(1);
+        self
+    }
+
+    /// The most statements one run issues (at least 1), which bounds the work and
+    /// the time of a run; what is left is reported as the backlog and taken by the
+    /// next run.
+    pub fn with_max_batches(mut self, batches: u32) -> Self {
+        self.max_batches = batches.max(1);
+        self
+    }
+
+    /// The pause between two runs of [`Sweeper::spawn`] (at least a millisecond,
+    /// since a zero interval would spin).
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The age beyond which a `processing` or `uncertain` row is reported as stale.
+    /// Set it well above your longest legitimate execution (or lease).
+    pub fn with_stale_after(mut self, age: Duration) -> Self {
+        self.stale_after = age;
+        self
+    }
+
+    /// The configured batch size.
+    pub fn batch_size(&self) -> u32 {
+        self.batch_size
+    }
+
+    /// The configured maximum of statements per run.
+    pub fn max_batches(&self) -> u32 {
+        self.max_batches
+    }
+
+    /// The configured pause between runs.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The configured stale threshold.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
+    /// Runs once: deletes up to `batch_size * max_batches` expired finished rows,
+    /// then measures the backlog and the in-flight rows, updates the gauges and
+    /// warns about stale in-flight rows.
+    ///
+    /// Rows deleted before an error stay deleted and are counted in
+    /// [`SWEEPER_DELETED_TOTAL`]; the gauges are only updated by a complete run.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Database`] when a statement fails (a missing table included).
+    pub async fn sweep_once(&self) -> Result<SweepReport, StoreError> {
+        let mut deleted = 0u64;
+        let mut batches = 0u32;
+        while batches < self.max_batches {
+            let done = sqlx::query(DELETE_BATCH_SQL)
+                .bind(i64::from(self.batch_size))
+                .execute(&self.pool)
+                .await?;
+            batches += 1;
+            let rows = done.rows_affected();
+            deleted += rows;
+            // Counted per batch so that a run that fails half-way still reports
+            // the rows it did remove.
+            metrics::counter!(SWEEPER_DELETED_TOTAL).increment(rows);
+            if rows < u64::from(self.batch_size) {
+                break;
+            }
+        }
+
+        let backlog: i64 = sqlx::query_scalar(BACKLOG_SQL)
+            .fetch_one(&self.pool)
+            .await?;
+        let backlog = u64::try_from(backlog).unwrap_or(0);
+
+        let row = sqlx::query(IN_FLIGHT_SQL)
+            .bind(i64::try_from(self.stale_after.as_millis()).unwrap_or(i64::MAX))
+            .fetch_one(&self.pool)
+            .await?;
+        let stale_processing: i64 = row.try_get("stale_processing")?;
+        let stale_uncertain: i64 = row.try_get("stale_uncertain")?;
+        let oldest_seconds: Option<f64> = row.try_get("oldest_seconds")?;
+        let stale_in_flight = u64::try_from(stale_processing + stale_uncertain).unwrap_or(0);
+        // A row created "in the future" (clock skew between primaries, a manual
+        // insert) would give a negative age, which Duration cannot hold.
+        let oldest_in_flight = oldest_seconds.map(|s| Duration::from_secs_f64(s.max(0.0)));
+
+        metrics::gauge!(SWEEPER_BACKLOG).set(backlog as f64);
+        metrics::gauge!(STALE_IN_FLIGHT).set(stale_in_flight as f64);
+        metrics::gauge!(OLDEST_IN_FLIGHT_SECONDS)
+            .set(oldest_in_flight.map_or(0.0, |d| d.as_secs_f64()));
+
+        if stale_in_flight > 0 {
+            // Counts only: keys and tenants stay out of logs.
+            tracing::warn!(
+                stale_processing,
+                stale_uncertain,
+                oldest_in_flight_seconds = oldest_in_flight.map_or(0.0, |d| d.as_secs_f64()),
+                stale_after_seconds = self.stale_after.as_secs_f64(),
+                "idem: rows in flight for longer than the stale threshold; the sweeper never deletes them: \
+                 reconcile uncertain rows, and inspect or purge them with `idem show` / `idem purge --force`"
+            );
+        }
+        if batches == self.max_batches && backlog > 0 {
+            tracing::info!(
+                deleted,
+                backlog,
+                "idem: sweep stopped at its batch limit; the rest is left for the next run"
+            );
+        }
+
+        let report = SweepReport {
+            deleted,
+            batches,
+            backlog,
+            stale_in_flight,
+            oldest_in_flight,
+        };
+        tracing::debug!(
+            deleted,
+            batches,
+            backlog,
+            stale_in_flight,
+            "idem: sweep done"
+        );
+        Ok(report)
+    }
+
+    /// Runs [`Sweeper::sweep_once`] now and then after every interval, forever, on
+    /// the current Tokio runtime. An error is logged and the next run goes ahead:
+    /// a database that is briefly away must not stop retention for good. Abort the
+    /// returned handle to stop it.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime, as [`tokio::spawn`].
+    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.interval);
+            // After a slow run, wait a whole interval rather than running back to
+            // back to catch up: the backlog is taken by the next run anyway.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(error) = self.sweep_once().await {
+                    tracing::error!(%error, "idem: sweep failed; retrying at the next interval");
+                }
+            }
+        })
+    }
+}
