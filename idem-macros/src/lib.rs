@@ -72,6 +72,16 @@ use proc_macro::TokenStream;
 /// How long a duplicate waits for a concurrent first request to finish before it
 /// gets `409` with `Retry-After`. Defaults to the `Idem` setting (2 s); at most 60 s.
 ///
+/// ## `lease = "30s"`, `lease_ceiling = "5m"`: leased mode
+///
+/// For an effect outside the database (a payment provider). The claim commits on
+/// its own with an owner token; the handler takes `lease: &mut idem_runtime::Lease`
+/// instead of a transaction, passes `lease.downstream_key()` to the downstream
+/// system's own idempotency, and may return `idem_runtime::Uncertain` when the
+/// effect's outcome is unknown. The lease is renewed in the background while the
+/// handler runs, up to `lease_ceiling` (default: ten leases); a worker whose lease
+/// was taken over cannot publish its result. See `idem_runtime::lease`.
+///
 /// ## `crate = "path"`
 ///
 /// Where the runtime is, when it is not `::idem_runtime` (a renamed dependency or a
@@ -138,9 +148,8 @@ use proc_macro::TokenStream;
 ///
 /// # Limitations
 ///
-/// * PostgreSQL only, transactional mode only: the effect must live in the same
-///   database. Effects elsewhere (a payment provider) need a leased mode that is
-///   not built yet.
+/// * PostgreSQL only. In the transactional mode the effect must live in the same
+///   database; effects elsewhere take the leased mode.
 /// * The body is buffered by its extractor before the claim, and the response is
 ///   buffered before it is stored (limit: `Idem::with_max_response_bytes`, 1 MiB by
 ///   default; a larger response rolls back and answers `500`).
