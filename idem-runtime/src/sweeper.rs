@@ -8,8 +8,7 @@
 //! still be running, or its effect may have happened without being recorded.
 //! Instead, rows in flight for longer than [`Sweeper::with_stale_after`] are
 //! reported (a `tracing` warning with counts, and the gauges
-//! [`STALE_IN_FLIGHT`](crate::metrics::STALE_IN_FLIGHT) and
-//! [`OLDEST_IN_FLIGHT_SECONDS`](crate::metrics::OLDEST_IN_FLIGHT_SECONDS)) so
+//! [`STALE_IN_FLIGHT`] and [`OLDEST_IN_FLIGHT_SECONDS`]) so
 //! that an operator resolves them.
 //!
 //! Deletion runs in bounded batches, each its own short statement that locks its
