@@ -1,0 +1,220 @@
+//! The documented metric names and labels are what the runtime records (a
+//! debugging recorder, installed once for this test binary).
+
+mod common;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use common::TestDb;
+use http_body_util::BodyExt;
+use idem_runtime::metrics as names;
+use idem_runtime::{Idem, TenantScope, Tx, idempotent};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tower::ServiceExt;
+
+struct Caller(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = StatusCode;
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+        Ok(Caller(
+            parts
+                .headers
+                .get("x-tenant")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("acme")
+                .to_owned(),
+        ))
+    }
+}
+
+impl TenantScope for Caller {
+    fn tenant_id(&self) -> &str {
+        &self.0
+    }
+}
+
+#[idempotent(operation = "metered-op", retention = "1h")]
+async fn metered(
+    #[tenant] caller: Caller,
+    tx: &mut Tx,
+    body: String,
+) -> Result<String, StatusCode> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await.unwrap();
+    if body == "fail" {
+        return Err(StatusCode::CONFLICT);
+    }
+    Ok(format!("done for {}: {body}", caller.0))
+}
+
+#[idempotent(operation = "labelled-op", retention = "1h")]
+async fn labelled(#[tenant] caller: Caller, tx: &mut Tx, body: String) -> String {
+    let _ = tx;
+    format!("{}:{body}", caller.0)
+}
+
+async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCode, Vec<u8>) {
+    let resp = router
+        .clone()
+        .oneshot(
+            Request::post(if body.starts_with("label") {
+                "/labelled"
+            } else {
+                "/metered"
+            })
+            .header("idempotency-key", key)
+            .header("x-tenant", tenant)
+            .body(Body::from(body.to_owned()))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status();
+    (
+        status,
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+}
+
+type Labels = Vec<(String, String)>;
+
+fn entries(snap: &Snapshotter) -> Vec<(String, Labels, DebugValue)> {
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(ck, _, _, v)| {
+            let key = ck.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (key.name().to_owned(), labels, v)
+        })
+        .collect()
+}
+
+fn counter(all: &[(String, Labels, DebugValue)], name: &str, want: &[(&str, &str)]) -> u64 {
+    all.iter()
+        .filter(|(n, labels, _)| {
+            n == name
+                && want.len() == labels.len()
+                && want
+                    .iter()
+                    .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, _, v)| match v {
+            DebugValue::Counter(c) => *c,
+            other => panic!("{name} is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn claims_and_completions_are_recorded_with_the_documented_names() {
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+
+    let db = TestDb::new().await;
+    let idem = Idem::new(db.pool.clone());
+    let router = Router::new()
+        .route("/metered", post(metered))
+        .with_state(idem.clone())
+        .merge(
+            Router::new()
+                .route("/labelled", post(labelled))
+                .with_state(idem.with_tenant_label(true)),
+        );
+
+    let secret_key = "sk-very-secret-key";
+    assert_eq!(
+        send(&router, secret_key, "acme", "a").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&router, secret_key, "acme", "a").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&router, secret_key, "acme", "b").await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(
+        send(&router, "k2", "acme", "fail").await.0,
+        StatusCode::CONFLICT
+    );
+    let (_, body) = send(&router, "k3", "acme", "c").await;
+    assert_eq!(
+        send(&router, "k4", "globex", "label").await.0,
+        StatusCode::OK
+    );
+
+    let all = entries(&snap);
+    let op = ("operation", "metered-op");
+    assert_eq!(
+        counter(&all, names::CLAIMS_TOTAL, &[op, ("outcome", "executed")]),
+        3
+    );
+    assert_eq!(
+        counter(&all, names::CLAIMS_TOTAL, &[op, ("outcome", "replayed")]),
+        1
+    );
+    assert_eq!(
+        counter(&all, names::CLAIMS_TOTAL, &[op, ("outcome", "mismatched")]),
+        1
+    );
+    assert_eq!(
+        counter(&all, names::COMPLETIONS_TOTAL, &[op, ("outcome", "stored")]),
+        2
+    );
+    assert_eq!(
+        counter(
+            &all,
+            names::COMPLETIONS_TOTAL,
+            &[op, ("outcome", "rolled_back")]
+        ),
+        1
+    );
+    let stored = counter(&all, names::STORED_BYTES_TOTAL, &[op]);
+    assert_eq!(stored, ("done for acme: a".len() + body.len()) as u64);
+    for histogram in [names::CLAIM_SECONDS, names::COMPLETION_SECONDS] {
+        assert!(
+            all.iter().any(|(n, l, v)| n == histogram
+                && l.contains(&("operation".into(), "metered-op".into()))
+                && matches!(v, DebugValue::Histogram(h) if !h.is_empty())),
+            "{histogram} recorded"
+        );
+    }
+    // The tenant is a label only where the service asked for it.
+    assert_eq!(
+        counter(
+            &all,
+            names::CLAIMS_TOTAL,
+            &[
+                ("operation", "labelled-op"),
+                ("outcome", "executed"),
+                ("tenant", "globex")
+            ]
+        ),
+        1
+    );
+    assert!(all.iter().all(|(n, l, _)| n != names::CLAIMS_TOTAL
+        || l.iter().all(|(k, _)| k != "tenant")
+        || l.contains(&("operation".into(), "labelled-op".into()))));
+    // Never the raw key.
+    assert!(
+        all.iter()
+            .all(|(_, l, _)| l.iter().all(|(_, v)| !v.contains(secret_key)))
+    );
+}
