@@ -774,9 +774,20 @@ async fn payments_ride_out_an_outage_within_the_retry_bound() {
     let server = Server::start(&db, &[("PAYMENTS_PROVIDER_OUTAGE_CALLS", "6")]).await;
     let first = payment("pay-1", 500).ok(&server).await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(first.problem_type(), "urn:orders:problem:provider-unavailable");
-    assert_eq!(provider(&server).await["calls"], 4, "four attempts, no more");
-    assert_eq!(db.count("SELECT count(*) FROM idempotency_requests").await, 0, "released");
+    assert_eq!(
+        first.problem_type(),
+        "urn:orders:problem:provider-unavailable"
+    );
+    assert_eq!(
+        provider(&server).await["calls"],
+        4,
+        "four attempts, no more"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0,
+        "released"
+    );
     let second = payment("pay-1", 500).ok(&server).await;
     assert_eq!(second.status, StatusCode::CREATED);
     assert_eq!(second.json()["amount_cents"], 500);
@@ -794,13 +805,21 @@ async fn an_uncertain_payment_is_reconciled_not_repeated() {
     let db = TestDb::new().await;
     let server = Server::start(
         &db,
-        &[("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"), ("PAYMENTS_RECONCILE_INTERVAL_MS", "50")],
+        &[
+            ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
+            ("PAYMENTS_RECONCILE_INTERVAL_MS", "50"),
+        ],
     )
     .await;
     let first = payment("pay-2", 700).ok(&server).await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
     assert_eq!(first.problem_type(), "urn:idem:problem:outcome-uncertain");
-    wait_for(&db, "SELECT count(*) FROM idempotency_requests WHERE state = 'completed'", |n| n == 1).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM idempotency_requests WHERE state = 'completed'",
+        |n| n == 1,
+    )
+    .await;
     let retry = payment("pay-2", 700).ok(&server).await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(retry.replayed());

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::auth::Caller;
-use crate::input::{Validate, ValidJson};
+use crate::input::{ValidJson, Validate};
 use crate::routes::AppState;
 
 /// Failure injection for the simulated provider.
@@ -69,7 +69,11 @@ impl Provider {
     }
 
     /// Charges once per idempotency key; a repeated key returns the first charge.
-    pub async fn charge(&self, idempotency_key: &str, amount_cents: i64) -> Result<Charge, ProviderError> {
+    pub async fn charge(
+        &self,
+        idempotency_key: &str,
+        amount_cents: i64,
+    ) -> Result<Charge, ProviderError> {
         let call = self.calls.fetch_add(1, Ordering::SeqCst);
         if !self.config.latency.is_zero() {
             tokio::time::sleep(self.config.latency).await;
@@ -176,7 +180,8 @@ pub async fn create_payment(
     {
         Ok(charge) => (StatusCode::CREATED, Json(payment_body(&charge))).into_response(),
         Err(ProviderError::TimedOut) => {
-            Uncertain::new("the payment provider timed out; the charge is being confirmed").into_response()
+            Uncertain::new("the payment provider timed out; the charge is being confirmed")
+                .into_response()
         }
         Err(ProviderError::Unavailable) => Problem::new(
             "urn:orders:problem:provider-unavailable",
