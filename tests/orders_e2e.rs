@@ -840,3 +840,41 @@ async fn a_declined_payment_is_stored_and_replayed() {
     assert_eq!(again.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(provider(&server).await["calls"], 0);
 }
+
+/// `/metrics` serves the idem metrics in the Prometheus format.
+#[tokio::test]
+async fn metrics_are_served_for_prometheus() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    Call::order("m-1").ok(&server).await;
+    Call::order("m-1").ok(&server).await;
+    let text = String::from_utf8(get(&server, "/metrics", "acme").await.body).unwrap();
+    for line in [
+        r#"idem_claims_total{operation="create-order",outcome="executed"} 1"#,
+        r#"idem_claims_total{operation="create-order",outcome="replayed"} 1"#,
+        r#"idem_completions_total{operation="create-order",outcome="stored"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+    }
+    assert!(text.contains("idem_claim_seconds"));
+    assert!(!text.contains("m-1"), "never the key");
+}
+
+/// The service's sweeper forgets expired keys; a retry after the sweep executes anew.
+#[tokio::test]
+async fn the_sweeper_forgets_expired_keys() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db, &[("IDEM_SWEEP_INTERVAL_MS", "50")]).await;
+    let first = Call::order("sw-1").ok(&server).await;
+    let live = Call::order("sw-2").ok(&server).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second' WHERE idempotency_key = 'sw-1'").await;
+    wait_for(&db, "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-1'", |n| n == 0).await;
+    assert_eq!(db.count("SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-2'").await, 1, "unexpired rows stay");
+    let again = Call::order("sw-1").ok(&server).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(!again.replayed());
+    assert!(Call::order("sw-2").ok(&server).await.replayed());
+    assert_eq!(live.status, StatusCode::CREATED);
+    assert_eq!(orders(&db).await, 3);
+}

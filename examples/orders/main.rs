@@ -14,6 +14,9 @@
 //! | `PAYMENTS_PROVIDER_OUTAGE_CALLS` | `0` | the provider's first N calls fail (503) |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's first N charges time out after charging |
 //! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
+//! | `IDEM_SWEEP_INTERVAL_MS` | `60000` | how often expired keys are swept |
+//!
+//! `GET /metrics` serves the idem metrics in the Prometheus text format.
 
 mod auth;
 mod input;
@@ -81,13 +84,25 @@ async fn run() -> Result<(), String> {
         .with_interval(reconcile_every)
         .spawn();
 
+    // Expired keys are forgotten in bounded batches; several replicas may sweep.
+    idem_runtime::Sweeper::new(pool.clone())
+        .with_interval(env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?)
+        .spawn();
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+
     let idem = Idem::new(pool.clone()).with_in_flight_wait(in_flight_wait);
     let app = routes::router(routes::AppState {
         idem,
         pool,
         latency,
         provider,
-    });
+    })
+    .route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(prometheus.render())),
+    );
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
