@@ -317,17 +317,10 @@ async fn create_payment(
     lease: &mut Lease,
     Json(p): Json<NewPayment>,
 ) -> Response {
-    let _ = caller;
-    if lease.acquisition() == Acquisition::New {
-        if let Some(entered) = &app.entered {
-            entered.send(()).ok();
-            app.release.acquire().await.unwrap().forget();
-        }
-    }
     if app.crash_next.swap(false, Ordering::SeqCst) {
         panic!("simulated crash inside the handler");
     }
-    charge_and_answer(&app, lease, p.amount_cents).await
+    create_payment_body(caller, app, lease, p).await
 }
 
 /// The same operation with a lease that is never renewed: a handler that runs
@@ -353,11 +346,11 @@ async fn create_payment_body(
     lease: &mut Lease,
     p: NewPayment,
 ) -> Response {
-    if lease.acquisition() == Acquisition::New {
-        if let Some(entered) = &app.entered {
-            entered.send(()).ok();
-            app.release.acquire().await.unwrap().forget();
-        }
+    if lease.acquisition() == Acquisition::New
+        && let Some(entered) = &app.entered
+    {
+        entered.send(()).ok();
+        app.release.acquire().await.unwrap().forget();
     }
     charge_and_answer(&app, lease, p.amount_cents).await
 }

@@ -869,8 +869,18 @@ async fn the_sweeper_forgets_expired_keys() {
     let live = Call::order("sw-2").ok(&server).await;
     assert_eq!(first.status, StatusCode::CREATED);
     db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second' WHERE idempotency_key = 'sw-1'").await;
-    wait_for(&db, "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-1'", |n| n == 0).await;
-    assert_eq!(db.count("SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-2'").await, 1, "unexpired rows stay");
+    wait_for(
+        &db,
+        "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-1'",
+        |n| n == 0,
+    )
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-2'")
+            .await,
+        1,
+        "unexpired rows stay"
+    );
     let again = Call::order("sw-1").ok(&server).await;
     assert_eq!(again.status, StatusCode::CREATED);
     assert!(!again.replayed());

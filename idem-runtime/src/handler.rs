@@ -177,6 +177,8 @@ pub type BoxedLeasedHandler = Box<
 >;
 
 /// Checks the tenant and finishes the fingerprint, or answers why not.
+// The error is the answer to send; boxing it would only move the allocation.
+#[allow(clippy::result_large_err)]
 fn prepare(
     spec: &OperationSpec,
     tenant: Result<String, TenantError>,

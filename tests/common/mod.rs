@@ -79,6 +79,35 @@ impl TestDb {
     }
 }
 
+/// Drops the database when the test ends (set `IDEM_KEEP_TEST_DBS=1` to keep it for
+/// a post-mortem). Drop cannot await, so a short-lived thread does the work.
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::env::var_os("IDEM_KEEP_TEST_DBS").is_some() {
+            return;
+        }
+        let name = self.name.clone();
+        // The pool is not closed here: its connections belong to the test's runtime,
+        // which this drop blocks. FORCE ends them from the server side instead.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                let mut conn = PgConnection::connect(&admin_url()).await.ok()?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+                .execute(&mut conn)
+                .await
+                .ok()
+            })
+        })
+        .join();
+    }
+}
+
 fn replace_database(url: &str, name: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
