@@ -117,6 +117,7 @@ async fn a_fresh_database_says_run_migrate_and_migrate_fixes_it() {
 
     let out = idem(url, &["stats"]).await;
     assert_eq!(out.code, 0, "{out:?}");
+    db.exec(&format!("DROP DATABASE {bare} WITH (FORCE)")).await;
 }
 
 #[tokio::test]
