@@ -22,24 +22,9 @@ struct Server {
     base: String,
 }
 
-fn example_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/orders_e2e-<hash> -> target/<profile>/examples/orders
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir
-        .join("examples")
-        .join(format!("orders{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo test --workspace`, or `cargo build --example orders` first",
-        bin.display()
-    );
-    bin
-}
-
 impl Server {
     async fn start(db: &TestDb, env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(example_binary());
+        let mut cmd = Command::new(common::example_binary("orders"));
         cmd.env("DATABASE_URL", &db.url)
             .env("IDEM_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "info")
@@ -887,4 +872,73 @@ async fn the_sweeper_forgets_expired_keys() {
     assert!(Call::order("sw-2").ok(&server).await.replayed());
     assert_eq!(live.status, StatusCode::CREATED);
     assert_eq!(orders(&db).await, 3);
+}
+
+async fn step(server: &Server, id: i64, action: &str) -> Answer {
+    let resp = reqwest::Client::new()
+        .post(format!("{}/orders/{id}/{action}", server.base))
+        .header("authorization", "Bearer acme")
+        .send()
+        .await
+        .unwrap();
+    Answer {
+        status: resp.status(),
+        headers: resp.headers().clone(),
+        body: resp.bytes().await.unwrap().to_vec(),
+    }
+}
+
+/// Fulfilment steps: repeated `pay` is a no-op success, `ship` before `pay` is
+/// rejected, concurrent `pay` calls produce one payment.
+#[tokio::test]
+async fn fulfilment_steps_are_idempotent_transitions() {
+    let db = TestDb::new().await;
+    let server = Arc::new(Server::start(&db, &[]).await);
+    let id = Call::order("f-1").ok(&server).await.json()["id"]
+        .as_i64()
+        .unwrap();
+    let early = step(&server, id, "ship").await;
+    assert_eq!(early.status, StatusCode::CONFLICT);
+    assert_eq!(
+        early.problem_type(),
+        "urn:orders:problem:invalid-transition"
+    );
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (server, barrier) = (server.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            step(&server, id, "pay").await
+        }));
+    }
+    let mut changed = 0;
+    for t in tasks {
+        let a = t.await.unwrap();
+        assert_eq!(
+            a.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&a.body)
+        );
+        assert_eq!(a.json()["status"], "paid");
+        changed += usize::from(a.json()["changed"] == true);
+    }
+    assert_eq!(changed, 1);
+    assert_eq!(db.count("SELECT count(*) FROM order_payments").await, 1);
+    assert_eq!(step(&server, id, "ship").await.json()["changed"], true);
+    assert_eq!(step(&server, id, "ship").await.json()["changed"], false);
+    assert_eq!(
+        step(&server, id, "pay").await.status,
+        StatusCode::CONFLICT,
+        "paid is behind shipped"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM shipments").await, 1);
+    assert_eq!(
+        step(&server, 999_999, "pay").await.status,
+        StatusCode::NOT_FOUND
+    );
+    // The existing contract is unchanged: GET /orders/{id} has the same fields.
+    let order = get(&server, &format!("/orders/{id}"), "acme").await.json();
+    assert!(order.get("status").is_none());
 }

@@ -19,6 +19,7 @@
 //! `GET /metrics` serves the idem metrics in the Prometheus text format.
 
 mod auth;
+mod fulfilment;
 mod input;
 mod payments;
 mod problems;

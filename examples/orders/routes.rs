@@ -37,6 +37,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/orders", post(create_order).get(list_orders))
         .route("/orders/{id}", get(get_order).delete(delete_order))
+        .route("/orders/{id}/pay", post(crate::fulfilment::pay))
+        .route("/orders/{id}/ship", post(crate::fulfilment::ship))
         .route("/refunds", post(create_refund))
         .route("/payments", post(crate::payments::create_payment))
         .route("/provider", get(crate::payments::provider_summary))

@@ -63,6 +63,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod consumer;
 pub mod fingerprint;
 pub mod handler;
 pub mod key;
@@ -76,6 +77,7 @@ pub mod stats;
 pub mod store;
 pub mod sweeper;
 pub mod tenant;
+pub mod transition;
 pub mod tx;
 
 #[doc(hidden)]

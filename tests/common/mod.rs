@@ -8,6 +8,28 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
+/// The path of an example binary built by `cargo test --workspace` (cargo builds
+/// the examples for tests), next to this test binary's directory.
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/examples/<name>
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --workspace`, or `cargo build --example {name}` first",
+        bin.display()
+    );
+    bin
+}
+
+/// The NATS server the tests use; `NATS_URL` overrides it.
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
 /// The server the tests use; `IDEM_TEST_DATABASE_URL` overrides it.
 pub fn admin_url() -> String {
     std::env::var("IDEM_TEST_DATABASE_URL")

@@ -1,0 +1,224 @@
+//! `consumer`: applies ledger credits from NATS JetStream to PostgreSQL exactly
+//! once, with `idem_runtime::consumer::process_once`.
+//!
+//! JetStream delivers at least once. Each message's identity (its `Nats-Msg-Id`
+//! header, else its stream sequence) is claimed in the same transaction as the
+//! credit, and the message is acked only after that transaction committed:
+//!
+//! * crash before commit: nothing committed; JetStream redelivers after `ack_wait`
+//!   and the credit is applied then;
+//! * crash after commit, before ack (or a lost ack): the redelivery is recognised
+//!   as a duplicate, nothing is applied again, and it is acked;
+//! * the same identity with a different payload: not applied, terminated (no more
+//!   redeliveries) and logged as an error;
+//! * a malformed payload: terminated without reserving anything;
+//! * a failing effect or a concurrent delivery still running: nacked with a delay.
+//!
+//! Environment:
+//!
+//! | variable | default | meaning |
+//! | --- | --- | --- |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | the database |
+//! | `NATS_URL` | `nats://127.0.0.1:4222` | the NATS server (JetStream enabled) |
+//! | `CONSUMER_STREAM` | `LEDGER` | the stream, created if missing |
+//! | `CONSUMER_SUBJECT` | `ledger.credits` | the subject it holds |
+//! | `CONSUMER_DURABLE` | `ledger-worker` | the durable pull consumer; also the idempotency scope |
+//! | `CONSUMER_ACK_WAIT_MS` | `30000` | JetStream's redelivery timeout |
+//! | `CONSUMER_CRASH_AFTER_COMMIT` | `0` | test aid: exit right after the N-th commit, before acking it |
+//!
+//! A message is JSON: `{"account": "acct-1", "amount_cents": 500}`.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
+use futures_util::StreamExt;
+use idem_runtime::consumer::{ConsumeError, Delivery, Message, process_once};
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+const OPERATION: &str = "apply-ledger-credit";
+/// Longer than JetStream keeps or redelivers a message here.
+const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Credit {
+    account: String,
+    amount_cents: i64,
+}
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn env_u64(name: &str, default: u64) -> Result<u64, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("{name} must be a whole number, not {v:?}")),
+    }
+}
+
+async fn apply(
+    pool: &PgPool,
+    scope: &str,
+    id: &str,
+    payload: &[u8],
+    credit: &Credit,
+) -> Result<Delivery<()>, ConsumeError<sqlx::Error>> {
+    let msg = Message {
+        scope,
+        operation: OPERATION,
+        id,
+        payload,
+    };
+    let (account, amount) = (credit.account.clone(), credit.amount_cents);
+    process_once(pool, &msg, RETENTION, move |tx| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO ledger_entries (account, amount_cents) VALUES ($1, $2)")
+                .bind(&account)
+                .bind(amount)
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO balances (account, balance_cents) VALUES ($1, $2) \
+                 ON CONFLICT (account) DO UPDATE SET balance_cents = balances.balance_cents + EXCLUDED.balance_cents",
+            )
+            .bind(&account)
+            .bind(amount)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+async fn run() -> Result<(), String> {
+    let database_url = env(
+        "DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/postgres",
+    );
+    let nats_url = env("NATS_URL", "nats://127.0.0.1:4222");
+    let stream_name = env("CONSUMER_STREAM", "LEDGER");
+    let subject = env("CONSUMER_SUBJECT", "ledger.credits");
+    let durable = env("CONSUMER_DURABLE", "ledger-worker");
+    let ack_wait = Duration::from_millis(env_u64("CONSUMER_ACK_WAIT_MS", 30_000)?);
+    let crash_after = env_u64("CONSUMER_CRASH_AFTER_COMMIT", 0)?;
+
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&database_url)
+        .await
+        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+    idem_runtime::migrate(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::migrate!("examples/consumer/migrations")
+        .run(&pool)
+        .await
+        .map_err(|e| format!("consumer migrations failed: {e}"))?;
+
+    let client = async_nats::connect(&nats_url)
+        .await
+        .map_err(|e| format!("cannot connect to NATS_URL: {e}"))?;
+    let js = jetstream::new(client);
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot create the stream {stream_name}: {e}"))?;
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .get_or_create_consumer(
+            &durable,
+            pull::Config {
+                durable_name: Some(durable.clone()),
+                ack_wait,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("cannot create the consumer {durable}: {e}"))?;
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    tracing::info!(stream = %stream_name, durable = %durable, "consumer ready");
+
+    let mut commits = 0u64;
+    while let Some(next) = messages.next().await {
+        let message = match next {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "consumer: receive failed");
+                continue;
+            }
+        };
+        let info = message.info().map_err(|e| e.to_string())?;
+        let id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_else(|| format!("seq-{}", info.stream_sequence));
+        let delivered = info.delivered;
+        let credit: Credit = match serde_json::from_slice(&message.payload) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "consumer: malformed payload; terminated");
+                message.ack_with(AckKind::Term).await.ok();
+                continue;
+            }
+        };
+        let ack = match apply(&pool, &durable, &id, &message.payload, &credit).await {
+            Ok(Delivery::Applied(())) => {
+                commits += 1;
+                tracing::info!(delivered, "consumer: applied");
+                if crash_after > 0 && commits == crash_after {
+                    tracing::warn!("consumer: simulated crash after commit, before ack");
+                    std::process::exit(3);
+                }
+                AckKind::Ack
+            }
+            Ok(Delivery::Duplicate) => {
+                tracing::info!(delivered, "consumer: duplicate delivery; already applied");
+                AckKind::Ack
+            }
+            Ok(Delivery::Conflict) => {
+                tracing::error!(
+                    "consumer: message id reused with another payload; not applied, terminated"
+                );
+                AckKind::Term
+            }
+            Err(ConsumeError::InFlight) => AckKind::Nak(Some(Duration::from_secs(1))),
+            Err(e) => {
+                tracing::warn!(error = %e, "consumer: not applied; will be redelivered");
+                AckKind::Nak(Some(Duration::from_secs(1)))
+            }
+        };
+        if let Err(e) = message.ack_with(ack).await {
+            // The effect is committed; a redelivery will be recognised.
+            tracing::warn!(error = %e, "consumer: ack failed");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .init();
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("consumer: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Exactly-once effects for message consumers.
+//!
+//! Brokers deliver at least once: a message is redelivered when its ack is lost,
+//! when the consumer crashes before acking, or when it is nacked. [`process_once`]
+//! claims the message's identity in the same transaction as the message's effect,
+//! so the effect and the record that it happened commit together:
+//!
+//! * first delivery: the effect runs and commits with the key → [`Delivery::Applied`]; ack.
+//! * redelivery after a commit (lost ack, crash before ack) → [`Delivery::Duplicate`],
+//!   the effect does not run; ack again.
+//! * the same identity with a different payload → [`Delivery::Conflict`]: reported,
+//!   never applied; dead-letter it (terminate) and alert.
+//! * the effect fails → nothing commits → nack; the redelivery applies it.
+//! * a concurrent delivery of the same message still running → [`ConsumeError::InFlight`]:
+//!   nack with a delay; the redelivery sees the outcome.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::consumer::{process_once, Delivery, Message};
+//!
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let msg = Message { scope: "billing", operation: "credit-account", id: "evt-42", payload: br#"{"amount":5}"# };
+//! let result = process_once(&pool, &msg, Duration::from_secs(7 * 86400), |tx| Box::pin(async move {
+//!     sqlx::query("UPDATE accounts SET balance = balance + 5 WHERE id = 1").execute(&mut **tx).await?;
+//!     Ok::<_, sqlx::Error>(())
+//! })).await?;
+//! match result {
+//!     Delivery::Applied(()) | Delivery::Duplicate => { /* ack */ }
+//!     Delivery::Conflict => { /* terminate and alert */ }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sqlx::{PgPool, Postgres, Transaction};
+
+use crate::fingerprint::FingerprintBuilder;
+use crate::key::IdempotencyKey;
+use crate::store::{self, Claim, ClaimRequest, StoreError, StoredResponse};
+
+/// One delivered message.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    /// Whose message: a tenant, or the consumer group (keys are scoped by it).
+    pub scope: &'a str,
+    /// What consuming it does, such as `credit-account`.
+    pub operation: &'a str,
+    /// The message's identity: the producer's message id (for NATS, `Nats-Msg-Id`),
+    /// or the broker's sequence number. An id that is not a valid key (over 255
+    /// characters, not printable ASCII) is replaced by its SHA-256 in hex.
+    pub id: &'a str,
+    /// The payload bytes: a different payload under the same id is a conflict.
+    pub payload: &'a [u8],
+}
+
+/// What happened to a delivery.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivery<T> {
+    /// The effect ran and committed now.
+    Applied(T),
+    /// The effect had already committed for this message: nothing ran. Ack it.
+    Duplicate,
+    /// This id was already used by a message with another payload: nothing ran.
+    Conflict,
+}
+
+/// Why a delivery was not processed. In every case nothing committed: nack it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError<E> {
+    /// Another delivery of the same message is being processed right now.
+    #[error("another delivery of this message is being processed; retry it later")]
+    InFlight,
+    /// The effect failed; its transaction was rolled back.
+    #[error("the effect failed: {0}")]
+    Effect(E),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The effect of a message, run in the transaction that records it.
+pub type Effect<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
+
+/// The key a message id is stored under.
+pub fn message_key(id: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(id).unwrap_or_else(|_| {
+        let digest = hex::encode(Sha256::digest(id.as_bytes()));
+        IdempotencyKey::parse(digest).expect("hex is a valid key")
+    })
+}
+
+/// Runs `effect` at most once for the message's scope, operation and id, in one
+/// transaction with the record of it; see the module docs for what to do with
+/// each answer. `retention` is how long redeliveries are recognised: make it
+/// longer than the broker can redeliver (its max age or dedup window).
+///
+/// # Errors
+///
+/// [`ConsumeError`]: nothing committed; the message should be redelivered.
+pub async fn process_once<T, E, F>(
+    pool: &PgPool,
+    msg: &Message<'_>,
+    retention: Duration,
+    effect: F,
+) -> Result<Delivery<T>, ConsumeError<E>>
+where
+    F: for<'t> FnOnce(&'t mut Transaction<'static, Postgres>) -> Effect<'t, T, E>,
+{
+    let key = message_key(msg.id);
+    let req = ClaimRequest {
+        tenant: msg.scope,
+        operation: msg.operation,
+        key: &key,
+        fingerprint: FingerprintBuilder::new(msg.scope, msg.operation, "MESSAGE", "")
+            .extra("payload", msg.payload)
+            .finish(),
+        retention,
+        in_flight_wait: Duration::from_secs(2),
+    };
+    let mut tx = pool
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await
+        .map_err(StoreError::from)?;
+    let execution = match store::claim(&mut tx, &req).await? {
+        Claim::Execute(e) => e,
+        Claim::Replay(_) => return Ok(Delivery::Duplicate),
+        Claim::Mismatch => {
+            tracing::warn!(
+                operation = msg.operation,
+                "idem: message id reused with another payload; not applied"
+            );
+            return Ok(Delivery::Conflict);
+        }
+        Claim::InFlight { .. } => return Err(ConsumeError::InFlight),
+    };
+    let value = effect(&mut tx).await.map_err(ConsumeError::Effect)?;
+    let record = StoredResponse {
+        status: 200,
+        headers: Vec::new(),
+        body: bytes::Bytes::new(),
+    };
+    execution.complete(&mut tx, &record).await?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(Delivery::Applied(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_ids_that_are_not_keys_are_hashed() {
+        assert_eq!(message_key("evt-1").as_str(), "evt-1");
+        let long = "x".repeat(300);
+        let k = message_key(&long);
+        assert_eq!(k.as_str().len(), 64);
+        assert_ne!(message_key("a b").as_str(), message_key("a  b").as_str());
+    }
+}

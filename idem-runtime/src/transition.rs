@@ -1,0 +1,191 @@
+//! Idempotent state transitions for resources with a state column and a version.
+//!
+//! Multi-step workflows (pay, then ship) are retried step by step. Declare the
+//! allowed transitions once; then [`transition`]:
+//!
+//! * to the state the resource is already in: succeeds as a no-op without running
+//!   its action ([`Transitioned::AlreadyThere`]) — a retried `pay` pays nothing;
+//! * along an allowed edge: runs the action and moves the state, in the caller's
+//!   transaction, fenced by the version (optimistic locking);
+//! * along any other edge: [`TransitionError::Invalid`] — `ship` before `pay`;
+//! * when a concurrent transition moved the resource first:
+//!   [`TransitionError::Conflict`] — roll back (the action's writes go with it)
+//!   and, if you like, try again: the retry then sees the new state.
+//!
+//! ```
+//! use idem_runtime::transition::States;
+//!
+//! #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+//! enum OrderState { Created, Paid, Shipped }
+//!
+//! impl States for OrderState {
+//!     const ALL: &'static [Self] = &[Self::Created, Self::Paid, Self::Shipped];
+//!     const TRANSITIONS: &'static [(Self, Self)] = &[(Self::Created, Self::Paid), (Self::Paid, Self::Shipped)];
+//!     fn name(self) -> &'static str {
+//!         match self { Self::Created => "created", Self::Paid => "paid", Self::Shipped => "shipped" }
+//!     }
+//! }
+//! assert!(OrderState::allows(OrderState::Created, OrderState::Paid));
+//! assert!(!OrderState::allows(OrderState::Created, OrderState::Shipped));
+//! ```
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+
+use sqlx::{PgConnection, Row};
+
+/// The states of a resource and the edges between them.
+pub trait States: Copy + Eq + Debug + Send + Sync + 'static {
+    /// Every state.
+    const ALL: &'static [Self];
+    /// The allowed `(from, to)` transitions.
+    const TRANSITIONS: &'static [(Self, Self)];
+    /// The state's name as stored in the state column.
+    fn name(self) -> &'static str;
+
+    /// The state stored under `name`.
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|s| s.name() == name)
+    }
+
+    /// Whether `from -> to` is allowed.
+    fn allows(from: Self, to: Self) -> bool {
+        Self::TRANSITIONS.contains(&(from, to))
+    }
+}
+
+/// Where a resource's state lives. The names are trusted SQL identifiers (write
+/// them as literals; they are not escaped).
+#[derive(Debug, Clone, Copy)]
+pub struct Resource {
+    /// The table.
+    pub table: &'static str,
+    /// The primary key column (a `bigint`).
+    pub id_column: &'static str,
+    /// The state column (`text`).
+    pub state_column: &'static str,
+    /// The version column (`bigint`), incremented by every transition.
+    pub version_column: &'static str,
+    /// An extra `column = $2` condition that scopes the row (such as a tenant), or
+    /// `None`.
+    pub scope_column: Option<&'static str>,
+}
+
+/// What a successful transition did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Transitioned<T> {
+    /// The action ran and the state moved; `version` is the new version.
+    Applied {
+        /// The action's result.
+        value: T,
+        /// The resource's version after the transition.
+        version: i64,
+    },
+    /// The resource was already in the target state: nothing ran.
+    AlreadyThere {
+        /// The resource's current version.
+        version: i64,
+    },
+}
+
+/// Why a transition did not happen. Roll back the transaction in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError<S: Debug, E> {
+    /// No such resource (in this scope).
+    #[error("no such resource")]
+    NotFound,
+    /// The resource's state does not allow this transition.
+    #[error("cannot go from {from:?} to {to:?}")]
+    Invalid {
+        /// The current state.
+        from: S,
+        /// The requested state.
+        to: S,
+    },
+    /// Another transaction moved the resource first; the action's writes must be
+    /// rolled back. A retry sees the new state.
+    #[error("the resource changed concurrently; roll back and retry")]
+    Conflict,
+    /// The stored state is not one of the declared states.
+    #[error("the stored state {0:?} is not a declared state")]
+    UnknownState(String),
+    /// The action failed.
+    #[error("the transition's action failed: {0}")]
+    Action(E),
+    /// The database failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// The action of a transition, run in the caller's transaction.
+pub type Action<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
+
+/// Moves resource `id` (in `scope`, if the resource has a scope column) to `to`,
+/// running `action` first, all on `conn` (the caller's transaction). See the module
+/// docs for the outcomes.
+///
+/// # Errors
+///
+/// [`TransitionError`]: roll the transaction back.
+pub async fn transition<S, T, E, F>(
+    conn: &mut PgConnection,
+    resource: &Resource,
+    id: i64,
+    scope: Option<&str>,
+    to: S,
+    action: F,
+) -> Result<Transitioned<T>, TransitionError<S, E>>
+where
+    S: States,
+    F: for<'c> FnOnce(&'c mut PgConnection) -> Action<'c, T, E>,
+{
+    let scope_sql = match resource.scope_column {
+        Some(col) => format!(" AND {col} = $2"),
+        None => " AND $2::text IS NULL".to_owned(),
+    };
+    let read = format!(
+        "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql}",
+        state = resource.state_column,
+        version = resource.version_column,
+        table = resource.table,
+        id_col = resource.id_column,
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(read))
+        .bind(id)
+        .bind(scope)
+        .fetch_optional(&mut *conn)
+        .await?
+        .ok_or(TransitionError::NotFound)?;
+    let current: String = row.try_get(0)?;
+    let version: i64 = row.try_get(1)?;
+    let from = S::from_name(&current).ok_or(TransitionError::UnknownState(current))?;
+    if from == to {
+        return Ok(Transitioned::AlreadyThere { version });
+    }
+    if !S::allows(from, to) {
+        return Err(TransitionError::Invalid { from, to });
+    }
+    let value = action(&mut *conn).await.map_err(TransitionError::Action)?;
+    let write = format!(
+        "UPDATE {table} SET {state} = $3, {version_col} = {version_col} + 1 \
+          WHERE {id_col} = $1{scope_sql} AND {version_col} = $4 AND {state} = $5 \
+          RETURNING {version_col}",
+        table = resource.table,
+        state = resource.state_column,
+        version_col = resource.version_column,
+        id_col = resource.id_column,
+    );
+    let updated: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(write))
+        .bind(id)
+        .bind(scope)
+        .bind(to.name())
+        .bind(version)
+        .bind(from.name())
+        .fetch_optional(&mut *conn)
+        .await?;
+    match updated {
+        Some(version) => Ok(Transitioned::Applied { value, version }),
+        None => Err(TransitionError::Conflict),
+    }
+}

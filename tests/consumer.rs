@@ -1,0 +1,282 @@
+//! Exactly-once message consumption: the runtime API against PostgreSQL, and the
+//! `consumer` example process against a real NATS JetStream.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use common::TestDb;
+use idem_runtime::consumer::{ConsumeError, Delivery, Message, process_once};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
+
+async fn ledger_db() -> TestDb {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE credits (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)")
+        .await;
+    db
+}
+
+/// Applies one credit for the message; `fail` makes the effect fail after writing.
+async fn consume(
+    db: &TestDb,
+    id: &str,
+    payload: &[u8],
+    fail: bool,
+) -> Result<Delivery<i64>, ConsumeError<String>> {
+    let msg = Message {
+        scope: "ledger-worker",
+        operation: "apply-credit",
+        id,
+        payload,
+    };
+    process_once(&db.pool, &msg, WEEK, move |tx| {
+        Box::pin(async move {
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id",
+            )
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| e.to_string())?;
+            if fail {
+                return Err("downstream validation failed".to_owned());
+            }
+            Ok(id)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn five_deliveries_of_one_message_apply_it_once() {
+    let db = Arc::new(ledger_db().await);
+    let payload = br#"{"account":"a","amount":5}"#;
+    let barrier = Arc::new(tokio::sync::Barrier::new(3));
+    let mut tasks = Vec::new();
+    // Three deliveries at once (a redelivery racing the first)...
+    for _ in 0..3 {
+        let (db, barrier) = (db.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            loop {
+                match consume(&db, "evt-1", payload, false).await {
+                    // A concurrent delivery still running: the broker would redeliver.
+                    Err(ConsumeError::InFlight) => tokio::task::yield_now().await,
+                    other => return other.unwrap(),
+                }
+            }
+        }));
+    }
+    let mut applied = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Delivery::Applied(_) => applied += 1,
+            Delivery::Duplicate => {}
+            Delivery::Conflict => panic!("same payload"),
+        }
+    }
+    // ...then two more, one after a crash before ack (same as any redelivery).
+    assert_eq!(
+        consume(&db, "evt-1", payload, false).await.unwrap(),
+        Delivery::Duplicate
+    );
+    assert_eq!(
+        consume(&db, "evt-1", payload, false).await.unwrap(),
+        Delivery::Duplicate
+    );
+    assert_eq!(applied, 1);
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
+
+#[tokio::test]
+async fn another_payload_under_the_same_identity_is_reported_not_applied() {
+    let db = ledger_db().await;
+    assert!(matches!(
+        consume(&db, "evt-2", b"{\"amount\":5}", false)
+            .await
+            .unwrap(),
+        Delivery::Applied(_)
+    ));
+    assert_eq!(
+        consume(&db, "evt-2", b"{\"amount\":6}", false)
+            .await
+            .unwrap(),
+        Delivery::Conflict
+    );
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
+
+#[tokio::test]
+async fn a_failed_effect_commits_nothing_and_the_redelivery_applies_it() {
+    let db = ledger_db().await;
+    let err = consume(&db, "evt-3", b"{}", true).await.unwrap_err();
+    assert!(matches!(err, ConsumeError::Effect(_)), "{err}");
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+    assert!(matches!(
+        consume(&db, "evt-3", b"{}", false).await.unwrap(),
+        Delivery::Applied(_)
+    ));
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
+
+// ---- the consumer example against JetStream ----
+
+static STREAMS: AtomicU32 = AtomicU32::new(0);
+
+struct Bus {
+    js: jetstream::Context,
+    stream: String,
+    subject: String,
+    durable: String,
+}
+
+impl Bus {
+    async fn new() -> Bus {
+        let client = async_nats::connect(common::nats_url()).await.expect(
+            "NATS with JetStream must run on 127.0.0.1:4222 (see README: running the tests)",
+        );
+        let n = STREAMS.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("T{}X{n}", std::process::id());
+        Bus {
+            js: jetstream::new(client),
+            stream: format!("IDEM_{tag}"),
+            subject: format!("idem.{tag}.credits"),
+            durable: format!("worker-{tag}"),
+        }
+    }
+
+    async fn publish(&self, id: &str, payload: &str) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id);
+        self.js
+            .publish_with_headers(self.subject.clone(), headers, payload.to_owned().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    /// Deletes the test's stream (not in Drop: that cannot await).
+    async fn delete(self) {
+        self.js.delete_stream(&self.stream).await.ok();
+    }
+
+    /// Waits until the consumer has every message acked: nothing pending, nothing
+    /// awaiting an ack.
+    async fn until_all_acked(&self, messages: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let stream = self.js.get_stream(&self.stream).await.unwrap();
+            if let Ok(mut consumer) = stream
+                .get_consumer::<jetstream::consumer::pull::Config>(&self.durable)
+                .await
+            {
+                let info = consumer.info().await.unwrap();
+                if info.num_pending == 0
+                    && info.num_ack_pending == 0
+                    && info.ack_floor.stream_sequence >= messages
+                {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "messages never all acked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn start_consumer(db: &TestDb, bus: &Bus, env: &[(&str, &str)]) -> Child {
+    let mut cmd = Command::new(common::example_binary("consumer"));
+    cmd.env("DATABASE_URL", &db.url)
+        .env("NATS_URL", common::nats_url())
+        .env("CONSUMER_STREAM", &bus.stream)
+        .env("CONSUMER_SUBJECT", &bus.subject)
+        .env("CONSUMER_DURABLE", &bus.durable)
+        .env("CONSUMER_ACK_WAIT_MS", "300")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("the consumer gets ready within 60 s")
+            .unwrap()
+            .expect("the consumer exited before it was ready");
+        if line.contains("consumer ready") {
+            break;
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+#[tokio::test]
+async fn a_crash_between_commit_and_ack_does_not_apply_the_redelivery_again() {
+    let db = TestDb::new().await;
+    let bus = Bus::new().await;
+    let mut first = start_consumer(&db, &bus, &[("CONSUMER_CRASH_AFTER_COMMIT", "1")]).await;
+    bus.publish("credit-1", r#"{"account":"acct-1","amount_cents":500}"#)
+        .await;
+    // It commits the credit and dies before acking.
+    let status = tokio::time::timeout(Duration::from_secs(60), first.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(3));
+    assert_eq!(db.count("SELECT count(*) FROM ledger_entries").await, 1);
+
+    // Restarted, it gets the redelivery, recognises it, and acks it.
+    let _second = start_consumer(&db, &bus, &[]).await;
+    bus.publish("credit-2", r#"{"account":"acct-1","amount_cents":250}"#)
+        .await;
+    bus.until_all_acked(2).await;
+    assert_eq!(db.count("SELECT count(*) FROM ledger_entries").await, 2);
+    assert_eq!(
+        db.count("SELECT balance_cents FROM balances WHERE account = 'acct-1'")
+            .await,
+        750
+    );
+    bus.delete().await;
+}
+
+#[tokio::test]
+async fn two_consumers_and_a_republished_message_apply_each_credit_once() {
+    let db = TestDb::new().await;
+    let bus = Bus::new().await;
+    let _a = start_consumer(&db, &bus, &[]).await;
+    let _b = start_consumer(&db, &bus, &[]).await;
+    for i in 0..10 {
+        bus.publish(
+            &format!("credit-{i}"),
+            &format!(r#"{{"account":"acct-{}","amount_cents":100}}"#, i % 3),
+        )
+        .await;
+    }
+    // A producer retry republishes with the same id.
+    bus.publish("credit-3", r#"{"account":"acct-0","amount_cents":100}"#)
+        .await;
+    bus.until_all_acked(10).await;
+    assert_eq!(db.count("SELECT count(*) FROM ledger_entries").await, 10);
+    assert_eq!(
+        db.count("SELECT sum(balance_cents)::bigint FROM balances")
+            .await,
+        1000
+    );
+    bus.delete().await;
+}

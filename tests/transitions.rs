@@ -1,0 +1,157 @@
+//! Idempotent state transitions with optimistic locking, against PostgreSQL.
+
+mod common;
+
+use common::TestDb;
+use idem_runtime::transition::{Resource, States, TransitionError, Transitioned, transition};
+use sqlx::PgConnection;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Created,
+    Paid,
+    Shipped,
+}
+
+impl States for Step {
+    const ALL: &'static [Self] = &[Self::Created, Self::Paid, Self::Shipped];
+    const TRANSITIONS: &'static [(Self, Self)] =
+        &[(Self::Created, Self::Paid), (Self::Paid, Self::Shipped)];
+    fn name(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::Paid => "paid",
+            Self::Shipped => "shipped",
+        }
+    }
+}
+
+const ORDERS: Resource = Resource {
+    table: "orders",
+    id_column: "id",
+    state_column: "status",
+    version_column: "version",
+    scope_column: Some("tenant_id"),
+};
+
+async fn db() -> TestDb {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text NOT NULL, version bigint NOT NULL);
+         CREATE TABLE payments (order_id bigint NOT NULL);
+         INSERT INTO orders VALUES (1, 'acme', 'created', 1);",
+    )
+    .await;
+    db
+}
+
+type Outcome = Result<Transitioned<()>, TransitionError<Step, sqlx::Error>>;
+
+async fn go(conn: &mut PgConnection, to: Step) -> Outcome {
+    transition(conn, &ORDERS, 1, Some("acme"), to, |c| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO payments VALUES (1)")
+                .execute(&mut *c)
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_repeated_transition_is_a_no_op_success() {
+    let db = db().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    assert_eq!(
+        go(&mut tx, Step::Paid).await.unwrap(),
+        Transitioned::Applied {
+            value: (),
+            version: 2
+        }
+    );
+    tx.commit().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    assert_eq!(
+        go(&mut tx, Step::Paid).await.unwrap(),
+        Transitioned::AlreadyThere { version: 2 }
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM payments").await,
+        1,
+        "the action ran once"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_transition_is_a_typed_error() {
+    let db = db().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    match go(&mut tx, Step::Shipped).await {
+        Err(TransitionError::Invalid {
+            from: Step::Created,
+            to: Step::Shipped,
+        }) => {}
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    let mut other_tenant = db.pool.begin().await.unwrap();
+    let missing = transition(
+        &mut other_tenant,
+        &ORDERS,
+        1,
+        Some("globex"),
+        Step::Paid,
+        |_| Box::pin(async { Ok::<(), sqlx::Error>(()) }),
+    )
+    .await;
+    assert!(matches!(missing, Err(TransitionError::NotFound)));
+    assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
+}
+
+#[tokio::test]
+async fn of_two_concurrent_transitions_one_wins_and_the_other_loses_cleanly() {
+    let db = db().await;
+    // Both read version 1 and run their action, interleaved step by step.
+    let mut a = db.pool.begin().await.unwrap();
+    let mut b = db.pool.begin().await.unwrap();
+    let a_result = go(&mut a, Step::Paid).await.unwrap();
+    assert!(matches!(a_result, Transitioned::Applied { version: 2, .. }));
+    // B's version-fenced update blocks on A's row lock until A commits, then finds
+    // the version moved on.
+    let b_task = tokio::spawn(async move {
+        let r = go(&mut b, Step::Paid).await;
+        (r, b)
+    });
+    wait_for_lock_waiter(&db).await;
+    a.commit().await.unwrap();
+    let (b_result, b) = b_task.await.unwrap();
+    assert!(
+        matches!(b_result, Err(TransitionError::Conflict)),
+        "{b_result:?}"
+    );
+    b.rollback().await.unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM payments").await,
+        1,
+        "one payment"
+    );
+    // The loser's retry sees the new state: a no-op success.
+    let mut retry = db.pool.begin().await.unwrap();
+    assert!(matches!(
+        go(&mut retry, Step::Paid).await.unwrap(),
+        Transitioned::AlreadyThere { .. }
+    ));
+}
+
+async fn wait_for_lock_waiter(db: &TestDb) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while db
+        .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+        .await
+        == 0
+    {
+        assert!(std::time::Instant::now() < deadline, "B never blocked on A");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
