@@ -1,0 +1,1767 @@
+//! `cargo bench --bench idem`: what the promise costs, side by side (issue 7).
+//!
+//! One run creates a fresh database (`idem_bench_<pid>`), starts the bench server as
+//! a child process (this same binary, re-executed with `IDEM_BENCH_ROLE=server`) on
+//! `127.0.0.1:0`, drives it over loopback HTTP with a Rust load generator (reqwest,
+//! keep-alive, fixed concurrency, fixed duration after a warm-up that is not
+//! counted), and prints one table:
+//!
+//! | | scenario | route |
+//! | --- | --- | --- |
+//! | a | bare: the business insert in one transaction, no idempotency | `POST /bare/orders` |
+//! | b | `#[idempotent]`, first executions (unique keys) | `POST /idem/orders` |
+//! | c | replays of completed keys | `POST /idem/orders` |
+//! | d | the common middleware pattern: claim, effect, completion in three transactions (plain sqlx) | `POST /mw/orders` |
+//! | e | contention: rounds of 64 clients over 16 fresh keys, exactly one effect per key | `POST /idem/orders` |
+//! | f | leased mode (`lease = "30s"`), the insert outside any transaction | `POST /leased/orders` |
+//!
+//! Then a short statement profile: a second server whose pool talks to PostgreSQL
+//! through a counting proxy, so every request's round trips, prepared statements
+//! and SQL statements are counted exactly.
+//!
+//! Settings (environment): see `BENCHMARKS.md` or the `Settings` struct below.
+//! Nothing here asserts a speed; `cargo test` does not build or run this file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{FromRef, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use idem_runtime::{FingerprintBuilder, Idem, IdempotencyKey, Lease, TenantScope, Tx, idempotent};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgExecutor, PgPoolOptions};
+use sqlx::{FromRow, PgPool, Row};
+
+/// Selects the role of a process: unset for the driver, `server` for the child.
+const ROLE_ENV: &str = "IDEM_BENCH_ROLE";
+/// The line the server prints on stdout once it listens.
+const LISTENING: &str = "IDEM_BENCH_LISTENING";
+
+fn main() -> ExitCode {
+    let server = std::env::var(ROLE_ENV).as_deref() == Ok("server");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = if server {
+        rt.block_on(server::main())
+    } else {
+        rt.block_on(driver::main())
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) if v.is_empty() => Ok(default),
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("{name}={v:?} is not a valid value")),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The business: one `orders` table, the same insert in every scenario.
+// ---------------------------------------------------------------------------------
+
+/// The business table and the middleware baseline's own idempotency table, which
+/// has exactly the shape (columns, constraints, indexes) of idem's.
+const SCHEMA: &str = "
+CREATE TABLE orders (
+    id           bigserial   PRIMARY KEY,
+    tenant_id    text        NOT NULL,
+    sku          text        NOT NULL,
+    quantity     integer     NOT NULL CHECK (quantity >= 1),
+    amount_cents bigint      NOT NULL CHECK (amount_cents >= 0),
+    currency     text        NOT NULL,
+    note         text,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX orders_tenant_idx ON orders (tenant_id, id);
+CREATE TABLE mw_idempotency_requests (LIKE idempotency_requests INCLUDING ALL);
+";
+
+#[derive(Debug, Deserialize, Serialize)]
+struct NewOrder {
+    sku: String,
+    quantity: i32,
+    amount_cents: i64,
+    currency: String,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+#[derive(Debug, Serialize, FromRow)]
+struct Order {
+    id: i64,
+    sku: String,
+    quantity: i32,
+    amount_cents: i64,
+    currency: String,
+    note: Option<String>,
+    created_at: String,
+}
+
+const INSERT_ORDER: &str = "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
+     VALUES ($1, $2, $3, $4, $5, $6) \
+     RETURNING id, sku, quantity, amount_cents, currency, note, created_at::text AS created_at";
+
+async fn insert_order<'e>(
+    exec: impl PgExecutor<'e>,
+    tenant: &str,
+    cmd: &NewOrder,
+) -> Result<Order, sqlx::Error> {
+    sqlx::query_as(INSERT_ORDER)
+        .bind(tenant)
+        .bind(&cmd.sku)
+        .bind(cmd.quantity)
+        .bind(cmd.amount_cents)
+        .bind(&cmd.currency)
+        .bind(&cmd.note)
+        .fetch_one(exec)
+        .await
+}
+
+/// What every scenario answers: `201`, `Location`, the order as JSON.
+fn created(order: Order) -> Response {
+    let location = format!("/orders/{}", order.id);
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(order),
+    )
+        .into_response()
+}
+
+// ---------------------------------------------------------------------------------
+// The server (child process).
+// ---------------------------------------------------------------------------------
+
+mod server {
+    use super::*;
+
+    #[derive(Clone)]
+    pub struct AppState {
+        idem: Idem,
+        pool: PgPool,
+        protocol: Option<Arc<Mutex<proxy::Stats>>>,
+    }
+
+    impl FromRef<AppState> for Idem {
+        fn from_ref(s: &AppState) -> Idem {
+            s.idem.clone()
+        }
+    }
+
+    /// Demo auth, as in the example: `Authorization: Bearer <tenant>`.
+    pub struct Caller(String);
+
+    impl<S: Send + Sync> FromRequestParts<S> for Caller {
+        type Rejection = StatusCode;
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+            parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(|t| Caller(t.to_owned()))
+                .ok_or(StatusCode::UNAUTHORIZED)
+        }
+    }
+
+    impl TenantScope for Caller {
+        fn tenant_id(&self) -> &str {
+            &self.0
+        }
+    }
+
+    type ApiError = (StatusCode, String);
+
+    fn db_error(e: sqlx::Error) -> ApiError {
+        (StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+
+    /// (a) The business insert in one transaction, no idempotency.
+    async fn bare(
+        caller: Caller,
+        State(app): State<AppState>,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let mut tx = app.pool.begin().await.map_err(db_error)?;
+        let order = insert_order(&mut *tx, &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(created(order))
+    }
+
+    /// (b), (c), (e): the same insert under `#[idempotent]`, in the claim's transaction.
+    #[idempotent(operation = "create-order", retention = "24h")]
+    async fn idem_create(
+        #[tenant] caller: Caller,
+        tx: &mut Tx,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let order = insert_order(&mut **tx, &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        Ok(created(order))
+    }
+
+    /// (f) Leased mode: the claim commits on its own; the insert runs on the pool,
+    /// outside any transaction (as a downstream call would).
+    #[idempotent(operation = "create-order-leased", retention = "24h", lease = "30s")]
+    async fn leased_create(
+        #[tenant] caller: Caller,
+        lease: &mut Lease,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let order = insert_order(lease.pool(), &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        Ok(created(order))
+    }
+
+    const MW_OPERATION: &str = "create-order";
+    const MW_RETENTION_MS: i64 = 24 * 3600 * 1000;
+    const MW_CLAIM: &str = "INSERT INTO mw_idempotency_requests \
+            (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, 'processing', now(), now() + $5 * interval '1 millisecond') \
+         ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation";
+    const MW_LOOKUP: &str = "SELECT state, fingerprint, response_status, response_headers, response_body \
+         FROM mw_idempotency_requests \
+         WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+    const MW_COMPLETE: &str = "UPDATE mw_idempotency_requests \
+            SET state = 'completed', response_status = $4, response_headers = $5, response_body = $6, \
+                completed_at = clock_timestamp(), \
+                expires_at = clock_timestamp() + $7 * interval '1 millisecond' \
+          WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'processing'";
+    const MW_RELEASE: &str = "DELETE FROM mw_idempotency_requests \
+          WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'processing'";
+
+    fn problem(status: StatusCode, what: &str) -> Response {
+        (status, what.to_owned()).into_response()
+    }
+
+    /// (d) What most idempotency middlewares do, written by hand with plain sqlx on a
+    /// table of idem's shape: the key claimed in its own transaction (one autocommit
+    /// `INSERT ... ON CONFLICT DO NOTHING`), the effect in a second transaction, the
+    /// completion in a third (one autocommit `UPDATE`). The request is fingerprinted
+    /// with idem's own builder, so the CPU work besides the database is the same.
+    /// Lean on purpose: no waiting for a concurrent duplicate, no expiry takeover.
+    async fn middleware(
+        caller: Caller,
+        State(app): State<AppState>,
+        headers: HeaderMap,
+        Json(cmd): Json<NewOrder>,
+    ) -> Response {
+        let Ok(key) = IdempotencyKey::from_headers(&headers) else {
+            return problem(StatusCode::BAD_REQUEST, "bad key");
+        };
+        let fingerprint =
+            match FingerprintBuilder::new(&caller.0, MW_OPERATION, "POST", "/mw/orders")
+                .extra("path", "/mw/orders")
+                .body(&cmd)
+            {
+                Ok(fp) => fp.finish(),
+                Err(e) => return problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+            };
+        let pk = (caller.0.as_str(), MW_OPERATION, key.as_str());
+
+        // 1. The claim, committed on its own.
+        let claimed: Result<Option<i64>, _> = sqlx::query_scalar(MW_CLAIM)
+            .bind(pk.0)
+            .bind(pk.1)
+            .bind(pk.2)
+            .bind(&fingerprint.as_bytes()[..])
+            .bind(MW_RETENTION_MS)
+            .fetch_optional(&app.pool)
+            .await;
+        match claimed {
+            Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+            Ok(Some(_)) => {}
+            Ok(None) => return mw_existing(&app.pool, pk, fingerprint.as_bytes()).await,
+        }
+
+        // 2. The effect, in its own transaction.
+        let effect = async {
+            let mut tx = app.pool.begin().await?;
+            let order = insert_order(&mut *tx, &caller.0, &cmd).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(order)
+        }
+        .await;
+        let order = match effect {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = sqlx::query(MW_RELEASE)
+                    .bind(pk.0)
+                    .bind(pk.1)
+                    .bind(pk.2)
+                    .execute(&app.pool)
+                    .await;
+                return problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string());
+            }
+        };
+
+        // 3. The completion, in a third.
+        let location = format!("/orders/{}", order.id);
+        let body = match serde_json::to_vec(&order) {
+            Ok(b) => b,
+            Err(e) => return problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        };
+        let stored_headers = vec![
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("location".to_owned(), location.clone()),
+        ];
+        let done = sqlx::query(MW_COMPLETE)
+            .bind(pk.0)
+            .bind(pk.1)
+            .bind(pk.2)
+            .bind(201_i16)
+            .bind(sqlx::types::Json(&stored_headers))
+            .bind(&body[..])
+            .bind(MW_RETENTION_MS)
+            .execute(&app.pool)
+            .await;
+        if let Err(e) = done {
+            // The effect happened and its record did not: the very window that a
+            // one-transaction design closes. Answer it anyway, as middlewares do.
+            eprintln!("mw: completion failed after the effect: {e}");
+        }
+        (
+            StatusCode::CREATED,
+            [
+                (header::CONTENT_TYPE, "application/json".to_owned()),
+                (header::LOCATION, location),
+            ],
+            body,
+        )
+            .into_response()
+    }
+
+    async fn mw_existing(pool: &PgPool, pk: (&str, &str, &str), fingerprint: &[u8]) -> Response {
+        let row = sqlx::query(MW_LOOKUP)
+            .bind(pk.0)
+            .bind(pk.1)
+            .bind(pk.2)
+            .fetch_optional(pool)
+            .await;
+        let row = match row {
+            Ok(Some(r)) => r,
+            Ok(None) => return problem(StatusCode::CONFLICT, "released meanwhile; retry"),
+            Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        };
+        let state: String = row.get("state");
+        let stored_fp: Vec<u8> = row.get("fingerprint");
+        if stored_fp != fingerprint {
+            return problem(StatusCode::UNPROCESSABLE_ENTITY, "fingerprint mismatch");
+        }
+        if state != "completed" && state != "failed" {
+            let mut r = problem(StatusCode::CONFLICT, "in flight");
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return r;
+        }
+        let status: i16 = row.get("response_status");
+        let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("response_headers");
+        let body: Vec<u8> = row.get("response_body");
+        idem_runtime::response::replay(idem_runtime::StoredResponse {
+            status: u16::try_from(status).unwrap_or(500),
+            headers: headers.0,
+            body: body.into(),
+        })
+    }
+
+    /// `GET /bench/protocol`: the counting proxy's totals (profile server only).
+    async fn protocol_handler(State(app): State<AppState>) -> Response {
+        match &app.protocol {
+            Some(stats) => {
+                let snapshot = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                Json(snapshot).into_response()
+            }
+            None => StatusCode::NOT_FOUND.into_response(),
+        }
+    }
+
+    pub async fn main() -> Result<(), String> {
+        let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?;
+        let pool_size: u32 = env_or("IDEM_BENCH_POOL", 32)?;
+        let test_before_acquire: u8 = env_or("IDEM_BENCH_TEST_BEFORE_ACQUIRE", 1)?;
+        let metrics_mode = std::env::var("IDEM_BENCH_METRICS").unwrap_or_default();
+        let use_proxy = std::env::var("IDEM_BENCH_PROXY").as_deref() == Ok("1");
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+
+        let mut opts: sqlx::postgres::PgConnectOptions = url
+            .parse()
+            .map_err(|e| format!("DATABASE_URL does not parse: {e}"))?;
+        let mut protocol = None;
+        if use_proxy {
+            let upstream = format!("{}:{}", opts.get_host(), opts.get_port());
+            let stats = Arc::new(Mutex::new(proxy::Stats::default()));
+            let addr = proxy::start(upstream, stats.clone())
+                .await
+                .map_err(|e| format!("proxy: {e}"))?;
+            opts = opts
+                .host(&addr.ip().to_string())
+                .port(addr.port())
+                .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+            protocol = Some(stats);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            .test_before_acquire(test_before_acquire != 0)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(opts)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+
+        match metrics_mode.as_str() {
+            "off" => {}
+            // What examples/orders does: install_recorder, and nobody drains the
+            // histograms unless /metrics is scraped.
+            "no-upkeep" => {
+                metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .install_recorder()
+                    .map_err(|e| e.to_string())?;
+            }
+            "" | "prometheus" => {
+                let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .install_recorder()
+                    .map_err(|e| e.to_string())?;
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        handle.run_upkeep();
+                    }
+                });
+            }
+            other => {
+                return Err(format!(
+                    "IDEM_BENCH_METRICS={other:?}: off, prometheus or no-upkeep"
+                ));
+            }
+        }
+
+        let state = AppState {
+            idem: Idem::new(pool.clone()),
+            pool,
+            protocol,
+        };
+        let app = Router::new()
+            .route("/bare/orders", post(bare))
+            .route("/idem/orders", post(idem_create))
+            .route("/mw/orders", post(middleware))
+            .route("/leased/orders", post(leased_create))
+            .route("/bench/protocol", get(protocol_handler))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{LISTENING} {addr}").map_err(|e| e.to_string())?;
+            out.flush().map_err(|e| e.to_string())?;
+        }
+        // The driver holds our stdin: when it closes (the driver is done, or died),
+        // shut down.
+        let (gone_tx, gone_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 64];
+            while let Ok(n) = std::io::stdin().read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+            }
+            let _ = gone_tx.send(());
+        });
+        let parent_gone = async {
+            let _ = gone_rx.await;
+        };
+        axum::serve(listener, app)
+            .with_graceful_shutdown(parent_gone)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// A counting proxy between the profile server's pool and PostgreSQL.
+// ---------------------------------------------------------------------------------
+
+mod proxy {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// Frontend (client to server) protocol messages, and round trips: a burst of
+    /// client bytes after the server last spoke.
+    #[derive(Debug, Default, Clone, Serialize, Deserialize)]
+    pub struct Stats {
+        pub round_trips: u64,
+        /// Lone `Sync` messages: sqlx's `test_before_acquire` ping.
+        pub pings: u64,
+        pub parse: u64,
+        pub bind: u64,
+        pub execute: u64,
+        pub simple_query: u64,
+        pub sync: u64,
+        pub bytes_up: u64,
+        pub bytes_down: u64,
+        /// Executions (extended protocol `Execute`, or simple `Query`) by SQL text.
+        pub statements: BTreeMap<String, u64>,
+        /// `Parse` messages by SQL text: a statement parsed per request is unprepared.
+        pub parsed: BTreeMap<String, u64>,
+    }
+
+    pub async fn start(
+        upstream: String,
+        stats: Arc<Mutex<Stats>>,
+    ) -> std::io::Result<std::net::SocketAddr> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let stats = stats.clone();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = relay(client, &upstream, stats).await {
+                        eprintln!("proxy: {e}");
+                    }
+                });
+            }
+        });
+        Ok(addr)
+    }
+
+    async fn relay(
+        client: TcpStream,
+        upstream: &str,
+        stats: Arc<Mutex<Stats>>,
+    ) -> std::io::Result<()> {
+        let server = TcpStream::connect(upstream).await?;
+        client.set_nodelay(true)?;
+        server.set_nodelay(true)?;
+        let (mut cr, mut cw) = client.into_split();
+        let (mut sr, mut sw) = server.into_split();
+        let client_spoke_last = Arc::new(AtomicBool::new(true));
+        let up = {
+            let stats = stats.clone();
+            let last = client_spoke_last.clone();
+            async move {
+                let mut parser = Parser::default();
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = cr.read(&mut buf).await?;
+                    if n == 0 {
+                        return sw.shutdown().await;
+                    }
+                    {
+                        let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+                        if !last.swap(true, Ordering::AcqRel) {
+                            s.round_trips += 1;
+                        }
+                        s.bytes_up += n as u64;
+                        if buf[..n] == [b'S', 0, 0, 0, 4] {
+                            s.pings += 1;
+                        }
+                        parser.feed(&buf[..n], &mut s);
+                    }
+                    sw.write_all(&buf[..n]).await?;
+                }
+            }
+        };
+        let down = async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = sr.read(&mut buf).await?;
+                if n == 0 {
+                    return cw.shutdown().await;
+                }
+                client_spoke_last.store(false, Ordering::Release);
+                stats.lock().unwrap_or_else(|e| e.into_inner()).bytes_down += n as u64;
+                cw.write_all(&buf[..n]).await?;
+            }
+        };
+        tokio::try_join!(up, down).map(|_| ())
+    }
+
+    #[derive(Default)]
+    struct Parser {
+        buf: Vec<u8>,
+        started: bool,
+        names: HashMap<String, String>,
+        unnamed: String,
+        bound: String,
+    }
+
+    fn cstr(b: &[u8]) -> (String, &[u8]) {
+        match b.iter().position(|&c| c == 0) {
+            Some(i) => (String::from_utf8_lossy(&b[..i]).into_owned(), &b[i + 1..]),
+            None => (String::from_utf8_lossy(b).into_owned(), &[]),
+        }
+    }
+
+    fn norm(sql: &str) -> String {
+        let flat = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        if flat.chars().count() > 96 {
+            let cut: String = flat.chars().take(93).collect();
+            format!("{cut}...")
+        } else {
+            flat
+        }
+    }
+
+    impl Parser {
+        fn feed(&mut self, data: &[u8], s: &mut Stats) {
+            self.buf.extend_from_slice(data);
+            let mut at = 0;
+            loop {
+                let rest = &self.buf[at..];
+                if !self.started {
+                    // StartupMessage: length, then protocol and parameters; no type byte.
+                    if rest.len() < 4 {
+                        break;
+                    }
+                    let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                    if rest.len() < len {
+                        break;
+                    }
+                    at += len;
+                    self.started = true;
+                    continue;
+                }
+                if rest.len() < 5 {
+                    break;
+                }
+                let ty = rest[0];
+                let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+                if rest.len() < 1 + len {
+                    break;
+                }
+                let body = &rest[5..1 + len];
+                match ty {
+                    b'P' => {
+                        let (name, tail) = cstr(body);
+                        let (sql, _) = cstr(tail);
+                        let sql = norm(&sql);
+                        s.parse += 1;
+                        *s.parsed.entry(sql.clone()).or_default() += 1;
+                        if name.is_empty() {
+                            self.unnamed = sql;
+                        } else {
+                            self.names.insert(name, sql);
+                        }
+                    }
+                    b'B' => {
+                        let (_portal, tail) = cstr(body);
+                        let (name, _) = cstr(tail);
+                        s.bind += 1;
+                        self.bound = if name.is_empty() {
+                            self.unnamed.clone()
+                        } else {
+                            self.names
+                                .get(&name)
+                                .cloned()
+                                .unwrap_or_else(|| name.clone())
+                        };
+                    }
+                    b'E' => {
+                        s.execute += 1;
+                        *s.statements.entry(self.bound.clone()).or_default() += 1;
+                    }
+                    b'Q' => {
+                        let (sql, _) = cstr(body);
+                        s.simple_query += 1;
+                        *s.statements.entry(norm(&sql)).or_default() += 1;
+                    }
+                    b'S' => s.sync += 1,
+                    _ => {}
+                }
+                at += 1 + len;
+            }
+            self.buf.drain(..at);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The driver: database, server child, load, table.
+// ---------------------------------------------------------------------------------
+
+mod driver {
+    use tokio::io::AsyncBufReadExt;
+    use tokio::task::JoinSet;
+
+    use super::*;
+
+    /// Every knob, from the environment.
+    pub struct Settings {
+        /// `IDEM_BENCH_SECS` (10): measured seconds per scenario.
+        secs: f64,
+        /// `IDEM_BENCH_WARMUP_SECS` (2): seconds of load before measuring, not counted.
+        warmup: f64,
+        /// `IDEM_BENCH_CLIENTS` (8): concurrent clients in every scenario but (e).
+        clients: usize,
+        /// `IDEM_BENCH_CONTENTION_CLIENTS` (64) and `IDEM_BENCH_CONTENTION_KEYS` (16).
+        contention_clients: usize,
+        contention_keys: usize,
+        /// `IDEM_BENCH_REPLAY_KEYS` (1000): completed keys that (c) replays.
+        replay_keys: usize,
+        /// `IDEM_BENCH_SCENARIOS` (abcdef): which scenarios, in that order.
+        scenarios: String,
+        /// `IDEM_BENCH_PROFILE_REQUESTS` (200; 0 skips): sequential requests per
+        /// scenario through the counting proxy.
+        profile_requests: usize,
+        /// `IDEM_BENCH_ADMIN_URL` (or `IDEM_TEST_DATABASE_URL`, or the local server).
+        admin_url: String,
+        /// `IDEM_BENCH_KEEP_DB=1` keeps the database for inspection.
+        keep_db: bool,
+    }
+
+    impl Settings {
+        fn from_env() -> Result<Settings, String> {
+            let admin_url = std::env::var("IDEM_BENCH_ADMIN_URL")
+                .or_else(|_| std::env::var("IDEM_TEST_DATABASE_URL"))
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+            Ok(Settings {
+                secs: env_or("IDEM_BENCH_SECS", 10.0)?,
+                warmup: env_or("IDEM_BENCH_WARMUP_SECS", 2.0)?,
+                clients: env_or("IDEM_BENCH_CLIENTS", 8)?,
+                contention_clients: env_or("IDEM_BENCH_CONTENTION_CLIENTS", 64)?,
+                contention_keys: env_or("IDEM_BENCH_CONTENTION_KEYS", 16)?,
+                replay_keys: env_or("IDEM_BENCH_REPLAY_KEYS", 1000)?,
+                scenarios: env_or("IDEM_BENCH_SCENARIOS", "abcdef".to_owned())?,
+                profile_requests: env_or("IDEM_BENCH_PROFILE_REQUESTS", 200)?,
+                admin_url,
+                keep_db: std::env::var("IDEM_BENCH_KEEP_DB").as_deref() == Ok("1"),
+            })
+        }
+    }
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Kind {
+        Bare,
+        Idem,
+        Replay,
+        Middleware,
+        Contention,
+        Leased,
+    }
+
+    struct Scenario {
+        id: char,
+        kind: Kind,
+        title: &'static str,
+        path: &'static str,
+        tenant: &'static str,
+    }
+
+    const SCENARIOS: &[Scenario] = &[
+        Scenario {
+            id: 'a',
+            kind: Kind::Bare,
+            title: "bare insert, 1 tx",
+            path: "/bare/orders",
+            tenant: "bench-a",
+        },
+        Scenario {
+            id: 'b',
+            kind: Kind::Idem,
+            title: "#[idempotent] first exec",
+            path: "/idem/orders",
+            tenant: "bench-b",
+        },
+        Scenario {
+            id: 'c',
+            kind: Kind::Replay,
+            title: "#[idempotent] replay",
+            path: "/idem/orders",
+            tenant: "bench-c",
+        },
+        Scenario {
+            id: 'd',
+            kind: Kind::Middleware,
+            title: "middleware, 3 tx",
+            path: "/mw/orders",
+            tenant: "bench-d",
+        },
+        Scenario {
+            id: 'e',
+            kind: Kind::Contention,
+            title: "contention 64c/16 keys",
+            path: "/idem/orders",
+            tenant: "bench-e",
+        },
+        Scenario {
+            id: 'f',
+            kind: Kind::Leased,
+            title: "leased first exec",
+            path: "/leased/orders",
+            tenant: "bench-f",
+        },
+    ];
+
+    // --- the server child and /proc -----------------------------------------------
+
+    struct Server {
+        child: tokio::process::Child,
+        pid: u32,
+        base: String,
+    }
+
+    impl Server {
+        async fn start(database_url: &str, extra_env: &[(&str, &str)]) -> Result<Server, String> {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let mut cmd = tokio::process::Command::new(exe);
+            cmd.env(ROLE_ENV, "server")
+                .env("DATABASE_URL", database_url)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::inherit())
+                .kill_on_drop(true);
+            for (k, v) in extra_env {
+                cmd.env(k, v);
+            }
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot start the server: {e}"))?;
+            let pid = child.id().ok_or("the server exited at once")?;
+            let stdout = child.stdout.take().ok_or("no server stdout")?;
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            let addr = tokio::time::timeout(Duration::from_secs(60), async {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(addr) = line.strip_prefix(LISTENING) {
+                        return Some(addr.trim().to_owned());
+                    }
+                }
+                None
+            })
+            .await
+            .ok()
+            .flatten()
+            .ok_or("the server did not report its address")?;
+            Ok(Server {
+                child,
+                pid,
+                base: format!("http://{addr}"),
+            })
+        }
+
+        async fn stop(mut self) {
+            drop(self.child.stdin.take());
+            if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = self.child.kill().await;
+            }
+        }
+    }
+
+    /// `VmRSS` and `VmHWM` of a process, in KiB.
+    fn memory_kib(pid: u32) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Resets a process's peak RSS to its current RSS (Linux `clear_refs` 5).
+    fn reset_peak(pid: u32) {
+        let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+    }
+
+    /// User plus system CPU of a process in clock ticks (USER_HZ, 100 on Linux).
+    fn cpu_ticks(pid: &str) -> Option<(String, u64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        let comm = stat[open + 1..close].to_owned();
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some((comm, utime + stime))
+    }
+
+    /// CPU ticks of the server, of every `postgres` process, and of this driver.
+    fn cpu_snapshot(server_pid: u32) -> [u64; 3] {
+        let server = cpu_ticks(&server_pid.to_string()).map_or(0, |c| c.1);
+        let me = cpu_ticks("self").map_or(0, |c| c.1);
+        let mut pg = 0;
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for entry in dir.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.bytes().all(|b| b.is_ascii_digit())
+                    && let Some((comm, ticks)) = cpu_ticks(&name)
+                    && comm == "postgres"
+                {
+                    pg += ticks;
+                }
+            }
+        }
+        [server, pg, me]
+    }
+
+    const TICK_SECS: f64 = 0.01;
+
+    // --- requests ---------------------------------------------------------------------
+
+    struct Answer {
+        status: u16,
+        replayed: bool,
+        retry_after: bool,
+        body: axum::body::Bytes,
+    }
+
+    fn order_body(key: &str) -> String {
+        format!(
+            r#"{{"sku":"A-1","quantity":2,"amount_cents":1999,"currency":"EUR","note":"{key}"}}"#
+        )
+    }
+
+    async fn send(
+        client: &reqwest::Client,
+        url: &str,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Answer, String> {
+        let resp = client
+            .post(url)
+            .header("authorization", format!("Bearer {tenant}"))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(order_body(key))
+            .send()
+            .await
+            .map_err(|e| format!("transport: {e}"))?;
+        let status = resp.status().as_u16();
+        let replayed = resp.headers().get("idempotent-replayed").is_some();
+        let retry_after = resp.headers().get("retry-after").is_some();
+        let body = resp.bytes().await.map_err(|e| format!("body: {e}"))?;
+        Ok(Answer {
+            status,
+            replayed,
+            retry_after,
+            body,
+        })
+    }
+
+    fn http_client(max_idle: usize) -> reqwest::Client {
+        reqwest::Client::builder()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(max_idle)
+            .build()
+            .expect("reqwest client")
+    }
+
+    // --- one scenario -----------------------------------------------------------------
+
+    #[derive(Default)]
+    struct Tally {
+        latencies_us: Vec<u32>,
+        requests: u64,
+        errors: u64,
+        in_flight_409: u64,
+        executed_total: u64,
+        error_examples: Vec<String>,
+        last_done: Option<Instant>,
+        rounds: u64,
+        rounds_total: u64,
+        divergent: u64,
+    }
+
+    impl Tally {
+        fn merge(&mut self, o: Tally) {
+            self.latencies_us.extend(o.latencies_us);
+            self.requests += o.requests;
+            self.errors += o.errors;
+            self.in_flight_409 += o.in_flight_409;
+            self.executed_total += o.executed_total;
+            for e in o.error_examples {
+                if self.error_examples.len() < 5 {
+                    self.error_examples.push(e);
+                }
+            }
+            self.last_done = self.last_done.max(o.last_done);
+            self.rounds += o.rounds;
+            self.rounds_total += o.rounds_total;
+            self.divergent += o.divergent;
+        }
+
+        fn error(&mut self, what: String) {
+            self.errors += 1;
+            if self.error_examples.len() < 5 {
+                self.error_examples.push(what);
+            }
+        }
+    }
+
+    fn describe(a: &Answer) -> String {
+        let body = String::from_utf8_lossy(&a.body);
+        let body: String = body.chars().take(160).collect();
+        format!("{} {}", a.status, body)
+    }
+
+    /// One client of (a), (b), (c), (d) or (f): requests back to back until `end`.
+    /// When a scenario's clients measure: from the end of the warm-up to `end`.
+    #[derive(Clone, Copy)]
+    struct Window {
+        measure_from: Instant,
+        end: Instant,
+    }
+
+    async fn client_loop(
+        client: reqwest::Client,
+        url: String,
+        sc: &'static Scenario,
+        (index, clients, replay_keys): (usize, usize, usize),
+        Window { measure_from, end }: Window,
+    ) -> Tally {
+        let mut t = Tally::default();
+        let mut seq = 0usize;
+        while Instant::now() < end {
+            let key = match sc.kind {
+                Kind::Replay => {
+                    format!("c-{}", (index * replay_keys / clients + seq) % replay_keys)
+                }
+                _ => format!("{}-{index}-{seq}", sc.id),
+            };
+            seq += 1;
+            let started = Instant::now();
+            let answer = send(&client, &url, sc.tenant, &key).await;
+            let done = Instant::now();
+            let ok = match &answer {
+                Ok(a) if sc.kind == Kind::Replay => a.status == 201 && a.replayed,
+                Ok(a) => a.status == 201 && !a.replayed,
+                Err(_) => false,
+            };
+            if let Ok(a) = &answer
+                && a.status == 201
+                && !a.replayed
+            {
+                t.executed_total += 1;
+            }
+            if started < measure_from {
+                continue;
+            }
+            t.requests += 1;
+            t.latencies_us
+                .push(u32::try_from(done.duration_since(started).as_micros()).unwrap_or(u32::MAX));
+            t.last_done = Some(done);
+            if !ok {
+                t.error(match answer {
+                    Ok(a) => describe(&a),
+                    Err(e) => e,
+                });
+            }
+        }
+        t
+    }
+
+    /// One client's request in a round of (e): retried after a `409` that carries
+    /// `Retry-After`; every attempt is a request in the tally.
+    async fn contention_request(
+        client: reqwest::Client,
+        url: String,
+        tenant: &'static str,
+        key: String,
+        record: bool,
+    ) -> (Tally, String, Option<axum::body::Bytes>) {
+        let mut t = Tally::default();
+        for _ in 0..100 {
+            let started = Instant::now();
+            let answer = send(&client, &url, tenant, &key).await;
+            let done = Instant::now();
+            if record {
+                t.requests += 1;
+                t.latencies_us.push(
+                    u32::try_from(done.duration_since(started).as_micros()).unwrap_or(u32::MAX),
+                );
+                t.last_done = Some(done);
+            }
+            match answer {
+                Ok(a) if a.status == 201 => {
+                    if !a.replayed {
+                        t.executed_total += 1;
+                    }
+                    return (t, key, Some(a.body));
+                }
+                Ok(a) if a.status == 409 && a.retry_after => {
+                    if record {
+                        t.in_flight_409 += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(a) => {
+                    t.error(describe(&a));
+                    return (t, key, None);
+                }
+                Err(e) => {
+                    t.error(e);
+                    return (t, key, None);
+                }
+            }
+        }
+        t.error(format!("{key}: still 409 after 100 attempts"));
+        (t, key, None)
+    }
+
+    struct Measured {
+        sc: &'static Scenario,
+        clients: usize,
+        tally: Tally,
+        secs: f64,
+        cpu: [f64; 3],
+        rss_start: u64,
+        rss_end: u64,
+        rss_peak: u64,
+        rss_samples: Vec<(f64, u64)>,
+        rows: i64,
+        distinct: i64,
+        expected_rows: i64,
+    }
+
+    impl Measured {
+        fn throughput(&self) -> f64 {
+            self.tally.requests as f64 / self.secs
+        }
+
+        fn percentile(&self, p: f64) -> f64 {
+            let l = &self.tally.latencies_us;
+            if l.is_empty() {
+                return 0.0;
+            }
+            let i = ((l.len() as f64 - 1.0) * p).round() as usize;
+            l[i] as f64 / 1000.0
+        }
+
+        fn exactly_once(&self) -> bool {
+            self.rows == self.expected_rows && self.distinct == self.rows
+        }
+    }
+
+    async fn run_scenario(
+        s: &Settings,
+        sc: &'static Scenario,
+        server: &Server,
+        pool: &PgPool,
+    ) -> Result<Measured, String> {
+        let url = format!("{}{}", server.base, sc.path);
+        let clients = if sc.kind == Kind::Contention {
+            s.contention_clients
+        } else {
+            s.clients
+        };
+        let client = http_client(clients);
+        if sc.kind == Kind::Replay {
+            // The keys to replay, executed once each before the clock starts.
+            let mut set = JoinSet::new();
+            for part in 0..s.clients {
+                let client = client.clone();
+                let url = url.clone();
+                let (n, total) = (s.replay_keys, s.clients);
+                set.spawn(async move {
+                    for i in (part..n).step_by(total) {
+                        let a = send(&client, &url, "bench-c", &format!("c-{i}")).await?;
+                        if a.status != 201 {
+                            return Err(format!("preparing replays: {}", describe(&a)));
+                        }
+                    }
+                    Ok::<_, String>(())
+                });
+            }
+            while let Some(r) = set.join_next().await {
+                r.map_err(|e| e.to_string())??;
+            }
+        }
+        let _ = sqlx::raw_sql("VACUUM ANALYZE").execute(pool).await;
+
+        let start = Instant::now();
+        let measure_from = start + Duration::from_secs_f64(s.warmup);
+        let end = measure_from + Duration::from_secs_f64(s.secs);
+
+        // Samples the server's memory every second of the measured window.
+        let pid = server.pid;
+        let sampler = tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            reset_peak(pid);
+            let mut samples = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let now = Instant::now();
+                samples.push((
+                    now.duration_since(measure_from).as_secs_f64(),
+                    memory_kib(pid).0,
+                ));
+                if now >= end {
+                    return samples;
+                }
+            }
+        });
+        let cpu_before = tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            cpu_snapshot(pid)
+        });
+
+        let mut tally = Tally::default();
+        if sc.kind == Kind::Contention {
+            let mut round = 0u64;
+            while Instant::now() < end {
+                let record = Instant::now() >= measure_from;
+                let mut set = JoinSet::new();
+                for c in 0..clients {
+                    let key = format!("e-{round}-{}", c % s.contention_keys);
+                    set.spawn(contention_request(
+                        client.clone(),
+                        url.clone(),
+                        sc.tenant,
+                        key,
+                        record,
+                    ));
+                }
+                // Every answer for one key must be the same bytes.
+                let mut answers: HashMap<String, axum::body::Bytes> = HashMap::new();
+                while let Some(r) = set.join_next().await {
+                    let (t, key, body) = r.map_err(|e| e.to_string())?;
+                    tally.merge(t);
+                    if let Some(body) = body {
+                        match answers.get(&key) {
+                            Some(first) if *first != body => {
+                                tally.divergent += 1;
+                                tally.error(format!("{key}: two different answers"));
+                            }
+                            Some(_) => {}
+                            None => {
+                                answers.insert(key, body);
+                            }
+                        }
+                    }
+                }
+                if record {
+                    tally.rounds += 1;
+                }
+                round += 1;
+            }
+            // Warm-up rounds put rows in the table too.
+            tally.rounds_total = round;
+        } else {
+            let mut set = JoinSet::new();
+            for index in 0..clients {
+                set.spawn(client_loop(
+                    client.clone(),
+                    url.clone(),
+                    sc,
+                    (index, clients, s.replay_keys),
+                    Window { measure_from, end },
+                ));
+            }
+            while let Some(r) = set.join_next().await {
+                tally.merge(r.map_err(|e| e.to_string())?);
+            }
+        }
+        let cpu_after = cpu_snapshot(pid);
+        let cpu_before = cpu_before.await.map_err(|e| e.to_string())?;
+        let rss_samples = sampler.await.map_err(|e| e.to_string())?;
+        let (_, rss_peak) = memory_kib(pid);
+        let secs = tally
+            .last_done
+            .map_or(s.secs, |d| d.duration_since(measure_from).as_secs_f64())
+            .max(1e-3);
+        tally.latencies_us.sort_unstable();
+        let row = sqlx::query(
+            "SELECT count(*) AS rows, count(DISTINCT note) AS distinct_notes FROM orders WHERE tenant_id = $1",
+        )
+        .bind(sc.tenant)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+        let expected_rows = match sc.kind {
+            Kind::Contention => (tally.rounds_total * s.contention_keys as u64) as i64,
+            Kind::Replay => s.replay_keys as i64,
+            _ => tally.executed_total as i64,
+        };
+        let per = |i: usize| (cpu_after[i].saturating_sub(cpu_before[i])) as f64 * TICK_SECS;
+        Ok(Measured {
+            sc,
+            clients,
+            secs,
+            cpu: [per(0), per(1), per(2)],
+            rss_start: rss_samples.first().map_or(0, |s| s.1),
+            rss_end: rss_samples.last().map_or(0, |s| s.1),
+            rss_peak,
+            rss_samples,
+            rows: row.get("rows"),
+            distinct: row.get("distinct_notes"),
+            expected_rows,
+            tally,
+        })
+    }
+
+    // --- the statement profile ----------------------------------------------------------
+
+    struct Profiled {
+        id: char,
+        title: &'static str,
+        per_request: proxy::Stats,
+        n: usize,
+    }
+
+    fn diff(after: &proxy::Stats, before: &proxy::Stats) -> proxy::Stats {
+        let map = |a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
+            a.iter()
+                .filter_map(|(k, v)| {
+                    let d = v - b.get(k).copied().unwrap_or(0);
+                    (d > 0).then(|| (k.clone(), d))
+                })
+                .collect()
+        };
+        proxy::Stats {
+            round_trips: after.round_trips - before.round_trips,
+            pings: after.pings - before.pings,
+            parse: after.parse - before.parse,
+            bind: after.bind - before.bind,
+            execute: after.execute - before.execute,
+            simple_query: after.simple_query - before.simple_query,
+            sync: after.sync - before.sync,
+            bytes_up: after.bytes_up - before.bytes_up,
+            bytes_down: after.bytes_down - before.bytes_down,
+            statements: map(&after.statements, &before.statements),
+            parsed: map(&after.parsed, &before.parsed),
+        }
+    }
+
+    async fn protocol_stats(client: &reqwest::Client, base: &str) -> Result<proxy::Stats, String> {
+        client
+            .get(format!("{base}/bench/protocol"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Sequential requests through the counting proxy: exact statements and round
+    /// trips per request of each scenario.
+    async fn profile(s: &Settings, url: &str) -> Result<Vec<Profiled>, String> {
+        let server = Server::start(url, &[("IDEM_BENCH_PROXY", "1")]).await?;
+        let client = http_client(1);
+        let n = s.profile_requests;
+        let mut out = Vec::new();
+        for sc in SCENARIOS {
+            if sc.kind == Kind::Contention || !s.scenarios.contains(sc.id) {
+                continue;
+            }
+            let url = format!("{}{}", server.base, sc.path);
+            let tenant = format!("profile-{}", sc.id);
+            let key = |i: usize| format!("p{}-{i}", sc.id);
+            if sc.kind == Kind::Replay {
+                for i in 0..n {
+                    send(&client, &url, &tenant, &key(i)).await?;
+                }
+            }
+            // Two warm-up requests, so every connection-level statement is prepared.
+            for i in 0..2 {
+                send(&client, &url, &tenant, &format!("pw{}-{i}", sc.id)).await?;
+            }
+            let before = protocol_stats(&client, &server.base).await?;
+            for i in 0..n {
+                let a = send(&client, &url, &tenant, &key(i)).await?;
+                if a.status != 201 {
+                    return Err(format!("profile ({}): {}", sc.id, describe(&a)));
+                }
+            }
+            let after = protocol_stats(&client, &server.base).await?;
+            out.push(Profiled {
+                id: sc.id,
+                title: sc.title,
+                per_request: diff(&after, &before),
+                n,
+            });
+        }
+        server.stop().await;
+        Ok(out)
+    }
+
+    // --- machine, database, report --------------------------------------------------------
+
+    fn loadavg() -> String {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    }
+
+    fn machine() -> String {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            .unwrap_or_else(|| "unknown CPU".into());
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        format!(
+            "{cores} cores ({model}), {:.1} GiB memory",
+            mem_kib as f64 / 1024.0 / 1024.0
+        )
+    }
+
+    fn database_url(admin: &str, name: &str) -> String {
+        let (base, query) = match admin.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (admin, None),
+        };
+        let authority_end = base
+            .find("://")
+            .map(|i| i + 3)
+            .and_then(|start| base[start..].find('/').map(|j| start + j))
+            .unwrap_or(base.len());
+        let mut url = format!("{}/{name}", &base[..authority_end]);
+        if let Some(q) = query {
+            url.push('?');
+            url.push_str(q);
+        }
+        url
+    }
+
+    async fn admin_exec(admin: &str, sql: String) -> Result<(), String> {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(admin)
+            .await
+            .map_err(|e| format!("PostgreSQL at {admin}: {e}"))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.close().await.ok();
+        Ok(())
+    }
+
+    /// Drops `idem_bench_<pid>` databases whose process is gone (a killed run).
+    async fn drop_stale(admin: &str) -> Result<(), String> {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(admin)
+            .await
+            .map_err(|e| format!("PostgreSQL at {admin}: {e}"))?;
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'idem\\_bench\\_%'",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+        conn.close().await.ok();
+        for name in names {
+            let pid = name.trim_start_matches("idem_bench_");
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                admin_exec(
+                    admin,
+                    format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn mib(kib: u64) -> f64 {
+        kib as f64 / 1024.0
+    }
+
+    fn table(results: &[Measured]) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "{:<30} {:>3} {:>7} {:>8} {:>7} {:>7} {:>7} {:>4} {:>4} {:>11} {:>8} {:>8} {:>8} {:>16}",
+            "scenario",
+            "cli",
+            "reqs",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "err",
+            "409",
+            "rows/expect",
+            "srv us",
+            "pg us",
+            "gen us",
+            "RSS MiB st/end/pk"
+        );
+        for m in results {
+            let n = m.tally.requests.max(1) as f64;
+            let us = |cpu: f64| cpu * 1e6 / n;
+            let _ = writeln!(
+                t,
+                "{:<30} {:>3} {:>7} {:>8.0} {:>7.2} {:>7.2} {:>7.1} {:>4} {:>4} {:>11} {:>8.0} {:>8.0} {:>8.0} {:>16}",
+                format!("({}) {}", m.sc.id, m.sc.title),
+                m.clients,
+                m.tally.requests,
+                m.throughput(),
+                m.percentile(0.50),
+                m.percentile(0.99),
+                m.percentile(1.0),
+                m.tally.errors,
+                m.tally.in_flight_409,
+                format!(
+                    "{}/{}{}",
+                    m.rows,
+                    m.expected_rows,
+                    if m.exactly_once() { "" } else { "!" }
+                ),
+                us(m.cpu[0]),
+                us(m.cpu[1]),
+                us(m.cpu[2]),
+                format!(
+                    "{:.1}/{:.1}/{:.1}",
+                    mib(m.rss_start),
+                    mib(m.rss_end),
+                    mib(m.rss_peak)
+                ),
+            );
+        }
+        t
+    }
+
+    fn ratios(results: &[Measured]) -> String {
+        let thr = |id: char| {
+            results
+                .iter()
+                .find(|m| m.sc.id == id)
+                .map(Measured::throughput)
+        };
+        let mut t = String::new();
+        let mut ratio = |name: &str, num: char, den: char, target: f64| {
+            if let (Some(a), Some(b)) = (thr(num), thr(den)) {
+                let r = a / b;
+                let _ = writeln!(
+                    t,
+                    "{name:<5} = {r:>5.2}   target >= {target:.2}   {}",
+                    if r >= target { "met" } else { "NOT met" }
+                );
+            }
+        };
+        ratio("b/a", 'b', 'a', 0.80);
+        ratio("c/b", 'c', 'b', 2.0);
+        ratio("b/d", 'b', 'd', 1.5);
+        if let Some(e) = results.iter().find(|m| m.sc.kind == Kind::Contention) {
+            let _ = writeln!(
+                t,
+                "(e)   {} rounds measured ({} in all), {} errors, {} answers 409 + Retry-After (retried after 20 ms), \
+                 {} divergent answers, business rows {} for {} keys: {}",
+                e.tally.rounds,
+                e.tally.rounds_total,
+                e.tally.errors,
+                e.tally.in_flight_409,
+                e.tally.divergent,
+                e.rows,
+                e.expected_rows,
+                if e.exactly_once() && e.tally.errors == 0 {
+                    "exactly once, met"
+                } else {
+                    "NOT met"
+                }
+            );
+        }
+        t
+    }
+
+    fn profile_table(profiled: &[Profiled]) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "{:<30} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8}",
+            "per request", "RTs", "pings", "Parse", "Exec", "Query", "B up", "B down"
+        );
+        for p in profiled {
+            let n = p.n.max(1) as f64;
+            let s = &p.per_request;
+            let _ = writeln!(
+                t,
+                "{:<30} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>8.0} {:>8.0}",
+                format!("({}) {}", p.id, p.title),
+                s.round_trips as f64 / n,
+                s.pings as f64 / n,
+                s.parse as f64 / n,
+                s.execute as f64 / n,
+                s.simple_query as f64 / n,
+                s.bytes_up as f64 / n,
+                s.bytes_down as f64 / n,
+            );
+        }
+        for p in profiled {
+            let n = p.n.max(1) as f64;
+            let _ = writeln!(t, "\n({}) {}: statements per request", p.id, p.title);
+            for (sql, count) in &p.per_request.statements {
+                let per = *count as f64 / n;
+                if per >= 0.01 {
+                    let _ = writeln!(t, "  {per:>5.2}  {sql}");
+                }
+            }
+            for (sql, count) in &p.per_request.parsed {
+                let per = *count as f64 / n;
+                if per >= 0.01 {
+                    let _ = writeln!(t, "  {per:>5.2}  PARSED: {sql}");
+                }
+            }
+        }
+        t
+    }
+
+    pub async fn main() -> Result<(), String> {
+        let s = Settings::from_env()?;
+        let load_before = loadavg();
+        drop_stale(&s.admin_url).await?;
+        let name = format!("idem_bench_{}", std::process::id());
+        admin_exec(&s.admin_url, format!("CREATE DATABASE {name}")).await?;
+        let url = database_url(&s.admin_url, &name);
+        let result = run_all(&s, &url, &load_before).await;
+        if s.keep_db {
+            eprintln!("kept database {name}");
+        } else {
+            admin_exec(
+                &s.admin_url,
+                format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            )
+            .await?;
+        }
+        result
+    }
+
+    async fn run_all(s: &Settings, url: &str, load_before: &str) -> Result<(), String> {
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        idem_runtime::migrate(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::raw_sql(SCHEMA)
+            .execute(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        let pg: String = sqlx::query_scalar(
+            "SELECT 'PostgreSQL ' || current_setting('server_version') \
+                 || ', fsync ' || current_setting('fsync') \
+                 || ', synchronous_commit ' || current_setting('synchronous_commit') \
+                 || ', shared_buffers ' || current_setting('shared_buffers')",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+
+        eprintln!(
+            "idem bench: {} s per scenario after {} s warm-up, {} clients ({} over {} keys in (e)); load {load_before}",
+            s.secs, s.warmup, s.clients, s.contention_clients, s.contention_keys
+        );
+        let server = Server::start(url, &[]).await?;
+        let mut results = Vec::new();
+        for sc in SCENARIOS {
+            if !s.scenarios.contains(sc.id) {
+                continue;
+            }
+            eprintln!("idem bench: ({}) {} ...", sc.id, sc.title);
+            let m = run_scenario(s, sc, &server, &pool).await?;
+            for e in &m.tally.error_examples {
+                eprintln!("  error: {e}");
+            }
+            results.push(m);
+        }
+        let (_, server_peak) = memory_kib(server.pid);
+        server.stop().await;
+
+        let profiled = if s.profile_requests > 0 {
+            eprintln!(
+                "idem bench: statement profile ({} sequential requests per scenario) ...",
+                s.profile_requests
+            );
+            profile(s, url).await?
+        } else {
+            Vec::new()
+        };
+        let load_after = loadavg();
+
+        let mut out = String::new();
+        let _ = writeln!(out, "\nidem bench: {}; {pg}", machine());
+        let _ = writeln!(
+            out,
+            "{} s measured per scenario after {} s warm-up; load average before {load_before}, after {load_after}\n",
+            s.secs, s.warmup
+        );
+        out.push_str(&table(&results));
+        let _ = writeln!(
+            out,
+            "(srv/pg/gen us: CPU microseconds per request in the server process, in all postgres processes, in this load generator)\n"
+        );
+        out.push_str(&ratios(&results));
+        let _ = writeln!(
+            out,
+            "server peak RSS over the whole run: {:.1} MiB (last scenario's window)",
+            mib(server_peak)
+        );
+        for m in &results {
+            if m.rss_samples.len() >= 30 {
+                let marks: Vec<String> = m
+                    .rss_samples
+                    .iter()
+                    .step_by(10)
+                    .map(|(t, kib)| format!("{t:.0}s {:.1}", mib(*kib)))
+                    .collect();
+                let _ = writeln!(out, "({}) RSS MiB over time: {}", m.sc.id, marks.join(", "));
+            }
+        }
+        if !profiled.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nstatement profile (through a counting proxy; RTs = round trips, pings = sqlx test_before_acquire):"
+            );
+            out.push_str(&profile_table(&profiled));
+        }
+        println!("{out}");
+        pool.close().await;
+        Ok(())
+    }
+}
