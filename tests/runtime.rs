@@ -1,25 +1,18 @@
-//! The runtime API without the macro, against a real PostgreSQL: the state machine
-//! of DESIGN.md §4 as a queue consumer or a job would use it.
+//! The runtime API without the macro: the state machine of DESIGN.md §4 as a
+//! queue consumer or a job would use it. The shared behaviour runs against both
+//! backends, real PostgreSQL and a SQLite file (one test body, stamped per backend
+//! by `backend_tests!`); what only one backend has is tested beside it.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use idem_runtime::{
     Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoreError, StoredResponse, claim,
 };
-use sqlx::{Postgres, Transaction};
 
 const HOUR: Duration = Duration::from_secs(3600);
-
-async fn db() -> TestDb {
-    let db = TestDb::new().await;
-    db.exec("CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL)")
-        .await;
-    db
-}
 
 fn req<'a>(tenant: &'a str, op: &'a str, key: &'a IdempotencyKey, amount: i64) -> ClaimRequest<'a> {
     ClaimRequest {
@@ -46,390 +39,511 @@ fn created(id: i64) -> StoredResponse {
     }
 }
 
-async fn pay(tx: &mut Transaction<'static, Postgres>, tenant: &str, amount: i64) -> i64 {
-    sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
-        .bind(tenant)
-        .bind(amount)
-        .fetch_one(&mut **tx)
-        .await
-        .unwrap()
-}
+/// The behaviour both backends share, written once.
+macro_rules! backend_tests {
+    ($db:ty, $test_db:ty, $payments_ddl:expr, $expire_all:expr) => {
+        use super::*;
+        use sqlx::Transaction;
 
-/// Claims, and on Execute pays and completes. Returns what the claim said.
-async fn run_once(db: &TestDb, r: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-    let mut tx = db.pool.begin().await?;
-    let c = claim(&mut tx, r).await?;
-    match c {
-        Claim::Execute(exec) => {
-            let id = pay(&mut tx, r.tenant, 100).await;
-            exec.complete(&mut tx, &created(id)).await?;
-            tx.commit().await?;
-            Ok(Claim::Replay(created(id)))
+        type Db = $db;
+        type TestDb = $test_db;
+        const PAYMENTS_DDL: &str = $payments_ddl;
+        const EXPIRE_ALL_SQL: &str = $expire_all;
+
+        async fn db() -> TestDb {
+            let db = TestDb::new().await;
+            db.exec(PAYMENTS_DDL).await;
+            db
         }
-        other => Ok(other),
-    }
-}
 
-#[tokio::test]
-async fn first_claim_executes_and_a_retry_replays_byte_identical() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let r = req("acme", "pay", &key, 100);
-    let mut tx = db.pool.begin().await.unwrap();
-    let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
-        panic!("a new key must execute")
-    };
-    assert_eq!(exec.generation(), 1);
-    let id = pay(&mut tx, "acme", 100).await;
-    let stored = created(id);
-    exec.complete(&mut tx, &stored).await.unwrap();
-    tx.commit().await.unwrap();
+        async fn pay(tx: &mut Transaction<'static, Db>, tenant: &str, amount: i64) -> i64 {
+            sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
+                .bind(tenant)
+                .bind(amount)
+                .fetch_one(&mut **tx)
+                .await
+                .unwrap()
+        }
 
-    let mut tx = db.pool.begin().await.unwrap();
-    match claim(&mut tx, &r).await.unwrap() {
-        Claim::Replay(replayed) => assert_eq!(replayed, stored),
-        other => panic!("expected a replay, got {other:?}"),
-    }
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-}
+        /// Claims, and on Execute pays and completes. Returns what the claim said.
+        async fn run_once(db: &TestDb, r: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+            let mut tx = db.pool.begin().await?;
+            let c = claim(&mut tx, r).await?;
+            match c {
+                Claim::Execute(exec) => {
+                    let id = pay(&mut tx, r.tenant, 100).await;
+                    exec.complete(&mut tx, &created(id)).await?;
+                    tx.commit().await?;
+                    Ok(Claim::Replay(created(id)))
+                }
+                other => Ok(other),
+            }
+        }
 
-#[tokio::test]
-async fn a_different_fingerprint_is_a_mismatch_and_nothing_runs() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    assert!(matches!(
-        run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap(),
-        Claim::Replay(_)
-    ));
-    let other = req("acme", "pay", &key, 101);
-    assert!(matches!(
-        run_once(&db, &other).await.unwrap(),
-        Claim::Mismatch
-    ));
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-}
-
-#[tokio::test]
-async fn tenants_and_operations_scope_the_key() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("shared-random-key").unwrap();
-    let a = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
-    let b = run_once(&db, &req("globex", "pay", &key, 100))
-        .await
-        .unwrap();
-    let c = run_once(&db, &req("acme", "refund", &key, 100))
-        .await
-        .unwrap();
-    let (Claim::Replay(a), Claim::Replay(b), Claim::Replay(c)) = (a, b, c) else {
-        panic!("each scope executes")
-    };
-    assert_ne!(a.body, b.body);
-    assert_ne!(a.body, c.body);
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 3);
-    // Each one's retry sees its own result.
-    let Claim::Replay(b2) = run_once(&db, &req("globex", "pay", &key, 100))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    assert_eq!(b2, b);
-}
-
-#[tokio::test]
-async fn fifty_concurrent_duplicates_make_one_payment() {
-    let db = Arc::new(TestDb::with_pool_size(60).await);
-    db.exec("CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL)")
-        .await;
-    let barrier = Arc::new(tokio::sync::Barrier::new(50));
-    let mut tasks = Vec::new();
-    for _ in 0..50 {
-        let db = db.clone();
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            let key = IdempotencyKey::parse("race").unwrap();
+        #[tokio::test]
+        async fn first_claim_executes_and_a_retry_replays_byte_identical() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("k1").unwrap();
             let r = req("acme", "pay", &key, 100);
             let mut tx = db.pool.begin().await.unwrap();
-            barrier.wait().await;
-            match claim(&mut tx, &r).await.unwrap() {
-                Claim::Execute(exec) => {
-                    let id = pay(&mut tx, "acme", 100).await;
-                    exec.complete(&mut tx, &created(id)).await.unwrap();
-                    tx.commit().await.unwrap();
-                    "executed"
-                }
-                Claim::Replay(_) => "replayed",
-                Claim::InFlight { .. } => "in flight",
-                Claim::Mismatch => "mismatch",
-            }
-        }));
-    }
-    let mut executed = 0;
-    for t in tasks {
-        match t.await.expect("no task errors or panics") {
-            "executed" => executed += 1,
-            "replayed" | "in flight" => {}
-            other => panic!("unexpected {other}"),
-        }
-    }
-    assert_eq!(executed, 1);
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-}
-
-#[tokio::test]
-async fn a_rolled_back_first_attempt_frees_the_key() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let r = req("acme", "pay", &key, 100);
-    // The handler fails: explicit rollback.
-    let mut tx = db.pool.begin().await.unwrap();
-    let Claim::Execute(_exec) = claim(&mut tx, &r).await.unwrap() else {
-        panic!()
-    };
-    pay(&mut tx, "acme", 100).await;
-    tx.rollback().await.unwrap();
-    // A crash: the transaction is dropped without commit.
-    {
-        let mut tx = db.pool.begin().await.unwrap();
-        let Claim::Execute(_exec) = claim(&mut tx, &r).await.unwrap() else {
-            panic!()
-        };
-        pay(&mut tx, "acme", 100).await;
-        drop(tx);
-    }
-    assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests").await,
-        0
-    );
-    // The retry executes, and exactly one payment exists.
-    assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-}
-
-#[tokio::test]
-async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let r = req("acme", "pay", &key, 100);
-    let mut first = db.pool.begin().await.unwrap();
-    let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
-        panic!()
-    };
-    let db2 = db.pool.clone();
-    let dup = tokio::spawn(async move {
-        let key = IdempotencyKey::parse("k1").unwrap();
-        let r = req("acme", "pay", &key, 100);
-        let mut tx = db2.begin().await.unwrap();
-        let c = claim(&mut tx, &r).await.unwrap();
-        let executed = matches!(c, Claim::Execute(_));
-        if let Claim::Execute(exec) = c {
+            let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
+                panic!("a new key must execute")
+            };
+            assert_eq!(exec.generation(), 1);
             let id = pay(&mut tx, "acme", 100).await;
+            let stored = created(id);
+            exec.complete(&mut tx, &stored).await.unwrap();
+            tx.commit().await.unwrap();
+
+            let mut tx = db.pool.begin().await.unwrap();
+            match claim(&mut tx, &r).await.unwrap() {
+                Claim::Replay(replayed) => assert_eq!(replayed, stored),
+                other => panic!("expected a replay, got {other:?}"),
+            }
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_different_fingerprint_is_a_mismatch_and_nothing_runs() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("k1").unwrap();
+            assert!(matches!(
+                run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap(),
+                Claim::Replay(_)
+            ));
+            let other = req("acme", "pay", &key, 101);
+            assert!(matches!(
+                run_once(&db, &other).await.unwrap(),
+                Claim::Mismatch
+            ));
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+        }
+
+        #[tokio::test]
+        async fn tenants_and_operations_scope_the_key() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("shared-random-key").unwrap();
+            let a = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
+            let b = run_once(&db, &req("globex", "pay", &key, 100))
+                .await
+                .unwrap();
+            let c = run_once(&db, &req("acme", "refund", &key, 100))
+                .await
+                .unwrap();
+            let (Claim::Replay(a), Claim::Replay(b), Claim::Replay(c)) = (a, b, c) else {
+                panic!("each scope executes")
+            };
+            assert_ne!(a.body, b.body);
+            assert_ne!(a.body, c.body);
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 3);
+            // Each one's retry sees its own result.
+            let Claim::Replay(b2) = run_once(&db, &req("globex", "pay", &key, 100))
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            assert_eq!(b2, b);
+        }
+
+        #[tokio::test]
+        async fn fifty_concurrent_duplicates_make_one_payment() {
+            let db = Arc::new(TestDb::with_pool_size(60).await);
+            db.exec(PAYMENTS_DDL).await;
+            let barrier = Arc::new(tokio::sync::Barrier::new(50));
+            let mut tasks = Vec::new();
+            for _ in 0..50 {
+                let db = db.clone();
+                let barrier = barrier.clone();
+                tasks.push(tokio::spawn(async move {
+                    let key = IdempotencyKey::parse("race").unwrap();
+                    let r = req("acme", "pay", &key, 100);
+                    let mut tx = db.pool.begin().await.unwrap();
+                    barrier.wait().await;
+                    match claim(&mut tx, &r).await.unwrap() {
+                        Claim::Execute(exec) => {
+                            let id = pay(&mut tx, "acme", 100).await;
+                            exec.complete(&mut tx, &created(id)).await.unwrap();
+                            tx.commit().await.unwrap();
+                            "executed"
+                        }
+                        Claim::Replay(_) => "replayed",
+                        Claim::InFlight { .. } => "in flight",
+                        Claim::Mismatch => "mismatch",
+                    }
+                }));
+            }
+            let mut executed = 0;
+            for t in tasks {
+                match t.await.expect("no task errors or panics") {
+                    "executed" => executed += 1,
+                    "replayed" | "in flight" => {}
+                    other => panic!("unexpected {other}"),
+                }
+            }
+            assert_eq!(executed, 1);
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_rolled_back_first_attempt_frees_the_key() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let r = req("acme", "pay", &key, 100);
+            // The handler fails: explicit rollback.
+            let mut tx = db.pool.begin().await.unwrap();
+            let Claim::Execute(_exec) = claim(&mut tx, &r).await.unwrap() else {
+                panic!()
+            };
+            pay(&mut tx, "acme", 100).await;
+            tx.rollback().await.unwrap();
+            // A crash: the transaction is dropped without commit.
+            {
+                let mut tx = db.pool.begin().await.unwrap();
+                let Claim::Execute(_exec) = claim(&mut tx, &r).await.unwrap() else {
+                    panic!()
+                };
+                pay(&mut tx, "acme", 100).await;
+                drop(tx);
+            }
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests").await,
+                0
+            );
+            // The retry executes, and exactly one payment exists.
+            assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+        }
+
+        #[tokio::test]
+        async fn an_expired_key_executes_anew_and_an_unexpired_one_does_not() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let r = req("acme", "pay", &key, 100);
+            assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
+            // Unexpired: replay, no second payment.
+            let mut tx = db.pool.begin().await.unwrap();
+            assert!(matches!(
+                claim(&mut tx, &r).await.unwrap(),
+                Claim::Replay(_)
+            ));
+            drop(tx);
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+            // Expired: the retention has passed, so the key is forgotten and runs again,
+            // even with another fingerprint.
+            db.exec(EXPIRE_ALL_SQL).await;
+            let other = req("acme", "pay", &key, 250);
+            let mut tx = db.pool.begin().await.unwrap();
+            let Claim::Execute(exec) = claim(&mut tx, &other).await.unwrap() else {
+                panic!()
+            };
+            assert_eq!(exec.generation(), 2);
+            let id = pay(&mut tx, "acme", 250).await;
             exec.complete(&mut tx, &created(id)).await.unwrap();
             tx.commit().await.unwrap();
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 2);
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests WHERE generation = 2")
+                    .await,
+                1
+            );
         }
-        executed
-    });
-    // Hold the first until the duplicate is provably blocked on its row lock.
-    wait_for_lock_waiter(&db).await;
-    first.rollback().await.unwrap();
-    assert!(
-        dup.await.unwrap(),
-        "the duplicate executes once the first rolled back"
-    );
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+
+        #[tokio::test]
+        async fn a_stale_execution_cannot_complete() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let r = req("acme", "pay", &key, 100);
+            let mut tx = db.pool.begin().await.unwrap();
+            let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
+                panic!()
+            };
+            // Someone deletes the row inside the same transaction (a purge gone wrong).
+            sqlx::query("DELETE FROM idempotency_requests")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let err = exec.complete(&mut tx, &created(1)).await.unwrap_err();
+            assert!(
+                matches!(err, StoreError::LostClaim { generation: 1 }),
+                "{err}"
+            );
+        }
+
+    };
 }
 
-#[tokio::test]
-async fn a_duplicate_waits_for_a_committed_first_and_replays_it() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let r = req("acme", "pay", &key, 100);
-    let mut first = db.pool.begin().await.unwrap();
-    let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
-        panic!()
-    };
-    let id = pay(&mut first, "acme", 100).await;
-    let db2 = db.pool.clone();
-    let dup = tokio::spawn(async move {
+mod postgres {
+    backend_tests!(
+        sqlx::Postgres,
+        crate::common::TestDb,
+        "CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL)",
+        "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'"
+    );
+}
+
+mod sqlite {
+    backend_tests!(
+        sqlx::Sqlite,
+        crate::common::SqliteDb,
+        "CREATE TABLE payments (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, amount INTEGER NOT NULL)",
+        "UPDATE idempotency_requests SET expires_at = 0"
+    );
+
+    /// SQLite's in-flight bound is the busy timeout: a duplicate waits for the
+    /// first writer, then reports in flight; the first then commits and the
+    /// duplicate's retry replays it.
+    #[tokio::test]
+    async fn the_in_flight_bound_holds_through_the_busy_timeout() {
+        let db = db().await;
         let key = IdempotencyKey::parse("k1").unwrap();
-        let mut tx = db2.begin().await.unwrap();
-        claim(&mut tx, &req("acme", "pay", &key, 100))
-            .await
-            .unwrap()
-    });
-    wait_for_lock_waiter(&db).await;
-    exec.complete(&mut first, &created(id)).await.unwrap();
-    first.commit().await.unwrap();
-    match dup.await.unwrap() {
-        Claim::Replay(stored) => assert_eq!(stored, created(id)),
-        other => panic!("expected a replay, got {other:?}"),
+        let mut r = req("acme", "pay", &key, 100);
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else { panic!() };
+        let id = pay(&mut first, "acme", 100).await;
+
+        let bound = Duration::from_millis(300);
+        r.in_flight_wait = bound;
+        let mut dup = db.pool.begin().await.unwrap();
+        let started = std::time::Instant::now();
+        let c = claim(&mut dup, &r).await.unwrap();
+        assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
+        assert!(started.elapsed() >= bound, "gave up before the bound");
+        drop(dup);
+
+        exec.complete(&mut first, &created(id)).await.unwrap();
+        first.commit().await.unwrap();
+        let mut retry = db.pool.begin().await.unwrap();
+        match claim(&mut retry, &r).await.unwrap() {
+            Claim::Replay(stored) => assert_eq!(stored, created(id)),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+    }
+
+    #[tokio::test]
+    async fn timestamps_come_from_sqlites_clock_in_milliseconds() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
+        let ok = db
+            .count(
+                "SELECT (completed_at >= created_at \
+                    AND expires_at = completed_at + 3600000 \
+                    AND abs(created_at - CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)) < 600000) \
+                   FROM idempotency_requests",
+            )
+            .await;
+        assert_eq!(ok, 1);
     }
 }
 
-/// Waits until some session of this database waits on a lock: the deterministic
-/// way to know a duplicate is blocked behind the first transaction.
-async fn wait_for_lock_waiter(db: &TestDb) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+/// What only PostgreSQL has: waits on row locks, isolation levels, functions.
+mod postgres_only {
+    use super::*;
+    use crate::common::TestDb;
+    use sqlx::{Postgres, Transaction};
+
+    async fn db() -> TestDb {
+        let db = TestDb::new().await;
+        db.exec("CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL)")
+            .await;
+        db
+    }
+
+    async fn pay(tx: &mut Transaction<'static, Postgres>, tenant: &str, amount: i64) -> i64 {
+        sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
+            .bind(tenant)
+            .bind(amount)
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap()
+    }
+
+    async fn run_once(db: &TestDb, r: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let mut tx = db.pool.begin().await?;
+        let c = claim(&mut tx, r).await?;
+        match c {
+            Claim::Execute(exec) => {
+                let id = pay(&mut tx, r.tenant, 100).await;
+                exec.complete(&mut tx, &created(id)).await?;
+                tx.commit().await?;
+                Ok(Claim::Replay(created(id)))
+            }
+            other => Ok(other),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
+            panic!()
+        };
+        let db2 = db.pool.clone();
+        let dup = tokio::spawn(async move {
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let r = req("acme", "pay", &key, 100);
+            let mut tx = db2.begin().await.unwrap();
+            let c = claim(&mut tx, &r).await.unwrap();
+            let executed = matches!(c, Claim::Execute(_));
+            if let Claim::Execute(exec) = c {
+                let id = pay(&mut tx, "acme", 100).await;
+                exec.complete(&mut tx, &created(id)).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+            executed
+        });
+        // Hold the first until the duplicate is provably blocked on its row lock.
+        wait_for_lock_waiter(&db).await;
+        first.rollback().await.unwrap();
+        assert!(
+            dup.await.unwrap(),
+            "the duplicate executes once the first rolled back"
+        );
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_waits_for_a_committed_first_and_replays_it() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
+            panic!()
+        };
+        let id = pay(&mut first, "acme", 100).await;
+        let db2 = db.pool.clone();
+        let dup = tokio::spawn(async move {
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let mut tx = db2.begin().await.unwrap();
+            claim(&mut tx, &req("acme", "pay", &key, 100))
+                .await
+                .unwrap()
+        });
+        wait_for_lock_waiter(&db).await;
+        exec.complete(&mut first, &created(id)).await.unwrap();
+        first.commit().await.unwrap();
+        match dup.await.unwrap() {
+            Claim::Replay(stored) => assert_eq!(stored, created(id)),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+
+    /// Waits until some session of this database waits on a lock: the deterministic
+    /// way to know a duplicate is blocked behind the first transaction.
+    async fn wait_for_lock_waiter(db: &TestDb) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no session ever blocked on the key"
+            );
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_in_flight_bound_is_kept_and_the_transaction_stays_usable() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let mut r = req("acme", "pay", &key, 100);
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
+            panic!()
+        };
+
+        let bound = Duration::from_millis(400);
+        r.in_flight_wait = bound;
+        let mut dup = db.pool.begin().await.unwrap();
+        let started = Instant::now();
+        let c = claim(&mut dup, &r).await.unwrap();
+        let waited = started.elapsed();
+        let Claim::InFlight { retry_after } = c else {
+            panic!("expected in flight, got {c:?}")
+        };
+        assert!(retry_after >= Duration::from_secs(1));
+        assert!(
+            waited >= bound,
+            "gave up after {waited:?}, before the bound"
+        );
+        // Slack for a loaded machine; the point is that it did not wait for the first.
+        assert!(
+            waited < bound + Duration::from_secs(10),
+            "waited {waited:?}"
+        );
+        // The duplicate's transaction is still usable, and its lock_timeout is back.
+        let lock_timeout: String = sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(&mut *dup)
+            .await
+            .unwrap();
+        assert_eq!(lock_timeout, "0");
+        drop(first);
+    }
+
+    #[tokio::test]
+    async fn other_isolation_levels_are_refused_clearly() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let err = claim(&mut tx, &req("acme", "pay", &key, 1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Isolation), "{err}");
+        assert!(err.to_string().contains("READ COMMITTED"));
+    }
+
+    #[tokio::test]
+    async fn timestamps_come_from_the_database_clock() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
+        let ok: bool = sqlx::query_scalar(
+            "SELECT created_at <= now() AND completed_at >= created_at \
+                    AND expires_at = completed_at + interval '1 hour' FROM idempotency_requests",
         )
         .fetch_one(&db.pool)
         .await
         .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no session ever blocked on the key"
-        );
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(ok);
     }
-}
 
-#[tokio::test]
-async fn the_in_flight_bound_is_kept_and_the_transaction_stays_usable() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let mut r = req("acme", "pay", &key, 100);
-    let mut first = db.pool.begin().await.unwrap();
-    let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
-        panic!()
-    };
+    #[tokio::test]
+    async fn migrations_are_idempotent_and_kept_apart() {
+        let db = db().await;
+        idem_runtime::migrate(&db.pool).await.unwrap();
+        let embedded = idem_runtime::store::migrator().iter().count() as i64;
+        assert_eq!(
+            db.count("SELECT count(*) FROM _idem_migrations").await,
+            embedded
+        );
+        let app_table: Option<String> =
+            sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            app_table, None,
+            "idem must not touch the application's migration table"
+        );
+    }
 
-    let bound = Duration::from_millis(400);
-    r.in_flight_wait = bound;
-    let mut dup = db.pool.begin().await.unwrap();
-    let started = Instant::now();
-    let c = claim(&mut dup, &r).await.unwrap();
-    let waited = started.elapsed();
-    let Claim::InFlight { retry_after } = c else {
-        panic!("expected in flight, got {c:?}")
-    };
-    assert!(retry_after >= Duration::from_secs(1));
-    assert!(
-        waited >= bound,
-        "gave up after {waited:?}, before the bound"
-    );
-    // Slack for a loaded machine; the point is that it did not wait for the first.
-    assert!(
-        waited < bound + Duration::from_secs(10),
-        "waited {waited:?}"
-    );
-    // The duplicate's transaction is still usable, and its lock_timeout is back.
-    let lock_timeout: String = sqlx::query_scalar("SHOW lock_timeout")
-        .fetch_one(&mut *dup)
-        .await
-        .unwrap();
-    assert_eq!(lock_timeout, "0");
-    drop(first);
-}
-
-#[tokio::test]
-async fn an_expired_key_executes_anew_and_an_unexpired_one_does_not() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let r = req("acme", "pay", &key, 100);
-    assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
-    // Unexpired: replay, no second payment.
-    let mut tx = db.pool.begin().await.unwrap();
-    assert!(matches!(
-        claim(&mut tx, &r).await.unwrap(),
-        Claim::Replay(_)
-    ));
-    drop(tx);
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-    // Expired: the retention has passed, so the key is forgotten and runs again,
-    // even with another fingerprint.
-    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
-        .await;
-    let other = req("acme", "pay", &key, 250);
-    let mut tx = db.pool.begin().await.unwrap();
-    let Claim::Execute(exec) = claim(&mut tx, &other).await.unwrap() else {
-        panic!()
-    };
-    assert_eq!(exec.generation(), 2);
-    let id = pay(&mut tx, "acme", 250).await;
-    exec.complete(&mut tx, &created(id)).await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 2);
-    assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests WHERE expires_at > now()")
-            .await,
-        1
-    );
-}
-
-#[tokio::test]
-async fn a_stale_execution_cannot_complete() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let r = req("acme", "pay", &key, 100);
-    let mut tx = db.pool.begin().await.unwrap();
-    let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
-        panic!()
-    };
-    // Someone deletes the row inside the same transaction (a purge gone wrong).
-    sqlx::query("DELETE FROM idempotency_requests")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let err = exec.complete(&mut tx, &created(1)).await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::LostClaim { generation: 1 }),
-        "{err}"
-    );
-}
-
-#[tokio::test]
-async fn other_isolation_levels_are_refused_clearly() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let err = claim(&mut tx, &req("acme", "pay", &key, 1))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Isolation), "{err}");
-    assert!(err.to_string().contains("READ COMMITTED"));
-}
-
-#[tokio::test]
-async fn timestamps_come_from_the_database_clock() {
-    let db = db().await;
-    let key = IdempotencyKey::parse("k1").unwrap();
-    let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
-    let ok: bool = sqlx::query_scalar(
-        "SELECT created_at <= now() AND completed_at >= created_at \
-                AND expires_at = completed_at + interval '1 hour' FROM idempotency_requests",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert!(ok);
-}
-
-#[tokio::test]
-async fn migrations_are_idempotent_and_kept_apart() {
-    let db = db().await;
-    idem_runtime::migrate(&db.pool).await.unwrap();
-    let embedded = idem_runtime::store::migrator().iter().count() as i64;
-    assert_eq!(
-        db.count("SELECT count(*) FROM _idem_migrations").await,
-        embedded
-    );
-    let app_table: Option<String> =
-        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        app_table, None,
-        "idem must not touch the application's migration table"
-    );
 }

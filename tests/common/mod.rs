@@ -130,6 +130,76 @@ impl Drop for TestDb {
     }
 }
 
+/// A SQLite database file of its own for one test, with idem's migrations applied
+/// (WAL mode, so readers never wait for the writer). Removed when the test ends.
+pub struct SqliteDb {
+    pub pool: sqlx::SqlitePool,
+    pub path: std::path::PathBuf,
+}
+
+impl SqliteDb {
+    /// Creates the file and migrates it.
+    pub async fn new() -> SqliteDb {
+        Self::with_pool_size(20).await
+    }
+
+    /// As [`SqliteDb::new`], with a pool of `size` connections.
+    pub async fn with_pool_size(size: u32) -> SqliteDb {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let path = std::env::temp_dir().join(format!(
+            "idem_t_{}_{}_{}.db",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            nanos
+        ));
+        let opts = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(size)
+            .connect_with(opts)
+            .await
+            .unwrap();
+        idem_runtime::migrate(&pool).await.unwrap();
+        SqliteDb { pool, path }
+    }
+
+    /// Runs statements.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// The single integer a query returns.
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for SqliteDb {
+    fn drop(&mut self) {
+        if std::env::var_os("IDEM_KEEP_TEST_DBS").is_some() {
+            return;
+        }
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 fn replace_database(url: &str, name: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),

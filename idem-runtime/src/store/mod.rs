@@ -8,9 +8,12 @@
 //! any state past expires_at --claim--> processing (a new execution)
 //! ```
 //!
-//! PostgreSQL is the reference backend ([`postgres`]).
+//! PostgreSQL is the reference backend ([`postgres`]); SQLite ([`sqlite`]) keeps the
+//! same promise for a single-machine service. [`claim`], [`Execution::complete`]
+//! and [`migrate`] work with either, chosen by the transaction's or pool's type.
 
 pub mod postgres;
+pub mod sqlite;
 
 use std::time::Duration;
 
@@ -19,7 +22,123 @@ use bytes::Bytes;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 
-pub use postgres::{claim, migrate, migrator};
+pub use postgres::migrator;
+
+use std::future::Future;
+
+use sqlx::{Pool, Transaction};
+
+/// A database idem can keep its table in: PostgreSQL and SQLite.
+pub trait Backend: sqlx::Database {
+    /// Claims a key inside `tx`.
+    fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Stores an execution's outcome inside `tx`.
+    fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Applies idem's migrations for this database.
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+impl Backend for sqlx::Postgres {
+    fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        postgres::claim(tx, req)
+    }
+
+    fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        postgres::complete(execution, tx, response)
+    }
+
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        postgres::migrate(pool)
+    }
+}
+
+impl Backend for sqlx::Sqlite {
+    fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        sqlite::claim(tx, req)
+    }
+
+    fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        sqlite::complete(execution, tx, response)
+    }
+
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        sqlite::migrate(pool)
+    }
+}
+
+/// Claims `req.key` inside `tx`, atomically, on PostgreSQL or SQLite.
+///
+/// On PostgreSQL the transaction must run at READ COMMITTED (the default); a
+/// duplicate waits up to `req.in_flight_wait` for a concurrent holder of the key
+/// (a `lock_timeout` in a subtransaction, which leaves `tx` usable). On SQLite it
+/// waits through the busy timeout; claim before any other statement (see
+/// [`sqlite`]).
+///
+/// # Errors
+///
+/// [`StoreError::Isolation`] at another isolation level (PostgreSQL),
+/// [`StoreError::Database`] when the database fails. Nothing is claimed then.
+pub async fn claim<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    DB::claim(tx, req).await
+}
+
+/// Creates or updates idem's table (and, on PostgreSQL, its functions). Safe to
+/// call at every start and from several processes at once.
+///
+/// # Errors
+///
+/// [`StoreError::Migrate`] when the database refuses the migration.
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), StoreError> {
+    DB::migrate(pool).await
+}
+
+impl Execution {
+    /// Stores the outcome in the same transaction that claimed the key. Commit the
+    /// transaction afterwards; until then nobody else sees the key as finished.
+    ///
+    /// A 4xx status is stored as `failed`, anything else as `completed`; both are
+    /// replayed alike. The retention runs from this moment (the database's own
+    /// clock), so a slow operation is not already expired when it commits. Do not
+    /// store 5xx outcomes: roll back instead, so a retry runs again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostClaim`] when the row no longer belongs to this execution,
+    /// [`StoreError::Database`] when the update fails. Roll back in both cases.
+    pub async fn complete<DB: Backend>(
+        self,
+        tx: &mut Transaction<'_, DB>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        DB::complete(self, tx, response).await
+    }
+}
 
 /// Everything a claim needs to know.
 #[derive(Debug, Clone)]

@@ -93,51 +93,42 @@ pub async fn claim(
     }
 }
 
-impl Execution {
-    /// Stores the outcome in the same transaction that claimed the key. Commit the
-    /// transaction afterwards; until then nobody else sees the key as finished.
-    ///
-    /// A 4xx status is stored as `failed`, anything else as `completed`; both are
-    /// replayed alike. The retention runs from this moment (the database's
-    /// `clock_timestamp()`), so a slow operation is not already expired when it
-    /// commits. Do not store 5xx outcomes: roll back instead, so a retry
-    /// runs again.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LostClaim`] when the row no longer belongs to this execution,
-    /// [`StoreError::Database`] when the update fails. Roll back in both cases.
-    pub async fn complete(
-        self,
-        tx: &mut Transaction<'_, Postgres>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        let state = if response.is_failure() {
-            "failed"
-        } else {
-            "completed"
-        };
-        let status = i16::try_from(response.status)
-            .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
-        let done = sqlx::query(COMPLETE_SQL)
-            .bind(&self.tenant)
-            .bind(&self.operation)
-            .bind(self.key.as_str())
-            .bind(self.generation)
-            .bind(state)
-            .bind(status)
-            .bind(sqlx::types::Json(&response.headers))
-            .bind(&response.body[..])
-            .bind(millis(self.retention))
-            .execute(&mut **tx)
-            .await?;
-        if done.rows_affected() != 1 {
-            return Err(StoreError::LostClaim {
-                generation: self.generation,
-            });
-        }
-        Ok(())
+/// Stores an execution's outcome in the transaction that claimed it (see
+/// [`Execution::complete`]).
+///
+/// # Errors
+///
+/// As [`Execution::complete`].
+pub async fn complete(
+    execution: Execution,
+    tx: &mut Transaction<'_, Postgres>,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
+    let state = if response.is_failure() {
+        "failed"
+    } else {
+        "completed"
+    };
+    let status = i16::try_from(response.status)
+        .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
+    let done = sqlx::query(COMPLETE_SQL)
+        .bind(&execution.tenant)
+        .bind(&execution.operation)
+        .bind(execution.key.as_str())
+        .bind(execution.generation)
+        .bind(state)
+        .bind(status)
+        .bind(sqlx::types::Json(&response.headers))
+        .bind(&response.body[..])
+        .bind(millis(execution.retention))
+        .execute(&mut **tx)
+        .await?;
+    if done.rows_affected() != 1 {
+        return Err(StoreError::LostClaim {
+            generation: execution.generation,
+        });
     }
+    Ok(())
 }
 
 fn millis(d: Duration) -> i64 {
