@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{FromRef, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -730,6 +731,11 @@ mod driver {
         warmup: f64,
         /// `IDEM_BENCH_CLIENTS` (8): concurrent clients in every scenario but (e).
         clients: usize,
+        /// `IDEM_BENCH_SLICES` (5): each scenario's measured time is cut into this
+        /// many slices, run round-robin with the other scenarios' (a b c ... a b c
+        /// ...), so that load from elsewhere on a shared machine hits all alike. One
+        /// scenario alone runs in one piece.
+        slices: usize,
         /// `IDEM_BENCH_CONTENTION_CLIENTS` (64) and `IDEM_BENCH_CONTENTION_KEYS` (16).
         contention_clients: usize,
         contention_keys: usize,
@@ -755,6 +761,7 @@ mod driver {
                 secs: env_or("IDEM_BENCH_SECS", 10.0)?,
                 warmup: env_or("IDEM_BENCH_WARMUP_SECS", 2.0)?,
                 clients: env_or("IDEM_BENCH_CLIENTS", 8)?,
+                slices: env_or("IDEM_BENCH_SLICES", 5_usize)?.max(1),
                 contention_clients: env_or("IDEM_BENCH_CONTENTION_CLIENTS", 64)?,
                 contention_keys: env_or("IDEM_BENCH_CONTENTION_KEYS", 16)?,
                 replay_keys: env_or("IDEM_BENCH_REPLAY_KEYS", 1000)?,
@@ -840,7 +847,17 @@ mod driver {
     impl Server {
         async fn start(database_url: &str, extra_env: &[(&str, &str)]) -> Result<Server, String> {
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            let mut cmd = tokio::process::Command::new(exe);
+            // `IDEM_BENCH_SERVER_WRAPPER="valgrind --tool=callgrind"` profiles the server.
+            let wrapper = std::env::var("IDEM_BENCH_SERVER_WRAPPER").unwrap_or_default();
+            let mut words = wrapper.split_whitespace();
+            let mut cmd = match words.next() {
+                Some(program) => {
+                    let mut c = tokio::process::Command::new(program);
+                    c.args(words).arg(exe);
+                    c
+                }
+                None => tokio::process::Command::new(exe),
+            };
             cmd.env(ROLE_ENV, "server")
                 .env("DATABASE_URL", database_url)
                 .stdin(std::process::Stdio::piped())
@@ -945,7 +962,7 @@ mod driver {
         status: u16,
         replayed: bool,
         retry_after: bool,
-        body: axum::body::Bytes,
+        body: Bytes,
     }
 
     fn order_body(key: &str) -> String {
@@ -1050,7 +1067,7 @@ mod driver {
         client: reqwest::Client,
         url: String,
         sc: &'static Scenario,
-        (index, clients, replay_keys): (usize, usize, usize),
+        (slice, index, clients, replay_keys): (usize, usize, usize, usize),
         Window { measure_from, end }: Window,
     ) -> Tally {
         let mut t = Tally::default();
@@ -1060,7 +1077,7 @@ mod driver {
                 Kind::Replay => {
                     format!("c-{}", (index * replay_keys / clients + seq) % replay_keys)
                 }
-                _ => format!("{}-{index}-{seq}", sc.id),
+                _ => format!("{}-{slice}-{index}-{seq}", sc.id),
             };
             seq += 1;
             let started = Instant::now();
@@ -1102,7 +1119,7 @@ mod driver {
         tenant: &'static str,
         key: String,
         record: bool,
-    ) -> (Tally, String, Option<axum::body::Bytes>) {
+    ) -> (Tally, String, Option<Bytes>) {
         let mut t = Tally::default();
         for _ in 0..100 {
             let started = Instant::now();
@@ -1142,6 +1159,31 @@ mod driver {
         (t, key, None)
     }
 
+    /// The keys that (c) replays, executed once each before any clock starts.
+    async fn prepare_replays(s: &Settings, url: &str) -> Result<(), String> {
+        let client = http_client(s.clients);
+        let mut set = JoinSet::new();
+        for part in 0..s.clients {
+            let client = client.clone();
+            let url = url.to_owned();
+            let (n, total) = (s.replay_keys, s.clients);
+            set.spawn(async move {
+                for i in (part..n).step_by(total) {
+                    let a = send(&client, &url, "bench-c", &format!("c-{i}")).await?;
+                    if a.status != 201 {
+                        return Err(format!("preparing replays: {}", describe(&a)));
+                    }
+                }
+                Ok::<_, String>(())
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r.map_err(|e| e.to_string())??;
+        }
+        Ok(())
+    }
+
+    /// One scenario's figures, summed over its slices.
     struct Measured {
         sc: &'static Scenario,
         clients: usize,
@@ -1158,8 +1200,25 @@ mod driver {
     }
 
     impl Measured {
+        fn new(sc: &'static Scenario, clients: usize) -> Measured {
+            Measured {
+                sc,
+                clients,
+                tally: Tally::default(),
+                secs: 0.0,
+                cpu: [0.0; 3],
+                rss_start: 0,
+                rss_end: 0,
+                rss_peak: 0,
+                rss_samples: Vec::new(),
+                rows: 0,
+                distinct: 0,
+                expected_rows: 0,
+            }
+        }
+
         fn throughput(&self) -> f64 {
-            self.tally.requests as f64 / self.secs
+            self.tally.requests as f64 / self.secs.max(1e-3)
         }
 
         fn percentile(&self, p: f64) -> f64 {
@@ -1176,45 +1235,22 @@ mod driver {
         }
     }
 
-    async fn run_scenario(
+    /// One slice of a scenario: `warmup` seconds of load that are not counted, then
+    /// `secs` measured, added to `m`.
+    async fn run_slice(
         s: &Settings,
-        sc: &'static Scenario,
+        m: &mut Measured,
+        slice: usize,
+        (warmup, secs): (f64, f64),
         server: &Server,
-        pool: &PgPool,
-    ) -> Result<Measured, String> {
+        client: &reqwest::Client,
+    ) -> Result<(), String> {
+        let sc = m.sc;
         let url = format!("{}{}", server.base, sc.path);
-        let clients = if sc.kind == Kind::Contention {
-            s.contention_clients
-        } else {
-            s.clients
-        };
-        let client = http_client(clients);
-        if sc.kind == Kind::Replay {
-            // The keys to replay, executed once each before the clock starts.
-            let mut set = JoinSet::new();
-            for part in 0..s.clients {
-                let client = client.clone();
-                let url = url.clone();
-                let (n, total) = (s.replay_keys, s.clients);
-                set.spawn(async move {
-                    for i in (part..n).step_by(total) {
-                        let a = send(&client, &url, "bench-c", &format!("c-{i}")).await?;
-                        if a.status != 201 {
-                            return Err(format!("preparing replays: {}", describe(&a)));
-                        }
-                    }
-                    Ok::<_, String>(())
-                });
-            }
-            while let Some(r) = set.join_next().await {
-                r.map_err(|e| e.to_string())??;
-            }
-        }
-        let _ = sqlx::raw_sql("VACUUM ANALYZE").execute(pool).await;
-
+        let clients = m.clients;
         let start = Instant::now();
-        let measure_from = start + Duration::from_secs_f64(s.warmup);
-        let end = measure_from + Duration::from_secs_f64(s.secs);
+        let measure_from = start + Duration::from_secs_f64(warmup);
+        let end = measure_from + Duration::from_secs_f64(secs);
 
         // Samples the server's memory every second of the measured window.
         let pid = server.pid;
@@ -1247,7 +1283,7 @@ mod driver {
                 let record = Instant::now() >= measure_from;
                 let mut set = JoinSet::new();
                 for c in 0..clients {
-                    let key = format!("e-{round}-{}", c % s.contention_keys);
+                    let key = format!("e-{slice}-{round}-{}", c % s.contention_keys);
                     set.spawn(contention_request(
                         client.clone(),
                         url.clone(),
@@ -1257,7 +1293,7 @@ mod driver {
                     ));
                 }
                 // Every answer for one key must be the same bytes.
-                let mut answers: HashMap<String, axum::body::Bytes> = HashMap::new();
+                let mut answers: HashMap<String, Bytes> = HashMap::new();
                 while let Some(r) = set.join_next().await {
                     let (t, key, body) = r.map_err(|e| e.to_string())?;
                     tally.merge(t);
@@ -1288,7 +1324,7 @@ mod driver {
                     client.clone(),
                     url.clone(),
                     sc,
-                    (index, clients, s.replay_keys),
+                    (slice, index, clients, s.replay_keys),
                     Window { measure_from, end },
                 ));
             }
@@ -1298,40 +1334,47 @@ mod driver {
         }
         let cpu_after = cpu_snapshot(pid);
         let cpu_before = cpu_before.await.map_err(|e| e.to_string())?;
-        let rss_samples = sampler.await.map_err(|e| e.to_string())?;
-        let (_, rss_peak) = memory_kib(pid);
-        let secs = tally
+        let samples = sampler.await.map_err(|e| e.to_string())?;
+        let (_, peak) = memory_kib(pid);
+        let measured = tally
             .last_done
-            .map_or(s.secs, |d| d.duration_since(measure_from).as_secs_f64())
-            .max(1e-3);
-        tally.latencies_us.sort_unstable();
+            .map_or(secs, |d| d.duration_since(measure_from).as_secs_f64());
+
+        let offset = m.secs;
+        if m.rss_samples.is_empty() {
+            m.rss_start = samples.first().map_or(0, |s| s.1);
+        }
+        m.rss_end = samples.last().map_or(0, |s| s.1);
+        m.rss_peak = m.rss_peak.max(peak);
+        m.rss_samples
+            .extend(samples.into_iter().map(|(t, kib)| (t + offset, kib)));
+        m.secs += measured;
+        for (i, cpu) in m.cpu.iter_mut().enumerate() {
+            *cpu += cpu_after[i].saturating_sub(cpu_before[i]) as f64 * TICK_SECS;
+        }
+        m.tally.merge(tally);
+        Ok(())
+    }
+
+    /// Counts the scenario's business rows: one per executed key, never two.
+    async fn check_rows(s: &Settings, m: &mut Measured, pool: &PgPool) -> Result<(), String> {
         let row = sqlx::query(
-            "SELECT count(*) AS rows, count(DISTINCT note) AS distinct_notes FROM orders WHERE tenant_id = $1",
+            "SELECT count(*) AS rows, count(DISTINCT note) AS distinct_notes \
+             FROM orders WHERE tenant_id = $1",
         )
-        .bind(sc.tenant)
+        .bind(m.sc.tenant)
         .fetch_one(pool)
         .await
         .map_err(|e| e.to_string())?;
-        let expected_rows = match sc.kind {
-            Kind::Contention => (tally.rounds_total * s.contention_keys as u64) as i64,
+        m.rows = row.get("rows");
+        m.distinct = row.get("distinct_notes");
+        m.expected_rows = match m.sc.kind {
+            Kind::Contention => (m.tally.rounds_total * s.contention_keys as u64) as i64,
             Kind::Replay => s.replay_keys as i64,
-            _ => tally.executed_total as i64,
+            _ => m.tally.executed_total as i64,
         };
-        let per = |i: usize| (cpu_after[i].saturating_sub(cpu_before[i])) as f64 * TICK_SECS;
-        Ok(Measured {
-            sc,
-            clients,
-            secs,
-            cpu: [per(0), per(1), per(2)],
-            rss_start: rss_samples.first().map_or(0, |s| s.1),
-            rss_end: rss_samples.last().map_or(0, |s| s.1),
-            rss_peak,
-            rss_samples,
-            rows: row.get("rows"),
-            distinct: row.get("distinct_notes"),
-            expected_rows,
-            tally,
-        })
+        m.tally.latencies_us.sort_unstable();
+        Ok(())
     }
 
     // --- the statement profile ----------------------------------------------------------
@@ -1698,17 +1741,49 @@ mod driver {
             s.secs, s.warmup, s.clients, s.contention_clients, s.contention_keys
         );
         let server = Server::start(url, &[]).await?;
-        let mut results = Vec::new();
-        for sc in SCENARIOS {
-            if !s.scenarios.contains(sc.id) {
-                continue;
+        let selected: Vec<&'static Scenario> = SCENARIOS
+            .iter()
+            .filter(|sc| s.scenarios.contains(sc.id))
+            .collect();
+        let mut results: Vec<Measured> = Vec::new();
+        let mut clients = Vec::new();
+        for sc in &selected {
+            let n = if sc.kind == Kind::Contention {
+                s.contention_clients
+            } else {
+                s.clients
+            };
+            if sc.kind == Kind::Replay {
+                prepare_replays(s, &format!("{}{}", server.base, sc.path)).await?;
             }
-            eprintln!("idem bench: ({}) {} ...", sc.id, sc.title);
-            let m = run_scenario(s, sc, &server, &pool).await?;
+            results.push(Measured::new(sc, n));
+            clients.push(http_client(n));
+        }
+        let _ = sqlx::raw_sql("VACUUM ANALYZE").execute(&pool).await;
+        let slices = if selected.len() == 1 { 1 } else { s.slices };
+        for slice in 0..slices {
+            for (m, client) in results.iter_mut().zip(&clients) {
+                eprintln!(
+                    "idem bench: ({}) {}, slice {}/{slices} ...",
+                    m.sc.id,
+                    m.sc.title,
+                    slice + 1
+                );
+                // The first slice warms the scenario up; later ones settle briefly.
+                let warmup = if slice == 0 {
+                    s.warmup
+                } else {
+                    s.warmup.min(0.5)
+                };
+                let secs = s.secs / slices as f64;
+                run_slice(s, m, slice, (warmup, secs), &server, client).await?;
+            }
+        }
+        for m in &mut results {
+            check_rows(s, m, &pool).await?;
             for e in &m.tally.error_examples {
-                eprintln!("  error: {e}");
+                eprintln!("  ({}) error: {e}", m.sc.id);
             }
-            results.push(m);
         }
         let (_, server_peak) = memory_kib(server.pid);
         server.stop().await;
@@ -1728,8 +1803,14 @@ mod driver {
         let _ = writeln!(out, "\nidem bench: {}; {pg}", machine());
         let _ = writeln!(
             out,
-            "{} s measured per scenario after {} s warm-up; load average before {load_before}, after {load_after}\n",
-            s.secs, s.warmup
+            "{} s measured per scenario in {} interleaved slices, after {} s warm-up; {} clients, (e) {} clients over {} fresh keys per round; \
+             load average before {load_before}, after {load_after}\n",
+            s.secs,
+            if s.scenarios.len() == 1 { 1 } else { s.slices },
+            s.warmup,
+            s.clients,
+            s.contention_clients,
+            s.contention_keys
         );
         out.push_str(&table(&results));
         let _ = writeln!(

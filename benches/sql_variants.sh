@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The database's share of the hot path (issue 7), without HTTP or Rust: pgbench
+# runs each transaction shape of the benchmark against a scratch database with
+# idem's migrations, alternating shapes for ROUNDS rounds so drift hits all alike.
+#
+#   benches/sql_variants.sh                  # 8 clients, 8 s per shape, 2 rounds
+#   CLIENTS=8 SECS=10 ROUNDS=3 benches/sql_variants.sh
+#
+# Shapes (prepared statements, like sqlx):
+#   bare          BEGIN; INSERT order; COMMIT                                   (a)
+#   idem          BEGIN RC; SELECT idem_claim(...); INSERT; UPDATE complete; COMMIT (b)
+#   idem_nosub    the same with a claim function without the EXCEPTION block,
+#                 i.e. no subtransaction (proposal M1 in BENCHMARKS.md)
+#   idem_noidx    idem, on a copy of the table without the two secondary indexes
+#                 (an upper bound for proposal M2: HOT completions)
+#   mw            INSERT claim; BEGIN; INSERT; COMMIT; UPDATE complete          (d)
+# The database is dropped at the end.
+set -euo pipefail
+
+CLIENTS=${CLIENTS:-8}
+SECS=${SECS:-8}
+ROUNDS=${ROUNDS:-2}
+HOST=${PGHOST:-127.0.0.1}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DB=idem_bench_$$
+WORK=$(mktemp -d)
+psql() { command psql -h "$HOST" -U postgres -v ON_ERROR_STOP=1 -qAt "$@"; }
+trap 'psql -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; rm -rf "$WORK"' EXIT
+
+psql -d postgres -c "CREATE DATABASE $DB"
+for f in "$ROOT"/migrations/*.sql; do psql -d "$DB" -f "$f"; done
+psql -d "$DB" <<'SQL'
+CREATE TABLE orders (
+    id bigserial PRIMARY KEY, tenant_id text NOT NULL, sku text NOT NULL,
+    quantity integer NOT NULL CHECK (quantity >= 1),
+    amount_cents bigint NOT NULL CHECK (amount_cents >= 0),
+    currency text NOT NULL, note text, created_at timestamptz NOT NULL DEFAULT now());
+CREATE INDEX orders_tenant_idx ON orders (tenant_id, id);
+CREATE TABLE mw_idempotency_requests (LIKE idempotency_requests INCLUDING ALL);
+SQL
+# idem_claim without its EXCEPTION block: same statements, no subtransaction. A
+# lock timeout then aborts the transaction instead of answering in_flight, which the
+# macro's path can take (nothing ran before the claim).
+sed -e 's/CREATE FUNCTION idem_claim(/CREATE FUNCTION idem_claim_nosub(/' \
+    -e '/^        BEGIN$/d' \
+    -e '/^        EXCEPTION WHEN lock_not_available THEN$/,/^        END;$/d' \
+    "$ROOT"/migrations/20261130000001_idempotency_requests.sql |
+    sed -n '/CREATE FUNCTION idem_claim_nosub/,$p' >"$WORK/nosub.sql"
+psql -d "$DB" -f "$WORK/nosub.sql"
+# A schema whose idempotency_requests has only its primary key.
+psql -d "$DB" <<'SQL'
+CREATE SCHEMA noidx;
+CREATE TABLE noidx.idempotency_requests (LIKE public.idempotency_requests INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE noidx.idempotency_requests ADD PRIMARY KEY (tenant_id, operation, idempotency_key);
+SQL
+sed -n '/CREATE FUNCTION idem_claim(/,$p' "$ROOT"/migrations/20261130000001_idempotency_requests.sql |
+    sed -e 's/CREATE FUNCTION idem_claim(/CREATE FUNCTION noidx.idem_claim(/' \
+        -e 's/idempotency_requests/noidx.idempotency_requests/g' >"$WORK/noidx.sql"
+psql -d "$DB" -f "$WORK/noidx.sql"
+
+FP="'\\x0000000000000000000000000000000000000000000000000000000000000000'::bytea"
+INSERT="INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) VALUES ('t', 'A-1', 2, 1999, 'EUR', 'k' || :k) RETURNING id, created_at::text;"
+complete() { # $1: table
+    echo "UPDATE $1 SET state = 'completed', response_status = 201, response_headers = '[[\"content-type\",\"application/json\"],[\"location\",\"/orders/1\"]]', response_body = '\\x7b226964223a317d'::bytea, completed_at = c.t, expires_at = c.t + 86400000 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t) c WHERE tenant_id = 't' AND operation = 'create-order' AND idempotency_key = 'k' || :k AND state = 'processing';"
+}
+idem() { # $1: claim function, $2: table
+    printf '%s\n' '\set k random(1, 9000000000000)' 'BEGIN ISOLATION LEVEL READ COMMITTED;' \
+        "SELECT outcome, generation FROM $1('t', 'create-order', 'k' || :k, $FP, 86400000, 2000);" \
+        "$INSERT" "$(complete "$2")" 'COMMIT;'
+}
+printf '%s\n' '\set k random(1, 9000000000000)' 'BEGIN;' "$INSERT" 'COMMIT;' >"$WORK/bare.sql"
+idem idem_claim idempotency_requests >"$WORK/idem.sql"
+idem idem_claim_nosub idempotency_requests >"$WORK/idem_nosub.sql"
+idem noidx.idem_claim noidx.idempotency_requests >"$WORK/idem_noidx.sql"
+printf '%s\n' '\set k random(1, 9000000000000)' \
+    "INSERT INTO mw_idempotency_requests (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) VALUES ('t', 'create-order', 'k' || :k, $FP, 'processing', now(), now() + interval '1 day') ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation;" \
+    'BEGIN;' "$INSERT" 'COMMIT;' "$(complete mw_idempotency_requests)" >"$WORK/mw.sql"
+
+echo "pgbench -M prepared, $CLIENTS clients, $SECS s per shape; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+for round in $(seq 1 "$ROUNDS"); do
+    for shape in bare idem idem_nosub idem_noidx mw; do
+        tps=$(pgbench -h "$HOST" -U postgres -n -M prepared -c "$CLIENTS" -j 2 -T "$SECS" \
+            -f "$WORK/$shape.sql" "$DB" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+        printf 'round %d  %-11s %8.0f tps\n' "$round" "$shape" "$tps"
+    done
+done
+echo "completions that were HOT updates: $(psql -d "$DB" -c "SELECT n_tup_hot_upd || ' of ' || n_tup_upd FROM pg_stat_user_tables WHERE relname = 'idempotency_requests' AND schemaname = 'public'")"
+echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
