@@ -1,4 +1,6 @@
-//! `#[idempotent]` through a real `axum::Router` against a real PostgreSQL.
+//! `#[idempotent]` through a real `axum::Router`, against a real PostgreSQL and a
+//! SQLite file: the same handlers and tests, stamped per backend by
+//! `attribute_tests!` (the backend is picked by the handler's `Tx<Db>` type).
 
 mod common;
 
@@ -12,7 +14,6 @@ use axum::http::request::Parts;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, response::IntoResponse};
-use common::TestDb;
 use http_body_util::BodyExt;
 use idem_runtime::{Idem, TenantScope, Tx, idempotent};
 use serde::{Deserialize, Serialize};
@@ -20,675 +21,703 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
-/// Demo auth: `Authorization: Bearer <tenant>`.
-struct Caller(String);
+macro_rules! attribute_tests {
+    ($db:ty, $test_db:ty, $widgets_ddl:expr) => {
+        use super::*;
 
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = StatusCode;
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        parts
-            .headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| Caller(t.to_owned()))
-            .ok_or(StatusCode::UNAUTHORIZED)
-    }
+        type Db = $db;
+        type TestDb = $test_db;
+        const WIDGETS_DDL: &str = $widgets_ddl;
+
+        /// Demo auth: `Authorization: Bearer <tenant>`.
+        struct Caller(String);
+
+        impl<S: Send + Sync> FromRequestParts<S> for Caller {
+            type Rejection = StatusCode;
+            async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+                parts
+                    .headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(|t| Caller(t.to_owned()))
+                    .ok_or(StatusCode::UNAUTHORIZED)
+            }
+        }
+
+        impl TenantScope for Caller {
+            fn tenant_id(&self) -> &str {
+                &self.0
+            }
+        }
+
+        /// Lets a test hold a handler inside its transaction: the handler reports that it
+        /// entered, then waits for a permit.
+        #[derive(Clone)]
+        struct Gate {
+            entered: mpsc::UnboundedSender<()>,
+            release: Arc<Semaphore>,
+        }
+
+        #[derive(Clone)]
+        struct AppState {
+            idem: Idem<Db>,
+            gate: Option<Gate>,
+        }
+
+        impl FromRef<AppState> for Idem<Db> {
+            fn from_ref(s: &AppState) -> Idem<Db> {
+                s.idem.clone()
+            }
+        }
+
+        #[derive(Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        struct NewWidget {
+            name: String,
+            #[serde(default)]
+            outcome: Option<String>,
+        }
+
+        type ApiError = (StatusCode, String);
+
+        #[idempotent(
+            operation = "create-widget",
+            retention = "1h",
+            fingerprint(body, header = "x-color")
+        )]
+        async fn create_widget(
+            #[tenant] caller: Caller,
+            State(state): State<AppState>,
+            tx: &mut Tx<Db>,
+            Json(w): Json<NewWidget>,
+        ) -> Result<(StatusCode, Json<Value>), ApiError> {
+            let id: i64 =
+                sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
+                    .bind(&caller.0)
+                    .bind(&w.name)
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            if let Some(gate) = &state.gate {
+                gate.entered.send(()).ok();
+                gate.release.acquire().await.unwrap().forget();
+            }
+            match w.outcome.as_deref() {
+                // An Err rolls back the insert above and frees the key.
+                Some("err") => Err((StatusCode::CONFLICT, "refused".into())),
+                // A 5xx rolls back too.
+                Some("5xx") => Ok((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(json!({"retry": true})),
+                )),
+                // A committed business rejection is stored and replayed.
+                Some("reject") => Ok((
+                    StatusCode::NOT_FOUND,
+                    Json(json!({"id": id, "rejected": true})),
+                )),
+                _ => Ok((
+                    StatusCode::CREATED,
+                    Json(json!({"id": id, "name": w.name, "tenant": caller.0})),
+                )),
+            }
+        }
+
+        /// A second operation on the same table, to show operations do not share keys.
+        #[idempotent(operation = "import-widget", retention = "1h")]
+        async fn import_widget(
+            #[tenant] caller: Caller,
+            tx: &mut Tx<Db>,
+            Json(w): Json<NewWidget>,
+        ) -> impl IntoResponse {
+            let id: i64 =
+                sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
+                    .bind(&caller.0)
+                    .bind(&w.name)
+                    .fetch_one(&mut **tx)
+                    .await
+                    .unwrap();
+            (
+                StatusCode::CREATED,
+                Json(json!({"id": id, "imported": true})),
+            )
+        }
+
+        #[derive(Deserialize, Serialize)]
+        struct Blob {
+            size: usize,
+        }
+
+        /// Answers with headers that are and are not stored, and a body of a chosen size.
+        #[idempotent(operation = "make-blob", retention = "1h")]
+        async fn make_blob(
+            #[tenant] caller: Caller,
+            tx: &mut Tx<Db>,
+            Json(b): Json<Blob>,
+        ) -> impl IntoResponse {
+            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, 'blob')")
+                .bind(&caller.0)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+            (
+                StatusCode::CREATED,
+                [
+                    ("location", "/blobs/1"),
+                    ("set-cookie", "session=secret"),
+                    ("x-trace", "not-stored"),
+                ],
+                "x".repeat(b.size),
+            )
+        }
+
+        /// A single-tenant operation on a path: `/batches/1` and `/batches/2` are
+        /// different requests even with the same key and body.
+        #[idempotent(operation = "close-batch", retention = "1h", single_tenant)]
+        async fn close_batch(
+            axum::extract::Path(id): axum::extract::Path<i64>,
+            tx: &mut Tx<Db>,
+            Json(w): Json<NewWidget>,
+        ) -> (StatusCode, String) {
+            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ('-', $1)")
+                .bind(&w.name)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+            (StatusCode::OK, format!("closed batch {id}"))
+        }
+
+        struct App {
+            db: TestDb,
+            router: Router,
+        }
+
+        async fn app(gate: Option<Gate>, wait: Duration) -> App {
+            let db = TestDb::new().await;
+            db.exec(
+                WIDGETS_DDL,
+            )
+            .await;
+            let state = AppState {
+                idem: Idem::new(db.pool.clone())
+                    .with_in_flight_wait(wait)
+                    .with_max_response_bytes(1000),
+                gate,
+            };
+            let router = Router::new()
+                .route("/widgets", post(create_widget))
+                .route("/imports", post(import_widget))
+                .route("/blobs", post(make_blob))
+                .route("/batches/{id}", post(close_batch))
+                .with_state(state);
+            App { db, router }
+        }
+
+        fn request(path: &str, tenant: Option<&str>, key: Option<&str>, body: &str) -> Request<Body> {
+            let mut r = Request::post(path).header("content-type", "application/json");
+            if let Some(t) = tenant {
+                r = r.header("authorization", format!("Bearer {t}"));
+            }
+            if let Some(k) = key {
+                r = r.header("idempotency-key", k);
+            }
+            r.body(Body::from(body.to_owned())).unwrap()
+        }
+
+        struct Answer {
+            status: StatusCode,
+            headers: axum::http::HeaderMap,
+            body: Vec<u8>,
+        }
+
+        impl Answer {
+            fn json(&self) -> Value {
+                serde_json::from_slice(&self.body).unwrap()
+            }
+            fn replayed(&self) -> bool {
+                self.headers
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v == "true")
+            }
+        }
+
+        async fn send(router: &Router, req: Request<Body>) -> Answer {
+            let resp = router.clone().oneshot(req).await.unwrap();
+            let (parts, body) = resp.into_parts();
+            Answer {
+                status: parts.status,
+                headers: parts.headers,
+                body: body.collect().await.unwrap().to_bytes().to_vec(),
+            }
+        }
+
+        const WAIT: Duration = Duration::from_secs(2);
+
+        #[tokio::test]
+        async fn retry_replays_the_stored_answer() {
+            let a = app(None, WAIT).await;
+            let body = r#"{"name":"bolt"}"#;
+            let first = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), body),
+            )
+            .await;
+            assert_eq!(first.status, StatusCode::CREATED);
+            assert!(!first.replayed());
+            // Reordered white space is the same logical request.
+            let again = send(
+                &a.router,
+                request(
+                    "/widgets",
+                    Some("acme"),
+                    Some("k1"),
+                    r#"{ "name" : "bolt" }"#,
+                ),
+            )
+            .await;
+            assert_eq!(again.status, StatusCode::CREATED);
+            assert!(again.replayed());
+            assert_eq!(again.body, first.body);
+            assert_eq!(again.headers["content-type"], first.headers["content-type"]);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_changed_body_or_header_is_a_mismatch() {
+            let a = app(None, WAIT).await;
+            let first = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#),
+            )
+            .await;
+            assert_eq!(first.status, StatusCode::CREATED);
+            let other = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), r#"{"name":"nut"}"#),
+            )
+            .await;
+            assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(other.headers["content-type"], "application/problem+json");
+            assert_eq!(
+                other.json()["type"],
+                "urn:idem:problem:fingerprint-mismatch"
+            );
+            let mut with_header = request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#);
+            with_header
+                .headers_mut()
+                .insert("x-color", "red".parse().unwrap());
+            let other = send(&a.router, with_header).await;
+            assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn missing_and_malformed_keys_are_400_problems() {
+            let a = app(None, WAIT).await;
+            let missing = send(
+                &a.router,
+                request("/widgets", Some("acme"), None, r#"{"name":"bolt"}"#),
+            )
+            .await;
+            assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+            assert_eq!(missing.headers["content-type"], "application/problem+json");
+            assert_eq!(
+                missing.json()["type"],
+                "urn:idem:problem:missing-idempotency-key"
+            );
+            let long = "k".repeat(256);
+            for bad in ["\"unterminated", long.as_str(), "a b"] {
+                let r = send(
+                    &a.router,
+                    request("/widgets", Some("acme"), Some(bad), r#"{"name":"bolt"}"#),
+                )
+                .await;
+                assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}");
+                assert_eq!(
+                    r.json()["type"],
+                    "urn:idem:problem:malformed-idempotency-key"
+                );
+                assert!(!String::from_utf8_lossy(&r.body).contains(bad));
+            }
+            assert_eq!(
+                a.db.count("SELECT count(*) FROM idempotency_requests")
+                    .await,
+                0
+            );
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
+        }
+
+        #[tokio::test]
+        async fn extractor_rejections_reserve_nothing() {
+            let a = app(None, WAIT).await;
+            let no_auth = send(
+                &a.router,
+                request("/widgets", None, Some("k1"), r#"{"name":"bolt"}"#),
+            )
+            .await;
+            assert_eq!(no_auth.status, StatusCode::UNAUTHORIZED);
+            let bad_json = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), r#"{"name":"#),
+            )
+            .await;
+            assert_eq!(bad_json.status, StatusCode::BAD_REQUEST);
+            let unknown_field = send(
+                &a.router,
+                request(
+                    "/widgets",
+                    Some("acme"),
+                    Some("k1"),
+                    r#"{"name":"x","zzz":1}"#,
+                ),
+            )
+            .await;
+            assert_eq!(unknown_field.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(
+                a.db.count("SELECT count(*) FROM idempotency_requests")
+                    .await,
+                0
+            );
+            // The same key then executes, with a different body than the rejected ones.
+            let ok = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#),
+            )
+            .await;
+            assert_eq!(ok.status, StatusCode::CREATED);
+            assert!(!ok.replayed());
+        }
+
+        #[tokio::test]
+        async fn tenants_and_operations_are_isolated() {
+            let a = app(None, WAIT).await;
+            let body = r#"{"name":"bolt"}"#;
+            let acme = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("same"), body),
+            )
+            .await;
+            let globex = send(
+                &a.router,
+                request("/widgets", Some("globex"), Some("same"), body),
+            )
+            .await;
+            let import = send(
+                &a.router,
+                request("/imports", Some("acme"), Some("same"), body),
+            )
+            .await;
+            for r in [&acme, &globex, &import] {
+                assert_eq!(r.status, StatusCode::CREATED);
+                assert!(!r.replayed());
+            }
+            assert_eq!(acme.json()["tenant"], "acme");
+            assert_eq!(globex.json()["tenant"], "globex");
+            assert_eq!(import.json()["imported"], true);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 3);
+            // Each tenant's retry gets its own answer back.
+            let acme2 = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("same"), body),
+            )
+            .await;
+            assert_eq!(acme2.body, acme.body);
+            let globex2 = send(
+                &a.router,
+                request("/widgets", Some("globex"), Some("same"), body),
+            )
+            .await;
+            assert_eq!(globex2.body, globex.body);
+        }
+
+        #[tokio::test]
+        async fn handler_err_and_5xx_roll_back_and_free_the_key() {
+            let a = app(None, WAIT).await;
+            let err = send(
+                &a.router,
+                request(
+                    "/widgets",
+                    Some("acme"),
+                    Some("k1"),
+                    r#"{"name":"a","outcome":"err"}"#,
+                ),
+            )
+            .await;
+            assert_eq!(err.status, StatusCode::CONFLICT);
+            let five = send(
+                &a.router,
+                request(
+                    "/widgets",
+                    Some("acme"),
+                    Some("k2"),
+                    r#"{"name":"a","outcome":"5xx"}"#,
+                ),
+            )
+            .await;
+            assert_eq!(five.status, StatusCode::SERVICE_UNAVAILABLE);
+            // The handler's own inserts were rolled back, and nothing was stored.
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
+            assert_eq!(
+                a.db.count("SELECT count(*) FROM idempotency_requests")
+                    .await,
+                0
+            );
+            // The keys are free: a retry (here with a corrected body) executes.
+            let ok = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), r#"{"name":"a"}"#),
+            )
+            .await;
+            assert_eq!(ok.status, StatusCode::CREATED);
+            assert!(!ok.replayed());
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_committed_4xx_business_rejection_is_replayed() {
+            let a = app(None, WAIT).await;
+            let body = r#"{"name":"a","outcome":"reject"}"#;
+            let first = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), body),
+            )
+            .await;
+            assert_eq!(first.status, StatusCode::NOT_FOUND);
+            let again = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), body),
+            )
+            .await;
+            assert_eq!(again.status, StatusCode::NOT_FOUND);
+            assert!(again.replayed());
+            assert_eq!(again.body, first.body);
+            let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
+                .fetch_one(&a.db.pool)
+                .await
+                .unwrap();
+            assert_eq!(state, "failed");
+            // The business write of a committed rejection stays, exactly once.
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_duplicate_in_flight_gets_409_with_retry_after() {
+            let (entered_tx, mut entered) = mpsc::unbounded_channel();
+            let release = Arc::new(Semaphore::new(0));
+            let gate = Gate {
+                entered: entered_tx,
+                release: release.clone(),
+            };
+            let wait = Duration::from_millis(300);
+            let a = app(Some(gate), wait).await;
+            let body = r#"{"name":"slow"}"#;
+            let router = a.router.clone();
+            let first = tokio::spawn(async move {
+                send(&router, request("/widgets", Some("acme"), Some("k1"), body)).await
+            });
+            // The first request holds the key inside its open transaction now.
+            entered.recv().await.unwrap();
+            let started = Instant::now();
+            let dup = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), body),
+            )
+            .await;
+            let waited = started.elapsed();
+            assert_eq!(dup.status, StatusCode::CONFLICT);
+            assert_eq!(dup.headers["retry-after"], "1");
+            assert_eq!(dup.json()["type"], "urn:idem:problem:request-in-flight");
+            // It waited for the bound (the lock timeout), not less.
+            assert!(
+                waited >= wait,
+                "answered after {waited:?}, before the {wait:?} bound"
+            );
+            release.add_permits(1);
+            let first = first.await.unwrap();
+            assert_eq!(first.status, StatusCode::CREATED);
+            let after = send(
+                &a.router,
+                request("/widgets", Some("acme"), Some("k1"), body),
+            )
+            .await;
+            assert!(after.replayed());
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn concurrent_duplicates_through_the_router_execute_once() {
+            let a = app(None, Duration::from_secs(5)).await;
+            let body = r#"{"name":"race"}"#;
+            let barrier = Arc::new(tokio::sync::Barrier::new(20));
+            let mut tasks = Vec::new();
+            for _ in 0..20 {
+                let router = a.router.clone();
+                let barrier = barrier.clone();
+                tasks.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    send(
+                        &router,
+                        request("/widgets", Some("acme"), Some("race"), body),
+                    )
+                    .await
+                }));
+            }
+            let mut originals = 0;
+            for t in tasks {
+                let r = t.await.unwrap();
+                match r.status {
+                    StatusCode::CREATED if !r.replayed() => originals += 1,
+                    StatusCode::CREATED => {}
+                    StatusCode::CONFLICT => assert!(r.headers.contains_key("retry-after")),
+                    other => panic!("unexpected {other}: {}", String::from_utf8_lossy(&r.body)),
+                }
+            }
+            assert_eq!(originals, 1);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn replays_carry_only_stored_headers_and_never_set_cookie() {
+            let a = app(None, WAIT).await;
+            let first = send(
+                &a.router,
+                request("/blobs", Some("acme"), Some("b1"), r#"{"size":10}"#),
+            )
+            .await;
+            assert_eq!(first.status, StatusCode::CREATED);
+            // The first answer goes out as the handler built it.
+            assert_eq!(first.headers["set-cookie"], "session=secret");
+            assert_eq!(first.headers["x-trace"], "not-stored");
+            let again = send(
+                &a.router,
+                request("/blobs", Some("acme"), Some("b1"), r#"{"size":10}"#),
+            )
+            .await;
+            assert!(again.replayed());
+            assert_eq!(again.status, first.status);
+            assert_eq!(again.body, first.body);
+            assert_eq!(again.headers["location"], "/blobs/1");
+            assert_eq!(again.headers["content-type"], first.headers["content-type"]);
+            assert!(again.headers.get("set-cookie").is_none());
+            assert!(again.headers.get("x-trace").is_none());
+        }
+
+        #[tokio::test]
+        async fn a_response_over_the_limit_is_rolled_back_not_lost() {
+            let a = app(None, WAIT).await;
+            let big = send(
+                &a.router,
+                request("/blobs", Some("acme"), Some("b1"), r#"{"size":1001}"#),
+            )
+            .await;
+            assert_eq!(big.status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(big.json()["type"], "urn:idem:problem:response-too-large");
+            // Neither the effect nor a half-stored key remains.
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
+            assert_eq!(
+                a.db.count("SELECT count(*) FROM idempotency_requests")
+                    .await,
+                0
+            );
+            // At the limit it is stored.
+            let ok = send(
+                &a.router,
+                request("/blobs", Some("acme"), Some("b2"), r#"{"size":1000}"#),
+            )
+            .await;
+            assert_eq!(ok.status, StatusCode::CREATED);
+            assert_eq!(ok.body.len(), 1000);
+        }
+
+        #[tokio::test]
+        async fn single_tenant_handlers_run_and_replay() {
+            let a = app(None, WAIT).await;
+            let body = r#"{"name":"b"}"#;
+            let first = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
+            assert_eq!(
+                first.status,
+                StatusCode::OK,
+                "{}",
+                String::from_utf8_lossy(&first.body)
+            );
+            assert_eq!(first.body, b"closed batch 1");
+            let again = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
+            assert!(again.replayed());
+            let tenant: String = sqlx::query_scalar("SELECT tenant_id FROM idempotency_requests")
+                .fetch_one(&a.db.pool)
+                .await
+                .unwrap();
+            assert_eq!(tenant, "*");
+        }
+
+        #[tokio::test]
+        async fn the_concrete_path_and_query_are_part_of_the_request() {
+            let a = app(None, WAIT).await;
+            let body = r#"{"name":"b"}"#;
+            let one = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
+            assert_eq!(one.status, StatusCode::OK);
+            // Same key and body on another path: a different request, not batch 1's answer.
+            let two = send(&a.router, request("/batches/2", None, Some("k1"), body)).await;
+            assert_eq!(two.status, StatusCode::UNPROCESSABLE_ENTITY);
+            let query = send(
+                &a.router,
+                request("/batches/1?dry_run=1", None, Some("k1"), body),
+            )
+            .await;
+            assert_eq!(query.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+
+    };
 }
 
-impl TenantScope for Caller {
-    fn tenant_id(&self) -> &str {
-        &self.0
-    }
-}
+mod postgres {
+    attribute_tests!(
+        sqlx::Postgres,
+        crate::common::TestDb,
+        "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)"
+    );
 
-/// Lets a test hold a handler inside its transaction: the handler reports that it
-/// entered, then waits for a permit.
-#[derive(Clone)]
-struct Gate {
-    entered: mpsc::UnboundedSender<()>,
-    release: Arc<Semaphore>,
-}
-
-#[derive(Clone)]
-struct AppState {
-    idem: Idem,
-    gate: Option<Gate>,
-}
-
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
-        s.idem.clone()
-    }
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct NewWidget {
-    name: String,
-    #[serde(default)]
-    outcome: Option<String>,
-}
-
-type ApiError = (StatusCode, String);
-
-#[idempotent(
-    operation = "create-widget",
-    retention = "1h",
-    fingerprint(body, header = "x-color")
-)]
-async fn create_widget(
-    #[tenant] caller: Caller,
-    State(state): State<AppState>,
-    tx: &mut Tx,
-    Json(w): Json<NewWidget>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
-            .bind(&caller.0)
-            .bind(&w.name)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    if let Some(gate) = &state.gate {
-        gate.entered.send(()).ok();
-        gate.release.acquire().await.unwrap().forget();
-    }
-    match w.outcome.as_deref() {
-        // An Err rolls back the insert above and frees the key.
-        Some("err") => Err((StatusCode::CONFLICT, "refused".into())),
-        // A 5xx rolls back too.
-        Some("5xx") => Ok((
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"retry": true})),
-        )),
-        // A committed business rejection is stored and replayed.
-        Some("reject") => Ok((
-            StatusCode::NOT_FOUND,
-            Json(json!({"id": id, "rejected": true})),
-        )),
-        _ => Ok((
-            StatusCode::CREATED,
-            Json(json!({"id": id, "name": w.name, "tenant": caller.0})),
-        )),
-    }
-}
-
-/// A second operation on the same table, to show operations do not share keys.
-#[idempotent(operation = "import-widget", retention = "1h")]
-async fn import_widget(
-    #[tenant] caller: Caller,
-    tx: &mut Tx,
-    Json(w): Json<NewWidget>,
-) -> impl IntoResponse {
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
-            .bind(&caller.0)
-            .bind(&w.name)
-            .fetch_one(&mut **tx)
+    #[tokio::test]
+    async fn a_stricter_default_isolation_level_is_overridden() {
+        let a = app(None, WAIT).await;
+        let db = &a.db.name;
+        a.db.exec(&format!(
+            "ALTER DATABASE {db} SET default_transaction_isolation = 'serializable'"
+        ))
+        .await;
+        // New connections pick the setting up; the pool may hold old ones, so use a new pool.
+        let pool = sqlx::PgPool::connect(&a.db.url).await.unwrap();
+        let level: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+            .fetch_one(&pool)
             .await
             .unwrap();
-    (
-        StatusCode::CREATED,
-        Json(json!({"id": id, "imported": true})),
-    )
-}
-
-#[derive(Deserialize, Serialize)]
-struct Blob {
-    size: usize,
-}
-
-/// Answers with headers that are and are not stored, and a body of a chosen size.
-#[idempotent(operation = "make-blob", retention = "1h")]
-async fn make_blob(
-    #[tenant] caller: Caller,
-    tx: &mut Tx,
-    Json(b): Json<Blob>,
-) -> impl IntoResponse {
-    sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, 'blob')")
-        .bind(&caller.0)
-        .execute(&mut **tx)
-        .await
-        .unwrap();
-    (
-        StatusCode::CREATED,
-        [
-            ("location", "/blobs/1"),
-            ("set-cookie", "session=secret"),
-            ("x-trace", "not-stored"),
-        ],
-        "x".repeat(b.size),
-    )
-}
-
-/// A single-tenant operation on a path: `/batches/1` and `/batches/2` are
-/// different requests even with the same key and body.
-#[idempotent(operation = "close-batch", retention = "1h", single_tenant)]
-async fn close_batch(
-    axum::extract::Path(id): axum::extract::Path<i64>,
-    tx: &mut Tx,
-    Json(w): Json<NewWidget>,
-) -> (StatusCode, String) {
-    sqlx::query("INSERT INTO widgets (tenant, name) VALUES ('-', $1)")
-        .bind(&w.name)
-        .execute(&mut **tx)
-        .await
-        .unwrap();
-    (StatusCode::OK, format!("closed batch {id}"))
-}
-
-struct App {
-    db: TestDb,
-    router: Router,
-}
-
-async fn app(gate: Option<Gate>, wait: Duration) -> App {
-    let db = TestDb::new().await;
-    db.exec(
-        "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)",
-    )
-    .await;
-    let state = AppState {
-        idem: Idem::new(db.pool.clone())
-            .with_in_flight_wait(wait)
-            .with_max_response_bytes(1000),
-        gate,
-    };
-    let router = Router::new()
-        .route("/widgets", post(create_widget))
-        .route("/imports", post(import_widget))
-        .route("/blobs", post(make_blob))
-        .route("/batches/{id}", post(close_batch))
-        .with_state(state);
-    App { db, router }
-}
-
-fn request(path: &str, tenant: Option<&str>, key: Option<&str>, body: &str) -> Request<Body> {
-    let mut r = Request::post(path).header("content-type", "application/json");
-    if let Some(t) = tenant {
-        r = r.header("authorization", format!("Bearer {t}"));
-    }
-    if let Some(k) = key {
-        r = r.header("idempotency-key", k);
-    }
-    r.body(Body::from(body.to_owned())).unwrap()
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-}
-
-async fn send(router: &Router, req: Request<Body>) -> Answer {
-    let resp = router.clone().oneshot(req).await.unwrap();
-    let (parts, body) = resp.into_parts();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes().to_vec(),
-    }
-}
-
-const WAIT: Duration = Duration::from_secs(2);
-
-#[tokio::test]
-async fn retry_replays_the_stored_answer() {
-    let a = app(None, WAIT).await;
-    let body = r#"{"name":"bolt"}"#;
-    let first = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), body),
-    )
-    .await;
-    assert_eq!(first.status, StatusCode::CREATED);
-    assert!(!first.replayed());
-    // Reordered white space is the same logical request.
-    let again = send(
-        &a.router,
-        request(
-            "/widgets",
-            Some("acme"),
-            Some("k1"),
-            r#"{ "name" : "bolt" }"#,
-        ),
-    )
-    .await;
-    assert_eq!(again.status, StatusCode::CREATED);
-    assert!(again.replayed());
-    assert_eq!(again.body, first.body);
-    assert_eq!(again.headers["content-type"], first.headers["content-type"]);
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-}
-
-#[tokio::test]
-async fn a_changed_body_or_header_is_a_mismatch() {
-    let a = app(None, WAIT).await;
-    let first = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#),
-    )
-    .await;
-    assert_eq!(first.status, StatusCode::CREATED);
-    let other = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"nut"}"#),
-    )
-    .await;
-    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(other.headers["content-type"], "application/problem+json");
-    assert_eq!(
-        other.json()["type"],
-        "urn:idem:problem:fingerprint-mismatch"
-    );
-    let mut with_header = request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#);
-    with_header
-        .headers_mut()
-        .insert("x-color", "red".parse().unwrap());
-    let other = send(&a.router, with_header).await;
-    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-}
-
-#[tokio::test]
-async fn missing_and_malformed_keys_are_400_problems() {
-    let a = app(None, WAIT).await;
-    let missing = send(
-        &a.router,
-        request("/widgets", Some("acme"), None, r#"{"name":"bolt"}"#),
-    )
-    .await;
-    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    assert_eq!(missing.headers["content-type"], "application/problem+json");
-    assert_eq!(
-        missing.json()["type"],
-        "urn:idem:problem:missing-idempotency-key"
-    );
-    let long = "k".repeat(256);
-    for bad in ["\"unterminated", long.as_str(), "a b"] {
+        assert_eq!(level, "serializable");
+        let router = Router::new()
+            .route("/widgets", post(create_widget))
+            .with_state(AppState {
+                idem: Idem::new(pool),
+                gate: None,
+            });
         let r = send(
-            &a.router,
-            request("/widgets", Some("acme"), Some(bad), r#"{"name":"bolt"}"#),
+            &router,
+            request("/widgets", Some("acme"), Some("k1"), r#"{"name":"x"}"#),
         )
         .await;
-        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}");
         assert_eq!(
-            r.json()["type"],
-            "urn:idem:problem:malformed-idempotency-key"
+            r.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&r.body)
         );
-        assert!(!String::from_utf8_lossy(&r.body).contains(bad));
     }
-    assert_eq!(
-        a.db.count("SELECT count(*) FROM idempotency_requests")
-            .await,
-        0
-    );
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
 }
 
-#[tokio::test]
-async fn extractor_rejections_reserve_nothing() {
-    let a = app(None, WAIT).await;
-    let no_auth = send(
-        &a.router,
-        request("/widgets", None, Some("k1"), r#"{"name":"bolt"}"#),
-    )
-    .await;
-    assert_eq!(no_auth.status, StatusCode::UNAUTHORIZED);
-    let bad_json = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"#),
-    )
-    .await;
-    assert_eq!(bad_json.status, StatusCode::BAD_REQUEST);
-    let unknown_field = send(
-        &a.router,
-        request(
-            "/widgets",
-            Some("acme"),
-            Some("k1"),
-            r#"{"name":"x","zzz":1}"#,
-        ),
-    )
-    .await;
-    assert_eq!(unknown_field.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(
-        a.db.count("SELECT count(*) FROM idempotency_requests")
-            .await,
-        0
-    );
-    // The same key then executes, with a different body than the rejected ones.
-    let ok = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"bolt"}"#),
-    )
-    .await;
-    assert_eq!(ok.status, StatusCode::CREATED);
-    assert!(!ok.replayed());
-}
-
-#[tokio::test]
-async fn tenants_and_operations_are_isolated() {
-    let a = app(None, WAIT).await;
-    let body = r#"{"name":"bolt"}"#;
-    let acme = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("same"), body),
-    )
-    .await;
-    let globex = send(
-        &a.router,
-        request("/widgets", Some("globex"), Some("same"), body),
-    )
-    .await;
-    let import = send(
-        &a.router,
-        request("/imports", Some("acme"), Some("same"), body),
-    )
-    .await;
-    for r in [&acme, &globex, &import] {
-        assert_eq!(r.status, StatusCode::CREATED);
-        assert!(!r.replayed());
-    }
-    assert_eq!(acme.json()["tenant"], "acme");
-    assert_eq!(globex.json()["tenant"], "globex");
-    assert_eq!(import.json()["imported"], true);
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 3);
-    // Each tenant's retry gets its own answer back.
-    let acme2 = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("same"), body),
-    )
-    .await;
-    assert_eq!(acme2.body, acme.body);
-    let globex2 = send(
-        &a.router,
-        request("/widgets", Some("globex"), Some("same"), body),
-    )
-    .await;
-    assert_eq!(globex2.body, globex.body);
-}
-
-#[tokio::test]
-async fn handler_err_and_5xx_roll_back_and_free_the_key() {
-    let a = app(None, WAIT).await;
-    let err = send(
-        &a.router,
-        request(
-            "/widgets",
-            Some("acme"),
-            Some("k1"),
-            r#"{"name":"a","outcome":"err"}"#,
-        ),
-    )
-    .await;
-    assert_eq!(err.status, StatusCode::CONFLICT);
-    let five = send(
-        &a.router,
-        request(
-            "/widgets",
-            Some("acme"),
-            Some("k2"),
-            r#"{"name":"a","outcome":"5xx"}"#,
-        ),
-    )
-    .await;
-    assert_eq!(five.status, StatusCode::SERVICE_UNAVAILABLE);
-    // The handler's own inserts were rolled back, and nothing was stored.
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
-    assert_eq!(
-        a.db.count("SELECT count(*) FROM idempotency_requests")
-            .await,
-        0
-    );
-    // The keys are free: a retry (here with a corrected body) executes.
-    let ok = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"a"}"#),
-    )
-    .await;
-    assert_eq!(ok.status, StatusCode::CREATED);
-    assert!(!ok.replayed());
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-}
-
-#[tokio::test]
-async fn a_committed_4xx_business_rejection_is_replayed() {
-    let a = app(None, WAIT).await;
-    let body = r#"{"name":"a","outcome":"reject"}"#;
-    let first = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), body),
-    )
-    .await;
-    assert_eq!(first.status, StatusCode::NOT_FOUND);
-    let again = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), body),
-    )
-    .await;
-    assert_eq!(again.status, StatusCode::NOT_FOUND);
-    assert!(again.replayed());
-    assert_eq!(again.body, first.body);
-    let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
-        .fetch_one(&a.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(state, "failed");
-    // The business write of a committed rejection stays, exactly once.
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-}
-
-#[tokio::test]
-async fn a_duplicate_in_flight_gets_409_with_retry_after() {
-    let (entered_tx, mut entered) = mpsc::unbounded_channel();
-    let release = Arc::new(Semaphore::new(0));
-    let gate = Gate {
-        entered: entered_tx,
-        release: release.clone(),
-    };
-    let wait = Duration::from_millis(300);
-    let a = app(Some(gate), wait).await;
-    let body = r#"{"name":"slow"}"#;
-    let router = a.router.clone();
-    let first = tokio::spawn(async move {
-        send(&router, request("/widgets", Some("acme"), Some("k1"), body)).await
-    });
-    // The first request holds the key inside its open transaction now.
-    entered.recv().await.unwrap();
-    let started = Instant::now();
-    let dup = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), body),
-    )
-    .await;
-    let waited = started.elapsed();
-    assert_eq!(dup.status, StatusCode::CONFLICT);
-    assert_eq!(dup.headers["retry-after"], "1");
-    assert_eq!(dup.json()["type"], "urn:idem:problem:request-in-flight");
-    // It waited for the bound (the lock timeout), not less.
-    assert!(
-        waited >= wait,
-        "answered after {waited:?}, before the {wait:?} bound"
-    );
-    release.add_permits(1);
-    let first = first.await.unwrap();
-    assert_eq!(first.status, StatusCode::CREATED);
-    let after = send(
-        &a.router,
-        request("/widgets", Some("acme"), Some("k1"), body),
-    )
-    .await;
-    assert!(after.replayed());
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-}
-
-#[tokio::test]
-async fn concurrent_duplicates_through_the_router_execute_once() {
-    let a = app(None, Duration::from_secs(5)).await;
-    let body = r#"{"name":"race"}"#;
-    let barrier = Arc::new(tokio::sync::Barrier::new(20));
-    let mut tasks = Vec::new();
-    for _ in 0..20 {
-        let router = a.router.clone();
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            send(
-                &router,
-                request("/widgets", Some("acme"), Some("race"), body),
-            )
-            .await
-        }));
-    }
-    let mut originals = 0;
-    for t in tasks {
-        let r = t.await.unwrap();
-        match r.status {
-            StatusCode::CREATED if !r.replayed() => originals += 1,
-            StatusCode::CREATED => {}
-            StatusCode::CONFLICT => assert!(r.headers.contains_key("retry-after")),
-            other => panic!("unexpected {other}: {}", String::from_utf8_lossy(&r.body)),
-        }
-    }
-    assert_eq!(originals, 1);
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-}
-
-#[tokio::test]
-async fn replays_carry_only_stored_headers_and_never_set_cookie() {
-    let a = app(None, WAIT).await;
-    let first = send(
-        &a.router,
-        request("/blobs", Some("acme"), Some("b1"), r#"{"size":10}"#),
-    )
-    .await;
-    assert_eq!(first.status, StatusCode::CREATED);
-    // The first answer goes out as the handler built it.
-    assert_eq!(first.headers["set-cookie"], "session=secret");
-    assert_eq!(first.headers["x-trace"], "not-stored");
-    let again = send(
-        &a.router,
-        request("/blobs", Some("acme"), Some("b1"), r#"{"size":10}"#),
-    )
-    .await;
-    assert!(again.replayed());
-    assert_eq!(again.status, first.status);
-    assert_eq!(again.body, first.body);
-    assert_eq!(again.headers["location"], "/blobs/1");
-    assert_eq!(again.headers["content-type"], first.headers["content-type"]);
-    assert!(again.headers.get("set-cookie").is_none());
-    assert!(again.headers.get("x-trace").is_none());
-}
-
-#[tokio::test]
-async fn a_response_over_the_limit_is_rolled_back_not_lost() {
-    let a = app(None, WAIT).await;
-    let big = send(
-        &a.router,
-        request("/blobs", Some("acme"), Some("b1"), r#"{"size":1001}"#),
-    )
-    .await;
-    assert_eq!(big.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(big.json()["type"], "urn:idem:problem:response-too-large");
-    // Neither the effect nor a half-stored key remains.
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
-    assert_eq!(
-        a.db.count("SELECT count(*) FROM idempotency_requests")
-            .await,
-        0
-    );
-    // At the limit it is stored.
-    let ok = send(
-        &a.router,
-        request("/blobs", Some("acme"), Some("b2"), r#"{"size":1000}"#),
-    )
-    .await;
-    assert_eq!(ok.status, StatusCode::CREATED);
-    assert_eq!(ok.body.len(), 1000);
-}
-
-#[tokio::test]
-async fn single_tenant_handlers_run_and_replay() {
-    let a = app(None, WAIT).await;
-    let body = r#"{"name":"b"}"#;
-    let first = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
-    assert_eq!(
-        first.status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
-    assert_eq!(first.body, b"closed batch 1");
-    let again = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
-    assert!(again.replayed());
-    let tenant: String = sqlx::query_scalar("SELECT tenant_id FROM idempotency_requests")
-        .fetch_one(&a.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(tenant, "*");
-}
-
-#[tokio::test]
-async fn the_concrete_path_and_query_are_part_of_the_request() {
-    let a = app(None, WAIT).await;
-    let body = r#"{"name":"b"}"#;
-    let one = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
-    assert_eq!(one.status, StatusCode::OK);
-    // Same key and body on another path: a different request, not batch 1's answer.
-    let two = send(&a.router, request("/batches/2", None, Some("k1"), body)).await;
-    assert_eq!(two.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let query = send(
-        &a.router,
-        request("/batches/1?dry_run=1", None, Some("k1"), body),
-    )
-    .await;
-    assert_eq!(query.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-}
-
-#[tokio::test]
-async fn a_stricter_default_isolation_level_is_overridden() {
-    let a = app(None, WAIT).await;
-    let db = &a.db.name;
-    a.db.exec(&format!(
-        "ALTER DATABASE {db} SET default_transaction_isolation = 'serializable'"
-    ))
-    .await;
-    // New connections pick the setting up; the pool may hold old ones, so use a new pool.
-    let pool = sqlx::PgPool::connect(&a.db.url).await.unwrap();
-    let level: String = sqlx::query_scalar("SHOW default_transaction_isolation")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(level, "serializable");
-    let router = Router::new()
-        .route("/widgets", post(create_widget))
-        .with_state(AppState {
-            idem: Idem::new(pool),
-            gate: None,
-        });
-    let r = send(
-        &router,
-        request("/widgets", Some("acme"), Some("k1"), r#"{"name":"x"}"#),
-    )
-    .await;
-    assert_eq!(
-        r.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&r.body)
+mod sqlite {
+    attribute_tests!(
+        sqlx::Sqlite,
+        crate::common::SqliteDb,
+        "CREATE TABLE widgets (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, name TEXT NOT NULL)"
     );
 }

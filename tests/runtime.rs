@@ -269,7 +269,6 @@ macro_rules! backend_tests {
                 "{err}"
             );
         }
-
     };
 }
 
@@ -299,7 +298,9 @@ mod sqlite {
         let key = IdempotencyKey::parse("k1").unwrap();
         let mut r = req("acme", "pay", &key, 100);
         let mut first = db.pool.begin().await.unwrap();
-        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else { panic!() };
+        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
+            panic!()
+        };
         let id = pay(&mut first, "acme", 100).await;
 
         let bound = Duration::from_millis(300);
@@ -545,5 +546,4 @@ mod postgres_only {
             "idem must not touch the application's migration table"
         );
     }
-
 }

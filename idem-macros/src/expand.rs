@@ -71,6 +71,22 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         .attrs
         .retain(|a| a.path().is_ident("allow") || a.path().is_ident("expect"));
 
+    // The transaction parameter's type picks the backend: `Tx` is PostgreSQL,
+    // `Tx<Sqlite>` SQLite. Leased mode is PostgreSQL's.
+    let handle_elem = match func.sig.inputs.iter().nth(config.tx) {
+        Some(FnArg::Typed(t)) => match &*t.ty {
+            syn::Type::Reference(r) => Some((*r.elem).clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let request_ty = match (&handle_elem, config.lease.is_some()) {
+        (Some(elem), false) => {
+            let db = respan(quote!(<#elem as #rt::TxHandle>::Db), elem.span());
+            quote!(#rt::IdemRequest<#db>)
+        }
+        _ => quote!(#rt::IdemRequest),
+    };
     let mut outer_params = Vec::new();
     let mut call_args = Vec::new();
     let mut tenant_expr = None;
@@ -90,7 +106,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             continue;
         }
         if i == insert_request_at {
-            outer_params.push(quote!(#request: #rt::IdemRequest));
+            outer_params.push(quote!(#request: #request_ty));
         }
         let name = format_ident!("__idem_arg{}", i);
         let ty = &arg.ty;
@@ -105,7 +121,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         }
     }
     if insert_request_at == usize::MAX {
-        outer_params.push(quote!(#request: #rt::IdemRequest));
+        outer_params.push(quote!(#request: #request_ty));
     }
     let tenant_expr = match config.tenant {
         Tenant::Single => quote!(#rt::single_tenant()),
@@ -155,15 +171,25 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     };
     let lease = opt_duration(config.lease);
     let lease_ceiling = opt_duration(config.lease_ceiling);
-    let (run_fn, boxer, handle_ty, handle) = if config.lease.is_some() {
-        (
+    let (run_fn, boxer, handle_ty, handle) = match (&handle_elem, config.lease.is_some()) {
+        (_, true) => (
             quote!(run_leased),
             quote!(leased_handler),
-            quote!(Lease),
+            quote!(#rt::Lease),
             quote!(__idem_lease),
-        )
-    } else {
-        (quote!(run), quote!(handler), quote!(Tx), quote!(__idem_tx))
+        ),
+        (Some(elem), false) => (
+            quote!(run),
+            quote!(handler),
+            quote!(#rt::Tx<<#elem as #rt::TxHandle>::Db>),
+            quote!(__idem_tx),
+        ),
+        (None, false) => (
+            quote!(run),
+            quote!(handler),
+            quote!(#rt::Tx),
+            quote!(__idem_tx),
+        ),
     };
     let headers = &config.headers;
     let output_span = match &func.sig.output {
@@ -194,7 +220,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             &__IDEM_SPEC,
             __idem_tenant,
             __idem_fingerprint,
-            #rt::#boxer(move |#handle: &mut #rt::#handle_ty| {
+            #rt::#boxer(move |#handle: &mut #handle_ty| {
                 #rt::Box::pin(async move {
                     let __idem_out = __idem_inner(#(#call_args),*).await;
                     #[allow(unused_imports)]

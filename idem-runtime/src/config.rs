@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderName;
-use sqlx::PgPool;
+use sqlx::{Pool, Postgres};
+
+use crate::store::Backend;
 
 /// Response headers stored and replayed unless configured otherwise.
 pub const DEFAULT_STORED_HEADERS: &[&str] = &[
@@ -56,10 +58,29 @@ pub enum ConfigError {
 /// let state = AppState { idem };
 /// # }
 /// ```
-#[derive(Clone, Debug)]
-pub struct Idem {
-    pool: PgPool,
+///
+/// `Idem` is `Idem<Postgres>`; a service on SQLite uses `Idem<Sqlite>` built from a
+/// `SqlitePool`, and its handlers take `&mut Tx<Sqlite>`.
+pub struct Idem<DB: Backend = Postgres> {
+    pool: Pool<DB>,
     settings: Arc<Settings>,
+}
+
+impl<DB: Backend> Clone for Idem<DB> {
+    fn clone(&self) -> Self {
+        Idem {
+            pool: self.pool.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Idem<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -70,14 +91,14 @@ struct Settings {
     tenant_label: bool,
 }
 
-impl Idem {
+impl<DB: Backend> Idem<DB> {
     /// The default in-flight wait: how long a duplicate waits for the first request.
     pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
     /// The default limit on a stored response body.
     pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
     /// Uses `pool` with the default settings.
-    pub fn new(pool: PgPool) -> Self {
+    pub fn new(pool: Pool<DB>) -> Self {
         Idem {
             pool,
             settings: Arc::new(Settings {
@@ -143,7 +164,7 @@ impl Idem {
     }
 
     /// The pool claims run on.
-    pub fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &Pool<DB> {
         &self.pool
     }
 

@@ -19,9 +19,10 @@ use crate::lease::{Acquisition, Lease, LeaseError, LeaseRequest, LeasedClaim};
 use crate::metrics;
 use crate::problem::{self, Problem};
 use crate::response::{self, CaptureError};
-use crate::store::{self, Claim, ClaimRequest, StoredResponse};
+use crate::store::{self, Backend, Claim, ClaimRequest, StoredResponse};
 use crate::tenant::TenantError;
 use crate::tx::Tx;
+use sqlx::Postgres;
 
 /// The fixed description of one idempotent operation, written once per handler.
 #[derive(Debug, Clone, Copy)]
@@ -46,8 +47,8 @@ pub struct OperationSpec {
 ///
 /// As an extractor it refuses a request without a usable key with `400`
 /// `application/problem+json` before anything is reserved.
-pub struct IdemRequest {
-    idem: Idem,
+pub struct IdemRequest<DB: Backend = Postgres> {
+    idem: Idem<DB>,
     key: IdempotencyKey,
     method: Method,
     route: String,
@@ -57,7 +58,7 @@ pub struct IdemRequest {
 }
 
 /// Redacted: the headers hold credentials and the key, so only names are shown.
-impl std::fmt::Debug for IdemRequest {
+impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdemRequest")
             .field("key", &self.key)
@@ -68,7 +69,7 @@ impl std::fmt::Debug for IdemRequest {
     }
 }
 
-impl IdemRequest {
+impl<DB: Backend> IdemRequest<DB> {
     /// The validated key.
     pub fn key(&self) -> &IdempotencyKey {
         &self.key
@@ -92,9 +93,10 @@ impl IdemRequest {
     }
 }
 
-impl<S> FromRequestParts<S> for IdemRequest
+impl<S, DB> FromRequestParts<S> for IdemRequest<DB>
 where
-    Idem: FromRef<S>,
+    DB: Backend,
+    Idem<DB>: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -165,8 +167,8 @@ impl HandlerOutcome {
 }
 
 /// A handler body that runs inside the claimed transaction.
-pub type BoxedHandler = Box<
-    dyn for<'t> FnOnce(&'t mut Tx) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
+pub type BoxedHandler<DB = Postgres> = Box<
+    dyn for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
         + Send,
 >;
 
@@ -241,12 +243,12 @@ async fn detached(
 ///
 /// The work runs on its own task, so a client that disconnects does not cancel it
 /// half-way: the outcome is still committed and the client's retry replays it.
-pub async fn run(
-    req: IdemRequest,
+pub async fn run<DB: Backend>(
+    req: IdemRequest<DB>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
-    handler: BoxedHandler,
+    handler: BoxedHandler<DB>,
 ) -> Response {
     let (tenant, fingerprint) = match prepare(spec, tenant, fingerprint) {
         Ok(p) => p,
@@ -266,17 +268,15 @@ pub async fn run(
     .await
 }
 
-async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> Response {
+async fn execute<DB: Backend>(
+    idem: &Idem<DB>,
+    req: &ClaimRequest<'_>,
+    handler: BoxedHandler<DB>,
+) -> Response {
     let op = req.operation;
     let tenant_label = idem.tenant_label().then_some(req.tenant);
     let started = Instant::now();
-    // Explicit, so a server or role whose default isolation is stricter still
-    // gets the READ COMMITTED that claims need.
-    let tx = match idem
-        .pool()
-        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .await
-    {
+    let tx = match DB::begin(idem.pool()).await {
         Ok(tx) => tx,
         Err(e) => return store_failed(op, tenant_label, "begin", &e),
     };
@@ -352,8 +352,8 @@ async fn execute(idem: &Idem, req: &ClaimRequest<'_>, handler: BoxedHandler) -> 
 }
 
 /// Buffers and extracts the stored form of a response, or answers why it cannot.
-async fn capture(
-    idem: &Idem,
+async fn capture<DB: Backend>(
+    idem: &Idem<DB>,
     op: &str,
     resp: Response,
 ) -> Result<(Response, StoredResponse), Response> {

@@ -21,13 +21,30 @@ pub use std::time::Duration;
 
 /// Boxes a handler body; taking the closure through this bound lets rustc infer
 /// its higher-ranked signature.
-pub fn handler<F>(f: F) -> BoxedHandler
+pub fn handler<DB, F>(f: F) -> BoxedHandler<DB>
 where
-    F: for<'t> FnOnce(&'t mut Tx) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
+    DB: crate::store::Backend,
+    F: for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
         + Send
         + 'static,
 {
     Box::new(f)
+}
+
+/// The database of a handler's transaction parameter type, which picks the
+/// backend of the whole expansion.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not idem's transaction handle",
+    label = "the `&mut` parameter of an `#[idempotent]` handler is the transaction that holds the key",
+    note = "take `tx: &mut idem_runtime::Tx` (PostgreSQL) or `tx: &mut idem_runtime::Tx<sqlx::Sqlite>`; with `lease = \"...\"`, take `lease: &mut idem_runtime::Lease`"
+)]
+pub trait TxHandle {
+    /// The backend.
+    type Db: crate::store::Backend;
+}
+
+impl<DB: crate::store::Backend> TxHandle for Tx<DB> {
+    type Db = DB;
 }
 
 /// Boxes a leased handler body (see [`handler`]).
@@ -51,8 +68,8 @@ pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::Ten
 
 /// The fingerprint's start: scope, path and headers. An unusable tenant is
 /// answered by [`run`] before the fingerprint is looked at.
-pub fn start_fingerprint(
-    request: &IdemRequest,
+pub fn start_fingerprint<DB: crate::store::Backend>(
+    request: &IdemRequest<DB>,
     spec: &OperationSpec,
     tenant: &Result<String, crate::tenant::TenantError>,
 ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {

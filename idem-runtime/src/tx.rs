@@ -2,11 +2,14 @@
 
 use std::ops::{Deref, DerefMut};
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
+
+use crate::store::Backend;
 
 /// The transaction in which the key was claimed and the outcome will be stored.
 ///
-/// It dereferences to [`PgConnection`], so queries run on it as on a sqlx
+/// It dereferences to the database's connection (`PgConnection`, or
+/// `SqliteConnection` for `Tx<Sqlite>`), so queries run on it as on a sqlx
 /// transaction:
 ///
 /// ```no_run
@@ -22,39 +25,39 @@ use sqlx::{PgConnection, Postgres, Transaction};
 /// rolls back when the handler returns `Err` or a 5xx. Do not send `COMMIT`,
 /// `ROLLBACK` or `SET TRANSACTION` yourself: that would separate the effect from its
 /// record, the one thing idem exists to prevent.
-pub struct Tx {
-    inner: Transaction<'static, Postgres>,
+pub struct Tx<DB: Backend = Postgres> {
+    inner: Transaction<'static, DB>,
 }
 
-impl Tx {
-    pub(crate) fn new(inner: Transaction<'static, Postgres>) -> Self {
+impl<DB: Backend> Tx<DB> {
+    pub(crate) fn new(inner: Transaction<'static, DB>) -> Self {
         Tx { inner }
     }
 
-    pub(crate) fn transaction(&mut self) -> &mut Transaction<'static, Postgres> {
+    pub(crate) fn transaction(&mut self) -> &mut Transaction<'static, DB> {
         &mut self.inner
     }
 
-    pub(crate) fn into_inner(self) -> Transaction<'static, Postgres> {
+    pub(crate) fn into_inner(self) -> Transaction<'static, DB> {
         self.inner
     }
 }
 
-impl Deref for Tx {
-    type Target = PgConnection;
+impl<DB: Backend> Deref for Tx<DB> {
+    type Target = DB::Connection;
 
-    fn deref(&self) -> &PgConnection {
+    fn deref(&self) -> &DB::Connection {
         &self.inner
     }
 }
 
-impl DerefMut for Tx {
-    fn deref_mut(&mut self) -> &mut PgConnection {
+impl<DB: Backend> DerefMut for Tx<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
         &mut self.inner
     }
 }
 
-impl std::fmt::Debug for Tx {
+impl<DB: Backend> std::fmt::Debug for Tx<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Tx { .. }")
     }

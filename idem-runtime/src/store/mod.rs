@@ -45,6 +45,11 @@ pub trait Backend: sqlx::Database {
 
     /// Applies idem's migrations for this database.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Begins a transaction fit for a claim.
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
 }
 
 impl Backend for sqlx::Postgres {
@@ -66,6 +71,14 @@ impl Backend for sqlx::Postgres {
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send {
         postgres::migrate(pool)
     }
+
+    /// Explicitly READ COMMITTED, so a server or role whose default isolation is
+    /// stricter still gets what claims need.
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send {
+        pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+    }
 }
 
 impl Backend for sqlx::Sqlite {
@@ -86,6 +99,14 @@ impl Backend for sqlx::Sqlite {
 
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send {
         sqlite::migrate(pool)
+    }
+
+    /// Deferred: the claim's INSERT is the first statement and takes the write
+    /// lock, waiting through the busy timeout (see [`sqlite`]).
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send {
+        pool.begin()
     }
 }
 

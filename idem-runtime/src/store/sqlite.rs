@@ -85,7 +85,10 @@ fn is_busy(e: &sqlx::Error) -> bool {
 /// # Errors
 ///
 /// [`StoreError::Database`] when the database fails; nothing is claimed then.
-pub async fn claim(tx: &mut Transaction<'_, Sqlite>, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+pub async fn claim(
+    tx: &mut Transaction<'_, Sqlite>,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
     let wait = millis(req.in_flight_wait).max(1);
     sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {wait}")))
         .execute(&mut **tx)
@@ -138,11 +141,14 @@ pub async fn claim(tx: &mut Transaction<'_, Sqlite>, req: &ClaimRequest<'_>) -> 
     let headers: Option<String> = row.try_get("response_headers")?;
     let body: Option<Vec<u8>> = row.try_get("response_body")?;
     let headers = match headers {
-        Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
+        }
         None => Vec::new(),
     };
     Ok(Claim::Replay(StoredResponse {
-        status: u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+        status: u16::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
         headers,
         body: Bytes::from(body.unwrap_or_default()),
     }))
@@ -158,8 +164,13 @@ pub async fn complete(
     tx: &mut Transaction<'_, Sqlite>,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let state = if response.is_failure() { "failed" } else { "completed" };
-    let headers = serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let state = if response.is_failure() {
+        "failed"
+    } else {
+        "completed"
+    };
+    let headers =
+        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let done = sqlx::query(COMPLETE_SQL)
         .bind(&execution.tenant)
         .bind(&execution.operation)
