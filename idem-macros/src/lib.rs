@@ -148,8 +148,9 @@ use proc_macro::TokenStream;
 ///
 /// # Limitations
 ///
-/// * PostgreSQL only. In the transactional mode the effect must live in the same
-///   database; effects elsewhere take the leased mode.
+/// * PostgreSQL, or SQLite with `tx: &mut Tx<Sqlite>`. In the transactional mode
+///   the effect must live in the same database; effects elsewhere take the leased
+///   mode, which needs PostgreSQL.
 /// * The body is buffered by its extractor before the claim, and the response is
 ///   buffered before it is stored (limit: `Idem::with_max_response_bytes`, 1 MiB by
 ///   default; a larger response rolls back and answers `500`).

@@ -54,8 +54,9 @@
 //!
 //! ## Requirements
 //!
-//! * PostgreSQL, with idem's table: call [`migrate`] at start, or copy
-//!   `migrations/` into your own migration history.
+//! * PostgreSQL (or SQLite: `Idem<Sqlite>`, `Tx<Sqlite>`; see [`store::sqlite`]),
+//!   with idem's table: call [`migrate`] at start, or copy `migrations/` into your
+//!   own migration history.
 //! * Claims run at READ COMMITTED, PostgreSQL's default; another isolation level is
 //!   refused with [`StoreError::Isolation`].
 //! * Timestamps come from the database clock (`now()`), never the application's.
