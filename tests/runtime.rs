@@ -50,13 +50,17 @@ macro_rules! backend_tests {
         const PAYMENTS_DDL: &str = $payments_ddl;
         const EXPIRE_ALL_SQL: &str = $expire_all;
 
-        async fn db() -> TestDb {
+        pub(super) async fn db() -> TestDb {
             let db = TestDb::new().await;
             db.exec(PAYMENTS_DDL).await;
             db
         }
 
-        async fn pay(tx: &mut Transaction<'static, Db>, tenant: &str, amount: i64) -> i64 {
+        pub(super) async fn pay(
+            tx: &mut Transaction<'static, Db>,
+            tenant: &str,
+            amount: i64,
+        ) -> i64 {
             sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
                 .bind(tenant)
                 .bind(amount)
@@ -66,7 +70,10 @@ macro_rules! backend_tests {
         }
 
         /// Claims, and on Execute pays and completes. Returns what the claim said.
-        async fn run_once(db: &TestDb, r: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        pub(super) async fn run_once(
+            db: &TestDb,
+            r: &ClaimRequest<'_>,
+        ) -> Result<Claim, StoreError> {
             let mut tx = db.pool.begin().await?;
             let c = claim(&mut tx, r).await?;
             match c {
@@ -341,39 +348,9 @@ mod sqlite {
 
 /// What only PostgreSQL has: waits on row locks, isolation levels, functions.
 mod postgres_only {
+    use super::postgres::{db, pay, run_once};
     use super::*;
     use crate::common::TestDb;
-    use sqlx::{Postgres, Transaction};
-
-    async fn db() -> TestDb {
-        let db = TestDb::new().await;
-        db.exec("CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL)")
-            .await;
-        db
-    }
-
-    async fn pay(tx: &mut Transaction<'static, Postgres>, tenant: &str, amount: i64) -> i64 {
-        sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
-            .bind(tenant)
-            .bind(amount)
-            .fetch_one(&mut **tx)
-            .await
-            .unwrap()
-    }
-
-    async fn run_once(db: &TestDb, r: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut tx = db.pool.begin().await?;
-        let c = claim(&mut tx, r).await?;
-        match c {
-            Claim::Execute(exec) => {
-                let id = pay(&mut tx, r.tenant, 100).await;
-                exec.complete(&mut tx, &created(id)).await?;
-                tx.commit().await?;
-                Ok(Claim::Replay(created(id)))
-            }
-            other => Ok(other),
-        }
-    }
 
     #[tokio::test]
     async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
