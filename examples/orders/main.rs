@@ -92,6 +92,15 @@ async fn run() -> Result<(), String> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    // Without upkeep the recorder keeps every histogram sample it was given.
+    let upkeep = prometheus.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
 
     let idem = Idem::new(pool.clone()).with_in_flight_wait(in_flight_wait);
     let app = routes::router(routes::AppState {
