@@ -32,17 +32,29 @@ CREATE FUNCTION idem_claim_leased(
 )
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
+    v_saved_timeout text := current_setting('lock_timeout');
     v_row idempotency_requests%ROWTYPE;
     v_now timestamptz;
 BEGIN
+    -- Claimers hold the row lock for a moment only; a longer holder (a slow
+    -- statement elsewhere) is answered "in flight" rather than waited for, so a
+    -- retry never parks a connection.
     FOR attempt IN 1..3 LOOP
-        SELECT * INTO v_row FROM idempotency_requests r
-         WHERE r.tenant_id = p_tenant AND r.operation = p_operation
-           AND r.idempotency_key = p_key
-           FOR UPDATE;
+        BEGIN
+            PERFORM set_config('lock_timeout', '200ms', true);
+            SELECT * INTO v_row FROM idempotency_requests r
+             WHERE r.tenant_id = p_tenant AND r.operation = p_operation
+               AND r.idempotency_key = p_key
+               FOR UPDATE;
+            PERFORM set_config('lock_timeout', v_saved_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN QUERY SELECT 'in_flight'::text, NULL::bigint, NULL::text, NULL::timestamptz,
+                1000::bigint, NULL::smallint, NULL::jsonb, NULL::bytea;
+            RETURN;
+        END;
         v_now := clock_timestamp();
 
-        IF NOT FOUND THEN
+        IF v_row.tenant_id IS NULL THEN
             INSERT INTO idempotency_requests AS r
                    (tenant_id, operation, idempotency_key, fingerprint, state, generation,
                     owner_token, lease_expires_at, created_at, expires_at)

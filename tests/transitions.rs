@@ -110,38 +110,48 @@ async fn an_invalid_transition_is_a_typed_error() {
 }
 
 #[tokio::test]
-async fn of_two_concurrent_transitions_one_wins_and_the_other_loses_cleanly() {
+async fn of_two_concurrent_transitions_one_runs_and_the_other_is_a_no_op() {
     let db = db().await;
-    // Both read version 1 and run their action, interleaved step by step.
     let mut a = db.pool.begin().await.unwrap();
     let mut b = db.pool.begin().await.unwrap();
     let a_result = go(&mut a, Step::Paid).await.unwrap();
     assert!(matches!(a_result, Transitioned::Applied { version: 2, .. }));
-    // B's version-fenced update blocks on A's row lock until A commits, then finds
-    // the version moved on.
+    // B blocks on A's row lock before its action could run...
     let b_task = tokio::spawn(async move {
         let r = go(&mut b, Step::Paid).await;
         (r, b)
     });
     wait_for_lock_waiter(&db).await;
     a.commit().await.unwrap();
+    // ...and then sees A's state: nothing to do, its action never ran.
     let (b_result, b) = b_task.await.unwrap();
     assert!(
-        matches!(b_result, Err(TransitionError::Conflict)),
+        matches!(b_result, Ok(Transitioned::AlreadyThere { version: 2 })),
         "{b_result:?}"
     );
-    b.rollback().await.unwrap();
+    b.commit().await.unwrap();
     assert_eq!(
         db.count("SELECT count(*) FROM payments").await,
         1,
         "one payment"
     );
-    // The loser's retry sees the new state: a no-op success.
-    let mut retry = db.pool.begin().await.unwrap();
-    assert!(matches!(
-        go(&mut retry, Step::Paid).await.unwrap(),
-        Transitioned::AlreadyThere { .. }
-    ));
+}
+
+#[tokio::test]
+async fn a_writer_that_bypasses_the_lock_is_fenced_by_the_version() {
+    let db = db().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    // The action itself moves the version, as a writer outside the helper would.
+    let r: Outcome = transition(&mut tx, &ORDERS, 1, Some("acme"), Step::Paid, |c| {
+        Box::pin(async move {
+            sqlx::query("UPDATE orders SET version = version + 1 WHERE id = 1")
+                .execute(&mut *c)
+                .await?;
+            Ok(())
+        })
+    })
+    .await;
+    assert!(matches!(r, Err(TransitionError::Conflict)), "{r:?}");
 }
 
 async fn wait_for_lock_waiter(db: &TestDb) {

@@ -2,7 +2,7 @@
 //! once, with `idem_runtime::consumer::process_once`.
 //!
 //! JetStream delivers at least once. Each message's identity (its `Nats-Msg-Id`
-//! header, else its stream sequence) is claimed in the same transaction as the
+//! header, else its stream, the stream's creation time and its sequence) is claimed in the same transaction as the
 //! credit, and the message is acked only after that transaction committed:
 //!
 //! * crash before commit: nothing committed; JetStream redelivers after `ack_wait`
@@ -129,6 +129,9 @@ async fn run() -> Result<(), String> {
         .get_or_create_stream(stream::Config {
             name: stream_name.clone(),
             subjects: vec![subject.clone()],
+            // Shorter than RETENTION: a message is never delivered after its key
+            // has been forgotten.
+            max_age: RETENTION - Duration::from_secs(24 * 3600),
             ..Default::default()
         })
         .await
@@ -139,11 +142,13 @@ async fn run() -> Result<(), String> {
             pull::Config {
                 durable_name: Some(durable.clone()),
                 ack_wait,
+                max_deliver: 20,
                 ..Default::default()
             },
         )
         .await
         .map_err(|e| format!("cannot create the consumer {durable}: {e}"))?;
+    let stream_created = stream.cached_info().created.unix_timestamp_nanos();
     let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
     tracing::info!(stream = %stream_name, durable = %durable, "consumer ready");
 
@@ -157,12 +162,22 @@ async fn run() -> Result<(), String> {
             }
         };
         let info = message.info().map_err(|e| e.to_string())?;
-        let id = message
+        // The producer's id when it sent one; else the stream position, which
+        // includes the stream's creation time because a recreated stream starts
+        // counting again.
+        let id = match message
             .headers
             .as_ref()
             .and_then(|h| h.get("Nats-Msg-Id"))
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_else(|| format!("seq-{}", info.stream_sequence));
+            .map(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+        {
+            Some(producer_id) => format!("msg:{producer_id}"),
+            None => format!(
+                "seq:{}:{stream_created}:{}",
+                info.stream, info.stream_sequence
+            ),
+        };
         let delivered = info.delivered;
         let credit: Credit = match serde_json::from_slice(&message.payload) {
             Ok(c) => c,

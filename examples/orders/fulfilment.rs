@@ -54,7 +54,10 @@ async fn step(
     to: OrderStatus,
 ) -> Result<Json<Value>, ApiError> {
     for _ in 0..ATTEMPTS {
-        let mut tx = app.pool.begin().await?;
+        let mut tx = app
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await?;
         let tenant = caller.tenant.clone();
         let outcome = transition(&mut tx, &ORDERS, id, Some(&caller.tenant), to, move |conn| {
             Box::pin(async move {

@@ -50,8 +50,8 @@ pub struct Message<'a> {
     /// What consuming it does, such as `credit-account`.
     pub operation: &'a str,
     /// The message's identity: the producer's message id (for NATS, `Nats-Msg-Id`),
-    /// or the broker's sequence number. An id that is not a valid key (over 255
-    /// characters, not printable ASCII) is replaced by its SHA-256 in hex.
+    /// or the broker's sequence number. Tag the kinds apart (`msg:…`, `seq:…`) so
+    /// they cannot collide. It is stored as its SHA-256, so any string will do.
     pub id: &'a str,
     /// The payload bytes: a different payload under the same id is a conflict.
     pub payload: &'a [u8],
@@ -85,12 +85,13 @@ pub enum ConsumeError<E> {
 /// The effect of a message, run in the transaction that records it.
 pub type Effect<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
 
-/// The key a message id is stored under.
+/// The key a message id is stored under: always its SHA-256 in hex, so that no
+/// two ids share a key (a key parser would trim spaces and unquote `"x"`).
 pub fn message_key(id: &str) -> IdempotencyKey {
-    IdempotencyKey::parse(id).unwrap_or_else(|_| {
-        let digest = hex::encode(Sha256::digest(id.as_bytes()));
-        IdempotencyKey::parse(digest).expect("hex is a valid key")
-    })
+    let mut h = Sha256::new();
+    h.update(b"idem-message-v1\0");
+    h.update(id.as_bytes());
+    IdempotencyKey::parse(hex::encode(h.finalize())).expect("hex is a valid key")
 }
 
 /// Runs `effect` at most once for the message's scope, operation and id, in one
@@ -153,11 +154,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn message_ids_that_are_not_keys_are_hashed() {
-        assert_eq!(message_key("evt-1").as_str(), "evt-1");
+    fn every_message_id_has_a_key_of_its_own() {
         let long = "x".repeat(300);
-        let k = message_key(&long);
-        assert_eq!(k.as_str().len(), 64);
-        assert_ne!(message_key("a b").as_str(), message_key("a  b").as_str());
+        assert_eq!(message_key(&long).as_str().len(), 64);
+        assert_eq!(message_key("evt-1"), message_key("evt-1"));
+        for (a, b) in [("a b", "a  b"), ("x", "\"x\""), (" x", "x"), ("", " ")] {
+            assert_ne!(message_key(a), message_key(b), "{a:?} vs {b:?}");
+        }
     }
 }

@@ -518,19 +518,36 @@ async fn execute_leased(
         let (response, stored) = match capture(idem, op, outcome.response).await {
             Ok(r) => r,
             Err(resp) => {
-                // Not storable: give the key up so a retry is not stuck behind it.
-                if let Err(e) = lease.release().await {
-                    tracing::warn!(operation = op, error = %e, "idem: release after a capture failure failed");
+                // The effect happened but its answer cannot be stored: never
+                // release (a retry would repeat it); leave it to reconciliation.
+                if let Err(e) = lease.record_uncertain().await {
+                    tracing::warn!(operation = op, error = %e, "idem: marking an unstorable outcome uncertain failed");
                 }
                 return resp;
             }
         };
-        match lease.complete(&stored).await {
-            Ok(()) => {
-                stored_ok(op, &stored, started);
-                return response;
+        // The effect happened: try hard to record it before the lease lapses, and
+        // fall back to `uncertain` rather than let a takeover repeat it.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match lease.store_outcome(&stored).await {
+                Ok(()) => {
+                    stored_ok(op, &stored, started);
+                    return response;
+                }
+                Err(LeaseError::Store(e)) if attempt < 3 => {
+                    tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+                Err(LeaseError::Store(e)) => {
+                    if let Err(e2) = lease.record_uncertain().await {
+                        tracing::error!(operation = op, error = %e2, "idem: could not mark the outcome uncertain either");
+                    }
+                    break Err(LeaseError::Store(e));
+                }
+                Err(stale) => break Err(stale),
             }
-            Err(e) => Err(e),
         }
     };
     match result {

@@ -96,6 +96,7 @@ pub struct Lease {
     acquisition: Acquisition,
     lease: Duration,
     retention: Duration,
+    fingerprint: Fingerprint,
     lost: Arc<AtomicBool>,
 }
 
@@ -173,6 +174,7 @@ pub async fn claim_leased(
             acquisition,
             lease: req.lease,
             retention: req.retention,
+            fingerprint: req.fingerprint,
             lost: Arc::new(AtomicBool::new(false)),
         }))
     };
@@ -276,6 +278,12 @@ impl Lease {
     /// [`LeaseError::StaleOwner`] when the lease was taken over: nothing is stored,
     /// and the result must not be published.
     pub async fn complete(self, response: &StoredResponse) -> Result<(), LeaseError> {
+        self.store_outcome(response).await
+    }
+
+    /// [`Lease::complete`] without giving the lease up, so a failed attempt can be
+    /// retried.
+    pub(crate) async fn store_outcome(&self, response: &StoredResponse) -> Result<(), LeaseError> {
         let state = if response.is_failure() {
             "failed"
         } else {
@@ -315,6 +323,11 @@ impl Lease {
     ///
     /// [`LeaseError::StaleOwner`] when the lease was taken over.
     pub async fn mark_uncertain(self) -> Result<(), LeaseError> {
+        self.record_uncertain().await
+    }
+
+    /// [`Lease::mark_uncertain`] without giving the lease up.
+    pub(crate) async fn record_uncertain(&self) -> Result<(), LeaseError> {
         let done = sqlx::query(concat!(
             "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL \
               WHERE",
@@ -378,6 +391,7 @@ impl Lease {
             tenant: self.tenant.clone(),
             operation: self.operation.clone(),
             key: self.key.as_str().to_owned(),
+            fingerprint: self.fingerprint,
         }
     }
 }
@@ -389,12 +403,13 @@ pub(crate) struct Probe {
     tenant: String,
     operation: String,
     key: String,
+    fingerprint: Fingerprint,
 }
 
 impl Probe {
     pub(crate) async fn current(&self) -> Result<Option<StoredResponse>, StoreError> {
         let row = sqlx::query(concat!(
-            "SELECT response_status, response_headers, response_body FROM idempotency_requests \
+            "SELECT fingerprint, response_status, response_headers, response_body FROM idempotency_requests \
               WHERE",
             pk!(),
             "AND state IN ('completed', 'failed')"
@@ -404,7 +419,14 @@ impl Probe {
         .bind(&self.key)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| stored_from_row(&r)).transpose()
+        let Some(row) = row else { return Ok(None) };
+        // The key may since have been released and reused for another request:
+        // its answer is not this client's.
+        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+        if fingerprint != self.fingerprint.as_bytes() {
+            return Ok(None);
+        }
+        stored_from_row(&row).map(Some)
     }
 }
 
@@ -446,26 +468,43 @@ impl Renewer {
 
     /// Renews every third of the lease until `ceiling` has passed or the lease is
     /// lost, then stops (and never returns, so it can be raced against a handler).
+    ///
+    /// A renewal that does not answer within a third of the lease counts as
+    /// failed; once no renewal has succeeded for a whole lease, the lease is taken
+    /// as lapsed and [`Lease::is_lost`] says so, so the handler can stop before
+    /// calling downstream again.
     pub(crate) async fn run(self, ceiling: Duration) -> std::convert::Infallible {
         let started = tokio::time::Instant::now();
         let every = (self.lease / 3).max(Duration::from_millis(10));
+        let mut last_ok = started;
         loop {
             tokio::time::sleep(every).await;
             if started.elapsed() + every > ceiling {
                 tracing::warn!(operation = %self.operation, "idem: lease renewal ceiling reached; the execution may be taken over");
                 break;
             }
-            match self.renew().await {
-                Ok(true) => {}
-                Ok(false) => {
+            match tokio::time::timeout(every, self.renew()).await {
+                Ok(Ok(true)) => last_ok = tokio::time::Instant::now(),
+                Ok(Ok(false)) => {
                     tracing::warn!(operation = %self.operation, "idem: lease taken over; this worker's result will not be published");
                     break;
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     tracing::warn!(operation = %self.operation, error = %e, "idem: lease renewal failed; retrying")
                 }
+                Err(_) => {
+                    tracing::warn!(operation = %self.operation, "idem: lease renewal timed out; retrying")
+                }
+            }
+            if last_ok.elapsed() >= self.lease {
+                self.lost.store(true, Ordering::Release);
+                tracing::warn!(operation = %self.operation, "idem: no renewal for a whole lease; taking the lease as lost");
+                break;
             }
         }
+        // Past the last renewal the lease runs out; say so when it does.
+        tokio::time::sleep(self.lease.saturating_sub(last_ok.elapsed())).await;
+        self.lost.store(true, Ordering::Release);
         std::future::pending().await
     }
 }

@@ -11,7 +11,7 @@
 //! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `error` |
 //! | `idem_completion_seconds` | histogram | operation | from claim to commit of the stored outcome |
 //! | `idem_stored_bytes_total` | counter | operation | response body bytes stored |
-//! | `idem_reconciled_total` | counter | operation, outcome | uncertain rows resolved: `completed`, `released`, `still_uncertain`, `error` |
+//! | `idem_reconciled_total` | counter | operation, outcome | uncertain rows resolved: `completed`, `released`, `still_uncertain`, `raced` (another reconciler was first), `error` |
 //! | `idem_sweeper_deleted_total` | counter | | expired rows deleted by the sweeper |
 //! | `idem_sweeper_backlog` | gauge | | expired rows not yet swept, after a sweep |
 //! | `idem_oldest_in_flight_seconds` | gauge | | age of the oldest `processing` or `uncertain` row |

@@ -54,6 +54,8 @@ pub struct ReconcileReport {
     pub released: u64,
     /// Rows still uncertain.
     pub still_uncertain: u64,
+    /// Rows whose reconciliation failed; they stay uncertain for the next round.
+    pub errors: u64,
 }
 
 /// Runs a [`Reconcile`] over the uncertain rows of its operation. Several replicas
@@ -89,92 +91,128 @@ impl<R: Reconcile> Reconciler<R> {
         self
     }
 
-    /// One round: each uncertain row of the operation, at most the batch, locked
-    /// while its downstream is asked, then resolved.
+    /// One round: up to a batch of the operation's uncertain rows, oldest first.
+    /// Each row's downstream is asked without holding a lock (a client retry of
+    /// that key is answered at once meanwhile), and the answer is applied only if
+    /// the row is still the same uncertain execution, so two reconcilers never
+    /// apply twice. A row that fails is logged, counted and left for the next
+    /// round; it does not stop the others.
     ///
     /// # Errors
     ///
-    /// [`StoreError`] when the database fails; rows resolved before stay resolved.
+    /// [`StoreError`] when the batch cannot be read; rows resolved before stay
+    /// resolved.
     pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
-        let mut report = ReconcileReport::default();
         let op = self.reconcile.operation().to_owned();
-        let mut skip_tenants: Vec<String> = Vec::new();
-        let mut skip_keys: Vec<String> = Vec::new();
-        for _ in 0..self.batch {
-            let mut tx = self.pool.begin().await?;
-            // Rows this round left uncertain are skipped so the round ends.
-            let row = sqlx::query(
-                "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
-                  WHERE operation = $1 AND state = 'uncertain' \
-                    AND (tenant_id, idempotency_key) NOT IN \
-                        (SELECT t, k FROM unnest($2::text[], $3::text[]) AS s(t, k)) \
-                  ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(&op)
-            .bind(&skip_tenants)
-            .bind(&skip_keys)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(row) = row else { break };
-            let tenant: String = row.try_get("tenant_id")?;
-            let key: String = row.try_get("idempotency_key")?;
-            let parsed = crate::IdempotencyKey::parse(&key)
-                .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?;
-            let outcome = UncertainOutcome {
-                downstream_key: crate::lease::downstream_key(&tenant, &op, &parsed),
-                tenant: tenant.clone(),
-                operation: op.clone(),
-                key: key.clone(),
-                generation: row.try_get("generation")?,
+        let rows = sqlx::query(
+            "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
+              WHERE operation = $1 AND state = 'uncertain' ORDER BY created_at LIMIT $2",
+        )
+        .bind(&op)
+        .bind(self.batch)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut report = ReconcileReport::default();
+        for row in rows {
+            let outcome = match self.resolve(&op, &row).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    tracing::error!(operation = %op, error = %e, "idem: reconciling a row failed; it stays uncertain");
+                    "error"
+                }
             };
-            match self.reconcile.reconcile(&outcome).await {
-                Resolution::Completed(stored) => {
-                    let state = if stored.is_failure() {
-                        "failed"
-                    } else {
-                        "completed"
-                    };
-                    sqlx::query(
-                        "UPDATE idempotency_requests \
-                            SET state = $4, response_status = $5, response_headers = $6, \
-                                response_body = $7, completed_at = clock_timestamp() \
-                          WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3",
-                    )
-                    .bind(&tenant)
-                    .bind(&op)
-                    .bind(&key)
-                    .bind(state)
-                    .bind(i16::try_from(stored.status).unwrap_or(500))
-                    .bind(sqlx::types::Json(&stored.headers))
-                    .bind(&stored.body[..])
-                    .execute(&mut *tx)
-                    .await?;
-                    report.completed += 1;
-                    crate::metrics::reconciled(&op, "completed");
-                }
-                Resolution::Released => {
-                    sqlx::query(
-                        "DELETE FROM idempotency_requests \
-                          WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3",
-                    )
-                    .bind(&tenant)
-                    .bind(&op)
-                    .bind(&key)
-                    .execute(&mut *tx)
-                    .await?;
-                    report.released += 1;
-                    crate::metrics::reconciled(&op, "released");
-                }
-                Resolution::StillUncertain => {
-                    skip_tenants.push(tenant.clone());
-                    skip_keys.push(key.clone());
-                    report.still_uncertain += 1;
-                    crate::metrics::reconciled(&op, "still_uncertain");
-                }
+            match outcome {
+                "completed" => report.completed += 1,
+                "released" => report.released += 1,
+                "still_uncertain" => report.still_uncertain += 1,
+                "error" => report.errors += 1,
+                _ => {}
             }
-            tx.commit().await?;
+            crate::metrics::reconciled(&op, outcome);
         }
         Ok(report)
+    }
+
+    async fn resolve(
+        &self,
+        op: &str,
+        row: &sqlx::postgres::PgRow,
+    ) -> Result<&'static str, StoreError> {
+        let tenant: String = row.try_get("tenant_id")?;
+        let key: String = row.try_get("idempotency_key")?;
+        let generation: i64 = row.try_get("generation")?;
+        let parsed = crate::IdempotencyKey::parse(&key)
+            .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?;
+        let outcome = UncertainOutcome {
+            downstream_key: crate::lease::downstream_key(&tenant, op, &parsed),
+            tenant: tenant.clone(),
+            operation: op.to_owned(),
+            key: key.clone(),
+            generation,
+        };
+        match self.reconcile.reconcile(&outcome).await {
+            Resolution::Completed(stored) if stored.status >= 500 => {
+                // A 5xx is never stored (a retry must be able to run); the row
+                // waits for a definite answer.
+                tracing::warn!(operation = %op, status = stored.status, "idem: a reconciliation answered 5xx; the row stays uncertain");
+                Ok("still_uncertain")
+            }
+            Resolution::Completed(stored) => {
+                let state = if stored.is_failure() {
+                    "failed"
+                } else {
+                    "completed"
+                };
+                // The retention runs from now, as for any completion: a row
+                // resolved late must not be already expired.
+                let done = sqlx::query(
+                    "UPDATE idempotency_requests r \
+                        SET state = $5, response_status = $6, response_headers = $7, \
+                            response_body = $8, completed_at = c.t, lease_expires_at = NULL, \
+                            expires_at = c.t + (r.expires_at - r.created_at) \
+                       FROM (SELECT clock_timestamp() AS t) c \
+                      WHERE r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3 \
+                        AND r.generation = $4 AND r.state = 'uncertain'",
+                )
+                .bind(&tenant)
+                .bind(op)
+                .bind(&key)
+                .bind(generation)
+                .bind(state)
+                .bind(
+                    i16::try_from(stored.status)
+                        .map_err(|_| StoreError::Corrupt(format!("status {}", stored.status)))?,
+                )
+                .bind(sqlx::types::Json(&stored.headers))
+                .bind(&stored.body[..])
+                .execute(&self.pool)
+                .await?;
+                Ok(if done.rows_affected() == 1 {
+                    "completed"
+                } else {
+                    "raced"
+                })
+            }
+            Resolution::Released => {
+                let done = sqlx::query(
+                    "DELETE FROM idempotency_requests \
+                      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+                        AND generation = $4 AND state = 'uncertain'",
+                )
+                .bind(&tenant)
+                .bind(op)
+                .bind(&key)
+                .bind(generation)
+                .execute(&self.pool)
+                .await?;
+                Ok(if done.rows_affected() == 1 {
+                    "released"
+                } else {
+                    "raced"
+                })
+            }
+            Resolution::StillUncertain => Ok("still_uncertain"),
+        }
     }
 
     /// Runs rounds forever, every interval; errors are logged and the loop goes on.

@@ -8,9 +8,12 @@
 //! * along an allowed edge: runs the action and moves the state, in the caller's
 //!   transaction, fenced by the version (optimistic locking);
 //! * along any other edge: [`TransitionError::Invalid`] — `ship` before `pay`;
-//! * when a concurrent transition moved the resource first:
-//!   [`TransitionError::Conflict`] — roll back (the action's writes go with it)
-//!   and, if you like, try again: the retry then sees the new state.
+//! * concurrently with another transition of the same resource: the row is
+//!   locked before the action runs, so the second waits for the first to commit
+//!   and then sees its state (a no-op, or `Invalid`): the action never runs
+//!   twice, not even an effect outside the database. The version still fences
+//!   the update ([`TransitionError::Conflict`]) against writers that bypass the
+//!   lock; roll back then, and retry.
 //!
 //! ```
 //! use idem_runtime::transition::States;
@@ -145,7 +148,7 @@ where
         None => " AND $2::text IS NULL".to_owned(),
     };
     let read = format!(
-        "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql}",
+        "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE",
         state = resource.state_column,
         version = resource.version_column,
         table = resource.table,

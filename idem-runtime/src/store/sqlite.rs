@@ -8,6 +8,10 @@
 //! reports [`Claim::InFlight`]. A transaction that already read or wrote before
 //! claiming cannot wait that way; claim first.
 //!
+//! SQLite has one write lock for the whole database, so a claim also waits for
+//! writers of *other* keys; past the bound it reports [`Claim::InFlight`] (`409`
+//! with `Retry-After`) even when the holder was another key. Keep handlers short.
+//!
 //! Leased mode, the sweeper, stats and the CLI are PostgreSQL-only for now.
 
 use std::time::Duration;
@@ -89,6 +93,11 @@ pub async fn claim(
     tx: &mut Transaction<'_, Sqlite>,
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
+    // busy_timeout belongs to the connection: set the bound for the claim only,
+    // and give the connection its own back for the rest of the transaction.
+    let saved: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut **tx)
+        .await?;
     let wait = millis(req.in_flight_wait).max(1);
     sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {wait}")))
         .execute(&mut **tx)
@@ -101,6 +110,11 @@ pub async fn claim(
         .bind(millis(req.retention))
         .fetch_optional(&mut **tx)
         .await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "PRAGMA busy_timeout = {saved}"
+    )))
+    .execute(&mut **tx)
+    .await?;
     let generation: Option<i64> = match inserted {
         Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
         Err(e) if is_busy(&e) => {
