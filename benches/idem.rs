@@ -527,7 +527,7 @@ mod proxy {
     #[derive(Debug, Default, Clone, Serialize, Deserialize)]
     pub struct Stats {
         pub round_trips: u64,
-        /// Lone `Sync` messages: sqlx's `test_before_acquire` ping.
+        /// Lone `Sync` messages: sqlx's liveness pings (on acquire, and on release).
         pub pings: u64,
         pub parse: u64,
         pub bind: u64,
@@ -1837,7 +1837,7 @@ mod driver {
         if !profiled.is_empty() {
             let _ = writeln!(
                 out,
-                "\nstatement profile (through a counting proxy; RTs = round trips, pings = sqlx test_before_acquire):"
+                "\nstatement profile (through a counting proxy; RTs = round trips; pings = sqlx liveness pings, on acquire (test_before_acquire) and on release):"
             );
             out.push_str(&profile_table(&profiled));
         }
