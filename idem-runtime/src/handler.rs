@@ -209,9 +209,13 @@ fn prepare(
 
 /// Runs the claimed work on its own task, so a client that disconnects does not
 /// cancel it half-way: the outcome is still recorded and the retry replays it.
+///
+/// The work is boxed before it is spawned: its future is large (about 10 KB), and
+/// by value it would be copied into the caller's future, into `spawn` and into the
+/// task cell (a tenth of the request's CPU under callgrind, see BENCHMARKS.md).
 async fn detached(
     operation: &'static str,
-    work: impl Future<Output = Response> + Send + 'static,
+    work: Pin<Box<dyn Future<Output = Response> + Send + 'static>>,
 ) -> Response {
     match tokio::spawn(work).await {
         Ok(resp) => resp,
@@ -254,17 +258,20 @@ pub async fn run<DB: Backend>(
         Ok(p) => p,
         Err(resp) => return resp,
     };
-    detached(spec.operation, async move {
-        let claim = ClaimRequest {
-            tenant: &tenant,
-            operation: spec.operation,
-            key: &req.key,
-            fingerprint,
-            retention: spec.retention,
-            in_flight_wait: spec.in_flight_wait.unwrap_or(req.idem.in_flight_wait()),
-        };
-        execute(&req.idem, &claim, handler).await
-    })
+    detached(
+        spec.operation,
+        Box::pin(async move {
+            let claim = ClaimRequest {
+                tenant: &tenant,
+                operation: spec.operation,
+                key: &req.key,
+                fingerprint,
+                retention: spec.retention,
+                in_flight_wait: spec.in_flight_wait.unwrap_or(req.idem.in_flight_wait()),
+            };
+            execute(&req.idem, &claim, handler).await
+        }),
+    )
     .await
 }
 
@@ -415,19 +422,22 @@ pub async fn run_leased(
         Ok(p) => p,
         Err(resp) => return resp,
     };
-    detached(spec.operation, async move {
-        let lease_len = spec.lease.unwrap_or(Duration::from_secs(30));
-        let claim = LeaseRequest {
-            tenant: &tenant,
-            operation: spec.operation,
-            key: &req.key,
-            fingerprint,
-            retention: spec.retention,
-            lease: lease_len,
-        };
-        let ceiling = spec.lease_ceiling.unwrap_or(lease_len * 10);
-        execute_leased(&req.idem, &claim, ceiling, handler).await
-    })
+    detached(
+        spec.operation,
+        Box::pin(async move {
+            let lease_len = spec.lease.unwrap_or(Duration::from_secs(30));
+            let claim = LeaseRequest {
+                tenant: &tenant,
+                operation: spec.operation,
+                key: &req.key,
+                fingerprint,
+                retention: spec.retention,
+                lease: lease_len,
+            };
+            let ceiling = spec.lease_ceiling.unwrap_or(lease_len * 10);
+            execute_leased(&req.idem, &claim, ceiling, handler).await
+        }),
+    )
     .await
 }
 
