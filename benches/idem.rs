@@ -842,6 +842,8 @@ mod driver {
         child: tokio::process::Child,
         pid: u32,
         base: String,
+        /// The database's name, to find its backends' CPU time.
+        database: String,
     }
 
     impl Server {
@@ -885,10 +887,17 @@ mod driver {
             .ok()
             .flatten()
             .ok_or("the server did not report its address")?;
+            let database = database_url
+                .split('?')
+                .next()
+                .and_then(|u| u.rsplit('/').next())
+                .unwrap_or_default()
+                .to_owned();
             Ok(Server {
                 child,
                 pid,
                 base: format!("http://{addr}"),
+                database,
             })
         }
 
@@ -934,10 +943,14 @@ mod driver {
         Some((comm, utime + stime))
     }
 
-    /// CPU ticks of the server, of every `postgres` process, and of this driver.
-    fn cpu_snapshot(server_pid: u32) -> [u64; 3] {
+    /// CPU ticks of the server, of the PostgreSQL backends serving `database` (their
+    /// process title names it: `postgres: user database host(port) state`), and of
+    /// this driver. Backends of other databases, whatever else runs on the machine,
+    /// and PostgreSQL's background processes are not counted.
+    fn cpu_snapshot(server_pid: u32, database: &str) -> [u64; 3] {
         let server = cpu_ticks(&server_pid.to_string()).map_or(0, |c| c.1);
         let me = cpu_ticks("self").map_or(0, |c| c.1);
+        let needle = format!(" {database} ");
         let mut pg = 0;
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for entry in dir.flatten() {
@@ -946,6 +959,8 @@ mod driver {
                 if name.bytes().all(|b| b.is_ascii_digit())
                     && let Some((comm, ticks)) = cpu_ticks(&name)
                     && comm == "postgres"
+                    && std::fs::read(format!("/proc/{name}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
                 {
                     pg += ticks;
                 }
@@ -1271,9 +1286,10 @@ mod driver {
                 }
             }
         });
+        let database = server.database.clone();
         let cpu_before = tokio::spawn(async move {
             tokio::time::sleep_until(measure_from.into()).await;
-            cpu_snapshot(pid)
+            cpu_snapshot(pid, &database)
         });
 
         let mut tally = Tally::default();
@@ -1332,7 +1348,7 @@ mod driver {
                 tally.merge(r.map_err(|e| e.to_string())?);
             }
         }
-        let cpu_after = cpu_snapshot(pid);
+        let cpu_after = cpu_snapshot(pid, &server.database);
         let cpu_before = cpu_before.await.map_err(|e| e.to_string())?;
         let samples = sampler.await.map_err(|e| e.to_string())?;
         let (_, peak) = memory_kib(pid);
@@ -1815,7 +1831,7 @@ mod driver {
         out.push_str(&table(&results));
         let _ = writeln!(
             out,
-            "(srv/pg/gen us: CPU microseconds per request in the server process, in all postgres processes, in this load generator)\n"
+            "(srv/pg/gen us: CPU microseconds per request in the server process, in the PostgreSQL backends of the bench database, in this load generator)\n"
         );
         out.push_str(&ratios(&results));
         let _ = writeln!(

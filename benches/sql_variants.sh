@@ -13,6 +13,10 @@
 #                 i.e. no subtransaction (proposal M1 in BENCHMARKS.md)
 #   idem_noidx    idem, on a copy of the table without the two secondary indexes
 #                 (an upper bound for proposal M2: HOT completions)
+#   idem_plain    idem with a plain `INSERT ... ON CONFLICT DO NOTHING RETURNING`
+#                 instead of idem_claim (what the function costs; no replay/wait logic)
+#   idem_pipe     idem with BEGIN + claim and UPDATE + COMMIT each sent as one
+#                 pipeline: 5 round trips instead of 7 (proposals R1 and R2)
 #   mw            INSERT claim; BEGIN; INSERT; COMMIT; UPDATE complete          (d)
 # The database is dropped at the end.
 set -euo pipefail
@@ -72,13 +76,19 @@ printf '%s\n' '\set k random(1, 9000000000000)' 'BEGIN;' "$INSERT" 'COMMIT;' >"$
 idem idem_claim idempotency_requests >"$WORK/idem.sql"
 idem idem_claim_nosub idempotency_requests >"$WORK/idem_nosub.sql"
 idem noidx.idem_claim noidx.idempotency_requests >"$WORK/idem_noidx.sql"
+MW_CLAIM="INSERT INTO TABLE (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) VALUES ('t', 'create-order', 'k' || :k, $FP, 'processing', now(), now() + interval '1 day') ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation;"
+printf '%s\n' '\set k random(1, 9000000000000)' 'BEGIN ISOLATION LEVEL READ COMMITTED;' \
+    "${MW_CLAIM/TABLE/idempotency_requests}" "$INSERT" "$(complete idempotency_requests)" 'COMMIT;' >"$WORK/idem_plain.sql"
+printf '%s\n' '\set k random(1, 9000000000000)' '\startpipeline' 'BEGIN ISOLATION LEVEL READ COMMITTED;' \
+    "SELECT outcome, generation FROM idem_claim('t', 'create-order', 'k' || :k, $FP, 86400000, 2000);" \
+    '\endpipeline' "$INSERT" '\startpipeline' "$(complete idempotency_requests)" 'COMMIT;' '\endpipeline' >"$WORK/idem_pipe.sql"
 printf '%s\n' '\set k random(1, 9000000000000)' \
     "INSERT INTO mw_idempotency_requests (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) VALUES ('t', 'create-order', 'k' || :k, $FP, 'processing', now(), now() + interval '1 day') ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation;" \
     'BEGIN;' "$INSERT" 'COMMIT;' "$(complete mw_idempotency_requests)" >"$WORK/mw.sql"
 
 echo "pgbench -M prepared, $CLIENTS clients, $SECS s per shape; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "$ROUNDS"); do
-    for shape in bare idem idem_nosub idem_noidx mw; do
+    for shape in bare idem idem_nosub idem_noidx idem_plain idem_pipe mw; do
         tps=$(pgbench -h "$HOST" -U postgres -n -M prepared -c "$CLIENTS" -j 2 -T "$SECS" \
             -f "$WORK/$shape.sql" "$DB" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
         printf 'round %d  %-11s %8.0f tps\n' "$round" "$shape" "$tps"
