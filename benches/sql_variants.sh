@@ -18,12 +18,17 @@
 #   idem_pipe     idem with BEGIN + claim and UPDATE + COMMIT each sent as one
 #                 pipeline: 5 round trips instead of 7 (proposals R1 and R2)
 #   mw            INSERT claim; BEGIN; INSERT; COMMIT; UPDATE complete          (d)
-# The database is dropped at the end.
+# Then the PostgreSQL backend CPU per transaction of the same shapes, executed
+# LOOP times by a procedure in one backend (no protocol, no round trips, no other
+# clients), read from /proc: the executor and WAL cost alone (CPU time still
+# inflates when the machine is busy; compare shapes within one run). The database
+# is dropped at the end.
 set -euo pipefail
 
 CLIENTS=${CLIENTS:-8}
 SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-2}
+LOOP=${LOOP:-10000}
 HOST=${PGHOST:-127.0.0.1}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DB=idem_bench_$$
@@ -96,3 +101,61 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 echo "completions that were HOT updates: $(psql -d "$DB" -c "SELECT n_tup_hot_upd || ' of ' || n_tup_upd FROM pg_stat_user_tables WHERE relname = 'idempotency_requests' AND schemaname = 'public'")"
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# --- backend CPU per transaction, in one backend ---------------------------------
+psql -d "$DB" <<'SQL'
+TRUNCATE idempotency_requests, orders;
+CREATE PROCEDURE run_shape(shape text, n int) LANGUAGE plpgsql AS $$
+DECLARE k text; g bigint; o text;
+BEGIN
+  FOR i IN 1..n LOOP
+    k := shape || '-' || i || '-' || random();
+    IF shape = 'idem' THEN
+      SELECT c.outcome, c.generation INTO o, g FROM idem_claim('t', 'create-order', k,
+        '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 86400000, 2000) c;
+    ELSIF shape = 'idem_nosub' THEN
+      SELECT c.outcome, c.generation INTO o, g FROM idem_claim_nosub('t', 'create-order', k,
+        '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 86400000, 2000) c;
+    ELSIF shape = 'idem_plain' THEN
+      INSERT INTO idempotency_requests (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at)
+      VALUES ('t', 'create-order', k, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea,
+              'processing', now(), now() + interval '1 day')
+      ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation INTO g;
+    END IF;
+    INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) VALUES ('t', 'A-1', 2, 1999, 'EUR', k);
+    IF shape <> 'bare' THEN
+      UPDATE idempotency_requests SET state = 'completed', response_status = 201,
+             response_headers = '[["content-type","application/json"],["location","/orders/1"]]',
+             response_body = '\x7b226964223a317d'::bytea, completed_at = c.t,
+             expires_at = c.t + 86400000 * interval '1 millisecond'
+        FROM (SELECT clock_timestamp() AS t) c
+       WHERE tenant_id = 't' AND operation = 'create-order' AND idempotency_key = k AND state = 'processing';
+    END IF;
+    COMMIT;
+  END LOOP;
+END $$;
+SQL
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+loop_cpu() { # $1: shape; prints backend CPU microseconds per transaction
+    command psql -h "$HOST" -U postgres -qAt -d "$DB" -c "SELECT pg_sleep(1)" \
+        -c "CALL run_shape('$1', $LOOP)" -c "SELECT pg_sleep(1.5)" >/dev/null &
+    local bg=$! pid t0 q seen=0
+    sleep 0.5
+    pid=$(psql -d postgres -c "SELECT pid FROM pg_stat_activity WHERE datname = '$DB' AND query LIKE 'SELECT pg_sleep(1)%'")
+    t0=$(ticks "$pid")
+    while true; do
+        q=$(psql -d postgres -c "SELECT query FROM pg_stat_activity WHERE pid = $pid")
+        case "$q" in CALL*) seen=1 ;; "SELECT pg_sleep(1.5)") [ $seen = 1 ] && break ;; esac
+        sleep 0.05
+    done
+    echo $((($(ticks "$pid") - t0) * 10000 / LOOP)) # ticks are 10 ms
+    wait "$bg"
+}
+# The table is not analysed while empty: an empty ANALYZE makes sessions cache
+# sequential-scan plans for the key lookups (see BENCHMARKS.md).
+echo "backend CPU per transaction, $LOOP transactions in one backend:"
+for round in 1 2; do
+    for shape in bare idem idem_nosub idem_plain; do
+        printf 'round %d  %-11s %5d us\n' "$round" "$shape" "$(loop_cpu "$shape")"
+    done
+done
