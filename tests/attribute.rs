@@ -2,6 +2,8 @@
 //! SQLite file: the same handlers and tests, stamped per backend by
 //! `attribute_tests!` (the backend is picked by the handler's `Tx<Db>` type).
 
+#[path = "common/caller.rs"]
+mod caller;
 mod common;
 
 use std::sync::Arc;
@@ -9,13 +11,12 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{FromRef, FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::{FromRef, State};
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, response::IntoResponse};
 use http_body_util::BodyExt;
-use idem_runtime::{Idem, TenantScope, Tx, idempotent};
+use idem_runtime::{Idem, Tx, idempotent};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
@@ -29,27 +30,7 @@ macro_rules! attribute_tests {
         type TestDb = $test_db;
         const WIDGETS_DDL: &str = $widgets_ddl;
 
-        /// Demo auth: `Authorization: Bearer <tenant>`.
-        struct Caller(String);
-
-        impl<S: Send + Sync> FromRequestParts<S> for Caller {
-            type Rejection = StatusCode;
-            async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-                parts
-                    .headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .map(|t| Caller(t.to_owned()))
-                    .ok_or(StatusCode::UNAUTHORIZED)
-            }
-        }
-
-        impl TenantScope for Caller {
-            fn tenant_id(&self) -> &str {
-                &self.0
-            }
-        }
+        use crate::caller::Caller;
 
         /// Lets a test hold a handler inside its transaction: the handler reports that it
         /// entered, then waits for a permit.

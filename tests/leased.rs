@@ -3,6 +3,8 @@
 //! provider is simulated in-process with its own idempotency by key, so "charged
 //! once" is checked where the money would move.
 
+#[path = "common/caller.rs"]
+mod caller;
 mod common;
 
 use std::collections::HashMap;
@@ -13,8 +15,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{FromRef, FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::{FromRef, State};
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -25,7 +26,7 @@ use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcom
 use idem_runtime::retry::{RetryPolicy, Retryable};
 use idem_runtime::{
     FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoredResponse,
-    TenantScope, Uncertain, claim_leased, idempotent,
+    Uncertain, claim_leased, idempotent,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -242,26 +243,7 @@ async fn release_frees_the_key_and_a_mismatch_is_reported() {
 
 // ---- through the attribute and a router ----
 
-struct Caller(String);
-
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = StatusCode;
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        parts
-            .headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| Caller(t.to_owned()))
-            .ok_or(StatusCode::UNAUTHORIZED)
-    }
-}
-
-impl TenantScope for Caller {
-    fn tenant_id(&self) -> &str {
-        &self.0
-    }
-}
+use caller::Caller;
 
 #[derive(Clone)]
 struct App {
@@ -647,4 +629,43 @@ async fn an_outage_under_load_stays_within_the_retry_bound_and_recovers_exactly_
         calls + n as usize,
         "replays call nobody"
     );
+}
+
+/// A downstream that answers with a server error.
+struct Broken;
+
+impl Reconcile for Broken {
+    fn operation(&self) -> &str {
+        "create-payment"
+    }
+
+    async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+        Resolution::Completed(StoredResponse {
+            status: 502,
+            headers: vec![],
+            body: "bad gateway".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_5xx_resolution_is_never_stored() {
+    let db = TestDb::new().await;
+    let key = IdempotencyKey::parse("unc-3").unwrap();
+    acquire(&db, &key, HOUR)
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let report = Reconciler::new(db.pool.clone(), Broken)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.still_uncertain, 1);
+    assert_eq!(report.completed, 0);
+    let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "uncertain");
 }

@@ -317,6 +317,15 @@ mod sqlite {
         let c = claim(&mut dup, &r).await.unwrap();
         assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
         assert!(started.elapsed() >= bound, "gave up before the bound");
+        // The bound was the claim's only: both connections have their own
+        // busy timeout (the pool's 5 s) back for the rest of their transactions.
+        for tx in [&mut first, &mut dup] {
+            let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+                .fetch_one(&mut **tx)
+                .await
+                .unwrap();
+            assert_eq!(timeout, 5000);
+        }
         drop(dup);
 
         exec.complete(&mut first, &created(id)).await.unwrap();

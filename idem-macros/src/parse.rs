@@ -88,8 +88,7 @@ fn rewrite_body_paths(inner: TokenStream) -> TokenStream {
             }
             let mut lit = Literal::string(&segments.join("."));
             lit.set_span(span.unwrap_or_else(|| tokens[i].span()));
-            let mut ident = proc_macro2::Ident::new("body_field", tokens[i].span());
-            ident.set_span(tokens[i].span());
+            let ident = proc_macro2::Ident::new("body_field", tokens[i].span());
             out.push(TokenTree::Ident(ident));
             let mut eq = Punct::new('=', Spacing::Alone);
             eq.set_span(tokens[i].span());

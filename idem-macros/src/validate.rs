@@ -120,8 +120,7 @@ pub fn validate(
         Some(c) => check_duration("lease_ceiling", &c, false, None, errors),
         None => None,
     };
-    if let (Some(w), Some(_)) = (&in_flight_wait, &lease) {
-        let _ = w;
+    if in_flight_wait.is_some() && lease.is_some() {
         errors.push(darling::Error::custom(
             "`in_flight_wait` applies to the transactional mode; a leased duplicate is answered at once with `Retry-After` until the lease lapses: remove `in_flight_wait`",
         ));

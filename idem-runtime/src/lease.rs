@@ -284,11 +284,7 @@ impl Lease {
     /// [`Lease::complete`] without giving the lease up, so a failed attempt can be
     /// retried.
     pub(crate) async fn store_outcome(&self, response: &StoredResponse) -> Result<(), LeaseError> {
-        let state = if response.is_failure() {
-            "failed"
-        } else {
-            "completed"
-        };
+        let state = response.state();
         let status = i16::try_from(response.status)
             .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
         let done = sqlx::query(concat!(
@@ -328,19 +324,13 @@ impl Lease {
 
     /// [`Lease::mark_uncertain`] without giving the lease up.
     pub(crate) async fn record_uncertain(&self) -> Result<(), LeaseError> {
-        let done = sqlx::query(concat!(
+        self.fenced_statement(concat!(
             "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL \
               WHERE",
             pk!(),
             "AND owner_token = $4::uuid AND state = 'processing'"
         ))
-        .bind(&self.tenant)
-        .bind(&self.operation)
-        .bind(self.key.as_str())
-        .bind(&self.token)
-        .execute(&self.pool)
-        .await?;
-        self.fenced(done.rows_affected())
+        .await
     }
 
     /// Gives the key up: the effect did not happen, and a retry may execute anew.
@@ -349,18 +339,24 @@ impl Lease {
     ///
     /// [`LeaseError::StaleOwner`] when the lease was taken over.
     pub async fn release(self) -> Result<(), LeaseError> {
-        let done = sqlx::query(concat!(
-            "DELETE FROM idempotency_requests \
-              WHERE",
+        self.fenced_statement(concat!(
+            "DELETE FROM idempotency_requests WHERE",
             pk!(),
             "AND owner_token = $4::uuid AND state = 'processing'"
         ))
-        .bind(&self.tenant)
-        .bind(&self.operation)
-        .bind(self.key.as_str())
-        .bind(&self.token)
-        .execute(&self.pool)
-        .await?;
+        .await
+    }
+
+    /// Runs a statement over this lease's row (`$1..$4`: tenant, operation, key,
+    /// owner token) that must touch exactly that row while this lease owns it.
+    async fn fenced_statement(&self, sql: &'static str) -> Result<(), LeaseError> {
+        let done = sqlx::query(sql)
+            .bind(&self.tenant)
+            .bind(&self.operation)
+            .bind(self.key.as_str())
+            .bind(&self.token)
+            .execute(&self.pool)
+            .await?;
         self.fenced(done.rows_affected())
     }
 

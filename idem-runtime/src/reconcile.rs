@@ -158,11 +158,7 @@ impl<R: Reconcile> Reconciler<R> {
                 Ok("still_uncertain")
             }
             Resolution::Completed(stored) => {
-                let state = if stored.is_failure() {
-                    "failed"
-                } else {
-                    "completed"
-                };
+                let state = stored.state();
                 // The retention runs from now, as for any completion: a row
                 // resolved late must not be already expired.
                 let done = sqlx::query(

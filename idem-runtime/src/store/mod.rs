@@ -232,6 +232,16 @@ impl StoredResponse {
     pub fn is_failure(&self) -> bool {
         self.status >= 400
     }
+
+    /// The row state this outcome is stored under: `failed` for a 4xx, else
+    /// `completed`.
+    pub fn state(&self) -> &'static str {
+        if self.is_failure() {
+            "failed"
+        } else {
+            "completed"
+        }
+    }
 }
 
 /// Why the store could not do its part. None of these carries a raw key.

@@ -104,11 +104,7 @@ pub async fn complete(
     tx: &mut Transaction<'_, Postgres>,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let state = if response.is_failure() {
-        "failed"
-    } else {
-        "completed"
-    };
+    let state = response.state();
     let status = i16::try_from(response.status)
         .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
     let done = sqlx::query(COMPLETE_SQL)

@@ -178,11 +178,7 @@ pub async fn complete(
     tx: &mut Transaction<'_, Sqlite>,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let state = if response.is_failure() {
-        "failed"
-    } else {
-        "completed"
-    };
+    let state = response.state();
     let headers =
         serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let done = sqlx::query(COMPLETE_SQL)
