@@ -1,10 +1,12 @@
-//! Idempotent state transitions with optimistic locking, against PostgreSQL.
+//! Idempotent state transitions with optimistic locking, against PostgreSQL and a
+//! SQLite file: the shared behaviour is written once and stamped per backend by
+//! `transition_tests!`; how a concurrent transition is held off is tested per
+//! backend (a row lock on PostgreSQL, the write lock on SQLite).
 
 mod common;
 
-use common::TestDb;
 use idem_runtime::transition::{Resource, States, TransitionError, Transitioned, transition};
-use sqlx::PgConnection;
+use sqlx::Transaction;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -34,134 +36,209 @@ const ORDERS: Resource = Resource {
     scope_column: Some("tenant_id"),
 };
 
-async fn db() -> TestDb {
-    let db = TestDb::new().await;
-    db.exec(
-        "CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text NOT NULL, version bigint NOT NULL);
-         CREATE TABLE payments (order_id bigint NOT NULL);
-         INSERT INTO orders VALUES (1, 'acme', 'created', 1);",
-    )
-    .await;
-    db
-}
+const DDL: &str = "CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text NOT NULL, version bigint NOT NULL);
+     CREATE TABLE payments (order_id bigint NOT NULL);
+     INSERT INTO orders VALUES (1, 'acme', 'created', 1);";
 
 type Outcome = Result<Transitioned<()>, TransitionError<Step, sqlx::Error>>;
 
-async fn go(conn: &mut PgConnection, to: Step) -> Outcome {
-    transition(conn, &ORDERS, 1, Some("acme"), to, |c| {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO payments VALUES (1)")
-                .execute(&mut *c)
-                .await?;
-            Ok(())
-        })
-    })
-    .await
-}
+/// What both backends must do alike, written once.
+macro_rules! transition_tests {
+    ($db:ty, $test_db:ty) => {
+        use super::*;
 
-#[tokio::test]
-async fn a_repeated_transition_is_a_no_op_success() {
-    let db = db().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    assert_eq!(
-        go(&mut tx, Step::Paid).await.unwrap(),
-        Transitioned::Applied {
-            value: (),
-            version: 2
+        pub(super) type TestDb = $test_db;
+
+        pub(super) async fn db() -> TestDb {
+            let db = TestDb::new().await;
+            db.exec(DDL).await;
+            db
         }
-    );
-    tx.commit().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    assert_eq!(
-        go(&mut tx, Step::Paid).await.unwrap(),
-        Transitioned::AlreadyThere { version: 2 }
-    );
-    tx.commit().await.unwrap();
-    assert_eq!(
-        db.count("SELECT count(*) FROM payments").await,
-        1,
-        "the action ran once"
-    );
+
+        pub(super) async fn go(tx: &mut Transaction<'_, $db>, to: Step) -> Outcome {
+            transition(tx, &ORDERS, 1, Some("acme"), to, |c| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO payments VALUES (1)")
+                        .execute(&mut *c)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .await
+        }
+
+        #[tokio::test]
+        async fn a_repeated_transition_is_a_no_op_success() {
+            let db = db().await;
+            let mut tx = db.pool.begin().await.unwrap();
+            assert_eq!(
+                go(&mut tx, Step::Paid).await.unwrap(),
+                Transitioned::Applied {
+                    value: (),
+                    version: 2
+                }
+            );
+            tx.commit().await.unwrap();
+            let mut tx = db.pool.begin().await.unwrap();
+            assert_eq!(
+                go(&mut tx, Step::Paid).await.unwrap(),
+                Transitioned::AlreadyThere { version: 2 }
+            );
+            tx.commit().await.unwrap();
+            assert_eq!(
+                db.count("SELECT count(*) FROM payments").await,
+                1,
+                "the action ran once"
+            );
+        }
+
+        #[tokio::test]
+        async fn an_invalid_transition_is_a_typed_error() {
+            let db = db().await;
+            let mut tx = db.pool.begin().await.unwrap();
+            match go(&mut tx, Step::Shipped).await {
+                Err(TransitionError::Invalid {
+                    from: Step::Created,
+                    to: Step::Shipped,
+                }) => {}
+                other => panic!("expected Invalid, got {other:?}"),
+            }
+            drop(tx);
+            let mut other_tenant = db.pool.begin().await.unwrap();
+            let missing = transition(
+                &mut other_tenant,
+                &ORDERS,
+                1,
+                Some("globex"),
+                Step::Paid,
+                |_| Box::pin(async { Ok::<(), sqlx::Error>(()) }),
+            )
+            .await;
+            assert!(matches!(missing, Err(TransitionError::NotFound)));
+            drop(other_tenant);
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
+        }
+
+        #[tokio::test]
+        async fn an_unscoped_resource_is_found_by_id_alone() {
+            let db = db().await;
+            let unscoped = Resource {
+                scope_column: None,
+                ..ORDERS
+            };
+            let mut tx = db.pool.begin().await.unwrap();
+            let r = transition(&mut tx, &unscoped, 1, None, Step::Paid, |_| {
+                Box::pin(async { Ok::<(), sqlx::Error>(()) })
+            })
+            .await;
+            assert!(
+                matches!(r, Ok(Transitioned::Applied { version: 2, .. })),
+                "{r:?}"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_writer_that_bypasses_the_lock_is_fenced_by_the_version() {
+            let db = db().await;
+            let mut tx = db.pool.begin().await.unwrap();
+            // The action itself moves the version, as a writer outside the helper would.
+            let r: Outcome = transition(&mut tx, &ORDERS, 1, Some("acme"), Step::Paid, |c| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE orders SET version = version + 1 WHERE id = 1")
+                        .execute(&mut *c)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .await;
+            assert!(matches!(r, Err(TransitionError::Conflict)), "{r:?}");
+        }
+    };
 }
 
-#[tokio::test]
-async fn an_invalid_transition_is_a_typed_error() {
-    let db = db().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    match go(&mut tx, Step::Shipped).await {
-        Err(TransitionError::Invalid {
-            from: Step::Created,
-            to: Step::Shipped,
-        }) => {}
-        other => panic!("expected Invalid, got {other:?}"),
+mod postgres {
+    transition_tests!(sqlx::Postgres, crate::common::TestDb);
+
+    #[tokio::test]
+    async fn of_two_concurrent_transitions_one_runs_and_the_other_is_a_no_op() {
+        let db = db().await;
+        let mut a = db.pool.begin().await.unwrap();
+        let mut b = db.pool.begin().await.unwrap();
+        let a_result = go(&mut a, Step::Paid).await.unwrap();
+        assert!(matches!(a_result, Transitioned::Applied { version: 2, .. }));
+        // B blocks on A's row lock before its action could run...
+        let b_task = tokio::spawn(async move {
+            let r = go(&mut b, Step::Paid).await;
+            (r, b)
+        });
+        wait_for_lock_waiter(&db).await;
+        a.commit().await.unwrap();
+        // ...and then sees A's state: nothing to do, its action never ran.
+        let (b_result, b) = b_task.await.unwrap();
+        assert!(
+            matches!(b_result, Ok(Transitioned::AlreadyThere { version: 2 })),
+            "{b_result:?}"
+        );
+        b.commit().await.unwrap();
+        assert_eq!(
+            db.count("SELECT count(*) FROM payments").await,
+            1,
+            "one payment"
+        );
     }
-    let mut other_tenant = db.pool.begin().await.unwrap();
-    let missing = transition(
-        &mut other_tenant,
-        &ORDERS,
-        1,
-        Some("globex"),
-        Step::Paid,
-        |_| Box::pin(async { Ok::<(), sqlx::Error>(()) }),
-    )
-    .await;
-    assert!(matches!(missing, Err(TransitionError::NotFound)));
-    assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
+
+    async fn wait_for_lock_waiter(db: &TestDb) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while db
+            .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            .await
+            == 0
+        {
+            assert!(std::time::Instant::now() < deadline, "B never blocked on A");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
 }
 
-#[tokio::test]
-async fn of_two_concurrent_transitions_one_runs_and_the_other_is_a_no_op() {
-    let db = db().await;
-    let mut a = db.pool.begin().await.unwrap();
-    let mut b = db.pool.begin().await.unwrap();
-    let a_result = go(&mut a, Step::Paid).await.unwrap();
-    assert!(matches!(a_result, Transitioned::Applied { version: 2, .. }));
-    // B blocks on A's row lock before its action could run...
-    let b_task = tokio::spawn(async move {
-        let r = go(&mut b, Step::Paid).await;
-        (r, b)
-    });
-    wait_for_lock_waiter(&db).await;
-    a.commit().await.unwrap();
-    // ...and then sees A's state: nothing to do, its action never ran.
-    let (b_result, b) = b_task.await.unwrap();
-    assert!(
-        matches!(b_result, Ok(Transitioned::AlreadyThere { version: 2 })),
-        "{b_result:?}"
-    );
-    b.commit().await.unwrap();
-    assert_eq!(
-        db.count("SELECT count(*) FROM payments").await,
-        1,
-        "one payment"
-    );
-}
+mod sqlite {
+    transition_tests!(sqlx::Sqlite, crate::common::SqliteDb);
 
-#[tokio::test]
-async fn a_writer_that_bypasses_the_lock_is_fenced_by_the_version() {
-    let db = db().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    // The action itself moves the version, as a writer outside the helper would.
-    let r: Outcome = transition(&mut tx, &ORDERS, 1, Some("acme"), Step::Paid, |c| {
-        Box::pin(async move {
-            sqlx::query("UPDATE orders SET version = version + 1 WHERE id = 1")
-                .execute(&mut *c)
-                .await?;
-            Ok(())
-        })
-    })
-    .await;
-    assert!(matches!(r, Err(TransitionError::Conflict)), "{r:?}");
-}
+    /// SQLite has no row locks: the transition takes the database's write lock
+    /// before it reads. While A holds it, B cannot even read its state (past its
+    /// busy timeout it fails, its action unrun); after A commits, B is a no-op.
+    #[tokio::test]
+    async fn a_concurrent_transition_cannot_run_while_the_first_holds_the_lock() {
+        use sqlx::Connection;
 
-async fn wait_for_lock_waiter(db: &TestDb) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while db
-        .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
-        .await
-        == 0
-    {
-        assert!(std::time::Instant::now() < deadline, "B never blocked on A");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let db = db().await;
+        let mut a = db.pool.begin().await.unwrap();
+        assert!(matches!(
+            go(&mut a, Step::Paid).await.unwrap(),
+            Transitioned::Applied { version: 2, .. }
+        ));
+        let mut b_conn = db.pool.acquire().await.unwrap();
+        sqlx::query("PRAGMA busy_timeout = 50")
+            .execute(&mut *b_conn)
+            .await
+            .unwrap();
+        let mut b = b_conn.begin().await.unwrap();
+        match go(&mut b, Step::Paid).await {
+            Err(TransitionError::Database(sqlx::Error::Database(e)))
+                if e.message().contains("locked") => {}
+            other => panic!("expected SQLITE_BUSY while A holds the lock, got {other:?}"),
+        }
+        drop(b);
+        a.commit().await.unwrap();
+        let mut b = b_conn.begin().await.unwrap();
+        assert_eq!(
+            go(&mut b, Step::Paid).await.unwrap(),
+            Transitioned::AlreadyThere { version: 2 }
+        );
+        b.commit().await.unwrap();
+        assert_eq!(
+            db.count("SELECT count(*) FROM payments").await,
+            1,
+            "one payment"
+        );
     }
 }

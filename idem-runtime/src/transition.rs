@@ -36,7 +36,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, Row, SqliteConnection, Transaction};
 
 /// The states of a resource and the edges between them.
 pub trait States: Copy + Eq + Debug + Send + Sync + 'static {
@@ -124,15 +124,181 @@ pub enum TransitionError<S: Debug, E> {
 /// The action of a transition, run in the caller's transaction.
 pub type Action<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
 
+/// A database transitions run on: PostgreSQL and SQLite. The two differ only in
+/// how the row is locked before the action runs.
+///
+/// * PostgreSQL: `SELECT ... FOR UPDATE` locks the row; a concurrent transition
+///   waits for the lock, then sees the committed state.
+/// * SQLite: a no-op `UPDATE ... RETURNING` reads the row and takes the database's
+///   write lock in one statement (SQLite has no row locks); a concurrent
+///   transition waits for it through the busy timeout, then sees the committed
+///   state. Make the transition the transaction's first statement (or begin it
+///   with `BEGIN IMMEDIATE`): a transaction that read before it cannot take the
+///   write lock once another writer has committed, and fails with `SQLITE_BUSY`.
+#[diagnostic::on_unimplemented(
+    message = "transitions run in a PostgreSQL or SQLite transaction, not in `{Self}`",
+    note = "pass the caller's `&mut sqlx::Transaction<'_, Postgres>` or `&mut sqlx::Transaction<'_, Sqlite>`"
+)]
+pub trait TransitionBackend: sqlx::Database {
+    /// Reads `(state, version)` of the resource and holds it against other
+    /// transitions until the transaction ends; `None` when there is no such row.
+    fn lock_state<'c>(
+        conn: &'c mut Self::Connection,
+        resource: &'c Resource,
+        id: i64,
+        scope: Option<&'c str>,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c;
+
+    /// Moves the state from `from` to `to` if the version is still `version`;
+    /// returns the new version, or `None` when the row changed meanwhile.
+    fn write_state<'c>(
+        conn: &'c mut Self::Connection,
+        write: FencedWrite<'c>,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c;
+}
+
+/// The fenced update of one transition (see [`TransitionBackend::write_state`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FencedWrite<'a> {
+    /// Where the state lives.
+    pub resource: &'a Resource,
+    /// The resource's id.
+    pub id: i64,
+    /// The scope value, if the resource has a scope column.
+    pub scope: Option<&'a str>,
+    /// The state read by [`TransitionBackend::lock_state`].
+    pub from: &'static str,
+    /// The new state.
+    pub to: &'static str,
+    /// The version read by [`TransitionBackend::lock_state`].
+    pub version: i64,
+}
+
+/// `AND <scope> = $2`, or a condition that binds `$2` without using it (each
+/// statement binds the same parameters whether or not the resource is scoped).
+fn scope_sql(resource: &Resource, null_param: &str) -> String {
+    match resource.scope_column {
+        Some(col) => format!(" AND {col} = $2"),
+        None => format!(" AND {null_param} IS NULL"),
+    }
+}
+
+fn write_sql(resource: &Resource, null_param: &str) -> String {
+    format!(
+        "UPDATE {table} SET {state} = $3, {version_col} = {version_col} + 1 \
+          WHERE {id_col} = $1{scope} AND {version_col} = $4 AND {state} = $5 \
+          RETURNING {version_col}",
+        table = resource.table,
+        state = resource.state_column,
+        version_col = resource.version_column,
+        id_col = resource.id_column,
+        scope = scope_sql(resource, null_param),
+    )
+}
+
+/// One implementation per backend; only the SQL and the connection type differ.
+macro_rules! fenced_write {
+    ($conn:expr, $write:expr, $null_param:expr) => {{
+        let w = $write;
+        sqlx::query_scalar(sqlx::AssertSqlSafe(write_sql(w.resource, $null_param)))
+            .bind(w.id)
+            .bind(w.scope)
+            .bind(w.to)
+            .bind(w.version)
+            .bind(w.from)
+            .fetch_optional($conn)
+            .await
+    }};
+}
+
+macro_rules! state_row {
+    ($row:expr) => {
+        match $row {
+            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
+            None => None,
+        }
+    };
+}
+
+impl TransitionBackend for sqlx::Postgres {
+    fn lock_state<'c>(
+        conn: &'c mut PgConnection,
+        resource: &'c Resource,
+        id: i64,
+        scope: Option<&'c str>,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c {
+        async move {
+            let read = format!(
+                "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE",
+                state = resource.state_column,
+                version = resource.version_column,
+                table = resource.table,
+                id_col = resource.id_column,
+                scope_sql = scope_sql(resource, "$2::text"),
+            );
+            let row = sqlx::query(sqlx::AssertSqlSafe(read))
+                .bind(id)
+                .bind(scope)
+                .fetch_optional(conn)
+                .await?;
+            Ok(state_row!(row))
+        }
+    }
+
+    fn write_state<'c>(
+        conn: &'c mut PgConnection,
+        write: FencedWrite<'c>,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c {
+        async move { fenced_write!(conn, write, "$2::text") }
+    }
+}
+
+impl TransitionBackend for sqlx::Sqlite {
+    fn lock_state<'c>(
+        conn: &'c mut SqliteConnection,
+        resource: &'c Resource,
+        id: i64,
+        scope: Option<&'c str>,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c {
+        async move {
+            // Writing the row unchanged is what takes SQLite's write lock (and waits
+            // for a concurrent holder) before the state is read.
+            let read = format!(
+                "UPDATE {table} SET {version} = {version} WHERE {id_col} = $1{scope_sql} \
+                 RETURNING {state}, {version}",
+                state = resource.state_column,
+                version = resource.version_column,
+                table = resource.table,
+                id_col = resource.id_column,
+                scope_sql = scope_sql(resource, "$2"),
+            );
+            let row = sqlx::query(sqlx::AssertSqlSafe(read))
+                .bind(id)
+                .bind(scope)
+                .fetch_optional(conn)
+                .await?;
+            Ok(state_row!(row))
+        }
+    }
+
+    fn write_state<'c>(
+        conn: &'c mut SqliteConnection,
+        write: FencedWrite<'c>,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c {
+        async move { fenced_write!(conn, write, "$2") }
+    }
+}
+
 /// Moves resource `id` (in `scope`, if the resource has a scope column) to `to`,
-/// running `action` first, all on `conn` (the caller's transaction). See the module
-/// docs for the outcomes.
+/// running `action` first, all in `tx` (the caller's transaction, PostgreSQL or
+/// SQLite). See the module docs for the outcomes and [`TransitionBackend`] for how
+/// each database holds the row.
 ///
 /// # Errors
 ///
 /// [`TransitionError`]: roll the transaction back.
-pub async fn transition<S, T, E, F>(
-    conn: &mut PgConnection,
+pub async fn transition<DB, S, T, E, F>(
+    tx: &mut Transaction<'_, DB>,
     resource: &Resource,
     id: i64,
     scope: Option<&str>,
@@ -140,28 +306,14 @@ pub async fn transition<S, T, E, F>(
     action: F,
 ) -> Result<Transitioned<T>, TransitionError<S, E>>
 where
+    DB: TransitionBackend,
     S: States,
-    F: for<'c> FnOnce(&'c mut PgConnection) -> Action<'c, T, E>,
+    F: for<'c> FnOnce(&'c mut DB::Connection) -> Action<'c, T, E>,
 {
-    let scope_sql = match resource.scope_column {
-        Some(col) => format!(" AND {col} = $2"),
-        None => " AND $2::text IS NULL".to_owned(),
-    };
-    let read = format!(
-        "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE",
-        state = resource.state_column,
-        version = resource.version_column,
-        table = resource.table,
-        id_col = resource.id_column,
-    );
-    let row = sqlx::query(sqlx::AssertSqlSafe(read))
-        .bind(id)
-        .bind(scope)
-        .fetch_optional(&mut *conn)
+    let conn: &mut DB::Connection = tx;
+    let (current, version) = DB::lock_state(&mut *conn, resource, id, scope)
         .await?
         .ok_or(TransitionError::NotFound)?;
-    let current: String = row.try_get(0)?;
-    let version: i64 = row.try_get(1)?;
     let from = S::from_name(&current).ok_or(TransitionError::UnknownState(current))?;
     if from == to {
         return Ok(Transitioned::AlreadyThere { version });
@@ -170,24 +322,15 @@ where
         return Err(TransitionError::Invalid { from, to });
     }
     let value = action(&mut *conn).await.map_err(TransitionError::Action)?;
-    let write = format!(
-        "UPDATE {table} SET {state} = $3, {version_col} = {version_col} + 1 \
-          WHERE {id_col} = $1{scope_sql} AND {version_col} = $4 AND {state} = $5 \
-          RETURNING {version_col}",
-        table = resource.table,
-        state = resource.state_column,
-        version_col = resource.version_column,
-        id_col = resource.id_column,
-    );
-    let updated: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(write))
-        .bind(id)
-        .bind(scope)
-        .bind(to.name())
-        .bind(version)
-        .bind(from.name())
-        .fetch_optional(&mut *conn)
-        .await?;
-    match updated {
+    let write = FencedWrite {
+        resource,
+        id,
+        scope,
+        from: from.name(),
+        to: to.name(),
+        version,
+    };
+    match DB::write_state(conn, write).await? {
         Some(version) => Ok(Transitioned::Applied { value, version }),
         None => Err(TransitionError::Conflict),
     }
