@@ -1,19 +1,21 @@
-//! The retention sweeper and the stats query against a real PostgreSQL (DESIGN.md
-//! §7): exactly the expired finished rows go, in batches; in-flight rows stay and
-//! are reported; sweepers running at once share the work; a retry after the sweep
-//! executes anew; the metrics carry the documented names.
+//! The retention sweeper (DESIGN.md §7) against real databases: exactly the expired
+//! finished rows go, in batches; a run is bounded and the rest is the backlog;
+//! in-flight rows stay and are reported; a retry after the sweep executes anew;
+//! the metrics carry the documented names. That behaviour holds on PostgreSQL and
+//! on SQLite, so it is written once and stamped per backend by `sweeper_tests!`.
+//! What only PostgreSQL has (SKIP LOCKED around rows held elsewhere, sweepers
+//! sharing the work, the stats query) is tested beside it.
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestDb;
 use idem_runtime::metrics::{
     OLDEST_IN_FLIGHT_SECONDS, STALE_IN_FLIGHT, SWEEPER_BACKLOG, SWEEPER_DELETED_TOTAL,
 };
 use idem_runtime::{
-    Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse, Sweeper, claim,
+    Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse, SweepReport, Sweeper,
+    claim,
 };
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -21,405 +23,592 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 const HOUR: i64 = 3600;
 const DAY: i64 = 24 * HOUR;
 
-/// Inserts `n` rows of `operation` with keys `{prefix}-1..n` in `state`, expiring
-/// `expires_in` seconds from now (negative: already expired) and created `age`
-/// seconds ago. Finished rows get a status (the table's CHECK wants one) and a
-/// 10-byte body.
-async fn rows(
-    db: &TestDb,
-    operation: &str,
-    prefix: &str,
-    n: i32,
-    state: &str,
-    expires_in: i64,
-    age: i64,
-) {
-    sqlx::query(
-        "INSERT INTO idempotency_requests \
-           (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
-            response_body, created_at, expires_at) \
-         SELECT 'acme', $1, $2 || '-' || i, decode(repeat('00', 32), 'hex'), $3, \
-                CASE $3 WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
-                CASE WHEN $3 IN ('completed', 'failed') THEN '0123456789'::bytea END, \
-                now() - $5 * interval '1 second', now() + $4 * interval '1 second' \
-           FROM generate_series(1, $6) i",
-    )
-    .bind(operation)
-    .bind(prefix)
-    .bind(state)
-    .bind(expires_in)
-    .bind(age)
-    .bind(n)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+/// SQLite's "now" in Unix milliseconds, spelled as `idem_runtime::store::sqlite`
+/// spells it for its timestamps (the tests cannot reach that crate-private macro).
+macro_rules! sqlite_now {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
 }
 
-async fn count_where(db: &TestDb, condition: &str) -> i64 {
-    db.count(&format!(
-        "SELECT count(*) FROM idempotency_requests WHERE {condition}"
-    ))
-    .await
-}
+/// The behaviour both backends share, written once. The arguments are the SQL
+/// that differs: how a test inserts rows and moves time, and how it says
+/// "expired" and "not expired" in that backend's clock.
+macro_rules! sweeper_tests {
+    (
+        db = $db:ty,
+        test_db = $test_db:ty,
+        // Binds: $1 operation, $2 key prefix, $3 state, $4 seconds until expiry
+        // (negative: expired), $5 age in seconds, $6 number of rows.
+        insert_rows = $insert_rows:expr,
+        expired_finished = $expired_finished:expr,
+        not_expired = $not_expired:expr,
+        expire_all = $expire_all:expr $(,)?
+    ) => {
+        use super::*;
 
-const EXPIRED_FINISHED: &str = "expires_at <= now() AND state IN ('completed', 'failed')";
+        type Db = $db;
+        type TestDb = $test_db;
+        const INSERT_ROWS_SQL: &str = $insert_rows;
+        pub(super) const EXPIRED_FINISHED: &str = $expired_finished;
+        pub(super) const NOT_EXPIRED: &str = $not_expired;
+        const EXPIRE_ALL_SQL: &str = $expire_all;
 
-/// A sweeper that never reports anything as stale unless a test says so.
-fn sweeper(db: &TestDb) -> Sweeper {
-    Sweeper::new(db.pool.clone()).with_stale_after(Duration::from_secs(100 * DAY as u64))
-}
+        /// Inserts `n` rows of `operation` with keys `{prefix}-1..n` in `state`,
+        /// expiring `expires_in` seconds from now (negative: already expired) and
+        /// created `age` seconds ago, both by the database's clock. Finished rows
+        /// get a status (the table's CHECK wants one) and a 10-byte body.
+        pub(super) async fn rows(
+            db: &TestDb,
+            operation: &str,
+            prefix: &str,
+            n: i32,
+            state: &str,
+            expires_in: i64,
+            age: i64,
+        ) {
+            sqlx::query(INSERT_ROWS_SQL)
+                .bind(operation)
+                .bind(prefix)
+                .bind(state)
+                .bind(expires_in)
+                .bind(age)
+                .bind(n)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
 
-#[tokio::test]
-async fn deletes_exactly_the_expired_finished_rows_in_batches() {
-    let db = TestDb::new().await;
-    rows(&db, "pay", "done", 15, "completed", -60, HOUR).await;
-    rows(&db, "pay", "refused", 10, "failed", -60, HOUR).await;
-    // Expired but in flight: never deleted, however old.
-    rows(&db, "pay", "running", 5, "processing", -60, HOUR).await;
-    rows(&db, "pay", "unknown", 5, "uncertain", -60, HOUR).await;
-    // Still within retention.
-    rows(&db, "pay", "fresh", 7, "completed", HOUR, 60).await;
-    rows(&db, "pay", "fresh-failed", 2, "failed", HOUR, 60).await;
-    rows(&db, "pay", "fresh-running", 3, "processing", HOUR, 60).await;
+        pub(super) async fn count_where(db: &TestDb, condition: &str) -> i64 {
+            db.count(&format!(
+                "SELECT count(*) FROM idempotency_requests WHERE {condition}"
+            ))
+            .await
+        }
 
-    let report = sweeper(&db).with_batch_size(10).sweep_once().await.unwrap();
-    assert_eq!(report.deleted, 25);
-    // 10 + 10 + 5: the short third batch tells the run it is done.
-    assert_eq!(report.batches, 3);
-    assert_eq!(report.backlog, 0);
-    assert_eq!(report.stale_in_flight, 0);
-    assert!(report.oldest_in_flight.is_some());
+        /// A sweeper that never reports anything as stale unless a test says so.
+        pub(super) fn sweeper(db: &TestDb) -> Sweeper<Db> {
+            Sweeper::new(db.pool.clone()).with_stale_after(Duration::from_secs(100 * DAY as u64))
+        }
 
-    assert_eq!(count_where(&db, EXPIRED_FINISHED).await, 0);
-    assert_eq!(count_where(&db, "state = 'processing'").await, 8);
-    assert_eq!(count_where(&db, "state = 'uncertain'").await, 5);
-    assert_eq!(count_where(&db, "expires_at > now()").await, 12);
-    assert_eq!(count_where(&db, "true").await, 22);
-
-    // Nothing left to do: one statement that deletes nothing.
-    let again = sweeper(&db).with_batch_size(10).sweep_once().await.unwrap();
-    assert_eq!((again.deleted, again.batches, again.backlog), (0, 1, 0));
-    assert_eq!(count_where(&db, "true").await, 22);
-}
-
-#[tokio::test]
-async fn max_batches_bounds_a_run_and_the_rest_is_the_backlog() {
-    let db = TestDb::new().await;
-    rows(&db, "pay", "old", 25, "completed", -60, HOUR).await;
-    let s = sweeper(&db).with_batch_size(10).with_max_batches(2);
-    let first = s.sweep_once().await.unwrap();
-    assert_eq!((first.deleted, first.batches, first.backlog), (20, 2, 5));
-    let second = s.sweep_once().await.unwrap();
-    assert_eq!((second.deleted, second.batches, second.backlog), (5, 1, 0));
-    assert_eq!(count_where(&db, "true").await, 0);
-}
-
-#[tokio::test]
-async fn rows_locked_elsewhere_are_skipped_and_two_sweepers_share_the_rest() {
-    let db = TestDb::new().await;
-    rows(&db, "pay", "old", 30, "completed", -60, HOUR).await;
-
-    // A third transaction holds five of the rows, as a claim re-using an expired
-    // key would. SKIP LOCKED must pass them by instead of waiting.
-    let mut holder = db.pool.begin().await.unwrap();
-    let held: Vec<String> = sqlx::query_scalar(
-        "SELECT idempotency_key FROM idempotency_requests \
-          WHERE idempotency_key IN ('old-1', 'old-2', 'old-3', 'old-4', 'old-5') FOR UPDATE",
-    )
-    .fetch_all(&mut *holder)
-    .await
-    .unwrap();
-    assert_eq!(held.len(), 5);
-
-    let a = sweeper(&db).with_batch_size(4);
-    let b = sweeper(&db).with_batch_size(4);
-    // The timeout only turns a regression (waiting on the held rows) into a
-    // failure instead of a hung test; nothing here measures time.
-    let (ra, rb) = tokio::time::timeout(Duration::from_secs(120), async {
-        tokio::join!(a.sweep_once(), b.sweep_once())
-    })
-    .await
-    .expect("a sweeper waited on rows another transaction holds");
-    let (ra, rb) = (ra.unwrap(), rb.unwrap());
-    assert_eq!(ra.deleted + rb.deleted, 25, "{ra:?} {rb:?}");
-    // Held rows are still expired and still there: both see them as backlog.
-    assert!(ra.backlog >= 5 && rb.backlog >= 5, "{ra:?} {rb:?}");
-    let left: Vec<String> = sqlx::query_scalar(
-        "SELECT idempotency_key FROM idempotency_requests ORDER BY idempotency_key",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(left, ["old-1", "old-2", "old-3", "old-4", "old-5"]);
-
-    holder.rollback().await.unwrap();
-    let last = sweeper(&db).sweep_once().await.unwrap();
-    assert_eq!((last.deleted, last.backlog), (5, 0));
-}
-
-#[tokio::test]
-async fn four_sweepers_at_once_delete_each_row_once_and_none_fails() {
-    let db = TestDb::new().await;
-    rows(&db, "pay", "old", 500, "completed", -60, HOUR).await;
-    rows(&db, "pay", "new", 20, "completed", HOUR, 60).await;
-    let barrier = Arc::new(tokio::sync::Barrier::new(4));
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let s = sweeper(&db).with_batch_size(7);
-            let barrier = barrier.clone();
-            tokio::spawn(async move {
-                barrier.wait().await;
-                s.sweep_once().await
+        /// Waits until no expired finished row is left, failing after a minute
+        /// rather than hanging. A wait for a condition, not for an amount of time.
+        async fn until_swept(db: &TestDb) {
+            tokio::time::timeout(Duration::from_secs(60), async {
+                while count_where(db, EXPIRED_FINISHED).await > 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             })
-        })
-        .collect();
-    let mut deleted = 0;
-    for t in tasks {
-        let report = t.await.unwrap().expect("no sweeper may fail");
-        deleted += report.deleted;
-    }
-    assert_eq!(deleted, 500);
-    assert_eq!(count_where(&db, "true").await, 20);
-    assert_eq!(count_where(&db, "expires_at > now()").await, 20);
-}
+            .await
+            .expect("the spawned sweeper never swept the expired rows");
+        }
 
-#[tokio::test]
-async fn stale_in_flight_rows_are_reported_not_deleted() {
-    let db = TestDb::new().await;
-    // In flight for two hours, and past their retention too.
-    rows(&db, "pay", "stuck", 3, "processing", -60, 2 * HOUR).await;
-    rows(&db, "pay", "unknown", 2, "uncertain", -60, 2 * HOUR).await;
-    // In flight for a minute: not stale.
-    rows(&db, "pay", "running", 1, "processing", HOUR, 60).await;
+        #[tokio::test]
+        async fn a_new_sweeper_takes_its_backend_from_the_pool_and_has_the_defaults() {
+            let db = TestDb::new().await;
+            // No type annotation: the backend is inferred from the pool.
+            let s = Sweeper::new(db.pool.clone());
+            let _: &Sweeper<Db> = &s;
+            assert_eq!(
+                (s.batch_size(), s.max_batches(), s.interval(), s.stale_after()),
+                (
+                    Sweeper::DEFAULT_BATCH_SIZE,
+                    Sweeper::DEFAULT_MAX_BATCHES,
+                    Sweeper::DEFAULT_INTERVAL,
+                    Sweeper::DEFAULT_STALE_AFTER
+                )
+            );
+            assert_eq!(
+                (
+                    Sweeper::DEFAULT_BATCH_SIZE,
+                    Sweeper::DEFAULT_MAX_BATCHES,
+                    Sweeper::DEFAULT_INTERVAL,
+                    Sweeper::DEFAULT_STALE_AFTER
+                ),
+                (1000, 100, Duration::from_secs(60), Duration::from_secs(15 * 60))
+            );
+        }
 
-    let report = Sweeper::new(db.pool.clone())
-        .with_stale_after(Duration::from_secs(HOUR as u64))
-        .sweep_once()
-        .await
-        .unwrap();
-    assert_eq!(report.deleted, 0);
-    assert_eq!(report.backlog, 0);
-    assert_eq!(report.stale_in_flight, 5);
-    let oldest = report.oldest_in_flight.expect("rows are in flight");
-    assert!(oldest >= Duration::from_secs(2 * HOUR as u64), "{oldest:?}");
-    assert_eq!(count_where(&db, "true").await, 6);
-}
+        #[tokio::test]
+        async fn an_empty_table_gives_an_empty_report() {
+            let db = TestDb::new().await;
+            let empty = SweepReport {
+                deleted: 0,
+                batches: 1,
+                backlog: 0,
+                stale_in_flight: 0,
+                oldest_in_flight: None,
+            };
+            assert_eq!(sweeper(&db).sweep_once().await.unwrap(), empty);
+            // Finished rows only, none expired: still nothing in flight, so no age.
+            rows(&db, "pay", "fresh", 3, "completed", HOUR, 60).await;
+            let report = sweeper(&db)
+                .with_stale_after(Duration::ZERO)
+                .sweep_once()
+                .await
+                .unwrap();
+            assert_eq!(report, empty);
+            assert_eq!(count_where(&db, "1 = 1").await, 3);
+        }
 
-#[tokio::test]
-async fn a_retry_after_the_sweep_executes_anew() {
-    let db = TestDb::new().await;
-    let key = IdempotencyKey::parse("order-7").unwrap();
-    let req = ClaimRequest {
-        tenant: "acme",
-        operation: "create-order",
-        key: &key,
-        fingerprint: FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
-            .body(&serde_json::json!({ "sku": "A-1" }))
-            .unwrap()
-            .finish(),
-        retention: Duration::from_secs(HOUR as u64),
-        in_flight_wait: Duration::from_secs(5),
-    };
-    let first = StoredResponse {
-        status: 201,
-        headers: vec![],
-        body: "first".into(),
-    };
-    let mut tx = db.pool.begin().await.unwrap();
-    let Claim::Execute(exec) = claim(&mut tx, &req).await.unwrap() else {
-        panic!("a new key executes")
-    };
-    exec.complete(&mut tx, &first).await.unwrap();
-    tx.commit().await.unwrap();
+        #[tokio::test]
+        async fn deletes_exactly_the_expired_finished_rows_in_batches() {
+            let db = TestDb::new().await;
+            rows(&db, "pay", "done", 15, "completed", -60, HOUR).await;
+            rows(&db, "pay", "refused", 10, "failed", -60, HOUR).await;
+            // Expired but in flight: never deleted, however old.
+            rows(&db, "pay", "running", 5, "processing", -60, HOUR).await;
+            rows(&db, "pay", "unknown", 5, "uncertain", -60, HOUR).await;
+            // Still within retention.
+            rows(&db, "pay", "fresh", 7, "completed", HOUR, 60).await;
+            rows(&db, "pay", "fresh-failed", 2, "failed", HOUR, 60).await;
+            rows(&db, "pay", "fresh-running", 3, "processing", HOUR, 60).await;
 
-    // Within retention the sweeper leaves it, and a retry replays.
-    assert_eq!(sweeper(&db).sweep_once().await.unwrap().deleted, 0);
-    let mut tx = db.pool.begin().await.unwrap();
-    match claim(&mut tx, &req).await.unwrap() {
-        Claim::Replay(stored) => assert_eq!(stored, first),
-        other => panic!("expected a replay, got {other:?}"),
-    }
-    tx.rollback().await.unwrap();
+            let report = sweeper(&db).with_batch_size(10).sweep_once().await.unwrap();
+            assert_eq!(report.deleted, 25);
+            // 10 + 10 + 5: the short third batch tells the run it is done.
+            assert_eq!(report.batches, 3);
+            assert_eq!(report.backlog, 0);
+            assert_eq!(report.stale_in_flight, 0);
+            assert!(report.oldest_in_flight.is_some());
 
-    // Retention passes (moved by the database, not by waiting) and the sweeper
-    // forgets the key.
-    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
-        .await;
-    assert_eq!(sweeper(&db).sweep_once().await.unwrap().deleted, 1);
-    assert_eq!(count_where(&db, "true").await, 0);
+            assert_eq!(count_where(&db, EXPIRED_FINISHED).await, 0);
+            assert_eq!(count_where(&db, "state = 'processing'").await, 8);
+            assert_eq!(count_where(&db, "state = 'uncertain'").await, 5);
+            assert_eq!(count_where(&db, NOT_EXPIRED).await, 12);
+            assert_eq!(count_where(&db, "1 = 1").await, 22);
+            // The survivors are exactly the in-flight and the fresh rows.
+            assert_eq!(
+                count_where(&db, "idempotency_key LIKE 'done-%' OR idempotency_key LIKE 'refused-%'")
+                    .await,
+                0
+            );
 
-    // The documented contract: the same retry now executes as a new request. A
-    // fresh row (generation 1), not a reclaimed one (which would be generation 2).
-    let second = StoredResponse {
-        status: 201,
-        headers: vec![],
-        body: "second".into(),
-    };
-    let mut tx = db.pool.begin().await.unwrap();
-    let Claim::Execute(exec) = claim(&mut tx, &req).await.unwrap() else {
-        panic!("a retry after the sweep must execute anew")
-    };
-    assert_eq!(exec.generation(), 1);
-    exec.complete(&mut tx, &second).await.unwrap();
-    tx.commit().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    match claim(&mut tx, &req).await.unwrap() {
-        Claim::Replay(stored) => assert_eq!(stored, second),
-        other => panic!("expected a replay, got {other:?}"),
-    }
-}
+            // Nothing left to do: one statement that deletes nothing.
+            let again = sweeper(&db).with_batch_size(10).sweep_once().await.unwrap();
+            assert_eq!((again.deleted, again.batches, again.backlog), (0, 1, 0));
+            assert_eq!(count_where(&db, "1 = 1").await, 22);
+        }
 
-#[tokio::test]
-async fn stats_are_right_on_a_known_data_set() {
-    let db = TestDb::new().await;
-    let empty = idem_runtime::stats(&db.pool).await.unwrap();
-    assert_eq!(empty.rows, 0);
-    assert!(empty.by_operation.is_empty());
-    assert_eq!(empty.stored_bytes, 0);
-    assert_eq!(empty.oldest_valid_created_at, None);
-    assert_eq!(empty.oldest_in_flight_seconds, None);
-    assert_eq!(empty.expired_unswept, 0);
+        #[tokio::test]
+        async fn max_batches_bounds_a_run_and_the_rest_is_the_backlog() {
+            let db = TestDb::new().await;
+            rows(&db, "pay", "old", 25, "completed", -60, HOUR).await;
+            // Not expired: never part of the backlog.
+            rows(&db, "pay", "new", 4, "completed", HOUR, 60).await;
+            let s = sweeper(&db).with_batch_size(10).with_max_batches(2);
+            let first = s.sweep_once().await.unwrap();
+            assert_eq!((first.deleted, first.batches, first.backlog), (20, 2, 5));
+            assert_eq!(count_where(&db, EXPIRED_FINISHED).await, 5);
+            let second = s.sweep_once().await.unwrap();
+            assert_eq!((second.deleted, second.batches, second.backlog), (5, 1, 0));
+            assert_eq!(count_where(&db, "1 = 1").await, 4);
+            assert_eq!(count_where(&db, NOT_EXPIRED).await, 4);
+        }
 
-    db.exec(
-        r#"INSERT INTO idempotency_requests
-             (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
-              response_headers, response_body, created_at, expires_at)
-           VALUES
-             ('acme', 'create-order', 'a1', decode(repeat('00', 32), 'hex'), 'completed', 201,
-              '[["content-type", "text/plain"]]', '0123456789',
-              '2000-01-02 03:04:05+00', now() + interval '1 day'),
-             ('acme', 'create-order', 'a2', decode(repeat('00', 32), 'hex'), 'completed', 201,
-              '[["content-type", "text/plain"]]', '0123456789',
-              now() - interval '1 minute', now() + interval '1 day'),
-             ('globex', 'create-order', 'a3', decode(repeat('00', 32), 'hex'), 'failed', 404,
-              NULL, 'abc', now() - interval '2 days', now() - interval '1 day'),
-             ('acme', 'refund', 'b1', decode(repeat('00', 32), 'hex'), 'processing', NULL,
-              NULL, NULL, now() - interval '2 hours', now() + interval '1 day'),
-             ('acme', 'refund', 'b2', decode(repeat('00', 32), 'hex'), 'uncertain', NULL,
-              NULL, NULL, now() - interval '1 hour', now() - interval '1 minute')"#,
-    )
-    .await;
-    let header_bytes = db
-        .count(r#"SELECT octet_length('[["content-type", "text/plain"]]'::jsonb::text)::bigint"#)
-        .await as u64;
+        #[tokio::test]
+        async fn stale_in_flight_rows_are_reported_not_deleted() {
+            let db = TestDb::new().await;
+            // In flight for two hours, and past their retention too.
+            rows(&db, "pay", "stuck", 3, "processing", -60, 2 * HOUR).await;
+            rows(&db, "pay", "unknown", 2, "uncertain", -60, 2 * HOUR).await;
+            // In flight for a minute: not stale.
+            rows(&db, "pay", "running", 1, "processing", HOUR, 60).await;
 
-    let s = idem_runtime::stats(&db.pool).await.unwrap();
-    assert_eq!(s.rows, 5);
-    assert_eq!(
-        (
-            s.by_state.processing,
-            s.by_state.completed,
-            s.by_state.failed,
-            s.by_state.uncertain
-        ),
-        (1, 2, 1, 1)
-    );
-    assert_eq!(s.stored_bytes, 2 * (10 + header_bytes) + 3);
-    assert_eq!(
-        s.oldest_valid_created_at.as_deref(),
-        Some("2000-01-02T03:04:05Z")
-    );
-    assert!(s.oldest_valid_age_seconds.unwrap() > 20.0 * 365.0 * DAY as f64);
-    // The processing row, two hours old, is the oldest in flight (the data set's
-    // age, not a measured duration: the margin covers a slow machine).
-    let in_flight = s.oldest_in_flight_seconds.unwrap();
-    assert!((7200.0..7200.0 + 600.0).contains(&in_flight), "{in_flight}");
-    // Only the expired failed row: an expired uncertain row is not the sweeper's.
-    assert_eq!(s.expired_unswept, 1);
-    assert_eq!(s.taken_at.len(), "2000-01-02T03:04:05Z".len());
+            let report = Sweeper::new(db.pool.clone())
+                .with_stale_after(Duration::from_secs(HOUR as u64))
+                .sweep_once()
+                .await
+                .unwrap();
+            assert_eq!(report.deleted, 0);
+            assert_eq!(report.backlog, 0);
+            assert_eq!(report.stale_in_flight, 5);
+            // The data set's age, not a measured duration: the margin only covers
+            // a slow machine, and a wrong unit (ms for s) would overshoot it.
+            let oldest = report.oldest_in_flight.expect("rows are in flight");
+            assert!(
+                (Duration::from_secs(2 * HOUR as u64)..Duration::from_secs(2 * HOUR as u64 + 600))
+                    .contains(&oldest),
+                "{oldest:?}"
+            );
+            assert_eq!(count_where(&db, "1 = 1").await, 6);
+        }
 
-    let ops: Vec<_> = s
-        .by_operation
-        .iter()
-        .map(|o| {
-            (
-                o.operation.as_str(),
-                o.rows,
-                o.by_state.processing,
-                o.by_state.completed,
-                o.by_state.failed,
-                o.by_state.uncertain,
-                o.stored_bytes,
-                o.expired_unswept,
-            )
-        })
-        .collect();
-    assert_eq!(
-        ops,
-        [
-            (
-                "create-order",
-                3,
-                0,
-                2,
-                1,
-                0,
-                2 * (10 + header_bytes) + 3,
-                1
-            ),
-            ("refund", 2, 1, 0, 0, 1, 0, 0),
-        ]
-    );
+        #[tokio::test]
+        async fn a_retry_after_the_sweep_executes_anew() {
+            let db = TestDb::new().await;
+            let key = IdempotencyKey::parse("order-7").unwrap();
+            let req = ClaimRequest {
+                tenant: "acme",
+                operation: "create-order",
+                key: &key,
+                fingerprint: FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
+                    .body(&serde_json::json!({ "sku": "A-1" }))
+                    .unwrap()
+                    .finish(),
+                retention: Duration::from_secs(HOUR as u64),
+                in_flight_wait: Duration::from_secs(5),
+            };
+            let first = StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: "first".into(),
+            };
+            let mut tx = db.pool.begin().await.unwrap();
+            let Claim::Execute(exec) = claim(&mut tx, &req).await.unwrap() else {
+                panic!("a new key executes")
+            };
+            exec.complete(&mut tx, &first).await.unwrap();
+            tx.commit().await.unwrap();
 
-    // After a sweep the unswept count is zero and the rest is unchanged.
-    sweeper(&db).sweep_once().await.unwrap();
-    let after = idem_runtime::stats(&db.pool).await.unwrap();
-    assert_eq!((after.rows, after.expired_unswept), (4, 0));
+            // Within retention the sweeper leaves it, and a retry replays.
+            assert_eq!(sweeper(&db).sweep_once().await.unwrap().deleted, 0);
+            let mut tx = db.pool.begin().await.unwrap();
+            match claim(&mut tx, &req).await.unwrap() {
+                Claim::Replay(stored) => assert_eq!(stored, first),
+                other => panic!("expected a replay, got {other:?}"),
+            }
+            tx.rollback().await.unwrap();
 
-    let json = serde_json::to_value(&after).unwrap();
-    assert_eq!(json["by_state"]["completed"], 2);
-    assert_eq!(json["by_operation"][1]["operation"], "refund");
-}
+            // Retention passes (moved by the database, not by waiting) and the
+            // sweeper forgets the key.
+            db.exec(EXPIRE_ALL_SQL).await;
+            assert_eq!(sweeper(&db).sweep_once().await.unwrap().deleted, 1);
+            assert_eq!(count_where(&db, "1 = 1").await, 0);
 
-/// Metrics need the recorder on the thread that records them, so this test drives
-/// a current-thread runtime itself inside `with_local_recorder`.
-#[test]
-fn the_sweeper_records_its_metrics_under_the_documented_names() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let db = rt.block_on(async {
-        let db = TestDb::new().await;
-        rows(&db, "pay", "old", 12, "completed", -60, HOUR).await;
-        rows(&db, "pay", "stuck", 2, "processing", HOUR, 2 * HOUR).await;
-        db
-    });
-    let s = Sweeper::new(db.pool.clone())
-        .with_batch_size(5)
-        .with_max_batches(2)
-        .with_stale_after(Duration::from_secs(HOUR as u64));
+            // The documented contract: the same retry now executes as a new
+            // request. A fresh row (generation 1), not a reclaimed one (which
+            // would be generation 2).
+            let second = StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: "second".into(),
+            };
+            let mut tx = db.pool.begin().await.unwrap();
+            let Claim::Execute(exec) = claim(&mut tx, &req).await.unwrap() else {
+                panic!("a retry after the sweep must execute anew")
+            };
+            assert_eq!(exec.generation(), 1);
+            exec.complete(&mut tx, &second).await.unwrap();
+            tx.commit().await.unwrap();
+            let mut tx = db.pool.begin().await.unwrap();
+            match claim(&mut tx, &req).await.unwrap() {
+                Claim::Replay(stored) => assert_eq!(stored, second),
+                other => panic!("expected a replay, got {other:?}"),
+            }
+            tx.rollback().await.unwrap();
+        }
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let report = metrics::with_local_recorder(&recorder, || rt.block_on(s.sweep_once())).unwrap();
-    assert_eq!(
-        (report.deleted, report.backlog, report.stale_in_flight),
-        (10, 2, 2)
-    );
+        #[tokio::test]
+        async fn a_spawned_sweeper_sweeps_at_once_and_again_after_each_interval() {
+            let db = TestDb::new().await;
+            rows(&db, "pay", "old", 5, "completed", -60, HOUR).await;
+            rows(&db, "pay", "new", 2, "completed", HOUR, 60).await;
+            let handle = sweeper(&db)
+                .with_interval(Duration::from_millis(20))
+                .spawn();
+            until_swept(&db).await;
+            // Rows that expire after the first run are taken by a later one.
+            rows(&db, "pay", "later", 5, "failed", -60, HOUR).await;
+            until_swept(&db).await;
+            handle.abort();
+            assert!(handle.await.unwrap_err().is_cancelled());
+            assert_eq!(count_where(&db, "1 = 1").await, 2);
+            assert_eq!(count_where(&db, NOT_EXPIRED).await, 2);
+        }
 
-    let snapshot = snapshotter.snapshot().into_vec();
-    let value = |kind: MetricKind, name: &str| {
-        let found: Vec<_> = snapshot
-            .iter()
-            .filter(|(k, ..)| k.kind() == kind && k.key().name() == name)
-            .collect();
-        assert_eq!(found.len(), 1, "{name}: {snapshot:?}");
-        // No labels: sweeper metrics are table-wide, and never carry a key.
-        assert_eq!(found[0].0.key().labels().count(), 0, "{name}");
-        match &found[0].3 {
-            DebugValue::Counter(n) => *n as f64,
-            DebugValue::Gauge(g) => g.0,
-            DebugValue::Histogram(_) => panic!("{name} is not a histogram"),
+        /// Metrics need the recorder on the thread that records them, so this test
+        /// drives a current-thread runtime itself inside `with_local_recorder`.
+        #[test]
+        fn the_sweeper_records_its_metrics_under_the_documented_names() {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let db = rt.block_on(async {
+                let db = TestDb::new().await;
+                rows(&db, "pay", "old", 12, "completed", -60, HOUR).await;
+                rows(&db, "pay", "stuck", 2, "processing", HOUR, 2 * HOUR).await;
+                db
+            });
+            let s = Sweeper::new(db.pool.clone())
+                .with_batch_size(5)
+                .with_max_batches(2)
+                .with_stale_after(Duration::from_secs(HOUR as u64));
+
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            let report =
+                metrics::with_local_recorder(&recorder, || rt.block_on(s.sweep_once())).unwrap();
+            assert_eq!(
+                (report.deleted, report.backlog, report.stale_in_flight),
+                (10, 2, 2)
+            );
+
+            let snapshot = snapshotter.snapshot().into_vec();
+            let value = |kind: MetricKind, name: &str| {
+                let found: Vec<_> = snapshot
+                    .iter()
+                    .filter(|(k, ..)| k.kind() == kind && k.key().name() == name)
+                    .collect();
+                assert_eq!(found.len(), 1, "{name}: {snapshot:?}");
+                // No labels: sweeper metrics are table-wide, and never carry a key.
+                assert_eq!(found[0].0.key().labels().count(), 0, "{name}");
+                match &found[0].3 {
+                    DebugValue::Counter(n) => *n as f64,
+                    DebugValue::Gauge(g) => g.0,
+                    DebugValue::Histogram(_) => panic!("{name} is not a histogram"),
+                }
+            };
+            assert_eq!(value(MetricKind::Counter, SWEEPER_DELETED_TOTAL), 10.0);
+            assert_eq!(value(MetricKind::Gauge, SWEEPER_BACKLOG), 2.0);
+            assert_eq!(value(MetricKind::Gauge, STALE_IN_FLIGHT), 2.0);
+            let oldest = value(MetricKind::Gauge, OLDEST_IN_FLIGHT_SECONDS);
+            assert!(
+                (2.0 * HOUR as f64..2.0 * HOUR as f64 + 600.0).contains(&oldest),
+                "{oldest}"
+            );
+            // The names are the documented ones.
+            assert_eq!(SWEEPER_DELETED_TOTAL, "idem_sweeper_deleted_total");
+            assert_eq!(SWEEPER_BACKLOG, "idem_sweeper_backlog");
+            assert_eq!(STALE_IN_FLIGHT, "idem_stale_in_flight");
+            assert_eq!(OLDEST_IN_FLIGHT_SECONDS, "idem_oldest_in_flight_seconds");
+            // Close the pool on the runtime its connections belong to.
+            rt.block_on(db.pool.close());
         }
     };
-    assert_eq!(value(MetricKind::Counter, SWEEPER_DELETED_TOTAL), 10.0);
-    assert_eq!(value(MetricKind::Gauge, SWEEPER_BACKLOG), 2.0);
-    assert_eq!(value(MetricKind::Gauge, STALE_IN_FLIGHT), 2.0);
-    assert!(value(MetricKind::Gauge, OLDEST_IN_FLIGHT_SECONDS) >= 2.0 * HOUR as f64);
-    // The names are the documented ones.
-    assert_eq!(SWEEPER_DELETED_TOTAL, "idem_sweeper_deleted_total");
-    assert_eq!(SWEEPER_BACKLOG, "idem_sweeper_backlog");
-    assert_eq!(STALE_IN_FLIGHT, "idem_stale_in_flight");
-    assert_eq!(OLDEST_IN_FLIGHT_SECONDS, "idem_oldest_in_flight_seconds");
+}
+
+mod postgres {
+    sweeper_tests! {
+        db = sqlx::Postgres,
+        test_db = crate::common::TestDb,
+        insert_rows = "INSERT INTO idempotency_requests \
+               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                response_body, created_at, expires_at) \
+             SELECT 'acme', $1, $2 || '-' || i, decode(repeat('00', 32), 'hex'), $3, \
+                    CASE $3 WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
+                    CASE WHEN $3 IN ('completed', 'failed') THEN '0123456789'::bytea END, \
+                    now() - $5 * interval '1 second', now() + $4 * interval '1 second' \
+               FROM generate_series(1, $6) i",
+        expired_finished = "expires_at <= now() AND state IN ('completed', 'failed')",
+        not_expired = "expires_at > now()",
+        expire_all = "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'",
+    }
+}
+
+mod sqlite {
+    sweeper_tests! {
+        db = sqlx::Sqlite,
+        test_db = crate::common::SqliteDb,
+        // Timestamps are Unix milliseconds from SQLite's clock, as the store
+        // writes them; a recursive CTE stands in for generate_series.
+        insert_rows = concat!(
+            "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < $6) \
+             INSERT INTO idempotency_requests \
+               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                response_body, created_at, expires_at) \
+             SELECT 'acme', $1, $2 || '-' || i, zeroblob(32), $3, \
+                    CASE $3 WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
+                    CASE WHEN $3 IN ('completed', 'failed') THEN CAST('0123456789' AS BLOB) END, ",
+            sqlite_now!(),
+            " - $5 * 1000, ",
+            sqlite_now!(),
+            " + $4 * 1000 \
+               FROM seq"
+        ),
+        expired_finished = concat!(
+            "expires_at <= ",
+            sqlite_now!(),
+            " AND state IN ('completed', 'failed')"
+        ),
+        not_expired = concat!("expires_at > ", sqlite_now!()),
+        expire_all = concat!(
+            "UPDATE idempotency_requests SET expires_at = ",
+            sqlite_now!(),
+            " - 1000"
+        ),
+    }
+}
+
+/// What only PostgreSQL has: row locks to skip, sweepers sharing the work, stats.
+mod postgres_only {
+    use std::sync::Arc;
+
+    use super::postgres::{NOT_EXPIRED, count_where, rows, sweeper};
+    use super::*;
+    use crate::common::TestDb;
+
+    #[tokio::test]
+    async fn rows_locked_elsewhere_are_skipped_and_two_sweepers_share_the_rest() {
+        let db = TestDb::new().await;
+        rows(&db, "pay", "old", 30, "completed", -60, HOUR).await;
+
+        // A third transaction holds five of the rows, as a claim re-using an expired
+        // key would. SKIP LOCKED must pass them by instead of waiting.
+        let mut holder = db.pool.begin().await.unwrap();
+        let held: Vec<String> = sqlx::query_scalar(
+            "SELECT idempotency_key FROM idempotency_requests \
+              WHERE idempotency_key IN ('old-1', 'old-2', 'old-3', 'old-4', 'old-5') FOR UPDATE",
+        )
+        .fetch_all(&mut *holder)
+        .await
+        .unwrap();
+        assert_eq!(held.len(), 5);
+
+        let a = sweeper(&db).with_batch_size(4);
+        let b = sweeper(&db).with_batch_size(4);
+        // The timeout only turns a regression (waiting on the held rows) into a
+        // failure instead of a hung test; nothing here measures time.
+        let (ra, rb) = tokio::time::timeout(Duration::from_secs(120), async {
+            tokio::join!(a.sweep_once(), b.sweep_once())
+        })
+        .await
+        .expect("a sweeper waited on rows another transaction holds");
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        assert_eq!(ra.deleted + rb.deleted, 25, "{ra:?} {rb:?}");
+        // Held rows are still expired and still there: both see them as backlog.
+        assert!(ra.backlog >= 5 && rb.backlog >= 5, "{ra:?} {rb:?}");
+        let left: Vec<String> = sqlx::query_scalar(
+            "SELECT idempotency_key FROM idempotency_requests ORDER BY idempotency_key",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(left, ["old-1", "old-2", "old-3", "old-4", "old-5"]);
+
+        holder.rollback().await.unwrap();
+        let last = sweeper(&db).sweep_once().await.unwrap();
+        assert_eq!((last.deleted, last.backlog), (5, 0));
+    }
+
+    #[tokio::test]
+    async fn four_sweepers_at_once_delete_each_row_once_and_none_fails() {
+        let db = TestDb::new().await;
+        rows(&db, "pay", "old", 500, "completed", -60, HOUR).await;
+        rows(&db, "pay", "new", 20, "completed", HOUR, 60).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(4));
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let s = sweeper(&db).with_batch_size(7);
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    s.sweep_once().await
+                })
+            })
+            .collect();
+        let mut deleted = 0;
+        for t in tasks {
+            let report = t.await.unwrap().expect("no sweeper may fail");
+            deleted += report.deleted;
+        }
+        assert_eq!(deleted, 500);
+        assert_eq!(count_where(&db, "true").await, 20);
+        assert_eq!(count_where(&db, NOT_EXPIRED).await, 20);
+    }
+
+    #[tokio::test]
+    async fn stats_are_right_on_a_known_data_set() {
+        let db = TestDb::new().await;
+        let empty = idem_runtime::stats(&db.pool).await.unwrap();
+        assert_eq!(empty.rows, 0);
+        assert!(empty.by_operation.is_empty());
+        assert_eq!(empty.stored_bytes, 0);
+        assert_eq!(empty.oldest_valid_created_at, None);
+        assert_eq!(empty.oldest_in_flight_seconds, None);
+        assert_eq!(empty.expired_unswept, 0);
+
+        db.exec(
+            r#"INSERT INTO idempotency_requests
+                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                  response_headers, response_body, created_at, expires_at)
+               VALUES
+                 ('acme', 'create-order', 'a1', decode(repeat('00', 32), 'hex'), 'completed', 201,
+                  '[["content-type", "text/plain"]]', '0123456789',
+                  '2000-01-02 03:04:05+00', now() + interval '1 day'),
+                 ('acme', 'create-order', 'a2', decode(repeat('00', 32), 'hex'), 'completed', 201,
+                  '[["content-type", "text/plain"]]', '0123456789',
+                  now() - interval '1 minute', now() + interval '1 day'),
+                 ('globex', 'create-order', 'a3', decode(repeat('00', 32), 'hex'), 'failed', 404,
+                  NULL, 'abc', now() - interval '2 days', now() - interval '1 day'),
+                 ('acme', 'refund', 'b1', decode(repeat('00', 32), 'hex'), 'processing', NULL,
+                  NULL, NULL, now() - interval '2 hours', now() + interval '1 day'),
+                 ('acme', 'refund', 'b2', decode(repeat('00', 32), 'hex'), 'uncertain', NULL,
+                  NULL, NULL, now() - interval '1 hour', now() - interval '1 minute')"#,
+        )
+        .await;
+        let header_bytes = db
+            .count(
+                r#"SELECT octet_length('[["content-type", "text/plain"]]'::jsonb::text)::bigint"#,
+            )
+            .await as u64;
+
+        let s = idem_runtime::stats(&db.pool).await.unwrap();
+        assert_eq!(s.rows, 5);
+        assert_eq!(
+            (
+                s.by_state.processing,
+                s.by_state.completed,
+                s.by_state.failed,
+                s.by_state.uncertain
+            ),
+            (1, 2, 1, 1)
+        );
+        assert_eq!(s.stored_bytes, 2 * (10 + header_bytes) + 3);
+        assert_eq!(
+            s.oldest_valid_created_at.as_deref(),
+            Some("2000-01-02T03:04:05Z")
+        );
+        assert!(s.oldest_valid_age_seconds.unwrap() > 20.0 * 365.0 * DAY as f64);
+        // The processing row, two hours old, is the oldest in flight (the data set's
+        // age, not a measured duration: the margin covers a slow machine).
+        let in_flight = s.oldest_in_flight_seconds.unwrap();
+        assert!((7200.0..7200.0 + 600.0).contains(&in_flight), "{in_flight}");
+        // Only the expired failed row: an expired uncertain row is not the sweeper's.
+        assert_eq!(s.expired_unswept, 1);
+        assert_eq!(s.taken_at.len(), "2000-01-02T03:04:05Z".len());
+
+        let ops: Vec<_> = s
+            .by_operation
+            .iter()
+            .map(|o| {
+                (
+                    o.operation.as_str(),
+                    o.rows,
+                    o.by_state.processing,
+                    o.by_state.completed,
+                    o.by_state.failed,
+                    o.by_state.uncertain,
+                    o.stored_bytes,
+                    o.expired_unswept,
+                )
+            })
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                (
+                    "create-order",
+                    3,
+                    0,
+                    2,
+                    1,
+                    0,
+                    2 * (10 + header_bytes) + 3,
+                    1
+                ),
+                ("refund", 2, 1, 0, 0, 1, 0, 0),
+            ]
+        );
+
+        // After a sweep the unswept count is zero and the rest is unchanged.
+        sweeper(&db).sweep_once().await.unwrap();
+        let after = idem_runtime::stats(&db.pool).await.unwrap();
+        assert_eq!((after.rows, after.expired_unswept), (4, 0));
+
+        let json = serde_json::to_value(&after).unwrap();
+        assert_eq!(json["by_state"]["completed"], 2);
+        assert_eq!(json["by_operation"][1]["operation"], "refund");
+    }
 }

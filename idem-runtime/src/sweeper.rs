@@ -11,43 +11,125 @@
 //! [`STALE_IN_FLIGHT`] and [`OLDEST_IN_FLIGHT_SECONDS`]) so
 //! that an operator resolves them.
 //!
-//! Deletion runs in bounded batches, each its own short statement that locks its
-//! rows with `FOR UPDATE SKIP LOCKED`: several replicas may sweep at once, each
-//! takes rows the others have not, and none waits on a row that a request is
-//! re-claiming at that moment.
+//! The sweeper runs on PostgreSQL and on SQLite: [`Sweeper::new`] takes the
+//! backend from its pool (a `PgPool` or a `SqlitePool`). The run itself (batches,
+//! metrics, warnings, the [`SweepReport`]) is the same on both; only the three
+//! statements behind [`SweepBackend`] differ, and "now" is always the database's
+//! clock, as for the claims.
 //!
 //! ```no_run
 //! use std::time::Duration;
 //! use idem_runtime::Sweeper;
 //!
-//! # async fn demo(pool: sqlx::PgPool) {
+//! # async fn demo(pool: sqlx::PgPool, lite: sqlx::SqlitePool) {
 //! let handle = Sweeper::new(pool)
 //!     .with_interval(Duration::from_secs(60))
 //!     .with_batch_size(1000)
 //!     .spawn();
-//! # drop(handle);
+//! // The same on SQLite: the backend comes from the pool.
+//! let lite_handle = Sweeper::new(lite)
+//!     .with_interval(Duration::from_secs(60))
+//!     .spawn();
+//! # drop((handle, lite_handle));
 //! # }
 //! ```
+//!
+//! ## Concurrency
+//!
+//! Deletion runs in bounded batches, each its own short statement.
+//!
+//! On PostgreSQL each batch locks its rows with `FOR UPDATE SKIP LOCKED`: several
+//! replicas may sweep at once, each takes rows the others have not, and none waits
+//! on a row that a request is re-claiming at that moment.
+//!
+//! On SQLite there is nothing to skip: SQLite serialises writers, so a batch takes
+//! the database's single write lock (waiting for it through the connection's busy
+//! timeout, like any writer) and no other transaction can hold or change its rows
+//! meanwhile; two sweepers simply take turns. The flip side is that while a batch
+//! runs, every claim (of any key) waits for it, so keep batches small enough to be
+//! short next to the claims' in-flight wait. A batch that cannot get the lock
+//! within the busy timeout fails the run with [`StoreError::Database`]
+//! ([`Sweeper::spawn`] logs it and tries again at the next interval).
 //!
 //! ## Cost
 //!
 //! Each batch walks the index `idempotency_requests_expires_at_idx (expires_at)`
-//! from the oldest expiry and deletes by row address, so a batch costs about its
-//! size however large the table or the backlog; the in-flight check uses the
-//! partial index `idempotency_requests_in_flight_idx`. The backlog count after a
-//! run is a range scan over the expiry index, proportional to the backlog itself:
-//! cheap while the sweeper keeps up, and the number an operator needs when it
-//! does not. No further index is needed.
+//! (on both backends) from the oldest expiry and deletes by row address (`ctid`,
+//! `rowid`), so a batch costs about its size however large the table or the
+//! backlog. The backlog count after a run is a range scan over the same index,
+//! proportional to the backlog itself: cheap while the sweeper keeps up, and the
+//! number an operator needs when it does not.
+//!
+//! The in-flight check uses the partial index `idempotency_requests_in_flight_idx`
+//! on PostgreSQL. SQLite's schema has no such index, so there it reads the whole
+//! table once per run; that is fine for the single-machine tables SQLite is meant
+//! for, and a reason to keep the interval at a minute or more on a large one.
 
+use std::future::Future;
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::{Pool, Postgres, Row, Sqlite};
 
 use crate::metrics::{
     OLDEST_IN_FLIGHT_SECONDS, STALE_IN_FLIGHT, SWEEPER_BACKLOG, SWEEPER_DELETED_TOTAL,
 };
-use crate::store::StoreError;
+use crate::store::sqlite::now_ms;
+use crate::store::{Backend, StoreError};
+
+/// A database the [`Sweeper`] can run on: the three round trips of a run.
+///
+/// Everything else in a run (the batching loop, metrics, warnings and the
+/// [`SweepReport`]) is shared, so a backend only says how to delete, count and
+/// summarise in its own SQL. Implemented for [`sqlx::Postgres`] and
+/// [`sqlx::Sqlite`]. Every method compares against the database's clock, never the
+/// application's, as the claims do.
+pub trait SweepBackend: Backend {
+    /// Deletes at most `limit` rows that are finished (`completed` or `failed`)
+    /// and past `expires_at`, oldest expiry first, in one statement of its own
+    /// (its own transaction), and returns how many it deleted. Never touches a
+    /// `processing` or `uncertain` row.
+    fn delete_batch(
+        pool: &Pool<Self>,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Counts the finished, expired rows still present.
+    fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Summarises the rows in flight (`processing` or `uncertain`): how many were
+    /// created at least `stale_after` ago, and the age of the oldest.
+    fn in_flight(
+        pool: &Pool<Self>,
+        stale_after: Duration,
+    ) -> impl Future<Output = Result<InFlightSummary, StoreError>> + Send;
+}
+
+/// The in-flight rows as one sweep sees them ([`SweepBackend::in_flight`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct InFlightSummary {
+    /// `processing` rows created at least the stale threshold ago.
+    pub stale_processing: u64,
+    /// `uncertain` rows created at least the stale threshold ago.
+    pub stale_uncertain: u64,
+    /// Seconds since the oldest in-flight row was created, as the database
+    /// computed it; `None` when no row is in flight. Left raw (it may be negative
+    /// for a row created "in the future") so that the sweeper clamps it in one
+    /// place for every backend.
+    pub oldest_seconds: Option<f64>,
+}
+
+/// A database count as the report's unsigned number. A count is never negative;
+/// the fallback only keeps a corrupt answer from panicking a background task.
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// The stale threshold as the milliseconds both backends' SQL takes. Saturates
+/// rather than fails: a threshold of centuries means "never stale" either way.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
 
 // The inner SELECT runs once (an InitPlan) and locks its batch; the DELETE then
 // reaches those rows by ctid, a TID scan whose cost is the batch size whatever the
@@ -55,7 +137,7 @@ use crate::store::StoreError;
 // range). The ctids are stable because the rows stay locked until the statement
 // ends. The outer conditions repeat the inner ones so that a row changed between
 // the snapshot and the lock (re-claimed, say) is left alone.
-const DELETE_BATCH_SQL: &str = "DELETE FROM idempotency_requests \
+const PG_DELETE_BATCH_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE ctid = ANY(ARRAY( \
             SELECT ctid FROM idempotency_requests \
              WHERE expires_at <= now() AND state IN ('completed', 'failed') \
@@ -64,27 +146,168 @@ const DELETE_BATCH_SQL: &str = "DELETE FROM idempotency_requests \
              FOR UPDATE SKIP LOCKED)) \
         AND expires_at <= now() AND state IN ('completed', 'failed')";
 
-const BACKLOG_SQL: &str = "SELECT count(*) FROM idempotency_requests \
+const PG_BACKLOG_SQL: &str = "SELECT count(*) FROM idempotency_requests \
       WHERE expires_at <= now() AND state IN ('completed', 'failed')";
 
-const IN_FLIGHT_SQL: &str = "SELECT \
+const PG_IN_FLIGHT_SQL: &str = "SELECT \
         count(*) FILTER (WHERE state = 'processing' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_processing, \
         count(*) FILTER (WHERE state = 'uncertain' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_uncertain, \
         extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds \
       FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
+
+/// PostgreSQL: batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on
+/// several replicas share the work and none waits on a row a claim holds.
+impl SweepBackend for Postgres {
+    async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(PG_DELETE_BATCH_SQL)
+            .bind(i64::from(limit))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn backlog(pool: &Pool<Self>) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(PG_BACKLOG_SQL).fetch_one(pool).await?;
+        Ok(count(n))
+    }
+
+    async fn in_flight(
+        pool: &Pool<Self>,
+        stale_after: Duration,
+    ) -> Result<InFlightSummary, StoreError> {
+        let row = sqlx::query(PG_IN_FLIGHT_SQL)
+            .bind(millis(stale_after))
+            .fetch_one(pool)
+            .await?;
+        Ok(InFlightSummary {
+            stale_processing: count(row.try_get("stale_processing")?),
+            stale_uncertain: count(row.try_get("stale_uncertain")?),
+            oldest_seconds: row.try_get("oldest_seconds")?,
+        })
+    }
+}
+
+// SQLite has no ctid and no row locks: the batch is chosen by rowid (the table is
+// not WITHOUT ROWID) through the expiry index, and the whole statement runs under
+// the database's single write lock, so no other writer can change a chosen row
+// before it is deleted and SKIP LOCKED has nothing to skip. The outer conditions
+// still repeat the inner ones so that the DELETE states by itself what it may
+// delete; they cost a comparison per chosen row. SQLite fixes 'now' for the whole
+// statement, so both conditions see the same instant.
+const SQLITE_DELETE_BATCH_SQL: &str = concat!(
+    "DELETE FROM idempotency_requests \
+      WHERE rowid IN ( \
+            SELECT rowid FROM idempotency_requests \
+             WHERE expires_at <= ",
+    now_ms!(),
+    " AND state IN ('completed', 'failed') \
+             ORDER BY expires_at \
+             LIMIT $1) \
+        AND expires_at <= ",
+    now_ms!(),
+    " AND state IN ('completed', 'failed')"
+);
+
+const SQLITE_BACKLOG_SQL: &str = concat!(
+    "SELECT count(*) FROM idempotency_requests \
+      WHERE expires_at <= ",
+    now_ms!(),
+    " AND state IN ('completed', 'failed')"
+);
+
+// No FILTER clause needed: count() skips the NULL a CASE without ELSE gives, so
+// each count is of its own rows, and an empty set counts 0. Timestamps are Unix
+// milliseconds, hence the threshold in milliseconds and the age divided by 1000.0
+// (a float division, for fractional seconds). On no rows, min() is NULL and so is
+// the age.
+const SQLITE_IN_FLIGHT_SQL: &str = concat!(
+    "SELECT \
+        count(CASE WHEN state = 'processing' AND created_at <= ",
+    now_ms!(),
+    " - $1 THEN 1 END) AS stale_processing, \
+        count(CASE WHEN state = 'uncertain' AND created_at <= ",
+    now_ms!(),
+    " - $1 THEN 1 END) AS stale_uncertain, \
+        (",
+    now_ms!(),
+    " - min(created_at)) / 1000.0 AS oldest_seconds \
+      FROM idempotency_requests WHERE state IN ('processing', 'uncertain')"
+);
+
+/// SQLite: batches by `rowid` under SQLite's single write lock, so no `SKIP
+/// LOCKED` is needed (see the module docs on what the lock means for claims).
+impl SweepBackend for Sqlite {
+    async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(SQLITE_DELETE_BATCH_SQL)
+            .bind(i64::from(limit))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn backlog(pool: &Pool<Self>) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(SQLITE_BACKLOG_SQL)
+            .fetch_one(pool)
+            .await?;
+        Ok(count(n))
+    }
+
+    async fn in_flight(
+        pool: &Pool<Self>,
+        stale_after: Duration,
+    ) -> Result<InFlightSummary, StoreError> {
+        let row = sqlx::query(SQLITE_IN_FLIGHT_SQL)
+            .bind(millis(stale_after))
+            .fetch_one(pool)
+            .await?;
+        Ok(InFlightSummary {
+            stale_processing: count(row.try_get("stale_processing")?),
+            stale_uncertain: count(row.try_get("stale_uncertain")?),
+            oldest_seconds: row.try_get("oldest_seconds")?,
+        })
+    }
+}
 
 /// Deletes expired finished rows in bounded batches and reports old in-flight rows.
 ///
 /// Build it with [`Sweeper::new`] and the `with_*` methods, then either call
 /// [`Sweeper::sweep_once`] yourself (from a cron job, say) or [`Sweeper::spawn`] it
 /// in the service. Safe to run on every replica at once.
-#[derive(Debug, Clone)]
-pub struct Sweeper {
-    pool: PgPool,
+///
+/// `Sweeper` alone is `Sweeper<Postgres>`; [`Sweeper::new`] on a `SqlitePool`
+/// gives a `Sweeper<Sqlite>`.
+pub struct Sweeper<DB: SweepBackend = Postgres> {
+    pool: Pool<DB>,
     batch_size: u32,
     max_batches: u32,
     interval: Duration,
     stale_after: Duration,
+}
+
+// By hand rather than derived: a derive would demand `DB: Clone` / `DB: Debug` of
+// the backend marker type, which the pool does not need.
+impl<DB: SweepBackend> Clone for Sweeper<DB> {
+    fn clone(&self) -> Self {
+        Sweeper {
+            pool: self.pool.clone(),
+            batch_size: self.batch_size,
+            max_batches: self.max_batches,
+            interval: self.interval,
+            stale_after: self.stale_after,
+        }
+    }
+}
+
+impl<DB: SweepBackend> std::fmt::Debug for Sweeper<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweeper")
+            .field("pool", &self.pool)
+            .field("batch_size", &self.batch_size)
+            .field("max_batches", &self.max_batches)
+            .field("interval", &self.interval)
+            .field("stale_after", &self.stale_after)
+            .finish()
+    }
 }
 
 /// What one [`Sweeper::sweep_once`] did and saw.
@@ -97,8 +320,9 @@ pub struct SweepReport {
     /// the run learns the backlog is drained.
     pub batches: u32,
     /// Expired finished rows still present after the run: more than the run could
-    /// take, rows another sweeper or a claim held locked, or rows that expired
-    /// meanwhile. A backlog that keeps growing means the sweeper cannot keep up.
+    /// take, rows another sweeper or a claim held locked (PostgreSQL), or rows
+    /// that expired meanwhile. A backlog that keeps growing means the sweeper
+    /// cannot keep up.
     pub backlog: u64,
     /// Rows in flight (`processing` or `uncertain`) for longer than the stale
     /// threshold. They are never deleted by the sweeper.
@@ -115,6 +339,10 @@ fn as_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok,
     }
 }
 
+/// The defaults, the same for every backend. They live on `Sweeper<Postgres>`
+/// only so that `Sweeper::DEFAULT_BATCH_SIZE` keeps compiling: a constant on the
+/// generic type could not tell which backend is meant. Write them that way
+/// whatever your backend.
 impl Sweeper {
     /// Rows deleted per statement unless configured otherwise.
     pub const DEFAULT_BATCH_SIZE: u32 = 1000;
@@ -125,20 +353,24 @@ impl Sweeper {
     /// In-flight age beyond which a row is reported as stale unless configured
     /// otherwise.
     pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
+}
 
-    /// A sweeper on `pool` with the default settings.
-    pub fn new(pool: PgPool) -> Self {
+impl<DB: SweepBackend> Sweeper<DB> {
+    /// A sweeper on `pool` with the default settings; the backend (PostgreSQL or
+    /// SQLite) is the pool's.
+    pub fn new(pool: Pool<DB>) -> Self {
         Sweeper {
             pool,
-            batch_size: Self::DEFAULT_BATCH_SIZE,
-            max_batches: Self::DEFAULT_MAX_BATCHES,
-            interval: Self::DEFAULT_INTERVAL,
-            stale_after: Self::DEFAULT_STALE_AFTER,
+            batch_size: Sweeper::DEFAULT_BATCH_SIZE,
+            max_batches: Sweeper::DEFAULT_MAX_BATCHES,
+            interval: Sweeper::DEFAULT_INTERVAL,
+            stale_after: Sweeper::DEFAULT_STALE_AFTER,
         }
     }
 
     /// Rows deleted per statement (at least 1). Each statement is its own short
-    /// transaction, so a smaller batch holds locks for less time.
+    /// transaction, so a smaller batch holds locks for less time (on SQLite, the
+    /// write lock every claim waits for).
     pub fn with_batch_size(mut self, rows: u32) -> Self {
         self.batch_size = rows.max(1);
         self
@@ -195,17 +427,14 @@ impl Sweeper {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Database`] when a statement fails (a missing table included).
+    /// [`StoreError::Database`] when a statement fails (a missing table included;
+    /// on SQLite also a write lock not obtained within the busy timeout).
     pub async fn sweep_once(&self) -> Result<SweepReport, StoreError> {
         let mut deleted = 0u64;
         let mut batches = 0u32;
         while batches < self.max_batches {
-            let done = sqlx::query(DELETE_BATCH_SQL)
-                .bind(i64::from(self.batch_size))
-                .execute(&self.pool)
-                .await?;
+            let rows = DB::delete_batch(&self.pool, self.batch_size).await?;
             batches += 1;
-            let rows = done.rows_affected();
             deleted += rows;
             // Counted per batch so that a run that fails half-way still reports
             // the rows it did remove.
@@ -215,19 +444,13 @@ impl Sweeper {
             }
         }
 
-        let backlog: i64 = sqlx::query_scalar(BACKLOG_SQL)
-            .fetch_one(&self.pool)
-            .await?;
-        let backlog = u64::try_from(backlog).unwrap_or(0);
-
-        let row = sqlx::query(IN_FLIGHT_SQL)
-            .bind(i64::try_from(self.stale_after.as_millis()).unwrap_or(i64::MAX))
-            .fetch_one(&self.pool)
-            .await?;
-        let stale_processing: i64 = row.try_get("stale_processing")?;
-        let stale_uncertain: i64 = row.try_get("stale_uncertain")?;
-        let oldest_seconds: Option<f64> = row.try_get("oldest_seconds")?;
-        let stale_in_flight = u64::try_from(stale_processing + stale_uncertain).unwrap_or(0);
+        let backlog = DB::backlog(&self.pool).await?;
+        let InFlightSummary {
+            stale_processing,
+            stale_uncertain,
+            oldest_seconds,
+        } = DB::in_flight(&self.pool, self.stale_after).await?;
+        let stale_in_flight = stale_processing.saturating_add(stale_uncertain);
         // A row created "in the future" (clock skew between primaries, a manual
         // insert) would give a negative age, which Duration cannot hold.
         let oldest_in_flight = oldest_seconds.map(|s| Duration::from_secs_f64(s.max(0.0)));

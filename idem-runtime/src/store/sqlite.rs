@@ -12,7 +12,8 @@
 //! writers of *other* keys; past the bound it reports [`Claim::InFlight`] (`409`
 //! with `Retry-After`) even when the holder was another key. Keep handlers short.
 //!
-//! Leased mode, the sweeper, stats and the CLI are PostgreSQL-only for now.
+//! The retention sweeper ([`crate::Sweeper`] on a `SqlitePool`) works here too;
+//! leased mode, stats and the CLI are PostgreSQL-only for now.
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ macro_rules! now_ms {
         "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     };
 }
+pub(crate) use now_ms;
 
 /// The embedded SQLite migrations of `migrations/sqlite/`, tracked in
 /// [`super::postgres::MIGRATIONS_TABLE`].
