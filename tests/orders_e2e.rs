@@ -1,5 +1,8 @@
 //! The failure-window suite: the real `orders` example process, over real HTTP,
-//! against a real PostgreSQL. Each test has its own database and server(s).
+//! against each backend: a real PostgreSQL and a SQLite file. Each test is written
+//! once, generic over [`Backend`], and stamped per backend by `e2e_suite!`; each
+//! run has its own database and server(s). `/payments` (leased mode) is
+//! PostgreSQL-only, and SQLite's answer to it is tested beside it.
 //!
 //! The example binary is built by `cargo test --workspace` (cargo builds examples
 //! for tests); run `cargo build --example orders` first when running this file alone.
@@ -10,24 +13,114 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{SqliteDb, TestDb};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// What the suite needs of a database the example runs on.
+trait Backend: Sized {
+    /// A fresh database of its own, with idem's migrations applied.
+    async fn create() -> Self;
+    /// The `DATABASE_URL` the example is started with.
+    fn url(&self) -> String;
+    /// The single integer a query returns.
+    async fn count(&self, sql: &str) -> i64;
+    /// Runs statements.
+    async fn exec(&self, sql: &str);
+    /// A moment one second ago, as idem stores its timestamps.
+    const A_SECOND_AGO: &'static str;
+    /// Waits until no (killed) server's transaction holds anything any more.
+    async fn wait_until_no_open_transaction(&self);
+    /// The status and body of the one stored outcome.
+    async fn stored_outcome(&self) -> (i64, Vec<u8>);
+    /// The id and amount of the one order.
+    async fn the_order(&self) -> (i64, i64);
+}
+
+/// The parts of [`Backend`] that are the same SQL on both, for a helper type with
+/// a `pool`, `count` and `exec`.
+macro_rules! same_sql {
+    () => {
+        async fn count(&self, sql: &str) -> i64 {
+            Self::count(self, sql).await
+        }
+        async fn exec(&self, sql: &str) {
+            Self::exec(self, sql).await
+        }
+        async fn stored_outcome(&self) -> (i64, Vec<u8>) {
+            sqlx::query_as(
+                "SELECT CAST(response_status AS bigint), response_body FROM idempotency_requests",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+        }
+        async fn the_order(&self) -> (i64, i64) {
+            sqlx::query_as("SELECT id, amount_cents FROM orders")
+                .fetch_one(&self.pool)
+                .await
+                .unwrap()
+        }
+    };
+}
+
+impl Backend for TestDb {
+    async fn create() -> Self {
+        TestDb::new().await
+    }
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+    same_sql!();
+    const A_SECOND_AGO: &'static str = "now() - interval '1 second'";
+    /// PostgreSQL rolls a dead session's transaction back once it notices.
+    async fn wait_until_no_open_transaction(&self) {
+        wait_for(self, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'", |n| n == 0).await;
+    }
+}
+
+impl Backend for SqliteDb {
+    async fn create() -> Self {
+        SqliteDb::new().await
+    }
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+    same_sql!();
+    const A_SECOND_AGO: &'static str =
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - 1000";
+    /// The write lock of a dead process is gone with it: taking it proves nobody
+    /// holds it (the pool's busy timeout is the wait).
+    async fn wait_until_no_open_transaction(&self) {
+        sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// A running `orders` process.
 struct Server {
     child: Child,
     base: String,
+    /// Everything it logged so far.
+    log: tokio::sync::watch::Receiver<Vec<String>>,
 }
 
 impl Server {
-    async fn start(db: &TestDb, env: &[(&str, &str)]) -> Server {
+    async fn start(db: &impl Backend, env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(common::example_binary("orders"));
-        cmd.env("DATABASE_URL", &db.url)
-            .env("IDEM_ADDR", "127.0.0.1:0")
-            .env("RUST_LOG", "info")
+        cmd.env("DATABASE_URL", db.url());
+        Self::spawn(cmd, env).await
+    }
+
+    /// Starts the example as configured by `cmd` and `env`, and waits until it listens.
+    async fn spawn(mut cmd: Command, env: &[(&str, &str)]) -> Server {
+        cmd.env("IDEM_ADDR", "127.0.0.1:0")
+            // idem's debug line "idem: execute" tells the suite a request claimed its key.
+            .env("RUST_LOG", "info,idem_runtime=debug")
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -38,12 +131,14 @@ impl Server {
         let mut child = cmd.spawn().expect("start the orders example");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let deadline = Instant::now() + Duration::from_secs(60);
+        let (log_tx, log) = tokio::sync::watch::channel(Vec::new());
         let base = loop {
             let line = tokio::time::timeout_at(deadline.into(), lines.next_line())
                 .await
                 .expect("the server logs its address within 60 s")
                 .unwrap()
                 .expect("the server exited before it was ready");
+            log_tx.send_modify(|log| log.push(line.clone()));
             if let Some(at) = line.find("listening on http://") {
                 let url: String = line[at + "listening on ".len()..]
                     .chars()
@@ -53,8 +148,32 @@ impl Server {
             }
         };
         // Keep draining its output so the process never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Server { child, base }
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                log_tx.send_modify(|log| log.push(line));
+            }
+        });
+        Server { child, base, log }
+    }
+
+    /// Waits until `n` log lines contain `needle`.
+    async fn wait_for_log(&self, needle: &str, n: usize) {
+        let mut log = self.log.clone();
+        let seen = tokio::time::timeout(
+            Duration::from_secs(60),
+            log.wait_for(|lines| lines.iter().filter(|l| l.contains(needle)).count() >= n),
+        )
+        .await;
+        assert!(
+            matches!(seen, Ok(Ok(_))),
+            "the server never logged {needle:?} {n} time(s)"
+        );
+    }
+
+    /// Waits until the server has claimed a key for its `n`th execution: the
+    /// request now works inside its open transaction.
+    async fn wait_until_executing(&self, n: usize) {
+        self.wait_for_log("idem: execute", n).await;
     }
 
     /// SIGKILL: no shutdown hooks, no graceful rollback — a crash.
@@ -182,17 +301,11 @@ async fn get(server: &Server, path: &str, tenant: &str) -> Answer {
     }
 }
 
-async fn orders(db: &TestDb) -> i64 {
+async fn orders(db: &impl Backend) -> i64 {
     db.count("SELECT count(*) FROM orders").await
 }
 
-/// Waits until a server session of this database sits inside an open transaction:
-/// the request has claimed its key and is doing its (slow) work.
-async fn wait_until_in_transaction(db: &TestDb) {
-    wait_for(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'", |n| n > 0).await;
-}
-
-async fn wait_for(db: &TestDb, sql: &str, done: impl Fn(i64) -> bool) {
+async fn wait_for(db: &impl Backend, sql: &str, done: impl Fn(i64) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done(db.count(sql).await) {
         assert!(Instant::now() < deadline, "condition never held: {sql}");
@@ -200,10 +313,9 @@ async fn wait_for(db: &TestDb, sql: &str, done: impl Fn(i64) -> bool) {
     }
 }
 
-/// 1. N concurrent requests with one key: one order; every answer 201 or 409.
-#[tokio::test]
-async fn concurrent_duplicates_create_one_order() {
-    let db = TestDb::new().await;
+/// (1) N concurrent requests with one key: one order; every answer 201 or 409.
+async fn concurrent_duplicates_create_one_order<D: Backend>() {
+    let db = D::create().await;
     let server = Arc::new(
         Server::start(
             &db,
@@ -237,10 +349,9 @@ async fn concurrent_duplicates_create_one_order() {
     assert_eq!(orders(&db).await, 1);
 }
 
-/// 2. Same key, different payload: 422 problem, no new order.
-#[tokio::test]
-async fn same_key_different_payload_is_422() {
-    let db = TestDb::new().await;
+/// (2) Same key, different payload: 422 problem, no new order.
+async fn same_key_different_payload_is_422<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     assert_eq!(
         Call::order("k").ok(&server).await.status,
@@ -262,11 +373,10 @@ async fn same_key_different_payload_is_422() {
     assert_eq!(orders(&db).await, 1);
 }
 
-/// 3. The response is lost: the client gives up before the server commits; the
+/// (3) The response is lost: the client gives up before the server commits; the
 /// retry replays the committed result.
-#[tokio::test]
-async fn a_lost_response_is_replayed_on_retry() {
-    let db = TestDb::new().await;
+async fn a_lost_response_is_replayed_on_retry<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(
         &db,
         &[
@@ -293,22 +403,21 @@ async fn a_lost_response_is_replayed_on_retry() {
     assert_eq!(orders(&db).await, 1);
 }
 
-/// 4. Crash before commit: SIGKILL while the request sleeps inside its
+/// (4) Crash before commit: SIGKILL while the request sleeps inside its
 /// transaction, restart, retry: the operation executes once.
-#[tokio::test]
-async fn a_crash_before_commit_leaves_nothing_and_the_retry_executes() {
-    let db = TestDb::new().await;
+async fn a_crash_before_commit_leaves_nothing_and_the_retry_executes<D: Backend>() {
+    let db = D::create().await;
     let mut server = Server::start(&db, &[("ORDERS_LATENCY_MS", "600000")]).await;
     let base = server.base.clone();
     let in_flight = tokio::spawn(async move { Call::order("crash-1").send_to(&base).await });
-    wait_until_in_transaction(&db).await;
+    server.wait_until_executing(1).await;
     server.kill().await;
     assert!(
         in_flight.await.unwrap().is_err(),
         "the client sees the connection die"
     );
-    // PostgreSQL rolls the dead session's transaction back.
-    wait_for(&db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'", |n| n == 0).await;
+    // The database rolls the dead server's transaction back.
+    db.wait_until_no_open_transaction().await;
     assert_eq!(orders(&db).await, 0);
     assert_eq!(
         db.count("SELECT count(*) FROM idempotency_requests").await,
@@ -322,11 +431,10 @@ async fn a_crash_before_commit_leaves_nothing_and_the_retry_executes() {
     assert_eq!(orders(&db).await, 1);
 }
 
-/// 5. The client times out while the server completes: the stored result is the
+/// (5) The client times out while the server completes: the stored result is the
 /// order in the database, and the retry gets exactly it.
-#[tokio::test]
-async fn the_stored_result_matches_the_order_after_a_client_timeout() {
-    let db = TestDb::new().await;
+async fn the_stored_result_matches_the_order_after_a_client_timeout<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[("ORDERS_LATENCY_MS", "1000")]).await;
     let mut call = Call::order("timeout-1");
     call.timeout = Duration::from_millis(200);
@@ -338,17 +446,10 @@ async fn the_stored_result_matches_the_order_after_a_client_timeout() {
         |n| n == 1,
     )
     .await;
-    let (status, body): (i16, Vec<u8>) =
-        sqlx::query_as("SELECT response_status, response_body FROM idempotency_requests")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let (status, body) = db.stored_outcome().await;
     assert_eq!(status, 201);
     let stored: Value = serde_json::from_slice(&body).unwrap();
-    let (id, amount): (i64, i64) = sqlx::query_as("SELECT id, amount_cents FROM orders")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let (id, amount) = db.the_order().await;
     assert_eq!(stored["id"], id);
     assert_eq!(stored["amount_cents"], amount);
     call.timeout = Duration::from_secs(60);
@@ -359,18 +460,20 @@ async fn the_stored_result_matches_the_order_after_a_client_timeout() {
     assert_eq!(orders(&db).await, 1);
 }
 
-/// 6. Expiry: once the retention has passed, a retry is a new execution (the
+/// (6) Expiry: once the retention has passed, a retry is a new execution (the
 /// documented retention contract).
-#[tokio::test]
-async fn after_retention_a_retry_executes_anew() {
-    let db = TestDb::new().await;
+async fn after_retention_a_retry_executes_anew<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let first = Call::order("exp-1").ok(&server).await;
     assert_eq!(first.status, StatusCode::CREATED);
     let within = Call::order("exp-1").ok(&server).await;
     assert!(within.replayed());
-    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
-        .await;
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET expires_at = {}",
+        D::A_SECOND_AGO
+    ))
+    .await;
     let after = Call::order("exp-1").ok(&server).await;
     assert_eq!(after.status, StatusCode::CREATED);
     assert!(!after.replayed());
@@ -378,10 +481,9 @@ async fn after_retention_a_retry_executes_anew() {
     assert_eq!(orders(&db).await, 2);
 }
 
-/// 7. Replay after the resource changed: the stored 201 is replayed unchanged.
-#[tokio::test]
-async fn a_replay_after_delete_returns_the_stored_201() {
-    let db = TestDb::new().await;
+/// (7) Replay after the resource changed: the stored 201 is replayed unchanged.
+async fn a_replay_after_delete_returns_the_stored_201<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let first = Call::order("del-1").ok(&server).await;
     let id = first.json()["id"].as_i64().unwrap();
@@ -407,10 +509,9 @@ async fn a_replay_after_delete_returns_the_stored_201() {
     );
 }
 
-/// 8. Two processes on two ports, one database, duplicates across both: one order.
-#[tokio::test]
-async fn two_servers_one_database_one_order() {
-    let db = TestDb::new().await;
+/// (8) Two processes on two ports, one database, duplicates across both: one order.
+async fn two_servers_one_database_one_order<D: Backend>() {
+    let db = D::create().await;
     let env = [
         ("ORDERS_LATENCY_MS", "200"),
         ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
@@ -442,10 +543,9 @@ async fn two_servers_one_database_one_order() {
     assert_eq!(orders(&db).await, 1);
 }
 
-/// 9. Bad input reserves nothing: after each rejection the same key executes.
-#[tokio::test]
-async fn rejected_input_reserves_nothing() {
-    let db = TestDb::new().await;
+/// (9) Bad input reserves nothing: after each rejection the same key executes.
+async fn rejected_input_reserves_nothing<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let key = "bad-1";
     let cases: Vec<(&str, Call, StatusCode)> = vec![
@@ -551,10 +651,9 @@ async fn rejected_input_reserves_nothing() {
     assert_eq!(orders(&db).await, 1);
 }
 
-/// 10. Tenant and operation isolation over HTTP.
-#[tokio::test]
-async fn tenants_and_operations_are_isolated() {
-    let db = TestDb::new().await;
+/// (10) Tenant and operation isolation over HTTP.
+async fn tenants_and_operations_are_isolated<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let alice = Call {
         tenant: Some("alice"),
@@ -612,9 +711,8 @@ async fn tenants_and_operations_are_isolated() {
 }
 
 /// A refund of an order the tenant does not have is a committed 404, replayed.
-#[tokio::test]
-async fn a_refund_of_a_missing_order_is_a_stored_404() {
-    let db = TestDb::new().await;
+async fn a_refund_of_a_missing_order_is_a_stored_404<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let call = Call {
         path: "/refunds",
@@ -633,9 +731,8 @@ async fn a_refund_of_a_missing_order_is_a_stored_404() {
 }
 
 /// A duplicate beyond the in-flight bound: 409 problem with Retry-After.
-#[tokio::test]
-async fn a_duplicate_beyond_the_wait_bound_is_409() {
-    let db = TestDb::new().await;
+async fn a_duplicate_beyond_the_wait_bound_is_409<D: Backend>() {
+    let db = D::create().await;
     let server = Arc::new(
         Server::start(
             &db,
@@ -650,7 +747,7 @@ async fn a_duplicate_beyond_the_wait_bound_is_409() {
         let server = server.clone();
         async move { Call::order("slow-1").send(&server).await }
     });
-    wait_until_in_transaction(&db).await;
+    server.wait_until_executing(1).await;
     let dup = Call::order("slow-1").ok(&server).await;
     assert_eq!(dup.status, StatusCode::CONFLICT);
     assert_eq!(dup.problem_type(), "urn:idem:problem:request-in-flight");
@@ -659,9 +756,8 @@ async fn a_duplicate_beyond_the_wait_bound_is_409() {
 }
 
 /// Keys: missing and malformed are 400 problems.
-#[tokio::test]
-async fn missing_and_malformed_keys_are_400() {
-    let db = TestDb::new().await;
+async fn missing_and_malformed_keys_are_400<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let missing = Call {
         key: None,
@@ -692,9 +788,8 @@ async fn missing_and_malformed_keys_are_400() {
 }
 
 /// The read routes: list, get, delete, and 401 problem answers.
-#[tokio::test]
-async fn read_and_delete_routes() {
-    let db = TestDb::new().await;
+async fn read_and_delete_routes<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let created = Call::order("c-1")
         .body(json!({"sku": "B-2", "quantity": 1, "amount_cents": 0, "note": "gift"}))
@@ -826,10 +921,110 @@ async fn a_declined_payment_is_stored_and_replayed() {
     assert_eq!(provider(&server).await["calls"], 0);
 }
 
-/// `/metrics` serves the idem metrics in the Prometheus format.
+/// `/payments` on SQLite: leased mode needs PostgreSQL; the answer says so, and
+/// nothing is claimed or charged.
 #[tokio::test]
-async fn metrics_are_served_for_prometheus() {
-    let db = TestDb::new().await;
+async fn on_sqlite_payments_answer_501_and_charge_nothing() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let a = payment("pay-s", 500).ok(&server).await;
+    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED);
+    assert_eq!(a.problem_type(), "urn:orders:problem:needs-postgresql");
+    assert_eq!(provider(&server).await["calls"], 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+}
+
+/// A directory of its own for one test, removed at its end.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let dir = std::env::temp_dir().join(format!("idem_e2e_{}_{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The quickstart: with no `DATABASE_URL` the example keeps its data in an
+/// embedded SQLite file in the working directory, says where, and finds it again
+/// after a crash and restart.
+#[tokio::test]
+async fn without_database_url_the_example_uses_an_embedded_sqlite_file() {
+    let dir = TempDir::new();
+    let start = || {
+        let mut cmd = Command::new(common::example_binary("orders"));
+        cmd.env_remove("DATABASE_URL").current_dir(&dir.0);
+        Server::spawn(cmd, &[])
+    };
+    let mut server = start().await;
+    let file = dir.0.join("idem-orders.db");
+    server
+        .wait_for_log(&format!("using the SQLite database {}", file.display()), 1)
+        .await;
+    let first = Call::order("quick-1").ok(&server).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(file.exists(), "{} was not created", file.display());
+    server.kill().await;
+
+    let server = start().await;
+    let retry = Call::order("quick-1").ok(&server).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed(), "the key survived the restart");
+    assert_eq!(retry.body, first.body);
+    let list = get(&server, "/orders", "acme").await.json();
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+}
+
+/// A `DATABASE_URL` the example cannot use stops it at once with a clear error.
+#[tokio::test]
+async fn an_unusable_database_url_is_a_clear_startup_error() {
+    for (url, says) in [
+        (
+            "mysql://root@localhost/shop",
+            "DATABASE_URL must start with postgres://",
+        ),
+        (
+            "sqlite:/nonexistent-dir/x/y.db",
+            "cannot open the SQLite database",
+        ),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            Command::new(common::example_binary("orders"))
+                .env("DATABASE_URL", url)
+                .env("IDEM_ADDR", "127.0.0.1:0")
+                .env("NO_COLOR", "1")
+                .output(),
+        )
+        .await
+        .expect("the example exits within 60 s")
+        .unwrap();
+        assert!(!out.status.success(), "{url}: exited successfully");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(says), "{url}: expected {says:?} in\n{text}");
+        assert!(
+            !text.contains("root@"),
+            "{url}: the URL's credentials were logged"
+        );
+    }
+}
+
+/// `/metrics` serves the idem metrics in the Prometheus format.
+async fn metrics_are_served_for_prometheus<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     Call::order("m-1").ok(&server).await;
     Call::order("m-1").ok(&server).await;
@@ -846,14 +1041,17 @@ async fn metrics_are_served_for_prometheus() {
 }
 
 /// The service's sweeper forgets expired keys; a retry after the sweep executes anew.
-#[tokio::test]
-async fn the_sweeper_forgets_expired_keys() {
-    let db = TestDb::new().await;
+async fn the_sweeper_forgets_expired_keys<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[("IDEM_SWEEP_INTERVAL_MS", "50")]).await;
     let first = Call::order("sw-1").ok(&server).await;
     let live = Call::order("sw-2").ok(&server).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second' WHERE idempotency_key = 'sw-1'").await;
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET expires_at = {} WHERE idempotency_key = 'sw-1'",
+        D::A_SECOND_AGO
+    ))
+    .await;
     wait_for(
         &db,
         "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-1'",
@@ -890,9 +1088,8 @@ async fn step(server: &Server, id: i64, action: &str) -> Answer {
 
 /// Fulfilment steps: repeated `pay` is a no-op success, `ship` before `pay` is
 /// rejected, concurrent `pay` calls produce one payment.
-#[tokio::test]
-async fn fulfilment_steps_are_idempotent_transitions() {
-    let db = TestDb::new().await;
+async fn fulfilment_steps_are_idempotent_transitions<D: Backend>() {
+    let db = D::create().await;
     let server = Arc::new(Server::start(&db, &[]).await);
     let id = Call::order("f-1").ok(&server).await.json()["id"]
         .as_i64()
@@ -942,3 +1139,45 @@ async fn fulfilment_steps_are_idempotent_transitions() {
     let order = get(&server, &format!("/orders/{id}"), "acme").await.json();
     assert!(order.get("status").is_none());
 }
+
+/// Stamps each shared test once per backend: `postgres::<name>` and `sqlite::<name>`.
+macro_rules! e2e_suite {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<crate::common::TestDb>().await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<crate::common::SqliteDb>().await
+                }
+            )*
+        }
+    };
+}
+
+e2e_suite!(
+    concurrent_duplicates_create_one_order,
+    same_key_different_payload_is_422,
+    a_lost_response_is_replayed_on_retry,
+    a_crash_before_commit_leaves_nothing_and_the_retry_executes,
+    the_stored_result_matches_the_order_after_a_client_timeout,
+    after_retention_a_retry_executes_anew,
+    a_replay_after_delete_returns_the_stored_201,
+    two_servers_one_database_one_order,
+    rejected_input_reserves_nothing,
+    tenants_and_operations_are_isolated,
+    a_refund_of_a_missing_order_is_a_stored_404,
+    a_duplicate_beyond_the_wait_bound_is_409,
+    missing_and_malformed_keys_are_400,
+    read_and_delete_routes,
+    metrics_are_served_for_prometheus,
+    the_sweeper_forgets_expired_keys,
+    fulfilment_steps_are_idempotent_transitions,
+);

@@ -6,7 +6,7 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | the PostgreSQL database |
+//! | `DATABASE_URL` | unset: the SQLite file `idem-orders.db` in the working directory | `postgres://...` for PostgreSQL, `sqlite:PATH` for another SQLite file |
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
@@ -17,6 +17,9 @@
 //! | `IDEM_SWEEP_INTERVAL_MS` | `60000` | how often expired keys are swept |
 //!
 //! `GET /metrics` serves the idem metrics in the Prometheus text format.
+//!
+//! On SQLite every route works except `POST /payments` (leased mode needs
+//! PostgreSQL; it answers `501`), and no reconciler runs.
 
 mod auth;
 mod fulfilment;
@@ -25,12 +28,130 @@ mod payments;
 mod problems;
 mod routes;
 
+use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::Idem;
+use axum::Router;
+use idem_runtime::store::Backend;
+use idem_runtime::{Idem, Sweeper};
 use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{PgPool, Pool, SqlitePool};
 
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// Where the service keeps its data when `DATABASE_URL` is unset: a file beside
+/// the caller, so that a restart (or a crash) finds what was committed.
+const DEFAULT_SQLITE_FILE: &str = "idem-orders.db";
+
+/// The database `DATABASE_URL` names.
+enum Store {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+async fn connect() -> Result<Store, String> {
+    let url = std::env::var("DATABASE_URL").unwrap_or_default();
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let pool = PgPoolOptions::new()
+            .max_connections(32)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&url)
+            .await
+            .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+        tracing::info!("orders: using PostgreSQL from DATABASE_URL");
+        return Ok(Store::Postgres(pool));
+    }
+    let opts = if url.is_empty() {
+        SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE)
+    } else if url.starts_with("sqlite:") {
+        SqliteConnectOptions::from_str(&url)
+            .map_err(|e| format!("DATABASE_URL is not a usable SQLite URL: {e}"))?
+    } else {
+        return Err(format!(
+            "DATABASE_URL must start with postgres://, postgresql:// or sqlite: (or be unset for \
+             the embedded SQLite file), not {:?}",
+            url.split(':').next().unwrap_or_default()
+        ));
+    };
+    // WAL: readers never wait for the writer. The busy timeout is how long a
+    // write waits for another; idem's claim sets its own bound (the in-flight wait).
+    let opts = opts
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(5));
+    let path = std::path::absolute(opts.get_filename())
+        .unwrap_or_else(|_| opts.get_filename().to_path_buf());
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(opts)
+        .await
+        .map_err(|e| format!("cannot open the SQLite database {}: {e}", path.display()))?;
+    tracing::info!(
+        "orders: using the SQLite database {} (set DATABASE_URL=postgres://... for PostgreSQL)",
+        path.display()
+    );
+    Ok(Store::Sqlite(pool))
+}
+
+/// What the environment configures besides the database.
+struct Settings {
+    latency: Duration,
+    in_flight_wait: Duration,
+    sweep_every: Duration,
+    provider: Arc<payments::Provider>,
+}
+
+impl Settings {
+    fn state<DB: Backend>(&self, pool: Pool<DB>) -> routes::AppState<DB> {
+        routes::AppState {
+            idem: Idem::new(pool.clone()).with_in_flight_wait(self.in_flight_wait),
+            pool,
+            latency: self.latency,
+            provider: self.provider.clone(),
+        }
+    }
+}
+
+/// Migrates the database, starts the background work and builds the routes.
+async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
+    match store {
+        Store::Postgres(pool) => {
+            idem_runtime::migrate(&pool)
+                .await
+                .map_err(|e| format!("idem migrations failed: {e}"))?;
+            sqlx::migrate!("examples/orders/migrations")
+                .run(&pool)
+                .await
+                .map_err(|e| format!("orders migrations failed: {e}"))?;
+            let reconcile_every = env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;
+            idem_runtime::reconcile::Reconciler::new(
+                pool.clone(),
+                payments::AskProvider(settings.provider.clone()),
+            )
+            .with_interval(reconcile_every)
+            .spawn();
+            // Expired keys are forgotten in bounded batches; several replicas may sweep.
+            Sweeper::new(pool.clone())
+                .with_interval(settings.sweep_every)
+                .spawn();
+            Ok(routes::postgres::router(settings.state(pool)))
+        }
+        Store::Sqlite(pool) => {
+            idem_runtime::migrate(&pool)
+                .await
+                .map_err(|e| format!("idem migrations failed: {e}"))?;
+            sqlx::migrate!("examples/orders/migrations/sqlite")
+                .run(&pool)
+                .await
+                .map_err(|e| format!("orders migrations failed: {e}"))?;
+            Sweeper::new(pool.clone())
+                .with_interval(settings.sweep_every)
+                .spawn();
+            Ok(routes::sqlite::router(settings.state(pool)))
+        }
+    }
+}
 
 fn env_ms(name: &str, default: u64, max: u64) -> Result<Duration, String> {
     let ms = match std::env::var(name) {
@@ -55,40 +176,17 @@ fn env_count(name: &str) -> Result<u64, String> {
 }
 
 async fn run() -> Result<(), String> {
-    let database_url =
-        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let latency = env_ms("ORDERS_LATENCY_MS", 0, 3_600_000)?;
-    let in_flight_wait = env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?;
-
-    let pool = PgPoolOptions::new()
-        .max_connections(32)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&database_url)
-        .await
-        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
-    idem_runtime::migrate(&pool)
-        .await
-        .map_err(|e| format!("idem migrations failed: {e}"))?;
-    sqlx::migrate!("examples/orders/migrations")
-        .run(&pool)
-        .await
-        .map_err(|e| format!("orders migrations failed: {e}"))?;
-
-    let provider = std::sync::Arc::new(payments::Provider::new(payments::ProviderConfig {
-        latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
-        outage_calls: env_count("PAYMENTS_PROVIDER_OUTAGE_CALLS")?,
-        timeout_after_charge: env_count("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE")?,
-    }));
-    let reconcile_every = env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;
-    idem_runtime::reconcile::Reconciler::new(pool.clone(), payments::AskProvider(provider.clone()))
-        .with_interval(reconcile_every)
-        .spawn();
-
-    // Expired keys are forgotten in bounded batches; several replicas may sweep.
-    idem_runtime::Sweeper::new(pool.clone())
-        .with_interval(env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?)
-        .spawn();
+    let settings = Settings {
+        latency: env_ms("ORDERS_LATENCY_MS", 0, 3_600_000)?,
+        in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
+        sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
+        provider: Arc::new(payments::Provider::new(payments::ProviderConfig {
+            latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
+            outage_calls: env_count("PAYMENTS_PROVIDER_OUTAGE_CALLS")?,
+            timeout_after_charge: env_count("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE")?,
+        })),
+    };
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
@@ -102,14 +200,8 @@ async fn run() -> Result<(), String> {
         }
     });
 
-    let idem = Idem::new(pool.clone()).with_in_flight_wait(in_flight_wait);
-    let app = routes::router(routes::AppState {
-        idem,
-        pool,
-        latency,
-        provider,
-    })
-    .route(
+    // The recorder first, so the background work's first figures are kept.
+    let app = app(connect().await?, &settings).await?.route(
         "/metrics",
         axum::routing::get(move || std::future::ready(prometheus.render())),
     );

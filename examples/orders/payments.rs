@@ -19,6 +19,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use idem_runtime::reconcile::{Reconcile, Resolution, UncertainOutcome};
 use idem_runtime::retry::{RetryPolicy, Retryable};
+use idem_runtime::store::Backend;
 use idem_runtime::{Lease, Problem, StoredResponse, Uncertain, idempotent};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -153,7 +154,7 @@ fn payment_body(charge: &Charge) -> serde_json::Value {
 #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
 pub async fn create_payment(
     #[tenant] caller: Caller,
-    State(app): State<AppState>,
+    State(app): State<AppState<sqlx::Postgres>>,
     lease: &mut Lease,
     ValidJson(cmd): ValidJson<NewPayment>,
 ) -> Response {
@@ -194,8 +195,26 @@ pub async fn create_payment(
 }
 
 /// `GET /provider`: what the simulated provider saw (a demo aid).
-pub async fn provider_summary(State(app): State<AppState>) -> Json<serde_json::Value> {
+pub async fn provider_summary<DB: Backend>(
+    State(app): State<AppState<DB>>,
+) -> Json<serde_json::Value> {
     Json(app.provider.summary())
+}
+
+/// `POST /payments` on SQLite: leased mode keeps its claim in a committed row with
+/// an owner and a lease, which idem implements on PostgreSQL only. The answer says
+/// so rather than a bare 404, and nothing is charged.
+pub async fn needs_postgres() -> Response {
+    Problem::new(
+        "urn:orders:problem:needs-postgresql",
+        StatusCode::NOT_IMPLEMENTED,
+        "Not available on SQLite",
+    )
+    .with_detail(
+        "POST /payments uses idem's leased mode, which needs PostgreSQL; \
+         start the service with DATABASE_URL=postgres://...",
+    )
+    .into_response()
 }
 
 /// Resolves uncertain payments by asking the provider about the stable key.

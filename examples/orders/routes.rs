@@ -3,46 +3,40 @@
 
 use std::time::Duration;
 
-use axum::extract::{FromRef, Path, State};
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use idem_runtime::{Idem, Tx, idempotent};
+use axum::extract::FromRef;
+use idem_runtime::Idem;
+use idem_runtime::store::Backend;
 use serde::{Deserialize, Serialize};
-use sqlx::{FromRow, PgPool};
+use sqlx::{FromRow, Pool};
 
-use crate::auth::Caller;
-use crate::input::{Currency, ValidJson, Validate};
-use crate::problems::ApiError;
+use crate::input::Validate;
 
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
-    pub idem: Idem,
-    pub pool: PgPool,
+/// What every handler shares, for one database (PostgreSQL or SQLite).
+pub struct AppState<DB: Backend> {
+    pub idem: Idem<DB>,
+    pub pool: Pool<DB>,
     /// `ORDERS_LATENCY_MS`: slow work inside the transaction, after the claim.
     pub latency: Duration,
     /// The simulated payment provider of `POST /payments`.
     pub provider: std::sync::Arc<crate::payments::Provider>,
 }
 
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
-        s.idem.clone()
+// Derived Clone would ask for `DB: Clone`, which the database markers are not.
+impl<DB: Backend> Clone for AppState<DB> {
+    fn clone(&self) -> Self {
+        AppState {
+            idem: self.idem.clone(),
+            pool: self.pool.clone(),
+            latency: self.latency,
+            provider: self.provider.clone(),
+        }
     }
 }
 
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/orders", post(create_order).get(list_orders))
-        .route("/orders/{id}", get(get_order).delete(delete_order))
-        .route("/orders/{id}/pay", post(crate::fulfilment::pay))
-        .route("/orders/{id}/ship", post(crate::fulfilment::ship))
-        .route("/refunds", post(create_refund))
-        .route("/payments", post(crate::payments::create_payment))
-        .route("/provider", get(crate::payments::provider_summary))
-        .with_state(state)
+impl<DB: Backend> FromRef<AppState<DB>> for Idem<DB> {
+    fn from_ref(s: &AppState<DB>) -> Idem<DB> {
+        s.idem.clone()
+    }
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -81,43 +75,6 @@ pub struct Order {
     created_at: String,
 }
 
-const ORDER_COLUMNS: &str = "id, sku, quantity, amount_cents, currency::text AS currency, note, \
-     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at";
-
-/// Creates an order. A retry with the same key gets the same 201 back.
-#[idempotent(
-    operation = "create-order",
-    retention = "24h",
-    fingerprint(body, header = "x-currency")
-)]
-async fn create_order(
-    #[tenant] caller: Caller,
-    Currency(currency): Currency,
-    State(app): State<AppState>,
-    tx: &mut Tx,
-    ValidJson(cmd): ValidJson<NewOrder>,
-) -> Result<impl IntoResponse, ApiError> {
-    let order: Order = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {ORDER_COLUMNS}"
-    )))
-    .bind(&caller.tenant)
-    .bind(&cmd.sku)
-    .bind(cmd.quantity)
-    .bind(cmd.amount_cents)
-    .bind(&currency)
-    .bind(&cmd.note)
-    .fetch_one(&mut **tx)
-    .await?;
-    slow_work(&app).await;
-    let location = format!("/orders/{}", order.id);
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(order),
-    ))
-}
-
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NewRefund {
@@ -141,80 +98,243 @@ pub struct Refund {
     amount_cents: i64,
 }
 
-/// Refunds an order. An order this tenant does not have is a committed business
-/// rejection: the 404 is stored and replayed like a success.
-#[idempotent(operation = "create-refund", retention = "24h")]
-async fn create_refund(
-    #[tenant] caller: Caller,
-    State(app): State<AppState>,
-    tx: &mut Tx,
-    ValidJson(cmd): ValidJson<NewRefund>,
-) -> Result<axum::response::Response, ApiError> {
-    let refund: Option<Refund> = sqlx::query_as(
-        "INSERT INTO refunds (tenant_id, order_id, amount_cents) \
-         SELECT $1, o.id, $3 FROM orders o WHERE o.tenant_id = $1 AND o.id = $2 \
-         RETURNING id, order_id, amount_cents",
-    )
-    .bind(&caller.tenant)
-    .bind(cmd.order_id)
-    .bind(cmd.amount_cents)
-    .fetch_optional(&mut **tx)
-    .await?;
-    slow_work(&app).await;
-    Ok(match refund {
-        Some(r) => (StatusCode::CREATED, Json(r)).into_response(),
-        // Ok, not Err: the rejection is the operation's result, and is kept.
-        None => ApiError::not_found("order").into_response(),
-    })
+/// The handlers that touch the database, written once and stamped per backend:
+/// `#[idempotent]` handlers are concrete (the transaction's type picks the store),
+/// so each backend gets its own copy, with the few SQL spellings that differ
+/// passed in.
+///
+/// * `order_columns`: the `SELECT` list of an [`Order`];
+/// * `payments`: the handler of `POST /payments` (leased mode needs PostgreSQL).
+macro_rules! backend_routes {
+    (db = $db:ty, order_columns = $order_columns:expr, payments = $payments:path $(,)?) => {
+        use axum::extract::{Path, State};
+        use axum::http::{StatusCode, header};
+        use axum::response::IntoResponse;
+        use axum::routing::{get, post};
+        use axum::{Json, Router};
+        use idem_runtime::{Tx, idempotent};
+
+        use super::*;
+        use crate::auth::Caller;
+        use crate::fulfilment::OrderStatus;
+        use crate::input::{Currency, ValidJson};
+        use crate::problems::ApiError;
+
+        type Db = $db;
+        const ORDER_COLUMNS: &str = $order_columns;
+
+        /// The service's routes on this backend.
+        pub fn router(state: AppState<Db>) -> Router {
+            Router::new()
+                .route("/orders", post(create_order).get(list_orders))
+                .route("/orders/{id}", get(get_order).delete(delete_order))
+                .route("/orders/{id}/pay", post(pay))
+                .route("/orders/{id}/ship", post(ship))
+                .route("/refunds", post(create_refund))
+                .route("/payments", post($payments))
+                .route("/provider", get(crate::payments::provider_summary))
+                .with_state(state)
+        }
+
+        /// Creates an order. A retry with the same key gets the same 201 back.
+        #[idempotent(
+            operation = "create-order",
+            retention = "24h",
+            fingerprint(body, header = "x-currency")
+        )]
+        async fn create_order(
+            #[tenant] caller: Caller,
+            Currency(currency): Currency,
+            State(app): State<AppState<Db>>,
+            tx: &mut Tx<Db>,
+            ValidJson(cmd): ValidJson<NewOrder>,
+        ) -> Result<impl IntoResponse, ApiError> {
+            let order: Order = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
+                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING {ORDER_COLUMNS}"
+            )))
+            .bind(&caller.tenant)
+            .bind(&cmd.sku)
+            .bind(cmd.quantity)
+            .bind(cmd.amount_cents)
+            .bind(&currency)
+            .bind(&cmd.note)
+            .fetch_one(&mut **tx)
+            .await?;
+            slow_work(app.latency).await;
+            let location = format!("/orders/{}", order.id);
+            Ok((
+                StatusCode::CREATED,
+                [(header::LOCATION, location)],
+                Json(order),
+            ))
+        }
+
+        /// Refunds an order. An order this tenant does not have is a committed
+        /// business rejection: the 404 is stored and replayed like a success.
+        #[idempotent(operation = "create-refund", retention = "24h")]
+        async fn create_refund(
+            #[tenant] caller: Caller,
+            State(app): State<AppState<Db>>,
+            tx: &mut Tx<Db>,
+            ValidJson(cmd): ValidJson<NewRefund>,
+        ) -> Result<axum::response::Response, ApiError> {
+            let refund: Option<Refund> = sqlx::query_as(
+                "INSERT INTO refunds (tenant_id, order_id, amount_cents) \
+                 SELECT $1, o.id, $3 FROM orders o WHERE o.tenant_id = $1 AND o.id = $2 \
+                 RETURNING id, order_id, amount_cents",
+            )
+            .bind(&caller.tenant)
+            .bind(cmd.order_id)
+            .bind(cmd.amount_cents)
+            .fetch_optional(&mut **tx)
+            .await?;
+            slow_work(app.latency).await;
+            Ok(match refund {
+                Some(r) => (StatusCode::CREATED, Json(r)).into_response(),
+                // Ok, not Err: the rejection is the operation's result, and is kept.
+                None => ApiError::not_found("order").into_response(),
+            })
+        }
+
+        async fn list_orders(
+            caller: Caller,
+            State(app): State<AppState<Db>>,
+        ) -> Result<Json<Vec<Order>>, ApiError> {
+            let orders = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE tenant_id = $1 ORDER BY id"
+            )))
+            .bind(&caller.tenant)
+            .fetch_all(&app.pool)
+            .await?;
+            Ok(Json(orders))
+        }
+
+        async fn get_order(
+            caller: Caller,
+            State(app): State<AppState<Db>>,
+            Path(id): Path<i64>,
+        ) -> Result<Json<Order>, ApiError> {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE tenant_id = $1 AND id = $2"
+            )))
+            .bind(&caller.tenant)
+            .bind(id)
+            .fetch_optional(&app.pool)
+            .await?
+            .map(Json)
+            .ok_or_else(|| ApiError::not_found("order"))
+        }
+
+        async fn delete_order(
+            caller: Caller,
+            State(app): State<AppState<Db>>,
+            Path(id): Path<i64>,
+        ) -> Result<StatusCode, ApiError> {
+            let done = sqlx::query("DELETE FROM orders WHERE tenant_id = $1 AND id = $2")
+                .bind(&caller.tenant)
+                .bind(id)
+                .execute(&app.pool)
+                .await?;
+            if done.rows_affected() == 0 {
+                return Err(ApiError::not_found("order"));
+            }
+            Ok(StatusCode::NO_CONTENT)
+        }
+
+        /// Pays an order; paying a paid order again changes nothing.
+        async fn pay(
+            caller: Caller,
+            State(app): State<AppState<Db>>,
+            Path(id): Path<i64>,
+        ) -> Result<Json<serde_json::Value>, ApiError> {
+            step(&app, &caller, id, OrderStatus::Paid).await
+        }
+
+        /// Ships a paid order; shipping a shipped order again changes nothing.
+        async fn ship(
+            caller: Caller,
+            State(app): State<AppState<Db>>,
+            Path(id): Path<i64>,
+        ) -> Result<Json<serde_json::Value>, ApiError> {
+            step(&app, &caller, id, OrderStatus::Shipped).await
+        }
+
+        /// One fulfilment step as an idempotent transition (see `fulfilment`).
+        async fn step(
+            app: &AppState<Db>,
+            caller: &Caller,
+            id: i64,
+            to: OrderStatus,
+        ) -> Result<Json<serde_json::Value>, ApiError> {
+            use idem_runtime::store::Backend;
+            use idem_runtime::transition::transition;
+
+            for _ in 0..crate::fulfilment::ATTEMPTS {
+                let mut tx = <Db as Backend>::begin(&app.pool).await?;
+                let tenant = caller.tenant.clone();
+                let outcome = transition(
+                    &mut tx,
+                    &crate::fulfilment::ORDERS,
+                    id,
+                    Some(&caller.tenant),
+                    to,
+                    move |conn| {
+                        Box::pin(async move {
+                            let effect = match to {
+                                OrderStatus::Paid => {
+                                    "INSERT INTO order_payments (tenant_id, order_id, amount_cents) \
+                                     SELECT tenant_id, id, amount_cents FROM orders \
+                                      WHERE id = $1 AND tenant_id = $2"
+                                }
+                                OrderStatus::Shipped => {
+                                    "INSERT INTO shipments (tenant_id, order_id) VALUES ($2, $1)"
+                                }
+                                OrderStatus::Created => return Ok(()),
+                            };
+                            sqlx::query(effect)
+                                .bind(id)
+                                .bind(&tenant)
+                                .execute(&mut *conn)
+                                .await?;
+                            Ok::<_, sqlx::Error>(())
+                        })
+                    },
+                )
+                .await;
+                // None: another step moved the order first; the dropped transaction
+                // rolls the effect back and the next attempt sees the new state.
+                if let Some(answer) = crate::fulfilment::answer(id, to, outcome)? {
+                    tx.commit().await?;
+                    return Ok(Json(answer));
+                }
+            }
+            Err(ApiError::internal("the order kept changing concurrently"))
+        }
+    };
 }
 
-async fn slow_work(app: &AppState) {
-    if !app.latency.is_zero() {
-        tokio::time::sleep(app.latency).await;
+async fn slow_work(latency: Duration) {
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
     }
 }
 
-async fn list_orders(
-    caller: Caller,
-    State(app): State<AppState>,
-) -> Result<Json<Vec<Order>>, ApiError> {
-    let orders = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ORDER_COLUMNS} FROM orders WHERE tenant_id = $1 ORDER BY id"
-    )))
-    .bind(&caller.tenant)
-    .fetch_all(&app.pool)
-    .await?;
-    Ok(Json(orders))
+/// The routes on PostgreSQL, the reference backend.
+pub mod postgres {
+    backend_routes!(
+        db = sqlx::Postgres,
+        order_columns = "id, sku, quantity, amount_cents, currency::text AS currency, note, \
+            to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at",
+        payments = crate::payments::create_payment,
+    );
 }
 
-async fn get_order(
-    caller: Caller,
-    State(app): State<AppState>,
-    Path(id): Path<i64>,
-) -> Result<Json<Order>, ApiError> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ORDER_COLUMNS} FROM orders WHERE tenant_id = $1 AND id = $2"
-    )))
-    .bind(&caller.tenant)
-    .bind(id)
-    .fetch_optional(&app.pool)
-    .await?
-    .map(Json)
-    .ok_or_else(|| ApiError::not_found("order"))
-}
-
-async fn delete_order(
-    caller: Caller,
-    State(app): State<AppState>,
-    Path(id): Path<i64>,
-) -> Result<StatusCode, ApiError> {
-    let done = sqlx::query("DELETE FROM orders WHERE tenant_id = $1 AND id = $2")
-        .bind(&caller.tenant)
-        .bind(id)
-        .execute(&app.pool)
-        .await?;
-    if done.rows_affected() == 0 {
-        return Err(ApiError::not_found("order"));
-    }
-    Ok(StatusCode::NO_CONTENT)
+/// The routes on the embedded SQLite file (`created_at` is stored as text there).
+pub mod sqlite {
+    backend_routes!(
+        db = sqlx::Sqlite,
+        order_columns = "id, sku, quantity, amount_cents, currency, note, created_at",
+        payments = crate::payments::needs_postgres,
+    );
 }

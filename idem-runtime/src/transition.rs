@@ -221,71 +221,67 @@ macro_rules! state_row {
 }
 
 impl TransitionBackend for sqlx::Postgres {
-    fn lock_state<'c>(
+    async fn lock_state<'c>(
         conn: &'c mut PgConnection,
         resource: &'c Resource,
         id: i64,
         scope: Option<&'c str>,
-    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c {
-        async move {
-            let read = format!(
-                "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE",
-                state = resource.state_column,
-                version = resource.version_column,
-                table = resource.table,
-                id_col = resource.id_column,
-                scope_sql = scope_sql(resource, "$2::text"),
-            );
-            let row = sqlx::query(sqlx::AssertSqlSafe(read))
-                .bind(id)
-                .bind(scope)
-                .fetch_optional(conn)
-                .await?;
-            Ok(state_row!(row))
-        }
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        let read = format!(
+            "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE",
+            state = resource.state_column,
+            version = resource.version_column,
+            table = resource.table,
+            id_col = resource.id_column,
+            scope_sql = scope_sql(resource, "$2::text"),
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(read))
+            .bind(id)
+            .bind(scope)
+            .fetch_optional(conn)
+            .await?;
+        Ok(state_row!(row))
     }
 
-    fn write_state<'c>(
+    async fn write_state<'c>(
         conn: &'c mut PgConnection,
         write: FencedWrite<'c>,
-    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c {
-        async move { fenced_write!(conn, write, "$2::text") }
+    ) -> Result<Option<i64>, sqlx::Error> {
+        fenced_write!(conn, write, "$2::text")
     }
 }
 
 impl TransitionBackend for sqlx::Sqlite {
-    fn lock_state<'c>(
+    async fn lock_state<'c>(
         conn: &'c mut SqliteConnection,
         resource: &'c Resource,
         id: i64,
         scope: Option<&'c str>,
-    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c {
-        async move {
-            // Writing the row unchanged is what takes SQLite's write lock (and waits
-            // for a concurrent holder) before the state is read.
-            let read = format!(
-                "UPDATE {table} SET {version} = {version} WHERE {id_col} = $1{scope_sql} \
-                 RETURNING {state}, {version}",
-                state = resource.state_column,
-                version = resource.version_column,
-                table = resource.table,
-                id_col = resource.id_column,
-                scope_sql = scope_sql(resource, "$2"),
-            );
-            let row = sqlx::query(sqlx::AssertSqlSafe(read))
-                .bind(id)
-                .bind(scope)
-                .fetch_optional(conn)
-                .await?;
-            Ok(state_row!(row))
-        }
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        // Writing the row unchanged is what takes SQLite's write lock (and waits
+        // for a concurrent holder) before the state is read.
+        let read = format!(
+            "UPDATE {table} SET {version} = {version} WHERE {id_col} = $1{scope_sql} \
+             RETURNING {state}, {version}",
+            state = resource.state_column,
+            version = resource.version_column,
+            table = resource.table,
+            id_col = resource.id_column,
+            scope_sql = scope_sql(resource, "$2"),
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(read))
+            .bind(id)
+            .bind(scope)
+            .fetch_optional(conn)
+            .await?;
+        Ok(state_row!(row))
     }
 
-    fn write_state<'c>(
+    async fn write_state<'c>(
         conn: &'c mut SqliteConnection,
         write: FencedWrite<'c>,
-    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c {
-        async move { fenced_write!(conn, write, "$2") }
+    ) -> Result<Option<i64>, sqlx::Error> {
+        fenced_write!(conn, write, "$2")
     }
 }
 
