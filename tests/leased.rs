@@ -1,5 +1,7 @@
-//! Leased mode against a real PostgreSQL: fencing, takeover, renewal, uncertain
-//! outcomes and reconciliation, bounded retries through an outage. The payment
+//! Leased mode against both backends, a real PostgreSQL and a SQLite file (every
+//! test written once, stamped per backend by `leased_tests!`): fencing, takeover,
+//! renewal, uncertain outcomes and reconciliation, bounded retries through an
+//! outage. The payment
 //! provider is simulated in-process with its own idempotency by key, so "charged
 //! once" is checked where the money would move.
 
@@ -19,7 +21,7 @@ use axum::extract::{FromRef, State};
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use common::TestDb;
+use caller::Caller;
 use http_body_util::BodyExt;
 use idem_runtime::lease::{Acquisition, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
@@ -108,564 +110,586 @@ fn paid(charge: &str) -> StoredResponse {
     }
 }
 
-async fn acquire(db: &TestDb, key: &IdempotencyKey, lease: Duration) -> Lease {
-    match claim_leased(&db.pool, &lease_req(key, lease))
-        .await
-        .unwrap()
-    {
-        LeasedClaim::Acquired(l) => l,
-        other => panic!("expected to acquire, got {other:?}"),
-    }
-}
+/// Every test, for one backend: `$db` the database, `$test_db` its test helper,
+/// `$now` the database's clock as idem stores timestamps.
+macro_rules! leased_tests {
+    ($db:ty, $test_db:ty, $now:expr) => {
+        use super::*;
 
-/// Waits until the key's lease has lapsed on the database clock.
-async fn until_lease_lapsed(db: &TestDb) {
-    wait_for(
-        db,
-        "SELECT count(*) FROM idempotency_requests WHERE lease_expires_at < clock_timestamp()",
-        |n| n > 0,
-    )
-    .await;
-}
+        type Db = $db;
+        type TestDb = $test_db;
+        const NOW: &str = $now;
 
-async fn wait_for(db: &TestDb, sql: &str, done: impl Fn(i64) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done(db.count(sql).await) {
-        assert!(Instant::now() < deadline, "condition never held: {sql}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-#[tokio::test]
-async fn a_stale_owner_cannot_publish_and_the_provider_charges_once() {
-    let db = TestDb::new().await;
-    let provider = Provider::default();
-    let key = IdempotencyKey::parse("pay-1").unwrap();
-    let lease = Duration::from_millis(200);
-
-    // Worker A claims and charges, then stalls (no renewal) past its lease.
-    let a = acquire(&db, &key, lease).await;
-    assert_eq!(a.acquisition(), Acquisition::New);
-    let charge_a = provider.charge(&a.downstream_key(), 100).await.unwrap();
-    until_lease_lapsed(&db).await;
-
-    // Worker B takes over with a new generation and the same downstream key.
-    let b = acquire(&db, &key, lease).await;
-    assert_eq!(b.acquisition(), Acquisition::TakenOver);
-    assert_eq!(b.generation(), a.generation() + 1);
-    assert_eq!(b.downstream_key(), a.downstream_key());
-    let charge_b = provider.charge(&b.downstream_key(), 100).await.unwrap();
-    assert_eq!(
-        charge_b, charge_a,
-        "the provider deduplicates by the stable key"
-    );
-    b.complete(&paid(&charge_b)).await.unwrap();
-
-    // A wakes up and tries to publish: fenced out.
-    let late = a
-        .complete(&StoredResponse {
-            status: 201,
-            headers: vec![],
-            body: "A's result".into(),
-        })
-        .await;
-    assert!(
-        matches!(late, Err(LeaseError::StaleOwner { generation: 1 })),
-        "{late:?}"
-    );
-    let body: Vec<u8> = sqlx::query_scalar("SELECT response_body FROM idempotency_requests")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(
-        body,
-        paid(&charge_b).body.to_vec(),
-        "A's result is never published"
-    );
-    assert_eq!(provider.charge_count(), 1);
-}
-
-#[tokio::test]
-async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
-    let db = TestDb::new().await;
-    let provider = Provider::default();
-    let key = IdempotencyKey::parse("pay-2").unwrap();
-    let lease = Duration::from_millis(200);
-    // The claim committed, then the worker died before any effect.
-    drop(acquire(&db, &key, lease).await);
-    // While the lease lives, a retry is told to wait: nothing runs twice.
-    match claim_leased(&db.pool, &lease_req(&key, lease))
-        .await
-        .unwrap()
-    {
-        LeasedClaim::InFlight { retry_after } => assert!(retry_after >= Duration::from_secs(1)),
-        other => panic!("expected in flight, got {other:?}"),
-    }
-    until_lease_lapsed(&db).await;
-    let b = acquire(&db, &key, lease).await;
-    assert_eq!(b.acquisition(), Acquisition::TakenOver);
-    let charge = provider.charge(&b.downstream_key(), 100).await.unwrap();
-    b.complete(&paid(&charge)).await.unwrap();
-    match claim_leased(&db.pool, &lease_req(&key, lease))
-        .await
-        .unwrap()
-    {
-        LeasedClaim::Replay(stored) => assert_eq!(stored, paid(&charge)),
-        other => panic!("expected a replay, got {other:?}"),
-    }
-    assert_eq!(provider.charge_count(), 1);
-}
-
-#[tokio::test]
-async fn release_frees_the_key_and_a_mismatch_is_reported() {
-    let db = TestDb::new().await;
-    let key = IdempotencyKey::parse("pay-3").unwrap();
-    let a = acquire(&db, &key, HOUR).await;
-    let mut other = lease_req(&key, HOUR);
-    other.fingerprint = FingerprintBuilder::new("acme", "create-payment", "POST", "/payments")
-        .body(&json!({"amount": 999}))
-        .unwrap()
-        .finish();
-    assert!(matches!(
-        claim_leased(&db.pool, &other).await.unwrap(),
-        LeasedClaim::Mismatch
-    ));
-    a.release().await.unwrap();
-    assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests").await,
-        0
-    );
-    assert_eq!(
-        acquire(&db, &key, HOUR).await.acquisition(),
-        Acquisition::New
-    );
-}
-
-// ---- through the attribute and a router ----
-
-use caller::Caller;
-
-#[derive(Clone)]
-struct App {
-    idem: Idem,
-    provider: Arc<Provider>,
-    /// First executions report here and wait for a permit; takeovers do not wait.
-    entered: Option<mpsc::UnboundedSender<()>>,
-    release: Arc<Semaphore>,
-    crash_next: Arc<AtomicBool>,
-    retry: RetryPolicy,
-}
-
-impl FromRef<App> for Idem {
-    fn from_ref(a: &App) -> Idem {
-        a.idem.clone()
-    }
-}
-
-#[derive(Deserialize, Serialize)]
-struct NewPayment {
-    amount_cents: i64,
-}
-
-async fn charge_and_answer(app: &App, lease: &Lease, amount: i64) -> Response {
-    let key = lease.downstream_key();
-    let attempt = || async { app.provider.charge(&key, amount).await };
-    match attempt
-        .retry(app.retry.clone())
-        .when(|e| matches!(e, ProviderError::Unavailable))
-        .await
-    {
-        Ok(charge) => (
-            StatusCode::CREATED,
-            Json(json!({"charge": charge, "amount_cents": amount})),
-        )
-            .into_response(),
-        Err(ProviderError::TimedOut) => {
-            Uncertain::new("the payment provider timed out").into_response()
+        async fn acquire(db: &TestDb, key: &IdempotencyKey, lease: Duration) -> Lease<Db> {
+            match claim_leased(&db.pool, &lease_req(key, lease))
+                .await
+                .unwrap()
+            {
+                LeasedClaim::Acquired(l) => l,
+                other => panic!("expected to acquire, got {other:?}"),
+            }
         }
-        Err(ProviderError::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    }
-}
 
-#[idempotent(
-    operation = "create-payment",
-    retention = "1h",
-    lease = "300ms",
-    lease_ceiling = "1h"
-)]
-async fn create_payment(
-    #[tenant] caller: Caller,
-    State(app): State<App>,
-    lease: &mut Lease,
-    Json(p): Json<NewPayment>,
-) -> Response {
-    if app.crash_next.swap(false, Ordering::SeqCst) {
-        panic!("simulated crash inside the handler");
-    }
-    create_payment_body(caller, app, lease, p).await
-}
+        /// Waits until the key's lease has lapsed on the database clock.
+        async fn until_lease_lapsed(db: &TestDb) {
+            wait_for(
+                db,
+                &format!("SELECT count(*) FROM idempotency_requests WHERE lease_expires_at < {NOW}"),
+                |n| n > 0,
+            )
+            .await;
+        }
 
-/// The same operation with a lease that is never renewed: a handler that runs
-/// past it is a stalled worker.
-#[idempotent(
-    operation = "create-payment",
-    retention = "1h",
-    lease = "300ms",
-    lease_ceiling = "1ms"
-)]
-async fn create_payment_no_renewal(
-    #[tenant] caller: Caller,
-    State(app): State<App>,
-    lease: &mut Lease,
-    Json(p): Json<NewPayment>,
-) -> Response {
-    create_payment_body(caller, app, lease, p).await
-}
+        async fn wait_for(db: &TestDb, sql: &str, done: impl Fn(i64) -> bool) {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !done(db.count(sql).await) {
+                assert!(Instant::now() < deadline, "condition never held: {sql}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
 
-async fn create_payment_body(
-    _caller: Caller,
-    app: App,
-    lease: &mut Lease,
-    p: NewPayment,
-) -> Response {
-    if lease.acquisition() == Acquisition::New
-        && let Some(entered) = &app.entered
-    {
-        entered.send(()).ok();
-        app.release.acquire().await.unwrap().forget();
-    }
-    charge_and_answer(&app, lease, p.amount_cents).await
-}
+        #[tokio::test]
+        async fn a_stale_owner_cannot_publish_and_the_provider_charges_once() {
+            let db = TestDb::new().await;
+            let provider = Provider::default();
+            let key = IdempotencyKey::parse("pay-1").unwrap();
+            let lease = Duration::from_millis(200);
 
-struct Setup {
-    db: TestDb,
-    router: Router,
-    provider: Arc<Provider>,
-    entered: mpsc::UnboundedReceiver<()>,
-    release: Arc<Semaphore>,
-    crash_next: Arc<AtomicBool>,
-}
+            // Worker A claims and charges, then stalls (no renewal) past its lease.
+            let a = acquire(&db, &key, lease).await;
+            assert_eq!(a.acquisition(), Acquisition::New);
+            let charge_a = provider.charge(&a.downstream_key(), 100).await.unwrap();
+            until_lease_lapsed(&db).await;
 
-async fn setup(gate: bool) -> Setup {
-    let db = TestDb::new().await;
-    let provider = Arc::new(Provider::default());
-    let (tx, entered) = mpsc::unbounded_channel();
-    let release = Arc::new(Semaphore::new(0));
-    let crash_next = Arc::new(AtomicBool::new(false));
-    let app = App {
-        idem: Idem::new(db.pool.clone()),
-        provider: provider.clone(),
-        entered: gate.then_some(tx),
-        release: release.clone(),
-        crash_next: crash_next.clone(),
-        retry: RetryPolicy::new()
-            .with_max_attempts(4)
-            .with_min_delay(Duration::from_millis(1))
-            .with_max_delay(Duration::from_millis(8))
-            .with_max_total_delay(Duration::from_millis(50)),
-    };
-    let router = Router::new()
-        .route("/payments", post(create_payment))
-        .route("/payments-no-renewal", post(create_payment_no_renewal))
-        .with_state(app);
-    Setup {
-        db,
-        router,
-        provider,
-        entered,
-        release,
-        crash_next,
-    }
-}
+            // Worker B takes over with a new generation and the same downstream key.
+            let b = acquire(&db, &key, lease).await;
+            assert_eq!(b.acquisition(), Acquisition::TakenOver);
+            assert_eq!(b.generation(), a.generation() + 1);
+            assert_eq!(b.downstream_key(), a.downstream_key());
+            let charge_b = provider.charge(&b.downstream_key(), 100).await.unwrap();
+            assert_eq!(
+                charge_b, charge_a,
+                "the provider deduplicates by the stable key"
+            );
+            b.complete(&paid(&charge_b)).await.unwrap();
 
-fn pay(path: &str, key: &str, amount: i64) -> Request<Body> {
-    Request::post(path)
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer acme")
-        .header("idempotency-key", key)
-        .body(Body::from(json!({"amount_cents": amount}).to_string()))
-        .unwrap()
-}
+            // A wakes up and tries to publish: fenced out.
+            let late = a
+                .complete(&StoredResponse {
+                    status: 201,
+                    headers: vec![],
+                    body: "A's result".into(),
+                })
+                .await;
+            assert!(
+                matches!(late, Err(LeaseError::StaleOwner { generation: 1 })),
+                "{late:?}"
+            );
+            let body: Vec<u8> = sqlx::query_scalar("SELECT response_body FROM idempotency_requests")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert_eq!(
+                body,
+                paid(&charge_b).body.to_vec(),
+                "A's result is never published"
+            );
+            assert_eq!(provider.charge_count(), 1);
+        }
 
-async fn send(router: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
-    let resp = router.clone().oneshot(req).await.unwrap();
-    let (parts, body) = resp.into_parts();
-    (
-        parts.status,
-        parts.headers,
-        body.collect().await.unwrap().to_bytes().to_vec(),
-    )
-}
+        #[tokio::test]
+        async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
+            let db = TestDb::new().await;
+            let provider = Provider::default();
+            let key = IdempotencyKey::parse("pay-2").unwrap();
+            let lease = Duration::from_millis(200);
+            // The claim committed, then the worker died before any effect.
+            drop(acquire(&db, &key, lease).await);
+            // While the lease lives, a retry is told to wait: nothing runs twice.
+            match claim_leased(&db.pool, &lease_req(&key, lease))
+                .await
+                .unwrap()
+            {
+                LeasedClaim::InFlight { retry_after } => assert!(retry_after >= Duration::from_secs(1)),
+                other => panic!("expected in flight, got {other:?}"),
+            }
+            until_lease_lapsed(&db).await;
+            let b = acquire(&db, &key, lease).await;
+            assert_eq!(b.acquisition(), Acquisition::TakenOver);
+            let charge = provider.charge(&b.downstream_key(), 100).await.unwrap();
+            b.complete(&paid(&charge)).await.unwrap();
+            match claim_leased(&db.pool, &lease_req(&key, lease))
+                .await
+                .unwrap()
+            {
+                LeasedClaim::Replay(stored) => assert_eq!(stored, paid(&charge)),
+                other => panic!("expected a replay, got {other:?}"),
+            }
+            assert_eq!(provider.charge_count(), 1);
+        }
 
-#[tokio::test]
-async fn a_live_worker_is_renewed_and_not_taken_over() {
-    let mut s = setup(true).await;
-    let router = s.router.clone();
-    let first = tokio::spawn(async move { send(&router, pay("/payments", "live-1", 100)).await });
-    s.entered.recv().await.unwrap();
-    // Renewal moves the lease forward while the handler runs: see it move twice.
-    let mut seen = std::collections::HashSet::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.len() < 3 {
-        let at: String =
-            sqlx::query_scalar("SELECT lease_expires_at::text FROM idempotency_requests")
+        #[tokio::test]
+        async fn release_frees_the_key_and_a_mismatch_is_reported() {
+            let db = TestDb::new().await;
+            let key = IdempotencyKey::parse("pay-3").unwrap();
+            let a = acquire(&db, &key, HOUR).await;
+            let mut other = lease_req(&key, HOUR);
+            other.fingerprint = FingerprintBuilder::new("acme", "create-payment", "POST", "/payments")
+                .body(&json!({"amount": 999}))
+                .unwrap()
+                .finish();
+            assert!(matches!(
+                claim_leased(&db.pool, &other).await.unwrap(),
+                LeasedClaim::Mismatch
+            ));
+            a.release().await.unwrap();
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests").await,
+                0
+            );
+            assert_eq!(
+                acquire(&db, &key, HOUR).await.acquisition(),
+                Acquisition::New
+            );
+        }
+
+        // ---- through the attribute and a router ----
+
+        #[derive(Clone)]
+        struct App {
+            idem: Idem<Db>,
+            provider: Arc<Provider>,
+            /// First executions report here and wait for a permit; takeovers do not wait.
+            entered: Option<mpsc::UnboundedSender<()>>,
+            release: Arc<Semaphore>,
+            crash_next: Arc<AtomicBool>,
+            retry: RetryPolicy,
+        }
+
+        impl FromRef<App> for Idem<Db> {
+            fn from_ref(a: &App) -> Idem<Db> {
+                a.idem.clone()
+            }
+        }
+
+        #[derive(Deserialize, Serialize)]
+        struct NewPayment {
+            amount_cents: i64,
+        }
+
+        async fn charge_and_answer(app: &App, lease: &Lease<Db>, amount: i64) -> Response {
+            let key = lease.downstream_key();
+            let attempt = || async { app.provider.charge(&key, amount).await };
+            match attempt
+                .retry(app.retry.clone())
+                .when(|e| matches!(e, ProviderError::Unavailable))
+                .await
+            {
+                Ok(charge) => (
+                    StatusCode::CREATED,
+                    Json(json!({"charge": charge, "amount_cents": amount})),
+                )
+                    .into_response(),
+                Err(ProviderError::TimedOut) => {
+                    Uncertain::new("the payment provider timed out").into_response()
+                }
+                Err(ProviderError::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+            }
+        }
+
+        #[idempotent(
+            operation = "create-payment",
+            retention = "1h",
+            lease = "300ms",
+            lease_ceiling = "1h"
+        )]
+        async fn create_payment(
+            #[tenant] caller: Caller,
+            State(app): State<App>,
+            lease: &mut Lease<Db>,
+            Json(p): Json<NewPayment>,
+        ) -> Response {
+            if app.crash_next.swap(false, Ordering::SeqCst) {
+                panic!("simulated crash inside the handler");
+            }
+            create_payment_body(caller, app, lease, p).await
+        }
+
+        /// The same operation with a lease that is never renewed: a handler that runs
+        /// past it is a stalled worker.
+        #[idempotent(
+            operation = "create-payment",
+            retention = "1h",
+            lease = "300ms",
+            lease_ceiling = "1ms"
+        )]
+        async fn create_payment_no_renewal(
+            #[tenant] caller: Caller,
+            State(app): State<App>,
+            lease: &mut Lease<Db>,
+            Json(p): Json<NewPayment>,
+        ) -> Response {
+            create_payment_body(caller, app, lease, p).await
+        }
+
+        async fn create_payment_body(
+            _caller: Caller,
+            app: App,
+            lease: &mut Lease<Db>,
+            p: NewPayment,
+        ) -> Response {
+            if lease.acquisition() == Acquisition::New
+                && let Some(entered) = &app.entered
+            {
+                entered.send(()).ok();
+                app.release.acquire().await.unwrap().forget();
+            }
+            charge_and_answer(&app, lease, p.amount_cents).await
+        }
+
+        struct Setup {
+            db: TestDb,
+            router: Router,
+            provider: Arc<Provider>,
+            entered: mpsc::UnboundedReceiver<()>,
+            release: Arc<Semaphore>,
+            crash_next: Arc<AtomicBool>,
+        }
+
+        async fn setup(gate: bool) -> Setup {
+            let db = TestDb::new().await;
+            let provider = Arc::new(Provider::default());
+            let (tx, entered) = mpsc::unbounded_channel();
+            let release = Arc::new(Semaphore::new(0));
+            let crash_next = Arc::new(AtomicBool::new(false));
+            let app = App {
+                idem: Idem::new(db.pool.clone()),
+                provider: provider.clone(),
+                entered: gate.then_some(tx),
+                release: release.clone(),
+                crash_next: crash_next.clone(),
+                retry: RetryPolicy::new()
+                    .with_max_attempts(4)
+                    .with_min_delay(Duration::from_millis(1))
+                    .with_max_delay(Duration::from_millis(8))
+                    .with_max_total_delay(Duration::from_millis(50)),
+            };
+            let router = Router::new()
+                .route("/payments", post(create_payment))
+                .route("/payments-no-renewal", post(create_payment_no_renewal))
+                .with_state(app);
+            Setup {
+                db,
+                router,
+                provider,
+                entered,
+                release,
+                crash_next,
+            }
+        }
+
+        fn pay(path: &str, key: &str, amount: i64) -> Request<Body> {
+            Request::post(path)
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer acme")
+                .header("idempotency-key", key)
+                .body(Body::from(json!({"amount_cents": amount}).to_string()))
+                .unwrap()
+        }
+
+        async fn send(router: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+            let resp = router.clone().oneshot(req).await.unwrap();
+            let (parts, body) = resp.into_parts();
+            (
+                parts.status,
+                parts.headers,
+                body.collect().await.unwrap().to_bytes().to_vec(),
+            )
+        }
+
+        #[tokio::test]
+        async fn a_live_worker_is_renewed_and_not_taken_over() {
+            let mut s = setup(true).await;
+            let router = s.router.clone();
+            let first = tokio::spawn(async move { send(&router, pay("/payments", "live-1", 100)).await });
+            s.entered.recv().await.unwrap();
+            // Renewal moves the lease forward while the handler runs: see it move twice.
+            let mut seen = std::collections::HashSet::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while seen.len() < 3 {
+                let at: String =
+                    sqlx::query_scalar("SELECT CAST(lease_expires_at AS text) FROM idempotency_requests")
+                        .fetch_one(&s.db.pool)
+                        .await
+                        .unwrap();
+                seen.insert(at);
+                assert!(Instant::now() < deadline, "the lease was never renewed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Well past the original 300 ms lease, a duplicate still finds it in flight.
+            let (status, headers, _) = send(&s.router, pay("/payments", "live-1", 100)).await;
+            assert_eq!(status, StatusCode::CONFLICT);
+            assert!(headers.contains_key("retry-after"));
+            let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
                 .fetch_one(&s.db.pool)
                 .await
                 .unwrap();
-        seen.insert(at);
-        assert!(Instant::now() < deadline, "the lease was never renewed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Well past the original 300 ms lease, a duplicate still finds it in flight.
-    let (status, headers, _) = send(&s.router, pay("/payments", "live-1", 100)).await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    assert!(headers.contains_key("retry-after"));
-    let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(generation, 1, "never taken over");
-    s.release.add_permits(1);
-    let (status, _, _) = first.await.unwrap();
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(s.provider.charge_count(), 1);
-}
-
-#[tokio::test]
-async fn a_dead_worker_is_taken_over_after_its_lease() {
-    let s = setup(false).await;
-    s.crash_next.store(true, Ordering::SeqCst);
-    let (status, _, _) = send(&s.router, pay("/payments", "dead-1", 100)).await;
-    assert_eq!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "the handler died"
-    );
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'processing'")
-            .await,
-        1
-    );
-    // Nobody renews a dead worker's lease: it lapses and the retry takes over.
-    until_lease_lapsed(&s.db).await;
-    let (status, headers, body) = send(&s.router, pay("/payments", "dead-1", 100)).await;
-    assert_eq!(
-        status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&body)
-    );
-    assert!(headers.get("idempotent-replayed").is_none());
-    assert_eq!(s.provider.charge_count(), 1);
-    let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(generation, 2);
-}
-
-#[tokio::test]
-async fn a_stalled_handler_is_fenced_and_its_client_gets_the_new_owners_result() {
-    let mut s = setup(true).await;
-    let router = s.router.clone();
-    let a =
-        tokio::spawn(
-            async move { send(&router, pay("/payments-no-renewal", "stall-1", 100)).await },
-        );
-    s.entered.recv().await.unwrap();
-    // A holds its claim but renews nothing (ceiling 1 ms); its lease lapses.
-    until_lease_lapsed(&s.db).await;
-    let (status, _, b_body) = send(&s.router, pay("/payments-no-renewal", "stall-1", 100)).await;
-    assert_eq!(status, StatusCode::CREATED, "B took over and completed");
-    // A resumes, charges (deduplicated by the provider) and tries to publish.
-    s.release.add_permits(1);
-    let (status, headers, a_body) = a.await.unwrap();
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(
-        headers["idempotent-replayed"], "true",
-        "A's client gets B's stored result"
-    );
-    assert_eq!(a_body, b_body);
-    assert_eq!(s.provider.charge_count(), 1);
-    assert_eq!(
-        s.provider.calls.load(Ordering::SeqCst),
-        2,
-        "both called, one charge"
-    );
-}
-
-struct AskProvider(Arc<Provider>);
-
-impl Reconcile for AskProvider {
-    fn operation(&self) -> &str {
-        "create-payment"
-    }
-
-    async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
-        match self.0.find(&outcome.downstream_key) {
-            Some(charge) => Resolution::Completed(StoredResponse {
-                status: 201,
-                headers: vec![("content-type".into(), "application/json".into())],
-                body: serde_json::to_vec(&json!({"charge": charge, "amount_cents": 100}))
-                    .unwrap()
-                    .into(),
-            }),
-            None => Resolution::Released,
+            assert_eq!(generation, 1, "never taken over");
+            s.release.add_permits(1);
+            let (status, _, _) = first.await.unwrap();
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(s.provider.charge_count(), 1);
         }
-    }
-}
 
-#[tokio::test]
-async fn an_uncertain_outcome_is_never_retried_and_is_reconciled() {
-    let s = setup(false).await;
-    s.provider
-        .timeout_after_charge
-        .store(true, Ordering::SeqCst);
-    let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
-    assert_eq!(
-        status,
-        StatusCode::ACCEPTED,
-        "{}",
-        String::from_utf8_lossy(&body)
-    );
-    assert_eq!(headers["content-type"], "application/problem+json");
-    let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(state, "uncertain");
-    // Retries are answered, never executed: the provider sees no new call.
-    for _ in 0..3 {
-        let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
-        assert_eq!(status, StatusCode::ACCEPTED);
-        assert!(headers.contains_key("retry-after"));
-        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
-    }
-    assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
-    // The reconciler asks the provider by the stable key and finds the charge.
-    let reconciler = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()));
-    let report = reconciler.run_once().await.unwrap();
-    assert_eq!(report.completed, 1);
-    let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(headers["idempotent-replayed"], "true");
-    let paid: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(paid["charge"], "ch_0");
-    assert_eq!(s.provider.charge_count(), 1);
-    assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
-}
-
-#[tokio::test]
-async fn an_uncertain_outcome_without_a_charge_is_released() {
-    let s = setup(false).await;
-    let key = IdempotencyKey::parse("unc-2").unwrap();
-    let lease = acquire(&s.db, &key, HOUR).await;
-    lease.mark_uncertain().await.unwrap();
-    let report = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()))
-        .run_once()
-        .await
-        .unwrap();
-    assert_eq!(report.released, 1);
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM idempotency_requests")
-            .await,
-        0
-    );
-}
-
-#[tokio::test]
-async fn an_outage_under_load_stays_within_the_retry_bound_and_recovers_exactly_once() {
-    let s = setup(false).await;
-    let n = 20;
-    let max_attempts = 4;
-    s.provider.down.store(true, Ordering::SeqCst);
-    let round = |router: Router| async move {
-        let mut tasks = Vec::new();
-        for i in 0..n {
-            let router = router.clone();
-            tasks.push(tokio::spawn(async move {
-                send(&router, pay("/payments", &format!("load-{i}"), 100 + i)).await
-            }));
+        #[tokio::test]
+        async fn a_dead_worker_is_taken_over_after_its_lease() {
+            let s = setup(false).await;
+            s.crash_next.store(true, Ordering::SeqCst);
+            let (status, _, _) = send(&s.router, pay("/payments", "dead-1", 100)).await;
+            assert_eq!(
+                status,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the handler died"
+            );
+            assert_eq!(
+                s.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'processing'")
+                    .await,
+                1
+            );
+            // Nobody renews a dead worker's lease: it lapses and the retry takes over.
+            until_lease_lapsed(&s.db).await;
+            let (status, headers, body) = send(&s.router, pay("/payments", "dead-1", 100)).await;
+            assert_eq!(
+                status,
+                StatusCode::CREATED,
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+            assert!(headers.get("idempotent-replayed").is_none());
+            assert_eq!(s.provider.charge_count(), 1);
+            let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
+                .fetch_one(&s.db.pool)
+                .await
+                .unwrap();
+            assert_eq!(generation, 2);
         }
-        let mut statuses = Vec::new();
-        for t in tasks {
-            statuses.push(t.await.unwrap().0);
+
+        #[tokio::test]
+        async fn a_stalled_handler_is_fenced_and_its_client_gets_the_new_owners_result() {
+            let mut s = setup(true).await;
+            let router = s.router.clone();
+            let a =
+                tokio::spawn(
+                    async move { send(&router, pay("/payments-no-renewal", "stall-1", 100)).await },
+                );
+            s.entered.recv().await.unwrap();
+            // A holds its claim but renews nothing (ceiling 1 ms); its lease lapses.
+            until_lease_lapsed(&s.db).await;
+            let (status, _, b_body) = send(&s.router, pay("/payments-no-renewal", "stall-1", 100)).await;
+            assert_eq!(status, StatusCode::CREATED, "B took over and completed");
+            // A resumes, charges (deduplicated by the provider) and tries to publish.
+            s.release.add_permits(1);
+            let (status, headers, a_body) = a.await.unwrap();
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(
+                headers["idempotent-replayed"], "true",
+                "A's client gets B's stored result"
+            );
+            assert_eq!(a_body, b_body);
+            assert_eq!(s.provider.charge_count(), 1);
+            assert_eq!(
+                s.provider.calls.load(Ordering::SeqCst),
+                2,
+                "both called, one charge"
+            );
         }
-        statuses
+
+        struct AskProvider(Arc<Provider>);
+
+        impl Reconcile for AskProvider {
+            fn operation(&self) -> &str {
+                "create-payment"
+            }
+
+            async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
+                match self.0.find(&outcome.downstream_key) {
+                    Some(charge) => Resolution::Completed(StoredResponse {
+                        status: 201,
+                        headers: vec![("content-type".into(), "application/json".into())],
+                        body: serde_json::to_vec(&json!({"charge": charge, "amount_cents": 100}))
+                            .unwrap()
+                            .into(),
+                    }),
+                    None => Resolution::Released,
+                }
+            }
+        }
+
+        #[tokio::test]
+        async fn an_uncertain_outcome_is_never_retried_and_is_reconciled() {
+            let s = setup(false).await;
+            s.provider
+                .timeout_after_charge
+                .store(true, Ordering::SeqCst);
+            let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
+            assert_eq!(
+                status,
+                StatusCode::ACCEPTED,
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+            assert_eq!(headers["content-type"], "application/problem+json");
+            let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
+                .fetch_one(&s.db.pool)
+                .await
+                .unwrap();
+            assert_eq!(state, "uncertain");
+            // Retries are answered, never executed: the provider sees no new call.
+            for _ in 0..3 {
+                let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
+                assert_eq!(status, StatusCode::ACCEPTED);
+                assert!(headers.contains_key("retry-after"));
+                let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
+            }
+            assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
+            // The reconciler asks the provider by the stable key and finds the charge.
+            let reconciler = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()));
+            let report = reconciler.run_once().await.unwrap();
+            assert_eq!(report.completed, 1);
+            let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(headers["idempotent-replayed"], "true");
+            let paid: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(paid["charge"], "ch_0");
+            assert_eq!(s.provider.charge_count(), 1);
+            assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
+        }
+
+        #[tokio::test]
+        async fn an_uncertain_outcome_without_a_charge_is_released() {
+            let s = setup(false).await;
+            let key = IdempotencyKey::parse("unc-2").unwrap();
+            let lease = acquire(&s.db, &key, HOUR).await;
+            lease.mark_uncertain().await.unwrap();
+            let report = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()))
+                .run_once()
+                .await
+                .unwrap();
+            assert_eq!(report.released, 1);
+            assert_eq!(
+                s.db.count("SELECT count(*) FROM idempotency_requests")
+                    .await,
+                0
+            );
+        }
+
+        #[tokio::test]
+        async fn an_outage_under_load_stays_within_the_retry_bound_and_recovers_exactly_once() {
+            let s = setup(false).await;
+            let n = 20;
+            let max_attempts = 4;
+            s.provider.down.store(true, Ordering::SeqCst);
+            let round = |router: Router| async move {
+                let mut tasks = Vec::new();
+                for i in 0..n {
+                    let router = router.clone();
+                    tasks.push(tokio::spawn(async move {
+                        send(&router, pay("/payments", &format!("load-{i}"), 100 + i)).await
+                    }));
+                }
+                let mut statuses = Vec::new();
+                for t in tasks {
+                    statuses.push(t.await.unwrap().0);
+                }
+                statuses
+            };
+            // During the outage every request fails after its bounded retries, and
+            // releases its key.
+            let statuses = round(s.router.clone()).await;
+            assert!(
+                statuses
+                    .iter()
+                    .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+                "{statuses:?}"
+            );
+            let calls = s.provider.calls.load(Ordering::SeqCst);
+            assert_eq!(
+                calls,
+                n as usize * max_attempts,
+                "each request made exactly its bounded attempts"
+            );
+            assert_eq!(
+                s.db.count("SELECT count(*) FROM idempotency_requests")
+                    .await,
+                0
+            );
+            // After recovery, the clients' retries complete, each exactly once.
+            s.provider.down.store(false, Ordering::SeqCst);
+            let statuses = round(s.router.clone()).await;
+            assert!(
+                statuses.iter().all(|s| *s == StatusCode::CREATED),
+                "{statuses:?}"
+            );
+            let again = round(s.router.clone()).await;
+            assert!(again.iter().all(|s| *s == StatusCode::CREATED));
+            assert_eq!(s.provider.charge_count(), n as usize);
+            assert_eq!(
+                s.provider.calls.load(Ordering::SeqCst),
+                calls + n as usize,
+                "replays call nobody"
+            );
+        }
+
+        /// A downstream that answers with a server error.
+        struct Broken;
+
+        impl Reconcile for Broken {
+            fn operation(&self) -> &str {
+                "create-payment"
+            }
+
+            async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+                Resolution::Completed(StoredResponse {
+                    status: 502,
+                    headers: vec![],
+                    body: "bad gateway".into(),
+                })
+            }
+        }
+
+        #[tokio::test]
+        async fn a_5xx_resolution_is_never_stored() {
+            let db = TestDb::new().await;
+            let key = IdempotencyKey::parse("unc-3").unwrap();
+            acquire(&db, &key, HOUR)
+                .await
+                .mark_uncertain()
+                .await
+                .unwrap();
+            let report = Reconciler::new(db.pool.clone(), Broken)
+                .run_once()
+                .await
+                .unwrap();
+            assert_eq!(report.still_uncertain, 1);
+            assert_eq!(report.completed, 0);
+            let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert_eq!(state, "uncertain");
+        }
     };
-    // During the outage every request fails after its bounded retries, and
-    // releases its key.
-    let statuses = round(s.router.clone()).await;
-    assert!(
-        statuses
-            .iter()
-            .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
-        "{statuses:?}"
-    );
-    let calls = s.provider.calls.load(Ordering::SeqCst);
-    assert_eq!(
-        calls,
-        n as usize * max_attempts,
-        "each request made exactly its bounded attempts"
-    );
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM idempotency_requests")
-            .await,
-        0
-    );
-    // After recovery, the clients' retries complete, each exactly once.
-    s.provider.down.store(false, Ordering::SeqCst);
-    let statuses = round(s.router.clone()).await;
-    assert!(
-        statuses.iter().all(|s| *s == StatusCode::CREATED),
-        "{statuses:?}"
-    );
-    let again = round(s.router.clone()).await;
-    assert!(again.iter().all(|s| *s == StatusCode::CREATED));
-    assert_eq!(s.provider.charge_count(), n as usize);
-    assert_eq!(
-        s.provider.calls.load(Ordering::SeqCst),
-        calls + n as usize,
-        "replays call nobody"
-    );
 }
 
-/// A downstream that answers with a server error.
-struct Broken;
-
-impl Reconcile for Broken {
-    fn operation(&self) -> &str {
-        "create-payment"
-    }
-
-    async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
-        Resolution::Completed(StoredResponse {
-            status: 502,
-            headers: vec![],
-            body: "bad gateway".into(),
-        })
-    }
+mod postgres {
+    leased_tests!(sqlx::Postgres, crate::common::TestDb, "clock_timestamp()");
 }
 
-#[tokio::test]
-async fn a_5xx_resolution_is_never_stored() {
-    let db = TestDb::new().await;
-    let key = IdempotencyKey::parse("unc-3").unwrap();
-    acquire(&db, &key, HOUR)
-        .await
-        .mark_uncertain()
-        .await
-        .unwrap();
-    let report = Reconciler::new(db.pool.clone(), Broken)
-        .run_once()
-        .await
-        .unwrap();
-    assert_eq!(report.still_uncertain, 1);
-    assert_eq!(report.completed, 0);
-    let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(state, "uncertain");
+mod sqlite {
+    leased_tests!(
+        sqlx::Sqlite,
+        crate::common::SqliteDb,
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    );
 }

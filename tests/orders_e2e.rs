@@ -1,8 +1,7 @@
 //! The failure-window suite: the real `orders` example process, over real HTTP,
 //! against each backend: a real PostgreSQL and a SQLite file. Each test is written
 //! once, generic over [`Backend`], and stamped per backend by `e2e_suite!`; each
-//! run has its own database and server(s). `/payments` (leased mode) is
-//! PostgreSQL-only, and SQLite's answer to it is tested beside it.
+//! run has its own database and server(s).
 //!
 //! The example binary is built by `cargo test --workspace` (cargo builds examples
 //! for tests); run `cargo build --example orders` first when running this file alone.
@@ -848,9 +847,8 @@ async fn provider(server: &Server) -> Value {
 
 /// `/payments` (leased): a provider outage is retried within the policy's bound;
 /// the client's own retry after recovery charges exactly once.
-#[tokio::test]
-async fn payments_ride_out_an_outage_within_the_retry_bound() {
-    let db = TestDb::new().await;
+async fn payments_ride_out_an_outage_within_the_retry_bound<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[("PAYMENTS_PROVIDER_OUTAGE_CALLS", "6")]).await;
     let first = payment("pay-1", 500).ok(&server).await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -880,9 +878,8 @@ async fn payments_ride_out_an_outage_within_the_retry_bound() {
 
 /// `/payments`: the provider charges and times out; the row is uncertain, retries
 /// never charge again, the reconciler finds the charge, and the retry replays it.
-#[tokio::test]
-async fn an_uncertain_payment_is_reconciled_not_repeated() {
-    let db = TestDb::new().await;
+async fn an_uncertain_payment_is_reconciled_not_repeated<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(
         &db,
         &[
@@ -908,9 +905,8 @@ async fn an_uncertain_payment_is_reconciled_not_repeated() {
 }
 
 /// `/payments`: a declined card is a stored business rejection.
-#[tokio::test]
-async fn a_declined_payment_is_stored_and_replayed() {
-    let db = TestDb::new().await;
+async fn a_declined_payment_is_stored_and_replayed<D: Backend>() {
+    let db = D::create().await;
     let server = Server::start(&db, &[]).await;
     let first = payment("pay-3", 2_000_000).ok(&server).await;
     assert_eq!(first.status, StatusCode::PAYMENT_REQUIRED);
@@ -919,22 +915,6 @@ async fn a_declined_payment_is_stored_and_replayed() {
     assert!(again.replayed());
     assert_eq!(again.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(provider(&server).await["calls"], 0);
-}
-
-/// `/payments` on SQLite: leased mode needs PostgreSQL; the answer says so, and
-/// nothing is claimed or charged.
-#[tokio::test]
-async fn on_sqlite_payments_answer_501_and_charge_nothing() {
-    let db = SqliteDb::new().await;
-    let server = Server::start(&db, &[]).await;
-    let a = payment("pay-s", 500).ok(&server).await;
-    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED);
-    assert_eq!(a.problem_type(), "urn:orders:problem:needs-postgresql");
-    assert_eq!(provider(&server).await["calls"], 0);
-    assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests").await,
-        0
-    );
 }
 
 /// A directory of its own for one test, removed at its end.
@@ -1180,4 +1160,7 @@ e2e_suite!(
     metrics_are_served_for_prometheus,
     the_sweeper_forgets_expired_keys,
     fulfilment_steps_are_idempotent_transitions,
+    payments_ride_out_an_outage_within_the_retry_bound,
+    an_uncertain_payment_is_reconciled_not_repeated,
+    a_declined_payment_is_stored_and_replayed,
 );

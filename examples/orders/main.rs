@@ -18,8 +18,7 @@
 //!
 //! `GET /metrics` serves the idem metrics in the Prometheus text format.
 //!
-//! On SQLite every route works except `POST /payments` (leased mode needs
-//! PostgreSQL; it answers `501`), and no reconciler runs.
+//! Every route behaves the same on SQLite and on PostgreSQL.
 
 mod auth;
 mod fulfilment;
@@ -33,8 +32,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use idem_runtime::reconcile::Reconciler;
 use idem_runtime::store::Backend;
-use idem_runtime::{Idem, Sweeper};
+use idem_runtime::sweeper::SweepBackend;
+use idem_runtime::{Idem, LeaseBackend, Sweeper};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{PgPool, Pool, SqlitePool};
@@ -99,10 +100,22 @@ struct Settings {
     latency: Duration,
     in_flight_wait: Duration,
     sweep_every: Duration,
+    reconcile_every: Duration,
     provider: Arc<payments::Provider>,
 }
 
 impl Settings {
+    /// The reconciler of uncertain payments, and the sweeper: expired keys are
+    /// forgotten in bounded batches (several replicas may sweep).
+    fn spawn_background<DB: SweepBackend + LeaseBackend>(&self, pool: &Pool<DB>) {
+        Reconciler::new(pool.clone(), payments::AskProvider(self.provider.clone()))
+            .with_interval(self.reconcile_every)
+            .spawn();
+        Sweeper::new(pool.clone())
+            .with_interval(self.sweep_every)
+            .spawn();
+    }
+
     fn state<DB: Backend>(&self, pool: Pool<DB>) -> routes::AppState<DB> {
         routes::AppState {
             idem: Idem::new(pool.clone()).with_in_flight_wait(self.in_flight_wait),
@@ -124,17 +137,7 @@ async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
                 .run(&pool)
                 .await
                 .map_err(|e| format!("orders migrations failed: {e}"))?;
-            let reconcile_every = env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;
-            idem_runtime::reconcile::Reconciler::new(
-                pool.clone(),
-                payments::AskProvider(settings.provider.clone()),
-            )
-            .with_interval(reconcile_every)
-            .spawn();
-            // Expired keys are forgotten in bounded batches; several replicas may sweep.
-            Sweeper::new(pool.clone())
-                .with_interval(settings.sweep_every)
-                .spawn();
+            settings.spawn_background(&pool);
             Ok(routes::postgres::router(settings.state(pool)))
         }
         Store::Sqlite(pool) => {
@@ -145,9 +148,7 @@ async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
                 .run(&pool)
                 .await
                 .map_err(|e| format!("orders migrations failed: {e}"))?;
-            Sweeper::new(pool.clone())
-                .with_interval(settings.sweep_every)
-                .spawn();
+            settings.spawn_background(&pool);
             Ok(routes::sqlite::router(settings.state(pool)))
         }
     }
@@ -181,6 +182,7 @@ async fn run() -> Result<(), String> {
         latency: env_ms("ORDERS_LATENCY_MS", 0, 3_600_000)?,
         in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
         sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
+        reconcile_every: env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,
         provider: Arc::new(payments::Provider::new(payments::ProviderConfig {
             latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
             outage_calls: env_count("PAYMENTS_PROVIDER_OUTAGE_CALLS")?,

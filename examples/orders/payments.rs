@@ -20,12 +20,11 @@ use axum::response::{IntoResponse, Response};
 use idem_runtime::reconcile::{Reconcile, Resolution, UncertainOutcome};
 use idem_runtime::retry::{RetryPolicy, Retryable};
 use idem_runtime::store::Backend;
-use idem_runtime::{Lease, Problem, StoredResponse, Uncertain, idempotent};
+use idem_runtime::{Problem, StoredResponse, Uncertain};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::auth::Caller;
-use crate::input::{ValidJson, Validate};
+use crate::input::Validate;
 use crate::routes::AppState;
 
 /// Failure injection for the simulated provider.
@@ -150,15 +149,10 @@ fn payment_body(charge: &Charge) -> serde_json::Value {
     json!({"id": charge.id, "amount_cents": charge.amount_cents, "status": "succeeded"})
 }
 
-/// Charges a card. Leased: the claim commits before the provider is called.
-#[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
-pub async fn create_payment(
-    #[tenant] caller: Caller,
-    State(app): State<AppState<sqlx::Postgres>>,
-    lease: &mut Lease,
-    ValidJson(cmd): ValidJson<NewPayment>,
-) -> Response {
-    let _ = (&caller.tenant, &cmd.description);
+/// Charges a card on behalf of `POST /payments` (stamped per backend in
+/// `routes`): the handler holds the lease, this calls the provider with its
+/// downstream key.
+pub async fn charge(provider: &Arc<Provider>, downstream_key: String, cmd: NewPayment) -> Response {
     if cmd.amount_cents > DECLINE_ABOVE_CENTS {
         return Problem::new(
             "urn:orders:problem:card-declined",
@@ -167,11 +161,9 @@ pub async fn create_payment(
         )
         .into_response();
     }
-    let key = lease.downstream_key();
-    let provider = app.provider.clone();
     let call = || {
         let provider = provider.clone();
-        let key = key.clone();
+        let key = downstream_key.clone();
         async move { provider.charge(&key, cmd.amount_cents).await }
     };
     match call
@@ -199,22 +191,6 @@ pub async fn provider_summary<DB: Backend>(
     State(app): State<AppState<DB>>,
 ) -> Json<serde_json::Value> {
     Json(app.provider.summary())
-}
-
-/// `POST /payments` on SQLite: leased mode keeps its claim in a committed row with
-/// an owner and a lease, which idem implements on PostgreSQL only. The answer says
-/// so rather than a bare 404, and nothing is charged.
-pub async fn needs_postgres() -> Response {
-    Problem::new(
-        "urn:orders:problem:needs-postgresql",
-        StatusCode::NOT_IMPLEMENTED,
-        "Not available on SQLite",
-    )
-    .with_detail(
-        "POST /payments uses idem's leased mode, which needs PostgreSQL; \
-         start the service with DATABASE_URL=postgres://...",
-    )
-    .into_response()
 }
 
 /// Resolves uncertain payments by asking the provider about the stable key.

@@ -103,16 +103,15 @@ pub struct Refund {
 /// so each backend gets its own copy, with the few SQL spellings that differ
 /// passed in.
 ///
-/// * `order_columns`: the `SELECT` list of an [`Order`];
-/// * `payments`: the handler of `POST /payments` (leased mode needs PostgreSQL).
+/// * `order_columns`: the `SELECT` list of an [`Order`].
 macro_rules! backend_routes {
-    (db = $db:ty, order_columns = $order_columns:expr, payments = $payments:path $(,)?) => {
+    (db = $db:ty, order_columns = $order_columns:expr $(,)?) => {
         use axum::extract::{Path, State};
         use axum::http::{StatusCode, header};
         use axum::response::IntoResponse;
         use axum::routing::{get, post};
         use axum::{Json, Router};
-        use idem_runtime::{Tx, idempotent};
+        use idem_runtime::{Lease, Tx, idempotent};
 
         use super::*;
         use crate::auth::Caller;
@@ -131,7 +130,7 @@ macro_rules! backend_routes {
                 .route("/orders/{id}/pay", post(pay))
                 .route("/orders/{id}/ship", post(ship))
                 .route("/refunds", post(create_refund))
-                .route("/payments", post($payments))
+                .route("/payments", post(create_payment))
                 .route("/provider", get(crate::payments::provider_summary))
                 .with_state(state)
         }
@@ -242,6 +241,18 @@ macro_rules! backend_routes {
             Ok(StatusCode::NO_CONTENT)
         }
 
+        /// Charges a card. Leased: the claim commits before the provider is called,
+        /// which is given the lease's downstream key (see `payments`).
+        #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
+        async fn create_payment(
+            #[tenant] _caller: Caller,
+            State(app): State<AppState<Db>>,
+            lease: &mut Lease<Db>,
+            ValidJson(cmd): ValidJson<crate::payments::NewPayment>,
+        ) -> axum::response::Response {
+            crate::payments::charge(&app.provider, lease.downstream_key(), cmd).await
+        }
+
         /// Pays an order; paying a paid order again changes nothing.
         async fn pay(
             caller: Caller,
@@ -326,7 +337,6 @@ pub mod postgres {
         db = sqlx::Postgres,
         order_columns = "id, sku, quantity, amount_cents, currency::text AS currency, note, \
             to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at",
-        payments = crate::payments::create_payment,
     );
 }
 
@@ -335,6 +345,5 @@ pub mod sqlite {
     backend_routes!(
         db = sqlx::Sqlite,
         order_columns = "id, sku, quantity, amount_cents, currency, note, created_at",
-        payments = crate::payments::needs_postgres,
     );
 }

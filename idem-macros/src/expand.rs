@@ -71,8 +71,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         .attrs
         .retain(|a| a.path().is_ident("allow") || a.path().is_ident("expect"));
 
-    // The transaction parameter's type picks the backend: `Tx` is PostgreSQL,
-    // `Tx<Sqlite>` SQLite. Leased mode is PostgreSQL's.
+    // The transaction (or lease) parameter's type picks the backend: `Tx` and
+    // `Lease` are PostgreSQL, `Tx<Sqlite>` and `Lease<Sqlite>` SQLite.
     let handle_elem = match func.sig.inputs.iter().nth(config.tx) {
         Some(FnArg::Typed(t)) => match &*t.ty {
             syn::Type::Reference(r) => Some((*r.elem).clone()),
@@ -80,12 +80,17 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         },
         _ => None,
     };
-    let request_ty = match (&handle_elem, config.lease.is_some()) {
-        (Some(elem), false) => {
-            let db = respan(quote!(<#elem as #rt::TxHandle>::Db), elem.span());
-            quote!(#rt::IdemRequest<#db>)
-        }
-        _ => quote!(#rt::IdemRequest),
+    let handle_trait = if config.lease.is_some() {
+        quote!(LeaseHandle)
+    } else {
+        quote!(TxHandle)
+    };
+    let db = handle_elem
+        .as_ref()
+        .map(|elem| respan(quote!(<#elem as #rt::#handle_trait>::Db), elem.span()));
+    let request_ty = match &db {
+        Some(db) => quote!(#rt::IdemRequest<#db>),
+        None => quote!(#rt::IdemRequest),
     };
     let mut outer_params = Vec::new();
     let mut call_args = Vec::new();
@@ -172,7 +177,13 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let lease = opt_duration(config.lease);
     let lease_ceiling = opt_duration(config.lease_ceiling);
     let (run_fn, boxer, handle_ty, handle) = match (&handle_elem, config.lease.is_some()) {
-        (_, true) => (
+        (Some(elem), true) => (
+            quote!(run_leased),
+            quote!(leased_handler),
+            quote!(#rt::Lease<<#elem as #rt::LeaseHandle>::Db>),
+            quote!(__idem_lease),
+        ),
+        (None, true) => (
             quote!(run_leased),
             quote!(leased_handler),
             quote!(#rt::Lease),

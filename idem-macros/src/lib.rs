@@ -76,9 +76,9 @@ use proc_macro::TokenStream;
 ///
 /// For an effect outside the database (a payment provider). The claim commits on
 /// its own with an owner token; the handler takes `lease: &mut idem_runtime::Lease`
-/// instead of a transaction, passes `lease.downstream_key()` to the downstream
-/// system's own idempotency, and may return `idem_runtime::Uncertain` when the
-/// effect's outcome is unknown. The lease is renewed in the background while the
+/// (`&mut Lease<sqlx::Sqlite>` on SQLite) instead of a transaction, passes
+/// `lease.downstream_key()` to the downstream system's own idempotency, and may
+/// return `idem_runtime::Uncertain` when the effect's outcome is unknown. The lease is renewed in the background while the
 /// handler runs, up to `lease_ceiling` (default: ten leases); a worker whose lease
 /// was taken over cannot publish its result. See `idem_runtime::lease`.
 ///
@@ -150,7 +150,7 @@ use proc_macro::TokenStream;
 ///
 /// * PostgreSQL, or SQLite with `tx: &mut Tx<Sqlite>`. In the transactional mode
 ///   the effect must live in the same database; effects elsewhere take the leased
-///   mode, which needs PostgreSQL.
+///   mode (either database).
 /// * The body is buffered by its extractor before the claim, and the response is
 ///   buffered before it is stored (limit: `Idem::with_max_response_bytes`, 1 MiB by
 ///   default; a larger response rolls back and answers `500`).

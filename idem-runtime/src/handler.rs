@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use crate::config::Idem;
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::key::IdempotencyKey;
-use crate::lease::{Acquisition, Lease, LeaseError, LeaseRequest, LeasedClaim};
+use crate::lease::{Acquisition, Lease, LeaseBackend, LeaseError, LeaseRequest, LeasedClaim};
 use crate::metrics;
 use crate::problem::{self, Problem};
 use crate::response::{self, CaptureError};
@@ -173,8 +173,10 @@ pub type BoxedHandler<DB = Postgres> = Box<
 >;
 
 /// A handler body that runs holding a lease (leased mode).
-pub type BoxedLeasedHandler = Box<
-    dyn for<'l> FnOnce(&'l mut Lease) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
+pub type BoxedLeasedHandler<DB = Postgres> = Box<
+    dyn for<'l> FnOnce(
+            &'l mut Lease<DB>,
+        ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
         + Send,
 >;
 
@@ -411,12 +413,12 @@ fn stored_ok(op: &str, stored: &StoredResponse, started: Instant) {
 ///   current owner's stored outcome if there is one, else `409`.
 /// * Retries of an uncertain key get `202` with the problem type
 ///   [`problem::OUTCOME_UNCERTAIN`] until a reconciler resolves it.
-pub async fn run_leased(
-    req: IdemRequest,
+pub async fn run_leased<DB: LeaseBackend>(
+    req: IdemRequest<DB>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
-    handler: BoxedLeasedHandler,
+    handler: BoxedLeasedHandler<DB>,
 ) -> Response {
     let (tenant, fingerprint) = match prepare(spec, tenant, fingerprint) {
         Ok(p) => p,
@@ -441,11 +443,11 @@ pub async fn run_leased(
     .await
 }
 
-async fn execute_leased(
-    idem: &Idem,
+async fn execute_leased<DB: LeaseBackend>(
+    idem: &Idem<DB>,
     req: &LeaseRequest<'_>,
     ceiling: Duration,
-    handler: BoxedLeasedHandler,
+    handler: BoxedLeasedHandler<DB>,
 ) -> Response {
     let op = req.operation;
     let tenant_label = idem.tenant_label().then_some(req.tenant);
@@ -568,7 +570,11 @@ async fn execute_leased(
 }
 
 /// The answer for a worker that lost its lease: never its own result.
-async fn stale(op: &str, probe: &crate::lease::Probe, lease: Duration) -> Response {
+async fn stale<DB: LeaseBackend>(
+    op: &str,
+    probe: &crate::lease::Probe<DB>,
+    lease: Duration,
+) -> Response {
     metrics::completion(op, "stale_owner");
     tracing::warn!(
         operation = op,

@@ -89,7 +89,7 @@ pub use config::{ConfigError, Idem};
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
 pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run, run_leased};
 pub use key::{IdempotencyKey, KeyError};
-pub use lease::{Lease, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
+pub use lease::{Lease, LeaseBackend, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
 pub use problem::Problem;
 pub use stats::{OperationStats, StateCounts, Stats, stats};
 pub use store::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, claim, migrate};

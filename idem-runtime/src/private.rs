@@ -47,10 +47,28 @@ impl<DB: crate::store::Backend> TxHandle for Tx<DB> {
     type Db = DB;
 }
 
+/// The database of a leased handler's lease parameter type (see [`TxHandle`]).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not idem's lease handle",
+    label = "with `lease = \"...\"`, the `&mut` parameter of an `#[idempotent]` handler is the lease",
+    note = "take `lease: &mut idem_runtime::Lease` (PostgreSQL) or `lease: &mut idem_runtime::Lease<sqlx::Sqlite>`"
+)]
+pub trait LeaseHandle {
+    /// The backend.
+    type Db: crate::lease::LeaseBackend;
+}
+
+impl<DB: crate::lease::LeaseBackend> LeaseHandle for Lease<DB> {
+    type Db = DB;
+}
+
 /// Boxes a leased handler body (see [`handler`]).
-pub fn leased_handler<F>(f: F) -> BoxedLeasedHandler
+pub fn leased_handler<DB, F>(f: F) -> BoxedLeasedHandler<DB>
 where
-    F: for<'l> FnOnce(&'l mut Lease) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
+    DB: crate::lease::LeaseBackend,
+    F: for<'l> FnOnce(
+            &'l mut Lease<DB>,
+        ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
         + Send
         + 'static,
 {

@@ -6,8 +6,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::{Pool, Postgres};
 
+use crate::lease::{LeaseBackend, UncertainRow};
 use crate::store::{StoreError, StoredResponse};
 
 /// An uncertain execution to resolve.
@@ -58,19 +59,29 @@ pub struct ReconcileReport {
     pub errors: u64,
 }
 
-/// Runs a [`Reconcile`] over the uncertain rows of its operation. Several replicas
-/// may run one each: rows are taken with `FOR UPDATE SKIP LOCKED`.
-#[derive(Debug)]
-pub struct Reconciler<R> {
-    pool: PgPool,
+/// Runs a [`Reconcile`] over the uncertain rows of its operation, on PostgreSQL or
+/// SQLite (the pool's type decides). Several replicas may run one each: an answer
+/// is applied only to the same uncertain execution it was asked about, so a row
+/// is resolved once.
+pub struct Reconciler<R, DB: LeaseBackend = Postgres> {
+    pool: Pool<DB>,
     reconcile: R,
     batch: i64,
     interval: Duration,
 }
 
-impl<R: Reconcile> Reconciler<R> {
+impl<R, DB: LeaseBackend> std::fmt::Debug for Reconciler<R, DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("batch", &self.batch)
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
     /// A reconciler of up to 100 rows a round, every 10 seconds.
-    pub fn new(pool: PgPool, reconcile: R) -> Self {
+    pub fn new(pool: Pool<DB>, reconcile: R) -> Self {
         Reconciler {
             pool,
             reconcile,
@@ -104,14 +115,7 @@ impl<R: Reconcile> Reconciler<R> {
     /// resolved.
     pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
         let op = self.reconcile.operation().to_owned();
-        let rows = sqlx::query(
-            "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
-              WHERE operation = $1 AND state = 'uncertain' ORDER BY created_at LIMIT $2",
-        )
-        .bind(&op)
-        .bind(self.batch)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = DB::uncertain_rows(&self.pool, &op, self.batch).await?;
         let mut report = ReconcileReport::default();
         for row in rows {
             let outcome = match self.resolve(&op, &row).await {
@@ -133,82 +137,29 @@ impl<R: Reconcile> Reconciler<R> {
         Ok(report)
     }
 
-    async fn resolve(
-        &self,
-        op: &str,
-        row: &sqlx::postgres::PgRow,
-    ) -> Result<&'static str, StoreError> {
-        let tenant: String = row.try_get("tenant_id")?;
-        let key: String = row.try_get("idempotency_key")?;
-        let generation: i64 = row.try_get("generation")?;
-        let parsed = crate::IdempotencyKey::parse(&key)
+    async fn resolve(&self, op: &str, row: &UncertainRow) -> Result<&'static str, StoreError> {
+        let parsed = crate::IdempotencyKey::parse(&row.key)
             .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?;
         let outcome = UncertainOutcome {
-            downstream_key: crate::lease::downstream_key(&tenant, op, &parsed),
-            tenant: tenant.clone(),
+            downstream_key: crate::lease::downstream_key(&row.tenant, op, &parsed),
+            tenant: row.tenant.clone(),
             operation: op.to_owned(),
-            key: key.clone(),
-            generation,
+            key: row.key.clone(),
+            generation: row.generation,
         };
-        match self.reconcile.reconcile(&outcome).await {
+        let (stored, applied) = match self.reconcile.reconcile(&outcome).await {
             Resolution::Completed(stored) if stored.status >= 500 => {
                 // A 5xx is never stored (a retry must be able to run); the row
                 // waits for a definite answer.
                 tracing::warn!(operation = %op, status = stored.status, "idem: a reconciliation answered 5xx; the row stays uncertain");
-                Ok("still_uncertain")
+                return Ok("still_uncertain");
             }
-            Resolution::Completed(stored) => {
-                let state = stored.state();
-                // The retention runs from now, as for any completion: a row
-                // resolved late must not be already expired.
-                let done = sqlx::query(
-                    "UPDATE idempotency_requests r \
-                        SET state = $5, response_status = $6, response_headers = $7, \
-                            response_body = $8, completed_at = c.t, lease_expires_at = NULL, \
-                            expires_at = c.t + (r.expires_at - r.created_at) \
-                       FROM (SELECT clock_timestamp() AS t) c \
-                      WHERE r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3 \
-                        AND r.generation = $4 AND r.state = 'uncertain'",
-                )
-                .bind(&tenant)
-                .bind(op)
-                .bind(&key)
-                .bind(generation)
-                .bind(state)
-                .bind(
-                    i16::try_from(stored.status)
-                        .map_err(|_| StoreError::Corrupt(format!("status {}", stored.status)))?,
-                )
-                .bind(sqlx::types::Json(&stored.headers))
-                .bind(&stored.body[..])
-                .execute(&self.pool)
-                .await?;
-                Ok(if done.rows_affected() == 1 {
-                    "completed"
-                } else {
-                    "raced"
-                })
-            }
-            Resolution::Released => {
-                let done = sqlx::query(
-                    "DELETE FROM idempotency_requests \
-                      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-                        AND generation = $4 AND state = 'uncertain'",
-                )
-                .bind(&tenant)
-                .bind(op)
-                .bind(&key)
-                .bind(generation)
-                .execute(&self.pool)
-                .await?;
-                Ok(if done.rows_affected() == 1 {
-                    "released"
-                } else {
-                    "raced"
-                })
-            }
-            Resolution::StillUncertain => Ok("still_uncertain"),
-        }
+            Resolution::Completed(stored) => (Some(stored), "completed"),
+            Resolution::Released => (None, "released"),
+            Resolution::StillUncertain => return Ok("still_uncertain"),
+        };
+        let rows = DB::resolve(&self.pool, op, row, stored.as_ref()).await?;
+        Ok(if rows == 1 { applied } else { "raced" })
     }
 
     /// Runs rounds forever, every interval; errors are logged and the loop goes on.

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
 use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
@@ -84,7 +86,7 @@ pub async fn claim(
             generation: row.try_get("generation")?,
             retention: req.retention,
         })),
-        "replay" => Ok(Claim::Replay(crate::lease::stored_from_row(&row)?)),
+        "replay" => Ok(Claim::Replay(stored_from_row(&row)?)),
         "mismatch" => Ok(Claim::Mismatch),
         "in_flight" => Ok(Claim::InFlight {
             retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
@@ -129,4 +131,19 @@ pub async fn complete(
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A stored outcome from a row with `response_status` (`smallint`),
+/// `response_headers` (`jsonb`) and `response_body` (`bytea`).
+pub(crate) fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
+    let status: i16 = row.try_get("response_status")?;
+    let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
+        row.try_get("response_headers")?;
+    let body: Option<Vec<u8>> = row.try_get("response_body")?;
+    Ok(StoredResponse {
+        status: u16::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+        headers: headers.map(|h| h.0).unwrap_or_default(),
+        body: Bytes::from(body.unwrap_or_default()),
+    })
 }

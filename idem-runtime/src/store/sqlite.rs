@@ -12,8 +12,9 @@
 //! writers of *other* keys; past the bound it reports [`Claim::InFlight`] (`409`
 //! with `Retry-After`) even when the holder was another key. Keep handlers short.
 //!
-//! The retention sweeper ([`crate::Sweeper`] on a `SqlitePool`) works here too;
-//! leased mode, stats and the CLI are PostgreSQL-only for now.
+//! The retention sweeper ([`crate::Sweeper`] on a `SqlitePool`), leased mode
+//! ([`crate::lease`]) and its reconciler work here too; stats and the CLI are
+//! PostgreSQL-only for now.
 
 use std::time::Duration;
 
@@ -80,7 +81,7 @@ const COMPLETE_SQL: &str = concat!(
         AND generation = $4 AND state = 'processing'"
 );
 
-fn is_busy(e: &sqlx::Error) -> bool {
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     // SQLITE_BUSY (5) and its extended codes (517 BUSY_SNAPSHOT, ...); SQLITE_LOCKED (6).
     matches!(e, sqlx::Error::Database(db)
         if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5 || c & 0xff == 6))
@@ -153,6 +154,12 @@ pub async fn claim(
             retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
         });
     }
+    Ok(Claim::Replay(stored_from_row(&row)?))
+}
+
+/// A stored outcome from a row with `response_status` (INTEGER),
+/// `response_headers` (JSON text) and `response_body` (BLOB).
+pub(crate) fn stored_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredResponse, StoreError> {
     let status: i64 = row.try_get("response_status")?;
     let headers: Option<String> = row.try_get("response_headers")?;
     let body: Option<Vec<u8>> = row.try_get("response_body")?;
@@ -162,12 +169,12 @@ pub async fn claim(
         }
         None => Vec::new(),
     };
-    Ok(Claim::Replay(StoredResponse {
+    Ok(StoredResponse {
         status: u16::try_from(status)
             .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
         headers,
         body: Bytes::from(body.unwrap_or_default()),
-    }))
+    })
 }
 
 /// Stores an execution's outcome in the transaction that claimed it.

@@ -18,18 +18,27 @@
 //! stalled past its lease and was taken over cannot publish. Downstream calls
 //! carry [`Lease::downstream_key`], identical for every owner of the key, so the
 //! downstream system's own idempotency turns a taken-over retry into a no-op.
+//!
+//! PostgreSQL and SQLite both implement it ([`LeaseBackend`]); the pool's type
+//! picks the backend. A claim that cannot get its lock in time answers "in
+//! flight": on PostgreSQL after 200 ms on the key's row, on SQLite after the
+//! connection's busy timeout on the database's one write lock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
+use std::future::Future;
+
 use sha2::{Digest, Sha256};
-use sqlx::{PgPool, Row};
+use sqlx::{Pool, Postgres};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::store::{StoreError, StoredResponse};
+use crate::store::{Backend, StoreError, StoredResponse};
+
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
 
 /// What a leased claim needs.
 #[derive(Debug, Clone)]
@@ -62,11 +71,10 @@ pub enum Acquisition {
 }
 
 /// What a leased claim decided.
-#[derive(Debug)]
 #[must_use = "an acquired lease must be completed, marked uncertain or released"]
-pub enum LeasedClaim {
+pub enum LeasedClaim<DB: LeaseBackend = Postgres> {
     /// The caller owns the execution.
-    Acquired(Lease),
+    Acquired(Lease<DB>),
     /// A stored outcome with the same fingerprint.
     Replay(StoredResponse),
     /// The key is in use for a different request.
@@ -85,9 +93,8 @@ pub enum LeasedClaim {
 ///
 /// Dropping it without completing leaves the row `processing` until its lease
 /// lapses; the next claim then takes it over (what a crash does).
-#[derive(Debug)]
-pub struct Lease {
-    pool: PgPool,
+pub struct Lease<DB: LeaseBackend = Postgres> {
+    pool: Pool<DB>,
     tenant: String,
     operation: String,
     key: IdempotencyKey,
@@ -132,86 +139,186 @@ pub fn downstream_key(tenant: &str, operation: &str, key: &IdempotencyKey) -> St
     hex::encode(&h.finalize()[..16])
 }
 
-const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms, \
-        response_status, response_headers, response_body \
-   FROM idem_claim_leased($1, $2, $3, $4, $5, $6)";
-
-/// The primary key condition, as a literal so statements stay `&'static str`.
-macro_rules! pk {
-    () => {
-        " tenant_id = $1 AND operation = $2 AND idempotency_key = $3 "
-    };
+/// What a leased claim decided, before a [`Lease`] is built around it; what a
+/// [`LeaseBackend`] answers.
+#[derive(Debug)]
+pub enum LeasedOutcome {
+    /// The caller owns the execution under `token`.
+    Acquired {
+        /// How.
+        acquisition: Acquisition,
+        /// The owner token that fences every later statement.
+        token: String,
+        /// The execution's generation.
+        generation: i64,
+    },
+    /// A stored outcome with the same fingerprint.
+    Replay(StoredResponse),
+    /// The key is in use for a different request.
+    Mismatch,
+    /// Another worker holds a live lease (or the lock, for a moment).
+    InFlight {
+        /// Until its lease lapses.
+        retry_after: Duration,
+    },
+    /// An earlier execution's effect is unknown.
+    Uncertain,
 }
 
-/// Claims `req.key` in leased mode. The claim commits at once, in its own
-/// statement on `pool`.
+/// An owned row, as the fenced statements match it: primary key and owner token.
+#[derive(Debug, Clone, Copy)]
+pub struct Owned<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The operation.
+    pub operation: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// The owner token.
+    pub token: &'a str,
+}
+
+/// A fenced statement other than storing the outcome.
+#[derive(Debug, Clone, Copy)]
+pub enum Fence {
+    /// Extend the lease by this much from now.
+    Renew(Duration),
+    /// Mark the row `uncertain`.
+    Uncertain,
+    /// Delete the row: the effect did not happen.
+    Release,
+}
+
+/// An `uncertain` row awaiting reconciliation.
+#[derive(Debug, Clone)]
+pub struct UncertainRow {
+    /// The tenant.
+    pub tenant: String,
+    /// The key as the client sent it.
+    pub key: String,
+    /// The generation that became uncertain.
+    pub generation: i64,
+}
+
+/// A database leased mode can keep its rows in: PostgreSQL and SQLite. Each
+/// method is one short statement (or, for the claim, one short transaction) of
+/// its own; every statement over an owned row matches the owner token and
+/// answers how many rows it touched, so a stale owner touches none.
+pub trait LeaseBackend: Backend {
+    /// Claims `req.key`, committing at once.
+    fn claim_leased(
+        pool: &Pool<Self>,
+        req: &LeaseRequest<'_>,
+    ) -> impl Future<Output = Result<LeasedOutcome, StoreError>> + Send;
+
+    /// Stores the outcome of the owned execution (`failed` for a 4xx, else
+    /// `completed`), its retention counted from now; the rows touched.
+    fn store_outcome(
+        pool: &Pool<Self>,
+        row: Owned<'_>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Renews, marks uncertain or releases the owned execution; the rows touched.
+    fn fence(
+        pool: &Pool<Self>,
+        row: Owned<'_>,
+        what: Fence,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The key's finished outcome, if it has one, with its fingerprint.
+    fn current(
+        pool: &Pool<Self>,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send;
+
+    /// Up to `limit` uncertain rows of `operation`, oldest first.
+    fn uncertain_rows(
+        pool: &Pool<Self>,
+        operation: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<UncertainRow>, StoreError>> + Send;
+
+    /// Resolves an uncertain row if it is still that execution: stores `outcome`
+    /// (retention from now), or forgets the key when `None`; the rows touched.
+    fn resolve(
+        pool: &Pool<Self>,
+        operation: &str,
+        row: &UncertainRow,
+        outcome: Option<&StoredResponse>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Claims `req.key` in leased mode, on PostgreSQL or SQLite. The claim commits at
+/// once, on its own.
 ///
 /// # Errors
 ///
 /// [`StoreError`] when the database fails; nothing is claimed then.
-pub async fn claim_leased(
-    pool: &PgPool,
+pub async fn claim_leased<DB: LeaseBackend>(
+    pool: &Pool<DB>,
     req: &LeaseRequest<'_>,
-) -> Result<LeasedClaim, StoreError> {
-    let row = sqlx::query(CLAIM_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.as_str())
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(millis(req.retention))
-        .bind(millis(req.lease))
-        .fetch_one(pool)
-        .await?;
-    let outcome: &str = row.try_get("outcome")?;
-    let acquired = |acquisition| -> Result<LeasedClaim, StoreError> {
-        Ok(LeasedClaim::Acquired(Lease {
+) -> Result<LeasedClaim<DB>, StoreError> {
+    Ok(match DB::claim_leased(pool, req).await? {
+        LeasedOutcome::Acquired {
+            acquisition,
+            token,
+            generation,
+        } => LeasedClaim::Acquired(Lease {
             pool: pool.clone(),
             tenant: req.tenant.to_owned(),
             operation: req.operation.to_owned(),
             key: req.key.clone(),
-            token: row.try_get("owner_token")?,
-            generation: row.try_get("generation")?,
+            token,
+            generation,
             acquisition,
             lease: req.lease,
             retention: req.retention,
             fingerprint: req.fingerprint,
             lost: Arc::new(AtomicBool::new(false)),
-        }))
-    };
-    match outcome {
-        "acquired" => acquired(Acquisition::New),
-        "reclaimed" => acquired(Acquisition::Reclaimed),
-        "taken_over" => acquired(Acquisition::TakenOver),
-        "replay" => Ok(LeasedClaim::Replay(stored_from_row(&row)?)),
-        "mismatch" => Ok(LeasedClaim::Mismatch),
-        "uncertain" => Ok(LeasedClaim::Uncertain),
-        "in_flight" => {
-            let ms: Option<i64> = row.try_get("retry_after_ms")?;
-            let ms = u64::try_from(ms.unwrap_or(1000)).unwrap_or(1000);
-            Ok(LeasedClaim::InFlight {
-                retry_after: Duration::from_millis(ms).max(Duration::from_secs(1)),
-            })
-        }
-        other => Err(StoreError::Corrupt(format!(
-            "leased claim outcome {other:?}"
-        ))),
-    }
-}
-
-pub(crate) fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
-    let status: i16 = row.try_get("response_status")?;
-    let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
-        row.try_get("response_headers")?;
-    let body: Option<Vec<u8>> = row.try_get("response_body")?;
-    Ok(StoredResponse {
-        status: u16::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-        headers: headers.map(|h| h.0).unwrap_or_default(),
-        body: Bytes::from(body.unwrap_or_default()),
+        }),
+        LeasedOutcome::Replay(stored) => LeasedClaim::Replay(stored),
+        LeasedOutcome::Mismatch => LeasedClaim::Mismatch,
+        LeasedOutcome::Uncertain => LeasedClaim::Uncertain,
+        LeasedOutcome::InFlight { retry_after } => LeasedClaim::InFlight {
+            retry_after: retry_after.max(Duration::from_secs(1)),
+        },
     })
 }
 
-impl Lease {
+// Written by hand: derived impls would ask `DB: Debug`.
+impl<DB: LeaseBackend> std::fmt::Debug for Lease<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("operation", &self.operation)
+            .field("key", &self.key)
+            .field("generation", &self.generation)
+            .field("acquisition", &self.acquisition)
+            .field("lease", &self.lease)
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: LeaseBackend> std::fmt::Debug for LeasedClaim<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeasedClaim::Acquired(lease) => f.debug_tuple("Acquired").field(lease).finish(),
+            LeasedClaim::Replay(stored) => f.debug_tuple("Replay").field(stored).finish(),
+            LeasedClaim::Mismatch => f.write_str("Mismatch"),
+            LeasedClaim::InFlight { retry_after } => f
+                .debug_struct("InFlight")
+                .field("retry_after", retry_after)
+                .finish(),
+            LeasedClaim::Uncertain => f.write_str("Uncertain"),
+        }
+    }
+}
+
+impl<DB: LeaseBackend> Lease<DB> {
     /// The key for the downstream system's idempotency (see [`downstream_key`]).
     pub fn downstream_key(&self) -> String {
         downstream_key(&self.tenant, &self.operation, &self.key)
@@ -239,11 +346,20 @@ impl Lease {
     }
 
     /// The pool, for the handler's own database work.
-    pub fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &Pool<DB> {
         &self.pool
     }
 
-    pub(crate) fn renewer(&self) -> Renewer {
+    fn owned(&self) -> Owned<'_> {
+        Owned {
+            tenant: &self.tenant,
+            operation: &self.operation,
+            key: self.key.as_str(),
+            token: &self.token,
+        }
+    }
+
+    pub(crate) fn renewer(&self) -> Renewer<DB> {
         Renewer {
             pool: self.pool.clone(),
             tenant: self.tenant.clone(),
@@ -284,31 +400,8 @@ impl Lease {
     /// [`Lease::complete`] without giving the lease up, so a failed attempt can be
     /// retried.
     pub(crate) async fn store_outcome(&self, response: &StoredResponse) -> Result<(), LeaseError> {
-        let state = response.state();
-        let status = i16::try_from(response.status)
-            .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
-        let done = sqlx::query(concat!(
-            "UPDATE idempotency_requests \
-                SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
-                    completed_at = c.t, expires_at = c.t + $9 * interval '1 millisecond', \
-                    lease_expires_at = NULL \
-               FROM (SELECT clock_timestamp() AS t) c \
-              WHERE",
-            pk!(),
-            "AND owner_token = $4::uuid AND state = 'processing'"
-        ))
-        .bind(&self.tenant)
-        .bind(&self.operation)
-        .bind(self.key.as_str())
-        .bind(&self.token)
-        .bind(state)
-        .bind(status)
-        .bind(sqlx::types::Json(&response.headers))
-        .bind(&response.body[..])
-        .bind(millis(self.retention))
-        .execute(&self.pool)
-        .await?;
-        self.fenced(done.rows_affected())
+        let rows = DB::store_outcome(&self.pool, self.owned(), response, self.retention).await?;
+        self.fenced(rows)
     }
 
     /// Records that the external effect's outcome is unknown (the provider timed
@@ -324,13 +417,7 @@ impl Lease {
 
     /// [`Lease::mark_uncertain`] without giving the lease up.
     pub(crate) async fn record_uncertain(&self) -> Result<(), LeaseError> {
-        self.fenced_statement(concat!(
-            "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL \
-              WHERE",
-            pk!(),
-            "AND owner_token = $4::uuid AND state = 'processing'"
-        ))
-        .await
+        self.fenced_statement(Fence::Uncertain).await
     }
 
     /// Gives the key up: the effect did not happen, and a retry may execute anew.
@@ -339,25 +426,13 @@ impl Lease {
     ///
     /// [`LeaseError::StaleOwner`] when the lease was taken over.
     pub async fn release(self) -> Result<(), LeaseError> {
-        self.fenced_statement(concat!(
-            "DELETE FROM idempotency_requests WHERE",
-            pk!(),
-            "AND owner_token = $4::uuid AND state = 'processing'"
-        ))
-        .await
+        self.fenced_statement(Fence::Release).await
     }
 
-    /// Runs a statement over this lease's row (`$1..$4`: tenant, operation, key,
-    /// owner token) that must touch exactly that row while this lease owns it.
-    async fn fenced_statement(&self, sql: &'static str) -> Result<(), LeaseError> {
-        let done = sqlx::query(sql)
-            .bind(&self.tenant)
-            .bind(&self.operation)
-            .bind(self.key.as_str())
-            .bind(&self.token)
-            .execute(&self.pool)
-            .await?;
-        self.fenced(done.rows_affected())
+    /// Runs a fenced statement that must touch exactly this lease's row.
+    async fn fenced_statement(&self, what: Fence) -> Result<(), LeaseError> {
+        let rows = DB::fence(&self.pool, self.owned(), what).await?;
+        self.fenced(rows)
     }
 
     fn fenced(&self, rows: u64) -> Result<(), LeaseError> {
@@ -381,7 +456,7 @@ impl Lease {
         self.probe().current().await
     }
 
-    pub(crate) fn probe(&self) -> Probe {
+    pub(crate) fn probe(&self) -> Probe<DB> {
         Probe {
             pool: self.pool.clone(),
             tenant: self.tenant.clone(),
@@ -393,43 +468,28 @@ impl Lease {
 }
 
 /// Reads a key's stored outcome after its lease object is gone.
-#[derive(Debug, Clone)]
-pub(crate) struct Probe {
-    pool: PgPool,
+pub(crate) struct Probe<DB: LeaseBackend> {
+    pool: Pool<DB>,
     tenant: String,
     operation: String,
     key: String,
     fingerprint: Fingerprint,
 }
 
-impl Probe {
+impl<DB: LeaseBackend> Probe<DB> {
     pub(crate) async fn current(&self) -> Result<Option<StoredResponse>, StoreError> {
-        let row = sqlx::query(concat!(
-            "SELECT fingerprint, response_status, response_headers, response_body FROM idempotency_requests \
-              WHERE",
-            pk!(),
-            "AND state IN ('completed', 'failed')"
-        ))
-        .bind(&self.tenant)
-        .bind(&self.operation)
-        .bind(&self.key)
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
+        let found = DB::current(&self.pool, &self.tenant, &self.operation, &self.key).await?;
         // The key may since have been released and reused for another request:
         // its answer is not this client's.
-        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-        if fingerprint != self.fingerprint.as_bytes() {
-            return Ok(None);
-        }
-        stored_from_row(&row).map(Some)
+        Ok(found
+            .filter(|(fingerprint, _)| fingerprint[..] == self.fingerprint.as_bytes()[..])
+            .map(|(_, stored)| stored))
     }
 }
 
 /// Renews a lease in the background of a running handler.
-#[derive(Debug, Clone)]
-pub(crate) struct Renewer {
-    pool: PgPool,
+pub(crate) struct Renewer<DB: LeaseBackend> {
+    pool: Pool<DB>,
     tenant: String,
     operation: String,
     key: String,
@@ -438,24 +498,16 @@ pub(crate) struct Renewer {
     lost: Arc<AtomicBool>,
 }
 
-impl Renewer {
+impl<DB: LeaseBackend> Renewer<DB> {
     /// One renewal; `false` when the lease was taken over.
     pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
-        let done = sqlx::query(concat!(
-            "UPDATE idempotency_requests \
-                SET lease_expires_at = clock_timestamp() + $5 * interval '1 millisecond' \
-              WHERE",
-            pk!(),
-            "AND owner_token = $4::uuid AND state = 'processing'"
-        ))
-        .bind(&self.tenant)
-        .bind(&self.operation)
-        .bind(&self.key)
-        .bind(&self.token)
-        .bind(millis(self.lease))
-        .execute(&self.pool)
-        .await?;
-        let kept = done.rows_affected() == 1;
+        let owned = Owned {
+            tenant: &self.tenant,
+            operation: &self.operation,
+            key: &self.key,
+            token: &self.token,
+        };
+        let kept = DB::fence(&self.pool, owned, Fence::Renew(self.lease)).await? == 1;
         if !kept {
             self.lost.store(true, Ordering::Release);
         }
@@ -545,7 +597,7 @@ impl axum::response::IntoResponse for Uncertain {
     }
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

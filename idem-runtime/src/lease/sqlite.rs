@@ -1,0 +1,351 @@
+//! Leased mode on SQLite: the same state machine as on PostgreSQL. The claim is a
+//! short `BEGIN IMMEDIATE` transaction (SQLite has no stored procedures, and the
+//! write lock it takes at once is what serialises claimers); the fenced statements
+//! are single `UPDATE`s and `DELETE`s that match the owner token.
+//!
+//! SQLite has one write lock for all keys, so a claim waits for it as long as the
+//! connection's busy timeout (sqlx's default is 5 s) and answers "in flight" past
+//! it; PostgreSQL's claim waits at most 200 ms for its key's row lock. Holders are
+//! short (a claim, a renewal, a completion), unless a transactional handler on
+//! the same database runs long. Owner tokens are
+//! 128 random bits, made here; timestamps are Unix milliseconds from SQLite's clock.
+
+use std::time::Duration;
+
+use sqlx::{Row, Sqlite, SqlitePool};
+
+use super::{Acquisition, Fence, LeaseBackend, LeaseRequest, LeasedOutcome, Owned, UncertainRow};
+use crate::store::sqlite::{is_busy, now_ms, stored_from_row};
+use crate::store::{StoreError, StoredResponse};
+
+/// The owned row: its primary key and owner token, as `$1..$4`.
+macro_rules! owned {
+    () => {
+        " tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+          AND owner_token = $4 AND state = 'processing'"
+    };
+}
+
+const READ_SQL: &str = concat!(
+    "SELECT fingerprint, state, generation, lease_expires_at, expires_at, \
+            response_status, response_headers, response_body, ",
+    now_ms!(),
+    " AS now FROM idempotency_requests \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+);
+
+const INSERT_SQL: &str = concat!(
+    "INSERT INTO idempotency_requests \
+        (tenant_id, operation, idempotency_key, fingerprint, state, generation, owner_token, \
+         lease_expires_at, created_at, expires_at) \
+     SELECT $1, $2, $3, $4, 'processing', 1, $5, t.now + $6, t.now, t.now + $7 \
+       FROM (SELECT ",
+    now_ms!(),
+    " AS now) t"
+);
+
+const RECLAIM_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET fingerprint = $4, state = 'processing', generation = generation + 1, \
+            owner_token = $5, lease_expires_at = t.now + $6, \
+            response_status = NULL, response_headers = NULL, response_body = NULL, \
+            created_at = t.now, completed_at = NULL, expires_at = t.now + $7 \
+       FROM (SELECT ",
+    now_ms!(),
+    " AS now) t \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+     RETURNING generation"
+);
+
+const TAKEOVER_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET owner_token = $4, generation = generation + 1, lease_expires_at = ",
+    now_ms!(),
+    " + $5 \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+     RETURNING generation"
+);
+
+const STORE_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
+            completed_at = t.now, expires_at = t.now + $9, lease_expires_at = NULL \
+       FROM (SELECT ",
+    now_ms!(),
+    " AS now) t \
+      WHERE",
+    owned!()
+);
+
+const RENEW_SQL: &str = concat!(
+    "UPDATE idempotency_requests SET lease_expires_at = ",
+    now_ms!(),
+    " + $5 WHERE",
+    owned!()
+);
+
+const UNCERTAIN_SQL: &str = concat!(
+    "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
+    owned!()
+);
+
+const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+
+const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
+       FROM idempotency_requests \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        AND state IN ('completed', 'failed')";
+
+const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
+      WHERE operation = $1 AND state = 'uncertain' ORDER BY created_at LIMIT $2";
+
+// The retention runs from the resolution, as for any completion.
+const RESOLVE_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
+            completed_at = t.now, lease_expires_at = NULL, \
+            expires_at = t.now + (expires_at - created_at) \
+       FROM (SELECT ",
+    now_ms!(),
+    " AS now) t \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        AND generation = $4 AND state = 'uncertain'"
+);
+
+const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        AND generation = $4 AND state = 'uncertain'";
+
+/// A fresh owner token: 128 random bits, as hex.
+fn new_token() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+fn headers_json(response: &StoredResponse) -> Result<String, StoreError> {
+    serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+impl LeaseBackend for Sqlite {
+    async fn claim_leased(
+        pool: &SqlitePool,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        // IMMEDIATE: the write lock at once, so the read and the write below see
+        // the same row; a concurrent claimer waits through the busy timeout.
+        let mut tx = match pool.begin_with("BEGIN IMMEDIATE").await {
+            Ok(tx) => tx,
+            Err(e) if is_busy(&e) => {
+                return Ok(LeasedOutcome::InFlight {
+                    retry_after: Duration::from_secs(1),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let outcome = decide(&mut tx, req).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn store_outcome(
+        pool: &SqlitePool,
+        row: Owned<'_>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(STORE_SQL)
+            .bind(row.tenant)
+            .bind(row.operation)
+            .bind(row.key)
+            .bind(row.token)
+            .bind(response.state())
+            .bind(i64::from(response.status))
+            .bind(headers_json(response)?)
+            .bind(&response.body[..])
+            .bind(super::millis(retention))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fence(pool: &SqlitePool, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
+        let query = match what {
+            Fence::Renew(_) => sqlx::query(RENEW_SQL),
+            Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
+            Fence::Release => sqlx::query(RELEASE_SQL),
+        };
+        let query = query
+            .bind(row.tenant)
+            .bind(row.operation)
+            .bind(row.key)
+            .bind(row.token);
+        let query = match what {
+            Fence::Renew(lease) => query.bind(super::millis(lease)),
+            Fence::Uncertain | Fence::Release => query,
+        };
+        Ok(query.execute(pool).await?.rows_affected())
+    }
+
+    async fn current(
+        pool: &SqlitePool,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
+        let row = sqlx::query(CURRENT_SQL)
+            .bind(tenant)
+            .bind(operation)
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
+    }
+
+    async fn uncertain_rows(
+        pool: &SqlitePool,
+        operation: &str,
+        limit: i64,
+    ) -> Result<Vec<UncertainRow>, StoreError> {
+        let rows = sqlx::query(UNCERTAIN_ROWS_SQL)
+            .bind(operation)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(UncertainRow {
+                    tenant: r.try_get("tenant_id")?,
+                    key: r.try_get("idempotency_key")?,
+                    generation: r.try_get("generation")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn resolve(
+        pool: &SqlitePool,
+        operation: &str,
+        row: &UncertainRow,
+        outcome: Option<&StoredResponse>,
+    ) -> Result<u64, StoreError> {
+        let done = match outcome {
+            Some(stored) => {
+                sqlx::query(RESOLVE_SQL)
+                    .bind(&row.tenant)
+                    .bind(operation)
+                    .bind(&row.key)
+                    .bind(row.generation)
+                    .bind(stored.state())
+                    .bind(i64::from(stored.status))
+                    .bind(headers_json(stored)?)
+                    .bind(&stored.body[..])
+                    .execute(pool)
+                    .await?
+            }
+            None => {
+                sqlx::query(FORGET_SQL)
+                    .bind(&row.tenant)
+                    .bind(operation)
+                    .bind(&row.key)
+                    .bind(row.generation)
+                    .execute(pool)
+                    .await?
+            }
+        };
+        Ok(done.rows_affected())
+    }
+}
+
+/// The claim's decision, inside the `BEGIN IMMEDIATE` transaction on `conn` (the
+/// same steps as PostgreSQL's `idem_claim_leased`).
+async fn decide(
+    conn: &mut sqlx::SqliteConnection,
+    req: &LeaseRequest<'_>,
+) -> Result<LeasedOutcome, StoreError> {
+    let row = sqlx::query(READ_SQL)
+        .bind(req.tenant)
+        .bind(req.operation)
+        .bind(req.key.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let lease = super::millis(req.lease);
+    let retention = super::millis(req.retention);
+    let token = new_token();
+    let Some(row) = row else {
+        sqlx::query(INSERT_SQL)
+            .bind(req.tenant)
+            .bind(req.operation)
+            .bind(req.key.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(&token)
+            .bind(lease)
+            .bind(retention)
+            .execute(&mut *conn)
+            .await?;
+        return Ok(LeasedOutcome::Acquired {
+            acquisition: Acquisition::New,
+            token,
+            generation: 1,
+        });
+    };
+    let now: i64 = row.try_get("now")?;
+    let state: String = row.try_get("state")?;
+    let finished = state == "completed" || state == "failed";
+    let expires_at: i64 = row.try_get("expires_at")?;
+    if finished && expires_at <= now {
+        let generation: i64 = sqlx::query_scalar(RECLAIM_SQL)
+            .bind(req.tenant)
+            .bind(req.operation)
+            .bind(req.key.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(&token)
+            .bind(lease)
+            .bind(retention)
+            .fetch_one(&mut *conn)
+            .await?;
+        return Ok(LeasedOutcome::Acquired {
+            acquisition: Acquisition::Reclaimed,
+            token,
+            generation,
+        });
+    }
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    if fingerprint != req.fingerprint.as_bytes() {
+        return Ok(LeasedOutcome::Mismatch);
+    }
+    if finished {
+        return Ok(LeasedOutcome::Replay(stored_from_row(&row)?));
+    }
+    if state == "uncertain" {
+        return Ok(LeasedOutcome::Uncertain);
+    }
+    // processing: a live lease keeps it
+    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
+    if let Some(until) = lease_expires_at.filter(|&until| until > now) {
+        let ms = u64::try_from(until - now).unwrap_or(1000);
+        return Ok(LeasedOutcome::InFlight {
+            retry_after: Duration::from_millis(ms),
+        });
+    }
+    if lease_expires_at.is_none() {
+        // Only a leased claim commits a `processing` row; one without a lease was
+        // written by hand. Leave it alone, as PostgreSQL does.
+        return Ok(LeasedOutcome::InFlight {
+            retry_after: Duration::from_secs(1),
+        });
+    }
+    // the lease lapsed: take the execution over, fencing the old owner out
+    let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
+        .bind(req.tenant)
+        .bind(req.operation)
+        .bind(req.key.as_str())
+        .bind(&token)
+        .bind(lease)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(LeasedOutcome::Acquired {
+        acquisition: Acquisition::TakenOver,
+        token,
+        generation,
+    })
+}
