@@ -1,5 +1,7 @@
-//! Exactly-once message consumption: the runtime API against PostgreSQL, and the
-//! `consumer` example process against a real NATS JetStream.
+//! Exactly-once message consumption: the runtime API against both backends (a real
+//! PostgreSQL and a SQLite file, the tests written once and stamped by
+//! `consumer_tests!`), and the `consumer` example process against a real NATS
+//! JetStream and PostgreSQL.
 
 mod common;
 
@@ -16,117 +18,141 @@ use tokio::process::{Child, Command};
 
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
-async fn ledger_db() -> TestDb {
-    let db = TestDb::new().await;
-    db.exec("CREATE TABLE credits (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)")
-        .await;
-    db
-}
+/// The runtime API's behaviour, for one backend: `$test_db` its test helper,
+/// `$credits_ddl` the effect's table.
+macro_rules! consumer_tests {
+    ($test_db:ty, $credits_ddl:expr) => {
+        use super::*;
 
-/// Applies one credit for the message; `fail` makes the effect fail after writing.
-async fn consume(
-    db: &TestDb,
-    id: &str,
-    payload: &[u8],
-    fail: bool,
-) -> Result<Delivery<i64>, ConsumeError<String>> {
-    let msg = Message {
-        scope: "ledger-worker",
-        operation: "apply-credit",
-        id,
-        payload,
-    };
-    process_once(&db.pool, &msg, WEEK, move |tx| {
-        Box::pin(async move {
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id",
-            )
-            .fetch_one(&mut **tx)
+        type TestDb = $test_db;
+        const CREDITS_DDL: &str = $credits_ddl;
+
+        async fn ledger_db() -> TestDb {
+            let db = TestDb::new().await;
+            db.exec(CREDITS_DDL).await;
+            db
+        }
+
+        /// Applies one credit for the message; `fail` makes the effect fail after writing.
+        async fn consume(
+            db: &TestDb,
+            id: &str,
+            payload: &[u8],
+            fail: bool,
+        ) -> Result<Delivery<i64>, ConsumeError<String>> {
+            let msg = Message {
+                scope: "ledger-worker",
+                operation: "apply-credit",
+                id,
+                payload,
+            };
+            process_once(&db.pool, &msg, WEEK, move |tx| {
+                Box::pin(async move {
+                    let id: i64 = sqlx::query_scalar(
+                        "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id",
+                    )
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    if fail {
+                        return Err("downstream validation failed".to_owned());
+                    }
+                    Ok(id)
+                })
+            })
             .await
-            .map_err(|e| e.to_string())?;
-            if fail {
-                return Err("downstream validation failed".to_owned());
-            }
-            Ok(id)
-        })
-    })
-    .await
-}
+        }
 
-#[tokio::test]
-async fn five_deliveries_of_one_message_apply_it_once() {
-    let db = Arc::new(ledger_db().await);
-    let payload = br#"{"account":"a","amount":5}"#;
-    let barrier = Arc::new(tokio::sync::Barrier::new(3));
-    let mut tasks = Vec::new();
-    // Three deliveries at once (a redelivery racing the first)...
-    for _ in 0..3 {
-        let (db, barrier) = (db.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            loop {
-                match consume(&db, "evt-1", payload, false).await {
-                    // A concurrent delivery still running: the broker would redeliver.
-                    Err(ConsumeError::InFlight) => tokio::task::yield_now().await,
-                    other => return other.unwrap(),
+        #[tokio::test]
+        async fn five_deliveries_of_one_message_apply_it_once() {
+            let db = Arc::new(ledger_db().await);
+            let payload = br#"{"account":"a","amount":5}"#;
+            let barrier = Arc::new(tokio::sync::Barrier::new(3));
+            let mut tasks = Vec::new();
+            // Three deliveries at once (a redelivery racing the first)...
+            for _ in 0..3 {
+                let (db, barrier) = (db.clone(), barrier.clone());
+                tasks.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    loop {
+                        match consume(&db, "evt-1", payload, false).await {
+                            // A concurrent delivery still running: the broker would redeliver.
+                            Err(ConsumeError::InFlight) => tokio::task::yield_now().await,
+                            other => return other.unwrap(),
+                        }
+                    }
+                }));
+            }
+            let mut applied = 0;
+            for t in tasks {
+                match t.await.unwrap() {
+                    Delivery::Applied(_) => applied += 1,
+                    Delivery::Duplicate => {}
+                    Delivery::Conflict => panic!("same payload"),
                 }
             }
-        }));
-    }
-    let mut applied = 0;
-    for t in tasks {
-        match t.await.unwrap() {
-            Delivery::Applied(_) => applied += 1,
-            Delivery::Duplicate => {}
-            Delivery::Conflict => panic!("same payload"),
+            // ...then two more, one after a crash before ack (same as any redelivery).
+            assert_eq!(
+                consume(&db, "evt-1", payload, false).await.unwrap(),
+                Delivery::Duplicate
+            );
+            assert_eq!(
+                consume(&db, "evt-1", payload, false).await.unwrap(),
+                Delivery::Duplicate
+            );
+            assert_eq!(applied, 1);
+            assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
         }
-    }
-    // ...then two more, one after a crash before ack (same as any redelivery).
-    assert_eq!(
-        consume(&db, "evt-1", payload, false).await.unwrap(),
-        Delivery::Duplicate
-    );
-    assert_eq!(
-        consume(&db, "evt-1", payload, false).await.unwrap(),
-        Delivery::Duplicate
-    );
-    assert_eq!(applied, 1);
-    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+
+        #[tokio::test]
+        async fn another_payload_under_the_same_identity_is_reported_not_applied() {
+            let db = ledger_db().await;
+            assert!(matches!(
+                consume(&db, "evt-2", b"{\"amount\":5}", false)
+                    .await
+                    .unwrap(),
+                Delivery::Applied(_)
+            ));
+            assert_eq!(
+                consume(&db, "evt-2", b"{\"amount\":6}", false)
+                    .await
+                    .unwrap(),
+                Delivery::Conflict
+            );
+            assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_failed_effect_commits_nothing_and_the_redelivery_applies_it() {
+            let db = ledger_db().await;
+            let err = consume(&db, "evt-3", b"{}", true).await.unwrap_err();
+            assert!(matches!(err, ConsumeError::Effect(_)), "{err}");
+            assert_eq!(db.count("SELECT count(*) FROM credits").await, 0);
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests").await,
+                0
+            );
+            assert!(matches!(
+                consume(&db, "evt-3", b"{}", false).await.unwrap(),
+                Delivery::Applied(_)
+            ));
+            assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+        }
+    };
 }
 
-#[tokio::test]
-async fn another_payload_under_the_same_identity_is_reported_not_applied() {
-    let db = ledger_db().await;
-    assert!(matches!(
-        consume(&db, "evt-2", b"{\"amount\":5}", false)
-            .await
-            .unwrap(),
-        Delivery::Applied(_)
-    ));
-    assert_eq!(
-        consume(&db, "evt-2", b"{\"amount\":6}", false)
-            .await
-            .unwrap(),
-        Delivery::Conflict
+mod postgres {
+    consumer_tests!(
+        crate::common::TestDb,
+        "CREATE TABLE credits (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)"
     );
-    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
 }
 
-#[tokio::test]
-async fn a_failed_effect_commits_nothing_and_the_redelivery_applies_it() {
-    let db = ledger_db().await;
-    let err = consume(&db, "evt-3", b"{}", true).await.unwrap_err();
-    assert!(matches!(err, ConsumeError::Effect(_)), "{err}");
-    assert_eq!(db.count("SELECT count(*) FROM credits").await, 0);
-    assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests").await,
-        0
+mod sqlite {
+    consumer_tests!(
+        crate::common::SqliteDb,
+        "CREATE TABLE credits (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, amount INTEGER NOT NULL)"
     );
-    assert!(matches!(
-        consume(&db, "evt-3", b"{}", false).await.unwrap(),
-        Delivery::Applied(_)
-    ));
-    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
 }
 
 // ---- the consumer example against JetStream ----

@@ -14,6 +14,9 @@
 //! * a concurrent delivery of the same message still running → [`ConsumeError::InFlight`]:
 //!   nack with a delay; the redelivery sees the outcome.
 //!
+//! It works on a PostgreSQL or a SQLite pool (the effect's transaction is of the
+//! pool's database).
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use idem_runtime::consumer::{process_once, Delivery, Message};
@@ -36,11 +39,11 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Pool, Transaction};
 
 use crate::fingerprint::FingerprintBuilder;
 use crate::key::IdempotencyKey;
-use crate::store::{self, Claim, ClaimRequest, StoreError, StoredResponse};
+use crate::store::{self, Backend, Claim, ClaimRequest, StoreError, StoredResponse};
 
 /// One delivered message.
 #[derive(Debug, Clone, Copy)]
@@ -102,14 +105,15 @@ pub fn message_key(id: &str) -> IdempotencyKey {
 /// # Errors
 ///
 /// [`ConsumeError`]: nothing committed; the message should be redelivered.
-pub async fn process_once<T, E, F>(
-    pool: &PgPool,
+pub async fn process_once<DB, T, E, F>(
+    pool: &Pool<DB>,
     msg: &Message<'_>,
     retention: Duration,
     effect: F,
 ) -> Result<Delivery<T>, ConsumeError<E>>
 where
-    F: for<'t> FnOnce(&'t mut Transaction<'static, Postgres>) -> Effect<'t, T, E>,
+    DB: Backend,
+    F: for<'t> FnOnce(&'t mut Transaction<'static, DB>) -> Effect<'t, T, E>,
 {
     let key = message_key(msg.id);
     let req = ClaimRequest {
@@ -122,10 +126,7 @@ where
         retention,
         in_flight_wait: Duration::from_secs(2),
     };
-    let mut tx = pool
-        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .await
-        .map_err(StoreError::from)?;
+    let mut tx = DB::begin(pool).await.map_err(StoreError::from)?;
     let execution = match store::claim(&mut tx, &req).await? {
         Claim::Execute(e) => e,
         Claim::Replay(_) => return Ok(Delivery::Duplicate),
