@@ -155,36 +155,44 @@ const PG_IN_FLIGHT_SQL: &str = "SELECT \
         extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds \
       FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
 
+/// The three round trips, the same on both backends but for their SQL: expanded
+/// inside each `impl SweepBackend` with that backend's statements.
+macro_rules! sweep_statements {
+    ($delete_batch:expr, $backlog:expr, $in_flight:expr) => {
+        async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
+            let done = sqlx::query($delete_batch)
+                .bind(i64::from(limit))
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn backlog(pool: &Pool<Self>) -> Result<u64, StoreError> {
+            let n: i64 = sqlx::query_scalar($backlog).fetch_one(pool).await?;
+            Ok(count(n))
+        }
+
+        async fn in_flight(
+            pool: &Pool<Self>,
+            stale_after: Duration,
+        ) -> Result<InFlightSummary, StoreError> {
+            let row = sqlx::query($in_flight)
+                .bind(millis(stale_after))
+                .fetch_one(pool)
+                .await?;
+            Ok(InFlightSummary {
+                stale_processing: count(row.try_get("stale_processing")?),
+                stale_uncertain: count(row.try_get("stale_uncertain")?),
+                oldest_seconds: row.try_get("oldest_seconds")?,
+            })
+        }
+    };
+}
+
 /// PostgreSQL: batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on
 /// several replicas share the work and none waits on a row a claim holds.
 impl SweepBackend for Postgres {
-    async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(PG_DELETE_BATCH_SQL)
-            .bind(i64::from(limit))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn backlog(pool: &Pool<Self>) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(PG_BACKLOG_SQL).fetch_one(pool).await?;
-        Ok(count(n))
-    }
-
-    async fn in_flight(
-        pool: &Pool<Self>,
-        stale_after: Duration,
-    ) -> Result<InFlightSummary, StoreError> {
-        let row = sqlx::query(PG_IN_FLIGHT_SQL)
-            .bind(millis(stale_after))
-            .fetch_one(pool)
-            .await?;
-        Ok(InFlightSummary {
-            stale_processing: count(row.try_get("stale_processing")?),
-            stale_uncertain: count(row.try_get("stale_uncertain")?),
-            oldest_seconds: row.try_get("oldest_seconds")?,
-        })
-    }
+    sweep_statements!(PG_DELETE_BATCH_SQL, PG_BACKLOG_SQL, PG_IN_FLIGHT_SQL);
 }
 
 // SQLite has no ctid and no row locks: the batch is chosen by rowid (the table is
@@ -237,35 +245,11 @@ const SQLITE_IN_FLIGHT_SQL: &str = concat!(
 /// SQLite: batches by `rowid` under SQLite's single write lock, so no `SKIP
 /// LOCKED` is needed (see the module docs on what the lock means for claims).
 impl SweepBackend for Sqlite {
-    async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(SQLITE_DELETE_BATCH_SQL)
-            .bind(i64::from(limit))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn backlog(pool: &Pool<Self>) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(SQLITE_BACKLOG_SQL)
-            .fetch_one(pool)
-            .await?;
-        Ok(count(n))
-    }
-
-    async fn in_flight(
-        pool: &Pool<Self>,
-        stale_after: Duration,
-    ) -> Result<InFlightSummary, StoreError> {
-        let row = sqlx::query(SQLITE_IN_FLIGHT_SQL)
-            .bind(millis(stale_after))
-            .fetch_one(pool)
-            .await?;
-        Ok(InFlightSummary {
-            stale_processing: count(row.try_get("stale_processing")?),
-            stale_uncertain: count(row.try_get("stale_uncertain")?),
-            oldest_seconds: row.try_get("oldest_seconds")?,
-        })
-    }
+    sweep_statements!(
+        SQLITE_DELETE_BATCH_SQL,
+        SQLITE_BACKLOG_SQL,
+        SQLITE_IN_FLIGHT_SQL
+    );
 }
 
 /// Deletes expired finished rows in bounded batches and reports old in-flight rows.

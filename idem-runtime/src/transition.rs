@@ -211,13 +211,42 @@ macro_rules! fenced_write {
     }};
 }
 
-macro_rules! state_row {
-    ($row:expr) => {
-        match $row {
+/// `(state, version)` of the row the statement `$sql` (binding `$1` id, `$2`
+/// scope) returns, if any.
+macro_rules! locked_state {
+    ($conn:expr, $sql:expr, $id:expr, $scope:expr) => {{
+        let row = sqlx::query(sqlx::AssertSqlSafe($sql))
+            .bind($id)
+            .bind($scope)
+            .fetch_optional($conn)
+            .await?;
+        Ok(match row {
             Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
             None => None,
-        }
-    };
+        })
+    }};
+}
+
+/// The statement that reads `state, version` and holds the row against other
+/// transitions, on SQLite or PostgreSQL.
+fn read_sql(resource: &Resource, null_param: &str, sqlite: bool) -> String {
+    let (state, version, table, id_col) = (
+        resource.state_column,
+        resource.version_column,
+        resource.table,
+        resource.id_column,
+    );
+    let scope_sql = scope_sql(resource, null_param);
+    if sqlite {
+        // Writing the row unchanged is what takes SQLite's write lock (and waits
+        // for a concurrent holder) before the state is read.
+        format!(
+            "UPDATE {table} SET {version} = {version} WHERE {id_col} = $1{scope_sql} \
+             RETURNING {state}, {version}"
+        )
+    } else {
+        format!("SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE")
+    }
 }
 
 impl TransitionBackend for sqlx::Postgres {
@@ -227,20 +256,7 @@ impl TransitionBackend for sqlx::Postgres {
         id: i64,
         scope: Option<&'c str>,
     ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        let read = format!(
-            "SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE",
-            state = resource.state_column,
-            version = resource.version_column,
-            table = resource.table,
-            id_col = resource.id_column,
-            scope_sql = scope_sql(resource, "$2::text"),
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(read))
-            .bind(id)
-            .bind(scope)
-            .fetch_optional(conn)
-            .await?;
-        Ok(state_row!(row))
+        locked_state!(conn, read_sql(resource, "$2::text", false), id, scope)
     }
 
     async fn write_state<'c>(
@@ -258,23 +274,7 @@ impl TransitionBackend for sqlx::Sqlite {
         id: i64,
         scope: Option<&'c str>,
     ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        // Writing the row unchanged is what takes SQLite's write lock (and waits
-        // for a concurrent holder) before the state is read.
-        let read = format!(
-            "UPDATE {table} SET {version} = {version} WHERE {id_col} = $1{scope_sql} \
-             RETURNING {state}, {version}",
-            state = resource.state_column,
-            version = resource.version_column,
-            table = resource.table,
-            id_col = resource.id_column,
-            scope_sql = scope_sql(resource, "$2"),
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(read))
-            .bind(id)
-            .bind(scope)
-            .fetch_optional(conn)
-            .await?;
-        Ok(state_row!(row))
+        locked_state!(conn, read_sql(resource, "$2", true), id, scope)
     }
 
     async fn write_state<'c>(

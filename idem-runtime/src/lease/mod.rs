@@ -37,6 +37,135 @@ use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::store::{Backend, StoreError, StoredResponse};
 
+/// Statements over one key's row that are the same on both backends but for their
+/// SQL and how an outcome is encoded: expanded inside each `impl LeaseBackend`,
+/// where `STORE_SQL`, `RENEW_SQL`, `UNCERTAIN_SQL`, `RELEASE_SQL`, `RESOLVE_SQL`,
+/// `encode` and `stored_from_row` are that backend's.
+macro_rules! shared_statements {
+    () => {
+        async fn store_outcome(
+            pool: &sqlx::Pool<Self>,
+            row: Owned<'_>,
+            response: &StoredResponse,
+            retention: Duration,
+        ) -> Result<u64, StoreError> {
+            let (status, headers) = encode(response)?;
+            let done = sqlx::query(STORE_SQL)
+                .bind(row.tenant)
+                .bind(row.operation)
+                .bind(row.key)
+                .bind(row.token)
+                .bind(response.state())
+                .bind(status)
+                .bind(headers)
+                .bind(&response.body[..])
+                .bind(super::millis(retention))
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn fence(
+            pool: &sqlx::Pool<Self>,
+            row: Owned<'_>,
+            what: Fence,
+        ) -> Result<u64, StoreError> {
+            let query = match what {
+                Fence::Renew(_) => sqlx::query(RENEW_SQL),
+                Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
+                Fence::Release => sqlx::query(RELEASE_SQL),
+            };
+            let query = query
+                .bind(row.tenant)
+                .bind(row.operation)
+                .bind(row.key)
+                .bind(row.token);
+            let query = match what {
+                Fence::Renew(lease) => query.bind(super::millis(lease)),
+                Fence::Uncertain | Fence::Release => query,
+            };
+            Ok(query.execute(pool).await?.rows_affected())
+        }
+
+        async fn current(
+            pool: &sqlx::Pool<Self>,
+            tenant: &str,
+            operation: &str,
+            key: &str,
+        ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
+            let row = sqlx::query(super::CURRENT_SQL)
+                .bind(tenant)
+                .bind(operation)
+                .bind(key)
+                .fetch_optional(pool)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
+        }
+
+        async fn uncertain_rows(
+            pool: &sqlx::Pool<Self>,
+            operation: &str,
+            limit: i64,
+        ) -> Result<Vec<UncertainRow>, StoreError> {
+            let rows = sqlx::query(super::UNCERTAIN_ROWS_SQL)
+                .bind(operation)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(UncertainRow {
+                        tenant: r.try_get("tenant_id")?,
+                        key: r.try_get("idempotency_key")?,
+                        generation: r.try_get("generation")?,
+                    })
+                })
+                .collect()
+        }
+
+        async fn resolve(
+            pool: &sqlx::Pool<Self>,
+            operation: &str,
+            row: &UncertainRow,
+            outcome: Option<&StoredResponse>,
+        ) -> Result<u64, StoreError> {
+            let query = match outcome {
+                Some(stored) => {
+                    let (status, headers) = encode(stored)?;
+                    sqlx::query(RESOLVE_SQL)
+                        .bind(&row.tenant)
+                        .bind(operation)
+                        .bind(&row.key)
+                        .bind(row.generation)
+                        .bind(stored.state())
+                        .bind(status)
+                        .bind(headers)
+                        .bind(&stored.body[..])
+                }
+                None => sqlx::query(super::FORGET_SQL)
+                    .bind(&row.tenant)
+                    .bind(operation)
+                    .bind(&row.key)
+                    .bind(row.generation),
+            };
+            Ok(query.execute(pool).await?.rows_affected())
+        }
+    };
+}
+
+const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
+       FROM idempotency_requests \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        AND state IN ('completed', 'failed')";
+
+const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
+      WHERE operation = $1 AND state = 'uncertain' ORDER BY created_at LIMIT $2";
+
+const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
+      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        AND generation = $4 AND state = 'uncertain'";
+
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 

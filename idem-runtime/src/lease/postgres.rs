@@ -46,14 +46,6 @@ const UNCERTAIN_SQL: &str = concat!(
 
 const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
 
-const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
-       FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND state IN ('completed', 'failed')";
-
-const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
-      WHERE operation = $1 AND state = 'uncertain' ORDER BY created_at LIMIT $2";
-
 // The retention runs from the resolution, as for any completion: a row resolved
 // late must not be already expired.
 const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
@@ -64,13 +56,15 @@ const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
       WHERE r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3 \
         AND r.generation = $4 AND r.state = 'uncertain'";
 
-const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND generation = $4 AND state = 'uncertain'";
+/// Stored headers as the `jsonb` column takes them.
+type JsonHeaders<'a> = sqlx::types::Json<&'a Vec<(String, String)>>;
 
-fn status(response: &StoredResponse) -> Result<i16, StoreError> {
-    i16::try_from(response.status)
-        .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))
+/// An outcome's status and headers as PostgreSQL's columns take them
+/// (`smallint`, `jsonb`).
+fn encode(response: &StoredResponse) -> Result<(i16, JsonHeaders<'_>), StoreError> {
+    let status = i16::try_from(response.status)
+        .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
+    Ok((status, sqlx::types::Json(&response.headers)))
 }
 
 impl LeaseBackend for Postgres {
@@ -115,104 +109,5 @@ impl LeaseBackend for Postgres {
         }
     }
 
-    async fn store_outcome(
-        pool: &PgPool,
-        row: Owned<'_>,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(STORE_SQL)
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token)
-            .bind(response.state())
-            .bind(status(response)?)
-            .bind(sqlx::types::Json(&response.headers))
-            .bind(&response.body[..])
-            .bind(super::millis(retention))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fence(pool: &PgPool, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
-        let query = match what {
-            Fence::Renew(_) => sqlx::query(RENEW_SQL),
-            Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
-            Fence::Release => sqlx::query(RELEASE_SQL),
-        };
-        let query = query
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token);
-        let query = match what {
-            Fence::Renew(lease) => query.bind(super::millis(lease)),
-            Fence::Uncertain | Fence::Release => query,
-        };
-        Ok(query.execute(pool).await?.rows_affected())
-    }
-
-    async fn current(
-        pool: &PgPool,
-        tenant: &str,
-        operation: &str,
-        key: &str,
-    ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
-        let row = sqlx::query(CURRENT_SQL)
-            .bind(tenant)
-            .bind(operation)
-            .bind(key)
-            .fetch_optional(pool)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
-    }
-
-    async fn uncertain_rows(
-        pool: &PgPool,
-        operation: &str,
-        limit: i64,
-    ) -> Result<Vec<UncertainRow>, StoreError> {
-        let rows = sqlx::query(UNCERTAIN_ROWS_SQL)
-            .bind(operation)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(UncertainRow {
-                    tenant: r.try_get("tenant_id")?,
-                    key: r.try_get("idempotency_key")?,
-                    generation: r.try_get("generation")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn resolve(
-        pool: &PgPool,
-        operation: &str,
-        row: &UncertainRow,
-        outcome: Option<&StoredResponse>,
-    ) -> Result<u64, StoreError> {
-        let query = match outcome {
-            Some(stored) => sqlx::query(RESOLVE_SQL)
-                .bind(&row.tenant)
-                .bind(operation)
-                .bind(&row.key)
-                .bind(row.generation)
-                .bind(stored.state())
-                .bind(status(stored)?)
-                .bind(sqlx::types::Json(&stored.headers))
-                .bind(&stored.body[..]),
-            None => sqlx::query(FORGET_SQL)
-                .bind(&row.tenant)
-                .bind(operation)
-                .bind(&row.key)
-                .bind(row.generation),
-        };
-        Ok(query.execute(pool).await?.rows_affected())
-    }
+    shared_statements!();
 }

@@ -91,14 +91,6 @@ const UNCERTAIN_SQL: &str = concat!(
 
 const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
 
-const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
-       FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND state IN ('completed', 'failed')";
-
-const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
-      WHERE operation = $1 AND state = 'uncertain' ORDER BY created_at LIMIT $2";
-
 // The retention runs from the resolution, as for any completion.
 const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
@@ -112,17 +104,17 @@ const RESOLVE_SQL: &str = concat!(
         AND generation = $4 AND state = 'uncertain'"
 );
 
-const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND generation = $4 AND state = 'uncertain'";
-
 /// A fresh owner token: 128 random bits, as hex.
 fn new_token() -> String {
     format!("{:032x}", fastrand::u128(..))
 }
 
-fn headers_json(response: &StoredResponse) -> Result<String, StoreError> {
-    serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))
+/// An outcome's status and headers as SQLite's columns take them (INTEGER, JSON
+/// text).
+fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
+    let headers =
+        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((i64::from(response.status), headers))
 }
 
 impl LeaseBackend for Sqlite {
@@ -146,114 +138,7 @@ impl LeaseBackend for Sqlite {
         Ok(outcome)
     }
 
-    async fn store_outcome(
-        pool: &SqlitePool,
-        row: Owned<'_>,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(STORE_SQL)
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token)
-            .bind(response.state())
-            .bind(i64::from(response.status))
-            .bind(headers_json(response)?)
-            .bind(&response.body[..])
-            .bind(super::millis(retention))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fence(pool: &SqlitePool, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
-        let query = match what {
-            Fence::Renew(_) => sqlx::query(RENEW_SQL),
-            Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
-            Fence::Release => sqlx::query(RELEASE_SQL),
-        };
-        let query = query
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token);
-        let query = match what {
-            Fence::Renew(lease) => query.bind(super::millis(lease)),
-            Fence::Uncertain | Fence::Release => query,
-        };
-        Ok(query.execute(pool).await?.rows_affected())
-    }
-
-    async fn current(
-        pool: &SqlitePool,
-        tenant: &str,
-        operation: &str,
-        key: &str,
-    ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
-        let row = sqlx::query(CURRENT_SQL)
-            .bind(tenant)
-            .bind(operation)
-            .bind(key)
-            .fetch_optional(pool)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
-    }
-
-    async fn uncertain_rows(
-        pool: &SqlitePool,
-        operation: &str,
-        limit: i64,
-    ) -> Result<Vec<UncertainRow>, StoreError> {
-        let rows = sqlx::query(UNCERTAIN_ROWS_SQL)
-            .bind(operation)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(UncertainRow {
-                    tenant: r.try_get("tenant_id")?,
-                    key: r.try_get("idempotency_key")?,
-                    generation: r.try_get("generation")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn resolve(
-        pool: &SqlitePool,
-        operation: &str,
-        row: &UncertainRow,
-        outcome: Option<&StoredResponse>,
-    ) -> Result<u64, StoreError> {
-        let done = match outcome {
-            Some(stored) => {
-                sqlx::query(RESOLVE_SQL)
-                    .bind(&row.tenant)
-                    .bind(operation)
-                    .bind(&row.key)
-                    .bind(row.generation)
-                    .bind(stored.state())
-                    .bind(i64::from(stored.status))
-                    .bind(headers_json(stored)?)
-                    .bind(&stored.body[..])
-                    .execute(pool)
-                    .await?
-            }
-            None => {
-                sqlx::query(FORGET_SQL)
-                    .bind(&row.tenant)
-                    .bind(operation)
-                    .bind(&row.key)
-                    .bind(row.generation)
-                    .execute(pool)
-                    .await?
-            }
-        };
-        Ok(done.rows_affected())
-    }
+    shared_statements!();
 }
 
 /// The claim's decision, inside the `BEGIN IMMEDIATE` transaction on `conn` (the
