@@ -357,13 +357,18 @@ macro_rules! leased_tests {
         }
 
         async fn setup(gate: bool) -> Setup {
+            setup_with(gate, |idem| idem).await
+        }
+
+        /// As [`setup`], with the service's `Idem` configured by `config`.
+        async fn setup_with(gate: bool, config: impl FnOnce(Idem<Db>) -> Idem<Db>) -> Setup {
             let db = TestDb::new().await;
             let provider = Arc::new(Provider::default());
             let (tx, entered) = mpsc::unbounded_channel();
             let release = Arc::new(Semaphore::new(0));
             let crash_next = Arc::new(AtomicBool::new(false));
             let app = App {
-                idem: Idem::new(db.pool.clone()),
+                idem: config(Idem::new(db.pool.clone())),
                 provider: provider.clone(),
                 entered: gate.then_some(tx),
                 release: release.clone(),
@@ -679,11 +684,143 @@ macro_rules! leased_tests {
                 .unwrap();
             assert_eq!(state, "uncertain");
         }
+
+        /// The provider charged but the answer is too large to store: the key must
+        /// not be released (a retry would charge again); it becomes uncertain, and
+        /// the client is told what its retries will be told.
+        #[tokio::test]
+        async fn an_unstorable_outcome_becomes_uncertain_and_is_never_repeated() {
+            let s = setup_with(false, |idem| idem.with_max_response_bytes(8)).await;
+            let (status, _, body) = send(&s.router, pay("/payments", "big-1", 100)).await;
+            assert_eq!(status, StatusCode::ACCEPTED);
+            let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
+            let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
+                .fetch_one(&s.db.pool)
+                .await
+                .unwrap();
+            assert_eq!(state, "uncertain");
+            let (status, _, _) = send(&s.router, pay("/payments", "big-1", 100)).await;
+            assert_eq!(status, StatusCode::ACCEPTED);
+            assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1, "never charged again");
+            assert_eq!(s.provider.charge_count(), 1);
+        }
+
+        /// Deletes the row while the downstream is asked, as a second reconciler
+        /// or an operator's purge would, then answers "charged".
+        struct Racing(sqlx::Pool<Db>);
+
+        impl Reconcile for Racing {
+            fn operation(&self) -> &str {
+                "create-payment"
+            }
+
+            async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+                sqlx::query("DELETE FROM idempotency_requests")
+                    .execute(&self.0)
+                    .await
+                    .unwrap();
+                Resolution::Completed(paid("ch_raced"))
+            }
+        }
+
+        #[tokio::test]
+        async fn a_resolution_that_lost_a_race_changes_nothing() {
+            let db = TestDb::new().await;
+            let key = IdempotencyKey::parse("race-1").unwrap();
+            acquire(&db, &key, HOUR)
+                .await
+                .mark_uncertain()
+                .await
+                .unwrap();
+            let report = Reconciler::new(db.pool.clone(), Racing(db.pool.clone()))
+                .run_once()
+                .await
+                .unwrap();
+            assert_eq!(report.completed + report.released + report.errors, 0, "{report:?}");
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests").await,
+                0,
+                "the late answer did not bring the row back"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
+            let s = setup(false).await;
+            let broken = IdempotencyKey::parse("unc-broken").unwrap();
+            acquire(&s.db, &broken, HOUR)
+                .await
+                .mark_uncertain()
+                .await
+                .unwrap();
+            // A stored key no request could have sent: its downstream key cannot be made.
+            s.db.exec("UPDATE idempotency_requests SET idempotency_key = ''").await;
+            let fine = IdempotencyKey::parse("unc-fine").unwrap();
+            acquire(&s.db, &fine, HOUR)
+                .await
+                .mark_uncertain()
+                .await
+                .unwrap();
+            let report = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()))
+                .run_once()
+                .await
+                .unwrap();
+            assert_eq!((report.errors, report.released), (1, 1), "{report:?}");
+            assert_eq!(
+                s.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'uncertain'")
+                    .await,
+                1,
+                "the broken row waits for an operator"
+            );
+        }
     };
 }
 
 mod postgres {
     leased_tests!(sqlx::Postgres, crate::common::TestDb, "clock_timestamp()");
+
+    /// A claim waits a moment at most for the key's row lock: held elsewhere (a
+    /// slow statement, an operator), the answer is "in flight", not a parked
+    /// connection.
+    #[tokio::test]
+    async fn a_claim_behind_a_held_row_lock_answers_in_flight() {
+        let db = TestDb::new().await;
+        let key = IdempotencyKey::parse("locked-1").unwrap();
+        // An expired outcome: a claim would take it anew at once...
+        acquire(&db, &key, HOUR)
+            .await
+            .complete(&paid("ch_old"))
+            .await
+            .unwrap();
+        db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
+            .await;
+        // ...but not while someone else holds its row.
+        let mut holder = db.pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM idempotency_requests FOR UPDATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        match claim_leased(&db.pool, &lease_req(&key, HOUR))
+            .await
+            .unwrap()
+        {
+            LeasedClaim::InFlight { retry_after } => {
+                assert_eq!(retry_after, Duration::from_secs(1))
+            }
+            other => panic!("expected in flight, got {other:?}"),
+        }
+        holder.rollback().await.unwrap();
+        match claim_leased(&db.pool, &lease_req(&key, HOUR))
+            .await
+            .unwrap()
+        {
+            LeasedClaim::Acquired(lease) => {
+                assert_eq!(lease.acquisition(), Acquisition::Reclaimed)
+            }
+            other => panic!("expected to reclaim, got {other:?}"),
+        }
+    }
 }
 
 mod sqlite {
@@ -692,4 +829,40 @@ mod sqlite {
         crate::common::SqliteDb,
         "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     );
+
+    /// SQLite has one write lock: a claim waits for it through the connection's
+    /// busy timeout, then answers "in flight"; once the lock is free it acquires.
+    #[tokio::test]
+    async fn a_claim_behind_a_held_write_lock_answers_in_flight() {
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+        let db = TestDb::new().await;
+        let impatient = SqlitePoolOptions::new()
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(&db.path)
+                    .busy_timeout(Duration::from_millis(50)),
+            )
+            .await
+            .unwrap();
+        let key = IdempotencyKey::parse("locked-1").unwrap();
+        let holder = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        match claim_leased(&impatient, &lease_req(&key, HOUR))
+            .await
+            .unwrap()
+        {
+            LeasedClaim::InFlight { retry_after } => {
+                assert_eq!(retry_after, Duration::from_secs(1))
+            }
+            other => panic!("expected in flight, got {other:?}"),
+        }
+        holder.rollback().await.unwrap();
+        match claim_leased(&impatient, &lease_req(&key, HOUR))
+            .await
+            .unwrap()
+        {
+            LeasedClaim::Acquired(lease) => assert_eq!(lease.acquisition(), Acquisition::New),
+            other => panic!("expected to acquire, got {other:?}"),
+        }
+    }
 }

@@ -529,13 +529,20 @@ async fn execute_leased<DB: LeaseBackend>(
     } else {
         let (response, stored) = match capture(idem, op, outcome.response).await {
             Ok(r) => r,
-            Err(resp) => {
+            Err(_rolled_back) => {
                 // The effect happened but its answer cannot be stored: never
-                // release (a retry would repeat it); leave it to reconciliation.
+                // release (a retry would repeat it); leave it to reconciliation,
+                // and tell this client what its retries will be told. The
+                // transactional answer ("rolled back") would be false here.
                 if let Err(e) = lease.record_uncertain().await {
                     tracing::warn!(operation = op, error = %e, "idem: marking an unstorable outcome uncertain failed");
                 }
-                return resp;
+                return Problem::uncertain(req.lease)
+                    .with_detail(
+                        "the operation ran but its response could not be stored; \
+                         its outcome is being confirmed and it will not run twice",
+                    )
+                    .into_response();
             }
         };
         // The effect happened: try hard to record it before the lease lapses, and
