@@ -3,8 +3,9 @@
 //! in-flight rows stay and are reported; a retry after the sweep executes anew;
 //! the metrics carry the documented names. That behaviour holds on PostgreSQL and
 //! on SQLite, so it is written once and stamped per backend by `sweeper_tests!`.
-//! What only PostgreSQL has (SKIP LOCKED around rows held elsewhere, sweepers
-//! sharing the work, the stats query) is tested beside it.
+//! The stats snapshot is stamped the same way. What only PostgreSQL has (SKIP
+//! LOCKED around rows held elsewhere, sweepers sharing the work) is tested beside
+//! it.
 
 mod common;
 
@@ -43,7 +44,11 @@ macro_rules! sweeper_tests {
         insert_rows = $insert_rows:expr,
         expired_finished = $expired_finished:expr,
         not_expired = $not_expired:expr,
-        expire_all = $expire_all:expr $(,)?
+        expire_all = $expire_all:expr,
+        // The known data set of the stats test, and the byte length of its
+        // header text as this backend stores it.
+        stats_data = $stats_data:expr,
+        header_bytes = $header_bytes:expr $(,)?
     ) => {
         use super::*;
 
@@ -53,6 +58,8 @@ macro_rules! sweeper_tests {
         pub(super) const EXPIRED_FINISHED: &str = $expired_finished;
         pub(super) const NOT_EXPIRED: &str = $not_expired;
         const EXPIRE_ALL_SQL: &str = $expire_all;
+        const STATS_DATA_SQL: &str = $stats_data;
+        const HEADER_BYTES_SQL: &str = $header_bytes;
 
         /// Inserts `n` rows of `operation` with keys `{prefix}-1..n` in `state`,
         /// expiring `expires_in` seconds from now (negative: already expired) and
@@ -317,6 +324,152 @@ macro_rules! sweeper_tests {
             assert_eq!(count_where(&db, NOT_EXPIRED).await, 2);
         }
 
+        #[tokio::test]
+        async fn stats_are_right_on_a_known_data_set() {
+            let db = TestDb::new().await;
+            let empty = idem_runtime::stats(&db.pool).await.unwrap();
+            assert_eq!(empty.rows, 0);
+            assert!(empty.by_operation.is_empty());
+            assert_eq!(empty.stored_bytes, 0);
+            assert_eq!(empty.oldest_valid_created_at, None);
+            assert_eq!(empty.oldest_in_flight_seconds, None);
+            assert_eq!(empty.expired_unswept, 0);
+
+            db.exec(STATS_DATA_SQL).await;
+            let header_bytes = db.count(HEADER_BYTES_SQL).await as u64;
+
+            let s = idem_runtime::stats(&db.pool).await.unwrap();
+            assert_eq!(s.rows, 5);
+            assert_eq!(
+                (
+                    s.by_state.processing,
+                    s.by_state.completed,
+                    s.by_state.failed,
+                    s.by_state.uncertain
+                ),
+                (1, 2, 1, 1)
+            );
+            assert_eq!(s.stored_bytes, 2 * (10 + header_bytes) + 3);
+            assert_eq!(
+                s.oldest_valid_created_at.as_deref(),
+                Some("2000-01-02T03:04:05Z")
+            );
+            assert!(s.oldest_valid_age_seconds.unwrap() > 20.0 * 365.0 * DAY as f64);
+            // The processing row, two hours old, is the oldest in flight (the data set's
+            // age, not a measured duration: the margin covers a slow machine).
+            let in_flight = s.oldest_in_flight_seconds.unwrap();
+            assert!((7200.0..7200.0 + 600.0).contains(&in_flight), "{in_flight}");
+            // Only the expired failed row: an expired uncertain row is not the sweeper's.
+            assert_eq!(s.expired_unswept, 1);
+            assert_eq!(s.taken_at.len(), "2000-01-02T03:04:05Z".len());
+
+            let ops: Vec<_> = s
+                .by_operation
+                .iter()
+                .map(|o| {
+                    (
+                        o.operation.as_str(),
+                        o.rows,
+                        o.by_state.processing,
+                        o.by_state.completed,
+                        o.by_state.failed,
+                        o.by_state.uncertain,
+                        o.stored_bytes,
+                        o.expired_unswept,
+                    )
+                })
+                .collect();
+            assert_eq!(
+                ops,
+                [
+                    (
+                        "create-order",
+                        3,
+                        0,
+                        2,
+                        1,
+                        0,
+                        2 * (10 + header_bytes) + 3,
+                        1
+                    ),
+                    ("refund", 2, 1, 0, 0, 1, 0, 0),
+                ]
+            );
+
+            // After a sweep the unswept count is zero and the rest is unchanged.
+            sweeper(&db).sweep_once().await.unwrap();
+            let after = idem_runtime::stats(&db.pool).await.unwrap();
+            assert_eq!((after.rows, after.expired_unswept), (4, 0));
+
+            let json = serde_json::to_value(&after).unwrap();
+            assert_eq!(json["by_state"]["completed"], 2);
+            assert_eq!(json["by_operation"][1]["operation"], "refund");
+        }
+
+        #[tokio::test]
+        async fn stats_sort_operations_by_name_whatever_the_collation() {
+            let db = TestDb::new().await;
+            // By bytes, "Zeta" comes first; a linguistic collation would put it last.
+            for op in ["refund", "Zeta", "create-order", "alpha"] {
+                rows(&db, op, "k", 1, "completed", HOUR, 60).await;
+            }
+            let s = idem_runtime::stats(&db.pool).await.unwrap();
+            let ops: Vec<&str> = s.by_operation.iter().map(|o| o.operation.as_str()).collect();
+            assert_eq!(ops, ["Zeta", "alpha", "create-order", "refund"]);
+        }
+
+        #[tokio::test]
+        async fn stats_neither_wait_for_nor_see_an_uncommitted_claim() {
+            let db = TestDb::new().await;
+            rows(&db, "pay", "done", 2, "completed", HOUR, 60).await;
+            // A request in the middle of its transaction: the key is claimed (on
+            // SQLite that holds the database's write lock) and not committed.
+            let key = IdempotencyKey::parse("order-9").unwrap();
+            let req = ClaimRequest {
+                tenant: "acme",
+                operation: "create-order",
+                key: &key,
+                fingerprint: FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
+                    .body(&serde_json::json!({ "sku": "A-1" }))
+                    .unwrap()
+                    .finish(),
+                retention: Duration::from_secs(HOUR as u64),
+                in_flight_wait: Duration::from_secs(5),
+            };
+            let mut tx = db.pool.begin().await.unwrap();
+            let Claim::Execute(exec) = claim(&mut tx, &req).await.unwrap() else {
+                panic!("a new key executes")
+            };
+            // The timeout only turns a regression (a snapshot that waits for the
+            // writer) into a failure instead of a hung test.
+            let during = tokio::time::timeout(Duration::from_secs(60), idem_runtime::stats(&db.pool))
+                .await
+                .expect("stats waited for an uncommitted writer")
+                .unwrap();
+            assert_eq!((during.rows, during.by_state.processing), (2, 0));
+            assert_eq!(during.oldest_in_flight_seconds, None);
+
+            exec.complete(
+                &mut tx,
+                &StoredResponse {
+                    status: 201,
+                    headers: vec![],
+                    body: "done".into(),
+                },
+            )
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+            let after = idem_runtime::stats(&db.pool).await.unwrap();
+            assert_eq!((after.rows, after.by_state.completed), (3, 3));
+            let ops: Vec<_> = after
+                .by_operation
+                .iter()
+                .map(|o| (o.operation.as_str(), o.rows, o.stored_bytes))
+                .collect();
+            assert_eq!(ops, [("create-order", 1, 4 + 2), ("pay", 2, 20)]);
+        }
+
         /// Metrics need the recorder on the thread that records them, so this test
         /// drives a current-thread runtime itself inside `with_local_recorder`.
         #[test]
@@ -394,6 +547,24 @@ mod postgres {
         expired_finished = "expires_at <= now() AND state IN ('completed', 'failed')",
         not_expired = "expires_at > now()",
         expire_all = "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'",
+        stats_data = r#"INSERT INTO idempotency_requests
+                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                  response_headers, response_body, created_at, expires_at)
+               VALUES
+                 ('acme', 'create-order', 'a1', decode(repeat('00', 32), 'hex'), 'completed', 201,
+                  '[["content-type", "text/plain"]]', '0123456789',
+                  '2000-01-02 03:04:05+00', now() + interval '1 day'),
+                 ('acme', 'create-order', 'a2', decode(repeat('00', 32), 'hex'), 'completed', 201,
+                  '[["content-type", "text/plain"]]', '0123456789',
+                  now() - interval '1 minute', now() + interval '1 day'),
+                 ('globex', 'create-order', 'a3', decode(repeat('00', 32), 'hex'), 'failed', 404,
+                  NULL, 'abc', now() - interval '2 days', now() - interval '1 day'),
+                 ('acme', 'refund', 'b1', decode(repeat('00', 32), 'hex'), 'processing', NULL,
+                  NULL, NULL, now() - interval '2 hours', now() + interval '1 day'),
+                 ('acme', 'refund', 'b2', decode(repeat('00', 32), 'hex'), 'uncertain', NULL,
+                  NULL, NULL, now() - interval '1 hour', now() - interval '1 minute')"#,
+        // jsonb keeps its own text form (a space after the comma).
+        header_bytes = r#"SELECT octet_length('[["content-type", "text/plain"]]'::jsonb::text)::bigint"#,
     }
 }
 
@@ -428,10 +599,32 @@ mod sqlite {
             sqlite_now!(),
             " - 1000"
         ),
+        // The headers as the store writes them (compact JSON text), the bodies as
+        // BLOBs.
+        stats_data = concat!(
+            r#"INSERT INTO idempotency_requests
+                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                  response_headers, response_body, created_at, expires_at)
+               VALUES
+                 ('acme', 'create-order', 'a1', zeroblob(32), 'completed', 201,
+                  '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
+                  unixepoch('2000-01-02 03:04:05') * 1000, "#, sqlite_now!(), r#" + 86400000),
+                 ('acme', 'create-order', 'a2', zeroblob(32), 'completed', 201,
+                  '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
+                  "#, sqlite_now!(), r#" - 60000, "#, sqlite_now!(), r#" + 86400000),
+                 ('globex', 'create-order', 'a3', zeroblob(32), 'failed', 404,
+                  NULL, CAST('abc' AS BLOB), "#, sqlite_now!(), r#" - 2 * 86400000,
+                  "#, sqlite_now!(), r#" - 86400000),
+                 ('acme', 'refund', 'b1', zeroblob(32), 'processing', NULL,
+                  NULL, NULL, "#, sqlite_now!(), r#" - 7200000, "#, sqlite_now!(), r#" + 86400000),
+                 ('acme', 'refund', 'b2', zeroblob(32), 'uncertain', NULL,
+                  NULL, NULL, "#, sqlite_now!(), r#" - 3600000, "#, sqlite_now!(), r#" - 60000)"#
+        ),
+        header_bytes = r#"SELECT length(CAST('[["content-type","text/plain"]]' AS BLOB))"#,
     }
 }
 
-/// What only PostgreSQL has: row locks to skip, sweepers sharing the work, stats.
+/// What only PostgreSQL has: row locks to skip, sweepers sharing the work.
 mod postgres_only {
     use std::sync::Arc;
 
@@ -506,109 +699,5 @@ mod postgres_only {
         assert_eq!(deleted, 500);
         assert_eq!(count_where(&db, "true").await, 20);
         assert_eq!(count_where(&db, NOT_EXPIRED).await, 20);
-    }
-
-    #[tokio::test]
-    async fn stats_are_right_on_a_known_data_set() {
-        let db = TestDb::new().await;
-        let empty = idem_runtime::stats(&db.pool).await.unwrap();
-        assert_eq!(empty.rows, 0);
-        assert!(empty.by_operation.is_empty());
-        assert_eq!(empty.stored_bytes, 0);
-        assert_eq!(empty.oldest_valid_created_at, None);
-        assert_eq!(empty.oldest_in_flight_seconds, None);
-        assert_eq!(empty.expired_unswept, 0);
-
-        db.exec(
-            r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
-                  response_headers, response_body, created_at, expires_at)
-               VALUES
-                 ('acme', 'create-order', 'a1', decode(repeat('00', 32), 'hex'), 'completed', 201,
-                  '[["content-type", "text/plain"]]', '0123456789',
-                  '2000-01-02 03:04:05+00', now() + interval '1 day'),
-                 ('acme', 'create-order', 'a2', decode(repeat('00', 32), 'hex'), 'completed', 201,
-                  '[["content-type", "text/plain"]]', '0123456789',
-                  now() - interval '1 minute', now() + interval '1 day'),
-                 ('globex', 'create-order', 'a3', decode(repeat('00', 32), 'hex'), 'failed', 404,
-                  NULL, 'abc', now() - interval '2 days', now() - interval '1 day'),
-                 ('acme', 'refund', 'b1', decode(repeat('00', 32), 'hex'), 'processing', NULL,
-                  NULL, NULL, now() - interval '2 hours', now() + interval '1 day'),
-                 ('acme', 'refund', 'b2', decode(repeat('00', 32), 'hex'), 'uncertain', NULL,
-                  NULL, NULL, now() - interval '1 hour', now() - interval '1 minute')"#,
-        )
-        .await;
-        let header_bytes = db
-            .count(
-                r#"SELECT octet_length('[["content-type", "text/plain"]]'::jsonb::text)::bigint"#,
-            )
-            .await as u64;
-
-        let s = idem_runtime::stats(&db.pool).await.unwrap();
-        assert_eq!(s.rows, 5);
-        assert_eq!(
-            (
-                s.by_state.processing,
-                s.by_state.completed,
-                s.by_state.failed,
-                s.by_state.uncertain
-            ),
-            (1, 2, 1, 1)
-        );
-        assert_eq!(s.stored_bytes, 2 * (10 + header_bytes) + 3);
-        assert_eq!(
-            s.oldest_valid_created_at.as_deref(),
-            Some("2000-01-02T03:04:05Z")
-        );
-        assert!(s.oldest_valid_age_seconds.unwrap() > 20.0 * 365.0 * DAY as f64);
-        // The processing row, two hours old, is the oldest in flight (the data set's
-        // age, not a measured duration: the margin covers a slow machine).
-        let in_flight = s.oldest_in_flight_seconds.unwrap();
-        assert!((7200.0..7200.0 + 600.0).contains(&in_flight), "{in_flight}");
-        // Only the expired failed row: an expired uncertain row is not the sweeper's.
-        assert_eq!(s.expired_unswept, 1);
-        assert_eq!(s.taken_at.len(), "2000-01-02T03:04:05Z".len());
-
-        let ops: Vec<_> = s
-            .by_operation
-            .iter()
-            .map(|o| {
-                (
-                    o.operation.as_str(),
-                    o.rows,
-                    o.by_state.processing,
-                    o.by_state.completed,
-                    o.by_state.failed,
-                    o.by_state.uncertain,
-                    o.stored_bytes,
-                    o.expired_unswept,
-                )
-            })
-            .collect();
-        assert_eq!(
-            ops,
-            [
-                (
-                    "create-order",
-                    3,
-                    0,
-                    2,
-                    1,
-                    0,
-                    2 * (10 + header_bytes) + 3,
-                    1
-                ),
-                ("refund", 2, 1, 0, 0, 1, 0, 0),
-            ]
-        );
-
-        // After a sweep the unswept count is zero and the rest is unchanged.
-        sweeper(&db).sweep_once().await.unwrap();
-        let after = idem_runtime::stats(&db.pool).await.unwrap();
-        assert_eq!((after.rows, after.expired_unswept), (4, 0));
-
-        let json = serde_json::to_value(&after).unwrap();
-        assert_eq!(json["by_state"]["completed"], 2);
-        assert_eq!(json["by_operation"][1]["operation"], "refund");
     }
 }

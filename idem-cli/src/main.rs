@@ -1,9 +1,10 @@
-//! `idem`: the admin CLI for idem's idempotency table.
+//! `idem`: the admin CLI for idem's idempotency table, on PostgreSQL or SQLite.
 //!
 //! ```text
 //! idem [--database-url URL] [--json] <command>
 //!
-//!   migrate                               create or update idem's table and functions
+//!   migrate                               create or update idem's table (and, on
+//!                                         PostgreSQL, its functions)
 //!   stats                                 rows by state and operation, stored bytes,
 //!                                         oldest valid row, oldest in-flight age,
 //!                                         expired rows not yet swept
@@ -18,9 +19,17 @@
 //! ```
 //!
 //! The database comes from `--database-url`, or else the environment variable
-//! `DATABASE_URL`. `--json` (before or after the command) prints one JSON document
-//! on stdout instead of a table. Errors are one line on stderr, starting with
-//! `idem: error:`, and never print the URL or a stored body.
+//! `DATABASE_URL`: `postgres://...` (or `postgresql://...`) for PostgreSQL,
+//! `sqlite:PATH` (or `sqlite://PATH`) for a SQLite file. `--json` (before or after
+//! the command) prints one JSON document on stdout instead of a table. Errors are
+//! one line on stderr, starting with `idem: error:`, and never print the URL or a
+//! stored body (a SQLite file's path, which holds no password, is printed when
+//! the file is missing).
+//!
+//! Every command works on both backends with the same output. The URL is looked
+//! at once, in [`run`]; each command is then written once, generic over
+//! [`backend::Store`], whose two implementations ([`postgres`], [`sqlite`]) hold
+//! only what differs: connecting, the `show` query and the locking of `purge`.
 //!
 //! # Exit codes
 //!
@@ -28,10 +37,10 @@
 //! | --- | --- |
 //! | 0 | success |
 //! | 1 | unexpected failure (a stored row the CLI cannot read, stdout unwritable) |
-//! | 2 | usage: bad arguments (clap's own code), no database URL, or a URL that does not parse |
+//! | 2 | usage: bad arguments (clap's own code), no database URL, a URL that does not parse or is neither `postgres://` nor `sqlite:`, an in-memory SQLite database |
 //! | 3 | not found: `show` or `purge` of a key that has no row |
-//! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked |
-//! | 5 | database error: unreachable server, authentication, unknown database, a failed query or migration |
+//! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock) |
+//! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`sqlite::BUSY_TIMEOUT`]) |
 //! | 6 | not migrated: the table `idempotency_requests` does not exist; run `idem migrate` |
 //!
 //! # Safety of `purge`
@@ -41,46 +50,43 @@
 //! therefore allows a retry to run the operation a second time; that is the point
 //! when repairing a key, and the reason the CLI asks for `--force` before it
 //! deletes a row whose execution may still be running or whose effect is unknown.
+//!
+//! # SQLite
+//!
+//! Only `migrate` creates a missing SQLite file; the other commands report it
+//! (exit 5) and leave the path alone. The CLI never changes the file's journal
+//! mode. SQLite has no row locks: `purge` takes the database's write lock
+//! (`BEGIN IMMEDIATE`), waiting for it at most [`PURGE_LOCK_WAIT`] as PostgreSQL
+//! waits for the row, and is refused (exit 4) if another writer holds it longer.
+//! The other commands that write (`migrate`, `sweep`) wait at most
+//! [`sqlite::BUSY_TIMEOUT`] for it, then fail with exit 5.
+
+mod backend;
+mod postgres;
+mod sqlite;
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use idem_runtime::store::postgres::{MIGRATIONS_TABLE, migrator};
 use idem_runtime::{StoreError, Sweeper};
 use serde::Serialize;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Row};
+use sqlx::Pool;
+
+use backend::{KeyRef, Store, StoredRow};
 
 /// How long connecting may take before the CLI gives up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long `purge` waits for a row that a running request holds locked (a macro,
-/// so that it can be spliced into the statement at compile time).
-macro_rules! purge_lock_wait {
-    () => {
-        "2s"
-    };
-}
-
-/// A timestamp column as RFC 3339 text in UTC, formatted by the database (the
-/// crate has no date library, and the database clock is the reference anyway).
-macro_rules! rfc3339 {
-    ($col:literal) => {
-        concat!(
-            "to_char(",
-            $col,
-            " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
-        )
-    };
-}
+/// How long `purge` waits for a row that a running request holds locked (on
+/// SQLite: for the database's write lock).
+const PURGE_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// idem's admin CLI: inspect, purge and sweep the idempotency table.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
 struct Cli {
-    /// PostgreSQL URL, e.g. postgres://user@host:5432/db
+    /// PostgreSQL or SQLite URL, e.g. postgres://user@host:5432/db or sqlite:path/to/app.db
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
 
@@ -94,7 +100,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create or update idem's table and functions (safe to repeat)
+    /// Create or update idem's table (safe to repeat; the only command that creates a missing SQLite file)
     Migrate,
     /// Rows by state and operation, stored bytes, oldest rows, sweeper backlog
     Stats,
@@ -187,6 +193,9 @@ impl From<sqlx::Error> for Failure {
             sqlx::Error::Io(io) => Failure::Database(format!("cannot reach the database: {io}")),
             // The message alone: Display adds the server's source line, noise here.
             sqlx::Error::Database(db) => Failure::Database(match db.code() {
+                Some(code) if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+                    format!("the database said: {} (SQLite code {code})", db.message())
+                }
                 Some(code) => format!("the database said: {} (SQLSTATE {code})", db.message()),
                 None => format!("the database said: {}", db.message()),
             }),
@@ -198,9 +207,18 @@ impl From<sqlx::Error> for Failure {
     }
 }
 
-/// `undefined_table`: the schema was never migrated in this database.
+/// A table that does not exist: the schema was never migrated in this database.
+/// PostgreSQL says `undefined_table`; SQLite has only its generic error code, and
+/// says so in the message.
 fn is_undefined_table(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01"))
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        db.message().starts_with("no such table")
+    } else {
+        db.code().as_deref() == Some("42P01")
+    }
 }
 
 impl From<StoreError> for Failure {
@@ -248,10 +266,37 @@ fn fail(f: &Failure) -> ExitCode {
     ExitCode::from(f.code())
 }
 
+/// Picks the backend from the URL, once, and runs the command on it.
 async fn run(cli: Cli) -> Result<String, Failure> {
-    let pool = connect(cli.database_url.as_deref()).await?;
+    let url = cli.database_url.as_deref().ok_or_else(|| {
+        Failure::Usage("no database: pass --database-url or set DATABASE_URL".to_owned())
+    })?;
     let json = cli.json;
-    match cli.command {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let pool = postgres::connect(url).await?;
+        execute(pool, cli.command, json).await
+    } else if url.starts_with("sqlite:") {
+        // Only `migrate` may create the file; the other commands read or repair
+        // an existing database.
+        let create = matches!(cli.command, Command::Migrate);
+        let pool = sqlite::connect(url, create).await?;
+        execute(pool, cli.command, json).await
+    } else {
+        // The URL itself is not echoed, since it may hold a password.
+        Err(Failure::Usage(
+            "invalid database URL: it must start with postgres://, postgresql:// or sqlite:"
+                .to_owned(),
+        ))
+    }
+}
+
+/// Runs one command, the same way on every backend.
+async fn execute<DB: Store>(
+    pool: Pool<DB>,
+    command: Command,
+    json: bool,
+) -> Result<String, Failure> {
+    match command {
         Command::Migrate => migrate(&pool, json).await,
         Command::Stats => stats(&pool, json).await,
         Command::Show {
@@ -259,13 +304,27 @@ async fn run(cli: Cli) -> Result<String, Failure> {
             operation,
             key,
             body,
-        } => show(&pool, json, &tenant, &operation, &key, body).await,
+        } => {
+            let key = KeyRef {
+                tenant: &tenant,
+                operation: &operation,
+                key: &key,
+            };
+            show(&pool, json, &key, body).await
+        }
         Command::Purge {
             tenant,
             operation,
             key,
             force,
-        } => purge(&pool, json, &tenant, &operation, &key, force).await,
+        } => {
+            let key = KeyRef {
+                tenant: &tenant,
+                operation: &operation,
+                key: &key,
+            };
+            purge(&pool, json, &key, force).await
+        }
         Command::Sweep {
             once: _,
             batch_size,
@@ -297,37 +356,6 @@ async fn run(cli: Cli) -> Result<String, Failure> {
     }
 }
 
-async fn connect(url: Option<&str>) -> Result<PgPool, Failure> {
-    let url = url.ok_or_else(|| {
-        Failure::Usage("no database: pass --database-url or set DATABASE_URL".to_owned())
-    })?;
-    // The parser's message is enough to fix the URL; the URL itself is not echoed,
-    // since it may hold a password.
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(Failure::Usage(
-            "invalid database URL: it must start with postgres:// or postgresql://".to_owned(),
-        ));
-    }
-    let opts = PgConnectOptions::from_str(url)
-        .map_err(|e| Failure::Usage(format!("invalid database URL: {e}")))?
-        .application_name("idem-cli");
-    // One direct connection first: a pool retries a refused connection until its
-    // timeout and then reports only "timed out", which hides the real reason.
-    let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&opts))
-        .await
-        .map_err(|_| {
-            Failure::Database(format!(
-                "cannot reach the database: no answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            ))
-        })??;
-    let _ = probe.close().await;
-    Ok(PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect_lazy_with(opts))
-}
-
 fn to_json<T: Serialize>(value: &T) -> Result<String, Failure> {
     let mut s = serde_json::to_string_pretty(value)
         .map_err(|e| Failure::Other(format!("cannot encode JSON: {e}")))?;
@@ -344,24 +372,11 @@ struct MigrationLine {
     applied_now: bool,
 }
 
-async fn applied_versions(pool: &PgPool) -> Result<Vec<i64>, Failure> {
-    let sql = format!("SELECT version FROM {MIGRATIONS_TABLE} WHERE success ORDER BY version");
-    match sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .fetch_all(pool)
-        .await
-    {
-        Ok(v) => Ok(v),
-        // No history table yet: nothing was ever applied.
-        Err(e) if is_undefined_table(&e) => Ok(vec![]),
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn migrate(pool: &PgPool, json: bool) -> Result<String, Failure> {
-    let before = applied_versions(pool).await?;
+async fn migrate<DB: Store>(pool: &Pool<DB>, json: bool) -> Result<String, Failure> {
+    let before = DB::applied_versions(pool).await?;
     idem_runtime::migrate(pool).await?;
-    let after = applied_versions(pool).await?;
-    let m = migrator();
+    let after = DB::applied_versions(pool).await?;
+    let m = DB::migrator();
     let lines: Vec<MigrationLine> = m
         .iter()
         .filter(|mig| after.contains(&mig.version))
@@ -398,7 +413,7 @@ async fn migrate(pool: &PgPool, json: bool) -> Result<String, Failure> {
 
 // ---------------------------------------------------------------- stats
 
-async fn stats(pool: &PgPool, json: bool) -> Result<String, Failure> {
+async fn stats<DB: Store>(pool: &Pool<DB>, json: bool) -> Result<String, Failure> {
     let s = idem_runtime::stats(pool).await?;
     if json {
         return to_json(&s);
@@ -459,25 +474,6 @@ async fn stats(pool: &PgPool, json: bool) -> Result<String, Failure> {
 
 // ---------------------------------------------------------------- show
 
-// The body leaves the database only when asked for ($4), so that a plain `show`
-// cannot leak it into a terminal's scrollback or a log.
-const SHOW_SQL: &str = concat!(
-    "SELECT state, generation, encode(fingerprint, 'hex') AS fingerprint, ",
-    rfc3339!("created_at"),
-    " AS created_at, ",
-    rfc3339!("completed_at"),
-    " AS completed_at, ",
-    rfc3339!("expires_at"),
-    " AS expires_at, ",
-    rfc3339!("lease_expires_at"),
-    " AS lease_expires_at, ",
-    "expires_at <= now() AS expired, response_status, ",
-    "octet_length(response_body)::bigint AS body_bytes, response_headers, ",
-    "CASE WHEN $4 THEN response_body END AS body ",
-    "FROM idempotency_requests ",
-    "WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
-);
-
 #[derive(Debug, Serialize)]
 struct Shown {
     tenant: String,
@@ -491,7 +487,7 @@ struct Shown {
     expires_at: String,
     expired: bool,
     lease_expires_at: Option<String>,
-    response_status: Option<i16>,
+    response_status: Option<i64>,
     body_bytes: Option<i64>,
     header_names: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -504,34 +500,43 @@ struct Shown {
     body_hex: Option<String>,
 }
 
-fn not_found(tenant: &str, operation: &str, key: &str) -> Failure {
+fn not_found(key: &KeyRef<'_>) -> Failure {
     Failure::NotFound(format!(
-        "no row for tenant {tenant:?}, operation {operation:?}, key {key:?} \
-         (never claimed, swept after its retention, or not committed yet)"
+        "no row for tenant {:?}, operation {:?}, key {:?} \
+         (never claimed, swept after its retention, or not committed yet)",
+        key.tenant, key.operation, key.key
     ))
 }
 
-async fn show(
-    pool: &PgPool,
+async fn show<DB: Store>(
+    pool: &Pool<DB>,
     json: bool,
-    tenant: &str,
-    operation: &str,
-    key: &str,
+    key: &KeyRef<'_>,
     with_body: bool,
 ) -> Result<String, Failure> {
-    let row = sqlx::query(SHOW_SQL)
-        .bind(tenant)
-        .bind(operation)
-        .bind(key)
-        .bind(with_body)
-        .fetch_optional(pool)
+    let StoredRow {
+        state,
+        generation,
+        fingerprint,
+        created_at,
+        completed_at,
+        expires_at,
+        expired,
+        lease_expires_at,
+        response_status,
+        body_bytes,
+        response_headers,
+        body,
+    } = DB::fetch(pool, key, with_body)
         .await?
-        .ok_or_else(|| not_found(tenant, operation, key))?;
-    let headers: Option<sqlx::types::Json<Vec<(String, String)>>> = row
-        .try_get("response_headers")
-        .map_err(|e| Failure::Other(format!("stored headers unreadable: {e}")))?;
-    let headers = headers.map(|h| h.0).unwrap_or_default();
-    let body: Option<Vec<u8>> = row.try_get("body")?;
+        .ok_or_else(|| not_found(key))?;
+    // The header text as each database gives it (jsonb's or SQLite's): the same
+    // JSON either way.
+    let headers: Vec<(String, String)> = match response_headers {
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| Failure::Other(format!("stored headers unreadable: {e}")))?,
+        None => Vec::new(),
+    };
     let (body_text, body_hex) = match body {
         Some(b) => match String::from_utf8(b) {
             Ok(text) => (Some(text), None),
@@ -540,19 +545,19 @@ async fn show(
         None => (None, None),
     };
     let shown = Shown {
-        tenant: tenant.to_owned(),
-        operation: operation.to_owned(),
-        key: key.to_owned(),
-        state: row.try_get("state")?,
-        generation: row.try_get("generation")?,
-        fingerprint: row.try_get("fingerprint")?,
-        created_at: row.try_get("created_at")?,
-        completed_at: row.try_get("completed_at")?,
-        expires_at: row.try_get("expires_at")?,
-        expired: row.try_get("expired")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        response_status: row.try_get("response_status")?,
-        body_bytes: row.try_get("body_bytes")?,
+        tenant: key.tenant.to_owned(),
+        operation: key.operation.to_owned(),
+        key: key.key.to_owned(),
+        state,
+        generation,
+        fingerprint,
+        created_at,
+        completed_at,
+        expires_at,
+        expired,
+        lease_expires_at,
+        response_status,
+        body_bytes,
         header_names: headers.iter().map(|(n, _)| n.clone()).collect(),
         headers: with_body.then_some(headers),
         body: body_text,
@@ -637,67 +642,31 @@ struct Purged {
     generation: i64,
 }
 
-async fn purge(
-    pool: &PgPool,
+async fn purge<DB: Store>(
+    pool: &Pool<DB>,
     json: bool,
-    tenant: &str,
-    operation: &str,
-    key: &str,
+    key: &KeyRef<'_>,
     force: bool,
 ) -> Result<String, Failure> {
-    let mut tx = pool.begin().await?;
-    // A row locked by a request that is executing right now: waiting for it would
-    // hang the operator's terminal, and deleting it after would race the request.
-    sqlx::query(concat!(
-        "SET LOCAL lock_timeout = '",
-        purge_lock_wait!(),
-        "'"
-    ))
-    .execute(&mut *tx)
-    .await?;
-    let row = sqlx::query(
-        "SELECT state, generation FROM idempotency_requests \
-          WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 FOR UPDATE",
-    )
-    .bind(tenant)
-    .bind(operation)
-    .bind(key)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(|e| match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03") => {
-            Failure::Refused(format!(
-                "the key is locked by a request that is running now (waited {}); \
-                 nothing was purged, try again when it has finished",
-                purge_lock_wait!()
-            ))
+    // Decided inside the backend's transaction, with the row (or the database)
+    // locked, so that the state checked is the state deleted.
+    let allow = |state: &str| {
+        if matches!(state, "processing" | "uncertain") && !force {
+            return Err(Failure::Refused(format!(
+                "the key is {state}: its execution may still be running or its effect is unknown, \
+                 and purging it lets a retry execute again; nothing was purged (use --force to purge anyway)"
+            )));
         }
-        _ => Failure::from(e),
-    })?
-    .ok_or_else(|| not_found(tenant, operation, key))?;
-    let state: String = row.try_get("state")?;
-    let generation: i64 = row.try_get("generation")?;
-    if matches!(state.as_str(), "processing" | "uncertain") && !force {
-        return Err(Failure::Refused(format!(
-            "the key is {state}: its execution may still be running or its effect is unknown, \
-             and purging it lets a retry execute again; nothing was purged (use --force to purge anyway)"
-        )));
-    }
-    sqlx::query(
-        "DELETE FROM idempotency_requests \
-          WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3",
-    )
-    .bind(tenant)
-    .bind(operation)
-    .bind(key)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+        Ok(())
+    };
+    let (state, generation) = DB::purge(pool, key, allow)
+        .await?
+        .ok_or_else(|| not_found(key))?;
     let purged = Purged {
         purged: true,
-        tenant: tenant.to_owned(),
-        operation: operation.to_owned(),
-        key: key.to_owned(),
+        tenant: key.tenant.to_owned(),
+        operation: key.operation.to_owned(),
+        key: key.key.to_owned(),
         state,
         generation,
     };
@@ -715,6 +684,14 @@ async fn purge(
         ),
     ])
     .render())
+}
+
+/// The message of a purge refused because a running request holds what it needs.
+fn locked(what: &str) -> Failure {
+    Failure::Refused(format!(
+        "{what} (waited {} s); nothing was purged, try again when it has finished",
+        PURGE_LOCK_WAIT.as_secs()
+    ))
 }
 
 // ---------------------------------------------------------------- output

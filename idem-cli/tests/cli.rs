@@ -1,10 +1,16 @@
-//! The `idem` binary against a real PostgreSQL: every subcommand's output and exit
-//! code, `--json` that parses, and the documented error cases.
+//! The `idem` binary against real databases: every subcommand's output and exit
+//! code, `--json` that parses, and the documented error cases. What holds on
+//! PostgreSQL and on SQLite alike is written once in `cli_tests!` and stamped per
+//! backend (`mod postgres`, `mod sqlite`); what only one backend has (a server to
+//! reach, a file to find) is tested beside it.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use common::TestDb;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use common::{SqliteDb, TestDb};
 use serde_json::Value;
 
 struct Out {
@@ -55,12 +61,415 @@ async fn idem(url: Option<&str>, args: &[&str]) -> Out {
     }
 }
 
-/// One row of each kind: a finished outcome with a recognisable body, a failed
-/// one past its retention, and an execution in flight.
-async fn seeded() -> TestDb {
-    let db = TestDb::new().await;
-    db.exec(
-        r#"INSERT INTO idempotency_requests
+/// A migrated test database as the CLI sees it, on either backend.
+trait CliDb: Sized {
+    /// A fresh database of its own, with idem's migrations applied.
+    async fn create() -> Self;
+    /// The URL to give the CLI.
+    fn url(&self) -> String;
+    /// Makes a second database of this backend, without idem's table (as an
+    /// application's own database before `idem migrate`), and returns its URL.
+    async fn bare(&self) -> String;
+    /// Removes what [`CliDb::bare`] made.
+    async fn drop_bare(&self);
+}
+
+impl CliDb for TestDb {
+    async fn create() -> Self {
+        TestDb::new().await
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// A plain CREATE DATABASE, no migration.
+    async fn bare(&self) -> String {
+        let bare = format!("{}_bare", self.name);
+        self.exec(&format!("CREATE DATABASE {bare}")).await;
+        self.url.replacen(&self.name, &bare, 1)
+    }
+
+    async fn drop_bare(&self) {
+        self.exec(&format!("DROP DATABASE {}_bare WITH (FORCE)", self.name))
+            .await;
+    }
+}
+
+impl CliDb for SqliteDb {
+    async fn create() -> Self {
+        SqliteDb::new().await
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite:{}", self.path.display())
+    }
+
+    /// An application's SQLite file with a table of its own, not idem's.
+    async fn bare(&self) -> String {
+        let path = self.bare_path();
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+        sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        format!("sqlite:{}", path.display())
+    }
+
+    async fn drop_bare(&self) {
+        remove_sqlite_files(&self.bare_path());
+    }
+}
+
+impl SqliteDb {
+    fn bare_path(&self) -> PathBuf {
+        self.path.with_extension("bare.db")
+    }
+}
+
+/// Removes a SQLite file and the files SQLite keeps beside it.
+fn remove_sqlite_files(path: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = path.to_owned().into_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// The behaviour every backend shares, written once. The arguments are the SQL
+/// that differs: the seeded rows and the extra expired rows of the sweep test.
+macro_rules! cli_tests {
+    (
+        db = $db:ty,
+        // One row of each kind: a finished outcome with a recognisable body
+        // (created 2026-01-02T03:04:05Z, completed a second later, fingerprint
+        // 0xab * 32, headers content-type and location), a failed one past its
+        // retention, and an execution in flight for five minutes.
+        seed = $seed:expr,
+        // Four completed rows of operation `pay`, keys old-1..4, expired a day ago.
+        expired_rows = $expired_rows:expr $(,)?
+    ) => {
+        use super::*;
+
+        type Db = $db;
+
+        async fn seeded() -> Db {
+            let db = Db::create().await;
+            db.exec($seed).await;
+            db
+        }
+
+        #[tokio::test]
+        async fn a_fresh_database_says_run_migrate_and_migrate_fixes_it() {
+            let db = Db::create().await;
+            let url = db.bare().await;
+            let url = Some(url.as_str());
+
+            for args in [
+                &["stats"][..],
+                &["show", "acme", "op", "k"],
+                &["purge", "acme", "op", "k"],
+                &["sweep", "--once"],
+                &["--json", "stats"],
+            ] {
+                let out = idem(url, args).await;
+                out.assert_error(6, "run `idem migrate`");
+            }
+
+            let out = idem(url, &["migrate"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert!(out.stdout.contains("idempotency requests"), "{out:?}");
+            assert!(out.stdout.contains("applied now"), "{out:?}");
+            assert!(!out.stdout.contains("  already applied"), "{out:?}");
+
+            // Again: nothing to do, and the JSON says so.
+            let out = idem(url, &["migrate", "--json"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let migrations = out.json()["migrations"].as_array().unwrap().clone();
+            assert!(!migrations.is_empty());
+            assert!(
+                migrations
+                    .iter()
+                    .all(|m| m["applied_now"] == false && m["version"].is_i64())
+            );
+
+            let out = idem(url, &["stats", "--json"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert_eq!(out.json()["rows"], 0);
+            db.drop_bare().await;
+        }
+
+        #[tokio::test]
+        async fn stats_prints_a_table_and_json() {
+            let db = seeded().await;
+            let url = db.url();
+            let url = Some(url.as_str());
+            let out = idem(url, &["stats"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let line = |label: &str| {
+                out.stdout
+                    .lines()
+                    .find(|l| l.starts_with(label))
+                    .unwrap_or_else(|| panic!("no {label:?} line: {out:?}"))
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(line("rows"), ["rows", "3"]);
+            assert_eq!(
+                line("expired, not swept"),
+                ["expired,", "not", "swept", "1"]
+            );
+            assert_eq!(
+                line("oldest valid row")[3],
+                "2026-01-02T03:04:05Z",
+                "{out:?}"
+            );
+            assert!(out.stdout.contains("OPERATION"), "{out:?}");
+            let create = line("create-order");
+            // OPERATION ROWS PROCESSING COMPLETED FAILED UNCERTAIN EXPIRED BYTES
+            assert_eq!(create[..7], ["create-order", "2", "0", "1", "1", "0", "1"]);
+            assert_eq!(line("refund")[..3], ["refund", "1", "1"]);
+
+            // --json after the subcommand works as well as before it.
+            for args in [&["stats", "--json"][..], &["--json", "stats"]] {
+                let out = idem(url, args).await;
+                assert_eq!(out.code, 0, "{out:?}");
+                let j = out.json();
+                assert_eq!(j["rows"], 3);
+                assert_eq!(j["by_state"]["completed"], 1);
+                assert_eq!(j["by_state"]["processing"], 1);
+                assert_eq!(j["expired_unswept"], 1);
+                assert_eq!(j["oldest_valid_created_at"], "2026-01-02T03:04:05Z");
+                assert_eq!(j["by_operation"][0]["operation"], "create-order");
+                assert!(j["stored_bytes"].as_u64().unwrap() > 0);
+            }
+        }
+
+        #[tokio::test]
+        async fn show_prints_one_key_without_its_body_unless_asked() {
+            let db = seeded().await;
+            let url = db.url();
+            let url = Some(url.as_str());
+
+            let out = idem(url, &["show", "acme", "create-order", "k-done"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            for expected in [
+                "state             completed",
+                "generation        1",
+                "created at        2026-01-02T03:04:05Z",
+                "completed at      2026-01-02T03:04:06Z",
+                "status            201",
+                "body bytes        28",
+                "headers           content-type, location",
+            ] {
+                assert!(out.stdout.contains(expected), "{expected:?} in {out:?}");
+            }
+            assert!(!out.stdout.contains("SECRET-BODY-123"), "{out:?}");
+            assert!(!out.stdout.contains("/orders/7"), "{out:?}");
+
+            let out = idem(url, &["show", "acme", "create-order", "k-done", "--json"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let j = out.json();
+            assert_eq!(j["state"], "completed");
+            assert_eq!(j["response_status"], 201);
+            assert_eq!(j["body_bytes"], 28);
+            assert_eq!(j["fingerprint"], "ab".repeat(32));
+            assert_eq!(j["expired"], false);
+            assert_eq!(
+                j["expires_at"].as_str().unwrap().len(),
+                "2026-01-02T03:04:05Z".len()
+            );
+            assert_eq!(j["lease_expires_at"], Value::Null);
+            assert_eq!(j["header_names"][1], "location");
+            assert!(j.get("body").is_none() && j.get("headers").is_none(), "{j}");
+            assert!(!out.stdout.contains("SECRET-BODY-123"));
+
+            let out = idem(url, &["show", "acme", "create-order", "k-done", "--body"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert!(
+                out.stdout.contains("{\"secret\":\"SECRET-BODY-123\"}"),
+                "{out:?}"
+            );
+            assert!(out.stdout.contains("location: /orders/7"), "{out:?}");
+
+            let out = idem(
+                url,
+                &["--json", "show", "acme", "create-order", "k-done", "--body"],
+            )
+            .await;
+            let j = out.json();
+            assert_eq!(j["body"], "{\"secret\":\"SECRET-BODY-123\"}");
+            assert_eq!(j["headers"][1][1], "/orders/7");
+
+            let out = idem(url, &["show", "acme", "refund", "k-running", "--json"]).await;
+            let j = out.json();
+            assert_eq!(j["state"], "processing");
+            assert_eq!(j["response_status"], Value::Null);
+            assert_eq!(j["body_bytes"], Value::Null);
+            assert_eq!(j["completed_at"], Value::Null);
+
+            let out = idem(url, &["show", "acme", "create-order", "k-old", "--json"]).await;
+            assert_eq!(out.json()["expired"], true);
+
+            // The key is scoped by tenant and operation: each part must match.
+            for args in [
+                &["show", "acme", "create-order", "nope"][..],
+                &["show", "globex", "create-order", "k-done"],
+                &["show", "acme", "refund", "k-done"],
+                &["show", "acme", "create-order", "nope", "--json"],
+            ] {
+                idem(url, args).await.assert_error(3, "no row for tenant");
+            }
+        }
+
+        async fn exists(db: &Db, key: &str) -> i64 {
+            db.count(&format!(
+                "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = '{key}'"
+            ))
+            .await
+        }
+
+        #[tokio::test]
+        async fn purge_refuses_in_flight_rows_without_force() {
+            let db = seeded().await;
+            let url = db.url();
+            let url = Some(url.as_str());
+
+            let out = idem(url, &["purge", "acme", "refund", "k-running"]).await;
+            out.assert_error(4, "--force");
+            assert!(out.stderr.contains("processing"), "{out:?}");
+            assert_eq!(exists(&db, "k-running").await, 1);
+
+            let out = idem(url, &["purge", "acme", "refund", "k-running", "--force"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert!(out.stdout.contains("processing (generation 1)"), "{out:?}");
+            assert_eq!(exists(&db, "k-running").await, 0);
+
+            // A finished row needs no --force.
+            let out = idem(url, &["--json", "purge", "acme", "create-order", "k-old"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let j = out.json();
+            assert_eq!(j["purged"], true);
+            assert_eq!(j["state"], "failed");
+            assert_eq!(exists(&db, "k-old").await, 0);
+
+            idem(url, &["purge", "acme", "create-order", "k-old"])
+                .await
+                .assert_error(3, "no row for tenant");
+
+            // An uncertain row is refused as well.
+            db.exec(
+                "UPDATE idempotency_requests SET state = 'uncertain', response_status = NULL \
+                 WHERE idempotency_key = 'k-done'",
+            )
+            .await;
+            idem(url, &["purge", "acme", "create-order", "k-done"])
+                .await
+                .assert_error(4, "uncertain");
+            assert_eq!(exists(&db, "k-done").await, 1);
+        }
+
+        #[tokio::test]
+        async fn purge_does_not_wait_forever_on_a_running_request() {
+            let db = seeded().await;
+            let url = db.url();
+            let url = Some(url.as_str());
+            // A request re-using the key is in the middle of its transaction, as a
+            // claim leaves it: on PostgreSQL it holds the row, on SQLite the
+            // database's write lock. It stays so until the CLI has exited.
+            let mut holder = db.pool.begin().await.unwrap();
+            sqlx::query(
+                "UPDATE idempotency_requests SET generation = generation \
+                 WHERE idempotency_key = 'k-done'",
+            )
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+            let out = idem(url, &["purge", "acme", "create-order", "k-done", "--force"]).await;
+            out.assert_error(4, "locked by a request that is running now");
+            assert!(out.stderr.contains("nothing was purged"), "{out:?}");
+            holder.rollback().await.unwrap();
+            assert_eq!(exists(&db, "k-done").await, 1);
+
+            let out = idem(url, &["purge", "acme", "create-order", "k-done"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert_eq!(exists(&db, "k-done").await, 0);
+        }
+
+        #[tokio::test]
+        async fn sweep_once_deletes_the_expired_finished_rows_and_reports() {
+            let db = seeded().await;
+            db.exec($expired_rows).await;
+            let url = db.url();
+            let url = Some(url.as_str());
+
+            let out = idem(url, &["sweep", "--once", "--batch-size", "2"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let field = |label: &str| {
+                out.stdout
+                    .lines()
+                    .find_map(|l| l.strip_prefix(label))
+                    .unwrap_or_else(|| panic!("no {label:?} in {out:?}"))
+                    .trim()
+                    .to_owned()
+            };
+            // 5 expired finished rows (k-old and old-1..4), two per batch: 2 + 2 + 1.
+            assert_eq!(field("deleted"), "5");
+            assert_eq!(field("batches"), "3");
+            assert_eq!(field("backlog"), "0");
+            assert_eq!(field("stale in flight"), "0");
+            // The running row was created five minutes ago.
+            assert!(field("oldest in flight").starts_with("5m "), "{out:?}");
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests").await,
+                2
+            );
+
+            // --stale-after-secs below the running row's age reports it, and still
+            // deletes nothing in flight.
+            let out = idem(
+                url,
+                &["sweep", "--once", "--stale-after-secs", "60", "--json"],
+            )
+            .await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let j = out.json();
+            assert_eq!(j["deleted"], 0);
+            assert_eq!(j["batches"], 1);
+            assert_eq!(j["stale_in_flight"], 1);
+            assert!(j["oldest_in_flight_seconds"].as_f64().unwrap() >= 300.0);
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests").await,
+                2
+            );
+
+            // --once is required: the continuous sweeper belongs in the service.
+            let out = idem(url, &["sweep"]).await;
+            assert_eq!(out.code, 2, "{out:?}");
+        }
+
+        #[tokio::test]
+        async fn the_flag_wins_over_the_environment() {
+            let db = Db::create().await;
+            let out = idem(
+                Some("postgres://postgres@127.0.0.1:1/postgres"),
+                &["--database-url", &db.url(), "stats", "--json"],
+            )
+            .await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert_eq!(out.json()["rows"], 0);
+        }
+    };
+}
+
+mod postgres {
+    cli_tests! {
+        db = TestDb,
+        seed = r#"INSERT INTO idempotency_requests
              (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
               response_headers, response_body, created_at, completed_at, expires_at)
            VALUES
@@ -73,305 +482,61 @@ async fn seeded() -> TestDb {
               now() - interval '1 day'),
              ('acme', 'refund', 'k-running', decode(repeat('00', 32), 'hex'), 'processing', NULL,
               NULL, NULL, now() - interval '5 minutes', NULL, now() + interval '1 day')"#,
-    )
-    .await;
-    db
-}
-
-#[tokio::test]
-async fn a_fresh_database_says_run_migrate_and_migrate_fixes_it() {
-    let db = TestDb::new().await;
-    // A database without idem's table: plain CREATE DATABASE, no migration.
-    let bare = format!("{}_bare", db.name);
-    db.exec(&format!("CREATE DATABASE {bare}")).await;
-    let url = db.url.replacen(&db.name, &bare, 1);
-    let url = Some(url.as_str());
-
-    for args in [
-        &["stats"][..],
-        &["show", "acme", "op", "k"],
-        &["purge", "acme", "op", "k"],
-        &["sweep", "--once"],
-        &["--json", "stats"],
-    ] {
-        let out = idem(url, args).await;
-        out.assert_error(6, "run `idem migrate`");
+        expired_rows = "INSERT INTO idempotency_requests \
+               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                created_at, expires_at) \
+             SELECT 'acme', 'pay', 'old-' || i, decode(repeat('00', 32), 'hex'), 'completed', 201, \
+                    now() - interval '2 days', now() - interval '1 day' \
+               FROM generate_series(1, 4) i",
     }
-
-    let out = idem(url, &["migrate"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    assert!(out.stdout.contains("idempotency requests"), "{out:?}");
-    assert!(out.stdout.contains("applied now"), "{out:?}");
-    assert!(!out.stdout.contains("  already applied"), "{out:?}");
-
-    // Again: nothing to do, and the JSON says so.
-    let out = idem(url, &["migrate", "--json"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    let migrations = out.json()["migrations"].as_array().unwrap().clone();
-    assert!(!migrations.is_empty());
-    assert!(
-        migrations
-            .iter()
-            .all(|m| m["applied_now"] == false && m["version"].is_i64())
-    );
-
-    let out = idem(url, &["stats"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    db.exec(&format!("DROP DATABASE {bare} WITH (FORCE)")).await;
 }
 
-#[tokio::test]
-async fn stats_prints_a_table_and_json() {
-    let db = seeded().await;
-    let url = Some(db.url.as_str());
-    let out = idem(url, &["stats"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    let line = |label: &str| {
-        out.stdout
-            .lines()
-            .find(|l| l.starts_with(label))
-            .unwrap_or_else(|| panic!("no {label:?} line: {out:?}"))
-            .split_whitespace()
-            .collect::<Vec<_>>()
+/// SQLite's "now" in Unix milliseconds, as idem_runtime writes its timestamps.
+macro_rules! sqlite_now {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     };
-    assert_eq!(line("rows"), ["rows", "3"]);
-    assert_eq!(
-        line("expired, not swept"),
-        ["expired,", "not", "swept", "1"]
-    );
-    assert_eq!(
-        line("oldest valid row")[3],
-        "2026-01-02T03:04:05Z",
-        "{out:?}"
-    );
-    assert!(out.stdout.contains("OPERATION"), "{out:?}");
-    let create = line("create-order");
-    // OPERATION ROWS PROCESSING COMPLETED FAILED UNCERTAIN EXPIRED BYTES
-    assert_eq!(create[..7], ["create-order", "2", "0", "1", "1", "0", "1"]);
-    assert_eq!(line("refund")[..3], ["refund", "1", "1"]);
+}
 
-    // --json after the subcommand works as well as before it.
-    for args in [&["stats", "--json"][..], &["--json", "stats"]] {
-        let out = idem(url, args).await;
-        assert_eq!(out.code, 0, "{out:?}");
-        let j = out.json();
-        assert_eq!(j["rows"], 3);
-        assert_eq!(j["by_state"]["completed"], 1);
-        assert_eq!(j["by_state"]["processing"], 1);
-        assert_eq!(j["expired_unswept"], 1);
-        assert_eq!(j["oldest_valid_created_at"], "2026-01-02T03:04:05Z");
-        assert_eq!(j["by_operation"][0]["operation"], "create-order");
-        assert!(j["stored_bytes"].as_u64().unwrap() > 0);
+mod sqlite {
+    cli_tests! {
+        db = SqliteDb,
+        // The same rows in SQLite's columns: Unix milliseconds, BLOBs, JSON text.
+        seed = concat!(
+            r#"INSERT INTO idempotency_requests
+                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                  response_headers, response_body, created_at, completed_at, expires_at)
+               VALUES
+                 ('acme', 'create-order', 'k-done', unhex(replace(hex(zeroblob(32)), '00', 'AB')),
+                  'completed', 201,
+                  '[["content-type","application/json"],["location","/orders/7"]]',
+                  CAST('{"secret":"SECRET-BODY-123"}' AS BLOB),
+                  unixepoch('2026-01-02 03:04:05') * 1000, unixepoch('2026-01-02 03:04:06') * 1000,
+                  "#, sqlite_now!(), r#" + 86400000),
+                 ('acme', 'create-order', 'k-old', zeroblob(32), 'failed', 404,
+                  NULL, CAST('gone' AS BLOB), "#, sqlite_now!(), r#" - 2 * 86400000,
+                  "#, sqlite_now!(), r#" - 2 * 86400000, "#, sqlite_now!(), r#" - 86400000),
+                 ('acme', 'refund', 'k-running', zeroblob(32), 'processing', NULL,
+                  NULL, NULL, "#, sqlite_now!(), r#" - 300000, NULL, "#, sqlite_now!(), r#" + 86400000)"#
+        ),
+        // A recursive CTE stands in for generate_series.
+        expired_rows = concat!(
+            "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < 4) \
+             INSERT INTO idempotency_requests \
+               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                created_at, expires_at) \
+             SELECT 'acme', 'pay', 'old-' || i, zeroblob(32), 'completed', 201, ",
+            sqlite_now!(),
+            " - 2 * 86400000, ",
+            sqlite_now!(),
+            " - 86400000 FROM seq"
+        ),
     }
 }
 
+/// What only PostgreSQL has: a server to reach and to authenticate with.
 #[tokio::test]
-async fn show_prints_one_key_without_its_body_unless_asked() {
-    let db = seeded().await;
-    let url = Some(db.url.as_str());
-
-    let out = idem(url, &["show", "acme", "create-order", "k-done"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    for expected in [
-        "state             completed",
-        "generation        1",
-        "created at        2026-01-02T03:04:05Z",
-        "completed at      2026-01-02T03:04:06Z",
-        "status            201",
-        "body bytes        28",
-        "headers           content-type, location",
-    ] {
-        assert!(out.stdout.contains(expected), "{expected:?} in {out:?}");
-    }
-    assert!(!out.stdout.contains("SECRET-BODY-123"), "{out:?}");
-    assert!(!out.stdout.contains("/orders/7"), "{out:?}");
-
-    let out = idem(url, &["show", "acme", "create-order", "k-done", "--json"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    let j = out.json();
-    assert_eq!(j["state"], "completed");
-    assert_eq!(j["response_status"], 201);
-    assert_eq!(j["body_bytes"], 28);
-    assert_eq!(j["fingerprint"], "ab".repeat(32));
-    assert_eq!(j["expired"], false);
-    assert_eq!(j["header_names"][1], "location");
-    assert!(j.get("body").is_none() && j.get("headers").is_none(), "{j}");
-    assert!(!out.stdout.contains("SECRET-BODY-123"));
-
-    let out = idem(url, &["show", "acme", "create-order", "k-done", "--body"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    assert!(
-        out.stdout.contains("{\"secret\":\"SECRET-BODY-123\"}"),
-        "{out:?}"
-    );
-    assert!(out.stdout.contains("location: /orders/7"), "{out:?}");
-
-    let out = idem(
-        url,
-        &["--json", "show", "acme", "create-order", "k-done", "--body"],
-    )
-    .await;
-    let j = out.json();
-    assert_eq!(j["body"], "{\"secret\":\"SECRET-BODY-123\"}");
-    assert_eq!(j["headers"][1][1], "/orders/7");
-
-    let out = idem(url, &["show", "acme", "refund", "k-running", "--json"]).await;
-    let j = out.json();
-    assert_eq!(j["state"], "processing");
-    assert_eq!(j["response_status"], Value::Null);
-    assert_eq!(j["body_bytes"], Value::Null);
-
-    let out = idem(url, &["show", "acme", "create-order", "k-old", "--json"]).await;
-    assert_eq!(out.json()["expired"], true);
-
-    // The key is scoped by tenant and operation: each part must match.
-    for args in [
-        &["show", "acme", "create-order", "nope"][..],
-        &["show", "globex", "create-order", "k-done"],
-        &["show", "acme", "refund", "k-done"],
-        &["show", "acme", "create-order", "nope", "--json"],
-    ] {
-        idem(url, args).await.assert_error(3, "no row for tenant");
-    }
-}
-
-#[tokio::test]
-async fn purge_refuses_in_flight_rows_without_force() {
-    let db = seeded().await;
-    let url = Some(db.url.as_str());
-    let exists = |key: &'static str| {
-        let db = &db;
-        async move {
-            db.count(&format!(
-                "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = '{key}'"
-            ))
-            .await
-        }
-    };
-
-    let out = idem(url, &["purge", "acme", "refund", "k-running"]).await;
-    out.assert_error(4, "--force");
-    assert!(out.stderr.contains("processing"), "{out:?}");
-    assert_eq!(exists("k-running").await, 1);
-
-    let out = idem(url, &["purge", "acme", "refund", "k-running", "--force"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    assert!(out.stdout.contains("processing (generation 1)"), "{out:?}");
-    assert_eq!(exists("k-running").await, 0);
-
-    // A finished row needs no --force.
-    let out = idem(url, &["--json", "purge", "acme", "create-order", "k-old"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    let j = out.json();
-    assert_eq!(j["purged"], true);
-    assert_eq!(j["state"], "failed");
-    assert_eq!(exists("k-old").await, 0);
-
-    idem(url, &["purge", "acme", "create-order", "k-old"])
-        .await
-        .assert_error(3, "no row for tenant");
-
-    // An uncertain row is refused as well.
-    db.exec("UPDATE idempotency_requests SET state = 'uncertain', response_status = NULL WHERE idempotency_key = 'k-done'")
-        .await;
-    idem(url, &["purge", "acme", "create-order", "k-done"])
-        .await
-        .assert_error(4, "uncertain");
-    assert_eq!(exists("k-done").await, 1);
-}
-
-#[tokio::test]
-async fn purge_does_not_wait_forever_on_a_row_a_request_holds() {
-    let db = seeded().await;
-    let url = Some(db.url.as_str());
-    // A request re-using the key holds the row (as a claim's transaction would).
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM idempotency_requests WHERE idempotency_key = 'k-done' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let out = idem(url, &["purge", "acme", "create-order", "k-done", "--force"]).await;
-    out.assert_error(4, "locked by a request");
-    holder.rollback().await.unwrap();
-    let out = idem(url, &["purge", "acme", "create-order", "k-done"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-}
-
-#[tokio::test]
-async fn sweep_once_deletes_the_expired_finished_rows_and_reports() {
-    let db = seeded().await;
-    db.exec(
-        "INSERT INTO idempotency_requests \
-           (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
-            created_at, expires_at) \
-         SELECT 'acme', 'pay', 'old-' || i, decode(repeat('00', 32), 'hex'), 'completed', 201, \
-                now() - interval '2 days', now() - interval '1 day' \
-           FROM generate_series(1, 4) i",
-    )
-    .await;
-
-    let out = idem(url(&db), &["sweep", "--once", "--batch-size", "2"]).await;
-    assert_eq!(out.code, 0, "{out:?}");
-    let field = |label: &str| {
-        out.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(label))
-            .unwrap_or_else(|| panic!("no {label:?} in {out:?}"))
-            .trim()
-            .to_owned()
-    };
-    // 5 expired finished rows (k-old and old-1..4), two per batch: 2 + 2 + 1.
-    assert_eq!(field("deleted"), "5");
-    assert_eq!(field("batches"), "3");
-    assert_eq!(field("backlog"), "0");
-    assert_eq!(field("stale in flight"), "0");
-    // The running row was created five minutes ago.
-    assert!(field("oldest in flight").starts_with("5m "), "{out:?}");
-    assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests").await,
-        2
-    );
-
-    // --stale-after-secs below the running row's age reports it, and still
-    // deletes nothing in flight.
-    let out = idem(
-        url(&db),
-        &["sweep", "--once", "--stale-after-secs", "60", "--json"],
-    )
-    .await;
-    assert_eq!(out.code, 0, "{out:?}");
-    let j = out.json();
-    assert_eq!(j["deleted"], 0);
-    assert_eq!(j["batches"], 1);
-    assert_eq!(j["stale_in_flight"], 1);
-    assert!(j["oldest_in_flight_seconds"].as_f64().unwrap() >= 300.0);
-    assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests").await,
-        2
-    );
-
-    // --once is required: the continuous sweeper belongs in the service.
-    let out = idem(url(&db), &["sweep"]).await;
-    assert_eq!(out.code, 2, "{out:?}");
-}
-
-fn url(db: &TestDb) -> Option<&str> {
-    Some(db.url.as_str())
-}
-
-#[tokio::test]
-async fn connection_problems_are_one_clear_line() {
-    // No URL at all: a usage error.
-    idem(None, &["stats"])
-        .await
-        .assert_error(2, "--database-url or set DATABASE_URL");
-    // A URL that does not parse, or is not PostgreSQL's.
-    idem(None, &["--database-url", "not a url", "stats"])
-        .await
-        .assert_error(2, "invalid database URL");
-    idem(Some("mysql://root@127.0.0.1/db"), &["stats"])
-        .await
-        .assert_error(2, "postgres://");
+async fn postgres_connection_problems_are_one_clear_line() {
     // Nothing listens on port 1; the password must not be echoed.
     let out = idem(
         None,
@@ -391,15 +556,131 @@ async fn connection_problems_are_one_clear_line() {
     idem(Some(&missing), &["show", "a", "b", "c"])
         .await
         .assert_error(5, "does not exist");
-    // The flag wins over the environment.
-    let db = TestDb::new().await;
-    let out = idem(
-        Some("postgres://postgres@127.0.0.1:1/postgres"),
-        &["--database-url", &db.url, "stats", "--json"],
-    )
-    .await;
+}
+
+/// A path of its own in the temporary directory, with nothing there; whatever
+/// SQLite might leave there is removed when the test ends.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let path = std::env::temp_dir().join(format!(
+            "idem_cli_{tag}_{}_{}_{nanos}.db",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        assert!(!path.exists());
+        Scratch(path)
+    }
+
+    /// The file and the files SQLite keeps beside it that exist now.
+    fn present(&self) -> Vec<PathBuf> {
+        ["", "-wal", "-shm", "-journal"]
+            .iter()
+            .map(|suffix| {
+                let mut p = self.0.clone().into_os_string();
+                p.push(suffix);
+                PathBuf::from(p)
+            })
+            .filter(|p| p.exists())
+            .collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        remove_sqlite_files(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_missing_sqlite_file_is_reported_and_never_created() {
+    let missing = Scratch::new("missing");
+    let path = missing.0.display().to_string();
+    for url in [format!("sqlite:{path}"), format!("sqlite://{path}")] {
+        for args in [
+            &["stats"][..],
+            &["--json", "stats"],
+            &["show", "acme", "op", "k"],
+            &["purge", "acme", "op", "k", "--force"],
+            &["sweep", "--once"],
+        ] {
+            let out = idem(Some(&url), args).await;
+            out.assert_error(5, "does not exist");
+            // Which file, and what would create it.
+            assert!(out.stderr.contains(&path), "{out:?}");
+            assert!(out.stderr.contains("idem migrate"), "{out:?}");
+            assert_eq!(missing.present(), Vec::<PathBuf>::new(), "after {args:?}");
+        }
+    }
+    // Even when the URL asks SQLite to create it (sqlx's `mode=rwc`).
+    let out = idem(Some(&format!("sqlite:{path}?mode=rwc")), &["stats"]).await;
+    out.assert_error(5, "does not exist");
+    assert_eq!(missing.present(), Vec::<PathBuf>::new());
+}
+
+#[tokio::test]
+async fn migrate_creates_a_missing_sqlite_file() {
+    let file = Scratch::new("created");
+    let url = format!("sqlite://{}", file.0.display());
+    let out = idem(Some(&url), &["migrate"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("idempotency requests"), "{out:?}");
+    assert!(file.0.is_file());
+    let out = idem(Some(&url), &["--json", "stats"]).await;
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(out.json()["rows"], 0);
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_sqlite_database_is_a_database_error() {
+    let file = Scratch::new("not_sqlite");
+    std::fs::write(
+        &file.0,
+        "not a database, but long enough to hold a header: ".repeat(4),
+    )
+    .unwrap();
+    idem(Some(&format!("sqlite:{}", file.0.display())), &["stats"])
+        .await
+        .assert_error(5, "file is not a database");
+}
+
+#[tokio::test]
+async fn urls_that_cannot_work_are_usage_errors() {
+    // No URL at all.
+    idem(None, &["stats"])
+        .await
+        .assert_error(2, "--database-url or set DATABASE_URL");
+    // A URL that does not parse, or is of neither backend.
+    idem(None, &["--database-url", "not a url", "stats"])
+        .await
+        .assert_error(2, "invalid database URL");
+    let out = idem(Some("mysql://root@127.0.0.1/db"), &["stats"]).await;
+    out.assert_error(2, "postgres://");
+    assert!(out.stderr.contains("sqlite:"), "{out:?}");
+    // SQLite without a file: nothing to inspect, and migrating it would vanish.
+    for url in [
+        "sqlite::memory:",
+        "sqlite://:memory:",
+        "sqlite:app.db?mode=memory",
+    ] {
+        idem(Some(url), &["migrate"])
+            .await
+            .assert_error(2, "in-memory");
+    }
+    for url in ["sqlite:", "sqlite://"] {
+        idem(Some(url), &["stats"])
+            .await
+            .assert_error(2, "no file path");
+    }
+    idem(Some("sqlite:app.db?journal=off"), &["stats"])
+        .await
+        .assert_error(2, "invalid database URL");
 }
 
 #[tokio::test]

@@ -91,7 +91,7 @@ pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run, run_leased};
 pub use key::{IdempotencyKey, KeyError};
 pub use lease::{Lease, LeaseBackend, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
 pub use problem::Problem;
-pub use stats::{OperationStats, StateCounts, Stats, stats};
+pub use stats::{OperationStats, StateCounts, Stats, StatsBackend, stats};
 pub use store::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, claim, migrate};
 pub use sweeper::{SweepReport, Sweeper};
 pub use tenant::{SingleTenant, TenantScope};
