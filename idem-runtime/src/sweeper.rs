@@ -61,9 +61,7 @@
 //! number an operator needs when it does not.
 //!
 //! The in-flight check uses the partial index `idempotency_requests_in_flight_idx`
-//! on PostgreSQL. SQLite's schema has no such index, so there it reads the whole
-//! table once per run; that is fine for the single-machine tables SQLite is meant
-//! for, and a reason to keep the interval at a minute or more on a large one.
+//! on both backends (on SQLite since `migrations/sqlite/…02_in_flight_index.sql`).
 
 use std::future::Future;
 use std::time::Duration;

@@ -13,8 +13,8 @@
 //! with `Retry-After`) even when the holder was another key. Keep handlers short.
 //!
 //! The retention sweeper ([`crate::Sweeper`] on a `SqlitePool`), leased mode
-//! ([`crate::lease`]) and its reconciler work here too; stats and the CLI are
-//! PostgreSQL-only for now.
+//! ([`crate::lease`]) and its reconciler, [`crate::stats()`] and the `idem` CLI
+//! work here too.
 
 use std::time::Duration;
 
