@@ -281,10 +281,30 @@ async fn a_crash_between_commit_and_ack_does_not_apply_the_redelivery_again() {
     bus.delete().await;
 }
 
+/// JetStream's shortest deduplication window for `Nats-Msg-Id`.
+const BROKER_DEDUP_WINDOW: Duration = Duration::from_millis(100);
+
+/// Creates the test's stream before the consumer does, with JetStream's own
+/// deduplication of `Nats-Msg-Id` cut to its minimum, so that a message
+/// republished after it really reaches the consumers and idem is what keeps it
+/// single.
+async fn stream_without_broker_dedup(bus: &Bus) {
+    bus.js
+        .create_stream(jetstream::stream::Config {
+            name: bus.stream.clone(),
+            subjects: vec![bus.subject.clone()],
+            duplicate_window: BROKER_DEDUP_WINDOW,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn two_consumers_and_a_republished_message_apply_each_credit_once() {
     let db = TestDb::new().await;
     let bus = Bus::new().await;
+    stream_without_broker_dedup(&bus).await;
     let _a = start_consumer(&db, &bus, &[]).await;
     let _b = start_consumer(&db, &bus, &[]).await;
     for i in 0..10 {
@@ -294,10 +314,24 @@ async fn two_consumers_and_a_republished_message_apply_each_credit_once() {
         )
         .await;
     }
-    // A producer retry republishes with the same id.
+    // A producer retry republishes with the same id, after the broker's window
+    // (the publish of credit-3 was acknowledged before this wait began, so the
+    // broker saw it at least the window earlier); the broker keeps both.
+    tokio::time::sleep(BROKER_DEDUP_WINDOW + Duration::from_millis(50)).await;
     bus.publish("credit-3", r#"{"account":"acct-0","amount_cents":100}"#)
         .await;
-    bus.until_all_acked(10).await;
+    let stored = bus
+        .js
+        .get_stream(&bus.stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(stored, 11, "the republish must reach the consumers");
+    bus.until_all_acked(11).await;
     assert_eq!(db.count("SELECT count(*) FROM ledger_entries").await, 10);
     assert_eq!(
         db.count("SELECT sum(balance_cents)::bigint FROM balances")
