@@ -111,10 +111,15 @@ fn paid(charge: &str) -> StoredResponse {
 }
 
 /// Every test, for one backend: `$db` the database, `$test_db` its test helper,
-/// `$now` the database's clock as idem stores timestamps.
+/// `$now` the database's clock as idem stores timestamps, `$hold_row` how a
+/// transaction holds a key's row against other writers (begin, then a statement).
 macro_rules! leased_tests {
-    ($db:ty, $test_db:ty, $now:expr) => {
+    ($db:ty, $test_db:ty, $now:expr, $hold_row:expr) => {
         use super::*;
+
+        /// Begins a transaction that holds the key's row against every writer
+        /// (and so against renewals), then runs `$hold_row.1` in it.
+        const HOLD_ROW: (&str, &str) = $hold_row;
 
         type Db = $db;
         type TestDb = $test_db;
@@ -332,6 +337,34 @@ macro_rules! leased_tests {
             create_payment_body(caller, app, lease, p).await
         }
 
+        /// A handler that watches its lease, as a careful one does before it calls
+        /// downstream: the first execution reports in, then waits until its lease is
+        /// lost before it charges.
+        #[idempotent(
+            operation = "create-payment",
+            retention = "1h",
+            lease = "300ms",
+            lease_ceiling = "1h"
+        )]
+        async fn create_payment_until_lost(
+            #[tenant] _caller: Caller,
+            State(app): State<App>,
+            lease: &mut Lease<Db>,
+            Json(p): Json<NewPayment>,
+        ) -> Response {
+            if lease.acquisition() == Acquisition::New
+                && let Some(entered) = &app.entered
+            {
+                entered.send(()).ok();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !lease.is_lost() {
+                    assert!(Instant::now() < deadline, "the lease was never lost");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            charge_and_answer(&app, lease, p.amount_cents).await
+        }
+
         async fn create_payment_body(
             _caller: Caller,
             app: App,
@@ -382,6 +415,7 @@ macro_rules! leased_tests {
             let router = Router::new()
                 .route("/payments", post(create_payment))
                 .route("/payments-no-renewal", post(create_payment_no_renewal))
+                .route("/payments-until-lost", post(create_payment_until_lost))
                 .with_state(app);
             Setup {
                 db,
@@ -774,11 +808,69 @@ macro_rules! leased_tests {
                 "the broken row waits for an operator"
             );
         }
+
+        /// Renewals that cannot get through (the row is held elsewhere) for a whole
+        /// lease make the worker take its lease as lost: it publishes nothing, its
+        /// client is told to retry, and the retry takes over and charges once.
+        #[tokio::test]
+        async fn a_worker_whose_renewals_fail_for_a_lease_publishes_nothing() {
+            let mut s = setup(true).await;
+            let router = s.router.clone();
+            let first = tokio::spawn(async move {
+                send(&router, pay("/payments-until-lost", "lost-1", 100)).await
+            });
+            s.entered.recv().await.unwrap();
+            let mut holder = s.db.pool.begin_with(HOLD_ROW.0).await.unwrap();
+            sqlx::query(HOLD_ROW.1)
+                .execute(&mut *holder)
+                .await
+                .unwrap();
+            let (status, _, body) = first.await.unwrap();
+            assert_eq!(
+                status,
+                StatusCode::CONFLICT,
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+            holder.rollback().await.unwrap();
+            assert_eq!(
+                s.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'processing'")
+                    .await,
+                1,
+                "nothing was published"
+            );
+            // A renewal that was stuck behind the held row may still land now and
+            // extend the lease once more: retry as a client does, after Retry-After.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let (status, headers) = loop {
+                let (status, headers, _) =
+                    send(&s.router, pay("/payments-until-lost", "lost-1", 100)).await;
+                if status != StatusCode::CONFLICT {
+                    break (status, headers);
+                }
+                assert!(Instant::now() < deadline, "still in flight after 60 s");
+                let secs: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+            };
+            assert_eq!(status, StatusCode::CREATED);
+            assert!(headers.get("idempotent-replayed").is_none());
+            assert_eq!(s.provider.charge_count(), 1, "the provider deduplicated the retry");
+            let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
+                .fetch_one(&s.db.pool)
+                .await
+                .unwrap();
+            assert_eq!(generation, 2, "taken over");
+        }
     };
 }
 
 mod postgres {
-    leased_tests!(sqlx::Postgres, crate::common::TestDb, "clock_timestamp()");
+    leased_tests!(
+        sqlx::Postgres,
+        crate::common::TestDb,
+        "clock_timestamp()",
+        ("BEGIN", "SELECT 1 FROM idempotency_requests FOR UPDATE")
+    );
 
     /// A claim waits a moment at most for the key's row lock: held elsewhere (a
     /// slow statement, an operator), the answer is "in flight", not a parked
@@ -827,7 +919,9 @@ mod sqlite {
     leased_tests!(
         sqlx::Sqlite,
         crate::common::SqliteDb,
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        // SQLite's one write lock holds every row.
+        ("BEGIN IMMEDIATE", "SELECT 1")
     );
 
     /// SQLite has one write lock: a claim waits for it through the connection's
