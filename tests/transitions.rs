@@ -138,6 +138,46 @@ macro_rules! transition_tests {
         }
 
         #[tokio::test]
+        async fn a_scope_that_does_not_fit_the_resource_is_an_error_not_a_miss() {
+            let db = db().await;
+            let unscoped = Resource {
+                scope_column: None,
+                ..ORDERS
+            };
+            let mut tx = db.pool.begin().await.unwrap();
+            let r = transition(&mut tx, &unscoped, 1, Some("acme"), Step::Paid, |_| {
+                Box::pin(async { Ok::<(), sqlx::Error>(()) })
+            })
+            .await;
+            assert!(
+                matches!(
+                    r,
+                    Err(TransitionError::ScopeMismatch {
+                        scoped: "not scoped",
+                        ..
+                    })
+                ),
+                "{r:?}"
+            );
+            let r = transition(&mut tx, &ORDERS, 1, None, Step::Paid, |_| {
+                Box::pin(async { Ok::<(), sqlx::Error>(()) })
+            })
+            .await;
+            assert!(
+                matches!(
+                    r,
+                    Err(TransitionError::ScopeMismatch {
+                        scoped: "scoped",
+                        ..
+                    })
+                ),
+                "{r:?}"
+            );
+            drop(tx);
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
+        }
+
+        #[tokio::test]
         async fn a_writer_that_bypasses_the_lock_is_fenced_by_the_version() {
             let db = db().await;
             let mut tx = db.pool.begin().await.unwrap();

@@ -110,6 +110,18 @@ pub enum TransitionError<S: Debug, E> {
     /// rolled back. A retry sees the new state.
     #[error("the resource changed concurrently; roll back and retry")]
     Conflict,
+    /// The scope does not fit the resource: a scope given for a resource without a
+    /// scope column, or none for one with it. A programming error, reported
+    /// rather than answered as [`TransitionError::NotFound`].
+    #[error("the resource {table} is {scoped}, but the transition {given} a scope")]
+    ScopeMismatch {
+        /// The resource's table.
+        table: &'static str,
+        /// "scoped" or "not scoped".
+        scoped: &'static str,
+        /// "was given" or "was not given".
+        given: &'static str,
+    },
     /// The stored state is not one of the declared states.
     #[error("the stored state {0:?} is not a declared state")]
     UnknownState(String),
@@ -306,6 +318,21 @@ where
     S: States,
     F: for<'c> FnOnce(&'c mut DB::Connection) -> Action<'c, T, E>,
 {
+    if resource.scope_column.is_some() != scope.is_some() {
+        return Err(TransitionError::ScopeMismatch {
+            table: resource.table,
+            scoped: if resource.scope_column.is_some() {
+                "scoped"
+            } else {
+                "not scoped"
+            },
+            given: if scope.is_some() {
+                "was given"
+            } else {
+                "was not given"
+            },
+        });
+    }
     let conn: &mut DB::Connection = tx;
     let (current, version) = DB::lock_state(&mut *conn, resource, id, scope)
         .await?
