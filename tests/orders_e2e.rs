@@ -917,6 +917,34 @@ async fn a_declined_payment_is_stored_and_replayed<D: Backend>() {
     assert_eq!(provider(&server).await["calls"], 0);
 }
 
+/// On SQLite a step waits for the database's one write lock; held elsewhere past
+/// the busy timeout (5 s), the answer is a `503` with `Retry-After` and nothing
+/// changes, and once the lock is free the same step goes through.
+#[tokio::test]
+async fn on_sqlite_a_step_behind_a_held_write_lock_is_503_then_succeeds() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(&db, &[]).await;
+    let id = Call::order("busy-1").ok(&server).await.json()["id"]
+        .as_i64()
+        .unwrap();
+    let holder = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let busy = step(&server, id, "pay").await;
+    assert_eq!(
+        busy.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&busy.body)
+    );
+    assert_eq!(busy.problem_type(), "urn:orders:problem:busy");
+    assert_eq!(busy.headers["retry-after"], "1");
+    holder.rollback().await.unwrap();
+    assert_eq!(db.count("SELECT count(*) FROM order_payments").await, 0);
+    let paid = step(&server, id, "pay").await;
+    assert_eq!(paid.status, StatusCode::OK);
+    assert_eq!(paid.json()["changed"], true);
+    assert_eq!(db.count("SELECT count(*) FROM order_payments").await, 1);
+}
+
 /// A directory of its own for one test, removed at its end.
 struct TempDir(std::path::PathBuf);
 

@@ -70,9 +70,27 @@ pub fn answer(
                 )),
             ));
         }
+        Err(TransitionError::Database(e)) if is_busy(&e) => {
+            let mut busy = Problem::new(
+                "urn:orders:problem:busy",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Busy",
+            )
+            .with_detail("the order could not be locked in time; nothing changed, retry shortly");
+            busy.retry_after = Some(1);
+            return Err(ApiError(busy));
+        }
         Err(e) => return Err(ApiError::internal(e)),
     };
     Ok(Some(
         json!({"id": id, "status": to.name(), "version": version, "changed": changed}),
     ))
+}
+
+/// SQLite's "database is locked" (`SQLITE_BUSY`, `SQLITE_LOCKED` and their extended
+/// codes): another writer held the database's one write lock past the busy
+/// timeout. Nothing changed; the step can simply be retried.
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5 || c & 0xff == 6))
 }
