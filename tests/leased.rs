@@ -338,8 +338,8 @@ macro_rules! leased_tests {
         }
 
         /// A handler that watches its lease, as a careful one does before it calls
-        /// downstream: the first execution reports in, then waits until its lease is
-        /// lost before it charges.
+        /// downstream: the first execution reports in, waits until its lease is
+        /// taken as lost, reports again, and charges.
         #[idempotent(
             operation = "create-payment",
             retention = "1h",
@@ -361,6 +361,7 @@ macro_rules! leased_tests {
                     assert!(Instant::now() < deadline, "the lease was never lost");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
+                entered.send(()).ok();
             }
             charge_and_answer(&app, lease, p.amount_cents).await
         }
@@ -810,10 +811,12 @@ macro_rules! leased_tests {
         }
 
         /// Renewals that cannot get through (the row is held elsewhere) for a whole
-        /// lease make the worker take its lease as lost: it publishes nothing, its
-        /// client is told to retry, and the retry takes over and charges once.
+        /// lease make the worker take its lease as lost, so it can stop before
+        /// calling downstream again. Nobody took over, though: what it returns is
+        /// still stored (the store is fenced by its token, which still holds), not
+        /// thrown away for a takeover to call downstream again.
         #[tokio::test]
-        async fn a_worker_whose_renewals_fail_for_a_lease_publishes_nothing() {
+        async fn a_lease_taken_as_lost_but_not_taken_over_still_publishes() {
             let mut s = setup(true).await;
             let router = s.router.clone();
             let first = tokio::spawn(async move {
@@ -825,41 +828,141 @@ macro_rules! leased_tests {
                 .execute(&mut *holder)
                 .await
                 .unwrap();
-            let (status, _, body) = first.await.unwrap();
+            // The handler saw its lease lost while the row was held.
+            s.entered.recv().await.unwrap();
+            holder.rollback().await.unwrap();
+            let (status, headers, body) = first.await.unwrap();
             assert_eq!(
                 status,
-                StatusCode::CONFLICT,
+                StatusCode::CREATED,
                 "{}",
                 String::from_utf8_lossy(&body)
             );
-            holder.rollback().await.unwrap();
-            assert_eq!(
-                s.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'processing'")
-                    .await,
-                1,
-                "nothing was published"
-            );
-            // A renewal that was stuck behind the held row may still land now and
-            // extend the lease once more: retry as a client does, after Retry-After.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            let (status, headers) = loop {
-                let (status, headers, _) =
-                    send(&s.router, pay("/payments-until-lost", "lost-1", 100)).await;
-                if status != StatusCode::CONFLICT {
-                    break (status, headers);
-                }
-                assert!(Instant::now() < deadline, "still in flight after 60 s");
-                let secs: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
-                tokio::time::sleep(Duration::from_secs(secs)).await;
-            };
-            assert_eq!(status, StatusCode::CREATED);
             assert!(headers.get("idempotent-replayed").is_none());
-            assert_eq!(s.provider.charge_count(), 1, "the provider deduplicated the retry");
-            let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
-                .fetch_one(&s.db.pool)
+            let (state, generation): (String, i64) =
+                sqlx::query_as("SELECT state, generation FROM idempotency_requests")
+                    .fetch_one(&s.db.pool)
+                    .await
+                    .unwrap();
+            assert_eq!((state.as_str(), generation), ("completed", 1));
+            let (status, headers, replayed) =
+                send(&s.router, pay("/payments-until-lost", "lost-1", 100)).await;
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(headers["idempotent-replayed"], "true");
+            assert_eq!(replayed, body);
+            assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1, "downstream called once");
+        }
+
+        /// Every statement of a stale owner is fenced by its token, not only by the
+        /// row's state: while the new owner still holds the row `processing`, the
+        /// old one can neither complete, release nor mark it uncertain.
+        #[tokio::test]
+        async fn a_stale_owner_cannot_touch_the_row_the_new_owner_holds() {
+            let db = TestDb::new().await;
+            let key = IdempotencyKey::parse("fence-1").unwrap();
+            let lease = Duration::from_millis(200);
+            let held = |generation: i64| {
+                format!(
+                    "SELECT count(*) FROM idempotency_requests \
+                      WHERE state = 'processing' AND generation = {generation}"
+                )
+            };
+            let mut owners = vec![acquire(&db, &key, lease).await];
+            for generation in 2..=4 {
+                until_lease_lapsed(&db).await;
+                let next = acquire(&db, &key, lease).await;
+                assert_eq!(next.generation(), generation);
+                owners.push(next);
+            }
+            let current = owners.pop().unwrap();
+            let mut stale = owners.into_iter();
+            let r = stale.next().unwrap().complete(&paid("stale")).await;
+            assert!(matches!(r, Err(LeaseError::StaleOwner { generation: 1 })), "{r:?}");
+            let r = stale.next().unwrap().release().await;
+            assert!(matches!(r, Err(LeaseError::StaleOwner { generation: 2 })), "{r:?}");
+            let r = stale.next().unwrap().mark_uncertain().await;
+            assert!(matches!(r, Err(LeaseError::StaleOwner { generation: 3 })), "{r:?}");
+            assert_eq!(db.count(&held(4)).await, 1, "the new owner's row is untouched");
+            current.complete(&paid("ch_4")).await.unwrap();
+            match claim_leased(&db.pool, &lease_req(&key, lease)).await.unwrap() {
+                LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_4")),
+                other => panic!("expected the new owner's outcome, got {other:?}"),
+            }
+        }
+
+        /// Of many concurrent claims of one key, exactly one acquires it.
+        #[tokio::test]
+        async fn of_concurrent_claims_of_one_key_exactly_one_acquires() {
+            let db = Arc::new(TestDb::new().await);
+            let n = 8;
+            let barrier = Arc::new(tokio::sync::Barrier::new(n));
+            let mut tasks = Vec::new();
+            for _ in 0..n {
+                let (db, barrier) = (db.clone(), barrier.clone());
+                tasks.push(tokio::spawn(async move {
+                    let key = IdempotencyKey::parse("race-claim").unwrap();
+                    barrier.wait().await;
+                    match claim_leased(&db.pool, &lease_req(&key, HOUR)).await.unwrap() {
+                        LeasedClaim::Acquired(_) => 1,
+                        LeasedClaim::InFlight { .. } => 0,
+                        other => panic!("expected acquired or in flight, got {other:?}"),
+                    }
+                }));
+            }
+            let mut acquired = 0;
+            for t in tasks {
+                acquired += t.await.unwrap();
+            }
+            assert_eq!(acquired, 1);
+        }
+
+        /// While the downstream is asked about an uncertain execution, the key is
+        /// released elsewhere and a new execution of it becomes uncertain, again at
+        /// generation 1. The late answer ("not charged") must not forget the new one.
+        struct Reused(sqlx::Pool<Db>);
+
+        impl Reconcile for Reused {
+            fn operation(&self) -> &str {
+                "create-payment"
+            }
+
+            async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+                sqlx::query("DELETE FROM idempotency_requests")
+                    .execute(&self.0)
+                    .await
+                    .unwrap();
+                let key = IdempotencyKey::parse("aba-1").unwrap();
+                match claim_leased(&self.0, &lease_req(&key, HOUR)).await.unwrap() {
+                    LeasedClaim::Acquired(lease) => lease.mark_uncertain().await.unwrap(),
+                    other => panic!("expected to acquire, got {other:?}"),
+                }
+                Resolution::Released
+            }
+        }
+
+        #[tokio::test]
+        async fn a_late_resolution_never_applies_to_a_later_execution_of_the_key() {
+            let db = TestDb::new().await;
+            let key = IdempotencyKey::parse("aba-1").unwrap();
+            acquire(&db, &key, HOUR)
+                .await
+                .mark_uncertain()
                 .await
                 .unwrap();
-            assert_eq!(generation, 2, "taken over");
+            let report = Reconciler::new(db.pool.clone(), Reused(db.pool.clone()))
+                .run_once()
+                .await
+                .unwrap();
+            assert_eq!(report.released, 0, "{report:?}");
+            assert_eq!(
+                db.count(
+                    "SELECT count(*) FROM idempotency_requests \
+                      WHERE state = 'uncertain' AND generation = 1"
+                )
+                .await,
+                1,
+                "the new execution still awaits its own reconciliation"
+            );
         }
     };
 }

@@ -1008,6 +1008,11 @@ async fn an_unusable_database_url_is_a_clear_startup_error() {
             "sqlite:/nonexistent-dir/x/y.db",
             "cannot open the SQLite database",
         ),
+        ("sqlite::memory:", "in-memory SQLite database"),
+        (
+            "sqlite://orders.db?mode=memory",
+            "in-memory SQLite database",
+        ),
     ] {
         let out = tokio::time::timeout(
             Duration::from_secs(60),

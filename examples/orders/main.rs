@@ -65,6 +65,16 @@ async fn connect() -> Result<Store, String> {
     let opts = if url.is_empty() {
         SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE)
     } else if url.starts_with("sqlite:") {
+        let rest = url.trim_start_matches("sqlite:").trim_start_matches("//");
+        let (path, params) = rest.split_once('?').unwrap_or((rest, ""));
+        // An in-memory database is shared-cache in sqlx, where a writer makes
+        // others fail at once instead of waiting: no in-flight wait, no restart.
+        if path == ":memory:" || params.split('&').any(|p| p == "mode=memory") {
+            return Err(
+                "DATABASE_URL names an in-memory SQLite database; give a file (sqlite:orders.db)"
+                    .into(),
+            );
+        }
         SqliteConnectOptions::from_str(&url)
             .map_err(|e| format!("DATABASE_URL is not a usable SQLite URL: {e}"))?
     } else {

@@ -153,7 +153,9 @@ use proc_macro::TokenStream;
 ///   mode (either database).
 /// * The body is buffered by its extractor before the claim, and the response is
 ///   buffered before it is stored (limit: `Idem::with_max_response_bytes`, 1 MiB by
-///   default; a larger response rolls back and answers `500`).
+///   default; a larger response rolls back and answers `500`; in leased mode, where
+///   the effect happened elsewhere, the row becomes `uncertain` and the answer is
+///   `202`).
 /// * Replays carry only the stored response headers (`content-type`, `location`,
 ///   `etag`, ... and those added with `Idem::with_stored_header`), never
 ///   `set-cookie`.

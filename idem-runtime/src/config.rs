@@ -33,7 +33,8 @@ pub enum ConfigError {
     InvalidHeader(String),
 }
 
-/// What idem needs at run time: the PostgreSQL pool and its settings.
+/// What idem needs at run time: the pool (PostgreSQL, or SQLite as `Idem<Sqlite>`)
+/// and its settings.
 ///
 /// Cheap to clone. Put it in your router state and expose it with
 /// [`axum::extract::FromRef`], so that `#[idempotent]` handlers can find it:

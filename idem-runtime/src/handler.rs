@@ -369,7 +369,7 @@ async fn capture<DB: Backend>(
     response::capture(resp, idem.stored_headers(), idem.max_response_bytes())
         .await
         .map_err(|e| {
-            tracing::error!(operation = op, error = %e, "idem: response not storable; rolled back");
+            tracing::error!(operation = op, error = %e, "idem: response not storable");
             let type_uri = match e {
                 CaptureError::TooLarge { .. } => {
                     metrics::completion(op, "too_large");
@@ -498,82 +498,129 @@ async fn execute_leased<DB: LeaseBackend>(
             never = renewer.run(ceiling) => match never {},
         }
     };
-    if lease.is_lost() {
-        return stale(op, &probe, req.lease).await;
-    }
-    let result = if outcome
+    // A lease believed lost (no renewal got through for a whole lease, or the
+    // ceiling passed) may still be this worker's: every statement below is fenced
+    // by the owner token, so a worker that really lost it writes nothing and
+    // answers as a stale owner, while one that did not publishes its result rather
+    // than leave it to a takeover that would call downstream again.
+    if outcome
         .response
         .extensions()
         .get::<crate::lease::UncertainMarker>()
         .is_some()
     {
-        match lease.mark_uncertain().await {
+        return match lease.mark_uncertain().await {
             Ok(()) => {
                 metrics::completion(op, "uncertain");
                 tracing::warn!(
                     operation = op,
                     "idem: outcome uncertain; awaiting reconciliation"
                 );
-                return outcome.response;
+                outcome.response
             }
-            Err(e) => Err(e),
-        }
-    } else if outcome.rolls_back() {
-        match lease.release().await {
-            Ok(()) => {
-                metrics::completion(op, "rolled_back");
-                return outcome.response;
-            }
-            Err(e) => Err(e),
-        }
-    } else {
-        let (response, stored) = match capture(idem, op, outcome.response).await {
-            Ok(r) => r,
-            Err(_rolled_back) => {
-                // The effect happened but its answer cannot be stored: never
-                // release (a retry would repeat it); leave it to reconciliation,
-                // and tell this client what its retries will be told. The
-                // transactional answer ("rolled back") would be false here.
-                if let Err(e) = lease.record_uncertain().await {
-                    tracing::warn!(operation = op, error = %e, "idem: marking an unstorable outcome uncertain failed");
-                }
-                return Problem::uncertain(req.lease)
-                    .with_detail(
-                        "the operation ran but its response could not be stored; \
-                         its outcome is being confirmed and it will not run twice",
-                    )
-                    .into_response();
+            Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, req.lease).await,
+            Err(LeaseError::Store(e)) => {
+                // The effect may have happened: never answer "nothing was stored".
+                metrics::completion(op, "error");
+                tracing::error!(operation = op, error = %e, "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease");
+                outcome.response
             }
         };
-        // The effect happened: try hard to record it before the lease lapses, and
-        // fall back to `uncertain` rather than let a takeover repeat it.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match lease.store_outcome(&stored).await {
-                Ok(()) => {
-                    stored_ok(op, &stored, started);
-                    return response;
-                }
-                Err(LeaseError::Store(e)) if attempt < 3 => {
-                    tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-                }
-                Err(LeaseError::Store(e)) => {
-                    if let Err(e2) = lease.record_uncertain().await {
-                        tracing::error!(operation = op, error = %e2, "idem: could not mark the outcome uncertain either");
-                    }
-                    break Err(LeaseError::Store(e));
-                }
-                Err(stale) => break Err(stale),
+    }
+    if outcome.rolls_back() {
+        return match lease.release().await {
+            Ok(()) => {
+                metrics::completion(op, "rolled_back");
+                outcome.response
             }
+            Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, req.lease).await,
+            // The effect did not happen; the key frees itself when the lease lapses.
+            Err(LeaseError::Store(e)) => store_failed(op, None, "release", &e),
+        };
+    }
+    let (response, stored) = match capture(idem, op, outcome.response).await {
+        Ok(r) => r,
+        Err(_rolled_back) => {
+            // The transactional answer ("rolled back") would be false here.
+            // `capture` counted this completion already.
+            return effect_unrecorded(
+                op,
+                &lease,
+                &probe,
+                req.lease,
+                "the operation ran but its response could not be stored",
+                false,
+            )
+            .await;
         }
     };
-    match result {
-        Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, req.lease).await,
-        Err(LeaseError::Store(e)) => store_failed(op, None, "complete", &e),
-        Ok(()) => Problem::store_unavailable().into_response(),
+    // The effect happened: try hard to record it before the lease lapses, and
+    // fall back to `uncertain` rather than let a takeover repeat it.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match lease.store_outcome(&stored).await {
+            Ok(()) => {
+                stored_ok(op, &stored, started);
+                return response;
+            }
+            Err(LeaseError::Store(e)) if attempt < 3 => {
+                tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            }
+            Err(LeaseError::Store(e)) => {
+                tracing::error!(operation = op, error = %e, "idem: storing a leased outcome failed");
+                return effect_unrecorded(
+                    op,
+                    &lease,
+                    &probe,
+                    req.lease,
+                    "the operation ran but its outcome could not be recorded",
+                    true,
+                )
+                .await;
+            }
+            Err(LeaseError::StaleOwner { .. }) => return stale(op, &probe, req.lease).await,
+        }
     }
+}
+
+/// The answer after an effect whose outcome could not be stored: the row is
+/// marked `uncertain` for reconciliation (never released: a retry would repeat
+/// the effect), and the client is told what its retries will be told, `202`, not
+/// that nothing happened. If even marking fails, the row stays `processing` and a
+/// retry takes it over after the lease, calling downstream with the same
+/// downstream key.
+async fn effect_unrecorded<DB: LeaseBackend>(
+    op: &str,
+    lease: &Lease<DB>,
+    probe: &crate::lease::Probe<DB>,
+    lease_len: Duration,
+    detail: &str,
+    count: bool,
+) -> Response {
+    for attempt in 1..=3u64 {
+        match lease.record_uncertain().await {
+            Ok(()) => {
+                if count {
+                    metrics::completion(op, "uncertain");
+                }
+                break;
+            }
+            Err(LeaseError::StaleOwner { .. }) => return stale(op, probe, lease_len).await,
+            Err(LeaseError::Store(e)) => {
+                tracing::error!(operation = op, attempt, error = %e, "idem: marking the outcome uncertain failed");
+                if attempt < 3 {
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+            }
+        }
+    }
+    Problem::uncertain(lease_len)
+        .with_detail(format!(
+            "{detail}; its outcome is being confirmed. Retry later with the same key"
+        ))
+        .into_response()
 }
 
 /// The answer for a worker that lost its lease: never its own result.

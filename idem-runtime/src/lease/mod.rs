@@ -119,6 +119,7 @@ macro_rules! shared_statements {
                         tenant: r.try_get("tenant_id")?,
                         key: r.try_get("idempotency_key")?,
                         generation: r.try_get("generation")?,
+                        token: r.try_get("owner_token")?,
                     })
                 })
                 .collect()
@@ -142,12 +143,14 @@ macro_rules! shared_statements {
                         .bind(status)
                         .bind(headers)
                         .bind(&stored.body[..])
+                        .bind(&row.token)
                 }
                 None => sqlx::query(super::FORGET_SQL)
                     .bind(&row.tenant)
                     .bind(operation)
                     .bind(&row.key)
-                    .bind(row.generation),
+                    .bind(row.generation)
+                    .bind(&row.token),
             };
             Ok(query.execute(pool).await?.rows_affected())
         }
@@ -159,12 +162,20 @@ const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers
       WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
         AND state IN ('completed', 'failed')";
 
-const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation FROM idempotency_requests \
-      WHERE operation = $1 AND state = 'uncertain' ORDER BY created_at LIMIT $2";
+// The `state IN (...)` term repeats the partial in-flight index's condition word
+// for word: SQLite uses a partial index only for a query that states it so.
+const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation, \
+            CAST(owner_token AS text) AS owner_token \
+       FROM idempotency_requests \
+      WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
+      ORDER BY created_at LIMIT $2";
 
+// A resolution applies to the execution it was asked about and no other: a
+// generation alone could match a later one (a released key starts again at 1),
+// its owner token cannot.
 const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND generation = $4 AND state = 'uncertain'";
+        AND generation = $4 AND state = 'uncertain' AND CAST(owner_token AS text) = $5";
 
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
@@ -327,6 +338,9 @@ pub struct UncertainRow {
     pub key: String,
     /// The generation that became uncertain.
     pub generation: i64,
+    /// The owner token of the execution that became uncertain: what a
+    /// resolution is fenced by.
+    pub token: Option<String>,
 }
 
 /// A database leased mode can keep its rows in: PostgreSQL and SQLite. Each
@@ -371,8 +385,9 @@ pub trait LeaseBackend: Backend {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<UncertainRow>, StoreError>> + Send;
 
-    /// Resolves an uncertain row if it is still that execution: stores `outcome`
-    /// (retention from now), or forgets the key when `None`; the rows touched.
+    /// Resolves an uncertain row if it is still that execution (same generation and
+    /// owner token): stores `outcome` (retention from now), or forgets the key when
+    /// `None`; the rows touched.
     fn resolve(
         pool: &Pool<Self>,
         operation: &str,
@@ -468,8 +483,11 @@ impl<DB: LeaseBackend> Lease<DB> {
         self.lease
     }
 
-    /// True once a renewal found the execution taken over: stop, the result will
-    /// not be published.
+    /// True once the lease is lost or taken to be: a renewal found the execution
+    /// taken over, no renewal got through for a whole lease, or the renewal
+    /// ceiling passed. Stop before calling downstream again. What the handler
+    /// returns is still stored if no other worker took over (every store is fenced
+    /// by the owner token), and never if one did.
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }

@@ -54,7 +54,7 @@ const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
             expires_at = c.t + (r.expires_at - r.created_at) \
        FROM (SELECT clock_timestamp() AS t) c \
       WHERE r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3 \
-        AND r.generation = $4 AND r.state = 'uncertain'";
+        AND r.generation = $4 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";
 
 /// Stored headers as the `jsonb` column takes them.
 type JsonHeaders<'a> = sqlx::types::Json<&'a Vec<(String, String)>>;

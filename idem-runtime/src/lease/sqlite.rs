@@ -101,7 +101,7 @@ const RESOLVE_SQL: &str = concat!(
     now_ms!(),
     " AS now) t \
       WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND generation = $4 AND state = 'uncertain'"
+        AND generation = $4 AND state = 'uncertain' AND owner_token = $9"
 );
 
 /// A fresh owner token: 128 random bits, as hex.
