@@ -147,6 +147,8 @@ pub type Action<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + '
 ///   state. Make the transition the transaction's first statement (or begin it
 ///   with `BEGIN IMMEDIATE`): a transaction that read before it cannot take the
 ///   write lock once another writer has committed, and fails with `SQLITE_BUSY`.
+///   That no-op `UPDATE` fires the table's `UPDATE` triggers (an `updated_at`
+///   trigger, say) even when the transition turns out to be a no-op.
 #[diagnostic::on_unimplemented(
     message = "transitions run in a PostgreSQL or SQLite transaction, not in `{Self}`",
     note = "pass the caller's `&mut sqlx::Transaction<'_, Postgres>` or `&mut sqlx::Transaction<'_, Sqlite>`"
