@@ -123,3 +123,37 @@ pub fn applied_versions_sql() -> String {
         idem_runtime::store::postgres::MIGRATIONS_TABLE
     )
 }
+
+/// The two [`Store`] methods that are the same on both backends but for the
+/// `SHOW_SQL` of the backend's module: expanded inside each `impl Store`.
+macro_rules! same_on_both {
+    () => {
+        async fn applied_versions(pool: &Pool<Self>) -> Result<Vec<i64>, Failure> {
+            match sqlx::query_scalar(sqlx::AssertSqlSafe(applied_versions_sql()))
+                .fetch_all(pool)
+                .await
+            {
+                Ok(v) => Ok(v),
+                // No history table yet: nothing was ever applied.
+                Err(e) if is_undefined_table(&e) => Ok(vec![]),
+                Err(e) => Err(e.into()),
+            }
+        }
+
+        async fn fetch(
+            pool: &Pool<Self>,
+            key: &KeyRef<'_>,
+            with_body: bool,
+        ) -> Result<Option<StoredRow>, Failure> {
+            let row = sqlx::query(SHOW_SQL)
+                .bind(key.tenant)
+                .bind(key.operation)
+                .bind(key.key)
+                .bind(with_body)
+                .fetch_optional(pool)
+                .await?;
+            row.as_ref().map(stored_row).transpose()
+        }
+    };
+}
+pub(crate) use same_on_both;

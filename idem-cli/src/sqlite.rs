@@ -150,32 +150,7 @@ impl Store for Sqlite {
         idem_runtime::store::sqlite::migrator()
     }
 
-    async fn applied_versions(pool: &Pool<Self>) -> Result<Vec<i64>, Failure> {
-        match sqlx::query_scalar(sqlx::AssertSqlSafe(applied_versions_sql()))
-            .fetch_all(pool)
-            .await
-        {
-            Ok(v) => Ok(v),
-            // No history table yet: nothing was ever applied.
-            Err(e) if is_undefined_table(&e) => Ok(vec![]),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn fetch(
-        pool: &Pool<Self>,
-        key: &KeyRef<'_>,
-        with_body: bool,
-    ) -> Result<Option<StoredRow>, Failure> {
-        let row = sqlx::query(SHOW_SQL)
-            .bind(key.tenant)
-            .bind(key.operation)
-            .bind(key.key)
-            .bind(with_body)
-            .fetch_optional(pool)
-            .await?;
-        row.as_ref().map(stored_row).transpose()
-    }
+    crate::backend::same_on_both!();
 
     /// SQLite has no row locks and serialises writers: `BEGIN IMMEDIATE` takes
     /// the database's write lock before the row is read, so no request can claim,
