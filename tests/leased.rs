@@ -1022,7 +1022,7 @@ mod sqlite {
     leased_tests!(
         sqlx::Sqlite,
         crate::common::SqliteDb,
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        idem_runtime::sqlite_now_ms!(),
         // SQLite's one write lock holds every row.
         ("BEGIN IMMEDIATE", "SELECT 1")
     );

@@ -88,8 +88,7 @@ impl Backend for SqliteDb {
         format!("sqlite://{}", self.path.display())
     }
     same_sql!();
-    const A_SECOND_AGO: &'static str =
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - 1000";
+    const A_SECOND_AGO: &'static str = concat!(idem_runtime::sqlite_now_ms!(), " - 1000");
     /// The write lock of a dead process is gone with it: taking it proves nobody
     /// holds it (the pool's busy timeout is the wait).
     async fn wait_until_no_open_transaction(&self) {
@@ -1009,6 +1008,7 @@ async fn an_unusable_database_url_is_a_clear_startup_error() {
             "cannot open the SQLite database",
         ),
         ("sqlite::memory:", "in-memory SQLite database"),
+        ("sqlite:", "names no SQLite file"),
         (
             "sqlite://orders.db?mode=memory",
             "in-memory SQLite database",

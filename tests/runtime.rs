@@ -344,12 +344,13 @@ mod sqlite {
         let key = IdempotencyKey::parse("k1").unwrap();
         let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
         let ok = db
-            .count(
+            .count(concat!(
                 "SELECT (completed_at >= created_at \
-                    AND expires_at = completed_at + 3600000 \
-                    AND abs(created_at - CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)) < 600000) \
-                   FROM idempotency_requests",
-            )
+                        AND expires_at = completed_at + 3600000 \
+                        AND abs(created_at - ",
+                idem_runtime::sqlite_now_ms!(),
+                ") < 600000) FROM idempotency_requests"
+            ))
             .await;
         assert_eq!(ok, 1);
     }

@@ -24,12 +24,19 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 const HOUR: i64 = 3600;
 const DAY: i64 = 24 * HOUR;
 
-/// SQLite's "now" in Unix milliseconds, spelled as `idem_runtime::store::sqlite`
-/// spells it for its timestamps (the tests cannot reach that crate-private macro).
-macro_rules! sqlite_now {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-    };
+/// A claim of `key` for `create-order` with an hour's retention.
+fn order_request(key: &IdempotencyKey) -> ClaimRequest<'_> {
+    ClaimRequest {
+        tenant: "acme",
+        operation: "create-order",
+        key,
+        fingerprint: FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
+            .body(&serde_json::json!({ "sku": "A-1" }))
+            .unwrap()
+            .finish(),
+        retention: Duration::from_secs(HOUR as u64),
+        in_flight_wait: Duration::from_secs(5),
+    }
 }
 
 /// The behaviour both backends share, written once. The arguments are the SQL
@@ -117,7 +124,12 @@ macro_rules! sweeper_tests {
             let s = Sweeper::new(db.pool.clone());
             let _: &Sweeper<Db> = &s;
             assert_eq!(
-                (s.batch_size(), s.max_batches(), s.interval(), s.stale_after()),
+                (
+                    s.batch_size(),
+                    s.max_batches(),
+                    s.interval(),
+                    s.stale_after()
+                ),
                 (
                     Sweeper::DEFAULT_BATCH_SIZE,
                     Sweeper::DEFAULT_MAX_BATCHES,
@@ -132,7 +144,12 @@ macro_rules! sweeper_tests {
                     Sweeper::DEFAULT_INTERVAL,
                     Sweeper::DEFAULT_STALE_AFTER
                 ),
-                (1000, 100, Duration::from_secs(60), Duration::from_secs(15 * 60))
+                (
+                    1000,
+                    100,
+                    Duration::from_secs(60),
+                    Duration::from_secs(15 * 60)
+                )
             );
         }
 
@@ -186,8 +203,11 @@ macro_rules! sweeper_tests {
             assert_eq!(count_where(&db, "1 = 1").await, 22);
             // The survivors are exactly the in-flight and the fresh rows.
             assert_eq!(
-                count_where(&db, "idempotency_key LIKE 'done-%' OR idempotency_key LIKE 'refused-%'")
-                    .await,
+                count_where(
+                    &db,
+                    "idempotency_key LIKE 'done-%' OR idempotency_key LIKE 'refused-%'"
+                )
+                .await,
                 0
             );
 
@@ -245,17 +265,7 @@ macro_rules! sweeper_tests {
         async fn a_retry_after_the_sweep_executes_anew() {
             let db = TestDb::new().await;
             let key = IdempotencyKey::parse("order-7").unwrap();
-            let req = ClaimRequest {
-                tenant: "acme",
-                operation: "create-order",
-                key: &key,
-                fingerprint: FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
-                    .body(&serde_json::json!({ "sku": "A-1" }))
-                    .unwrap()
-                    .finish(),
-                retention: Duration::from_secs(HOUR as u64),
-                in_flight_wait: Duration::from_secs(5),
-            };
+            let req = order_request(&key);
             let first = StoredResponse {
                 status: 201,
                 headers: vec![],
@@ -414,7 +424,11 @@ macro_rules! sweeper_tests {
                 rows(&db, op, "k", 1, "completed", HOUR, 60).await;
             }
             let s = idem_runtime::stats(&db.pool).await.unwrap();
-            let ops: Vec<&str> = s.by_operation.iter().map(|o| o.operation.as_str()).collect();
+            let ops: Vec<&str> = s
+                .by_operation
+                .iter()
+                .map(|o| o.operation.as_str())
+                .collect();
             assert_eq!(ops, ["Zeta", "alpha", "create-order", "refund"]);
         }
 
@@ -425,27 +439,18 @@ macro_rules! sweeper_tests {
             // A request in the middle of its transaction: the key is claimed (on
             // SQLite that holds the database's write lock) and not committed.
             let key = IdempotencyKey::parse("order-9").unwrap();
-            let req = ClaimRequest {
-                tenant: "acme",
-                operation: "create-order",
-                key: &key,
-                fingerprint: FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
-                    .body(&serde_json::json!({ "sku": "A-1" }))
-                    .unwrap()
-                    .finish(),
-                retention: Duration::from_secs(HOUR as u64),
-                in_flight_wait: Duration::from_secs(5),
-            };
+            let req = order_request(&key);
             let mut tx = db.pool.begin().await.unwrap();
             let Claim::Execute(exec) = claim(&mut tx, &req).await.unwrap() else {
                 panic!("a new key executes")
             };
             // The timeout only turns a regression (a snapshot that waits for the
             // writer) into a failure instead of a hung test.
-            let during = tokio::time::timeout(Duration::from_secs(60), idem_runtime::stats(&db.pool))
-                .await
-                .expect("stats waited for an uncommitted writer")
-                .unwrap();
+            let during =
+                tokio::time::timeout(Duration::from_secs(60), idem_runtime::stats(&db.pool))
+                    .await
+                    .expect("stats waited for an uncommitted writer")
+                    .unwrap();
             assert_eq!((during.rows, during.by_state.processing), (2, 0));
             assert_eq!(during.oldest_in_flight_seconds, None);
 
@@ -582,21 +587,21 @@ mod sqlite {
              SELECT 'acme', $1, $2 || '-' || i, zeroblob(32), $3, \
                     CASE $3 WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
                     CASE WHEN $3 IN ('completed', 'failed') THEN CAST('0123456789' AS BLOB) END, ",
-            sqlite_now!(),
+            idem_runtime::sqlite_now_ms!(),
             " - $5 * 1000, ",
-            sqlite_now!(),
+            idem_runtime::sqlite_now_ms!(),
             " + $4 * 1000 \
                FROM seq"
         ),
         expired_finished = concat!(
             "expires_at <= ",
-            sqlite_now!(),
+            idem_runtime::sqlite_now_ms!(),
             " AND state IN ('completed', 'failed')"
         ),
-        not_expired = concat!("expires_at > ", sqlite_now!()),
+        not_expired = concat!("expires_at > ", idem_runtime::sqlite_now_ms!()),
         expire_all = concat!(
             "UPDATE idempotency_requests SET expires_at = ",
-            sqlite_now!(),
+            idem_runtime::sqlite_now_ms!(),
             " - 1000"
         ),
         // The headers as the store writes them (compact JSON text), the bodies as
@@ -608,17 +613,17 @@ mod sqlite {
                VALUES
                  ('acme', 'create-order', 'a1', zeroblob(32), 'completed', 201,
                   '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
-                  unixepoch('2000-01-02 03:04:05') * 1000, "#, sqlite_now!(), r#" + 86400000),
+                  unixepoch('2000-01-02 03:04:05') * 1000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
                  ('acme', 'create-order', 'a2', zeroblob(32), 'completed', 201,
                   '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
-                  "#, sqlite_now!(), r#" - 60000, "#, sqlite_now!(), r#" + 86400000),
+                  "#, idem_runtime::sqlite_now_ms!(), r#" - 60000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
                  ('globex', 'create-order', 'a3', zeroblob(32), 'failed', 404,
-                  NULL, CAST('abc' AS BLOB), "#, sqlite_now!(), r#" - 2 * 86400000,
-                  "#, sqlite_now!(), r#" - 86400000),
+                  NULL, CAST('abc' AS BLOB), "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000,
+                  "#, idem_runtime::sqlite_now_ms!(), r#" - 86400000),
                  ('acme', 'refund', 'b1', zeroblob(32), 'processing', NULL,
-                  NULL, NULL, "#, sqlite_now!(), r#" - 7200000, "#, sqlite_now!(), r#" + 86400000),
+                  NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 7200000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
                  ('acme', 'refund', 'b2', zeroblob(32), 'uncertain', NULL,
-                  NULL, NULL, "#, sqlite_now!(), r#" - 3600000, "#, sqlite_now!(), r#" - 60000)"#
+                  NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 3600000, "#, idem_runtime::sqlite_now_ms!(), r#" - 60000)"#
         ),
         header_bytes = r#"SELECT length(CAST('[["content-type","text/plain"]]' AS BLOB))"#,
     }

@@ -67,8 +67,12 @@ async fn connect() -> Result<Store, String> {
     } else if url.starts_with("sqlite:") {
         let rest = url.trim_start_matches("sqlite:").trim_start_matches("//");
         let (path, params) = rest.split_once('?').unwrap_or((rest, ""));
-        // An in-memory database is shared-cache in sqlx, where a writer makes
-        // others fail at once instead of waiting: no in-flight wait, no restart.
+        // No path is a private temporary database to SQLite, and an in-memory one
+        // is shared-cache in sqlx, where a writer makes others fail at once
+        // instead of waiting: either forgets every key at exit.
+        if path.is_empty() {
+            return Err("DATABASE_URL names no SQLite file; give one (sqlite:orders.db)".into());
+        }
         if path == ":memory:" || params.split('&').any(|p| p == "mode=memory") {
             return Err(
                 "DATABASE_URL names an in-memory SQLite database; give a file (sqlite:orders.db)"

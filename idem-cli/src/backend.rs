@@ -157,3 +157,50 @@ macro_rules! same_on_both {
     };
 }
 pub(crate) use same_on_both;
+
+/// Connects once directly, then hands out a small lazy pool: a pool retries a
+/// refused connection until its timeout and then reports only "timed out", which
+/// hides the real reason. `what` opens the message when nothing answers in time.
+pub async fn probe_then_pool<DB: sqlx::Database>(
+    opts: <DB::Connection as sqlx::Connection>::Options,
+    what: &str,
+) -> Result<Pool<DB>, Failure> {
+    use sqlx::{ConnectOptions, Connection};
+
+    let probe = tokio::time::timeout(crate::CONNECT_TIMEOUT, opts.connect())
+        .await
+        .map_err(|_| {
+            Failure::Database(format!(
+                "{what}: no answer within {} s",
+                crate::CONNECT_TIMEOUT.as_secs()
+            ))
+        })??;
+    let _ = probe.close().await;
+    Ok(sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(2)
+        .acquire_timeout(crate::CONNECT_TIMEOUT)
+        .connect_lazy_with(opts))
+}
+
+/// The part of a purge both backends share, in the transaction `$tx` that holds
+/// the key's row: given the row `SELECT_STATE_SQL` read, return `Ok(None)` when
+/// there is none, else ask `$allow` about its state, delete it, and evaluate to
+/// `(state, generation)`; the caller commits.
+macro_rules! delete_if_allowed {
+    ($tx:expr, $row:expr, $key:expr, $allow:expr) => {{
+        let Some(row) = $row else {
+            return Ok(None);
+        };
+        let state: String = row.try_get("state")?;
+        let generation: i64 = row.try_get("generation")?;
+        $allow(&state)?;
+        sqlx::query($crate::backend::DELETE_SQL)
+            .bind($key.tenant)
+            .bind($key.operation)
+            .bind($key.key)
+            .execute(&mut *$tx)
+            .await?;
+        (state, generation)
+    }};
+}
+pub(crate) use delete_if_allowed;

@@ -2,13 +2,14 @@
 
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Pool, Postgres, Row};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{PgPool, Pool, Postgres, Row};
 
 use crate::backend::{
-    DELETE_SQL, KeyRef, SELECT_STATE_SQL, Store, StoredRow, applied_versions_sql, stored_row,
+    KeyRef, SELECT_STATE_SQL, Store, StoredRow, applied_versions_sql, delete_if_allowed,
+    probe_then_pool, stored_row,
 };
-use crate::{CONNECT_TIMEOUT, Failure, PURGE_LOCK_WAIT, is_undefined_table, locked};
+use crate::{Failure, PURGE_LOCK_WAIT, is_undefined_table, locked};
 
 /// Connects to the server the URL names, or says clearly why not.
 pub async fn connect(url: &str) -> Result<PgPool, Failure> {
@@ -17,21 +18,7 @@ pub async fn connect(url: &str) -> Result<PgPool, Failure> {
     let opts = PgConnectOptions::from_str(url)
         .map_err(|e| Failure::Usage(format!("invalid database URL: {e}")))?
         .application_name("idem-cli");
-    // One direct connection first: a pool retries a refused connection until its
-    // timeout and then reports only "timed out", which hides the real reason.
-    let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&opts))
-        .await
-        .map_err(|_| {
-            Failure::Database(format!(
-                "cannot reach the database: no answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            ))
-        })??;
-    let _ = probe.close().await;
-    Ok(PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect_lazy_with(opts))
+    probe_then_pool(opts, "cannot reach the database").await
 }
 
 /// A timestamp column as RFC 3339 text in UTC, formatted by the database (the
@@ -103,18 +90,7 @@ impl Store for Postgres {
             }
             _ => Failure::from(e),
         })?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let state: String = row.try_get("state")?;
-        let generation: i64 = row.try_get("generation")?;
-        allow(&state)?;
-        sqlx::query(DELETE_SQL)
-            .bind(key.tenant)
-            .bind(key.operation)
-            .bind(key.key)
-            .execute(&mut *tx)
-            .await?;
+        let (state, generation) = delete_if_allowed!(tx, row, key, allow);
         tx.commit().await?;
         Ok(Some((state, generation)))
     }

@@ -4,13 +4,14 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{Connection, Pool, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use crate::backend::{
-    DELETE_SQL, KeyRef, SELECT_STATE_SQL, Store, StoredRow, applied_versions_sql, stored_row,
+    KeyRef, SELECT_STATE_SQL, Store, StoredRow, applied_versions_sql, delete_if_allowed,
+    probe_then_pool, stored_row,
 };
-use crate::{CONNECT_TIMEOUT, Failure, PURGE_LOCK_WAIT, is_undefined_table, locked};
+use crate::{Failure, PURGE_LOCK_WAIT, is_undefined_table, locked};
 
 /// How long a command that writes (`migrate`, `sweep`) waits for SQLite's write
 /// lock before it fails; `purge` waits [`PURGE_LOCK_WAIT`] instead.
@@ -65,29 +66,7 @@ pub async fn connect(url: &str, create: bool) -> Result<SqlitePool, Failure> {
             }
         }
     }
-    // One direct connection first, as for PostgreSQL: a pool would retry a file it
-    // cannot open until its timeout and then report only "timed out".
-    let probe = tokio::time::timeout(CONNECT_TIMEOUT, SqliteConnection::connect_with(&opts))
-        .await
-        .map_err(|_| {
-            Failure::Database(format!(
-                "cannot open the SQLite database: no answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            ))
-        })??;
-    let _ = probe.close().await;
-    Ok(SqlitePoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect_lazy_with(opts))
-}
-
-/// Now, in Unix milliseconds, from SQLite's clock (as idem_runtime writes its
-/// timestamps).
-macro_rules! now_ms {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-    };
+    probe_then_pool(opts, "cannot open the SQLite database").await
 }
 
 /// A timestamp column (Unix milliseconds) as RFC 3339 text in UTC, whole seconds,
@@ -116,7 +95,7 @@ const SHOW_SQL: &str = concat!(
     ", ",
     rfc3339!("lease_expires_at"),
     ", expires_at <= ",
-    now_ms!(),
+    idem_runtime::sqlite_now_ms!(),
     " AS expired, response_status, ",
     "length(CAST(response_body AS BLOB)) AS body_bytes, response_headers, ",
     "CASE WHEN $4 THEN CAST(response_body AS BLOB) END AS body ",
@@ -199,18 +178,7 @@ async fn purge_locked(
         .bind(key.key)
         .fetch_optional(&mut *tx)
         .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let state: String = row.try_get("state")?;
-    let generation: i64 = row.try_get("generation")?;
-    allow(&state)?;
-    sqlx::query(DELETE_SQL)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.key)
-        .execute(&mut *tx)
-        .await?;
+    let (state, generation) = delete_if_allowed!(tx, row, key, allow);
     // In a rollback-journal mode the commit also waits for readers to finish;
     // past the wait nothing is deleted, and that too is a refusal.
     tx.commit().await.map_err(refused_if_busy)?;

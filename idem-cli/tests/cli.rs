@@ -491,13 +491,6 @@ mod postgres {
     }
 }
 
-/// SQLite's "now" in Unix milliseconds, as idem_runtime writes its timestamps.
-macro_rules! sqlite_now {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-    };
-}
-
 mod sqlite {
     cli_tests! {
         db = SqliteDb,
@@ -512,12 +505,12 @@ mod sqlite {
                   '[["content-type","application/json"],["location","/orders/7"]]',
                   CAST('{"secret":"SECRET-BODY-123"}' AS BLOB),
                   unixepoch('2026-01-02 03:04:05') * 1000, unixepoch('2026-01-02 03:04:06') * 1000,
-                  "#, sqlite_now!(), r#" + 86400000),
+                  "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
                  ('acme', 'create-order', 'k-old', zeroblob(32), 'failed', 404,
-                  NULL, CAST('gone' AS BLOB), "#, sqlite_now!(), r#" - 2 * 86400000,
-                  "#, sqlite_now!(), r#" - 2 * 86400000, "#, sqlite_now!(), r#" - 86400000),
+                  NULL, CAST('gone' AS BLOB), "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000,
+                  "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000, "#, idem_runtime::sqlite_now_ms!(), r#" - 86400000),
                  ('acme', 'refund', 'k-running', zeroblob(32), 'processing', NULL,
-                  NULL, NULL, "#, sqlite_now!(), r#" - 300000, NULL, "#, sqlite_now!(), r#" + 86400000)"#
+                  NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 300000, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000)"#
         ),
         // A recursive CTE stands in for generate_series.
         expired_rows = concat!(
@@ -526,9 +519,9 @@ mod sqlite {
                (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
                 created_at, expires_at) \
              SELECT 'acme', 'pay', 'old-' || i, zeroblob(32), 'completed', 201, ",
-            sqlite_now!(),
+            idem_runtime::sqlite_now_ms!(),
             " - 2 * 86400000, ",
-            sqlite_now!(),
+            idem_runtime::sqlite_now_ms!(),
             " - 86400000 FROM seq"
         ),
     }

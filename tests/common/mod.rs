@@ -45,6 +45,42 @@ pub struct TestDb {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// A name no other test of any run uses at the same time: `idem_t_` (what
+/// `.ci/run` sweeps up), the process, a counter and the clock's nanoseconds.
+fn unique_name() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "idem_t_{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        nanos
+    )
+}
+
+/// `exec` and `count` for a helper with a `pool`, the same for both backends.
+macro_rules! statements {
+    () => {
+        /// Runs statements (DDL for a test's business tables, or setup).
+        pub async fn exec(&self, sql: &str) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+
+        /// The single integer a query returns (a `count(*)`, say).
+        pub async fn count(&self, sql: &str) -> i64 {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                .fetch_one(&self.pool)
+                .await
+                .unwrap()
+        }
+    };
+}
+
 impl TestDb {
     /// Creates the database and migrates it.
     pub async fn new() -> TestDb {
@@ -54,16 +90,7 @@ impl TestDb {
     /// As [`TestDb::new`], with a pool of `size` connections.
     pub async fn with_pool_size(size: u32) -> TestDb {
         let admin = admin_url();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let name = format!(
-            "idem_t_{}_{}_{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed),
-            nanos
-        );
+        let name = unique_name();
         let mut conn = PgConnection::connect(&admin)
             .await
             .expect("PostgreSQL must run on 127.0.0.1:5432 (see README: running the tests)");
@@ -84,21 +111,7 @@ impl TestDb {
         TestDb { pool, name, url }
     }
 
-    /// Runs statements (DDL for a test's business tables).
-    pub async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-
-    /// Counts the rows a query returns as `count(*)`.
-    pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
+    statements!();
 }
 
 /// Drops the database when the test ends (set `IDEM_KEEP_TEST_DBS=1` to keep it for
@@ -146,16 +159,7 @@ impl SqliteDb {
     /// As [`SqliteDb::new`], with a pool of `size` connections.
     pub async fn with_pool_size(size: u32) -> SqliteDb {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let path = std::env::temp_dir().join(format!(
-            "idem_t_{}_{}_{}.db",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed),
-            nanos
-        ));
+        let path = std::env::temp_dir().join(format!("{}.db", unique_name()));
         let opts = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)
@@ -170,21 +174,7 @@ impl SqliteDb {
         SqliteDb { pool, path }
     }
 
-    /// Runs statements.
-    pub async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-
-    /// The single integer a query returns.
-    pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
+    statements!();
 }
 
 impl Drop for SqliteDb {

@@ -23,13 +23,17 @@ use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 
 use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 
-/// Now, in Unix milliseconds, from SQLite's clock.
-macro_rules! now_ms {
+/// Now, in Unix milliseconds, from SQLite's clock: the one expression every
+/// SQLite timestamp of idem is written and compared with, as a string literal for
+/// `concat!`. Exported (hidden) so the CLI and the tests use the same clock.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! sqlite_now_ms {
     () => {
         "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     };
 }
-pub(crate) use now_ms;
+pub(crate) use crate::sqlite_now_ms as now_ms;
 
 /// The embedded SQLite migrations of `migrations/sqlite/`, tracked in
 /// [`super::postgres::MIGRATIONS_TABLE`].
