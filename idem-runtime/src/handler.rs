@@ -19,7 +19,7 @@ use crate::lease::{Acquisition, Lease, LeaseBackend, LeaseError, LeaseRequest, L
 use crate::metrics;
 use crate::problem::{self, Problem};
 use crate::response::{self, CaptureError};
-use crate::store::{self, Backend, Claim, ClaimRequest, StoredResponse};
+use crate::store::{Backend, Claim, ClaimRequest, Finish, StoredResponse};
 use crate::tenant::TenantError;
 use crate::tx::Tx;
 use sqlx::Postgres;
@@ -271,7 +271,7 @@ pub async fn run<DB: Backend>(
                 retention: spec.retention,
                 in_flight_wait: spec.in_flight_wait.unwrap_or(req.idem.in_flight_wait()),
             };
-            execute(&req.idem, &claim, handler).await
+            execute(&req.idem, spec.operation, &claim, handler).await
         }),
     )
     .await
@@ -279,18 +279,13 @@ pub async fn run<DB: Backend>(
 
 async fn execute<DB: Backend>(
     idem: &Idem<DB>,
+    op: &'static str,
     req: &ClaimRequest<'_>,
     handler: BoxedHandler<DB>,
 ) -> Response {
-    let op = req.operation;
     let tenant_label = idem.tenant_label().then_some(req.tenant);
     let started = Instant::now();
-    let tx = match DB::begin(idem.pool()).await {
-        Ok(tx) => tx,
-        Err(e) => return store_failed(op, tenant_label, "begin", &e),
-    };
-    let mut tx = Tx::new(tx);
-    let claim = match store::claim(tx.transaction(), req).await {
+    let (mut tx, claim) = match DB::begin_claim(idem, req).await {
         Ok(c) => c,
         Err(e) => return store_failed(op, tenant_label, "claim", &e),
     };
@@ -329,7 +324,7 @@ async fn execute<DB: Backend>(
     if outcome.rolls_back() {
         // Dropping the transaction rolls it back; say so explicitly to free the
         // connection before the response is sent.
-        if let Err(e) = tx.into_inner().rollback().await {
+        if let Err(e) = tx.rollback().await {
             tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
         }
         metrics::completion(op, "rolled_back");
@@ -344,17 +339,17 @@ async fn execute<DB: Backend>(
         Ok(r) => r,
         Err(resp) => return resp,
     };
-    if let Err(e) = execution.complete(tx.transaction(), &stored).await {
-        return store_failed(op, None, "complete", &e);
-    }
-    if let Err(e) = tx.into_inner().commit().await {
-        // The commit may or may not have happened; either way a retry with the
-        // same key is safe: it replays or executes.
-        metrics::completion(op, "error");
-        tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
-        return Problem::store_unavailable()
-            .with_detail("the outcome is unknown; retry with the same key: it is safe")
-            .into_response();
+    match DB::finish(idem, tx, execution, &stored).await {
+        Finish::Committed => {}
+        Finish::NotStored(e) => return store_failed(op, None, "complete", &e),
+        Finish::Unknown(e) => {
+            // Either way a retry with the same key is safe: it replays or executes.
+            metrics::completion(op, "error");
+            tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
+            return Problem::store_unavailable()
+                .with_detail("the outcome is unknown; retry with the same key: it is safe")
+                .into_response();
+        }
     }
     stored_ok(op, &stored, started);
     response
@@ -363,7 +358,7 @@ async fn execute<DB: Backend>(
 /// Buffers and extracts the stored form of a response, or answers why it cannot.
 async fn capture<DB: Backend>(
     idem: &Idem<DB>,
-    op: &str,
+    op: &'static str,
     resp: Response,
 ) -> Result<(Response, StoredResponse), Response> {
     response::capture(resp, idem.stored_headers(), idem.max_response_bytes())
@@ -390,14 +385,14 @@ async fn capture<DB: Backend>(
         })
 }
 
-fn stored_ok(op: &str, stored: &StoredResponse, started: Instant) {
+fn stored_ok(op: &'static str, stored: &StoredResponse, started: Instant) {
     metrics::completion(op, "stored");
     metrics::seconds(
         metrics::COMPLETION_SECONDS,
         op,
         started.elapsed().as_secs_f64(),
     );
-    ::metrics::counter!(metrics::STORED_BYTES_TOTAL, "operation" => op.to_owned())
+    ::metrics::counter!(metrics::STORED_BYTES_TOTAL, "operation" => op)
         .increment(stored.body.len() as u64);
 }
 
@@ -437,7 +432,7 @@ pub async fn run_leased<DB: LeaseBackend>(
                 lease: lease_len,
             };
             let ceiling = spec.lease_ceiling.unwrap_or(lease_len * 10);
-            execute_leased(&req.idem, &claim, ceiling, handler).await
+            execute_leased(&req.idem, spec.operation, &claim, ceiling, handler).await
         }),
     )
     .await
@@ -445,11 +440,11 @@ pub async fn run_leased<DB: LeaseBackend>(
 
 async fn execute_leased<DB: LeaseBackend>(
     idem: &Idem<DB>,
+    op: &'static str,
     req: &LeaseRequest<'_>,
     ceiling: Duration,
     handler: BoxedLeasedHandler<DB>,
 ) -> Response {
-    let op = req.operation;
     let tenant_label = idem.tenant_label().then_some(req.tenant);
     let started = Instant::now();
     let claim = match crate::lease::claim_leased(idem.pool(), req).await {
@@ -592,7 +587,7 @@ async fn execute_leased<DB: LeaseBackend>(
 /// retry takes it over after the lease, calling downstream with the same
 /// downstream key.
 async fn effect_unrecorded<DB: LeaseBackend>(
-    op: &str,
+    op: &'static str,
     lease: &Lease<DB>,
     probe: &crate::lease::Probe<DB>,
     lease_len: Duration,
@@ -625,7 +620,7 @@ async fn effect_unrecorded<DB: LeaseBackend>(
 
 /// The answer for a worker that lost its lease: never its own result.
 async fn stale<DB: LeaseBackend>(
-    op: &str,
+    op: &'static str,
     probe: &crate::lease::Probe<DB>,
     lease: Duration,
 ) -> Response {
@@ -641,7 +636,12 @@ async fn stale<DB: LeaseBackend>(
     }
 }
 
-fn store_failed(op: &str, tenant: Option<&str>, step: &str, e: &dyn std::fmt::Display) -> Response {
+fn store_failed(
+    op: &'static str,
+    tenant: Option<&str>,
+    step: &str,
+    e: &dyn std::fmt::Display,
+) -> Response {
     if step == "claim" || step == "begin" {
         metrics::claim(op, tenant, "error");
     } else {

@@ -132,7 +132,7 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
                 "error" => report.errors += 1,
                 _ => {}
             }
-            crate::metrics::reconciled(&op, outcome);
+            crate::metrics::reconciled(op.clone(), outcome);
         }
         Ok(report)
     }

@@ -2,7 +2,9 @@
 
 use std::ops::{Deref, DerefMut};
 
-use sqlx::{Postgres, Transaction};
+use sqlx::pool::PoolConnection;
+use sqlx::{Database, Pool, Postgres, SqlStr};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::store::Backend;
 
@@ -21,25 +23,92 @@ use crate::store::Backend;
 /// # Ok(()) }
 /// ```
 ///
+/// A savepoint inside it works as inside any sqlx transaction
+/// (`sqlx::Connection::begin(&mut **tx)`): its commit releases the savepoint and
+/// its rollback returns to it; neither ends the transaction.
+///
 /// It has no `commit` or `rollback`: idem commits after storing the outcome, and
 /// rolls back when the handler returns `Err` or a 5xx. Do not send `COMMIT`,
 /// `ROLLBACK` or `SET TRANSACTION` yourself: that would separate the effect from its
 /// record, the one thing idem exists to prevent.
 pub struct Tx<DB: Backend = Postgres> {
-    inner: Transaction<'static, DB>,
+    // A pooled connection rather than a `sqlx::Transaction`: on PostgreSQL the
+    // transaction is begun by the same message that claims the key and ended by
+    // the one that stores the outcome (see `store::postgres`), which a
+    // `sqlx::Transaction` cannot express. The driver's own transaction depth is
+    // kept exactly as a `sqlx::Transaction` keeps it, so nested `begin`s are
+    // savepoints.
+    conn: PoolConnection<DB>,
+    /// Whether this value still owes the transaction a rollback when dropped.
+    open: bool,
 }
 
 impl<DB: Backend> Tx<DB> {
-    pub(crate) fn new(inner: Transaction<'static, DB>) -> Self {
-        Tx { inner }
+    /// Begins a transaction on a connection from `pool` with `statement` (or the
+    /// driver's plain `BEGIN`).
+    pub(crate) async fn begin(
+        pool: &Pool<DB>,
+        statement: Option<SqlStr>,
+    ) -> Result<Self, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        <DB as Database>::TransactionManager::begin(&mut conn, statement).await?;
+        Ok(Tx { conn, open: true })
     }
 
-    pub(crate) fn transaction(&mut self) -> &mut Transaction<'static, DB> {
-        &mut self.inner
+    /// Wraps a connection on which the driver has just begun a transaction.
+    pub(crate) fn begun(conn: PoolConnection<DB>) -> Self {
+        Tx { conn, open: true }
     }
 
-    pub(crate) fn into_inner(self) -> Transaction<'static, DB> {
-        self.inner
+    /// Wraps a connection that is not in a transaction (a claim that was answered
+    /// without one): dropping it only returns the connection to the pool.
+    pub(crate) fn idle(conn: PoolConnection<DB>) -> Self {
+        Tx { conn, open: false }
+    }
+
+    /// The pooled connection, for idem's own statements.
+    pub(crate) fn connection(&mut self) -> &mut PoolConnection<DB> {
+        &mut self.conn
+    }
+
+    /// Commits with the driver's `COMMIT`.
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        <DB as Database>::TransactionManager::commit(&mut self.conn).await?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// Rolls back and waits for the database to confirm it.
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        <DB as Database>::TransactionManager::rollback(&mut self.conn).await?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// After the database ended the transaction with `COMMIT; BEGIN` sent by idem:
+    /// the driver still counts the first transaction, and the second is empty, so
+    /// its rollback is queued and travels with the connection's release, at no
+    /// round trip of its own.
+    pub(crate) fn committed_and_rebegun(mut self) {
+        <DB as Database>::TransactionManager::start_rollback(&mut self.conn);
+        self.open = false;
+    }
+
+    /// The connection's state is not known (an error mid-way through idem's own
+    /// statements): it is closed rather than returned to the pool.
+    pub(crate) fn discard(mut self) {
+        self.conn.close_on_drop();
+        self.open = false;
+    }
+}
+
+impl<DB: Backend> Drop for Tx<DB> {
+    fn drop(&mut self) {
+        if self.open {
+            // Queued, sent with the connection's release: as a dropped
+            // `sqlx::Transaction` does.
+            <DB as Database>::TransactionManager::start_rollback(&mut self.conn);
+        }
     }
 }
 
@@ -47,13 +116,13 @@ impl<DB: Backend> Deref for Tx<DB> {
     type Target = DB::Connection;
 
     fn deref(&self) -> &DB::Connection {
-        &self.inner
+        &self.conn
     }
 }
 
 impl<DB: Backend> DerefMut for Tx<DB> {
     fn deref_mut(&mut self) -> &mut DB::Connection {
-        &mut self.inner
+        &mut self.conn
     }
 }
 

@@ -28,6 +28,9 @@ use std::future::Future;
 
 use sqlx::{Pool, Transaction};
 
+use crate::config::Idem;
+use crate::tx::Tx;
+
 /// A database idem can keep its table in: PostgreSQL and SQLite.
 pub trait Backend: sqlx::Database {
     /// Claims a key inside `tx`.
@@ -50,6 +53,53 @@ pub trait Backend: sqlx::Database {
     fn begin(
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+
+    /// The handler's path: begins a transaction on a connection of `idem`'s pool
+    /// and claims the key in it, in as few round trips as the database allows.
+    /// The [`Tx`] comes back whatever the claim decided (dropping it releases the
+    /// connection); only [`Claim::Execute`] leaves its transaction open.
+    #[doc(hidden)]
+    fn begin_claim(
+        idem: &Idem<Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<(Tx<Self>, Claim), StoreError>> + Send;
+
+    /// The handler's path: stores the outcome in `tx` and commits.
+    #[doc(hidden)]
+    fn finish(
+        idem: &Idem<Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Finish> + Send;
+}
+
+/// How [`Backend::finish`] ended.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Finish {
+    /// Stored and committed.
+    Committed,
+    /// Nothing was committed: neither the effect nor its record.
+    NotStored(StoreError),
+    /// The commit may or may not have happened (the connection failed on the way);
+    /// a retry with the same key replays or executes, either way safely.
+    Unknown(StoreError),
+}
+
+/// [`Backend::finish`] as a backend without a pipelined path ends it: after the
+/// outcome's store (`stored`), commit.
+pub(crate) async fn commit_after<DB: Backend>(
+    tx: Tx<DB>,
+    stored: Result<(), StoreError>,
+) -> Finish {
+    if let Err(e) = stored {
+        return Finish::NotStored(e);
+    }
+    match tx.commit().await {
+        Ok(()) => Finish::Committed,
+        Err(e) => Finish::Unknown(e.into()),
+    }
 }
 
 impl Backend for sqlx::Postgres {
@@ -77,7 +127,23 @@ impl Backend for sqlx::Postgres {
     fn begin(
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send {
-        pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        pool.begin_with(postgres::BEGIN_READ_COMMITTED)
+    }
+
+    fn begin_claim(
+        idem: &Idem<Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<(Tx<Self>, Claim), StoreError>> + Send {
+        postgres::pipelined::begin_claim(idem, req)
+    }
+
+    fn finish(
+        idem: &Idem<Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Finish> + Send {
+        postgres::pipelined::finish(idem, tx, execution, response)
     }
 }
 
@@ -107,6 +173,26 @@ impl Backend for sqlx::Sqlite {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send {
         pool.begin()
+    }
+
+    /// In-process: nothing to save in round trips, so begin, then claim.
+    async fn begin_claim(
+        idem: &Idem<Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        let mut tx = Tx::begin(idem.pool(), None).await?;
+        let claim = sqlite::claim_on(tx.connection(), req).await?;
+        Ok((tx, claim))
+    }
+
+    async fn finish(
+        _: &Idem<Self>,
+        mut tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        let stored = sqlite::complete_on(execution, tx.connection(), response).await;
+        commit_after(tx, stored).await
     }
 }
 
@@ -209,6 +295,17 @@ pub struct Execution {
 }
 
 impl Execution {
+    /// The execution of `req` at `generation`.
+    pub(crate) fn new(req: &ClaimRequest<'_>, generation: i64) -> Self {
+        Execution {
+            tenant: req.tenant.to_owned(),
+            operation: req.operation.to_owned(),
+            key: req.key.clone(),
+            generation,
+            retention: req.retention,
+        }
+    }
+
     /// The execution's generation: 1 for a new key, one more each time an expired
     /// key is executed anew.
     pub fn generation(&self) -> i64 {

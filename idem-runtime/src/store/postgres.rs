@@ -5,9 +5,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 
 use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
+
+pub(crate) mod pipelined;
+pub(crate) mod sql_literal;
+
+/// How idem begins a transaction for a claim: explicitly READ COMMITTED, so a
+/// server or role whose default isolation is stricter still gets what claims need.
+pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// The table in which idem records its own migrations, apart from the application's
 /// `_sqlx_migrations`.
@@ -58,6 +65,14 @@ pub async fn claim(
     tx: &mut Transaction<'_, Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
+    claim_on(tx, req).await
+}
+
+/// [`claim`] on the connection of a transaction begun by the caller.
+pub(crate) async fn claim_on(
+    conn: &mut PgConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
     let row = sqlx::query(CLAIM_SQL)
         .bind(req.tenant)
         .bind(req.operation)
@@ -65,7 +80,7 @@ pub async fn claim(
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .bind(millis(req.in_flight_wait))
-        .fetch_one(&mut **tx)
+        .fetch_one(&mut *conn)
         .await
         .map_err(|e| match &e {
             sqlx::Error::Database(db) if db.code().as_deref() == Some("IDEM1") => {
@@ -75,17 +90,18 @@ pub async fn claim(
         })?;
     let wait: f64 = row.try_get("wait_seconds")?;
     if wait > 0.0 {
-        crate::metrics::seconds(crate::metrics::CLAIM_WAIT_SECONDS, req.operation, wait);
+        crate::metrics::seconds(
+            crate::metrics::CLAIM_WAIT_SECONDS,
+            req.operation.to_owned(),
+            wait,
+        );
     }
     let outcome: &str = row.try_get("outcome")?;
     match outcome {
-        "execute" => Ok(Claim::Execute(Execution {
-            tenant: req.tenant.to_owned(),
-            operation: req.operation.to_owned(),
-            key: req.key.clone(),
-            generation: row.try_get("generation")?,
-            retention: req.retention,
-        })),
+        "execute" => Ok(Claim::Execute(Execution::new(
+            req,
+            row.try_get("generation")?,
+        ))),
         "replay" => Ok(Claim::Replay(stored_from_row(&row)?)),
         "mismatch" => Ok(Claim::Mismatch),
         "in_flight" => Ok(Claim::InFlight {
@@ -106,6 +122,15 @@ pub async fn complete(
     tx: &mut Transaction<'_, Postgres>,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
+    complete_on(execution, tx, response).await
+}
+
+/// [`complete`] on the connection of the transaction that claimed the key.
+pub(crate) async fn complete_on(
+    execution: Execution,
+    conn: &mut PgConnection,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
     let state = response.state();
     let status = i16::try_from(response.status)
         .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
@@ -119,7 +144,7 @@ pub async fn complete(
         .bind(sqlx::types::Json(&response.headers))
         .bind(&response.body[..])
         .bind(millis(execution.retention))
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await?;
     if done.rows_affected() != 1 {
         return Err(StoreError::LostClaim {
@@ -129,7 +154,7 @@ pub async fn complete(
     Ok(())
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

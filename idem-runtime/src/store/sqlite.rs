@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use sqlx::{Row, Sqlite, SqlitePool, Transaction};
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 
@@ -100,14 +100,22 @@ pub async fn claim(
     tx: &mut Transaction<'_, Sqlite>,
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
+    claim_on(tx, req).await
+}
+
+/// [`claim`] on the connection of a transaction begun by the caller.
+pub(crate) async fn claim_on(
+    conn: &mut SqliteConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
     // busy_timeout belongs to the connection: set the bound for the claim only,
     // and give the connection its own back for the rest of the transaction.
     let saved: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-        .fetch_one(&mut **tx)
+        .fetch_one(&mut *conn)
         .await?;
     let wait = millis(req.in_flight_wait).max(1);
     sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {wait}")))
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await?;
     let inserted = sqlx::query(CLAIM_SQL)
         .bind(req.tenant)
@@ -115,12 +123,12 @@ pub async fn claim(
         .bind(req.key.as_str())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "PRAGMA busy_timeout = {saved}"
     )))
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?;
     let generation: Option<i64> = match inserted {
         Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
@@ -146,7 +154,7 @@ pub async fn claim(
         .bind(req.tenant)
         .bind(req.operation)
         .bind(req.key.as_str())
-        .fetch_one(&mut **tx)
+        .fetch_one(&mut *conn)
         .await?;
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     if fingerprint != req.fingerprint.as_bytes() {
@@ -191,6 +199,15 @@ pub async fn complete(
     tx: &mut Transaction<'_, Sqlite>,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
+    complete_on(execution, tx, response).await
+}
+
+/// [`complete`] on the connection of the transaction that claimed the key.
+pub(crate) async fn complete_on(
+    execution: Execution,
+    conn: &mut SqliteConnection,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
     let state = response.state();
     let headers =
         serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -204,7 +221,7 @@ pub async fn complete(
         .bind(headers)
         .bind(&response.body[..])
         .bind(millis(execution.retention))
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await?;
     if done.rows_affected() != 1 {
         return Err(StoreError::LostClaim {

@@ -1,0 +1,618 @@
+//! The handler's pipelined path on PostgreSQL: the claim travels with `BEGIN` and
+//! the completion with `COMMIT` (`idem_runtime::store::postgres`'s `pipelined`
+//! module). What it must keep: no round trip of its own, savepoints that stay
+//! savepoints, nothing committed when the completion fails, connections that go
+//! back to the pool clean whatever the answer, and values written into SQL text
+//! that read back exactly.
+
+#[path = "common/caller.rs"]
+mod caller;
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::FromRef;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::{Json, response::IntoResponse};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idem_runtime::store::{Backend, Claim, ClaimRequest, Finish, StoredResponse};
+use idem_runtime::{Fingerprint, FingerprintBuilder, Idem, IdempotencyKey, Tx, idempotent};
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::{Acquire, PgPool, Postgres};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
+
+use caller::Caller;
+use common::TestDb;
+
+#[derive(Clone)]
+struct AppState {
+    idem: Idem,
+}
+
+impl FromRef<AppState> for Idem {
+    fn from_ref(s: &AppState) -> Idem {
+        s.idem.clone()
+    }
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct NewWidget {
+    name: String,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+async fn insert(conn: &mut sqlx::PgConnection, tenant: &str, name: &str) {
+    sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, $2)")
+        .bind(tenant)
+        .bind(name)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+#[idempotent(operation = "create-widget", retention = "1h")]
+async fn create_widget(
+    #[tenant] caller: Caller,
+    tx: &mut Tx,
+    Json(w): Json<NewWidget>,
+) -> Result<(StatusCode, Json<serde_json::Value>), (StatusCode, String)> {
+    match w.mode.as_deref() {
+        // A savepoint rolled back, then work after it: only the savepoint's
+        // insert is undone.
+        Some("savepoint-rollback") => {
+            insert(tx, &caller.0, "kept").await;
+            let mut sp = (&mut **tx).begin().await.unwrap();
+            insert(&mut sp, &caller.0, "undone").await;
+            sp.rollback().await.unwrap();
+            insert(tx, &caller.0, "after").await;
+        }
+        // A savepoint released, then an Err: the release must not have
+        // committed anything.
+        Some("savepoint-commit-then-err") => {
+            let mut sp = (&mut **tx).begin().await.unwrap();
+            insert(&mut sp, &caller.0, "released").await;
+            sp.commit().await.unwrap();
+            return Err((StatusCode::CONFLICT, "refused".into()));
+        }
+        // The handler takes its own key away (as a purge would): the completion
+        // finds no row of this execution.
+        Some("lose-claim") => {
+            insert(tx, &caller.0, "orphan").await;
+            sqlx::query("DELETE FROM idempotency_requests")
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
+        _ => insert(tx, &caller.0, &w.name).await,
+    }
+    Ok((StatusCode::CREATED, Json(json!({"name": w.name}))))
+}
+
+/// The same insert without idem, in a plain sqlx transaction: the yardstick for
+/// round trips.
+async fn bare_widget(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    caller: Caller,
+    Json(w): Json<NewWidget>,
+) -> impl IntoResponse {
+    let mut tx = state.idem.pool().begin().await.unwrap();
+    insert(&mut tx, &caller.0, &w.name).await;
+    tx.commit().await.unwrap();
+    (StatusCode::CREATED, Json(json!({"name": w.name})))
+}
+
+const WIDGETS: &str =
+    "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)";
+
+fn router(idem: Idem) -> Router {
+    Router::new()
+        .route("/widgets", post(create_widget))
+        .route("/bare", post(bare_widget))
+        .with_state(AppState { idem })
+}
+
+fn request(path: &str, key: &str, body: serde_json::Value) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer acme")
+        .header("idempotency-key", key)
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+async fn send(router: &Router, req: Request<Body>) -> (StatusCode, bool, Bytes) {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let replayed = resp.headers().contains_key("idempotent-replayed");
+    let status = resp.status();
+    (
+        status,
+        replayed,
+        resp.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// The server-side state of the pool's only connection (`idle`, `idle in
+/// transaction`, ...), read from another connection while the pool's is held, so
+/// that its release (and any rollback queued for it) is complete.
+async fn state_of_the_only_connection(pool: &PgPool, observer: &PgPool) -> String {
+    let mut held = pool.acquire().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *held)
+        .await
+        .unwrap();
+    sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .unwrap()
+}
+
+/// A TCP proxy in front of PostgreSQL that counts round trips: a round trip
+/// starts whenever the client sends after the server last spoke. (Counting the
+/// server's `ReadyForQuery` messages would count a queued rollback that travels
+/// with a ping as two.)
+struct RoundTrips {
+    addr: SocketAddr,
+    count: Arc<AtomicU64>,
+}
+
+impl RoundTrips {
+    async fn start() -> RoundTrips {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicU64::new(0));
+        let counted = count.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let server = TcpStream::connect("127.0.0.1:5432").await.unwrap();
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    // true once the server has spoken since the client last sent
+                    let answered = Arc::new(AtomicBool::new(true));
+                    let heard = answered.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match cr.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if heard.swap(false, Ordering::SeqCst) {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                            }
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        // Marked before forwarding: the client cannot send its
+                        // next message before it has this answer.
+                        answered.store(true, Ordering::SeqCst);
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        RoundTrips { addr, count }
+    }
+
+    fn now(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+/// A pool of one connection through `proxy`, with no ping on acquire, so every
+/// round trip in a window is one the request made (plus the release ping that
+/// every window has once).
+async fn pool_through(proxy: &RoundTrips, db: &TestDb) -> PgPool {
+    let opts = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .username("postgres")
+        .database(&db.name)
+        .ssl_mode(PgSslMode::Disable);
+    PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(opts)
+        .await
+        .unwrap()
+}
+
+/// Round trips of `req` between two points where the pool's one connection is
+/// back in the pool.
+async fn round_trips(
+    proxy: &RoundTrips,
+    pool: &PgPool,
+    router: &Router,
+    req: Request<Body>,
+) -> u64 {
+    // Holding the only connection, nothing is in flight; its release ping is
+    // counted in every window alike.
+    let held = pool.acquire().await.unwrap();
+    let before = proxy.now();
+    drop(held);
+    let (status, _, body) = send(router, req).await;
+    assert!(status.is_success(), "{status}: {body:?}");
+    // Acquiring the only connection waits until the request's release is done.
+    let held = pool.acquire().await.unwrap();
+    let after = proxy.now();
+    drop(held);
+    after - before
+}
+
+#[tokio::test]
+async fn a_first_execution_adds_no_round_trip_to_the_handlers_transaction() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
+    let pool = pool_through(&proxy, &db).await;
+    let r = router(Idem::new(pool.clone()));
+    // The first use of a statement on a connection prepares it (a round trip of
+    // its own): warm every statement up first.
+    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
+        let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
+        assert!(status.is_success());
+    }
+
+    let bare = round_trips(
+        &proxy,
+        &pool,
+        &r,
+        request("/bare", "b1", json!({"name": "a"})),
+    )
+    .await;
+    let first = round_trips(
+        &proxy,
+        &pool,
+        &r,
+        request("/widgets", "k1", json!({"name": "a"})),
+    )
+    .await;
+    let replay = round_trips(
+        &proxy,
+        &pool,
+        &r,
+        request("/widgets", "k1", json!({"name": "a"})),
+    )
+    .await;
+    // BEGIN, INSERT, COMMIT and the release ping, plus the window's own ping.
+    assert_eq!(bare, 5, "the yardstick changed");
+    assert_eq!(first, bare, "idem added round trips to a first execution");
+    assert!(replay < bare, "a replay took {replay} round trips");
+
+    // Without pipelining, the claim and the completion each take their own.
+    let r = router(Idem::new(pool.clone()).with_pipelined_claims(false));
+    let unpipelined = round_trips(
+        &proxy,
+        &pool,
+        &r,
+        request("/widgets", "k2", json!({"name": "a"})),
+    )
+    .await;
+    // (The long way's statements are prepared by this first use: two more.)
+    assert_eq!(unpipelined, bare + 2 + 2);
+    let r2 = router(Idem::new(pool.clone()).with_pipelined_claims(false));
+    let unpipelined = round_trips(
+        &proxy,
+        &pool,
+        &r2,
+        request("/widgets", "k3", json!({"name": "a"})),
+    )
+    .await;
+    assert_eq!(unpipelined, bare + 2);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 6);
+}
+
+#[tokio::test]
+async fn a_savepoint_in_the_handler_stays_a_savepoint() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+
+    let (status, _, _) = send(
+        &r,
+        request(
+            "/widgets",
+            "k1",
+            json!({"name": "x", "mode": "savepoint-rollback"}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM widgets ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(names, ["kept", "after"]);
+    let (status, replayed, _) = send(
+        &r,
+        request(
+            "/widgets",
+            "k1",
+            json!({"name": "x", "mode": "savepoint-rollback"}),
+        ),
+    )
+    .await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+
+    // Releasing a savepoint commits nothing: the handler's Err still rolls back
+    // everything, and the key stays free.
+    let (status, _, _) = send(
+        &r,
+        request(
+            "/widgets",
+            "k2",
+            json!({"name": "x", "mode": "savepoint-commit-then-err"}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        db.count("SELECT count(*) FROM widgets WHERE name = 'released'")
+            .await,
+        0
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'k2'")
+            .await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn an_execution_that_lost_its_key_commits_nothing() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+    let (status, _, body) = send(
+        &r,
+        request("/widgets", "k1", json!({"name": "x", "mode": "lose-claim"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:store-unavailable");
+    // Neither the effect nor the deletion committed.
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn the_connection_goes_back_clean_after_every_answer() {
+    let db = TestDb::with_pool_size(1).await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+    let cases = [
+        ("k1", json!({"name": "a"}), StatusCode::CREATED),
+        // replay
+        ("k1", json!({"name": "a"}), StatusCode::CREATED),
+        // mismatch
+        ("k1", json!({"name": "b"}), StatusCode::UNPROCESSABLE_ENTITY),
+        // the handler's Err rolls back
+        (
+            "k2",
+            json!({"name": "a", "mode": "savepoint-commit-then-err"}),
+            StatusCode::CONFLICT,
+        ),
+        // the completion fails
+        (
+            "k3",
+            json!({"name": "a", "mode": "lose-claim"}),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+    ];
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    // A key held by an open transaction elsewhere: the claim waits out its bound
+    // inside the aborted-on-timeout transaction, then answers 409.
+    let impatient = router(
+        Idem::new(db.pool.clone()).with_in_flight_wait(std::time::Duration::from_millis(50)),
+    );
+    let mut holder = observer.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_requests (tenant_id, operation, idempotency_key, fingerprint, \
+                                           state, expires_at) \
+         VALUES ('acme', 'create-widget', 'held', decode(repeat('00', 32), 'hex'), \
+                 'processing', now() + interval '1 hour')",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let (status, _, _) = send(
+        &impatient,
+        request("/widgets", "held", json!({"name": "a"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        state_of_the_only_connection(&db.pool, &observer).await,
+        "idle",
+        "the 409 left its connection inside a transaction"
+    );
+    holder.rollback().await.unwrap();
+    for (key, body, expected) in cases {
+        let (status, _, text) = send(&r, request("/widgets", key, body.clone())).await;
+        assert_eq!(status, expected, "{key} {body}: {text:?}");
+        assert_eq!(
+            state_of_the_only_connection(&db.pool, &observer).await,
+            "idle",
+            "{key} {body} left its connection inside a transaction"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_expired_key_is_executed_anew_the_long_way() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+    let (status, _, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
+        .await;
+    let (status, replayed, _) = send(&r, request("/widgets", "k1", json!({"name": "b"}))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(
+        db.count("SELECT generation FROM idempotency_requests")
+            .await,
+        2
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+}
+
+#[tokio::test]
+async fn a_role_that_is_not_read_committed_turns_pipelining_off_and_still_works() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec(&format!(
+        "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+        db.name
+    ))
+    .await;
+    let pool = PgPool::connect(&db.url).await.unwrap();
+    let idem = Idem::new(pool);
+    let r = router(idem.clone());
+    let (status, _, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(!idem.pipelined_claims(), "pipelining should have stopped");
+    let (status, replayed, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// Random text that SQL literals must survive: quotes, backslashes, dollar
+/// quotes, comment markers, semicolons and non-ASCII, printed with the seed.
+fn awkward_text(rng: &mut fastrand::Rng, ascii_only: bool) -> String {
+    const PIECES: &[&str] = &[
+        "'", "''", "\\", "\\'", "E'", "$$", "$x$", "--", "/*", "*/", ";", "\"", "%", "_", " ", "a",
+        "Z", "9", "\\x00", "\\\\",
+    ];
+    const WIDE: &[&str] = &["é", "ß", "漢", "🦀", "\u{2028}", "\t", "\n"];
+    let n = rng.usize(1..24);
+    let mut s = String::new();
+    for _ in 0..n {
+        if !ascii_only && rng.u8(..) < 40 {
+            s.push_str(WIDE[rng.usize(..WIDE.len())]);
+        } else {
+            s.push_str(PIECES[rng.usize(..PIECES.len())]);
+        }
+    }
+    if ascii_only {
+        // Keys are printable ASCII without surrounding white space.
+        s = s.trim().replace(['\t', '\n'], "-");
+        if s.is_empty() {
+            s.push('k');
+        }
+    }
+    s
+}
+
+#[tokio::test]
+async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
+    let seed = std::env::var("IDEM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("seed {seed} (IDEM_TEST_SEED={seed} repeats this run)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone());
+    for i in 0..60 {
+        let tenant = awkward_text(&mut rng, false);
+        let key_text = awkward_text(&mut rng, true);
+        let Ok(key) = IdempotencyKey::parse(format!("\"{}\"", sf_escape(&key_text))) else {
+            panic!("seed {seed}: key {key_text:?} was refused");
+        };
+        let fingerprint: Fingerprint =
+            FingerprintBuilder::new(&tenant, "op", "POST", "/x").finish();
+        let req = ClaimRequest {
+            tenant: &tenant,
+            operation: "op",
+            key: &key,
+            fingerprint,
+            retention: std::time::Duration::from_secs(3600),
+            in_flight_wait: std::time::Duration::from_secs(2),
+        };
+        let (tx, claim) = Postgres::begin_claim(&idem, &req).await.unwrap();
+        let Claim::Execute(execution) = claim else {
+            panic!("seed {seed}, case {i}: {tenant:?}/{key_text:?} did not execute: {claim:?}");
+        };
+        let stored = StoredResponse {
+            status: 201,
+            headers: vec![("location".into(), format!("/x/{}", tenant.escape_default()))],
+            body: Bytes::from(format!("{tenant}|{key_text}").into_bytes()),
+        };
+        assert!(
+            matches!(
+                Postgres::finish(&idem, tx, execution, &stored).await,
+                Finish::Committed
+            ),
+            "seed {seed}, case {i}"
+        );
+        let row: (String, String) = sqlx::query_as(
+            "SELECT tenant_id, idempotency_key FROM idempotency_requests \
+              WHERE tenant_id = $1 AND idempotency_key = $2",
+        )
+        .bind(&tenant)
+        .bind(key.as_str())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("seed {seed}, case {i}: row not found: {e}"));
+        assert_eq!(
+            row,
+            (tenant.clone(), key.as_str().to_owned()),
+            "seed {seed}"
+        );
+        let (_, again) = Postgres::begin_claim(&idem, &req).await.unwrap();
+        match again {
+            Claim::Replay(r) => assert_eq!(r, stored, "seed {seed}, case {i}"),
+            other => panic!("seed {seed}, case {i}: {other:?}"),
+        }
+    }
+    assert!(idem.pipelined_claims());
+}
+
+/// Escapes `"` and `\` for an RFC 8941 string.
+fn sf_escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+#[tokio::test]
+async fn a_missing_migration_turns_pipelining_off_and_still_works() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("DROP FUNCTION idem_precheck, idem_take, idem_finish")
+        .await;
+    let idem = Idem::new(db.pool.clone());
+    let r = router(idem.clone());
+    let (status, _, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(!idem.pipelined_claims());
+    let (status, replayed, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
