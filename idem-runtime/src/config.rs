@@ -95,6 +95,8 @@ struct Settings {
     max_response_bytes: usize,
     stored_headers: Vec<HeaderName>,
     tenant_label: bool,
+    #[cfg(feature = "replay-cache")]
+    replay_cache: Option<crate::ReplayCache>,
 }
 
 impl<DB: Backend> Idem<DB> {
@@ -115,6 +117,8 @@ impl<DB: Backend> Idem<DB> {
                     .map(|h| HeaderName::from_static(h))
                     .collect(),
                 tenant_label: false,
+                #[cfg(feature = "replay-cache")]
+                replay_cache: None,
             }),
             pipelined: Arc::new(AtomicBool::new(true)),
         }
@@ -197,6 +201,22 @@ impl<DB: Backend> Idem<DB> {
     pub fn with_tenant_label(mut self, on: bool) -> Self {
         Arc::make_mut(&mut self.settings).tenant_label = on;
         self
+    }
+
+    /// Answers retries of outcomes this process completed from `cache`, without
+    /// a database round trip (transactional mode; see [`crate::ReplayCache`] for
+    /// what it keeps and how a purge elsewhere is seen). Off by default; needs the
+    /// `replay-cache` feature.
+    #[cfg(feature = "replay-cache")]
+    pub fn with_replay_cache(mut self, cache: crate::ReplayCache) -> Self {
+        Arc::make_mut(&mut self.settings).replay_cache = Some(cache);
+        self
+    }
+
+    /// The replay cache, if one was set.
+    #[cfg(feature = "replay-cache")]
+    pub fn replay_cache(&self) -> Option<&crate::ReplayCache> {
+        self.settings.replay_cache.as_ref()
     }
 
     /// Whether claims are labelled with the tenant.

@@ -285,6 +285,26 @@ async fn execute<DB: Backend>(
 ) -> Response {
     let tenant_label = idem.tenant_label().then_some(req.tenant);
     let started = Instant::now();
+    #[cfg(feature = "replay-cache")]
+    if let Some(cache) = idem.replay_cache() {
+        match cache.get(req.tenant, op, req.key.as_str(), &req.fingerprint) {
+            Some(crate::replay_cache::Cached::Replay(stored)) => {
+                metrics::claim(op, tenant_label, "replayed");
+                tracing::debug!(
+                    operation = op,
+                    status = stored.status,
+                    "idem: replay (cached)"
+                );
+                return response::replay(stored);
+            }
+            Some(crate::replay_cache::Cached::Mismatch) => {
+                metrics::claim(op, tenant_label, "mismatched");
+                tracing::info!(operation = op, "idem: fingerprint mismatch (cached)");
+                return Problem::mismatch().into_response();
+            }
+            None => {}
+        }
+    }
     let (mut tx, claim) = match DB::begin_claim(idem, req).await {
         Ok(c) => c,
         Err(e) => return store_failed(op, tenant_label, "claim", &e),
@@ -339,8 +359,24 @@ async fn execute<DB: Backend>(
         Ok(r) => r,
         Err(resp) => return resp,
     };
+    #[cfg(feature = "replay-cache")]
+    let sent = Instant::now();
     match DB::finish(idem, tx, execution, &stored).await {
-        Finish::Committed => {}
+        Finish::Committed =>
+        {
+            #[cfg(feature = "replay-cache")]
+            if let Some(cache) = idem.replay_cache() {
+                cache.insert(
+                    req.tenant,
+                    op,
+                    req.key.as_str(),
+                    req.fingerprint,
+                    &stored,
+                    sent,
+                    req.retention,
+                );
+            }
+        }
         Finish::NotStored(e) => return store_failed(op, None, "complete", &e),
         Finish::Unknown(e) => {
             // Either way a retry with the same key is safe: it replays or executes.

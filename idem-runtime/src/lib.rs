@@ -72,6 +72,8 @@ pub mod lease;
 pub mod metrics;
 pub mod problem;
 pub mod reconcile;
+#[cfg(feature = "replay-cache")]
+pub mod replay_cache;
 pub mod response;
 pub mod retry;
 pub mod stats;
@@ -91,6 +93,8 @@ pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run, run_leased};
 pub use key::{IdempotencyKey, KeyError};
 pub use lease::{Lease, LeaseBackend, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
 pub use problem::Problem;
+#[cfg(feature = "replay-cache")]
+pub use replay_cache::ReplayCache;
 pub use stats::{OperationStats, StateCounts, Stats, StatsBackend, stats};
 pub use store::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, claim, migrate};
 pub use sweeper::{SweepReport, Sweeper};

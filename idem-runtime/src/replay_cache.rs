@@ -1,0 +1,157 @@
+//! [`ReplayCache`]: an opt-in, in-process tier in front of the database for
+//! finished outcomes, so that a hot replay needs no database round trip.
+//!
+//! What it keeps: the outcomes this process itself completed (transactional mode),
+//! with their fingerprints, each until the earlier of its retention and the
+//! cache's `max_age`. A finished, unexpired outcome never changes in the
+//! database, so the cache answers exactly what the database would:
+//!
+//! * a retry with the same fingerprint gets the stored answer, byte for byte;
+//! * one with another fingerprint gets the mismatch answer;
+//! * nothing else is answered from the cache: keys it does not hold (first
+//!   executions, outcomes completed by another replica, leased executions) go to
+//!   the database as before.
+//!
+//! **Retention.** An entry's deadline is taken on this process's monotonic clock
+//! *before* the completion is sent, and the database starts the retention when it
+//! runs the completion, which is later: an entry never outlives its row's
+//! retention, whatever the two clocks say.
+//!
+//! **Purges and sweeps elsewhere.** A row deleted before its expiry (`idem purge`,
+//! a manual `DELETE`) is not seen by the caches of running processes: they keep
+//! replaying it for at most `max_age`. The sweeper deletes only expired rows,
+//! which no cache holds any more. Keep `max_age` as short as a purge must take
+//! effect (the default, one minute, is enough for a retry storm).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::fingerprint::Fingerprint;
+use crate::store::StoredResponse;
+
+/// An in-process cache of finished outcomes (see the [module docs](self)).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::{Idem, ReplayCache};
+///
+/// # async fn demo(pool: sqlx::PgPool) {
+/// // at most 64 MiB of stored answers, none kept longer than a minute
+/// let idem = Idem::new(pool)
+///     .with_replay_cache(ReplayCache::new(64 * 1024 * 1024, Duration::from_secs(60)));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ReplayCache {
+    entries: moka::sync::Cache<CacheKey, Arc<Entry>>,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    tenant: Box<str>,
+    operation: &'static str,
+    key: Box<str>,
+}
+
+struct Entry {
+    fingerprint: Fingerprint,
+    stored: StoredResponse,
+    deadline: Instant,
+}
+
+/// What the cache knows of a request.
+#[derive(Debug)]
+pub(crate) enum Cached {
+    /// The stored answer of the same logical request.
+    Replay(StoredResponse),
+    /// The key holds another request's answer.
+    Mismatch,
+}
+
+impl ReplayCache {
+    /// A cache of at most `max_bytes` of stored answers (bodies and headers),
+    /// each kept at most `max_age` (and never past its retention). Answers larger
+    /// than an eighth of `max_bytes` are not cached.
+    pub fn new(max_bytes: u64, max_age: Duration) -> Self {
+        ReplayCache {
+            entries: moka::sync::Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|k: &CacheKey, e: &Arc<Entry>| {
+                    u32::try_from(weight(k, &e.stored)).unwrap_or(u32::MAX)
+                })
+                .time_to_live(max_age)
+                .build(),
+        }
+    }
+
+    /// What the cache holds for `key`, if anything that has not expired.
+    pub(crate) fn get(
+        &self,
+        tenant: &str,
+        operation: &'static str,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Option<Cached> {
+        let k = CacheKey {
+            tenant: tenant.into(),
+            operation,
+            key: key.into(),
+        };
+        let entry = self.entries.get(&k)?;
+        if Instant::now() >= entry.deadline {
+            self.entries.invalidate(&k);
+            return None;
+        }
+        Some(if entry.fingerprint == *fingerprint {
+            Cached::Replay(entry.stored.clone())
+        } else {
+            Cached::Mismatch
+        })
+    }
+
+    /// Keeps an outcome whose completion was sent at `sent` with `retention`.
+    pub(crate) fn insert(
+        &self,
+        tenant: &str,
+        operation: &'static str,
+        key: &str,
+        fingerprint: Fingerprint,
+        stored: &StoredResponse,
+        sent: Instant,
+        retention: Duration,
+    ) {
+        let k = CacheKey {
+            tenant: tenant.into(),
+            operation,
+            key: key.into(),
+        };
+        // moka refuses nothing by size itself; an answer that would take a large
+        // share of the cache would only evict many small ones.
+        if weight(&k, stored) > self.entries.policy().max_capacity().unwrap_or(0) / 8 {
+            return;
+        }
+        let Some(deadline) = sent.checked_add(retention) else {
+            return;
+        };
+        let entry = Entry {
+            fingerprint,
+            stored: stored.clone(),
+            deadline,
+        };
+        self.entries.insert(k, Arc::new(entry));
+    }
+}
+
+fn weight(k: &CacheKey, stored: &StoredResponse) -> u64 {
+    let headers: usize = stored.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    (stored.body.len() + headers + k.tenant.len() + k.key.len() + 128) as u64
+}
+
+impl std::fmt::Debug for ReplayCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayCache")
+            .field("entries", &self.entries.entry_count())
+            .field("bytes", &self.entries.weighted_size())
+            .finish()
+    }
+}
