@@ -287,7 +287,7 @@ async fn execute<DB: Backend>(
     let started = Instant::now();
     #[cfg(feature = "replay-cache")]
     if let Some(cache) = idem.replay_cache() {
-        match cache.get(req.tenant, op, req.key.as_str(), &req.fingerprint) {
+        match cache.get(op, req) {
             Some(crate::replay_cache::Cached::Replay(stored)) => {
                 metrics::claim(op, tenant_label, "replayed");
                 tracing::debug!(
@@ -366,15 +366,7 @@ async fn execute<DB: Backend>(
         {
             #[cfg(feature = "replay-cache")]
             if let Some(cache) = idem.replay_cache() {
-                cache.insert(
-                    req.tenant,
-                    op,
-                    req.key.as_str(),
-                    req.fingerprint,
-                    &stored,
-                    sent,
-                    req.retention,
-                );
+                cache.insert(op, req, &stored, sent);
             }
         }
         Finish::NotStored(e) => return store_failed(op, None, "complete", &e),

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::fingerprint::Fingerprint;
-use crate::store::StoredResponse;
+use crate::store::{ClaimRequest, StoredResponse};
 
 /// An in-process cache of finished outcomes (see the [module docs](self)).
 ///
@@ -84,61 +84,54 @@ impl ReplayCache {
         }
     }
 
-    /// What the cache holds for `key`, if anything that has not expired.
-    pub(crate) fn get(
-        &self,
-        tenant: &str,
-        operation: &'static str,
-        key: &str,
-        fingerprint: &Fingerprint,
-    ) -> Option<Cached> {
-        let k = CacheKey {
-            tenant: tenant.into(),
-            operation,
-            key: key.into(),
-        };
+    /// What the cache holds for `req`'s key, if anything that has not expired.
+    pub(crate) fn get(&self, operation: &'static str, req: &ClaimRequest<'_>) -> Option<Cached> {
+        let k = CacheKey::of(operation, req);
         let entry = self.entries.get(&k)?;
         if Instant::now() >= entry.deadline {
             self.entries.invalidate(&k);
             return None;
         }
-        Some(if entry.fingerprint == *fingerprint {
+        Some(if entry.fingerprint == req.fingerprint {
             Cached::Replay(entry.stored.clone())
         } else {
             Cached::Mismatch
         })
     }
 
-    /// Keeps an outcome whose completion was sent at `sent` with `retention`.
+    /// Keeps the outcome of `req`, whose completion was sent at `sent`.
     pub(crate) fn insert(
         &self,
-        tenant: &str,
         operation: &'static str,
-        key: &str,
-        fingerprint: Fingerprint,
+        req: &ClaimRequest<'_>,
         stored: &StoredResponse,
         sent: Instant,
-        retention: Duration,
     ) {
-        let k = CacheKey {
-            tenant: tenant.into(),
-            operation,
-            key: key.into(),
-        };
+        let k = CacheKey::of(operation, req);
         // moka refuses nothing by size itself; an answer that would take a large
         // share of the cache would only evict many small ones.
         if weight(&k, stored) > self.entries.policy().max_capacity().unwrap_or(0) / 8 {
             return;
         }
-        let Some(deadline) = sent.checked_add(retention) else {
+        let Some(deadline) = sent.checked_add(req.retention) else {
             return;
         };
         let entry = Entry {
-            fingerprint,
+            fingerprint: req.fingerprint,
             stored: stored.clone(),
             deadline,
         };
         self.entries.insert(k, Arc::new(entry));
+    }
+}
+
+impl CacheKey {
+    fn of(operation: &'static str, req: &ClaimRequest<'_>) -> Self {
+        CacheKey {
+            tenant: req.tenant.into(),
+            operation,
+            key: req.key.as_str().into(),
+        }
     }
 }
 
