@@ -1,6 +1,7 @@
 //! The `#[idempotent]` attribute. Use it through `idem_runtime::idempotent`; this
 //! crate only forwards to [`expand::idempotent`] (parse → validate → expand).
 
+mod errors;
 mod expand;
 mod parse;
 mod validate;
