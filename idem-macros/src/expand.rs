@@ -177,19 +177,9 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let fn_name = func.sig.ident.clone();
     // A runtime under another path is imported once, so that a wrong path is one
     // error (at the import) rather than one per use.
-    let (import, rt) = match &config.krate {
-        None => (quote!(), quote!(::idem_runtime::__private)),
-        Some(path) => {
-            let alias = format_ident!("__idem_rt_{}", fn_name);
-            (
-                quote! {
-                    #[doc(hidden)]
-                    #[allow(unused_imports, non_snake_case)]
-                    use #path::__private as #alias;
-                },
-                quote!(#alias),
-            )
-        }
+    let rt = match &config.krate {
+        None => quote!(::idem_runtime::__private),
+        Some(path) => quote!(#path::__private),
     };
 
     let written = written_signature(&func);
@@ -322,19 +312,26 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         }
         BodyPrint::Probe(i) => {
             let (name, ty) = (name_of(*i), ty_of(*i));
+            // A failed bound on the chosen tag's method is reported at the method
+            // call: give it the parameter type's span.
+            let at = first_span(&ty);
+            let probe = quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().default_print(__idem_fp, &#name));
             quote!(.and_then(|__idem_fp| {
                 #[allow(unused_imports)]
                 use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
-                (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().default_print(__idem_fp, &#name)
+                #probe
             }))
         }
         BodyPrint::ProbeLeftOut(i) => {
             let ty = ty_of(*i);
+            let at = first_span(&ty);
+            let probe =
+                quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().left_out());
             checks = quote! {
                 {
                     #[allow(unused_imports)]
                     use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
-                    (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().left_out();
+                    #probe;
                 }
             };
             quote!()
@@ -405,7 +402,38 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         .await
     };
     *func.block = syn::parse_quote!({ #body });
-    quote!(#import #func)
+    match &config.krate {
+        None => quote!(#func),
+        Some(path) => {
+            // The runtime under a path the attribute cannot check: the handler is
+            // emitted through a macro found at that path, so a wrong path is one
+            // error (at the macro) and nothing of the handler is checked against
+            // it; a stub under the same name, imported by glob, stands in for it
+            // then (a defined item shadows a glob import, so when the path is right
+            // the stub is never used), and the router stays quiet.
+            let stub_mod = format_ident!("__idem_stub_{}", fn_name);
+            let vis = &func.vis;
+            quote! {
+                #[doc(hidden)]
+                #[allow(non_snake_case, dead_code)]
+                mod #stub_mod {
+                    pub async fn #fn_name() {}
+                }
+                #[doc(hidden)]
+                #[allow(unused_imports)]
+                #vis use #stub_mod::*;
+                #path::__private::__idem_item! { #func }
+            }
+        }
+    }
+}
+
+/// The span of a type's first token.
+fn first_span(ty: &Option<TokenStream>) -> Span {
+    ty.as_ref()
+        .and_then(|t| t.clone().into_iter().next())
+        .map(|t| t.span())
+        .unwrap_or_else(Span::call_site)
 }
 
 /// The handler's signature as written, for its documentation.
@@ -513,6 +541,58 @@ fn duration_tokens(rt: &TokenStream, d: std::time::Duration) -> TokenStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn expand_str(args: TokenStream, item: TokenStream) -> String {
+        idempotent(args, item).to_string()
+    }
+
+    #[test]
+    fn the_generated_signature_keeps_names_and_documents_itself() {
+        let out = expand_str(
+            quote!(
+                operation = "create-order",
+                retention = "24h",
+                fingerprint(body, header = "x-currency")
+            ),
+            quote! {
+                /// Creates an order.
+                pub async fn create_order(#[tenant] caller: Caller, State(app): State<App>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode { todo!() }
+            },
+        );
+        let params = "(caller : Caller , app : State < App > , idempotency : :: idem_runtime :: __private :: IdemRequest";
+        assert!(out.contains(params), "{out}");
+        assert!(
+            out.contains("cmd : Json < NewOrder >) -> :: idem_runtime :: __private :: Response"),
+            "{out}"
+        );
+        assert!(out.contains("\" Creates an order.\""), "{out}");
+        assert!(out.contains("\"# Idempotency\""), "{out}");
+        assert!(
+            out.contains("async fn create_order(#[tenant] caller: Caller, State(app): State<App>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode"),
+            "{out}"
+        );
+        assert!(out.contains("the body, the header `x-currency`"), "{out}");
+    }
+
+    #[test]
+    fn a_refused_handler_becomes_a_stub_beside_the_function_as_written() {
+        let out = expand_str(
+            quote!(operation = "create-order"),
+            quote! {
+                /// Creates an order.
+                pub async fn create_order(#[tenant] caller: Caller, tx: &mut Tx) -> StatusCode { todo!() }
+            },
+        );
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(out.contains("pub async fn create_order () { }"), "{out}");
+        assert!(
+            out.contains(
+                "async fn __idem_unchecked_create_order (caller : Caller , tx : & mut Tx)"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("# [tenant]"), "{out}");
+    }
 
     #[test]
     fn signatures_are_tidied() {

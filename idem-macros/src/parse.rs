@@ -49,8 +49,12 @@ pub struct Written {
     pub names: BTreeSet<String>,
     /// The first and last token of `fingerprint(...)`.
     pub fingerprint_span: Option<(Span, Span)>,
-    /// The tokens could not be read as a list of options at all.
+    /// The tokens could not be read as a list of options at all, or an option
+    /// could not be named (a bare value): nothing is reported missing then.
     pub unreadable: bool,
+    /// An item of `fingerprint(...)` was refused: what the rest leaves out of
+    /// the fingerprint is not judged then.
+    pub fingerprint_refused: bool,
 }
 
 /// The contents of `fingerprint(...)`.
@@ -122,7 +126,7 @@ pub fn parse_args(args: TokenStream, errors: &mut Errors) -> RawArgs {
             let tokens = meta.to_token_stream();
             written.fingerprint_span = first_last(tokens);
             if let Meta::List(list) = meta {
-                match check_fingerprint(list, errors) {
+                match check_fingerprint(list, errors, &mut written.fingerprint_refused) {
                     Some(clean) => kept.push(NestedMeta::Meta(clean)),
                     None => continue,
                 }
@@ -140,6 +144,7 @@ pub fn parse_args(args: TokenStream, errors: &mut Errors) -> RawArgs {
             RawArgs::default()
         }
     };
+    written.unreadable |= written.names.remove("*");
     args.meta = written;
     args
 }
@@ -170,6 +175,8 @@ fn check_item<'a>(
                 format!("write `header = {}` for a header, or `body`", lit_text(lit))
             };
             errors.push_spanned(lit, format!("a bare value: {hint}"));
+            // Which option it meant is unknown: none is reported missing.
+            seen.insert("*".to_owned());
             return None;
         }
         NestedMeta::NameValueInvalidExpr(nv) => {
@@ -202,7 +209,12 @@ fn check_item<'a>(
         } else {
             format!("`{within}(...)`")
         };
-        let suggestion = closest(&name, &names)
+        let closest = closest(&name, &names);
+        if let Some(meant) = closest {
+            // The option meant is not also reported missing.
+            seen.insert(meant.to_owned());
+        }
+        let suggestion = closest
             .map(|n| format!("did you mean `{n}`? "))
             .unwrap_or_default();
         errors.push_spanned(
@@ -273,10 +285,15 @@ fn check_item<'a>(
 }
 
 /// Checks the items of `fingerprint(...)`; the list without the refused ones.
-fn check_fingerprint(list: &syn::MetaList, errors: &mut Errors) -> Option<Meta> {
+fn check_fingerprint(
+    list: &syn::MetaList,
+    errors: &mut Errors,
+    refused: &mut bool,
+) -> Option<Meta> {
     let items = match NestedMeta::parse_meta_list(list.tokens.clone()) {
         Ok(items) => items,
         Err(e) => {
+            *refused = true;
             errors.push(syn::Error::new(
                 e.span(),
                 format!(
@@ -291,6 +308,7 @@ fn check_fingerprint(list: &syn::MetaList, errors: &mut Errors) -> Option<Meta> 
         .iter()
         .filter_map(|i| check_item(i, FINGERPRINT_OPTIONS, "fingerprint", errors, &mut seen))
         .collect();
+    *refused |= kept.len() != items.len();
     let path = &list.path;
     let delimiter = &list.delimiter;
     let mut tokens = TokenStream::new();

@@ -31,7 +31,8 @@ pub struct Config {
     pub request_before: Option<usize>,
     /// The body is a `Result<B, B::Rejection>`: a rejection is answered first.
     pub body_result: Option<usize>,
-    /// `None`: `::idem_runtime`.
+    /// `None`: `::idem_runtime`. Its tokens carry the span of the string it was
+    /// written in, where an unresolved path is then reported.
     pub krate: Option<syn::Path>,
 }
 
@@ -385,7 +386,10 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
     };
     let krate = match &args.krate {
         None => None,
-        Some(k) => match syn::parse_str::<syn::Path>(k.as_str()) {
+        Some(k) => match syn::parse_str::<proc_macro2::TokenStream>(k.as_str())
+            .map(|t| respan(t, k.span()))
+            .and_then(syn::parse2::<syn::Path>)
+        {
             Ok(p) => Some(p),
             Err(_) => {
                 errors.push_at(
@@ -403,6 +407,10 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
     // The parameters: tenant, transaction, body.
     let mut tenant = None;
     let mut tx = None;
+    // A refused `#[tenant]` or handle is not also reported missing.
+    let mut tenant_refused =
+        args.meta.names.contains("single_tenant") && !args.single_tenant.is_present();
+    let mut tx_refused = false;
     let mut classes: Vec<(usize, Class)> = Vec::new();
     for (i, arg) in sig.inputs.iter().enumerate() {
         let arg = match arg {
@@ -431,6 +439,12 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
             continue;
         }
         if let Type::Reference(r) = &*arg.ty {
+            // The handle is recognised by its name, `Tx` or `Lease`, which also
+            // picks the mode: a wrong type is one error here, not type errors in
+            // the expansion and at the router.
+            let handle_name = last_segment(&r.elem).map(|s| s.ident.to_string());
+            let expected = if leased { "Lease" } else { "Tx" };
+            tx_refused = true;
             if r.mutability.is_none() {
                 errors.push_spanned(
                     &arg.ty,
@@ -443,10 +457,31 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
                     &arg.ty,
                     format!("the handler takes two `&mut` parameters: keep one, `{handle}`"),
                 );
+            } else if handle_name.as_deref() == Some("Tx") && leased {
+                errors.push_spanned(
+                    &arg.ty,
+                    "with `lease = \"...\"` the handler holds a lease, not a transaction: take `lease: &mut idem_runtime::Lease` (`&mut Lease<sqlx::Sqlite>` on SQLite), or remove `lease` to write the effects in the transaction that holds the key",
+                );
+            } else if handle_name.as_deref() == Some("Lease") && !leased {
+                errors.push_spanned(
+                    &arg.ty,
+                    "`Lease` is the handle of leased mode: add `lease = \"30s\"` to `#[idempotent(...)]` for an effect outside the database, or take `tx: &mut idem_runtime::Tx` to write the effects in the transaction that holds the key",
+                );
+            } else if handle_name.as_deref() != Some(expected) {
+                errors.push_spanned(
+                    &arg.ty,
+                    if leased {
+                        "this is not idem's lease: take `lease: &mut idem_runtime::Lease` (`&mut Lease<sqlx::Sqlite>` on SQLite), written with its name `Lease`, which the attribute reads"
+                    } else {
+                        "this is not idem's transaction: take `tx: &mut idem_runtime::Tx` (PostgreSQL) or `tx: &mut Tx<sqlx::Sqlite>` (SQLite), written with its name `Tx`, which the attribute reads to pick the backend; the effects go through `&mut **tx`"
+                    },
+                );
             } else {
                 tx = Some(i);
+                tx_refused = false;
             }
             if let Some(attr) = tenant_attr(arg) {
+                tenant_refused = true;
                 errors.push_spanned(
                     attr,
                     "`#[tenant]` marks the parameter that identifies the caller, not the transaction",
@@ -456,6 +491,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
         }
         let class = classify(arg);
         if let Some(attr) = tenant_attr(arg) {
+            tenant_refused = true;
             if args.single_tenant.is_present() {
                 errors.push_spanned(
                     attr,
@@ -473,6 +509,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
                 );
             } else {
                 tenant = Some(Tenant::Param(i));
+                tenant_refused = false;
             }
         }
         classes.push((i, class));
@@ -480,7 +517,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
     if args.single_tenant.is_present() && tenant.is_none() {
         tenant = Some(Tenant::Single);
     }
-    if tenant.is_none() {
+    if tenant.is_none() && !tenant_refused {
         errors.push_spanned(
             &sig.ident,
             format!(
@@ -488,7 +525,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
             ),
         );
     }
-    if tx.is_none() {
+    if tx.is_none() && !tx_refused {
         let msg = if leased {
             format!(
                 "`{name}` takes no lease: add a parameter `{handle}`; it carries the downstream idempotency key and lets the handler report an uncertain outcome"
@@ -541,6 +578,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
     let (headers, body) = check_fingerprint(
         args.fingerprint,
         args.meta.fingerprint_span,
+        args.meta.fingerprint_refused,
         body_param.map(|(i, c)| (i, c, typed(i))),
         maybe_body,
         errors,
@@ -567,6 +605,24 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
         body_result,
         krate,
     })
+}
+
+/// The tokens with one span (a path parsed from a string literal gets the
+/// literal's).
+fn respan(tokens: proc_macro2::TokenStream, span: Span) -> proc_macro2::TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut ng = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                ng.set_span(span);
+                tt = proc_macro2::TokenTree::Group(ng);
+            } else {
+                tt.set_span(span);
+            }
+            tt
+        })
+        .collect()
 }
 
 fn check_operation(
@@ -655,7 +711,7 @@ fn check_duration(
             let why = if what == "in_flight_wait" {
                 "a waiting request holds a database connection"
             } else {
-                "idem stores expiry times as database timestamps, and a longer one is no longer a retention but a leak"
+                "keys expire at a database timestamp, and past PostgreSQL's range (about 292,000 years from now) every claim would fail; 100 years is the bound idem checks on every backend"
             };
             err(format!(
                 "`{what}` must be {range}, not {:?}: {why}; write e.g. {example}",
@@ -670,6 +726,7 @@ fn check_duration(
 fn check_fingerprint(
     fp: Option<RawFingerprint>,
     fp_span: Option<(Span, Span)>,
+    refused: bool,
     body_param: Option<(usize, Class, Option<&syn::PatType>)>,
     maybe_body: Option<usize>,
     errors: &mut Errors,
@@ -734,15 +791,12 @@ fn check_fingerprint(
             headers.push(lower);
         }
     }
-    let header_list = if fp.header.is_empty() {
-        String::new()
-    } else {
-        fp.header
-            .iter()
-            .map(|h| format!("header = {:?}", h.as_str()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    // The suggestions below repeat the headers that were accepted.
+    let header_list = headers
+        .iter()
+        .map(|h| format!("header = {h:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let with = |first: &str| {
         if header_list.is_empty() {
             format!("fingerprint({first})")
@@ -814,6 +868,10 @@ fn check_fingerprint(
     }
     if !fp.fields.is_empty() {
         // Every field was refused above.
+        return (headers, BodyPrint::None);
+    }
+    if refused {
+        // What the refused item meant is unknown: nothing more to judge.
         return (headers, BodyPrint::None);
     }
     // Headers only, and the handler has a body: leaving it out must be written.
@@ -929,14 +987,11 @@ mod tests {
             ),
         )
         .unwrap_err();
-        for expected in [
-            "did you mean `retention`",
-            "missing `retention`",
-            "must be async",
-            "has no tenant",
-        ] {
+        for expected in ["did you mean `retention`", "must be async", "has no tenant"] {
             assert!(e.contains(expected), "missing {expected:?} in\n{e}");
         }
+        // The option meant is not also reported missing.
+        assert!(!e.contains("missing `retention`"), "{e}");
         // A refused value is not also reported as missing.
         let e = check(quote!(operation = "x", retention = 24h), handler()).unwrap_err();
         assert!(!e.contains("missing"), "{e}");

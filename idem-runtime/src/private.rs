@@ -6,6 +6,7 @@ use std::pin::Pin;
 
 use axum::response::IntoResponse;
 
+pub use crate::__idem_item;
 pub use crate::fingerprint::FingerprintBody;
 pub use crate::handler::{
     BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, OperationSpec, run, run_leased,
@@ -418,4 +419,12 @@ impl PlainTag {
     pub fn outcome<R: IntoResponse>(self, r: R) -> HandlerOutcome {
         HandlerOutcome::ok(r)
     }
+}
+
+/// Emits its input unchanged: `#[idempotent(crate = "path")]` emits the handler
+/// through `path::__private::__idem_item!`, so that a wrong path is one error.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_item {
+    ($($item:tt)*) => { $($item)* };
 }
