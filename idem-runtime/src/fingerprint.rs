@@ -468,6 +468,16 @@ mod tests {
     }
 
     #[test]
+    fn raw_bodies_count_every_byte_and_differ_from_typed_ones() {
+        let raw = |b: &[u8]| base().raw_body(b).finish();
+        assert_eq!(raw(b"abc"), raw(b"abc"));
+        assert_ne!(raw(b"abc"), raw(b"abc "));
+        assert_ne!(raw(b""), base().finish(), "an empty body is still a body");
+        // The same text as a typed `String` body is another part.
+        assert_ne!(raw(b"\"abc\""), base().body("abc").unwrap().finish());
+    }
+
+    #[test]
     fn non_json_values_are_errors_not_panics() {
         let mut m = std::collections::HashMap::new();
         m.insert((1, 2), "tuple keys have no JSON form");
