@@ -1,5 +1,5 @@
 //! The `#[idempotent]` attribute. Use it through `idem_runtime::idempotent`; this
-//! crate only forwards to [`expand::idempotent`] (parse → validate → expand).
+//! crate only forwards to `expand::idempotent` (parse → validate → expand).
 
 mod errors;
 mod expand;
