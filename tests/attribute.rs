@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRef, State};
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
@@ -168,6 +169,91 @@ macro_rules! attribute_tests {
             (StatusCode::OK, format!("closed batch {id}"))
         }
 
+        /// Writes one widget in the claimed transaction; its id.
+        async fn insert_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) -> i64 {
+            sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
+                .bind(tenant)
+                .bind(name)
+                .fetch_one(&mut **tx)
+                .await
+                .unwrap()
+        }
+
+        /// A fallible body: idem answers the rejection before anything is claimed,
+        /// so the handler's own `Err` arm is never reached (it would answer 418).
+        #[idempotent(operation = "fallible-widget", retention = "1h")]
+        async fn fallible_widget(
+            #[tenant] caller: Caller,
+            tx: &mut Tx<Db>,
+            w: Result<Json<NewWidget>, JsonRejection>,
+        ) -> Result<(StatusCode, Json<Value>), ApiError> {
+            let Json(w) = w.map_err(|_| (StatusCode::IM_A_TEAPOT, "reached".to_owned()))?;
+            let id = insert_widget(tx, &caller.0, &w.name).await;
+            Ok((StatusCode::CREATED, Json(json!({"id": id}))))
+        }
+
+        /// An optional body: no body and a body are different requests.
+        #[idempotent(operation = "optional-widget", retention = "1h")]
+        async fn optional_widget(
+            #[tenant] caller: Caller,
+            tx: &mut Tx<Db>,
+            w: Option<Json<NewWidget>>,
+        ) -> (StatusCode, Json<Value>) {
+            let name = w.map(|Json(w)| w.name).unwrap_or_else(|| "default".into());
+            let id = insert_widget(tx, &caller.0, &name).await;
+            (StatusCode::CREATED, Json(json!({"id": id, "name": name})))
+        }
+
+        type WidgetBody = Json<NewWidget>;
+
+        /// A body behind an alias the attribute cannot see into: still fingerprinted.
+        #[idempotent(operation = "alias-widget", retention = "1h")]
+        async fn alias_widget(
+            #[tenant] caller: Caller,
+            tx: &mut Tx<Db>,
+            w: WidgetBody,
+        ) -> (StatusCode, Json<Value>) {
+            let id = insert_widget(tx, &caller.0, &w.0.name).await;
+            (StatusCode::CREATED, Json(json!({"id": id})))
+        }
+
+        /// Raw bytes, fingerprinted byte for byte.
+        #[idempotent(operation = "raw-widget", retention = "1h")]
+        async fn raw_widget(
+            #[tenant] caller: Caller,
+            tx: &mut Tx<Db>,
+            body: axum::body::Bytes,
+        ) -> (StatusCode, Json<Value>) {
+            let id = insert_widget(tx, &caller.0, &String::from_utf8_lossy(&body)).await;
+            (StatusCode::CREATED, Json(json!({"id": id})))
+        }
+
+        /// The body left out on purpose: the header alone identifies the request.
+        #[idempotent(
+            operation = "tagged-widget",
+            retention = "1h",
+            fingerprint(header = "x-color", ignore_body)
+        )]
+        async fn tagged_widget(
+            #[tenant] caller: Caller,
+            tx: &mut Tx<Db>,
+            Json(w): Json<NewWidget>,
+        ) -> (StatusCode, Json<Value>) {
+            let id = insert_widget(tx, &caller.0, &w.name).await;
+            (StatusCode::CREATED, Json(json!({"id": id, "name": w.name})))
+        }
+
+        /// The tenant named by the path.
+        #[idempotent(operation = "org-widget", retention = "1h")]
+        async fn org_widget(
+            #[tenant] org: axum::extract::Path<String>,
+            tx: &mut Tx<Db>,
+            Json(w): Json<NewWidget>,
+        ) -> (StatusCode, Json<Value>) {
+            let id = insert_widget(tx, &org, &w.name).await;
+            (StatusCode::CREATED, Json(json!({"id": id})))
+        }
+
         struct App {
             db: TestDb,
             router: Router,
@@ -190,6 +276,12 @@ macro_rules! attribute_tests {
                 .route("/imports", post(import_widget))
                 .route("/blobs", post(make_blob))
                 .route("/batches/{id}", post(close_batch))
+                .route("/fallible", post(fallible_widget))
+                .route("/optional", post(optional_widget))
+                .route("/alias", post(alias_widget))
+                .route("/raw", post(raw_widget))
+                .route("/tagged", post(tagged_widget))
+                .route("/orgs/{org}/widgets", post(org_widget))
                 .with_state(state);
             App { db, router }
         }
@@ -649,6 +741,156 @@ macro_rules! attribute_tests {
             assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
         }
 
+
+        #[tokio::test]
+        async fn a_rejected_fallible_body_is_answered_before_the_claim() {
+            let a = app(None, WAIT).await;
+            let bad = send(
+                &a.router,
+                request("/fallible", Some("acme"), Some("k1"), r#"{"name":"#),
+            )
+            .await;
+            // axum's own answer to the rejection, not the handler's (418).
+            assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+            let no_json = send(&a.router, {
+                let mut r = request("/fallible", Some("acme"), Some("k1"), r#"{"name":"a"}"#);
+                r.headers_mut().remove("content-type");
+                r
+            })
+            .await;
+            assert_eq!(no_json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+            assert_eq!(
+                a.db.count("SELECT count(*) FROM idempotency_requests").await,
+                0
+            );
+            // Nothing was reserved: the corrected request with the same key executes,
+            // and its retry replays.
+            let ok = send(
+                &a.router,
+                request("/fallible", Some("acme"), Some("k1"), r#"{"name":"a"}"#),
+            )
+            .await;
+            assert_eq!(ok.status, StatusCode::CREATED);
+            assert!(!ok.replayed());
+            let again = send(
+                &a.router,
+                request("/fallible", Some("acme"), Some("k1"), r#"{ "name" : "a" }"#),
+            )
+            .await;
+            assert!(again.replayed());
+            assert_eq!(again.body, ok.body);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn an_optional_body_absent_and_present_are_different_requests() {
+            let a = app(None, WAIT).await;
+            let none = || {
+                let mut r = request("/optional", Some("acme"), Some("k1"), "");
+                r.headers_mut().remove("content-type");
+                r
+            };
+            let first = send(&a.router, none()).await;
+            assert_eq!(first.status, StatusCode::CREATED);
+            assert_eq!(first.json()["name"], "default");
+            assert!(send(&a.router, none()).await.replayed());
+            let with_body = send(
+                &a.router,
+                request("/optional", Some("acme"), Some("k1"), r#"{"name":"a"}"#),
+            )
+            .await;
+            assert_eq!(with_body.status, StatusCode::UNPROCESSABLE_ENTITY);
+            // With a body, the body's value identifies the request.
+            let a1 = send(
+                &a.router,
+                request("/optional", Some("acme"), Some("k2"), r#"{"name":"a"}"#),
+            )
+            .await;
+            assert_eq!(a1.status, StatusCode::CREATED);
+            let b = send(
+                &a.router,
+                request("/optional", Some("acme"), Some("k2"), r#"{"name":"b"}"#),
+            )
+            .await;
+            assert_eq!(b.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
+        }
+
+        #[tokio::test]
+        async fn a_body_behind_an_alias_is_fingerprinted() {
+            let a = app(None, WAIT).await;
+            let first = send(
+                &a.router,
+                request("/alias", Some("acme"), Some("k1"), r#"{"name":"a"}"#),
+            )
+            .await;
+            assert_eq!(first.status, StatusCode::CREATED);
+            let same = send(
+                &a.router,
+                request("/alias", Some("acme"), Some("k1"), r#"{ "name": "a" }"#),
+            )
+            .await;
+            assert!(same.replayed());
+            let other = send(
+                &a.router,
+                request("/alias", Some("acme"), Some("k1"), r#"{"name":"b"}"#),
+            )
+            .await;
+            assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_bytes_body_is_fingerprinted_byte_for_byte() {
+            let a = app(None, WAIT).await;
+            let first = send(&a.router, request("/raw", Some("acme"), Some("k1"), "abc")).await;
+            assert_eq!(first.status, StatusCode::CREATED);
+            assert!(send(&a.router, request("/raw", Some("acme"), Some("k1"), "abc"))
+                .await
+                .replayed());
+            // Bytes have no typed value: white space is a different request.
+            let other = send(&a.router, request("/raw", Some("acme"), Some("k1"), "abc ")).await;
+            assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn ignore_body_leaves_the_body_out_as_written() {
+            let a = app(None, WAIT).await;
+            let tagged = |body: &str, color: &str| {
+                let mut r = request("/tagged", Some("acme"), Some("k1"), body);
+                r.headers_mut().insert("x-color", color.parse().unwrap());
+                r
+            };
+            let first = send(&a.router, tagged(r#"{"name":"a"}"#, "red")).await;
+            assert_eq!(first.status, StatusCode::CREATED);
+            // Another body, same header: the same request, by the handler's choice.
+            let other_body = send(&a.router, tagged(r#"{"name":"b"}"#, "red")).await;
+            assert!(other_body.replayed());
+            assert_eq!(other_body.json()["name"], "a");
+            let other_header = send(&a.router, tagged(r#"{"name":"a"}"#, "blue")).await;
+            assert_eq!(other_header.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_path_tenant_scopes_the_key() {
+            let a = app(None, WAIT).await;
+            let body = r#"{"name":"a"}"#;
+            let acme = send(&a.router, request("/orgs/acme/widgets", None, Some("k1"), body)).await;
+            let globex =
+                send(&a.router, request("/orgs/globex/widgets", None, Some("k1"), body)).await;
+            assert_eq!(acme.status, StatusCode::CREATED);
+            assert_eq!(globex.status, StatusCode::CREATED);
+            assert!(!globex.replayed());
+            let tenants: Vec<String> = sqlx::query_scalar(
+                "SELECT tenant_id FROM idempotency_requests ORDER BY tenant_id",
+            )
+            .fetch_all(&a.db.pool)
+            .await
+            .unwrap();
+            assert_eq!(tenants, ["acme", "globex"]);
+        }
 
     };
 }

@@ -320,13 +320,14 @@ macro_rules! leased_tests {
             create_payment_body(caller, app, lease, p).await
         }
 
-        /// The same operation with a lease that is never renewed: a handler that runs
-        /// past it is a stalled worker.
+        /// The same operation with a lease renewed only up to its ceiling, one lease
+        /// (the shortest the attribute accepts): a handler that runs past it is a
+        /// stalled worker.
         #[idempotent(
             operation = "create-payment",
             retention = "1h",
             lease = "300ms",
-            lease_ceiling = "1ms"
+            lease_ceiling = "300ms"
         )]
         async fn create_payment_no_renewal(
             #[tenant] caller: Caller,
@@ -523,7 +524,7 @@ macro_rules! leased_tests {
                     async move { send(&router, pay("/payments-no-renewal", "stall-1", 100)).await },
                 );
             s.entered.recv().await.unwrap();
-            // A holds its claim but renews nothing (ceiling 1 ms); its lease lapses.
+            // A holds its claim past its ceiling (one lease); its lease lapses.
             until_lease_lapsed(&s.db).await;
             let (status, _, b_body) = send(&s.router, pay("/payments-no-renewal", "stall-1", 100)).await;
             assert_eq!(status, StatusCode::CREATED, "B took over and completed");

@@ -1,6 +1,7 @@
 //! The `#[idempotent]` attribute. Use it through `idem_runtime::idempotent`; this
-//! crate only forwards to [`expand::idempotent`] (parse → validate → expand).
+//! crate only forwards to `expand::idempotent` (parse → validate → expand).
 
+mod errors;
 mod expand;
 mod parse;
 mod validate;
@@ -30,6 +31,9 @@ use proc_macro::TokenStream;
 ///
 /// # Options
 ///
+/// Options are written `name = "value"` (strings, quoted), flags alone
+/// (`single_tenant`), and `fingerprint(...)` as a list.
+///
 /// ## `operation = "name"` (required)
 ///
 /// The operation's stable name. Together with the tenant it scopes keys: the same
@@ -39,38 +43,46 @@ use proc_macro::TokenStream;
 ///
 /// ## `retention = "24h"` (required)
 ///
-/// How long a key and its outcome are kept, from the claim: `"90s"`, `"15m"`,
-/// `"24h"`, `"7d"` (humantime syntax), parsed at compile time, never zero. A retry
-/// within the window replays; a retry after it executes anew. It changes what
-/// clients can rely on, so it has no default.
+/// How long a key and its outcome are kept, from the moment the outcome is stored:
+/// `"90s"`, `"15m"`, `"24h"`, `"7d"` (humantime syntax), parsed at compile time,
+/// between `1ms` and 100 years. It is stored in whole milliseconds (a fraction of a
+/// millisecond is dropped). A retry within the window replays; a retry after it
+/// executes anew. It changes what clients can rely on, so it has no default.
 ///
 /// ## `fingerprint(...)`
 ///
 /// What identifies the logical request besides the key. The tenant, the operation,
-/// the method and the matched route are always part of it.
+/// the method, the matched route and the concrete path and query are always part
+/// of it.
 ///
-/// * `body`: the whole typed body, canonicalised (RFC 8785) from the value the
-///   handler receives, so key order, white space and omitted `#[serde(default)]`
-///   fields do not matter. The body type must implement `serde::Serialize`.
+/// * `body`: the whole body (see *The body* below for each shape).
 /// * `body.field`, `body.field.sub`: only these fields (repeatable). A field that
 ///   does not exist is a compile error at the path in the attribute.
 /// * `header = "x-currency"`: a request header (repeatable, case-insensitive,
 ///   checked at compile time). An absent header and an empty one differ.
+/// * `ignore_body`: the body is deliberately not part of the fingerprint.
 ///
 /// Without `fingerprint(...)`, the whole body is fingerprinted when the handler has
-/// a body extractor, and nothing else otherwise. A retry whose fingerprint differs
-/// gets `422` and nothing runs.
+/// one, and nothing else. A `fingerprint(...)` on a handler with a body must say
+/// what becomes of the body, `body`, `body.field` or `ignore_body`: leaving it out
+/// silently would let a retry with the same key and another body replay the first
+/// answer. A retry whose fingerprint differs gets `422` and nothing runs.
 ///
 /// ## Tenant: `#[tenant]` on a parameter, or `single_tenant`
 ///
 /// Exactly one parameter marked `#[tenant]` supplies the tenant through
-/// `idem_runtime::TenantScope`, usually the application's auth extractor. A service
-/// with one tenant writes `single_tenant` instead. Neither is a compile error.
+/// `idem_runtime::TenantScope`, usually the application's auth extractor. The
+/// runtime implements it for `Extension<T>` when `T: TenantScope` (a caller an auth
+/// middleware inserted), for `Path<String>` (a tenant named by the route; let your
+/// authorisation check it), and for `&T`, `Box<T>`, `Arc<T>`. Another crate's type
+/// cannot implement it (the orphan rule): wrap it in a type of your own. A
+/// service with one tenant writes `single_tenant` instead.
 ///
 /// ## `in_flight_wait = "500ms"`
 ///
 /// How long a duplicate waits for a concurrent first request to finish before it
-/// gets `409` with `Retry-After`. Defaults to the `Idem` setting (2 s); at most 60 s.
+/// gets `409` with `Retry-After`. Defaults to the `Idem` setting (2 s); between 0
+/// and 60 s. Transactional mode only.
 ///
 /// ## `lease = "30s"`, `lease_ceiling = "5m"`: leased mode
 ///
@@ -78,41 +90,60 @@ use proc_macro::TokenStream;
 /// its own with an owner token; the handler takes `lease: &mut idem_runtime::Lease`
 /// (`&mut Lease<sqlx::Sqlite>` on SQLite) instead of a transaction, passes
 /// `lease.downstream_key()` to the downstream system's own idempotency, and may
-/// return `idem_runtime::Uncertain` when the effect's outcome is unknown. The lease is renewed in the background while the
-/// handler runs, up to `lease_ceiling` (default: ten leases); a worker whose lease
-/// was taken over cannot publish its result. See `idem_runtime::lease`.
+/// return `idem_runtime::Uncertain` when the effect's outcome is unknown. The lease
+/// (between 100 ms and 100 years) is renewed every third of its length while the
+/// handler runs, up to `lease_ceiling` (at least one lease; default: ten leases);
+/// a worker whose lease was taken over cannot publish its result. See
+/// `idem_runtime::lease`.
 ///
 /// ## `crate = "path"`
 ///
 /// Where the runtime is, when it is not `::idem_runtime` (a renamed dependency or a
-/// re-export).
+/// re-export). The handler is then emitted through a macro found at that path, so
+/// a wrong path is a single error; such a handler must be a module-level function.
 ///
 /// # The handler
 ///
-/// * `async fn`, no `self`, no generics.
-/// * One parameter `&mut idem_runtime::Tx`: the transaction in which the key was
-///   claimed. Write the operation's effects through it (`&mut **tx` is a
-///   `PgConnection`); they commit together with the stored outcome. There is no
-///   commit or rollback on it.
-/// * Any other extractors, in any order, with the body extractor last. A body
-///   extractor is `Json`, `Form`, `Bytes`, `String`, `Body`, `Request`,
-///   `Multipart`, `RawForm`, any type whose name ends in `Json` or `Form`, or a
-///   parameter marked `#[body]`. To fingerprint a custom body type, implement
-///   `idem_runtime::FingerprintBody` for it.
+/// * A free `async fn`: not `unsafe`, `extern` or `const`, no `self`, no generic,
+///   lifetime or const parameters, no `where` clause, no `impl Trait` or
+///   `#[cfg]` parameters.
+/// * One parameter `tx: &mut idem_runtime::Tx` (`&mut Tx<sqlx::Sqlite>` on SQLite),
+///   written with its name `Tx`, which picks the backend: the transaction in which
+///   the key was claimed. Write the operation's effects through it (`&mut **tx` is
+///   the connection); they commit together with the stored outcome. There is no
+///   commit or rollback on it. In leased mode, `lease: &mut Lease` instead.
+/// * Any other extractors, in any order, with the body extractor last.
 /// * Any return type that implements `IntoResponse`. For a `Result`, `Err` rolls
 ///   back and stores nothing. An `Ok` (or plain) response with a 5xx status also
 ///   rolls back; every other response is stored and replayed: a committed `404`
 ///   business rejection is replayed like a `201`.
+///
+/// ## The body
+///
+/// The body extractor is found by its type's name, by its pattern, or by a mark:
+///
+/// | shape | fingerprinted as |
+/// | --- | --- |
+/// | `Json<T>`, `Form<T>` (`T: Serialize`) | the typed value, as RFC 8785 canonical JSON (key order and white space do not matter) |
+/// | `String` | the text |
+/// | `Bytes`, `RawForm` | the bytes sent, byte for byte |
+/// | `Option<B>` of one of these | `B`, or no body when none was sent (a different request) |
+/// | `Result<B, B::Rejection>` (`Result<Json<T>, JsonRejection>`) | `B`; a rejection is answered with axum's own response for it before anything is claimed, so the handler only ever sees `Ok` |
+/// | a name ending in `Json` or `Form` (`ValidJson<T>`), or any type marked `#[body]` | its `idem_runtime::FingerprintBody` value |
+/// | an alias: `Json(cmd): OrderBody` | by the pattern's name |
+/// | an alias written `cmd: OrderBody`, as the last parameter | by its type, probed at compile time: a body is fingerprinted (or refused if it cannot be), anything else is taken as an extractor of the request's parts |
+/// | `Body`, `Request`, `Multipart` | streams: they cannot be fingerprinted before the claim; write `fingerprint(ignore_body)` (with headers) |
 ///
 /// # What this expands to
 ///
 /// Roughly, in plain Rust:
 ///
 /// ```ignore
+/// /// <your documentation, then a section on the generated signature>
 /// async fn create_order(
 ///     caller: Caller,
-///     request: idem_runtime::IdemRequest,   // key, method, route, headers, Idem from state
-///     body: Json<NewOrder>,
+///     idempotency: idem_runtime::IdemRequest, // key, method, route, headers, Idem from state
+///     cmd: Json<NewOrder>,                    // the names your patterns bind, where one
 /// ) -> axum::response::Response {
 ///     // the original function, unchanged
 ///     async fn inner(caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> Result<..> { .. }
@@ -122,14 +153,23 @@ use proc_macro::TokenStream;
 ///         retention: Duration::from_secs(86400),
 ///         in_flight_wait: None,
 ///         fingerprint_headers: &["x-currency"],
+///         ..
 ///     };
-///     let tenant = TenantScope::tenant_id(&caller).to_owned();
-///     let fingerprint = Ok(request.fingerprint(&SPEC, &tenant)).and_then(|fp| fp.body(&body.0));
-///     idem_runtime::run(request, &SPEC, tenant, fingerprint, Box::new(move |tx| Box::pin(async move {
-///         HandlerOutcome::from_result(inner(caller, tx, body).await)
+///     let tenant = tenant_id::<Caller>(&caller);
+///     let fingerprint = start_fingerprint(&idempotency, &SPEC, &tenant)
+///         .and_then(|fp| fingerprint_body::<Json<NewOrder>>(fp, &cmd));
+///     idem_runtime::run(idempotency, &SPEC, tenant, fingerprint, handler(move |tx| Box::pin(async move {
+///         HandlerOutcome::from_result(inner(caller, tx, cmd).await)
 ///     }))).await
 /// }
 /// ```
+///
+/// The generated function keeps your documentation, to which a section
+/// *Idempotency* is added: the operation, the retention, what identifies a request,
+/// and the handler's signature as you wrote it. Its parameters keep the names
+/// your patterns bind where a pattern binds one (`Json(cmd)` becomes `cmd`), so
+/// rustdoc and IDE hovers show `create_order(caller: Caller, idempotency:
+/// IdemRequest, cmd: Json<NewOrder>) -> Response`.
 ///
 /// `run` begins a transaction, claims the key, and runs the handler on its own task
 /// (so a client that disconnects does not cancel a half-done operation), then
@@ -138,13 +178,45 @@ use proc_macro::TokenStream;
 ///
 /// # Errors
 ///
-/// Every misuse is a compile error at the offending token, all reported at once:
-/// missing or repeated arguments, unknown ones (with a suggestion), bad or zero
-/// durations, invalid header names, missing body fields, no tenant or two, a
-/// tenant type without `TenantScope`, a body that is not `Serialize`, no
-/// transaction parameter, a body extractor that is not last, two body extractors,
-/// a non-`async` function, `self`, generics, and a return type that is not
-/// `IntoResponse`.
+/// Every misuse is a compile error at the tokens it is about, reported once, all
+/// of them at once: a bad option does not hide the signature's errors, and an
+/// option that was refused is not also reported missing. When any is found, the
+/// handler is replaced by a stub that axum accepts (`async fn name() {}`), so that
+/// mounting it in a `Router` adds no second error (the function as written is kept
+/// under a hidden name, so its body is still checked).
+///
+/// | rule | the error (abridged) |
+/// | --- | --- |
+/// | options are `name = "value"`, flags and `fingerprint(...)` | "`retention` takes a string: write `retention = \"24h\"`"; "`single_tenant` is a flag and takes no value: write `single_tenant` alone"; "a bare value: options are written `name = \"value\"`" |
+/// | known options only | "unknown option `retension` ...: did you mean `retention`? the options are ..." |
+/// | each option once | "`retention` is written twice: keep one" |
+/// | `operation` and `retention` are given | "missing `operation`: add `operation = \"create-order\"` ..." |
+/// | `operation` is a short ASCII name | "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only ..." / "must not be empty" / "at most 128" |
+/// | durations parse | "`retention` is not a duration (...): write e.g. \"90s\" ..." |
+/// | `retention` between 1ms and 100 years | "`retention` must be between 1ms and 100 years, not \"500us\": a key is stored in whole milliseconds ..." |
+/// | `in_flight_wait` between 0 and 60 s, transactional mode only | "`in_flight_wait` must be between 0s and 1m ..."; "`in_flight_wait` applies to the transactional mode ..." |
+/// | `lease` between 100 ms and 100 years | "`lease` must be between 100ms and 100 years ...: a lease is renewed every third of its length ..." |
+/// | `lease_ceiling` needs `lease` and is at least one lease | "`lease_ceiling` needs `lease = \"...\"`"; "`lease_ceiling` (10s) is shorter than `lease` (30s): the lease would never be renewed ..." |
+/// | `crate` is a path | "`crate` must be a path such as \"::idem_runtime\" ..." (a path that does not resolve: one error, at the attribute) |
+/// | header names are valid, not the key, listed once | "\"x currency\" is not a valid HTTP header name"; "the Idempotency-Key is the key itself ..."; "the header \"x-ok\" is listed twice" |
+/// | `body` or `body.field`, not both; fields are paths that exist | "`body` already fingerprints the whole body ..."; "no field `skuu` on type `NewOrder`" |
+/// | `fingerprint(body...)` needs a body | "`fingerprint(body...)` needs a body: add a body extractor ..." |
+/// | a body is in the fingerprint or left out explicitly | "`fingerprint(header = \"x\")` leaves the request body out of the fingerprint ...: write `fingerprint(body, header = \"x\")` ..., or `fingerprint(header = \"x\", ignore_body)` ..."; behind an alias: "`OrderBody` reads the request body, which this `fingerprint(...)` leaves out" |
+/// | `ignore_body` only with a body and without `body` | "`ignore_body`, but the handler reads no body"; "`ignore_body` contradicts `body`" |
+/// | the body can be fingerprinted | "`Upload` cannot be fingerprinted as a request body" (implement `FingerprintBody`, wrap another crate's type, or `ignore_body`); a stream: "this body is a stream, which idem cannot fingerprint before the claim ..."; "the trait bound `Secret: Serialize` is not satisfied" |
+/// | one body extractor, last | "a second body extractor ..."; "the body extractor must be the last parameter ..." |
+/// | written once | "`#[idempotent]` is written twice on `create_order`: keep one" |
+/// | an `async fn` | "`#[idempotent]` handlers must be async: write `async fn create_order`" |
+/// | not `unsafe`, `extern` or `const` | "`#[idempotent]` handlers cannot be `unsafe fn`: ... put the unsafe operations in an `unsafe { ... }` block" |
+/// | no generics | "generic handlers are not supported ..."; "lifetime parameters are not supported ...: take owned types (`String`, not `&'a str`)"; "const generic parameters ..."; "`where` clauses ..." |
+/// | no `self`, `impl Trait` or `#[cfg]` parameters | "`#[idempotent]` cannot take `self` ..."; "`impl Trait` parameters are generics ..."; "conditional parameters are not supported ..." |
+/// | exactly one tenant | "`create_order` has no tenant: mark ... `#[tenant]` ..., or add `single_tenant`"; "only one parameter can be the `#[tenant]`"; "`#[tenant]` contradicts `single_tenant`"; "the request body cannot be the `#[tenant]`"; "`#[tenant]` marks the parameter that identifies the caller, not the transaction" |
+/// | the tenant implements `TenantScope` | "`Anonymous` does not identify a tenant" (with what works for your own type, `Extension<T>`, `Path<String>`, another crate's type) |
+/// | one `&mut Tx` (or `&mut Lease` in leased mode), by name | "`create_order` takes no transaction: add a parameter `tx: &mut idem_runtime::Tx` ..."; "takes no lease"; "this is not idem's transaction: take `tx: &mut idem_runtime::Tx` ..."; "with `lease = \"...\"` the handler holds a lease, not a transaction ..."; "`Lease` is the handle of leased mode: add `lease = \"30s\"` ..."; "the handler takes two `&mut` parameters"; "take it as `tx: &mut idem_runtime::Tx`; other references cannot be extracted" |
+/// | the output is a response | "the trait bound `NotAResponse: IntoResponse` is not satisfied" |
+///
+/// Each is pinned by a case in `tests/ui/fail` (every case mounts its handler in a
+/// `Router`).
 ///
 /// # Limitations
 ///
@@ -162,6 +234,12 @@ use proc_macro::TokenStream;
 /// * A handler declared `-> impl IntoResponse` is a plain response to idem even
 ///   when the hidden type is a `Result`: the opaque type hides the `Err`, so only a
 ///   5xx rolls back. Declare `-> Result<impl IntoResponse, E>` to roll back on `Err`.
+/// * `Result<B, B::Rejection>` must be written out: behind an alias the attribute
+///   cannot tell it from a plain body, and the handler would see the `Err` after
+///   the claim.
+/// * A body extractor the attribute cannot recognise (an alias or an unmarked
+///   custom type) that is not the last parameter is reported by axum at the router,
+///   as for any handler.
 /// * The bounded in-flight wait applies to each lock wait: a duplicate that waits
 ///   behind a first request which rolls back, and then behind the next one, may
 ///   wait the bound more than once.

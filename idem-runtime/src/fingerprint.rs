@@ -62,6 +62,8 @@ enum Part {
         name: String,
         value: Vec<u8>,
     },
+    // Last, so that adding it left every earlier fingerprint unchanged.
+    RawBody(Vec<u8>),
 }
 
 /// Collects the parts of a request that identify it and hashes them.
@@ -125,6 +127,13 @@ impl FingerprintBuilder {
     pub fn body<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, FingerprintError> {
         self.parts.push(Part::Body(canonical_json(value)?));
         Ok(self)
+    }
+
+    /// Adds the body as the bytes that were sent, for a body without a typed value
+    /// (`Bytes`, `RawForm`): every byte counts, white space and key order included.
+    pub fn raw_body(mut self, bytes: &[u8]) -> Self {
+        self.parts.push(Part::RawBody(bytes.to_vec()));
+        self
     }
 
     /// Adds one field of the typed body under its path (`"customer.id"`),
@@ -194,6 +203,10 @@ impl FingerprintBuilder {
                     put(&mut h, name.as_bytes());
                     put(&mut h, value);
                 }
+                Part::RawBody(bytes) => {
+                    h.update(b"R");
+                    put(&mut h, bytes);
+                }
             }
         }
         Fingerprint(h.finalize().into())
@@ -206,11 +219,13 @@ fn put(h: &mut Sha256, bytes: &[u8]) {
     h.update(bytes);
 }
 
-/// A body extractor whose typed value `fingerprint(body)` can canonicalise.
+/// A body extractor whose typed value `#[idempotent]` can canonicalise into the
+/// fingerprint.
 ///
 /// Implemented for `axum::Json<T>`, `axum::Form<T>` (with `T: Serialize`) and
-/// `String`. Implement it for your own body extractor, such as a validating JSON
-/// wrapper:
+/// `String`. (`Bytes` and `RawForm` are fingerprinted byte for byte, and
+/// `Option<B>` and `Result<B, B::Rejection>` as the `B` they hold.) Implement it for
+/// your own body extractor, such as a validating JSON wrapper:
 ///
 /// ```
 /// use idem_runtime::FingerprintBody;
@@ -224,11 +239,15 @@ fn put(h: &mut Sha256, bytes: &[u8]) {
 ///     }
 /// }
 /// ```
+///
+/// Another crate's extractor cannot implement it here (the orphan rule): wrap it in
+/// a type of your own, or take the body as `Bytes`, `Json<T>` or `Form<T>`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be fingerprinted as a request body",
-    label = "`fingerprint(body)` reads this parameter as the request body",
-    note = "the body extractor must be the handler's last parameter and one of `Json<T>`, `Form<T>` (with `T: serde::Serialize`) or `String`",
-    note = "to identify the request without its body, write `fingerprint(header = \"...\")` without `body`"
+    label = "`#[idempotent]` fingerprints this parameter as the request body",
+    note = "the fingerprint takes the body's typed value: `Json<T>` or `Form<T>` (with `T: serde::Serialize`), `String`, or `Bytes` (byte for byte)",
+    note = "for an extractor of your own, implement `idem_runtime::FingerprintBody` for it; for another crate's, wrap it in a type of your own",
+    note = "to leave the body out of the fingerprint, write `fingerprint(ignore_body)` (with `header = \"...\"` to identify the request by its headers)"
 )]
 pub trait FingerprintBody {
     /// The typed value behind the extractor.
@@ -446,6 +465,16 @@ mod tests {
         );
         // Within 2^53 an integer and the equal double are the same number.
         assert_eq!(of_json(r#"{"n":4}"#), of_json(r#"{"n":4.0}"#));
+    }
+
+    #[test]
+    fn raw_bodies_count_every_byte_and_differ_from_typed_ones() {
+        let raw = |b: &[u8]| base().raw_body(b).finish();
+        assert_eq!(raw(b"abc"), raw(b"abc"));
+        assert_ne!(raw(b"abc"), raw(b"abc "));
+        assert_ne!(raw(b""), base().finish(), "an empty body is still a body");
+        // The same text as a typed `String` body is another part.
+        assert_ne!(raw(b"\"abc\""), base().body("abc").unwrap().finish());
     }
 
     #[test]

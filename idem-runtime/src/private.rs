@@ -6,6 +6,7 @@ use std::pin::Pin;
 
 use axum::response::IntoResponse;
 
+pub use crate::__idem_item;
 pub use crate::fingerprint::FingerprintBody;
 pub use crate::handler::{
     BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, OperationSpec, run, run_leased,
@@ -25,6 +26,32 @@ pub fn handler<DB, F>(f: F) -> BoxedHandler<DB>
 where
     DB: crate::store::Backend,
     F: for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
+        + Send
+        + 'static,
+{
+    Box::new(f)
+}
+
+/// Boxes a handler body for the request's backend: the backend is named once, in
+/// the request's type, and inferred here (a wrong transaction type is then
+/// reported once, at the parameter).
+pub fn handler_for<DB, F>(_: &IdemRequest<DB>, f: F) -> BoxedHandler<DB>
+where
+    DB: crate::store::Backend,
+    F: for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
+        + Send
+        + 'static,
+{
+    Box::new(f)
+}
+
+/// Boxes a leased handler body for the request's backend (see [`handler_for`]).
+pub fn leased_handler_for<DB, F>(_: &IdemRequest<DB>, f: F) -> BoxedLeasedHandler<DB>
+where
+    DB: crate::lease::LeaseBackend,
+    F: for<'l> FnOnce(
+            &'l mut Lease<DB>,
+        ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
         + Send
         + 'static,
 {
@@ -75,9 +102,9 @@ where
     Box::new(f)
 }
 
-/// The checked tenant id of the `#[tenant]` parameter. Generated with the
-/// parameter's type span, so a type that does not implement [`TenantScope`] is
-/// reported there.
+/// The checked tenant id of the `#[tenant]` parameter. Called as
+/// `tenant_id::<Ty>` with the parameter's own type tokens, so a type that does not
+/// implement [`TenantScope`] is reported at the whole type.
 pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::TenantError> {
     let id = value.tenant_id();
     crate::tenant::validate_tenant_id(id)?;
@@ -99,21 +126,259 @@ pub fn single_tenant() -> Result<String, crate::tenant::TenantError> {
     Ok(SingleTenant::ID.to_owned())
 }
 
-/// Adds the whole typed body to a fingerprint.
+/// The shapes of request body the attribute fingerprints: every
+/// [`FingerprintBody`] (its typed value), `Bytes` and `RawForm` (byte for byte),
+/// and `Option<B>` and `Result<B, E>` of those (`None` adds no body; an `Err` never
+/// gets here: the rejection is answered before the claim).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted as a request body",
+    label = "`#[idempotent]` fingerprints this parameter as the request body",
+    note = "the fingerprint takes the body's typed value: `Json<T>` or `Form<T>` (with `T: serde::Serialize`), `String`, or `Bytes` (byte for byte), or an `Option` or `Result` of one of them",
+    note = "for an extractor of your own, implement `idem_runtime::FingerprintBody` for it; for another crate's, wrap it in a type of your own",
+    note = "to leave the body out of the fingerprint, write `fingerprint(ignore_body)` (with `header = \"...\"` to identify the request by its headers)"
+)]
+pub trait BodyShape {
+    /// What `fingerprint(body.field)` paths start from.
+    type Value: ?Sized;
+    /// The value, when there is one.
+    fn value(&self) -> Option<&Self::Value>;
+    /// Adds the whole body.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::FingerprintBuilder::body`].
+    fn add(
+        &self,
+        fp: crate::FingerprintBuilder,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError>;
+}
+
+impl<B: FingerprintBody> BodyShape for B {
+    type Value = B::Value;
+    fn value(&self) -> Option<&B::Value> {
+        Some(self.fingerprint_value())
+    }
+    fn add(
+        &self,
+        fp: crate::FingerprintBuilder,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        fp.body(self.fingerprint_value())
+    }
+}
+
+impl BodyShape for bytes::Bytes {
+    type Value = [u8];
+    fn value(&self) -> Option<&[u8]> {
+        Some(self)
+    }
+    fn add(
+        &self,
+        fp: crate::FingerprintBuilder,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        Ok(fp.raw_body(self))
+    }
+}
+
+impl BodyShape for axum::extract::RawForm {
+    type Value = [u8];
+    fn value(&self) -> Option<&[u8]> {
+        Some(&self.0)
+    }
+    fn add(
+        &self,
+        fp: crate::FingerprintBuilder,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        Ok(fp.raw_body(&self.0))
+    }
+}
+
+impl<B: BodyShape> BodyShape for Option<B> {
+    type Value = B::Value;
+    fn value(&self) -> Option<&B::Value> {
+        self.as_ref().and_then(B::value)
+    }
+    fn add(
+        &self,
+        fp: crate::FingerprintBuilder,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        match self {
+            Some(b) => b.add(fp),
+            None => Ok(fp),
+        }
+    }
+}
+
+impl<B: BodyShape, E> BodyShape for Result<B, E> {
+    type Value = B::Value;
+    fn value(&self) -> Option<&B::Value> {
+        self.as_ref().ok().and_then(B::value)
+    }
+    fn add(
+        &self,
+        fp: crate::FingerprintBuilder,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        match self {
+            Ok(b) => b.add(fp),
+            Err(_) => Ok(fp),
+        }
+    }
+}
+
+/// Adds the whole body to a fingerprint. Called as `fingerprint_body::<Ty>` with
+/// the parameter's own type tokens, so an error covers the whole type.
 ///
 /// # Errors
 ///
 /// As [`crate::FingerprintBuilder::body`].
-pub fn fingerprint_body<B: FingerprintBody>(
+pub fn fingerprint_body<B: BodyShape>(
     fp: crate::FingerprintBuilder,
     body: &B,
 ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
-    fp.body(body.fingerprint_value())
+    body.add(fp)
 }
 
-/// The typed value of a body extractor (see [`FingerprintBody`]).
-pub fn body_value<B: FingerprintBody>(body: &B) -> &B::Value {
-    body.fingerprint_value()
+/// Adds one field of the body (`fingerprint(body.customer.id)`); nothing when
+/// there is no body (`None`).
+///
+/// # Errors
+///
+/// As [`crate::FingerprintBuilder::body_field`].
+pub fn body_field<B, V, F>(
+    fp: crate::FingerprintBuilder,
+    path: &str,
+    body: &B,
+    field: F,
+) -> Result<crate::FingerprintBuilder, crate::FingerprintError>
+where
+    B: BodyShape,
+    V: serde::Serialize + ?Sized,
+    F: for<'a> FnOnce(&'a B::Value) -> &'a V,
+{
+    match body.value() {
+        Some(v) => fp.body_field(path, field(v)),
+        None => Ok(fp),
+    }
+}
+
+/// The answer to a `Result<B, B::Rejection>` body whose extractor rejected the
+/// request: the rejection's own response, before anything is claimed.
+pub fn rejected<E: IntoResponse>(rejection: E) -> Response {
+    rejection.into_response()
+}
+
+/// Asks, by method resolution on `&&&BodyProbe<T>`, whether the handler's last
+/// parameter (of a type the attribute cannot name, such as an alias) reads the
+/// body: [`IsBody`] when it can be fingerprinted, [`ReadsBody`] when it reads the
+/// body but cannot, [`NotBody`] otherwise.
+pub struct BodyProbe<T>(std::marker::PhantomData<T>);
+
+impl<T> BodyProbe<T> {
+    /// The probe.
+    pub const NEW: Self = BodyProbe(std::marker::PhantomData);
+}
+
+/// Chosen first: a body idem can fingerprint.
+pub trait ProbeIsBody<T> {
+    /// The tag.
+    fn __idem_body_kind(&self) -> IsBody<T> {
+        IsBody(std::marker::PhantomData)
+    }
+}
+impl<T: BodyShape> ProbeIsBody<T> for &&BodyProbe<T> {}
+
+/// Chosen second: a body extractor (`FromRequest`, not from the parts).
+pub trait ProbeReadsBody<T> {
+    /// The tag.
+    fn __idem_body_kind(&self) -> ReadsBody<T> {
+        ReadsBody(std::marker::PhantomData)
+    }
+}
+impl<T: axum::extract::FromRequest<()>> ProbeReadsBody<T> for &BodyProbe<T> {}
+
+/// Chosen otherwise: an extractor of the request's parts.
+pub trait ProbeNotBody<T> {
+    /// The tag.
+    fn __idem_body_kind(&self) -> NotBody<T> {
+        NotBody(std::marker::PhantomData)
+    }
+}
+impl<T> ProbeNotBody<T> for BodyProbe<T> {}
+
+/// The last parameter is a body that can be fingerprinted.
+pub struct IsBody<T>(std::marker::PhantomData<T>);
+/// The last parameter reads the body but cannot be fingerprinted.
+pub struct ReadsBody<T>(std::marker::PhantomData<T>);
+/// The last parameter does not read the body.
+pub struct NotBody<T>(std::marker::PhantomData<T>);
+
+/// Refuses a body that `fingerprint(header = "...")` would leave out silently.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` reads the request body, which this `fingerprint(...)` leaves out",
+    label = "the request body: without it in the fingerprint, a retry with the same key and another body replays the first answer",
+    note = "add `body` to `fingerprint(...)` to make the body part of the request's identity, or add `ignore_body` if it does not identify the request"
+)]
+pub trait BodyLeftOut {}
+
+impl<T: BodyShape> IsBody<T> {
+    /// Without `fingerprint(...)`: the whole body.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::FingerprintBuilder::body`].
+    pub fn default_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        body: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        body.add(fp)
+    }
+    /// With `fingerprint(header = ..)` only: refused.
+    pub fn left_out(self)
+    where
+        T: BodyLeftOut,
+    {
+    }
+}
+
+impl<T> ReadsBody<T> {
+    /// Without `fingerprint(...)`: the body must be fingerprinted, and cannot.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::FingerprintBuilder::body`].
+    pub fn default_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        body: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError>
+    where
+        T: BodyShape,
+    {
+        body.add(fp)
+    }
+    /// With `fingerprint(header = ..)` only: refused.
+    pub fn left_out(self)
+    where
+        T: BodyLeftOut,
+    {
+    }
+}
+
+impl<T> NotBody<T> {
+    /// Not a body: nothing to add.
+    ///
+    /// # Errors
+    ///
+    /// Never.
+    pub fn default_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        _: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        Ok(fp)
+    }
+    /// Not a body: nothing is left out.
+    pub fn left_out(self) {}
 }
 
 /// Borrows a handler's output to find out, by method resolution, whether it is a
@@ -154,4 +419,12 @@ impl PlainTag {
     pub fn outcome<R: IntoResponse>(self, r: R) -> HandlerOutcome {
         HandlerOutcome::ok(r)
     }
+}
+
+/// Emits its input unchanged: `#[idempotent(crate = "path")]` emits the handler
+/// through `path::__private::__idem_item!`, so that a wrong path is one error.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_item {
+    ($($item:tt)*) => { $($item)* };
 }

@@ -23,7 +23,8 @@
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not identify a tenant",
     label = "this parameter is marked `#[tenant]`, but `{Self}` does not implement `idem_runtime::TenantScope`",
-    note = "implement `idem_runtime::TenantScope` for `{Self}` (return the caller's account or organisation id), or mark another parameter `#[tenant]`",
+    note = "for a type of your own (your auth extractor), implement `idem_runtime::TenantScope` for it: return the caller's account or organisation id",
+    note = "`Extension<T>` works when `T: TenantScope` (a caller your auth middleware inserted), and `Path<String>` takes the tenant from the path; another crate's type cannot implement `TenantScope` (the orphan rule): wrap it in a type of your own",
     note = "a service with a single tenant opts out with `#[idempotent(single_tenant, ...)]` instead"
 )]
 pub trait TenantScope {
@@ -46,6 +47,23 @@ impl<T: TenantScope + ?Sized> TenantScope for Box<T> {
 impl<T: TenantScope + ?Sized> TenantScope for std::sync::Arc<T> {
     fn tenant_id(&self) -> &str {
         (**self).tenant_id()
+    }
+}
+
+/// The caller an auth middleware put in the request's extensions:
+/// `#[tenant] Extension(caller): Extension<Caller>`.
+impl<T: TenantScope> TenantScope for axum::Extension<T> {
+    fn tenant_id(&self) -> &str {
+        self.0.tenant_id()
+    }
+}
+
+/// A tenant named by the route, as in `/orgs/{org}/orders`:
+/// `#[tenant] Path(org): Path<String>`. The path is what the client sent: let your
+/// authorisation check that the caller belongs to it.
+impl TenantScope for axum::extract::Path<String> {
+    fn tenant_id(&self) -> &str {
+        &self.0
     }
 }
 

@@ -1,27 +1,6 @@
+// A tenant type of the user's own without `TenantScope`.
 #![allow(unused_imports, unused_variables, dead_code)]
-use axum::extract::FromRequestParts;
-use axum::http::{request::Parts, StatusCode};
-use axum::Json;
-use idem_runtime::{idempotent, TenantScope, Tx};
-use serde::{Deserialize, Serialize};
-
-struct Caller(String);
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = StatusCode;
-    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        Ok(Caller("acme".into()))
-    }
-}
-impl TenantScope for Caller {
-    fn tenant_id(&self) -> &str {
-        &self.0
-    }
-}
-
-#[derive(Deserialize, Serialize)]
-struct NewOrder {
-    sku: String,
-}
+include!("../prelude.rs");
 
 struct Anonymous;
 impl<S: Send + Sync> FromRequestParts<S> for Anonymous {
@@ -36,4 +15,6 @@ async fn create_order(#[tenant] user: Anonymous, tx: &mut Tx, Json(cmd): Json<Ne
     StatusCode::CREATED
 }
 
-fn main() {}
+fn main() {
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+}

@@ -1,0 +1,12 @@
+// A lease past what the database's timestamps hold would fail every claim.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[idempotent(operation = "create-payment", retention = "24h", lease = "1000000years")]
+async fn create_order(#[tenant] caller: Caller, lease: &mut Lease, Json(cmd): Json<NewOrder>) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+}

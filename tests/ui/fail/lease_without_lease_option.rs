@@ -1,0 +1,12 @@
+// A `&mut Lease` without `lease = "..."`: leased mode must be asked for.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[idempotent(operation = "create-order", retention = "24h")]
+async fn create_order(#[tenant] caller: Caller, lease: &mut Lease, Json(cmd): Json<NewOrder>) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+}

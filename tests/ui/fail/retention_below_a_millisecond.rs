@@ -1,0 +1,12 @@
+// Keys are stored in whole milliseconds: 500us would be stored as 0 ms, and every retry would run again.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[idempotent(operation = "create-order", retention = "500us")]
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+}

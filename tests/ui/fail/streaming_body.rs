@@ -1,0 +1,12 @@
+// A streamed body cannot be fingerprinted before the claim (the default fingerprints the body).
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[idempotent(operation = "create-order", retention = "24h")]
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, body: axum::body::Body) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+}
