@@ -1,10 +1,10 @@
 //! `cargo bench --bench idem`: what the promise costs, side by side (issue 7).
 //!
-//! One run creates a fresh database (`idem_bench_<pid>`), starts the bench server as
-//! a child process (this same binary, re-executed with `IDEM_BENCH_ROLE=server`) on
-//! `127.0.0.1:0`, drives it over loopback HTTP with a Rust load generator (reqwest,
-//! keep-alive, fixed concurrency, fixed duration after a warm-up that is not
-//! counted), and prints one table:
+//! One run creates a fresh database (`idem_bench_<pid>`) and a SQLite file, starts
+//! bench servers as child processes (this same binary, re-executed with
+//! `IDEM_BENCH_ROLE=server`) on `127.0.0.1:0`, drives them over loopback HTTP with
+//! a Rust load generator (reqwest, keep-alive, fixed concurrency, fixed duration
+//! after a warm-up that is not counted), and prints one report:
 //!
 //! | | scenario | route |
 //! | --- | --- | --- |
@@ -14,13 +14,19 @@
 //! | d | the common middleware pattern: claim, effect, completion in three transactions (plain sqlx) | `POST /mw/orders` |
 //! | e | contention: rounds of 64 clients over 16 fresh keys, exactly one effect per key | `POST /idem/orders` |
 //! | f | leased mode (`lease = "30s"`), the insert outside any transaction | `POST /leased/orders` |
+//! | g | the peer, `axum-idempotent`, on (a)'s handler, first executions | `POST /peer/orders` |
+//! | h | the peer under (e)'s contention: its duplicate effects are counted | `POST /peer/orders` |
 //!
-//! Then a short statement profile: a second server whose pool talks to PostgreSQL
-//! through a counting proxy, so every request's round trips, prepared statements
-//! and SQL statements are counted exactly.
+//! Every PostgreSQL scenario runs at each round-trip time of `IDEM_BENCH_DB_RTTS`
+//! (the server's pool reaching PostgreSQL through a proxy in the server process
+//! that delays every answer); (a), (b), (c) and (e) also run on the SQLite file.
+//! Then a memory run of (b) and a statement profile: a server whose pool talks to
+//! PostgreSQL through the counting proxy, so every request's round trips,
+//! prepared statements and SQL statements are counted exactly.
 //!
-//! Settings (environment): see `BENCHMARKS.md` or the `Settings` struct below.
-//! Nothing here asserts a speed; `cargo test` does not build or run this file.
+//! Settings (environment): see `BENCHMARKS.md` or the `Settings` struct in
+//! `driver.rs`. Nothing here asserts a speed; `cargo test` does not build or run
+//! this bench.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -129,6 +135,42 @@ async fn insert_order<'e>(
     cmd: &NewOrder,
 ) -> Result<Order, sqlx::Error> {
     sqlx::query_as(INSERT_ORDER)
+        .bind(tenant)
+        .bind(&cmd.sku)
+        .bind(cmd.quantity)
+        .bind(cmd.amount_cents)
+        .bind(&cmd.currency)
+        .bind(&cmd.note)
+        .fetch_one(exec)
+        .await
+}
+
+/// The same business table on the SQLite file (`created_at` as text, from
+/// SQLite's clock).
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE orders (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant_id    TEXT    NOT NULL,
+    sku          TEXT    NOT NULL,
+    quantity     INTEGER NOT NULL CHECK (quantity >= 1),
+    amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
+    currency     TEXT    NOT NULL,
+    note         TEXT,
+    created_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX orders_tenant_idx ON orders (tenant_id, id);
+";
+
+const INSERT_ORDER_SQLITE: &str = "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
+     VALUES ($1, $2, $3, $4, $5, $6) \
+     RETURNING id, sku, quantity, amount_cents, currency, note, created_at";
+
+async fn insert_order_sqlite<'e>(
+    exec: impl sqlx::SqliteExecutor<'e>,
+    tenant: &str,
+    cmd: &NewOrder,
+) -> Result<Order, sqlx::Error> {
+    sqlx::query_as(INSERT_ORDER_SQLITE)
         .bind(tenant)
         .bind(&cmd.sku)
         .bind(cmd.quantity)

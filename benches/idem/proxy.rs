@@ -1,11 +1,30 @@
-//! A counting proxy between the profile server's pool and PostgreSQL.
+//! The proxy between a bench server's pool and PostgreSQL, in the server process.
+//!
+//! Two uses, one relay:
+//! * the statement profile counts every protocol message and round trip
+//!   ([`Stats`]);
+//! * the networked-database runs delay every chunk from PostgreSQL to the server
+//!   by a fixed round-trip time, as a database on another machine would.
+//!
+//! Plain threads and blocking sockets, named `dbproxy*` so the driver can tell
+//! their CPU time from the server's (`/proc/<pid>/task`). Per connection: one
+//! thread relays the server's bytes up, one reads PostgreSQL's, and with a delay
+//! a third writes them down when due. The reader queues each chunk with its due
+//! time (arrival + RTT) and goes back to reading, so a delay never throttles a
+//! connection nor holds up another; the writer sleeps until the oldest chunk is
+//! due (`thread::sleep` with a timer slack of 1 ns: tokio's timer, with its 1 ms
+//! resolution, is too coarse for a 500 us RTT) and writes it. A connection's due
+//! times only grow, so its chunks keep their order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
 
 use super::*;
+
+/// Prefix of the proxy's thread names (`/proc/<pid>/task/<tid>/comm`).
+pub const THREAD_PREFIX: &str = "dbproxy";
 
 /// Frontend (client to server) protocol messages, and round trips: a burst of
 /// client bytes after the server last spoke.
@@ -27,73 +46,202 @@ pub struct Stats {
     pub parsed: BTreeMap<String, u64>,
 }
 
-pub async fn start(
-    upstream: String,
-    stats: Arc<Mutex<Stats>>,
-) -> std::io::Result<std::net::SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
+/// What the proxy does besides relaying.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Count the protocol (the statement profile).
+    pub stats: Option<Arc<Mutex<Stats>>>,
+    /// Delay every chunk from PostgreSQL by this much (zero: relay at once).
+    pub rtt: Duration,
+}
+
+/// How late the delayed chunks were written, past their due time (arrival +
+/// RTT): the timer's and the scheduler's slack, which the RTT the server sees
+/// carries on top of the configured one.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct DelayReport {
+    pub rtt_us: u64,
+    pub chunks: u64,
+    pub late_us_mean: f64,
+    pub late_us_max: u64,
+}
+
+/// Starts the proxy and answers its address. Each accepted connection gets its
+/// own connection to `upstream`.
+pub fn start(upstream: String, options: Options) -> std::io::Result<std::net::SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let stats = stats.clone();
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                if let Err(e) = relay(client, &upstream, stats).await {
-                    eprintln!("proxy: {e}");
-                }
-            });
+    spawn("accept", move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let (upstream, options) = (upstream.clone(), options.clone());
+            if let Err(e) = relay(client, &upstream, options) {
+                eprintln!("proxy: {e}");
+            }
         }
-    });
+    })?;
     Ok(addr)
 }
 
-async fn relay(client: TcpStream, upstream: &str, stats: Arc<Mutex<Stats>>) -> std::io::Result<()> {
-    let server = TcpStream::connect(upstream).await?;
+fn spawn(role: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("{THREAD_PREFIX}-{role}"))
+        .spawn(f)
+        .map(drop)
+}
+
+/// Connects to PostgreSQL and starts the connection's threads.
+fn relay(client: TcpStream, upstream: &str, options: Options) -> std::io::Result<()> {
+    let server = TcpStream::connect(upstream)?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
-    let (mut cr, mut cw) = client.into_split();
-    let (mut sr, mut sw) = server.into_split();
     let client_spoke_last = Arc::new(AtomicBool::new(true));
-    let up = {
-        let stats = stats.clone();
-        let last = client_spoke_last.clone();
-        async move {
-            let mut parser = Parser::default();
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = cr.read(&mut buf).await?;
-                if n == 0 {
-                    return sw.shutdown().await;
-                }
-                {
-                    let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
-                    if !last.swap(true, Ordering::AcqRel) {
-                        s.round_trips += 1;
-                    }
-                    s.bytes_up += n as u64;
-                    if buf[..n] == [b'S', 0, 0, 0, 4] {
-                        s.pings += 1;
-                    }
-                    parser.feed(&buf[..n], &mut s);
-                }
-                sw.write_all(&buf[..n]).await?;
-            }
+    {
+        let (from, to) = (client.try_clone()?, server.try_clone()?);
+        let (stats, last) = (options.stats.clone(), client_spoke_last.clone());
+        spawn("up", move || up(from, to, stats, &last))?;
+    }
+    let sink = if options.rtt.is_zero() {
+        Sink::Direct(client)
+    } else {
+        let (due_tx, due_rx) = mpsc::channel();
+        spawn("wr", move || write_when_due(client, due_rx))?;
+        Sink::Delayed {
+            rtt: options.rtt,
+            due_tx,
         }
     };
-    let down = async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = sr.read(&mut buf).await?;
-            if n == 0 {
-                return cw.shutdown().await;
-            }
-            client_spoke_last.store(false, Ordering::Release);
-            stats.lock().unwrap_or_else(|e| e.into_inner()).bytes_down += n as u64;
-            cw.write_all(&buf[..n]).await?;
-        }
-    };
-    tokio::try_join!(up, down).map(|_| ())
+    spawn("rd", move || {
+        down(server, sink, options.stats, &client_spoke_last)
+    })
 }
+
+/// Server to PostgreSQL, at once, counted for the profile.
+fn up(mut from: TcpStream, mut to: TcpStream, stats: Option<Arc<Mutex<Stats>>>, last: &AtomicBool) {
+    let mut parser = Parser::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(stats) = &stats {
+            let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+            if !last.swap(true, Ordering::AcqRel) {
+                s.round_trips += 1;
+            }
+            s.bytes_up += n as u64;
+            if buf[..n] == [b'S', 0, 0, 0, 4] {
+                s.pings += 1;
+            }
+            parser.feed(&buf[..n], &mut s);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+/// PostgreSQL to the server: each chunk to the sink, as soon as it is read.
+fn down(mut from: TcpStream, mut sink: Sink, stats: Option<Arc<Mutex<Stats>>>, last: &AtomicBool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf).unwrap_or(0);
+        last.store(false, Ordering::Release);
+        if let Some(stats) = &stats {
+            stats.lock().unwrap_or_else(|e| e.into_inner()).bytes_down += n as u64;
+        }
+        // An empty chunk is the end of the stream, delayed like the rest.
+        if sink.send(&buf[..n]).is_err() || n == 0 {
+            break;
+        }
+    }
+}
+
+/// Where the chunks from PostgreSQL go: the server's socket at once, or the
+/// connection's queue of chunks with their due times.
+enum Sink {
+    Direct(TcpStream),
+    Delayed {
+        rtt: Duration,
+        due_tx: mpsc::Sender<(Instant, Vec<u8>)>,
+    },
+}
+
+impl Sink {
+    fn send(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Direct(socket) if chunk.is_empty() => socket.shutdown(Shutdown::Write),
+            Sink::Direct(socket) => socket.write_all(chunk),
+            Sink::Delayed { rtt, due_tx } => due_tx
+                .send((Instant::now() + *rtt, chunk.to_vec()))
+                .map_err(|_| std::io::Error::other("the delayed writer stopped")),
+        }
+    }
+}
+
+/// The delayed writer of one connection: each chunk at its due time, in order.
+fn write_when_due(mut to: TcpStream, due_rx: mpsc::Receiver<(Instant, Vec<u8>)>) {
+    // Linux lets a sleeping thread's timer fire up to 50 us late by default (timer
+    // slack); 1 ns leaves only the scheduler's wake-up latency.
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and changes only the
+    // calling thread's timer slack.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+    }
+    while let Ok((due, chunk)) = due_rx.recv() {
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        delay_stats().record(due);
+        if chunk.is_empty() {
+            break;
+        }
+        if to.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+/// Lateness of the delayed chunks when their writer writes them.
+#[derive(Default)]
+pub struct DelayStats {
+    chunks: AtomicU64,
+    late_us_total: AtomicU64,
+    late_us_max: AtomicU64,
+}
+
+pub fn delay_stats() -> &'static DelayStats {
+    static STATS: std::sync::OnceLock<DelayStats> = std::sync::OnceLock::new();
+    STATS.get_or_init(DelayStats::default)
+}
+
+impl DelayStats {
+    fn record(&self, due: Instant) {
+        let late = u64::try_from(Instant::now().saturating_duration_since(due).as_micros())
+            .unwrap_or(u64::MAX);
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+        self.late_us_total.fetch_add(late, Ordering::Relaxed);
+        self.late_us_max.fetch_max(late, Ordering::Relaxed);
+    }
+
+    pub fn report(&self, rtt: Duration) -> DelayReport {
+        let chunks = self.chunks.load(Ordering::Relaxed);
+        DelayReport {
+            rtt_us: u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX),
+            chunks,
+            late_us_mean: self.late_us_total.load(Ordering::Relaxed) as f64 / chunks.max(1) as f64,
+            late_us_max: self.late_us_max.load(Ordering::Relaxed),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The frontend protocol, parsed for the statement profile.
+// ---------------------------------------------------------------------------------
 
 #[derive(Default)]
 struct Parser {

@@ -7,6 +7,8 @@ pub struct AppState {
     idem: Idem,
     pool: PgPool,
     protocol: Option<Arc<Mutex<proxy::Stats>>>,
+    /// The delay the proxy adds to every answer from PostgreSQL (zero: no proxy).
+    rtt: Duration,
 }
 
 impl FromRef<AppState> for Idem {
@@ -245,34 +247,57 @@ async fn protocol_handler(State(app): State<AppState>) -> Response {
     }
 }
 
+/// `GET /bench/delay`: how late the delaying proxy released its chunks (a server
+/// with `IDEM_BENCH_DB_RTT_US` > 0 only).
+async fn delay_handler(State(app): State<AppState>) -> Response {
+    if app.rtt.is_zero() {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    Json(proxy::delay_stats().report(app.rtt)).into_response()
+}
+
+/// The server's role: `IDEM_BENCH_BACKEND` picks PostgreSQL (the default) or the
+/// SQLite file.
 pub async fn main() -> Result<(), String> {
-    let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?;
-    let pool_size: u32 = env_or("IDEM_BENCH_POOL", 32)?;
-    let test_before_acquire: u8 = env_or("IDEM_BENCH_TEST_BEFORE_ACQUIRE", 1)?;
-    let metrics_mode = std::env::var("IDEM_BENCH_METRICS").unwrap_or_default();
-    let use_proxy = std::env::var("IDEM_BENCH_PROXY").as_deref() == Ok("1");
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
+    install_metrics()?;
+    let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?;
+    let app = match std::env::var("IDEM_BENCH_BACKEND").as_deref() {
+        Ok("sqlite") => sqlite::app(&url).await?,
+        _ => postgres_app(&url).await?,
+    };
+    serve(app).await
+}
+
+/// The PostgreSQL server: every scenario's routes, its pool straight to the
+/// database or through the proxy (`IDEM_BENCH_PROXY=1` counts the protocol,
+/// `IDEM_BENCH_DB_RTT_US` delays every answer from PostgreSQL).
+async fn postgres_app(url: &str) -> Result<Router, String> {
+    let pool_size: u32 = env_or("IDEM_BENCH_POOL", 32)?;
+    let test_before_acquire: u8 = env_or("IDEM_BENCH_TEST_BEFORE_ACQUIRE", 1)?;
+    let rtt = Duration::from_micros(env_or("IDEM_BENCH_DB_RTT_US", 0)?);
+    let counting = std::env::var("IDEM_BENCH_PROXY").as_deref() == Ok("1");
 
     let mut opts: sqlx::postgres::PgConnectOptions = url
         .parse()
         .map_err(|e| format!("DATABASE_URL does not parse: {e}"))?;
-    let mut protocol = None;
-    if use_proxy {
+    let protocol = counting.then(|| Arc::new(Mutex::new(proxy::Stats::default())));
+    if counting || !rtt.is_zero() {
         let upstream = format!("{}:{}", opts.get_host(), opts.get_port());
-        let stats = Arc::new(Mutex::new(proxy::Stats::default()));
-        let addr = proxy::start(upstream, stats.clone())
-            .await
-            .map_err(|e| format!("proxy: {e}"))?;
+        let options = proxy::Options {
+            stats: protocol.clone(),
+            rtt,
+        };
+        let addr = proxy::start(upstream, options).map_err(|e| format!("proxy: {e}"))?;
         opts = opts
             .host(&addr.ip().to_string())
             .port(addr.port())
             .ssl_mode(sqlx::postgres::PgSslMode::Disable);
-        protocol = Some(stats);
     }
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
@@ -282,10 +307,33 @@ pub async fn main() -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot connect: {e}"))?;
 
-    match metrics_mode.as_str() {
+    let state = AppState {
+        idem: Idem::new(pool.clone()),
+        pool,
+        protocol,
+        rtt,
+    };
+    Ok(Router::new()
+        .route("/bare/orders", post(bare))
+        .route("/idem/orders", post(idem_create))
+        .route("/mw/orders", post(middleware))
+        .route("/leased/orders", post(leased_create))
+        .merge(peer::routes())
+        .route("/bench/protocol", get(protocol_handler))
+        .route("/bench/delay", get(delay_handler))
+        .with_state(state))
+}
+
+/// `IDEM_BENCH_METRICS`: the Prometheus recorder as a service runs it (upkeep every
+/// 5 s, the default), without upkeep, or none.
+fn install_metrics() -> Result<(), String> {
+    match std::env::var("IDEM_BENCH_METRICS")
+        .unwrap_or_default()
+        .as_str()
+    {
         "off" => {}
-        // What examples/orders does: install_recorder, and nobody drains the
-        // histograms unless /metrics is scraped.
+        // What examples/orders did before e517087: install_recorder, and nobody
+        // drains the histograms unless /metrics is scraped.
         "no-upkeep" => {
             metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
@@ -308,19 +356,12 @@ pub async fn main() -> Result<(), String> {
             ));
         }
     }
+    Ok(())
+}
 
-    let state = AppState {
-        idem: Idem::new(pool.clone()),
-        pool,
-        protocol,
-    };
-    let app = Router::new()
-        .route("/bare/orders", post(bare))
-        .route("/idem/orders", post(idem_create))
-        .route("/mw/orders", post(middleware))
-        .route("/leased/orders", post(leased_create))
-        .route("/bench/protocol", get(protocol_handler))
-        .with_state(state);
+/// Listens on `127.0.0.1:0`, tells the driver where (stdout), and serves until the
+/// driver closes our stdin (it is done, or died).
+async fn serve(app: Router) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
@@ -330,8 +371,6 @@ pub async fn main() -> Result<(), String> {
         writeln!(out, "{LISTENING} {addr}").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
     }
-    // The driver holds our stdin: when it closes (the driver is done, or died),
-    // shut down.
     let (gone_tx, gone_rx) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
         use std::io::Read;
@@ -350,4 +389,122 @@ pub async fn main() -> Result<(), String> {
         .with_graceful_shutdown(parent_gone)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Scenario (g), the peer: `axum-idempotent` on the bare handler (the insert in
+/// its own transaction, as (a)), set up as its README shows: direct-key mode on the
+/// `Idempotency-Key` header (required), responses cached for 5 minutes, a ruts
+/// `SessionLayer` (cookie `session`) over an in-memory `MokaStore`, tower-cookies'
+/// `CookieManagerLayer` outermost. The middleware caches only for a request that
+/// already carries a session and never creates one, so a client first calls
+/// `POST /peer/session` (outside the idempotency layer) for its cookie.
+mod peer {
+    use axum_idempotent::{IdempotentLayer, IdempotentOptions};
+    use ruts::store::Ttl;
+    use ruts::store::moka::MokaStore;
+    use ruts::{CookieOptions, Session, SessionLayer};
+    use tower_cookies::CookieManagerLayer;
+
+    use super::*;
+
+    pub fn routes() -> Router<AppState> {
+        let store = Arc::new(MokaStore::builder().build());
+        let options = IdempotentOptions::default()
+            .use_idempotency_key_header(Some("Idempotency-Key"), true)
+            .expire_after(60 * 5);
+        Router::new()
+            .route("/peer/orders", post(bare))
+            .layer(IdempotentLayer::<MokaStore>::new(options))
+            .route("/peer/session", post(open_session))
+            .layer(
+                SessionLayer::new(store)
+                    .with_cookie_options(CookieOptions::build().name("session")),
+            )
+            .layer(CookieManagerLayer::new())
+    }
+
+    /// Writes a field, which makes ruts create the session and set its cookie.
+    async fn open_session(session: Session<MokaStore>) -> Response {
+        let ttl = Ttl::new(3600).expect("a valid TTL");
+        match session.set("client", &true, ttl, None).await {
+            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        }
+    }
+}
+
+/// The SQLite server, scenarios (a), (b), (c) and (e): the same handlers on a
+/// SQLite file in WAL mode, `Idem<Sqlite>` and `Tx<Sqlite>`.
+mod sqlite {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use sqlx::{Sqlite, SqlitePool};
+
+    use super::*;
+
+    #[derive(Clone)]
+    struct SqliteState {
+        idem: Idem<Sqlite>,
+        pool: SqlitePool,
+    }
+
+    impl FromRef<SqliteState> for Idem<Sqlite> {
+        fn from_ref(s: &SqliteState) -> Idem<Sqlite> {
+            s.idem.clone()
+        }
+    }
+
+    /// `IDEM_BENCH_SQLITE_POOL` (8, as `examples/orders`) connections, WAL, the
+    /// example's busy timeout of 5 s.
+    pub async fn app(url: &str) -> Result<Router, String> {
+        let pool_size: u32 = env_or("IDEM_BENCH_SQLITE_POOL", 8)?;
+        let test_before_acquire: u8 = env_or("IDEM_BENCH_TEST_BEFORE_ACQUIRE", 1)?;
+        let opts: SqliteConnectOptions = url
+            .parse()
+            .map_err(|e| format!("DATABASE_URL does not parse: {e}"))?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(pool_size)
+            .test_before_acquire(test_before_acquire != 0)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(
+                opts.journal_mode(SqliteJournalMode::Wal)
+                    .busy_timeout(Duration::from_secs(5)),
+            )
+            .await
+            .map_err(|e| format!("cannot open {url}: {e}"))?;
+        let state = SqliteState {
+            idem: Idem::new(pool.clone()),
+            pool,
+        };
+        Ok(Router::new()
+            .route("/bare/orders", post(bare))
+            .route("/idem/orders", post(idem_create))
+            .with_state(state))
+    }
+
+    /// (a) on SQLite.
+    async fn bare(
+        caller: Caller,
+        State(app): State<SqliteState>,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let mut tx = app.pool.begin().await.map_err(db_error)?;
+        let order = insert_order_sqlite(&mut *tx, &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(created(order))
+    }
+
+    /// (b), (c), (e) on SQLite.
+    #[idempotent(operation = "create-order", retention = "24h")]
+    async fn idem_create(
+        #[tenant] caller: Caller,
+        tx: &mut Tx<Sqlite>,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let order = insert_order_sqlite(&mut **tx, &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        Ok(created(order))
+    }
 }
