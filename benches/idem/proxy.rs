@@ -12,13 +12,13 @@
 //! a third writes them down when due. The reader queues each chunk with its due
 //! time (arrival + RTT) and goes back to reading, so a delay never throttles a
 //! connection nor holds up another; the writer sleeps until the oldest chunk is
-//! due (`thread::sleep` with a timer slack of 1 ns: tokio's timer, with its 1 ms
-//! resolution, is too coarse for a 500 us RTT) and writes it. A connection's due
-//! times only grow, so its chunks keep their order.
+//! due (`thread::sleep`: tokio's timer, with its 1 ms resolution, is too coarse
+//! for a 500 us RTT) and writes it. A connection's due times only grow, so its
+//! chunks keep their order.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 
 use super::*;
@@ -55,14 +55,14 @@ pub struct Options {
     pub rtt: Duration,
 }
 
-/// How late the delayed chunks were written, past their due time (arrival +
-/// RTT): the timer's and the scheduler's slack, which the RTT the server sees
-/// carries on top of the configured one.
+/// How far from their due time (arrival + RTT) the delayed chunks were written:
+/// the mean (positive: late), the mean distance either way, the latest.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct DelayReport {
     pub rtt_us: u64,
     pub chunks: u64,
-    pub late_us_mean: f64,
+    pub off_us_mean: f64,
+    pub off_us_abs_mean: f64,
     pub late_us_max: u64,
 }
 
@@ -105,7 +105,8 @@ fn relay(client: TcpStream, upstream: &str, options: Options) -> std::io::Result
         Sink::Direct(client)
     } else {
         let (due_tx, due_rx) = mpsc::channel();
-        spawn("wr", move || write_when_due(client, due_rx))?;
+        let rtt = options.rtt;
+        spawn("wr", move || write_when_due(client, due_rx, rtt))?;
         Sink::Delayed {
             rtt: options.rtt,
             due_tx,
@@ -182,18 +183,33 @@ impl Sink {
 }
 
 /// The delayed writer of one connection: each chunk at its due time, in order.
-fn write_when_due(mut to: TcpStream, due_rx: mpsc::Receiver<(Instant, Vec<u8>)>) {
-    // Linux lets a sleeping thread's timer fire up to 50 us late by default (timer
-    // slack); 1 ns leaves only the scheduler's wake-up latency.
+///
+/// A sleeping thread wakes late: the timer slack (set to 1 ns here) and the
+/// scheduler's wake-up latency, which on this VM is tens of microseconds when
+/// the cores are busy and hundreds when they idle. The writer therefore aims
+/// early by the median of its own oversleeping (tracked in steps of 2 us, so
+/// that a thread descheduled for milliseconds does not throw it off; at most
+/// half the RTT), so that the typical chunk is written at its due time and the
+/// RTT the server sees is the one configured; [`DelayReport`] says how far from
+/// it they were.
+fn write_when_due(mut to: TcpStream, due_rx: mpsc::Receiver<(Instant, Vec<u8>)>, rtt: Duration) {
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and changes only the
     // calling thread's timer slack.
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
     }
+    const STEP: Duration = Duration::from_micros(2);
+    let mut oversleep = Duration::ZERO;
     while let Ok((due, chunk)) = due_rx.recv() {
+        let aim = due - oversleep;
         let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
+        if aim > now {
+            std::thread::sleep(aim - now);
+            oversleep = if Instant::now() > aim + oversleep {
+                (oversleep + STEP).min(rtt / 2)
+            } else {
+                oversleep.saturating_sub(STEP)
+            };
         }
         delay_stats().record(due);
         if chunk.is_empty() {
@@ -206,11 +222,13 @@ fn write_when_due(mut to: TcpStream, due_rx: mpsc::Receiver<(Instant, Vec<u8>)>)
     let _ = to.shutdown(Shutdown::Write);
 }
 
-/// Lateness of the delayed chunks when their writer writes them.
+/// When the delayed chunks were written against their due time.
 #[derive(Default)]
 pub struct DelayStats {
     chunks: AtomicU64,
-    late_us_total: AtomicU64,
+    /// Sums of (written - due) and of its absolute value, in microseconds.
+    off_us_total: AtomicI64,
+    off_us_abs_total: AtomicU64,
     late_us_max: AtomicU64,
 }
 
@@ -221,19 +239,24 @@ pub fn delay_stats() -> &'static DelayStats {
 
 impl DelayStats {
     fn record(&self, due: Instant) {
-        let late = u64::try_from(Instant::now().saturating_duration_since(due).as_micros())
-            .unwrap_or(u64::MAX);
+        let now = Instant::now();
+        let us = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        let off = us(now.saturating_duration_since(due)) - us(due.saturating_duration_since(now));
         self.chunks.fetch_add(1, Ordering::Relaxed);
-        self.late_us_total.fetch_add(late, Ordering::Relaxed);
-        self.late_us_max.fetch_max(late, Ordering::Relaxed);
+        self.off_us_total.fetch_add(off, Ordering::Relaxed);
+        self.off_us_abs_total
+            .fetch_add(off.unsigned_abs(), Ordering::Relaxed);
+        self.late_us_max
+            .fetch_max(off.max(0).unsigned_abs(), Ordering::Relaxed);
     }
 
     pub fn report(&self, rtt: Duration) -> DelayReport {
-        let chunks = self.chunks.load(Ordering::Relaxed);
+        let n = self.chunks.load(Ordering::Relaxed).max(1) as f64;
         DelayReport {
             rtt_us: u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX),
-            chunks,
-            late_us_mean: self.late_us_total.load(Ordering::Relaxed) as f64 / chunks.max(1) as f64,
+            chunks: self.chunks.load(Ordering::Relaxed),
+            off_us_mean: self.off_us_total.load(Ordering::Relaxed) as f64 / n,
+            off_us_abs_mean: self.off_us_abs_total.load(Ordering::Relaxed) as f64 / n,
             late_us_max: self.late_us_max.load(Ordering::Relaxed),
         }
     }

@@ -261,7 +261,10 @@ async fn delay_handler(State(app): State<AppState>) -> Response {
 pub async fn main() -> Result<(), String> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            // sqlx's slow-statement warnings (SQLite writers waiting for the lock)
+            // would flood the driver's terminal; the latency columns show them.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,sqlx::query=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();

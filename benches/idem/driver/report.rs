@@ -155,14 +155,15 @@ impl Report<'_> {
             let Some(d) = &g.delay else { continue };
             let _ = write!(
                 t,
-                "proxy at RTT {} us: {} chunks delayed, released {:.0} us late on average (max {} us)",
-                g.rtt_us, d.chunks, d.late_us_mean, d.late_us_max
+                "proxy at RTT {} us: {} chunks delayed, written {:+.0} us from their due time on average \
+                 ({:.0} us either way, at worst {} us late)",
+                g.rtt_us, d.chunks, d.off_us_mean, d.off_us_abs_mean, d.late_us_max
             );
             if let (Some(at), Some(at0)) = (p50_a(g.rtt_us), p50_a(0)) {
                 let added = at - at0;
                 let _ = write!(
                     t,
-                    "; (a) p50 {at:.2} ms against {at0:.2} ms at RTT 0: +{added:.2} ms = {:.1} RTTs on the \
+                    "; (a) p50 {at:.2} ms against {at0:.2} ms at RTT 0: {added:+.2} ms = {:.1} RTTs on the \
                      request's path",
                     added * 1000.0 / g.rtt_us as f64
                 );
