@@ -234,9 +234,14 @@ pub struct Pools {
 pub struct Group {
     pub rtt_us: u64,
     pub results: Vec<Measured>,
-    /// How late the delaying proxy released its chunks (RTT > 0).
+    /// How far from their due time the delaying proxy wrote its chunks (RTT > 0).
     pub delay: Option<proxy::DelayReport>,
+    /// Median latency of (a) alone, one request at a time, in milliseconds.
+    pub sequential_p50: f64,
 }
+
+/// Requests of the sequential (a) that checks the proxy at each RTT.
+const PROBE_REQUESTS: usize = 200;
 
 pub async fn main() -> Result<(), String> {
     let s = Settings::from_env()?;
@@ -389,6 +394,8 @@ async fn run_group(
     let mut servers =
         vec![Server::start(pg_url, &[("IDEM_BENCH_DB_RTT_US", rtt_us.to_string())]).await?];
     let db = Db::Postgres { rtt_us };
+    let probe_tenant = format!("probe-{}", db.tag());
+    let sequential_p50 = sequential_p50(&servers[0].base, &probe_tenant, PROBE_REQUESTS).await?;
     let mut results: Vec<Measured> = SCENARIOS
         .iter()
         .filter(|sc| s.scenarios.contains(sc.id))
@@ -450,6 +457,7 @@ async fn run_group(
         rtt_us,
         results,
         delay,
+        sequential_p50,
     })
 }
 

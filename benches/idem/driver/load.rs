@@ -306,6 +306,33 @@ async fn contention_round(
     Ok(tally)
 }
 
+/// The proxy's check: (a)'s handler alone, one request at a time (after 20 not
+/// counted), so that its median is round trips rather than queueing for the CPU.
+/// Answers the median in milliseconds.
+pub async fn sequential_p50(base: &str, tenant: &str, n: usize) -> Result<f64, String> {
+    let client = http_client(1);
+    let to = Endpoint {
+        url: format!("{base}/bare/orders"),
+        tenant: tenant.to_owned(),
+        cookie: None,
+    };
+    let mut latencies = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let started = Instant::now();
+        let a = send(&client, &to, &format!("probe-{i}")).await?;
+        if a.status != 201 {
+            return Err(format!("probe: {}", describe(&a)));
+        }
+        if i >= 20 {
+            latencies.push(started.elapsed());
+        }
+    }
+    latencies.sort_unstable();
+    Ok(latencies
+        .get(n / 2)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0))
+}
+
 /// The keys that (c) replays, executed once each before any clock starts.
 pub async fn prepare_replays(s: &Settings, to: &Endpoint) -> Result<(), String> {
     let client = http_client(s.clients);

@@ -135,16 +135,13 @@ impl Report<'_> {
         t
     }
 
-    /// At each RTT > 0: how much of the RTT shows in (a)'s median, against the
-    /// round trips the profile counts, and how late the proxy's timer was.
+    /// At each RTT > 0: how much of the RTT shows in the median of (a) alone, one
+    /// request at a time, against the round trips the profile counts, and how far
+    /// from their due time the proxy wrote its chunks.
     fn proxy_check(&self) -> String {
         let mut t = String::new();
-        let p50_a = |rtt_us: u64| {
-            self.groups
-                .iter()
-                .flat_map(|g| &g.results)
-                .find(|m| m.db == Db::Postgres { rtt_us } && m.sc.id == 'a')
-                .map(|m| m.percentile(0.5))
+        let Some(g0) = self.groups.iter().find(|g| g.rtt_us == 0) else {
+            return t;
         };
         let rts_a = self
             .profiled
@@ -152,24 +149,26 @@ impl Report<'_> {
             .find(|p| p.id == 'a')
             .map(Profiled::round_trips);
         for g in self.groups.iter().filter(|g| g.rtt_us > 0) {
-            let Some(d) = &g.delay else { continue };
+            let added = g.sequential_p50 - g0.sequential_p50;
             let _ = write!(
                 t,
-                "proxy at RTT {} us: {} chunks delayed, written {:+.0} us from their due time on average \
-                 ({:.0} us either way, at worst {} us late)",
-                g.rtt_us, d.chunks, d.off_us_mean, d.off_us_abs_mean, d.late_us_max
+                "proxy at RTT {} us: (a) alone, {PROBE_REQUESTS} sequential requests: p50 {:.2} ms against {:.2} ms \
+                 at RTT 0, {added:+.2} ms = {:.1} RTTs on the request's path",
+                g.rtt_us,
+                g.sequential_p50,
+                g0.sequential_p50,
+                added * 1000.0 / g.rtt_us as f64
             );
-            if let (Some(at), Some(at0)) = (p50_a(g.rtt_us), p50_a(0)) {
-                let added = at - at0;
+            if let Some(rts) = rts_a {
+                let _ = write!(t, " (profile: {rts:.0} round trips per request)");
+            }
+            if let Some(d) = &g.delay {
                 let _ = write!(
                     t,
-                    "; (a) p50 {at:.2} ms against {at0:.2} ms at RTT 0: {added:+.2} ms = {:.1} RTTs on the \
-                     request's path",
-                    added * 1000.0 / g.rtt_us as f64
+                    "; {} chunks delayed, written {:+.0} us from their due time on average ({:.0} us either \
+                     way, at worst {} us late)",
+                    d.chunks, d.off_us_mean, d.off_us_abs_mean, d.late_us_max
                 );
-                if let Some(rts) = rts_a {
-                    let _ = write!(t, " (profile: {rts:.0} round trips per request)");
-                }
             }
             t.push('\n');
         }
