@@ -292,6 +292,51 @@ fn norm(sql: &str) -> String {
     }
 }
 
+/// A simple query with its literals as `?` (strings, `E'...'` included) and `N`
+/// (numbers), so that statements sent with their values inline (idem's pipelined
+/// claim and completion) count as one statement, not one per request.
+fn without_literals(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    let mut prev = ' ';
+    while let Some(c) = chars.next() {
+        if c == '\'' {
+            // E'...' takes backslash escapes; '' is a quote in either kind.
+            let escapes = matches!(prev, 'E' | 'e');
+            if escapes {
+                out.pop();
+            }
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' if escapes => {
+                        chars.next();
+                    }
+                    '\'' if chars.peek() == Some(&'\'') => {
+                        chars.next();
+                    }
+                    '\'' => break,
+                    _ => {}
+                }
+            }
+            out.push('?');
+            prev = '?';
+        } else if c.is_ascii_digit() && !(prev.is_alphanumeric() || prev == '_') {
+            while chars
+                .peek()
+                .is_some_and(|d| d.is_ascii_digit() || *d == '.')
+            {
+                chars.next();
+            }
+            out.push('N');
+            prev = 'N';
+        } else {
+            out.push(c);
+            prev = c;
+        }
+    }
+    out
+}
+
 impl Parser {
     fn feed(&mut self, data: &[u8], s: &mut Stats) {
         self.buf.extend_from_slice(data);
@@ -353,7 +398,9 @@ impl Parser {
                 b'Q' => {
                     let (sql, _) = cstr(body);
                     s.simple_query += 1;
-                    *s.statements.entry(norm(&sql)).or_default() += 1;
+                    *s.statements
+                        .entry(norm(&without_literals(&sql)))
+                        .or_default() += 1;
                 }
                 b'S' => s.sync += 1,
                 _ => {}
