@@ -1,0 +1,197 @@
+//! `cargo bench --bench idem`: what the promise costs, side by side (issue 7).
+//!
+//! One run creates a fresh database (`idem_bench_<pid>`) and a SQLite file, starts
+//! bench servers as child processes (this same binary, re-executed with
+//! `IDEM_BENCH_ROLE=server`) on `127.0.0.1:0`, drives them over loopback HTTP with
+//! a Rust load generator (reqwest, keep-alive, fixed concurrency, fixed duration
+//! after a warm-up that is not counted), and prints one report:
+//!
+//! | | scenario | route |
+//! | --- | --- | --- |
+//! | a | bare: the business insert in one transaction, no idempotency | `POST /bare/orders` |
+//! | b | `#[idempotent]`, first executions (unique keys) | `POST /idem/orders` |
+//! | c | replays of completed keys | `POST /idem/orders` |
+//! | d | the common middleware pattern: claim, effect, completion in three transactions (plain sqlx) | `POST /mw/orders` |
+//! | e | contention: rounds of 64 clients over 16 fresh keys, exactly one effect per key | `POST /idem/orders` |
+//! | f | leased mode (`lease = "30s"`), the insert outside any transaction | `POST /leased/orders` |
+//! | g | the peer, `axum-idempotent`, on (a)'s handler, first executions | `POST /peer/orders` |
+//! | h | the peer under (e)'s contention: its duplicate effects are counted | `POST /peer/orders` |
+//!
+//! Every PostgreSQL scenario runs at each round-trip time of `IDEM_BENCH_DB_RTTS`
+//! (the server's pool reaching PostgreSQL through a proxy in the server process
+//! that delays every answer); (a), (b), (c) and (e) also run on the SQLite file.
+//! Then a memory run of (b) and a statement profile: a server whose pool talks to
+//! PostgreSQL through the counting proxy, so every request's round trips,
+//! prepared statements and SQL statements are counted exactly.
+//!
+//! Settings (environment): see `BENCHMARKS.md` or the `Settings` struct in
+//! `driver.rs`. Nothing here asserts a speed; `cargo test` does not build or run
+//! this bench.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRef, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use idem_runtime::{FingerprintBuilder, Idem, IdempotencyKey, Lease, TenantScope, Tx, idempotent};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgExecutor, PgPoolOptions};
+use sqlx::{FromRow, PgPool, Row};
+
+/// Selects the role of a process: unset for the driver, `server` for the child.
+const ROLE_ENV: &str = "IDEM_BENCH_ROLE";
+/// The line the server prints on stdout once it listens.
+const LISTENING: &str = "IDEM_BENCH_LISTENING";
+
+fn main() -> ExitCode {
+    let server = std::env::var(ROLE_ENV).as_deref() == Ok("server");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = if server {
+        rt.block_on(server::main())
+    } else {
+        rt.block_on(driver::main())
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) if v.is_empty() => Ok(default),
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("{name}={v:?} is not a valid value")),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The business: one `orders` table, the same insert in every scenario.
+// ---------------------------------------------------------------------------------
+
+/// The business table and the middleware baseline's own idempotency table, which
+/// has exactly the shape (columns, constraints, indexes) of idem's.
+const SCHEMA: &str = "
+CREATE TABLE orders (
+    id           bigserial   PRIMARY KEY,
+    tenant_id    text        NOT NULL,
+    sku          text        NOT NULL,
+    quantity     integer     NOT NULL CHECK (quantity >= 1),
+    amount_cents bigint      NOT NULL CHECK (amount_cents >= 0),
+    currency     text        NOT NULL,
+    note         text,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX orders_tenant_idx ON orders (tenant_id, id);
+CREATE TABLE mw_idempotency_requests (LIKE idempotency_requests INCLUDING ALL);
+";
+
+#[derive(Debug, Deserialize, Serialize)]
+struct NewOrder {
+    sku: String,
+    quantity: i32,
+    amount_cents: i64,
+    currency: String,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+#[derive(Debug, Serialize, FromRow)]
+struct Order {
+    id: i64,
+    sku: String,
+    quantity: i32,
+    amount_cents: i64,
+    currency: String,
+    note: Option<String>,
+    created_at: String,
+}
+
+const INSERT_ORDER: &str = "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
+     VALUES ($1, $2, $3, $4, $5, $6) \
+     RETURNING id, sku, quantity, amount_cents, currency, note, created_at::text AS created_at";
+
+async fn insert_order<'e>(
+    exec: impl PgExecutor<'e>,
+    tenant: &str,
+    cmd: &NewOrder,
+) -> Result<Order, sqlx::Error> {
+    sqlx::query_as(INSERT_ORDER)
+        .bind(tenant)
+        .bind(&cmd.sku)
+        .bind(cmd.quantity)
+        .bind(cmd.amount_cents)
+        .bind(&cmd.currency)
+        .bind(&cmd.note)
+        .fetch_one(exec)
+        .await
+}
+
+/// The same business table on the SQLite file (`created_at` as text, from
+/// SQLite's clock).
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE orders (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant_id    TEXT    NOT NULL,
+    sku          TEXT    NOT NULL,
+    quantity     INTEGER NOT NULL CHECK (quantity >= 1),
+    amount_cents INTEGER NOT NULL CHECK (amount_cents >= 0),
+    currency     TEXT    NOT NULL,
+    note         TEXT,
+    created_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX orders_tenant_idx ON orders (tenant_id, id);
+";
+
+const INSERT_ORDER_SQLITE: &str = "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
+     VALUES ($1, $2, $3, $4, $5, $6) \
+     RETURNING id, sku, quantity, amount_cents, currency, note, created_at";
+
+async fn insert_order_sqlite<'e>(
+    exec: impl sqlx::SqliteExecutor<'e>,
+    tenant: &str,
+    cmd: &NewOrder,
+) -> Result<Order, sqlx::Error> {
+    sqlx::query_as(INSERT_ORDER_SQLITE)
+        .bind(tenant)
+        .bind(&cmd.sku)
+        .bind(cmd.quantity)
+        .bind(cmd.amount_cents)
+        .bind(&cmd.currency)
+        .bind(&cmd.note)
+        .fetch_one(exec)
+        .await
+}
+
+/// What every scenario answers: `201`, `Location`, the order as JSON.
+fn created(order: Order) -> Response {
+    let location = format!("/orders/{}", order.id);
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(order),
+    )
+        .into_response()
+}
+
+mod driver;
+mod proxy;
+mod server;
