@@ -36,7 +36,7 @@ pub struct Settings {
     contention_keys: usize,
     /// `IDEM_BENCH_REPLAY_KEYS` (1000): completed keys that (c) replays.
     replay_keys: usize,
-    /// `IDEM_BENCH_SCENARIOS` (abcdefgh): which scenarios on PostgreSQL.
+    /// `IDEM_BENCH_SCENARIOS` (abcdefghi): which scenarios on PostgreSQL.
     scenarios: String,
     /// `IDEM_BENCH_SQLITE_SCENARIOS` (abce; empty skips SQLite): which of (a),
     /// (b), (c), (e) also run on the SQLite file.
@@ -82,7 +82,7 @@ impl Settings {
             contention_clients: env_or("IDEM_BENCH_CONTENTION_CLIENTS", 64)?,
             contention_keys: env_or("IDEM_BENCH_CONTENTION_KEYS", 16)?,
             replay_keys: env_or("IDEM_BENCH_REPLAY_KEYS", 1000)?,
-            scenarios: env_or("IDEM_BENCH_SCENARIOS", "abcdefgh".to_owned())?,
+            scenarios: env_or("IDEM_BENCH_SCENARIOS", "abcdefghi".to_owned())?,
             sqlite_scenarios,
             rtts,
             rss_secs: env_or("IDEM_BENCH_RSS_SECS", 60.0)?,
@@ -176,6 +176,12 @@ pub const SCENARIOS: &[Scenario] = &[
         kind: Kind::PeerContention,
         title: "peer contention 64c/16k",
         path: "/peer/orders",
+    },
+    Scenario {
+        id: 'i',
+        kind: Kind::Replay,
+        title: "replay, replay cache on",
+        path: "/cached/orders",
     },
 ];
 

@@ -43,7 +43,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_runtime::{FingerprintBuilder, Idem, IdempotencyKey, Lease, TenantScope, Tx, idempotent};
+use idem_runtime::{
+    FingerprintBuilder, Idem, IdempotencyKey, Lease, ReplayCache, TenantScope, Tx, idempotent,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgExecutor, PgPoolOptions};
 use sqlx::{FromRow, PgPool, Row};

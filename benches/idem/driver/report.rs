@@ -107,6 +107,7 @@ impl Report<'_> {
             ("b/a", 'b', 'a'),
             ("b/d", 'b', 'd'),
             ("c/b", 'c', 'b'),
+            ("i/b", 'i', 'b'),
             ("b/g", 'b', 'g'),
             ("f/b", 'f', 'b'),
         ] {
@@ -192,6 +193,7 @@ impl Report<'_> {
             ("b/a (first exec vs bare)", 'b', 'a', 0),
             ("b/d (vs the three-commit pattern)", 'b', 'd', 1),
             ("c/b (replay vs first exec)", 'c', 'b', 2),
+            ("i/b (replay, replay cache on)", 'i', 'b', 2),
         ] {
             let cells = rtts
                 .iter()
