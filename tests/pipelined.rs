@@ -276,52 +276,23 @@ async fn a_first_execution_adds_no_round_trip_to_the_handlers_transaction() {
         assert!(status.is_success());
     }
 
-    let bare = round_trips(
-        &proxy,
-        &pool,
-        &r,
-        request("/bare", "b1", json!({"name": "a"})),
-    )
-    .await;
-    let first = round_trips(
-        &proxy,
-        &pool,
-        &r,
-        request("/widgets", "k1", json!({"name": "a"})),
-    )
-    .await;
-    let replay = round_trips(
-        &proxy,
-        &pool,
-        &r,
-        request("/widgets", "k1", json!({"name": "a"})),
-    )
-    .await;
+    let count = |r: &Router, path: &'static str, key: &'static str| {
+        let (proxy, pool, r) = (&proxy, &pool, r.clone());
+        async move { round_trips(proxy, pool, &r, request(path, key, json!({"name": "a"}))).await }
+    };
+    let bare = count(&r, "/bare", "b1").await;
+    let first = count(&r, "/widgets", "k1").await;
+    let replay = count(&r, "/widgets", "k1").await;
     // BEGIN, INSERT, COMMIT and the release ping, plus the window's own ping.
     assert_eq!(bare, 5, "the yardstick changed");
     assert_eq!(first, bare, "idem added round trips to a first execution");
     assert!(replay < bare, "a replay took {replay} round trips");
 
     // Without pipelining, the claim and the completion each take their own.
-    let r = router(Idem::new(pool.clone()).with_pipelined_claims(false));
-    let unpipelined = round_trips(
-        &proxy,
-        &pool,
-        &r,
-        request("/widgets", "k2", json!({"name": "a"})),
-    )
-    .await;
-    // (The long way's statements are prepared by this first use: two more.)
-    assert_eq!(unpipelined, bare + 2 + 2);
-    let r2 = router(Idem::new(pool.clone()).with_pipelined_claims(false));
-    let unpipelined = round_trips(
-        &proxy,
-        &pool,
-        &r2,
-        request("/widgets", "k3", json!({"name": "a"})),
-    )
-    .await;
-    assert_eq!(unpipelined, bare + 2);
+    let off = router(Idem::new(pool.clone()).with_pipelined_claims(false));
+    // (The long way's statements are prepared by their first use: two more.)
+    assert_eq!(count(&off, "/widgets", "k2").await, bare + 2 + 2);
+    assert_eq!(count(&off, "/widgets", "k3").await, bare + 2);
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 6);
 }
 
