@@ -18,6 +18,10 @@
 #   idem_pipe     idem with BEGIN + claim and UPDATE + COMMIT each sent as one
 #                 pipeline: 5 round trips instead of 7 (proposals R1 and R2)
 #   mw            INSERT claim; BEGIN; INSERT; COMMIT; UPDATE complete          (d)
+#   pipelined     what #[idempotent] sends now (pgbench -M simple: literals, as in
+#                 store::postgres::pipelined): idem_precheck + BEGIN + idem_take in
+#                 one message, INSERT, idem_finish + COMMIT + BEGIN in one, and the
+#                 ROLLBACK that rides on the release: 4 round trips
 # Then the PostgreSQL backend CPU per transaction of the same shapes, executed
 # LOOP times by a procedure in one backend (no protocol, no round trips, no other
 # clients), read from /proc: the executor and WAL cost alone (CPU time still
@@ -91,10 +95,20 @@ printf '%s\n' '\set k random(1, 9000000000000)' \
     "INSERT INTO mw_idempotency_requests (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) VALUES ('t', 'create-order', 'k' || :k, $FP, 'processing', now(), now() + interval '1 day') ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation;" \
     'BEGIN;' "$INSERT" 'COMMIT;' "$(complete mw_idempotency_requests)" >"$WORK/mw.sql"
 
-echo "pgbench -M prepared, $CLIENTS clients, $SECS s per shape; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+FPE="E'\\\\x0000000000000000000000000000000000000000000000000000000000000000'::bytea"
+KEY="E't', E'create-order', E'k:k'"
+printf '%s\n' '\set k random(1, 9000000000000)' \
+    "SELECT idem_precheck($KEY, $FPE) \\; BEGIN ISOLATION LEVEL READ COMMITTED \\; SELECT idem_take($KEY, $FPE, 86400000, 2000);" \
+    "$INSERT" \
+    "SELECT idem_finish($KEY, 1, 'completed', 201::smallint, E'[[\"content-type\",\"application/json\"],[\"location\",\"/orders/1\"]]'::jsonb, E'\\\\x7b226964223a317d'::bytea, 86400000) \\; COMMIT \\; BEGIN;" \
+    'ROLLBACK;' >"$WORK/pipelined.sql"
+
+echo "pgbench -M prepared (pipelined: -M simple), $CLIENTS clients, $SECS s per shape; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "$ROUNDS"); do
-    for shape in bare idem idem_nosub idem_noidx idem_plain idem_pipe mw; do
-        tps=$(pgbench -h "$HOST" -U postgres -n -M prepared -c "$CLIENTS" -j 2 -T "$SECS" \
+    for shape in bare idem idem_nosub idem_noidx idem_plain idem_pipe mw pipelined; do
+        mode=prepared
+        [ "$shape" = pipelined ] && mode=simple
+        tps=$(pgbench -h "$HOST" -U postgres -n -M "$mode" -c "$CLIENTS" -j 2 -T "$SECS" \
             -f "$WORK/$shape.sql" "$DB" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
         printf 'round %d  %-11s %8.0f tps\n' "$round" "$shape" "$tps"
     done
