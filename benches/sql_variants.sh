@@ -21,7 +21,8 @@
 #   pipelined     what #[idempotent] sends now (pgbench -M simple: literals, as in
 #                 store::postgres::pipelined): idem_precheck + BEGIN + idem_take in
 #                 one message, INSERT, idem_finish + COMMIT + BEGIN in one, and the
-#                 ROLLBACK that rides on the release: 4 round trips
+#                 ROLLBACK that rides on the release: 4 round trips (simple
+#                 mode sends its INSERT unprepared too, unlike sqlx: an overstatement)
 # Then the PostgreSQL backend CPU per transaction of the same shapes, executed
 # LOOP times by a procedure in one backend (no protocol, no round trips, no other
 # clients), read from /proc: the executor and WAL cost alone (CPU time still
