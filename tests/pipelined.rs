@@ -131,6 +131,15 @@ fn request(path: &str, key: &str, body: serde_json::Value) -> Request<Body> {
         .unwrap()
 }
 
+/// `POST /widgets` with `key` and a widget in `mode` (see `create_widget`).
+async fn widget(router: &Router, key: &str, mode: &str) -> (StatusCode, bool, Bytes) {
+    send(
+        router,
+        request("/widgets", key, json!({"name": "x", "mode": mode})),
+    )
+    .await
+}
+
 async fn send(router: &Router, req: Request<Body>) -> (StatusCode, bool, Bytes) {
     let resp = router.clone().oneshot(req).await.unwrap();
     let replayed = resp.headers().contains_key("idempotent-replayed");
@@ -302,43 +311,19 @@ async fn a_savepoint_in_the_handler_stays_a_savepoint() {
     db.exec(WIDGETS).await;
     let r = router(Idem::new(db.pool.clone()));
 
-    let (status, _, _) = send(
-        &r,
-        request(
-            "/widgets",
-            "k1",
-            json!({"name": "x", "mode": "savepoint-rollback"}),
-        ),
-    )
-    .await;
+    let (status, _, _) = widget(&r, "k1", "savepoint-rollback").await;
     assert_eq!(status, StatusCode::CREATED);
     let names: Vec<String> = sqlx::query_scalar("SELECT name FROM widgets ORDER BY id")
         .fetch_all(&db.pool)
         .await
         .unwrap();
     assert_eq!(names, ["kept", "after"]);
-    let (status, replayed, _) = send(
-        &r,
-        request(
-            "/widgets",
-            "k1",
-            json!({"name": "x", "mode": "savepoint-rollback"}),
-        ),
-    )
-    .await;
+    let (status, replayed, _) = widget(&r, "k1", "savepoint-rollback").await;
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
 
     // Releasing a savepoint commits nothing: the handler's Err still rolls back
     // everything, and the key stays free.
-    let (status, _, _) = send(
-        &r,
-        request(
-            "/widgets",
-            "k2",
-            json!({"name": "x", "mode": "savepoint-commit-then-err"}),
-        ),
-    )
-    .await;
+    let (status, _, _) = widget(&r, "k2", "savepoint-commit-then-err").await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(
         db.count("SELECT count(*) FROM widgets WHERE name = 'released'")
@@ -357,11 +342,7 @@ async fn an_execution_that_lost_its_key_commits_nothing() {
     let db = TestDb::new().await;
     db.exec(WIDGETS).await;
     let r = router(Idem::new(db.pool.clone()));
-    let (status, _, body) = send(
-        &r,
-        request("/widgets", "k1", json!({"name": "x", "mode": "lose-claim"})),
-    )
-    .await;
+    let (status, _, body) = widget(&r, "k1", "lose-claim").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["type"], "urn:idem:problem:store-unavailable");

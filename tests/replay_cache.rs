@@ -47,18 +47,22 @@ macro_rules! cache_tests {
             }
         }
 
+        async fn insert_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) {
+            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, $2)")
+                .bind(tenant)
+                .bind(name)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
+
         #[idempotent(operation = "create-widget", retention = "1h")]
         async fn create_widget(
             #[tenant] caller: Caller,
             tx: &mut Tx<Db>,
             Json(w): Json<NewWidget>,
         ) -> impl IntoResponse {
-            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, $2)")
-                .bind(&caller.0)
-                .bind(&w.name)
-                .execute(&mut **tx)
-                .await
-                .unwrap();
+            insert_widget(tx, &caller.0, &w.name).await;
             (
                 StatusCode::CREATED,
                 [("location", "/widgets/1")],
@@ -74,12 +78,7 @@ macro_rules! cache_tests {
             tx: &mut Tx<Db>,
             Json(w): Json<NewWidget>,
         ) -> impl IntoResponse {
-            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, $2)")
-                .bind(&caller.0)
-                .bind(&w.name)
-                .execute(&mut **tx)
-                .await
-                .unwrap();
+            insert_widget(tx, &caller.0, &w.name).await;
             (StatusCode::CREATED, w.name)
         }
 
@@ -200,6 +199,37 @@ macro_rules! cache_tests {
             assert!(!big.1, "a 2 KB answer was cached in an 8 KB cache");
             let small = send(&a, "/widgets", "small", "nut", 10).await;
             assert!(small.1, "a small answer was not cached");
+        }
+
+        #[tokio::test]
+        async fn a_purge_elsewhere_is_seen_once_max_age_has_passed() {
+            let max_age = Duration::from_millis(300);
+            let a = app(Some(ReplayCache::new(1024 * 1024, max_age))).await;
+            let started = std::time::Instant::now();
+            assert_eq!(
+                send(&a, "/widgets", "k1", "bolt", 0).await.0,
+                StatusCode::CREATED
+            );
+            forget_every_key(&a).await;
+            // Replayed from the cache until max_age passes (bounded wait), then the
+            // key is free again and executes anew.
+            loop {
+                let r = send(&a, "/widgets", "k1", "bolt", 0).await;
+                assert_eq!(r.0, StatusCode::CREATED);
+                if !r.1 {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "the purged key was still replayed long after max_age"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(
+                started.elapsed() >= max_age,
+                "the cache forgot before max_age"
+            );
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
         }
 
         #[tokio::test]

@@ -670,7 +670,7 @@ fn store_failed(
     step: &str,
     e: &dyn std::fmt::Display,
 ) -> Response {
-    if step == "claim" || step == "begin" {
+    if step == "claim" {
         metrics::claim(op, tenant, "error");
     } else {
         metrics::completion(op, "error");

@@ -69,10 +69,15 @@ pub(crate) enum Cached {
 }
 
 impl ReplayCache {
+    /// The longest `max_age` taken; a longer one is cut to it (the cache crate
+    /// refuses lifetimes over 1,000 years, and no retention is that long).
+    pub const MAX_AGE_LIMIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
     /// A cache of at most `max_bytes` of stored answers (bodies and headers),
     /// each kept at most `max_age` (and never past its retention). Answers larger
     /// than an eighth of `max_bytes` are not cached.
     pub fn new(max_bytes: u64, max_age: Duration) -> Self {
+        let max_age = max_age.min(Self::MAX_AGE_LIMIT);
         ReplayCache {
             entries: moka::sync::Cache::builder()
                 .max_capacity(max_bytes)
@@ -146,5 +151,21 @@ impl std::fmt::Debug for ReplayCache {
             .field("entries", &self.entries.entry_count())
             .field("bytes", &self.entries.weighted_size())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_max_age_builds_a_cache() {
+        // moka panics on a time to live over 1,000 years.
+        let cache = ReplayCache::new(1024, Duration::MAX);
+        assert_eq!(
+            cache.entries.policy().time_to_live(),
+            Some(ReplayCache::MAX_AGE_LIMIT)
+        );
+        let _ = ReplayCache::new(0, Duration::ZERO);
     }
 }

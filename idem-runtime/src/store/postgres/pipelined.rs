@@ -196,13 +196,12 @@ async fn long_way(
     req: &ClaimRequest<'_>,
     aborted: bool,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let begin: &'static str = if aborted {
-        "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED"
+    let begin = if aborted {
+        AssertSqlSafe(format!("ROLLBACK; {BEGIN_READ_COMMITTED}")).into_sql_str()
     } else {
-        BEGIN_READ_COMMITTED
+        BEGIN_READ_COMMITTED.into_sql_str()
     };
-    <Postgres as Database>::TransactionManager::begin(&mut conn, Some(begin.into_sql_str()))
-        .await?;
+    <Postgres as Database>::TransactionManager::begin(&mut conn, Some(begin)).await?;
     let mut tx = Tx::begun(conn);
     let claim = claim_on(tx.connection(), req).await?;
     Ok((tx, claim))
