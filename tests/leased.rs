@@ -781,6 +781,54 @@ macro_rules! leased_tests {
             );
         }
 
+        /// Answers "still unknown" for the keys starting `a-stuck`, "charged" for
+        /// the others.
+        struct Stubborn;
+
+        impl Reconcile for Stubborn {
+            fn operation(&self) -> &str {
+                "create-payment"
+            }
+
+            async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
+                if outcome.key.starts_with("a-stuck") {
+                    Resolution::StillUncertain
+                } else {
+                    Resolution::Completed(paid("ch_fresh"))
+                }
+            }
+        }
+
+        /// A batch of rows whose downstream never answers must not keep a newer
+        /// row from being asked about: rounds page on from where the last one
+        /// stopped, and start over after the newest.
+        #[tokio::test]
+        async fn rows_that_never_resolve_do_not_starve_newer_ones() {
+            let db = TestDb::new().await;
+            // Created in this order; on a tie of the clock, the key orders them the
+            // same way.
+            for k in ["a-stuck-1", "a-stuck-2", "a-stuck-3", "b-fresh"] {
+                let key = IdempotencyKey::parse(k).unwrap();
+                acquire(&db, &key, HOUR).await.mark_uncertain().await.unwrap();
+            }
+            let reconciler = Reconciler::new(db.pool.clone(), Stubborn).with_batch(2);
+            let first = reconciler.run_once().await.unwrap();
+            assert_eq!((first.still_uncertain, first.completed), (2, 0), "{first:?}");
+            let second = reconciler.run_once().await.unwrap();
+            assert_eq!((second.still_uncertain, second.completed), (1, 1), "{second:?}");
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'completed'")
+                    .await,
+                1,
+                "the newest row was reached although the oldest never resolve"
+            );
+            // Past the newest row the rounds start over from the oldest.
+            let third = reconciler.run_once().await.unwrap();
+            assert_eq!(third.still_uncertain + third.completed, 0, "{third:?}");
+            let fourth = reconciler.run_once().await.unwrap();
+            assert_eq!((fourth.still_uncertain, fourth.completed), (2, 0), "{fourth:?}");
+        }
+
         #[tokio::test]
         async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
             let s = setup(false).await;

@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use idem_runtime::reconcile::Reconciler;
 use idem_runtime::Backend;
+use idem_runtime::reconcile::Reconciler;
 use idem_runtime::{Idem, Sweeper};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};

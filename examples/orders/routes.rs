@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use axum::extract::FromRef;
-use idem_runtime::Idem;
 use idem_runtime::Backend;
+use idem_runtime::Idem;
 use serde::{Deserialize, Serialize};
 use sqlx::{FromRow, Pool};
 

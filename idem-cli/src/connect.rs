@@ -102,4 +102,3 @@ async fn probe_then_pool<DB: sqlx::Database>(
         .acquire_timeout(crate::CONNECT_TIMEOUT)
         .connect_lazy_with(opts))
 }
-

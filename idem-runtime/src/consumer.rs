@@ -41,9 +41,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
+use crate::db::Backend;
 use crate::fingerprint::FingerprintBuilder;
 use crate::key::IdempotencyKey;
-use crate::db::Backend;
 use crate::model::{Claim, ClaimRequest, StoreError, StoredResponse};
 use crate::store;
 

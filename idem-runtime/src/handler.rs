@@ -176,8 +176,10 @@ impl HandlerOutcome {
 }
 
 /// A handler body, boxed: it runs with the mode's handle (`Tx` or `Lease`).
-pub type BoxedBody<H> =
-    Box<dyn for<'h> FnOnce(&'h mut H) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'h>> + Send>;
+pub type BoxedBody<H> = Box<
+    dyn for<'h> FnOnce(&'h mut H) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'h>>
+        + Send,
+>;
 
 /// A handler body that runs inside the claimed transaction.
 pub type BoxedHandler<DB = DefaultBackend> = BoxedBody<Tx<DB>>;
@@ -242,7 +244,10 @@ enum Decision<Held, Handle> {
 /// The answers that need no execution.
 enum Answer {
     /// The stored outcome; `cached` when the replay cache answered.
-    Replay { stored: StoredResponse, cached: bool },
+    Replay {
+        stored: StoredResponse,
+        cached: bool,
+    },
     /// The key holds another request; `cached` as for a replay.
     Mismatch { cached: bool },
     /// Another execution of the key is running.
@@ -263,7 +268,12 @@ impl Answer {
         match self {
             Answer::Replay { stored, cached } => {
                 metrics::claim(op, tenant_label, "replayed");
-                tracing::debug!(operation = op, status = stored.status, cached, "idem: replay");
+                tracing::debug!(
+                    operation = op,
+                    status = stored.status,
+                    cached,
+                    "idem: replay"
+                );
                 response::replay(stored)
             }
             Answer::Mismatch { cached } => {
@@ -278,7 +288,10 @@ impl Answer {
             }
             Answer::Uncertain(retry_after) => {
                 metrics::claim(op, tenant_label, "uncertain");
-                tracing::info!(operation = op, "idem: outcome uncertain; not executed again");
+                tracing::info!(
+                    operation = op,
+                    "idem: outcome uncertain; not executed again"
+                );
                 Problem::uncertain(retry_after).into_response()
             }
         }
@@ -642,9 +655,7 @@ impl<DB: Backend> Mode<DB> for Leased {
                 LeasedClaim::InFlight { retry_after } => {
                     Decision::Answer(Answer::InFlight(retry_after))
                 }
-                LeasedClaim::Uncertain => {
-                    Decision::Answer(Answer::Uncertain(scope.lease_len()))
-                }
+                LeasedClaim::Uncertain => Decision::Answer(Answer::Uncertain(scope.lease_len())),
             },
         )
     }
@@ -837,11 +848,7 @@ async fn effect_unrecorded<DB: Backend>(
 }
 
 /// The answer for a worker that lost its lease: never its own result.
-async fn stale<DB: Backend>(
-    op: &'static str,
-    probe: &Probe<DB>,
-    lease: Duration,
-) -> Response {
+async fn stale<DB: Backend>(op: &'static str, probe: &Probe<DB>, lease: Duration) -> Response {
     metrics::completion(op, "stale_owner");
     tracing::warn!(
         operation = op,

@@ -86,13 +86,13 @@ mod model;
 pub mod problem;
 pub mod reconcile;
 #[cfg(feature = "replay-cache")]
-mod replay_cache;
+pub mod replay_cache;
 mod response;
 pub mod retry;
-mod stats;
-mod store;
-mod sweeper;
-mod tenant;
+pub mod stats;
+pub mod store;
+pub mod sweeper;
+pub mod tenant;
 pub mod transition;
 mod tx;
 
@@ -100,7 +100,7 @@ mod tx;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use config::{ConfigError, Idem};
+pub use config::{ConfigError, DEFAULT_STORED_HEADERS, Idem, NEVER_STORED_HEADERS};
 pub use db::{Backend, DefaultBackend, MIGRATIONS_TABLE};
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
 pub use key::{IdempotencyKey, KeyError};

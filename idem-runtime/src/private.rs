@@ -12,9 +12,9 @@ pub use crate::handler::{
     BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, Leased, Mode,
     OperationSpec, Transactional, run, run_in, run_leased,
 };
+pub use crate::lease::Lease;
 pub use crate::model::Finish;
 pub use crate::response::replay;
-pub use crate::lease::Lease;
 pub use crate::tenant::{SingleTenant, TenantScope};
 pub use crate::tx::Tx;
 pub use axum::response::Response;

@@ -169,7 +169,6 @@ fn summarise(snapshot: StatsSnapshot) -> Result<Stats, StoreError> {
     })
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

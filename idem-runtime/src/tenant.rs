@@ -77,7 +77,7 @@ pub struct SingleTenant;
 
 impl SingleTenant {
     /// The tenant id under which a single-tenant service's keys are stored. It holds
-    /// a character (`*`) that [`validate_tenant_id`] refuses in real tenant ids, so
+    /// a character (`*`) that tenant validation refuses in real tenant ids, so
     /// the two can never meet.
     pub const ID: &'static str = "*";
 }

@@ -35,7 +35,9 @@ mod shared;
 pub(crate) mod sqlite;
 
 #[cfg(not(any(feature = "postgres", feature = "sqlite")))]
-compile_error!("idem-runtime needs a database: enable the feature `postgres` (the default) or `sqlite`, or both");
+compile_error!(
+    "idem-runtime needs a database: enable the feature `postgres` (the default) or `sqlite`, or both"
+);
 
 /// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when
 /// the `postgres` feature is on (the default), else SQLite.

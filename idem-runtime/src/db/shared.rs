@@ -17,7 +17,6 @@ pub(crate) const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
         AND generation = $4 AND state = 'uncertain' AND CAST(owner_token AS text) = $5";
 
-
 /// Reads a key's state and generation (the admin purge, under its lock).
 pub(crate) const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";

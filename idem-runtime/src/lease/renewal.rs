@@ -79,4 +79,3 @@ impl<DB: Backend> Renewer<DB> {
         std::future::pending().await
     }
 }
-

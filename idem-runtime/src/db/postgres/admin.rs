@@ -68,7 +68,10 @@ pub(super) async fn purge<E>(
     .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;
-    let sql = sqlx::AssertSqlSafe(format!("{} FOR UPDATE", crate::db::shared::SELECT_STATE_SQL));
+    let sql = sqlx::AssertSqlSafe(format!(
+        "{} FOR UPDATE",
+        crate::db::shared::SELECT_STATE_SQL
+    ));
     let row = sqlx::query(sql)
         .bind(key.tenant)
         .bind(key.operation)

@@ -60,7 +60,6 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, 
                 > (to_timestamp(0) + $2::bigint * interval '1 microsecond', $3::text, $4::text)) \
       ORDER BY created_at, tenant_id, idempotency_key LIMIT $5";
 
-
 // The retention runs from the resolution, as for any completion: a row resolved
 // late must not be already expired.
 pub(super) const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \

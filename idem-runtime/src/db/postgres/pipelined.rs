@@ -40,8 +40,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Database, Postgres, SqlSafeStr};
 use sqlx_core::transaction::TransactionManager;
 
-use super::sql_literal::{push_bytea, push_int, push_text};
 use super::BEGIN_READ_COMMITTED;
+use super::sql_literal::{push_bytea, push_int, push_text};
 use super::transactional::{claim_on, complete_on, stored_from_row};
 use crate::config::Idem;
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};

@@ -94,7 +94,10 @@ async fn purge_locked<E>(
     key: &KeyAddress<'_>,
     allow: impl FnOnce(&str) -> Result<(), E>,
 ) -> Result<Option<(String, i64)>, PurgeError<E>> {
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(locked_or)?;
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(locked_or)?;
     let row = sqlx::query(crate::db::shared::SELECT_STATE_SQL)
         .bind(key.tenant)
         .bind(key.operation)

@@ -102,7 +102,6 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, 
         AND ($2 IS NULL OR (created_at, tenant_id, idempotency_key) > ($2, $3, $4)) \
       ORDER BY created_at, tenant_id, idempotency_key LIMIT $5";
 
-
 // The retention runs from the resolution, as for any completion.
 pub(super) const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \

@@ -52,7 +52,6 @@ const COMPLETE_SQL: &str = concat!(
         AND generation = $4 AND state = 'processing'"
 );
 
-
 /// Claims `req.key` on the connection of a transaction begun by the caller (see
 /// the module docs).
 pub(crate) async fn claim_on(
