@@ -261,9 +261,19 @@ impl<DB: Backend> Idem<DB> {
 mod tests {
     use super::*;
 
+    /// A lazy pool never connects: the settings are all these tests touch.
+    #[cfg(feature = "postgres")]
     fn idem() -> Idem {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .connect_lazy("postgres://localhost/none")
+            .unwrap();
+        Idem::new(pool)
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn idem() -> Idem {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_lazy("sqlite::memory:")
             .unwrap();
         Idem::new(pool)
     }
