@@ -69,6 +69,9 @@ pub struct Idem<DB: Backend = DefaultBackend> {
     /// Shared by clones: once the database shows it cannot take pipelined claims,
     /// no clone tries again.
     pipelined: Arc<AtomicBool>,
+    /// Shared by clones: duplicates of a key wait for its first request here,
+    /// without a connection.
+    flights: Arc<crate::flight::Flights>,
 }
 
 impl<DB: Backend> Clone for Idem<DB> {
@@ -77,6 +80,7 @@ impl<DB: Backend> Clone for Idem<DB> {
             pool: self.pool.clone(),
             settings: self.settings.clone(),
             pipelined: self.pipelined.clone(),
+            flights: self.flights.clone(),
         }
     }
 }
@@ -102,6 +106,11 @@ struct Settings {
 impl<DB: Backend> Idem<DB> {
     /// The default in-flight wait: how long a duplicate waits for the first request.
     pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
+    /// The default bound on the duplicates of one key that wait in this process
+    /// for its first request (see [`Idem::with_waiter_limits`]).
+    pub const DEFAULT_WAITERS_PER_KEY: usize = 32;
+    /// The default bound on all the duplicates that wait in this process.
+    pub const DEFAULT_WAITERS: usize = 1024;
     /// The default limit on a stored response body.
     pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
@@ -121,6 +130,10 @@ impl<DB: Backend> Idem<DB> {
                 replay_cache: None,
             }),
             pipelined: Arc::new(AtomicBool::new(true)),
+            flights: Arc::new(crate::flight::Flights::new(
+                Self::DEFAULT_WAITERS_PER_KEY,
+                Self::DEFAULT_WAITERS,
+            )),
         }
     }
 
@@ -141,6 +154,40 @@ impl<DB: Backend> Idem<DB> {
     pub fn with_pipelined_claims(mut self, on: bool) -> Self {
         self.pipelined = Arc::new(AtomicBool::new(on));
         self
+    }
+
+    /// Bounds the duplicates that wait in this process for their key's first
+    /// request: at most `per_key` for one key and `total` for all keys (defaults
+    /// [`Idem::DEFAULT_WAITERS_PER_KEY`] and [`Idem::DEFAULT_WAITERS`]).
+    ///
+    /// A duplicate of a key whose first request is still running in this process
+    /// waits for it without holding a database connection, up to the in-flight
+    /// wait, then claims (and usually replays the committed outcome); so a burst
+    /// of retries of one slow key does not take the pool from everyone else. Past
+    /// a bound it is answered `409` with `Retry-After` at once. Duplicates in
+    /// other processes wait in the database as before. Applies to the
+    /// transactional mode (a leased claim commits at once and never waits).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let idem = idem_runtime::Idem::new(pool).with_waiter_limits(8, 256);
+    /// assert_eq!(idem.waiting_duplicates(), 0);
+    /// # }
+    /// ```
+    pub fn with_waiter_limits(mut self, per_key: usize, total: usize) -> Self {
+        self.flights = Arc::new(crate::flight::Flights::new(per_key, total));
+        self
+    }
+
+    /// The duplicates waiting in this process for their key's first request now
+    /// (see [`Idem::with_waiter_limits`]).
+    pub fn waiting_duplicates(&self) -> usize {
+        self.flights.waiting()
+    }
+
+    /// The waiting room of this `Idem` and its clones.
+    pub(crate) fn flights(&self) -> &Arc<crate::flight::Flights> {
+        &self.flights
     }
 
     /// Whether claims are pipelined (see [`Idem::with_pipelined_claims`]).

@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use crate::config::Idem;
 use crate::db::{Backend, DefaultBackend};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
+use crate::flight::{Joined, Leader};
 use crate::key::IdempotencyKey;
 use crate::lease::{Lease, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
 use crate::metrics;
@@ -522,28 +523,56 @@ pub async fn run_leased<DB: Backend>(
 
 impl<DB: Backend> Mode<DB> for Transactional {
     type Handle = Tx<DB>;
-    type Held = Execution;
+    /// The execution, and the key's flight in this process when this request
+    /// leads it: dropped after the commit or rollback, which wakes the
+    /// duplicates waiting for it.
+    type Held = (Execution, Option<Leader>);
 
     async fn claim(
         idem: &Idem<DB>,
         scope: &Scope<'_>,
-    ) -> Result<Decision<Execution, Tx<DB>>, StoreError> {
-        let req = scope.claim_request(idem);
+    ) -> Result<Decision<Self::Held, Tx<DB>>, StoreError> {
+        let mut req = scope.claim_request(idem);
         #[cfg(feature = "replay-cache")]
-        if let Some(cache) = idem.replay_cache() {
-            match cache.get(scope.op(), &req) {
-                Some(crate::replay_cache::Cached::Replay(stored)) => {
-                    return Ok(Decision::Answer(Answer::Replay {
-                        stored,
-                        cached: true,
-                    }));
-                }
-                Some(crate::replay_cache::Cached::Mismatch) => {
-                    return Ok(Decision::Answer(Answer::Mismatch { cached: true }));
-                }
-                None => {}
-            }
+        if let Some(answer) = cached(idem, scope, &req) {
+            return Ok(Decision::Answer(answer));
         }
+        let in_flight = Answer::InFlight(req.in_flight_wait.max(Duration::from_secs(1)));
+        let leader = match idem
+            .flights()
+            .join(scope.tenant, scope.op(), scope.key.as_str())
+        {
+            Joined::Leader(leader) => Some(leader),
+            Joined::Full => {
+                tracing::info!(
+                    operation = scope.op(),
+                    "idem: too many duplicates waiting; answered in flight at once"
+                );
+                return Ok(Decision::Answer(in_flight));
+            }
+            Joined::Follower(mut waiter) => {
+                // Waits without a connection for the key's first request in this
+                // process; past the in-flight wait, as in the database.
+                let started = tokio::time::Instant::now();
+                if tokio::time::timeout(req.in_flight_wait, waiter.finished())
+                    .await
+                    .is_err()
+                {
+                    return Ok(Decision::Answer(in_flight));
+                }
+                drop(waiter);
+                #[cfg(feature = "replay-cache")]
+                if let Some(answer) = cached(idem, scope, &req) {
+                    return Ok(Decision::Answer(answer));
+                }
+                // The first request committed (the claim below replays) or rolled
+                // back (one duplicate executes, the others wait in the database
+                // for what is left of the bound). No flight of its own: joining
+                // one while holding the key in the database could wait on itself.
+                req.in_flight_wait = req.in_flight_wait.saturating_sub(started.elapsed());
+                None
+            }
+        };
         let (tx, claim) = DB::begin_claim(idem, &req).await?;
         Ok(match claim {
             Claim::Execute(execution) => Decision::Execute {
@@ -552,7 +581,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 } else {
                     "executed"
                 },
-                held: execution,
+                held: (execution, leader),
                 handle: tx,
             },
             Claim::Replay(stored) => Decision::Answer(Answer::Replay {
@@ -567,7 +596,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
     async fn execute(
         idem: &Idem<DB>,
         scope: &Scope<'_>,
-        execution: Execution,
+        (execution, _flight): Self::Held,
         mut tx: Tx<DB>,
         body: BoxedHandler<DB>,
         started: Instant,
@@ -614,6 +643,22 @@ impl<DB: Backend> Mode<DB> for Transactional {
         }
         stored_ok(op, &stored, started);
         response
+    }
+}
+
+/// The replay cache's answer for `req`, if it has one.
+#[cfg(feature = "replay-cache")]
+fn cached<DB: Backend>(
+    idem: &Idem<DB>,
+    scope: &Scope<'_>,
+    req: &ClaimRequest<'_>,
+) -> Option<Answer> {
+    match idem.replay_cache()?.get(scope.op(), req)? {
+        crate::replay_cache::Cached::Replay(stored) => Some(Answer::Replay {
+            stored,
+            cached: true,
+        }),
+        crate::replay_cache::Cached::Mismatch => Some(Answer::Mismatch { cached: true }),
     }
 }
 

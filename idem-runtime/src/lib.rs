@@ -78,6 +78,7 @@ mod config;
 pub mod consumer;
 mod db;
 pub mod fingerprint;
+mod flight;
 mod handler;
 pub mod key;
 pub mod lease;

@@ -47,7 +47,8 @@ pub struct Problem {
     /// What went wrong with this request. Never holds the raw idempotency key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
-    /// For [`IN_FLIGHT`]: seconds after which a retry may succeed.
+    /// For [`IN_FLIGHT`], [`OUTCOME_UNCERTAIN`] and [`STORE_UNAVAILABLE`]:
+    /// seconds after which a retry may succeed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
 }
@@ -123,14 +124,17 @@ impl Problem {
         p
     }
 
-    /// `503`, [`STORE_UNAVAILABLE`].
+    /// `503`, [`STORE_UNAVAILABLE`], with `Retry-After: 1` (every `503` says
+    /// when to come back; a retry with the same key is always safe).
     pub fn store_unavailable() -> Self {
-        Problem::new(
+        let mut p = Problem::new(
             STORE_UNAVAILABLE,
             StatusCode::SERVICE_UNAVAILABLE,
             "Idempotency store unavailable",
         )
-        .with_detail("nothing was stored; retrying with the same key is safe")
+        .with_detail("nothing was stored; retrying with the same key is safe");
+        p.retry_after = Some(1);
+        p
     }
 }
 

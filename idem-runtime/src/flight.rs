@@ -1,0 +1,197 @@
+//! Duplicates of a key that arrive in one process while its first request runs
+//! wait here, without a database connection, and go to the database once the
+//! first request has finished (usually to replay its committed outcome).
+//!
+//! Without this, each duplicate waits for the first request's row lock inside
+//! the database, holding a pooled connection: a burst of retries of one slow key
+//! empties the pool, and every other tenant's requests queue behind it. Waiting
+//! here costs a task and a channel receiver; the number of waiters is bounded per
+//! key and in all, and a duplicate past a bound is answered `409` with
+//! `Retry-After` at once.
+//!
+//! It is only a waiting room: nothing is decided here. Every request still
+//! claims its key in the database, which alone keeps the promise (and which is
+//! what duplicates in other processes wait on).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+/// The key a flight is for: tenant, operation and key.
+type FlightKey = (String, String, String);
+
+/// The flights of one [`crate::Idem`] and its clones.
+#[derive(Debug)]
+pub(crate) struct Flights {
+    running: Mutex<HashMap<FlightKey, Arc<Flight>>>,
+    /// Duplicates waiting now, over all keys.
+    waiting: AtomicUsize,
+    per_key: usize,
+    total: usize,
+}
+
+/// One key's first request and the duplicates waiting for it.
+#[derive(Debug)]
+struct Flight {
+    /// Flips to `true` when the first request has finished.
+    done: watch::Sender<bool>,
+    /// Duplicates waiting for this flight now.
+    waiting: AtomicUsize,
+}
+
+/// How a request joined its key's flight.
+pub(crate) enum Joined {
+    /// The first: it goes to the database; the flight ends when this is dropped.
+    Leader(Leader),
+    /// A duplicate: wait for the leader with [`Waiter::finished`].
+    Follower(Waiter),
+    /// A duplicate past a bound on waiters: answer "in flight" at once.
+    Full,
+}
+
+/// The first request of a flight. Dropping it (after the commit, a rollback or
+/// any answer) wakes the duplicates.
+pub struct Leader {
+    flights: Arc<Flights>,
+    key: Option<FlightKey>,
+    flight: Arc<Flight>,
+}
+
+/// A duplicate waiting for its flight's leader. Counted among the waiters until
+/// dropped.
+pub(crate) struct Waiter {
+    flights: Arc<Flights>,
+    flight: Arc<Flight>,
+    done: watch::Receiver<bool>,
+}
+
+impl Flights {
+    /// At most `per_key` duplicates wait for one key, and `total` for all keys.
+    pub(crate) fn new(per_key: usize, total: usize) -> Self {
+        Flights {
+            running: Mutex::new(HashMap::new()),
+            waiting: AtomicUsize::new(0),
+            per_key,
+            total,
+        }
+    }
+
+    /// Duplicates waiting now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Joins the flight of `(tenant, operation, key)`, starting it if there is none.
+    pub(crate) fn join(self: &Arc<Self>, tenant: &str, operation: &str, key: &str) -> Joined {
+        let flight_key = (tenant.to_owned(), operation.to_owned(), key.to_owned());
+        let mut running = self.running.lock().expect("flights lock poisoned");
+        if let Some(flight) = running.get(&flight_key) {
+            // Counted under the lock, so two duplicates cannot both take the last
+            // place.
+            if flight.waiting.load(Ordering::Relaxed) >= self.per_key
+                || self.waiting.load(Ordering::Relaxed) >= self.total
+            {
+                return Joined::Full;
+            }
+            flight.waiting.fetch_add(1, Ordering::Relaxed);
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            let flight = flight.clone();
+            // Subscribed under the lock: the leader flips `done` only after taking
+            // the flight out under the same lock, so no wake-up is missed.
+            let done = flight.done.subscribe();
+            return Joined::Follower(Waiter {
+                flights: self.clone(),
+                flight,
+                done,
+            });
+        }
+        let flight = Arc::new(Flight {
+            done: watch::Sender::new(false),
+            waiting: AtomicUsize::new(0),
+        });
+        running.insert(flight_key.clone(), flight.clone());
+        Joined::Leader(Leader {
+            flights: self.clone(),
+            key: Some(flight_key),
+            flight,
+        })
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.flights
+                .running
+                .lock()
+                .expect("flights lock poisoned")
+                .remove(&key);
+        }
+        self.flight.done.send_replace(true);
+    }
+}
+
+impl Waiter {
+    /// Waits until the leader has finished (however it finished).
+    pub(crate) async fn finished(&mut self) {
+        // An error means the sender is gone, which happens only after `done`
+        // flipped: finished either way.
+        let _ = self.done.wait_for(|done| *done).await;
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.flight.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.flights.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn duplicates_wait_for_the_leader_within_their_bounds() {
+        let flights = Arc::new(Flights::new(2, 3));
+        let Joined::Leader(leader) = flights.join("t", "op", "k") else {
+            panic!("the first request leads");
+        };
+        let Joined::Follower(mut a) = flights.join("t", "op", "k") else {
+            panic!("a duplicate follows");
+        };
+        let Joined::Follower(_b) = flights.join("t", "op", "k") else {
+            panic!("a second duplicate follows");
+        };
+        assert!(
+            matches!(flights.join("t", "op", "k"), Joined::Full),
+            "per key"
+        );
+        assert_eq!(flights.waiting(), 2);
+        // Another key has its own flight; the total bound still counts.
+        let Joined::Leader(_other) = flights.join("t", "op", "other") else {
+            panic!("another key leads its own flight");
+        };
+        let Joined::Follower(_c) = flights.join("t", "op", "other") else {
+            panic!("a duplicate of the other key follows");
+        };
+        assert!(
+            matches!(flights.join("u", "op", "other"), Joined::Leader(_)),
+            "tenants apart"
+        );
+        let Joined::Leader(_third) = flights.join("t", "op", "third") else {
+            panic!("a third key leads");
+        };
+        assert!(
+            matches!(flights.join("t", "op", "third"), Joined::Full),
+            "in all"
+        );
+        drop(leader);
+        a.finished().await;
+        drop(a);
+        // The finished flight is gone: the next request of the key leads anew.
+        assert!(matches!(flights.join("t", "op", "k"), Joined::Leader(_)));
+    }
+}
