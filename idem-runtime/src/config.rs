@@ -96,6 +96,7 @@ impl<DB: Backend> std::fmt::Debug for Idem<DB> {
 #[derive(Debug, Clone)]
 struct Settings {
     in_flight_wait: Duration,
+    request_deadline: Duration,
     max_response_bytes: usize,
     stored_headers: Vec<HeaderName>,
     tenant_label: bool,
@@ -106,6 +107,8 @@ struct Settings {
 impl<DB: Backend> Idem<DB> {
     /// The default in-flight wait: how long a duplicate waits for the first request.
     pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
+    /// The default request deadline (see [`Idem::with_request_deadline`]).
+    pub const DEFAULT_REQUEST_DEADLINE: Duration = Duration::from_secs(30);
     /// The default bound on the duplicates of one key that wait in this process
     /// for its first request (see [`Idem::with_waiter_limits`]).
     pub const DEFAULT_WAITERS_PER_KEY: usize = 32;
@@ -120,6 +123,7 @@ impl<DB: Backend> Idem<DB> {
             pool,
             settings: Arc::new(Settings {
                 in_flight_wait: Self::DEFAULT_IN_FLIGHT_WAIT,
+                request_deadline: Self::DEFAULT_REQUEST_DEADLINE,
                 max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
                 stored_headers: DEFAULT_STORED_HEADERS
                     .iter()
@@ -154,6 +158,35 @@ impl<DB: Backend> Idem<DB> {
     pub fn with_pipelined_claims(mut self, on: bool) -> Self {
         self.pipelined = Arc::new(AtomicBool::new(on));
         self
+    }
+
+    /// The longest a transactional request may take from its claim to its
+    /// commit, handler included (default [`Idem::DEFAULT_REQUEST_DEADLINE`]; never
+    /// less than the in-flight wait plus a second).
+    ///
+    /// Past it the request is abandoned: the client gets `503` with
+    /// `Retry-After`, the transaction is rolled back and its connection closed,
+    /// and the key is free for the retry. So a stalled database (a cut or
+    /// blackholed connection, a lock held elsewhere) or a stuck handler costs a
+    /// bounded wait, not a hung request. On PostgreSQL the transaction also
+    /// carries it as `statement_timeout` and `idle_in_transaction_session_timeout`,
+    /// so the server frees the key even when it never hears from the client again.
+    /// Leased handlers are not cut short (their lease bounds them).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let idem = idem_runtime::Idem::new(pool)
+    ///     .with_request_deadline(std::time::Duration::from_secs(10));
+    /// # }
+    /// ```
+    pub fn with_request_deadline(mut self, deadline: Duration) -> Self {
+        Arc::make_mut(&mut self.settings).request_deadline = deadline;
+        self
+    }
+
+    /// The request deadline (see [`Idem::with_request_deadline`]).
+    pub fn request_deadline(&self) -> Duration {
+        self.settings.request_deadline
     }
 
     /// Bounds the duplicates that wait in this process for their key's first

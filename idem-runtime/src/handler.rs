@@ -196,6 +196,9 @@ struct Scope<'a> {
     fingerprint: Fingerprint,
     /// The tenant as a metric label, when the service asked for it.
     tenant_label: Option<&'a str>,
+    /// When the request is abandoned (the transactional mode): past it, a
+    /// dropped transaction closes its connection instead of giving it back.
+    deadline: Option<tokio::time::Instant>,
 }
 
 impl Scope<'_> {
@@ -332,6 +335,11 @@ pub trait Mode<DB: Backend>: Send + 'static {
     #[doc(hidden)]
     type Held: Send;
 
+    /// How long a request may take from its claim to its commit, if the mode
+    /// bounds it.
+    #[doc(hidden)]
+    fn deadline(idem: &Idem<DB>, spec: &OperationSpec) -> Option<Duration>;
+
     /// Claims the scope's key.
     #[doc(hidden)]
     fn claim(
@@ -444,8 +452,17 @@ pub async fn run_in<DB: Backend, M: Mode<DB>>(
                 key: &req.key,
                 fingerprint,
                 tenant_label: req.idem.tenant_label().then_some(tenant.as_str()),
+                deadline: M::deadline(&req.idem, spec).map(|d| tokio::time::Instant::now() + d),
             };
-            pipeline::<DB, M>(&req.idem, &scope, body).await
+            let Some(deadline) = scope.deadline else {
+                return pipeline::<DB, M>(&req.idem, &scope, body).await;
+            };
+            match tokio::time::timeout_at(deadline, pipeline::<DB, M>(&req.idem, &scope, body))
+                .await
+            {
+                Ok(resp) => resp,
+                Err(_) => abandoned(spec.operation, deadline),
+            }
         }),
     )
     .await
@@ -528,6 +545,13 @@ impl<DB: Backend> Mode<DB> for Transactional {
     /// duplicates waiting for it.
     type Held = (Execution, Option<Leader>);
 
+    /// The request deadline, and never shorter than the in-flight wait plus a
+    /// second, so that a duplicate's wait ends before its request is abandoned.
+    fn deadline(idem: &Idem<DB>, spec: &OperationSpec) -> Option<Duration> {
+        let wait = spec.in_flight_wait.unwrap_or(idem.in_flight_wait());
+        Some(idem.request_deadline().max(wait + Duration::from_secs(1)))
+    }
+
     async fn claim(
         idem: &Idem<DB>,
         scope: &Scope<'_>,
@@ -573,7 +597,10 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 None
             }
         };
-        let (tx, claim) = DB::begin_claim(idem, &req).await?;
+        let (mut tx, claim) = DB::begin_claim(idem, &req).await?;
+        if let Some(deadline) = scope.deadline {
+            tx.abandon_at(deadline);
+        }
         Ok(match claim {
             Claim::Execute(execution) => Decision::Execute {
                 how: if execution.generation() > 1 {
@@ -673,6 +700,12 @@ pub struct LeaseHeld<DB: Backend> {
 impl<DB: Backend> Mode<DB> for Leased {
     type Handle = Lease<DB>;
     type Held = LeaseHeld<DB>;
+
+    /// None: a leased handler's effect happens outside, where cutting it short
+    /// would leave its outcome unknown; its lease and renewal ceiling bound it.
+    fn deadline(_: &Idem<DB>, _: &OperationSpec) -> Option<Duration> {
+        None
+    }
 
     async fn claim(
         idem: &Idem<DB>,
@@ -904,6 +937,24 @@ async fn stale<DB: Backend>(op: &'static str, probe: &Probe<DB>, lease: Duration
         Ok(None) => Problem::in_flight(lease).into_response(),
         Err(e) => store_failed(op, None, Step::Stale, &e),
     }
+}
+
+/// The answer for a request that did not finish by its deadline: its work was
+/// dropped, its transaction rolled back with its connection closed (or, if the
+/// deadline struck during the commit, committed: a retry then replays).
+fn abandoned(op: &'static str, deadline: tokio::time::Instant) -> Response {
+    metrics::completion(op, "deadline");
+    tracing::error!(
+        operation = op,
+        late_ms = deadline.elapsed().as_millis() as u64,
+        "idem: request deadline passed; the request was abandoned and its transaction rolled back"
+    );
+    Problem::store_unavailable()
+        .with_detail(
+            "the request did not finish within its deadline and was abandoned; \
+             retrying with the same key is safe",
+        )
+        .into_response()
 }
 
 fn store_failed(

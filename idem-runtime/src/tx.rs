@@ -42,6 +42,9 @@ pub struct Tx<DB: Backend = DefaultBackend> {
     conn: PoolConnection<DB>,
     /// Whether this value still owes the transaction a rollback when dropped.
     open: bool,
+    /// Past this instant the request is abandoned: a drop then closes the
+    /// connection rather than queue a rollback on a connection that may be stuck.
+    abandon_at: Option<tokio::time::Instant>,
 }
 
 impl<DB: Backend> Tx<DB> {
@@ -54,20 +57,37 @@ impl<DB: Backend> Tx<DB> {
     ) -> Result<Self, sqlx::Error> {
         let mut conn = pool.acquire().await?;
         <DB as Database>::TransactionManager::begin(&mut conn, statement).await?;
-        Ok(Tx { conn, open: true })
+        Ok(Tx {
+            conn,
+            open: true,
+            abandon_at: None,
+        })
     }
 
     /// Wraps a connection on which the driver has just begun a transaction.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn begun(conn: PoolConnection<DB>) -> Self {
-        Tx { conn, open: true }
+        Tx {
+            conn,
+            open: true,
+            abandon_at: None,
+        }
     }
 
     /// Wraps a connection that is not in a transaction (a claim that was answered
     /// without one): dropping it only returns the connection to the pool.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn idle(conn: PoolConnection<DB>) -> Self {
-        Tx { conn, open: false }
+        Tx {
+            conn,
+            open: false,
+            abandon_at: None,
+        }
+    }
+
+    /// Sets when the request is abandoned (see the field).
+    pub(crate) fn abandon_at(&mut self, deadline: tokio::time::Instant) {
+        self.abandon_at = Some(deadline);
     }
 
     /// The pooled connection, for idem's own statements.
@@ -122,7 +142,19 @@ impl<DB: Backend> Tx<DB> {
 
 impl<DB: Backend> Drop for Tx<DB> {
     fn drop(&mut self) {
-        if self.open {
+        if !self.open {
+            return;
+        }
+        if self
+            .abandon_at
+            .is_some_and(|at| tokio::time::Instant::now() >= at)
+        {
+            // Dropped by the deadline, maybe in the middle of a statement on a
+            // stalled connection: close it. The database rolls the transaction
+            // back when the session ends (on PostgreSQL at the latest after
+            // `idle_in_transaction_session_timeout`, which idem sets).
+            self.conn.close_on_drop();
+        } else {
             // Queued, sent with the connection's release: as a dropped
             // `sqlx::Transaction` does.
             <DB as Database>::TransactionManager::start_rollback(&mut self.conn);

@@ -3,7 +3,7 @@
 //! transaction.
 //!
 //! ```text
-//! SELECT idem_precheck(..); BEGIN ISOLATION LEVEL READ COMMITTED; SELECT idem_take(..)
+//! SELECT idem_precheck(..); BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ..; SELECT idem_take(..)
 //! ... the handler's statements ...
 //! SELECT idem_finish(..); COMMIT; BEGIN
 //! ```
@@ -72,10 +72,14 @@ pub(crate) async fn begin_claim(
     idem: &Idem<Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let statement = match idem.pipelined_claims().then(|| claim_statement(req)) {
+    let bounds = bounds(idem, req);
+    let statement = match idem
+        .pipelined_claims()
+        .then(|| claim_statement(req, &bounds))
+    {
         Some(Some(sql)) => sql,
         // Off, or a value a simple query cannot carry.
-        _ => return long_way(idem.pool().acquire().await?, req, false).await,
+        _ => return long_way(idem.pool().acquire().await?, req, false, &bounds).await,
     };
     let mut conn = idem.pool().acquire().await?;
     let started = std::time::Instant::now();
@@ -104,24 +108,24 @@ pub(crate) async fn begin_claim(
         );
     }
     match sqlstate.as_deref() {
-        Some(code::REPLAY) => replay(conn, req).await,
+        Some(code::REPLAY) => replay(conn, req, &bounds).await,
         Some(code::MISMATCH) => Ok((Tx::idle(conn), Claim::Mismatch)),
         Some(code::LOCK_TIMEOUT) => {
             sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
             Ok((Tx::idle(conn), in_flight(req)))
         }
-        Some(code::TAKEN) => long_way(conn, req, true).await,
+        Some(code::TAKEN) => long_way(conn, req, true, &bounds).await,
         Some(code::ACTIVE_SQL_TRANSACTION) => {
             idem.stop_pipelined_claims(
                 "the database role's default transaction isolation is not READ COMMITTED",
             );
-            long_way(conn, req, false).await
+            long_way(conn, req, false, &bounds).await
         }
         Some(code::UNDEFINED_FUNCTION) => {
             idem.stop_pipelined_claims(
                 "idem's migration 20261201000001_pipelined_claim has not been applied",
             );
-            long_way(conn, req, false).await
+            long_way(conn, req, false, &bounds).await
         }
         _ => {
             // Where the message stopped is not known: do not give the connection
@@ -132,9 +136,25 @@ pub(crate) async fn begin_claim(
     }
 }
 
-/// `SELECT idem_precheck(..); BEGIN ...; SELECT idem_take(..)` with `req`'s values,
-/// or `None` when one of them cannot be written as a literal.
-fn claim_statement(req: &ClaimRequest<'_>) -> Option<String> {
+/// `; SET LOCAL ...` for the claim's transaction: the request deadline as
+/// `statement_timeout` (no statement of the handler's, nor idem's, runs longer)
+/// and `idle_in_transaction_session_timeout` (a client that stalls or vanishes
+/// mid-transaction has its session ended, and the key freed, by the server).
+/// Never less than the in-flight wait plus a second, which the claim's own wait
+/// for the key's lock may take.
+fn bounds(idem: &Idem<Postgres>, req: &ClaimRequest<'_>) -> String {
+    let ms = millis(
+        idem.request_deadline()
+            .max(req.in_flight_wait + Duration::from_secs(1)),
+    );
+    format!(
+        "; SET LOCAL statement_timeout = {ms}; SET LOCAL idle_in_transaction_session_timeout = {ms}"
+    )
+}
+
+/// `SELECT idem_precheck(..); BEGIN ...; SET LOCAL ..; SELECT idem_take(..)` with
+/// `req`'s values, or `None` when one of them cannot be written as a literal.
+fn claim_statement(req: &ClaimRequest<'_>, bounds: &str) -> Option<String> {
     let mut args = String::with_capacity(200);
     push_text(&mut args, req.tenant)?;
     args.push_str(", ");
@@ -143,11 +163,12 @@ fn claim_statement(req: &ClaimRequest<'_>) -> Option<String> {
     push_text(&mut args, req.key.as_str())?;
     args.push_str(", ");
     push_bytea(&mut args, req.fingerprint.as_bytes());
-    let mut sql = String::with_capacity(2 * args.len() + 120);
+    let mut sql = String::with_capacity(2 * args.len() + bounds.len() + 120);
     sql.push_str("SELECT idem_precheck(");
     sql.push_str(&args);
     sql.push_str("); ");
     sql.push_str(BEGIN_READ_COMMITTED);
+    sql.push_str(bounds);
     sql.push_str("; SELECT idem_take(");
     sql.push_str(&args);
     sql.push_str(", ");
@@ -170,6 +191,7 @@ fn in_flight(req: &ClaimRequest<'_>) -> Claim {
 async fn replay(
     mut conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
+    bounds: &str,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     let row = sqlx::query(READ_STORED_SQL)
         .bind(req.tenant)
@@ -178,7 +200,7 @@ async fn replay(
         .fetch_optional(&mut *conn)
         .await?;
     let Some(row) = row else {
-        return long_way(conn, req, false).await;
+        return long_way(conn, req, false, bounds).await;
     };
     let fingerprint: Vec<u8> = sqlx::Row::try_get(&row, "fingerprint")?;
     let claim = if fingerprint == req.fingerprint.as_bytes() {
@@ -196,12 +218,10 @@ async fn long_way(
     mut conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
     aborted: bool,
+    bounds: &str,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let begin = if aborted {
-        AssertSqlSafe(format!("ROLLBACK; {BEGIN_READ_COMMITTED}")).into_sql_str()
-    } else {
-        BEGIN_READ_COMMITTED.into_sql_str()
-    };
+    let rollback = if aborted { "ROLLBACK; " } else { "" };
+    let begin = AssertSqlSafe(format!("{rollback}{BEGIN_READ_COMMITTED}{bounds}")).into_sql_str();
     <Postgres as Database>::TransactionManager::begin(&mut conn, Some(begin)).await?;
     let mut tx = Tx::begun(conn);
     let claim = claim_on(tx.connection(), req).await?;

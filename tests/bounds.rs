@@ -1,4 +1,6 @@
-//! A hot key does not starve everyone else (PostgreSQL): duplicates of a key whose
+//! Bounded waits (PostgreSQL). A stalled request is abandoned at its deadline
+//! with `503` and its key freed; and a hot key does not starve everyone else:
+//! duplicates of a key whose
 //! first request is still running wait in the process, without a pooled
 //! connection, so another tenant's request is served while dozens of retries of
 //! the hot key wait; past the waiter bound a duplicate is answered `409` at once.
@@ -14,6 +16,7 @@ mod caller;
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -45,6 +48,9 @@ struct Gate {
 struct AppState {
     idem: Idem,
     gate: Gate,
+    /// Whether the next request holds its transaction open (not part of the
+    /// request, so a retry is the same request).
+    hold_next: Arc<AtomicBool>,
 }
 
 impl FromRef<AppState> for Idem {
@@ -75,7 +81,7 @@ async fn create_widget(
             .fetch_one(&mut **tx)
             .await
             .unwrap();
-    if w.hold {
+    if w.hold || state.hold_next.swap(false, Ordering::SeqCst) {
         state.gate.entered.send(()).ok();
         state.gate.release.acquire().await.unwrap().forget();
     }
@@ -91,11 +97,17 @@ struct App {
     router: Router,
     entered: mpsc::UnboundedReceiver<()>,
     release: Arc<Semaphore>,
+    hold_next: Arc<AtomicBool>,
 }
 
 /// A router on a pool of four connections that gives up on a connection after
 /// three seconds, with `per_key` and `total` waiters at most.
 async fn app(per_key: usize, total: usize) -> App {
+    app_with(|idem| idem.with_waiter_limits(per_key, total)).await
+}
+
+/// As [`app`], with `configure`d settings.
+async fn app_with(configure: impl FnOnce(Idem) -> Idem) -> App {
     let db = TestDb::new().await;
     db.exec(
         "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)",
@@ -107,7 +119,8 @@ async fn app(per_key: usize, total: usize) -> App {
         .connect(&db.url)
         .await
         .unwrap();
-    let idem = Idem::new(pool).with_waiter_limits(per_key, total);
+    let idem = configure(Idem::new(pool));
+    let hold_next = Arc::new(AtomicBool::new(false));
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let release = Arc::new(Semaphore::new(0));
     let state = AppState {
@@ -116,6 +129,7 @@ async fn app(per_key: usize, total: usize) -> App {
             entered: entered_tx,
             release: release.clone(),
         },
+        hold_next: hold_next.clone(),
     };
     let router = Router::new()
         .route("/widgets", post(create_widget))
@@ -126,6 +140,7 @@ async fn app(per_key: usize, total: usize) -> App {
         router,
         entered,
         release,
+        hold_next,
     }
 }
 
@@ -140,6 +155,7 @@ fn request(tenant: &str, key: &str, body: &str) -> Request<Body> {
 
 struct Answer {
     status: StatusCode,
+    problem_type: Option<String>,
     replayed: bool,
     retry_after: Option<String>,
     body: bytes::Bytes,
@@ -154,8 +170,12 @@ async fn send(router: &Router, req: Request<Body>) -> Answer {
         .get("retry-after")
         .map(|v| v.to_str().unwrap().to_owned());
     let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let problem_type = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(str::to_owned));
     Answer {
         status,
+        problem_type,
         replayed,
         retry_after,
         body,
@@ -284,4 +304,100 @@ async fn when_the_first_request_rolls_back_a_waiting_duplicate_executes() {
     assert_eq!(dup.status, StatusCode::CREATED);
     assert!(!dup.replayed, "the duplicate executed the request itself");
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+const COLD: &str = r#"{"name":"cold"}"#;
+
+/// A handler that never finishes is abandoned at the deadline: `503` with
+/// `Retry-After`, its insert rolled back, and the key free, so the retry (the same
+/// request) executes.
+#[tokio::test]
+async fn a_stuck_handler_is_abandoned_at_the_deadline_and_its_key_freed() {
+    let a = app_with(|idem| idem.with_request_deadline(Duration::from_secs(3))).await;
+    a.hold_next.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let stuck = send(&a.router, request("acme", "k", COLD)).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "abandoned after {:?}, before the deadline",
+        started.elapsed()
+    );
+    assert_eq!(stuck.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(stuck.retry_after.as_deref(), Some("1"));
+    assert_eq!(
+        stuck.problem_type.as_deref(),
+        Some("urn:idem:problem:store-unavailable")
+    );
+    let retry = send(&a.router, request("acme", "k", COLD)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(
+        !retry.replayed,
+        "nothing was stored for the abandoned request"
+    );
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// A statement stalled inside the database (a lock held elsewhere) is bounded
+/// too, and the server lets the key go: once the lock is released, the retry
+/// executes.
+#[tokio::test]
+async fn a_statement_stalled_on_a_held_lock_is_bounded() {
+    let a = app_with(|idem| idem.with_request_deadline(Duration::from_secs(3))).await;
+    let mut holder = a.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE widgets IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let stalled = send(&a.router, request("acme", "k", COLD)).await;
+    assert_eq!(stalled.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(stalled.retry_after.as_deref(), Some("1"));
+    holder.rollback().await.unwrap();
+    let retry = send(&a.router, request("acme", "k", COLD)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed);
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// Reads the bounds the claim's transaction carries, in that transaction.
+#[idempotent(operation = "show-bounds", retention = "1h")]
+async fn show_bounds(#[tenant] _caller: Caller, tx: &mut Tx) -> impl IntoResponse {
+    let statement: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&mut **tx)
+        .await
+        .unwrap();
+    let idle: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+        .fetch_one(&mut **tx)
+        .await
+        .unwrap();
+    Json(json!({"statement": statement, "idle": idle}))
+}
+
+/// On PostgreSQL the deadline travels with the transaction, so that the server
+/// ends a session whose client stalled or vanished and frees its key, whether
+/// the claim was pipelined or not.
+#[tokio::test]
+async fn the_claims_transaction_carries_the_deadline_to_the_server() {
+    for pipelined in [true, false] {
+        let a = app_with(|idem| {
+            idem.with_request_deadline(Duration::from_secs(7))
+                .with_pipelined_claims(pipelined)
+        })
+        .await;
+        let router = Router::new()
+            .route("/bounds", post(show_bounds))
+            .with_state(a.idem.clone());
+        let req = Request::post("/bounds")
+            .header("authorization", "Bearer acme")
+            .header("idempotency-key", "b1")
+            .body(Body::empty())
+            .unwrap();
+        let answer = send(&router, req).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        let bounds: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        assert_eq!(
+            bounds,
+            json!({"statement": "7s", "idle": "7s"}),
+            "pipelined: {pipelined}"
+        );
+    }
 }
