@@ -8,7 +8,7 @@
 //! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight`, `taken_over` (leased), `uncertain`, `error` |
 //! | `idem_claim_seconds` | histogram | operation | claim latency, waits included |
 //! | `idem_claim_wait_seconds` | histogram | operation | time a claim spent waiting for a concurrent request with its key |
-//! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `error` |
+//! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `deadline` (abandoned at the request deadline), `error` |
 //! | `idem_completion_seconds` | histogram | operation | from claim to commit of the stored outcome |
 //! | `idem_stored_bytes_total` | counter | operation | response body bytes stored |
 //! | `idem_reconciled_total` | counter | operation, outcome | uncertain rows resolved: `completed`, `released`, `still_uncertain`, `raced` (another reconciler was first), `error` |
