@@ -282,8 +282,10 @@ impl FingerprintBody for String {
 /// One deliberate deviation: integers are written exactly. RFC 8785 reads every
 /// number as an IEEE 754 double, so `9007199254740993` and `9007199254740992` would
 /// canonicalise alike, and two requests for different 64-bit ids would share a
-/// fingerprint. For every integer up to 2^53 in magnitude, and for every
-/// non-integer, the output is exactly RFC 8785's.
+/// fingerprint. For the same reason a whole double from 2^53 up to 1e21 is written
+/// as its exact integer (so `2^60` and `2^60` as a double agree, and no double
+/// takes another integer's spelling). For every number up to 2^53 in magnitude,
+/// for every non-integer and from 1e21 up, the output is exactly RFC 8785's.
 ///
 /// # Errors
 ///
@@ -306,6 +308,23 @@ fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) -> Result<(), serde
     match v {
         Value::Number(n) if n.is_i64() || n.is_u64() => {
             out.extend_from_slice(n.to_string().as_bytes())
+        }
+        // A whole double from 2^53 up to RFC 8785's switch to exponents (1e21):
+        // the shortest spelling RFC 8785 asks for (2^60 as 1152921504606847000)
+        // is not the value, while integers are written exactly; so the same
+        // number as an integer and as a double would differ, and an integer that
+        // is the shortest spelling would collide with a double it is not. Written
+        // exactly instead, as its integer (below 2^53 both forms already agree).
+        Value::Number(n)
+            if n.as_f64().is_some_and(|f| {
+                f.is_finite()
+                    && f.fract() == 0.0
+                    && f.abs() >= 9_007_199_254_740_992.0
+                    && f.abs() < 1e21
+            }) =>
+        {
+            let f = n.as_f64().unwrap_or_default();
+            out.extend_from_slice(format!("{f:.0}").as_bytes())
         }
         Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
             serde_jcs::to_writer(&mut *out, v)?;
@@ -542,12 +561,17 @@ mod tests {
             (0xffefffffffffffff, "-1.7976931348623157e+308"),
             (0x4340000000000000, "9007199254740992"),
             (0xc340000000000000, "-9007199254740992"),
-            (0x4430000000000000, "295147905179352830000"),
+            // Whole doubles from 2^53 up to 1e21 are written exactly, as integers
+            // are, where RFC 8785 writes the shortest spelling
+            // ("295147905179352830000"): the same number must fingerprint alike
+            // as an integer and as a double, and no double may take another
+            // integer's spelling.
+            (0x4430000000000000, "295147905179352825856"),
             (0x44b52d02c7e14af5, "9.999999999999997e+22"),
             (0x44b52d02c7e14af6, "1e+23"),
             (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
-            (0x444b1ae4d6e2ef4e, "999999999999999700000"),
-            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef4e, "999999999999999737856"),
+            (0x444b1ae4d6e2ef4f, "999999999999999868928"),
             (0x444b1ae4d6e2ef50, "1e+21"),
             (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
             (0x3eb0c6f7a0b5ed8d, "0.000001"),

@@ -99,7 +99,9 @@ impl Problem {
 
     /// `409`, [`IN_FLIGHT`], with `Retry-After`.
     pub fn in_flight(retry_after: Duration) -> Self {
-        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let secs = retry_after
+            .as_secs()
+            .saturating_add(u64::from(retry_after.subsec_nanos() > 0));
         let mut p = Problem::new(
             IN_FLIGHT,
             StatusCode::CONFLICT,
