@@ -78,10 +78,7 @@ fn the_dashboard_charts_every_idem_metric_and_only_those() {
         }
     }
     for metric in METRICS {
-        assert!(
-            used.iter().any(|u| u == metric),
-            "no panel charts {metric}"
-        );
+        assert!(used.iter().any(|u| u == metric), "no panel charts {metric}");
     }
     // Panel ids are how Grafana links and remembers panels: they must be unique.
     let mut ids: Vec<_> = dashboard["panels"]
@@ -105,7 +102,10 @@ fn the_alert_rules_watch_the_issue_s_metrics_by_their_names() {
         .collect();
     let names = metric_names(&exprs.join("\n"));
     for n in &names {
-        assert!(METRICS.contains(&n.as_str()), "alerts.yml: unknown metric {n}");
+        assert!(
+            METRICS.contains(&n.as_str()),
+            "alerts.yml: unknown metric {n}"
+        );
     }
     for watched in [
         m::STALE_IN_FLIGHT,
