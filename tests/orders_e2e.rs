@@ -619,6 +619,13 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
         (
+            // PostgreSQL's text cannot hold it: a client error on both backends.
+            "U+0000 in the note",
+            Call::order(key)
+                .body(json!({"sku": "A", "quantity": 1, "amount_cents": 1, "note": "a\u{0}b"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
             "not JSON",
             Call {
                 content_type: "text/plain",
