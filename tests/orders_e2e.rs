@@ -963,6 +963,60 @@ async fn an_uncertain_payment_survives_a_crash_with_exactly_one_charge<D: Backen
     );
 }
 
+/// `/payments` killed mid-call: the provider has charged but not answered when
+/// the service dies (SIGKILL). The restarted service takes the dead worker's
+/// lapsed lease over and calls the provider again with the same downstream key;
+/// the provider answers with the charge it made before the crash: one charge.
+async fn a_payment_killed_mid_call_is_charged_once_after_the_restart<D: Backend>() {
+    let db = D::create().await;
+    let mut server = Server::start(
+        &db,
+        &[("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "600000")],
+    )
+    .await;
+    let base = server.base.clone();
+    let in_flight = tokio::spawn(async move { payment("mid-pay", 800).send_to(&base).await });
+    wait_for(&db, "SELECT count(*) FROM provider_charges", |n| n == 1).await;
+    server.kill().await;
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client sees the connection die"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'processing'")
+            .await,
+        1
+    );
+    // The dead worker's lease would lapse within its 30 s; lapse it now.
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET lease_expires_at = {}",
+        D::A_SECOND_AGO
+    ))
+    .await;
+
+    let server = Server::start(&db, &[]).await;
+    let retry = payment("mid-pay", 800).ok(&server).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(
+        retry.json()["id"],
+        "ch_000001",
+        "the charge made before the crash"
+    );
+    assert_eq!(
+        provider(&server).await,
+        json!({"calls": 1, "charges": 1}),
+        "called again with the same key, charged once"
+    );
+    let replay = payment("mid-pay", 800).ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retry.body);
+}
+
 /// `/payments`: a declined card is a stored business rejection.
 async fn a_declined_payment_is_stored_and_replayed<D: Backend>() {
     let db = D::create().await;
@@ -1349,7 +1403,7 @@ async fn a_half_sent_body_is_408<D: Backend>() {
 async fn sigterm_and_sigint_drain_the_request_in_flight_and_exit_0() {
     for (name, signal) in [("SIGTERM", libc::SIGTERM), ("SIGINT", libc::SIGINT)] {
         let db = SqliteDb::new().await;
-        let mut server = Server::start(&db, &[("ORDERS_LATENCY_MS", "1500")]).await;
+        let mut server = Server::start(&db, &[("ORDERS_LATENCY_MS", "3000")]).await;
         let base = server.base.clone();
         let in_flight = tokio::spawn(async move { Call::order("drain-1").send_to(&base).await });
         server.wait_until_executing(1).await;
@@ -1656,5 +1710,6 @@ e2e_suite!(
     payments_ride_out_an_outage_within_the_retry_bound,
     an_uncertain_payment_is_reconciled_not_repeated,
     an_uncertain_payment_survives_a_crash_with_exactly_one_charge,
+    a_payment_killed_mid_call_is_charged_once_after_the_restart,
     a_declined_payment_is_stored_and_replayed,
 );

@@ -11,6 +11,7 @@
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per call |
+//! | `PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS` | `0` | the provider charges, then takes this long to answer |
 //! | `PAYMENTS_PROVIDER_OUTAGE_CALLS` | `0` | the provider's first N calls fail (503) |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's first N charges time out after charging |
 //! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
@@ -234,6 +235,11 @@ async fn run() -> Result<(), String> {
         reconcile_every: env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,
         provider: payments::ProviderConfig {
             latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
+            latency_after_charge: env_ms(
+                "PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS",
+                0,
+                3_600_000,
+            )?,
             outage_calls: env_count("PAYMENTS_PROVIDER_OUTAGE_CALLS")?,
             timeout_after_charge: env_count("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE")?,
         },

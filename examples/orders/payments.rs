@@ -35,6 +35,10 @@ use crate::routes::AppState;
 pub struct ProviderConfig {
     /// `PAYMENTS_PROVIDER_LATENCY_MS`: every call takes this long.
     pub latency: Duration,
+    /// `PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS`: a charge is made, and then
+    /// the answer takes this long (a service killed meanwhile has charged
+    /// without knowing it).
+    pub latency_after_charge: Duration,
     /// `PAYMENTS_PROVIDER_OUTAGE_CALLS`: the first N calls fail (503).
     pub outage_calls: u64,
     /// `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE`: the first N charges are made and
@@ -144,6 +148,9 @@ impl Provider {
                 return Err(ProviderError::TimedOut);
             }
         };
+        if !self.config.latency_after_charge.is_zero() {
+            tokio::time::sleep(self.config.latency_after_charge).await;
+        }
         if self.timeouts.fetch_add(1, Ordering::SeqCst) < self.config.timeout_after_charge {
             return Err(ProviderError::TimedOut);
         }
