@@ -56,7 +56,7 @@ pub struct BodyTimeout(pub Duration);
 /// empty) and every `503` carry `Retry-After`.
 pub async fn edges(State(edges): State<Edges>, mut req: Request, next: Next) -> Response {
     let head_bytes = req.method().as_str().len()
-        + req.uri().to_string().len()
+        + req.uri().path_and_query().map_or(1, |pq| pq.as_str().len())
         + " HTTP/1.1\r\n".len()
         + req
             .headers()
