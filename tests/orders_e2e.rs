@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use common::{SqliteDb, TestDb};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 /// What the suite needs of a database the example runs on.
@@ -618,6 +619,13 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
         (
+            // PostgreSQL's text cannot hold it: a client error on both backends.
+            "U+0000 in the note",
+            Call::order(key)
+                .body(json!({"sku": "A", "quantity": 1, "amount_cents": 1, "note": "a\u{0}b"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
             "not JSON",
             Call {
                 content_type: "text/plain",
@@ -855,6 +863,10 @@ async fn payments_ride_out_an_outage_within_the_retry_bound<D: Backend>() {
         first.problem_type(),
         "urn:orders:problem:provider-unavailable"
     );
+    assert!(
+        first.headers.contains_key("retry-after"),
+        "every 503 says when to retry"
+    );
     assert_eq!(
         provider(&server).await["calls"],
         4,
@@ -901,6 +913,108 @@ async fn an_uncertain_payment_is_reconciled_not_repeated<D: Backend>() {
     assert!(retry.replayed());
     assert_eq!(retry.json()["id"], "ch_000001");
     assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
+}
+
+/// `/payments` across a crash: the provider charges and times out, the service
+/// is killed (SIGKILL) before it reconciles, and the restarted service finds the
+/// charge at the provider (which keeps its charges durably, like a real one): the
+/// payment completes with that charge, and the provider is not called again.
+async fn an_uncertain_payment_survives_a_crash_with_exactly_one_charge<D: Backend>() {
+    let db = D::create().await;
+    let mut server = Server::start(
+        &db,
+        &[
+            ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
+            // The reconciler's first round runs at start, before the payment;
+            // the next one would come after the crash.
+            ("PAYMENTS_RECONCILE_INTERVAL_MS", "3600000"),
+        ],
+    )
+    .await;
+    let first = payment("crash-pay", 900).ok(&server).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    assert_eq!(first.problem_type(), "urn:idem:problem:outcome-uncertain");
+    server.kill().await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'uncertain'")
+            .await,
+        1
+    );
+
+    let server = Server::start(&db, &[("PAYMENTS_RECONCILE_INTERVAL_MS", "50")]).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM idempotency_requests WHERE state = 'completed'",
+        |n| n == 1,
+    )
+    .await;
+    let retry = payment("crash-pay", 900).ok(&server).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(
+        retry.replayed(),
+        "the reconciler stored the charge it found"
+    );
+    assert_eq!(retry.json()["id"], "ch_000001");
+    assert_eq!(retry.json()["amount_cents"], 900);
+    assert_eq!(
+        provider(&server).await,
+        json!({"calls": 0, "charges": 1}),
+        "one charge, made before the crash; no call since"
+    );
+}
+
+/// `/payments` killed mid-call: the provider has charged but not answered when
+/// the service dies (SIGKILL). The restarted service takes the dead worker's
+/// lapsed lease over and calls the provider again with the same downstream key;
+/// the provider answers with the charge it made before the crash: one charge.
+async fn a_payment_killed_mid_call_is_charged_once_after_the_restart<D: Backend>() {
+    let db = D::create().await;
+    let mut server = Server::start(
+        &db,
+        &[("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "600000")],
+    )
+    .await;
+    let base = server.base.clone();
+    let in_flight = tokio::spawn(async move { payment("mid-pay", 800).send_to(&base).await });
+    wait_for(&db, "SELECT count(*) FROM provider_charges", |n| n == 1).await;
+    server.kill().await;
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client sees the connection die"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'processing'")
+            .await,
+        1
+    );
+    // The dead worker's lease would lapse within its 30 s; lapse it now.
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET lease_expires_at = {}",
+        D::A_SECOND_AGO
+    ))
+    .await;
+
+    let server = Server::start(&db, &[]).await;
+    let retry = payment("mid-pay", 800).ok(&server).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(
+        retry.json()["id"],
+        "ch_000001",
+        "the charge made before the crash"
+    );
+    assert_eq!(
+        provider(&server).await,
+        json!({"calls": 1, "charges": 1}),
+        "called again with the same key, charged once"
+    );
+    let replay = payment("mid-pay", 800).ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retry.body);
 }
 
 /// `/payments`: a declined card is a stored business rejection.
@@ -1153,6 +1267,402 @@ async fn fulfilment_steps_are_idempotent_transitions<D: Backend>() {
     assert!(order.get("status").is_none());
 }
 
+// The server's edges (issue 16, item 3): what reaches the example before, around
+// and after its handlers.
+
+/// `host:port` of a running server.
+fn addr(server: &Server) -> String {
+    server.base.trim_start_matches("http://").to_owned()
+}
+
+/// Reads until the peer closes the connection (EOF or a reset): what it sent
+/// before, or `None` if it is still open after `ceiling`.
+async fn until_closed(stream: &mut TcpStream, ceiling: Duration) -> Option<Vec<u8>> {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    let mut buf = Vec::new();
+    match tokio::time::timeout(ceiling, stream.read_to_end(&mut buf)).await {
+        Ok(Ok(_)) => Some(buf),
+        Ok(Err(e)) if matches!(e.kind(), ConnectionReset | ConnectionAborted | BrokenPipe) => {
+            Some(buf)
+        }
+        Ok(Err(e)) => panic!("reading from the server: {e}"),
+        Err(_) => None,
+    }
+}
+
+/// A configured header timeout far below the tests' ceilings: the server must
+/// close within it, and the tests wait a hundred times longer before they fail.
+const HEADER_TIMEOUT_MS: &str = "500";
+const CLOSE_CEILING: Duration = Duration::from_secs(60);
+
+/// Connections that never finish their request head (half a head, or nothing at
+/// all) are closed after the header timeout, even when they are more than the
+/// process has descriptors for: a real request gets in while they are held, and
+/// every one of them is closed.
+#[tokio::test]
+async fn half_sent_and_silent_connections_are_closed_and_never_lock_others_out() {
+    let db = SqliteDb::new().await;
+    let mut cmd = Command::new(common::example_binary("orders"));
+    cmd.env("DATABASE_URL", Backend::url(&db));
+    // 128 descriptors: fewer than the connections below, so without a timeout
+    // the held connections would leave none for the real request.
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 128,
+                rlim_max: 128,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let server = Server::spawn(cmd, &[("ORDERS_HEADER_TIMEOUT_MS", HEADER_TIMEOUT_MS)]).await;
+    let mut held = Vec::new();
+    for i in 0..200 {
+        let mut s = TcpStream::connect(addr(&server)).await.unwrap();
+        if i % 2 == 0 {
+            s.write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\ncontent-type: applic")
+                .await
+                .unwrap();
+        }
+        held.push(s);
+    }
+    let real = Call::order("held-1").ok(&server).await;
+    assert_eq!(real.status, StatusCode::CREATED);
+    for (i, s) in held.iter_mut().enumerate() {
+        assert!(
+            until_closed(s, CLOSE_CEILING).await.is_some(),
+            "held connection {i} is still open after {CLOSE_CEILING:?}"
+        );
+    }
+    assert_eq!(
+        Call::order("held-2").ok(&server).await.status,
+        StatusCode::CREATED
+    );
+}
+
+/// A keep-alive connection that idles after its answer is closed after the
+/// header timeout too.
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(&db, &[("ORDERS_HEADER_TIMEOUT_MS", HEADER_TIMEOUT_MS)]).await;
+    let mut s = TcpStream::connect(addr(&server)).await.unwrap();
+    s.write_all(b"GET /provider HTTP/1.1\r\nhost: x\r\nauthorization: Bearer acme\r\n\r\n")
+        .await
+        .unwrap();
+    let sent = until_closed(&mut s, CLOSE_CEILING)
+        .await
+        .expect("the idle connection is closed");
+    let text = String::from_utf8_lossy(&sent);
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+    assert!(
+        !text.contains("connection: close"),
+        "kept alive, then timed out: {text}"
+    );
+}
+
+/// A request whose body stops half-way is answered `408` problem+json and closed,
+/// and claims nothing.
+async fn a_half_sent_body_is_408<D: Backend>() {
+    let db = D::create().await;
+    let server = Server::start(
+        &db,
+        &[
+            ("ORDERS_HEADER_TIMEOUT_MS", HEADER_TIMEOUT_MS),
+            ("ORDERS_BODY_TIMEOUT_MS", "500"),
+        ],
+    )
+    .await;
+    let mut s = TcpStream::connect(addr(&server)).await.unwrap();
+    s.write_all(
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nauthorization: Bearer acme\r\n\
+          content-type: application/json\r\nx-currency: EUR\r\nidempotency-key: slow-1\r\n\
+          content-length: 100\r\n\r\n{\"sku\":",
+    )
+    .await
+    .unwrap();
+    let sent = until_closed(&mut s, CLOSE_CEILING)
+        .await
+        .expect("the connection with a half-sent body is closed");
+    let text = String::from_utf8_lossy(&sent);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    assert!(text.contains("application/problem+json"), "{text}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+}
+
+/// `SIGTERM` (and `SIGINT`, Ctrl-C) stop accepting, let the request in flight
+/// finish, and exit 0.
+#[tokio::test]
+async fn sigterm_and_sigint_drain_the_request_in_flight_and_exit_0() {
+    for (name, signal) in [("SIGTERM", libc::SIGTERM), ("SIGINT", libc::SIGINT)] {
+        let db = SqliteDb::new().await;
+        let mut server = Server::start(&db, &[("ORDERS_LATENCY_MS", "3000")]).await;
+        let base = server.base.clone();
+        let in_flight = tokio::spawn(async move { Call::order("drain-1").send_to(&base).await });
+        server.wait_until_executing(1).await;
+        let pid = i32::try_from(server.child.id().expect("running")).unwrap();
+        // SAFETY: kill(2) on the child this test started and still owns.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        let answer = in_flight
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{name}: the request in flight was cut: {e}"));
+        assert_eq!(answer.status, StatusCode::CREATED, "{name}");
+        let status = tokio::time::timeout(Duration::from_secs(60), server.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the server did not exit within 60 s"))
+            .unwrap();
+        assert!(status.success(), "{name}: exited with {status}");
+        assert_eq!(orders(&db).await, 1, "{name}");
+    }
+}
+
+/// A body over the limit is `413` problem+json, claims nothing and consumes no
+/// id; the largest body accepted gives an answer idem can store (its limits
+/// agree), so it is replayed like any other.
+async fn a_body_over_the_limit_is_413_and_every_accepted_answer_is_stored<D: Backend>() {
+    let db = D::create().await;
+    let server = Server::start(&db, &[]).await;
+    let order = |key, note: String| {
+        Call::order(key).body(json!({"sku": "A-1", "quantity": 1, "amount_cents": 1, "note": note}))
+    };
+    for (key, size) in [("big-1", 1100 * 1024), ("big-2", 3 * 1024 * 1024)] {
+        let over = order(key, "n".repeat(size)).ok(&server).await;
+        assert_eq!(
+            over.status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "{size} bytes: {}",
+            String::from_utf8_lossy(&over.body)
+        );
+        over.problem_type();
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+    let within = order("big-3", "n".repeat(500 * 1024)).ok(&server).await;
+    assert_eq!(within.status, StatusCode::CREATED);
+    assert_eq!(
+        within.json()["id"],
+        1,
+        "no id was consumed by the refused bodies"
+    );
+    let replay = order("big-3", "n".repeat(500 * 1024)).ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, within.body);
+}
+
+/// `Content-Type` is parsed as a media type: its type and subtype are
+/// case-insensitive and may carry parameters; another subtype is `415`.
+async fn the_content_type_is_parsed_as_a_media_type<D: Backend>() {
+    let db = D::create().await;
+    let server = Server::start(&db, &[]).await;
+    for (i, ct) in [
+        "APPLICATION/JSON",
+        "application/json; charset=utf-8",
+        "Application/Json ;charset=\"UTF-8\"",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("mt-{i}");
+        let a = Call {
+            content_type: ct,
+            ..Call::order(&key)
+        }
+        .ok(&server)
+        .await;
+        assert_eq!(
+            a.status,
+            StatusCode::CREATED,
+            "{ct}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+    }
+    for ct in [
+        "application/jsonfoo",
+        "application/json-seq",
+        "text/json",
+        "application/jsonx; charset=utf-8",
+    ] {
+        let a = Call {
+            content_type: ct,
+            ..Call::order("mt-bad")
+        }
+        .ok(&server)
+        .await;
+        assert_eq!(a.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct}");
+        a.problem_type();
+    }
+    assert_eq!(orders(&db).await, 3);
+}
+
+/// What the HTTP layer refuses is problem+json too: a header block over the
+/// service's limits (`431`), a path parameter that does not parse (`400`), an
+/// unknown route (`404`) and a method a route does not have (`405`, its `Allow`
+/// kept).
+async fn http_layer_errors_are_problem_json<D: Backend>() {
+    let db = D::create().await;
+    let server = Server::start(&db, &[]).await;
+    let client = reqwest::Client::new();
+    let answer = |r: reqwest::Response| async move {
+        Answer {
+            status: r.status(),
+            headers: r.headers().clone(),
+            body: r.bytes().await.unwrap().to_vec(),
+        }
+    };
+    let big = client
+        .get(format!("{}/orders", server.base))
+        .header("authorization", "Bearer acme")
+        .header("x-filler", "f".repeat(40 * 1024))
+        .send()
+        .await
+        .unwrap();
+    let big = answer(big).await;
+    assert_eq!(big.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    big.problem_type();
+    let mut many = client
+        .get(format!("{}/orders", server.base))
+        .header("authorization", "Bearer acme");
+    for i in 0..150 {
+        many = many.header(format!("x-h{i}"), "v");
+    }
+    let many = answer(many.send().await.unwrap()).await;
+    assert_eq!(many.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    many.problem_type();
+
+    let bad_id = get(&server, "/orders/abc", "acme").await;
+    assert_eq!(bad_id.status, StatusCode::BAD_REQUEST);
+    bad_id.problem_type();
+    let unknown = get(&server, "/nowhere", "acme").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    unknown.problem_type();
+    let put = client
+        .put(format!("{}/orders", server.base))
+        .header("authorization", "Bearer acme")
+        .send()
+        .await
+        .unwrap();
+    let put = answer(put).await;
+    assert_eq!(put.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(put.headers.contains_key("allow"));
+    put.problem_type();
+    // The service's own answers are untouched.
+    assert_eq!(get(&server, "/orders", "acme").await.status, StatusCode::OK);
+    assert_eq!(orders(&db).await, 0);
+}
+
+/// A TCP proxy in front of PostgreSQL that the test can cut: every connection
+/// through it is dropped, and new ones are closed as soon as they arrive, until
+/// it is mended.
+struct CuttableProxy {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl CuttableProxy {
+    async fn to(upstream: String) -> CuttableProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, cut_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                if *cut_rx.borrow() {
+                    continue; // dropped: closed at once
+                }
+                let upstream = upstream.clone();
+                let mut cut_rx = cut_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        CuttableProxy { addr, cut }
+    }
+}
+
+/// During a database outage every route answers `503` problem+json with
+/// `Retry-After`: a handler's own query (`GET`, a transition) as idem's store
+/// failure (`POST` with a key) does; once the database is back, requests succeed.
+#[tokio::test]
+async fn on_postgres_a_database_outage_is_503_with_retry_after() {
+    let db = TestDb::new().await;
+    // postgres://user@host:port/db?params: route host:port through the proxy.
+    let url = Backend::url(&db);
+    let after_scheme = url.find("://").unwrap() + 3;
+    let authority_end = url[after_scheme..]
+        .find('/')
+        .map_or(url.len(), |i| after_scheme + i);
+    let host_start = url[after_scheme..authority_end]
+        .rfind('@')
+        .map_or(after_scheme, |i| after_scheme + i + 1);
+    let mut upstream = url[host_start..authority_end].to_owned();
+    if !upstream.contains(':') {
+        upstream.push_str(":5432");
+    }
+    let proxy = CuttableProxy::to(upstream).await;
+    let through = format!(
+        "{}{}{}",
+        &url[..host_start],
+        proxy.addr,
+        &url[authority_end..]
+    );
+    let mut cmd = Command::new(common::example_binary("orders"));
+    cmd.env("DATABASE_URL", through);
+    let server = Server::spawn(cmd, &[]).await;
+    let id = Call::order("before").ok(&server).await.json()["id"]
+        .as_i64()
+        .unwrap();
+
+    proxy.cut.send_replace(true);
+    let unavailable = |a: &Answer, what: &str| {
+        assert_eq!(
+            a.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{what}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+        assert!(
+            a.headers.contains_key("retry-after"),
+            "{what}: no Retry-After"
+        );
+        assert_eq!(
+            a.problem_type(),
+            "urn:idem:problem:store-unavailable",
+            "{what}"
+        );
+    };
+    unavailable(&get(&server, "/orders", "acme").await, "GET /orders");
+    unavailable(&step(&server, id, "pay").await, "POST /orders/{id}/pay");
+    unavailable(&Call::order("during").ok(&server).await, "POST /orders");
+
+    proxy.cut.send_replace(false);
+    let after = Call::order("during").ok(&server).await;
+    assert_eq!(
+        after.status,
+        StatusCode::CREATED,
+        "the same key executes once the database is back"
+    );
+    assert_eq!(orders(&db).await, 2);
+}
+
 /// Stamps each shared test once per backend: `postgres::<name>` and `sqlite::<name>`.
 macro_rules! e2e_suite {
     ($($test:ident),* $(,)?) => {
@@ -1193,7 +1703,13 @@ e2e_suite!(
     metrics_are_served_for_prometheus,
     the_sweeper_forgets_expired_keys,
     fulfilment_steps_are_idempotent_transitions,
+    a_half_sent_body_is_408,
+    a_body_over_the_limit_is_413_and_every_accepted_answer_is_stored,
+    the_content_type_is_parsed_as_a_media_type,
+    http_layer_errors_are_problem_json,
     payments_ride_out_an_outage_within_the_retry_bound,
     an_uncertain_payment_is_reconciled_not_repeated,
+    an_uncertain_payment_survives_a_crash_with_exactly_one_charge,
+    a_payment_killed_mid_call_is_charged_once_after_the_restart,
     a_declined_payment_is_stored_and_replayed,
 );

@@ -80,6 +80,8 @@ pub fn answer(
             busy.retry_after = Some(1);
             return Err(ApiError(busy));
         }
+        // Unreachable database: 503 with Retry-After, like idem's store failure.
+        Err(TransitionError::Database(e)) => return Err(e.into()),
         Err(e) => return Err(ApiError::internal(e)),
     };
     Ok(Some(

@@ -9,6 +9,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::problems::ApiError;
+use crate::server::BodyTimeout;
+
+/// The body timeout when no [`BodyTimeout`] was set (the edges layer sets it).
+const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Checks a deserialised body beyond its types.
 pub trait Validate {
@@ -16,9 +20,21 @@ pub trait Validate {
 }
 
 /// A JSON body that parsed and validated; its rejections are problem+json
-/// (400 for malformed JSON, 415 for another media type, 422 for the wrong shape
-/// or values).
+/// (400 for malformed JSON, 408 for a body that does not arrive in time, 413 for
+/// one over the limit, 415 for another media type, 422 for the wrong shape or
+/// values).
 pub struct ValidJson<T>(pub T);
+
+/// Whether a `Content-Type` value is `application/json`: the media type's type
+/// and subtype compared without regard to case, parameters (`charset=utf-8`)
+/// allowed and ignored (JSON is UTF-8). `application/jsonfoo` is another type.
+pub fn is_json(content_type: &[u8]) -> bool {
+    let Ok(value) = std::str::from_utf8(content_type) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
 
 impl<S, T> FromRequest<S> for ValidJson<T>
 where
@@ -28,20 +44,30 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let is_json = req
+        if !req
             .headers()
             .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
-        if !is_json {
+            .is_some_and(|v| is_json(v.as_bytes()))
+        {
             return Err(ApiError::invalid(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "send `Content-Type: application/json`",
             ));
         }
-        let bytes = axum::body::Bytes::from_request(req, state)
+        let wait = req
+            .extensions()
+            .get::<BodyTimeout>()
+            .map_or(DEFAULT_BODY_TIMEOUT, |t| t.0);
+        let bytes = tokio::time::timeout(wait, axum::body::Bytes::from_request(req, state))
             .await
-            .map_err(|e| ApiError::invalid(StatusCode::BAD_REQUEST, e.body_text()))?;
+            .map_err(|_| {
+                ApiError::invalid(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the request body did not arrive within {wait:?}"),
+                )
+            })?
+            // The rejection's own status: 413 past the body limit, 400 otherwise.
+            .map_err(|e| ApiError::invalid(e.status(), e.body_text()))?;
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = T::deserialize(&mut de)
             .and_then(|v| de.end().map(|()| v))

@@ -11,10 +11,14 @@
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per call |
+//! | `PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS` | `0` | the provider charges, then takes this long to answer |
 //! | `PAYMENTS_PROVIDER_OUTAGE_CALLS` | `0` | the provider's first N calls fail (503) |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's first N charges time out after charging |
 //! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
 //! | `IDEM_SWEEP_INTERVAL_MS` | `60000` | how often expired keys are swept |
+//! | `ORDERS_HEADER_TIMEOUT_MS` | `10000` | a connection that sends no whole request head within this time (since it opened, or since its last answer) is closed |
+//! | `ORDERS_BODY_TIMEOUT_MS` | `30000` | a request body that has not arrived within this time is `408` |
+//! | `ORDERS_SHUTDOWN_GRACE_MS` | `30000` | on `SIGTERM` or `SIGINT`, how long requests in flight may take to finish |
 //!
 //! `GET /metrics` serves the idem metrics in the Prometheus text format.
 //!
@@ -26,6 +30,7 @@ mod input;
 mod payments;
 mod problems;
 mod routes;
+mod server;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -108,20 +113,33 @@ async fn connect() -> Result<Store, String> {
     Ok(Store::Sqlite(pool))
 }
 
+/// The largest request body; a larger one is `413`. Half of what idem stores of
+/// an answer: an order's answer holds its body's fields re-serialised (JSON
+/// escapes never make them longer than they arrived) and a few hundred bytes
+/// more, so every order the service accepts has an answer idem can store and
+/// replay, instead of a `500` that rolls back (and burns an id) on every retry.
+const MAX_BODY_BYTES: usize = 512 * 1024;
+/// What idem stores of an answer (its default, stated here beside the body limit
+/// it must agree with).
+const MAX_STORED_ANSWER_BYTES: usize = 1024 * 1024;
+const _: () = assert!(2 * MAX_BODY_BYTES <= MAX_STORED_ANSWER_BYTES);
+
 /// What the environment configures besides the database.
 struct Settings {
     latency: Duration,
     in_flight_wait: Duration,
     sweep_every: Duration,
     reconcile_every: Duration,
-    provider: Arc<payments::Provider>,
+    provider: payments::ProviderConfig,
+    limits: server::Limits,
+    edges: server::Edges,
 }
 
 impl Settings {
     /// The reconciler of uncertain payments, and the sweeper: expired keys are
     /// forgotten in bounded batches (several replicas may sweep).
-    fn spawn_background<DB: Backend>(&self, pool: &Pool<DB>) {
-        Reconciler::new(pool.clone(), payments::AskProvider(self.provider.clone()))
+    fn spawn_background<DB: Backend>(&self, pool: &Pool<DB>, provider: &Arc<payments::Provider>) {
+        Reconciler::new(pool.clone(), payments::AskProvider(provider.clone()))
             .with_interval(self.reconcile_every)
             .spawn();
         Sweeper::new(pool.clone())
@@ -129,12 +147,18 @@ impl Settings {
             .spawn();
     }
 
-    fn state<DB: Backend>(&self, pool: Pool<DB>) -> routes::AppState<DB> {
+    fn state<DB: Backend>(
+        &self,
+        pool: Pool<DB>,
+        provider: Arc<payments::Provider>,
+    ) -> routes::AppState<DB> {
         routes::AppState {
-            idem: Idem::new(pool.clone()).with_in_flight_wait(self.in_flight_wait),
+            idem: Idem::new(pool.clone())
+                .with_in_flight_wait(self.in_flight_wait)
+                .with_max_response_bytes(MAX_STORED_ANSWER_BYTES),
             pool,
             latency: self.latency,
-            provider: self.provider.clone(),
+            provider,
         }
     }
 }
@@ -150,8 +174,12 @@ async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
                 .run(&pool)
                 .await
                 .map_err(|e| format!("orders migrations failed: {e}"))?;
-            settings.spawn_background(&pool);
-            Ok(routes::postgres::router(settings.state(pool)))
+            let provider = Arc::new(payments::Provider::new(
+                settings.provider.clone(),
+                payments::Ledger::Postgres(pool.clone()),
+            ));
+            settings.spawn_background(&pool, &provider);
+            Ok(routes::postgres::router(settings.state(pool, provider)))
         }
         Store::Sqlite(pool) => {
             idem_runtime::migrate(&pool)
@@ -161,8 +189,12 @@ async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
                 .run(&pool)
                 .await
                 .map_err(|e| format!("orders migrations failed: {e}"))?;
-            settings.spawn_background(&pool);
-            Ok(routes::sqlite::router(settings.state(pool)))
+            let provider = Arc::new(payments::Provider::new(
+                settings.provider.clone(),
+                payments::Ledger::Sqlite(pool.clone()),
+            ));
+            settings.spawn_background(&pool, &provider);
+            Ok(routes::sqlite::router(settings.state(pool, provider)))
         }
     }
 }
@@ -196,12 +228,29 @@ async fn run() -> Result<(), String> {
         in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
         sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
         reconcile_every: env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,
-        provider: Arc::new(payments::Provider::new(payments::ProviderConfig {
+        provider: payments::ProviderConfig {
             latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
+            latency_after_charge: env_ms(
+                "PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS",
+                0,
+                3_600_000,
+            )?,
             outage_calls: env_count("PAYMENTS_PROVIDER_OUTAGE_CALLS")?,
             timeout_after_charge: env_count("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE")?,
-        })),
+        },
+        limits: server::Limits {
+            header_timeout: env_ms("ORDERS_HEADER_TIMEOUT_MS", 10_000, 3_600_000)?,
+            shutdown_grace: env_ms("ORDERS_SHUTDOWN_GRACE_MS", 30_000, 3_600_000)?,
+        },
+        edges: server::Edges {
+            body_timeout: env_ms("ORDERS_BODY_TIMEOUT_MS", 30_000, 3_600_000)?,
+        },
     };
+    if settings.limits.header_timeout.is_zero() || settings.edges.body_timeout.is_zero() {
+        return Err(
+            "ORDERS_HEADER_TIMEOUT_MS and ORDERS_BODY_TIMEOUT_MS must be at least 1".into(),
+        );
+    }
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         // idem's histograms as Prometheus histograms with fixed buckets: left as
         // the exporter's default summaries, each costs about 1 MiB per operation
@@ -224,21 +273,23 @@ async fn run() -> Result<(), String> {
     });
 
     // The recorder first, so the background work's first figures are kept.
-    let app = app(connect().await?, &settings).await?.route(
-        "/metrics",
-        axum::routing::get(move || std::future::ready(prometheus.render())),
-    );
+    let app = app(connect().await?, &settings)
+        .await?
+        .route(
+            "/metrics",
+            axum::routing::get(move || std::future::ready(prometheus.render())),
+        )
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            settings.edges,
+            server::edges,
+        ));
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!("orders listening on http://{local}");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            tokio::signal::ctrl_c().await.ok();
-        })
-        .await
-        .map_err(|e| e.to_string())
+    server::serve(listener, app, settings.limits).await
 }
 
 #[tokio::main]

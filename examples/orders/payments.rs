@@ -6,11 +6,13 @@
 //! The provider is simulated in-process, with failure injection from the
 //! environment (see the README): latency, an outage of N calls, and charges that
 //! time out after they were made (uncertain outcomes, resolved by the reconciler
-//! this service spawns).
+//! this service spawns). Like a real provider it remembers its charges when the
+//! service dies: they live in its own table, `provider_charges`, written in
+//! statements of their own (never in idem's transactions), so a reconciler
+//! started after a crash finds a charge made before it.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Json;
@@ -25,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::input::Validate;
+use crate::problems::ApiError;
 use crate::routes::AppState;
 
 /// Failure injection for the simulated provider.
@@ -32,6 +35,10 @@ use crate::routes::AppState;
 pub struct ProviderConfig {
     /// `PAYMENTS_PROVIDER_LATENCY_MS`: every call takes this long.
     pub latency: Duration,
+    /// `PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS`: a charge is made, and then
+    /// the answer takes this long (a service killed meanwhile has charged
+    /// without knowing it).
+    pub latency_after_charge: Duration,
     /// `PAYMENTS_PROVIDER_OUTAGE_CALLS`: the first N calls fail (503).
     pub outage_calls: u64,
     /// `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE`: the first N charges are made and
@@ -39,13 +46,33 @@ pub struct ProviderConfig {
     pub timeout_after_charge: u64,
 }
 
-/// A payment provider with idempotency by key, like the real ones.
-#[derive(Debug, Default)]
+/// Where the simulated provider keeps its charges: the service's own database,
+/// standing in for the provider's.
+#[derive(Debug)]
+pub enum Ledger {
+    Postgres(sqlx::PgPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// Runs `$body` with `$pool` bound to the ledger's pool, whichever backend it is
+/// (the statements are the same SQL on both).
+macro_rules! on_ledger {
+    ($ledger:expr, |$pool:ident| $body:expr) => {
+        match $ledger {
+            Ledger::Postgres($pool) => $body,
+            Ledger::Sqlite($pool) => $body,
+        }
+    };
+}
+
+/// A payment provider with idempotency by key, like the real ones. Its charges
+/// are durable; the failure injection counts the calls of this process.
+#[derive(Debug)]
 pub struct Provider {
     config: ProviderConfig,
     calls: AtomicU64,
     timeouts: AtomicU64,
-    charges: Mutex<HashMap<String, Charge>>,
+    ledger: Ledger,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -60,12 +87,42 @@ pub enum ProviderError {
     TimedOut,
 }
 
+fn charge_id(seq: i64) -> String {
+    format!("ch_{seq:06}")
+}
+
 impl Provider {
-    pub fn new(config: ProviderConfig) -> Self {
+    pub fn new(config: ProviderConfig, ledger: Ledger) -> Self {
         Provider {
             config,
-            ..Default::default()
+            calls: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            ledger,
         }
+    }
+
+    /// Records a charge for the key unless one exists, and returns the key's charge.
+    async fn record(&self, key: &str, amount_cents: i64) -> Result<Charge, sqlx::Error> {
+        let (seq, amount_cents): (i64, i64) = on_ledger!(&self.ledger, |pool| {
+            sqlx::query(
+                "INSERT INTO provider_charges (idempotency_key, amount_cents) VALUES ($1, $2) \
+                 ON CONFLICT (idempotency_key) DO NOTHING",
+            )
+            .bind(key)
+            .bind(amount_cents)
+            .execute(pool)
+            .await?;
+            sqlx::query_as(
+                "SELECT id, amount_cents FROM provider_charges WHERE idempotency_key = $1",
+            )
+            .bind(key)
+            .fetch_one(pool)
+            .await?
+        });
+        Ok(Charge {
+            id: charge_id(seq),
+            amount_cents,
+        })
     }
 
     /// Charges once per idempotency key; a repeated key returns the first charge.
@@ -81,37 +138,53 @@ impl Provider {
         if call < self.config.outage_calls {
             return Err(ProviderError::Unavailable);
         }
-        let charge = {
-            let mut charges = self.charges.lock().unwrap_or_else(|e| e.into_inner());
-            let n = charges.len();
-            charges
-                .entry(idempotency_key.to_owned())
-                .or_insert_with(|| Charge {
-                    id: format!("ch_{:06}", n + 1),
-                    amount_cents,
-                })
-                .clone()
+        let charge = match self.record(idempotency_key, amount_cents).await {
+            Ok(charge) => charge,
+            // The ledger failed: whether the charge was written (a connection cut
+            // after the commit) cannot be told, as with a real provider's
+            // timeout; the reconciler finds out.
+            Err(e) => {
+                tracing::warn!(error = %e, "payments: the provider's ledger failed");
+                return Err(ProviderError::TimedOut);
+            }
         };
+        if !self.config.latency_after_charge.is_zero() {
+            tokio::time::sleep(self.config.latency_after_charge).await;
+        }
         if self.timeouts.fetch_add(1, Ordering::SeqCst) < self.config.timeout_after_charge {
             return Err(ProviderError::TimedOut);
         }
         Ok(charge)
     }
 
-    pub fn find(&self, idempotency_key: &str) -> Option<Charge> {
-        self.charges
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(idempotency_key)
-            .cloned()
+    /// The charge made for a key, if any.
+    pub async fn find(&self, idempotency_key: &str) -> Result<Option<Charge>, sqlx::Error> {
+        let row: Option<(i64, i64)> = on_ledger!(&self.ledger, |pool| {
+            sqlx::query_as(
+                "SELECT id, amount_cents FROM provider_charges WHERE idempotency_key = $1",
+            )
+            .bind(idempotency_key)
+            .fetch_optional(pool)
+            .await?
+        });
+        Ok(row.map(|(seq, amount_cents)| Charge {
+            id: charge_id(seq),
+            amount_cents,
+        }))
     }
 
-    /// What the provider has seen, for `GET /provider`.
-    pub fn summary(&self) -> serde_json::Value {
-        json!({
+    /// What the provider has seen, for `GET /provider`: this process's calls, and
+    /// every charge it ever made.
+    pub async fn summary(&self) -> Result<serde_json::Value, sqlx::Error> {
+        let charges: i64 = on_ledger!(&self.ledger, |pool| {
+            sqlx::query_scalar("SELECT count(*) FROM provider_charges")
+                .fetch_one(pool)
+                .await?
+        });
+        Ok(json!({
             "calls": self.calls.load(Ordering::SeqCst),
-            "charges": self.charges.lock().unwrap_or_else(|e| e.into_inner()).len(),
-        })
+            "charges": charges,
+        }))
     }
 }
 
@@ -176,21 +249,24 @@ pub async fn charge(provider: &Arc<Provider>, downstream_key: String, cmd: NewPa
             Uncertain::new("the payment provider timed out; the charge is being confirmed")
                 .into_response()
         }
-        Err(ProviderError::Unavailable) => Problem::new(
-            "urn:orders:problem:provider-unavailable",
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Payment provider unavailable",
-        )
-        .with_detail("nothing was charged; retry later with the same key")
-        .into_response(),
+        Err(ProviderError::Unavailable) => {
+            let mut p = Problem::new(
+                "urn:orders:problem:provider-unavailable",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Payment provider unavailable",
+            )
+            .with_detail("nothing was charged; retry later with the same key");
+            p.retry_after = Some(crate::server::RETRY_AFTER_SECS);
+            p.into_response()
+        }
     }
 }
 
 /// `GET /provider`: what the simulated provider saw (a demo aid).
 pub async fn provider_summary<DB: Backend>(
     State(app): State<AppState<DB>>,
-) -> Json<serde_json::Value> {
-    Json(app.provider.summary())
+) -> Result<Json<serde_json::Value>, ApiError> {
+    Ok(Json(app.provider.summary().await?))
 }
 
 /// Resolves uncertain payments by asking the provider about the stable key.
@@ -202,15 +278,20 @@ impl Reconcile for AskProvider {
     }
 
     async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
-        match self.0.find(&outcome.downstream_key) {
-            Some(charge) => Resolution::Completed(StoredResponse {
+        match self.0.find(&outcome.downstream_key).await {
+            Ok(Some(charge)) => Resolution::Completed(StoredResponse {
                 status: 201,
                 headers: vec![("content-type".into(), "application/json".into())],
                 body: serde_json::to_vec(&payment_body(&charge))
                     .unwrap_or_default()
                     .into(),
             }),
-            None => Resolution::Released,
+            Ok(None) => Resolution::Released,
+            // Cannot ask: the row stays uncertain until a later round can.
+            Err(e) => {
+                tracing::warn!(error = %e, "payments: cannot ask the provider's ledger");
+                Resolution::StillUncertain
+            }
         }
     }
 }

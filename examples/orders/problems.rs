@@ -39,11 +39,45 @@ impl ApiError {
             "Internal error",
         ))
     }
+
+    /// `503` with `Retry-After`, as idem answers when its store fails: the
+    /// database could not be reached, nothing was changed, and the same request
+    /// may be retried.
+    pub fn unavailable(e: impl std::fmt::Display) -> Self {
+        tracing::warn!(error = %e, "orders: the database is unavailable");
+        let mut p = Problem::store_unavailable();
+        p.retry_after = Some(crate::server::RETRY_AFTER_SECS);
+        ApiError(p)
+    }
+}
+
+/// Whether a database error is the database being out of reach (the connection
+/// failed or was cut, the pool found none in time, the server is shutting down
+/// or full) rather than something wrong with this request.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE class 08 (connection exception), 57P01-57P03 (the server is
+        // shutting down or starting), 53300 (too many connections).
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
+    }
 }
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        ApiError::internal(e)
+        if is_unavailable(&e) {
+            ApiError::unavailable(e)
+        } else {
+            ApiError::internal(e)
+        }
     }
 }
 

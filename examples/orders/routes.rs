@@ -62,6 +62,11 @@ impl Validate for NewOrder {
         if self.amount_cents < 0 {
             return Err("amount_cents must not be negative".into());
         }
+        // PostgreSQL's text cannot hold U+0000: refused here, as a client error
+        // on both backends, rather than a 500 from the INSERT on one of them.
+        if self.sku.contains('\0') || self.note.as_deref().is_some_and(|n| n.contains('\0')) {
+            return Err("sku and note must not contain U+0000".into());
+        }
         Ok(())
     }
 }
