@@ -42,7 +42,9 @@ pub(crate) fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Ver
         retry_after: retry_after(headers, SystemTime::now()),
     };
     match status {
-        StatusCode::ACCEPTED if problem_type(headers, body).as_deref() == Some(OUTCOME_UNCERTAIN) => {
+        StatusCode::ACCEPTED
+            if problem_type(headers, body).as_deref() == Some(OUTCOME_UNCERTAIN) =>
+        {
             retry()
         }
         StatusCode::CONFLICT
@@ -83,7 +85,9 @@ pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
 /// for the `retry`th retry (1-based), so that callers that failed together do not
 /// come back together.
 pub(crate) fn full_jitter(base: Duration, max: Duration, retry: u32) -> Duration {
-    let factor = 2u32.checked_pow(retry.saturating_sub(1)).unwrap_or(u32::MAX);
+    let factor = 2u32
+        .checked_pow(retry.saturating_sub(1))
+        .unwrap_or(u32::MAX);
     let cap = base.saturating_mul(factor).min(max);
     let cap_nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
     Duration::from_nanos(fastrand::u64(0..=cap_nanos))
@@ -116,10 +120,7 @@ mod tests {
         // A plain 202 (an asynchronous job accepted) is an answer, even with Retry-After.
         let mut plain = HeaderMap::new();
         plain.insert(RETRY_AFTER, HeaderValue::from_static("2"));
-        assert_eq!(
-            judge(StatusCode::ACCEPTED, &plain, b"{}"),
-            Verdict::Final
-        );
+        assert_eq!(judge(StatusCode::ACCEPTED, &plain, b"{}"), Verdict::Final);
         for s in [StatusCode::OK, StatusCode::CREATED, StatusCode::NO_CONTENT] {
             assert_eq!(judge(s, &h, &b), Verdict::Final, "{s}");
         }

@@ -232,10 +232,7 @@ impl Middleware for IdempotencyMiddleware {
             };
             let (retry_after, last) = match answer {
                 Err(_cut_off) => {
-                    return Err(give_up(
-                        Limit::Deadline(self.deadline),
-                        LastAnswer::CutOff,
-                    ));
+                    return Err(give_up(Limit::Deadline(self.deadline), LastAnswer::CutOff));
                 }
                 Ok(Err(Error::Reqwest(e))) if is_lost(&e) => (None, LastAnswer::Transport(e)),
                 Ok(Err(e)) => return Err(e),
@@ -287,7 +284,11 @@ fn key_for(req: &Request, extensions: &Extensions) -> Result<IdempotencyKey, Inv
         Some(value) => match value.to_str() {
             Ok(s) => IdempotencyKey::new(s),
             Err(_) => Err(InvalidKey::NotVisibleAscii {
-                position: value.as_bytes().iter().position(|b| !b.is_ascii()).unwrap_or(0),
+                position: value
+                    .as_bytes()
+                    .iter()
+                    .position(|b| !b.is_ascii())
+                    .unwrap_or(0),
             }),
         },
         None => Ok(IdempotencyKey::random()),
