@@ -40,6 +40,8 @@
 //! The crate logs nothing, so never a key. It does not depend on idem's server
 //! crates: any server that speaks the same contract will do.
 
+#![warn(missing_docs)]
+
 mod decide;
 mod key;
 mod middleware;

@@ -209,7 +209,7 @@ impl std::error::Error for GaveUp {
 pub trait ErrorExt {
     /// The [`GaveUp`], when the retries ran out.
     fn gave_up(&self) -> Option<&GaveUp>;
-    /// The [`InvalidKey`], when an `Idempotency-Key` header the caller set is not
+    /// The [`InvalidKey`](crate::InvalidKey), when an `Idempotency-Key` header the caller set is not
     /// a valid key (nothing was sent).
     fn invalid_key(&self) -> Option<&crate::InvalidKey>;
 }
