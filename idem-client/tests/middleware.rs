@@ -405,6 +405,11 @@ async fn attempts_are_bounded() {
         !shown.contains(gave_up.key.as_str()),
         "never the key: {shown}"
     );
+    let debugged = format!("{e:?}");
+    assert!(
+        !debugged.contains(gave_up.key.as_str()),
+        "never the key: {debugged}"
+    );
 }
 
 #[tokio::test]
