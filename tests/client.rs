@@ -158,7 +158,9 @@ async fn count(db: &TestDb, sql: &str) -> i64 {
 }
 
 /// The first attempt's response is lost to the client's timeout while the server
-/// commits; the retry with the same key gets the stored answer: one order.
+/// commits; the retry with the same key gets the stored answer: one order. (A
+/// replay, not a `422`, also shows the retry sent the same body: the server
+/// fingerprints it.)
 #[tokio::test]
 async fn a_response_lost_to_a_client_timeout_is_answered_by_the_replay() {
     let db = TestDb::new().await;

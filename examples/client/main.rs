@@ -15,7 +15,7 @@
 //! | --- | --- | --- |
 //! | `ORDERS_URL` | `http://127.0.0.1:3000` | the `orders` service |
 //! | `CLIENT_ORDERS` | `5` | how many orders (logical requests) to place |
-//! | `CLIENT_SEED` | the clock | the proxy's seed: the same seed, the same fates |
+//! | `CLIENT_SEED` | random (printed) | the proxy's seed: the same seed, the same fates |
 //! | `CLIENT_TENANT` | `client-demo-<random>` | the tenant to place them for (`[a-z0-9-]`) |
 //!
 //! It exits with status 1 if the count is off.
