@@ -42,7 +42,7 @@ psql() { command psql -h "$HOST" -U postgres -v ON_ERROR_STOP=1 -qAt "$@"; }
 trap 'psql -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; rm -rf "$WORK"' EXIT
 
 psql -d postgres -c "CREATE DATABASE $DB"
-for f in "$ROOT"/migrations/*.sql; do psql -d "$DB" -f "$f"; done
+for f in "$ROOT"/idem-runtime/migrations/postgres/*.sql; do psql -d "$DB" -f "$f"; done
 psql -d "$DB" <<'SQL'
 CREATE TABLE orders (
     id bigserial PRIMARY KEY, tenant_id text NOT NULL, sku text NOT NULL,
@@ -58,7 +58,7 @@ SQL
 sed -e 's/CREATE FUNCTION idem_claim(/CREATE FUNCTION idem_claim_nosub(/' \
     -e '/^        BEGIN$/d' \
     -e '/^        EXCEPTION WHEN lock_not_available THEN$/,/^        END;$/d' \
-    "$ROOT"/migrations/20261130000001_idempotency_requests.sql |
+    "$ROOT"/idem-runtime/migrations/postgres/20261130000001_idempotency_requests.sql |
     sed -n '/CREATE FUNCTION idem_claim_nosub/,$p' >"$WORK/nosub.sql"
 psql -d "$DB" -f "$WORK/nosub.sql"
 # A schema whose idempotency_requests has only its primary key.
@@ -67,7 +67,7 @@ CREATE SCHEMA noidx;
 CREATE TABLE noidx.idempotency_requests (LIKE public.idempotency_requests INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 ALTER TABLE noidx.idempotency_requests ADD PRIMARY KEY (tenant_id, operation, idempotency_key);
 SQL
-sed -n '/CREATE FUNCTION idem_claim(/,$p' "$ROOT"/migrations/20261130000001_idempotency_requests.sql |
+sed -n '/CREATE FUNCTION idem_claim(/,$p' "$ROOT"/idem-runtime/migrations/postgres/20261130000001_idempotency_requests.sql |
     sed -e 's/CREATE FUNCTION idem_claim(/CREATE FUNCTION noidx.idem_claim(/' \
         -e 's/idempotency_requests/noidx.idempotency_requests/g' >"$WORK/noidx.sql"
 psql -d "$DB" -f "$WORK/noidx.sql"

@@ -1,5 +1,5 @@
 //! The handler's pipelined path on PostgreSQL: the claim travels with `BEGIN` and
-//! the completion with `COMMIT` (`idem_runtime::store::postgres`'s `pipelined`
+//! the completion with `COMMIT` (`idem_runtime`'s `db::postgres::pipelined`
 //! module). What it must keep: no round trip of its own, savepoints that stay
 //! savepoints, nothing committed when the completion fails, connections that go
 //! back to the pool clean whatever the answer, and values written into SQL text
@@ -21,7 +21,8 @@ use axum::routing::post;
 use axum::{Json, response::IntoResponse};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use idem_runtime::store::{Backend, Claim, ClaimRequest, Finish, StoredResponse};
+use idem_runtime::__private::Finish;
+use idem_runtime::{Backend, Claim, ClaimRequest, StoredResponse};
 use idem_runtime::{Fingerprint, FingerprintBuilder, Idem, IdempotencyKey, Tx, idempotent};
 use serde::Deserialize;
 use serde_json::json;

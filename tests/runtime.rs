@@ -518,7 +518,7 @@ mod postgres_only {
     async fn migrations_are_idempotent_and_kept_apart() {
         let db = db().await;
         idem_runtime::migrate(&db.pool).await.unwrap();
-        let embedded = idem_runtime::store::migrator().iter().count() as i64;
+        let embedded = idem_runtime::migrator::<sqlx::Postgres>().iter().count() as i64;
         assert_eq!(
             db.count("SELECT count(*) FROM _idem_migrations").await,
             embedded

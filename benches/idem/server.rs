@@ -229,7 +229,7 @@ async fn mw_existing(pool: &PgPool, pk: (&str, &str, &str), fingerprint: &[u8]) 
     let status: i16 = row.get("response_status");
     let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("response_headers");
     let body: Vec<u8> = row.get("response_body");
-    idem_runtime::response::replay(idem_runtime::StoredResponse {
+    idem_runtime::__private::replay(idem_runtime::StoredResponse {
         status: u16::try_from(status).unwrap_or(500),
         headers: headers.0,
         body: body.into(),

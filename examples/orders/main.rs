@@ -33,9 +33,8 @@ use std::time::Duration;
 
 use axum::Router;
 use idem_runtime::reconcile::Reconciler;
-use idem_runtime::store::Backend;
-use idem_runtime::sweeper::SweepBackend;
-use idem_runtime::{Idem, LeaseBackend, Sweeper};
+use idem_runtime::Backend;
+use idem_runtime::{Idem, Sweeper};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{PgPool, Pool, SqlitePool};
@@ -121,7 +120,7 @@ struct Settings {
 impl Settings {
     /// The reconciler of uncertain payments, and the sweeper: expired keys are
     /// forgotten in bounded batches (several replicas may sweep).
-    fn spawn_background<DB: SweepBackend + LeaseBackend>(&self, pool: &Pool<DB>) {
+    fn spawn_background<DB: Backend>(&self, pool: &Pool<DB>) {
         Reconciler::new(pool.clone(), payments::AskProvider(self.provider.clone()))
             .with_interval(self.reconcile_every)
             .spawn();

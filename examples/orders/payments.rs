@@ -19,7 +19,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use idem_runtime::reconcile::{Reconcile, Resolution, UncertainOutcome};
 use idem_runtime::retry::{RetryPolicy, Retryable};
-use idem_runtime::store::Backend;
+use idem_runtime::Backend;
 use idem_runtime::{Problem, StoredResponse, Uncertain};
 use serde::{Deserialize, Serialize};
 use serde_json::json;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::extract::FromRef;
 use idem_runtime::Idem;
-use idem_runtime::store::Backend;
+use idem_runtime::Backend;
 use serde::{Deserialize, Serialize};
 use sqlx::{FromRow, Pool};
 
@@ -280,7 +280,7 @@ macro_rules! backend_routes {
             id: i64,
             to: OrderStatus,
         ) -> Result<Json<serde_json::Value>, ApiError> {
-            use idem_runtime::store::Backend;
+            use idem_runtime::Backend;
             use idem_runtime::transition::transition;
 
             for _ in 0..crate::fulfilment::ATTEMPTS {

@@ -26,10 +26,11 @@
 //! stored body (a SQLite file's path, which holds no password, is printed when
 //! the file is missing).
 //!
-//! Every command works on both backends with the same output. The URL is looked
-//! at once, in [`run`]; each command is then written once, generic over
-//! [`backend::Store`], whose two implementations ([`postgres`], [`sqlite`]) hold
-//! only what differs: connecting, the `show` query and the locking of `purge`.
+//! Every command works on both databases with the same output. The URL is looked
+//! at once, in [`run`] ([`connect`] knows the databases, each behind its cargo
+//! feature: `postgres`, the default, and `sqlite`); each command is then written
+//! once, generic over `idem_runtime::Backend`, and holds no SQL: the statements
+//! are the runtime's ([`idem_runtime::admin`], the sweeper, stats, migrations).
 //!
 //! # Exit codes
 //!
@@ -40,7 +41,7 @@
 //! | 2 | usage: bad arguments (clap's own code), no database URL, a URL that does not parse or is neither `postgres://` nor `sqlite:`, an in-memory SQLite database |
 //! | 3 | not found: `show` or `purge` of a key that has no row |
 //! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock) |
-//! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`sqlite::BUSY_TIMEOUT`]) |
+//! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
 //! | 6 | not migrated: the table `idempotency_requests` does not exist; run `idem migrate` |
 //!
 //! # Safety of `purge`
@@ -59,22 +60,19 @@
 //! (`BEGIN IMMEDIATE`), waiting for it at most [`PURGE_LOCK_WAIT`] as PostgreSQL
 //! waits for the row, and is refused (exit 4) if another writer holds it longer.
 //! The other commands that write (`migrate`, `sweep`) wait at most
-//! [`sqlite::BUSY_TIMEOUT`] for it, then fail with exit 5.
+//! [`connect::BUSY_TIMEOUT`] for it, then fail with exit 5.
 
-mod backend;
-mod postgres;
-mod sqlite;
+mod connect;
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use idem_runtime::{StoreError, Sweeper};
+use idem_runtime::admin::{self, KeyAddress, KeyRecord, PurgeError};
+use idem_runtime::{Backend, StoreError, Sweeper};
 use serde::Serialize;
 use sqlx::Pool;
-
-use backend::{KeyRef, Store, StoredRow};
 
 /// How long connecting may take before the CLI gives up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -193,7 +191,7 @@ impl From<sqlx::Error> for Failure {
             sqlx::Error::Io(io) => Failure::Database(format!("cannot reach the database: {io}")),
             // The message alone: Display adds the server's source line, noise here.
             sqlx::Error::Database(db) => Failure::Database(match db.code() {
-                Some(code) if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+                Some(code) if is_sqlite(&*db) => {
                     format!("the database said: {} (SQLite code {code})", db.message())
                 }
                 Some(code) => format!("the database said: {} (SQLSTATE {code})", db.message()),
@@ -214,11 +212,20 @@ fn is_undefined_table(e: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = e else {
         return false;
     };
-    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+    if is_sqlite(&**db) {
         db.message().starts_with("no such table")
     } else {
         db.code().as_deref() == Some("42P01")
     }
+}
+
+/// Whether the error came from SQLite (whose codes are not SQLSTATEs).
+#[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
+fn is_sqlite(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "sqlite")]
+    return db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
+    #[cfg(not(feature = "sqlite"))]
+    return false;
 }
 
 impl From<StoreError> for Failure {
@@ -273,14 +280,22 @@ async fn run(cli: Cli) -> Result<String, Failure> {
     })?;
     let json = cli.json;
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let pool = postgres::connect(url).await?;
-        execute(pool, cli.command, json).await
+        #[cfg(feature = "postgres")]
+        return execute(connect::postgres(url).await?, cli.command, json).await;
+        #[cfg(not(feature = "postgres"))]
+        return Err(without("PostgreSQL", "postgres"));
     } else if url.starts_with("sqlite:") {
         // Only `migrate` may create the file; the other commands read or repair
         // an existing database.
-        let create = matches!(cli.command, Command::Migrate);
-        let pool = sqlite::connect(url, create).await?;
-        execute(pool, cli.command, json).await
+        #[cfg(feature = "sqlite")]
+        return execute(
+            connect::sqlite(url, matches!(cli.command, Command::Migrate)).await?,
+            cli.command,
+            json,
+        )
+        .await;
+        #[cfg(not(feature = "sqlite"))]
+        return Err(without("SQLite", "sqlite"));
     } else {
         // The URL itself is not echoed, since it may hold a password.
         Err(Failure::Usage(
@@ -290,8 +305,16 @@ async fn run(cli: Cli) -> Result<String, Failure> {
     }
 }
 
+/// The answer for a database this build of the CLI leaves out.
+#[allow(dead_code)]
+fn without(database: &str, feature: &str) -> Failure {
+    Failure::Usage(format!(
+        "this idem was built without {database}: rebuild it with the cargo feature `{feature}`"
+    ))
+}
+
 /// Runs one command, the same way on every backend.
-async fn execute<DB: Store>(
+async fn execute<DB: Backend>(
     pool: Pool<DB>,
     command: Command,
     json: bool,
@@ -305,7 +328,7 @@ async fn execute<DB: Store>(
             key,
             body,
         } => {
-            let key = KeyRef {
+            let key = KeyAddress {
                 tenant: &tenant,
                 operation: &operation,
                 key: &key,
@@ -318,7 +341,7 @@ async fn execute<DB: Store>(
             key,
             force,
         } => {
-            let key = KeyRef {
+            let key = KeyAddress {
                 tenant: &tenant,
                 operation: &operation,
                 key: &key,
@@ -372,11 +395,11 @@ struct MigrationLine {
     applied_now: bool,
 }
 
-async fn migrate<DB: Store>(pool: &Pool<DB>, json: bool) -> Result<String, Failure> {
-    let before = DB::applied_versions(pool).await?;
+async fn migrate<DB: Backend>(pool: &Pool<DB>, json: bool) -> Result<String, Failure> {
+    let before = admin::applied_migrations(pool).await?;
     idem_runtime::migrate(pool).await?;
-    let after = DB::applied_versions(pool).await?;
-    let m = DB::migrator();
+    let after = admin::applied_migrations(pool).await?;
+    let m = idem_runtime::migrator::<DB>();
     let lines: Vec<MigrationLine> = m
         .iter()
         .filter(|mig| after.contains(&mig.version))
@@ -413,7 +436,7 @@ async fn migrate<DB: Store>(pool: &Pool<DB>, json: bool) -> Result<String, Failu
 
 // ---------------------------------------------------------------- stats
 
-async fn stats<DB: Store>(pool: &Pool<DB>, json: bool) -> Result<String, Failure> {
+async fn stats<DB: Backend>(pool: &Pool<DB>, json: bool) -> Result<String, Failure> {
     let s = idem_runtime::stats(pool).await?;
     if json {
         return to_json(&s);
@@ -500,7 +523,7 @@ struct Shown {
     body_hex: Option<String>,
 }
 
-fn not_found(key: &KeyRef<'_>) -> Failure {
+fn not_found(key: &KeyAddress<'_>) -> Failure {
     Failure::NotFound(format!(
         "no row for tenant {:?}, operation {:?}, key {:?} \
          (never claimed, swept after its retention, or not committed yet)",
@@ -508,13 +531,13 @@ fn not_found(key: &KeyRef<'_>) -> Failure {
     ))
 }
 
-async fn show<DB: Store>(
+async fn show<DB: Backend>(
     pool: &Pool<DB>,
     json: bool,
-    key: &KeyRef<'_>,
+    key: &KeyAddress<'_>,
     with_body: bool,
 ) -> Result<String, Failure> {
-    let StoredRow {
+    let KeyRecord {
         state,
         generation,
         fingerprint,
@@ -527,7 +550,7 @@ async fn show<DB: Store>(
         body_bytes,
         response_headers,
         body,
-    } = DB::fetch(pool, key, with_body)
+    } = admin::show(pool, key, with_body)
         .await?
         .ok_or_else(|| not_found(key))?;
     // The header text as each database gives it (jsonb's or SQLite's): the same
@@ -642,10 +665,10 @@ struct Purged {
     generation: i64,
 }
 
-async fn purge<DB: Store>(
+async fn purge<DB: Backend>(
     pool: &Pool<DB>,
     json: bool,
-    key: &KeyRef<'_>,
+    key: &KeyAddress<'_>,
     force: bool,
 ) -> Result<String, Failure> {
     // Decided inside the backend's transaction, with the row (or the database)
@@ -659,8 +682,13 @@ async fn purge<DB: Store>(
         }
         Ok(())
     };
-    let (state, generation) = DB::purge(pool, key, allow)
-        .await?
+    let (state, generation) = admin::purge(pool, key, PURGE_LOCK_WAIT, allow)
+        .await
+        .map_err(|e| match e {
+            PurgeError::Locked(what) => locked(what),
+            PurgeError::Refused(failure) => failure,
+            PurgeError::Store(e) => e.into(),
+        })?
         .ok_or_else(|| not_found(key))?;
     let purged = Purged {
         purged: true,

@@ -4,6 +4,10 @@
 //! backend (`mod postgres`, `mod sqlite`); what only one backend has (a server to
 //! reach, a file to find) is tested beside it.
 
+// The suite runs both databases, so it needs the CLI built with both
+// (`cargo test --workspace --all-features`).
+#![cfg(all(feature = "postgres", feature = "sqlite"))]
+
 #[path = "../../tests/common/mod.rs"]
 mod common;
 

@@ -1,5 +1,6 @@
 //! Expand: a checked [`Config`] and the user's function into an ordinary Axum
-//! handler whose body is one call of `__private::run`.
+//! handler whose body is one call of `__private::run` (leased mode:
+//! `__private::run_leased`, with `leased_handler_for`).
 //!
 //! ```text
 //! /// <the user's docs, then a section on the generated signature>
@@ -10,7 +11,7 @@
 //!     let tenant = tenant_id::<Tenant>(&tenant_param);
 //!     let fingerprint = start_fingerprint(&idempotency, &SPEC, &tenant).and_then(<body>);
 //!     run(idempotency, &SPEC, tenant, fingerprint, handler_for(&idempotency, move |tx| Box::pin(async move {
-//!         outcome(__idem_inner(<parameters>, tx).await)
+//!         outcome(__idem_inner(<parameters>, tx).await) // from_result or ok, by KindProbe
 //!     }))).await
 //! }
 //! ```

@@ -136,31 +136,41 @@ use proc_macro::TokenStream;
 ///
 /// # What this expands to
 ///
-/// Roughly, in plain Rust:
+/// Roughly, in plain Rust (`rt` is `::idem_runtime::__private`, the runtime's
+/// support module; its names are not a public API):
 ///
 /// ```ignore
 /// /// <your documentation, then a section on the generated signature>
 /// async fn create_order(
 ///     caller: Caller,
-///     idempotency: idem_runtime::IdemRequest, // key, method, route, headers, Idem from state
-///     cmd: Json<NewOrder>,                    // the names your patterns bind, where one
-/// ) -> axum::response::Response {
+///     // key, method, route, headers and the `Idem` from the router state; the
+///     // database is the one of your `&mut Tx<..>` (or `&mut Lease<..>`) parameter
+///     idempotency: rt::IdemRequest<<Tx as rt::TxHandle>::Db>,
+///     cmd: Json<NewOrder>, // the names your patterns bind, where one binds one
+/// ) -> rt::Response {
 ///     // the original function, unchanged
-///     async fn inner(caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> Result<..> { .. }
+///     async fn __idem_inner(caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> Result<..> { .. }
 ///
-///     static SPEC: OperationSpec = OperationSpec {
+///     static __IDEM_SPEC: rt::OperationSpec = rt::OperationSpec {
 ///         operation: "create-order",
 ///         retention: Duration::from_secs(86400),
 ///         in_flight_wait: None,
 ///         fingerprint_headers: &["x-currency"],
-///         ..
+///         lease: None,          // Some(..) with `lease = ".."`
+///         lease_ceiling: None,
 ///     };
-///     let tenant = tenant_id::<Caller>(&caller);
-///     let fingerprint = start_fingerprint(&idempotency, &SPEC, &tenant)
-///         .and_then(|fp| fingerprint_body::<Json<NewOrder>>(fp, &cmd));
-///     idem_runtime::run(idempotency, &SPEC, tenant, fingerprint, handler(move |tx| Box::pin(async move {
-///         HandlerOutcome::from_result(inner(caller, tx, cmd).await)
-///     }))).await
+///     // (a `Result<B, B::Rejection>` body parameter's rejection is answered here)
+///     let tenant = rt::tenant_id::<Caller>(&caller);
+///     let fingerprint = rt::start_fingerprint(&idempotency, &__IDEM_SPEC, &tenant)
+///         .and_then(|fp| rt::fingerprint_body(fp, &cmd));
+///     let handler = rt::handler_for(&idempotency, move |tx| Box::pin(async move {
+///         let out = __idem_inner(caller, tx, cmd).await;
+///         // a `Result` becomes `HandlerOutcome::from_result(out)` (an `Err` rolls
+///         // back), any other response `HandlerOutcome::ok(out)`
+///         rt::HandlerOutcome::from_result(out)
+///     }));
+///     rt::run(idempotency, &__IDEM_SPEC, tenant, fingerprint, handler).await
+///     // leased mode: `rt::leased_handler_for` and `rt::run_leased`
 /// }
 /// ```
 ///
@@ -171,10 +181,11 @@ use proc_macro::TokenStream;
 /// rustdoc and IDE hovers show `create_order(caller: Caller, idempotency:
 /// IdemRequest, cmd: Json<NewOrder>) -> Response`.
 ///
-/// `run` begins a transaction, claims the key, and runs the handler on its own task
-/// (so a client that disconnects does not cancel a half-done operation), then
-/// stores, commits and answers. Extractor rejections (auth, a bad body, a missing
-/// or malformed key) happen before the claim and reserve nothing.
+/// Extractor rejections (auth, a bad body, a missing or malformed key) happen
+/// before anything else and reserve nothing; an unusable tenant id or a body
+/// that cannot be fingerprinted is answered before the claim. Everything after
+/// (begin, claim, the handler, store, commit) runs on a task of its own, so a
+/// client that disconnects does not cancel a half-done operation.
 ///
 /// # Errors
 ///

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::http::HeaderName;
-use sqlx::{Pool, Postgres};
+use sqlx::Pool;
 
-use crate::store::Backend;
+use crate::db::{Backend, DefaultBackend};
 
 /// Response headers stored and replayed unless configured otherwise.
 pub const DEFAULT_STORED_HEADERS: &[&str] = &[
@@ -61,9 +61,9 @@ pub enum ConfigError {
 /// # }
 /// ```
 ///
-/// `Idem` is `Idem<Postgres>`; a service on SQLite uses `Idem<Sqlite>` built from a
+/// `Idem` is `Idem<Postgres>` (with the default `postgres` feature); a service on SQLite uses `Idem<Sqlite>` built from a
 /// `SqlitePool`, and its handlers take `&mut Tx<Sqlite>`.
-pub struct Idem<DB: Backend = Postgres> {
+pub struct Idem<DB: Backend = DefaultBackend> {
     pool: Pool<DB>,
     settings: Arc<Settings>,
     /// Shared by clones: once the database shows it cannot take pipelined claims,
@@ -149,6 +149,7 @@ impl<DB: Backend> Idem<DB> {
     }
 
     /// Stops pipelined claims for this `Idem` and its clones, saying why once.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn stop_pipelined_claims(&self, why: &str) {
         if self.pipelined.swap(false, Ordering::Relaxed) {
             tracing::warn!(
@@ -167,10 +168,12 @@ impl<DB: Backend> Idem<DB> {
         self
     }
 
-    /// The largest response body that is stored. A larger body is not stored: the
-    /// transaction is rolled back and the client gets `500` with the problem type
-    /// [`crate::problem::RESPONSE_TOO_LARGE`], so nothing runs without its outcome
-    /// being recorded.
+    /// The largest response body that is stored. A larger body is not stored: in
+    /// the transactional mode the transaction is rolled back and the client gets
+    /// `500` with the problem type [`crate::problem::RESPONSE_TOO_LARGE`], so
+    /// nothing runs without its outcome being recorded; in leased mode the effect
+    /// has happened outside, so the row is marked `uncertain` for the reconciler
+    /// and the client gets `202`.
     pub fn with_max_response_bytes(mut self, limit: usize) -> Self {
         Arc::make_mut(&mut self.settings).max_response_bytes = limit;
         self

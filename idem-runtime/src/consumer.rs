@@ -43,7 +43,9 @@ use sqlx::{Pool, Transaction};
 
 use crate::fingerprint::FingerprintBuilder;
 use crate::key::IdempotencyKey;
-use crate::store::{self, Backend, Claim, ClaimRequest, StoreError, StoredResponse};
+use crate::db::Backend;
+use crate::model::{Claim, ClaimRequest, StoreError, StoredResponse};
+use crate::store;
 
 /// One delivered message.
 #[derive(Debug, Clone, Copy)]

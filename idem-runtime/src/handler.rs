@@ -1,7 +1,14 @@
-//! Running an HTTP handler under the promise: claim, execute, store, commit, answer.
+//! Running an HTTP handler under the promise: one pipeline (check the tenant,
+//! finish the fingerprint, claim, run the handler, settle its outcome, answer)
+//! whose mode is a type: [`Transactional`] (the key is claimed in the handler's
+//! own database transaction) or [`Leased`] (the claim commits at once and the
+//! handler runs holding a lease, for effects outside the database).
 //!
-//! This is what `#[idempotent]` expands to a call of, and it can be used by hand
-//! (see [`run`]).
+//! This is what `#[idempotent]` expands to a call of (through `__private`).
+
+// The sealed trait's hidden methods speak the crate's internal vocabulary on
+// purpose: nothing outside the crate can implement or call them.
+#![allow(private_interfaces, private_bounds)]
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,16 +20,18 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::config::Idem;
+use crate::db::{Backend, DefaultBackend};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::key::IdempotencyKey;
-use crate::lease::{Acquisition, Lease, LeaseBackend, LeaseError, LeaseRequest, LeasedClaim};
+use crate::lease::{Lease, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
 use crate::metrics;
+use crate::model::{
+    Acquisition, Claim, ClaimRequest, Execution, Finish, LeaseRequest, StoreError, StoredResponse,
+};
 use crate::problem::{self, Problem};
 use crate::response::{self, CaptureError};
-use crate::store::{Backend, Claim, ClaimRequest, Finish, StoredResponse};
 use crate::tenant::TenantError;
 use crate::tx::Tx;
-use sqlx::Postgres;
 
 /// The fixed description of one idempotent operation, written once per handler.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +56,7 @@ pub struct OperationSpec {
 ///
 /// As an extractor it refuses a request without a usable key with `400`
 /// `application/problem+json` before anything is reserved.
-pub struct IdemRequest<DB: Backend = Postgres> {
+pub struct IdemRequest<DB: Backend = DefaultBackend> {
     idem: Idem<DB>,
     key: IdempotencyKey,
     method: Method,
@@ -166,19 +175,178 @@ impl HandlerOutcome {
     }
 }
 
+/// A handler body, boxed: it runs with the mode's handle (`Tx` or `Lease`).
+pub type BoxedBody<H> =
+    Box<dyn for<'h> FnOnce(&'h mut H) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'h>> + Send>;
+
 /// A handler body that runs inside the claimed transaction.
-pub type BoxedHandler<DB = Postgres> = Box<
-    dyn for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
-        + Send,
->;
+pub type BoxedHandler<DB = DefaultBackend> = BoxedBody<Tx<DB>>;
 
 /// A handler body that runs holding a lease (leased mode).
-pub type BoxedLeasedHandler<DB = Postgres> = Box<
-    dyn for<'l> FnOnce(
-            &'l mut Lease<DB>,
-        ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
-        + Send,
->;
+pub type BoxedLeasedHandler<DB = DefaultBackend> = BoxedBody<Lease<DB>>;
+
+/// The checked request: what a claim in either mode needs.
+struct Scope<'a> {
+    spec: &'static OperationSpec,
+    tenant: &'a str,
+    key: &'a IdempotencyKey,
+    fingerprint: Fingerprint,
+    /// The tenant as a metric label, when the service asked for it.
+    tenant_label: Option<&'a str>,
+}
+
+impl Scope<'_> {
+    fn op(&self) -> &'static str {
+        self.spec.operation
+    }
+
+    fn claim_request<DB: Backend>(&self, idem: &Idem<DB>) -> ClaimRequest<'_> {
+        ClaimRequest {
+            tenant: self.tenant,
+            operation: self.spec.operation,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            retention: self.spec.retention,
+            in_flight_wait: self.spec.in_flight_wait.unwrap_or(idem.in_flight_wait()),
+        }
+    }
+
+    fn lease_len(&self) -> Duration {
+        self.spec.lease.unwrap_or(Duration::from_secs(30))
+    }
+
+    fn lease_request(&self) -> LeaseRequest<'_> {
+        LeaseRequest {
+            tenant: self.tenant,
+            operation: self.spec.operation,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            retention: self.spec.retention,
+            lease: self.lease_len(),
+        }
+    }
+}
+
+/// What a claim decided, in either mode.
+enum Decision<Held, Handle> {
+    /// This request owns the execution: `how` is the metric's outcome label.
+    Execute {
+        held: Held,
+        handle: Handle,
+        how: &'static str,
+    },
+    /// Nothing runs; the answer says why.
+    Answer(Answer),
+}
+
+/// The answers that need no execution.
+enum Answer {
+    /// The stored outcome; `cached` when the replay cache answered.
+    Replay { stored: StoredResponse, cached: bool },
+    /// The key holds another request; `cached` as for a replay.
+    Mismatch { cached: bool },
+    /// Another execution of the key is running.
+    InFlight(Duration),
+    /// An earlier execution's effect is unknown (leased mode).
+    Uncertain(Duration),
+}
+
+impl Answer {
+    fn cached(&self) -> bool {
+        matches!(
+            self,
+            Answer::Replay { cached: true, .. } | Answer::Mismatch { cached: true }
+        )
+    }
+
+    fn respond(self, op: &'static str, tenant_label: Option<&str>) -> Response {
+        match self {
+            Answer::Replay { stored, cached } => {
+                metrics::claim(op, tenant_label, "replayed");
+                tracing::debug!(operation = op, status = stored.status, cached, "idem: replay");
+                response::replay(stored)
+            }
+            Answer::Mismatch { cached } => {
+                metrics::claim(op, tenant_label, "mismatched");
+                tracing::info!(operation = op, cached, "idem: fingerprint mismatch");
+                Problem::mismatch().into_response()
+            }
+            Answer::InFlight(retry_after) => {
+                metrics::claim(op, tenant_label, "in_flight");
+                tracing::info!(operation = op, "idem: in flight");
+                Problem::in_flight(retry_after).into_response()
+            }
+            Answer::Uncertain(retry_after) => {
+                metrics::claim(op, tenant_label, "uncertain");
+                tracing::info!(operation = op, "idem: outcome uncertain; not executed again");
+                Problem::uncertain(retry_after).into_response()
+            }
+        }
+    }
+}
+
+/// The store step that failed, for the metric and the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Claiming the key: nothing ran.
+    Claim,
+    /// Storing the outcome (and committing): rolled back.
+    Complete,
+    /// Releasing a leased key after a failure: the effect did not happen.
+    Release,
+    /// Reading the current outcome for a stale owner.
+    Stale,
+}
+
+impl Step {
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::Claim => "claim",
+            Step::Complete => "complete",
+            Step::Release => "release",
+            Step::Stale => "stale",
+        }
+    }
+}
+
+/// How a mode claims a key and settles an execution; the rest of the pipeline
+/// is the same for both. Implemented by [`Transactional`] and [`Leased`] only.
+pub trait Mode<DB: Backend>: Send + 'static {
+    /// What the handler gets: [`Tx`] or [`Lease`].
+    type Handle: Send + 'static;
+    /// What the mode keeps of an execution besides the handle.
+    #[doc(hidden)]
+    type Held: Send;
+
+    /// Claims the scope's key.
+    #[doc(hidden)]
+    fn claim(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+    ) -> impl Future<Output = Result<Decision<Self::Held, Self::Handle>, StoreError>> + Send;
+
+    /// Runs the handler body and settles its outcome: stores it, or rolls back,
+    /// releases or marks it uncertain, and answers.
+    #[doc(hidden)]
+    fn execute(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+        held: Self::Held,
+        handle: Self::Handle,
+        body: BoxedBody<Self::Handle>,
+        started: Instant,
+    ) -> impl Future<Output = Response> + Send;
+}
+
+/// The transactional mode: the key is claimed in the handler's own transaction,
+/// and the effect and its record commit together or not at all.
+#[derive(Debug, Clone, Copy)]
+pub struct Transactional;
+
+/// Leased mode: the claim commits at once, and the handler runs holding a lease
+/// renewed in the background; every later write is fenced by the owner token.
+#[derive(Debug, Clone, Copy)]
+pub struct Leased;
 
 /// Checks the tenant and finishes the fingerprint, or answers why not.
 // The error is the answer to send; boxing it would only move the allocation.
@@ -234,8 +402,69 @@ async fn detached(
     }
 }
 
-/// Runs `handler` at most once for the request's tenant, operation and key, in
-/// the transactional mode.
+/// Runs `body` at most once for the request's tenant, operation and key, in the
+/// mode `M`: check the tenant id, finish the fingerprint, claim, and then either
+/// answer without running (replay, mismatch `422`, in flight `409`, uncertain
+/// `202`) or run the body and settle its outcome (see [`run`] and
+/// [`run_leased`]).
+///
+/// The work runs on its own task, so a client that disconnects does not cancel it
+/// half-way: the outcome is still recorded and the client's retry replays it.
+pub async fn run_in<DB: Backend, M: Mode<DB>>(
+    req: IdemRequest<DB>,
+    spec: &'static OperationSpec,
+    tenant: Result<String, TenantError>,
+    fingerprint: Result<FingerprintBuilder, FingerprintError>,
+    body: BoxedBody<M::Handle>,
+) -> Response {
+    let (tenant, fingerprint) = match prepare(spec, tenant, fingerprint) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    detached(
+        spec.operation,
+        Box::pin(async move {
+            let scope = Scope {
+                spec,
+                tenant: &tenant,
+                key: &req.key,
+                fingerprint,
+                tenant_label: req.idem.tenant_label().then_some(tenant.as_str()),
+            };
+            pipeline::<DB, M>(&req.idem, &scope, body).await
+        }),
+    )
+    .await
+}
+
+async fn pipeline<DB: Backend, M: Mode<DB>>(
+    idem: &Idem<DB>,
+    scope: &Scope<'_>,
+    body: BoxedBody<M::Handle>,
+) -> Response {
+    let op = scope.op();
+    let started = Instant::now();
+    let decision = match M::claim(idem, scope).await {
+        Ok(d) => d,
+        Err(e) => return store_failed(op, scope.tenant_label, Step::Claim, &e),
+    };
+    match decision {
+        Decision::Answer(answer) => {
+            if !answer.cached() {
+                metrics::seconds(metrics::CLAIM_SECONDS, op, started.elapsed().as_secs_f64());
+            }
+            answer.respond(op, scope.tenant_label)
+        }
+        Decision::Execute { held, handle, how } => {
+            metrics::seconds(metrics::CLAIM_SECONDS, op, started.elapsed().as_secs_f64());
+            metrics::claim(op, scope.tenant_label, how);
+            tracing::debug!(operation = op, how, "idem: execute");
+            M::execute(idem, scope, held, handle, body, started).await
+        }
+    }
+}
+
+/// Runs `handler` at most once in the transactional mode.
 ///
 /// In order: check the tenant id, finish the fingerprint, begin a transaction
 /// (READ COMMITTED), claim the key, and then
@@ -246,9 +475,6 @@ async fn detached(
 /// * on [`Claim::Replay`]: answer the stored outcome with `Idempotent-Replayed: true`;
 /// * on [`Claim::Mismatch`]: `422` problem; on [`Claim::InFlight`]: `409` problem
 ///   with `Retry-After`.
-///
-/// The work runs on its own task, so a client that disconnects does not cancel it
-/// half-way: the outcome is still committed and the client's retry replays it.
 pub async fn run<DB: Backend>(
     req: IdemRequest<DB>,
     spec: &'static OperationSpec,
@@ -256,131 +482,279 @@ pub async fn run<DB: Backend>(
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
     handler: BoxedHandler<DB>,
 ) -> Response {
-    let (tenant, fingerprint) = match prepare(spec, tenant, fingerprint) {
-        Ok(p) => p,
-        Err(resp) => return resp,
-    };
-    detached(
-        spec.operation,
-        Box::pin(async move {
-            let claim = ClaimRequest {
-                tenant: &tenant,
-                operation: spec.operation,
-                key: &req.key,
-                fingerprint,
-                retention: spec.retention,
-                in_flight_wait: spec.in_flight_wait.unwrap_or(req.idem.in_flight_wait()),
-            };
-            execute(&req.idem, spec.operation, &claim, handler).await
-        }),
-    )
-    .await
+    run_in::<DB, Transactional>(req, spec, tenant, fingerprint, handler).await
 }
 
-async fn execute<DB: Backend>(
-    idem: &Idem<DB>,
-    op: &'static str,
-    req: &ClaimRequest<'_>,
-    handler: BoxedHandler<DB>,
+/// Runs `handler` at most once in leased mode: the claim commits on its own, the
+/// handler runs holding a [`Lease`] that is renewed in the background while it
+/// runs (up to the spec's ceiling), and the outcome is stored only if this worker
+/// still owns the execution.
+///
+/// * An `Err` or a 5xx releases the key (the effect is taken not to have
+///   happened); a response built from [`crate::Uncertain`] marks the row
+///   `uncertain`; anything else is stored and sent.
+/// * A worker whose lease was taken over publishes nothing: its client gets the
+///   current owner's stored outcome if there is one, else `409`.
+/// * Retries of an uncertain key get `202` with the problem type
+///   [`problem::OUTCOME_UNCERTAIN`] until a reconciler resolves it.
+pub async fn run_leased<DB: Backend>(
+    req: IdemRequest<DB>,
+    spec: &'static OperationSpec,
+    tenant: Result<String, TenantError>,
+    fingerprint: Result<FingerprintBuilder, FingerprintError>,
+    handler: BoxedLeasedHandler<DB>,
 ) -> Response {
-    let tenant_label = idem.tenant_label().then_some(req.tenant);
-    let started = Instant::now();
-    #[cfg(feature = "replay-cache")]
-    if let Some(cache) = idem.replay_cache() {
-        match cache.get(op, req) {
-            Some(crate::replay_cache::Cached::Replay(stored)) => {
-                metrics::claim(op, tenant_label, "replayed");
-                tracing::debug!(
-                    operation = op,
-                    status = stored.status,
-                    "idem: replay (cached)"
-                );
-                return response::replay(stored);
-            }
-            Some(crate::replay_cache::Cached::Mismatch) => {
-                metrics::claim(op, tenant_label, "mismatched");
-                tracing::info!(operation = op, "idem: fingerprint mismatch (cached)");
-                return Problem::mismatch().into_response();
-            }
-            None => {}
-        }
-    }
-    let (mut tx, claim) = match DB::begin_claim(idem, req).await {
-        Ok(c) => c,
-        Err(e) => return store_failed(op, tenant_label, "claim", &e),
-    };
-    metrics::seconds(metrics::CLAIM_SECONDS, op, started.elapsed().as_secs_f64());
-    let execution = match claim {
-        Claim::Execute(execution) => execution,
-        Claim::Replay(stored) => {
-            metrics::claim(op, tenant_label, "replayed");
-            tracing::debug!(operation = op, status = stored.status, "idem: replay");
-            return response::replay(stored);
-        }
-        Claim::Mismatch => {
-            metrics::claim(op, tenant_label, "mismatched");
-            tracing::info!(operation = op, "idem: fingerprint mismatch");
-            return Problem::mismatch().into_response();
-        }
-        Claim::InFlight { retry_after } => {
-            metrics::claim(op, tenant_label, "in_flight");
-            tracing::info!(operation = op, "idem: in flight");
-            return Problem::in_flight(retry_after).into_response();
-        }
-    };
-    let reclaimed = execution.generation() > 1;
-    metrics::claim(
-        op,
-        tenant_label,
-        if reclaimed { "reclaimed" } else { "executed" },
-    );
-    tracing::debug!(
-        operation = op,
-        generation = execution.generation(),
-        "idem: execute"
-    );
+    run_in::<DB, Leased>(req, spec, tenant, fingerprint, handler).await
+}
 
-    let outcome = handler(&mut tx).await;
-    if outcome.rolls_back() {
-        // Dropping the transaction rolls it back; say so explicitly to free the
-        // connection before the response is sent.
-        if let Err(e) = tx.rollback().await {
-            tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
-        }
-        metrics::completion(op, "rolled_back");
-        tracing::debug!(
-            operation = op,
-            status = outcome.response.status().as_u16(),
-            "idem: rolled back"
-        );
-        return outcome.response;
-    }
-    let (response, stored) = match capture(idem, op, outcome.response).await {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
-    #[cfg(feature = "replay-cache")]
-    let sent = Instant::now();
-    match DB::finish(idem, tx, execution, &stored).await {
-        Finish::Committed =>
-        {
-            #[cfg(feature = "replay-cache")]
-            if let Some(cache) = idem.replay_cache() {
-                cache.insert(op, req, &stored, sent);
+impl<DB: Backend> Mode<DB> for Transactional {
+    type Handle = Tx<DB>;
+    type Held = Execution;
+
+    async fn claim(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+    ) -> Result<Decision<Execution, Tx<DB>>, StoreError> {
+        let req = scope.claim_request(idem);
+        #[cfg(feature = "replay-cache")]
+        if let Some(cache) = idem.replay_cache() {
+            match cache.get(scope.op(), &req) {
+                Some(crate::replay_cache::Cached::Replay(stored)) => {
+                    return Ok(Decision::Answer(Answer::Replay {
+                        stored,
+                        cached: true,
+                    }));
+                }
+                Some(crate::replay_cache::Cached::Mismatch) => {
+                    return Ok(Decision::Answer(Answer::Mismatch { cached: true }));
+                }
+                None => {}
             }
         }
-        Finish::NotStored(e) => return store_failed(op, None, "complete", &e),
-        Finish::Unknown(e) => {
-            // Either way a retry with the same key is safe: it replays or executes.
-            metrics::completion(op, "error");
-            tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
-            return Problem::store_unavailable()
-                .with_detail("the outcome is unknown; retry with the same key: it is safe")
-                .into_response();
+        let (tx, claim) = DB::begin_claim(idem, &req).await?;
+        Ok(match claim {
+            Claim::Execute(execution) => Decision::Execute {
+                how: if execution.generation() > 1 {
+                    "reclaimed"
+                } else {
+                    "executed"
+                },
+                held: execution,
+                handle: tx,
+            },
+            Claim::Replay(stored) => Decision::Answer(Answer::Replay {
+                stored,
+                cached: false,
+            }),
+            Claim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
+            Claim::InFlight { retry_after } => Decision::Answer(Answer::InFlight(retry_after)),
+        })
+    }
+
+    async fn execute(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+        execution: Execution,
+        mut tx: Tx<DB>,
+        body: BoxedHandler<DB>,
+        started: Instant,
+    ) -> Response {
+        let op = scope.op();
+        let outcome = body(&mut tx).await;
+        if outcome.rolls_back() {
+            // Dropping the transaction rolls it back; say so explicitly to free the
+            // connection before the response is sent.
+            if let Err(e) = tx.rollback().await {
+                tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
+            }
+            metrics::completion(op, "rolled_back");
+            tracing::debug!(
+                operation = op,
+                status = outcome.response.status().as_u16(),
+                "idem: rolled back"
+            );
+            return outcome.response;
+        }
+        let (response, stored) = match capture(idem, op, outcome.response).await {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        };
+        #[cfg(feature = "replay-cache")]
+        let sent = Instant::now();
+        match DB::finish(idem, tx, execution, &stored).await {
+            Finish::Committed =>
+            {
+                #[cfg(feature = "replay-cache")]
+                if let Some(cache) = idem.replay_cache() {
+                    cache.insert(op, &scope.claim_request(idem), &stored, sent);
+                }
+            }
+            Finish::NotStored(e) => return store_failed(op, None, Step::Complete, &e),
+            Finish::Unknown(e) => {
+                // Either way a retry with the same key is safe: it replays or executes.
+                metrics::completion(op, "error");
+                tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
+                return Problem::store_unavailable()
+                    .with_detail("the outcome is unknown; retry with the same key: it is safe")
+                    .into_response();
+            }
+        }
+        stored_ok(op, &stored, started);
+        response
+    }
+}
+
+/// What leased mode keeps of an execution besides the lease: its renewal and
+/// the way to read the current outcome once the lease is gone.
+#[doc(hidden)]
+pub struct LeaseHeld<DB: Backend> {
+    renewer: Renewer<DB>,
+    probe: Probe<DB>,
+}
+
+impl<DB: Backend> Mode<DB> for Leased {
+    type Handle = Lease<DB>;
+    type Held = LeaseHeld<DB>;
+
+    async fn claim(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+    ) -> Result<Decision<LeaseHeld<DB>, Lease<DB>>, StoreError> {
+        Ok(
+            match crate::lease::claim_leased(idem.pool(), &scope.lease_request()).await? {
+                LeasedClaim::Acquired(lease) => Decision::Execute {
+                    how: match lease.acquisition() {
+                        Acquisition::New => "executed",
+                        Acquisition::Reclaimed => "reclaimed",
+                        Acquisition::TakenOver => "taken_over",
+                    },
+                    held: LeaseHeld {
+                        renewer: lease.renewer(),
+                        probe: lease.probe(),
+                    },
+                    handle: lease,
+                },
+                LeasedClaim::Replay(stored) => Decision::Answer(Answer::Replay {
+                    stored,
+                    cached: false,
+                }),
+                LeasedClaim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
+                LeasedClaim::InFlight { retry_after } => {
+                    Decision::Answer(Answer::InFlight(retry_after))
+                }
+                LeasedClaim::Uncertain => {
+                    Decision::Answer(Answer::Uncertain(scope.lease_len()))
+                }
+            },
+        )
+    }
+
+    async fn execute(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+        held: LeaseHeld<DB>,
+        mut lease: Lease<DB>,
+        body: BoxedLeasedHandler<DB>,
+        started: Instant,
+    ) -> Response {
+        let op = scope.op();
+        let lease_len = scope.lease_len();
+        let ceiling = scope.spec.lease_ceiling.unwrap_or(lease_len * 10);
+        let LeaseHeld { renewer, probe } = held;
+        let outcome = {
+            let mut work = body(&mut lease);
+            tokio::select! {
+                outcome = &mut work => outcome,
+                never = renewer.run(ceiling) => match never {},
+            }
+        };
+        // A lease believed lost (no renewal got through for a whole lease, or the
+        // ceiling passed) may still be this worker's: every statement below is
+        // fenced by the owner token, so a worker that really lost it writes nothing
+        // and answers as a stale owner, while one that did not publishes its
+        // result rather than leave it to a takeover that would call downstream
+        // again.
+        if outcome
+            .response
+            .extensions()
+            .get::<UncertainMarker>()
+            .is_some()
+        {
+            return match lease.mark_uncertain().await {
+                Ok(()) => {
+                    metrics::completion(op, "uncertain");
+                    tracing::warn!(
+                        operation = op,
+                        "idem: outcome uncertain; awaiting reconciliation"
+                    );
+                    outcome.response
+                }
+                Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
+                Err(LeaseError::Store(e)) => {
+                    // The effect may have happened: never answer "nothing was stored".
+                    metrics::completion(op, "error");
+                    tracing::error!(operation = op, error = %e, "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease");
+                    outcome.response
+                }
+            };
+        }
+        if outcome.rolls_back() {
+            return match lease.release().await {
+                Ok(()) => {
+                    metrics::completion(op, "rolled_back");
+                    outcome.response
+                }
+                Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
+                // The effect did not happen; the key frees itself when the lease lapses.
+                Err(LeaseError::Store(e)) => store_failed(op, None, Step::Release, &e),
+            };
+        }
+        let (response, stored) = match capture(idem, op, outcome.response).await {
+            Ok(r) => r,
+            Err(_rolled_back) => {
+                // The transactional answer ("rolled back") would be false here.
+                // `capture` counted this completion already.
+                return effect_unrecorded(
+                    op,
+                    &lease,
+                    &probe,
+                    lease_len,
+                    "the operation ran but its response could not be stored",
+                    false,
+                )
+                .await;
+            }
+        };
+        // The effect happened: try hard to record it before the lease lapses, and
+        // fall back to `uncertain` rather than let a takeover repeat it.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match lease.store_outcome(&stored).await {
+                Ok(()) => {
+                    stored_ok(op, &stored, started);
+                    return response;
+                }
+                Err(LeaseError::Store(e)) if attempt < 3 => {
+                    tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+                Err(LeaseError::Store(e)) => {
+                    tracing::error!(operation = op, error = %e, "idem: storing a leased outcome failed");
+                    return effect_unrecorded(
+                        op,
+                        &lease,
+                        &probe,
+                        lease_len,
+                        "the operation ran but its outcome could not be recorded",
+                        true,
+                    )
+                    .await;
+                }
+                Err(LeaseError::StaleOwner { .. }) => return stale(op, &probe, lease_len).await,
+            }
         }
     }
-    stored_ok(op, &stored, started);
-    response
 }
 
 /// Buffers and extracts the stored form of a response, or answers why it cannot.
@@ -424,200 +798,16 @@ fn stored_ok(op: &'static str, stored: &StoredResponse, started: Instant) {
         .increment(stored.body.len() as u64);
 }
 
-/// Runs `handler` at most once in leased mode: the claim commits on its own, the
-/// handler runs holding a [`Lease`] that is renewed in the background while it
-/// runs (up to the spec's ceiling), and the outcome is stored only if this worker
-/// still owns the execution.
-///
-/// * An `Err` or a 5xx releases the key (the effect is taken not to have
-///   happened); a response built from [`crate::lease::Uncertain`] marks the row
-///   `uncertain`; anything else is stored and sent.
-/// * A worker whose lease was taken over publishes nothing: its client gets the
-///   current owner's stored outcome if there is one, else `409`.
-/// * Retries of an uncertain key get `202` with the problem type
-///   [`problem::OUTCOME_UNCERTAIN`] until a reconciler resolves it.
-pub async fn run_leased<DB: LeaseBackend>(
-    req: IdemRequest<DB>,
-    spec: &'static OperationSpec,
-    tenant: Result<String, TenantError>,
-    fingerprint: Result<FingerprintBuilder, FingerprintError>,
-    handler: BoxedLeasedHandler<DB>,
-) -> Response {
-    let (tenant, fingerprint) = match prepare(spec, tenant, fingerprint) {
-        Ok(p) => p,
-        Err(resp) => return resp,
-    };
-    detached(
-        spec.operation,
-        Box::pin(async move {
-            let lease_len = spec.lease.unwrap_or(Duration::from_secs(30));
-            let claim = LeaseRequest {
-                tenant: &tenant,
-                operation: spec.operation,
-                key: &req.key,
-                fingerprint,
-                retention: spec.retention,
-                lease: lease_len,
-            };
-            let ceiling = spec.lease_ceiling.unwrap_or(lease_len * 10);
-            execute_leased(&req.idem, spec.operation, &claim, ceiling, handler).await
-        }),
-    )
-    .await
-}
-
-async fn execute_leased<DB: LeaseBackend>(
-    idem: &Idem<DB>,
-    op: &'static str,
-    req: &LeaseRequest<'_>,
-    ceiling: Duration,
-    handler: BoxedLeasedHandler<DB>,
-) -> Response {
-    let tenant_label = idem.tenant_label().then_some(req.tenant);
-    let started = Instant::now();
-    let claim = match crate::lease::claim_leased(idem.pool(), req).await {
-        Ok(c) => c,
-        Err(e) => return store_failed(op, tenant_label, "claim", &e),
-    };
-    metrics::seconds(metrics::CLAIM_SECONDS, op, started.elapsed().as_secs_f64());
-    let mut lease = match claim {
-        LeasedClaim::Acquired(lease) => lease,
-        LeasedClaim::Replay(stored) => {
-            metrics::claim(op, tenant_label, "replayed");
-            return response::replay(stored);
-        }
-        LeasedClaim::Mismatch => {
-            metrics::claim(op, tenant_label, "mismatched");
-            return Problem::mismatch().into_response();
-        }
-        LeasedClaim::InFlight { retry_after } => {
-            metrics::claim(op, tenant_label, "in_flight");
-            return Problem::in_flight(retry_after).into_response();
-        }
-        LeasedClaim::Uncertain => {
-            metrics::claim(op, tenant_label, "uncertain");
-            return Problem::uncertain(req.lease).into_response();
-        }
-    };
-    let kind = match lease.acquisition() {
-        Acquisition::New => "executed",
-        Acquisition::Reclaimed => "reclaimed",
-        Acquisition::TakenOver => "taken_over",
-    };
-    metrics::claim(op, tenant_label, kind);
-    tracing::debug!(
-        operation = op,
-        generation = lease.generation(),
-        how = kind,
-        "idem: leased execution"
-    );
-
-    let renewer = lease.renewer();
-    let probe = lease.probe();
-    let outcome = {
-        let mut work = handler(&mut lease);
-        tokio::select! {
-            outcome = &mut work => outcome,
-            never = renewer.run(ceiling) => match never {},
-        }
-    };
-    // A lease believed lost (no renewal got through for a whole lease, or the
-    // ceiling passed) may still be this worker's: every statement below is fenced
-    // by the owner token, so a worker that really lost it writes nothing and
-    // answers as a stale owner, while one that did not publishes its result rather
-    // than leave it to a takeover that would call downstream again.
-    if outcome
-        .response
-        .extensions()
-        .get::<crate::lease::UncertainMarker>()
-        .is_some()
-    {
-        return match lease.mark_uncertain().await {
-            Ok(()) => {
-                metrics::completion(op, "uncertain");
-                tracing::warn!(
-                    operation = op,
-                    "idem: outcome uncertain; awaiting reconciliation"
-                );
-                outcome.response
-            }
-            Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, req.lease).await,
-            Err(LeaseError::Store(e)) => {
-                // The effect may have happened: never answer "nothing was stored".
-                metrics::completion(op, "error");
-                tracing::error!(operation = op, error = %e, "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease");
-                outcome.response
-            }
-        };
-    }
-    if outcome.rolls_back() {
-        return match lease.release().await {
-            Ok(()) => {
-                metrics::completion(op, "rolled_back");
-                outcome.response
-            }
-            Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, req.lease).await,
-            // The effect did not happen; the key frees itself when the lease lapses.
-            Err(LeaseError::Store(e)) => store_failed(op, None, "release", &e),
-        };
-    }
-    let (response, stored) = match capture(idem, op, outcome.response).await {
-        Ok(r) => r,
-        Err(_rolled_back) => {
-            // The transactional answer ("rolled back") would be false here.
-            // `capture` counted this completion already.
-            return effect_unrecorded(
-                op,
-                &lease,
-                &probe,
-                req.lease,
-                "the operation ran but its response could not be stored",
-                false,
-            )
-            .await;
-        }
-    };
-    // The effect happened: try hard to record it before the lease lapses, and
-    // fall back to `uncertain` rather than let a takeover repeat it.
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match lease.store_outcome(&stored).await {
-            Ok(()) => {
-                stored_ok(op, &stored, started);
-                return response;
-            }
-            Err(LeaseError::Store(e)) if attempt < 3 => {
-                tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-            }
-            Err(LeaseError::Store(e)) => {
-                tracing::error!(operation = op, error = %e, "idem: storing a leased outcome failed");
-                return effect_unrecorded(
-                    op,
-                    &lease,
-                    &probe,
-                    req.lease,
-                    "the operation ran but its outcome could not be recorded",
-                    true,
-                )
-                .await;
-            }
-            Err(LeaseError::StaleOwner { .. }) => return stale(op, &probe, req.lease).await,
-        }
-    }
-}
-
 /// The answer after an effect whose outcome could not be stored: the row is
 /// marked `uncertain` for reconciliation (never released: a retry would repeat
 /// the effect), and the client is told what its retries will be told, `202`, not
 /// that nothing happened. If even marking fails, the row stays `processing` and a
 /// retry takes it over after the lease, calling downstream with the same
 /// downstream key.
-async fn effect_unrecorded<DB: LeaseBackend>(
+async fn effect_unrecorded<DB: Backend>(
     op: &'static str,
     lease: &Lease<DB>,
-    probe: &crate::lease::Probe<DB>,
+    probe: &Probe<DB>,
     lease_len: Duration,
     detail: &str,
     count: bool,
@@ -647,9 +837,9 @@ async fn effect_unrecorded<DB: LeaseBackend>(
 }
 
 /// The answer for a worker that lost its lease: never its own result.
-async fn stale<DB: LeaseBackend>(
+async fn stale<DB: Backend>(
     op: &'static str,
-    probe: &crate::lease::Probe<DB>,
+    probe: &Probe<DB>,
     lease: Duration,
 ) -> Response {
     metrics::completion(op, "stale_owner");
@@ -660,21 +850,21 @@ async fn stale<DB: LeaseBackend>(
     match probe.current().await {
         Ok(Some(stored)) => response::replay(stored),
         Ok(None) => Problem::in_flight(lease).into_response(),
-        Err(e) => store_failed(op, None, "stale", &e),
+        Err(e) => store_failed(op, None, Step::Stale, &e),
     }
 }
 
 fn store_failed(
     op: &'static str,
     tenant: Option<&str>,
-    step: &str,
+    step: Step,
     e: &dyn std::fmt::Display,
 ) -> Response {
-    if step == "claim" {
+    if step == Step::Claim {
         metrics::claim(op, tenant, "error");
     } else {
         metrics::completion(op, "error");
     }
-    tracing::error!(operation = op, step, error = %e, "idem: store failed; nothing stored");
+    tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: store failed; nothing stored");
     Problem::store_unavailable().into_response()
 }

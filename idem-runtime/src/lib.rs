@@ -54,51 +54,67 @@
 //!
 //! ## Requirements
 //!
-//! * PostgreSQL (or SQLite: `Idem<Sqlite>`, `Tx<Sqlite>`; see [`store::sqlite`]),
-//!   with idem's table: call [`migrate`] at start, or copy `migrations/` into your
-//!   own migration history.
-//! * Claims run at READ COMMITTED, PostgreSQL's default; another isolation level is
-//!   refused with [`StoreError::Isolation`].
-//! * Timestamps come from the database clock (`now()`), never the application's.
+//! * A database, chosen by cargo feature as in sqlx: `postgres` (the default) or
+//!   `sqlite` (`Idem<Sqlite>`, `Tx<Sqlite>`), or both; with idem's table: call
+//!   [`migrate`] at start, or copy `migrations/` into your own migration history.
+//! * On PostgreSQL, claims run at READ COMMITTED, its default; another isolation
+//!   level is refused with [`StoreError::Isolation`].
+//! * Timestamps come from the database clock, never the application's.
+//!
+//! ## What is where
+//!
+//! The attribute ([`idempotent`]) and its runtime ([`Idem`], [`Tx`], [`Lease`]);
+//! by hand: [`claim`] and [`claim_leased`]; around them: [`Sweeper`] (retention),
+//! [`stats()`], [`Reconciler`] (uncertain outcomes), [`consumer`] (messages),
+//! [`transition`] (state machines of your own rows), [`admin`] (one key at a
+//! time, for tools), [`metrics`] (the names). Every database's statements live
+//! in one private module each, behind the sealed [`Backend`] trait.
 
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
-pub mod config;
+pub mod admin;
+mod config;
 pub mod consumer;
+mod db;
 pub mod fingerprint;
-pub mod handler;
+mod handler;
 pub mod key;
 pub mod lease;
 pub mod metrics;
+mod model;
 pub mod problem;
 pub mod reconcile;
 #[cfg(feature = "replay-cache")]
-pub mod replay_cache;
-pub mod response;
+mod replay_cache;
+mod response;
 pub mod retry;
-pub mod stats;
-pub mod store;
-pub mod sweeper;
-pub mod tenant;
+mod stats;
+mod store;
+mod sweeper;
+mod tenant;
 pub mod transition;
-pub mod tx;
+mod tx;
 
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
 pub use config::{ConfigError, Idem};
+pub use db::{Backend, DefaultBackend, MIGRATIONS_TABLE};
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
-pub use handler::{HandlerOutcome, IdemRequest, OperationSpec, run, run_leased};
 pub use key::{IdempotencyKey, KeyError};
-pub use lease::{Lease, LeaseBackend, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
+pub use lease::{Lease, LeaseError, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
+pub use model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 pub use problem::Problem;
+pub use reconcile::Reconciler;
 #[cfg(feature = "replay-cache")]
 pub use replay_cache::ReplayCache;
-pub use stats::{OperationStats, StateCounts, Stats, StatsBackend, stats};
-pub use store::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, claim, migrate};
+pub use response::REPLAYED_HEADER;
+pub use stats::{OperationStats, StateCounts, Stats, stats};
+pub use store::{claim, migrate, migrator};
 pub use sweeper::{SweepReport, Sweeper};
-pub use tenant::{SingleTenant, TenantScope};
+pub use tenant::{SingleTenant, TenantError, TenantScope};
 pub use tx::Tx;
 
 pub use idem_macros::idempotent;

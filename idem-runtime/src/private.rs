@@ -9,8 +9,11 @@ use axum::response::IntoResponse;
 pub use crate::__idem_item;
 pub use crate::fingerprint::FingerprintBody;
 pub use crate::handler::{
-    BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, OperationSpec, run, run_leased,
+    BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, Leased, Mode,
+    OperationSpec, Transactional, run, run_in, run_leased,
 };
+pub use crate::model::Finish;
+pub use crate::response::replay;
 pub use crate::lease::Lease;
 pub use crate::tenant::{SingleTenant, TenantScope};
 pub use crate::tx::Tx;
@@ -24,7 +27,7 @@ pub use std::time::Duration;
 /// its higher-ranked signature.
 pub fn handler<DB, F>(f: F) -> BoxedHandler<DB>
 where
-    DB: crate::store::Backend,
+    DB: crate::db::Backend,
     F: for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
         + Send
         + 'static,
@@ -37,7 +40,7 @@ where
 /// reported once, at the parameter).
 pub fn handler_for<DB, F>(_: &IdemRequest<DB>, f: F) -> BoxedHandler<DB>
 where
-    DB: crate::store::Backend,
+    DB: crate::db::Backend,
     F: for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
         + Send
         + 'static,
@@ -48,7 +51,7 @@ where
 /// Boxes a leased handler body for the request's backend (see [`handler_for`]).
 pub fn leased_handler_for<DB, F>(_: &IdemRequest<DB>, f: F) -> BoxedLeasedHandler<DB>
 where
-    DB: crate::lease::LeaseBackend,
+    DB: crate::db::Backend,
     F: for<'l> FnOnce(
             &'l mut Lease<DB>,
         ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
@@ -67,10 +70,10 @@ where
 )]
 pub trait TxHandle {
     /// The backend.
-    type Db: crate::store::Backend;
+    type Db: crate::db::Backend;
 }
 
-impl<DB: crate::store::Backend> TxHandle for Tx<DB> {
+impl<DB: crate::db::Backend> TxHandle for Tx<DB> {
     type Db = DB;
 }
 
@@ -82,17 +85,17 @@ impl<DB: crate::store::Backend> TxHandle for Tx<DB> {
 )]
 pub trait LeaseHandle {
     /// The backend.
-    type Db: crate::lease::LeaseBackend;
+    type Db: crate::db::Backend;
 }
 
-impl<DB: crate::lease::LeaseBackend> LeaseHandle for Lease<DB> {
+impl<DB: crate::db::Backend> LeaseHandle for Lease<DB> {
     type Db = DB;
 }
 
 /// Boxes a leased handler body (see [`handler`]).
 pub fn leased_handler<DB, F>(f: F) -> BoxedLeasedHandler<DB>
 where
-    DB: crate::lease::LeaseBackend,
+    DB: crate::db::Backend,
     F: for<'l> FnOnce(
             &'l mut Lease<DB>,
         ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
@@ -113,7 +116,7 @@ pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::Ten
 
 /// The fingerprint's start: scope, path and headers. An unusable tenant is
 /// answered by [`run`] before the fingerprint is looked at.
-pub fn start_fingerprint<DB: crate::store::Backend>(
+pub fn start_fingerprint<DB: crate::db::Backend>(
     request: &IdemRequest<DB>,
     spec: &OperationSpec,
     tenant: &Result<String, crate::tenant::TenantError>,

@@ -6,10 +6,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::{Pool, Postgres};
+use std::sync::Mutex;
 
-use crate::lease::{LeaseBackend, UncertainRow};
-use crate::store::{StoreError, StoredResponse};
+use sqlx::Pool;
+
+use crate::db::{Backend, DefaultBackend};
+use crate::model::{StoreError, StoredResponse, UncertainRow};
 
 /// An uncertain execution to resolve.
 #[derive(Debug, Clone)]
@@ -63,14 +65,19 @@ pub struct ReconcileReport {
 /// SQLite (the pool's type decides). Several replicas may run one each: an answer
 /// is applied only to the same uncertain execution it was asked about, so a row
 /// is resolved once.
-pub struct Reconciler<R, DB: LeaseBackend = Postgres> {
+pub struct Reconciler<R, DB: Backend = DefaultBackend> {
     pool: Pool<DB>,
     reconcile: R,
     batch: i64,
     interval: Duration,
+    /// Where the next round starts: after the last row of the previous one, so
+    /// that rows that stay uncertain round after round (a downstream that never
+    /// answers) cannot keep newer rows from being asked about. `None`: from the
+    /// oldest.
+    resume_after: Mutex<Option<UncertainRow>>,
 }
 
-impl<R, DB: LeaseBackend> std::fmt::Debug for Reconciler<R, DB> {
+impl<R, DB: Backend> std::fmt::Debug for Reconciler<R, DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reconciler")
             .field("batch", &self.batch)
@@ -79,7 +86,7 @@ impl<R, DB: LeaseBackend> std::fmt::Debug for Reconciler<R, DB> {
     }
 }
 
-impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
+impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
     /// A reconciler of up to 100 rows a round, every 10 seconds.
     pub fn new(pool: Pool<DB>, reconcile: R) -> Self {
         Reconciler {
@@ -87,6 +94,7 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
             reconcile,
             batch: 100,
             interval: Duration::from_secs(10),
+            resume_after: Mutex::new(None),
         }
     }
 
@@ -102,7 +110,10 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
         self
     }
 
-    /// One round: up to a batch of the operation's uncertain rows, oldest first.
+    /// One round: up to a batch of the operation's uncertain rows in creation
+    /// order, starting after the last row the previous round asked about (and
+    /// from the oldest again once a round reaches the newest), so every uncertain
+    /// row is asked about within a few rounds however many never resolve.
     /// Each row's downstream is asked without holding a lock (a client retry of
     /// that key is answered at once meanwhile), and the answer is applied only if
     /// the row is still the same uncertain execution, so two reconcilers never
@@ -115,7 +126,15 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
     /// resolved.
     pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
         let op = self.reconcile.operation().to_owned();
-        let rows = DB::uncertain_rows(&self.pool, &op, self.batch).await?;
+        let after = self.resume_after.lock().expect("not poisoned").take();
+        let rows = DB::uncertain_rows(&self.pool, &op, after.as_ref(), self.batch).await?;
+        // A short page reached the newest row: the next round starts over.
+        let next = if (rows.len() as i64) < self.batch {
+            None
+        } else {
+            rows.last().cloned()
+        };
+        *self.resume_after.lock().expect("not poisoned") = next;
         let mut report = ReconcileReport::default();
         for row in rows {
             let outcome = match self.resolve(&op, &row).await {

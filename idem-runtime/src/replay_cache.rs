@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::fingerprint::Fingerprint;
-use crate::store::{ClaimRequest, StoredResponse};
+use crate::model::{ClaimRequest, StoredResponse};
 
 /// An in-process cache of finished outcomes (see the [module docs](self)).
 ///

@@ -6,14 +6,14 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 
-use crate::store::StoredResponse;
+use crate::model::StoredResponse;
 
 /// The header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// Why a response cannot be stored.
 #[derive(Debug, thiserror::Error)]
-pub enum CaptureError {
+pub(crate) enum CaptureError {
     /// The body is larger than the configured limit.
     #[error("the response body exceeds the {limit}-byte limit for stored responses")]
     TooLarge {
@@ -35,7 +35,7 @@ pub enum CaptureError {
 ///
 /// [`CaptureError`] when the body is too large, fails, or an allow-listed header
 /// holds bytes that are not text.
-pub async fn capture(
+pub(crate) async fn capture(
     response: Response,
     stored_headers: &[HeaderName],
     limit: usize,

@@ -19,192 +19,15 @@
 //! Ages and timestamps come from the database clock.
 //!
 //! It runs on PostgreSQL and on SQLite. The summing up is the same on both; only
-//! the snapshot behind [`StatsBackend`] (a transaction and two queries) is each
-//! backend's own.
+//! the snapshot (a transaction and two queries) is each database's own.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 
 use serde::Serialize;
-use sqlx::{ColumnIndex, Decode, Pool, Postgres, Row, Sqlite, Type};
+use sqlx::Pool;
 
-use crate::store::sqlite::now_ms;
-use crate::store::{Backend, StoreError};
-
-/// A database [`stats`] can read: the table's numbers in one consistent snapshot,
-/// in that backend's SQL.
-///
-/// The sums, the checks and the [`Stats`] themselves are shared; a backend only
-/// says how to take a snapshot and what its rows hold. Implemented for
-/// [`sqlx::Postgres`] and [`sqlx::Sqlite`]. "Now" is the database's clock, one
-/// instant for the whole snapshot, never the application's.
-pub trait StatsBackend: Backend {
-    /// Reads, in one read-only snapshot of the table, the rows, bytes and unswept
-    /// rows of every (operation, state) pair and the ages, every comparison with
-    /// "now" made against the same instant of the database clock.
-    fn snapshot(
-        pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<StatsSnapshot, StoreError>> + Send;
-}
-
-/// The raw numbers of one [`StatsBackend::snapshot`], before [`stats`] adds them
-/// up into [`Stats`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatsSnapshot {
-    /// "Now" of the snapshot, by the database clock (RFC 3339, UTC, whole seconds).
-    pub taken_at: String,
-    /// One entry per (operation, state) pair present in the table, in any order.
-    pub groups: Vec<StatsGroup>,
-    /// As [`Stats::oldest_valid_created_at`].
-    pub oldest_valid_created_at: Option<String>,
-    /// As [`Stats::oldest_valid_age_seconds`].
-    pub oldest_valid_age_seconds: Option<f64>,
-    /// As [`Stats::oldest_in_flight_seconds`].
-    pub oldest_in_flight_seconds: Option<f64>,
-}
-
-/// The rows of one operation in one state, as a [`StatsSnapshot`] holds them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatsGroup {
-    /// The operation name.
-    pub operation: String,
-    /// The state as stored; [`stats`] refuses one the schema does not allow.
-    pub state: String,
-    /// Its rows.
-    pub rows: u64,
-    /// Bytes of its stored outcomes: bodies plus the text of their headers.
-    pub stored_bytes: u64,
-    /// Its finished rows (`completed`, `failed`) past `expires_at`.
-    pub expired_unswept: u64,
-}
-
-// Both queries run in one REPEATABLE READ snapshot so that their numbers agree
-// with each other (and now() is the transaction's start, the same instant for
-// both).
-const PG_BY_GROUP_SQL: &str = "SELECT operation, state, count(*) AS rows, \
-        coalesce(sum(coalesce(octet_length(response_body), 0)::bigint \
-                     + coalesce(octet_length(response_headers::text), 0)), 0)::bigint AS bytes, \
-        count(*) FILTER (WHERE expires_at <= now() AND state IN ('completed', 'failed')) AS expired \
-      FROM idempotency_requests GROUP BY operation, state";
-
-const PG_AGES_SQL: &str = "SELECT \
-        to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS taken_at, \
-        to_char(min(created_at) FILTER (WHERE expires_at > now()) AT TIME ZONE 'UTC', \
-                'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS oldest_valid, \
-        extract(epoch FROM now() - min(created_at) FILTER (WHERE expires_at > now()))::float8 \
-            AS oldest_valid_age, \
-        extract(epoch FROM now() - min(created_at) FILTER (WHERE state IN ('processing', 'uncertain')))::float8 \
-            AS oldest_in_flight \
-      FROM idempotency_requests";
-
-/// PostgreSQL: both queries in one `REPEATABLE READ, READ ONLY` transaction.
-impl StatsBackend for Postgres {
-    async fn snapshot(pool: &Pool<Self>) -> Result<StatsSnapshot, StoreError> {
-        let mut tx = pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .await?;
-        let ages = sqlx::query(PG_AGES_SQL).fetch_one(&mut *tx).await?;
-        let groups = sqlx::query(PG_BY_GROUP_SQL).fetch_all(&mut *tx).await?;
-        let snapshot = snapshot_from_rows(&ages, &groups)?;
-        // Read only: there is nothing to commit.
-        tx.rollback().await?;
-        Ok(snapshot)
-    }
-}
-
-// SQLite fixes 'now' for one statement only, so the ages query (the snapshot's
-// first read) also returns the instant it used, and the groups query is given
-// that instant ($1) rather than reading the clock again: every comparison of
-// the snapshot is against the same "now", as on PostgreSQL. Timestamps are Unix
-// milliseconds: ages are divided by 1000.0 (a float division, for fractional
-// seconds), and strftime formats whole seconds in UTC. On no rows, min() is NULL
-// and so are the ages and the oldest valid timestamp. count() skips the NULL a
-// CASE without ELSE gives, so each count is of its own rows. Byte counts take
-// length() of a BLOB, which is its size in bytes (of TEXT it would be
-// characters), so the header text is cast to its UTF-8 bytes.
-const SQLITE_AGES_SQL: &str = concat!(
-    "SELECT ",
-    now_ms!(),
-    " AS now_ms, \
-        strftime('%Y-%m-%dT%H:%M:%SZ', ",
-    now_ms!(),
-    " / 1000.0, 'unixepoch') AS taken_at, \
-        strftime('%Y-%m-%dT%H:%M:%SZ', \
-                 min(CASE WHEN expires_at > ",
-    now_ms!(),
-    " THEN created_at END) / 1000.0, 'unixepoch') AS oldest_valid, \
-        (",
-    now_ms!(),
-    " - min(CASE WHEN expires_at > ",
-    now_ms!(),
-    " THEN created_at END)) / 1000.0 AS oldest_valid_age, \
-        (",
-    now_ms!(),
-    " - min(CASE WHEN state IN ('processing', 'uncertain') THEN created_at END)) / 1000.0 \
-            AS oldest_in_flight \
-      FROM idempotency_requests"
-);
-
-const SQLITE_BY_GROUP_SQL: &str = "SELECT operation, state, count(*) AS rows, \
-        coalesce(sum(coalesce(length(CAST(response_body AS BLOB)), 0) \
-                     + coalesce(length(CAST(response_headers AS BLOB)), 0)), 0) AS bytes, \
-        count(CASE WHEN expires_at <= $1 AND state IN ('completed', 'failed') THEN 1 END) AS expired \
-      FROM idempotency_requests GROUP BY operation, state";
-
-/// SQLite: both queries in one read transaction.
-impl StatsBackend for Sqlite {
-    async fn snapshot(pool: &Pool<Self>) -> Result<StatsSnapshot, StoreError> {
-        // SQLite has no REPEATABLE READ, and needs none here: a deferred `BEGIN`
-        // takes no lock, the first read starts a read transaction, and every read
-        // of that transaction sees the database as it was at that first read. In
-        // WAL mode (recommended for idem) that is a snapshot: writers go on
-        // committing meanwhile and this transaction does not see them. In a
-        // rollback-journal mode the shared lock it holds keeps writers from
-        // committing until it ends, which is just as consistent (and as short).
-        let mut tx = pool.begin().await?;
-        let ages = sqlx::query(SQLITE_AGES_SQL).fetch_one(&mut *tx).await?;
-        let now: i64 = ages.try_get("now_ms")?;
-        let groups = sqlx::query(SQLITE_BY_GROUP_SQL)
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await?;
-        let snapshot = snapshot_from_rows(&ages, &groups)?;
-        // Read only: there is nothing to commit.
-        tx.rollback().await?;
-        Ok(snapshot)
-    }
-}
-
-/// Decodes the rows of the two queries, which have the same column names and
-/// (as Rust types) the same column types on every backend.
-fn snapshot_from_rows<R>(ages: &R, groups: &[R]) -> Result<StatsSnapshot, StoreError>
-where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let groups = groups
-        .iter()
-        .map(|row| {
-            Ok(StatsGroup {
-                operation: row.try_get("operation")?,
-                state: row.try_get("state")?,
-                rows: count(row.try_get("rows")?),
-                stored_bytes: count(row.try_get("bytes")?),
-                expired_unswept: count(row.try_get("expired")?),
-            })
-        })
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    Ok(StatsSnapshot {
-        taken_at: ages.try_get("taken_at")?,
-        groups,
-        oldest_valid_created_at: ages.try_get("oldest_valid")?,
-        oldest_valid_age_seconds: ages.try_get("oldest_valid_age")?,
-        oldest_in_flight_seconds: ages.try_get("oldest_in_flight")?,
-    })
-}
+use crate::db::Backend;
+use crate::model::{StatsSnapshot, StoreError};
 
 /// A snapshot of the idempotency table.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -302,7 +125,7 @@ pub struct OperationStats {
 ///
 /// [`StoreError::Database`] when a query fails (a missing table included: run the
 /// migrations first), [`StoreError::Corrupt`] for a state the schema does not allow.
-pub async fn stats<DB: StatsBackend>(pool: &Pool<DB>) -> Result<Stats, StoreError> {
+pub async fn stats<DB: Backend>(pool: &Pool<DB>) -> Result<Stats, StoreError> {
     let snapshot = DB::snapshot(pool).await?;
     summarise(snapshot)
 }
@@ -346,13 +169,11 @@ fn summarise(snapshot: StatsSnapshot) -> Result<Stats, StoreError> {
     })
 }
 
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::StatsGroup;
 
     fn group(operation: &str, state: &str, rows: u64, bytes: u64, expired: u64) -> StatsGroup {
         StatsGroup {

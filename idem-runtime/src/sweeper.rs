@@ -13,9 +13,9 @@
 //!
 //! The sweeper runs on PostgreSQL and on SQLite: [`Sweeper::new`] takes the
 //! backend from its pool (a `PgPool` or a `SqlitePool`). The run itself (batches,
-//! metrics, warnings, the [`SweepReport`]) is the same on both; only the three
-//! statements behind [`SweepBackend`] differ, and "now" is always the database's
-//! clock, as for the claims.
+//! metrics, warnings, the [`SweepReport`]) is the same on both; only its three
+//! statements are each database's, and "now" is always the database's clock, as
+//! for the claims.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -63,192 +63,16 @@
 //! The in-flight check uses the partial index `idempotency_requests_in_flight_idx`
 //! on both backends (on SQLite since `migrations/sqlite/…02_in_flight_index.sql`).
 
-use std::future::Future;
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::{Pool, Postgres, Row, Sqlite};
+use sqlx::Pool;
 
+use crate::db::{Backend, DefaultBackend};
 use crate::metrics::{
     OLDEST_IN_FLIGHT_SECONDS, STALE_IN_FLIGHT, SWEEPER_BACKLOG, SWEEPER_DELETED_TOTAL,
 };
-use crate::store::sqlite::now_ms;
-use crate::store::{Backend, StoreError};
-
-/// A database the [`Sweeper`] can run on: the three round trips of a run.
-///
-/// Everything else in a run (the batching loop, metrics, warnings and the
-/// [`SweepReport`]) is shared, so a backend only says how to delete, count and
-/// summarise in its own SQL. Implemented for [`sqlx::Postgres`] and
-/// [`sqlx::Sqlite`]. Every method compares against the database's clock, never the
-/// application's, as the claims do.
-pub trait SweepBackend: Backend {
-    /// Deletes at most `limit` rows that are finished (`completed` or `failed`)
-    /// and past `expires_at`, oldest expiry first, in one statement of its own
-    /// (its own transaction), and returns how many it deleted. Never touches a
-    /// `processing` or `uncertain` row.
-    fn delete_batch(
-        pool: &Pool<Self>,
-        limit: u32,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Counts the finished, expired rows still present.
-    fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Summarises the rows in flight (`processing` or `uncertain`): how many were
-    /// created at least `stale_after` ago, and the age of the oldest.
-    fn in_flight(
-        pool: &Pool<Self>,
-        stale_after: Duration,
-    ) -> impl Future<Output = Result<InFlightSummary, StoreError>> + Send;
-}
-
-/// The in-flight rows as one sweep sees them ([`SweepBackend::in_flight`]).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct InFlightSummary {
-    /// `processing` rows created at least the stale threshold ago.
-    pub stale_processing: u64,
-    /// `uncertain` rows created at least the stale threshold ago.
-    pub stale_uncertain: u64,
-    /// Seconds since the oldest in-flight row was created, as the database
-    /// computed it; `None` when no row is in flight. Left raw (it may be negative
-    /// for a row created "in the future") so that the sweeper clamps it in one
-    /// place for every backend.
-    pub oldest_seconds: Option<f64>,
-}
-
-/// A database count as the report's unsigned number. A count is never negative;
-/// the fallback only keeps a corrupt answer from panicking a background task.
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
-/// The stale threshold as the milliseconds both backends' SQL takes. Saturates
-/// rather than fails: a threshold of centuries means "never stale" either way.
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-// The inner SELECT runs once (an InitPlan) and locks its batch; the DELETE then
-// reaches those rows by ctid, a TID scan whose cost is the batch size whatever the
-// backlog (a join on the primary key let the planner hash the whole expired
-// range). The ctids are stable because the rows stay locked until the statement
-// ends. The outer conditions repeat the inner ones so that a row changed between
-// the snapshot and the lock (re-claimed, say) is left alone.
-const PG_DELETE_BATCH_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE ctid = ANY(ARRAY( \
-            SELECT ctid FROM idempotency_requests \
-             WHERE expires_at <= now() AND state IN ('completed', 'failed') \
-             ORDER BY expires_at \
-             LIMIT $1 \
-             FOR UPDATE SKIP LOCKED)) \
-        AND expires_at <= now() AND state IN ('completed', 'failed')";
-
-const PG_BACKLOG_SQL: &str = "SELECT count(*) FROM idempotency_requests \
-      WHERE expires_at <= now() AND state IN ('completed', 'failed')";
-
-const PG_IN_FLIGHT_SQL: &str = "SELECT \
-        count(*) FILTER (WHERE state = 'processing' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_processing, \
-        count(*) FILTER (WHERE state = 'uncertain' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_uncertain, \
-        extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds \
-      FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
-
-/// The three round trips, the same on both backends but for their SQL: expanded
-/// inside each `impl SweepBackend` with that backend's statements.
-macro_rules! sweep_statements {
-    ($delete_batch:expr, $backlog:expr, $in_flight:expr) => {
-        async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
-            let done = sqlx::query($delete_batch)
-                .bind(i64::from(limit))
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn backlog(pool: &Pool<Self>) -> Result<u64, StoreError> {
-            let n: i64 = sqlx::query_scalar($backlog).fetch_one(pool).await?;
-            Ok(count(n))
-        }
-
-        async fn in_flight(
-            pool: &Pool<Self>,
-            stale_after: Duration,
-        ) -> Result<InFlightSummary, StoreError> {
-            let row = sqlx::query($in_flight)
-                .bind(millis(stale_after))
-                .fetch_one(pool)
-                .await?;
-            Ok(InFlightSummary {
-                stale_processing: count(row.try_get("stale_processing")?),
-                stale_uncertain: count(row.try_get("stale_uncertain")?),
-                oldest_seconds: row.try_get("oldest_seconds")?,
-            })
-        }
-    };
-}
-
-/// PostgreSQL: batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on
-/// several replicas share the work and none waits on a row a claim holds.
-impl SweepBackend for Postgres {
-    sweep_statements!(PG_DELETE_BATCH_SQL, PG_BACKLOG_SQL, PG_IN_FLIGHT_SQL);
-}
-
-// SQLite has no ctid and no row locks: the batch is chosen by rowid (the table is
-// not WITHOUT ROWID) through the expiry index, and the whole statement runs under
-// the database's single write lock, so no other writer can change a chosen row
-// before it is deleted and SKIP LOCKED has nothing to skip. The outer conditions
-// still repeat the inner ones so that the DELETE states by itself what it may
-// delete; they cost a comparison per chosen row. SQLite fixes 'now' for the whole
-// statement, so both conditions see the same instant.
-const SQLITE_DELETE_BATCH_SQL: &str = concat!(
-    "DELETE FROM idempotency_requests \
-      WHERE rowid IN ( \
-            SELECT rowid FROM idempotency_requests \
-             WHERE expires_at <= ",
-    now_ms!(),
-    " AND state IN ('completed', 'failed') \
-             ORDER BY expires_at \
-             LIMIT $1) \
-        AND expires_at <= ",
-    now_ms!(),
-    " AND state IN ('completed', 'failed')"
-);
-
-const SQLITE_BACKLOG_SQL: &str = concat!(
-    "SELECT count(*) FROM idempotency_requests \
-      WHERE expires_at <= ",
-    now_ms!(),
-    " AND state IN ('completed', 'failed')"
-);
-
-// No FILTER clause needed: count() skips the NULL a CASE without ELSE gives, so
-// each count is of its own rows, and an empty set counts 0. Timestamps are Unix
-// milliseconds, hence the threshold in milliseconds and the age divided by 1000.0
-// (a float division, for fractional seconds). On no rows, min() is NULL and so is
-// the age.
-const SQLITE_IN_FLIGHT_SQL: &str = concat!(
-    "SELECT \
-        count(CASE WHEN state = 'processing' AND created_at <= ",
-    now_ms!(),
-    " - $1 THEN 1 END) AS stale_processing, \
-        count(CASE WHEN state = 'uncertain' AND created_at <= ",
-    now_ms!(),
-    " - $1 THEN 1 END) AS stale_uncertain, \
-        (",
-    now_ms!(),
-    " - min(created_at)) / 1000.0 AS oldest_seconds \
-      FROM idempotency_requests WHERE state IN ('processing', 'uncertain')"
-);
-
-/// SQLite: batches by `rowid` under SQLite's single write lock, so no `SKIP
-/// LOCKED` is needed (see the module docs on what the lock means for claims).
-impl SweepBackend for Sqlite {
-    sweep_statements!(
-        SQLITE_DELETE_BATCH_SQL,
-        SQLITE_BACKLOG_SQL,
-        SQLITE_IN_FLIGHT_SQL
-    );
-}
+use crate::model::{InFlightSummary, StoreError};
 
 /// Deletes expired finished rows in bounded batches and reports old in-flight rows.
 ///
@@ -258,7 +82,7 @@ impl SweepBackend for Sqlite {
 ///
 /// `Sweeper` alone is `Sweeper<Postgres>`; [`Sweeper::new`] on a `SqlitePool`
 /// gives a `Sweeper<Sqlite>`.
-pub struct Sweeper<DB: SweepBackend = Postgres> {
+pub struct Sweeper<DB: Backend = DefaultBackend> {
     pool: Pool<DB>,
     batch_size: u32,
     max_batches: u32,
@@ -268,7 +92,7 @@ pub struct Sweeper<DB: SweepBackend = Postgres> {
 
 // By hand rather than derived: a derive would demand `DB: Clone` / `DB: Debug` of
 // the backend marker type, which the pool does not need.
-impl<DB: SweepBackend> Clone for Sweeper<DB> {
+impl<DB: Backend> Clone for Sweeper<DB> {
     fn clone(&self) -> Self {
         Sweeper {
             pool: self.pool.clone(),
@@ -280,7 +104,7 @@ impl<DB: SweepBackend> Clone for Sweeper<DB> {
     }
 }
 
-impl<DB: SweepBackend> std::fmt::Debug for Sweeper<DB> {
+impl<DB: Backend> std::fmt::Debug for Sweeper<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sweeper")
             .field("pool", &self.pool)
@@ -337,7 +161,7 @@ impl Sweeper {
     pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
 }
 
-impl<DB: SweepBackend> Sweeper<DB> {
+impl<DB: Backend> Sweeper<DB> {
     /// A sweeper on `pool` with the default settings; the backend (PostgreSQL or
     /// SQLite) is the pool's.
     pub fn new(pool: Pool<DB>) -> Self {

@@ -107,7 +107,7 @@ pub enum TenantError {
 /// # Errors
 ///
 /// [`TenantError`] when it is empty, longer than 255 bytes, or the reserved `*`.
-pub fn validate_tenant_id(id: &str) -> Result<(), TenantError> {
+pub(crate) fn validate_tenant_id(id: &str) -> Result<(), TenantError> {
     match id.len() {
         0 => Err(TenantError::Empty),
         n if n > 255 => Err(TenantError::TooLong(n)),

@@ -15,6 +15,13 @@
 //!   the update ([`TransitionError::Conflict`]) against writers that bypass the
 //!   lock; roll back then, and retry.
 //!
+//! How the row is held: on PostgreSQL `SELECT ... FOR UPDATE`; on SQLite, which
+//! has no row locks, a no-op `UPDATE ... RETURNING` that takes the database's
+//! write lock (it fires the table's `UPDATE` triggers even when the transition
+//! turns out to be a no-op). On SQLite make the transition the transaction's
+//! first statement (or begin with `BEGIN IMMEDIATE`): a transaction that read
+//! before it cannot take the write lock once another writer has committed.
+//!
 //! ```
 //! use idem_runtime::transition::States;
 //!
@@ -36,7 +43,9 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 
-use sqlx::{PgConnection, Row, SqliteConnection, Transaction};
+use sqlx::Transaction;
+
+use crate::db::Backend;
 
 /// The states of a resource and the edges between them.
 pub trait States: Copy + Eq + Debug + Send + Sync + 'static {
@@ -136,173 +145,24 @@ pub enum TransitionError<S: Debug, E> {
 /// The action of a transition, run in the caller's transaction.
 pub type Action<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
 
-/// A database transitions run on: PostgreSQL and SQLite. The two differ only in
-/// how the row is locked before the action runs.
-///
-/// * PostgreSQL: `SELECT ... FOR UPDATE` locks the row; a concurrent transition
-///   waits for the lock, then sees the committed state.
-/// * SQLite: a no-op `UPDATE ... RETURNING` reads the row and takes the database's
-///   write lock in one statement (SQLite has no row locks); a concurrent
-///   transition waits for it through the busy timeout, then sees the committed
-///   state. Make the transition the transaction's first statement (or begin it
-///   with `BEGIN IMMEDIATE`): a transaction that read before it cannot take the
-///   write lock once another writer has committed, and fails with `SQLITE_BUSY`.
-///   That no-op `UPDATE` fires the table's `UPDATE` triggers (an `updated_at`
-///   trigger, say) even when the transition turns out to be a no-op.
-#[diagnostic::on_unimplemented(
-    message = "transitions run in a PostgreSQL or SQLite transaction, not in `{Self}`",
-    note = "pass the caller's `&mut sqlx::Transaction<'_, Postgres>` or `&mut sqlx::Transaction<'_, Sqlite>`"
-)]
-pub trait TransitionBackend: sqlx::Database {
-    /// Reads `(state, version)` of the resource and holds it against other
-    /// transitions until the transaction ends; `None` when there is no such row.
-    fn lock_state<'c>(
-        conn: &'c mut Self::Connection,
-        resource: &'c Resource,
-        id: i64,
-        scope: Option<&'c str>,
-    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c;
-
-    /// Moves the state from `from` to `to` if the version is still `version`;
-    /// returns the new version, or `None` when the row changed meanwhile.
-    fn write_state<'c>(
-        conn: &'c mut Self::Connection,
-        write: FencedWrite<'c>,
-    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c;
-}
-
-/// The fenced update of one transition (see [`TransitionBackend::write_state`]).
+/// The fenced update of one transition: the new state if the version is still
+/// the one the locking read saw.
 #[derive(Debug, Clone, Copy)]
-pub struct FencedWrite<'a> {
-    /// Where the state lives.
-    pub resource: &'a Resource,
-    /// The resource's id.
-    pub id: i64,
-    /// The scope value, if the resource has a scope column.
-    pub scope: Option<&'a str>,
-    /// The state read by [`TransitionBackend::lock_state`].
-    pub from: &'static str,
-    /// The new state.
-    pub to: &'static str,
-    /// The version read by [`TransitionBackend::lock_state`].
-    pub version: i64,
-}
-
-/// `AND <scope> = $2`, or a condition that binds `$2` without using it (each
-/// statement binds the same parameters whether or not the resource is scoped).
-fn scope_sql(resource: &Resource, null_param: &str) -> String {
-    match resource.scope_column {
-        Some(col) => format!(" AND {col} = $2"),
-        None => format!(" AND {null_param} IS NULL"),
-    }
-}
-
-fn write_sql(resource: &Resource, null_param: &str) -> String {
-    format!(
-        "UPDATE {table} SET {state} = $3, {version_col} = {version_col} + 1 \
-          WHERE {id_col} = $1{scope} AND {version_col} = $4 AND {state} = $5 \
-          RETURNING {version_col}",
-        table = resource.table,
-        state = resource.state_column,
-        version_col = resource.version_column,
-        id_col = resource.id_column,
-        scope = scope_sql(resource, null_param),
-    )
-}
-
-/// One implementation per backend; only the SQL and the connection type differ.
-macro_rules! fenced_write {
-    ($conn:expr, $write:expr, $null_param:expr) => {{
-        let w = $write;
-        sqlx::query_scalar(sqlx::AssertSqlSafe(write_sql(w.resource, $null_param)))
-            .bind(w.id)
-            .bind(w.scope)
-            .bind(w.to)
-            .bind(w.version)
-            .bind(w.from)
-            .fetch_optional($conn)
-            .await
-    }};
-}
-
-/// `(state, version)` of the row the statement `$sql` (binding `$1` id, `$2`
-/// scope) returns, if any.
-macro_rules! locked_state {
-    ($conn:expr, $sql:expr, $id:expr, $scope:expr) => {{
-        let row = sqlx::query(sqlx::AssertSqlSafe($sql))
-            .bind($id)
-            .bind($scope)
-            .fetch_optional($conn)
-            .await?;
-        Ok(match row {
-            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
-            None => None,
-        })
-    }};
-}
-
-/// The statement that reads `state, version` and holds the row against other
-/// transitions, on SQLite or PostgreSQL.
-fn read_sql(resource: &Resource, null_param: &str, sqlite: bool) -> String {
-    let (state, version, table, id_col) = (
-        resource.state_column,
-        resource.version_column,
-        resource.table,
-        resource.id_column,
-    );
-    let scope_sql = scope_sql(resource, null_param);
-    if sqlite {
-        // Writing the row unchanged is what takes SQLite's write lock (and waits
-        // for a concurrent holder) before the state is read.
-        format!(
-            "UPDATE {table} SET {version} = {version} WHERE {id_col} = $1{scope_sql} \
-             RETURNING {state}, {version}"
-        )
-    } else {
-        format!("SELECT {state}, {version} FROM {table} WHERE {id_col} = $1{scope_sql} FOR UPDATE")
-    }
-}
-
-impl TransitionBackend for sqlx::Postgres {
-    async fn lock_state<'c>(
-        conn: &'c mut PgConnection,
-        resource: &'c Resource,
-        id: i64,
-        scope: Option<&'c str>,
-    ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        locked_state!(conn, read_sql(resource, "$2::text", false), id, scope)
-    }
-
-    async fn write_state<'c>(
-        conn: &'c mut PgConnection,
-        write: FencedWrite<'c>,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        fenced_write!(conn, write, "$2::text")
-    }
-}
-
-impl TransitionBackend for sqlx::Sqlite {
-    async fn lock_state<'c>(
-        conn: &'c mut SqliteConnection,
-        resource: &'c Resource,
-        id: i64,
-        scope: Option<&'c str>,
-    ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        locked_state!(conn, read_sql(resource, "$2", true), id, scope)
-    }
-
-    async fn write_state<'c>(
-        conn: &'c mut SqliteConnection,
-        write: FencedWrite<'c>,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        fenced_write!(conn, write, "$2")
-    }
+pub(crate) struct FencedWrite<'a> {
+    pub(crate) resource: &'a Resource,
+    pub(crate) id: i64,
+    pub(crate) scope: Option<&'a str>,
+    /// The state the locking read saw.
+    pub(crate) from: &'static str,
+    pub(crate) to: &'static str,
+    /// The version the locking read saw.
+    pub(crate) version: i64,
 }
 
 /// Moves resource `id` (in `scope`, if the resource has a scope column) to `to`,
 /// running `action` first, all in `tx` (the caller's transaction, PostgreSQL or
-/// SQLite). See the module docs for the outcomes and [`TransitionBackend`] for how
-/// each database holds the row.
+/// SQLite). See the module docs for the outcomes and how each database holds the
+/// row.
 ///
 /// # Errors
 ///
@@ -316,7 +176,7 @@ pub async fn transition<DB, S, T, E, F>(
     action: F,
 ) -> Result<Transitioned<T>, TransitionError<S, E>>
 where
-    DB: TransitionBackend,
+    DB: Backend,
     S: States,
     F: for<'c> FnOnce(&'c mut DB::Connection) -> Action<'c, T, E>,
 {

@@ -3,10 +3,11 @@
 use std::ops::{Deref, DerefMut};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Database, Pool, Postgres, SqlStr};
+use sqlx::{Database, Pool, SqlStr};
 use sqlx_core::transaction::TransactionManager;
 
-use crate::store::Backend;
+use crate::db::{Backend, DefaultBackend};
+use crate::model::{Finish, StoreError};
 
 /// The transaction in which the key was claimed and the outcome will be stored.
 ///
@@ -31,10 +32,10 @@ use crate::store::Backend;
 /// rolls back when the handler returns `Err` or a 5xx. Do not send `COMMIT`,
 /// `ROLLBACK` or `SET TRANSACTION` yourself: that would separate the effect from its
 /// record, the one thing idem exists to prevent.
-pub struct Tx<DB: Backend = Postgres> {
+pub struct Tx<DB: Backend = DefaultBackend> {
     // A pooled connection rather than a `sqlx::Transaction`: on PostgreSQL the
     // transaction is begun by the same message that claims the key and ended by
-    // the one that stores the outcome (see `store::postgres`), which a
+    // the one that stores the outcome (see `db::postgres::pipelined`), which a
     // `sqlx::Transaction` cannot express. The driver's own transaction depth is
     // kept exactly as a `sqlx::Transaction` keeps it, so nested `begin`s are
     // savepoints.
@@ -45,7 +46,8 @@ pub struct Tx<DB: Backend = Postgres> {
 
 impl<DB: Backend> Tx<DB> {
     /// Begins a transaction on a connection from `pool` with `statement` (or the
-    /// driver's plain `BEGIN`).
+    /// driver's plain `BEGIN`). PostgreSQL's path begins with its claim instead.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) async fn begin(
         pool: &Pool<DB>,
         statement: Option<SqlStr>,
@@ -56,12 +58,14 @@ impl<DB: Backend> Tx<DB> {
     }
 
     /// Wraps a connection on which the driver has just begun a transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn begun(conn: PoolConnection<DB>) -> Self {
         Tx { conn, open: true }
     }
 
     /// Wraps a connection that is not in a transaction (a claim that was answered
     /// without one): dropping it only returns the connection to the pool.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn idle(conn: PoolConnection<DB>) -> Self {
         Tx { conn, open: false }
     }
@@ -78,6 +82,18 @@ impl<DB: Backend> Tx<DB> {
         Ok(())
     }
 
+    /// Ends the handler's path the plain way: after the outcome's store
+    /// (`stored`), commit.
+    pub(crate) async fn commit_after(self, stored: Result<(), StoreError>) -> Finish {
+        if let Err(e) = stored {
+            return Finish::NotStored(e);
+        }
+        match self.commit().await {
+            Ok(()) => Finish::Committed,
+            Err(e) => Finish::Unknown(e.into()),
+        }
+    }
+
     /// Rolls back and waits for the database to confirm it.
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
         <DB as Database>::TransactionManager::rollback(&mut self.conn).await?;
@@ -89,6 +105,7 @@ impl<DB: Backend> Tx<DB> {
     /// the driver still counts the first transaction, and the second is empty, so
     /// its rollback is queued and travels with the connection's release, at no
     /// round trip of its own.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn committed_and_rebegun(mut self) {
         <DB as Database>::TransactionManager::start_rollback(&mut self.conn);
         self.open = false;
@@ -96,6 +113,7 @@ impl<DB: Backend> Tx<DB> {
 
     /// The connection's state is not known (an error mid-way through idem's own
     /// statements): it is closed rather than returned to the pool.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn discard(mut self) {
         self.conn.close_on_drop();
         self.open = false;

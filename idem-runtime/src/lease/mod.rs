@@ -19,200 +19,37 @@
 //! carry [`Lease::downstream_key`], identical for every owner of the key, so the
 //! downstream system's own idempotency turns a taken-over retry into a no-op.
 //!
-//! PostgreSQL and SQLite both implement it ([`LeaseBackend`]); the pool's type
-//! picks the backend. A claim that cannot get its lock in time answers "in
+//! It runs on every database idem runs on; the pool's type picks it. A claim that cannot get its lock in time answers "in
 //! flight": on PostgreSQL after 200 ms on the key's row, on SQLite after the
 //! connection's busy timeout on the database's one write lock.
 
+//!
+//! The module holds the lease itself ([`Lease`], [`claim_leased`]); its background
+//! renewal is in `renewal`, the answer for an unknown outcome ([`Uncertain`]) in
+//! `answer`, and the statements in each database's module.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use std::future::Future;
-
 use sha2::{Digest, Sha256};
-use sqlx::{Pool, Postgres};
+use sqlx::Pool;
 
+use crate::db::{Backend, DefaultBackend};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::store::{Backend, StoreError, StoredResponse};
+use crate::model::{Fence, LeasedOutcome, Owned, StoreError, StoredResponse};
 
-/// Statements over one key's row that are the same on both backends but for their
-/// SQL and how an outcome is encoded: expanded inside each `impl LeaseBackend`,
-/// where `STORE_SQL`, `RENEW_SQL`, `UNCERTAIN_SQL`, `RELEASE_SQL`, `RESOLVE_SQL`,
-/// `encode` and `stored_from_row` are that backend's.
-macro_rules! shared_statements {
-    () => {
-        async fn store_outcome(
-            pool: &sqlx::Pool<Self>,
-            row: Owned<'_>,
-            response: &StoredResponse,
-            retention: Duration,
-        ) -> Result<u64, StoreError> {
-            let (status, headers) = encode(response)?;
-            let done = sqlx::query(STORE_SQL)
-                .bind(row.tenant)
-                .bind(row.operation)
-                .bind(row.key)
-                .bind(row.token)
-                .bind(response.state())
-                .bind(status)
-                .bind(headers)
-                .bind(&response.body[..])
-                .bind(super::millis(retention))
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
+mod answer;
+mod renewal;
 
-        async fn fence(
-            pool: &sqlx::Pool<Self>,
-            row: Owned<'_>,
-            what: Fence,
-        ) -> Result<u64, StoreError> {
-            let query = match what {
-                Fence::Renew(_) => sqlx::query(RENEW_SQL),
-                Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
-                Fence::Release => sqlx::query(RELEASE_SQL),
-            };
-            let query = query
-                .bind(row.tenant)
-                .bind(row.operation)
-                .bind(row.key)
-                .bind(row.token);
-            let query = match what {
-                Fence::Renew(lease) => query.bind(super::millis(lease)),
-                Fence::Uncertain | Fence::Release => query,
-            };
-            Ok(query.execute(pool).await?.rows_affected())
-        }
-
-        async fn current(
-            pool: &sqlx::Pool<Self>,
-            tenant: &str,
-            operation: &str,
-            key: &str,
-        ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
-            let row = sqlx::query(super::CURRENT_SQL)
-                .bind(tenant)
-                .bind(operation)
-                .bind(key)
-                .fetch_optional(pool)
-                .await?;
-            let Some(row) = row else { return Ok(None) };
-            Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
-        }
-
-        async fn uncertain_rows(
-            pool: &sqlx::Pool<Self>,
-            operation: &str,
-            limit: i64,
-        ) -> Result<Vec<UncertainRow>, StoreError> {
-            let rows = sqlx::query(super::UNCERTAIN_ROWS_SQL)
-                .bind(operation)
-                .bind(limit)
-                .fetch_all(pool)
-                .await?;
-            rows.iter()
-                .map(|r| {
-                    Ok(UncertainRow {
-                        tenant: r.try_get("tenant_id")?,
-                        key: r.try_get("idempotency_key")?,
-                        generation: r.try_get("generation")?,
-                        token: r.try_get("owner_token")?,
-                    })
-                })
-                .collect()
-        }
-
-        async fn resolve(
-            pool: &sqlx::Pool<Self>,
-            operation: &str,
-            row: &UncertainRow,
-            outcome: Option<&StoredResponse>,
-        ) -> Result<u64, StoreError> {
-            let query = match outcome {
-                Some(stored) => {
-                    let (status, headers) = encode(stored)?;
-                    sqlx::query(RESOLVE_SQL)
-                        .bind(&row.tenant)
-                        .bind(operation)
-                        .bind(&row.key)
-                        .bind(row.generation)
-                        .bind(stored.state())
-                        .bind(status)
-                        .bind(headers)
-                        .bind(&stored.body[..])
-                        .bind(&row.token)
-                }
-                None => sqlx::query(super::FORGET_SQL)
-                    .bind(&row.tenant)
-                    .bind(operation)
-                    .bind(&row.key)
-                    .bind(row.generation)
-                    .bind(&row.token),
-            };
-            Ok(query.execute(pool).await?.rows_affected())
-        }
-    };
-}
-
-const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
-       FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND state IN ('completed', 'failed')";
-
-// The `state IN (...)` term repeats the partial in-flight index's condition word
-// for word: SQLite uses a partial index only for a query that states it so.
-const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation, \
-            CAST(owner_token AS text) AS owner_token \
-       FROM idempotency_requests \
-      WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
-      ORDER BY created_at LIMIT $2";
-
-// A resolution applies to the execution it was asked about and no other: a
-// generation alone could match a later one (a released key starts again at 1),
-// its owner token cannot.
-const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
-        AND generation = $4 AND state = 'uncertain' AND CAST(owner_token AS text) = $5";
-
-pub(crate) mod postgres;
-pub(crate) mod sqlite;
-
-/// What a leased claim needs.
-#[derive(Debug, Clone)]
-pub struct LeaseRequest<'a> {
-    /// The caller's tenant id.
-    pub tenant: &'a str,
-    /// The operation's stable name.
-    pub operation: &'a str,
-    /// The validated key.
-    pub key: &'a IdempotencyKey,
-    /// The logical request's fingerprint.
-    pub fingerprint: Fingerprint,
-    /// How long the outcome is kept after completion.
-    pub retention: Duration,
-    /// How long the claim is owned without renewal.
-    pub lease: Duration,
-}
-
-/// How the lease was obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Acquisition {
-    /// A new key.
-    New,
-    /// A finished outcome whose retention had passed: a new execution.
-    Reclaimed,
-    /// An execution whose lease lapsed: its worker died or stalled. The effect may
-    /// have happened; call downstream with [`Lease::downstream_key`] so it is not
-    /// repeated.
-    TakenOver,
-}
+pub use crate::model::{Acquisition, LeaseRequest};
+pub use answer::Uncertain;
+pub(crate) use answer::UncertainMarker;
+pub(crate) use renewal::Renewer;
 
 /// What a leased claim decided.
 #[must_use = "an acquired lease must be completed, marked uncertain or released"]
-pub enum LeasedClaim<DB: LeaseBackend = Postgres> {
+pub enum LeasedClaim<DB: Backend = DefaultBackend> {
     /// The caller owns the execution.
     Acquired(Lease<DB>),
     /// A stored outcome with the same fingerprint.
@@ -233,7 +70,7 @@ pub enum LeasedClaim<DB: LeaseBackend = Postgres> {
 ///
 /// Dropping it without completing leaves the row `processing` until its lease
 /// lapses; the next claim then takes it over (what a crash does).
-pub struct Lease<DB: LeaseBackend = Postgres> {
+pub struct Lease<DB: Backend = DefaultBackend> {
     pool: Pool<DB>,
     tenant: String,
     operation: String,
@@ -279,130 +116,13 @@ pub fn downstream_key(tenant: &str, operation: &str, key: &IdempotencyKey) -> St
     hex::encode(&h.finalize()[..16])
 }
 
-/// What a leased claim decided, before a [`Lease`] is built around it; what a
-/// [`LeaseBackend`] answers.
-#[derive(Debug)]
-pub enum LeasedOutcome {
-    /// The caller owns the execution under `token`.
-    Acquired {
-        /// How.
-        acquisition: Acquisition,
-        /// The owner token that fences every later statement.
-        token: String,
-        /// The execution's generation.
-        generation: i64,
-    },
-    /// A stored outcome with the same fingerprint.
-    Replay(StoredResponse),
-    /// The key is in use for a different request.
-    Mismatch,
-    /// Another worker holds a live lease (or the lock, for a moment).
-    InFlight {
-        /// Until its lease lapses.
-        retry_after: Duration,
-    },
-    /// An earlier execution's effect is unknown.
-    Uncertain,
-}
-
-/// An owned row, as the fenced statements match it: primary key and owner token.
-#[derive(Debug, Clone, Copy)]
-pub struct Owned<'a> {
-    /// The tenant.
-    pub tenant: &'a str,
-    /// The operation.
-    pub operation: &'a str,
-    /// The key.
-    pub key: &'a str,
-    /// The owner token.
-    pub token: &'a str,
-}
-
-/// A fenced statement other than storing the outcome.
-#[derive(Debug, Clone, Copy)]
-pub enum Fence {
-    /// Extend the lease by this much from now.
-    Renew(Duration),
-    /// Mark the row `uncertain`.
-    Uncertain,
-    /// Delete the row: the effect did not happen.
-    Release,
-}
-
-/// An `uncertain` row awaiting reconciliation.
-#[derive(Debug, Clone)]
-pub struct UncertainRow {
-    /// The tenant.
-    pub tenant: String,
-    /// The key as the client sent it.
-    pub key: String,
-    /// The generation that became uncertain.
-    pub generation: i64,
-    /// The owner token of the execution that became uncertain: what a
-    /// resolution is fenced by.
-    pub token: Option<String>,
-}
-
-/// A database leased mode can keep its rows in: PostgreSQL and SQLite. Each
-/// method is one short statement (or, for the claim, one short transaction) of
-/// its own; every statement over an owned row matches the owner token and
-/// answers how many rows it touched, so a stale owner touches none.
-pub trait LeaseBackend: Backend {
-    /// Claims `req.key`, committing at once.
-    fn claim_leased(
-        pool: &Pool<Self>,
-        req: &LeaseRequest<'_>,
-    ) -> impl Future<Output = Result<LeasedOutcome, StoreError>> + Send;
-
-    /// Stores the outcome of the owned execution (`failed` for a 4xx, else
-    /// `completed`), its retention counted from now; the rows touched.
-    fn store_outcome(
-        pool: &Pool<Self>,
-        row: Owned<'_>,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Renews, marks uncertain or releases the owned execution; the rows touched.
-    fn fence(
-        pool: &Pool<Self>,
-        row: Owned<'_>,
-        what: Fence,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// The key's finished outcome, if it has one, with its fingerprint.
-    fn current(
-        pool: &Pool<Self>,
-        tenant: &str,
-        operation: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send;
-
-    /// Up to `limit` uncertain rows of `operation`, oldest first.
-    fn uncertain_rows(
-        pool: &Pool<Self>,
-        operation: &str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<UncertainRow>, StoreError>> + Send;
-
-    /// Resolves an uncertain row if it is still that execution (same generation and
-    /// owner token): stores `outcome` (retention from now), or forgets the key when
-    /// `None`; the rows touched.
-    fn resolve(
-        pool: &Pool<Self>,
-        operation: &str,
-        row: &UncertainRow,
-        outcome: Option<&StoredResponse>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-}
-
-/// Claims `req.key` in leased mode, on PostgreSQL or SQLite. The claim commits at
+/// Claims `req.key` in leased mode. The claim commits at
 /// once, on its own.
 ///
 /// # Errors
 ///
 /// [`StoreError`] when the database fails; nothing is claimed then.
-pub async fn claim_leased<DB: LeaseBackend>(
+pub async fn claim_leased<DB: Backend>(
     pool: &Pool<DB>,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedClaim<DB>, StoreError> {
@@ -434,7 +154,7 @@ pub async fn claim_leased<DB: LeaseBackend>(
 }
 
 // Written by hand: derived impls would ask `DB: Debug`.
-impl<DB: LeaseBackend> std::fmt::Debug for Lease<DB> {
+impl<DB: Backend> std::fmt::Debug for Lease<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
             .field("operation", &self.operation)
@@ -447,7 +167,7 @@ impl<DB: LeaseBackend> std::fmt::Debug for Lease<DB> {
     }
 }
 
-impl<DB: LeaseBackend> std::fmt::Debug for LeasedClaim<DB> {
+impl<DB: Backend> std::fmt::Debug for LeasedClaim<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LeasedClaim::Acquired(lease) => f.debug_tuple("Acquired").field(lease).finish(),
@@ -462,7 +182,7 @@ impl<DB: LeaseBackend> std::fmt::Debug for LeasedClaim<DB> {
     }
 }
 
-impl<DB: LeaseBackend> Lease<DB> {
+impl<DB: Backend> Lease<DB> {
     /// The key for the downstream system's idempotency (see [`downstream_key`]).
     pub fn downstream_key(&self) -> String {
         downstream_key(&self.tenant, &self.operation, &self.key)
@@ -553,7 +273,7 @@ impl<DB: LeaseBackend> Lease<DB> {
 
     /// Records that the external effect's outcome is unknown (the provider timed
     /// out after it may have charged). Retries then never execute again; a
-    /// [`crate::reconcile::Reconciler`] resolves the row.
+    /// [`crate::Reconciler`] resolves the row.
     ///
     /// # Errors
     ///
@@ -615,7 +335,7 @@ impl<DB: LeaseBackend> Lease<DB> {
 }
 
 /// Reads a key's stored outcome after its lease object is gone.
-pub(crate) struct Probe<DB: LeaseBackend> {
+pub(crate) struct Probe<DB: Backend> {
     pool: Pool<DB>,
     tenant: String,
     operation: String,
@@ -623,7 +343,7 @@ pub(crate) struct Probe<DB: LeaseBackend> {
     fingerprint: Fingerprint,
 }
 
-impl<DB: LeaseBackend> Probe<DB> {
+impl<DB: Backend> Probe<DB> {
     pub(crate) async fn current(&self) -> Result<Option<StoredResponse>, StoreError> {
         let found = DB::current(&self.pool, &self.tenant, &self.operation, &self.key).await?;
         // The key may since have been released and reused for another request:
@@ -632,120 +352,6 @@ impl<DB: LeaseBackend> Probe<DB> {
             .filter(|(fingerprint, _)| fingerprint[..] == self.fingerprint.as_bytes()[..])
             .map(|(_, stored)| stored))
     }
-}
-
-/// Renews a lease in the background of a running handler.
-pub(crate) struct Renewer<DB: LeaseBackend> {
-    pool: Pool<DB>,
-    tenant: String,
-    operation: String,
-    key: String,
-    token: String,
-    lease: Duration,
-    lost: Arc<AtomicBool>,
-}
-
-impl<DB: LeaseBackend> Renewer<DB> {
-    /// One renewal; `false` when the lease was taken over.
-    pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
-        let owned = Owned {
-            tenant: &self.tenant,
-            operation: &self.operation,
-            key: &self.key,
-            token: &self.token,
-        };
-        let kept = DB::fence(&self.pool, owned, Fence::Renew(self.lease)).await? == 1;
-        if !kept {
-            self.lost.store(true, Ordering::Release);
-        }
-        Ok(kept)
-    }
-
-    /// Renews every third of the lease until `ceiling` has passed or the lease is
-    /// lost, then stops (and never returns, so it can be raced against a handler).
-    ///
-    /// A renewal that does not answer within a third of the lease counts as
-    /// failed; once no renewal has succeeded for a whole lease, the lease is taken
-    /// as lapsed and [`Lease::is_lost`] says so, so the handler can stop before
-    /// calling downstream again.
-    pub(crate) async fn run(self, ceiling: Duration) -> std::convert::Infallible {
-        let started = tokio::time::Instant::now();
-        let every = (self.lease / 3).max(Duration::from_millis(10));
-        let mut last_ok = started;
-        loop {
-            tokio::time::sleep(every).await;
-            if started.elapsed() + every > ceiling {
-                tracing::warn!(operation = %self.operation, "idem: lease renewal ceiling reached; the execution may be taken over");
-                break;
-            }
-            match tokio::time::timeout(every, self.renew()).await {
-                Ok(Ok(true)) => last_ok = tokio::time::Instant::now(),
-                Ok(Ok(false)) => {
-                    tracing::warn!(operation = %self.operation, "idem: lease taken over; this worker's result will not be published");
-                    break;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(operation = %self.operation, error = %e, "idem: lease renewal failed; retrying")
-                }
-                Err(_) => {
-                    tracing::warn!(operation = %self.operation, "idem: lease renewal timed out; retrying")
-                }
-            }
-            if last_ok.elapsed() >= self.lease {
-                self.lost.store(true, Ordering::Release);
-                tracing::warn!(operation = %self.operation, "idem: no renewal for a whole lease; taking the lease as lost");
-                break;
-            }
-        }
-        // Past the last renewal the lease runs out; say so when it does.
-        tokio::time::sleep(self.lease.saturating_sub(last_ok.elapsed())).await;
-        self.lost.store(true, Ordering::Release);
-        std::future::pending().await
-    }
-}
-
-/// Marks a leased handler's response: the external effect's outcome is unknown.
-#[derive(Debug, Clone, Copy)]
-pub struct UncertainMarker;
-
-/// What a leased handler returns when it cannot know whether the external effect
-/// happened (the provider timed out after it may have charged). The row becomes
-/// `uncertain`; retries get `202` until a reconciler resolves it; the effect is
-/// never run again meanwhile.
-///
-/// ```
-/// use idem_runtime::lease::Uncertain;
-/// use axum::response::IntoResponse;
-///
-/// let resp = Uncertain::new("the payment provider timed out").into_response();
-/// assert_eq!(resp.status(), 202);
-/// ```
-#[derive(Debug, Clone)]
-pub struct Uncertain {
-    detail: String,
-}
-
-impl Uncertain {
-    /// With a detail for the client (no secrets: it is sent as is).
-    pub fn new(detail: impl Into<String>) -> Self {
-        Uncertain {
-            detail: detail.into(),
-        }
-    }
-}
-
-impl axum::response::IntoResponse for Uncertain {
-    fn into_response(self) -> axum::response::Response {
-        let mut resp = crate::Problem::uncertain(Duration::from_secs(5))
-            .with_detail(self.detail)
-            .into_response();
-        resp.extensions_mut().insert(UncertainMarker);
-        resp
-    }
-}
-
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -12,11 +12,11 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, Sqlite, SqlitePool};
+use sqlx::{Row, SqlitePool};
 
-use super::{Acquisition, Fence, LeaseBackend, LeaseRequest, LeasedOutcome, Owned, UncertainRow};
-use crate::store::sqlite::{is_busy, now_ms, stored_from_row};
-use crate::store::{StoreError, StoredResponse};
+use super::transactional::stored_from_row;
+use super::{is_busy, now_ms};
+use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
 
 /// The owned row: its primary key and owner token, as `$1..$4`.
 macro_rules! owned {
@@ -66,7 +66,7 @@ const TAKEOVER_SQL: &str = concat!(
      RETURNING generation"
 );
 
-const STORE_SQL: &str = concat!(
+pub(super) const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
             completed_at = t.now, expires_at = t.now + $9, lease_expires_at = NULL \
@@ -77,22 +77,34 @@ const STORE_SQL: &str = concat!(
     owned!()
 );
 
-const RENEW_SQL: &str = concat!(
+pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
     " + $5 WHERE",
     owned!()
 );
 
-const UNCERTAIN_SQL: &str = concat!(
+pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
     owned!()
 );
 
-const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+
+// Paged by (created_at, tenant, key), so that rows that never resolve cannot
+// keep newer ones from being asked about. The `state IN (...)` term repeats the
+// partial in-flight index's condition word for word: SQLite uses a partial index
+// only for a query that states it so.
+pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation, \
+            CAST(owner_token AS text) AS owner_token, created_at AS created \
+       FROM idempotency_requests \
+      WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
+        AND ($2 IS NULL OR (created_at, tenant_id, idempotency_key) > ($2, $3, $4)) \
+      ORDER BY created_at, tenant_id, idempotency_key LIMIT $5";
+
 
 // The retention runs from the resolution, as for any completion.
-const RESOLVE_SQL: &str = concat!(
+pub(super) const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
             completed_at = t.now, lease_expires_at = NULL, \
@@ -111,34 +123,31 @@ fn new_token() -> String {
 
 /// An outcome's status and headers as SQLite's columns take them (INTEGER, JSON
 /// text).
-fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
+pub(super) fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
     let headers =
         serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok((i64::from(response.status), headers))
 }
 
-impl LeaseBackend for Sqlite {
-    async fn claim_leased(
-        pool: &SqlitePool,
-        req: &LeaseRequest<'_>,
-    ) -> Result<LeasedOutcome, StoreError> {
-        // IMMEDIATE: the write lock at once, so the read and the write below see
-        // the same row; a concurrent claimer waits through the busy timeout.
-        let mut tx = match pool.begin_with("BEGIN IMMEDIATE").await {
-            Ok(tx) => tx,
-            Err(e) if is_busy(&e) => {
-                return Ok(LeasedOutcome::InFlight {
-                    retry_after: Duration::from_secs(1),
-                });
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let outcome = decide(&mut tx, req).await?;
-        tx.commit().await?;
-        Ok(outcome)
-    }
-
-    shared_statements!();
+/// Claims `req.key` in leased mode, committing at once.
+pub(super) async fn claim_leased(
+    pool: &SqlitePool,
+    req: &LeaseRequest<'_>,
+) -> Result<LeasedOutcome, StoreError> {
+    // IMMEDIATE: the write lock at once, so the read and the write below see
+    // the same row; a concurrent claimer waits through the busy timeout.
+    let mut tx = match pool.begin_with("BEGIN IMMEDIATE").await {
+        Ok(tx) => tx,
+        Err(e) if is_busy(&e) => {
+            return Ok(LeasedOutcome::InFlight {
+                retry_after: Duration::from_secs(1),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let outcome = decide(&mut tx, req).await?;
+    tx.commit().await?;
+    Ok(outcome)
 }
 
 /// The claim's decision, inside the `BEGIN IMMEDIATE` transaction on `conn` (the
@@ -153,8 +162,8 @@ async fn decide(
         .bind(req.key.as_str())
         .fetch_optional(&mut *conn)
         .await?;
-    let lease = super::millis(req.lease);
-    let retention = super::millis(req.retention);
+    let lease = millis(req.lease);
+    let retention = millis(req.retention);
     let token = new_token();
     let Some(row) = row else {
         sqlx::query(INSERT_SQL)

@@ -41,9 +41,10 @@ use sqlx::{AssertSqlSafe, Database, Postgres, SqlSafeStr};
 use sqlx_core::transaction::TransactionManager;
 
 use super::sql_literal::{push_bytea, push_int, push_text};
-use super::{BEGIN_READ_COMMITTED, claim_on, millis, stored_from_row};
+use super::BEGIN_READ_COMMITTED;
+use super::transactional::{claim_on, complete_on, stored_from_row};
 use crate::config::Idem;
-use crate::store::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 use crate::tx::Tx;
 
 /// SQLSTATEs of idem's pipelined functions, and the two of PostgreSQL's own that
@@ -218,8 +219,8 @@ pub(crate) async fn finish(
         .pipelined_claims()
         .then(|| finish_statement(&execution, response));
     let Some(Some(sql)) = statement else {
-        let stored = super::complete_on(execution, tx.connection(), response).await;
-        return crate::store::commit_after(tx, stored).await;
+        let stored = complete_on(execution, tx.connection(), response).await;
+        return tx.commit_after(stored).await;
     };
     match sqlx::raw_sql(AssertSqlSafe(sql))
         .execute(&mut **tx.connection())

@@ -1,44 +1,13 @@
-//! The PostgreSQL store: one `idem_claim` call to claim, one `UPDATE` to complete,
-//! both in the caller's transaction.
+//! The transactional mode on PostgreSQL: one `idem_claim` call to claim, one
+//! `UPDATE` to complete, both in the caller's transaction.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{PgConnection, Row};
 
-use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
-
-pub(crate) mod pipelined;
-pub(crate) mod sql_literal;
-
-/// How idem begins a transaction for a claim: explicitly READ COMMITTED, so a
-/// server or role whose default isolation is stricter still gets what claims need.
-pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
-
-/// The table in which idem records its own migrations, apart from the application's
-/// `_sqlx_migrations`.
-pub const MIGRATIONS_TABLE: &str = "_idem_migrations";
-
-/// The embedded migrations of `migrations/`, tracked in [`MIGRATIONS_TABLE`].
-///
-/// Use it to run them with your own options; [`migrate`] runs them as they are.
-pub fn migrator() -> sqlx::migrate::Migrator {
-    let mut m = sqlx::migrate!("../migrations");
-    m.dangerous_set_table_name(MIGRATIONS_TABLE);
-    m
-}
-
-/// Creates or updates the idempotency table and its function. Safe to call at every
-/// start and from several processes at once (sqlx takes an advisory lock).
-///
-/// # Errors
-///
-/// [`StoreError::Migrate`] when the database refuses the migration.
-pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-    migrator().run(pool).await?;
-    Ok(())
-}
+use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_headers, response_body, \
             wait_seconds \
@@ -51,24 +20,10 @@ const COMPLETE_SQL: &str = "UPDATE idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
         AND generation = $4 AND state = 'processing'";
 
-/// Claims `req.key` inside `tx`, atomically.
-///
-/// The transaction must run at READ COMMITTED (PostgreSQL's default). When another
-/// transaction holds the key, this waits up to `req.in_flight_wait` for it to end;
-/// a timeout is reported as [`Claim::InFlight`] and leaves `tx` usable.
-///
-/// # Errors
-///
-/// [`StoreError::Isolation`] at another isolation level, [`StoreError::Database`]
-/// when the database fails. Nothing is claimed then.
-pub async fn claim(
-    tx: &mut Transaction<'_, Postgres>,
-    req: &ClaimRequest<'_>,
-) -> Result<Claim, StoreError> {
-    claim_on(tx, req).await
-}
-
-/// [`claim`] on the connection of a transaction begun by the caller.
+/// Claims `req.key` on the connection of a transaction begun by the caller
+/// (READ COMMITTED): when another transaction holds the key, this waits up to
+/// `req.in_flight_wait` for it to end; a timeout is reported as
+/// [`Claim::InFlight`] and leaves the transaction usable.
 pub(crate) async fn claim_on(
     conn: &mut PgConnection,
     req: &ClaimRequest<'_>,
@@ -111,21 +66,8 @@ pub(crate) async fn claim_on(
     }
 }
 
-/// Stores an execution's outcome in the transaction that claimed it (see
-/// [`Execution::complete`]).
-///
-/// # Errors
-///
-/// As [`Execution::complete`].
-pub async fn complete(
-    execution: Execution,
-    tx: &mut Transaction<'_, Postgres>,
-    response: &StoredResponse,
-) -> Result<(), StoreError> {
-    complete_on(execution, tx, response).await
-}
-
-/// [`complete`] on the connection of the transaction that claimed the key.
+/// Stores an execution's outcome on the connection of the transaction that
+/// claimed the key.
 pub(crate) async fn complete_on(
     execution: Execution,
     conn: &mut PgConnection,
@@ -152,10 +94,6 @@ pub(crate) async fn complete_on(
         });
     }
     Ok(())
-}
-
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A stored outcome from a row with `response_status` (`smallint`),

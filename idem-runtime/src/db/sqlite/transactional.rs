@@ -1,5 +1,5 @@
-//! The SQLite store: the same state machine as [`super::postgres`], in the
-//! caller's `sqlx::Transaction<'_, Sqlite>`.
+//! The transactional mode on SQLite: the same state machine as on PostgreSQL, in
+//! the caller's transaction.
 //!
 //! SQLite serialises writers. The claim's `INSERT ... ON CONFLICT` is the
 //! transaction's first statement after setting `PRAGMA busy_timeout` to the
@@ -11,47 +11,14 @@
 //! SQLite has one write lock for the whole database, so a claim also waits for
 //! writers of *other* keys; past the bound it reports [`Claim::InFlight`] (`409`
 //! with `Retry-After`) even when the holder was another key. Keep handlers short.
-//!
-//! The retention sweeper ([`crate::Sweeper`] on a `SqlitePool`), leased mode
-//! ([`crate::lease`]) and its reconciler, [`crate::stats()`] and the `idem` CLI
-//! work here too.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Row, SqliteConnection};
 
-use super::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
-
-/// Now, in Unix milliseconds, from SQLite's clock: the one expression every
-/// SQLite timestamp of idem is written and compared with, as a string literal for
-/// `concat!`. Exported (hidden) so the CLI and the tests use the same clock.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! sqlite_now_ms {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-    };
-}
-pub(crate) use crate::sqlite_now_ms as now_ms;
-
-/// The embedded SQLite migrations of `migrations/sqlite/`, tracked in
-/// [`super::postgres::MIGRATIONS_TABLE`].
-pub fn migrator() -> sqlx::migrate::Migrator {
-    let mut m = sqlx::migrate!("../migrations/sqlite");
-    m.dangerous_set_table_name(super::postgres::MIGRATIONS_TABLE);
-    m
-}
-
-/// Creates or updates the idempotency table in a SQLite database.
-///
-/// # Errors
-///
-/// [`StoreError::Migrate`] when the database refuses the migration.
-pub async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
-    migrator().run(pool).await?;
-    Ok(())
-}
+use super::now_ms;
+use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = concat!(
     "INSERT INTO idempotency_requests AS r \
@@ -85,25 +52,9 @@ const COMPLETE_SQL: &str = concat!(
         AND generation = $4 AND state = 'processing'"
 );
 
-pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
-    // SQLITE_BUSY (5) and its extended codes (517 BUSY_SNAPSHOT, ...); SQLITE_LOCKED (6).
-    matches!(e, sqlx::Error::Database(db)
-        if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5 || c & 0xff == 6))
-}
 
-/// Claims `req.key` inside `tx` (see the module docs).
-///
-/// # Errors
-///
-/// [`StoreError::Database`] when the database fails; nothing is claimed then.
-pub async fn claim(
-    tx: &mut Transaction<'_, Sqlite>,
-    req: &ClaimRequest<'_>,
-) -> Result<Claim, StoreError> {
-    claim_on(tx, req).await
-}
-
-/// [`claim`] on the connection of a transaction begun by the caller.
+/// Claims `req.key` on the connection of a transaction begun by the caller (see
+/// the module docs).
 pub(crate) async fn claim_on(
     conn: &mut SqliteConnection,
     req: &ClaimRequest<'_>,
@@ -132,7 +83,7 @@ pub(crate) async fn claim_on(
     .await?;
     let generation: Option<i64> = match inserted {
         Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
-        Err(e) if is_busy(&e) => {
+        Err(e) if super::is_busy(&e) => {
             return Ok(Claim::InFlight {
                 retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
             });
@@ -140,13 +91,7 @@ pub(crate) async fn claim_on(
         Err(e) => return Err(e.into()),
     };
     if let Some(generation) = generation {
-        return Ok(Claim::Execute(Execution {
-            tenant: req.tenant.to_owned(),
-            operation: req.operation.to_owned(),
-            key: req.key.clone(),
-            generation,
-            retention: req.retention,
-        }));
+        return Ok(Claim::Execute(Execution::new(req, generation)));
     }
     // A committed, unexpired row holds the key: this transaction now has the write
     // lock, so nobody changes it under us.
@@ -189,20 +134,8 @@ pub(crate) fn stored_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredRes
     })
 }
 
-/// Stores an execution's outcome in the transaction that claimed it.
-///
-/// # Errors
-///
-/// As [`Execution::complete`].
-pub async fn complete(
-    execution: Execution,
-    tx: &mut Transaction<'_, Sqlite>,
-    response: &StoredResponse,
-) -> Result<(), StoreError> {
-    complete_on(execution, tx, response).await
-}
-
-/// [`complete`] on the connection of the transaction that claimed the key.
+/// Stores an execution's outcome on the connection of the transaction that
+/// claimed the key.
 pub(crate) async fn complete_on(
     execution: Execution,
     conn: &mut SqliteConnection,
@@ -229,8 +162,4 @@ pub(crate) async fn complete_on(
         });
     }
     Ok(())
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

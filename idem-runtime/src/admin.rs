@@ -1,0 +1,131 @@
+//! Operating on single keys, for an admin tool (the `idem` CLI is one): which
+//! migrations are applied, what one key's row holds, and deleting one key's row
+//! safely.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::admin::{self, KeyAddress};
+//!
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let key = KeyAddress { tenant: "acme", operation: "create-order", key: "order-42" };
+//! if let Some(record) = admin::show(&pool, &key, false).await? {
+//!     println!("{} (generation {})", record.state, record.generation);
+//! }
+//! // Refuse to delete a row whose effect may have happened without its record.
+//! let purged = admin::purge(&pool, &key, Duration::from_secs(2), |state| {
+//!     if state == "uncertain" { Err("reconcile it first") } else { Ok(()) }
+//! })
+//! .await?;
+//! # drop(purged);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use sqlx::Pool;
+
+use crate::db::Backend;
+use crate::model::StoreError;
+
+/// One key's address: the three parts of the table's primary key.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyAddress<'a> {
+    /// Tenant id.
+    pub tenant: &'a str,
+    /// Operation name.
+    pub operation: &'a str,
+    /// The `Idempotency-Key` as the client sent it.
+    pub key: &'a str,
+}
+
+/// One key's row, in the same form on every database: timestamps as RFC 3339
+/// text in UTC (whole seconds, formatted by the database from its own values),
+/// the fingerprint in lowercase hex, the header JSON as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    /// `processing`, `completed`, `failed` or `uncertain`.
+    pub state: String,
+    /// Which execution of the key the row holds (1 for the first).
+    pub generation: i64,
+    /// The request's fingerprint, in lowercase hex.
+    pub fingerprint: String,
+    /// When the current execution claimed the key.
+    pub created_at: String,
+    /// When its outcome was stored, if it was.
+    pub completed_at: Option<String>,
+    /// When the key is forgotten.
+    pub expires_at: String,
+    /// `expires_at` has passed, by the database clock.
+    pub expired: bool,
+    /// Leased mode: when the running execution's lease ends.
+    pub lease_expires_at: Option<String>,
+    /// The stored status, if an outcome is stored.
+    pub response_status: Option<i64>,
+    /// The stored body's size in bytes.
+    pub body_bytes: Option<i64>,
+    /// The stored headers' JSON (`[[name, value], ...]`), as text.
+    pub response_headers: Option<String>,
+    /// The body, only when asked for.
+    pub body: Option<Vec<u8>>,
+}
+
+/// Why a [`purge`] deleted nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum PurgeError<E> {
+    /// The key's row (on SQLite: the database) stayed locked by a running request
+    /// for the whole wait.
+    #[error("{0}")]
+    Locked(&'static str),
+    /// The caller's check refused the row's state.
+    #[error("refused")]
+    Refused(E),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The versions of idem's migrations recorded as applied (in
+/// [`crate::MIGRATIONS_TABLE`]); none before the first migration.
+///
+/// # Errors
+///
+/// [`StoreError::Database`] when the database fails.
+pub async fn applied_migrations<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<i64>, StoreError> {
+    DB::applied_versions(pool).await
+}
+
+/// The key's row, its body only when `with_body` (so that a plain look never
+/// moves a body out of the database); `None` when there is no row.
+///
+/// # Errors
+///
+/// [`StoreError::Database`] when the database fails (a missing table included).
+pub async fn show<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &KeyAddress<'_>,
+    with_body: bool,
+) -> Result<Option<KeyRecord>, StoreError> {
+    DB::fetch_record(pool, key, with_body).await
+}
+
+/// Deletes the key's row in one transaction that first locks it against running
+/// requests (PostgreSQL: the row; SQLite: the database's write lock, the only
+/// lock it has), waiting at most `wait`. `allow` sees the locked row's state and
+/// may refuse; then nothing is deleted. Returns the deleted row's state and
+/// generation, `None` when there was no row.
+///
+/// Once the row is gone, a retry with that key executes anew: purge only what
+/// you know is safe to run again.
+///
+/// # Errors
+///
+/// [`PurgeError::Locked`] past the wait, [`PurgeError::Refused`] with what
+/// `allow` said, [`PurgeError::Store`] when the database fails.
+pub async fn purge<DB: Backend, E: Send>(
+    pool: &Pool<DB>,
+    key: &KeyAddress<'_>,
+    wait: Duration,
+    allow: impl FnOnce(&str) -> Result<(), E> + Send,
+) -> Result<Option<(String, i64)>, PurgeError<E>> {
+    DB::purge(pool, key, wait, allow).await
+}

@@ -1,0 +1,125 @@
+//! Leased mode on PostgreSQL: the claim is one call of the `idem_claim_leased`
+//! function (`migrations/postgres/`), which locks the row for a moment at most; the fenced
+//! statements are single `UPDATE`s and `DELETE`s that match the owner token.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+
+use super::transactional::stored_from_row;
+use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
+
+const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms, \
+        response_status, response_headers, response_body \
+   FROM idem_claim_leased($1, $2, $3, $4, $5, $6)";
+
+/// The owned row: its primary key and owner token, as `$1..$4`.
+macro_rules! owned {
+    () => {
+        " tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+          AND owner_token = $4::uuid AND state = 'processing'"
+    };
+}
+
+pub(super) const STORE_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
+            completed_at = c.t, expires_at = c.t + $9 * interval '1 millisecond', \
+            lease_expires_at = NULL \
+       FROM (SELECT clock_timestamp() AS t) c \
+      WHERE",
+    owned!()
+);
+
+pub(super) const RENEW_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET lease_expires_at = clock_timestamp() + $5 * interval '1 millisecond' \
+      WHERE",
+    owned!()
+);
+
+pub(super) const UNCERTAIN_SQL: &str = concat!(
+    "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
+    owned!()
+);
+
+pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+
+// Paged by (created_at, tenant, key), so that rows that never resolve cannot
+// keep newer ones from being asked about; the position is `created_at` in
+// microseconds since the epoch (PostgreSQL's own resolution, so it reads back
+// exactly). The `state IN (...)` term repeats the partial in-flight index's
+// condition word for word.
+pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation, \
+            CAST(owner_token AS text) AS owner_token, \
+            (extract(epoch FROM created_at) * 1000000)::bigint AS created \
+       FROM idempotency_requests \
+      WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
+        AND ($2::bigint IS NULL \
+             OR (created_at, tenant_id, idempotency_key) \
+                > (to_timestamp(0) + $2::bigint * interval '1 microsecond', $3::text, $4::text)) \
+      ORDER BY created_at, tenant_id, idempotency_key LIMIT $5";
+
+
+// The retention runs from the resolution, as for any completion: a row resolved
+// late must not be already expired.
+pub(super) const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
+        SET state = $5, response_status = $6, response_headers = $7, \
+            response_body = $8, completed_at = c.t, lease_expires_at = NULL, \
+            expires_at = c.t + (r.expires_at - r.created_at) \
+       FROM (SELECT clock_timestamp() AS t) c \
+      WHERE r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3 \
+        AND r.generation = $4 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";
+
+/// Stored headers as the `jsonb` column takes them.
+pub(super) type JsonHeaders<'a> = sqlx::types::Json<&'a Vec<(String, String)>>;
+
+/// An outcome's status and headers as PostgreSQL's columns take them
+/// (`smallint`, `jsonb`).
+pub(super) fn encode(response: &StoredResponse) -> Result<(i16, JsonHeaders<'_>), StoreError> {
+    let status = i16::try_from(response.status)
+        .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
+    Ok((status, sqlx::types::Json(&response.headers)))
+}
+
+/// Claims `req.key` in leased mode, committing at once.
+pub(super) async fn claim_leased(
+    pool: &PgPool,
+    req: &LeaseRequest<'_>,
+) -> Result<LeasedOutcome, StoreError> {
+    let row = sqlx::query(CLAIM_SQL)
+        .bind(req.tenant)
+        .bind(req.operation)
+        .bind(req.key.as_str())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(millis(req.retention))
+        .bind(millis(req.lease))
+        .fetch_one(pool)
+        .await?;
+    let outcome: &str = row.try_get("outcome")?;
+    let acquired = |acquisition| -> Result<LeasedOutcome, StoreError> {
+        Ok(LeasedOutcome::Acquired {
+            acquisition,
+            token: row.try_get("owner_token")?,
+            generation: row.try_get("generation")?,
+        })
+    };
+    match outcome {
+        "acquired" => acquired(Acquisition::New),
+        "reclaimed" => acquired(Acquisition::Reclaimed),
+        "taken_over" => acquired(Acquisition::TakenOver),
+        "replay" => Ok(LeasedOutcome::Replay(stored_from_row(&row)?)),
+        "mismatch" => Ok(LeasedOutcome::Mismatch),
+        "uncertain" => Ok(LeasedOutcome::Uncertain),
+        "in_flight" => {
+            let ms: Option<i64> = row.try_get("retry_after_ms")?;
+            let ms = u64::try_from(ms.unwrap_or(1000)).unwrap_or(1000);
+            Ok(LeasedOutcome::InFlight {
+                retry_after: Duration::from_millis(ms),
+            })
+        }
+        other => Err(StoreError::Corrupt(format!(
+            "leased claim outcome {other:?}"
+        ))),
+    }
+}

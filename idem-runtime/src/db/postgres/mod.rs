@@ -1,0 +1,144 @@
+//! PostgreSQL: every statement idem runs there.
+//!
+//! * [`transactional`]: the claim (`idem_claim`, one round trip) and the
+//!   completion, in the caller's transaction; [`pipelined`]: the handler's path,
+//!   the claim sent with `BEGIN` and the completion with `COMMIT`.
+//! * [`leased`]: leased mode's claim (`idem_claim_leased`) and its fenced
+//!   statements.
+//! * [`upkeep`]: the sweeper's statements and the stats snapshot.
+//! * [`admin`]: what the CLI shows and purges.
+//!
+//! The functions the statements call live in `migrations/postgres/`.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Pool, Postgres, Row, Transaction};
+
+use super::Backend;
+use super::shared::{admin_statements, lease_statements, sweep_statements, transition_statements};
+use crate::admin::{KeyAddress, PurgeError};
+use crate::config::Idem;
+use crate::model::{
+    Claim, ClaimRequest, Execution, Fence, Finish, LeaseRequest, LeasedOutcome, Owned,
+    StatsSnapshot, StoreError, StoredResponse, UncertainRow,
+};
+use crate::transition::Resource;
+use crate::tx::Tx;
+
+mod admin;
+mod leased;
+pub(crate) mod pipelined;
+mod sql_literal;
+pub(crate) mod transactional;
+mod upkeep;
+
+use admin::SHOW_SQL;
+use leased::{
+    RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL, UNCERTAIN_SQL, encode,
+};
+use transactional::stored_from_row;
+
+/// How idem begins a transaction for a claim: explicitly READ COMMITTED, so a
+/// server or role whose default isolation is stricter still gets what claims need.
+pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// The statement that reads `state, version` of a resource and holds the row
+/// against other transitions: a concurrent transition waits for the lock, then
+/// sees the committed state.
+fn transition_read_sql(resource: &Resource) -> String {
+    format!(
+        "SELECT {state}, {version} FROM {table} WHERE {id} = $1{scope} FOR UPDATE",
+        state = resource.state_column,
+        version = resource.version_column,
+        table = resource.table,
+        id = resource.id_column,
+        scope = super::shared::scope_sql(resource, "$2::text"),
+    )
+}
+
+impl super::sealed::Sealed for Postgres {}
+
+impl Backend for Postgres {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        transactional::claim_on(tx, req).await
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        transactional::complete_on(execution, tx, response).await
+    }
+
+    fn migrator() -> sqlx::migrate::Migrator {
+        super::tracked(sqlx::migrate!("migrations/postgres"))
+    }
+
+    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
+        Self::migrator().run(pool).await?;
+        Ok(())
+    }
+
+    /// Explicitly READ COMMITTED, so a server or role whose default isolation is
+    /// stricter still gets what claims need.
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
+    {
+        pool.begin_with(BEGIN_READ_COMMITTED)
+    }
+
+    async fn begin_claim(
+        idem: &Idem<Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        pipelined::begin_claim(idem, req).await
+    }
+
+    async fn finish(
+        idem: &Idem<Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        pipelined::finish(idem, tx, execution, response).await
+    }
+
+    async fn claim_leased(
+        pool: &PgPool,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        leased::claim_leased(pool, req).await
+    }
+
+    lease_statements!();
+
+    // Batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on several
+    // replicas share the work and none waits on a row a claim holds.
+    sweep_statements!(
+        upkeep::DELETE_BATCH_SQL,
+        upkeep::BACKLOG_SQL,
+        upkeep::IN_FLIGHT_SQL
+    );
+
+    async fn snapshot(pool: &PgPool) -> Result<StatsSnapshot, StoreError> {
+        upkeep::snapshot(pool).await
+    }
+
+    transition_statements!(transition_read_sql, "$2::text");
+
+    admin_statements!();
+
+    async fn purge<E: Send>(
+        pool: &PgPool,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
+        admin::purge(pool, key, wait, allow).await
+    }
+}

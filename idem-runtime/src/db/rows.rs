@@ -1,0 +1,82 @@
+//! Row decoding shared by the database modules: their queries return the same
+//! column names and, as Rust types, the same column types, so each row shape is
+//! decoded once here.
+
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+use crate::admin::KeyRecord;
+use crate::model::{StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
+
+/// The stats snapshot from the ages row and the (operation, state) groups.
+pub(crate) fn snapshot<R>(ages: &R, groups: &[R]) -> Result<StatsSnapshot, StoreError>
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let groups = groups
+        .iter()
+        .map(|row| {
+            Ok(StatsGroup {
+                operation: row.try_get("operation")?,
+                state: row.try_get("state")?,
+                rows: count(row.try_get("rows")?),
+                stored_bytes: count(row.try_get("bytes")?),
+                expired_unswept: count(row.try_get("expired")?),
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(StatsSnapshot {
+        taken_at: ages.try_get("taken_at")?,
+        groups,
+        oldest_valid_created_at: ages.try_get("oldest_valid")?,
+        oldest_valid_age_seconds: ages.try_get("oldest_valid_age")?,
+        oldest_in_flight_seconds: ages.try_get("oldest_in_flight")?,
+    })
+}
+
+/// An `uncertain` row with `tenant_id`, `idempotency_key`, `generation`,
+/// `owner_token` (text) and `created` (the paging position, an integer).
+pub(crate) fn uncertain<R>(row: &R) -> Result<UncertainRow, StoreError>
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(UncertainRow {
+        tenant: row.try_get("tenant_id")?,
+        key: row.try_get("idempotency_key")?,
+        generation: row.try_get("generation")?,
+        token: row.try_get("owner_token")?,
+        created: row.try_get("created")?,
+    })
+}
+
+/// One key's row as the admin `show` reads it.
+pub(crate) fn key_record<R>(row: &R) -> Result<KeyRecord, StoreError>
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(KeyRecord {
+        state: row.try_get("state")?,
+        generation: row.try_get("generation")?,
+        fingerprint: row.try_get("fingerprint")?,
+        created_at: row.try_get("created_at")?,
+        completed_at: row.try_get("completed_at")?,
+        expires_at: row.try_get("expires_at")?,
+        expired: row.try_get("expired")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        response_status: row.try_get("response_status")?,
+        body_bytes: row.try_get("body_bytes")?,
+        response_headers: row.try_get("response_headers")?,
+        body: row.try_get("body")?,
+    })
+}

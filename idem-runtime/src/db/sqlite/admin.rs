@@ -1,0 +1,110 @@
+//! What the admin CLI reads and deletes on SQLite: one key's row as `show`
+//! prints it, and `purge` under the database's write lock.
+
+use std::time::Duration;
+
+use sqlx::{Connection, Row, SqliteConnection, SqlitePool};
+
+use super::{is_busy, now_ms};
+use crate::admin::{KeyAddress, PurgeError};
+use crate::db::shared::delete_if_allowed;
+use crate::model::{StoreError, millis};
+
+/// A timestamp column (Unix milliseconds) as RFC 3339 text in UTC, whole seconds,
+/// as PostgreSQL's `to_char` gives it. A float division, so that a time before
+/// 1970 rounds down as well.
+macro_rules! rfc3339 {
+    ($col:literal) => {
+        concat!(
+            "strftime('%Y-%m-%dT%H:%M:%SZ', ",
+            $col,
+            " / 1000.0, 'unixepoch') AS ",
+            $col
+        )
+    };
+}
+
+// The body leaves the database only when asked for ($4). length() of a BLOB is
+// its size in bytes.
+pub(super) const SHOW_SQL: &str = concat!(
+    "SELECT state, generation, lower(hex(fingerprint)) AS fingerprint, ",
+    rfc3339!("created_at"),
+    ", ",
+    rfc3339!("completed_at"),
+    ", ",
+    rfc3339!("expires_at"),
+    ", ",
+    rfc3339!("lease_expires_at"),
+    ", expires_at <= ",
+    now_ms!(),
+    " AS expired, response_status, ",
+    "length(CAST(response_body AS BLOB)) AS body_bytes, response_headers, ",
+    "CASE WHEN $4 THEN CAST(response_body AS BLOB) END AS body ",
+    "FROM idempotency_requests ",
+    "WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+);
+
+/// A purge that could not get the write lock in time is refused, as on
+/// PostgreSQL; anything else is what it is.
+fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
+    if is_busy(&e) {
+        PurgeError::Locked(
+            "the database is locked by a request that is running now (SQLite has one write \
+             lock for the whole database: a request of any key, a sweep or another purge \
+             may hold it)",
+        )
+    } else {
+        PurgeError::Store(e.into())
+    }
+}
+
+/// SQLite has no row locks and serialises writers: `BEGIN IMMEDIATE` takes the
+/// database's write lock before the row is read, so no request can claim,
+/// complete or re-claim the key between the check and the delete. The wait for
+/// that lock is the busy timeout, set to `wait` on this connection for the purge
+/// and given back after; past it the purge is refused. A request in the middle of
+/// its transaction holds the lock whatever key it works on, so on SQLite a purge
+/// is also refused while an unrelated request runs longer than the wait.
+pub(super) async fn purge<E>(
+    pool: &SqlitePool,
+    key: &KeyAddress<'_>,
+    wait: Duration,
+    allow: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<Option<(String, i64)>, PurgeError<E>> {
+    let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+    let saved: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(StoreError::from)?;
+    set_busy_timeout(&mut conn, millis(wait).max(1)).await?;
+    let purged = purge_locked(&mut conn, key, allow).await;
+    set_busy_timeout(&mut conn, saved).await?;
+    purged
+}
+
+async fn set_busy_timeout(conn: &mut SqliteConnection, ms: i64) -> Result<(), StoreError> {
+    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {ms}")))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn purge_locked<E>(
+    conn: &mut SqliteConnection,
+    key: &KeyAddress<'_>,
+    allow: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<Option<(String, i64)>, PurgeError<E>> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(locked_or)?;
+    let row = sqlx::query(crate::db::shared::SELECT_STATE_SQL)
+        .bind(key.tenant)
+        .bind(key.operation)
+        .bind(key.key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+    let purged = delete_if_allowed!(tx, row, key, allow);
+    // In a rollback-journal mode the commit also waits for readers to finish;
+    // past the wait nothing is deleted, and that too is a refusal.
+    tx.commit().await.map_err(locked_or)?;
+    Ok(purged)
+}

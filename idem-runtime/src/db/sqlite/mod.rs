@@ -1,0 +1,165 @@
+//! SQLite: every statement idem runs there. The same state machine as on
+//! PostgreSQL, for a single-machine service.
+//!
+//! * [`transactional`]: the claim and the completion in the caller's
+//!   transaction (SQLite serialises writers: see there what that means for
+//!   waiting duplicates).
+//! * [`leased`]: leased mode's claim (a short `BEGIN IMMEDIATE` transaction) and
+//!   its fenced statements.
+//! * [`upkeep`]: the sweeper's statements and the stats snapshot.
+//! * [`admin`]: what the CLI shows and purges.
+//!
+//! Timestamps are Unix milliseconds from SQLite's own clock ([`now_ms`]).
+
+use std::time::Duration;
+
+use sqlx::{Pool, Row, Sqlite, SqlitePool, Transaction};
+
+use super::Backend;
+use super::shared::{admin_statements, lease_statements, sweep_statements, transition_statements};
+use crate::admin::{KeyAddress, PurgeError};
+use crate::config::Idem;
+use crate::model::{
+    Claim, ClaimRequest, Execution, Fence, Finish, LeaseRequest, LeasedOutcome, Owned,
+    StatsSnapshot, StoreError, StoredResponse, UncertainRow,
+};
+use crate::transition::Resource;
+use crate::tx::Tx;
+
+mod admin;
+mod leased;
+pub(crate) mod transactional;
+mod upkeep;
+
+use admin::SHOW_SQL;
+use leased::{
+    RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL, UNCERTAIN_SQL, encode,
+};
+use transactional::stored_from_row;
+
+/// Now, in Unix milliseconds, from SQLite's clock: the one expression every
+/// SQLite timestamp of idem is written and compared with, as a string literal for
+/// `concat!`. Exported (hidden) so that the tests use the same clock.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! sqlite_now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+pub(crate) use crate::sqlite_now_ms as now_ms;
+
+/// Whether another connection holds the lock this one needs: SQLITE_BUSY (5) and
+/// its extended codes (517 BUSY_SNAPSHOT, ...), SQLITE_LOCKED (6).
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5 || c & 0xff == 6))
+}
+
+/// The statement that reads `state, version` of a resource and holds it against
+/// other transitions. SQLite has no row locks: writing the row unchanged
+/// (`UPDATE ... RETURNING`) takes the database's write lock, waiting for a
+/// concurrent holder through the busy timeout, before the state is read. It
+/// fires the table's `UPDATE` triggers even when the transition is a no-op.
+fn transition_read_sql(resource: &Resource) -> String {
+    format!(
+        "UPDATE {table} SET {version} = {version} WHERE {id} = $1{scope} \
+         RETURNING {state}, {version}",
+        state = resource.state_column,
+        version = resource.version_column,
+        table = resource.table,
+        id = resource.id_column,
+        scope = super::shared::scope_sql(resource, "$2"),
+    )
+}
+
+impl super::sealed::Sealed for Sqlite {}
+
+impl Backend for Sqlite {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        transactional::claim_on(tx, req).await
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        transactional::complete_on(execution, tx, response).await
+    }
+
+    fn migrator() -> sqlx::migrate::Migrator {
+        super::tracked(sqlx::migrate!("migrations/sqlite"))
+    }
+
+    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
+        Self::migrator().run(pool).await?;
+        Ok(())
+    }
+
+    /// Deferred: the claim's INSERT is the first statement and takes the write
+    /// lock, waiting through the busy timeout.
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
+    {
+        pool.begin()
+    }
+
+    /// In-process: nothing to save in round trips, so begin, then claim.
+    async fn begin_claim(
+        idem: &Idem<Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        let mut tx = Tx::begin(idem.pool(), None).await?;
+        let claim = transactional::claim_on(tx.connection(), req).await?;
+        Ok((tx, claim))
+    }
+
+    async fn finish(
+        _: &Idem<Self>,
+        mut tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        let stored = transactional::complete_on(execution, tx.connection(), response).await;
+        tx.commit_after(stored).await
+    }
+
+    async fn claim_leased(
+        pool: &SqlitePool,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        leased::claim_leased(pool, req).await
+    }
+
+    lease_statements!();
+
+    // Batches by `rowid` under SQLite's single write lock, so no `SKIP LOCKED`
+    // is needed.
+    sweep_statements!(
+        upkeep::DELETE_BATCH_SQL,
+        upkeep::BACKLOG_SQL,
+        upkeep::IN_FLIGHT_SQL
+    );
+
+    async fn snapshot(pool: &SqlitePool) -> Result<StatsSnapshot, StoreError> {
+        upkeep::snapshot(pool).await
+    }
+
+    transition_statements!(transition_read_sql, "$2");
+
+    admin_statements!();
+
+    async fn purge<E: Send>(
+        pool: &SqlitePool,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
+        admin::purge(pool, key, wait, allow).await
+    }
+}

@@ -1,0 +1,288 @@
+//! The vocabulary every layer shares: what a claim asks and decides, what an
+//! outcome is stored as, what a leased execution owns, and what goes wrong.
+//!
+//! The database modules ([`crate::db`]) speak it to the features above them
+//! (handler, lease, sweeper, stats, reconciler, consumer, CLI), so that neither
+//! side knows the other's details.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+
+/// Everything a claim needs to know.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The caller's tenant id (see [`crate::TenantScope`]).
+    pub tenant: &'a str,
+    /// The operation's stable name, such as `create-order`.
+    pub operation: &'a str,
+    /// The validated key.
+    pub key: &'a IdempotencyKey,
+    /// The logical request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// How long the key and its outcome are kept after completion.
+    pub retention: Duration,
+    /// How long a duplicate waits for a concurrent first request to finish.
+    pub in_flight_wait: Duration,
+}
+
+/// What a claim decided. Exactly one of these; nothing else is possible.
+#[derive(Debug)]
+#[must_use = "a claim that is not acted on leaves the transaction holding the key"]
+pub enum Claim {
+    /// The caller owns the key: run the operation in the same transaction, then
+    /// [`Execution::complete`] it and commit.
+    Execute(Execution),
+    /// The operation already ran with the same fingerprint: answer with this.
+    Replay(StoredResponse),
+    /// The key was used for a different request (another fingerprint). Nothing ran.
+    Mismatch,
+    /// Another request with this key is still running. Nothing ran; ask the client
+    /// to retry after `retry_after`.
+    InFlight {
+        /// A hint for the `Retry-After` header.
+        retry_after: Duration,
+    },
+}
+
+/// Proof that this transaction owns a key. Consumed by [`Execution::complete`].
+#[derive(Debug)]
+#[must_use = "an execution must be completed before the transaction commits"]
+pub struct Execution {
+    pub(crate) tenant: String,
+    pub(crate) operation: String,
+    pub(crate) key: IdempotencyKey,
+    pub(crate) generation: i64,
+    pub(crate) retention: Duration,
+}
+
+impl Execution {
+    /// The execution of `req` at `generation`.
+    pub(crate) fn new(req: &ClaimRequest<'_>, generation: i64) -> Self {
+        Execution {
+            tenant: req.tenant.to_owned(),
+            operation: req.operation.to_owned(),
+            key: req.key.clone(),
+            generation,
+            retention: req.retention,
+        }
+    }
+
+    /// The execution's generation: 1 for a new key, one more each time an expired
+    /// key is executed anew.
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+}
+
+/// An outcome as stored and replayed: status, allow-listed headers and body.
+///
+/// ```
+/// use idem_runtime::StoredResponse;
+///
+/// let declined = StoredResponse { status: 402, headers: vec![], body: "declined".into() };
+/// assert_eq!(declined.state(), "failed"); // a 4xx is stored as `failed`, and replayed alike
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The HTTP status code.
+    pub status: u16,
+    /// Header names (lower case) and values, in response order.
+    pub headers: Vec<(String, String)>,
+    /// The body bytes, exactly as first sent.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Whether this outcome is stored as `failed` (4xx) rather than `completed`.
+    pub fn is_failure(&self) -> bool {
+        self.status >= 400
+    }
+
+    /// The row state this outcome is stored under: `failed` for a 4xx, else
+    /// `completed`.
+    pub fn state(&self) -> &'static str {
+        if self.is_failure() {
+            "failed"
+        } else {
+            "completed"
+        }
+    }
+}
+
+/// Why the store could not do its part. None of these carries a raw key.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The transaction does not run at READ COMMITTED.
+    #[error(
+        "idem claims need READ COMMITTED isolation; run the claim in a transaction at the default level"
+    )]
+    Isolation,
+    /// The claim this execution held is gone (deleted, or taken over after expiry).
+    #[error("the execution no longer holds its key (generation {generation}); nothing was stored")]
+    LostClaim {
+        /// The generation that tried to complete.
+        generation: i64,
+    },
+    /// A stored row could not be decoded.
+    #[error("a stored outcome is corrupt: {0}")]
+    Corrupt(String),
+    /// The database refused or failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The migrations could not be applied.
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// How the handler's path ended a transaction: stored and committed, or not.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Finish {
+    /// Stored and committed.
+    Committed,
+    /// Nothing was committed: neither the effect nor its record.
+    NotStored(StoreError),
+    /// The commit may or may not have happened (the connection failed on the way);
+    /// a retry with the same key replays or executes, either way safely.
+    Unknown(StoreError),
+}
+
+/// What a leased claim needs.
+#[derive(Debug, Clone)]
+pub struct LeaseRequest<'a> {
+    /// The caller's tenant id.
+    pub tenant: &'a str,
+    /// The operation's stable name.
+    pub operation: &'a str,
+    /// The validated key.
+    pub key: &'a IdempotencyKey,
+    /// The logical request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// How long the outcome is kept after completion.
+    pub retention: Duration,
+    /// How long the claim is owned without renewal.
+    pub lease: Duration,
+}
+
+/// How a lease was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquisition {
+    /// A new key.
+    New,
+    /// A finished outcome whose retention had passed: a new execution.
+    Reclaimed,
+    /// An execution whose lease lapsed: its worker died or stalled. The effect may
+    /// have happened; call downstream with [`crate::Lease::downstream_key`] so it
+    /// is not repeated.
+    TakenOver,
+}
+
+/// What a leased claim decided, before a [`crate::Lease`] is built around it.
+#[derive(Debug)]
+pub(crate) enum LeasedOutcome {
+    /// The caller owns the execution under `token`.
+    Acquired {
+        acquisition: Acquisition,
+        /// The owner token that fences every later statement.
+        token: String,
+        generation: i64,
+    },
+    /// A stored outcome with the same fingerprint.
+    Replay(StoredResponse),
+    /// The key is in use for a different request.
+    Mismatch,
+    /// Another worker holds a live lease (or the lock, for a moment).
+    InFlight { retry_after: Duration },
+    /// An earlier execution's effect is unknown.
+    Uncertain,
+}
+
+/// An owned row, as the fenced statements match it: primary key and owner token.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Owned<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) operation: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) token: &'a str,
+}
+
+/// A fenced statement other than storing the outcome.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fence {
+    /// Extend the lease by this much from now.
+    Renew(Duration),
+    /// Mark the row `uncertain`.
+    Uncertain,
+    /// Delete the row: the effect did not happen.
+    Release,
+}
+
+/// An `uncertain` row awaiting reconciliation.
+#[derive(Debug, Clone)]
+pub(crate) struct UncertainRow {
+    pub(crate) tenant: String,
+    /// The key as the client sent it.
+    pub(crate) key: String,
+    /// The generation that became uncertain.
+    pub(crate) generation: i64,
+    /// The owner token of the execution that became uncertain: what a
+    /// resolution is fenced by.
+    pub(crate) token: Option<String>,
+    /// When it was created, in the database's own units (for paging).
+    pub(crate) created: i64,
+}
+
+/// The in-flight rows as one sweep sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct InFlightSummary {
+    /// `processing` rows created at least the stale threshold ago.
+    pub(crate) stale_processing: u64,
+    /// `uncertain` rows created at least the stale threshold ago.
+    pub(crate) stale_uncertain: u64,
+    /// Seconds since the oldest in-flight row was created, as the database
+    /// computed it; `None` when no row is in flight. Left raw (it may be negative
+    /// for a row created "in the future") so that the sweeper clamps it in one
+    /// place for every backend.
+    pub(crate) oldest_seconds: Option<f64>,
+}
+
+/// The raw numbers of one stats snapshot, before [`crate::stats()`] adds them up.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StatsSnapshot {
+    /// "Now" of the snapshot, by the database clock (RFC 3339, UTC, whole seconds).
+    pub(crate) taken_at: String,
+    /// One entry per (operation, state) pair present in the table, in any order.
+    pub(crate) groups: Vec<StatsGroup>,
+    pub(crate) oldest_valid_created_at: Option<String>,
+    pub(crate) oldest_valid_age_seconds: Option<f64>,
+    pub(crate) oldest_in_flight_seconds: Option<f64>,
+}
+
+/// The rows of one operation in one state, as a [`StatsSnapshot`] holds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StatsGroup {
+    pub(crate) operation: String,
+    /// The state as stored; stats refuse one the schema does not allow.
+    pub(crate) state: String,
+    pub(crate) rows: u64,
+    /// Bytes of its stored outcomes: bodies plus the text of their headers.
+    pub(crate) stored_bytes: u64,
+    /// Its finished rows (`completed`, `failed`) past `expires_at`.
+    pub(crate) expired_unswept: u64,
+}
+
+/// A duration as the milliseconds every backend's SQL takes. Saturates rather
+/// than fails: a bound of centuries means "never" either way.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A database count as an unsigned number. A count is never negative; the
+/// fallback only keeps a corrupt answer from panicking a background task.
+pub(crate) fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}

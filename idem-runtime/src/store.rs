@@ -1,0 +1,111 @@
+//! The transactional mode by hand: claiming a key in your transaction and storing
+//! its outcome there, without the attribute.
+//!
+//! ```text
+//! [none] --claim--> processing --complete (same transaction)--> completed | failed
+//! completed/failed --claim, same fingerprint--> replay
+//! completed/failed --claim, other fingerprint--> mismatch
+//! processing (another transaction) --claim--> waits, then replay | execute | in flight
+//! completed/failed past expires_at --claim--> processing (a new execution)
+//! ```
+//!
+//! [`claim`], [`Execution::complete`] and [`migrate`] work on every database idem
+//! runs on, chosen by the transaction's or pool's type.
+
+use sqlx::{Pool, Transaction};
+
+use crate::db::Backend;
+use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
+
+/// Claims `req.key` inside `tx`, atomically.
+///
+/// On PostgreSQL the transaction must run at READ COMMITTED (the default); a
+/// duplicate waits up to `req.in_flight_wait` for a concurrent holder of the key
+/// (a `lock_timeout` in a subtransaction, which leaves `tx` usable). On SQLite it
+/// waits through the busy timeout; claim before any other statement, since
+/// SQLite serialises writers.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_runtime::{claim, Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse};
+///
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let key = IdempotencyKey::parse("order-42")?;
+/// let mut tx = pool.begin().await?;
+/// let req = ClaimRequest {
+///     tenant: "acme",
+///     operation: "create-order",
+///     key: &key,
+///     fingerprint: FingerprintBuilder::new("acme", "create-order", "JOB", "orders").finish(),
+///     retention: Duration::from_secs(24 * 3600),
+///     in_flight_wait: Duration::from_secs(2),
+/// };
+/// if let Claim::Execute(execution) = claim(&mut tx, &req).await? {
+///     // ... the effect, in `tx` ...
+///     let outcome = StoredResponse { status: 201, headers: vec![], body: "created".into() };
+///     execution.complete(&mut tx, &outcome).await?;
+///     tx.commit().await?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`StoreError::Isolation`] at another isolation level (PostgreSQL),
+/// [`StoreError::Database`] when the database fails. Nothing is claimed then.
+pub async fn claim<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    DB::claim(tx, req).await
+}
+
+/// Creates or updates idem's table (and, on PostgreSQL, its functions). Safe to
+/// call at every start and from several processes at once.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::StoreError> {
+/// idem_runtime::migrate(&pool).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`StoreError::Migrate`] when the database refuses the migration.
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), StoreError> {
+    DB::migrate(pool).await
+}
+
+/// idem's embedded migrations for `DB`, tracked in [`crate::MIGRATIONS_TABLE`]
+/// (apart from the application's own `_sqlx_migrations`), to run with options
+/// of your own or to list; [`migrate`] runs them as they are.
+///
+/// ```
+/// let pending = idem_runtime::migrator::<sqlx::Postgres>().iter().count();
+/// assert!(pending > 0);
+/// ```
+pub fn migrator<DB: Backend>() -> sqlx::migrate::Migrator {
+    DB::migrator()
+}
+
+impl Execution {
+    /// Stores the outcome in the same transaction that claimed the key. Commit the
+    /// transaction afterwards; until then nobody else sees the key as finished.
+    ///
+    /// A 4xx status is stored as `failed`, anything else as `completed`; both are
+    /// replayed alike. The retention runs from this moment (the database's own
+    /// clock), so a slow operation is not already expired when it commits. Do not
+    /// store 5xx outcomes: roll back instead, so a retry runs again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LostClaim`] when the row no longer belongs to this execution,
+    /// [`StoreError::Database`] when the update fails. Roll back in both cases.
+    pub async fn complete<DB: Backend>(
+        self,
+        tx: &mut Transaction<'_, DB>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        DB::complete(self, tx, response).await
+    }
+}
