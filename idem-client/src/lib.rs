@@ -1,0 +1,53 @@
+//! The client half of idem: a [`reqwest_middleware`] middleware that keeps the
+//! idempotency contract from the caller's side.
+//!
+//! A server that honours `Idempotency-Key` runs each logical request at most once
+//! and answers every retry of it the same way. That promise only helps a client
+//! that sends **one key per logical request and the same key with every retry**,
+//! waits out `409` (the first attempt is still running), keeps asking after a
+//! `202` outcome-uncertain, and **never retries a `422`** (the key was reused for
+//! a different request). [`IdempotencyMiddleware`] does exactly that:
+//!
+//! | answer | what the middleware does |
+//! | --- | --- |
+//! | connection error, timeout, body cut off (the lost response) | retry, same key, same bytes |
+//! | `5xx` (but `501`, `505`) | retry, not before `Retry-After` |
+//! | `409` in flight (`urn:idem:problem:request-in-flight`, or any `409` with `Retry-After`) | retry after `Retry-After` |
+//! | `202` outcome uncertain (`urn:idem:problem:outcome-uncertain`) | retry after `Retry-After`, until a final answer |
+//! | `422` and every other `4xx`; `2xx`, `3xx`; other `409`s | returned at once |
+//! | attempts or deadline used up | the error [`GaveUp`], carrying the key to retry with later |
+//!
+//! ```no_run
+//! use idem_client::{IdempotencyMiddleware, ResponseExt};
+//! use reqwest_middleware::ClientBuilder;
+//!
+//! # async fn run() -> Result<(), reqwest_middleware::Error> {
+//! let client = ClientBuilder::new(reqwest::Client::new())
+//!     .with(IdempotencyMiddleware::new())
+//!     .build();
+//! let answer = client
+//!     .post("http://127.0.0.1:3000/orders")
+//!     .bearer_auth("acme")
+//!     .header("x-currency", "EUR")
+//!     .json(&serde_json::json!({"sku": "A-1", "quantity": 1, "amount_cents": 100}))
+//!     .send()
+//!     .await?;
+//! let idem = answer.idem().expect("POST goes through the middleware");
+//! // idem.key: for your logs; idem.attempts; idem.replayed: nothing ran twice
+//! # Ok(()) }
+//! ```
+//!
+//! The crate logs nothing, so never a key. It does not depend on idem's server
+//! crates: any server that speaks the same contract will do.
+
+#![warn(missing_docs)]
+
+mod decide;
+mod key;
+mod middleware;
+mod outcome;
+
+pub use decide::{OUTCOME_UNCERTAIN, REQUEST_IN_FLIGHT};
+pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
+pub use middleware::IdempotencyMiddleware;
+pub use outcome::{ErrorExt, GaveUp, IdemOutcome, LastAnswer, Limit, ResponseExt};

@@ -1,0 +1,231 @@
+//! What the caller learns about a logical request: the answer's provenance, or
+//! why the client gave up.
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+
+use crate::IdempotencyKey;
+
+/// How a logical request went, stored in the extensions of the response the
+/// middleware returns. Read it with [`ResponseExt::idem`].
+///
+/// ```no_run
+/// use idem_client::{IdempotencyMiddleware, ResponseExt};
+///
+/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotencyMiddleware::new())
+///     .build();
+/// let response = client.post("http://127.0.0.1:3000/orders").send().await?;
+/// let idem = response.idem().expect("a POST goes through the middleware");
+/// println!("attempts {}, replayed {}", idem.attempts, idem.replayed);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IdemOutcome {
+    /// The key sent with every attempt (for the caller's logs: the crate never
+    /// logs it).
+    pub key: IdempotencyKey,
+    /// How many times the request was sent, at least 1.
+    pub attempts: u32,
+    /// The server answered `Idempotent-Replayed: true`: this is the stored answer
+    /// of an earlier attempt (or of another caller with the same key), and
+    /// nothing ran again.
+    pub replayed: bool,
+}
+
+/// Reads the [`IdemOutcome`] off a response.
+///
+/// ```
+/// use idem_client::ResponseExt;
+///
+/// // A response that did not go through the middleware has none.
+/// let plain = reqwest::Response::from(http::Response::new(""));
+/// assert!(plain.idem().is_none());
+/// ```
+pub trait ResponseExt {
+    /// The outcome, when the middleware handled the request.
+    fn idem(&self) -> Option<&IdemOutcome>;
+}
+
+impl ResponseExt for reqwest::Response {
+    fn idem(&self) -> Option<&IdemOutcome> {
+        self.extensions().get::<IdemOutcome>()
+    }
+}
+
+/// The error the middleware returns when every answer it got asked for a retry
+/// and it may not try again: the attempts or the deadline are used up.
+///
+/// The logical request may or may not have run (a lost response looks like an
+/// outage): retry it later with the same [`key`](GaveUp::key), never a new one.
+/// It arrives as `reqwest_middleware::Error::Middleware`; [`ErrorExt::gave_up`]
+/// finds it. Its `Display` never shows the key.
+///
+/// ```no_run
+/// use idem_client::{ErrorExt, IdempotencyMiddleware};
+///
+/// # async fn run() {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotencyMiddleware::new())
+///     .build();
+/// match client.post("http://127.0.0.1:3000/payments").send().await {
+///     Ok(answer) => println!("{}", answer.status()),
+///     Err(e) => match e.gave_up() {
+///         // keep gave_up.key: the payment may have happened
+///         Some(gave_up) => eprintln!("{gave_up}"),
+///         None => eprintln!("{e}"),
+///     },
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct GaveUp {
+    /// The key every attempt carried: retry with it.
+    pub key: IdempotencyKey,
+    /// How many times the request was sent.
+    pub attempts: u32,
+    /// From the first send to giving up.
+    pub elapsed: Duration,
+    /// Which bound ended the retries.
+    pub limit: Limit,
+    /// What the last attempt got.
+    pub last: LastAnswer,
+}
+
+/// The bound that ended the retries of a [`GaveUp`].
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_client::Limit;
+///
+/// assert_eq!(Limit::Attempts(3).to_string(), "3 attempts");
+/// assert_eq!(Limit::Deadline(Duration::from_secs(30)).to_string(), "the 30s deadline");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Limit {
+    /// The configured maximum of attempts was reached.
+    Attempts(u32),
+    /// The next attempt (or its `Retry-After`) would end past the deadline, or
+    /// the deadline passed while an attempt was still waiting for its answer.
+    Deadline(Duration),
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Limit::Attempts(n) => write!(f, "{n} attempts"),
+            Limit::Deadline(d) => write!(f, "the {d:?} deadline"),
+        }
+    }
+}
+
+/// What the last attempt of a [`GaveUp`] got.
+///
+/// ```
+/// use idem_client::LastAnswer;
+///
+/// let last = LastAnswer::CutOff;
+/// assert_eq!(last.to_string(), "no answer before the deadline");
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LastAnswer {
+    /// An answer that asks for a retry: a 5xx, the contract's `409` (request in
+    /// flight) or `202` (outcome uncertain).
+    Status {
+        /// Its status.
+        status: StatusCode,
+        /// Its problem type (`application/problem+json` `type`), if any.
+        problem_type: Option<String>,
+        /// Its `Retry-After`, if any.
+        retry_after: Option<Duration>,
+    },
+    /// No answer: the connection failed, or timed out (the lost response).
+    Transport(reqwest::Error),
+    /// The deadline passed while the attempt was waiting for its answer.
+    CutOff,
+}
+
+impl fmt::Display for LastAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LastAnswer::Status {
+                status,
+                problem_type,
+                ..
+            } => {
+                write!(f, "{status}")?;
+                if let Some(t) = problem_type {
+                    write!(f, " ({t})")?;
+                }
+                Ok(())
+            }
+            LastAnswer::Transport(e) => write!(f, "no answer: {e}"),
+            LastAnswer::CutOff => f.write_str("no answer before the deadline"),
+        }
+    }
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no final answer within {} ({} attempt{} in {:.1?}); the last: {}; \
+             the request may have run: retry it with the same Idempotency-Key",
+            self.limit,
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.elapsed,
+            self.last
+        )
+    }
+}
+
+/// Its source is the last transport error, if the last attempt had no answer.
+impl std::error::Error for GaveUp {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.last {
+            LastAnswer::Transport(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Finds idem-client's own errors inside a `reqwest_middleware::Error`.
+///
+/// ```
+/// use idem_client::{ErrorExt, InvalidKey};
+///
+/// let e = reqwest_middleware::Error::middleware(InvalidKey::Empty);
+/// assert!(e.gave_up().is_none());
+/// assert_eq!(e.invalid_key(), Some(&InvalidKey::Empty));
+/// ```
+pub trait ErrorExt {
+    /// The [`GaveUp`], when the retries ran out.
+    fn gave_up(&self) -> Option<&GaveUp>;
+    /// The [`InvalidKey`](crate::InvalidKey), when an `Idempotency-Key` header the caller set is not
+    /// a valid key (nothing was sent).
+    fn invalid_key(&self) -> Option<&crate::InvalidKey>;
+}
+
+impl ErrorExt for reqwest_middleware::Error {
+    fn gave_up(&self) -> Option<&GaveUp> {
+        match self {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    fn invalid_key(&self) -> Option<&crate::InvalidKey> {
+        match self {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+}

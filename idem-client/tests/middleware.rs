@@ -1,0 +1,565 @@
+//! The middleware's decisions against tiny in-process servers: a scripted axum
+//! app (each request gets the next scripted answer and is recorded), and raw TCP
+//! servers for answers axum cannot give (a connection closed mid-way).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use idem_client::{
+    ErrorExt, IdempotencyKey, IdempotencyMiddleware, LastAnswer, Limit, OUTCOME_UNCERTAIN,
+    REQUEST_IN_FLIGHT, ResponseExt,
+};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// One scripted answer.
+#[derive(Clone)]
+enum Reply {
+    /// Status, extra headers, body.
+    Answer(u16, Vec<(&'static str, &'static str)>, &'static str),
+    /// Never answers (until the client gives up on it).
+    Hang,
+}
+
+fn status(code: u16) -> Reply {
+    Reply::Answer(code, vec![], "")
+}
+
+fn problem(code: u16, problem_type: &'static str, retry_after: Option<&'static str>) -> Reply {
+    let mut headers = vec![("content-type", "application/problem+json")];
+    if let Some(r) = retry_after {
+        headers.push(("retry-after", r));
+    }
+    let body = match problem_type {
+        REQUEST_IN_FLIGHT => r#"{"type":"urn:idem:problem:request-in-flight"}"#,
+        OUTCOME_UNCERTAIN => r#"{"type":"urn:idem:problem:outcome-uncertain"}"#,
+        "urn:idem:problem:fingerprint-mismatch" => {
+            r#"{"type":"urn:idem:problem:fingerprint-mismatch"}"#
+        }
+        _ => r#"{"type":"urn:test:problem:other"}"#,
+    };
+    Reply::Answer(code, headers, body)
+}
+
+fn created(replayed: bool) -> Reply {
+    let headers = if replayed {
+        vec![("idempotent-replayed", "true")]
+    } else {
+        vec![]
+    };
+    Reply::Answer(201, headers, r#"{"id":1}"#)
+}
+
+/// What the server saw of one request.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: Method,
+    key: Option<String>,
+    body: Bytes,
+}
+
+#[derive(Clone, Default)]
+struct Script {
+    replies: Arc<Mutex<VecDeque<Reply>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Script {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Serves `replies` in order (then `201`s) and returns the base URL and the record.
+async fn scripted(replies: impl IntoIterator<Item = Reply>) -> (String, Script) {
+    let script = Script {
+        replies: Arc::new(Mutex::new(replies.into_iter().collect())),
+        ..Script::default()
+    };
+    let state = script.clone();
+    let app =
+        axum::Router::new().fallback(move |method: Method, headers: HeaderMap, body: Bytes| {
+            let state = state.clone();
+            async move {
+                state.seen.lock().unwrap().push(Seen {
+                    method,
+                    key: headers
+                        .get("idempotency-key")
+                        .map(|v| v.to_str().unwrap().to_owned()),
+                    body,
+                });
+                let reply = state.replies.lock().unwrap().pop_front();
+                match reply.unwrap_or_else(|| created(false)) {
+                    Reply::Answer(code, headers, body) => {
+                        let mut r: Response = body.into_response();
+                        *r.status_mut() = StatusCode::from_u16(code).unwrap();
+                        for (k, v) in headers {
+                            r.headers_mut().insert(k, v.parse().unwrap());
+                        }
+                        r
+                    }
+                    Reply::Hang => {
+                        // The client's timeout ends the attempt; this is only a backstop.
+                        tokio::time::sleep(Duration::from_secs(600)).await;
+                        StatusCode::GATEWAY_TIMEOUT.into_response()
+                    }
+                }
+            }
+        });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, script)
+}
+
+/// A client with fast retries, so the tests spend little time backing off.
+fn client(middleware: IdempotencyMiddleware) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(middleware.backoff(Duration::from_millis(1), Duration::from_millis(20)))
+        .build()
+}
+
+fn fast() -> IdempotencyMiddleware {
+    IdempotencyMiddleware::new().deadline(Duration::from_secs(60))
+}
+
+#[tokio::test]
+async fn every_retry_carries_the_same_key_and_the_same_bytes() {
+    let (base, script) = scripted([status(503), status(500), created(false)]).await;
+    let body: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let idem = r.idem().unwrap().clone();
+    assert_eq!(idem.attempts, 3);
+    assert!(!idem.replayed);
+    let seen = script.seen();
+    assert_eq!(seen.len(), 3);
+    for s in &seen {
+        assert_eq!(s.key.as_deref(), Some(idem.key.as_str()));
+        assert_eq!(s.body, body);
+    }
+    assert_eq!(
+        uuid::Uuid::parse_str(idem.key.as_str())
+            .unwrap()
+            .get_version_num(),
+        4
+    );
+    assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
+}
+
+#[tokio::test]
+async fn a_streaming_body_is_buffered_and_sent_again_byte_for_byte() {
+    let (base, script) = scripted([status(503), created(false)]).await;
+    let body = Bytes::from_static(b"{\"sku\":\"A-1\"}");
+    let streaming = reqwest::Body::wrap(http_body_util::Full::new(body.clone()));
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .body(streaming)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    let seen = script.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.body == body));
+}
+
+#[tokio::test]
+async fn each_logical_request_gets_a_fresh_key() {
+    let (base, script) = scripted([]).await;
+    let client = client(fast());
+    let a = client.post(format!("{base}/a")).send().await.unwrap();
+    let b = client.patch(format!("{base}/b")).send().await.unwrap();
+    assert_ne!(a.idem().unwrap().key, b.idem().unwrap().key);
+    let seen = script.seen();
+    assert_eq!(seen[0].key.as_deref(), Some(a.idem().unwrap().key.as_str()));
+    assert_eq!(seen[1].key.as_deref(), Some(b.idem().unwrap().key.as_str()));
+}
+
+#[tokio::test]
+async fn the_callers_key_is_used_from_an_extension_or_a_header() {
+    let (base, script) = scripted([status(503)]).await;
+    let client = client(fast());
+    let key = IdempotencyKey::new("invoice-42").unwrap();
+    let r = client
+        .post(format!("{base}/payments"))
+        .with_extension(key.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.idem().unwrap().key, key);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    let r = client
+        .post(format!("{base}/payments"))
+        .header("idempotency-key", "from-a-header")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.idem().unwrap().key.as_str(), "from-a-header");
+    // The extension wins over a header.
+    let r = client
+        .post(format!("{base}/payments"))
+        .header("idempotency-key", "from-a-header")
+        .with_extension(key.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.idem().unwrap().key, key);
+    let keys: Vec<_> = script.seen().into_iter().map(|s| s.key.unwrap()).collect();
+    assert_eq!(
+        keys,
+        ["invoice-42", "invoice-42", "from-a-header", "invoice-42"]
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_key_in_a_header_is_refused_before_anything_is_sent() {
+    let (base, script) = scripted([]).await;
+    let e = client(fast())
+        .post(format!("{base}/orders"))
+        .header("idempotency-key", "\"quoted\"")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(e.invalid_key(), Some(&idem_client::InvalidKey::Quoted));
+    assert!(script.seen().is_empty());
+}
+
+#[tokio::test]
+async fn other_methods_pass_through_untouched_unless_they_bring_a_key() {
+    let (base, script) = scripted([status(503), status(503), status(503)]).await;
+    let client = client(fast());
+    for method in [Method::GET, Method::PUT, Method::DELETE] {
+        let r = client
+            .request(method.clone(), format!("{base}/x"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503, "{method}");
+        assert!(r.idem().is_none());
+    }
+    let seen = script.seen();
+    assert_eq!(seen.len(), 3, "no retries");
+    assert!(seen.iter().all(|s| s.key.is_none()), "no key");
+    // A DELETE that brings a key opts in: key and retries.
+    let (base, script) = scripted([status(503)]).await;
+    let r = client
+        .delete(format!("{base}/orders/1"))
+        .with_extension(IdempotencyKey::new("delete-1").unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    assert!(
+        script
+            .seen()
+            .iter()
+            .all(|s| s.method == Method::DELETE && s.key.as_deref() == Some("delete-1"))
+    );
+    // And the configured methods can be changed.
+    let (base, script) = scripted([status(503)]).await;
+    let put_too = self::client(fast().methods([Method::PUT]));
+    assert_eq!(
+        put_too
+            .put(format!("{base}/x"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let (base2, script2) = scripted([status(503)]).await;
+    assert_eq!(
+        put_too
+            .post(format!("{base2}/x"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    assert_eq!(script.seen().len(), 2);
+    assert_eq!(script2.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn a_422_is_returned_at_once() {
+    let (base, script) = scripted([
+        problem(422, "urn:idem:problem:fingerprint-mismatch", Some("1")),
+        created(false),
+    ])
+    .await;
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    assert_eq!(r.idem().unwrap().attempts, 1);
+    assert_eq!(script.seen().len(), 1);
+    assert!(
+        r.text().await.unwrap().contains("fingerprint-mismatch"),
+        "the body is there for the caller"
+    );
+}
+
+#[tokio::test]
+async fn other_4xx_and_a_business_409_are_returned_at_once() {
+    let replies = [
+        status(400),
+        status(401),
+        status(404),
+        Reply::Answer(429, vec![("retry-after", "1")], ""),
+        problem(409, "urn:orders:problem:invalid-transition", None),
+        status(501),
+    ];
+    let n = replies.len();
+    let (base, script) = scripted(replies).await;
+    let client = client(fast());
+    for expected in [400, 401, 404, 429, 409, 501] {
+        let r = client.post(format!("{base}/x")).send().await.unwrap();
+        assert_eq!(r.status(), expected);
+        assert_eq!(r.idem().unwrap().attempts, 1, "{expected}");
+    }
+    assert_eq!(script.seen().len(), n);
+}
+
+#[tokio::test]
+async fn an_in_flight_409_is_retried_not_before_its_retry_after() {
+    let (base, script) =
+        scripted([problem(409, REQUEST_IN_FLIGHT, Some("1")), created(true)]).await;
+    let started = std::time::Instant::now();
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1"
+    );
+    assert_eq!(r.status(), 201);
+    let idem = r.idem().unwrap();
+    assert_eq!(idem.attempts, 2);
+    assert!(idem.replayed);
+    assert_eq!(script.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn an_uncertain_202_is_retried_until_a_final_answer() {
+    let (base, _script) = scripted([
+        problem(202, OUTCOME_UNCERTAIN, Some("0")),
+        problem(202, OUTCOME_UNCERTAIN, Some("0")),
+        created(true),
+    ])
+    .await;
+    let r = client(fast())
+        .post(format!("{base}/payments"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 3);
+    assert!(r.idem().unwrap().replayed);
+    // A plain 202 is an answer.
+    let (base, _script) = scripted([status(202)]).await;
+    let r = client(fast())
+        .post(format!("{base}/jobs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    assert_eq!(r.idem().unwrap().attempts, 1);
+}
+
+#[tokio::test]
+async fn attempts_are_bounded() {
+    let (base, script) = scripted(std::iter::repeat_n(status(503), 10)).await;
+    let e = client(fast().max_attempts(3))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert_eq!(gave_up.attempts, 3);
+    assert_eq!(gave_up.limit, Limit::Attempts(3));
+    assert!(matches!(
+        gave_up.last,
+        LastAnswer::Status { status, .. } if status == 503
+    ));
+    assert_eq!(script.seen().len(), 3);
+    let shown = e.to_string();
+    assert!(shown.contains("3 attempts"), "{shown}");
+    assert!(
+        !shown.contains(gave_up.key.as_str()),
+        "never the key: {shown}"
+    );
+    let debugged = format!("{e:?}");
+    assert!(
+        !debugged.contains(gave_up.key.as_str()),
+        "never the key: {debugged}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_deadline_gives_up_at_once() {
+    let (base, script) = scripted([problem(503, "other", Some("120"))]).await;
+    let e = client(fast().deadline(Duration::from_secs(10)))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert_eq!(gave_up.attempts, 1);
+    assert_eq!(gave_up.limit, Limit::Deadline(Duration::from_secs(10)));
+    assert!(
+        gave_up.elapsed < Duration::from_secs(10),
+        "it does not sleep towards a deadline it cannot make"
+    );
+    match &gave_up.last {
+        LastAnswer::Status {
+            retry_after,
+            problem_type,
+            ..
+        } => {
+            assert_eq!(*retry_after, Some(Duration::from_secs(120)));
+            assert_eq!(problem_type.as_deref(), Some("urn:test:problem:other"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(script.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn a_response_lost_to_the_attempt_timeout_is_retried_with_the_same_key() {
+    let (base, script) = scripted([Reply::Hang, created(true)]).await;
+    let r = client(fast().attempt_timeout(Duration::from_millis(300)))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    assert!(r.idem().unwrap().replayed);
+    let seen = script.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].key, seen[1].key);
+}
+
+#[tokio::test]
+async fn the_deadline_cuts_off_an_attempt_that_waits_for_its_answer() {
+    let (base, _script) = scripted([Reply::Hang]).await;
+    let e = client(fast().deadline(Duration::from_millis(500)))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert_eq!(gave_up.attempts, 1);
+    assert!(matches!(gave_up.last, LastAnswer::CutOff));
+    assert_eq!(gave_up.limit, Limit::Deadline(Duration::from_millis(500)));
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_then_a_clear_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let e = client(fast().max_attempts(4))
+        .post(format!("http://{addr}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert_eq!(gave_up.attempts, 4);
+    match &gave_up.last {
+        LastAnswer::Transport(t) => assert!(t.is_connect(), "{t}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(std::error::Error::source(gave_up).is_some());
+}
+
+/// A raw HTTP server: connection `i` gets `script[i]` (then a `201`), after the
+/// whole request head has arrived. `None` closes the connection without a word.
+async fn raw(script: Vec<Option<&'static str>>) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        let mut script = script.into_iter();
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let reply = script.next().unwrap_or(Some(
+                "HTTP/1.1 201 Created\r\ncontent-length: 8\r\nconnection: close\r\n\r\n{\"id\":1}",
+            ));
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&buf[..n]);
+            }
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&head).to_lowercase());
+            if let Some(reply) = reply {
+                socket.write_all(reply.as_bytes()).await.unwrap();
+            }
+            // Dropping the socket closes the connection.
+        }
+    });
+    (base, heads)
+}
+
+fn key_of(head: &str) -> String {
+    head.lines()
+        .find_map(|l| l.strip_prefix("idempotency-key: "))
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_connection_closed_before_the_answer_is_retried() {
+    let (base, heads) = raw(vec![None]).await;
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2);
+    assert_eq!(key_of(&heads[0]), key_of(&heads[1]));
+}
+
+#[tokio::test]
+async fn a_body_cut_off_mid_way_is_retried() {
+    let (base, heads) = raw(vec![Some(
+        "HTTP/1.1 201 Created\r\ncontent-length: 50\r\n\r\n{\"id\":",
+    )])
+    .await;
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
+    assert_eq!(heads.lock().unwrap().len(), 2);
+}
