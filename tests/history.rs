@@ -1094,11 +1094,16 @@ impl Run {
             *statuses.entry(k).or_default() += 1;
         }
         let windows_total: usize = windows.iter().map(Vec::len).sum();
+        let count = |what: &str| self.steps.iter().filter(|s| s.contains(what)).count();
         eprintln!(
-            "history (seed {seed}): {} steps, {} requests, {} servers, {} orders, {} windows, answers {statuses:?}",
+            "history (seed {seed}): {} steps, {} requests, {} servers ({} SIGKILLs in a burst), \
+             {} bursts with pg_terminate_backend, {} expiries, {} orders, {} windows, answers {statuses:?}",
             self.steps.len(),
             self.events.len(),
             self.servers,
+            count("+ SIGKILL"),
+            count("pg_terminate_backend"),
+            count("expiry of"),
             orders.len(),
             windows_total,
         );
