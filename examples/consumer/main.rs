@@ -32,75 +32,16 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures_util::StreamExt;
-use idem_runtime::consumer::{ConsumeError, Delivery, Message, process_once};
-use serde::Deserialize;
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+#[path = "../shared/ledger.rs"]
+mod ledger;
 
-const OPERATION: &str = "apply-ledger-credit";
+use idem_runtime::consumer::{ConsumeError, Delivery};
+use ledger::{Credit, env, env_u64};
+
 /// Longer than JetStream keeps or redelivers a message here.
 const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Credit {
-    account: String,
-    amount_cents: i64,
-}
-
-fn env(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn env_u64(name: &str, default: u64) -> Result<u64, String> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => v
-            .parse()
-            .map_err(|_| format!("{name} must be a whole number, not {v:?}")),
-    }
-}
-
-async fn apply(
-    pool: &PgPool,
-    scope: &str,
-    id: &str,
-    payload: &[u8],
-    credit: &Credit,
-) -> Result<Delivery<()>, ConsumeError<sqlx::Error>> {
-    let msg = Message {
-        scope,
-        operation: OPERATION,
-        id,
-        payload,
-    };
-    let (account, amount) = (credit.account.clone(), credit.amount_cents);
-    process_once(pool, &msg, RETENTION, move |tx| {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO ledger_entries (account, amount_cents) VALUES ($1, $2)")
-                .bind(&account)
-                .bind(amount)
-                .execute(&mut **tx)
-                .await?;
-            sqlx::query(
-                "INSERT INTO balances (account, balance_cents) VALUES ($1, $2) \
-                 ON CONFLICT (account) DO UPDATE SET balance_cents = balances.balance_cents + EXCLUDED.balance_cents",
-            )
-            .bind(&account)
-            .bind(amount)
-            .execute(&mut **tx)
-            .await?;
-            Ok(())
-        })
-    })
-    .await
-}
-
 async fn run() -> Result<(), String> {
-    let database_url = env(
-        "DATABASE_URL",
-        "postgres://postgres@127.0.0.1:5432/postgres",
-    );
     let nats_url = env("NATS_URL", "nats://127.0.0.1:4222");
     let stream_name = env("CONSUMER_STREAM", "LEDGER");
     let subject = env("CONSUMER_SUBJECT", "ledger.credits");
@@ -108,18 +49,7 @@ async fn run() -> Result<(), String> {
     let ack_wait = Duration::from_millis(env_u64("CONSUMER_ACK_WAIT_MS", 30_000)?);
     let crash_after = env_u64("CONSUMER_CRASH_AFTER_COMMIT", 0)?;
 
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url)
-        .await
-        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
-    idem_runtime::migrate(&pool)
-        .await
-        .map_err(|e| e.to_string())?;
-    sqlx::migrate!("examples/consumer/migrations")
-        .run(&pool)
-        .await
-        .map_err(|e| format!("consumer migrations failed: {e}"))?;
+    let pool = ledger::connect().await?;
 
     let client = async_nats::connect(&nats_url)
         .await
@@ -187,32 +117,33 @@ async fn run() -> Result<(), String> {
                 continue;
             }
         };
-        let ack = match apply(&pool, &durable, &id, &message.payload, &credit).await {
-            Ok(Delivery::Applied(())) => {
-                commits += 1;
-                tracing::info!(delivered, "consumer: applied");
-                if crash_after > 0 && commits == crash_after {
-                    tracing::warn!("consumer: simulated crash after commit, before ack");
-                    std::process::exit(3);
+        let ack =
+            match ledger::apply(&pool, &durable, &id, &message.payload, &credit, RETENTION).await {
+                Ok(Delivery::Applied(())) => {
+                    commits += 1;
+                    tracing::info!(delivered, "consumer: applied");
+                    if crash_after > 0 && commits == crash_after {
+                        tracing::warn!("consumer: simulated crash after commit, before ack");
+                        std::process::exit(3);
+                    }
+                    AckKind::Ack
                 }
-                AckKind::Ack
-            }
-            Ok(Delivery::Duplicate) => {
-                tracing::info!(delivered, "consumer: duplicate delivery; already applied");
-                AckKind::Ack
-            }
-            Ok(Delivery::Conflict) => {
-                tracing::error!(
-                    "consumer: message id reused with another payload; not applied, terminated"
-                );
-                AckKind::Term
-            }
-            Err(ConsumeError::InFlight) => AckKind::Nak(Some(Duration::from_secs(1))),
-            Err(e) => {
-                tracing::warn!(error = %e, "consumer: not applied; will be redelivered");
-                AckKind::Nak(Some(Duration::from_secs(1)))
-            }
-        };
+                Ok(Delivery::Duplicate) => {
+                    tracing::info!(delivered, "consumer: duplicate delivery; already applied");
+                    AckKind::Ack
+                }
+                Ok(Delivery::Conflict) => {
+                    tracing::error!(
+                        "consumer: message id reused with another payload; not applied, terminated"
+                    );
+                    AckKind::Term
+                }
+                Err(ConsumeError::InFlight) => AckKind::Nak(Some(Duration::from_secs(1))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "consumer: not applied; will be redelivered");
+                    AckKind::Nak(Some(Duration::from_secs(1)))
+                }
+            };
         if let Err(e) = message.ack_with(ack).await {
             // The effect is committed; a redelivery will be recognised.
             tracing::warn!(error = %e, "consumer: ack failed");
@@ -223,17 +154,5 @@ async fn run() -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("consumer: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    ledger::main_with(run()).await
 }

@@ -46,7 +46,10 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idem_runtime::consumer::{ConsumeError, Delivery, Message, process_once};
+#[path = "../shared/ledger.rs"]
+mod ledger;
+
+use idem_runtime::consumer::Delivery;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
@@ -54,70 +57,12 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
-use serde::Deserialize;
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use ledger::{Credit, env, env_u64};
 
-const OPERATION: &str = "apply-ledger-credit";
 /// How long a message id is remembered: longer than a message waits in the
 /// queue here. RabbitMQ has no bound of its own (no message TTL is set): a
 /// message requeued after its key was swept would be applied again.
 const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Credit {
-    account: String,
-    amount_cents: i64,
-}
-
-fn env(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn env_u64(name: &str, default: u64) -> Result<u64, String> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => v
-            .parse()
-            .map_err(|_| format!("{name} must be a whole number, not {v:?}")),
-    }
-}
-
-async fn apply(
-    pool: &PgPool,
-    scope: &str,
-    id: &str,
-    payload: &[u8],
-    credit: &Credit,
-) -> Result<Delivery<()>, ConsumeError<sqlx::Error>> {
-    let msg = Message {
-        scope,
-        operation: OPERATION,
-        id,
-        payload,
-    };
-    let (account, amount) = (credit.account.clone(), credit.amount_cents);
-    process_once(pool, &msg, RETENTION, move |tx| {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO ledger_entries (account, amount_cents) VALUES ($1, $2)")
-                .bind(&account)
-                .bind(amount)
-                .execute(&mut **tx)
-                .await?;
-            sqlx::query(
-                "INSERT INTO balances (account, balance_cents) VALUES ($1, $2) \
-                 ON CONFLICT (account) DO UPDATE SET balance_cents = balances.balance_cents + EXCLUDED.balance_cents",
-            )
-            .bind(&account)
-            .bind(amount)
-            .execute(&mut **tx)
-            .await?;
-            Ok(())
-        })
-    })
-    .await
-}
 
 /// The quorum queue's arguments: the broker counts deliveries and dead-letters a
 /// message past the limit, and every rejected message, to `dead_letter_queue`.
@@ -168,10 +113,6 @@ enum Answer {
 }
 
 async fn run() -> Result<(), String> {
-    let database_url = env(
-        "DATABASE_URL",
-        "postgres://postgres@127.0.0.1:5432/postgres",
-    );
     let amqp_url = env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
     let queue = env("CONSUMER_QUEUE", "ledger.credits");
     let dead_letter_queue = env("CONSUMER_DEAD_LETTER_QUEUE", &format!("{queue}.dead"));
@@ -181,19 +122,7 @@ async fn run() -> Result<(), String> {
         .map_err(|_| "CONSUMER_PREFETCH must be at most 65535".to_owned())?;
     let crash_after = env_u64("CONSUMER_CRASH_AFTER_COMMIT", 0)?;
 
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url)
-        .await
-        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
-    idem_runtime::migrate(&pool)
-        .await
-        .map_err(|e| e.to_string())?;
-    // The JetStream example's tables: both examples can share a database.
-    sqlx::migrate!("examples/consumer/migrations")
-        .run(&pool)
-        .await
-        .map_err(|e| format!("consumer migrations failed: {e}"))?;
+    let pool = ledger::connect().await?;
 
     let connection = Connection::connect(&amqp_url, ConnectionProperties::default())
         .await
@@ -261,7 +190,9 @@ async fn run() -> Result<(), String> {
                 Ok(credit) => {
                     // Tagged, as the JetStream example tags its kinds of identity.
                     let id = format!("msg:{message_id}");
-                    match apply(&pool, &queue, &id, &delivery.data, &credit).await {
+                    match ledger::apply(&pool, &queue, &id, &delivery.data, &credit, RETENTION)
+                        .await
+                    {
                         Ok(Delivery::Applied(())) => {
                             commits += 1;
                             tracing::info!(attempt, id = %message_id, "consumer: applied");
@@ -323,17 +254,5 @@ async fn run() -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
-    match run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("consumer: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    ledger::main_with(run()).await
 }
