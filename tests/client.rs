@@ -8,8 +8,9 @@
 //! alone.
 
 mod common;
+#[path = "common/orders.rs"]
+mod orders;
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,78 +20,21 @@ use idem_client::{
 };
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-/// A running `orders` process.
-struct Server {
-    child: Child,
-    base: String,
-    log: tokio::sync::watch::Receiver<Vec<String>>,
-}
+use orders::Server;
 
-impl Server {
-    async fn start(db: &TestDb, env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(common::example_binary("orders"));
-        cmd.env("DATABASE_URL", &db.url)
-            .env("IDEM_ADDR", "127.0.0.1:0")
-            // idem's debug line "idem: execute" says a request claimed its key.
-            .env("RUST_LOG", "info,idem_runtime=debug")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("start the orders example");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let (log_tx, log) = tokio::sync::watch::channel(Vec::new());
-        let base = loop {
-            let line = tokio::time::timeout_at(deadline.into(), lines.next_line())
-                .await
-                .expect("the server logs its address within 60 s")
-                .unwrap()
-                .expect("the server exited before it was ready");
-            if let Some(at) = line.find("listening on http://") {
-                break line[at + "listening on ".len()..]
-                    .chars()
-                    .take_while(|c| !c.is_whitespace() && *c != '\x1b')
-                    .collect::<String>();
-            }
-        };
-        // Keep draining its output so the process never blocks on a full pipe.
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                log_tx.send_modify(|log| log.push(line));
-            }
-        });
-        Server { child, base, log }
-    }
-
-    /// Waits until the server has claimed a key for its `n`th execution.
-    async fn wait_until_executing(&self, n: usize) {
-        let mut log = self.log.clone();
-        let seen = tokio::time::timeout(
-            Duration::from_secs(60),
-            log.wait_for(|lines| lines.iter().filter(|l| l.contains("idem: execute")).count() >= n),
-        )
-        .await;
-        assert!(matches!(seen, Ok(Ok(_))), "no {n}th execution");
-    }
-
-    async fn provider(&self) -> Value {
-        reqwest::Client::new()
-            .get(format!("{}/provider", self.base))
-            .bearer_auth("acme")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
+/// What the simulated provider saw.
+async fn provider(server: &Server) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}/provider", server.base))
+        .bearer_auth("acme")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 /// What one attempt got: a status and its `Retry-After` in seconds, or `None`
@@ -165,7 +109,7 @@ async fn count(db: &TestDb, sql: &str) -> i64 {
 async fn a_response_lost_to_a_client_timeout_is_answered_by_the_replay() {
     let db = TestDb::new().await;
     let server = Server::start(
-        &db,
+        &db.url,
         &[
             ("ORDERS_LATENCY_MS", "1500"),
             ("IDEM_IN_FLIGHT_WAIT_MS", "200"),
@@ -208,7 +152,7 @@ async fn a_duplicate_in_flight_waits_out_its_409s() {
     let db = TestDb::new().await;
     let server = Arc::new(
         Server::start(
-            &db,
+            &db.url,
             &[
                 ("ORDERS_LATENCY_MS", "5000"),
                 ("IDEM_IN_FLIGHT_WAIT_MS", "200"),
@@ -263,7 +207,7 @@ async fn a_duplicate_in_flight_waits_out_its_409s() {
 async fn an_uncertain_payment_is_retried_until_reconciled() {
     let db = TestDb::new().await;
     let server = Server::start(
-        &db,
+        &db.url,
         &[
             ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
             ("PAYMENTS_RECONCILE_INTERVAL_MS", "50"),
@@ -291,14 +235,14 @@ async fn an_uncertain_payment_is_retried_until_reconciled() {
     assert!(started.elapsed() >= retry_after, "Retry-After was honoured");
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["id"], "ch_000001");
-    assert_eq!(server.provider().await, json!({"calls": 1, "charges": 1}));
+    assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
 }
 
 /// The key reused for a different request: `422` at once, never retried.
 #[tokio::test]
 async fn a_422_is_returned_at_once() {
     let db = TestDb::new().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url, &[]).await;
     let (client, attempts) = client(IdempotencyMiddleware::new());
     let key = IdempotencyKey::new("reused-1").unwrap();
     let first = order(&client, &server, 2)
@@ -325,7 +269,7 @@ async fn a_422_is_returned_at_once() {
 #[tokio::test]
 async fn an_outage_beyond_the_deadline_gives_a_clear_error() {
     let db = TestDb::new().await;
-    let server = Server::start(&db, &[("PAYMENTS_PROVIDER_OUTAGE_CALLS", "100000")]).await;
+    let server = Server::start(&db.url, &[("PAYMENTS_PROVIDER_OUTAGE_CALLS", "100000")]).await;
     let deadline = Duration::from_secs(10);
     let (client, attempts) = client(
         IdempotencyMiddleware::new()
@@ -363,7 +307,7 @@ async fn an_outage_beyond_the_deadline_gives_a_clear_error() {
     let shown = e.to_string();
     assert!(shown.contains("deadline"), "{shown}");
     assert!(shown.contains("same Idempotency-Key"), "{shown}");
-    assert_eq!(server.provider().await["charges"], 0);
+    assert_eq!(provider(&server).await["charges"], 0);
     assert_eq!(
         count(&db, "SELECT count(*) FROM idempotency_requests").await,
         0
@@ -374,7 +318,7 @@ async fn an_outage_beyond_the_deadline_gives_a_clear_error() {
 #[tokio::test]
 async fn a_dead_service_gives_a_clear_error_at_the_deadline() {
     let db = TestDb::new().await;
-    let mut server = Server::start(&db, &[]).await;
+    let mut server = Server::start(&db.url, &[]).await;
     server.child.kill().await.unwrap();
     let deadline = Duration::from_secs(2);
     let (client, attempts) = client(
@@ -396,7 +340,7 @@ async fn a_dead_service_gives_a_clear_error_at_the_deadline() {
 #[tokio::test]
 async fn the_example_places_one_order_per_logical_request() {
     let db = TestDb::new().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url, &[]).await;
     let out = Command::new(common::example_binary("client"))
         .env("ORDERS_URL", &server.base)
         .env("CLIENT_ORDERS", "8")

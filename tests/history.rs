@@ -70,14 +70,13 @@
 //! also of a long run).
 
 mod common;
+#[path = "common/orders.rs"]
+mod orders;
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 /// The `application_name` of the server's connections: what `pg_terminate_backend`
 /// aims at, so the test's own connections survive.
@@ -148,76 +147,40 @@ impl Logical {
     }
 }
 
-/// A running `orders` process.
+/// A running `orders` process and the settings the seed gave it.
 struct Server {
-    child: Child,
-    base: String,
+    process: orders::Server,
     latency: Duration,
-    /// How many executions it has begun (its log line `idem: execute`).
-    executions: tokio::sync::watch::Receiver<usize>,
     /// Its settings, for the step log.
     settings: String,
 }
 
 impl Server {
     async fn start(url: &str, latency_ms: u64, wait_ms: u64, sweep_ms: u64) -> Server {
-        let mut cmd = Command::new(common::example_binary("orders"));
-        cmd.env("DATABASE_URL", url)
-            .env("IDEM_ADDR", "127.0.0.1:0")
-            .env("ORDERS_LATENCY_MS", latency_ms.to_string())
-            .env("IDEM_IN_FLIGHT_WAIT_MS", wait_ms.to_string())
-            .env("IDEM_SWEEP_INTERVAL_MS", sweep_ms.to_string())
-            // idem's debug line "idem: execute" says a request claimed its key.
-            .env("RUST_LOG", "info,sqlx=warn,idem_runtime=debug")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("start the orders example");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        // What it logged until it listens: the reason, if it never does.
-        let mut startup = Vec::new();
-        let base = loop {
-            let line = tokio::time::timeout_at(deadline.into(), lines.next_line())
-                .await
-                .unwrap_or_else(|_| {
-                    panic!("the server did not listen within 120 s; it logged {startup:#?}")
-                })
-                .unwrap()
-                .unwrap_or_else(|| {
-                    panic!("the server exited before it was ready; it logged {startup:#?}")
-                });
-            startup.push(line.clone());
-            if let Some(at) = line.find("listening on http://") {
-                break line[at + "listening on ".len()..]
-                    .chars()
-                    .take_while(|c| !c.is_whitespace() && *c != '\x1b')
-                    .collect::<String>();
-            }
-        };
-        // Keep draining its output so the process never blocks on a full pipe.
-        let (count, executions) = tokio::sync::watch::channel(0);
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("idem: execute") {
-                    count.send_modify(|n| *n += 1);
-                }
-            }
-        });
+        let (latency, wait, sweep) = (
+            latency_ms.to_string(),
+            wait_ms.to_string(),
+            sweep_ms.to_string(),
+        );
+        let process = orders::Server::start(
+            url,
+            &[
+                ("ORDERS_LATENCY_MS", latency.as_str()),
+                ("IDEM_IN_FLIGHT_WAIT_MS", wait.as_str()),
+                ("IDEM_SWEEP_INTERVAL_MS", sweep.as_str()),
+            ],
+        )
+        .await;
         Server {
-            child,
-            base,
+            process,
             latency: Duration::from_millis(latency_ms),
-            executions,
             settings: format!("latency={latency_ms}ms wait={wait_ms}ms sweep={sweep_ms}ms"),
         }
     }
 
     /// SIGKILL: no shutdown hooks, no graceful rollback — a crash.
     async fn kill(&mut self) {
-        // An error only says it was killed already (a crash step, then a restart).
-        let _ = self.child.kill().await;
+        self.process.kill().await;
     }
 }
 
@@ -439,7 +402,7 @@ impl Run {
         let body = logical.body(v, &mut self.rng);
         let request = self
             .client
-            .post(format!("{}/orders", self.server.base))
+            .post(format!("{}/orders", self.server.process.base))
             .header("authorization", format!("Bearer {}", logical.tenant))
             .header("content-type", "application/json")
             .header("x-currency", logical.currency(v))
@@ -486,7 +449,7 @@ impl Run {
             })
             .collect();
         desc.sort();
-        let mut executions = self.server.executions.clone();
+        let mut executions = self.server.process.executions.clone();
         let before = *executions.borrow_and_update();
         let handles: Vec<_> = reqs.iter().map(|&(l, v)| self.spawn(l, v)).collect();
         let mut all = tokio::spawn(async move {

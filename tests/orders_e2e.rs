@@ -7,17 +7,20 @@
 //! for tests); run `cargo build --example orders` first when running this file alone.
 
 mod common;
+#[path = "common/orders.rs"]
+mod orders;
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{SqliteDb, TestDb};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
+
+use orders::Server;
 
 /// What the suite needs of a database the example runs on.
 trait Backend: Sized {
@@ -97,87 +100,6 @@ impl Backend for SqliteDb {
             .execute(&self.pool)
             .await
             .unwrap();
-    }
-}
-
-/// A running `orders` process.
-struct Server {
-    child: Child,
-    base: String,
-    /// Everything it logged so far.
-    log: tokio::sync::watch::Receiver<Vec<String>>,
-}
-
-impl Server {
-    async fn start(db: &impl Backend, env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(common::example_binary("orders"));
-        cmd.env("DATABASE_URL", db.url());
-        Self::spawn(cmd, env).await
-    }
-
-    /// Starts the example as configured by `cmd` and `env`, and waits until it listens.
-    async fn spawn(mut cmd: Command, env: &[(&str, &str)]) -> Server {
-        cmd.env("IDEM_ADDR", "127.0.0.1:0")
-            // idem's debug line "idem: execute" tells the suite a request claimed its key.
-            .env("RUST_LOG", "info,idem_runtime=debug")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("start the orders example");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let (log_tx, log) = tokio::sync::watch::channel(Vec::new());
-        let base = loop {
-            let line = tokio::time::timeout_at(deadline.into(), lines.next_line())
-                .await
-                .expect("the server logs its address within 60 s")
-                .unwrap()
-                .expect("the server exited before it was ready");
-            log_tx.send_modify(|log| log.push(line.clone()));
-            if let Some(at) = line.find("listening on http://") {
-                let url: String = line[at + "listening on ".len()..]
-                    .chars()
-                    .take_while(|c| !c.is_whitespace() && *c != '\x1b')
-                    .collect();
-                break url;
-            }
-        };
-        // Keep draining its output so the process never blocks on a full pipe.
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                log_tx.send_modify(|log| log.push(line));
-            }
-        });
-        Server { child, base, log }
-    }
-
-    /// Waits until `n` log lines contain `needle`.
-    async fn wait_for_log(&self, needle: &str, n: usize) {
-        let mut log = self.log.clone();
-        let seen = tokio::time::timeout(
-            Duration::from_secs(60),
-            log.wait_for(|lines| lines.iter().filter(|l| l.contains(needle)).count() >= n),
-        )
-        .await;
-        assert!(
-            matches!(seen, Ok(Ok(_))),
-            "the server never logged {needle:?} {n} time(s)"
-        );
-    }
-
-    /// Waits until the server has claimed a key for its `n`th execution: the
-    /// request now works inside its open transaction.
-    async fn wait_until_executing(&self, n: usize) {
-        self.wait_for_log("idem: execute", n).await;
-    }
-
-    /// SIGKILL: no shutdown hooks, no graceful rollback — a crash.
-    async fn kill(&mut self) {
-        self.child.kill().await.unwrap();
     }
 }
 
@@ -317,7 +239,7 @@ async fn concurrent_duplicates_create_one_order<D: Backend>() {
     let db = D::create().await;
     let server = Arc::new(
         Server::start(
-            &db,
+            &db.url(),
             &[
                 ("ORDERS_LATENCY_MS", "200"),
                 ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
@@ -351,7 +273,7 @@ async fn concurrent_duplicates_create_one_order<D: Backend>() {
 /// (2) Same key, different payload: 422 problem, no new order.
 async fn same_key_different_payload_is_422<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     assert_eq!(
         Call::order("k").ok(&server).await.status,
         StatusCode::CREATED
@@ -377,7 +299,7 @@ async fn same_key_different_payload_is_422<D: Backend>() {
 async fn a_lost_response_is_replayed_on_retry<D: Backend>() {
     let db = D::create().await;
     let server = Server::start(
-        &db,
+        &db.url(),
         &[
             ("ORDERS_LATENCY_MS", "1500"),
             ("IDEM_IN_FLIGHT_WAIT_MS", "500"),
@@ -406,7 +328,7 @@ async fn a_lost_response_is_replayed_on_retry<D: Backend>() {
 /// transaction, restart, retry: the operation executes once.
 async fn a_crash_before_commit_leaves_nothing_and_the_retry_executes<D: Backend>() {
     let db = D::create().await;
-    let mut server = Server::start(&db, &[("ORDERS_LATENCY_MS", "600000")]).await;
+    let mut server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "600000")]).await;
     let base = server.base.clone();
     let in_flight = tokio::spawn(async move { Call::order("crash-1").send_to(&base).await });
     server.wait_until_executing(1).await;
@@ -423,7 +345,7 @@ async fn a_crash_before_commit_leaves_nothing_and_the_retry_executes<D: Backend>
         0
     );
 
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let retry = Call::order("crash-1").ok(&server).await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(!retry.replayed());
@@ -434,7 +356,7 @@ async fn a_crash_before_commit_leaves_nothing_and_the_retry_executes<D: Backend>
 /// order in the database, and the retry gets exactly it.
 async fn the_stored_result_matches_the_order_after_a_client_timeout<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[("ORDERS_LATENCY_MS", "1000")]).await;
+    let server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "1000")]).await;
     let mut call = Call::order("timeout-1");
     call.timeout = Duration::from_millis(200);
     assert!(call.send(&server).await.is_err());
@@ -463,7 +385,7 @@ async fn the_stored_result_matches_the_order_after_a_client_timeout<D: Backend>(
 /// documented retention contract).
 async fn after_retention_a_retry_executes_anew<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let first = Call::order("exp-1").ok(&server).await;
     assert_eq!(first.status, StatusCode::CREATED);
     let within = Call::order("exp-1").ok(&server).await;
@@ -483,7 +405,7 @@ async fn after_retention_a_retry_executes_anew<D: Backend>() {
 /// (7) Replay after the resource changed: the stored 201 is replayed unchanged.
 async fn a_replay_after_delete_returns_the_stored_201<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let first = Call::order("del-1").ok(&server).await;
     let id = first.json()["id"].as_i64().unwrap();
     let deleted = reqwest::Client::new()
@@ -515,8 +437,8 @@ async fn two_servers_one_database_one_order<D: Backend>() {
         ("ORDERS_LATENCY_MS", "200"),
         ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
     ];
-    let a = Arc::new(Server::start(&db, &env).await);
-    let b = Arc::new(Server::start(&db, &env).await);
+    let a = Arc::new(Server::start(&db.url(), &env).await);
+    let b = Arc::new(Server::start(&db.url(), &env).await);
     assert_ne!(a.base, b.base);
     let n = 12;
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
@@ -545,7 +467,7 @@ async fn two_servers_one_database_one_order<D: Backend>() {
 /// (9) Bad input reserves nothing: after each rejection the same key executes.
 async fn rejected_input_reserves_nothing<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let key = "bad-1";
     let cases: Vec<(&str, Call, StatusCode)> = vec![
         (
@@ -660,7 +582,7 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
 /// (10) Tenant and operation isolation over HTTP.
 async fn tenants_and_operations_are_isolated<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let alice = Call {
         tenant: Some("alice"),
         ..Call::order("shared")
@@ -719,7 +641,7 @@ async fn tenants_and_operations_are_isolated<D: Backend>() {
 /// A refund of an order the tenant does not have is a committed 404, replayed.
 async fn a_refund_of_a_missing_order_is_a_stored_404<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let call = Call {
         path: "/refunds",
         currency: None,
@@ -741,7 +663,7 @@ async fn a_duplicate_beyond_the_wait_bound_is_409<D: Backend>() {
     let db = D::create().await;
     let server = Arc::new(
         Server::start(
-            &db,
+            &db.url(),
             &[
                 ("ORDERS_LATENCY_MS", "600000"),
                 ("IDEM_IN_FLIGHT_WAIT_MS", "200"),
@@ -764,7 +686,7 @@ async fn a_duplicate_beyond_the_wait_bound_is_409<D: Backend>() {
 /// Keys: missing and malformed are 400 problems.
 async fn missing_and_malformed_keys_are_400<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let missing = Call {
         key: None,
         ..Call::order("")
@@ -796,7 +718,7 @@ async fn missing_and_malformed_keys_are_400<D: Backend>() {
 /// The read routes: list, get, delete, and 401 problem answers.
 async fn read_and_delete_routes<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let created = Call::order("c-1")
         .body(json!({"sku": "B-2", "quantity": 1, "amount_cents": 0, "note": "gift"}))
         .ok(&server)
@@ -856,7 +778,7 @@ async fn provider(server: &Server) -> Value {
 /// the client's own retry after recovery charges exactly once.
 async fn payments_ride_out_an_outage_within_the_retry_bound<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[("PAYMENTS_PROVIDER_OUTAGE_CALLS", "6")]).await;
+    let server = Server::start(&db.url(), &[("PAYMENTS_PROVIDER_OUTAGE_CALLS", "6")]).await;
     let first = payment("pay-1", 500).ok(&server).await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
@@ -892,7 +814,7 @@ async fn payments_ride_out_an_outage_within_the_retry_bound<D: Backend>() {
 async fn an_uncertain_payment_is_reconciled_not_repeated<D: Backend>() {
     let db = D::create().await;
     let server = Server::start(
-        &db,
+        &db.url(),
         &[
             ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
             ("PAYMENTS_RECONCILE_INTERVAL_MS", "50"),
@@ -922,7 +844,7 @@ async fn an_uncertain_payment_is_reconciled_not_repeated<D: Backend>() {
 async fn an_uncertain_payment_survives_a_crash_with_exactly_one_charge<D: Backend>() {
     let db = D::create().await;
     let mut server = Server::start(
-        &db,
+        &db.url(),
         &[
             ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
             // The reconciler's first round runs at start, before the payment;
@@ -941,7 +863,7 @@ async fn an_uncertain_payment_survives_a_crash_with_exactly_one_charge<D: Backen
         1
     );
 
-    let server = Server::start(&db, &[("PAYMENTS_RECONCILE_INTERVAL_MS", "50")]).await;
+    let server = Server::start(&db.url(), &[("PAYMENTS_RECONCILE_INTERVAL_MS", "50")]).await;
     wait_for(
         &db,
         "SELECT count(*) FROM idempotency_requests WHERE state = 'completed'",
@@ -970,7 +892,7 @@ async fn an_uncertain_payment_survives_a_crash_with_exactly_one_charge<D: Backen
 async fn a_payment_killed_mid_call_is_charged_once_after_the_restart<D: Backend>() {
     let db = D::create().await;
     let mut server = Server::start(
-        &db,
+        &db.url(),
         &[("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "600000")],
     )
     .await;
@@ -994,7 +916,7 @@ async fn a_payment_killed_mid_call_is_charged_once_after_the_restart<D: Backend>
     ))
     .await;
 
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let retry = payment("mid-pay", 800).ok(&server).await;
     assert_eq!(
         retry.status,
@@ -1020,7 +942,7 @@ async fn a_payment_killed_mid_call_is_charged_once_after_the_restart<D: Backend>
 /// `/payments`: a declined card is a stored business rejection.
 async fn a_declined_payment_is_stored_and_replayed<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let first = payment("pay-3", 2_000_000).ok(&server).await;
     assert_eq!(first.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(first.problem_type(), "urn:orders:problem:card-declined");
@@ -1036,7 +958,7 @@ async fn a_declined_payment_is_stored_and_replayed<D: Backend>() {
 #[tokio::test]
 async fn on_sqlite_a_step_behind_a_held_write_lock_is_503_then_succeeds() {
     let db = SqliteDb::new().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let id = Call::order("busy-1").ok(&server).await.json()["id"]
         .as_i64()
         .unwrap();
@@ -1152,7 +1074,7 @@ async fn an_unusable_database_url_is_a_clear_startup_error() {
 /// `/metrics` serves the idem metrics in the Prometheus format.
 async fn metrics_are_served_for_prometheus<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     Call::order("m-1").ok(&server).await;
     Call::order("m-1").ok(&server).await;
     let text = String::from_utf8(get(&server, "/metrics", "acme").await.body).unwrap();
@@ -1170,7 +1092,7 @@ async fn metrics_are_served_for_prometheus<D: Backend>() {
 /// The service's sweeper forgets expired keys; a retry after the sweep executes anew.
 async fn the_sweeper_forgets_expired_keys<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[("IDEM_SWEEP_INTERVAL_MS", "50")]).await;
+    let server = Server::start(&db.url(), &[("IDEM_SWEEP_INTERVAL_MS", "50")]).await;
     let first = Call::order("sw-1").ok(&server).await;
     let live = Call::order("sw-2").ok(&server).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -1217,7 +1139,7 @@ async fn step(server: &Server, id: i64, action: &str) -> Answer {
 /// rejected, concurrent `pay` calls produce one payment.
 async fn fulfilment_steps_are_idempotent_transitions<D: Backend>() {
     let db = D::create().await;
-    let server = Arc::new(Server::start(&db, &[]).await);
+    let server = Arc::new(Server::start(&db.url(), &[]).await);
     let id = Call::order("f-1").ok(&server).await.json()["id"]
         .as_i64()
         .unwrap();
@@ -1349,7 +1271,11 @@ async fn half_sent_and_silent_connections_are_closed_and_never_lock_others_out()
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed() {
     let db = SqliteDb::new().await;
-    let server = Server::start(&db, &[("ORDERS_HEADER_TIMEOUT_MS", HEADER_TIMEOUT_MS)]).await;
+    let server = Server::start(
+        &db.url(),
+        &[("ORDERS_HEADER_TIMEOUT_MS", HEADER_TIMEOUT_MS)],
+    )
+    .await;
     let mut s = TcpStream::connect(addr(&server)).await.unwrap();
     s.write_all(b"GET /provider HTTP/1.1\r\nhost: x\r\nauthorization: Bearer acme\r\n\r\n")
         .await
@@ -1370,7 +1296,7 @@ async fn an_idle_keep_alive_connection_is_closed() {
 async fn a_half_sent_body_is_408<D: Backend>() {
     let db = D::create().await;
     let server = Server::start(
-        &db,
+        &db.url(),
         &[
             ("ORDERS_HEADER_TIMEOUT_MS", HEADER_TIMEOUT_MS),
             ("ORDERS_BODY_TIMEOUT_MS", "500"),
@@ -1403,7 +1329,7 @@ async fn a_half_sent_body_is_408<D: Backend>() {
 async fn sigterm_and_sigint_drain_the_request_in_flight_and_exit_0() {
     for (name, signal) in [("SIGTERM", libc::SIGTERM), ("SIGINT", libc::SIGINT)] {
         let db = SqliteDb::new().await;
-        let mut server = Server::start(&db, &[("ORDERS_LATENCY_MS", "3000")]).await;
+        let mut server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "3000")]).await;
         let base = server.base.clone();
         let in_flight = tokio::spawn(async move { Call::order("drain-1").send_to(&base).await });
         server.wait_until_executing(1).await;
@@ -1429,7 +1355,7 @@ async fn sigterm_and_sigint_drain_the_request_in_flight_and_exit_0() {
 /// agree), so it is replayed like any other.
 async fn a_body_over_the_limit_is_413_and_every_accepted_answer_is_stored<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let order = |key, note: String| {
         Call::order(key).body(json!({"sku": "A-1", "quantity": 1, "amount_cents": 1, "note": note}))
     };
@@ -1463,7 +1389,7 @@ async fn a_body_over_the_limit_is_413_and_every_accepted_answer_is_stored<D: Bac
 /// case-insensitive and may carry parameters; another subtype is `415`.
 async fn the_content_type_is_parsed_as_a_media_type<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     for (i, ct) in [
         "APPLICATION/JSON",
         "application/json; charset=utf-8",
@@ -1510,7 +1436,7 @@ async fn the_content_type_is_parsed_as_a_media_type<D: Backend>() {
 /// kept).
 async fn http_layer_errors_are_problem_json<D: Backend>() {
     let db = D::create().await;
-    let server = Server::start(&db, &[]).await;
+    let server = Server::start(&db.url(), &[]).await;
     let client = reqwest::Client::new();
     let answer = |r: reqwest::Response| async move {
         Answer {
