@@ -58,6 +58,34 @@ pub(crate) fn write_sql(resource: &Resource, null_param: &str) -> String {
     )
 }
 
+/// The transactional mode's claim and completion in the caller's transaction,
+/// and the migrations: the same on every database but for the functions of its
+/// `transactional` module (`claim_on`, `complete_on`) and its `migrator`.
+macro_rules! transactional_statements {
+    () => {
+        async fn claim(
+            tx: &mut sqlx::Transaction<'_, Self>,
+            req: &ClaimRequest<'_>,
+        ) -> Result<Claim, StoreError> {
+            transactional::claim_on(tx, req).await
+        }
+
+        async fn complete(
+            execution: Execution,
+            tx: &mut sqlx::Transaction<'_, Self>,
+            response: &StoredResponse,
+        ) -> Result<(), StoreError> {
+            transactional::complete_on(execution, tx, response).await
+        }
+
+        async fn migrate(pool: &sqlx::Pool<Self>) -> Result<(), StoreError> {
+            Self::migrator().run(pool).await?;
+            Ok(())
+        }
+    };
+}
+pub(crate) use transactional_statements;
+
 /// Leased mode's statements over one key's row, the same on every database but
 /// for their SQL and how an outcome is encoded: expanded inside each
 /// `impl Backend`, where `STORE_SQL`, `RENEW_SQL`, `UNCERTAIN_SQL`,

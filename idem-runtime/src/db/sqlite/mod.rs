@@ -16,7 +16,10 @@ use std::time::Duration;
 use sqlx::{Pool, Row, Sqlite, SqlitePool, Transaction};
 
 use super::Backend;
-use super::shared::{admin_statements, lease_statements, sweep_statements, transition_statements};
+use super::shared::{
+    admin_statements, lease_statements, sweep_statements, transactional_statements,
+    transition_statements,
+};
 use crate::admin::{KeyAddress, PurgeError};
 use crate::config::Idem;
 use crate::model::{
@@ -76,28 +79,10 @@ fn transition_read_sql(resource: &Resource) -> String {
 impl super::sealed::Sealed for Sqlite {}
 
 impl Backend for Sqlite {
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        transactional::claim_on(tx, req).await
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        transactional::complete_on(execution, tx, response).await
-    }
+    transactional_statements!();
 
     fn migrator() -> sqlx::migrate::Migrator {
         super::tracked(sqlx::migrate!("migrations/sqlite"))
-    }
-
-    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
-        Self::migrator().run(pool).await?;
-        Ok(())
     }
 
     /// Deferred: the claim's INSERT is the first statement and takes the write
