@@ -401,3 +401,38 @@ async fn the_claims_transaction_carries_the_deadline_to_the_server() {
         );
     }
 }
+
+/// A shutdown can wait for the work of a request whose client is gone: the work
+/// runs on (idem does not cancel half-done work), is counted among the
+/// executions, and `drained()` resolves once it has committed.
+#[tokio::test]
+async fn a_shutdown_can_wait_for_work_whose_client_is_gone() {
+    use futures_util::FutureExt;
+
+    let mut a = app(64, 1024).await;
+    let router = a.router.clone();
+    let client = tokio::spawn(async move { send(&router, request("acme", "k", HOT)).await });
+    a.entered.recv().await.unwrap();
+    // The client disconnects.
+    client.abort();
+    assert!(client.await.is_err_and(|e| e.is_cancelled()));
+    let executions = a.idem.executions();
+    assert_eq!(executions.running(), 1);
+    let drained = executions.drained();
+    let mut drained = std::pin::pin!(drained);
+    assert!(
+        drained.as_mut().now_or_never().is_none(),
+        "the work still runs"
+    );
+    a.release.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(60), drained)
+        .await
+        .expect("drained once the work finished");
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+    assert_eq!(
+        a.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'completed'")
+            .await,
+        1,
+        "its outcome was stored for the client's retry"
+    );
+}

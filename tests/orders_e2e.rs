@@ -1350,6 +1350,34 @@ async fn sigterm_and_sigint_drain_the_request_in_flight_and_exit_0() {
     }
 }
 
+/// `SIGTERM` also waits for work whose client has gone: idem runs claimed work
+/// on, so that the client's retry finds it done; the service waits for it before
+/// it exits, and the order is there.
+#[tokio::test]
+async fn sigterm_waits_for_work_whose_client_has_gone() {
+    let db = SqliteDb::new().await;
+    let mut server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "3000")]).await;
+    let base = server.base.clone();
+    let client = tokio::spawn(async move { Call::order("gone-1").send_to(&base).await });
+    server.wait_until_executing(1).await;
+    // The client disconnects: its connection closes, its work goes on.
+    client.abort();
+    assert!(client.await.is_err_and(|e| e.is_cancelled()));
+    let pid = i32::try_from(server.child.id().expect("running")).unwrap();
+    // SAFETY: kill(2) on the child this test started and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(60), server.child.wait())
+        .await
+        .expect("the server exits within 60 s")
+        .unwrap();
+    assert!(status.success(), "exited with {status}");
+    assert_eq!(
+        orders(&db).await,
+        1,
+        "the work was finished before the exit"
+    );
+}
+
 /// A body over the limit is `413` problem+json, claims nothing and consumes no
 /// id; the largest body accepted gives an answer idem can store (its limits
 /// agree), so it is replayed like any other.

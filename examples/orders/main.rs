@@ -39,7 +39,7 @@ use std::time::Duration;
 use axum::Router;
 use idem_runtime::Backend;
 use idem_runtime::reconcile::Reconciler;
-use idem_runtime::{Idem, Sweeper};
+use idem_runtime::{Executions, Idem, Sweeper};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{PgPool, Pool, SqlitePool};
@@ -163,8 +163,9 @@ impl Settings {
     }
 }
 
-/// Migrates the database, starts the background work and builds the routes.
-async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
+/// Migrates the database, starts the background work and builds the routes;
+/// with them, the executions idem runs for them (a shutdown waits for those).
+async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), String> {
     match store {
         Store::Postgres(pool) => {
             idem_runtime::migrate(&pool)
@@ -179,7 +180,9 @@ async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
                 payments::Ledger::Postgres(pool.clone()),
             ));
             settings.spawn_background(&pool, &provider);
-            Ok(routes::postgres::router(settings.state(pool, provider)))
+            let state = settings.state(pool, provider);
+            let executions = state.idem.executions();
+            Ok((routes::postgres::router(state), executions))
         }
         Store::Sqlite(pool) => {
             idem_runtime::migrate(&pool)
@@ -194,7 +197,9 @@ async fn app(store: Store, settings: &Settings) -> Result<Router, String> {
                 payments::Ledger::Sqlite(pool.clone()),
             ));
             settings.spawn_background(&pool, &provider);
-            Ok(routes::sqlite::router(settings.state(pool, provider)))
+            let state = settings.state(pool, provider);
+            let executions = state.idem.executions();
+            Ok((routes::sqlite::router(state), executions))
         }
     }
 }
@@ -273,8 +278,8 @@ async fn run() -> Result<(), String> {
     });
 
     // The recorder first, so the background work's first figures are kept.
-    let app = app(connect().await?, &settings)
-        .await?
+    let (app, executions) = app(connect().await?, &settings).await?;
+    let app = app
         .route(
             "/metrics",
             axum::routing::get(move || std::future::ready(prometheus.render())),
@@ -289,7 +294,7 @@ async fn run() -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!("orders listening on http://{local}");
-    server::serve(listener, app, settings.limits).await
+    server::serve(listener, app, settings.limits, executions).await
 }
 
 #[tokio::main]

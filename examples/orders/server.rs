@@ -21,6 +21,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use idem_runtime::Executions;
 use idem_runtime::Problem;
 use tokio::net::TcpListener;
 
@@ -149,8 +150,14 @@ pub struct Limits {
 }
 
 /// Serves `app` on `listener` until `SIGTERM` or `SIGINT`, then stops accepting,
-/// lets the requests in flight finish (at most `shutdown_grace`) and returns.
-pub async fn serve(listener: TcpListener, app: Router, limits: Limits) -> Result<(), String> {
+/// lets the requests in flight finish, and idem's `executions` too (work whose
+/// client has gone runs on), at most `shutdown_grace` in all, and returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    executions: Executions,
+) -> Result<(), String> {
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
@@ -191,13 +198,18 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits) -> Result
         "orders: shutting down; waiting for {} connection(s)",
         graceful.count()
     );
+    let drained = async {
+        graceful.shutdown().await;
+        executions.drained().await;
+    };
     tokio::select! {
-        () = graceful.shutdown() => {
+        () = drained => {
             tracing::info!("orders: every request in flight finished");
         }
         () = tokio::time::sleep(limits.shutdown_grace) => {
             tracing::warn!(
-                "orders: requests still in flight after {:?}; exiting anyway",
+                running = executions.running(),
+                "orders: requests still in flight after {:?}; exiting anyway (their work rolls back)",
                 limits.shutdown_grace
             );
         }

@@ -72,6 +72,8 @@ pub struct Idem<DB: Backend = DefaultBackend> {
     /// Shared by clones: duplicates of a key wait for its first request here,
     /// without a connection.
     flights: Arc<crate::flight::Flights>,
+    /// Shared by clones: the executions running now.
+    executions: crate::executions::Executions,
 }
 
 impl<DB: Backend> Clone for Idem<DB> {
@@ -81,6 +83,7 @@ impl<DB: Backend> Clone for Idem<DB> {
             settings: self.settings.clone(),
             pipelined: self.pipelined.clone(),
             flights: self.flights.clone(),
+            executions: self.executions.clone(),
         }
     }
 }
@@ -138,6 +141,7 @@ impl<DB: Backend> Idem<DB> {
                 Self::DEFAULT_WAITERS_PER_KEY,
                 Self::DEFAULT_WAITERS,
             )),
+            executions: Default::default(),
         }
     }
 
@@ -216,6 +220,12 @@ impl<DB: Backend> Idem<DB> {
     /// (see [`Idem::with_waiter_limits`]).
     pub fn waiting_duplicates(&self) -> usize {
         self.flights.waiting()
+    }
+
+    /// The executions of this `Idem` and its clones that run now, for a graceful
+    /// shutdown: [`crate::Executions::drained`] waits for them (see there).
+    pub fn executions(&self) -> crate::Executions {
+        self.executions.clone()
     }
 
     /// The waiting room of this `Idem` and its clones.

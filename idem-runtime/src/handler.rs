@@ -443,9 +443,13 @@ pub async fn run_in<DB: Backend, M: Mode<DB>>(
         Ok(p) => p,
         Err(resp) => return resp,
     };
+    // Counted from before the task is spawned, so that a shutdown waiting for
+    // the executions cannot miss one that is spawned but not yet running.
+    let running = req.idem.executions().start();
     detached(
         spec.operation,
         Box::pin(async move {
+            let _running = running;
             let scope = Scope {
                 spec,
                 tenant: &tenant,

@@ -77,6 +77,7 @@ pub mod admin;
 mod config;
 pub mod consumer;
 mod db;
+mod executions;
 pub mod fingerprint;
 mod flight;
 mod handler;
@@ -103,6 +104,7 @@ pub mod __private;
 
 pub use config::{ConfigError, DEFAULT_STORED_HEADERS, Idem, NEVER_STORED_HEADERS};
 pub use db::{Backend, DefaultBackend, MIGRATIONS_TABLE};
+pub use executions::Executions;
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
 pub use key::{IdempotencyKey, KeyError};
 pub use lease::{Lease, LeaseError, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
