@@ -18,6 +18,7 @@ const METRICS: &[&str] = &[
     m::SWEEPER_BACKLOG,
     m::OLDEST_IN_FLIGHT_SECONDS,
     m::STALE_IN_FLIGHT,
+    m::UNCERTAIN_ROWS,
 ];
 
 fn ops_file(name: &str) -> String {

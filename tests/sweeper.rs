@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use idem_runtime::metrics::{
     OLDEST_IN_FLIGHT_SECONDS, STALE_IN_FLIGHT, SWEEPER_BACKLOG, SWEEPER_DELETED_TOTAL,
+    UNCERTAIN_ROWS,
 };
 use idem_runtime::{
     Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse, SweepReport, Sweeper,
@@ -487,6 +488,8 @@ macro_rules! sweeper_tests {
                 let db = TestDb::new().await;
                 rows(&db, "pay", "old", 12, "completed", -60, HOUR).await;
                 rows(&db, "pay", "stuck", 2, "processing", HOUR, 2 * HOUR).await;
+                // Young, so not stale, but uncertain all the same.
+                rows(&db, "pay", "unsure", 3, "uncertain", HOUR, 60).await;
                 db
             });
             let s = Sweeper::new(db.pool.clone())
@@ -521,6 +524,7 @@ macro_rules! sweeper_tests {
             assert_eq!(value(MetricKind::Counter, SWEEPER_DELETED_TOTAL), 10.0);
             assert_eq!(value(MetricKind::Gauge, SWEEPER_BACKLOG), 2.0);
             assert_eq!(value(MetricKind::Gauge, STALE_IN_FLIGHT), 2.0);
+            assert_eq!(value(MetricKind::Gauge, UNCERTAIN_ROWS), 3.0);
             let oldest = value(MetricKind::Gauge, OLDEST_IN_FLIGHT_SECONDS);
             assert!(
                 (2.0 * HOUR as f64..2.0 * HOUR as f64 + 600.0).contains(&oldest),
@@ -530,6 +534,7 @@ macro_rules! sweeper_tests {
             assert_eq!(SWEEPER_DELETED_TOTAL, "idem_sweeper_deleted_total");
             assert_eq!(SWEEPER_BACKLOG, "idem_sweeper_backlog");
             assert_eq!(STALE_IN_FLIGHT, "idem_stale_in_flight");
+            assert_eq!(UNCERTAIN_ROWS, "idem_uncertain_rows");
             assert_eq!(OLDEST_IN_FLIGHT_SECONDS, "idem_oldest_in_flight_seconds");
             // Close the pool on the runtime its connections belong to.
             rt.block_on(db.pool.close());

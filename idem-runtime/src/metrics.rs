@@ -16,6 +16,7 @@
 //! | `idem_sweeper_backlog` | gauge | | expired rows not yet swept, after a sweep |
 //! | `idem_oldest_in_flight_seconds` | gauge | | age of the oldest `processing` or `uncertain` row |
 //! | `idem_stale_in_flight` | gauge | | rows in flight for longer than the sweeper's threshold |
+//! | `idem_uncertain_rows` | gauge | | `uncertain` rows awaiting reconciliation, after a sweep |
 
 use metrics::SharedString;
 
@@ -65,6 +66,8 @@ pub const SWEEPER_BACKLOG: &str = "idem_sweeper_backlog";
 pub const OLDEST_IN_FLIGHT_SECONDS: &str = "idem_oldest_in_flight_seconds";
 /// Gauge: rows in flight for longer than the sweeper's threshold.
 pub const STALE_IN_FLIGHT: &str = "idem_stale_in_flight";
+/// Gauge: `uncertain` rows, awaiting reconciliation.
+pub const UNCERTAIN_ROWS: &str = "idem_uncertain_rows";
 
 // Labels take `impl Into<SharedString>`: the handler passes the operation as the
 // `&'static str` its attribute wrote, which becomes a label without an allocation

@@ -243,6 +243,8 @@ pub(crate) struct InFlightSummary {
     pub(crate) stale_processing: u64,
     /// `uncertain` rows created at least the stale threshold ago.
     pub(crate) stale_uncertain: u64,
+    /// All `uncertain` rows, however young.
+    pub(crate) uncertain: u64,
     /// Seconds since the oldest in-flight row was created, as the database
     /// computed it; `None` when no row is in flight. Left raw (it may be negative
     /// for a row created "in the future") so that the sweeper clamps it in one

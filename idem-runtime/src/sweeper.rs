@@ -71,6 +71,7 @@ use sqlx::Pool;
 use crate::db::{Backend, DefaultBackend};
 use crate::metrics::{
     OLDEST_IN_FLIGHT_SECONDS, STALE_IN_FLIGHT, SWEEPER_BACKLOG, SWEEPER_DELETED_TOTAL,
+    UNCERTAIN_ROWS,
 };
 use crate::model::{InFlightSummary, StoreError};
 
@@ -254,6 +255,7 @@ impl<DB: Backend> Sweeper<DB> {
         let InFlightSummary {
             stale_processing,
             stale_uncertain,
+            uncertain,
             oldest_seconds,
         } = DB::in_flight(&self.pool, self.stale_after).await?;
         let stale_in_flight = stale_processing.saturating_add(stale_uncertain);
@@ -263,6 +265,7 @@ impl<DB: Backend> Sweeper<DB> {
 
         metrics::gauge!(SWEEPER_BACKLOG).set(backlog as f64);
         metrics::gauge!(STALE_IN_FLIGHT).set(stale_in_flight as f64);
+        metrics::gauge!(UNCERTAIN_ROWS).set(uncertain as f64);
         metrics::gauge!(OLDEST_IN_FLIGHT_SECONDS)
             .set(oldest_in_flight.map_or(0.0, |d| d.as_secs_f64()));
 

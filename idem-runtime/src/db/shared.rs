@@ -232,6 +232,7 @@ macro_rules! sweep_statements {
             Ok($crate::model::InFlightSummary {
                 stale_processing: $crate::model::count(row.try_get("stale_processing")?),
                 stale_uncertain: $crate::model::count(row.try_get("stale_uncertain")?),
+                uncertain: $crate::model::count(row.try_get("uncertain")?),
                 oldest_seconds: row.try_get("oldest_seconds")?,
             })
         }

@@ -26,6 +26,7 @@ pub(super) const BACKLOG_SQL: &str = "SELECT count(*) FROM idempotency_requests 
 pub(super) const IN_FLIGHT_SQL: &str = "SELECT \
         count(*) FILTER (WHERE state = 'processing' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_processing, \
         count(*) FILTER (WHERE state = 'uncertain' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_uncertain, \
+        count(*) FILTER (WHERE state = 'uncertain') AS uncertain, \
         extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds \
       FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
 

@@ -47,6 +47,7 @@ pub(super) const IN_FLIGHT_SQL: &str = concat!(
         count(CASE WHEN state = 'uncertain' AND created_at <= ",
     now_ms!(),
     " - $1 THEN 1 END) AS stale_uncertain, \
+        count(CASE WHEN state = 'uncertain' THEN 1 END) AS uncertain, \
         (",
     now_ms!(),
     " - min(created_at)) / 1000.0 AS oldest_seconds \
