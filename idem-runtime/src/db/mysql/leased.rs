@@ -104,8 +104,10 @@ const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
 // keep newer ones from being asked about; the in-flight index (state,
-// created_at) serves `state = 'uncertain'`.
-const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation, \
+// created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
+// back as text.
+const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
+            CONVERT(idempotency_key USING utf8mb4) AS idempotency_key, generation, \
             owner_token, created_at AS created \
        FROM idempotency_requests \
       WHERE operation = ? AND state = 'uncertain' \

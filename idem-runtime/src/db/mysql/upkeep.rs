@@ -83,9 +83,10 @@ const AGES_SQL: &str = concat!(
       FROM idempotency_requests"
 );
 
-// `rows` is a reserved word in MySQL 8. LENGTH() counts bytes; sum() gives a
+// `rows` is a reserved word in MySQL 8. The operation is VARBINARY, read back
+// as text. LENGTH() counts bytes; sum() gives a
 // DECIMAL, cast back to a BIGINT.
-const BY_GROUP_SQL: &str = "SELECT operation, state, count(*) AS `rows`, \
+const BY_GROUP_SQL: &str = "SELECT CONVERT(operation USING utf8mb4) AS operation, state, count(*) AS `rows`, \
         CAST(coalesce(sum(coalesce(length(response_body), 0) \
                           + coalesce(length(response_headers), 0)), 0) AS SIGNED) AS bytes, \
         count(CASE WHEN expires_at <= ? AND state IN ('completed', 'failed') THEN 1 END) AS expired \
