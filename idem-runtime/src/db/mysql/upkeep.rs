@@ -24,9 +24,11 @@ pub(super) use rfc3339;
 // first with a locking read that skips locked rows (MySQL 8, MariaDB 10.6+),
 // in a READ COMMITTED transaction (no gap locks: claims of new keys go on),
 // through the expiry index, and then deleted by primary key; sweepers on several
-// replicas share the work.
+// replicas share the work. The DELETE then reaches the chosen rows by primary
+// key.
 const CHOOSE_BATCH_SQL: &str = concat!(
-    "SELECT tenant_id, operation, idempotency_key FROM idempotency_requests \
+    "SELECT CONVERT(tenant_id USING utf8mb4), CONVERT(operation USING utf8mb4), \
+            CONVERT(idempotency_key USING utf8mb4) FROM idempotency_requests \
       WHERE expires_at <= ",
     now_ms!(),
     " AND state IN ('completed', 'failed') \
@@ -92,8 +94,8 @@ const BY_GROUP_SQL: &str = "SELECT CONVERT(operation USING utf8mb4) AS operation
         count(CASE WHEN expires_at <= ? AND state IN ('completed', 'failed') THEN 1 END) AS expired \
       FROM idempotency_requests GROUP BY operation, state";
 
-/// Deletes one batch: chosen under `SKIP LOCKED`, deleted by key with the
-/// conditions repeated, committed.
+/// Deletes one batch: chosen and locked under `SKIP LOCKED`, deleted by key,
+/// committed.
 pub(super) async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, StoreError> {
     let mut tx = pool.begin_with(BEGIN_READ_COMMITTED).await?;
     let keys = sqlx::query(CHOOSE_BATCH_SQL)
@@ -104,19 +106,24 @@ pub(super) async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, St
         tx.rollback().await?;
         return Ok(0);
     }
-    let tuples = vec!["(?, ?, ?)"; keys.len()].join(", ");
+    // By primary key only: the chosen rows are locked by this transaction, so
+    // they are still expired and finished. The keys drive the join (STRAIGHT_JOIN)
+    // and reach the table through its primary key, one row each: a `WHERE` over
+    // the table itself (an `IN` list, equalities joined by `OR`, a condition on
+    // expires_at) may be read with a scan on a small table, and a scan waits for
+    // the rows skipped above.
     let sql = format!(
-        "DELETE FROM idempotency_requests \
-          WHERE (tenant_id, operation, idempotency_key) IN ({tuples}) \
-            AND expires_at <= {} AND state IN ('completed', 'failed')",
-        now_ms!()
+        "DELETE r FROM (SELECT ? AS t, ? AS o, ? AS k{}) v \
+         STRAIGHT_JOIN idempotency_requests r \
+            ON r.tenant_id = v.t AND r.operation = v.o AND r.idempotency_key = v.k",
+        " UNION ALL SELECT ?, ?, ?".repeat(keys.len() - 1)
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for row in &keys {
         query = query
-            .bind(row.try_get::<Vec<u8>, _>(0)?)
-            .bind(row.try_get::<Vec<u8>, _>(1)?)
-            .bind(row.try_get::<Vec<u8>, _>(2)?);
+            .bind(row.try_get::<String, _>(0)?)
+            .bind(row.try_get::<String, _>(1)?)
+            .bind(row.try_get::<String, _>(2)?);
     }
     let done = query.execute(&mut *tx).await?;
     tx.commit().await?;
