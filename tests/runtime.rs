@@ -367,7 +367,7 @@ mod mysql {
     backend_tests!(@
         sqlx::MySql,
         crate::common::MySqlDb,
-        "CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB",
+        "CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB",
         "UPDATE idempotency_requests SET expires_at = 0",
         {
             pub(super) async fn pay(
@@ -555,7 +555,7 @@ mod mysql_only {
     #[tokio::test]
     async fn deadlocks_under_repeatable_read_are_answered_in_flight() {
         let db = Arc::new(MySqlDb::with_isolation(40, None).await);
-        db.exec("CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB").await;
+        db.exec("CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB").await;
         let barrier = Arc::new(tokio::sync::Barrier::new(30));
         let mut tasks = Vec::new();
         for _ in 0..30 {
@@ -608,6 +608,67 @@ mod mysql_only {
             ))
             .await;
         assert_eq!(ok, 1);
+    }
+
+    /// One statement carries the whole outcome, so the server's
+    /// `max_allowed_packet` (MariaDB: 16 MiB) is the ceiling of a stored body:
+    /// past it the completion fails, nothing is stored or committed, and the key
+    /// is free again.
+    #[tokio::test]
+    async fn a_body_past_max_allowed_packet_is_refused_and_nothing_is_kept() {
+        let db = db().await;
+        let packet: i64 = db.count("SELECT CAST(@@max_allowed_packet AS SIGNED)").await;
+        let key = IdempotencyKey::parse("big").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let mut tx = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
+            panic!()
+        };
+        pay(&mut tx, "acme", 100).await;
+        let huge = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: vec![b'x'; usize::try_from(packet).unwrap() + 1].into(),
+        };
+        assert!(exec.complete(&mut tx, &huge).await.is_err());
+        drop(tx);
+        assert_eq!(db.count("SELECT count(*) FROM idempotency_requests").await, 0);
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
+        // A body well within it (1 MiB, idem's default limit) round-trips exactly.
+        let mut tx = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
+            panic!()
+        };
+        let body: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let big = StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "application/octet-stream".into())],
+            body: body.into(),
+        };
+        exec.complete(&mut tx, &big).await.unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        match claim(&mut tx, &r).await.unwrap() {
+            Claim::Replay(stored) => assert_eq!(stored, big),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+
+    /// Tenant ids, operations and keys are VARBINARY(255): a longer tenant id is
+    /// refused by the database (strict mode), never truncated into another's.
+    #[tokio::test]
+    async fn a_tenant_id_past_255_bytes_is_refused_not_truncated() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let long = "t".repeat(256);
+        let mut tx = db.pool.begin().await.unwrap();
+        assert!(claim(&mut tx, &req(&long, "pay", &key, 100)).await.is_err());
+        drop(tx);
+        let fits = "t".repeat(255);
+        assert!(matches!(
+            run_once(&db, &req(&fits, "pay", &key, 100)).await.unwrap(),
+            Claim::Replay(_)
+        ));
     }
 
     #[tokio::test]
