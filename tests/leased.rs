@@ -1137,7 +1137,8 @@ mod mysql {
             .complete(&paid("ch_old"))
             .await
             .unwrap();
-        db.exec("UPDATE idempotency_requests SET expires_at = 0").await;
+        db.exec("UPDATE idempotency_requests SET expires_at = 0")
+            .await;
         let mut holder = db.pool.begin().await.unwrap();
         sqlx::query("SELECT 1 FROM idempotency_requests FOR UPDATE")
             .execute(&mut *holder)
@@ -1154,7 +1155,10 @@ mod mysql {
             other => panic!("expected in flight, got {other:?}"),
         }
         let waited = started.elapsed();
-        assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(3), "{waited:?}");
+        assert!(
+            waited >= Duration::from_secs(1) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
         holder.rollback().await.unwrap();
         match claim_leased(&db.pool, &lease_req(&key, HOUR))
             .await

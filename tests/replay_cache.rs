@@ -32,7 +32,12 @@ struct NewWidget {
 
 macro_rules! cache_tests {
     ($db:ty, $test_db:ty, $ddl:expr) => {
-        cache_tests!($db, $test_db, $ddl, "INSERT INTO widgets (tenant, name) VALUES ($1, $2)");
+        cache_tests!(
+            $db,
+            $test_db,
+            $ddl,
+            "INSERT INTO widgets (tenant, name) VALUES ($1, $2)"
+        );
     };
     // `$insert_widget`: the insert with the database's placeholders.
     ($db:ty, $test_db:ty, $ddl:expr, $insert_widget:expr) => {

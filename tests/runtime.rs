@@ -436,7 +436,9 @@ mod mysql_only {
                 "{other} waited for the held key"
             );
             let id = pay(&mut tx, "acme", 100).await;
-            let Claim::Execute(exec) = c else { unreachable!() };
+            let Claim::Execute(exec) = c else {
+                unreachable!()
+            };
             exec.complete(&mut tx, &created(id)).await.unwrap();
             tx.commit().await.unwrap();
         }
@@ -466,7 +468,9 @@ mod mysql_only {
         let dup = tokio::spawn(async move {
             let key = IdempotencyKey::parse("k1").unwrap();
             let mut tx = pool.begin().await.unwrap();
-            claim(&mut tx, &req("acme", "pay", &key, 100)).await.unwrap()
+            claim(&mut tx, &req("acme", "pay", &key, 100))
+                .await
+                .unwrap()
         });
         wait_for_lock_waiter(&db).await;
         exec.complete(&mut first, &created(id)).await.unwrap();
@@ -504,7 +508,10 @@ mod mysql_only {
         });
         wait_for_lock_waiter(&db).await;
         first.rollback().await.unwrap();
-        assert!(dup.await.unwrap(), "the duplicate executes once the first rolled back");
+        assert!(
+            dup.await.unwrap(),
+            "the duplicate executes once the first rolled back"
+        );
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
     }
 
@@ -528,7 +535,10 @@ mod mysql_only {
             let c = claim(&mut dup, &r).await.unwrap();
             let waited = started.elapsed();
             assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
-            assert!(waited >= Duration::from_millis(whole), "{bound} ms: waited {waited:?}");
+            assert!(
+                waited >= Duration::from_millis(whole),
+                "{bound} ms: waited {waited:?}"
+            );
             assert!(
                 waited < Duration::from_millis(whole + 900),
                 "{bound} ms: waited {waited:?}"
@@ -540,7 +550,10 @@ mod mysql_only {
                     .unwrap();
             assert_eq!(lock_wait, 50, "the session's own lock wait is back");
             // The timeout rolled back the statement only: the transaction goes on.
-            let one: i64 = sqlx::query_scalar("SELECT 1").fetch_one(&mut *dup).await.unwrap();
+            let one: i64 = sqlx::query_scalar("SELECT 1")
+                .fetch_one(&mut *dup)
+                .await
+                .unwrap();
             assert_eq!(one, 1);
         }
         exec.complete(&mut first, &created(id)).await.unwrap();
@@ -617,7 +630,9 @@ mod mysql_only {
     #[tokio::test]
     async fn a_body_past_max_allowed_packet_is_refused_and_nothing_is_kept() {
         let db = db().await;
-        let packet: i64 = db.count("SELECT CAST(@@max_allowed_packet AS SIGNED)").await;
+        let packet: i64 = db
+            .count("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+            .await;
         let key = IdempotencyKey::parse("big").unwrap();
         let r = req("acme", "pay", &key, 100);
         let mut tx = db.pool.begin().await.unwrap();
@@ -632,7 +647,10 @@ mod mysql_only {
         };
         assert!(exec.complete(&mut tx, &huge).await.is_err());
         drop(tx);
-        assert_eq!(db.count("SELECT count(*) FROM idempotency_requests").await, 0);
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            0
+        );
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
         // A body well within it (1 MiB, idem's default limit) round-trips exactly.
         let mut tx = db.pool.begin().await.unwrap();
@@ -685,7 +703,9 @@ mod mysql_only {
         }
         let upper = IdempotencyKey::parse("KEY").unwrap();
         assert!(matches!(
-            run_once(&db, &req("acme", "pay", &upper, 100)).await.unwrap(),
+            run_once(&db, &req("acme", "pay", &upper, 100))
+                .await
+                .unwrap(),
             Claim::Replay(_)
         ));
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 4);

@@ -700,7 +700,10 @@ mod mysql {
             .unwrap();
         let started = std::time::Instant::now();
         let report = sweeper(&db).sweep_once().await.unwrap();
-        assert!(started.elapsed() < Duration::from_secs(1), "the sweep waited");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the sweep waited"
+        );
         assert_eq!(report.deleted, 4);
         holder.rollback().await.unwrap();
         let report = sweeper(&db).sweep_once().await.unwrap();

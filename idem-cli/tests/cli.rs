@@ -617,14 +617,25 @@ async fn postgres_connection_problems_are_one_clear_line() {
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn mysql_connection_problems_are_one_clear_line() {
-    let out = idem(None, &["--database-url", "mysql://root:hunter2@127.0.0.1:1/x", "stats"]).await;
+    let out = idem(
+        None,
+        &[
+            "--database-url",
+            "mysql://root:hunter2@127.0.0.1:1/x",
+            "stats",
+        ],
+    )
+    .await;
     out.assert_error(5, "cannot reach the database");
     assert!(!out.stderr.contains("hunter2"), "{out:?}");
     let admin = common::mysql_admin_url();
     let (server, _) = admin.rsplit_once('/').unwrap();
-    idem(Some(&format!("{server}/idem_no_such_database")), &["show", "a", "b", "c"])
-        .await
-        .assert_error(5, "Unknown database");
+    idem(
+        Some(&format!("{server}/idem_no_such_database")),
+        &["show", "a", "b", "c"],
+    )
+    .await
+    .assert_error(5, "Unknown database");
     let db = common::MySqlDb::new().await;
     let mariadb = db.url.replacen("mysql://", "mariadb://", 1);
     let out = idem(Some(&mariadb), &["--json", "stats"]).await;

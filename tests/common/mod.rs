@@ -290,10 +290,12 @@ impl Drop for MySqlDb {
                         .execute(&mut conn)
                         .await;
                 }
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
-                    .execute(&mut conn)
-                    .await
-                    .ok()
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name}"
+                )))
+                .execute(&mut conn)
+                .await
+                .ok()
             })
         })
         .join();

@@ -273,7 +273,8 @@ pub(crate) fn is_undefined_table(e: &sqlx::Error) -> bool {
     };
     // PostgreSQL's undefined_table, MySQL's ER_NO_SUCH_TABLE (SQLSTATE 42S02);
     // SQLite has no code for it, only the message.
-    matches!(db.code().as_deref(), Some("42P01" | "42S02")) || db.message().contains("no such table")
+    matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+        || db.message().contains("no such table")
 }
 
 /// Shared by the modules: the migrator of `dir`, tracked in [`MIGRATIONS_TABLE`].

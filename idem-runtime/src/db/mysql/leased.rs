@@ -296,7 +296,11 @@ pub(super) async fn store_outcome(
     Ok(done.rows_affected())
 }
 
-pub(super) async fn fence(pool: &MySqlPool, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
+pub(super) async fn fence(
+    pool: &MySqlPool,
+    row: Owned<'_>,
+    what: Fence,
+) -> Result<u64, StoreError> {
     let query = match what {
         Fence::Renew(lease) => sqlx::query(RENEW_SQL).bind(millis(lease)),
         Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),

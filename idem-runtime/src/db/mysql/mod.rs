@@ -163,9 +163,7 @@ impl Backend for MySql {
         req: &ClaimRequest<'_>,
     ) -> Result<Claim, StoreError> {
         match transactional::claim_on(tx, req).await {
-            Err(StoreError::Database(e)) if is_deadlock(&e) => {
-                Ok(transactional::in_flight(req))
-            }
+            Err(StoreError::Database(e)) if is_deadlock(&e) => Ok(transactional::in_flight(req)),
             other => other,
         }
     }
@@ -345,11 +343,9 @@ impl Backend for MySql {
     }
 
     async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
-        match sqlx::query_scalar(sqlx::AssertSqlSafe(
-            super::shared::applied_versions_sql(),
-        ))
-        .fetch_all(pool)
-        .await
+        match sqlx::query_scalar(sqlx::AssertSqlSafe(super::shared::applied_versions_sql()))
+            .fetch_all(pool)
+            .await
         {
             Ok(v) => Ok(v),
             // No history table yet: nothing was ever applied.
