@@ -100,6 +100,46 @@ impl Backend for SqliteDb {
     }
 }
 
+impl Backend for common::MySqlDb {
+    async fn create() -> Self {
+        common::MySqlDb::new().await
+    }
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+    async fn count(&self, sql: &str) -> i64 {
+        Self::count(self, sql).await
+    }
+    async fn exec(&self, sql: &str) {
+        Self::exec(self, sql).await
+    }
+    const A_SECOND_AGO: &'static str = concat!(idem_runtime::mysql_now_ms!(), " - 1000");
+    /// MySQL rolls a dead connection's transaction back once it notices.
+    async fn wait_until_no_open_transaction(&self) {
+        let sql = format!(
+            "SELECT count(*) FROM information_schema.INNODB_TRX t \
+               JOIN information_schema.PROCESSLIST p ON p.id = t.trx_mysql_thread_id \
+              WHERE p.db = '{}'",
+            self.name
+        );
+        wait_for(self, &sql, |n| n == 0).await;
+    }
+    async fn stored_outcome(&self) -> (i64, Vec<u8>) {
+        sqlx::query_as(
+            "SELECT CAST(response_status AS SIGNED), response_body FROM idempotency_requests",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+    async fn the_order(&self) -> (i64, i64) {
+        sqlx::query_as("SELECT id, amount_cents FROM orders")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
 /// A running `orders` process.
 struct Server {
     child: Child,
@@ -1679,6 +1719,14 @@ macro_rules! e2e_suite {
                 #[tokio::test]
                 async fn $test() {
                     super::$test::<crate::common::SqliteDb>().await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<crate::common::MySqlDb>().await
                 }
             )*
         }

@@ -295,7 +295,11 @@ pub async fn main() -> Result<(), String> {
         .await?;
         remove_sqlite(&sqlite);
         if mysql_url.is_some() {
-            mysql_exec(&s.mysql_admin_url, format!("DROP DATABASE IF EXISTS {name}")).await?;
+            mysql_exec(
+                &s.mysql_admin_url,
+                format!("DROP DATABASE IF EXISTS {name}"),
+            )
+            .await?;
         }
     }
     result
