@@ -1154,8 +1154,14 @@ async fn without_database_url_the_example_uses_an_embedded_sqlite_file() {
 async fn an_unusable_database_url_is_a_clear_startup_error() {
     for (url, says) in [
         (
-            "mysql://root@localhost/shop",
+            "redis://root@localhost/0",
             "DATABASE_URL must start with postgres://",
+        ),
+        // A MySQL server that answers, without the database: the reason, not the
+        // URL (which may hold a password).
+        (
+            "mysql://root@127.0.0.1:3306/idem_no_such_database",
+            "cannot connect to DATABASE_URL",
         ),
         (
             "sqlite:/nonexistent-dir/x/y.db",
