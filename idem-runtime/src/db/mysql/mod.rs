@@ -86,7 +86,7 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
 /// rounded up (200 ms waits 1 s, 1.5 s waits 2 s), so a claim never gives up
 /// sooner than configured, and at most a second later.
 pub(crate) fn lock_wait_seconds(wait: Duration) -> u64 {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let secs = wait.as_secs().saturating_add(u64::from(wait.subsec_nanos() > 0));
     secs.clamp(1, 1_073_741_824)
 }
 
