@@ -24,8 +24,27 @@ use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
 macro_rules! attribute_tests {
+    // PostgreSQL and SQLite: `$n` placeholders and `RETURNING`.
     ($db:ty, $test_db:ty, $widgets_ddl:expr) => {
+        attribute_tests!(@ $db, $test_db, $widgets_ddl, "tenant_id", {
+            /// Writes one widget in the claimed transaction; its id.
+            async fn add_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
+                    .bind(tenant)
+                    .bind(name)
+                    .fetch_one(&mut **tx)
+                    .await
+            }
+        });
+    };
+    // A database with its own `add_widget`, and `$tenant_text` the idem table's
+    // tenant column read as text.
+    (@ $db:ty, $test_db:ty, $widgets_ddl:expr, $tenant_text:expr, { $($add_widget:item)* }) => {
         use super::*;
+
+        $($add_widget)*
+
+        const TENANT_TEXT: &str = $tenant_text;
 
         type Db = $db;
         type TestDb = $test_db;
@@ -74,13 +93,9 @@ macro_rules! attribute_tests {
             tx: &mut Tx<Db>,
             Json(w): Json<NewWidget>,
         ) -> Result<(StatusCode, Json<Value>), ApiError> {
-            let id: i64 =
-                sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
-                    .bind(&caller.0)
-                    .bind(&w.name)
-                    .fetch_one(&mut **tx)
-                    .await
-                    .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            let id: i64 = add_widget(tx, &caller.0, &w.name)
+                .await
+                .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
             if let Some(gate) = &state.gate {
                 gate.entered.send(()).ok();
                 gate.release.acquire().await.unwrap().forget();
@@ -112,13 +127,7 @@ macro_rules! attribute_tests {
             tx: &mut Tx<Db>,
             Json(w): Json<NewWidget>,
         ) -> impl IntoResponse {
-            let id: i64 =
-                sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
-                    .bind(&caller.0)
-                    .bind(&w.name)
-                    .fetch_one(&mut **tx)
-                    .await
-                    .unwrap();
+            let id: i64 = add_widget(tx, &caller.0, &w.name).await.unwrap();
             (
                 StatusCode::CREATED,
                 Json(json!({"id": id, "imported": true})),
@@ -137,11 +146,7 @@ macro_rules! attribute_tests {
             tx: &mut Tx<Db>,
             Json(b): Json<Blob>,
         ) -> impl IntoResponse {
-            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, 'blob')")
-                .bind(&caller.0)
-                .execute(&mut **tx)
-                .await
-                .unwrap();
+            add_widget(tx, &caller.0, "blob").await.unwrap();
             (
                 StatusCode::CREATED,
                 [
@@ -161,22 +166,13 @@ macro_rules! attribute_tests {
             tx: &mut Tx<Db>,
             Json(w): Json<NewWidget>,
         ) -> (StatusCode, String) {
-            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ('-', $1)")
-                .bind(&w.name)
-                .execute(&mut **tx)
-                .await
-                .unwrap();
+            add_widget(tx, "-", &w.name).await.unwrap();
             (StatusCode::OK, format!("closed batch {id}"))
         }
 
         /// Writes one widget in the claimed transaction; its id.
         async fn insert_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) -> i64 {
-            sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
-                .bind(tenant)
-                .bind(name)
-                .fetch_one(&mut **tx)
-                .await
-                .unwrap()
+            add_widget(tx, tenant, name).await.unwrap()
         }
 
         /// A fallible body: idem answers the rejection before anything is claimed,
@@ -716,7 +712,9 @@ macro_rules! attribute_tests {
             assert_eq!(first.body, b"closed batch 1");
             let again = send(&a.router, request("/batches/1", None, Some("k1"), body)).await;
             assert!(again.replayed());
-            let tenant: String = sqlx::query_scalar("SELECT tenant_id FROM idempotency_requests")
+            let tenant: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT {TENANT_TEXT} FROM idempotency_requests"
+            )))
                 .fetch_one(&a.db.pool)
                 .await
                 .unwrap();
@@ -883,9 +881,9 @@ macro_rules! attribute_tests {
             assert_eq!(acme.status, StatusCode::CREATED);
             assert_eq!(globex.status, StatusCode::CREATED);
             assert!(!globex.replayed());
-            let tenants: Vec<String> = sqlx::query_scalar(
-                "SELECT tenant_id FROM idempotency_requests ORDER BY tenant_id",
-            )
+            let tenants: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT {TENANT_TEXT} FROM idempotency_requests ORDER BY tenant_id"
+            )))
             .fetch_all(&a.db.pool)
             .await
             .unwrap();
@@ -942,5 +940,27 @@ mod sqlite {
         sqlx::Sqlite,
         crate::common::SqliteDb,
         "CREATE TABLE widgets (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, name TEXT NOT NULL)"
+    );
+}
+
+mod mysql {
+    attribute_tests!(@
+        sqlx::MySql,
+        crate::common::MySqlDb,
+        "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB",
+        // The key columns are VARBINARY (byte-for-byte keys): read back as text.
+        "CONVERT(tenant_id USING utf8mb4)",
+        {
+            /// Writes one widget in the claimed transaction; its id (MySQL has no
+            /// `RETURNING`).
+            async fn add_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) -> Result<i64, sqlx::Error> {
+                let done = sqlx::query("INSERT INTO widgets (tenant, name) VALUES (?, ?)")
+                    .bind(tenant)
+                    .bind(name)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(i64::try_from(done.last_insert_id()).unwrap())
+            }
+        }
     );
 }

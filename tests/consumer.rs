@@ -19,13 +19,22 @@ use tokio::process::{Child, Command};
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The runtime API's behaviour, for one backend: `$test_db` its test helper,
-/// `$credits_ddl` the effect's table.
+/// `$credits_ddl` the effect's table, `$insert_credit` the statement that adds a
+/// credit (and returns its id, where the database has `RETURNING`).
 macro_rules! consumer_tests {
     ($test_db:ty, $credits_ddl:expr) => {
+        consumer_tests!(
+            $test_db,
+            $credits_ddl,
+            "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id"
+        );
+    };
+    ($test_db:ty, $credits_ddl:expr, $insert_credit:expr) => {
         use super::*;
 
         type TestDb = $test_db;
         const CREDITS_DDL: &str = $credits_ddl;
+        const INSERT_CREDIT: &str = $insert_credit;
 
         async fn ledger_db() -> TestDb {
             let db = TestDb::new().await;
@@ -48,12 +57,18 @@ macro_rules! consumer_tests {
             };
             process_once(&db.pool, &msg, WEEK, move |tx| {
                 Box::pin(async move {
-                    let id: i64 = sqlx::query_scalar(
-                        "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id",
-                    )
-                    .fetch_one(&mut **tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    let id: Option<i64> = sqlx::query_scalar(INSERT_CREDIT)
+                        .fetch_optional(&mut **tx)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    // MySQL's INSERT returns no row: the id is the connection's last.
+                    let id = match id {
+                        Some(id) => id,
+                        None => sqlx::query_scalar("SELECT CAST(LAST_INSERT_ID() AS SIGNED)")
+                            .fetch_one(&mut **tx)
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    };
                     if fail {
                         return Err("downstream validation failed".to_owned());
                     }
@@ -152,6 +167,14 @@ mod sqlite {
     consumer_tests!(
         crate::common::SqliteDb,
         "CREATE TABLE credits (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, amount INTEGER NOT NULL)"
+    );
+}
+
+mod mysql {
+    consumer_tests!(
+        crate::common::MySqlDb,
+        "CREATE TABLE credits (id BIGINT AUTO_INCREMENT PRIMARY KEY, account VARCHAR(64) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB",
+        "INSERT INTO credits (account, amount) VALUES ('a', 5)"
     );
 }
 

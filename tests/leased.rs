@@ -112,9 +112,13 @@ fn paid(charge: &str) -> StoredResponse {
 
 /// Every test, for one backend: `$db` the database, `$test_db` its test helper,
 /// `$now` the database's clock as idem stores timestamps, `$hold_row` how a
-/// transaction holds a key's row against other writers (begin, then a statement).
+/// transaction holds a key's row against other writers (begin, then a statement),
+/// `$as_text` how a lease's expiry is read as text.
 macro_rules! leased_tests {
     ($db:ty, $test_db:ty, $now:expr, $hold_row:expr) => {
+        leased_tests!($db, $test_db, $now, $hold_row, "CAST(lease_expires_at AS text)");
+    };
+    ($db:ty, $test_db:ty, $now:expr, $hold_row:expr, $as_text:expr) => {
         use super::*;
 
         /// Begins a transaction that holds the key's row against every writer
@@ -459,7 +463,7 @@ macro_rules! leased_tests {
             let deadline = Instant::now() + Duration::from_secs(60);
             while seen.len() < 3 {
                 let at: String =
-                    sqlx::query_scalar("SELECT CAST(lease_expires_at AS text) FROM idempotency_requests")
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(concat!("SELECT ", $as_text, " FROM idempotency_requests")))
                         .fetch_one(&s.db.pool)
                         .await
                         .unwrap();
@@ -1109,6 +1113,61 @@ mod sqlite {
         {
             LeasedClaim::Acquired(lease) => assert_eq!(lease.acquisition(), Acquisition::New),
             other => panic!("expected to acquire, got {other:?}"),
+        }
+    }
+}
+
+mod mysql {
+    leased_tests!(
+        sqlx::MySql,
+        crate::common::MySqlDb,
+        idem_runtime::mysql_now_ms!(),
+        ("BEGIN", "SELECT 1 FROM idempotency_requests FOR UPDATE"),
+        "CAST(lease_expires_at AS CHAR)"
+    );
+
+    /// A claim waits for the key's row lock at most 1 s (the smallest
+    /// `innodb_lock_wait_timeout`), then answers "in flight".
+    #[tokio::test]
+    async fn a_claim_behind_a_held_row_lock_answers_in_flight() {
+        let db = TestDb::new().await;
+        let key = IdempotencyKey::parse("locked-1").unwrap();
+        acquire(&db, &key, HOUR)
+            .await
+            .complete(&paid("ch_old"))
+            .await
+            .unwrap();
+        db.exec("UPDATE idempotency_requests SET expires_at = 0")
+            .await;
+        let mut holder = db.pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM idempotency_requests FOR UPDATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let started = Instant::now();
+        match claim_leased(&db.pool, &lease_req(&key, HOUR))
+            .await
+            .unwrap()
+        {
+            LeasedClaim::InFlight { retry_after } => {
+                assert_eq!(retry_after, Duration::from_secs(1))
+            }
+            other => panic!("expected in flight, got {other:?}"),
+        }
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(1) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+        holder.rollback().await.unwrap();
+        match claim_leased(&db.pool, &lease_req(&key, HOUR))
+            .await
+            .unwrap()
+        {
+            LeasedClaim::Acquired(lease) => {
+                assert_eq!(lease.acquisition(), Acquisition::Reclaimed)
+            }
+            other => panic!("expected to reclaim, got {other:?}"),
         }
     }
 }

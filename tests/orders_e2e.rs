@@ -103,6 +103,46 @@ impl Backend for SqliteDb {
     }
 }
 
+impl Backend for common::MySqlDb {
+    async fn create() -> Self {
+        common::MySqlDb::new().await
+    }
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+    async fn count(&self, sql: &str) -> i64 {
+        Self::count(self, sql).await
+    }
+    async fn exec(&self, sql: &str) {
+        Self::exec(self, sql).await
+    }
+    const A_SECOND_AGO: &'static str = concat!(idem_runtime::mysql_now_ms!(), " - 1000");
+    /// MySQL rolls a dead connection's transaction back once it notices.
+    async fn wait_until_no_open_transaction(&self) {
+        let sql = format!(
+            "SELECT count(*) FROM information_schema.INNODB_TRX t \
+               JOIN information_schema.PROCESSLIST p ON p.id = t.trx_mysql_thread_id \
+              WHERE p.db = '{}'",
+            self.name
+        );
+        wait_for(self, &sql, |n| n == 0).await;
+    }
+    async fn stored_outcome(&self) -> (i64, Vec<u8>) {
+        sqlx::query_as(
+            "SELECT CAST(response_status AS SIGNED), response_body FROM idempotency_requests",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+    async fn the_order(&self) -> (i64, i64) {
+        sqlx::query_as("SELECT id, amount_cents FROM orders")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
 struct Answer {
     status: StatusCode,
     headers: reqwest::header::HeaderMap,
@@ -1036,8 +1076,14 @@ async fn without_database_url_the_example_uses_an_embedded_sqlite_file() {
 async fn an_unusable_database_url_is_a_clear_startup_error() {
     for (url, says) in [
         (
-            "mysql://root@localhost/shop",
+            "redis://root@localhost/0",
             "DATABASE_URL must start with postgres://",
+        ),
+        // A MySQL server that answers, without the database: the reason, not the
+        // URL (which may hold a password).
+        (
+            "mysql://root@127.0.0.1:3306/idem_no_such_database",
+            "cannot connect to DATABASE_URL",
         ),
         (
             "sqlite:/nonexistent-dir/x/y.db",
@@ -1633,6 +1679,14 @@ macro_rules! e2e_suite {
                 #[tokio::test]
                 async fn $test() {
                     super::$test::<crate::common::SqliteDb>().await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<crate::common::MySqlDb>().await
                 }
             )*
         }

@@ -32,6 +32,15 @@ struct NewWidget {
 
 macro_rules! cache_tests {
     ($db:ty, $test_db:ty, $ddl:expr) => {
+        cache_tests!(
+            $db,
+            $test_db,
+            $ddl,
+            "INSERT INTO widgets (tenant, name) VALUES ($1, $2)"
+        );
+    };
+    // `$insert_widget`: the insert with the database's placeholders.
+    ($db:ty, $test_db:ty, $ddl:expr, $insert_widget:expr) => {
         use super::*;
 
         type Db = $db;
@@ -48,7 +57,7 @@ macro_rules! cache_tests {
         }
 
         async fn insert_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) {
-            sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, $2)")
+            sqlx::query($insert_widget)
                 .bind(tenant)
                 .bind(name)
                 .execute(&mut **tx)
@@ -266,6 +275,15 @@ impl Expiry for common::TestDb {
     }
 }
 
+impl Expiry for common::MySqlDb {
+    fn expired_sql() -> &'static str {
+        concat!(
+            "SELECT count(*) FROM idempotency_requests WHERE expires_at <= ",
+            idem_runtime::mysql_now_ms!()
+        )
+    }
+}
+
 impl Expiry for common::SqliteDb {
     fn expired_sql() -> &'static str {
         concat!(
@@ -288,5 +306,14 @@ mod sqlite {
         sqlx::Sqlite,
         crate::common::SqliteDb,
         "CREATE TABLE widgets (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, name TEXT NOT NULL)"
+    );
+}
+
+mod mysql {
+    cache_tests!(
+        sqlx::MySql,
+        crate::common::MySqlDb,
+        "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB",
+        "INSERT INTO widgets (tenant, name) VALUES (?, ?)"
     );
 }

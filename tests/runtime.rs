@@ -41,7 +41,25 @@ fn created(id: i64) -> StoredResponse {
 
 /// The behaviour both backends share, written once.
 macro_rules! backend_tests {
+    // PostgreSQL and SQLite: a payment's id from `INSERT ... RETURNING`.
     ($db:ty, $test_db:ty, $payments_ddl:expr, $expire_all:expr) => {
+        backend_tests!(@ $db, $test_db, $payments_ddl, $expire_all, {
+            pub(super) async fn pay(
+                tx: &mut Transaction<'static, Db>,
+                tenant: &str,
+                amount: i64,
+            ) -> i64 {
+                sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
+                    .bind(tenant)
+                    .bind(amount)
+                    .fetch_one(&mut **tx)
+                    .await
+                    .unwrap()
+            }
+        });
+    };
+    // A database whose `pay` is its own (MySQL: `?` placeholders, no RETURNING).
+    (@ $db:ty, $test_db:ty, $payments_ddl:expr, $expire_all:expr, { $($pay:item)* }) => {
         use super::*;
         use sqlx::Transaction;
 
@@ -56,18 +74,7 @@ macro_rules! backend_tests {
             db
         }
 
-        pub(super) async fn pay(
-            tx: &mut Transaction<'static, Db>,
-            tenant: &str,
-            amount: i64,
-        ) -> i64 {
-            sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
-                .bind(tenant)
-                .bind(amount)
-                .fetch_one(&mut **tx)
-                .await
-                .unwrap()
-        }
+        $($pay)*
 
         /// Claims, and on Execute pays and completes. Returns what the claim said.
         pub(super) async fn run_once(
@@ -353,6 +360,355 @@ mod sqlite {
             ))
             .await;
         assert_eq!(ok, 1);
+    }
+}
+
+mod mysql {
+    backend_tests!(@
+        sqlx::MySql,
+        crate::common::MySqlDb,
+        "CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB",
+        "UPDATE idempotency_requests SET expires_at = 0",
+        {
+            pub(super) async fn pay(
+                tx: &mut Transaction<'static, Db>,
+                tenant: &str,
+                amount: i64,
+            ) -> i64 {
+                let done = sqlx::query("INSERT INTO payments (tenant, amount) VALUES (?, ?)")
+                    .bind(tenant)
+                    .bind(amount)
+                    .execute(&mut **tx)
+                    .await
+                    .unwrap();
+                i64::try_from(done.last_insert_id()).unwrap()
+            }
+        }
+    );
+}
+
+/// What differs on MySQL and MariaDB: InnoDB's row, gap and next-key locks, the
+/// lock wait in whole seconds, deadlocks, the database clock.
+mod mysql_only {
+    use super::mysql::{db, pay, run_once};
+    use super::*;
+    use crate::common::MySqlDb;
+
+    /// Waits until some transaction waits for a lock InnoDB holds.
+    async fn wait_for_lock_waiter(db: &MySqlDb) {
+        // Give the waiter's task a moment to connect and send its claim.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for _ in 0..200 {
+            let n = db
+                .count("SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+                .await;
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("no transaction ever waited for a lock");
+    }
+
+    #[tokio::test]
+    async fn a_claim_of_one_key_does_not_block_the_neighbouring_keys() {
+        let db = db().await;
+        // Keys on both sides of the held one, and a key in an empty table's
+        // last gap: with gap or next-key locks any of them would wait.
+        let held = IdempotencyKey::parse("k5").unwrap();
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(_exec) = claim(&mut first, &req("acme", "pay", &held, 100))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        for other in ["k4", "k6", "k50", "a", "z"] {
+            let key = IdempotencyKey::parse(other).unwrap();
+            let mut r = req("acme", "pay", &key, 100);
+            r.in_flight_wait = Duration::from_secs(1);
+            let started = Instant::now();
+            let mut tx = db.pool.begin().await.unwrap();
+            let c = claim(&mut tx, &r).await.unwrap();
+            assert!(matches!(c, Claim::Execute(_)), "{other}: {c:?}");
+            assert!(
+                started.elapsed() < Duration::from_millis(900),
+                "{other} waited for the held key"
+            );
+            let id = pay(&mut tx, "acme", 100).await;
+            let Claim::Execute(exec) = c else {
+                unreachable!()
+            };
+            exec.complete(&mut tx, &created(id)).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        // The same with handler-path transactions (idem's own begin): a
+        // finished key next to the held one replays at once too.
+        let k4 = IdempotencyKey::parse("k4").unwrap();
+        let started = Instant::now();
+        assert!(matches!(
+            run_once(&db, &req("acme", "pay", &k4, 100)).await.unwrap(),
+            Claim::Replay(_)
+        ));
+        assert!(started.elapsed() < Duration::from_millis(900));
+        drop(first);
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_waits_for_a_committed_first_and_replays_it() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
+            panic!()
+        };
+        let id = pay(&mut first, "acme", 100).await;
+        let pool = db.pool.clone();
+        let dup = tokio::spawn(async move {
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            claim(&mut tx, &req("acme", "pay", &key, 100))
+                .await
+                .unwrap()
+        });
+        wait_for_lock_waiter(&db).await;
+        exec.complete(&mut first, &created(id)).await.unwrap();
+        first.commit().await.unwrap();
+        match dup.await.unwrap() {
+            Claim::Replay(stored) => assert_eq!(stored, created(id)),
+            other => panic!("the duplicate must see the committed row, got {other:?}"),
+        }
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
+            panic!()
+        };
+        pay(&mut first, "acme", 100).await;
+        let pool = db.pool.clone();
+        let dup = tokio::spawn(async move {
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let r = req("acme", "pay", &key, 100);
+            let mut tx = pool.begin().await.unwrap();
+            let c = claim(&mut tx, &r).await.unwrap();
+            let Claim::Execute(exec) = c else {
+                return false;
+            };
+            let id = pay(&mut tx, "acme", 100).await;
+            exec.complete(&mut tx, &created(id)).await.unwrap();
+            tx.commit().await.unwrap();
+            true
+        });
+        wait_for_lock_waiter(&db).await;
+        first.rollback().await.unwrap();
+        assert!(
+            dup.await.unwrap(),
+            "the duplicate executes once the first rolled back"
+        );
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+    }
+
+    /// `innodb_lock_wait_timeout` counts whole seconds: a 300 ms bound waits 1 s,
+    /// 1.5 s waits 2 s; never less than configured, never a second more. The
+    /// session gets its own lock wait back after the claim.
+    #[tokio::test]
+    async fn the_in_flight_bound_rounds_up_to_whole_seconds() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let mut r = req("acme", "pay", &key, 100);
+        let mut first = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
+            panic!()
+        };
+        let id = pay(&mut first, "acme", 100).await;
+        for (bound, whole) in [(300, 1000), (1500, 2000)] {
+            r.in_flight_wait = Duration::from_millis(bound);
+            let mut dup = db.pool.begin().await.unwrap();
+            let started = Instant::now();
+            let c = claim(&mut dup, &r).await.unwrap();
+            let waited = started.elapsed();
+            assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
+            assert!(
+                waited >= Duration::from_millis(whole),
+                "{bound} ms: waited {waited:?}"
+            );
+            assert!(
+                waited < Duration::from_millis(whole + 900),
+                "{bound} ms: waited {waited:?}"
+            );
+            let lock_wait: i64 =
+                sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+                    .fetch_one(&mut *dup)
+                    .await
+                    .unwrap();
+            assert_eq!(lock_wait, 50, "the session's own lock wait is back");
+            // The timeout rolled back the statement only: the transaction goes on.
+            let one: i64 = sqlx::query_scalar("SELECT 1")
+                .fetch_one(&mut *dup)
+                .await
+                .unwrap();
+            assert_eq!(one, 1);
+        }
+        exec.complete(&mut first, &created(id)).await.unwrap();
+        first.commit().await.unwrap();
+        assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
+    }
+
+    /// InnoDB's default isolation, REPEATABLE READ, takes gap locks on a
+    /// locking read that finds no row: concurrent claims of a new key deadlock
+    /// (error 1213) and the victims are answered in flight, never a second
+    /// execution.
+    #[tokio::test]
+    async fn deadlocks_under_repeatable_read_are_answered_in_flight() {
+        let db = Arc::new(MySqlDb::with_isolation(40, None).await);
+        db.exec("CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB").await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(30));
+        let mut tasks = Vec::new();
+        for _ in 0..30 {
+            let db = db.clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = IdempotencyKey::parse("race").unwrap();
+                let r = req("acme", "pay", &key, 100);
+                let mut tx = db.pool.begin().await.unwrap();
+                barrier.wait().await;
+                match claim(&mut tx, &r).await.unwrap() {
+                    Claim::Execute(exec) => {
+                        let id = pay(&mut tx, "acme", 100).await;
+                        exec.complete(&mut tx, &created(id)).await.unwrap();
+                        tx.commit().await.unwrap();
+                        1
+                    }
+                    Claim::Replay(_) | Claim::InFlight { .. } => 0,
+                    Claim::Mismatch => panic!("mismatch"),
+                }
+            }));
+        }
+        let mut executed = 0;
+        for t in tasks {
+            executed += t.await.unwrap();
+        }
+        assert!(executed <= 1, "{executed} executions");
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, executed);
+        // Whatever the races decided, a retry now has one answer.
+        let key = IdempotencyKey::parse("race").unwrap();
+        assert!(matches!(
+            run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap(),
+            Claim::Replay(_)
+        ));
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+    }
+
+    #[tokio::test]
+    async fn timestamps_come_from_the_database_clock_in_milliseconds() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
+        let ok = db
+            .count(concat!(
+                "SELECT CAST((completed_at >= created_at \
+                        AND expires_at = completed_at + 3600000 \
+                        AND abs(created_at - ",
+                idem_runtime::mysql_now_ms!(),
+                ") < 600000) AS SIGNED) FROM idempotency_requests"
+            ))
+            .await;
+        assert_eq!(ok, 1);
+    }
+
+    /// One statement carries the whole outcome, so the server's
+    /// `max_allowed_packet` (MariaDB: 16 MiB) is the ceiling of a stored body:
+    /// past it the completion fails, nothing is stored or committed, and the key
+    /// is free again.
+    #[tokio::test]
+    async fn a_body_past_max_allowed_packet_is_refused_and_nothing_is_kept() {
+        let db = db().await;
+        let packet: i64 = db
+            .count("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+            .await;
+        let key = IdempotencyKey::parse("big").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let mut tx = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
+            panic!()
+        };
+        pay(&mut tx, "acme", 100).await;
+        let huge = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: vec![b'x'; usize::try_from(packet).unwrap() + 1].into(),
+        };
+        assert!(exec.complete(&mut tx, &huge).await.is_err());
+        drop(tx);
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            0
+        );
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
+        // A body well within it (1 MiB, idem's default limit) round-trips exactly.
+        let mut tx = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
+            panic!()
+        };
+        let body: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let big = StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "application/octet-stream".into())],
+            body: body.into(),
+        };
+        exec.complete(&mut tx, &big).await.unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        match claim(&mut tx, &r).await.unwrap() {
+            Claim::Replay(stored) => assert_eq!(stored, big),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+
+    /// Tenant ids, operations and keys are VARBINARY(255): a longer tenant id is
+    /// refused by the database (strict mode), never truncated into another's.
+    #[tokio::test]
+    async fn a_tenant_id_past_255_bytes_is_refused_not_truncated() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let long = "t".repeat(256);
+        let mut tx = db.pool.begin().await.unwrap();
+        assert!(claim(&mut tx, &req(&long, "pay", &key, 100)).await.is_err());
+        drop(tx);
+        let fits = "t".repeat(255);
+        assert!(matches!(
+            run_once(&db, &req(&fits, "pay", &key, 100)).await.unwrap(),
+            Claim::Replay(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn tenants_and_keys_compare_byte_for_byte() {
+        // No collation: case and trailing spaces make other tenants (keys are
+        // trimmed by their parser, so the tenant shows it).
+        let db = db().await;
+        let key = IdempotencyKey::parse("key").unwrap();
+        for tenant in ["acme", "ACME", "acme "] {
+            assert!(matches!(
+                run_once(&db, &req(tenant, "pay", &key, 100)).await.unwrap(),
+                Claim::Replay(_)
+            ));
+        }
+        let upper = IdempotencyKey::parse("KEY").unwrap();
+        assert!(matches!(
+            run_once(&db, &req("acme", "pay", &upper, 100))
+                .await
+                .unwrap(),
+            Claim::Replay(_)
+        ));
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 4);
     }
 }
 

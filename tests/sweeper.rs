@@ -634,6 +634,88 @@ mod sqlite {
     }
 }
 
+mod mysql {
+    sweeper_tests! {
+        db = sqlx::MySql,
+        test_db = crate::common::MySqlDb,
+        // `?` binds in order of appearance: the parameters are read once, into
+        // a CTE, and a recursive CTE stands in for generate_series (MySQL 8
+        // allows 1000 levels by default, MariaDB many more). Timestamps are Unix
+        // milliseconds from the database's clock, as the store writes them.
+        insert_rows = concat!(
+            "INSERT INTO idempotency_requests \
+               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                response_body, created_at, expires_at) \
+             SELECT 'acme', x.op, CONCAT(x.prefix, '-', x.i), UNHEX(REPEAT('00', 32)), x.st, \
+                    CASE x.st WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
+                    CASE WHEN x.st IN ('completed', 'failed') THEN '0123456789' END, ",
+            idem_runtime::mysql_now_ms!(),
+            " - x.age * 1000, ",
+            idem_runtime::mysql_now_ms!(),
+            " + x.expires_in * 1000 \
+               FROM (WITH RECURSIVE \
+                       p AS (SELECT ? AS op, ? AS prefix, ? AS st, ? AS expires_in, ? AS age, ? AS n), \
+                       seq (i) AS (SELECT 1 UNION ALL SELECT seq.i + 1 FROM seq JOIN p WHERE seq.i < p.n) \
+                     SELECT p.op, p.prefix, p.st, p.expires_in, p.age, seq.i FROM seq JOIN p) x"
+        ),
+        expired_finished = concat!(
+            "expires_at <= ",
+            idem_runtime::mysql_now_ms!(),
+            " AND state IN ('completed', 'failed')"
+        ),
+        not_expired = concat!("expires_at > ", idem_runtime::mysql_now_ms!()),
+        expire_all = concat!(
+            "UPDATE idempotency_requests SET expires_at = ",
+            idem_runtime::mysql_now_ms!(),
+            " - 1000"
+        ),
+        // The headers as the store writes them (compact JSON text).
+        stats_data = concat!(
+            r#"INSERT INTO idempotency_requests
+                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                  response_headers, response_body, created_at, expires_at)
+               VALUES
+                 ('acme', 'create-order', 'a1', UNHEX(REPEAT('00', 32)), 'completed', 201,
+                  '[["content-type","text/plain"]]', '0123456789',
+                  946782245000, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
+                 ('acme', 'create-order', 'a2', UNHEX(REPEAT('00', 32)), 'completed', 201,
+                  '[["content-type","text/plain"]]', '0123456789',
+                  "#, idem_runtime::mysql_now_ms!(), r#" - 60000, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
+                 ('globex', 'create-order', 'a3', UNHEX(REPEAT('00', 32)), 'failed', 404,
+                  NULL, 'abc', "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000,
+                  "#, idem_runtime::mysql_now_ms!(), r#" - 86400000),
+                 ('acme', 'refund', 'b1', UNHEX(REPEAT('00', 32)), 'processing', NULL,
+                  NULL, NULL, "#, idem_runtime::mysql_now_ms!(), r#" - 7200000, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
+                 ('acme', 'refund', 'b2', UNHEX(REPEAT('00', 32)), 'uncertain', NULL,
+                  NULL, NULL, "#, idem_runtime::mysql_now_ms!(), r#" - 3600000, "#, idem_runtime::mysql_now_ms!(), r#" - 60000)"#
+        ),
+        header_bytes = r#"SELECT CAST(length('[["content-type","text/plain"]]') AS SIGNED)"#,
+    }
+
+    /// A sweep skips the rows a claim holds (`FOR UPDATE SKIP LOCKED`) instead of
+    /// waiting for them, and deletes the others.
+    #[tokio::test]
+    async fn a_sweep_skips_a_row_a_transaction_holds() {
+        let db = TestDb::new().await;
+        rows(&db, "pay", "old", 5, "completed", -60, HOUR).await;
+        let mut holder = db.pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM idempotency_requests WHERE tenant_id = 'acme' AND operation = 'pay' AND idempotency_key = 'old-3' FOR UPDATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let report = sweeper(&db).sweep_once().await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the sweep waited"
+        );
+        assert_eq!(report.deleted, 4);
+        holder.rollback().await.unwrap();
+        let report = sweeper(&db).sweep_once().await.unwrap();
+        assert_eq!(report.deleted, 1);
+    }
+}
+
 /// What only PostgreSQL has: row locks to skip, sweepers sharing the work.
 mod postgres_only {
     use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Idempotent state transitions with optimistic locking, against PostgreSQL and a
+//! Idempotent state transitions with optimistic locking, against PostgreSQL, MySQL and a
 //! SQLite file: the shared behaviour is written once and stamped per backend by
 //! `transition_tests!`; how a concurrent transition is held off is tested per
 //! backend (a row lock on PostgreSQL, the write lock on SQLite).
@@ -273,6 +273,50 @@ mod sqlite {
         assert_eq!(
             go(&mut b, Step::Paid).await.unwrap(),
             Transitioned::AlreadyThere { version: 2 }
+        );
+        b.commit().await.unwrap();
+        assert_eq!(
+            db.count("SELECT count(*) FROM payments").await,
+            1,
+            "one payment"
+        );
+    }
+}
+
+mod mysql {
+    transition_tests!(sqlx::MySql, crate::common::MySqlDb);
+
+    /// InnoDB's row lock, as on PostgreSQL: B's locking read waits for A, then
+    /// reads A's committed state (a locking read reads the latest committed
+    /// version at any isolation level) and is a no-op.
+    #[tokio::test]
+    async fn of_two_concurrent_transitions_one_runs_and_the_other_is_a_no_op() {
+        let db = db().await;
+        let mut a = db.pool.begin().await.unwrap();
+        let mut b = db.pool.begin().await.unwrap();
+        let a_result = go(&mut a, Step::Paid).await.unwrap();
+        assert!(matches!(a_result, Transitioned::Applied { version: 2, .. }));
+        let b_task = tokio::spawn(async move {
+            let r = go(&mut b, Step::Paid).await;
+            (r, b)
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        while db
+            .count(
+                "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+            )
+            .await
+            == 0
+        {
+            assert!(std::time::Instant::now() < deadline, "B never blocked on A");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        a.commit().await.unwrap();
+        let (b_result, b) = b_task.await.unwrap();
+        assert!(
+            matches!(b_result, Ok(Transitioned::AlreadyThere { version: 2 })),
+            "{b_result:?}"
         );
         b.commit().await.unwrap();
         assert_eq!(

@@ -41,6 +41,12 @@ pub struct Settings {
     /// `IDEM_BENCH_SQLITE_SCENARIOS` (abce; empty skips SQLite): which of (a),
     /// (b), (c), (e) also run on the SQLite file.
     sqlite_scenarios: String,
+    /// `IDEM_BENCH_MYSQL_SCENARIOS` (abce; empty skips MySQL): which of (a), (b),
+    /// (c), (e) also run on MySQL / MariaDB.
+    mysql_scenarios: String,
+    /// `IDEM_BENCH_MYSQL_URL` (or `IDEM_TEST_MYSQL_URL`, or the local server): a
+    /// database `idem_bench_<pid>` is made there for the run.
+    mysql_admin_url: String,
     /// `IDEM_BENCH_DB_RTTS` (0,500,1000): round-trip times in microseconds that
     /// the proxy adds between the server and PostgreSQL; every PostgreSQL
     /// scenario runs at each.
@@ -74,6 +80,14 @@ impl Settings {
             .chars()
             .filter(|c| "abce".contains(*c))
             .collect();
+        let mysql_scenarios = std::env::var("IDEM_BENCH_MYSQL_SCENARIOS")
+            .unwrap_or_else(|_| "abce".to_owned())
+            .chars()
+            .filter(|c| "abce".contains(*c))
+            .collect();
+        let mysql_admin_url = std::env::var("IDEM_BENCH_MYSQL_URL")
+            .or_else(|_| std::env::var("IDEM_TEST_MYSQL_URL"))
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
         Ok(Settings {
             secs: env_or("IDEM_BENCH_SECS", 10.0)?,
             warmup: env_or("IDEM_BENCH_WARMUP_SECS", 2.0)?,
@@ -84,6 +98,8 @@ impl Settings {
             replay_keys: env_or("IDEM_BENCH_REPLAY_KEYS", 1000)?,
             scenarios: env_or("IDEM_BENCH_SCENARIOS", "abcdefghi".to_owned())?,
             sqlite_scenarios,
+            mysql_scenarios,
+            mysql_admin_url,
             rtts,
             rss_secs: env_or("IDEM_BENCH_RSS_SECS", 60.0)?,
             profile_requests: env_or("IDEM_BENCH_PROFILE_REQUESTS", 200)?,
@@ -205,6 +221,8 @@ pub enum Db {
     Postgres { rtt_us: u64 },
     /// The SQLite file, in the server's process.
     Sqlite,
+    /// MySQL / MariaDB on this machine (loopback, no proxy).
+    MySql,
 }
 
 impl Db {
@@ -213,6 +231,7 @@ impl Db {
         match self {
             Db::Postgres { rtt_us } => format!("pg{rtt_us}"),
             Db::Sqlite => "sqlite".to_owned(),
+            Db::MySql => "mysql".to_owned(),
         }
     }
 
@@ -225,6 +244,7 @@ impl Db {
             Db::Sqlite => {
                 "SQLite file (WAL), in the server's process: RTT does not apply".to_owned()
             }
+            Db::MySql => "MySQL / MariaDB (InnoDB), RTT 0 (loopback, no proxy)".to_owned(),
         }
     }
 }
@@ -233,6 +253,7 @@ impl Db {
 pub struct Pools {
     pub pg: PgPool,
     pub sqlite: Option<sqlx::SqlitePool>,
+    pub mysql: Option<sqlx::MySqlPool>,
 }
 
 /// The scenarios that ran interleaved on one PostgreSQL RTT (the first group
@@ -257,7 +278,13 @@ pub async fn main() -> Result<(), String> {
     admin_exec(&s.admin_url, format!("CREATE DATABASE {name}")).await?;
     let url = database_url(&s.admin_url, &name);
     let sqlite = sqlite_path();
-    let result = run_all(&s, &url, &sqlite, &load_before).await;
+    let mysql_url = if s.mysql_scenarios.is_empty() {
+        None
+    } else {
+        mysql_exec(&s.mysql_admin_url, format!("CREATE DATABASE {name}")).await?;
+        Some(replace_database(&s.mysql_admin_url, &name))
+    };
+    let result = run_all(&s, &url, &sqlite, mysql_url.as_deref(), &load_before).await;
     if s.keep_db {
         eprintln!("kept database {name} and {}", sqlite.display());
     } else {
@@ -267,6 +294,13 @@ pub async fn main() -> Result<(), String> {
         )
         .await?;
         remove_sqlite(&sqlite);
+        if mysql_url.is_some() {
+            mysql_exec(
+                &s.mysql_admin_url,
+                format!("DROP DATABASE IF EXISTS {name}"),
+            )
+            .await?;
+        }
     }
     result
 }
@@ -277,6 +311,7 @@ async fn prepare_databases(
     s: &Settings,
     url: &str,
     sqlite: &std::path::Path,
+    mysql_url: Option<&str>,
 ) -> Result<Pools, String> {
     let pg = PgPoolOptions::new()
         .max_connections(2)
@@ -290,8 +325,30 @@ async fn prepare_databases(
         .execute(&pg)
         .await
         .map_err(|e| e.to_string())?;
+    let mysql = match mysql_url {
+        None => None,
+        Some(url) => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(2)
+                .connect(url)
+                .await
+                .map_err(|e| format!("MySQL: {e}"))?;
+            idem_runtime::migrate(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::raw_sql(MYSQL_SCHEMA)
+                .execute(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            Some(pool)
+        }
+    };
     if s.sqlite_scenarios.is_empty() {
-        return Ok(Pools { pg, sqlite: None });
+        return Ok(Pools {
+            pg,
+            sqlite: None,
+            mysql,
+        });
     }
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
     let sqlite = SqlitePoolOptions::new()
@@ -315,6 +372,7 @@ async fn prepare_databases(
     Ok(Pools {
         pg,
         sqlite: Some(sqlite),
+        mysql,
     })
 }
 
@@ -322,9 +380,20 @@ async fn run_all(
     s: &Settings,
     url: &str,
     sqlite: &std::path::Path,
+    mysql_url: Option<&str>,
     load_before: &str,
 ) -> Result<(), String> {
-    let pools = prepare_databases(s, url, sqlite).await?;
+    let pools = prepare_databases(s, url, sqlite, mysql_url).await?;
+    let mysql_version = match &pools.mysql {
+        Some(pool) => {
+            let v: String = sqlx::query_scalar("SELECT CONCAT('; MySQL ', VERSION())")
+                .fetch_one(pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            v
+        }
+        None => String::new(),
+    };
     let pg: String = sqlx::query_scalar(
         "SELECT 'PostgreSQL ' || current_setting('server_version') \
              || ', fsync ' || current_setting('fsync') \
@@ -344,7 +413,8 @@ async fn run_all(
     let mut groups = Vec::new();
     for (i, &rtt_us) in s.rtts.iter().enumerate() {
         let sqlite = (i == 0 && pools.sqlite.is_some()).then_some(sqlite_url.as_str());
-        groups.push(run_group(s, &pools, (url, sqlite), rtt_us).await?);
+        let mysql = mysql_url.filter(|_| i == 0 && pools.mysql.is_some());
+        groups.push(run_group(s, &pools, (url, sqlite, mysql), rtt_us).await?);
     }
     let rss = if s.rss_secs > 0.0 {
         Some(rss_run(s, &pools, url).await?)
@@ -363,7 +433,7 @@ async fn run_all(
     let load_after = loadavg();
 
     let header = format!(
-        "idem bench: {}; {pg}\n{} s measured per scenario in {} interleaved slices, after {} s warm-up; \
+        "idem bench: {}; {pg}{mysql_version}\n{} s measured per scenario in {} interleaved slices, after {} s warm-up; \
          {} clients, (e) and (h) {} clients over {} fresh keys per round; load average before \
          {load_before}, after {load_after}\n{PEER}",
         machine(),
@@ -386,6 +456,9 @@ async fn run_all(
     if let Some(p) = pools.sqlite {
         p.close().await;
     }
+    if let Some(p) = pools.mysql {
+        p.close().await;
+    }
     Ok(())
 }
 
@@ -394,7 +467,7 @@ async fn run_all(
 async fn run_group(
     s: &Settings,
     pools: &Pools,
-    (pg_url, sqlite_url): (&str, Option<&str>),
+    (pg_url, sqlite_url, mysql_url): (&str, Option<&str>, Option<&str>),
     rtt_us: u64,
 ) -> Result<Group, String> {
     let mut servers =
@@ -415,6 +488,17 @@ async fn run_group(
                 .chars()
                 .map(scenario)
                 .map(|sc| Measured::new(sc, Db::Sqlite, 1, s.clients_for(sc))),
+        );
+    }
+    if let Some(mysql_url) = mysql_url {
+        let backend = [("IDEM_BENCH_BACKEND", "mysql".to_owned())];
+        let index = servers.len();
+        servers.push(Server::start(mysql_url, &backend).await?);
+        results.extend(
+            s.mysql_scenarios
+                .chars()
+                .map(scenario)
+                .map(|sc| Measured::new(sc, Db::MySql, index, s.clients_for(sc))),
         );
     }
     for m in &results {
@@ -493,4 +577,33 @@ async fn rss_run(s: &Settings, pools: &Pools, url: &str) -> Result<Measured, Str
     check_rows(s, &mut m, pools).await?;
     server.stop().await;
     Ok(m)
+}
+
+/// Runs one statement on the MySQL server (creating or dropping the run's
+/// database).
+async fn mysql_exec(admin_url: &str, sql: String) -> Result<(), String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::MySqlConnection::connect(admin_url)
+        .await
+        .map_err(|e| format!("MySQL at {admin_url}: {e}"))?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// `admin_url` with its database replaced by `name`.
+fn replace_database(admin_url: &str, name: &str) -> String {
+    let (base, query) = admin_url.split_once('?').unwrap_or((admin_url, ""));
+    let server = match base.rsplit_once('/') {
+        Some((head, _)) if !head.ends_with(':') && !head.ends_with(":/") => head,
+        _ => base,
+    };
+    if query.is_empty() {
+        format!("{server}/{name}")
+    } else {
+        format!("{server}/{name}?{query}")
+    }
 }

@@ -183,6 +183,47 @@ async fn insert_order_sqlite<'e>(
         .await
 }
 
+/// The same business table on MySQL / MariaDB (InnoDB; `created_at` from the
+/// database's clock, answered as text).
+const MYSQL_SCHEMA: &str = "
+CREATE TABLE orders (
+    id           BIGINT AUTO_INCREMENT PRIMARY KEY,
+    tenant_id    VARCHAR(255) NOT NULL,
+    sku          VARCHAR(255) NOT NULL,
+    quantity     INT NOT NULL CHECK (quantity >= 1),
+    amount_cents BIGINT NOT NULL CHECK (amount_cents >= 0),
+    currency     CHAR(3) NOT NULL,
+    note         TEXT,
+    created_at   DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    KEY orders_tenant_idx (tenant_id, id)
+) ENGINE = InnoDB;
+";
+
+// MySQL has no RETURNING: the insert, then the row by the connection's last id
+// (two round trips where PostgreSQL and SQLite take one).
+const INSERT_ORDER_MYSQL: &str = "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
+     VALUES (?, ?, ?, ?, ?, ?)";
+const SELECT_ORDER_MYSQL: &str = "SELECT id, sku, quantity, amount_cents, currency, note, \
+            DATE_FORMAT(created_at, '%Y-%m-%d %H:%i:%s.%f') AS created_at \
+       FROM orders WHERE id = LAST_INSERT_ID()";
+
+async fn insert_order_mysql(
+    conn: &mut sqlx::MySqlConnection,
+    tenant: &str,
+    cmd: &NewOrder,
+) -> Result<Order, sqlx::Error> {
+    sqlx::query(INSERT_ORDER_MYSQL)
+        .bind(tenant)
+        .bind(&cmd.sku)
+        .bind(cmd.quantity)
+        .bind(cmd.amount_cents)
+        .bind(&cmd.currency)
+        .bind(&cmd.note)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query_as(SELECT_ORDER_MYSQL).fetch_one(conn).await
+}
+
 /// What every scenario answers: `201`, `Location`, the order as JSON.
 fn created(order: Order) -> Response {
     let location = format!("/orders/{}", order.id);

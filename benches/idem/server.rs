@@ -272,6 +272,7 @@ pub async fn main() -> Result<(), String> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?;
     let app = match std::env::var("IDEM_BENCH_BACKEND").as_deref() {
         Ok("sqlite") => sqlite::app(&url).await?,
+        Ok("mysql") => mysql::app(&url).await?,
         _ => postgres_app(&url).await?,
     };
     serve(app).await
@@ -527,6 +528,76 @@ mod sqlite {
         Json(cmd): Json<NewOrder>,
     ) -> Result<Response, ApiError> {
         let order = insert_order_sqlite(&mut **tx, &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        Ok(created(order))
+    }
+}
+
+/// The MySQL / MariaDB server, scenarios (a), (b), (c) and (e): the same
+/// handlers on InnoDB, `Idem<MySql>` and `Tx<MySql>`.
+mod mysql {
+    use sqlx::mysql::MySqlPoolOptions;
+    use sqlx::{MySql, MySqlPool};
+
+    use super::*;
+
+    #[derive(Clone)]
+    struct MySqlState {
+        idem: Idem<MySql>,
+        pool: MySqlPool,
+    }
+
+    impl FromRef<MySqlState> for Idem<MySql> {
+        fn from_ref(s: &MySqlState) -> Idem<MySql> {
+            s.idem.clone()
+        }
+    }
+
+    /// `IDEM_BENCH_POOL` (32) connections, as on PostgreSQL.
+    pub async fn app(url: &str) -> Result<Router, String> {
+        let pool_size: u32 = env_or("IDEM_BENCH_POOL", 32)?;
+        let test_before_acquire: u8 = env_or("IDEM_BENCH_TEST_BEFORE_ACQUIRE", 1)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(pool_size)
+            .test_before_acquire(test_before_acquire != 0)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(url)
+            .await
+            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+        let state = MySqlState {
+            idem: Idem::new(pool.clone()),
+            pool,
+        };
+        Ok(Router::new()
+            .route("/bare/orders", post(bare))
+            .route("/idem/orders", post(idem_create))
+            .with_state(state))
+    }
+
+    /// (a) on MySQL: the server's default isolation (REPEATABLE READ), as an
+    /// application's plain transaction would have it.
+    async fn bare(
+        caller: Caller,
+        State(app): State<MySqlState>,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let mut tx = app.pool.begin().await.map_err(db_error)?;
+        let order = insert_order_mysql(&mut tx, &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(created(order))
+    }
+
+    /// (b), (c), (e) on MySQL.
+    #[idempotent(operation = "create-order", retention = "24h")]
+    async fn idem_create(
+        #[tenant] caller: Caller,
+        tx: &mut Tx<MySql>,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let order = insert_order_mysql(tx, &caller.0, &cmd)
             .await
             .map_err(db_error)?;
         Ok(created(order))

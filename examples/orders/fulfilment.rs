@@ -91,8 +91,18 @@ pub fn answer(
 
 /// SQLite's "database is locked" (`SQLITE_BUSY`, `SQLITE_LOCKED` and their extended
 /// codes): another writer held the database's one write lock past the busy
-/// timeout. Nothing changed; the step can simply be retried.
+/// timeout; MySQL's lock wait timeout or deadlock. Nothing changed; the step can
+/// simply be retried.
 fn is_busy(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db)
-        if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5 || c & 0xff == 6))
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    // MySQL: the row lock was not had within innodb_lock_wait_timeout (1205), or
+    // InnoDB rolled the transaction back as a deadlock's victim (1213).
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(my.number(), 1205 | 1213);
+    }
+    db.code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| c & 0xff == 5 || c & 0xff == 6)
 }

@@ -6,7 +6,7 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | unset: the SQLite file `idem-orders.db` in the working directory | `postgres://...` for PostgreSQL, `sqlite:PATH` for another SQLite file |
+//! | `DATABASE_URL` | unset: the SQLite file `idem-orders.db` in the working directory | `postgres://...` for PostgreSQL, `mysql://...` for MySQL / MariaDB, `sqlite:PATH` for another SQLite file |
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
@@ -52,6 +52,7 @@ const DEFAULT_SQLITE_FILE: &str = "idem-orders.db";
 enum Store {
     Postgres(PgPool),
     Sqlite(SqlitePool),
+    MySql(sqlx::MySqlPool),
 }
 
 async fn connect() -> Result<Store, String> {
@@ -65,6 +66,17 @@ async fn connect() -> Result<Store, String> {
             .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
         tracing::info!("orders: using PostgreSQL from DATABASE_URL");
         return Ok(Store::Postgres(pool));
+    }
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(32)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&url)
+            .await
+            .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+        tracing::info!("orders: using MySQL from DATABASE_URL");
+        return Ok(Store::MySql(pool));
     }
     let opts = if url.is_empty() {
         SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE)
@@ -87,7 +99,7 @@ async fn connect() -> Result<Store, String> {
             .map_err(|e| format!("DATABASE_URL is not a usable SQLite URL: {e}"))?
     } else {
         return Err(format!(
-            "DATABASE_URL must start with postgres://, postgresql:// or sqlite: (or be unset for \
+            "DATABASE_URL must start with postgres://, postgresql://, mysql:// or sqlite: (or be unset for \
              the embedded SQLite file), not {:?}",
             url.split(':').next().unwrap_or_default()
         ));
@@ -200,6 +212,23 @@ async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), 
             let state = settings.state(pool, provider);
             let executions = state.idem.executions();
             Ok((routes::sqlite::router(state), executions))
+        }
+        Store::MySql(pool) => {
+            idem_runtime::migrate(&pool)
+                .await
+                .map_err(|e| format!("idem migrations failed: {e}"))?;
+            sqlx::migrate!("examples/orders/migrations/mysql")
+                .run(&pool)
+                .await
+                .map_err(|e| format!("orders migrations failed: {e}"))?;
+            let provider = Arc::new(payments::Provider::new(
+                settings.provider.clone(),
+                payments::Ledger::MySql(pool.clone()),
+            ));
+            settings.spawn_background(&pool, &provider);
+            let state = settings.state(pool, provider);
+            let executions = state.idem.executions();
+            Ok((routes::mysql::router(state), executions))
         }
     }
 }

@@ -52,15 +52,18 @@ pub struct ProviderConfig {
 pub enum Ledger {
     Postgres(sqlx::PgPool),
     Sqlite(sqlx::SqlitePool),
+    MySql(sqlx::MySqlPool),
 }
 
 /// Runs `$body` with `$pool` bound to the ledger's pool, whichever backend it is
-/// (the statements are the same SQL on both).
+/// (the statements are the same SQL on PostgreSQL and SQLite; MySQL, with `?`
+/// placeholders, gets `$mysql`).
 macro_rules! on_ledger {
-    ($ledger:expr, |$pool:ident| $body:expr) => {
+    ($ledger:expr, |$pool:ident| $body:expr, mysql: $mysql:expr) => {
         match $ledger {
             Ledger::Postgres($pool) => $body,
             Ledger::Sqlite($pool) => $body,
+            Ledger::MySql($pool) => $mysql,
         }
     };
 }
@@ -118,6 +121,20 @@ impl Provider {
             .bind(key)
             .fetch_one(pool)
             .await?
+        }, mysql: {
+            // ON DUPLICATE KEY UPDATE with a no-op: the key's first charge stays.
+            sqlx::query(
+                "INSERT INTO provider_charges (idempotency_key, amount_cents) VALUES (?, ?) \
+                 ON DUPLICATE KEY UPDATE id = id",
+            )
+            .bind(key)
+            .bind(amount_cents)
+            .execute(pool)
+            .await?;
+            sqlx::query_as("SELECT id, amount_cents FROM provider_charges WHERE idempotency_key = ?")
+                .bind(key)
+                .fetch_one(pool)
+                .await?
         });
         Ok(Charge {
             id: charge_id(seq),
@@ -166,6 +183,11 @@ impl Provider {
             .bind(idempotency_key)
             .fetch_optional(pool)
             .await?
+        }, mysql: {
+            sqlx::query_as("SELECT id, amount_cents FROM provider_charges WHERE idempotency_key = ?")
+                .bind(idempotency_key)
+                .fetch_optional(pool)
+                .await?
         });
         Ok(row.map(|(seq, amount_cents)| Charge {
             id: charge_id(seq),
@@ -177,6 +199,10 @@ impl Provider {
     /// every charge it ever made.
     pub async fn summary(&self) -> Result<serde_json::Value, sqlx::Error> {
         let charges: i64 = on_ledger!(&self.ledger, |pool| {
+            sqlx::query_scalar("SELECT count(*) FROM provider_charges")
+                .fetch_one(pool)
+                .await?
+        }, mysql: {
             sqlx::query_scalar("SELECT count(*) FROM provider_charges")
                 .fetch_one(pool)
                 .await?

@@ -13,7 +13,7 @@ use sqlx::{FromRow, Pool};
 
 use crate::input::Validate;
 
-/// What every handler shares, for one database (PostgreSQL or SQLite).
+/// What every handler shares, for one database (PostgreSQL, SQLite or MySQL).
 pub struct AppState<DB: Backend> {
     pub idem: Idem<DB>,
     pub pool: Pool<DB>,
@@ -112,7 +112,58 @@ pub struct Refund {
 ///
 /// * `order_columns`: the `SELECT` list of an [`Order`].
 macro_rules! backend_routes {
+    // PostgreSQL and SQLite: `$n` placeholders and `RETURNING`.
     (db = $db:ty, order_columns = $order_columns:expr $(,)?) => {
+        backend_routes!(@ db = $db, order_columns = $order_columns, statements = {
+            async fn insert_order(
+                tx: &mut Tx<Db>,
+                tenant: &str,
+                cmd: &NewOrder,
+                currency: &str,
+            ) -> Result<Order, sqlx::Error> {
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
+                     VALUES ($1, $2, $3, $4, $5, $6) RETURNING {ORDER_COLUMNS}"
+                )))
+                .bind(tenant)
+                .bind(&cmd.sku)
+                .bind(cmd.quantity)
+                .bind(cmd.amount_cents)
+                .bind(currency)
+                .bind(&cmd.note)
+                .fetch_one(&mut **tx)
+                .await
+            }
+
+            async fn insert_refund(
+                tx: &mut Tx<Db>,
+                tenant: &str,
+                cmd: &NewRefund,
+            ) -> Result<Option<Refund>, sqlx::Error> {
+                sqlx::query_as(
+                    "INSERT INTO refunds (tenant_id, order_id, amount_cents) \
+                     SELECT $1, o.id, $3 FROM orders o WHERE o.tenant_id = $1 AND o.id = $2 \
+                     RETURNING id, order_id, amount_cents",
+                )
+                .bind(tenant)
+                .bind(cmd.order_id)
+                .bind(cmd.amount_cents)
+                .fetch_optional(&mut **tx)
+                .await
+            }
+
+            const SELECT_ORDERS: &str = "WHERE tenant_id = $1 ORDER BY id";
+            const SELECT_ORDER: &str = "WHERE tenant_id = $1 AND id = $2";
+            const DELETE_ORDER: &str = "DELETE FROM orders WHERE tenant_id = $1 AND id = $2";
+            // Bound: the order's id, then its tenant.
+            const PAY_EFFECT: &str = "INSERT INTO order_payments (tenant_id, order_id, amount_cents) \
+                 SELECT tenant_id, id, amount_cents FROM orders WHERE id = $1 AND tenant_id = $2";
+            const SHIP_EFFECT: &str = "INSERT INTO shipments (tenant_id, order_id) VALUES ($2, $1)";
+        });
+    };
+    // A database with its own statements (MySQL: `?` placeholders bound in the
+    // order they appear, no `RETURNING`).
+    (@ db = $db:ty, order_columns = $order_columns:expr, statements = { $($statements:item)* }) => {
         use axum::extract::{Path, State};
         use axum::http::{StatusCode, header};
         use axum::response::IntoResponse;
@@ -128,6 +179,8 @@ macro_rules! backend_routes {
 
         type Db = $db;
         const ORDER_COLUMNS: &str = $order_columns;
+
+        $($statements)*
 
         /// The service's routes on this backend.
         pub fn router(state: AppState<Db>) -> Router {
@@ -155,18 +208,7 @@ macro_rules! backend_routes {
             tx: &mut Tx<Db>,
             ValidJson(cmd): ValidJson<NewOrder>,
         ) -> Result<impl IntoResponse, ApiError> {
-            let order: Order = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) \
-                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING {ORDER_COLUMNS}"
-            )))
-            .bind(&caller.tenant)
-            .bind(&cmd.sku)
-            .bind(cmd.quantity)
-            .bind(cmd.amount_cents)
-            .bind(&currency)
-            .bind(&cmd.note)
-            .fetch_one(&mut **tx)
-            .await?;
+            let order = insert_order(tx, &caller.tenant, &cmd, &currency).await?;
             slow_work(app.latency).await;
             let location = format!("/orders/{}", order.id);
             Ok((
@@ -185,16 +227,7 @@ macro_rules! backend_routes {
             tx: &mut Tx<Db>,
             ValidJson(cmd): ValidJson<NewRefund>,
         ) -> Result<axum::response::Response, ApiError> {
-            let refund: Option<Refund> = sqlx::query_as(
-                "INSERT INTO refunds (tenant_id, order_id, amount_cents) \
-                 SELECT $1, o.id, $3 FROM orders o WHERE o.tenant_id = $1 AND o.id = $2 \
-                 RETURNING id, order_id, amount_cents",
-            )
-            .bind(&caller.tenant)
-            .bind(cmd.order_id)
-            .bind(cmd.amount_cents)
-            .fetch_optional(&mut **tx)
-            .await?;
+            let refund = insert_refund(tx, &caller.tenant, &cmd).await?;
             slow_work(app.latency).await;
             Ok(match refund {
                 Some(r) => (StatusCode::CREATED, Json(r)).into_response(),
@@ -208,7 +241,7 @@ macro_rules! backend_routes {
             State(app): State<AppState<Db>>,
         ) -> Result<Json<Vec<Order>>, ApiError> {
             let orders = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {ORDER_COLUMNS} FROM orders WHERE tenant_id = $1 ORDER BY id"
+                "SELECT {ORDER_COLUMNS} FROM orders {SELECT_ORDERS}"
             )))
             .bind(&caller.tenant)
             .fetch_all(&app.pool)
@@ -222,7 +255,7 @@ macro_rules! backend_routes {
             Path(id): Path<i64>,
         ) -> Result<Json<Order>, ApiError> {
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {ORDER_COLUMNS} FROM orders WHERE tenant_id = $1 AND id = $2"
+                "SELECT {ORDER_COLUMNS} FROM orders {SELECT_ORDER}"
             )))
             .bind(&caller.tenant)
             .bind(id)
@@ -237,7 +270,7 @@ macro_rules! backend_routes {
             State(app): State<AppState<Db>>,
             Path(id): Path<i64>,
         ) -> Result<StatusCode, ApiError> {
-            let done = sqlx::query("DELETE FROM orders WHERE tenant_id = $1 AND id = $2")
+            let done = sqlx::query(DELETE_ORDER)
                 .bind(&caller.tenant)
                 .bind(id)
                 .execute(&app.pool)
@@ -300,14 +333,8 @@ macro_rules! backend_routes {
                     move |conn| {
                         Box::pin(async move {
                             let effect = match to {
-                                OrderStatus::Paid => {
-                                    "INSERT INTO order_payments (tenant_id, order_id, amount_cents) \
-                                     SELECT tenant_id, id, amount_cents FROM orders \
-                                      WHERE id = $1 AND tenant_id = $2"
-                                }
-                                OrderStatus::Shipped => {
-                                    "INSERT INTO shipments (tenant_id, order_id) VALUES ($2, $1)"
-                                }
+                                OrderStatus::Paid => PAY_EFFECT,
+                                OrderStatus::Shipped => SHIP_EFFECT,
                                 OrderStatus::Created => return Ok(()),
                             };
                             sqlx::query(effect)
@@ -344,6 +371,74 @@ pub mod postgres {
         db = sqlx::Postgres,
         order_columns = "id, sku, quantity, amount_cents, currency::text AS currency, note, \
             to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at",
+    );
+}
+
+/// The routes on MySQL / MariaDB: `created_at` is a UTC `DATETIME(6)`, answered in
+/// PostgreSQL's shape.
+pub mod mysql {
+    backend_routes!(@
+        db = sqlx::MySql,
+        order_columns = "id, sku, quantity, amount_cents, currency, note, \
+            DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS created_at",
+        statements = {
+            async fn insert_order(
+                tx: &mut Tx<Db>,
+                tenant: &str,
+                cmd: &NewOrder,
+                currency: &str,
+            ) -> Result<Order, sqlx::Error> {
+                sqlx::query(
+                    "INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note, created_at) \
+                     VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))",
+                )
+                .bind(tenant)
+                .bind(&cmd.sku)
+                .bind(cmd.quantity)
+                .bind(cmd.amount_cents)
+                .bind(currency)
+                .bind(&cmd.note)
+                .execute(&mut **tx)
+                .await?;
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT {ORDER_COLUMNS} FROM orders WHERE id = LAST_INSERT_ID()"
+                )))
+                .fetch_one(&mut **tx)
+                .await
+            }
+
+            async fn insert_refund(
+                tx: &mut Tx<Db>,
+                tenant: &str,
+                cmd: &NewRefund,
+            ) -> Result<Option<Refund>, sqlx::Error> {
+                let done = sqlx::query(
+                    "INSERT INTO refunds (tenant_id, order_id, amount_cents) \
+                     SELECT o.tenant_id, o.id, ? FROM orders o WHERE o.tenant_id = ? AND o.id = ?",
+                )
+                .bind(cmd.amount_cents)
+                .bind(tenant)
+                .bind(cmd.order_id)
+                .execute(&mut **tx)
+                .await?;
+                if done.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                sqlx::query_as(
+                    "SELECT id, order_id, amount_cents FROM refunds WHERE id = LAST_INSERT_ID()",
+                )
+                .fetch_optional(&mut **tx)
+                .await
+            }
+
+            const SELECT_ORDERS: &str = "WHERE tenant_id = ? ORDER BY id";
+            const SELECT_ORDER: &str = "WHERE tenant_id = ? AND id = ?";
+            const DELETE_ORDER: &str = "DELETE FROM orders WHERE tenant_id = ? AND id = ?";
+            // Bound: the order's id, then its tenant, in the order of the `?`s.
+            const PAY_EFFECT: &str = "INSERT INTO order_payments (tenant_id, order_id, amount_cents) \
+                 SELECT tenant_id, id, amount_cents FROM orders WHERE id = ? AND tenant_id = ?";
+            const SHIP_EFFECT: &str = "INSERT INTO shipments (order_id, tenant_id) VALUES (?, ?)";
+        }
     );
 }
 

@@ -21,6 +21,20 @@ pub async fn postgres(url: &str) -> Result<sqlx::PgPool, Failure> {
     probe_then_pool(opts, "cannot reach the database").await
 }
 
+/// Connects to the MySQL or MariaDB server the URL names (`mysql://` or
+/// `mariadb://`, with sqlx's query parameters), or says clearly why not.
+#[cfg(feature = "mysql")]
+pub async fn mysql(url: &str) -> Result<sqlx::MySqlPool, Failure> {
+    // sqlx knows the scheme `mysql://` only; `mariadb://` is the same protocol.
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
+    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&url)
+        .map_err(|e| Failure::Usage(format!("invalid database URL: {e}")))?;
+    probe_then_pool(opts, "cannot reach the database").await
+}
+
 /// How long a command that writes (`migrate`, `sweep`) waits for SQLite's write
 /// lock before it fails; `purge` waits [`crate::PURGE_LOCK_WAIT`] instead.
 #[cfg(feature = "sqlite")]

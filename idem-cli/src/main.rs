@@ -20,7 +20,8 @@
 //!
 //! The database comes from `--database-url`, or else the environment variable
 //! `DATABASE_URL`: `postgres://...` (or `postgresql://...`) for PostgreSQL,
-//! `sqlite:PATH` (or `sqlite://PATH`) for a SQLite file. `--json` (before or after
+//! `sqlite:PATH` (or `sqlite://PATH`) for a SQLite file, `mysql://...` (or
+//! `mariadb://...`) for MySQL 8 or MariaDB 10.11 (cargo feature `mysql`). `--json` (before or after
 //! the command) prints one JSON document on stdout instead of a table. Errors are
 //! one line on stderr, starting with `idem: error:`, and never print the URL or a
 //! stored body (a SQLite file's path, which holds no password, is printed when
@@ -38,7 +39,7 @@
 //! | --- | --- |
 //! | 0 | success |
 //! | 1 | unexpected failure (a stored row the CLI cannot read, stdout unwritable) |
-//! | 2 | usage: bad arguments (clap's own code), no database URL, a URL that does not parse or is neither `postgres://` nor `sqlite:`, an in-memory SQLite database |
+//! | 2 | usage: bad arguments (clap's own code), no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, an in-memory SQLite database |
 //! | 3 | not found: `show` or `purge` of a key that has no row |
 //! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock) |
 //! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
@@ -61,6 +62,11 @@
 //! waits for the row, and is refused (exit 4) if another writer holds it longer.
 //! The other commands that write (`migrate`, `sweep`) wait at most
 //! [`connect::BUSY_TIMEOUT`] for it, then fail with exit 5.
+//!
+//! # MySQL and MariaDB
+//!
+//! `purge` locks the key's row as on PostgreSQL, waiting for it at most
+//! [`PURGE_LOCK_WAIT`] (InnoDB's `innodb_lock_wait_timeout`, whole seconds).
 
 mod connect;
 
@@ -84,7 +90,8 @@ const PURGE_LOCK_WAIT: Duration = Duration::from_secs(2);
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
 struct Cli {
-    /// PostgreSQL or SQLite URL, e.g. postgres://user@host:5432/db or sqlite:path/to/app.db
+    /// PostgreSQL, SQLite or MySQL URL, e.g. postgres://user@host:5432/db, sqlite:path/to/app.db
+    /// or mysql://user@host:3306/db
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
 
@@ -215,7 +222,8 @@ fn is_undefined_table(e: &sqlx::Error) -> bool {
     if is_sqlite(&**db) {
         db.message().starts_with("no such table")
     } else {
-        db.code().as_deref() == Some("42P01")
+        // PostgreSQL's undefined_table, MySQL's ER_NO_SUCH_TABLE.
+        matches!(db.code().as_deref(), Some("42P01" | "42S02"))
     }
 }
 
@@ -296,10 +304,16 @@ async fn run(cli: Cli) -> Result<String, Failure> {
         .await;
         #[cfg(not(feature = "sqlite"))]
         return Err(without("SQLite", "sqlite"));
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        #[cfg(feature = "mysql")]
+        return execute(connect::mysql(url).await?, cli.command, json).await;
+        #[cfg(not(feature = "mysql"))]
+        return Err(without("MySQL", "mysql"));
     } else {
         // The URL itself is not echoed, since it may hold a password.
         Err(Failure::Usage(
-            "invalid database URL: it must start with postgres://, postgresql:// or sqlite:"
+            "invalid database URL: it must start with postgres://, postgresql://, sqlite:, \
+             mysql:// or mariadb://"
                 .to_owned(),
         ))
     }

@@ -1,7 +1,7 @@
 //! The `idem` binary against real databases: every subcommand's output and exit
 //! code, `--json` that parses, and the documented error cases. What holds on
-//! PostgreSQL and on SQLite alike is written once in `cli_tests!` and stamped per
-//! backend (`mod postgres`, `mod sqlite`); what only one backend has (a server to
+//! PostgreSQL, SQLite and MySQL alike is written once in `cli_tests!` and stamped per
+//! backend (`mod postgres`, `mod sqlite`, `mod mysql` with the feature `mysql`); what only one backend has (a server to
 //! reach, a file to find) is tested beside it.
 
 // The suite runs both databases, so it needs the CLI built with both
@@ -126,6 +126,29 @@ impl CliDb for SqliteDb {
 
     async fn drop_bare(&self) {
         remove_sqlite_files(&self.bare_path());
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl CliDb for common::MySqlDb {
+    async fn create() -> Self {
+        common::MySqlDb::new().await
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// A plain CREATE DATABASE, no migration.
+    async fn bare(&self) -> String {
+        let bare = format!("{}_bare", self.name);
+        self.exec(&format!("CREATE DATABASE {bare}")).await;
+        self.url.replacen(&self.name, &bare, 1)
+    }
+
+    async fn drop_bare(&self) {
+        self.exec(&format!("DROP DATABASE IF EXISTS {}_bare", self.name))
+            .await;
     }
 }
 
@@ -531,6 +554,40 @@ mod sqlite {
     }
 }
 
+#[cfg(feature = "mysql")]
+mod mysql {
+    cli_tests! {
+        db = common::MySqlDb,
+        // The same rows in MySQL's columns: Unix milliseconds (2026-01-02T03:04:05Z
+        // is 1767323045000), VARBINARY, JSON text.
+        seed = concat!(
+            r#"INSERT INTO idempotency_requests
+                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                  response_headers, response_body, created_at, completed_at, expires_at)
+               VALUES
+                 ('acme', 'create-order', 'k-done', UNHEX(REPEAT('AB', 32)), 'completed', 201,
+                  '[["content-type","application/json"],["location","/orders/7"]]',
+                  '{"secret":"SECRET-BODY-123"}', 1767323045000, 1767323046000,
+                  "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
+                 ('acme', 'create-order', 'k-old', UNHEX(REPEAT('00', 32)), 'failed', 404,
+                  NULL, 'gone', "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000,
+                  "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000, "#, idem_runtime::mysql_now_ms!(), r#" - 86400000),
+                 ('acme', 'refund', 'k-running', UNHEX(REPEAT('00', 32)), 'processing', NULL,
+                  NULL, NULL, "#, idem_runtime::mysql_now_ms!(), r#" - 300000, NULL, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000)"#
+        ),
+        expired_rows = concat!(
+            "INSERT INTO idempotency_requests \
+               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                created_at, expires_at) \
+             SELECT 'acme', 'pay', CONCAT('old-', i), UNHEX(REPEAT('00', 32)), 'completed', 201, ",
+            idem_runtime::mysql_now_ms!(),
+            " - 2 * 86400000, ",
+            idem_runtime::mysql_now_ms!(),
+            " - 86400000 FROM (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4) seq"
+        ),
+    }
+}
+
 /// What only PostgreSQL has: a server to reach and to authenticate with.
 #[tokio::test]
 async fn postgres_connection_problems_are_one_clear_line() {
@@ -553,6 +610,37 @@ async fn postgres_connection_problems_are_one_clear_line() {
     idem(Some(&missing), &["show", "a", "b", "c"])
         .await
         .assert_error(5, "does not exist");
+}
+
+/// What only a MySQL server has: a database that may not exist, and
+/// `mariadb://` for the same protocol.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_connection_problems_are_one_clear_line() {
+    let out = idem(
+        None,
+        &[
+            "--database-url",
+            "mysql://root:hunter2@127.0.0.1:1/x",
+            "stats",
+        ],
+    )
+    .await;
+    out.assert_error(5, "cannot reach the database");
+    assert!(!out.stderr.contains("hunter2"), "{out:?}");
+    let admin = common::mysql_admin_url();
+    let (server, _) = admin.rsplit_once('/').unwrap();
+    idem(
+        Some(&format!("{server}/idem_no_such_database")),
+        &["show", "a", "b", "c"],
+    )
+    .await
+    .assert_error(5, "Unknown database");
+    let db = common::MySqlDb::new().await;
+    let mariadb = db.url.replacen("mysql://", "mariadb://", 1);
+    let out = idem(Some(&mariadb), &["--json", "stats"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["rows"], 0);
 }
 
 /// A path of its own in the temporary directory, with nothing there; whatever
@@ -657,9 +745,10 @@ async fn urls_that_cannot_work_are_usage_errors() {
     idem(None, &["--database-url", "not a url", "stats"])
         .await
         .assert_error(2, "invalid database URL");
-    let out = idem(Some("mysql://root@127.0.0.1/db"), &["stats"]).await;
+    let out = idem(Some("redis://127.0.0.1/0"), &["stats"]).await;
     out.assert_error(2, "postgres://");
     assert!(out.stderr.contains("sqlite:"), "{out:?}");
+    assert!(out.stderr.contains("mysql://"), "{out:?}");
     // SQLite without a file: nothing to inspect, and migrating it would vanish.
     for url in [
         "sqlite::memory:",

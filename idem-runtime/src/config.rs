@@ -360,10 +360,18 @@ mod tests {
         Idem::new(pool)
     }
 
-    #[cfg(not(feature = "postgres"))]
+    #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
     fn idem() -> Idem {
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .connect_lazy("sqlite::memory:")
+            .unwrap();
+        Idem::new(pool)
+    }
+
+    #[cfg(all(feature = "mysql", not(feature = "postgres"), not(feature = "sqlite")))]
+    fn idem() -> Idem {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .connect_lazy("mysql://localhost/none")
             .unwrap();
         Idem::new(pool)
     }

@@ -50,7 +50,7 @@ pub struct Tx<DB: Backend = DefaultBackend> {
 impl<DB: Backend> Tx<DB> {
     /// Begins a transaction on a connection from `pool` with `statement` (or the
     /// driver's plain `BEGIN`). PostgreSQL's path begins with its claim instead.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) async fn begin(
         pool: &Pool<DB>,
         statement: Option<SqlStr>,

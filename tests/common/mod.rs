@@ -190,13 +190,125 @@ impl Drop for SqliteDb {
     }
 }
 
+/// The MySQL or MariaDB server the tests use; `IDEM_TEST_MYSQL_URL` overrides it.
+pub fn mysql_admin_url() -> String {
+    std::env::var("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A MySQL (or MariaDB) database of its own for one test, with idem's migrations
+/// applied, dropped when the test ends. Its connections begin transactions READ
+/// COMMITTED, as docs/mysql.md recommends for a pool whose transactions claim
+/// keys (InnoDB's default, REPEATABLE READ, takes gap locks).
+pub struct MySqlDb {
+    pub pool: sqlx::MySqlPool,
+    pub name: String,
+    pub url: String,
+}
+
+impl MySqlDb {
+    /// Creates the database and migrates it.
+    pub async fn new() -> MySqlDb {
+        Self::with_pool_size(20).await
+    }
+
+    /// As [`MySqlDb::new`], with a pool of `size` connections.
+    pub async fn with_pool_size(size: u32) -> MySqlDb {
+        Self::with_isolation(size, Some("READ COMMITTED")).await
+    }
+
+    /// As [`MySqlDb::new`], with the server's default isolation (REPEATABLE
+    /// READ) when `isolation` is `None`.
+    pub async fn with_isolation(size: u32, isolation: Option<&'static str>) -> MySqlDb {
+        use sqlx::Executor;
+        use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+        let admin = mysql_admin_url();
+        let name = unique_name();
+        let mut conn = MySqlConnection::connect(&admin)
+            .await
+            .expect("MySQL or MariaDB must run on 127.0.0.1:3306 (see README: running the tests)");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.ok();
+        let opts: MySqlConnectOptions = admin.parse().unwrap();
+        let opts = opts.database(&name);
+        let url = replace_database(&admin, &name);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(size)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if let Some(level) = isolation {
+                        conn.execute(sqlx::AssertSqlSafe(format!(
+                            "SET SESSION TRANSACTION ISOLATION LEVEL {level}"
+                        )))
+                        .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(opts)
+            .await
+            .unwrap();
+        idem_runtime::migrate(&pool).await.unwrap();
+        MySqlDb { pool, name, url }
+    }
+
+    statements!();
+}
+
+impl Drop for MySqlDb {
+    fn drop(&mut self) {
+        if std::env::var_os("IDEM_KEEP_TEST_DBS").is_some() {
+            return;
+        }
+        let name = self.name.clone();
+        // As for PostgreSQL: the pool belongs to the test's runtime, so a thread
+        // of its own drops the database (MySQL waits for the metadata locks of
+        // open transactions on its tables; the pool's idle connections hold none).
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                let mut conn = sqlx::mysql::MySqlConnection::connect(&mysql_admin_url())
+                    .await
+                    .ok()?;
+                // MySQL has no DROP DATABASE ... FORCE: end the test's connections
+                // first, so that a transaction left open cannot hold the drop up.
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "SELECT CAST(id AS SIGNED) FROM information_schema.PROCESSLIST WHERE db = ?",
+                )
+                .bind(&name)
+                .fetch_all(&mut conn)
+                .await
+                .ok()?;
+                for id in ids {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                        .execute(&mut conn)
+                        .await;
+                }
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name}"
+                )))
+                .execute(&mut conn)
+                .await
+                .ok()
+            })
+        })
+        .join();
+    }
+}
+
 fn replace_database(url: &str, name: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),
     };
     let base = match base.rsplit_once('/') {
-        Some((head, _)) if head.contains("://") && head.len() > "postgres://".len() => head,
+        Some((head, _)) if head.contains("://") && !head.ends_with(":/") => head,
         _ => base,
     };
     match query {

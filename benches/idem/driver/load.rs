@@ -574,6 +574,19 @@ pub async fn check_rows(s: &Settings, m: &mut Measured, pools: &Pools) -> Result
             CAST(coalesce(sum(n), 0) AS bigint) AS rows, \
             CAST(coalesce(sum(CASE WHEN n > 1 THEN 1 ELSE 0 END), 0) AS bigint) AS dup_keys \
          FROM (SELECT count(*) AS n FROM orders WHERE tenant_id = $1 GROUP BY note) t";
+    // MySQL: `?`, and SIGNED for bigint.
+    const MYSQL_COUNTS: &str = "SELECT count(*) AS `keys`, \
+            CAST(coalesce(sum(n), 0) AS SIGNED) AS `rows`, \
+            CAST(coalesce(sum(CASE WHEN n > 1 THEN 1 ELSE 0 END), 0) AS SIGNED) AS dup_keys \
+         FROM (SELECT count(*) AS n FROM orders WHERE tenant_id = ? GROUP BY note) t";
+    if let (Db::MySql, Some(pool)) = (m.db, &pools.mysql) {
+        let (keys, rows, dup_keys): (i64, i64, i64) = sqlx::query_as(MYSQL_COUNTS)
+            .bind(&m.tenant)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        return finish_check(s, m, (keys, rows, dup_keys));
+    }
     let (keys, rows, dup_keys): (i64, i64, i64) = match (m.db, &pools.sqlite) {
         (Db::Sqlite, Some(pool)) => sqlx::query_as(COUNTS)
             .bind(&m.tenant)
@@ -586,6 +599,14 @@ pub async fn check_rows(s: &Settings, m: &mut Measured, pools: &Pools) -> Result
             .await
             .map_err(|e| e.to_string())?,
     };
+    finish_check(s, m, (keys, rows, dup_keys))
+}
+
+fn finish_check(
+    s: &Settings,
+    m: &mut Measured,
+    (keys, rows, dup_keys): (i64, i64, i64),
+) -> Result<(), String> {
     (m.keys, m.rows, m.dup_keys) = (keys, rows, dup_keys);
     m.expected_rows = match m.sc.kind {
         Kind::Contention | Kind::PeerContention => {

@@ -69,10 +69,11 @@ impl Report<'_> {
                 }
             }
         }
-        // PostgreSQL by RTT first, SQLite last.
+        // PostgreSQL by RTT first, then SQLite, MySQL last.
         dbs.sort_by_key(|db| match db {
             Db::Postgres { rtt_us } => (0, *rtt_us),
             Db::Sqlite => (1, 0),
+            Db::MySql => (2, 0),
         });
         for db in &dbs {
             let results: Vec<&Measured> = self
@@ -326,7 +327,7 @@ fn table(results: &[&Measured]) -> String {
         let n = m.tally.requests.max(1) as f64;
         let us = |cpu: f64| format!("{:.0}", cpu * 1e6 / n);
         let pg = match m.db {
-            Db::Sqlite => "-".to_owned(),
+            Db::Sqlite | Db::MySql => "-".to_owned(),
             Db::Postgres { .. } => us(m.cpu[1]),
         };
         let px = match m.db {

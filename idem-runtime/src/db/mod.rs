@@ -27,6 +27,8 @@ use crate::model::{
 use crate::transition::{FencedWrite, Resource};
 use crate::tx::Tx;
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod rows;
@@ -34,9 +36,9 @@ mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
-#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 compile_error!(
-    "idem-runtime needs a database: enable the feature `postgres` (the default) or `sqlite`, or both"
+    "idem-runtime needs a database: enable the feature `postgres` (the default), `sqlite` or `mysql`, or several"
 );
 
 /// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when
@@ -47,6 +49,10 @@ pub type DefaultBackend = sqlx::Postgres;
 /// the `postgres` feature is on (the default), else SQLite.
 #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
 pub type DefaultBackend = sqlx::Sqlite;
+/// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when
+/// the `postgres` feature is on (the default), else SQLite, else MySQL.
+#[cfg(all(feature = "mysql", not(feature = "postgres"), not(feature = "sqlite")))]
+pub type DefaultBackend = sqlx::MySql;
 
 /// The table in which idem records its own migrations, apart from the
 /// application's `_sqlx_migrations`, on every database.
@@ -58,7 +64,8 @@ mod sealed {
 }
 
 /// A database idem can keep its table in: `sqlx::Postgres` (feature `postgres`,
-/// the default) and `sqlx::Sqlite` (feature `sqlite`).
+/// the default), `sqlx::Sqlite` (feature `sqlite`) and `sqlx::MySql` (feature
+/// `mysql`: MySQL 8 and MariaDB 10.11).
 ///
 /// Sealed: its methods are idem's own statements, not an interface to implement.
 /// Name it in generic code that works on either database:
@@ -73,7 +80,7 @@ mod sealed {
 #[diagnostic::on_unimplemented(
     message = "idem does not run on `{Self}`",
     label = "not a database idem keeps its table in",
-    note = "idem runs on `sqlx::Postgres` (feature `postgres`, the default) and `sqlx::Sqlite` (feature `sqlite`); the pool, transaction or `Tx` type picks the database"
+    note = "idem runs on `sqlx::Postgres` (feature `postgres`, the default), `sqlx::Sqlite` (feature `sqlite`) and `sqlx::MySql` (feature `mysql`); the pool, transaction or `Tx` type picks the database"
 )]
 pub trait Backend: sqlx::Database + sealed::Sealed {
     // --- the transactional mode ------------------------------------------------
@@ -264,8 +271,10 @@ pub(crate) fn is_undefined_table(e: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = e else {
         return false;
     };
-    // PostgreSQL's undefined_table; SQLite has no code for it, only the message.
-    db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
+    // PostgreSQL's undefined_table, MySQL's ER_NO_SUCH_TABLE (SQLSTATE 42S02);
+    // SQLite has no code for it, only the message.
+    matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+        || db.message().contains("no such table")
 }
 
 /// Shared by the modules: the migrator of `dir`, tracked in [`MIGRATIONS_TABLE`].

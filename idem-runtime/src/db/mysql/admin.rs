@@ -1,0 +1,116 @@
+//! What the admin CLI reads and deletes on MySQL and MariaDB: one key's row as
+//! `show` prints it, and `purge` under the row's lock.
+
+use std::time::Duration;
+
+use sqlx::{Connection, MySqlConnection, MySqlPool, Row};
+
+use super::upkeep::rfc3339;
+use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
+use crate::admin::{KeyAddress, KeyRecord, PurgeError};
+use crate::model::StoreError;
+
+// The body leaves the database only when asked for (the first `?`, in the
+// select list).
+const SHOW_SQL: &str = concat!(
+    "SELECT state, generation, lower(hex(fingerprint)) AS fingerprint, ",
+    rfc3339!("created_at"),
+    " AS created_at, ",
+    rfc3339!("completed_at"),
+    " AS completed_at, ",
+    rfc3339!("expires_at"),
+    " AS expires_at, ",
+    rfc3339!("lease_expires_at"),
+    " AS lease_expires_at, expires_at <= ",
+    now_ms!(),
+    " AS expired, response_status, ",
+    "length(response_body) AS body_bytes, response_headers, ",
+    "CASE WHEN ? THEN response_body END AS body ",
+    "FROM idempotency_requests ",
+    "WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+);
+
+const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? FOR UPDATE";
+
+const DELETE_SQL: &str = "DELETE FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?";
+
+pub(super) async fn fetch_record(
+    pool: &MySqlPool,
+    key: &KeyAddress<'_>,
+    with_body: bool,
+) -> Result<Option<KeyRecord>, StoreError> {
+    let row = sqlx::query(SHOW_SQL)
+        .bind(with_body)
+        .bind(key.tenant)
+        .bind(key.operation)
+        .bind(key.key)
+        .fetch_optional(pool)
+        .await?;
+    row.as_ref().map(crate::db::rows::key_record).transpose()
+}
+
+/// The row's lock was not had within the wait.
+fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
+    if is_lock_timeout(&e) {
+        PurgeError::Locked("the key is locked by a request that is running now")
+    } else {
+        PurgeError::Store(e.into())
+    }
+}
+
+/// Deletes the key's row in one transaction that first locks it, waiting at most
+/// `wait` rounded up to whole seconds (InnoDB's `innodb_lock_wait_timeout`).
+pub(super) async fn purge<E>(
+    pool: &MySqlPool,
+    key: &KeyAddress<'_>,
+    wait: Duration,
+    allow: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<Option<(String, i64)>, PurgeError<E>> {
+    let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+    bound_lock_wait(&mut conn, wait)
+        .await
+        .map_err(StoreError::from)?;
+    let purged = purge_locked(&mut conn, key, allow).await;
+    restore_lock_wait(&mut conn)
+        .await
+        .map_err(StoreError::from)?;
+    purged
+}
+
+async fn purge_locked<E>(
+    conn: &mut MySqlConnection,
+    key: &KeyAddress<'_>,
+    allow: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<Option<(String, i64)>, PurgeError<E>> {
+    let mut tx = conn
+        .begin_with(BEGIN_READ_COMMITTED)
+        .await
+        .map_err(StoreError::from)?;
+    let row = sqlx::query(SELECT_STATE_SQL)
+        .bind(key.tenant)
+        .bind(key.operation)
+        .bind(key.key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(locked_or)?;
+    let purged = match row {
+        None => None,
+        Some(row) => {
+            let state: String = row.try_get("state").map_err(StoreError::from)?;
+            let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
+            allow(&state).map_err(PurgeError::Refused)?;
+            sqlx::query(DELETE_SQL)
+                .bind(key.tenant)
+                .bind(key.operation)
+                .bind(key.key)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+            Some((state, generation))
+        }
+    };
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(purged)
+}

@@ -1,0 +1,388 @@
+//! Leased mode on MySQL and MariaDB: the same state machine as on PostgreSQL. The
+//! claim is a short READ COMMITTED transaction of its own (a locking read of the
+//! key's row, then an insert, a re-claim or a takeover); the fenced statements
+//! are single `UPDATE`s and `DELETE`s that match the owner token.
+//!
+//! A claim waits for a concurrent holder of the key's row at most 1 s (the
+//! smallest `innodb_lock_wait_timeout`; PostgreSQL waits 200 ms), then answers
+//! in flight. The rows a fenced statement reports are the rows it matched (sqlx
+//! connects with `CLIENT_FOUND_ROWS`), so a renewal within the same millisecond
+//! still counts. Owner tokens are 128 random bits, made here.
+
+use std::time::Duration;
+
+use sqlx::{Connection, MySqlConnection, MySqlPool, Row};
+
+use super::transactional::{encode, stored_from_row};
+use super::{
+    BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
+};
+use crate::model::{
+    Acquisition, Fence, LeaseRequest, LeasedOutcome, Owned, StoreError, StoredResponse,
+    UncertainRow, millis,
+};
+
+/// The owned row: its primary key and owner token, as the last four `?`.
+macro_rules! owned {
+    () => {
+        " tenant_id = ? AND operation = ? AND idempotency_key = ? \
+          AND owner_token = ? AND state = 'processing'"
+    };
+}
+
+const READ_SQL: &str = concat!(
+    "SELECT fingerprint, state, generation, lease_expires_at, expires_at, \
+            response_status, response_headers, response_body, ",
+    now_ms!(),
+    " AS now FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? FOR UPDATE"
+);
+
+const INSERT_SQL: &str = concat!(
+    "INSERT INTO idempotency_requests \
+        (tenant_id, operation, idempotency_key, fingerprint, state, generation, owner_token, \
+         lease_expires_at, created_at, expires_at) \
+     VALUES (?, ?, ?, ?, 'processing', 1, ?, ",
+    now_ms!(),
+    " + ?, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + ?)"
+);
+
+const RECLAIM_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET fingerprint = ?, state = 'processing', generation = generation + 1, \
+            owner_token = ?, lease_expires_at = ",
+    now_ms!(),
+    " + ?, response_status = NULL, response_headers = NULL, response_body = NULL, \
+            created_at = ",
+    now_ms!(),
+    ", completed_at = NULL, expires_at = ",
+    now_ms!(),
+    " + ? \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+);
+
+const TAKEOVER_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET owner_token = ?, generation = generation + 1, lease_expires_at = ",
+    now_ms!(),
+    " + ? WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+);
+
+const STORE_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+            completed_at = ",
+    now_ms!(),
+    ", expires_at = ",
+    now_ms!(),
+    " + ?, lease_expires_at = NULL WHERE",
+    owned!()
+);
+
+const RENEW_SQL: &str = concat!(
+    "UPDATE idempotency_requests SET lease_expires_at = ",
+    now_ms!(),
+    " + ? WHERE",
+    owned!()
+);
+
+const UNCERTAIN_SQL: &str = concat!(
+    "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
+    owned!()
+);
+
+const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+
+const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
+       FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+        AND state IN ('completed', 'failed')";
+
+// Paged by (created_at, tenant, key), so that rows that never resolve cannot
+// keep newer ones from being asked about; the in-flight index (state,
+// created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
+// back as text.
+const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
+            CONVERT(idempotency_key USING utf8mb4) AS idempotency_key, generation, \
+            owner_token, created_at AS created \
+       FROM idempotency_requests \
+      WHERE operation = ? AND state = 'uncertain' \
+        AND (? IS NULL OR (created_at, tenant_id, idempotency_key) > (?, ?, ?)) \
+      ORDER BY created_at, tenant_id, idempotency_key LIMIT ?";
+
+// The retention runs from the resolution, as for any completion; the
+// assignments run left to right, so expires_at is computed before created_at
+// would change (it does not).
+const RESOLVE_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+            completed_at = ",
+    now_ms!(),
+    ", lease_expires_at = NULL, expires_at = ",
+    now_ms!(),
+    " + (expires_at - created_at) \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+        AND generation = ? AND state = 'uncertain' AND owner_token = ?"
+);
+
+// A resolution applies to the execution it was asked about and no other.
+const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+        AND generation = ? AND state = 'uncertain' AND owner_token = ?";
+
+/// A fresh owner token: 128 random bits, as hex.
+fn new_token() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+fn busy() -> LeasedOutcome {
+    LeasedOutcome::InFlight {
+        retry_after: Duration::from_secs(1),
+    }
+}
+
+/// Claims `req.key` in leased mode, committing at once.
+pub(super) async fn claim_leased(
+    pool: &MySqlPool,
+    req: &LeaseRequest<'_>,
+) -> Result<LeasedOutcome, StoreError> {
+    let mut conn = pool.acquire().await?;
+    bound_lock_wait(&mut conn, Duration::from_secs(1)).await?;
+    let outcome = claim_in_transaction(&mut conn, req).await;
+    restore_lock_wait(&mut conn).await?;
+    match outcome {
+        Ok(outcome) => Ok(outcome),
+        // Another claim of the key held it past the wait, or InnoDB chose this
+        // claim as a deadlock's victim (and rolled it back): someone else is
+        // deciding the key right now.
+        Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => Ok(busy()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn claim_in_transaction(
+    conn: &mut MySqlConnection,
+    req: &LeaseRequest<'_>,
+) -> Result<LeasedOutcome, StoreError> {
+    let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
+    let outcome = decide(&mut tx, req).await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// The claim's decision, under the key's row lock (the same steps as
+/// PostgreSQL's `idem_claim_leased`).
+async fn decide(
+    conn: &mut MySqlConnection,
+    req: &LeaseRequest<'_>,
+) -> Result<LeasedOutcome, StoreError> {
+    let lease = millis(req.lease);
+    let retention = millis(req.retention);
+    let token = new_token();
+    let row = sqlx::query(READ_SQL)
+        .bind(req.tenant)
+        .bind(req.operation)
+        .bind(req.key.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else {
+        // Two claimers that both found no row race here: the second waits for
+        // the first's row and then fails on the duplicate key, and its caller
+        // retries (the row is there then).
+        return match sqlx::query(INSERT_SQL)
+            .bind(req.tenant)
+            .bind(req.operation)
+            .bind(req.key.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(&token)
+            .bind(lease)
+            .bind(retention)
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::New,
+                token,
+                generation: 1,
+            }),
+            Err(e) if super::is_duplicate(&e) => Ok(busy()),
+            Err(e) => Err(e.into()),
+        };
+    };
+    let now: i64 = row.try_get("now")?;
+    let state: String = row.try_get("state")?;
+    let generation: i64 = row.try_get("generation")?;
+    let finished = state == "completed" || state == "failed";
+    let expires_at: i64 = row.try_get("expires_at")?;
+    if finished && expires_at <= now {
+        sqlx::query(RECLAIM_SQL)
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(&token)
+            .bind(lease)
+            .bind(retention)
+            .bind(req.tenant)
+            .bind(req.operation)
+            .bind(req.key.as_str())
+            .execute(&mut *conn)
+            .await?;
+        return Ok(LeasedOutcome::Acquired {
+            acquisition: Acquisition::Reclaimed,
+            token,
+            generation: generation + 1,
+        });
+    }
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    if fingerprint != req.fingerprint.as_bytes() {
+        return Ok(LeasedOutcome::Mismatch);
+    }
+    if finished {
+        return Ok(LeasedOutcome::Replay(stored_from_row(&row)?));
+    }
+    if state == "uncertain" {
+        return Ok(LeasedOutcome::Uncertain);
+    }
+    // processing: a live lease keeps it
+    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
+    if let Some(until) = lease_expires_at.filter(|&until| until > now) {
+        let ms = u64::try_from(until - now).unwrap_or(1000);
+        return Ok(LeasedOutcome::InFlight {
+            retry_after: Duration::from_millis(ms),
+        });
+    }
+    if lease_expires_at.is_none() {
+        // Only a leased claim commits a `processing` row; one without a lease was
+        // written by hand. Leave it alone, as PostgreSQL does.
+        return Ok(busy());
+    }
+    // the lease lapsed: take the execution over, fencing the old owner out
+    sqlx::query(TAKEOVER_SQL)
+        .bind(&token)
+        .bind(lease)
+        .bind(req.tenant)
+        .bind(req.operation)
+        .bind(req.key.as_str())
+        .execute(&mut *conn)
+        .await?;
+    Ok(LeasedOutcome::Acquired {
+        acquisition: Acquisition::TakenOver,
+        token,
+        generation: generation + 1,
+    })
+}
+
+pub(super) async fn store_outcome(
+    pool: &MySqlPool,
+    row: Owned<'_>,
+    response: &StoredResponse,
+    retention: Duration,
+) -> Result<u64, StoreError> {
+    let (status, headers) = encode(response)?;
+    let done = sqlx::query(STORE_SQL)
+        .bind(response.state())
+        .bind(status)
+        .bind(headers)
+        .bind(&response.body[..])
+        .bind(millis(retention))
+        .bind(row.tenant)
+        .bind(row.operation)
+        .bind(row.key)
+        .bind(row.token)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+pub(super) async fn fence(
+    pool: &MySqlPool,
+    row: Owned<'_>,
+    what: Fence,
+) -> Result<u64, StoreError> {
+    let query = match what {
+        Fence::Renew(lease) => sqlx::query(RENEW_SQL).bind(millis(lease)),
+        Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
+        Fence::Release => sqlx::query(RELEASE_SQL),
+    };
+    let done = query
+        .bind(row.tenant)
+        .bind(row.operation)
+        .bind(row.key)
+        .bind(row.token)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+pub(super) async fn current(
+    pool: &MySqlPool,
+    tenant: &str,
+    operation: &str,
+    key: &str,
+) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
+    let row = sqlx::query(CURRENT_SQL)
+        .bind(tenant)
+        .bind(operation)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
+}
+
+pub(super) async fn uncertain_rows(
+    pool: &MySqlPool,
+    operation: &str,
+    after: Option<&UncertainRow>,
+    limit: i64,
+) -> Result<Vec<UncertainRow>, StoreError> {
+    let created = after.map(|r| r.created);
+    let rows = sqlx::query(UNCERTAIN_ROWS_SQL)
+        .bind(operation)
+        .bind(created)
+        .bind(created)
+        .bind(after.map(|r| r.tenant.as_str()))
+        .bind(after.map(|r| r.key.as_str()))
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(crate::db::rows::uncertain).collect()
+}
+
+pub(super) async fn resolve(
+    pool: &MySqlPool,
+    operation: &str,
+    row: &UncertainRow,
+    outcome: Option<&StoredResponse>,
+) -> Result<u64, StoreError> {
+    let done = match outcome {
+        Some(stored) => {
+            let (status, headers) = encode(stored)?;
+            sqlx::query(RESOLVE_SQL)
+                .bind(stored.state())
+                .bind(status)
+                .bind(headers)
+                .bind(&stored.body[..])
+                .bind(&row.tenant)
+                .bind(operation)
+                .bind(&row.key)
+                .bind(row.generation)
+                .bind(&row.token)
+                .execute(pool)
+                .await?
+        }
+        None => {
+            sqlx::query(FORGET_SQL)
+                .bind(&row.tenant)
+                .bind(operation)
+                .bind(&row.key)
+                .bind(row.generation)
+                .bind(&row.token)
+                .execute(pool)
+                .await?
+        }
+    };
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,391 @@
+//! MySQL 8 and MariaDB 10.11 (InnoDB): every statement idem runs there. The same
+//! state machine as on PostgreSQL and SQLite (docs/mysql.md says what differs).
+//!
+//! * [`transactional`]: the claim (a locking read, then an insert or a
+//!   re-claim) and the completion in the caller's transaction, begun READ
+//!   COMMITTED; the in-flight bound is InnoDB's `innodb_lock_wait_timeout`.
+//! * [`leased`]: leased mode's claim (a short transaction of its own) and its
+//!   fenced statements.
+//! * [`upkeep`]: the sweeper's statements and the stats snapshot.
+//! * [`admin`]: what the CLI shows and purges.
+//!
+//! Timestamps are Unix milliseconds from the database's clock ([`now_ms`]).
+//! Placeholders are `?`, bound in the order they appear, so no statement of the
+//! shared module (written with `$n`) is used here.
+
+use std::time::Duration;
+
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row, Transaction};
+
+use super::Backend;
+use crate::admin::{KeyAddress, KeyRecord, PurgeError};
+use crate::config::Idem;
+use crate::model::{
+    Claim, ClaimRequest, Execution, Fence, Finish, InFlightSummary, LeaseRequest, LeasedOutcome,
+    Owned, StatsSnapshot, StoreError, StoredResponse, UncertainRow,
+};
+use crate::transition::{FencedWrite, Resource};
+use crate::tx::Tx;
+
+mod admin;
+mod leased;
+pub(crate) mod transactional;
+mod upkeep;
+
+/// Now, in Unix milliseconds, from the database's clock: the one expression every
+/// MySQL timestamp of idem is written and compared with, as a string literal for
+/// `concat!`. `UTC_TIMESTAMP(3)` does not depend on the session's time zone, and
+/// like `NOW()` it is fixed for the whole statement. Exported (hidden) so that the
+/// tests use the same clock.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! mysql_now_ms {
+    () => {
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)"
+    };
+}
+pub(crate) use crate::mysql_now_ms as now_ms;
+
+/// How idem begins a transaction for a claim: READ COMMITTED for that
+/// transaction (InnoDB's default, REPEATABLE READ, takes gap locks on a locking
+/// read that finds no row, so a claim of one key would hold up the claims of
+/// its neighbours, and two claims of the same new key would deadlock).
+pub(crate) const BEGIN_READ_COMMITTED: &str =
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+/// The error number of a MySQL error, if `e` is one.
+pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// ER_LOCK_WAIT_TIMEOUT: a lock was not had within `innodb_lock_wait_timeout`.
+/// Only the statement is rolled back (unless the server runs with
+/// `innodb_rollback_on_timeout`).
+pub(crate) fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(1205)
+}
+
+/// ER_LOCK_DEADLOCK: InnoDB chose this transaction as a deadlock's victim and
+/// rolled all of it back.
+pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(1213)
+}
+
+/// ER_DUP_ENTRY.
+pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(1062)
+}
+
+/// `innodb_lock_wait_timeout` counts whole seconds, at least 1: a wait is
+/// rounded up (200 ms waits 1 s, 1.5 s waits 2 s), so a claim never gives up
+/// sooner than configured, and at most a second later.
+pub(crate) fn lock_wait_seconds(wait: Duration) -> u64 {
+    let secs = wait
+        .as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0));
+    secs.clamp(1, 1_073_741_824)
+}
+
+/// Sets the session's lock wait to `wait` (rounded up to whole seconds), saving
+/// the one it had in `@idem_saved_lock_wait` for [`restore_lock_wait`].
+pub(crate) async fn bound_lock_wait(
+    conn: &mut MySqlConnection,
+    wait: Duration,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET @idem_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+             SESSION innodb_lock_wait_timeout = {}",
+        lock_wait_seconds(wait)
+    )))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Gives the session the lock wait [`bound_lock_wait`] saved.
+pub(crate) async fn restore_lock_wait(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = @idem_saved_lock_wait")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The statement that reads `state, version` of a resource and holds the row
+/// against other transitions: a concurrent transition waits for the lock, then
+/// sees the committed state (a locking read reads the latest committed version
+/// at any isolation level).
+fn transition_read_sql(resource: &Resource) -> String {
+    format!(
+        "SELECT {state}, {version} FROM {table} WHERE {id} = ?{scope} FOR UPDATE",
+        state = resource.state_column,
+        version = resource.version_column,
+        table = resource.table,
+        id = resource.id_column,
+        scope = scope_sql(resource),
+    )
+}
+
+/// `AND <scope> = ?`, or a condition that binds the parameter without using it.
+fn scope_sql(resource: &Resource) -> String {
+    match resource.scope_column {
+        Some(col) => format!(" AND {col} = ?"),
+        None => " AND ? IS NULL".to_owned(),
+    }
+}
+
+/// A transition's fenced write: MySQL's `UPDATE` has no `RETURNING`, so the new
+/// version is the one read plus one when the row matched (the rows an `UPDATE`
+/// reports are the rows it matched: sqlx connects with `CLIENT_FOUND_ROWS`).
+fn write_sql(resource: &Resource) -> String {
+    format!(
+        "UPDATE {table} SET {state} = ?, {version_col} = {version_col} + 1 \
+          WHERE {id_col} = ?{scope} AND {version_col} = ? AND {state} = ?",
+        table = resource.table,
+        state = resource.state_column,
+        version_col = resource.version_column,
+        id_col = resource.id_column,
+        scope = scope_sql(resource),
+    )
+}
+
+impl super::sealed::Sealed for MySql {}
+
+impl Backend for MySql {
+    /// In a transaction the caller began: a deadlock (the whole transaction was
+    /// rolled back by InnoDB) is answered as in flight, since it cannot be
+    /// retried here.
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        match transactional::claim_on(tx, req).await {
+            Err(StoreError::Database(e)) if is_deadlock(&e) => Ok(transactional::in_flight(req)),
+            other => other,
+        }
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        transactional::complete_on(execution, tx, response).await
+    }
+
+    fn migrator() -> sqlx::migrate::Migrator {
+        super::tracked(sqlx::migrate!("migrations/mysql"))
+    }
+
+    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
+        Self::migrator().run(pool).await?;
+        Ok(())
+    }
+
+    /// READ COMMITTED (see [`BEGIN_READ_COMMITTED`]).
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
+    {
+        pool.begin_with(BEGIN_READ_COMMITTED)
+    }
+
+    /// Begin READ COMMITTED, then claim; a deadlock rolled the transaction back,
+    /// so the claim is retried in a new one, a bounded number of times.
+    async fn begin_claim(
+        idem: &Idem<Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut tx = Tx::begin(
+                idem.pool(),
+                Some(sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED)),
+            )
+            .await?;
+            match transactional::claim_on(tx.connection(), req).await {
+                Ok(claim) => return Ok((tx, claim)),
+                Err(StoreError::Database(e)) if is_deadlock(&e) => {
+                    if attempt >= transactional::DEADLOCK_RETRIES {
+                        return Ok((tx, transactional::in_flight(req)));
+                    }
+                    drop(tx);
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(1..20))).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn finish(
+        _: &Idem<Self>,
+        mut tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        let stored = transactional::complete_on(execution, tx.connection(), response).await;
+        tx.commit_after(stored).await
+    }
+
+    async fn claim_leased(
+        pool: &MySqlPool,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        leased::claim_leased(pool, req).await
+    }
+
+    async fn store_outcome(
+        pool: &MySqlPool,
+        row: Owned<'_>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<u64, StoreError> {
+        leased::store_outcome(pool, row, response, retention).await
+    }
+
+    async fn fence(pool: &MySqlPool, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
+        leased::fence(pool, row, what).await
+    }
+
+    async fn current(
+        pool: &MySqlPool,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
+        leased::current(pool, tenant, operation, key).await
+    }
+
+    async fn uncertain_rows(
+        pool: &MySqlPool,
+        operation: &str,
+        after: Option<&UncertainRow>,
+        limit: i64,
+    ) -> Result<Vec<UncertainRow>, StoreError> {
+        leased::uncertain_rows(pool, operation, after, limit).await
+    }
+
+    async fn resolve(
+        pool: &MySqlPool,
+        operation: &str,
+        row: &UncertainRow,
+        outcome: Option<&StoredResponse>,
+    ) -> Result<u64, StoreError> {
+        leased::resolve(pool, operation, row, outcome).await
+    }
+
+    async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, StoreError> {
+        upkeep::delete_batch(pool, limit).await
+    }
+
+    async fn backlog(pool: &MySqlPool) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(upkeep::BACKLOG_SQL)
+            .fetch_one(pool)
+            .await?;
+        Ok(crate::model::count(n))
+    }
+
+    async fn in_flight(
+        pool: &MySqlPool,
+        stale_after: Duration,
+    ) -> Result<InFlightSummary, StoreError> {
+        let stale = crate::model::millis(stale_after);
+        let row = sqlx::query(upkeep::IN_FLIGHT_SQL)
+            .bind(stale)
+            .bind(stale)
+            .fetch_one(pool)
+            .await?;
+        Ok(InFlightSummary {
+            stale_processing: crate::model::count(row.try_get("stale_processing")?),
+            stale_uncertain: crate::model::count(row.try_get("stale_uncertain")?),
+            uncertain: crate::model::count(row.try_get("uncertain")?),
+            oldest_seconds: row.try_get("oldest_seconds")?,
+        })
+    }
+
+    async fn snapshot(pool: &MySqlPool) -> Result<StatsSnapshot, StoreError> {
+        upkeep::snapshot(pool).await
+    }
+
+    async fn lock_state<'c>(
+        conn: &'c mut MySqlConnection,
+        resource: &'c Resource,
+        id: i64,
+        scope: Option<&'c str>,
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(transition_read_sql(resource)))
+            .bind(id)
+            .bind(scope)
+            .fetch_optional(conn)
+            .await?;
+        Ok(match row {
+            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
+            None => None,
+        })
+    }
+
+    async fn write_state<'c>(
+        conn: &'c mut MySqlConnection,
+        w: FencedWrite<'c>,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(write_sql(w.resource)))
+            .bind(w.to)
+            .bind(w.id)
+            .bind(w.scope)
+            .bind(w.version)
+            .bind(w.from)
+            .execute(conn)
+            .await?;
+        Ok((done.rows_affected() == 1).then_some(w.version + 1))
+    }
+
+    async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
+        match sqlx::query_scalar(sqlx::AssertSqlSafe(super::shared::applied_versions_sql()))
+            .fetch_all(pool)
+            .await
+        {
+            Ok(v) => Ok(v),
+            // No history table yet: nothing was ever applied.
+            Err(e) if super::is_undefined_table(&e) => Ok(vec![]),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn fetch_record(
+        pool: &MySqlPool,
+        key: &KeyAddress<'_>,
+        with_body: bool,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        admin::fetch_record(pool, key, with_body).await
+    }
+
+    async fn purge<E: Send>(
+        pool: &MySqlPool,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
+        admin::purge(pool, key, wait, allow).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lock_wait_rounds_up_to_whole_seconds() {
+        assert_eq!(lock_wait_seconds(Duration::ZERO), 1);
+        assert_eq!(lock_wait_seconds(Duration::from_millis(200)), 1);
+        assert_eq!(lock_wait_seconds(Duration::from_secs(1)), 1);
+        assert_eq!(lock_wait_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(lock_wait_seconds(Duration::from_secs(5)), 5);
+        assert_eq!(lock_wait_seconds(Duration::MAX), 1_073_741_824);
+    }
+}

@@ -1,0 +1,221 @@
+//! The transactional mode on MySQL and MariaDB: the same state machine as on
+//! PostgreSQL, in the caller's InnoDB transaction.
+//!
+//! The claim is a locking read of the key's row (`SELECT ... FOR UPDATE`), then,
+//! by what it found, an `INSERT` (no row), a re-claim `UPDATE` (a finished,
+//! expired row) or a decision (replay, mismatch, in flight). A locking read
+//! reads the latest committed version and waits for a transaction that holds
+//! the row, including one that inserted it and has not committed: so a
+//! duplicate waits for the first transaction to end and then sees its committed
+//! row (or, after a rollback, no row). Two claims of a new key that both found
+//! no row race on the `INSERT`: the second waits for the first's row and gets
+//! a duplicate-key error once it commits, then reads again.
+//!
+//! The wait is bounded by `innodb_lock_wait_timeout`, set on the session for the
+//! claim to `in_flight_wait` rounded up to whole seconds (at least 1) and given
+//! back after; past it (error 1205, which rolls back the statement only) the
+//! claim answers [`Claim::InFlight`]. A deadlock (1213) rolls back the whole
+//! transaction: the handler's path begins again and retries, a bounded number of
+//! times ([`DEADLOCK_RETRIES`]), then answers in flight.
+//!
+//! In READ COMMITTED (how idem begins its transactions) InnoDB takes no gap
+//! locks for these reads, so a claim of one key never holds up another key.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::{MySqlConnection, Row};
+
+use super::{bound_lock_wait, is_duplicate, is_lock_timeout, now_ms, restore_lock_wait};
+use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
+
+/// How many times the handler's path begins a claim's transaction when InnoDB
+/// picks it as a deadlock's victim, before answering in flight.
+pub(crate) const DEADLOCK_RETRIES: u32 = 3;
+
+const READ_SQL: &str = concat!(
+    "SELECT fingerprint, state, generation, expires_at, \
+            response_status, response_headers, response_body, ",
+    now_ms!(),
+    " AS now FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? FOR UPDATE"
+);
+
+// The clock expression is fixed for the statement, so both timestamps are the
+// same instant.
+const INSERT_SQL: &str = concat!(
+    "INSERT INTO idempotency_requests \
+        (tenant_id, operation, idempotency_key, fingerprint, state, generation, created_at, expires_at) \
+     VALUES (?, ?, ?, ?, 'processing', 1, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + ?)"
+);
+
+// Under the row lock the locking read took: the generation is the one read plus
+// one.
+const RECLAIM_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET fingerprint = ?, state = 'processing', generation = generation + 1, \
+            response_status = NULL, response_headers = NULL, response_body = NULL, \
+            owner_token = NULL, lease_expires_at = NULL, created_at = ",
+    now_ms!(),
+    ", completed_at = NULL, expires_at = ",
+    now_ms!(),
+    " + ? \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+);
+
+// The WHERE clause is evaluated before the SET clause's assignments.
+const COMPLETE_SQL: &str = concat!(
+    "UPDATE idempotency_requests \
+        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+            completed_at = ",
+    now_ms!(),
+    ", expires_at = ",
+    now_ms!(),
+    " + ? \
+      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+        AND generation = ? AND state = 'processing'"
+);
+
+/// In flight: retry after the bound, at least a second.
+pub(crate) fn in_flight(req: &ClaimRequest<'_>) -> Claim {
+    Claim::InFlight {
+        retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
+    }
+}
+
+/// Claims `req.key` on the connection of a transaction begun by the caller (see
+/// the module docs). A deadlock comes back as the database error it is, for the
+/// caller to retry or answer.
+pub(crate) async fn claim_on(
+    conn: &mut MySqlConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    bound_lock_wait(conn, req.in_flight_wait).await?;
+    let claimed = claim_bounded(conn, req).await;
+    restore_lock_wait(conn).await?;
+    claimed
+}
+
+async fn claim_bounded(
+    conn: &mut MySqlConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    // At most twice: a second read follows only a lost INSERT race, and then the
+    // row exists (committed) unless its writer deleted it in the meantime.
+    for _ in 0..2 {
+        let row = match sqlx::query(READ_SQL)
+            .bind(req.tenant)
+            .bind(req.operation)
+            .bind(req.key.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+        {
+            Ok(row) => row,
+            Err(e) if is_lock_timeout(&e) => return Ok(in_flight(req)),
+            Err(e) => return Err(e.into()),
+        };
+        let Some(row) = row else {
+            match sqlx::query(INSERT_SQL)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.as_str())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(millis(req.retention))
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => return Ok(Claim::Execute(Execution::new(req, 1))),
+                Err(e) if is_lock_timeout(&e) => return Ok(in_flight(req)),
+                Err(e) if is_duplicate(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let now: i64 = row.try_get("now")?;
+        let state: String = row.try_get("state")?;
+        let finished = state == "completed" || state == "failed";
+        let expires_at: i64 = row.try_get("expires_at")?;
+        if finished && expires_at <= now {
+            let generation: i64 = row.try_get("generation")?;
+            sqlx::query(RECLAIM_SQL)
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(millis(req.retention))
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.as_str())
+                .execute(&mut *conn)
+                .await?;
+            return Ok(Claim::Execute(Execution::new(req, generation + 1)));
+        }
+        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+        if fingerprint != req.fingerprint.as_bytes() {
+            return Ok(Claim::Mismatch);
+        }
+        if !finished {
+            // A leased execution's row, committed `processing` or `uncertain`.
+            return Ok(in_flight(req));
+        }
+        return Ok(Claim::Replay(stored_from_row(&row)?));
+    }
+    Ok(in_flight(req))
+}
+
+/// A stored outcome from a row with `response_status` (SMALLINT),
+/// `response_headers` (JSON text) and `response_body` (LONGBLOB).
+pub(crate) fn stored_from_row(row: &sqlx::mysql::MySqlRow) -> Result<StoredResponse, StoreError> {
+    let status: i64 = row.try_get("response_status")?;
+    let headers: Option<String> = row.try_get("response_headers")?;
+    let body: Option<Vec<u8>> = row.try_get("response_body")?;
+    let headers = match headers {
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
+        }
+        None => Vec::new(),
+    };
+    Ok(StoredResponse {
+        status: u16::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+        headers,
+        body: Bytes::from(body.unwrap_or_default()),
+    })
+}
+
+/// An outcome's status and headers as the columns take them (SMALLINT, JSON
+/// text).
+pub(super) fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
+    let headers =
+        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((i64::from(response.status), headers))
+}
+
+/// Stores an execution's outcome on the connection of the transaction that
+/// claimed the key.
+pub(crate) async fn complete_on(
+    execution: Execution,
+    conn: &mut MySqlConnection,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
+    let (status, headers) = encode(response)?;
+    let done = sqlx::query(COMPLETE_SQL)
+        .bind(response.state())
+        .bind(status)
+        .bind(headers)
+        .bind(&response.body[..])
+        .bind(millis(execution.retention))
+        .bind(&execution.tenant)
+        .bind(&execution.operation)
+        .bind(execution.key.as_str())
+        .bind(execution.generation)
+        .execute(&mut *conn)
+        .await?;
+    // sqlx connects with CLIENT_FOUND_ROWS: the rows matched, not only changed.
+    if done.rows_affected() != 1 {
+        return Err(StoreError::LostClaim {
+            generation: execution.generation,
+        });
+    }
+    Ok(())
+}

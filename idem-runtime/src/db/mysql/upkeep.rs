@@ -1,0 +1,153 @@
+//! Retention and numbers on MySQL and MariaDB: the sweeper's statements and the
+//! stats snapshot. "Now" is the database's clock, in Unix milliseconds.
+
+use sqlx::{MySqlPool, Row};
+
+use super::{BEGIN_READ_COMMITTED, now_ms};
+use crate::model::{StatsSnapshot, StoreError};
+
+/// A Unix-milliseconds expression as RFC 3339 text in UTC, whole seconds,
+/// without the session's time zone (`FROM_UNIXTIME` would apply it).
+macro_rules! rfc3339 {
+    ($ms:expr) => {
+        concat!(
+            "DATE_FORMAT(TIMESTAMPADD(MICROSECOND, (",
+            $ms,
+            ") * 1000, '1970-01-01 00:00:00'), '%Y-%m-%dT%H:%i:%sZ')"
+        )
+    };
+}
+pub(super) use rfc3339;
+
+// A DELETE cannot skip locked rows, and one that meets a row a claim holds (a
+// re-claim of an expired key, say) would wait for it. So the batch is chosen
+// first with a locking read that skips locked rows (MySQL 8, MariaDB 10.6+),
+// in a READ COMMITTED transaction (no gap locks: claims of new keys go on),
+// through the expiry index, and then deleted by primary key; sweepers on several
+// replicas share the work. The DELETE then reaches the chosen rows by primary
+// key.
+const CHOOSE_BATCH_SQL: &str = concat!(
+    "SELECT CONVERT(tenant_id USING utf8mb4), CONVERT(operation USING utf8mb4), \
+            CONVERT(idempotency_key USING utf8mb4) FROM idempotency_requests \
+      WHERE expires_at <= ",
+    now_ms!(),
+    " AND state IN ('completed', 'failed') \
+      ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
+);
+
+pub(super) const BACKLOG_SQL: &str = concat!(
+    "SELECT count(*) FROM idempotency_requests \
+      WHERE expires_at <= ",
+    now_ms!(),
+    " AND state IN ('completed', 'failed')"
+);
+
+// count() skips the NULL a CASE without ELSE gives, so each count is of its own
+// rows. Dividing by a DOUBLE literal (1000e0) makes the age a DOUBLE, not a
+// DECIMAL. On no rows, min() is NULL and so is the age.
+pub(super) const IN_FLIGHT_SQL: &str = concat!(
+    "SELECT \
+        count(CASE WHEN state = 'processing' AND created_at <= ",
+    now_ms!(),
+    " - ? THEN 1 END) AS stale_processing, \
+        count(CASE WHEN state = 'uncertain' AND created_at <= ",
+    now_ms!(),
+    " - ? THEN 1 END) AS stale_uncertain, \
+        count(CASE WHEN state = 'uncertain' THEN 1 END) AS uncertain, \
+        (",
+    now_ms!(),
+    " - min(created_at)) / 1000e0 AS oldest_seconds \
+      FROM idempotency_requests WHERE state IN ('processing', 'uncertain')"
+);
+
+// As on SQLite, the clock is read once (here) and the groups query is given that
+// instant, so every comparison of the snapshot is against the same "now".
+const AGES_SQL: &str = concat!(
+    "SELECT ",
+    now_ms!(),
+    " AS now_ms, ",
+    rfc3339!(now_ms!()),
+    " AS taken_at, ",
+    rfc3339!(concat!(
+        "min(CASE WHEN expires_at > ",
+        now_ms!(),
+        " THEN created_at END)"
+    )),
+    " AS oldest_valid, \
+        (",
+    now_ms!(),
+    " - min(CASE WHEN expires_at > ",
+    now_ms!(),
+    " THEN created_at END)) / 1000e0 AS oldest_valid_age, \
+        (",
+    now_ms!(),
+    " - min(CASE WHEN state IN ('processing', 'uncertain') THEN created_at END)) / 1000e0 \
+            AS oldest_in_flight \
+      FROM idempotency_requests"
+);
+
+// `rows` is a reserved word in MySQL 8. The operation is VARBINARY, read back
+// as text. LENGTH() counts bytes; sum() gives a
+// DECIMAL, cast back to a BIGINT.
+const BY_GROUP_SQL: &str = "SELECT CONVERT(operation USING utf8mb4) AS operation, state, count(*) AS `rows`, \
+        CAST(coalesce(sum(coalesce(length(response_body), 0) \
+                          + coalesce(length(response_headers), 0)), 0) AS SIGNED) AS bytes, \
+        count(CASE WHEN expires_at <= ? AND state IN ('completed', 'failed') THEN 1 END) AS expired \
+      FROM idempotency_requests GROUP BY operation, state";
+
+/// Deletes one batch: chosen and locked under `SKIP LOCKED`, deleted by key,
+/// committed.
+pub(super) async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, StoreError> {
+    let mut tx = pool.begin_with(BEGIN_READ_COMMITTED).await?;
+    let keys = sqlx::query(CHOOSE_BATCH_SQL)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+    if keys.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    // By primary key only: the chosen rows are locked by this transaction, so
+    // they are still expired and finished. The keys drive the join (STRAIGHT_JOIN)
+    // and reach the table through its primary key, one row each: a `WHERE` over
+    // the table itself (an `IN` list, equalities joined by `OR`, a condition on
+    // expires_at) may be read with a scan on a small table, and a scan waits for
+    // the rows skipped above.
+    let sql = format!(
+        "DELETE r FROM (SELECT ? AS t, ? AS o, ? AS k{}) v \
+         STRAIGHT_JOIN idempotency_requests r \
+            ON r.tenant_id = v.t AND r.operation = v.o AND r.idempotency_key = v.k",
+        " UNION ALL SELECT ?, ?, ?".repeat(keys.len() - 1)
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for row in &keys {
+        query = query
+            .bind(row.try_get::<String, _>(0)?)
+            .bind(row.try_get::<String, _>(1)?)
+            .bind(row.try_get::<String, _>(2)?);
+    }
+    let done = query.execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
+
+/// Both queries in one `REPEATABLE READ, READ ONLY` transaction with a
+/// consistent snapshot taken at its start.
+pub(super) async fn snapshot(pool: &MySqlPool) -> Result<StatsSnapshot, StoreError> {
+    let mut tx = pool
+        .begin_with(
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+             START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT",
+        )
+        .await?;
+    let ages = sqlx::query(AGES_SQL).fetch_one(&mut *tx).await?;
+    let now: i64 = ages.try_get("now_ms")?;
+    let groups = sqlx::query(BY_GROUP_SQL)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+    let snapshot = crate::db::rows::snapshot(&ages, &groups)?;
+    // Read only: there is nothing to commit.
+    tx.rollback().await?;
+    Ok(snapshot)
+}
