@@ -286,6 +286,75 @@ macro_rules! backend_tests {
     };
 }
 
+/// A duplicate that waits for the first transaction's row lock (on the
+/// databases with row locks): replays a committed first, executes after a
+/// rolled-back one. Expanded where `db`, `pay` and `wait_for_lock_waiter` are
+/// the database's.
+macro_rules! lock_wait_tests {
+    () => {
+        #[tokio::test]
+        async fn a_duplicate_waits_for_a_committed_first_and_replays_it() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let r = req("acme", "pay", &key, 100);
+            let mut first = db.pool.begin().await.unwrap();
+            let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
+                panic!()
+            };
+            let id = pay(&mut first, "acme", 100).await;
+            let pool = db.pool.clone();
+            let dup = tokio::spawn(async move {
+                let key = IdempotencyKey::parse("k1").unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                claim(&mut tx, &req("acme", "pay", &key, 100))
+                    .await
+                    .unwrap()
+            });
+            wait_for_lock_waiter(&db).await;
+            exec.complete(&mut first, &created(id)).await.unwrap();
+            first.commit().await.unwrap();
+            match dup.await.unwrap() {
+                Claim::Replay(stored) => assert_eq!(stored, created(id)),
+                other => panic!("the duplicate must see the committed row, got {other:?}"),
+            }
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("k1").unwrap();
+            let r = req("acme", "pay", &key, 100);
+            let mut first = db.pool.begin().await.unwrap();
+            let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
+                panic!()
+            };
+            pay(&mut first, "acme", 100).await;
+            let pool = db.pool.clone();
+            let dup = tokio::spawn(async move {
+                let key = IdempotencyKey::parse("k1").unwrap();
+                let r = req("acme", "pay", &key, 100);
+                let mut tx = pool.begin().await.unwrap();
+                let c = claim(&mut tx, &r).await.unwrap();
+                let Claim::Execute(exec) = c else {
+                    return false;
+                };
+                let id = pay(&mut tx, "acme", 100).await;
+                exec.complete(&mut tx, &created(id)).await.unwrap();
+                tx.commit().await.unwrap();
+                true
+            });
+            wait_for_lock_waiter(&db).await;
+            first.rollback().await.unwrap();
+            assert!(
+                dup.await.unwrap(),
+                "the duplicate executes once the first rolled back"
+            );
+            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+        }
+    };
+}
+
 mod postgres {
     backend_tests!(
         sqlx::Postgres,
@@ -454,66 +523,7 @@ mod mysql_only {
         drop(first);
     }
 
-    #[tokio::test]
-    async fn a_duplicate_waits_for_a_committed_first_and_replays_it() {
-        let db = db().await;
-        let key = IdempotencyKey::parse("k1").unwrap();
-        let r = req("acme", "pay", &key, 100);
-        let mut first = db.pool.begin().await.unwrap();
-        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
-            panic!()
-        };
-        let id = pay(&mut first, "acme", 100).await;
-        let pool = db.pool.clone();
-        let dup = tokio::spawn(async move {
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let mut tx = pool.begin().await.unwrap();
-            claim(&mut tx, &req("acme", "pay", &key, 100))
-                .await
-                .unwrap()
-        });
-        wait_for_lock_waiter(&db).await;
-        exec.complete(&mut first, &created(id)).await.unwrap();
-        first.commit().await.unwrap();
-        match dup.await.unwrap() {
-            Claim::Replay(stored) => assert_eq!(stored, created(id)),
-            other => panic!("the duplicate must see the committed row, got {other:?}"),
-        }
-        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-    }
-
-    #[tokio::test]
-    async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
-        let db = db().await;
-        let key = IdempotencyKey::parse("k1").unwrap();
-        let r = req("acme", "pay", &key, 100);
-        let mut first = db.pool.begin().await.unwrap();
-        let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
-            panic!()
-        };
-        pay(&mut first, "acme", 100).await;
-        let pool = db.pool.clone();
-        let dup = tokio::spawn(async move {
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            let mut tx = pool.begin().await.unwrap();
-            let c = claim(&mut tx, &r).await.unwrap();
-            let Claim::Execute(exec) = c else {
-                return false;
-            };
-            let id = pay(&mut tx, "acme", 100).await;
-            exec.complete(&mut tx, &created(id)).await.unwrap();
-            tx.commit().await.unwrap();
-            true
-        });
-        wait_for_lock_waiter(&db).await;
-        first.rollback().await.unwrap();
-        assert!(
-            dup.await.unwrap(),
-            "the duplicate executes once the first rolled back"
-        );
-        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-    }
+    lock_wait_tests!();
 
     /// `innodb_lock_wait_timeout` counts whole seconds: a 300 ms bound waits 1 s,
     /// 1.5 s waits 2 s; never less than configured, never a second more. The
@@ -718,65 +728,7 @@ mod postgres_only {
     use super::*;
     use crate::common::TestDb;
 
-    #[tokio::test]
-    async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
-        let db = db().await;
-        let key = IdempotencyKey::parse("k1").unwrap();
-        let r = req("acme", "pay", &key, 100);
-        let mut first = db.pool.begin().await.unwrap();
-        let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
-            panic!()
-        };
-        let db2 = db.pool.clone();
-        let dup = tokio::spawn(async move {
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            let mut tx = db2.begin().await.unwrap();
-            let c = claim(&mut tx, &r).await.unwrap();
-            let executed = matches!(c, Claim::Execute(_));
-            if let Claim::Execute(exec) = c {
-                let id = pay(&mut tx, "acme", 100).await;
-                exec.complete(&mut tx, &created(id)).await.unwrap();
-                tx.commit().await.unwrap();
-            }
-            executed
-        });
-        // Hold the first until the duplicate is provably blocked on its row lock.
-        wait_for_lock_waiter(&db).await;
-        first.rollback().await.unwrap();
-        assert!(
-            dup.await.unwrap(),
-            "the duplicate executes once the first rolled back"
-        );
-        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-    }
-
-    #[tokio::test]
-    async fn a_duplicate_waits_for_a_committed_first_and_replays_it() {
-        let db = db().await;
-        let key = IdempotencyKey::parse("k1").unwrap();
-        let r = req("acme", "pay", &key, 100);
-        let mut first = db.pool.begin().await.unwrap();
-        let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
-            panic!()
-        };
-        let id = pay(&mut first, "acme", 100).await;
-        let db2 = db.pool.clone();
-        let dup = tokio::spawn(async move {
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let mut tx = db2.begin().await.unwrap();
-            claim(&mut tx, &req("acme", "pay", &key, 100))
-                .await
-                .unwrap()
-        });
-        wait_for_lock_waiter(&db).await;
-        exec.complete(&mut first, &created(id)).await.unwrap();
-        first.commit().await.unwrap();
-        match dup.await.unwrap() {
-            Claim::Replay(stored) => assert_eq!(stored, created(id)),
-            other => panic!("expected a replay, got {other:?}"),
-        }
-    }
+    lock_wait_tests!();
 
     /// Waits until some session of this database waits on a lock: the deterministic
     /// way to know a duplicate is blocked behind the first transaction.
