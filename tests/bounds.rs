@@ -436,3 +436,29 @@ async fn a_shutdown_can_wait_for_work_whose_client_is_gone() {
         "its outcome was stored for the client's retry"
     );
 }
+
+/// A deadline longer than PostgreSQL's timeouts can hold (or the clock can add)
+/// is capped at PostgreSQL's largest, not refused: the request still runs.
+#[tokio::test]
+async fn a_deadline_past_the_servers_range_is_capped_not_an_error() {
+    let a = app_with(|idem| {
+        idem.with_request_deadline(Duration::MAX)
+            .with_in_flight_wait(Duration::MAX)
+    })
+    .await;
+    let router = Router::new()
+        .route("/bounds", post(show_bounds))
+        .with_state(a.idem.clone());
+    let req = Request::post("/bounds")
+        .header("authorization", "Bearer acme")
+        .header("idempotency-key", "b-max")
+        .body(Body::empty())
+        .unwrap();
+    let answer = send(&router, req).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    let bounds: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(
+        bounds,
+        json!({"statement": "2147483647ms", "idle": "2147483647ms"})
+    );
+}

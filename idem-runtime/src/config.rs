@@ -193,6 +193,14 @@ impl<DB: Backend> Idem<DB> {
         self.settings.request_deadline
     }
 
+    /// The deadline a request with `in_flight_wait` gets: never less than that
+    /// wait plus a second, so that a duplicate's wait ends before its request
+    /// is abandoned.
+    pub(crate) fn deadline_with_wait(&self, in_flight_wait: Duration) -> Duration {
+        self.request_deadline()
+            .max(in_flight_wait.saturating_add(Duration::from_secs(1)))
+    }
+
     /// Bounds the duplicates that wait in this process for their key's first
     /// request: at most `per_key` for one key and `total` for all keys (defaults
     /// [`Idem::DEFAULT_WAITERS_PER_KEY`] and [`Idem::DEFAULT_WAITERS`]).
@@ -251,10 +259,13 @@ impl<DB: Backend> Idem<DB> {
 
     /// How long a duplicate request waits for a concurrent first request with the
     /// same key to finish before it is answered `409 Conflict` with `Retry-After`.
-    /// A waiting request holds a pool connection, so keep this short. A handler's
-    /// `in_flight_wait = "..."` overrides it.
+    /// A request waiting in the database holds a pool connection (one waiting in
+    /// the same process does not, see [`Idem::with_waiter_limits`]). A handler's
+    /// `in_flight_wait = "..."` overrides it. A wait longer than the databases'
+    /// lock timeouts can hold (`i32::MAX` milliseconds, about 24.8 days) is that.
     pub fn with_in_flight_wait(mut self, wait: Duration) -> Self {
-        Arc::make_mut(&mut self.settings).in_flight_wait = wait;
+        let longest = Duration::from_millis(i32::MAX as u64);
+        Arc::make_mut(&mut self.settings).in_flight_wait = wait.min(longest);
         self
     }
 

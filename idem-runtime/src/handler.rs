@@ -456,7 +456,9 @@ pub async fn run_in<DB: Backend, M: Mode<DB>>(
                 key: &req.key,
                 fingerprint,
                 tenant_label: req.idem.tenant_label().then_some(tenant.as_str()),
-                deadline: M::deadline(&req.idem, spec).map(|d| tokio::time::Instant::now() + d),
+                // A deadline past what the clock can hold is no deadline.
+                deadline: M::deadline(&req.idem, spec)
+                    .and_then(|d| tokio::time::Instant::now().checked_add(d)),
             };
             let Some(deadline) = scope.deadline else {
                 return pipeline::<DB, M>(&req.idem, &scope, body).await;
@@ -552,8 +554,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
     /// The request deadline, and never shorter than the in-flight wait plus a
     /// second, so that a duplicate's wait ends before its request is abandoned.
     fn deadline(idem: &Idem<DB>, spec: &OperationSpec) -> Option<Duration> {
-        let wait = spec.in_flight_wait.unwrap_or(idem.in_flight_wait());
-        Some(idem.request_deadline().max(wait + Duration::from_secs(1)))
+        Some(idem.deadline_with_wait(spec.in_flight_wait.unwrap_or(idem.in_flight_wait())))
     }
 
     async fn claim(

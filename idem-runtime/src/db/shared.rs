@@ -101,6 +101,13 @@ pub(crate) use transactional_statements;
 /// `stored_from_row` are that database's.
 macro_rules! lease_statements {
     () => {
+        async fn claim_leased(
+            pool: &sqlx::Pool<Self>,
+            req: &$crate::model::LeaseRequest<'_>,
+        ) -> Result<$crate::model::LeasedOutcome, StoreError> {
+            leased::claim_leased(pool, req).await
+        }
+
         async fn store_outcome(
             pool: &sqlx::Pool<Self>,
             row: Owned<'_>,
@@ -216,6 +223,12 @@ pub(crate) use lease_statements;
 /// SQL: expanded inside each `impl Backend` with that database's statements.
 macro_rules! sweep_statements {
     ($delete_batch:expr, $backlog:expr, $in_flight:expr) => {
+        async fn snapshot(
+            pool: &sqlx::Pool<Self>,
+        ) -> Result<$crate::model::StatsSnapshot, StoreError> {
+            upkeep::snapshot(pool).await
+        }
+
         async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
             let done = sqlx::query($delete_batch)
                 .bind(i64::from(limit))
@@ -291,9 +304,18 @@ macro_rules! transition_statements {
 pub(crate) use transition_statements;
 
 /// The admin reads that are the same on every database but for the `SHOW_SQL`
-/// of the database's module.
+/// of the database's module, and its `admin::purge`.
 macro_rules! admin_statements {
     () => {
+        async fn purge<E: Send>(
+            pool: &sqlx::Pool<Self>,
+            key: &$crate::admin::KeyAddress<'_>,
+            wait: std::time::Duration,
+            allow: impl FnOnce(&str) -> Result<(), E> + Send,
+        ) -> Result<Option<(String, i64)>, $crate::admin::PurgeError<E>> {
+            admin::purge(pool, key, wait, allow).await
+        }
+
         async fn applied_versions(pool: &sqlx::Pool<Self>) -> Result<Vec<i64>, StoreError> {
             match sqlx::query_scalar(sqlx::AssertSqlSafe(
                 $crate::db::shared::applied_versions_sql(),

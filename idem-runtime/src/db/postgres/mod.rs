@@ -12,18 +12,16 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Pool, Postgres, Row, Transaction};
+use sqlx::{Pool, Postgres, Row, Transaction};
 
 use super::Backend;
 use super::shared::{
     admin_statements, lease_statements, sweep_statements, transactional_statements,
     transition_statements,
 };
-use crate::admin::{KeyAddress, PurgeError};
 use crate::config::Idem;
 use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, LeaseRequest, LeasedOutcome, Owned,
-    StatsSnapshot, StoreError, StoredResponse, UncertainRow,
+    Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
 };
 use crate::transition::Resource;
 use crate::tx::Tx;
@@ -93,13 +91,6 @@ impl Backend for Postgres {
         pipelined::finish(idem, tx, execution, response).await
     }
 
-    async fn claim_leased(
-        pool: &PgPool,
-        req: &LeaseRequest<'_>,
-    ) -> Result<LeasedOutcome, StoreError> {
-        leased::claim_leased(pool, req).await
-    }
-
     lease_statements!();
 
     // Batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on several
@@ -110,20 +101,7 @@ impl Backend for Postgres {
         upkeep::IN_FLIGHT_SQL
     );
 
-    async fn snapshot(pool: &PgPool) -> Result<StatsSnapshot, StoreError> {
-        upkeep::snapshot(pool).await
-    }
-
     transition_statements!(transition_read_sql, "$2::text");
 
     admin_statements!();
-
-    async fn purge<E: Send>(
-        pool: &PgPool,
-        key: &KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
-        admin::purge(pool, key, wait, allow).await
-    }
 }

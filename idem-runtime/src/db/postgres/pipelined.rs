@@ -140,13 +140,10 @@ pub(crate) async fn begin_claim(
 /// `statement_timeout` (no statement of the handler's, nor idem's, runs longer)
 /// and `idle_in_transaction_session_timeout` (a client that stalls or vanishes
 /// mid-transaction has its session ended, and the key freed, by the server).
-/// Never less than the in-flight wait plus a second, which the claim's own wait
-/// for the key's lock may take.
+/// Both take at most `i32::MAX` milliseconds (about 24.8 days); a longer
+/// deadline is that.
 fn bounds(idem: &Idem<Postgres>, req: &ClaimRequest<'_>) -> String {
-    let ms = millis(
-        idem.request_deadline()
-            .max(req.in_flight_wait + Duration::from_secs(1)),
-    );
+    let ms = millis(idem.deadline_with_wait(req.in_flight_wait)).min(i64::from(i32::MAX));
     format!(
         "; SET LOCAL statement_timeout = {ms}; SET LOCAL idle_in_transaction_session_timeout = {ms}"
     )

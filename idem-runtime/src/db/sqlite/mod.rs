@@ -13,18 +13,16 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Row, Sqlite, SqlitePool, Transaction};
+use sqlx::{Pool, Row, Sqlite, Transaction};
 
 use super::Backend;
 use super::shared::{
     admin_statements, lease_statements, sweep_statements, transactional_statements,
     transition_statements,
 };
-use crate::admin::{KeyAddress, PurgeError};
 use crate::config::Idem;
 use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, LeaseRequest, LeasedOutcome, Owned,
-    StatsSnapshot, StoreError, StoredResponse, UncertainRow,
+    Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
 };
 use crate::transition::Resource;
 use crate::tx::Tx;
@@ -114,13 +112,6 @@ impl Backend for Sqlite {
         tx.commit_after(stored).await
     }
 
-    async fn claim_leased(
-        pool: &SqlitePool,
-        req: &LeaseRequest<'_>,
-    ) -> Result<LeasedOutcome, StoreError> {
-        leased::claim_leased(pool, req).await
-    }
-
     lease_statements!();
 
     // Batches by `rowid` under SQLite's single write lock, so no `SKIP LOCKED`
@@ -131,20 +122,7 @@ impl Backend for Sqlite {
         upkeep::IN_FLIGHT_SQL
     );
 
-    async fn snapshot(pool: &SqlitePool) -> Result<StatsSnapshot, StoreError> {
-        upkeep::snapshot(pool).await
-    }
-
     transition_statements!(transition_read_sql, "$2");
 
     admin_statements!();
-
-    async fn purge<E: Send>(
-        pool: &SqlitePool,
-        key: &KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
-        admin::purge(pool, key, wait, allow).await
-    }
 }
