@@ -173,8 +173,9 @@ impl<DB: Backend> Idem<DB> {
     /// and the key is free for the retry. So a stalled database (a cut or
     /// blackholed connection, a lock held elsewhere) or a stuck handler costs a
     /// bounded wait, not a hung request. On PostgreSQL the transaction also
-    /// carries it as `statement_timeout` and `idle_in_transaction_session_timeout`,
-    /// so the server frees the key even when it never hears from the client again.
+    /// carries it, a second longer (the client abandons first), as
+    /// `statement_timeout` and `idle_in_transaction_session_timeout`, so the
+    /// server frees the key even when it never hears from the client again.
     /// Leased handlers are not cut short (their lease bounds them).
     ///
     /// ```no_run

@@ -140,10 +140,14 @@ pub(crate) async fn begin_claim(
 /// `statement_timeout` (no statement of the handler's, nor idem's, runs longer)
 /// and `idle_in_transaction_session_timeout` (a client that stalls or vanishes
 /// mid-transaction has its session ended, and the key freed, by the server).
-/// Both take at most `i32::MAX` milliseconds (about 24.8 days); a longer
-/// deadline is that.
+/// A second longer than the deadline itself: the server's bound is the backstop
+/// for a client that vanished, and must not cancel a statement just before the
+/// client abandons the request (the handler would see its statement fail and
+/// answer its own error instead of idem's `503`). Both take at most `i32::MAX`
+/// milliseconds (about 24.8 days); a longer bound is that.
 fn bounds(idem: &Idem<Postgres>, req: &ClaimRequest<'_>) -> String {
-    let ms = millis(idem.deadline_with_wait(req.in_flight_wait)).min(i64::from(i32::MAX));
+    let deadline = idem.deadline_with_wait(req.in_flight_wait);
+    let ms = millis(deadline.saturating_add(Duration::from_secs(1))).min(i64::from(i32::MAX));
     format!(
         "; SET LOCAL statement_timeout = {ms}; SET LOCAL idle_in_transaction_session_timeout = {ms}"
     )
