@@ -14,6 +14,8 @@
 
 use std::fmt;
 
+use sha2::{Digest, Sha256};
+
 /// The name of the request header that carries the key.
 pub const HEADER_NAME: &str = "idempotency-key";
 
@@ -125,9 +127,82 @@ impl IdempotencyKey {
         Self::parse(first.as_bytes())
     }
 
-    /// The key's characters. Store it, compare it; do not log it.
+    /// The key's characters. Compare them; do not log or store them (stores keep
+    /// [`IdempotencyKey::digest`]).
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The key's SHA-256 digest: what every store keeps and binds in its place, so
+    /// the key itself never leaves the process (no slow-query log, error log or
+    /// backup of the database shows it).
+    ///
+    /// ```
+    /// use idem_runtime::IdempotencyKey;
+    ///
+    /// let key = IdempotencyKey::parse("order-42").unwrap();
+    /// // What `printf %s order-42 | sha256sum` prints.
+    /// assert_eq!(
+    ///     key.digest().to_string(),
+    ///     "3bf8b157c4238eefe5ae4a66eca81c6b887d4dcedb58dd674271859f4dc2edfd"
+    /// );
+    /// ```
+    pub fn digest(&self) -> KeyDigest {
+        KeyDigest(Sha256::digest(self.0.as_bytes()).into())
+    }
+}
+
+/// The SHA-256 digest of an [`IdempotencyKey`], as stores keep it.
+///
+/// Plain SHA-256 of the key's characters (the structured-field spelling already
+/// unquoted), so an operator can compute it with any tool. A digest hides a random
+/// key (a UUID); a guessable key (`order-42`) stays guessable from its digest, which
+/// is one more reason for clients to send random keys. `Display` is lower-case hex.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyDigest([u8; 32]);
+
+/// A digest given as text was not 64 hexadecimal digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a key digest is 64 hexadecimal digits (SHA-256)")]
+pub struct DigestParseError;
+
+impl KeyDigest {
+    /// The digest's 32 bytes, as bound to the database.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A digest read back from a store.
+    ///
+    /// # Errors
+    ///
+    /// [`DigestParseError`] unless `bytes` holds exactly 32 bytes.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, DigestParseError> {
+        Ok(KeyDigest(bytes.try_into().map_err(|_| DigestParseError)?))
+    }
+
+    /// Parses the hex spelling (either case), as an operator copies it from
+    /// `idem show` or from the database.
+    ///
+    /// # Errors
+    ///
+    /// [`DigestParseError`] unless `text` is 64 hexadecimal digits.
+    pub fn from_hex(text: &str) -> Result<Self, DigestParseError> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(text.trim(), &mut out).map_err(|_| DigestParseError)?;
+        Ok(KeyDigest(out))
+    }
+}
+
+impl fmt::Display for KeyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyDigest({self})")
     }
 }
 
@@ -252,6 +327,21 @@ mod tests {
         let err = IdempotencyKey::parse(format!("{secret}\u{1}")).unwrap_err();
         assert!(!err.to_string().contains(secret));
         assert!(!format!("{err:?}").contains(secret));
+    }
+
+    #[test]
+    fn digests_are_sha256_and_round_trip_through_hex() {
+        let key = IdempotencyKey::parse("\"abc\"").unwrap();
+        let d = key.digest();
+        assert_eq!(
+            d.to_string(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(KeyDigest::from_hex(&d.to_string().to_uppercase()), Ok(d));
+        assert_eq!(KeyDigest::from_slice(d.as_bytes()), Ok(d));
+        assert_eq!(KeyDigest::from_hex("abc"), Err(DigestParseError));
+        assert_eq!(KeyDigest::from_slice(&[0; 31]), Err(DigestParseError));
+        assert_ne!(IdempotencyKey::parse("abd").unwrap().digest(), d);
     }
 
     #[test]

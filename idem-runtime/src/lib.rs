@@ -106,7 +106,7 @@ pub use config::{ConfigError, DEFAULT_STORED_HEADERS, Idem, NEVER_STORED_HEADERS
 pub use db::{Backend, DefaultBackend, MIGRATIONS_TABLE};
 pub use executions::Executions;
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
-pub use key::{IdempotencyKey, KeyError};
+pub use key::{DigestParseError, IdempotencyKey, KeyDigest, KeyError};
 pub use lease::{Lease, LeaseError, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
 pub use model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 pub use problem::Problem;
