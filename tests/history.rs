@@ -78,6 +78,15 @@ use std::time::{Duration, Instant};
 
 use common::TestDb;
 
+/// A key's digest as the table holds it.
+fn digest_bytes(key: &str) -> Vec<u8> {
+    idem_runtime::IdempotencyKey::parse(key)
+        .unwrap()
+        .digest()
+        .as_bytes()
+        .to_vec()
+}
+
 /// The `application_name` of the server's connections: what `pg_terminate_backend`
 /// aims at, so the test's own connections survive.
 const APP: &str = "idem-history-orders";
@@ -296,6 +305,7 @@ struct Run {
     servers: usize,
     client: reqwest::Client,
     ls: Vec<Logical>,
+    /// Tenant and key digest (what the table holds) to the logical request.
     by_key: HashMap<(String, String), usize>,
     /// Per logical request: the stored response body of every window the test
     /// closed, captured by the very statement that expired it. Its length is the
@@ -341,7 +351,7 @@ impl Run {
         let by_key = ls
             .iter()
             .enumerate()
-            .map(|(i, l)| ((l.tenant.to_owned(), l.key.clone()), i))
+            .map(|(i, l)| ((l.tenant.to_owned(), common::digest_hex(&l.key)), i))
             .collect();
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
@@ -592,15 +602,15 @@ impl Run {
         let (tenant, key) = match which {
             Some(l) => (
                 Some(self.ls[l].tenant.to_owned()),
-                Some(self.ls[l].key.clone()),
+                Some(digest_bytes(&self.ls[l].key)),
             ),
             None => (None, None),
         };
-        let rows: Vec<(String, String, Option<Vec<u8>>)> = sqlx::query_as(
+        let rows: Vec<(String, Vec<u8>, Option<Vec<u8>>)> = sqlx::query_as(
             "UPDATE idempotency_requests SET expires_at = now() - interval '1 second' \
               WHERE operation = 'create-order' AND state = 'completed' AND expires_at > now() \
-                AND ($1::text IS NULL OR (tenant_id = $1 AND idempotency_key = $2)) \
-             RETURNING tenant_id, idempotency_key, response_body",
+                AND ($1::text IS NULL OR (tenant_id = $1 AND key_digest = $2)) \
+             RETURNING tenant_id, key_digest, response_body",
         )
         .bind(&tenant)
         .bind(&key)
@@ -608,7 +618,10 @@ impl Run {
         .await
         .unwrap();
         let mut expired = Vec::new();
-        for (tenant, key, body) in rows {
+        for (tenant, digest, body) in rows {
+            let key = idem_runtime::KeyDigest::from_slice(&digest)
+                .map(|d| d.to_string())
+                .unwrap_or_default();
             let Some(&l) = self.by_key.get(&(tenant.clone(), key.clone())) else {
                 self.violation(None, format!("a row no request made: {tenant}/{key}"));
                 continue;
@@ -825,10 +838,10 @@ impl Run {
         for (l, w) in windows.iter_mut().enumerate() {
             let row: Option<(String, Option<i16>, Option<Vec<u8>>)> = sqlx::query_as(
                 "SELECT state, response_status, response_body FROM idempotency_requests \
-                  WHERE tenant_id = $1 AND operation = 'create-order' AND idempotency_key = $2",
+                  WHERE tenant_id = $1 AND operation = 'create-order' AND key_digest = $2",
             )
             .bind(self.ls[l].tenant)
-            .bind(&self.ls[l].key)
+            .bind(digest_bytes(&self.ls[l].key))
             .fetch_optional(&self.db.pool)
             .await
             .unwrap();

@@ -34,6 +34,8 @@ trait Backend: Sized {
     async fn exec(&self, sql: &str);
     /// A moment one second ago, as idem stores its timestamps.
     const A_SECOND_AGO: &'static str;
+    /// The SQL literal of a key's digest, as idem stores it in `key_digest`.
+    fn key(&self, raw: &str) -> String;
     /// Waits until no (killed) server's transaction holds anything any more.
     async fn wait_until_no_open_transaction(&self);
     /// The status and body of the one stored outcome.
@@ -51,6 +53,9 @@ macro_rules! same_sql {
         }
         async fn exec(&self, sql: &str) {
             Self::exec(self, sql).await
+        }
+        fn key(&self, raw: &str) -> String {
+            Self::key(self, raw)
         }
         async fn stored_outcome(&self) -> (i64, Vec<u8>) {
             sqlx::query_as(
@@ -117,6 +122,9 @@ impl Backend for common::MySqlDb {
         Self::exec(self, sql).await
     }
     const A_SECOND_AGO: &'static str = concat!(idem_runtime::mysql_now_ms!(), " - 1000");
+    fn key(&self, raw: &str) -> String {
+        Self::key(self, raw)
+    }
     /// MySQL rolls a dead connection's transaction back once it notices.
     async fn wait_until_no_open_transaction(&self) {
         let sql = format!(
@@ -1143,19 +1151,26 @@ async fn the_sweeper_forgets_expired_keys<D: Backend>() {
     let live = Call::order("sw-2").ok(&server).await;
     assert_eq!(first.status, StatusCode::CREATED);
     db.exec(&format!(
-        "UPDATE idempotency_requests SET expires_at = {} WHERE idempotency_key = 'sw-1'",
-        D::A_SECOND_AGO
+        "UPDATE idempotency_requests SET expires_at = {} WHERE key_digest = {}",
+        D::A_SECOND_AGO,
+        db.key("sw-1")
     ))
     .await;
     wait_for(
         &db,
-        "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-1'",
+        &format!(
+            "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
+            db.key("sw-1")
+        ),
         |n| n == 0,
     )
     .await;
     assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests WHERE idempotency_key = 'sw-2'")
-            .await,
+        db.count(&format!(
+            "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
+            db.key("sw-2")
+        ))
+        .await,
         1,
         "unexpired rows stay"
     );

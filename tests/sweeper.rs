@@ -202,14 +202,11 @@ macro_rules! sweeper_tests {
             assert_eq!(count_where(&db, "state = 'uncertain'").await, 5);
             assert_eq!(count_where(&db, NOT_EXPIRED).await, 12);
             assert_eq!(count_where(&db, "1 = 1").await, 22);
-            // The survivors are exactly the in-flight and the fresh rows.
+            // The survivors are exactly the in-flight and the fresh rows: the
+            // finished ones left are the 9 fresh ones.
             assert_eq!(
-                count_where(
-                    &db,
-                    "idempotency_key LIKE 'done-%' OR idempotency_key LIKE 'refused-%'"
-                )
-                .await,
-                0
+                count_where(&db, "state IN ('completed', 'failed')").await,
+                9
             );
 
             // Nothing left to do: one statement that deletes nothing.
@@ -547,9 +544,9 @@ mod postgres {
         db = sqlx::Postgres,
         test_db = crate::common::TestDb,
         insert_rows = "INSERT INTO idempotency_requests \
-               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 response_body, created_at, expires_at) \
-             SELECT 'acme', $1, $2 || '-' || i, decode(repeat('00', 32), 'hex'), $3, \
+             SELECT 'acme', $1, sha256(convert_to($2 || '-' || i, 'UTF8')), decode(repeat('00', 32), 'hex'), $3, \
                     CASE $3 WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
                     CASE WHEN $3 IN ('completed', 'failed') THEN '0123456789'::bytea END, \
                     now() - $5 * interval '1 second', now() + $4 * interval '1 second' \
@@ -558,20 +555,20 @@ mod postgres {
         not_expired = "expires_at > now()",
         expire_all = "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'",
         stats_data = r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                 (tenant_id, operation, key_digest, fingerprint, state, response_status,
                   response_headers, response_body, created_at, expires_at)
                VALUES
-                 ('acme', 'create-order', 'a1', decode(repeat('00', 32), 'hex'), 'completed', 201,
+                 ('acme', 'create-order', sha256('a1'::bytea), decode(repeat('00', 32), 'hex'), 'completed', 201,
                   '[["content-type", "text/plain"]]', '0123456789',
                   '2000-01-02 03:04:05+00', now() + interval '1 day'),
-                 ('acme', 'create-order', 'a2', decode(repeat('00', 32), 'hex'), 'completed', 201,
+                 ('acme', 'create-order', sha256('a2'::bytea), decode(repeat('00', 32), 'hex'), 'completed', 201,
                   '[["content-type", "text/plain"]]', '0123456789',
                   now() - interval '1 minute', now() + interval '1 day'),
-                 ('globex', 'create-order', 'a3', decode(repeat('00', 32), 'hex'), 'failed', 404,
+                 ('globex', 'create-order', sha256('a3'::bytea), decode(repeat('00', 32), 'hex'), 'failed', 404,
                   NULL, 'abc', now() - interval '2 days', now() - interval '1 day'),
-                 ('acme', 'refund', 'b1', decode(repeat('00', 32), 'hex'), 'processing', NULL,
+                 ('acme', 'refund', sha256('b1'::bytea), decode(repeat('00', 32), 'hex'), 'processing', NULL,
                   NULL, NULL, now() - interval '2 hours', now() + interval '1 day'),
-                 ('acme', 'refund', 'b2', decode(repeat('00', 32), 'hex'), 'uncertain', NULL,
+                 ('acme', 'refund', sha256('b2'::bytea), decode(repeat('00', 32), 'hex'), 'uncertain', NULL,
                   NULL, NULL, now() - interval '1 hour', now() - interval '1 minute')"#,
         // jsonb keeps its own text form (a space after the comma).
         header_bytes = r#"SELECT octet_length('[["content-type", "text/plain"]]'::jsonb::text)::bigint"#,
@@ -587,9 +584,9 @@ mod sqlite {
         insert_rows = concat!(
             "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < $6) \
              INSERT INTO idempotency_requests \
-               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 response_body, created_at, expires_at) \
-             SELECT 'acme', $1, $2 || '-' || i, zeroblob(32), $3, \
+             SELECT 'acme', $1, CAST($2 || '-' || i AS BLOB), zeroblob(32), $3, \
                     CASE $3 WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
                     CASE WHEN $3 IN ('completed', 'failed') THEN CAST('0123456789' AS BLOB) END, ",
             idem_runtime::sqlite_now_ms!(),
@@ -613,21 +610,21 @@ mod sqlite {
         // BLOBs.
         stats_data = concat!(
             r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                 (tenant_id, operation, key_digest, fingerprint, state, response_status,
                   response_headers, response_body, created_at, expires_at)
                VALUES
-                 ('acme', 'create-order', 'a1', zeroblob(32), 'completed', 201,
+                 ('acme', 'create-order', CAST('a1' AS BLOB), zeroblob(32), 'completed', 201,
                   '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
                   unixepoch('2000-01-02 03:04:05') * 1000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('acme', 'create-order', 'a2', zeroblob(32), 'completed', 201,
+                 ('acme', 'create-order', CAST('a2' AS BLOB), zeroblob(32), 'completed', 201,
                   '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
                   "#, idem_runtime::sqlite_now_ms!(), r#" - 60000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('globex', 'create-order', 'a3', zeroblob(32), 'failed', 404,
+                 ('globex', 'create-order', CAST('a3' AS BLOB), zeroblob(32), 'failed', 404,
                   NULL, CAST('abc' AS BLOB), "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000,
                   "#, idem_runtime::sqlite_now_ms!(), r#" - 86400000),
-                 ('acme', 'refund', 'b1', zeroblob(32), 'processing', NULL,
+                 ('acme', 'refund', CAST('b1' AS BLOB), zeroblob(32), 'processing', NULL,
                   NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 7200000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('acme', 'refund', 'b2', zeroblob(32), 'uncertain', NULL,
+                 ('acme', 'refund', CAST('b2' AS BLOB), zeroblob(32), 'uncertain', NULL,
                   NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 3600000, "#, idem_runtime::sqlite_now_ms!(), r#" - 60000)"#
         ),
         header_bytes = r#"SELECT length(CAST('[["content-type","text/plain"]]' AS BLOB))"#,
@@ -644,9 +641,9 @@ mod mysql {
         // milliseconds from the database's clock, as the store writes them.
         insert_rows = concat!(
             "INSERT INTO idempotency_requests \
-               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 response_body, created_at, expires_at) \
-             SELECT 'acme', x.op, CONCAT(x.prefix, '-', x.i), UNHEX(REPEAT('00', 32)), x.st, \
+             SELECT 'acme', x.op, UNHEX(SHA2(CONCAT(x.prefix, '-', x.i), 256)), UNHEX(REPEAT('00', 32)), x.st, \
                     CASE x.st WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
                     CASE WHEN x.st IN ('completed', 'failed') THEN '0123456789' END, ",
             idem_runtime::mysql_now_ms!(),
@@ -672,21 +669,21 @@ mod mysql {
         // The headers as the store writes them (compact JSON text).
         stats_data = concat!(
             r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                 (tenant_id, operation, key_digest, fingerprint, state, response_status,
                   response_headers, response_body, created_at, expires_at)
                VALUES
-                 ('acme', 'create-order', 'a1', UNHEX(REPEAT('00', 32)), 'completed', 201,
+                 ('acme', 'create-order', UNHEX(SHA2('a1', 256)), UNHEX(REPEAT('00', 32)), 'completed', 201,
                   '[["content-type","text/plain"]]', '0123456789',
                   946782245000, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
-                 ('acme', 'create-order', 'a2', UNHEX(REPEAT('00', 32)), 'completed', 201,
+                 ('acme', 'create-order', UNHEX(SHA2('a2', 256)), UNHEX(REPEAT('00', 32)), 'completed', 201,
                   '[["content-type","text/plain"]]', '0123456789',
                   "#, idem_runtime::mysql_now_ms!(), r#" - 60000, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
-                 ('globex', 'create-order', 'a3', UNHEX(REPEAT('00', 32)), 'failed', 404,
+                 ('globex', 'create-order', UNHEX(SHA2('a3', 256)), UNHEX(REPEAT('00', 32)), 'failed', 404,
                   NULL, 'abc', "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000,
                   "#, idem_runtime::mysql_now_ms!(), r#" - 86400000),
-                 ('acme', 'refund', 'b1', UNHEX(REPEAT('00', 32)), 'processing', NULL,
+                 ('acme', 'refund', UNHEX(SHA2('b1', 256)), UNHEX(REPEAT('00', 32)), 'processing', NULL,
                   NULL, NULL, "#, idem_runtime::mysql_now_ms!(), r#" - 7200000, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
-                 ('acme', 'refund', 'b2', UNHEX(REPEAT('00', 32)), 'uncertain', NULL,
+                 ('acme', 'refund', UNHEX(SHA2('b2', 256)), UNHEX(REPEAT('00', 32)), 'uncertain', NULL,
                   NULL, NULL, "#, idem_runtime::mysql_now_ms!(), r#" - 3600000, "#, idem_runtime::mysql_now_ms!(), r#" - 60000)"#
         ),
         header_bytes = r#"SELECT CAST(length('[["content-type","text/plain"]]') AS SIGNED)"#,
@@ -699,7 +696,7 @@ mod mysql {
         let db = TestDb::new().await;
         rows(&db, "pay", "old", 5, "completed", -60, HOUR).await;
         let mut holder = db.pool.begin().await.unwrap();
-        sqlx::query("SELECT 1 FROM idempotency_requests WHERE tenant_id = 'acme' AND operation = 'pay' AND idempotency_key = 'old-3' FOR UPDATE")
+        sqlx::query("SELECT 1 FROM idempotency_requests WHERE tenant_id = 'acme' AND operation = 'pay' AND key_digest = UNHEX(SHA2('old-3', 256)) FOR UPDATE")
             .execute(&mut *holder)
             .await
             .unwrap();
@@ -732,9 +729,10 @@ mod postgres_only {
         // A third transaction holds five of the rows, as a claim re-using an expired
         // key would. SKIP LOCKED must pass them by instead of waiting.
         let mut holder = db.pool.begin().await.unwrap();
-        let held: Vec<String> = sqlx::query_scalar(
-            "SELECT idempotency_key FROM idempotency_requests \
-              WHERE idempotency_key IN ('old-1', 'old-2', 'old-3', 'old-4', 'old-5') FOR UPDATE",
+        let held: Vec<Vec<u8>> = sqlx::query_scalar(
+            "SELECT key_digest FROM idempotency_requests \
+              WHERE key_digest IN (SELECT sha256(convert_to('old-' || i, 'UTF8')) \
+                                     FROM generate_series(1, 5) i) FOR UPDATE",
         )
         .fetch_all(&mut *holder)
         .await
@@ -754,13 +752,20 @@ mod postgres_only {
         assert_eq!(ra.deleted + rb.deleted, 25, "{ra:?} {rb:?}");
         // Held rows are still expired and still there: both see them as backlog.
         assert!(ra.backlog >= 5 && rb.backlog >= 5, "{ra:?} {rb:?}");
-        let left: Vec<String> = sqlx::query_scalar(
-            "SELECT idempotency_key FROM idempotency_requests ORDER BY idempotency_key",
-        )
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
-        assert_eq!(left, ["old-1", "old-2", "old-3", "old-4", "old-5"]);
+        let mut left: Vec<Vec<u8>> =
+            sqlx::query_scalar("SELECT key_digest FROM idempotency_requests")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap();
+        left.sort();
+        let mut expected: Vec<Vec<u8>> = (1..=5)
+            .map(|i| {
+                let key = IdempotencyKey::parse(format!("old-{i}")).unwrap();
+                key.digest().as_bytes().to_vec()
+            })
+            .collect();
+        expected.sort();
+        assert_eq!(left, expected);
 
         holder.rollback().await.unwrap();
         let last = sweeper(&db).sweep_once().await.unwrap();

@@ -89,19 +89,19 @@ async fn leased_create(
 const MW_OPERATION: &str = "create-order";
 const MW_RETENTION_MS: i64 = 24 * 3600 * 1000;
 const MW_CLAIM: &str = "INSERT INTO mw_idempotency_requests \
-        (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) \
+        (tenant_id, operation, key_digest, fingerprint, state, created_at, expires_at) \
      VALUES ($1, $2, $3, $4, 'processing', now(), now() + $5 * interval '1 millisecond') \
-     ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation";
+     ON CONFLICT (tenant_id, operation, key_digest) DO NOTHING RETURNING generation";
 const MW_LOOKUP: &str = "SELECT state, fingerprint, response_status, response_headers, response_body \
      FROM mw_idempotency_requests \
-     WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+     WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 const MW_COMPLETE: &str = "UPDATE mw_idempotency_requests \
         SET state = 'completed', response_status = $4, response_headers = $5, response_body = $6, \
             completed_at = clock_timestamp(), \
             expires_at = clock_timestamp() + $7 * interval '1 millisecond' \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'processing'";
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 AND state = 'processing'";
 const MW_RELEASE: &str = "DELETE FROM mw_idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'processing'";
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 AND state = 'processing'";
 
 fn problem(status: StatusCode, what: &str) -> Response {
     (status, what.to_owned()).into_response()
@@ -129,7 +129,8 @@ async fn middleware(
         Ok(fp) => fp.finish(),
         Err(e) => return problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
-    let pk = (caller.0.as_str(), MW_OPERATION, key.as_str());
+    // As idem does, the table holds the key's digest.
+    let pk = (caller.0.as_str(), MW_OPERATION, key.digest());
 
     // 1. The claim, committed on its own.
     let claimed: Result<Option<i64>, _> = sqlx::query_scalar(MW_CLAIM)
@@ -203,7 +204,7 @@ async fn middleware(
         .into_response()
 }
 
-async fn mw_existing(pool: &PgPool, pk: (&str, &str, &str), fingerprint: &[u8]) -> Response {
+async fn mw_existing(pool: &PgPool, pk: (&str, &str, idem_runtime::KeyDigest), fingerprint: &[u8]) -> Response {
     let row = sqlx::query(MW_LOOKUP)
         .bind(pk.0)
         .bind(pk.1)

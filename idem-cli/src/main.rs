@@ -9,14 +9,19 @@
 //!                                         oldest valid row, oldest in-flight age,
 //!                                         expired rows not yet swept
 //!   show <tenant> <operation> <key>       one key: state, generation, timestamps,
-//!        [--body]                         stored status and body size; the stored
+//!        [--digest] [--body]              stored status and body size; the stored
 //!                                         headers' values and the body only with --body
 //!   purge <tenant> <operation> <key>      delete one key, so that its next request
-//!         [--force]                       executes anew; refuses a `processing` or
+//!         [--digest] [--force]            executes anew; refuses a `processing` or
 //!                                         `uncertain` row unless --force
 //!   sweep --once [--batch-size N]         one run of the retention sweeper
 //!         [--max-batches N] [--stale-after-secs S]
 //! ```
+//!
+//! The table holds each key's SHA-256, never the key: `show` and `purge` digest
+//! the key they are given (either spelling of the `Idempotency-Key` header), or,
+//! with `--digest`, take the 64 hex digits `show` prints (what
+//! `printf %s KEY | sha256sum` prints, too). Output names the key by its digest.
 //!
 //! The database comes from `--database-url`, or else the environment variable
 //! `DATABASE_URL`: `postgres://...` (or `postgresql://...`) for PostgreSQL,
@@ -39,7 +44,7 @@
 //! | --- | --- |
 //! | 0 | success |
 //! | 1 | unexpected failure (a stored row the CLI cannot read, stdout unwritable) |
-//! | 2 | usage: bad arguments (clap's own code), no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, an in-memory SQLite database |
+//! | 2 | usage: bad arguments (clap's own code), a key that is not a valid `Idempotency-Key` or a `--digest` that is not 64 hex digits, no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, an in-memory SQLite database |
 //! | 3 | not found: `show` or `purge` of a key that has no row |
 //! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock) |
 //! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
@@ -76,7 +81,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use idem_runtime::admin::{self, KeyAddress, KeyRecord, PurgeError};
-use idem_runtime::{Backend, StoreError, Sweeper};
+use idem_runtime::{Backend, IdempotencyKey, KeyDigest, StoreError, Sweeper};
 use serde::Serialize;
 use sqlx::Pool;
 
@@ -115,8 +120,11 @@ enum Command {
         tenant: String,
         /// Operation name, e.g. create-order
         operation: String,
-        /// The Idempotency-Key
+        /// The Idempotency-Key (digested here: the table holds only its SHA-256)
         key: String,
+        /// KEY is the key's digest (64 hex digits, as `show` prints it), not the key
+        #[arg(long)]
+        digest: bool,
         /// Also print the stored response: header values and body
         #[arg(long)]
         body: bool,
@@ -127,8 +135,11 @@ enum Command {
         tenant: String,
         /// Operation name, e.g. create-order
         operation: String,
-        /// The Idempotency-Key
+        /// The Idempotency-Key (digested here: the table holds only its SHA-256)
         key: String,
+        /// KEY is the key's digest (64 hex digits, as `show` prints it), not the key
+        #[arg(long)]
+        digest: bool,
         /// Also delete a `processing` or `uncertain` row (its effect may happen twice)
         #[arg(long)]
         force: bool,
@@ -340,26 +351,20 @@ async fn execute<DB: Backend>(
             tenant,
             operation,
             key,
+            digest,
             body,
         } => {
-            let key = KeyAddress {
-                tenant: &tenant,
-                operation: &operation,
-                key: &key,
-            };
+            let key = address(&tenant, &operation, &key, digest)?;
             show(&pool, json, &key, body).await
         }
         Command::Purge {
             tenant,
             operation,
             key,
+            digest,
             force,
         } => {
-            let key = KeyAddress {
-                tenant: &tenant,
-                operation: &operation,
-                key: &key,
-            };
+            let key = address(&tenant, &operation, &key, digest)?;
             purge(&pool, json, &key, force).await
         }
         Command::Sweep {
@@ -509,13 +514,36 @@ async fn stats<DB: Backend>(pool: &Pool<DB>, json: bool) -> Result<String, Failu
     Ok(out)
 }
 
+/// The row's address: the key as a client sends it (either spelling the header
+/// allows), digested here as idem does, or with `--digest` the digest itself.
+/// Neither is echoed in an error: a key may be a secret.
+fn address<'a>(
+    tenant: &'a str,
+    operation: &'a str,
+    key: &str,
+    is_digest: bool,
+) -> Result<KeyAddress<'a>, Failure> {
+    let digest = if is_digest {
+        KeyDigest::from_hex(key).map_err(|e| Failure::Usage(format!("--digest: {e}")))?
+    } else {
+        IdempotencyKey::parse(key)
+            .map_err(|e| Failure::Usage(format!("not a valid key: {e}")))?
+            .digest()
+    };
+    Ok(KeyAddress {
+        tenant,
+        operation,
+        digest,
+    })
+}
+
 // ---------------------------------------------------------------- show
 
 #[derive(Debug, Serialize)]
 struct Shown {
     tenant: String,
     operation: String,
-    key: String,
+    key_digest: String,
     state: String,
     generation: i64,
     fingerprint: String,
@@ -539,9 +567,9 @@ struct Shown {
 
 fn not_found(key: &KeyAddress<'_>) -> Failure {
     Failure::NotFound(format!(
-        "no row for tenant {:?}, operation {:?}, key {:?} \
+        "no row for tenant {:?}, operation {:?}, key digest {} \
          (never claimed, swept after its retention, or not committed yet)",
-        key.tenant, key.operation, key.key
+        key.tenant, key.operation, key.digest
     ))
 }
 
@@ -584,7 +612,7 @@ async fn show<DB: Backend>(
     let shown = Shown {
         tenant: key.tenant.to_owned(),
         operation: key.operation.to_owned(),
-        key: key.key.to_owned(),
+        key_digest: key.digest.to_string(),
         state,
         generation,
         fingerprint,
@@ -607,7 +635,7 @@ async fn show<DB: Backend>(
     let mut pairs = vec![
         ("tenant", shown.tenant.clone()),
         ("operation", shown.operation.clone()),
-        ("key", shown.key.clone()),
+        ("key digest", shown.key_digest.clone()),
         ("state", shown.state.clone()),
         ("generation", shown.generation.to_string()),
         ("fingerprint", shown.fingerprint.clone()),
@@ -674,7 +702,7 @@ struct Purged {
     purged: bool,
     tenant: String,
     operation: String,
-    key: String,
+    key_digest: String,
     state: String,
     generation: i64,
 }
@@ -708,7 +736,7 @@ async fn purge<DB: Backend>(
         purged: true,
         tenant: key.tenant.to_owned(),
         operation: key.operation.to_owned(),
-        key: key.key.to_owned(),
+        key_digest: key.digest.to_string(),
         state,
         generation,
     };
@@ -719,7 +747,7 @@ async fn purge<DB: Backend>(
         ("purged", "yes".to_owned()),
         ("tenant", purged.tenant),
         ("operation", purged.operation),
-        ("key", purged.key),
+        ("key digest", purged.key_digest),
         (
             "was",
             format!("{} (generation {})", purged.state, generation),

@@ -285,6 +285,7 @@ macro_rules! cli_tests {
             let out = idem(url, &["show", "acme", "create-order", "k-done"]).await;
             assert_eq!(out.code, 0, "{out:?}");
             for expected in [
+                "key digest        62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8",
                 "state             completed",
                 "generation        1",
                 "created at        2026-01-02T03:04:05Z",
@@ -301,6 +302,11 @@ macro_rules! cli_tests {
             let out = idem(url, &["show", "acme", "create-order", "k-done", "--json"]).await;
             assert_eq!(out.code, 0, "{out:?}");
             let j = out.json();
+            assert_eq!(
+                j["key_digest"],
+                "62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8"
+            );
+            assert!(j.get("key").is_none(), "the key itself is never shown: {j}");
             assert_eq!(j["state"], "completed");
             assert_eq!(j["response_status"], 201);
             assert_eq!(j["body_bytes"], 28);
@@ -353,9 +359,49 @@ macro_rules! cli_tests {
             }
         }
 
+        /// The table holds digests: the CLI digests the key it is given (either
+        /// spelling), or takes the digest itself, and never echoes a bad key.
+        #[tokio::test]
+        async fn keys_are_digested_or_given_as_digests() {
+            let db = seeded().await;
+            let url = db.url();
+            let url = Some(url.as_str());
+            let digest = "62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8";
+            for args in [
+                &["--json", "show", "acme", "create-order", "\"k-done\""][..],
+                &["--json", "show", "acme", "create-order", digest, "--digest"],
+                &["--json", "show", "acme", "create-order", &digest.to_uppercase(), "--digest"],
+            ] {
+                let out = idem(url, args).await;
+                assert_eq!(out.code, 0, "{args:?}: {out:?}");
+                assert_eq!(out.json()["key_digest"], digest, "{args:?}");
+            }
+            // The key itself, given as if it were a digest, is not one.
+            let out = idem(url, &["show", "acme", "create-order", "k-done", "--digest"]).await;
+            out.assert_error(2, "64 hexadecimal digits");
+            // A key no client could send is refused, and not echoed.
+            let out = idem(url, &["show", "acme", "create-order", "sk_live_bad\u{1}key"]).await;
+            out.assert_error(2, "not a valid key");
+            assert!(!out.stderr.contains("sk_live_bad"), "{out:?}");
+            // A row that is not there is named by its digest, not by its key.
+            let out = idem(url, &["show", "acme", "create-order", "sk_live_absent"]).await;
+            out.assert_error(3, "key digest");
+            assert!(!out.stderr.contains("sk_live_absent"), "{out:?}");
+            // Purge by digest, then the row is gone.
+            let out = idem(
+                url,
+                &["purge", "acme", "create-order", digest, "--digest", "--json"],
+            )
+            .await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert_eq!(out.json()["key_digest"], digest);
+            assert_eq!(exists(&db, "k-done").await, 0);
+        }
+
         async fn exists(db: &Db, key: &str) -> i64 {
             db.count(&format!(
-                "SELECT count(*) FROM idempotency_requests WHERE idempotency_key = '{key}'"
+                "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
+                db.key(key)
             ))
             .await
         }
@@ -389,10 +435,11 @@ macro_rules! cli_tests {
                 .assert_error(3, "no row for tenant");
 
             // An uncertain row is refused as well.
-            db.exec(
+            db.exec(&format!(
                 "UPDATE idempotency_requests SET state = 'uncertain', response_status = NULL \
-                 WHERE idempotency_key = 'k-done'",
-            )
+                 WHERE key_digest = {}",
+                db.key("k-done")
+            ))
             .await;
             idem(url, &["purge", "acme", "create-order", "k-done"])
                 .await
@@ -409,10 +456,11 @@ macro_rules! cli_tests {
             // claim leaves it: on PostgreSQL it holds the row, on SQLite the
             // database's write lock. It stays so until the CLI has exited.
             let mut holder = db.pool.begin().await.unwrap();
-            sqlx::query(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE idempotency_requests SET generation = generation \
-                 WHERE idempotency_key = 'k-done'",
-            )
+                 WHERE key_digest = {}",
+                db.key("k-done")
+            )))
             .execute(&mut *holder)
             .await
             .unwrap();
@@ -497,22 +545,22 @@ mod postgres {
     cli_tests! {
         db = TestDb,
         seed = r#"INSERT INTO idempotency_requests
-             (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+             (tenant_id, operation, key_digest, fingerprint, state, response_status,
               response_headers, response_body, created_at, completed_at, expires_at)
            VALUES
-             ('acme', 'create-order', 'k-done', decode(repeat('ab', 32), 'hex'), 'completed', 201,
+             ('acme', 'create-order', sha256('k-done'::bytea), decode(repeat('ab', 32), 'hex'), 'completed', 201,
               '[["content-type", "application/json"], ["location", "/orders/7"]]',
               '{"secret":"SECRET-BODY-123"}',
               '2026-01-02 03:04:05+00', '2026-01-02 03:04:06+00', now() + interval '1 day'),
-             ('acme', 'create-order', 'k-old', decode(repeat('00', 32), 'hex'), 'failed', 404,
+             ('acme', 'create-order', sha256('k-old'::bytea), decode(repeat('00', 32), 'hex'), 'failed', 404,
               NULL, 'gone', now() - interval '2 days', now() - interval '2 days',
               now() - interval '1 day'),
-             ('acme', 'refund', 'k-running', decode(repeat('00', 32), 'hex'), 'processing', NULL,
+             ('acme', 'refund', sha256('k-running'::bytea), decode(repeat('00', 32), 'hex'), 'processing', NULL,
               NULL, NULL, now() - interval '5 minutes', NULL, now() + interval '1 day')"#,
         expired_rows = "INSERT INTO idempotency_requests \
-               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 created_at, expires_at) \
-             SELECT 'acme', 'pay', 'old-' || i, decode(repeat('00', 32), 'hex'), 'completed', 201, \
+             SELECT 'acme', 'pay', sha256(convert_to('old-' || i, 'UTF8')), decode(repeat('00', 32), 'hex'), 'completed', 201, \
                     now() - interval '2 days', now() - interval '1 day' \
                FROM generate_series(1, 4) i",
     }
@@ -524,28 +572,28 @@ mod sqlite {
         // The same rows in SQLite's columns: Unix milliseconds, BLOBs, JSON text.
         seed = concat!(
             r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                 (tenant_id, operation, key_digest, fingerprint, state, response_status,
                   response_headers, response_body, created_at, completed_at, expires_at)
                VALUES
-                 ('acme', 'create-order', 'k-done', unhex(replace(hex(zeroblob(32)), '00', 'AB')),
+                 ('acme', 'create-order', X'62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8', unhex(replace(hex(zeroblob(32)), '00', 'AB')),
                   'completed', 201,
                   '[["content-type","application/json"],["location","/orders/7"]]',
                   CAST('{"secret":"SECRET-BODY-123"}' AS BLOB),
                   unixepoch('2026-01-02 03:04:05') * 1000, unixepoch('2026-01-02 03:04:06') * 1000,
                   "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('acme', 'create-order', 'k-old', zeroblob(32), 'failed', 404,
+                 ('acme', 'create-order', X'b084ac54ffa13c78a77dce7bad936a19c66c287b91ca9d540bf59770474f2a5c', zeroblob(32), 'failed', 404,
                   NULL, CAST('gone' AS BLOB), "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000,
                   "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000, "#, idem_runtime::sqlite_now_ms!(), r#" - 86400000),
-                 ('acme', 'refund', 'k-running', zeroblob(32), 'processing', NULL,
+                 ('acme', 'refund', X'e19536511e72950fbf054914c0b86cda66dc77e9dd6db7c47176fcd2bdec947c', zeroblob(32), 'processing', NULL,
                   NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 300000, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000)"#
         ),
         // A recursive CTE stands in for generate_series.
         expired_rows = concat!(
             "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < 4) \
              INSERT INTO idempotency_requests \
-               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 created_at, expires_at) \
-             SELECT 'acme', 'pay', 'old-' || i, zeroblob(32), 'completed', 201, ",
+             SELECT 'acme', 'pay', CAST('old-' || i AS BLOB), zeroblob(32), 'completed', 201, ",
             idem_runtime::sqlite_now_ms!(),
             " - 2 * 86400000, ",
             idem_runtime::sqlite_now_ms!(),
@@ -562,24 +610,24 @@ mod mysql {
         // is 1767323045000), VARBINARY, JSON text.
         seed = concat!(
             r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status,
+                 (tenant_id, operation, key_digest, fingerprint, state, response_status,
                   response_headers, response_body, created_at, completed_at, expires_at)
                VALUES
-                 ('acme', 'create-order', 'k-done', UNHEX(REPEAT('AB', 32)), 'completed', 201,
+                 ('acme', 'create-order', UNHEX(SHA2('k-done', 256)), UNHEX(REPEAT('AB', 32)), 'completed', 201,
                   '[["content-type","application/json"],["location","/orders/7"]]',
                   '{"secret":"SECRET-BODY-123"}', 1767323045000, 1767323046000,
                   "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
-                 ('acme', 'create-order', 'k-old', UNHEX(REPEAT('00', 32)), 'failed', 404,
+                 ('acme', 'create-order', UNHEX(SHA2('k-old', 256)), UNHEX(REPEAT('00', 32)), 'failed', 404,
                   NULL, 'gone', "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000,
                   "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000, "#, idem_runtime::mysql_now_ms!(), r#" - 86400000),
-                 ('acme', 'refund', 'k-running', UNHEX(REPEAT('00', 32)), 'processing', NULL,
+                 ('acme', 'refund', UNHEX(SHA2('k-running', 256)), UNHEX(REPEAT('00', 32)), 'processing', NULL,
                   NULL, NULL, "#, idem_runtime::mysql_now_ms!(), r#" - 300000, NULL, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000)"#
         ),
         expired_rows = concat!(
             "INSERT INTO idempotency_requests \
-               (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 created_at, expires_at) \
-             SELECT 'acme', 'pay', CONCAT('old-', i), UNHEX(REPEAT('00', 32)), 'completed', 201, ",
+             SELECT 'acme', 'pay', UNHEX(SHA2(CONCAT('old-', i), 256)), UNHEX(REPEAT('00', 32)), 'completed', 201, ",
             idem_runtime::mysql_now_ms!(),
             " - 2 * 86400000, ",
             idem_runtime::mysql_now_ms!(),

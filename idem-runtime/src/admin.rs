@@ -5,9 +5,11 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use idem_runtime::admin::{self, KeyAddress};
+//! use idem_runtime::IdempotencyKey;
 //!
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! let key = KeyAddress { tenant: "acme", operation: "create-order", key: "order-42" };
+//! // Stores keep the key's digest; an address holds nothing else.
+//! let key = KeyAddress::of("acme", "create-order", &IdempotencyKey::parse("order-42")?);
 //! if let Some(record) = admin::show(&pool, &key, false).await? {
 //!     println!("{} (generation {})", record.state, record.generation);
 //! }
@@ -25,6 +27,7 @@ use std::time::Duration;
 use sqlx::Pool;
 
 use crate::db::Backend;
+use crate::key::{IdempotencyKey, KeyDigest};
 use crate::model::StoreError;
 
 /// One key's address: the three parts of the table's primary key.
@@ -34,8 +37,20 @@ pub struct KeyAddress<'a> {
     pub tenant: &'a str,
     /// Operation name.
     pub operation: &'a str,
-    /// The `Idempotency-Key` as the client sent it.
-    pub key: &'a str,
+    /// The digest of the `Idempotency-Key` ([`IdempotencyKey::digest`]): what the
+    /// table keeps instead of the key.
+    pub digest: KeyDigest,
+}
+
+impl<'a> KeyAddress<'a> {
+    /// The address of `key` under `tenant` and `operation`.
+    pub fn of(tenant: &'a str, operation: &'a str, key: &IdempotencyKey) -> Self {
+        KeyAddress {
+            tenant,
+            operation,
+            digest: key.digest(),
+        }
+    }
 }
 
 /// One key's row, in the same form on every database: timestamps as RFC 3339

@@ -148,7 +148,7 @@ impl IdempotencyKey {
     /// );
     /// ```
     pub fn digest(&self) -> KeyDigest {
-        KeyDigest(Sha256::digest(self.0.as_bytes()).into())
+        KeyDigest::of_raw(&self.0)
     }
 }
 
@@ -167,6 +167,12 @@ pub struct KeyDigest([u8; 32]);
 pub struct DigestParseError;
 
 impl KeyDigest {
+    /// The digest of a key's characters, validated or not (rows written before
+    /// keys were digested hold them as they were stored).
+    pub(crate) fn of_raw(key: &str) -> Self {
+        KeyDigest(Sha256::digest(key.as_bytes()).into())
+    }
+
     /// The digest's 32 bytes, as bound to the database.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -191,6 +197,37 @@ impl KeyDigest {
         let mut out = [0u8; 32];
         hex::decode_to_slice(text.trim(), &mut out).map_err(|_| DigestParseError)?;
         Ok(KeyDigest(out))
+    }
+}
+
+// A digest binds as its 32 bytes (`bytea`, `BLOB`, `BINARY(32)`), on every
+// database whose driver binds byte slices.
+impl<DB: sqlx::Database> sqlx::Type<DB> for KeyDigest
+where
+    Vec<u8>: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <Vec<u8> as sqlx::Type<DB>>::type_info()
+    }
+
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <Vec<u8> as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for KeyDigest
+where
+    for<'a> &'a [u8]: sqlx::Encode<'q, DB>,
+{
+    fn encode_by_ref(
+        &self,
+        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&[u8] as sqlx::Encode<'q, DB>>::encode(self.0.as_slice(), buf)
+    }
+
+    fn size_hint(&self) -> usize {
+        self.0.len()
     }
 }
 

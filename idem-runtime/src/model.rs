@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, KeyDigest};
 
 /// Everything a claim needs to know.
 #[derive(Debug, Clone)]
@@ -54,7 +54,9 @@ pub enum Claim {
 pub struct Execution {
     pub(crate) tenant: String,
     pub(crate) operation: String,
-    pub(crate) key: IdempotencyKey,
+    /// The key's digest: all the completion needs (the key itself stays with
+    /// the request).
+    pub(crate) key: KeyDigest,
     pub(crate) generation: i64,
     pub(crate) retention: Duration,
 }
@@ -65,7 +67,7 @@ impl Execution {
         Execution {
             tenant: req.tenant.to_owned(),
             operation: req.operation.to_owned(),
-            key: req.key.clone(),
+            key: req.key.digest(),
             generation,
             retention: req.retention,
         }
@@ -206,7 +208,7 @@ pub(crate) enum LeasedOutcome {
 pub(crate) struct Owned<'a> {
     pub(crate) tenant: &'a str,
     pub(crate) operation: &'a str,
-    pub(crate) key: &'a str,
+    pub(crate) key: KeyDigest,
     pub(crate) token: &'a str,
 }
 
@@ -225,8 +227,12 @@ pub(crate) enum Fence {
 #[derive(Debug, Clone)]
 pub(crate) struct UncertainRow {
     pub(crate) tenant: String,
-    /// The key as the client sent it.
-    pub(crate) key: String,
+    /// The key's digest (the key itself is not stored).
+    pub(crate) key: KeyDigest,
+    /// The key the downstream system knows the effect by, stored at the claim
+    /// because it cannot be derived from the digest. `None` only in a row
+    /// written by hand: it cannot be reconciled.
+    pub(crate) downstream_key: Option<String>,
     /// The generation that became uncertain.
     pub(crate) generation: i64,
     /// The owner token of the execution that became uncertain: what a

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use sqlx::Pool;
 
 use crate::db::{Backend, DefaultBackend};
+use crate::key::KeyDigest;
 use crate::model::{StoreError, StoredResponse, UncertainRow};
 
 /// An uncertain execution to resolve.
@@ -20,9 +21,11 @@ pub struct UncertainOutcome {
     pub tenant: String,
     /// The operation.
     pub operation: String,
-    /// The key the client sent (for the application's own lookups; do not log it).
-    pub key: String,
-    /// The key the downstream system knows the effect by.
+    /// The digest of the key the client sent ([`crate::IdempotencyKey::digest`]):
+    /// stores keep no raw key, so neither can the reconciler.
+    pub key_digest: KeyDigest,
+    /// The key the downstream system knows the effect by, as recorded when the
+    /// execution claimed the key ([`crate::lease::downstream_key`]).
     pub downstream_key: String,
     /// The generation of the execution that became uncertain.
     pub generation: i64,
@@ -157,13 +160,14 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
     }
 
     async fn resolve(&self, op: &str, row: &UncertainRow) -> Result<&'static str, StoreError> {
-        let parsed = crate::IdempotencyKey::parse(&row.key)
-            .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?;
+        let downstream_key = row.downstream_key.clone().ok_or_else(|| {
+            StoreError::Corrupt("an uncertain row without its downstream key".into())
+        })?;
         let outcome = UncertainOutcome {
-            downstream_key: crate::lease::downstream_key(&row.tenant, op, &parsed),
+            downstream_key,
             tenant: row.tenant.clone(),
             operation: op.to_owned(),
-            key: row.key.clone(),
+            key_digest: row.key,
             generation: row.generation,
         };
         let (stored, applied) = match self.reconcile.reconcile(&outcome).await {

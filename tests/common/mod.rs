@@ -60,6 +60,14 @@ fn unique_name() -> String {
     )
 }
 
+/// The hex SHA-256 of a key: what idem stores in `key_digest` instead of it.
+pub fn digest_hex(raw: &str) -> String {
+    idem_runtime::IdempotencyKey::parse(raw)
+        .unwrap()
+        .digest()
+        .to_string()
+}
+
 /// `exec` and `count` for a helper with a `pool`, the same for both backends.
 macro_rules! statements {
     () => {
@@ -82,6 +90,12 @@ macro_rules! statements {
 }
 
 impl TestDb {
+    /// The SQL literal of `raw`'s digest, to find its row in `key_digest`.
+    #[allow(dead_code)]
+    pub fn key(&self, raw: &str) -> String {
+        format!("'\\x{}'::bytea", digest_hex(raw))
+    }
+
     /// Creates the database and migrates it.
     pub async fn new() -> TestDb {
         Self::with_pool_size(20).await
@@ -151,6 +165,12 @@ pub struct SqliteDb {
 }
 
 impl SqliteDb {
+    /// The SQL literal of `raw`'s digest, to find its row in `key_digest`.
+    #[allow(dead_code)]
+    pub fn key(&self, raw: &str) -> String {
+        format!("X'{}'", digest_hex(raw))
+    }
+
     /// Creates the file and migrates it.
     pub async fn new() -> SqliteDb {
         Self::with_pool_size(20).await
@@ -207,6 +227,12 @@ pub struct MySqlDb {
 }
 
 impl MySqlDb {
+    /// The SQL literal of `raw`'s digest, to find its row in `key_digest`.
+    #[allow(dead_code)]
+    pub fn key(&self, raw: &str) -> String {
+        format!("X'{}'", digest_hex(raw))
+    }
+
     /// Creates the database and migrates it.
     pub async fn new() -> MySqlDb {
         Self::with_pool_size(20).await

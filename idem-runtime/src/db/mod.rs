@@ -168,7 +168,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         pool: &Pool<Self>,
         tenant: &str,
         operation: &str,
-        key: &str,
+        key: &crate::key::KeyDigest,
     ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send;
 
     /// Up to `limit` uncertain rows of `operation` in creation order, starting

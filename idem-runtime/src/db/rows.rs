@@ -5,6 +5,7 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::admin::KeyRecord;
+use crate::key::KeyDigest;
 use crate::model::{StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
 
 /// The stats snapshot from the ages row and the (operation, state) groups.
@@ -37,18 +38,24 @@ where
     })
 }
 
-/// An `uncertain` row with `tenant_id`, `idempotency_key`, `generation`,
-/// `owner_token` (text) and `created` (the paging position, an integer).
+/// An `uncertain` row with `tenant_id`, `key_digest`, `downstream_key`,
+/// `generation`, `owner_token` (text) and `created` (the paging position, an
+/// integer).
 pub(crate) fn uncertain<R>(row: &R) -> Result<UncertainRow, StoreError>
 where
     R: Row,
     for<'r> &'r str: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
+    let digest: Vec<u8> = row.try_get("key_digest")?;
+    let downstream = row.try_get("downstream_key")?;
     Ok(UncertainRow {
         tenant: row.try_get("tenant_id")?,
-        key: row.try_get("idempotency_key")?,
+        key: KeyDigest::from_slice(&digest)
+            .map_err(|e| StoreError::Corrupt(format!("stored key digest: {e}")))?,
+        downstream_key: downstream,
         generation: row.try_get("generation")?,
         token: row.try_get("owner_token")?,
         created: row.try_get("created")?,

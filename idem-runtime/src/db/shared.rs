@@ -15,23 +15,23 @@ use crate::transition::Resource;
 
 pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
        FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND state IN ('completed', 'failed')";
 
 // A resolution applies to the execution it was asked about and no other: a
 // generation alone could match a later one (a released key starts again at 1),
 // its owner token cannot.
 pub(crate) const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND generation = $4 AND state = 'uncertain' AND CAST(owner_token AS text) = $5";
 
 /// Reads a key's state and generation (the admin purge, under its lock).
 pub(crate) const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
 /// Deletes a key's row (the admin purge).
 pub(crate) const DELETE_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
 /// The versions idem's migration table records as applied.
 pub(crate) fn applied_versions_sql() -> String {
@@ -67,8 +67,8 @@ pub(crate) fn write_sql(resource: &Resource, null_param: &str) -> String {
 }
 
 /// The transactional mode's claim and completion in the caller's transaction,
-/// and the migrations: the same on every database but for the functions of its
-/// `transactional` module (`claim_on`, `complete_on`) and its `migrator`.
+/// the same on every database but for the functions of its `transactional`
+/// module (`claim_on`, `complete_on`).
 macro_rules! transactional_statements {
     () => {
         async fn claim(
@@ -84,11 +84,6 @@ macro_rules! transactional_statements {
             response: &StoredResponse,
         ) -> Result<(), StoreError> {
             transactional::complete_on(execution, tx, response).await
-        }
-
-        async fn migrate(pool: &sqlx::Pool<Self>) -> Result<(), StoreError> {
-            Self::migrator().run(pool).await?;
-            Ok(())
         }
     };
 }
@@ -156,12 +151,12 @@ macro_rules! lease_statements {
             pool: &sqlx::Pool<Self>,
             tenant: &str,
             operation: &str,
-            key: &str,
+            key: &crate::key::KeyDigest,
         ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
             let row = sqlx::query($crate::db::shared::CURRENT_SQL)
                 .bind(tenant)
                 .bind(operation)
-                .bind(key)
+                .bind(*key)
                 .fetch_optional(pool)
                 .await?;
             let Some(row) = row else { return Ok(None) };
@@ -178,7 +173,7 @@ macro_rules! lease_statements {
                 .bind(operation)
                 .bind(after.map(|r| r.created))
                 .bind(after.map(|r| r.tenant.as_str()))
-                .bind(after.map(|r| r.key.as_str()))
+                .bind(after.map(|r| r.key))
                 .bind(limit)
                 .fetch_all(pool)
                 .await?;
@@ -197,7 +192,7 @@ macro_rules! lease_statements {
                     sqlx::query(RESOLVE_SQL)
                         .bind(&row.tenant)
                         .bind(operation)
-                        .bind(&row.key)
+                        .bind(row.key)
                         .bind(row.generation)
                         .bind(stored.state())
                         .bind(status)
@@ -208,7 +203,7 @@ macro_rules! lease_statements {
                 None => sqlx::query($crate::db::shared::FORGET_SQL)
                     .bind(&row.tenant)
                     .bind(operation)
-                    .bind(&row.key)
+                    .bind(row.key)
                     .bind(row.generation)
                     .bind(&row.token),
             };
@@ -338,7 +333,7 @@ macro_rules! admin_statements {
             let row = sqlx::query(SHOW_SQL)
                 .bind(key.tenant)
                 .bind(key.operation)
-                .bind(key.key)
+                .bind(key.digest)
                 .bind(with_body)
                 .fetch_optional(pool)
                 .await?;
@@ -363,7 +358,7 @@ macro_rules! delete_if_allowed {
                 sqlx::query($crate::db::shared::DELETE_SQL)
                     .bind($key.tenant)
                     .bind($key.operation)
-                    .bind($key.key)
+                    .bind($key.digest)
                     .execute(&mut *$tx)
                     .await
                     .map_err(StoreError::from)?;

@@ -36,7 +36,7 @@ use sqlx::Pool;
 
 use crate::db::{Backend, DefaultBackend};
 use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, KeyDigest};
 use crate::model::{Fence, LeasedOutcome, Owned, StoreError, StoredResponse};
 
 mod answer;
@@ -108,8 +108,14 @@ impl From<sqlx::Error> for LeaseError {
 /// The key to give the downstream system's own idempotency mechanism: derived from
 /// tenant, operation and key, the same for every owner and generation.
 pub fn downstream_key(tenant: &str, operation: &str, key: &IdempotencyKey) -> String {
+    downstream_key_of(tenant, operation, key.as_str())
+}
+
+/// [`downstream_key`] of a key's characters. The stores' migrations compute the
+/// same in SQL for rows written before keys were digested: change neither.
+pub(crate) fn downstream_key_of(tenant: &str, operation: &str, key: &str) -> String {
     let mut h = Sha256::new();
-    for part in ["idem-downstream-v1", tenant, operation, key.as_str()] {
+    for part in ["idem-downstream-v1", tenant, operation, key] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
@@ -221,7 +227,7 @@ impl<DB: Backend> Lease<DB> {
         Owned {
             tenant: &self.tenant,
             operation: &self.operation,
-            key: self.key.as_str(),
+            key: self.key.digest(),
             token: &self.token,
         }
     }
@@ -231,7 +237,7 @@ impl<DB: Backend> Lease<DB> {
             pool: self.pool.clone(),
             tenant: self.tenant.clone(),
             operation: self.operation.clone(),
-            key: self.key.as_str().to_owned(),
+            key: self.key.digest(),
             token: self.token.clone(),
             lease: self.lease,
             lost: self.lost.clone(),
@@ -328,7 +334,7 @@ impl<DB: Backend> Lease<DB> {
             pool: self.pool.clone(),
             tenant: self.tenant.clone(),
             operation: self.operation.clone(),
-            key: self.key.as_str().to_owned(),
+            key: self.key.digest(),
             fingerprint: self.fingerprint,
         }
     }
@@ -339,7 +345,7 @@ pub(crate) struct Probe<DB: Backend> {
     pool: Pool<DB>,
     tenant: String,
     operation: String,
-    key: String,
+    key: KeyDigest,
     fingerprint: Fingerprint,
 }
 

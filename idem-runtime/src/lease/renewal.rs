@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::Pool;
 
 use crate::db::Backend;
+use crate::key::KeyDigest;
 use crate::model::{Fence, Owned, StoreError};
 
 /// Renews a lease in the background of a running handler.
@@ -15,7 +16,7 @@ pub(crate) struct Renewer<DB: Backend> {
     pub(super) pool: Pool<DB>,
     pub(super) tenant: String,
     pub(super) operation: String,
-    pub(super) key: String,
+    pub(super) key: KeyDigest,
     pub(super) token: String,
     pub(super) lease: Duration,
     pub(super) lost: Arc<AtomicBool>,
@@ -27,7 +28,7 @@ impl<DB: Backend> Renewer<DB> {
         let owned = Owned {
             tenant: &self.tenant,
             operation: &self.operation,
-            key: &self.key,
+            key: self.key,
             token: &self.token,
         };
         let kept = DB::fence(&self.pool, owned, Fence::Renew(self.lease)).await? == 1;

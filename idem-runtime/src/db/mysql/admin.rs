@@ -27,14 +27,14 @@ const SHOW_SQL: &str = concat!(
     "length(response_body) AS body_bytes, response_headers, ",
     "CASE WHEN ? THEN response_body END AS body ",
     "FROM idempotency_requests ",
-    "WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+    "WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
 const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? FOR UPDATE";
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE";
 
 const DELETE_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?";
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ?";
 
 pub(super) async fn fetch_record(
     pool: &MySqlPool,
@@ -45,7 +45,7 @@ pub(super) async fn fetch_record(
         .bind(with_body)
         .bind(key.tenant)
         .bind(key.operation)
-        .bind(key.key)
+        .bind(key.digest)
         .fetch_optional(pool)
         .await?;
     row.as_ref().map(crate::db::rows::key_record).transpose()
@@ -91,7 +91,7 @@ async fn purge_locked<E>(
     let row = sqlx::query(SELECT_STATE_SQL)
         .bind(key.tenant)
         .bind(key.operation)
-        .bind(key.key)
+        .bind(key.digest)
         .fetch_optional(&mut *tx)
         .await
         .map_err(locked_or)?;
@@ -104,7 +104,7 @@ async fn purge_locked<E>(
             sqlx::query(DELETE_SQL)
                 .bind(key.tenant)
                 .bind(key.operation)
-                .bind(key.key)
+                .bind(key.digest)
                 .execute(&mut *tx)
                 .await
                 .map_err(StoreError::from)?;

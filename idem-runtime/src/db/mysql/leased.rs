@@ -25,7 +25,7 @@ use crate::model::{
 /// The owned row: its primary key and owner token, as the last four `?`.
 macro_rules! owned {
     () => {
-        " tenant_id = ? AND operation = ? AND idempotency_key = ? \
+        " tenant_id = ? AND operation = ? AND key_digest = ? \
           AND owner_token = ? AND state = 'processing'"
     };
 }
@@ -35,26 +35,26 @@ const READ_SQL: &str = concat!(
             response_status, response_headers, response_body, ",
     now_ms!(),
     " AS now FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? FOR UPDATE"
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE"
 );
 
 const INSERT_SQL: &str = concat!(
     "INSERT INTO idempotency_requests \
-        (tenant_id, operation, idempotency_key, fingerprint, state, generation, owner_token, \
-         lease_expires_at, created_at, expires_at) \
+        (tenant_id, operation, key_digest, fingerprint, state, generation, owner_token, \
+         lease_expires_at, created_at, expires_at, downstream_key) \
      VALUES (?, ?, ?, ?, 'processing', 1, ?, ",
     now_ms!(),
     " + ?, ",
     now_ms!(),
     ", ",
     now_ms!(),
-    " + ?)"
+    " + ?, ?)"
 );
 
 const RECLAIM_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET fingerprint = ?, state = 'processing', generation = generation + 1, \
-            owner_token = ?, lease_expires_at = ",
+            owner_token = ?, downstream_key = ?, lease_expires_at = ",
     now_ms!(),
     " + ?, response_status = NULL, response_headers = NULL, response_body = NULL, \
             created_at = ",
@@ -62,14 +62,14 @@ const RECLAIM_SQL: &str = concat!(
     ", completed_at = NULL, expires_at = ",
     now_ms!(),
     " + ? \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
 const TAKEOVER_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET owner_token = ?, generation = generation + 1, lease_expires_at = ",
+        SET owner_token = ?, downstream_key = ?, generation = generation + 1, lease_expires_at = ",
     now_ms!(),
-    " + ? WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+    " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
 const STORE_SQL: &str = concat!(
@@ -99,7 +99,7 @@ const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owne
 
 const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
        FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
         AND state IN ('completed', 'failed')";
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
@@ -107,12 +107,12 @@ const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers
 // created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
 // back as text.
 const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
-            CONVERT(idempotency_key USING utf8mb4) AS idempotency_key, generation, \
+            key_digest, downstream_key, generation, \
             owner_token, created_at AS created \
        FROM idempotency_requests \
       WHERE operation = ? AND state = 'uncertain' \
-        AND (? IS NULL OR (created_at, tenant_id, idempotency_key) > (?, ?, ?)) \
-      ORDER BY created_at, tenant_id, idempotency_key LIMIT ?";
+        AND (? IS NULL OR (created_at, tenant_id, key_digest) > (?, ?, ?)) \
+      ORDER BY created_at, tenant_id, key_digest LIMIT ?";
 
 // The retention runs from the resolution, as for any completion; the
 // assignments run left to right, so expires_at is computed before created_at
@@ -125,13 +125,13 @@ const RESOLVE_SQL: &str = concat!(
     ", lease_expires_at = NULL, expires_at = ",
     now_ms!(),
     " + (expires_at - created_at) \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
         AND generation = ? AND state = 'uncertain' AND owner_token = ?"
 );
 
 // A resolution applies to the execution it was asked about and no other.
 const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
         AND generation = ? AND state = 'uncertain' AND owner_token = ?";
 
 /// A fresh owner token: 128 random bits, as hex.
@@ -183,10 +183,11 @@ async fn decide(
     let lease = millis(req.lease);
     let retention = millis(req.retention);
     let token = new_token();
+    let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
     let row = sqlx::query(READ_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
     let Some(row) = row else {
@@ -196,11 +197,12 @@ async fn decide(
         return match sqlx::query(INSERT_SQL)
             .bind(req.tenant)
             .bind(req.operation)
-            .bind(req.key.as_str())
+            .bind(req.key.digest())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(&token)
             .bind(lease)
             .bind(retention)
+            .bind(&downstream)
             .execute(&mut *conn)
             .await
         {
@@ -222,11 +224,12 @@ async fn decide(
         sqlx::query(RECLAIM_SQL)
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(&token)
+            .bind(&downstream)
             .bind(lease)
             .bind(retention)
             .bind(req.tenant)
             .bind(req.operation)
-            .bind(req.key.as_str())
+            .bind(req.key.digest())
             .execute(&mut *conn)
             .await?;
         return Ok(LeasedOutcome::Acquired {
@@ -261,10 +264,11 @@ async fn decide(
     // the lease lapsed: take the execution over, fencing the old owner out
     sqlx::query(TAKEOVER_SQL)
         .bind(&token)
+        .bind(&downstream)
         .bind(lease)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .execute(&mut *conn)
         .await?;
     Ok(LeasedOutcome::Acquired {
@@ -320,12 +324,12 @@ pub(super) async fn current(
     pool: &MySqlPool,
     tenant: &str,
     operation: &str,
-    key: &str,
+    key: &crate::key::KeyDigest,
 ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
     let row = sqlx::query(CURRENT_SQL)
         .bind(tenant)
         .bind(operation)
-        .bind(key)
+        .bind(*key)
         .fetch_optional(pool)
         .await?;
     let Some(row) = row else { return Ok(None) };
@@ -344,7 +348,7 @@ pub(super) async fn uncertain_rows(
         .bind(created)
         .bind(created)
         .bind(after.map(|r| r.tenant.as_str()))
-        .bind(after.map(|r| r.key.as_str()))
+        .bind(after.map(|r| r.key))
         .bind(limit)
         .fetch_all(pool)
         .await?;
@@ -367,7 +371,7 @@ pub(super) async fn resolve(
                 .bind(&stored.body[..])
                 .bind(&row.tenant)
                 .bind(operation)
-                .bind(&row.key)
+                .bind(row.key)
                 .bind(row.generation)
                 .bind(&row.token)
                 .execute(pool)
@@ -377,7 +381,7 @@ pub(super) async fn resolve(
             sqlx::query(FORGET_SQL)
                 .bind(&row.tenant)
                 .bind(operation)
-                .bind(&row.key)
+                .bind(row.key)
                 .bind(row.generation)
                 .bind(&row.token)
                 .execute(pool)

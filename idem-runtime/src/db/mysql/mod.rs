@@ -257,7 +257,7 @@ impl Backend for MySql {
         pool: &MySqlPool,
         tenant: &str,
         operation: &str,
-        key: &str,
+        key: &crate::key::KeyDigest,
     ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
         leased::current(pool, tenant, operation, key).await
     }

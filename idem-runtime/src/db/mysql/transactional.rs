@@ -38,14 +38,14 @@ const READ_SQL: &str = concat!(
             response_status, response_headers, response_body, ",
     now_ms!(),
     " AS now FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? FOR UPDATE"
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE"
 );
 
 // The clock expression is fixed for the statement, so both timestamps are the
 // same instant.
 const INSERT_SQL: &str = concat!(
     "INSERT INTO idempotency_requests \
-        (tenant_id, operation, idempotency_key, fingerprint, state, generation, created_at, expires_at) \
+        (tenant_id, operation, key_digest, fingerprint, state, generation, created_at, expires_at) \
      VALUES (?, ?, ?, ?, 'processing', 1, ",
     now_ms!(),
     ", ",
@@ -64,7 +64,7 @@ const RECLAIM_SQL: &str = concat!(
     ", completed_at = NULL, expires_at = ",
     now_ms!(),
     " + ? \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?"
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
 // The WHERE clause is evaluated before the SET clause's assignments.
@@ -76,7 +76,7 @@ const COMPLETE_SQL: &str = concat!(
     ", expires_at = ",
     now_ms!(),
     " + ? \
-      WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? \
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
         AND generation = ? AND state = 'processing'"
 );
 
@@ -110,7 +110,7 @@ async fn claim_bounded(
         let row = match sqlx::query(READ_SQL)
             .bind(req.tenant)
             .bind(req.operation)
-            .bind(req.key.as_str())
+            .bind(req.key.digest())
             .fetch_optional(&mut *conn)
             .await
         {
@@ -122,7 +122,7 @@ async fn claim_bounded(
             match sqlx::query(INSERT_SQL)
                 .bind(req.tenant)
                 .bind(req.operation)
-                .bind(req.key.as_str())
+                .bind(req.key.digest())
                 .bind(&req.fingerprint.as_bytes()[..])
                 .bind(millis(req.retention))
                 .execute(&mut *conn)
@@ -145,7 +145,7 @@ async fn claim_bounded(
                 .bind(millis(req.retention))
                 .bind(req.tenant)
                 .bind(req.operation)
-                .bind(req.key.as_str())
+                .bind(req.key.digest())
                 .execute(&mut *conn)
                 .await?;
             return Ok(Claim::Execute(Execution::new(req, generation + 1)));
@@ -207,7 +207,7 @@ pub(crate) async fn complete_on(
         .bind(millis(execution.retention))
         .bind(&execution.tenant)
         .bind(&execution.operation)
-        .bind(execution.key.as_str())
+        .bind(execution.key)
         .bind(execution.generation)
         .execute(&mut *conn)
         .await?;

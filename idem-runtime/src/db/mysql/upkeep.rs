@@ -28,7 +28,7 @@ pub(super) use rfc3339;
 // key.
 const CHOOSE_BATCH_SQL: &str = concat!(
     "SELECT CONVERT(tenant_id USING utf8mb4), CONVERT(operation USING utf8mb4), \
-            CONVERT(idempotency_key USING utf8mb4) FROM idempotency_requests \
+            key_digest FROM idempotency_requests \
       WHERE expires_at <= ",
     now_ms!(),
     " AND state IN ('completed', 'failed') \
@@ -116,7 +116,7 @@ pub(super) async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, St
     let sql = format!(
         "DELETE r FROM (SELECT ? AS t, ? AS o, ? AS k{}) v \
          STRAIGHT_JOIN idempotency_requests r \
-            ON r.tenant_id = v.t AND r.operation = v.o AND r.idempotency_key = v.k",
+            ON r.tenant_id = v.t AND r.operation = v.o AND r.key_digest = v.k",
         " UNION ALL SELECT ?, ?, ?".repeat(keys.len() - 1)
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -124,7 +124,7 @@ pub(super) async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, St
         query = query
             .bind(row.try_get::<String, _>(0)?)
             .bind(row.try_get::<String, _>(1)?)
-            .bind(row.try_get::<String, _>(2)?);
+            .bind(row.try_get::<Vec<u8>, _>(2)?);
     }
     let done = query.execute(&mut *tx).await?;
     tx.commit().await?;

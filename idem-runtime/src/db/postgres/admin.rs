@@ -38,7 +38,7 @@ pub(super) const SHOW_SQL: &str = concat!(
     "response_headers::text AS response_headers, ",
     "CASE WHEN $4 THEN response_body END AS body ",
     "FROM idempotency_requests ",
-    "WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+    "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
 );
 
 /// lock_not_available: the row's lock was not had within the wait.
@@ -75,7 +75,7 @@ pub(super) async fn purge<E>(
     let row = sqlx::query(sql)
         .bind(key.tenant)
         .bind(key.operation)
-        .bind(key.key)
+        .bind(key.digest)
         .fetch_optional(&mut *tx)
         .await
         .map_err(locked_or)?;

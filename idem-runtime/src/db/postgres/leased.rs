@@ -11,12 +11,12 @@ use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredR
 
 const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms, \
         response_status, response_headers, response_body \
-   FROM idem_claim_leased($1, $2, $3, $4, $5, $6)";
+   FROM idem_claim_leased($1, $2, $3, $4, $5, $6, $7)";
 
 /// The owned row: its primary key and owner token, as `$1..$4`.
 macro_rules! owned {
     () => {
-        " tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        " tenant_id = $1 AND operation = $2 AND key_digest = $3 \
           AND owner_token = $4::uuid AND state = 'processing'"
     };
 }
@@ -50,15 +50,15 @@ pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests W
 // microseconds since the epoch (PostgreSQL's own resolution, so it reads back
 // exactly). The `state IN (...)` term repeats the partial in-flight index's
 // condition word for word.
-pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation, \
+pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
             CAST(owner_token AS text) AS owner_token, \
             (extract(epoch FROM created_at) * 1000000)::bigint AS created \
        FROM idempotency_requests \
       WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
         AND ($2::bigint IS NULL \
-             OR (created_at, tenant_id, idempotency_key) \
-                > (to_timestamp(0) + $2::bigint * interval '1 microsecond', $3::text, $4::text)) \
-      ORDER BY created_at, tenant_id, idempotency_key LIMIT $5";
+             OR (created_at, tenant_id, key_digest) \
+                > (to_timestamp(0) + $2::bigint * interval '1 microsecond', $3::text, $4::bytea)) \
+      ORDER BY created_at, tenant_id, key_digest LIMIT $5";
 
 // The retention runs from the resolution, as for any completion: a row resolved
 // late must not be already expired.
@@ -67,7 +67,7 @@ pub(super) const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
             response_body = $8, completed_at = c.t, lease_expires_at = NULL, \
             expires_at = c.t + (r.expires_at - r.created_at) \
        FROM (SELECT clock_timestamp() AS t) c \
-      WHERE r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3 \
+      WHERE r.tenant_id = $1 AND r.operation = $2 AND r.key_digest = $3 \
         AND r.generation = $4 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";
 
 /// Stored headers as the `jsonb` column takes them.
@@ -89,10 +89,11 @@ pub(super) async fn claim_leased(
     let row = sqlx::query(CLAIM_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .bind(millis(req.lease))
+        .bind(crate::lease::downstream_key(req.tenant, req.operation, req.key))
         .fetch_one(pool)
         .await?;
     let outcome: &str = row.try_get("outcome")?;

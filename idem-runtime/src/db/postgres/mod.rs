@@ -66,6 +66,11 @@ impl Backend for Postgres {
         super::tracked(sqlx::migrate!("migrations/postgres"))
     }
 
+    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
+        Self::migrator().run(pool).await?;
+        Ok(())
+    }
+
     /// Explicitly READ COMMITTED, so a server or role whose default isolation is
     /// stricter still gets what claims need.
     fn begin(

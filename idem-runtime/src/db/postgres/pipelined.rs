@@ -64,7 +64,7 @@ mod code {
 
 const READ_STORED_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
        FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND expires_at > now() AND state IN ('completed', 'failed')";
 
 /// Begins the handler's transaction and claims the key in it (see the module docs).
@@ -161,7 +161,7 @@ fn claim_statement(req: &ClaimRequest<'_>, bounds: &str) -> Option<String> {
     args.push_str(", ");
     push_text(&mut args, req.operation)?;
     args.push_str(", ");
-    push_text(&mut args, req.key.as_str())?;
+    push_bytea(&mut args, req.key.digest().as_bytes());
     args.push_str(", ");
     push_bytea(&mut args, req.fingerprint.as_bytes());
     let mut sql = String::with_capacity(2 * args.len() + bounds.len() + 120);
@@ -197,7 +197,7 @@ async fn replay(
     let row = sqlx::query(READ_STORED_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
     let Some(row) = row else {
@@ -281,14 +281,14 @@ pub(crate) async fn finish(
 fn finish_statement(execution: &Execution, response: &StoredResponse) -> Option<String> {
     let headers = serde_json::to_string(&response.headers).ok()?;
     let mut sql = String::with_capacity(
-        220 + execution.key.as_str().len() + headers.len() + 2 * response.body.len(),
+        300 + headers.len() + 2 * response.body.len(),
     );
     sql.push_str("SELECT idem_finish(");
     push_text(&mut sql, &execution.tenant)?;
     sql.push_str(", ");
     push_text(&mut sql, &execution.operation)?;
     sql.push_str(", ");
-    push_text(&mut sql, execution.key.as_str())?;
+    push_bytea(&mut sql, execution.key.as_bytes());
     sql.push_str(", ");
     push_int(&mut sql, execution.generation);
     sql.push_str(", '");

@@ -17,7 +17,7 @@ const COMPLETE_SQL: &str = "UPDATE idempotency_requests \
         SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
             completed_at = c.t, expires_at = c.t + $9 * interval '1 millisecond' \
        FROM (SELECT clock_timestamp() AS t) c \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND generation = $4 AND state = 'processing'";
 
 /// Claims `req.key` on the connection of a transaction begun by the caller
@@ -31,7 +31,7 @@ pub(crate) async fn claim_on(
     let row = sqlx::query(CLAIM_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .bind(millis(req.in_flight_wait))
@@ -79,7 +79,7 @@ pub(crate) async fn complete_on(
     let done = sqlx::query(COMPLETE_SQL)
         .bind(&execution.tenant)
         .bind(&execution.operation)
-        .bind(execution.key.as_str())
+        .bind(execution.key)
         .bind(execution.generation)
         .bind(state)
         .bind(status)

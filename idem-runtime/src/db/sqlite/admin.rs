@@ -41,7 +41,7 @@ pub(super) const SHOW_SQL: &str = concat!(
     "length(CAST(response_body AS BLOB)) AS body_bytes, response_headers, ",
     "CASE WHEN $4 THEN CAST(response_body AS BLOB) END AS body ",
     "FROM idempotency_requests ",
-    "WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+    "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
 );
 
 /// A purge that could not get the write lock in time is refused, as on
@@ -101,7 +101,7 @@ async fn purge_locked<E>(
     let row = sqlx::query(crate::db::shared::SELECT_STATE_SQL)
         .bind(key.tenant)
         .bind(key.operation)
-        .bind(key.key)
+        .bind(key.digest)
         .fetch_optional(&mut *tx)
         .await
         .map_err(StoreError::from)?;

@@ -21,7 +21,7 @@ use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredR
 /// The owned row: its primary key and owner token, as `$1..$4`.
 macro_rules! owned {
     () => {
-        " tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+        " tenant_id = $1 AND operation = $2 AND key_digest = $3 \
           AND owner_token = $4 AND state = 'processing'"
     };
 }
@@ -31,14 +31,14 @@ const READ_SQL: &str = concat!(
             response_status, response_headers, response_body, ",
     now_ms!(),
     " AS now FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
 );
 
 const INSERT_SQL: &str = concat!(
     "INSERT INTO idempotency_requests \
-        (tenant_id, operation, idempotency_key, fingerprint, state, generation, owner_token, \
-         lease_expires_at, created_at, expires_at) \
-     SELECT $1, $2, $3, $4, 'processing', 1, $5, t.now + $6, t.now, t.now + $7 \
+        (tenant_id, operation, key_digest, fingerprint, state, generation, owner_token, \
+         lease_expires_at, created_at, expires_at, downstream_key) \
+     SELECT $1, $2, $3, $4, 'processing', 1, $5, t.now + $6, t.now, t.now + $7, $8 \
        FROM (SELECT ",
     now_ms!(),
     " AS now) t"
@@ -49,20 +49,22 @@ const RECLAIM_SQL: &str = concat!(
         SET fingerprint = $4, state = 'processing', generation = generation + 1, \
             owner_token = $5, lease_expires_at = t.now + $6, \
             response_status = NULL, response_headers = NULL, response_body = NULL, \
-            created_at = t.now, completed_at = NULL, expires_at = t.now + $7 \
+            created_at = t.now, completed_at = NULL, expires_at = t.now + $7, \
+            downstream_key = $8 \
        FROM (SELECT ",
     now_ms!(),
     " AS now) t \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
      RETURNING generation"
 );
 
 const TAKEOVER_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET owner_token = $4, generation = generation + 1, lease_expires_at = ",
+        SET owner_token = $4, generation = generation + 1, \
+            downstream_key = $6, lease_expires_at = ",
     now_ms!(),
     " + $5 \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
      RETURNING generation"
 );
 
@@ -95,12 +97,12 @@ pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests W
 // keep newer ones from being asked about. The `state IN (...)` term repeats the
 // partial in-flight index's condition word for word: SQLite uses a partial index
 // only for a query that states it so.
-pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, idempotency_key, generation, \
+pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
             CAST(owner_token AS text) AS owner_token, created_at AS created \
        FROM idempotency_requests \
       WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
-        AND ($2 IS NULL OR (created_at, tenant_id, idempotency_key) > ($2, $3, $4)) \
-      ORDER BY created_at, tenant_id, idempotency_key LIMIT $5";
+        AND ($2 IS NULL OR (created_at, tenant_id, key_digest) > ($2, $3, $4)) \
+      ORDER BY created_at, tenant_id, key_digest LIMIT $5";
 
 // The retention runs from the resolution, as for any completion.
 pub(super) const RESOLVE_SQL: &str = concat!(
@@ -111,7 +113,7 @@ pub(super) const RESOLVE_SQL: &str = concat!(
        FROM (SELECT ",
     now_ms!(),
     " AS now) t \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND generation = $4 AND state = 'uncertain' AND owner_token = $9"
 );
 
@@ -158,21 +160,23 @@ async fn decide(
     let row = sqlx::query(READ_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
     let lease = millis(req.lease);
     let retention = millis(req.retention);
     let token = new_token();
+    let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
     let Some(row) = row else {
         sqlx::query(INSERT_SQL)
             .bind(req.tenant)
             .bind(req.operation)
-            .bind(req.key.as_str())
+            .bind(req.key.digest())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(&token)
             .bind(lease)
             .bind(retention)
+            .bind(&downstream)
             .execute(&mut *conn)
             .await?;
         return Ok(LeasedOutcome::Acquired {
@@ -189,11 +193,12 @@ async fn decide(
         let generation: i64 = sqlx::query_scalar(RECLAIM_SQL)
             .bind(req.tenant)
             .bind(req.operation)
-            .bind(req.key.as_str())
+            .bind(req.key.digest())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(&token)
             .bind(lease)
             .bind(retention)
+            .bind(&downstream)
             .fetch_one(&mut *conn)
             .await?;
         return Ok(LeasedOutcome::Acquired {
@@ -231,9 +236,10 @@ async fn decide(
     let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .bind(&token)
         .bind(lease)
+        .bind(&downstream)
         .fetch_one(&mut *conn)
         .await?;
     Ok(LeasedOutcome::Acquired {

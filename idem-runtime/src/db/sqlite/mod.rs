@@ -28,6 +28,7 @@ use crate::transition::Resource;
 use crate::tx::Tx;
 
 mod admin;
+mod digests;
 mod leased;
 pub(crate) mod transactional;
 mod upkeep;
@@ -81,6 +82,13 @@ impl Backend for Sqlite {
 
     fn migrator() -> sqlx::migrate::Migrator {
         super::tracked(sqlx::migrate!("migrations/sqlite"))
+    }
+
+    /// The SQL migrations, then the conversion of raw keys to digests that
+    /// SQLite cannot do in SQL (see [`digests`]).
+    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
+        Self::migrator().run(pool).await?;
+        digests::convert_raw_keys(pool).await
     }
 
     /// Deferred: the claim's INSERT is the first statement and takes the write

@@ -22,13 +22,13 @@ use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, m
 
 const CLAIM_SQL: &str = concat!(
     "INSERT INTO idempotency_requests AS r \
-        (tenant_id, operation, idempotency_key, fingerprint, state, generation, created_at, expires_at) \
+        (tenant_id, operation, key_digest, fingerprint, state, generation, created_at, expires_at) \
      VALUES ($1, $2, $3, $4, 'processing', 1, ",
     now_ms!(),
     ", ",
     now_ms!(),
     " + $5) \
-     ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE \
+     ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
         SET fingerprint = excluded.fingerprint, state = 'processing', generation = r.generation + 1, \
             response_status = NULL, response_headers = NULL, response_body = NULL, \
             owner_token = NULL, lease_expires_at = NULL, created_at = excluded.created_at, \
@@ -38,7 +38,7 @@ const CLAIM_SQL: &str = concat!(
 );
 
 const READ_SQL: &str = "SELECT fingerprint, state, generation, response_status, response_headers, response_body \
-       FROM idempotency_requests WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+       FROM idempotency_requests WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
 const COMPLETE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
@@ -48,7 +48,7 @@ const COMPLETE_SQL: &str = concat!(
     ", expires_at = ",
     now_ms!(),
     " + $9 \
-      WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND generation = $4 AND state = 'processing'"
 );
 
@@ -70,7 +70,7 @@ pub(crate) async fn claim_on(
     let inserted = sqlx::query(CLAIM_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .fetch_optional(&mut *conn)
@@ -97,7 +97,7 @@ pub(crate) async fn claim_on(
     let row = sqlx::query(READ_SQL)
         .bind(req.tenant)
         .bind(req.operation)
-        .bind(req.key.as_str())
+        .bind(req.key.digest())
         .fetch_one(&mut *conn)
         .await?;
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
@@ -146,7 +146,7 @@ pub(crate) async fn complete_on(
     let done = sqlx::query(COMPLETE_SQL)
         .bind(&execution.tenant)
         .bind(&execution.operation)
-        .bind(execution.key.as_str())
+        .bind(execution.key)
         .bind(execution.generation)
         .bind(state)
         .bind(i64::from(response.status))
