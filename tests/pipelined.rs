@@ -572,3 +572,100 @@ async fn a_missing_migration_turns_pipelining_off_and_still_works() {
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
+
+/// The pipelined statements carry the key's digest, never the key: what the
+/// server sees of a session (its logs print the same text, pg_stat_activity
+/// shows it) holds no raw key, for the claim nor for its completion.
+#[tokio::test]
+async fn statements_carry_the_digest_and_never_the_key() {
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone());
+    let key = IdempotencyKey::parse("sk_live_SECRET_77").unwrap();
+    let req = ClaimRequest {
+        tenant: "acme",
+        operation: "op",
+        key: &key,
+        fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
+        retention: std::time::Duration::from_secs(3600),
+        in_flight_wait: std::time::Duration::from_secs(2),
+    };
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    let sent = |function: &'static str| {
+        let observer = observer.clone();
+        async move {
+            let texts: Vec<String> = sqlx::query_scalar(
+                "SELECT query FROM pg_stat_activity \
+                  WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                    AND strpos(query, $1) > 0 AND strpos(query, 'pg_stat_activity') = 0",
+            )
+            .bind(function)
+            .fetch_all(&observer)
+            .await
+            .unwrap();
+            assert_eq!(texts.len(), 1, "one session sent {function}: {texts:?}");
+            texts.into_iter().next().unwrap()
+        }
+    };
+    let digest = key.digest().to_string();
+    // The completion (an UPDATE) will run into a trigger that waits for a lock
+    // the observer holds, so that its statement is the session's current one
+    // while looked at.
+    db.exec(
+        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$; \
+         CREATE TRIGGER test_hold BEFORE UPDATE ON idempotency_requests \
+         FOR EACH ROW EXECUTE FUNCTION test_hold()",
+    )
+    .await;
+
+    let (tx, claim) = Postgres::begin_claim(&idem, &req).await.unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("a new key executes: {claim:?}");
+    };
+    let claimed = sent("idem_take(").await;
+    assert!(claimed.contains(&digest), "{claimed}");
+    assert!(!claimed.contains("SECRET"), "{claimed}");
+
+    let mut holder = observer.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(b"ok"),
+    };
+    let finishing = {
+        let idem = idem.clone();
+        tokio::spawn(async move { Postgres::finish(&idem, tx, execution, &stored).await })
+    };
+    // Until the completion waits on the lock (the timeout only turns a hang
+    // into a failure).
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND strpos(query, 'idem_finish(') > 0",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the completion reached the trigger");
+    let finished = sent("idem_finish(").await;
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    assert!(matches!(finishing.await.unwrap(), Finish::Committed));
+    assert!(finished.contains(&digest), "{finished}");
+    assert!(!finished.contains("SECRET"), "{finished}");
+}

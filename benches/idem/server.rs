@@ -204,7 +204,11 @@ async fn middleware(
         .into_response()
 }
 
-async fn mw_existing(pool: &PgPool, pk: (&str, &str, idem_runtime::KeyDigest), fingerprint: &[u8]) -> Response {
+async fn mw_existing(
+    pool: &PgPool,
+    pk: (&str, &str, idem_runtime::KeyDigest),
+    fingerprint: &[u8],
+) -> Response {
     let row = sqlx::query(MW_LOOKUP)
         .bind(pk.0)
         .bind(pk.1)

@@ -60,6 +60,27 @@ fn unique_name() -> String {
     )
 }
 
+/// idem's migrations: all of them (`idem_runtime::migrate`), or those before
+/// `before` only.
+async fn migrate<DB: idem_runtime::Backend>(pool: &sqlx::Pool<DB>, before: Option<i64>)
+where
+    DB::Connection: sqlx::migrate::Migrate,
+{
+    let Some(version) = before else {
+        idem_runtime::migrate(pool).await.unwrap();
+        return;
+    };
+    let mut migrator = idem_runtime::migrator::<DB>();
+    let older: Vec<_> = migrator
+        .migrations
+        .iter()
+        .filter(|m| m.version < version)
+        .cloned()
+        .collect();
+    migrator.migrations = older.into();
+    migrator.run(pool).await.unwrap();
+}
+
 /// The hex SHA-256 of a key: what idem stores in `key_digest` instead of it.
 pub fn digest_hex(raw: &str) -> String {
     idem_runtime::IdempotencyKey::parse(raw)
@@ -103,6 +124,17 @@ impl TestDb {
 
     /// As [`TestDb::new`], with a pool of `size` connections.
     pub async fn with_pool_size(size: u32) -> TestDb {
+        Self::create(size, None).await
+    }
+
+    /// A database migrated only up to (not including) idem's migration
+    /// `version`: the schema an older release left behind.
+    #[allow(dead_code)]
+    pub async fn migrated_before(version: i64) -> TestDb {
+        Self::create(4, Some(version)).await
+    }
+
+    async fn create(size: u32, before: Option<i64>) -> TestDb {
         let admin = admin_url();
         let name = unique_name();
         let mut conn = PgConnection::connect(&admin)
@@ -121,7 +153,7 @@ impl TestDb {
             .connect_with(opts)
             .await
             .unwrap();
-        idem_runtime::migrate(&pool).await.unwrap();
+        migrate(&pool, before).await;
         TestDb { pool, name, url }
     }
 
@@ -178,6 +210,16 @@ impl SqliteDb {
 
     /// As [`SqliteDb::new`], with a pool of `size` connections.
     pub async fn with_pool_size(size: u32) -> SqliteDb {
+        Self::create(size, None).await
+    }
+
+    /// See [`TestDb::migrated_before`].
+    #[allow(dead_code)]
+    pub async fn migrated_before(version: i64) -> SqliteDb {
+        Self::create(4, Some(version)).await
+    }
+
+    async fn create(size: u32, before: Option<i64>) -> SqliteDb {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
         let path = std::env::temp_dir().join(format!("{}.db", unique_name()));
         let opts = SqliteConnectOptions::new()
@@ -190,7 +232,7 @@ impl SqliteDb {
             .connect_with(opts)
             .await
             .unwrap();
-        idem_runtime::migrate(&pool).await.unwrap();
+        migrate(&pool, before).await;
         SqliteDb { pool, path }
     }
 
@@ -243,9 +285,19 @@ impl MySqlDb {
         Self::with_isolation(size, Some("READ COMMITTED")).await
     }
 
+    /// See [`TestDb::migrated_before`].
+    #[allow(dead_code)]
+    pub async fn migrated_before(version: i64) -> MySqlDb {
+        Self::create(4, Some("READ COMMITTED"), Some(version)).await
+    }
+
     /// As [`MySqlDb::new`], with the server's default isolation (REPEATABLE
     /// READ) when `isolation` is `None`.
     pub async fn with_isolation(size: u32, isolation: Option<&'static str>) -> MySqlDb {
+        Self::create(size, isolation, None).await
+    }
+
+    async fn create(size: u32, isolation: Option<&'static str>, before: Option<i64>) -> MySqlDb {
         use sqlx::Executor;
         use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
         let admin = mysql_admin_url();
@@ -277,7 +329,7 @@ impl MySqlDb {
             .connect_with(opts)
             .await
             .unwrap();
-        idem_runtime::migrate(&pool).await.unwrap();
+        migrate(&pool, before).await;
         MySqlDb { pool, name, url }
     }
 

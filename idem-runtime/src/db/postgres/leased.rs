@@ -93,7 +93,11 @@ pub(super) async fn claim_leased(
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .bind(millis(req.lease))
-        .bind(crate::lease::downstream_key(req.tenant, req.operation, req.key))
+        .bind(crate::lease::downstream_key(
+            req.tenant,
+            req.operation,
+            req.key,
+        ))
         .fetch_one(pool)
         .await?;
     let outcome: &str = row.try_get("outcome")?;

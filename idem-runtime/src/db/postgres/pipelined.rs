@@ -280,9 +280,7 @@ pub(crate) async fn finish(
 /// `None` when a value cannot be written as a literal.
 fn finish_statement(execution: &Execution, response: &StoredResponse) -> Option<String> {
     let headers = serde_json::to_string(&response.headers).ok()?;
-    let mut sql = String::with_capacity(
-        300 + headers.len() + 2 * response.body.len(),
-    );
+    let mut sql = String::with_capacity(300 + headers.len() + 2 * response.body.len());
     sql.push_str("SELECT idem_finish(");
     push_text(&mut sql, &execution.tenant)?;
     sql.push_str(", ");

@@ -1,0 +1,311 @@
+//! Keys at rest: every store keeps the SHA-256 of a key, never the key, and the
+//! migration that made it so converts the rows an older release left behind
+//! without losing one (a replay still replays, an uncertain execution can still
+//! be reconciled by the downstream key it was charged under).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
+use idem_runtime::{
+    Claim, ClaimRequest, Fingerprint, FingerprintBuilder, IdempotencyKey, StoredResponse, claim,
+};
+
+/// The migration that turned keys into digests, the same version on every
+/// database.
+const KEY_DIGEST_MIGRATION: i64 = 20261202000010;
+
+fn fingerprint(body: &str) -> Fingerprint {
+    FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
+        .raw_body(body.as_bytes())
+        .finish()
+}
+
+fn request<'a>(key: &'a IdempotencyKey, fingerprint: Fingerprint) -> ClaimRequest<'a> {
+    ClaimRequest {
+        tenant: "acme",
+        operation: "create-order",
+        key,
+        fingerprint,
+        retention: Duration::from_secs(3600),
+        in_flight_wait: Duration::from_secs(2),
+    }
+}
+
+/// Records what it is asked about; the answer is always "still unknown".
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<UncertainOutcome>>>);
+
+impl Reconcile for Recorder {
+    fn operation(&self) -> &str {
+        "pay"
+    }
+
+    async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
+        self.0.lock().unwrap().push(outcome.clone());
+        Resolution::StillUncertain
+    }
+}
+
+/// The body of the legacy completed row.
+const LEGACY_BODY: &str = r#"{"id":7}"#;
+
+macro_rules! key_digest_tests {
+    (
+        db = $db:ty,
+        // An older release's row: $1 tenant, $2 operation, $3 raw key,
+        // $4 fingerprint, $5 state, $6 status, $7 headers JSON, $8 body, $9 owner token.
+        legacy_row = $legacy_row:expr,
+        owner_token = $token:expr,
+        // Rows in whose text (every column that could hold one) `$1` occurs.
+        rows_containing = $rows_containing:expr $(,)?
+    ) => {
+        use super::*;
+
+        async fn insert_legacy(
+            db: &$db,
+            operation: &str,
+            key: &str,
+            fingerprint: Fingerprint,
+            state: &str,
+            token: Option<&str>,
+        ) {
+            let finished = state == "completed";
+            sqlx::query($legacy_row)
+                .bind("acme")
+                .bind(operation)
+                .bind(key)
+                .bind(&fingerprint.as_bytes()[..])
+                .bind(state)
+                .bind(finished.then_some(201_i32))
+                .bind(finished.then_some(r#"[["content-type","application/json"]]"#))
+                .bind(finished.then_some(LEGACY_BODY.as_bytes()))
+                .bind(token)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+
+        async fn rows_containing(db: &$db, text: &str) -> i64 {
+            sqlx::query_scalar($rows_containing)
+                .bind(text)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+        }
+
+        /// A completed row and an uncertain leased one, written by a release
+        /// that stored raw keys, survive the migration: the completed one
+        /// replays (and refuses another request), the uncertain one is
+        /// reconciled under the downstream key it was charged with, and no raw
+        /// key is left.
+        #[tokio::test]
+        async fn rows_of_an_older_release_are_found_after_the_migration() {
+            let db = <$db>::migrated_before(KEY_DIGEST_MIGRATION).await;
+            let done = IdempotencyKey::parse("legacy-done-SECRET").unwrap();
+            // A structured-field key: its characters include a space.
+            let unknown = IdempotencyKey::parse(r#""legacy unknown SECRET""#).unwrap();
+            let fp = fingerprint("a");
+            insert_legacy(&db, "create-order", done.as_str(), fp, "completed", None).await;
+            insert_legacy(&db, "pay", unknown.as_str(), fp, "uncertain", Some($token)).await;
+
+            idem_runtime::migrate(&db.pool).await.unwrap();
+            // Idempotent: a second start converts nothing twice.
+            idem_runtime::migrate(&db.pool).await.unwrap();
+
+            assert_eq!(
+                rows_containing(&db, "SECRET").await,
+                0,
+                "no raw key is left"
+            );
+            assert_eq!(
+                db.count(&format!(
+                    "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
+                    db.key(done.as_str())
+                ))
+                .await,
+                1
+            );
+
+            let mut tx = db.pool.begin().await.unwrap();
+            match claim(&mut tx, &request(&done, fp)).await.unwrap() {
+                Claim::Replay(StoredResponse { status, body, .. }) => {
+                    assert_eq!((status, &body[..]), (201, LEGACY_BODY.as_bytes()));
+                }
+                other => panic!("the legacy outcome was not replayed: {other:?}"),
+            }
+            tx.rollback().await.unwrap();
+            let mut tx = db.pool.begin().await.unwrap();
+            let other = claim(&mut tx, &request(&done, fingerprint("b")))
+                .await
+                .unwrap();
+            assert!(matches!(other, Claim::Mismatch), "{other:?}");
+            tx.rollback().await.unwrap();
+
+            let recorder = Recorder::default();
+            let report = Reconciler::new(db.pool.clone(), recorder.clone())
+                .run_once()
+                .await
+                .unwrap();
+            assert_eq!(report.still_uncertain, 1, "{report:?}");
+            let asked = recorder.0.lock().unwrap().clone();
+            assert_eq!(asked.len(), 1);
+            assert_eq!(
+                asked[0].downstream_key,
+                idem_runtime::lease::downstream_key("acme", "pay", &unknown),
+                "the downstream key the old release charged under"
+            );
+            assert_eq!(asked[0].key_digest, unknown.digest());
+        }
+
+        /// What a request stores holds the key's digest, and nowhere the key.
+        #[tokio::test]
+        async fn a_claimed_key_is_stored_as_its_digest_only() {
+            let db = <$db>::new().await;
+            let key = IdempotencyKey::parse("sk_live_SECRET_42").unwrap();
+            let mut tx = db.pool.begin().await.unwrap();
+            let Claim::Execute(execution) = claim(&mut tx, &request(&key, fingerprint("a")))
+                .await
+                .unwrap()
+            else {
+                panic!("a new key executes");
+            };
+            let stored = StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: "ok".into(),
+            };
+            execution.complete(&mut tx, &stored).await.unwrap();
+            tx.commit().await.unwrap();
+            assert_eq!(rows_containing(&db, "SECRET").await, 0);
+            assert_eq!(
+                db.count(&format!(
+                    "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
+                    db.key(key.as_str())
+                ))
+                .await,
+                1
+            );
+        }
+    };
+}
+
+mod postgres {
+    key_digest_tests! {
+        db = crate::common::TestDb,
+        legacy_row = "INSERT INTO idempotency_requests \
+                (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                 response_headers, response_body, owner_token, created_at, completed_at, expires_at) \
+            VALUES ($1, $2, $3, $4, $5, $6::smallint, $7::jsonb, $8, $9::uuid, now(), \
+                    CASE WHEN $6 IS NOT NULL THEN now() END, now() + interval '1 day')",
+        owner_token = "01234567-89ab-cdef-0123-456789abcdef",
+        rows_containing = "SELECT count(*) FROM idempotency_requests t \
+                            WHERE strpos(t::text, $1) > 0",
+    }
+
+    /// An older release's statements fail against the converted schema (its
+    /// functions took the key as text), rather than write a raw key this
+    /// release would not find.
+    #[tokio::test]
+    async fn an_older_release_fails_closed() {
+        let db = crate::common::TestDb::new().await;
+        let old_claim = sqlx::query(
+            "SELECT * FROM idem_claim('acme'::text, 'op'::text, 'k'::text, \
+                                      decode(repeat('00', 32), 'hex'), 1000, 10)",
+        )
+        .execute(&db.pool)
+        .await;
+        let err = old_claim
+            .expect_err("the text-key function is gone")
+            .to_string();
+        assert!(err.contains("does not exist"), "{err}");
+        let old_insert = sqlx::query(
+            "INSERT INTO idempotency_requests (tenant_id, operation, idempotency_key, \
+                                               fingerprint, state, expires_at) \
+             VALUES ('acme', 'op', 'k', decode(repeat('00', 32), 'hex'), 'processing', now())",
+        )
+        .execute(&db.pool)
+        .await;
+        assert!(old_insert.is_err(), "the raw-key column is gone");
+    }
+}
+
+mod sqlite {
+    key_digest_tests! {
+        db = crate::common::SqliteDb,
+        legacy_row = concat!(
+            "INSERT INTO idempotency_requests \
+                (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                 response_headers, response_body, owner_token, created_at, completed_at, expires_at) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, t.now, \
+                    CASE WHEN $6 IS NOT NULL THEN t.now END, t.now + 86400000 \
+               FROM (SELECT ",
+            idem_runtime::sqlite_now_ms!(),
+            " AS now) t"
+        ),
+        owner_token = "0123456789abcdef0123456789abcdef",
+        rows_containing = "SELECT count(*) FROM idempotency_requests \
+                            WHERE instr(CAST(key_digest AS TEXT) || tenant_id || operation \
+                                        || coalesce(downstream_key, '') \
+                                        || coalesce(owner_token, ''), $1) > 0",
+    }
+
+    /// SQLite converts in Rust after the SQL migration: a row left unconverted
+    /// (a crash between the two) is converted at the next start.
+    #[tokio::test]
+    async fn a_row_left_unconverted_is_converted_at_the_next_start() {
+        let db = crate::common::SqliteDb::new().await;
+        let key = IdempotencyKey::parse("left-behind").unwrap();
+        // As the renamed column holds it before the conversion: TEXT.
+        sqlx::query(concat!(
+            "INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, response_status, \
+                 response_headers, response_body, created_at, completed_at, expires_at) \
+             SELECT 'acme', 'create-order', 'left-behind', $1, 'completed', 201, '[]', \
+                    CAST('x' AS BLOB), t.now, t.now, t.now + 86400000 \
+               FROM (SELECT ",
+            idem_runtime::sqlite_now_ms!(),
+            " AS now) t"
+        ))
+        .bind(&fingerprint("a").as_bytes()[..])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        idem_runtime::migrate(&db.pool).await.unwrap();
+        assert_eq!(
+            db.count(
+                "SELECT count(*) FROM idempotency_requests WHERE typeof(key_digest) <> 'blob'"
+            )
+            .await,
+            0
+        );
+        let mut tx = db.pool.begin().await.unwrap();
+        let replay = claim(&mut tx, &request(&key, fingerprint("a")))
+            .await
+            .unwrap();
+        assert!(matches!(replay, Claim::Replay(_)), "{replay:?}");
+    }
+}
+
+mod mysql {
+    key_digest_tests! {
+        db = crate::common::MySqlDb,
+        legacy_row = concat!(
+            "INSERT INTO idempotency_requests \
+                (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
+                 response_headers, response_body, owner_token, created_at, completed_at, expires_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ",
+            idem_runtime::mysql_now_ms!(),
+            ", NULL, ",
+            idem_runtime::mysql_now_ms!(),
+            " + 86400000)"
+        ),
+        owner_token = "0123456789abcdef0123456789abcdef",
+        rows_containing = "SELECT count(*) FROM idempotency_requests \
+                            WHERE LOCATE(?, CONCAT(key_digest, tenant_id, operation, \
+                                                   COALESCE(downstream_key, ''), \
+                                                   COALESCE(owner_token, ''))) > 0",
+    }
+}
