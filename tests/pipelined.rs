@@ -669,3 +669,22 @@ async fn statements_carry_the_digest_and_never_the_key() {
     assert!(finished.contains(&digest), "{finished}");
     assert!(!finished.contains("SECRET"), "{finished}");
 }
+
+/// A request's own in-flight wait past `lock_timeout`'s ceiling (`i32::MAX` ms)
+/// is that ceiling on the pipelined path too, not a claim that always fails.
+#[tokio::test]
+async fn a_pipelined_claim_with_an_in_flight_wait_past_the_ceiling_executes() {
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone());
+    let key = IdempotencyKey::parse("k-long-wait").unwrap();
+    let req = ClaimRequest {
+        tenant: "acme",
+        operation: "op",
+        key: &key,
+        fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
+        retention: std::time::Duration::from_secs(3600),
+        in_flight_wait: std::time::Duration::from_secs(30 * 24 * 3600),
+    };
+    let (_tx, claim) = Postgres::begin_claim(&idem, &req).await.unwrap();
+    assert!(matches!(claim, Claim::Execute(_)), "{claim:?}");
+}

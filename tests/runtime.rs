@@ -791,6 +791,20 @@ mod postgres_only {
         drop(first);
     }
 
+    /// `lock_timeout` takes at most `i32::MAX` ms: a longer in-flight wait in a
+    /// hand-written request (no `Idem` setting caps it) is that ceiling, not a
+    /// claim that always fails.
+    #[tokio::test]
+    async fn an_in_flight_wait_past_the_lock_timeout_ceiling_still_claims() {
+        let db = db().await;
+        let key = IdempotencyKey::parse("k-long-wait").unwrap();
+        let mut r = req("acme", "pay", &key, 100);
+        r.in_flight_wait = Duration::from_secs(30 * 24 * 3600);
+        let mut tx = db.pool.begin().await.unwrap();
+        let c = claim(&mut tx, &r).await.unwrap();
+        assert!(matches!(c, Claim::Execute(_)), "{c:?}");
+    }
+
     #[tokio::test]
     async fn other_isolation_levels_are_refused_clearly() {
         let db = db().await;

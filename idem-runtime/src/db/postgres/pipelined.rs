@@ -175,7 +175,7 @@ fn claim_statement(req: &ClaimRequest<'_>, bounds: &str) -> Option<String> {
     sql.push_str(", ");
     push_int(&mut sql, millis(req.retention));
     sql.push_str(", ");
-    push_int(&mut sql, millis(req.in_flight_wait));
+    push_int(&mut sql, super::lock_wait_ms(req.in_flight_wait));
     sql.push(')');
     Some(sql)
 }

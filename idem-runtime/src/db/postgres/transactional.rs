@@ -34,7 +34,7 @@ pub(crate) async fn claim_on(
         .bind(req.key.digest())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
-        .bind(millis(req.in_flight_wait))
+        .bind(super::lock_wait_ms(req.in_flight_wait))
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| match &e {
