@@ -573,6 +573,18 @@ async fn a_missing_migration_turns_pipelining_off_and_still_works() {
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
+/// A claim of `key` for tenant `acme`, operation `op`, waiting `in_flight_wait`.
+fn acme_op(key: &IdempotencyKey, in_flight_wait: std::time::Duration) -> ClaimRequest<'_> {
+    ClaimRequest {
+        tenant: "acme",
+        operation: "op",
+        key,
+        fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
+        retention: std::time::Duration::from_secs(3600),
+        in_flight_wait,
+    }
+}
+
 /// The pipelined statements carry the key's digest, never the key: what the
 /// server sees of a session (its logs print the same text, pg_stat_activity
 /// shows it) holds no raw key, for the claim nor for its completion.
@@ -581,14 +593,7 @@ async fn statements_carry_the_digest_and_never_the_key() {
     let db = TestDb::new().await;
     let idem: Idem<Postgres> = Idem::new(db.pool.clone());
     let key = IdempotencyKey::parse("sk_live_SECRET_77").unwrap();
-    let req = ClaimRequest {
-        tenant: "acme",
-        operation: "op",
-        key: &key,
-        fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
-        retention: std::time::Duration::from_secs(3600),
-        in_flight_wait: std::time::Duration::from_secs(2),
-    };
+    let req = acme_op(&key, std::time::Duration::from_secs(2));
     let observer = PgPool::connect(&db.url).await.unwrap();
     let sent = |function: &'static str| {
         let observer = observer.clone();
@@ -677,14 +682,7 @@ async fn a_pipelined_claim_with_an_in_flight_wait_past_the_ceiling_executes() {
     let db = TestDb::new().await;
     let idem: Idem<Postgres> = Idem::new(db.pool.clone());
     let key = IdempotencyKey::parse("k-long-wait").unwrap();
-    let req = ClaimRequest {
-        tenant: "acme",
-        operation: "op",
-        key: &key,
-        fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
-        retention: std::time::Duration::from_secs(3600),
-        in_flight_wait: std::time::Duration::from_secs(30 * 24 * 3600),
-    };
+    let req = acme_op(&key, std::time::Duration::from_secs(30 * 24 * 3600));
     let (_tx, claim) = Postgres::begin_claim(&idem, &req).await.unwrap();
     assert!(matches!(claim, Claim::Execute(_)), "{claim:?}");
 }
