@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use sqlx::Pool;
 
 use crate::db::{Backend, DefaultBackend};
+use crate::lease::LeaseBackend;
 use crate::model::{StoreError, StoredResponse, UncertainRow};
 
 /// An uncertain execution to resolve.
@@ -21,6 +22,8 @@ pub struct UncertainOutcome {
     /// The operation.
     pub operation: String,
     /// The key the client sent (for the application's own lookups; do not log it).
+    /// On Redis, which never holds a raw key, the key's digest
+    /// ([`crate::KeyDigest`], lower-case hex).
     pub key: String,
     /// The key the downstream system knows the effect by.
     pub downstream_key: String,
@@ -65,8 +68,8 @@ pub struct ReconcileReport {
 /// SQLite (the pool's type decides). Several replicas may run one each: an answer
 /// is applied only to the same uncertain execution it was asked about, so a row
 /// is resolved once.
-pub struct Reconciler<R, DB: Backend = DefaultBackend> {
-    pool: Pool<DB>,
+pub struct Reconciler<R, DB: LeaseBackend = DefaultBackend> {
+    pool: DB::Store,
     reconcile: R,
     batch: i64,
     interval: Duration,
@@ -74,10 +77,10 @@ pub struct Reconciler<R, DB: Backend = DefaultBackend> {
     /// that rows that stay uncertain round after round (a downstream that never
     /// answers) cannot keep newer rows from being asked about. `None`: from the
     /// oldest.
-    resume_after: Mutex<Option<UncertainRow>>,
+    resume_after: Mutex<Option<DB::UncertainRow>>,
 }
 
-impl<R, DB: Backend> std::fmt::Debug for Reconciler<R, DB> {
+impl<R, DB: LeaseBackend> std::fmt::Debug for Reconciler<R, DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reconciler")
             .field("batch", &self.batch)
@@ -89,8 +92,16 @@ impl<R, DB: Backend> std::fmt::Debug for Reconciler<R, DB> {
 impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
     /// A reconciler of up to 100 rows a round, every 10 seconds.
     pub fn new(pool: Pool<DB>, reconcile: R) -> Self {
+        Self::on_store(pool, reconcile)
+    }
+}
+
+impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
+    /// A reconciler over any lease store ([`Reconciler::new`] for a pool), of
+    /// up to 100 rows a round, every 10 seconds.
+    pub fn on_store(store: DB::Store, reconcile: R) -> Self {
         Reconciler {
-            pool,
+            pool: store,
             reconcile,
             batch: 100,
             interval: Duration::from_secs(10),
@@ -127,7 +138,7 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
     pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
         let op = self.reconcile.operation().to_owned();
         let after = self.resume_after.lock().expect("not poisoned").take();
-        let rows = DB::uncertain_rows(&self.pool, &op, after.as_ref(), self.batch).await?;
+        let rows = DB::lease_uncertain(&self.pool, &op, after.as_ref(), self.batch).await?;
         // A short page reached the newest row: the next round starts over.
         let next = if (rows.len() as i64) < self.batch {
             None
@@ -156,16 +167,8 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
         Ok(report)
     }
 
-    async fn resolve(&self, op: &str, row: &UncertainRow) -> Result<&'static str, StoreError> {
-        let parsed = crate::IdempotencyKey::parse(&row.key)
-            .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?;
-        let outcome = UncertainOutcome {
-            downstream_key: crate::lease::downstream_key(&row.tenant, op, &parsed),
-            tenant: row.tenant.clone(),
-            operation: op.to_owned(),
-            key: row.key.clone(),
-            generation: row.generation,
-        };
+    async fn resolve(&self, op: &str, row: &DB::UncertainRow) -> Result<&'static str, StoreError> {
+        let outcome = DB::lease_describe(op, row)?;
         let (stored, applied) = match self.reconcile.reconcile(&outcome).await {
             Resolution::Completed(stored) if stored.status >= 500 => {
                 // A 5xx is never stored (a retry must be able to run); the row
@@ -177,7 +180,7 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
             Resolution::Released => (None, "released"),
             Resolution::StillUncertain => return Ok("still_uncertain"),
         };
-        let rows = DB::resolve(&self.pool, op, row, stored.as_ref()).await?;
+        let rows = DB::lease_resolve(&self.pool, op, row, stored.as_ref()).await?;
         Ok(if rows == 1 { applied } else { "raced" })
     }
 
@@ -192,4 +195,20 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
             }
         })
     }
+}
+
+/// What the reconciler asks about for an uncertain SQL row.
+pub(crate) fn sql_uncertain_outcome(
+    op: &str,
+    row: &UncertainRow,
+) -> Result<UncertainOutcome, StoreError> {
+    let parsed = crate::IdempotencyKey::parse(&row.key)
+        .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?;
+    Ok(UncertainOutcome {
+        downstream_key: crate::lease::downstream_key(&row.tenant, op, &parsed),
+        tenant: row.tenant.clone(),
+        operation: op.to_owned(),
+        key: row.key.clone(),
+        generation: row.generation,
+    })
 }
