@@ -24,9 +24,7 @@ use crate::db::{Backend, DefaultBackend};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::flight::{Joined, Leader};
 use crate::key::IdempotencyKey;
-use crate::lease::{
-    Lease, LeaseBackend, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker,
-};
+use crate::lease::{Lease, LeaseBackend, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
 use crate::metrics;
 use crate::model::{
     Acquisition, Claim, ClaimRequest, Execution, Finish, LeaseRequest, StoreError, StoredResponse,

@@ -320,7 +320,11 @@ fn corrupt(what: &str) -> StoreError {
 }
 
 /// A finished outcome from its stored fields.
-fn stored_from(status: &Value, headers: &Value, body: &Value) -> Result<StoredResponse, StoreError> {
+fn stored_from(
+    status: &Value,
+    headers: &Value,
+    body: &Value,
+) -> Result<StoredResponse, StoreError> {
     let status = int(status)
         .and_then(|s| u16::try_from(s).ok())
         .ok_or_else(|| corrupt("status"))?;
