@@ -262,6 +262,14 @@ impl<DB: LeaseBackend> Idem<DB> {
         self.executions.clone()
     }
 
+    /// Counts this `Idem`'s executions together with `other`'s, so that one
+    /// graceful shutdown waits for both (a service whose leased handlers run on
+    /// Redis and the others on a pool).
+    pub fn sharing_executions_with<B: LeaseBackend>(mut self, other: &Idem<B>) -> Self {
+        self.executions = other.executions.clone();
+        self
+    }
+
     /// The waiting room of this `Idem` and its clones.
     pub(crate) fn flights(&self) -> &Arc<crate::flight::Flights> {
         &self.flights

@@ -160,9 +160,18 @@ impl RedisLeaseStore {
     /// [`StoreError::Redis`] when Redis cannot be reached or its eviction
     /// policy may drop any key.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with_prefix(url, "idem").await
+    }
+
+    /// [`RedisLeaseStore::connect`] with another key prefix.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLeaseStore::connect`].
+    pub async fn connect_with_prefix(url: &str, prefix: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(redis_err)?;
         let conn = ConnectionManager::new(client).await.map_err(redis_err)?;
-        Self::with_connection(conn, "idem").await
+        Self::with_connection(conn, prefix).await
     }
 
     /// Uses `conn`, naming every key `{prefix}:...` (give each service, or each
