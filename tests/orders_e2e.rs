@@ -1825,11 +1825,11 @@ async fn on_redis_a_payment_killed_mid_call_is_charged_once_after_the_restart() 
     let [record] = &records[..] else {
         panic!("one record expected: {records:?}")
     };
-    let state: String = redis::AsyncCommands::hget(&mut c, &record, "state")
+    let state: String = redis::AsyncCommands::hget(&mut c, record, "state")
         .await
         .unwrap();
     assert_eq!(state, "processing");
-    let _: () = redis::AsyncCommands::hset(&mut c, &record, "lease_until", 0)
+    let _: () = redis::AsyncCommands::hset(&mut c, record, "lease_until", 0)
         .await
         .unwrap();
 
