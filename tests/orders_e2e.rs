@@ -1736,3 +1736,161 @@ e2e_suite!(
     a_payment_killed_mid_call_is_charged_once_after_the_restart,
     a_declined_payment_is_stored_and_replayed,
 );
+
+// --- `POST /payments` with its leases on Redis (`IDEM_LEASE_STORE`) ------------
+
+/// The example on a fresh PostgreSQL database, its `/payments` leases on Redis
+/// under a prefix of the test's own.
+struct OnRedis {
+    db: TestDb,
+    prefix: String,
+}
+
+impl OnRedis {
+    async fn new(test: &str) -> Self {
+        let prefix = format!("idem-e2e{}-{test}", std::process::id());
+        // What an earlier run with the same process id left.
+        let mut c = redis::Client::open(Self::url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let old: Vec<String> = redis::AsyncCommands::keys(&mut c, format!("{prefix}:*"))
+            .await
+            .unwrap();
+        for k in old {
+            let _: () = redis::AsyncCommands::del(&mut c, k).await.unwrap();
+        }
+        OnRedis {
+            db: TestDb::new().await,
+            prefix,
+        }
+    }
+
+    fn url() -> String {
+        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    }
+
+    async fn start(&self, env: &[(&str, &str)]) -> Server {
+        let url = Self::url();
+        let mut all = vec![
+            ("IDEM_LEASE_STORE", url.as_str()),
+            ("IDEM_LEASE_STORE_PREFIX", self.prefix.as_str()),
+        ];
+        all.extend_from_slice(env);
+        Server::start(&self.db.url, &all).await
+    }
+
+    async fn store(&self) -> idem_runtime::redis::RedisLeaseStore {
+        // (the example's own store under the same prefix)
+        idem_runtime::redis::RedisLeaseStore::connect_with_prefix(&Self::url(), &self.prefix)
+            .await
+            .unwrap()
+    }
+
+    /// idem's SQL table stays empty: the leases are in Redis.
+    async fn sql_rows(&self) -> i64 {
+        self.db
+            .count("SELECT count(*) FROM idempotency_requests")
+            .await
+    }
+}
+
+#[tokio::test]
+async fn on_redis_a_duplicate_in_flight_is_409_and_a_paid_payment_replays() {
+    let env = OnRedis::new("flight").await;
+    // The charge is made, then the provider takes 5 s to answer: the lease is
+    // held all along.
+    let server = env
+        .start(&[("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "5000")])
+        .await;
+    let base = server.base.clone();
+    let first = tokio::spawn(async move { payment("r-pay-1", 500).send_to(&base).await });
+    wait_for(&env.db, "SELECT count(*) FROM provider_charges", |n| n == 1).await;
+    let dup = payment("r-pay-1", 500).ok(&server).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert!(dup.headers.contains_key("retry-after"));
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let replay = payment("r-pay-1", 500).ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
+    assert_eq!(env.sql_rows().await, 0, "the lease lived in Redis");
+}
+
+#[tokio::test]
+async fn on_redis_a_payment_killed_mid_call_is_charged_once_after_the_restart() {
+    let env = OnRedis::new("killed").await;
+    let mut server = env
+        .start(&[("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "600000")])
+        .await;
+    let base = server.base.clone();
+    let in_flight = tokio::spawn(async move { payment("r-mid-pay", 800).send_to(&base).await });
+    wait_for(&env.db, "SELECT count(*) FROM provider_charges", |n| n == 1).await;
+    server.kill().await;
+    assert!(in_flight.await.unwrap().is_err());
+    // The dead worker's lease would lapse within its 30 s; lapse it now.
+    let store = env.store().await;
+    let mut c = store.connection();
+    // Its one record (named by the key's digest: found by its prefix).
+    let records: Vec<String> = redis::AsyncCommands::keys(&mut c, format!("{}:*:r:*", env.prefix))
+        .await
+        .unwrap();
+    let [record] = &records[..] else {
+        panic!("one record expected: {records:?}")
+    };
+    let state: String = redis::AsyncCommands::hget(&mut c, record, "state")
+        .await
+        .unwrap();
+    assert_eq!(state, "processing");
+    let _: () = redis::AsyncCommands::hset(&mut c, record, "lease_until", 0)
+        .await
+        .unwrap();
+
+    let server = env.start(&[]).await;
+    let retry = payment("r-mid-pay", 800).ok(&server).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(
+        retry.json()["id"],
+        "ch_000001",
+        "the charge made before the crash"
+    );
+    assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
+    let replay = payment("r-mid-pay", 800).ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retry.body);
+}
+
+#[tokio::test]
+async fn on_redis_an_uncertain_payment_is_reconciled_not_repeated() {
+    let env = OnRedis::new("uncertain").await;
+    let server = env
+        .start(&[
+            ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
+            ("PAYMENTS_RECONCILE_INTERVAL_MS", "50"),
+        ])
+        .await;
+    let first = payment("r-pay-2", 700).ok(&server).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    assert_eq!(first.problem_type(), "urn:idem:problem:outcome-uncertain");
+    // Until the Redis reconciler resolves it, retries answer 202 and charge nothing.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let retry = loop {
+        let a = payment("r-pay-2", 700).ok(&server).await;
+        if a.status != StatusCode::ACCEPTED {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "never reconciled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["id"], "ch_000001");
+    assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
+}

@@ -7,6 +7,8 @@
 //! | variable | default | meaning |
 //! | --- | --- | --- |
 //! | `DATABASE_URL` | unset: the SQLite file `idem-orders.db` in the working directory | `postgres://...` for PostgreSQL, `mysql://...` for MySQL / MariaDB, `sqlite:PATH` for another SQLite file |
+//! | `IDEM_LEASE_STORE` | unset: the database of `DATABASE_URL` | `redis://HOST:PORT[/DB]`: the leases of `POST /payments` live in Redis (its reconciler too); the provider's charges stay in the database |
+//! | `IDEM_LEASE_STORE_PREFIX` | `idem` | with `IDEM_LEASE_STORE`: the prefix of every Redis key (one per service sharing a server) |
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
@@ -39,6 +41,7 @@ use std::time::Duration;
 use axum::Router;
 use idem_runtime::Backend;
 use idem_runtime::reconcile::Reconciler;
+use idem_runtime::redis::{Redis, RedisLeaseStore};
 use idem_runtime::{Executions, Idem, Sweeper};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -143,6 +146,9 @@ struct Settings {
     sweep_every: Duration,
     reconcile_every: Duration,
     provider: payments::ProviderConfig,
+    /// `IDEM_LEASE_STORE`: where `POST /payments` keeps its leases, when not in
+    /// the database.
+    lease_store: Option<RedisLeaseStore>,
     limits: server::Limits,
     edges: server::Edges,
 }
@@ -151,12 +157,39 @@ impl Settings {
     /// The reconciler of uncertain payments, and the sweeper: expired keys are
     /// forgotten in bounded batches (several replicas may sweep).
     fn spawn_background<DB: Backend>(&self, pool: &Pool<DB>, provider: &Arc<payments::Provider>) {
-        Reconciler::new(pool.clone(), payments::AskProvider(provider.clone()))
-            .with_interval(self.reconcile_every)
-            .spawn();
+        match &self.lease_store {
+            Some(redis) => {
+                Reconciler::<_, Redis>::on_store(
+                    redis.clone(),
+                    payments::AskProvider(provider.clone()),
+                )
+                .with_interval(self.reconcile_every)
+                .spawn();
+            }
+            None => {
+                Reconciler::new(pool.clone(), payments::AskProvider(provider.clone()))
+                    .with_interval(self.reconcile_every)
+                    .spawn();
+            }
+        }
         Sweeper::new(pool.clone())
             .with_interval(self.sweep_every)
             .spawn();
+    }
+
+    /// `POST /payments` on the Redis lease store, when `IDEM_LEASE_STORE` names one.
+    fn redis_payments<DB: Backend>(
+        &self,
+        state: &routes::AppState<DB>,
+    ) -> Option<routes::redis_payments::PaymentsState> {
+        let store = self.lease_store.as_ref()?;
+        Some(routes::redis_payments::PaymentsState {
+            idem: store
+                .idem()
+                .with_max_response_bytes(MAX_STORED_ANSWER_BYTES)
+                .sharing_executions_with(&state.idem),
+            provider: state.provider.clone(),
+        })
     }
 
     fn state<DB: Backend>(
@@ -194,7 +227,8 @@ async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), 
             settings.spawn_background(&pool, &provider);
             let state = settings.state(pool, provider);
             let executions = state.idem.executions();
-            Ok((routes::postgres::router(state), executions))
+            let payments = settings.redis_payments(&state);
+            Ok((routes::postgres::router(state, payments), executions))
         }
         Store::Sqlite(pool) => {
             idem_runtime::migrate(&pool)
@@ -211,7 +245,8 @@ async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), 
             settings.spawn_background(&pool, &provider);
             let state = settings.state(pool, provider);
             let executions = state.idem.executions();
-            Ok((routes::sqlite::router(state), executions))
+            let payments = settings.redis_payments(&state);
+            Ok((routes::sqlite::router(state, payments), executions))
         }
         Store::MySql(pool) => {
             idem_runtime::migrate(&pool)
@@ -228,9 +263,28 @@ async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), 
             settings.spawn_background(&pool, &provider);
             let state = settings.state(pool, provider);
             let executions = state.idem.executions();
-            Ok((routes::mysql::router(state), executions))
+            let payments = settings.redis_payments(&state);
+            Ok((routes::mysql::router(state, payments), executions))
         }
     }
+}
+
+/// The Redis lease store `IDEM_LEASE_STORE` names, if it names one.
+async fn lease_store() -> Result<Option<RedisLeaseStore>, String> {
+    let Ok(url) = std::env::var("IDEM_LEASE_STORE") else {
+        return Ok(None);
+    };
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(format!(
+            "IDEM_LEASE_STORE must be a redis:// URL (or unset for the database), not {url:?}"
+        ));
+    }
+    let prefix = std::env::var("IDEM_LEASE_STORE_PREFIX").unwrap_or_else(|_| "idem".into());
+    let store = RedisLeaseStore::connect_with_prefix(&url, &prefix)
+        .await
+        .map_err(|e| format!("cannot use IDEM_LEASE_STORE: {e}"))?;
+    tracing::info!("orders: POST /payments keeps its leases in Redis (IDEM_LEASE_STORE)");
+    Ok(Some(store))
 }
 
 fn env_ms(name: &str, default: u64, max: u64) -> Result<Duration, String> {
@@ -262,6 +316,7 @@ async fn run() -> Result<(), String> {
         in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
         sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
         reconcile_every: env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,
+        lease_store: lease_store().await?,
         provider: payments::ProviderConfig {
             latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
             latency_after_charge: env_ms(

@@ -41,6 +41,41 @@ impl<DB: Backend> FromRef<AppState<DB>> for Idem<DB> {
     }
 }
 
+/// `POST /payments` with its leases on Redis (`IDEM_LEASE_STORE`): the same
+/// handler as on the database, its lease a `Lease<Redis>`.
+pub mod redis_payments {
+    use axum::extract::{FromRef, State};
+    use idem_runtime::redis::Redis;
+    use idem_runtime::{Idem, Lease, idempotent};
+
+    use crate::auth::Caller;
+    use crate::input::ValidJson;
+
+    /// What the Redis-leased `POST /payments` needs.
+    #[derive(Clone)]
+    pub struct PaymentsState {
+        pub idem: Idem<Redis>,
+        pub provider: std::sync::Arc<crate::payments::Provider>,
+    }
+
+    impl FromRef<PaymentsState> for Idem<Redis> {
+        fn from_ref(s: &PaymentsState) -> Idem<Redis> {
+            s.idem.clone()
+        }
+    }
+
+    /// Charges a card; the lease lives in Redis, the charge at the provider.
+    #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
+    pub async fn create_payment(
+        #[tenant] _caller: Caller,
+        State(app): State<PaymentsState>,
+        lease: &mut Lease<Redis>,
+        ValidJson(cmd): ValidJson<crate::payments::NewPayment>,
+    ) -> axum::response::Response {
+        crate::payments::charge(&app.provider, lease.downstream_key(), cmd).await
+    }
+}
+
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NewOrder {
@@ -183,14 +218,23 @@ macro_rules! backend_routes {
         $($statements)*
 
         /// The service's routes on this backend.
-        pub fn router(state: AppState<Db>) -> Router {
+        /// The service's routes on this backend; `POST /payments` on the Redis
+        /// lease store when `payments` is given (`IDEM_LEASE_STORE`).
+        pub fn router(
+            state: AppState<Db>,
+            payments: Option<super::redis_payments::PaymentsState>,
+        ) -> Router {
+            let create_payment = match payments {
+                Some(on_redis) => post(super::redis_payments::create_payment).with_state(on_redis),
+                None => post(create_payment),
+            };
             Router::new()
                 .route("/orders", post(create_order).get(list_orders))
                 .route("/orders/{id}", get(get_order).delete(delete_order))
                 .route("/orders/{id}/pay", post(pay))
                 .route("/orders/{id}/ship", post(ship))
                 .route("/refunds", post(create_refund))
-                .route("/payments", post(create_payment))
+                .route("/payments", create_payment)
                 .route("/provider", get(crate::payments::provider_summary))
                 .with_state(state)
         }

@@ -8,6 +8,7 @@ use axum::http::HeaderName;
 use sqlx::Pool;
 
 use crate::db::{Backend, DefaultBackend};
+use crate::lease::LeaseBackend;
 
 /// Response headers stored and replayed unless configured otherwise.
 pub const DEFAULT_STORED_HEADERS: &[&str] = &[
@@ -63,8 +64,11 @@ pub enum ConfigError {
 ///
 /// `Idem` is `Idem<Postgres>` (with the default `postgres` feature); a service on SQLite uses `Idem<Sqlite>` built from a
 /// `SqlitePool`, and its handlers take `&mut Tx<Sqlite>`.
-pub struct Idem<DB: Backend = DefaultBackend> {
-    pool: Pool<DB>,
+///
+/// With the feature `redis`, `Idem<idem_runtime::redis::Redis>` (built by
+/// [`crate::redis::RedisLeaseStore::idem`]) runs leased handlers on Redis.
+pub struct Idem<DB: LeaseBackend = DefaultBackend> {
+    pool: DB::Store,
     settings: Arc<Settings>,
     /// Shared by clones: once the database shows it cannot take pipelined claims,
     /// no clone tries again.
@@ -76,7 +80,7 @@ pub struct Idem<DB: Backend = DefaultBackend> {
     executions: crate::executions::Executions,
 }
 
-impl<DB: Backend> Clone for Idem<DB> {
+impl<DB: LeaseBackend> Clone for Idem<DB> {
     fn clone(&self) -> Self {
         Idem {
             pool: self.pool.clone(),
@@ -88,7 +92,7 @@ impl<DB: Backend> Clone for Idem<DB> {
     }
 }
 
-impl<DB: Backend> std::fmt::Debug for Idem<DB> {
+impl<DB: LeaseBackend> std::fmt::Debug for Idem<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idem")
             .field("settings", &self.settings)
@@ -108,6 +112,27 @@ struct Settings {
 }
 
 impl<DB: Backend> Idem<DB> {
+    /// Uses `pool` with the default settings.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self::on_store(pool)
+    }
+
+    /// The pool claims run on.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    /// Applies idem's migrations to the pool's database (see [`crate::migrate`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::migrate`].
+    pub async fn migrate(&self) -> Result<(), crate::StoreError> {
+        crate::store::migrate(&self.pool).await
+    }
+}
+
+impl<DB: LeaseBackend> Idem<DB> {
     /// The default in-flight wait: how long a duplicate waits for the first request.
     pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
     /// The default request deadline (see [`Idem::with_request_deadline`]).
@@ -120,8 +145,8 @@ impl<DB: Backend> Idem<DB> {
     /// The default limit on a stored response body.
     pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
-    /// Uses `pool` with the default settings.
-    pub fn new(pool: Pool<DB>) -> Self {
+    /// Uses `store` (a pool, or a Redis store) with the default settings.
+    pub(crate) fn on_store(pool: DB::Store) -> Self {
         Idem {
             pool,
             settings: Arc::new(Settings {
@@ -237,6 +262,14 @@ impl<DB: Backend> Idem<DB> {
         self.executions.clone()
     }
 
+    /// Counts this `Idem`'s executions together with `other`'s, so that one
+    /// graceful shutdown waits for both (a service whose leased handlers run on
+    /// Redis and the others on a pool).
+    pub fn sharing_executions_with<B: LeaseBackend>(mut self, other: &Idem<B>) -> Self {
+        self.executions = other.executions.clone();
+        self
+    }
+
     /// The waiting room of this `Idem` and its clones.
     pub(crate) fn flights(&self) -> &Arc<crate::flight::Flights> {
         &self.flights
@@ -329,8 +362,8 @@ impl<DB: Backend> Idem<DB> {
         self.settings.tenant_label
     }
 
-    /// The pool claims run on.
-    pub fn pool(&self) -> &Pool<DB> {
+    /// The store leased claims run on (for a pool, the same as [`Idem::pool`]).
+    pub(crate) fn lease_store(&self) -> &DB::Store {
         &self.pool
     }
 
@@ -347,15 +380,6 @@ impl<DB: Backend> Idem<DB> {
     /// The response headers that are stored and replayed.
     pub fn stored_headers(&self) -> &[HeaderName] {
         &self.settings.stored_headers
-    }
-
-    /// Applies idem's migrations to the pool's database (see [`crate::migrate`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`crate::migrate`].
-    pub async fn migrate(&self) -> Result<(), crate::StoreError> {
-        crate::store::migrate(&self.pool).await
     }
 }
 

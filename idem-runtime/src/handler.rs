@@ -24,7 +24,7 @@ use crate::db::{Backend, DefaultBackend};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::flight::{Joined, Leader};
 use crate::key::IdempotencyKey;
-use crate::lease::{Lease, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
+use crate::lease::{Lease, LeaseBackend, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
 use crate::metrics;
 use crate::model::{
     Acquisition, Claim, ClaimRequest, Execution, Finish, LeaseRequest, StoreError, StoredResponse,
@@ -57,7 +57,7 @@ pub struct OperationSpec {
 ///
 /// As an extractor it refuses a request without a usable key with `400`
 /// `application/problem+json` before anything is reserved.
-pub struct IdemRequest<DB: Backend = DefaultBackend> {
+pub struct IdemRequest<DB: LeaseBackend = DefaultBackend> {
     idem: Idem<DB>,
     key: IdempotencyKey,
     method: Method,
@@ -68,7 +68,7 @@ pub struct IdemRequest<DB: Backend = DefaultBackend> {
 }
 
 /// Redacted: the headers hold credentials and the key, so only names are shown.
-impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
+impl<DB: LeaseBackend> std::fmt::Debug for IdemRequest<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdemRequest")
             .field("key", &self.key)
@@ -79,7 +79,7 @@ impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
     }
 }
 
-impl<DB: Backend> IdemRequest<DB> {
+impl<DB: LeaseBackend> IdemRequest<DB> {
     /// The validated key.
     pub fn key(&self) -> &IdempotencyKey {
         &self.key
@@ -105,7 +105,7 @@ impl<DB: Backend> IdemRequest<DB> {
 
 impl<S, DB> FromRequestParts<S> for IdemRequest<DB>
 where
-    DB: Backend,
+    DB: LeaseBackend,
     Idem<DB>: FromRef<S>,
     S: Send + Sync,
 {
@@ -328,7 +328,7 @@ impl Step {
 
 /// How a mode claims a key and settles an execution; the rest of the pipeline
 /// is the same for both. Implemented by [`Transactional`] and [`Leased`] only.
-pub trait Mode<DB: Backend>: Send + 'static {
+pub trait Mode<DB: LeaseBackend>: Send + 'static {
     /// What the handler gets: [`Tx`] or [`Lease`].
     type Handle: Send + 'static;
     /// What the mode keeps of an execution besides the handle.
@@ -432,7 +432,7 @@ async fn detached(
 ///
 /// The work runs on its own task, so a client that disconnects does not cancel it
 /// half-way: the outcome is still recorded and the client's retry replays it.
-pub async fn run_in<DB: Backend, M: Mode<DB>>(
+pub async fn run_in<DB: LeaseBackend, M: Mode<DB>>(
     req: IdemRequest<DB>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
@@ -474,7 +474,7 @@ pub async fn run_in<DB: Backend, M: Mode<DB>>(
     .await
 }
 
-async fn pipeline<DB: Backend, M: Mode<DB>>(
+async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
     idem: &Idem<DB>,
     scope: &Scope<'_>,
     body: BoxedBody<M::Handle>,
@@ -534,7 +534,7 @@ pub async fn run<DB: Backend>(
 ///   current owner's stored outcome if there is one, else `409`.
 /// * Retries of an uncertain key get `202` with the problem type
 ///   [`problem::OUTCOME_UNCERTAIN`] until a reconciler resolves it.
-pub async fn run_leased<DB: Backend>(
+pub async fn run_leased<DB: LeaseBackend>(
     req: IdemRequest<DB>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
@@ -697,12 +697,12 @@ fn cached<DB: Backend>(
 /// What leased mode keeps of an execution besides the lease: its renewal and
 /// the way to read the current outcome once the lease is gone.
 #[doc(hidden)]
-pub struct LeaseHeld<DB: Backend> {
+pub struct LeaseHeld<DB: LeaseBackend> {
     renewer: Renewer<DB>,
     probe: Probe<DB>,
 }
 
-impl<DB: Backend> Mode<DB> for Leased {
+impl<DB: LeaseBackend> Mode<DB> for Leased {
     type Handle = Lease<DB>;
     type Held = LeaseHeld<DB>;
 
@@ -717,7 +717,7 @@ impl<DB: Backend> Mode<DB> for Leased {
         scope: &Scope<'_>,
     ) -> Result<Decision<LeaseHeld<DB>, Lease<DB>>, StoreError> {
         Ok(
-            match crate::lease::claim_leased(idem.pool(), &scope.lease_request()).await? {
+            match crate::lease::claim_in::<DB>(idem.lease_store(), &scope.lease_request()).await? {
                 LeasedClaim::Acquired(lease) => Decision::Execute {
                     how: match lease.acquisition() {
                         Acquisition::New => "executed",
@@ -852,7 +852,7 @@ impl<DB: Backend> Mode<DB> for Leased {
 }
 
 /// Buffers and extracts the stored form of a response, or answers why it cannot.
-async fn capture<DB: Backend>(
+async fn capture<DB: LeaseBackend>(
     idem: &Idem<DB>,
     op: &'static str,
     resp: Response,
@@ -898,7 +898,7 @@ fn stored_ok(op: &'static str, stored: &StoredResponse, started: Instant) {
 /// that nothing happened. If even marking fails, the row stays `processing` and a
 /// retry takes it over after the lease, calling downstream with the same
 /// downstream key.
-async fn effect_unrecorded<DB: Backend>(
+async fn effect_unrecorded<DB: LeaseBackend>(
     op: &'static str,
     lease: &Lease<DB>,
     probe: &Probe<DB>,
@@ -931,7 +931,7 @@ async fn effect_unrecorded<DB: Backend>(
 }
 
 /// The answer for a worker that lost its lease: never its own result.
-async fn stale<DB: Backend>(op: &'static str, probe: &Probe<DB>, lease: Duration) -> Response {
+async fn stale<DB: LeaseBackend>(op: &'static str, probe: &Probe<DB>, lease: Duration) -> Response {
     metrics::completion(op, "stale_owner");
     tracing::warn!(
         operation = op,

@@ -87,6 +87,8 @@ pub mod metrics;
 mod model;
 pub mod problem;
 pub mod reconcile;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "replay-cache")]
 pub mod replay_cache;
 mod response;

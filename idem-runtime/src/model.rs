@@ -138,6 +138,10 @@ pub enum StoreError {
     /// The migrations could not be applied.
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The Redis lease store refused or failed (feature `redis`), or refused to
+    /// start (see [`crate::redis`]).
+    #[error("redis error: {0}")]
+    Redis(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// How the handler's path ended a transaction: stored and committed, or not.

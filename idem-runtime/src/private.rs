@@ -51,7 +51,7 @@ where
 /// Boxes a leased handler body for the request's backend (see [`handler_for`]).
 pub fn leased_handler_for<DB, F>(_: &IdemRequest<DB>, f: F) -> BoxedLeasedHandler<DB>
 where
-    DB: crate::db::Backend,
+    DB: crate::lease::LeaseBackend,
     F: for<'l> FnOnce(
             &'l mut Lease<DB>,
         ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
@@ -85,17 +85,17 @@ impl<DB: crate::db::Backend> TxHandle for Tx<DB> {
 )]
 pub trait LeaseHandle {
     /// The backend.
-    type Db: crate::db::Backend;
+    type Db: crate::lease::LeaseBackend;
 }
 
-impl<DB: crate::db::Backend> LeaseHandle for Lease<DB> {
+impl<DB: crate::lease::LeaseBackend> LeaseHandle for Lease<DB> {
     type Db = DB;
 }
 
 /// Boxes a leased handler body (see [`handler`]).
 pub fn leased_handler<DB, F>(f: F) -> BoxedLeasedHandler<DB>
 where
-    DB: crate::db::Backend,
+    DB: crate::lease::LeaseBackend,
     F: for<'l> FnOnce(
             &'l mut Lease<DB>,
         ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
@@ -116,7 +116,7 @@ pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::Ten
 
 /// The fingerprint's start: scope, path and headers. An unusable tenant is
 /// answered by [`run`] before the fingerprint is looked at.
-pub fn start_fingerprint<DB: crate::db::Backend>(
+pub fn start_fingerprint<DB: crate::lease::LeaseBackend>(
     request: &IdemRequest<DB>,
     spec: &OperationSpec,
     tenant: &Result<String, crate::tenant::TenantError>,

@@ -12,6 +12,7 @@ use sqlx::Pool;
 
 use crate::db::{Backend, DefaultBackend};
 use crate::key::KeyDigest;
+use crate::lease::LeaseBackend;
 use crate::model::{StoreError, StoredResponse, UncertainRow};
 
 /// An uncertain execution to resolve.
@@ -68,8 +69,8 @@ pub struct ReconcileReport {
 /// SQLite (the pool's type decides). Several replicas may run one each: an answer
 /// is applied only to the same uncertain execution it was asked about, so a row
 /// is resolved once.
-pub struct Reconciler<R, DB: Backend = DefaultBackend> {
-    pool: Pool<DB>,
+pub struct Reconciler<R, DB: LeaseBackend = DefaultBackend> {
+    pool: DB::Store,
     reconcile: R,
     batch: i64,
     interval: Duration,
@@ -77,10 +78,10 @@ pub struct Reconciler<R, DB: Backend = DefaultBackend> {
     /// that rows that stay uncertain round after round (a downstream that never
     /// answers) cannot keep newer rows from being asked about. `None`: from the
     /// oldest.
-    resume_after: Mutex<Option<UncertainRow>>,
+    resume_after: Mutex<Option<DB::UncertainRow>>,
 }
 
-impl<R, DB: Backend> std::fmt::Debug for Reconciler<R, DB> {
+impl<R, DB: LeaseBackend> std::fmt::Debug for Reconciler<R, DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reconciler")
             .field("batch", &self.batch)
@@ -92,8 +93,16 @@ impl<R, DB: Backend> std::fmt::Debug for Reconciler<R, DB> {
 impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
     /// A reconciler of up to 100 rows a round, every 10 seconds.
     pub fn new(pool: Pool<DB>, reconcile: R) -> Self {
+        Self::on_store(pool, reconcile)
+    }
+}
+
+impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
+    /// A reconciler over any lease store ([`Reconciler::new`] for a pool), of
+    /// up to 100 rows a round, every 10 seconds.
+    pub fn on_store(store: DB::Store, reconcile: R) -> Self {
         Reconciler {
-            pool,
+            pool: store,
             reconcile,
             batch: 100,
             interval: Duration::from_secs(10),
@@ -130,7 +139,7 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
     pub async fn run_once(&self) -> Result<ReconcileReport, StoreError> {
         let op = self.reconcile.operation().to_owned();
         let after = self.resume_after.lock().expect("not poisoned").take();
-        let rows = DB::uncertain_rows(&self.pool, &op, after.as_ref(), self.batch).await?;
+        let rows = DB::lease_uncertain(&self.pool, &op, after.as_ref(), self.batch).await?;
         // A short page reached the newest row: the next round starts over.
         let next = if (rows.len() as i64) < self.batch {
             None
@@ -159,17 +168,8 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
         Ok(report)
     }
 
-    async fn resolve(&self, op: &str, row: &UncertainRow) -> Result<&'static str, StoreError> {
-        let downstream_key = row.downstream_key.clone().ok_or_else(|| {
-            StoreError::Corrupt("an uncertain row without its downstream key".into())
-        })?;
-        let outcome = UncertainOutcome {
-            downstream_key,
-            tenant: row.tenant.clone(),
-            operation: op.to_owned(),
-            key_digest: row.key,
-            generation: row.generation,
-        };
+    async fn resolve(&self, op: &str, row: &DB::UncertainRow) -> Result<&'static str, StoreError> {
+        let outcome = DB::lease_describe(op, row)?;
         let (stored, applied) = match self.reconcile.reconcile(&outcome).await {
             Resolution::Completed(stored) if stored.status >= 500 => {
                 // A 5xx is never stored (a retry must be able to run); the row
@@ -181,7 +181,7 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
             Resolution::Released => (None, "released"),
             Resolution::StillUncertain => return Ok("still_uncertain"),
         };
-        let rows = DB::resolve(&self.pool, op, row, stored.as_ref()).await?;
+        let rows = DB::lease_resolve(&self.pool, op, row, stored.as_ref()).await?;
         Ok(if rows == 1 { applied } else { "raced" })
     }
 
@@ -196,4 +196,22 @@ impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
             }
         })
     }
+}
+
+/// What the reconciler asks about for an uncertain SQL row.
+pub(crate) fn sql_uncertain_outcome(
+    op: &str,
+    row: &UncertainRow,
+) -> Result<UncertainOutcome, StoreError> {
+    let downstream_key = row
+        .downstream_key
+        .clone()
+        .ok_or_else(|| StoreError::Corrupt("an uncertain row without its downstream key".into()))?;
+    Ok(UncertainOutcome {
+        downstream_key,
+        tenant: row.tenant.clone(),
+        operation: op.to_owned(),
+        key_digest: row.key,
+        generation: row.generation,
+    })
 }

@@ -41,15 +41,17 @@ use crate::model::{Fence, LeasedOutcome, Owned, StoreError, StoredResponse};
 
 mod answer;
 mod renewal;
+mod store;
 
 pub use crate::model::{Acquisition, LeaseRequest};
 pub use answer::Uncertain;
 pub(crate) use answer::UncertainMarker;
 pub(crate) use renewal::Renewer;
+pub use store::LeaseBackend;
 
 /// What a leased claim decided.
 #[must_use = "an acquired lease must be completed, marked uncertain or released"]
-pub enum LeasedClaim<DB: Backend = DefaultBackend> {
+pub enum LeasedClaim<DB: LeaseBackend = DefaultBackend> {
     /// The caller owns the execution.
     Acquired(Lease<DB>),
     /// A stored outcome with the same fingerprint.
@@ -70,8 +72,8 @@ pub enum LeasedClaim<DB: Backend = DefaultBackend> {
 ///
 /// Dropping it without completing leaves the row `processing` until its lease
 /// lapses; the next claim then takes it over (what a crash does).
-pub struct Lease<DB: Backend = DefaultBackend> {
-    pool: Pool<DB>,
+pub struct Lease<DB: LeaseBackend = DefaultBackend> {
+    pool: DB::Store,
     tenant: String,
     operation: String,
     key: IdempotencyKey,
@@ -132,13 +134,21 @@ pub async fn claim_leased<DB: Backend>(
     pool: &Pool<DB>,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedClaim<DB>, StoreError> {
-    Ok(match DB::claim_leased(pool, req).await? {
+    claim_in::<DB>(pool, req).await
+}
+
+/// [`claim_leased`] on any [`LeaseBackend`]'s store.
+pub(crate) async fn claim_in<DB: LeaseBackend>(
+    store: &DB::Store,
+    req: &LeaseRequest<'_>,
+) -> Result<LeasedClaim<DB>, StoreError> {
+    Ok(match DB::lease_claim(store, req).await? {
         LeasedOutcome::Acquired {
             acquisition,
             token,
             generation,
         } => LeasedClaim::Acquired(Lease {
-            pool: pool.clone(),
+            pool: store.clone(),
             tenant: req.tenant.to_owned(),
             operation: req.operation.to_owned(),
             key: req.key.clone(),
@@ -160,7 +170,7 @@ pub async fn claim_leased<DB: Backend>(
 }
 
 // Written by hand: derived impls would ask `DB: Debug`.
-impl<DB: Backend> std::fmt::Debug for Lease<DB> {
+impl<DB: LeaseBackend> std::fmt::Debug for Lease<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
             .field("operation", &self.operation)
@@ -173,7 +183,7 @@ impl<DB: Backend> std::fmt::Debug for Lease<DB> {
     }
 }
 
-impl<DB: Backend> std::fmt::Debug for LeasedClaim<DB> {
+impl<DB: LeaseBackend> std::fmt::Debug for LeasedClaim<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LeasedClaim::Acquired(lease) => f.debug_tuple("Acquired").field(lease).finish(),
@@ -189,6 +199,13 @@ impl<DB: Backend> std::fmt::Debug for LeasedClaim<DB> {
 }
 
 impl<DB: Backend> Lease<DB> {
+    /// The pool, for the handler's own database work.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+}
+
+impl<DB: LeaseBackend> Lease<DB> {
     /// The key for the downstream system's idempotency (see [`downstream_key`]).
     pub fn downstream_key(&self) -> String {
         downstream_key(&self.tenant, &self.operation, &self.key)
@@ -218,8 +235,8 @@ impl<DB: Backend> Lease<DB> {
         self.lost.load(Ordering::Acquire)
     }
 
-    /// The pool, for the handler's own database work.
-    pub fn pool(&self) -> &Pool<DB> {
+    /// The store the lease lives in (a pool, or a Redis store).
+    pub fn store(&self) -> &DB::Store {
         &self.pool
     }
 
@@ -273,7 +290,7 @@ impl<DB: Backend> Lease<DB> {
     /// [`Lease::complete`] without giving the lease up, so a failed attempt can be
     /// retried.
     pub(crate) async fn store_outcome(&self, response: &StoredResponse) -> Result<(), LeaseError> {
-        let rows = DB::store_outcome(&self.pool, self.owned(), response, self.retention).await?;
+        let rows = DB::lease_store(&self.pool, self.owned(), response, self.retention).await?;
         self.fenced(rows)
     }
 
@@ -304,7 +321,7 @@ impl<DB: Backend> Lease<DB> {
 
     /// Runs a fenced statement that must touch exactly this lease's row.
     async fn fenced_statement(&self, what: Fence) -> Result<(), LeaseError> {
-        let rows = DB::fence(&self.pool, self.owned(), what).await?;
+        let rows = DB::lease_fence(&self.pool, self.owned(), what).await?;
         self.fenced(rows)
     }
 
@@ -341,17 +358,17 @@ impl<DB: Backend> Lease<DB> {
 }
 
 /// Reads a key's stored outcome after its lease object is gone.
-pub(crate) struct Probe<DB: Backend> {
-    pool: Pool<DB>,
+pub(crate) struct Probe<DB: LeaseBackend> {
+    pool: DB::Store,
     tenant: String,
     operation: String,
     key: KeyDigest,
     fingerprint: Fingerprint,
 }
 
-impl<DB: Backend> Probe<DB> {
+impl<DB: LeaseBackend> Probe<DB> {
     pub(crate) async fn current(&self) -> Result<Option<StoredResponse>, StoreError> {
-        let found = DB::current(&self.pool, &self.tenant, &self.operation, &self.key).await?;
+        let found = DB::lease_current(&self.pool, &self.tenant, &self.operation, &self.key).await?;
         // The key may since have been released and reused for another request:
         // its answer is not this client's.
         Ok(found

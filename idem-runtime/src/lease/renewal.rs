@@ -5,15 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sqlx::Pool;
-
-use crate::db::Backend;
+use super::LeaseBackend;
 use crate::key::KeyDigest;
 use crate::model::{Fence, Owned, StoreError};
 
 /// Renews a lease in the background of a running handler.
-pub(crate) struct Renewer<DB: Backend> {
-    pub(super) pool: Pool<DB>,
+pub(crate) struct Renewer<DB: LeaseBackend> {
+    pub(super) pool: DB::Store,
     pub(super) tenant: String,
     pub(super) operation: String,
     pub(super) key: KeyDigest,
@@ -22,7 +20,7 @@ pub(crate) struct Renewer<DB: Backend> {
     pub(super) lost: Arc<AtomicBool>,
 }
 
-impl<DB: Backend> Renewer<DB> {
+impl<DB: LeaseBackend> Renewer<DB> {
     /// One renewal; `false` when the lease was taken over.
     pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
         let owned = Owned {
@@ -31,7 +29,7 @@ impl<DB: Backend> Renewer<DB> {
             key: self.key,
             token: &self.token,
         };
-        let kept = DB::fence(&self.pool, owned, Fence::Renew(self.lease)).await? == 1;
+        let kept = DB::lease_fence(&self.pool, owned, Fence::Renew(self.lease)).await? == 1;
         if !kept {
             self.lost.store(true, Ordering::Release);
         }

@@ -1,0 +1,690 @@
+//! A Redis store for leased mode (feature `redis`): for a service whose effect
+//! lives entirely downstream (a provider call) and that keeps no SQL database
+//! of its own.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idem_runtime::StoreError> {
+//! use idem_runtime::redis::{Redis, RedisLeaseStore};
+//!
+//! let store = RedisLeaseStore::connect("redis://127.0.0.1:6379").await?;
+//! let idem: idem_runtime::Idem<Redis> = store.idem();
+//! // handlers: #[idempotent(operation = "create-payment", lease = "30s")]
+//! //           async fn pay(lease: &mut idem_runtime::Lease<Redis>, ...) -> ...
+//! # Ok(()) }
+//! ```
+//!
+//! Every state change is one Lua script that compares the owner token (or the
+//! generation) before it writes; lease expiry is counted on the server's clock.
+//! A raw idempotency key is never sent to Redis: records are named by tenant,
+//! operation and the key's SHA-256 digest, and hold the downstream key for the
+//! reconciler. What Redis cannot promise (a failover that loses acknowledged
+//! writes, eviction under `maxmemory`, a restart without persistence) is in
+//! `docs/redis.md`; [`RedisLeaseStore::connect`] refuses an eviction policy that
+//! may drop any key and warns on one that may drop keys with a TTL.
+
+// The sealed trait's hidden methods speak the crate's internal vocabulary.
+#![allow(private_interfaces, private_bounds)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+
+use crate::config::Idem;
+use crate::key::{IdempotencyKey, KeyDigest};
+use crate::lease::{LeaseBackend, LeasedClaim};
+use crate::model::{
+    Acquisition, Fence, LeaseRequest, LeasedOutcome, Owned, StoreError, StoredResponse, millis,
+};
+use crate::reconcile::UncertainOutcome;
+
+mod scripts;
+
+/// Leased mode on Redis: the type parameter of `Lease<Redis>`, `Idem<Redis>`
+/// and `Reconciler<R, Redis>`. Never a value.
+#[derive(Debug)]
+pub enum Redis {}
+
+/// The records of leased mode in one Redis server, under a key prefix.
+///
+/// Cheap to clone (a [`ConnectionManager`] multiplexes one connection and
+/// reconnects by itself).
+#[derive(Clone)]
+pub struct RedisLeaseStore {
+    conn: ConnectionManager,
+    prefix: Arc<str>,
+    scripts: Arc<Scripts>,
+}
+
+impl std::fmt::Debug for RedisLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLeaseStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Scripts {
+    claim: Script,
+    store: Script,
+    renew: Script,
+    uncertain: Script,
+    release: Script,
+    resolve: Script,
+}
+
+/// What the start-up check makes of the server's eviction settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvictionVerdict {
+    /// Nothing idem keeps can be evicted.
+    Safe,
+    /// Something may be evicted, or the settings could not be read; why.
+    Warn(String),
+    /// Any record may be evicted, uncertain ones included; why.
+    Refuse(String),
+}
+
+/// Judges a server's `maxmemory-policy` and `maxmemory` (bytes, 0 = no limit).
+///
+/// * `noeviction`: safe.
+/// * `allkeys-*`: refused, whatever `maxmemory` is now: any record may go, an
+///   in-flight lease (a retry then runs concurrently) or an uncertain outcome
+///   (which then never gets reconciled) alike; a later `CONFIG SET maxmemory`
+///   would turn it on without a word.
+/// * `volatile-*`: a warning when `maxmemory` is set: only keys with a TTL may
+///   go (finished outcomes and in-flight leases; an uncertain record has none),
+///   and a retry of an evicted key runs again with the same downstream key.
+/// * anything else: a warning.
+pub fn eviction_verdict(policy: &str, maxmemory: u64) -> EvictionVerdict {
+    let policy = policy.to_ascii_lowercase();
+    if policy == "noeviction" {
+        EvictionVerdict::Safe
+    } else if policy.starts_with("allkeys-") {
+        EvictionVerdict::Refuse(format!(
+            "maxmemory-policy is {policy}: Redis may evict any of idem's records, uncertain \
+             outcomes and live leases included; set it to noeviction (or volatile-*)"
+        ))
+    } else if policy.starts_with("volatile-") {
+        if maxmemory == 0 {
+            EvictionVerdict::Safe
+        } else {
+            EvictionVerdict::Warn(format!(
+                "maxmemory-policy is {policy} with maxmemory {maxmemory}: finished outcomes \
+                 and live leases may be evicted before their time; a retry of such a key \
+                 executes again (with the same downstream key)"
+            ))
+        }
+    } else {
+        EvictionVerdict::Warn(format!(
+            "maxmemory-policy {policy:?} is not one idem knows; it may evict idem's records"
+        ))
+    }
+}
+
+fn redis_err(e: redis::RedisError) -> StoreError {
+    StoreError::Redis(Box::new(e))
+}
+
+fn refused(why: String) -> StoreError {
+    StoreError::Redis(why.into())
+}
+
+/// A record's or index's name part: letters, digits, `.`, `_` and `-` as they
+/// are, every other byte as `%XX`; so `:`, `{` and `}` never appear and two
+/// different (tenant, operation) pairs never share a name.
+fn escape(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl RedisLeaseStore {
+    /// Connects to `url` (`redis://host:port/db`), with the prefix `idem`, and
+    /// runs the start-up check (see [`RedisLeaseStore::with_connection`]).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Redis`] when Redis cannot be reached or its eviction
+    /// policy may drop any key.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with_prefix(url, "idem").await
+    }
+
+    /// [`RedisLeaseStore::connect`] with another key prefix.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLeaseStore::connect`].
+    pub async fn connect_with_prefix(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(redis_err)?;
+        let conn = ConnectionManager::new(client).await.map_err(redis_err)?;
+        Self::with_connection(conn, prefix).await
+    }
+
+    /// Uses `conn`, naming every key `{prefix}:...` (give each service, or each
+    /// test, its own prefix; it may not contain `{` or `}`), after checking the
+    /// server's eviction settings: an `allkeys-*` policy is refused, a
+    /// `volatile-*` one with `maxmemory` set is logged as a warning, and so is a
+    /// server that does not let `CONFIG GET` be read (as managed ones may not).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Redis`] when the policy is refused, the prefix unusable or
+    /// Redis unreachable.
+    pub async fn with_connection(
+        conn: ConnectionManager,
+        prefix: &str,
+    ) -> Result<Self, StoreError> {
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            return Err(refused(format!(
+                "the key prefix {prefix:?} must be non-empty and hold no `{{` or `}}`"
+            )));
+        }
+        let store = RedisLeaseStore {
+            conn,
+            prefix: prefix.into(),
+            scripts: Arc::new(Scripts {
+                claim: Script::new(scripts::CLAIM),
+                store: Script::new(scripts::STORE),
+                renew: Script::new(scripts::RENEW),
+                uncertain: Script::new(scripts::UNCERTAIN),
+                release: Script::new(scripts::RELEASE),
+                resolve: Script::new(scripts::RESOLVE),
+            }),
+        };
+        match store.check_eviction().await? {
+            EvictionVerdict::Safe => {}
+            EvictionVerdict::Warn(why) => tracing::warn!("idem: redis: {why}"),
+            EvictionVerdict::Refuse(why) => return Err(refused(why)),
+        }
+        Ok(store)
+    }
+
+    /// Reads the server's eviction settings and judges them
+    /// ([`eviction_verdict`]); a server that refuses `CONFIG GET` gets a
+    /// warning, not a refusal.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Redis`] when Redis cannot be reached.
+    pub async fn check_eviction(&self) -> Result<EvictionVerdict, StoreError> {
+        let mut conn = self.conn.clone();
+        let read = async {
+            let policy: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query_async(&mut conn)
+                .await?;
+            let max: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory")
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, redis::RedisError>((policy, max))
+        };
+        Ok(match read.await {
+            Ok((policy, max)) => match (policy.get(1), max.get(1)) {
+                (Some(policy), Some(max)) => {
+                    eviction_verdict(policy, max.parse::<u64>().unwrap_or(u64::MAX))
+                }
+                _ => EvictionVerdict::Warn(
+                    "CONFIG GET answered nothing: the eviction policy is unknown; make sure it \
+                     is noeviction"
+                        .into(),
+                ),
+            },
+            Err(e) if e.is_io_error() || e.is_connection_dropped() => return Err(redis_err(e)),
+            Err(e) => EvictionVerdict::Warn(format!(
+                "CONFIG GET was refused ({e}): the eviction policy is unknown; make sure it is \
+                 noeviction"
+            )),
+        })
+    }
+
+    /// An [`Idem`] whose leased handlers (`&mut Lease<Redis>`) run on this
+    /// store, with the default settings.
+    pub fn idem(&self) -> Idem<Redis> {
+        Idem::on_store(self.clone())
+    }
+
+    /// Claims `req.key` in leased mode on this store (the Redis
+    /// [`crate::claim_leased`]).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis fails or holds a record it cannot read;
+    /// nothing is claimed then.
+    pub async fn claim(&self, req: &LeaseRequest<'_>) -> Result<LeasedClaim<Redis>, StoreError> {
+        crate::lease::claim_in::<Redis>(self, req).await
+    }
+
+    /// The connection, for the service's own commands (and tests).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// The name of the record of `key` (no raw key in it: its digest).
+    pub fn record_key(&self, tenant: &str, operation: &str, key: &IdempotencyKey) -> String {
+        self.record_name(tenant, operation, &key.digest().to_string())
+    }
+
+    /// The name of `operation`'s index of uncertain records (a sorted set by
+    /// the time they became uncertain).
+    pub fn uncertain_index(&self, operation: &str) -> String {
+        format!("{}:{{{}}}:uncertain", self.prefix, escape(operation))
+    }
+
+    // The operation is the hash tag: one operation's records and its index are
+    // in one cluster slot, so every script's keys are.
+    fn record_name(&self, tenant: &str, operation: &str, digest: &str) -> String {
+        format!(
+            "{}:{{{}}}:r:{}",
+            self.prefix,
+            escape(operation),
+            member(tenant, digest)
+        )
+    }
+
+    fn owned_name(&self, row: &Owned<'_>) -> String {
+        self.record_name(row.tenant, row.operation, &row.key.to_string())
+    }
+}
+
+/// A record's entry in its operation's uncertain index.
+fn member(tenant: &str, digest: &str) -> String {
+    format!("{}:{digest}", escape(tenant))
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("redis record: {what}"))
+}
+
+/// A finished outcome from its stored fields.
+fn stored_from(
+    status: &Value,
+    headers: &Value,
+    body: &Value,
+) -> Result<StoredResponse, StoreError> {
+    let status = int(status)
+        .and_then(|s| u16::try_from(s).ok())
+        .ok_or_else(|| corrupt("status"))?;
+    let headers: Vec<(String, String)> = text(headers)
+        .and_then(|h| serde_json::from_str(&h).ok())
+        .ok_or_else(|| corrupt("headers"))?;
+    let body = match body {
+        Value::BulkString(b) => bytes::Bytes::from(b.clone()),
+        _ => return Err(corrupt("body")),
+    };
+    Ok(StoredResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn new_token() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+/// An uncertain record as the reconciler lists it on Redis.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct RedisUncertain {
+    member: String,
+    score: f64,
+    tenant: String,
+    digest: String,
+    downstream_key: String,
+    generation: i64,
+    token: String,
+}
+
+impl LeaseBackend for Redis {
+    type Store = RedisLeaseStore;
+    type UncertainRow = RedisUncertain;
+
+    async fn lease_claim(
+        store: &RedisLeaseStore,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        let name = store.record_key(req.tenant, req.operation, req.key);
+        let token = new_token();
+        let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
+        let reply: Vec<Value> = store
+            .scripts
+            .claim
+            .key(&name)
+            .arg(hex::encode(req.fingerprint.as_bytes()))
+            .arg(&token)
+            .arg(millis(req.lease))
+            .arg(millis(req.retention))
+            .arg(req.tenant)
+            .arg(downstream)
+            .invoke_async(&mut store.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        let outcome = reply.first().and_then(text).unwrap_or_default();
+        let acquired = |acquisition| -> Result<LeasedOutcome, StoreError> {
+            Ok(LeasedOutcome::Acquired {
+                acquisition,
+                token: token.clone(),
+                generation: reply
+                    .get(1)
+                    .and_then(int)
+                    .ok_or_else(|| corrupt("generation"))?,
+            })
+        };
+        match outcome.as_str() {
+            "acquired" => acquired(Acquisition::New),
+            "taken_over" => acquired(Acquisition::TakenOver),
+            "replay" => match &reply[1..] {
+                [status, headers, body] => {
+                    Ok(LeasedOutcome::Replay(stored_from(status, headers, body)?))
+                }
+                _ => Err(corrupt("replay")),
+            },
+            "mismatch" => Ok(LeasedOutcome::Mismatch),
+            "uncertain" => Ok(LeasedOutcome::Uncertain),
+            "in_flight" => {
+                let ms = reply.get(1).and_then(int).unwrap_or(1000);
+                Ok(LeasedOutcome::InFlight {
+                    retry_after: Duration::from_millis(u64::try_from(ms).unwrap_or(1000)),
+                })
+            }
+            other => Err(corrupt(&format!("claim outcome {other:?}"))),
+        }
+    }
+
+    async fn lease_store(
+        store: &RedisLeaseStore,
+        row: Owned<'_>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<u64, StoreError> {
+        let headers = serde_json::to_string(&response.headers)
+            .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
+        let n: u64 = store
+            .scripts
+            .store
+            .key(store.owned_name(&row))
+            .arg(row.token)
+            .arg(response.state())
+            .arg(response.status)
+            .arg(headers)
+            .arg(&response.body[..])
+            .arg(millis(retention).max(1))
+            .invoke_async(&mut store.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        Ok(n)
+    }
+
+    async fn lease_fence(
+        store: &RedisLeaseStore,
+        row: Owned<'_>,
+        what: Fence,
+    ) -> Result<u64, StoreError> {
+        let name = store.owned_name(&row);
+        let mut conn = store.conn.clone();
+        let n: u64 = match what {
+            Fence::Renew(lease) => {
+                store
+                    .scripts
+                    .renew
+                    .key(&name)
+                    .arg(row.token)
+                    .arg(millis(lease))
+                    .invoke_async(&mut conn)
+                    .await
+            }
+            Fence::Uncertain => {
+                store
+                    .scripts
+                    .uncertain
+                    .key(&name)
+                    .key(store.uncertain_index(row.operation))
+                    .arg(row.token)
+                    .arg(member(row.tenant, &row.key.to_string()))
+                    .invoke_async(&mut conn)
+                    .await
+            }
+            Fence::Release => {
+                store
+                    .scripts
+                    .release
+                    .key(&name)
+                    .arg(row.token)
+                    .invoke_async(&mut conn)
+                    .await
+            }
+        }
+        .map_err(redis_err)?;
+        Ok(n)
+    }
+
+    async fn lease_current(
+        store: &RedisLeaseStore,
+        tenant: &str,
+        operation: &str,
+        key: &KeyDigest,
+    ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
+        let name = store.record_name(tenant, operation, &key.to_string());
+        let r: Vec<Value> = redis::cmd("HMGET")
+            .arg(&name)
+            .arg(&["state", "fp", "status", "headers", "body"])
+            .query_async(&mut store.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        let [state, fp, status, headers, body] = &r[..] else {
+            return Err(corrupt("HMGET"));
+        };
+        match text(state).as_deref() {
+            Some("completed" | "failed") => {
+                let fp = text(fp)
+                    .and_then(|f| hex::decode(f).ok())
+                    .ok_or_else(|| corrupt("fingerprint"))?;
+                Ok(Some((fp, stored_from(status, headers, body)?)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn lease_uncertain(
+        store: &RedisLeaseStore,
+        operation: &str,
+        after: Option<&RedisUncertain>,
+        limit: i64,
+    ) -> Result<Vec<RedisUncertain>, StoreError> {
+        let index = store.uncertain_index(operation);
+        let mut conn = store.conn.clone();
+        let limit = usize::try_from(limit.max(1)).unwrap_or(1);
+        let min = after.map_or("-inf".to_owned(), |a| a.score.to_string());
+        // (score, member) order; entries at `after`'s score up to `after` itself
+        // were on an earlier page.
+        let mut picked: Vec<(String, f64)> = Vec::new();
+        let mut offset = 0usize;
+        loop {
+            let chunk: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(&index)
+                .arg(&min)
+                .arg("+inf")
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(limit)
+                .arg("WITHSCORES")
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_err)?;
+            let len = chunk.len();
+            offset += len;
+            picked.extend(chunk.into_iter().filter(|(m, s)| match after {
+                Some(a) => *s > a.score || (*s == a.score && *m > a.member),
+                None => true,
+            }));
+            if picked.len() >= limit || len < limit {
+                break;
+            }
+        }
+        picked.truncate(limit);
+        let mut rows = Vec::with_capacity(picked.len());
+        for (m, score) in picked {
+            let Some((tenant_esc, digest)) = m.rsplit_once(':') else {
+                tracing::warn!(index = %index, "idem: redis: a foreign entry in the uncertain index; skipped");
+                continue;
+            };
+            let name = format!("{}:{{{}}}:r:{m}", store.prefix, escape(operation));
+            let r: Vec<Value> = redis::cmd("HMGET")
+                .arg(&name)
+                .arg(&["state", "gen", "token", "tenant", "dkey"])
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_err)?;
+            let fields: Vec<Option<String>> = r.iter().map(text).collect();
+            match &fields[..] {
+                [Some(state), Some(g), Some(token), Some(tenant), Some(dkey)]
+                    if state == "uncertain" && escape(tenant) == tenant_esc =>
+                {
+                    rows.push(RedisUncertain {
+                        member: m.clone(),
+                        score,
+                        tenant: tenant.clone(),
+                        digest: digest.to_owned(),
+                        downstream_key: dkey.clone(),
+                        generation: g.parse().map_err(|_| corrupt("generation"))?,
+                        token: token.clone(),
+                    })
+                }
+                [Some(state), ..] if state == "uncertain" => {
+                    tracing::warn!(index = %index, "idem: redis: an uncertain record without its fields; left for a person to look at");
+                }
+                // Resolved meanwhile (or re-executed): not uncertain any more.
+                [Some(_), ..] => {}
+                // The record is gone (a restart without persistence, a hand
+                // deletion): its entry goes too, through the fenced script.
+                _ => {
+                    let gone: Result<u64, _> = store
+                        .scripts
+                        .resolve
+                        .key(&name)
+                        .key(&index)
+                        .arg(&m)
+                        .arg("0")
+                        .arg("")
+                        .arg("0")
+                        .invoke_async(&mut conn)
+                        .await;
+                    if let Err(e) = gone {
+                        tracing::warn!(index = %index, error = %e, "idem: redis: an entry of the uncertain index without its record; left as it is");
+                    }
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    fn lease_describe(
+        operation: &str,
+        row: &RedisUncertain,
+    ) -> Result<UncertainOutcome, StoreError> {
+        Ok(UncertainOutcome {
+            tenant: row.tenant.clone(),
+            operation: operation.to_owned(),
+            key_digest: KeyDigest::from_hex(&row.digest)
+                .map_err(|e| StoreError::Corrupt(format!("uncertain index entry: {e}")))?,
+            downstream_key: row.downstream_key.clone(),
+            generation: row.generation,
+        })
+    }
+
+    async fn lease_resolve(
+        store: &RedisLeaseStore,
+        operation: &str,
+        row: &RedisUncertain,
+        outcome: Option<&StoredResponse>,
+    ) -> Result<u64, StoreError> {
+        let name = store.record_name(&row.tenant, operation, &row.digest);
+        let mut inv = store.scripts.resolve.key(&name);
+        inv.key(store.uncertain_index(operation))
+            .arg(&row.member)
+            .arg(row.generation)
+            .arg(&row.token);
+        match outcome {
+            Some(stored) => {
+                let headers = serde_json::to_string(&stored.headers)
+                    .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
+                inv.arg("1")
+                    .arg(stored.state())
+                    .arg(stored.status)
+                    .arg(headers)
+                    .arg(&stored.body[..]);
+            }
+            None => {
+                inv.arg("0");
+            }
+        }
+        let n: u64 = inv
+            .invoke_async(&mut store.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_escape_separators_and_never_hold_the_raw_key() {
+        assert_eq!(escape("acme"), "acme");
+        assert_eq!(escape("a:b"), "a%3Ab");
+        assert_eq!(escape("{x}"), "%7Bx%7D");
+        assert_ne!(member("a:b", "d"), member("a", "b:d"));
+    }
+
+    #[test]
+    fn eviction_policies_are_judged() {
+        assert_eq!(eviction_verdict("noeviction", 0), EvictionVerdict::Safe);
+        assert!(matches!(
+            eviction_verdict("allkeys-lru", 0),
+            EvictionVerdict::Refuse(_)
+        ));
+        assert!(matches!(
+            eviction_verdict("allkeys-random", 1 << 30),
+            EvictionVerdict::Refuse(_)
+        ));
+        assert_eq!(eviction_verdict("volatile-ttl", 0), EvictionVerdict::Safe);
+        assert!(matches!(
+            eviction_verdict("volatile-lru", 1 << 30),
+            EvictionVerdict::Warn(_)
+        ));
+        assert!(matches!(
+            eviction_verdict("something-new", 0),
+            EvictionVerdict::Warn(_)
+        ));
+    }
+}

@@ -1,0 +1,163 @@
+//! The Lua scripts: one per state change, each reading the record, checking
+//! the owner token (or generation) and only then writing, atomically on the
+//! server. Times are the server's (`TIME`), never the client's.
+//!
+//! A record is a hash (see `docs/redis.md`): `v` (format, "1"), `state`, `fp`
+//! (fingerprint, hex), `gen`, `token`, `lease_until` and `created` (server
+//! milliseconds), `retention` (ms), `tenant`, `dkey` (the downstream key) and,
+//! once finished, `status`, `headers` (JSON pairs) and `body`.
+//!
+//! Every script validates what it read before its first write, so a record it
+//! cannot read (foreign data, another format) is answered with an error and
+//! left exactly as it was.
+
+/// Shared helpers, prepended to every script.
+macro_rules! prelude {
+    () => {
+        r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function int(x) return string.format('%d', x) end
+-- nil when absent; the record's fields when it is idem's; an error otherwise
+local function load(k)
+  if redis.call('EXISTS', k) == 0 then return nil end
+  if redis.call('TYPE', k)['ok'] ~= 'hash' then
+    return redis.error_reply('idem: the record at this key is not a hash; refusing to touch it')
+  end
+  local r = redis.call('HMGET', k, 'v', 'state', 'fp', 'gen', 'token', 'lease_until', 'retention')
+  local rec = {v = r[1], state = r[2], fp = r[3], gen = tonumber(r[4]), token = r[5],
+               lease_until = tonumber(r[6]), retention = tonumber(r[7])}
+  if rec.v ~= '1' then
+    return redis.error_reply('idem: not an idem record of format 1; refusing to touch it')
+  end
+  local s = rec.state
+  if not (s == 'processing' or s == 'uncertain' or s == 'completed' or s == 'failed')
+     or not rec.fp or not rec.gen or not rec.token or not rec.retention
+     or (s == 'processing' and not rec.lease_until) then
+    return redis.error_reply('idem: corrupt idem record (state or fields); refusing to touch it')
+  end
+  return rec
+end
+local function is_err(r) return type(r) == 'table' and r['err'] ~= nil end
+"#
+    };
+}
+
+/// KEYS: record. ARGV: fingerprint, new token, lease ms, retention ms, tenant,
+/// downstream key. Answers `{outcome, ...}`.
+pub(super) const CLAIM: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+local now = now_ms()
+local lease = tonumber(ARGV[3])
+local ret = tonumber(ARGV[4])
+if not rec then
+  redis.call('HSET', KEYS[1], 'v', '1', 'state', 'processing', 'fp', ARGV[1], 'gen', '1',
+    'token', ARGV[2], 'lease_until', int(now + lease), 'created', int(now),
+    'retention', ARGV[4], 'tenant', ARGV[5], 'dkey', ARGV[6])
+  redis.call('PEXPIRE', KEYS[1], int(lease + ret))
+  return {'acquired', 1}
+end
+if rec.fp ~= ARGV[1] then return {'mismatch'} end
+if rec.state == 'completed' or rec.state == 'failed' then
+  local r = redis.call('HMGET', KEYS[1], 'status', 'headers', 'body')
+  if not r[1] or not r[2] or not r[3] then
+    return redis.error_reply('idem: corrupt idem record (a finished outcome without its response)')
+  end
+  return {'replay', r[1], r[2], r[3]}
+end
+if rec.state == 'uncertain' then return {'uncertain'} end
+if rec.lease_until > now then return {'in_flight', int(rec.lease_until - now)} end
+local gen = rec.gen + 1
+redis.call('HSET', KEYS[1], 'gen', int(gen), 'token', ARGV[2], 'lease_until', int(now + lease),
+  'retention', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], int(lease + ret))
+return {'taken_over', gen}
+"#
+);
+
+/// KEYS: record. ARGV: token, state, status, headers, body, retention ms.
+pub(super) const STORE: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'status', ARGV[3], 'headers', ARGV[4],
+  'body', ARGV[5], 'retention', ARGV[6])
+redis.call('HDEL', KEYS[1], 'lease_until')
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+return 1
+"#
+);
+
+/// KEYS: record. ARGV: token, lease ms.
+pub(super) const RENEW: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
+local lease = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lease_until', int(now_ms() + lease))
+redis.call('PEXPIRE', KEYS[1], int(lease + rec.retention))
+return 1
+"#
+);
+
+/// KEYS: record, uncertain index. ARGV: token, index member.
+pub(super) const UNCERTAIN: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'state', 'uncertain', 'uncertain_at', int(now))
+redis.call('HDEL', KEYS[1], 'lease_until')
+-- never expires before it is reconciled
+redis.call('PERSIST', KEYS[1])
+redis.call('ZADD', KEYS[2], int(now), ARGV[2])
+return 1
+"#
+);
+
+/// KEYS: record. ARGV: token.
+pub(super) const RELEASE: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"#
+);
+
+/// KEYS: record, uncertain index. ARGV: member, generation, token, "1" to
+/// store (then state, status, headers, body) or "0" to forget the key.
+pub(super) const RESOLVE: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+if not rec then
+  -- the record is gone (deleted by hand, or the server lost it): so is its entry
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 0
+end
+if rec.state ~= 'uncertain' or int(rec.gen) ~= ARGV[2] or rec.token ~= ARGV[3] then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+if ARGV[4] == '1' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[5], 'status', ARGV[6], 'headers', ARGV[7], 'body', ARGV[8])
+  redis.call('PEXPIRE', KEYS[1], int(rec.retention))
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1
+"#
+);
