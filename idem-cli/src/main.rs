@@ -1,4 +1,5 @@
-//! `idem`: the admin CLI for idem's idempotency table, on PostgreSQL or SQLite.
+//! `idem`: the admin CLI for idem's idempotency table, on PostgreSQL, SQLite or
+//! MySQL.
 //!
 //! ```text
 //! idem [--database-url URL] [--json] <command>
