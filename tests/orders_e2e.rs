@@ -1485,10 +1485,7 @@ async fn oversized_order(server: &Server, key: &str, size: usize) -> String {
          content-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     );
-    let (mut read, mut write) = TcpStream::connect(addr(server))
-        .await
-        .unwrap()
-        .into_split();
+    let (mut read, mut write) = TcpStream::connect(addr(server)).await.unwrap().into_split();
     let writer = tokio::spawn(async move {
         // Fails once the server has answered and closed: expected.
         let _ = write.write_all(head.as_bytes()).await;

@@ -8,6 +8,18 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
+/// Runs statements on an admin connection (CREATE, DROP, KILL), on either
+/// server. A macro: a generic function over the connection type does not make
+/// a `Send` future for the drop's thread.
+macro_rules! run {
+    ($conn:expr, $sql:expr) => {
+        sqlx::raw_sql(sqlx::AssertSqlSafe($sql))
+            .execute($conn)
+            .await
+            .map(|_| ())
+    };
+}
+
 /// The path of an example binary built by `cargo test --workspace` (cargo builds
 /// the examples for tests), next to this test binary's directory.
 pub fn example_binary(name: &str) -> std::path::PathBuf {
@@ -140,10 +152,7 @@ impl TestDb {
         let mut conn = PgConnection::connect(&admin)
             .await
             .expect("PostgreSQL must run on 127.0.0.1:5432 (see README: running the tests)");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        run!(&mut conn, format!("CREATE DATABASE {name}")).unwrap();
         conn.close().await.ok();
         let opts: PgConnectOptions = admin.parse().unwrap();
         let opts = opts.database(&name);
@@ -170,22 +179,14 @@ impl Drop for TestDb {
         let name = self.name.clone();
         // The pool is not closed here: its connections belong to the test's runtime,
         // which this drop blocks. FORCE ends them from the server side instead.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async move {
-                let mut conn = PgConnection::connect(&admin_url()).await.ok()?;
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                )))
-                .execute(&mut conn)
-                .await
-                .ok()
-            })
-        })
-        .join();
+        on_a_runtime_of_its_own(async move {
+            let mut conn = PgConnection::connect(&admin_url()).await.ok()?;
+            run!(
+                &mut conn,
+                format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            )
+            .ok()
+        });
     }
 }
 
@@ -305,10 +306,7 @@ impl MySqlDb {
         let mut conn = MySqlConnection::connect(&admin)
             .await
             .expect("MySQL or MariaDB must run on 127.0.0.1:3306 (see README: running the tests)");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        run!(&mut conn, format!("CREATE DATABASE {name}")).unwrap();
         conn.close().await.ok();
         let opts: MySqlConnectOptions = admin.parse().unwrap();
         let opts = opts.database(&name);
@@ -345,39 +343,40 @@ impl Drop for MySqlDb {
         // As for PostgreSQL: the pool belongs to the test's runtime, so a thread
         // of its own drops the database (MySQL waits for the metadata locks of
         // open transactions on its tables; the pool's idle connections hold none).
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async move {
-                let mut conn = sqlx::mysql::MySqlConnection::connect(&mysql_admin_url())
-                    .await
-                    .ok()?;
-                // MySQL has no DROP DATABASE ... FORCE: end the test's connections
-                // first, so that a transaction left open cannot hold the drop up.
-                let ids: Vec<i64> = sqlx::query_scalar(
-                    "SELECT CAST(id AS SIGNED) FROM information_schema.PROCESSLIST WHERE db = ?",
-                )
-                .bind(&name)
-                .fetch_all(&mut conn)
+        on_a_runtime_of_its_own(async move {
+            let mut conn = sqlx::mysql::MySqlConnection::connect(&mysql_admin_url())
                 .await
                 .ok()?;
-                for id in ids {
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
-                        .execute(&mut conn)
-                        .await;
-                }
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS {name}"
-                )))
-                .execute(&mut conn)
-                .await
-                .ok()
-            })
-        })
-        .join();
+            // MySQL has no DROP DATABASE ... FORCE: end the test's connections
+            // first, so that a transaction left open cannot hold the drop up.
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT CAST(id AS SIGNED) FROM information_schema.PROCESSLIST WHERE db = ?",
+            )
+            .bind(&name)
+            .fetch_all(&mut conn)
+            .await
+            .ok()?;
+            for id in ids {
+                let _ = run!(&mut conn, format!("KILL {id}"));
+            }
+            run!(&mut conn, format!("DROP DATABASE IF EXISTS {name}")).ok()
+        });
     }
+}
+
+/// Runs `work` to its end on a thread and runtime of its own, and waits for it:
+/// a `Drop` cannot await, and blocking the test's own runtime would deadlock it.
+fn on_a_runtime_of_its_own<T: Send + 'static>(
+    work: impl std::future::Future<Output = Option<T>> + Send + 'static,
+) {
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?
+            .block_on(work)
+    })
+    .join();
 }
 
 fn replace_database(url: &str, name: &str) -> String {
