@@ -4,11 +4,40 @@
 //!
 //! The behaviours of `tests/leased.rs` that apply (fencing, takeover with the
 //! stable downstream key, renewal, uncertain outcomes and the reconciler,
-//! mismatch, concurrent claims, the handler's answers) are written here against
-//! Redis; the SQL suite inspects rows with SQL, which has no meaning here, so
-//! these inspect the Redis records (PTTL, HGET, ZSCORE, SCAN) instead. Plus what
-//! only Redis has: retention by expiry, no raw key anywhere, foreign data left
-//! untouched.
+//! mismatch, concurrent claims, the handler's answers and metrics) are written
+//! here against Redis; the SQL suite inspects rows with SQL, which has no
+//! meaning here, so these inspect the Redis records (PTTL, HGET, ZSCORE, SCAN)
+//! instead. Plus what only Redis has: retention by expiry, no raw key anywhere,
+//! foreign data left untouched.
+//!
+//! SQL tests and where they are here:
+//! * `a_stale_owner_cannot_publish_and_the_provider_charges_once`:
+//!   `a_stale_owner_cannot_publish_after_a_takeover_which_keeps_the_downstream_key`.
+//! * `a_stale_owner_cannot_touch_the_row_the_new_owner_holds`: that test and
+//!   `a_stale_owner_cannot_release_or_mark_the_new_owners_record` (complete,
+//!   renew, release and mark by a stale owner while the new one holds the
+//!   record), not repeated.
+//! * `a_crash_between_claim_and_effect_executes_once_after_the_lease`,
+//!   `a_dead_worker_is_taken_over_after_its_lease`:
+//!   `a_crashed_worker_is_taken_over_after_its_lease_and_charges_once` (and the
+//!   `take_over` helper, which sees "in flight" until the lease lapses).
+//! * `an_uncertain_outcome_without_a_charge_is_released`: in
+//!   `an_uncertain_outcome_never_expires_and_is_reconciled_by_its_downstream_key`.
+//! * `an_outage_under_load_stays_within_the_retry_bound_and_recovers_exactly_once`:
+//!   `an_outage_under_load_releases_every_key_and_recovers_exactly_once`, without
+//!   the retry policy (`idem_runtime::retry` runs in the handler, whatever the
+//!   store; what the store adds is the release of every key).
+//! * Every other one under its own name.
+//!
+//! Without a Redis counterpart: `a_claim_behind_a_held_row_lock_answers_in_flight`
+//! (PostgreSQL, MySQL) and `a_claim_behind_a_held_write_lock_answers_in_flight`
+//! (SQLite). Redis has no lock a claim could wait behind: every state change is
+//! one Lua script, which the server runs atomically and alone. Where the SQL
+//! suite holds a row lock to keep renewals from getting through
+//! (`a_lease_taken_as_lost_but_not_taken_over_still_publishes`), the test here
+//! has the record refuse them instead (see there).
+
+mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -22,7 +51,7 @@ use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idem_runtime::lease::{Acquisition, LeaseError};
+use idem_runtime::lease::{Acquisition, LeaseBackend, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
 use idem_runtime::redis::{EvictionVerdict, Redis, RedisLeaseStore, eviction_verdict};
 use idem_runtime::{
@@ -46,7 +75,7 @@ async fn conn() -> ConnectionManager {
 
 /// A store under a prefix of this test's own.
 async fn store(test: &str) -> RedisLeaseStore {
-    let prefix = format!("idem-t{}-{test}", std::process::id());
+    let prefix = prefix(test);
     let mut c = conn().await;
     delete_prefix(&mut c, &prefix).await;
     RedisLeaseStore::with_connection(c, &prefix).await.unwrap()
@@ -527,11 +556,17 @@ async fn the_start_up_check_reads_the_live_policy() {
 #[derive(Clone)]
 struct App {
     idem: Idem<Redis>,
+    store: RedisLeaseStore,
     ledger: Ledger,
     calls: Arc<AtomicUsize>,
+    /// First executions report here and wait for a permit; takeovers do not wait.
     entered: Option<mpsc::UnboundedSender<()>>,
     release: Arc<Semaphore>,
     crash_next: Arc<AtomicBool>,
+    /// Charge, then answer "uncertain" (the provider timed out), once.
+    uncertain_next: Arc<AtomicBool>,
+    /// The provider is down: 503 without a charge.
+    down: Arc<AtomicBool>,
 }
 
 impl FromRef<App> for Idem<Redis> {
@@ -557,7 +592,61 @@ async fn create_payment(State(app): State<App>, lease: &mut Lease<Redis>) -> Res
         entered.send(()).ok();
         app.release.acquire().await.unwrap().forget();
     }
+    charge(&app, lease)
+}
+
+/// The same operation with a lease renewed only up to its ceiling, one lease
+/// (the shortest the attribute accepts): a handler that runs past it is a
+/// stalled worker.
+#[idempotent(
+    operation = "create-payment",
+    single_tenant,
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "300ms"
+)]
+async fn create_payment_no_renewal(State(app): State<App>, lease: &mut Lease<Redis>) -> Response {
+    if lease.acquisition() == Acquisition::New
+        && let Some(entered) = &app.entered
+    {
+        entered.send(()).ok();
+        app.release.acquire().await.unwrap().forget();
+    }
+    charge(&app, lease)
+}
+
+/// A handler that watches its lease, as a careful one does before it calls
+/// downstream: the first execution reports in, waits until its lease is taken
+/// as lost, reports again, waits for a permit, and charges.
+#[idempotent(
+    operation = "create-payment",
+    single_tenant,
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "1h"
+)]
+async fn create_payment_until_lost(State(app): State<App>, lease: &mut Lease<Redis>) -> Response {
+    if lease.acquisition() == Acquisition::New
+        && let Some(entered) = &app.entered
+    {
+        entered.send(()).ok();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !lease.is_lost() {
+            assert!(Instant::now() < deadline, "the lease was never lost");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        entered.send(()).ok();
+        app.release.acquire().await.unwrap().forget();
+    }
+    charge(&app, lease)
+}
+
+/// Calls the provider (the ledger, idempotent by downstream key) and answers.
+fn charge(app: &App, lease: &Lease<Redis>) -> Response {
     app.calls.fetch_add(1, Ordering::SeqCst);
+    if app.down.load(Ordering::SeqCst) {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
     let charge = {
         let mut l = app.ledger.0.lock().unwrap();
         let n = l.len();
@@ -565,31 +654,53 @@ async fn create_payment(State(app): State<App>, lease: &mut Lease<Redis>) -> Res
             .or_insert_with(|| format!("ch_{n}"))
             .clone()
     };
-    if charge == "uncertain" {
+    if charge == "uncertain" || app.uncertain_next.swap(false, Ordering::SeqCst) {
         return Uncertain::new("timed out").into_response();
     }
     (StatusCode::CREATED, format!("{{\"charge\":\"{charge}\"}}")).into_response()
 }
 
+fn prefix(test: &str) -> String {
+    format!("idem-t{}-{test}", std::process::id())
+}
+
 async fn app(test: &str, gate: bool) -> (Router, App, mpsc::UnboundedReceiver<()>) {
+    app_with(test, gate, |idem| idem).await
+}
+
+/// As [`app`], with the service's `Idem` configured by `config`.
+async fn app_with(
+    test: &str,
+    gate: bool,
+    config: impl FnOnce(Idem<Redis>) -> Idem<Redis>,
+) -> (Router, App, mpsc::UnboundedReceiver<()>) {
     let s = store(test).await;
     let (tx, entered) = mpsc::unbounded_channel();
     let app = App {
-        idem: s.idem(),
+        idem: config(s.idem()),
+        store: s.clone(),
         ledger: Ledger::default(),
         calls: Arc::default(),
         entered: gate.then_some(tx),
         release: Arc::new(Semaphore::new(0)),
         crash_next: Arc::default(),
+        uncertain_next: Arc::default(),
+        down: Arc::default(),
     };
     let router = Router::new()
         .route("/payments", post(create_payment))
+        .route("/payments-no-renewal", post(create_payment_no_renewal))
+        .route("/payments-until-lost", post(create_payment_until_lost))
         .with_state(app.clone());
     (router, app, entered)
 }
 
 fn pay(key: &str) -> Request<Body> {
-    Request::post("/payments")
+    pay_at("/payments", key)
+}
+
+fn pay_at(path: &str, key: &str) -> Request<Body> {
+    Request::post(path)
         .header("idempotency-key", key)
         .body(Body::empty())
         .unwrap()
@@ -658,4 +769,769 @@ async fn an_uncertain_answer_is_202_and_never_runs_again() {
     assert_eq!(send(&router, pay("pay-u")).await.0, StatusCode::ACCEPTED);
     assert_eq!(send(&router, pay("pay-u")).await.0, StatusCode::ACCEPTED);
     assert_eq!(app.calls.load(Ordering::SeqCst), 1);
+}
+
+// --- helpers on the server's clock -------------------------------------------
+
+/// The server's clock in milliseconds, as the scripts read it.
+async fn server_ms(c: &mut ConnectionManager) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(c).await.unwrap();
+    secs * 1000 + micros / 1000
+}
+
+/// Waits until the record's lease has lapsed on the server's clock.
+async fn until_lease_lapsed(s: &RedisLeaseStore, name: &str) {
+    let mut c = s.connection();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let until: i64 = c.hget(name, "lease_until").await.unwrap();
+        if until < server_ms(&mut c).await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the server's clock has moved past the millisecond it reads now,
+/// so what is marked next has a later score in the uncertain index.
+async fn next_server_ms(c: &mut ConnectionManager) {
+    let now = server_ms(c).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server_ms(c).await <= now {
+        assert!(Instant::now() < deadline, "the server's clock stood still");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn single_key(raw: &str) -> (IdempotencyKey, &'static str) {
+    (
+        IdempotencyKey::parse(raw).unwrap(),
+        idem_runtime::SingleTenant::ID,
+    )
+}
+
+// --- through `#[idempotent]`: renewal, stalls, lost leases -------------------
+
+#[tokio::test]
+async fn a_live_worker_is_renewed_and_not_taken_over() {
+    let (router, app, mut entered) = app("live", true).await;
+    let r = router.clone();
+    let first = tokio::spawn(async move { send(&r, pay("live-1")).await });
+    entered.recv().await.unwrap();
+    let (key, tenant) = single_key("live-1");
+    let s = store_of(&app);
+    let name = s.record_key(tenant, "create-payment", &key);
+    let mut c = s.connection();
+    // Renewal moves the lease forward while the handler runs: see it move twice.
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < 3 {
+        seen.insert(c.hget::<_, _, i64>(&name, "lease_until").await.unwrap());
+        assert!(Instant::now() < deadline, "the lease was never renewed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Well past the original 300 ms lease, a duplicate still finds it in flight.
+    let (status, headers, _) = send(&router, pay("live-1")).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(headers.contains_key("retry-after"));
+    let generation: i64 = c.hget(&name, "gen").await.unwrap();
+    assert_eq!(generation, 1, "never taken over");
+    app.release.add_permits(1);
+    let (status, _, _) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(app.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(app.ledger.0.lock().unwrap().len(), 1);
+}
+
+/// The store a test's app runs on.
+fn store_of(app: &App) -> RedisLeaseStore {
+    app.store.clone()
+}
+
+#[tokio::test]
+async fn a_stalled_handler_is_fenced_and_its_client_gets_the_new_owners_result() {
+    let (router, app, mut entered) = app("stall", true).await;
+    let r = router.clone();
+    let a = tokio::spawn(async move { send(&r, pay_at("/payments-no-renewal", "stall-1")).await });
+    entered.recv().await.unwrap();
+    // A holds its claim past its ceiling (one lease); its lease lapses.
+    let (key, tenant) = single_key("stall-1");
+    let s = store_of(&app);
+    until_lease_lapsed(&s, &s.record_key(tenant, "create-payment", &key)).await;
+    let (status, headers, b_body) = send(&router, pay_at("/payments-no-renewal", "stall-1")).await;
+    assert_eq!(status, StatusCode::CREATED, "B took over and completed");
+    assert!(headers.get("idempotent-replayed").is_none());
+    // A resumes, charges (deduplicated by the ledger) and tries to publish.
+    app.release.add_permits(1);
+    let (status, headers, a_body) = a.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        headers["idempotent-replayed"], "true",
+        "A's client gets B's stored result"
+    );
+    assert_eq!(a_body, b_body);
+    assert_eq!(app.ledger.0.lock().unwrap().len(), 1);
+    assert_eq!(
+        app.calls.load(Ordering::SeqCst),
+        2,
+        "both called, one charge"
+    );
+    let generation: i64 = s
+        .connection()
+        .hget(s.record_key(tenant, "create-payment", &key), "gen")
+        .await
+        .unwrap();
+    assert_eq!(generation, 2);
+}
+
+/// Renewals that cannot get through for a whole lease make the worker take its
+/// lease as lost. Nobody took over, though: what it returns is still stored.
+///
+/// The SQL test holds the row lock so renewals wait; Redis has no lock to hold
+/// (a script runs alone and at once), so here the record refuses them: its
+/// format field is changed for a moment, and every script answers an error
+/// (what a renewal that cannot get through is to the renewer: a failure, not
+/// a fence) and writes nothing. The field is put back before the handler
+/// returns, as the SQL test releases the lock.
+#[tokio::test]
+async fn a_lease_taken_as_lost_but_not_taken_over_still_publishes() {
+    let (router, app, mut entered) = app("lost", true).await;
+    let r = router.clone();
+    let first =
+        tokio::spawn(async move { send(&r, pay_at("/payments-until-lost", "lost-1")).await });
+    entered.recv().await.unwrap();
+    let (key, tenant) = single_key("lost-1");
+    let s = store_of(&app);
+    let name = s.record_key(tenant, "create-payment", &key);
+    let mut c = s.connection();
+    let _: () = c.hset(&name, "v", "refuse").await.unwrap();
+    // The handler saw its lease lost while renewals were refused.
+    entered.recv().await.unwrap();
+    let _: () = c.hset(&name, "v", "1").await.unwrap();
+    // No takeover happened meanwhile: the record is still generation 1's.
+    let (state, generation): (String, i64) = redis::cmd("HMGET")
+        .arg(&name)
+        .arg("state")
+        .arg("gen")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), generation), ("processing", 1));
+    app.release.add_permits(1);
+    let (status, headers, body) = first.await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(headers.get("idempotent-replayed").is_none());
+    let (state, generation): (String, i64) = redis::cmd("HMGET")
+        .arg(&name)
+        .arg("state")
+        .arg("gen")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), generation), ("completed", 1));
+    let (status, headers, replayed) = send(&router, pay_at("/payments-until-lost", "lost-1")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(replayed, body);
+    assert_eq!(
+        app.calls.load(Ordering::SeqCst),
+        1,
+        "downstream called once"
+    );
+}
+
+// --- uncertain outcomes through the handler, and the reconciler --------------
+
+#[tokio::test]
+async fn an_uncertain_outcome_is_never_retried_and_is_reconciled() {
+    let (router, app, _) = app("unc-http", false).await;
+    app.uncertain_next.store(true, Ordering::SeqCst);
+    let (status, headers, body) = send(&router, pay("unc-1")).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let s = store_of(&app);
+    let (key, tenant) = single_key("unc-1");
+    let name = s.record_key(tenant, "create-payment", &key);
+    let mut c = s.connection();
+    assert_eq!(
+        c.hget::<_, _, String>(&name, "state").await.unwrap(),
+        "uncertain"
+    );
+    // Retries are answered, never executed: the provider sees no new call.
+    for _ in 0..3 {
+        let (status, headers, body) = send(&router, pay("unc-1")).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        assert!(headers.contains_key("retry-after"));
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
+    }
+    assert_eq!(app.calls.load(Ordering::SeqCst), 1);
+    // The reconciler asks the ledger by the stable key and finds the charge.
+    let reconciler = Reconciler::<_, Redis>::on_store(s.clone(), AskLedger(app.ledger.clone()));
+    assert_eq!(reconciler.run_once().await.unwrap().completed, 1);
+    let (status, headers, body) = send(&router, pay("unc-1")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, paid("ch_0").body.to_vec());
+    assert_eq!(app.ledger.0.lock().unwrap().len(), 1);
+    assert_eq!(app.calls.load(Ordering::SeqCst), 1);
+}
+
+/// The provider charged but the answer is too large to store: the key must
+/// not be released (a retry would charge again); it becomes uncertain, and
+/// the client is told what its retries will be told. The trigger is the
+/// handler's (the response limit), before the store is asked, so it is the
+/// same on Redis as on SQL.
+#[tokio::test]
+async fn an_unstorable_outcome_becomes_uncertain_and_is_never_repeated() {
+    let (router, app, _) = app_with("big", false, |idem| idem.with_max_response_bytes(8)).await;
+    let (status, _, body) = send(&router, pay("big-1")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
+    let s = store_of(&app);
+    let (key, tenant) = single_key("big-1");
+    let name = s.record_key(tenant, "create-payment", &key);
+    let mut c = s.connection();
+    assert_eq!(
+        c.hget::<_, _, String>(&name, "state").await.unwrap(),
+        "uncertain"
+    );
+    assert_eq!(c.pttl::<_, i64>(&name).await.unwrap(), -1, "never expires");
+    assert_eq!(
+        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
+            .await
+            .unwrap(),
+        1,
+        "awaits the reconciler"
+    );
+    let (status, _, _) = send(&router, pay("big-1")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(app.calls.load(Ordering::SeqCst), 1, "never charged again");
+    assert_eq!(app.ledger.0.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_outage_under_load_releases_every_key_and_recovers_exactly_once() {
+    let (router, app, _) = app("outage", false).await;
+    let n = 20;
+    app.down.store(true, Ordering::SeqCst);
+    let round = |router: Router| async move {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let router = router.clone();
+                tokio::spawn(async move { send(&router, pay(&format!("load-{i}"))).await.0 })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.unwrap());
+        }
+        statuses
+    };
+    // During the outage every request fails and releases its key.
+    let statuses = round(router.clone()).await;
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
+    assert_eq!(app.calls.load(Ordering::SeqCst), n);
+    let mut c = store_of(&app).connection();
+    assert_eq!(
+        keys_under(&mut c, &prefix("outage")).await,
+        Vec::<String>::new(),
+        "every key released"
+    );
+    // After recovery, the clients' retries complete, each exactly once.
+    app.down.store(false, Ordering::SeqCst);
+    let statuses = round(router.clone()).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::CREATED),
+        "{statuses:?}"
+    );
+    let again = round(router.clone()).await;
+    assert!(again.iter().all(|s| *s == StatusCode::CREATED));
+    assert_eq!(app.ledger.0.lock().unwrap().len(), n);
+    assert_eq!(
+        app.calls.load(Ordering::SeqCst),
+        2 * n,
+        "replays call nobody"
+    );
+}
+
+/// A downstream that answers with a server error.
+struct Broken;
+
+impl Reconcile for Broken {
+    fn operation(&self) -> &str {
+        "create-payment"
+    }
+    async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+        Resolution::Completed(StoredResponse {
+            status: 502,
+            headers: vec![],
+            body: "bad gateway".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_5xx_resolution_is_never_stored() {
+    let s = store("5xx").await;
+    let key = IdempotencyKey::parse("unc-3").unwrap();
+    acquire(&s, &key, HOUR)
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let report = Reconciler::<_, Redis>::on_store(s.clone(), Broken)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!((report.still_uncertain, report.completed), (1, 0));
+    let name = s.record_key("acme", "create-payment", &key);
+    let mut c = s.connection();
+    assert_eq!(
+        c.hget::<_, _, String>(&name, "state").await.unwrap(),
+        "uncertain"
+    );
+    assert!(!c.hexists::<_, _, bool>(&name, "status").await.unwrap());
+    assert_eq!(c.pttl::<_, i64>(&name).await.unwrap(), -1);
+    assert_eq!(
+        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
+            .await
+            .unwrap(),
+        1,
+        "still listed for the next round"
+    );
+    assert!(matches!(
+        s.claim(&lease_req(&key, HOUR)).await.unwrap(),
+        LeasedClaim::Uncertain
+    ));
+}
+
+/// Deletes the record while the downstream is asked, as a second reconciler
+/// or an operator's purge would, then answers "charged".
+struct Racing(RedisLeaseStore, IdempotencyKey);
+
+impl Reconcile for Racing {
+    fn operation(&self) -> &str {
+        "create-payment"
+    }
+    async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+        let _: () = self
+            .0
+            .connection()
+            .del(self.0.record_key("acme", "create-payment", &self.1))
+            .await
+            .unwrap();
+        Resolution::Completed(paid("ch_raced"))
+    }
+}
+
+#[tokio::test]
+async fn a_resolution_that_lost_a_race_changes_nothing() {
+    let s = store("lost-race").await;
+    let key = IdempotencyKey::parse("race-1").unwrap();
+    acquire(&s, &key, HOUR)
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let report = Reconciler::<_, Redis>::on_store(s.clone(), Racing(s.clone(), key.clone()))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report.completed + report.released + report.errors,
+        0,
+        "{report:?}"
+    );
+    let mut c = s.connection();
+    assert!(
+        !c.exists::<_, bool>(s.record_key("acme", "create-payment", &key))
+            .await
+            .unwrap(),
+        "the late answer did not bring the record back"
+    );
+    assert_eq!(
+        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
+            .await
+            .unwrap(),
+        0,
+        "nor its entry in the index"
+    );
+    let again = acquire(&s, &key, HOUR).await;
+    assert_eq!(again.acquisition(), Acquisition::New);
+    again.release().await.unwrap();
+}
+
+/// Answers "still unknown" for the keys starting `a-stuck`, "charged" for the
+/// others.
+struct Stubborn;
+
+impl Reconcile for Stubborn {
+    fn operation(&self) -> &str {
+        "create-payment"
+    }
+    async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
+        let stuck = ["a-stuck-1", "a-stuck-2", "a-stuck-3"]
+            .map(|k| IdempotencyKey::parse(k).unwrap().digest());
+        if stuck.contains(&outcome.key_digest) {
+            Resolution::StillUncertain
+        } else {
+            Resolution::Completed(paid("ch_fresh"))
+        }
+    }
+}
+
+/// A batch of records whose downstream never answers must not keep a newer one
+/// from being asked about: rounds page on through the uncertain index from
+/// where the last one stopped, and start over after the newest.
+#[tokio::test]
+async fn rows_that_never_resolve_do_not_starve_newer_ones() {
+    let s = store("starve").await;
+    let mut c = s.connection();
+    // Marked in this order, each on a later millisecond of the server's clock,
+    // so the index (by score, then member) orders them so.
+    for k in ["a-stuck-1", "a-stuck-2", "a-stuck-3", "b-fresh"] {
+        next_server_ms(&mut c).await;
+        let key = IdempotencyKey::parse(k).unwrap();
+        acquire(&s, &key, HOUR)
+            .await
+            .mark_uncertain()
+            .await
+            .unwrap();
+    }
+    let reconciler = Reconciler::<_, Redis>::on_store(s.clone(), Stubborn).with_batch(2);
+    let first = reconciler.run_once().await.unwrap();
+    assert_eq!(
+        (first.still_uncertain, first.completed),
+        (2, 0),
+        "{first:?}"
+    );
+    let second = reconciler.run_once().await.unwrap();
+    assert_eq!(
+        (second.still_uncertain, second.completed),
+        (1, 1),
+        "{second:?}"
+    );
+    let fresh = s.record_key(
+        "acme",
+        "create-payment",
+        &IdempotencyKey::parse("b-fresh").unwrap(),
+    );
+    assert_eq!(
+        c.hget::<_, _, String>(&fresh, "state").await.unwrap(),
+        "completed",
+        "the newest record was reached although the oldest never resolve"
+    );
+    // Past the newest record the rounds start over from the oldest.
+    let third = reconciler.run_once().await.unwrap();
+    assert_eq!(third.still_uncertain + third.completed, 0, "{third:?}");
+    let fourth = reconciler.run_once().await.unwrap();
+    assert_eq!(
+        (fourth.still_uncertain, fourth.completed),
+        (2, 0),
+        "{fourth:?}"
+    );
+}
+
+/// A record nobody can ask about (its downstream key gone, or its generation
+/// garbled: hand-edited, say) is counted as an error, as on SQL, and waits for
+/// an operator; the others are still resolved.
+#[tokio::test]
+async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
+    let s = store("unreconcilable").await;
+    let broken = IdempotencyKey::parse("unc-broken").unwrap();
+    acquire(&s, &broken, HOUR)
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let name = s.record_key("acme", "create-payment", &broken);
+    let mut c = s.connection();
+    let _: () = c.hdel(&name, "dkey").await.unwrap();
+    // And one whose generation is not a number.
+    let garbled = IdempotencyKey::parse("unc-garbled").unwrap();
+    acquire(&s, &garbled, HOUR)
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let garbled_name = s.record_key("acme", "create-payment", &garbled);
+    let _: () = c.hset(&garbled_name, "gen", "x").await.unwrap();
+    let fine = IdempotencyKey::parse("unc-fine").unwrap();
+    acquire(&s, &fine, HOUR)
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let report = Reconciler::<_, Redis>::on_store(s.clone(), AskLedger(Ledger::default()))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!((report.errors, report.released), (2, 1), "{report:?}");
+    for n in [&name, &garbled_name] {
+        assert_eq!(
+            c.hget::<_, _, String>(n, "state").await.unwrap(),
+            "uncertain",
+            "a broken record waits for an operator"
+        );
+    }
+    assert_eq!(
+        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
+            .await
+            .unwrap(),
+        2
+    );
+}
+
+// --- metrics: the same names and labels as on SQL ----------------------------
+
+/// A leased service on either store: the first execution of "slow" reports in
+/// and waits for a permit; "unsure" answers uncertain.
+struct Metered<DB: LeaseBackend> {
+    idem: Idem<DB>,
+    entered: mpsc::UnboundedSender<()>,
+    release: Arc<Semaphore>,
+}
+
+impl<DB: LeaseBackend> Clone for Metered<DB> {
+    fn clone(&self) -> Self {
+        Metered {
+            idem: self.idem.clone(),
+            entered: self.entered.clone(),
+            release: self.release.clone(),
+        }
+    }
+}
+
+impl<DB: LeaseBackend> FromRef<Metered<DB>> for Idem<DB> {
+    fn from_ref(m: &Metered<DB>) -> Idem<DB> {
+        m.idem.clone()
+    }
+}
+
+async fn metered_body<DB: LeaseBackend>(
+    m: &Metered<DB>,
+    lease: &Lease<DB>,
+    body: String,
+) -> Response {
+    if body == "slow" && lease.acquisition() == Acquisition::New {
+        m.entered.send(()).ok();
+        m.release.acquire().await.unwrap().forget();
+    }
+    if body == "unsure" {
+        return Uncertain::new("timed out").into_response();
+    }
+    (StatusCode::CREATED, format!("done: {body}")).into_response()
+}
+
+#[idempotent(
+    operation = "metered-lease",
+    single_tenant,
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "1h"
+)]
+async fn metered_on_redis(
+    State(m): State<Metered<Redis>>,
+    lease: &mut Lease<Redis>,
+    body: String,
+) -> Response {
+    metered_body(&m, lease, body).await
+}
+
+#[idempotent(
+    operation = "metered-lease",
+    single_tenant,
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "1h"
+)]
+async fn metered_on_sqlite(
+    State(m): State<Metered<sqlx::Sqlite>>,
+    lease: &mut Lease<sqlx::Sqlite>,
+    body: String,
+) -> Response {
+    metered_body(&m, lease, body).await
+}
+
+/// Answers "charged" for every uncertain execution.
+struct Confirm;
+
+impl Reconcile for Confirm {
+    fn operation(&self) -> &str {
+        "metered-lease"
+    }
+    async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+        Resolution::Completed(paid("ch_m"))
+    }
+}
+
+/// One service's traffic: a first execution, its replay, a mismatch, a
+/// duplicate in flight (409), an uncertain answer and its retry, then a
+/// reconciliation round. The statuses, in order.
+async fn metered_traffic<DB: LeaseBackend>(
+    idem: Idem<DB>,
+    route: axum::routing::MethodRouter<Metered<DB>>,
+    reconcile: impl AsyncFnOnce() -> idem_runtime::reconcile::ReconcileReport,
+) -> Vec<StatusCode> {
+    let (entered_tx, mut entered) = mpsc::unbounded_channel();
+    let release = Arc::new(Semaphore::new(0));
+    let m = Metered {
+        idem,
+        entered: entered_tx,
+        release: release.clone(),
+    };
+    let router = Router::new().route("/m", route).with_state(m);
+    let req = |key: &str, body: &str| {
+        Request::post("/m")
+            .header("idempotency-key", key)
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    statuses.push(send(&router, req("k1", "a")).await.0);
+    statuses.push(send(&router, req("k1", "a")).await.0);
+    statuses.push(send(&router, req("k1", "b")).await.0);
+    let r = router.clone();
+    let slow = tokio::spawn(async move { send(&r, req("k2", "slow")).await.0 });
+    entered.recv().await.unwrap();
+    statuses.push(send(&router, req("k2", "slow")).await.0);
+    release.add_permits(1);
+    statuses.push(slow.await.unwrap());
+    statuses.push(send(&router, req("k3", "unsure")).await.0);
+    statuses.push(send(&router, req("k3", "unsure")).await.0);
+    assert_eq!(reconcile().await.completed, 1);
+    statuses
+}
+
+/// What a recorder saw: counters by (name, labels) with their values, and
+/// histograms by (name, labels) with their number of samples.
+type Seen = std::collections::BTreeMap<(String, Vec<(String, String)>), u64>;
+
+fn seen(snapshotter: &metrics_util::debugging::Snapshotter) -> Seen {
+    use metrics_util::debugging::DebugValue;
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(ck, _, _, v)| {
+            let key = ck.key();
+            let mut labels: Vec<(String, String)> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            let n = match v {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(h) => h.len() as u64,
+                DebugValue::Gauge(g) => g.0 as u64,
+            };
+            ((key.name().to_owned(), labels), n)
+        })
+        .collect()
+}
+
+/// The issue asks for the same answers and metrics on Redis: the same traffic
+/// through a leased handler on Redis and on SQLite records the same metric
+/// names, labels and counts. Metrics need the recorder on the thread that
+/// records them, so this test drives a current-thread runtime itself inside
+/// `with_local_recorder` (every task, the handlers' included, runs on it).
+#[test]
+fn a_leased_handler_on_redis_records_the_same_metrics_as_on_sql() {
+    use idem_runtime::metrics as names;
+    use metrics_util::debugging::DebuggingRecorder;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let on_redis = DebuggingRecorder::new();
+    let redis_seen = on_redis.snapshotter();
+    let redis_statuses = metrics::with_local_recorder(&on_redis, || {
+        rt.block_on(async {
+            let s = store("metrics").await;
+            metered_traffic(s.idem(), post(metered_on_redis), async || {
+                Reconciler::<_, Redis>::on_store(s.clone(), Confirm)
+                    .run_once()
+                    .await
+                    .unwrap()
+            })
+            .await
+        })
+    });
+    let on_sql = DebuggingRecorder::new();
+    let sql_seen = on_sql.snapshotter();
+    let sql_statuses = metrics::with_local_recorder(&on_sql, || {
+        rt.block_on(async {
+            let db = common::SqliteDb::new().await;
+            let pool = db.pool.clone();
+            metered_traffic(
+                Idem::new(pool.clone()),
+                post(metered_on_sqlite),
+                async || Reconciler::new(pool, Confirm).run_once().await.unwrap(),
+            )
+            .await
+        })
+    });
+    use StatusCode as S;
+    assert_eq!(
+        redis_statuses,
+        [
+            S::CREATED,
+            S::CREATED,
+            S::UNPROCESSABLE_ENTITY,
+            S::CONFLICT,
+            S::CREATED,
+            S::ACCEPTED,
+            S::ACCEPTED
+        ]
+    );
+    assert_eq!(redis_statuses, sql_statuses, "the same answers");
+
+    let redis_seen = seen(&redis_seen);
+    let count = |name: &str, outcome: Option<&str>| {
+        let mut labels = vec![("operation".to_owned(), "metered-lease".to_owned())];
+        if let Some(o) = outcome {
+            labels.push(("outcome".to_owned(), o.to_owned()));
+        }
+        labels.sort();
+        redis_seen
+            .get(&(name.to_owned(), labels))
+            .copied()
+            .unwrap_or(0)
+    };
+    // k1, k2 and k3 each executed once; k1 replayed and mismatched once.
+    assert_eq!(count(names::CLAIMS_TOTAL, Some("executed")), 3);
+    assert_eq!(count(names::CLAIMS_TOTAL, Some("replayed")), 1);
+    assert_eq!(count(names::CLAIMS_TOTAL, Some("mismatched")), 1);
+    assert_eq!(count(names::CLAIMS_TOTAL, Some("in_flight")), 1);
+    assert_eq!(count(names::CLAIMS_TOTAL, Some("uncertain")), 1);
+    assert_eq!(count(names::COMPLETIONS_TOTAL, Some("stored")), 2);
+    assert_eq!(count(names::COMPLETIONS_TOTAL, Some("uncertain")), 1);
+    assert_eq!(count(names::RECONCILED_TOTAL, Some("completed")), 1);
+    assert_eq!(
+        count(names::STORED_BYTES_TOTAL, None),
+        ("done: a".len() + "done: slow".len()) as u64
+    );
+    assert!(count(names::CLAIM_SECONDS, None) >= 5);
+    assert_eq!(count(names::COMPLETION_SECONDS, None), 2);
+    // And the very same set, label for label, as on SQL.
+    assert_eq!(redis_seen, seen(&sql_seen));
 }

@@ -360,6 +360,10 @@ pub struct RedisUncertain {
     downstream_key: String,
     generation: i64,
     token: String,
+    /// Why this uncertain record cannot be reconciled (a field gone), if so:
+    /// listed all the same, so the round counts it as an error as it does a SQL
+    /// row without its downstream key, rather than skip it in silence.
+    broken: Option<&'static str>,
 }
 
 impl LeaseBackend for Redis {
@@ -565,8 +569,12 @@ impl LeaseBackend for Redis {
                 .map_err(redis_err)?;
             let fields: Vec<Option<String>> = r.iter().map(text).collect();
             match &fields[..] {
+                // A generation that is not a number is a broken record (below),
+                // not an error of the whole page, which would starve the others.
                 [Some(state), Some(g), Some(token), Some(tenant), Some(dkey)]
-                    if state == "uncertain" && escape(tenant) == tenant_esc =>
+                    if state == "uncertain"
+                        && escape(tenant) == tenant_esc
+                        && g.parse::<i64>().is_ok() =>
                 {
                     rows.push(RedisUncertain {
                         member: m.clone(),
@@ -574,13 +582,25 @@ impl LeaseBackend for Redis {
                         tenant: tenant.clone(),
                         digest: digest.to_owned(),
                         downstream_key: dkey.clone(),
-                        generation: g.parse().map_err(|_| corrupt("generation"))?,
+                        generation: g.parse().unwrap_or_default(),
                         token: token.clone(),
+                        broken: None,
                     })
                 }
-                [Some(state), ..] if state == "uncertain" => {
-                    tracing::warn!(index = %index, "idem: redis: an uncertain record without its fields; left for a person to look at");
-                }
+                // Listed, so that describing it fails and the round reports (and
+                // counts) an error, as on SQL; it is never resolved.
+                [Some(state), ..] if state == "uncertain" => rows.push(RedisUncertain {
+                    member: m.clone(),
+                    score,
+                    tenant: String::new(),
+                    digest: digest.to_owned(),
+                    downstream_key: String::new(),
+                    generation: 0,
+                    token: String::new(),
+                    broken: Some(
+                        "an uncertain record without its fields (or with a malformed one); left for a person to look at",
+                    ),
+                }),
                 // Resolved meanwhile (or re-executed): not uncertain any more.
                 [Some(_), ..] => {}
                 // The record is gone (a restart without persistence, a hand
@@ -610,6 +630,9 @@ impl LeaseBackend for Redis {
         operation: &str,
         row: &RedisUncertain,
     ) -> Result<UncertainOutcome, StoreError> {
+        if let Some(why) = row.broken {
+            return Err(corrupt(why));
+        }
         Ok(UncertainOutcome {
             tenant: row.tenant.clone(),
             operation: operation.to_owned(),
