@@ -586,12 +586,7 @@ async fn create_payment(State(app): State<App>, lease: &mut Lease<Redis>) -> Res
     if app.crash_next.swap(false, Ordering::SeqCst) {
         panic!("simulated crash inside the handler");
     }
-    if lease.acquisition() == Acquisition::New
-        && let Some(entered) = &app.entered
-    {
-        entered.send(()).ok();
-        app.release.acquire().await.unwrap().forget();
-    }
+    gate_first(&app, lease).await;
     charge(&app, lease)
 }
 
@@ -606,12 +601,7 @@ async fn create_payment(State(app): State<App>, lease: &mut Lease<Redis>) -> Res
     lease_ceiling = "300ms"
 )]
 async fn create_payment_no_renewal(State(app): State<App>, lease: &mut Lease<Redis>) -> Response {
-    if lease.acquisition() == Acquisition::New
-        && let Some(entered) = &app.entered
-    {
-        entered.send(()).ok();
-        app.release.acquire().await.unwrap().forget();
-    }
+    gate_first(&app, lease).await;
     charge(&app, lease)
 }
 
@@ -635,10 +625,19 @@ async fn create_payment_until_lost(State(app): State<App>, lease: &mut Lease<Red
             assert!(Instant::now() < deadline, "the lease was never lost");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+    gate_first(&app, lease).await;
+    charge(&app, lease)
+}
+
+/// When the test gates: the first execution reports in, then waits for a permit.
+async fn gate_first(app: &App, lease: &Lease<Redis>) {
+    if lease.acquisition() == Acquisition::New
+        && let Some(entered) = &app.entered
+    {
         entered.send(()).ok();
         app.release.acquire().await.unwrap().forget();
     }
-    charge(&app, lease)
 }
 
 /// Calls the provider (the ledger, idempotent by downstream key) and answers.
