@@ -40,6 +40,41 @@ fn created(id: i64) -> StoredResponse {
 }
 
 /// The behaviour both backends share, written once.
+/// `$n` claims of one new key released at once by a barrier, each paying and
+/// completing if it executes: how many executed. A mismatch fails the test. (A
+/// macro: the helper types of the databases share no trait.)
+macro_rules! claim_race {
+    ($db:expr, $n:expr) => {{
+        let barrier = Arc::new(tokio::sync::Barrier::new($n));
+        let mut tasks = Vec::new();
+        for _ in 0..$n {
+            let db = $db.clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = IdempotencyKey::parse("race").unwrap();
+                let r = req("acme", "pay", &key, 100);
+                let mut tx = db.pool.begin().await.unwrap();
+                barrier.wait().await;
+                match claim(&mut tx, &r).await.unwrap() {
+                    Claim::Execute(exec) => {
+                        let id = pay(&mut tx, "acme", 100).await;
+                        exec.complete(&mut tx, &created(id)).await.unwrap();
+                        tx.commit().await.unwrap();
+                        1_i64
+                    }
+                    Claim::Replay(_) | Claim::InFlight { .. } => 0,
+                    Claim::Mismatch => panic!("mismatch"),
+                }
+            }));
+        }
+        let mut executed = 0;
+        for t in tasks {
+            executed += t.await.expect("no task errors or panics");
+        }
+        executed
+    }};
+}
+
 macro_rules! backend_tests {
     // PostgreSQL and SQLite: a payment's id from `INSERT ... RETURNING`.
     ($db:ty, $test_db:ty, $payments_ddl:expr, $expire_all:expr) => {
@@ -164,37 +199,7 @@ macro_rules! backend_tests {
         async fn fifty_concurrent_duplicates_make_one_payment() {
             let db = Arc::new(TestDb::with_pool_size(60).await);
             db.exec(PAYMENTS_DDL).await;
-            let barrier = Arc::new(tokio::sync::Barrier::new(50));
-            let mut tasks = Vec::new();
-            for _ in 0..50 {
-                let db = db.clone();
-                let barrier = barrier.clone();
-                tasks.push(tokio::spawn(async move {
-                    let key = IdempotencyKey::parse("race").unwrap();
-                    let r = req("acme", "pay", &key, 100);
-                    let mut tx = db.pool.begin().await.unwrap();
-                    barrier.wait().await;
-                    match claim(&mut tx, &r).await.unwrap() {
-                        Claim::Execute(exec) => {
-                            let id = pay(&mut tx, "acme", 100).await;
-                            exec.complete(&mut tx, &created(id)).await.unwrap();
-                            tx.commit().await.unwrap();
-                            "executed"
-                        }
-                        Claim::Replay(_) => "replayed",
-                        Claim::InFlight { .. } => "in flight",
-                        Claim::Mismatch => "mismatch",
-                    }
-                }));
-            }
-            let mut executed = 0;
-            for t in tasks {
-                match t.await.expect("no task errors or panics") {
-                    "executed" => executed += 1,
-                    "replayed" | "in flight" => {}
-                    other => panic!("unexpected {other}"),
-                }
-            }
+            let executed = claim_race!(db, 50);
             assert_eq!(executed, 1);
             assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
         }
@@ -579,32 +584,7 @@ mod mysql_only {
     async fn deadlocks_under_repeatable_read_are_answered_in_flight() {
         let db = Arc::new(MySqlDb::with_isolation(40, None).await);
         db.exec("CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB").await;
-        let barrier = Arc::new(tokio::sync::Barrier::new(30));
-        let mut tasks = Vec::new();
-        for _ in 0..30 {
-            let db = db.clone();
-            let barrier = barrier.clone();
-            tasks.push(tokio::spawn(async move {
-                let key = IdempotencyKey::parse("race").unwrap();
-                let r = req("acme", "pay", &key, 100);
-                let mut tx = db.pool.begin().await.unwrap();
-                barrier.wait().await;
-                match claim(&mut tx, &r).await.unwrap() {
-                    Claim::Execute(exec) => {
-                        let id = pay(&mut tx, "acme", 100).await;
-                        exec.complete(&mut tx, &created(id)).await.unwrap();
-                        tx.commit().await.unwrap();
-                        1
-                    }
-                    Claim::Replay(_) | Claim::InFlight { .. } => 0,
-                    Claim::Mismatch => panic!("mismatch"),
-                }
-            }));
-        }
-        let mut executed = 0;
-        for t in tasks {
-            executed += t.await.unwrap();
-        }
+        let executed = claim_race!(db, 30);
         assert!(executed <= 1, "{executed} executions");
         assert_eq!(db.count("SELECT count(*) FROM payments").await, executed);
         // Whatever the races decided, a retry now has one answer.
