@@ -40,7 +40,7 @@ struct Recorder(Arc<Mutex<Vec<UncertainOutcome>>>);
 
 impl Reconcile for Recorder {
     fn operation(&self) -> &str {
-        "pay"
+        UNCERTAIN_OPERATION
     }
 
     async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
@@ -48,6 +48,12 @@ impl Reconcile for Recorder {
         Resolution::StillUncertain
     }
 }
+
+/// Where the legacy uncertain row lives: a tenant and an operation beyond ASCII,
+/// so that the length prefixes of the downstream key, computed in SQL by the
+/// migration, are checked against the Rust ones on multi-byte characters.
+const UNCERTAIN_TENANT: &str = "café-日本";
+const UNCERTAIN_OPERATION: &str = "paiement-ü";
 
 /// The body of the legacy completed row.
 const LEGACY_BODY: &str = r#"{"id":7}"#;
@@ -66,6 +72,7 @@ macro_rules! key_digest_tests {
 
         async fn insert_legacy(
             db: &$db,
+            tenant: &str,
             operation: &str,
             key: &str,
             fingerprint: Fingerprint,
@@ -74,7 +81,7 @@ macro_rules! key_digest_tests {
         ) {
             let finished = state == "completed";
             sqlx::query($legacy_row)
-                .bind("acme")
+                .bind(tenant)
                 .bind(operation)
                 .bind(key)
                 .bind(&fingerprint.as_bytes()[..])
@@ -108,8 +115,26 @@ macro_rules! key_digest_tests {
             // A structured-field key: its characters include a space.
             let unknown = IdempotencyKey::parse(r#""legacy unknown SECRET""#).unwrap();
             let fp = fingerprint("a");
-            insert_legacy(&db, "create-order", done.as_str(), fp, "completed", None).await;
-            insert_legacy(&db, "pay", unknown.as_str(), fp, "uncertain", Some($token)).await;
+            insert_legacy(
+                &db,
+                "acme",
+                "create-order",
+                done.as_str(),
+                fp,
+                "completed",
+                None,
+            )
+            .await;
+            insert_legacy(
+                &db,
+                UNCERTAIN_TENANT,
+                UNCERTAIN_OPERATION,
+                unknown.as_str(),
+                fp,
+                "uncertain",
+                Some($token),
+            )
+            .await;
 
             idem_runtime::migrate(&db.pool).await.unwrap();
             // Idempotent: a second start converts nothing twice.
@@ -154,7 +179,11 @@ macro_rules! key_digest_tests {
             assert_eq!(asked.len(), 1);
             assert_eq!(
                 asked[0].downstream_key,
-                idem_runtime::lease::downstream_key("acme", "pay", &unknown),
+                idem_runtime::lease::downstream_key(
+                    UNCERTAIN_TENANT,
+                    UNCERTAIN_OPERATION,
+                    &unknown
+                ),
                 "the downstream key the old release charged under"
             );
             assert_eq!(asked[0].key_digest, unknown.digest());
