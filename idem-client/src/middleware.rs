@@ -208,15 +208,20 @@ impl Middleware for IdempotencyMiddleware {
         }
 
         let started = Instant::now();
-        let deadline = started + self.deadline;
+        // `None`: a deadline the clock cannot hold (`Duration::MAX`), which is none.
+        let deadline = started.checked_add(self.deadline);
+        let remaining = || {
+            deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            })
+        };
         let mut attempts = 0;
         loop {
             attempts += 1;
             let attempt = req
                 .try_clone()
                 .expect("a request with a buffered body clones");
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let answer = tokio::time::timeout(remaining, async {
+            let answer = tokio::time::timeout(remaining(), async {
                 let response = next.clone().run(attempt, extensions).await?;
                 buffer_response(response).await.map_err(Error::Reqwest)
             })
@@ -266,7 +271,9 @@ impl Middleware for IdempotencyMiddleware {
             }
             let backoff = full_jitter(self.base_delay, self.max_delay, attempts);
             let wait = backoff.max(retry_after.unwrap_or_default());
-            if Instant::now() + wait >= deadline {
+            // Compared as durations: a server's `Retry-After` may be far past
+            // what an `Instant` can hold.
+            if wait >= remaining() {
                 return Err(give_up(Limit::Deadline(self.deadline), last));
             }
             tokio::time::sleep(wait).await;

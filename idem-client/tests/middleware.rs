@@ -441,6 +441,31 @@ async fn a_retry_after_beyond_the_deadline_gives_up_at_once() {
     assert_eq!(script.seen().len(), 1);
 }
 
+/// A `Retry-After` no clock can hold, and a deadline of `Duration::MAX`, are
+/// an answer to give up on and no deadline: never an `Instant` overflow (a panic
+/// in the caller's task).
+#[tokio::test]
+async fn a_retry_after_or_a_deadline_past_the_clock_does_not_panic() {
+    let (base, script) = scripted([problem(503, "other", Some("18446744073709551615"))]).await;
+    let e = client(fast().deadline(Duration::from_secs(10)))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert_eq!(gave_up.limit, Limit::Deadline(Duration::from_secs(10)));
+    assert_eq!(script.seen().len(), 1);
+
+    let (base, script) = scripted([status(503), created(false)]).await;
+    let r = client(fast().deadline(Duration::MAX))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(script.seen().len(), 2);
+}
+
 #[tokio::test]
 async fn a_response_lost_to_the_attempt_timeout_is_retried_with_the_same_key() {
     let (base, script) = scripted([Reply::Hang, created(true)]).await;
