@@ -524,13 +524,12 @@ fn address<'a>(
     key: &str,
     is_digest: bool,
 ) -> Result<KeyAddress<'a>, Failure> {
-    let digest = if is_digest {
-        KeyDigest::from_hex(key).map_err(|e| Failure::Usage(format!("--digest: {e}")))?
-    } else {
-        IdempotencyKey::parse(key)
-            .map_err(|e| Failure::Usage(format!("not a valid key: {e}")))?
-            .digest()
-    };
+    if !is_digest {
+        let key = IdempotencyKey::parse(key)
+            .map_err(|e| Failure::Usage(format!("not a valid key: {e}")))?;
+        return Ok(KeyAddress::of(tenant, operation, &key));
+    }
+    let digest = KeyDigest::from_hex(key).map_err(|e| Failure::Usage(format!("--digest: {e}")))?;
     Ok(KeyAddress {
         tenant,
         operation,

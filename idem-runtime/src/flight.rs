@@ -126,7 +126,9 @@ impl Drop for Leader {
             self.flights
                 .running
                 .lock()
-                .expect("flights lock poisoned")
+                // A drop during a panic must not panic again (an abort): the map
+                // holds no invariant a panicking holder could have broken.
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .remove(&key);
         }
         self.flight.done.send_replace(true);

@@ -753,7 +753,10 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
     ) -> Response {
         let op = scope.op();
         let lease_len = scope.lease_len();
-        let ceiling = scope.spec.lease_ceiling.unwrap_or(lease_len * 10);
+        let ceiling = scope
+            .spec
+            .lease_ceiling
+            .unwrap_or(lease_len.saturating_mul(10));
         let LeaseHeld { renewer, probe } = held;
         let outcome = {
             let mut work = body(&mut lease);

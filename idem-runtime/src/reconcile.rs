@@ -65,8 +65,8 @@ pub struct ReconcileReport {
     pub errors: u64,
 }
 
-/// Runs a [`Reconcile`] over the uncertain rows of its operation, on PostgreSQL or
-/// SQLite (the pool's type decides). Several replicas may run one each: an answer
+/// Runs a [`Reconcile`] over the uncertain rows of its operation, on any SQL
+/// database (the pool's type decides) or on Redis ([`Reconciler::on_store`]). Several replicas may run one each: an answer
 /// is applied only to the same uncertain execution it was asked about, so a row
 /// is resolved once.
 pub struct Reconciler<R, DB: LeaseBackend = DefaultBackend> {

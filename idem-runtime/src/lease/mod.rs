@@ -19,10 +19,13 @@
 //! carry [`Lease::downstream_key`], identical for every owner of the key, so the
 //! downstream system's own idempotency turns a taken-over retry into a no-op.
 //!
-//! It runs on every database idem runs on; the pool's type picks it. A claim that cannot get its lock in time answers "in
-//! flight": on PostgreSQL after 200 ms on the key's row, on SQLite after the
-//! connection's busy timeout on the database's one write lock.
-
+//! It runs on every database idem runs on (the pool's type picks it) and, with
+//! the feature `redis`, on a Redis store ([`LeaseBackend`] is the seam). A claim
+//! that cannot get its lock in time answers "in flight": on PostgreSQL after
+//! 200 ms on the key's row, on MySQL after its lock wait, on SQLite after the
+//! connection's busy timeout on the database's one write lock; on Redis a claim
+//! is one script and waits for nothing. On Redis a finished record that expired
+//! is forgotten whole, so its next execution starts again at generation 1.
 //!
 //! The module holds the lease itself ([`Lease`], [`claim_leased`]); its background
 //! renewal is in `renewal`, the answer for an unknown outcome ([`Uncertain`]) in
