@@ -318,6 +318,55 @@ mod sqlite {
     }
 }
 
+mod sqlite_twins {
+    use super::*;
+
+    /// A raw-key row whose key is also stored as a digest (a process served
+    /// before converting): the conversion stops with a clear error naming the
+    /// row, and changes nothing, rather than drop either record.
+    #[tokio::test]
+    async fn a_raw_key_row_with_a_digest_twin_is_a_clear_error_and_nothing_changes() {
+        let db = crate::common::SqliteDb::new().await;
+        let key = IdempotencyKey::parse("twin").unwrap();
+        for (spelling, digest) in [(None, Some(key.digest())), (Some("twin"), None)] {
+            sqlx::query(concat!(
+                "INSERT INTO idempotency_requests \
+                    (tenant_id, operation, key_digest, fingerprint, state, response_status, \
+                     response_headers, response_body, created_at, completed_at, expires_at) \
+                 SELECT 'acme', 'create-order', coalesce($1, $2), $3, 'completed', 201, '[]', \
+                        CAST('x' AS BLOB), t.now, t.now, t.now + 86400000 \
+                   FROM (SELECT ",
+                idem_runtime::sqlite_now_ms!(),
+                " AS now) t"
+            ))
+            .bind(spelling)
+            .bind(digest)
+            .bind(&fingerprint("a").as_bytes()[..])
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        }
+        let err = idem_runtime::migrate(&db.pool)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("twin already stored under its digest"),
+            "{err}"
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests WHERE typeof(key_digest) = 'text'")
+                .await,
+            1,
+            "the raw-key row is left as it was"
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            2
+        );
+    }
+}
+
 mod mysql {
     key_digest_tests! {
         db = crate::common::MySqlDb,

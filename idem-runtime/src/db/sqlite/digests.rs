@@ -21,13 +21,27 @@ const BATCH: i64 = 500;
 /// Converts every row still holding a raw key; the downstream key of a leased
 /// or uncertain execution is derived from the raw key first and kept.
 pub(crate) async fn convert_raw_keys(pool: &Pool<Sqlite>) -> Result<(), StoreError> {
+    // A plain read first: once converted, a start takes no write lock at all.
+    let pending: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM idempotency_requests WHERE typeof(key_digest) = 'text')",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !pending {
+        return Ok(());
+    }
+    // Paged by rowid, so that each batch reads on from the last instead of
+    // scanning the converted rows again.
+    let mut after: i64 = i64::MIN;
     loop {
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(
             "SELECT rowid, tenant_id, operation, key_digest AS raw_key, \
                     owner_token IS NOT NULL OR state = 'uncertain' AS leased \
-               FROM idempotency_requests WHERE typeof(key_digest) = 'text' LIMIT ?",
+               FROM idempotency_requests \
+              WHERE rowid > ? AND typeof(key_digest) = 'text' ORDER BY rowid LIMIT ?",
         )
+        .bind(after)
         .bind(BATCH)
         .fetch_all(&mut *tx)
         .await?;
@@ -42,16 +56,35 @@ pub(crate) async fn convert_raw_keys(pool: &Pool<Sqlite>) -> Result<(), StoreErr
             let raw: String = row.try_get("raw_key")?;
             let leased: bool = row.try_get("leased")?;
             let downstream = leased.then(|| downstream_key_of(&tenant, &operation, &raw));
-            sqlx::query(
+            let updated = sqlx::query(
                 "UPDATE idempotency_requests \
                     SET key_digest = ?, downstream_key = coalesce(?, downstream_key) \
                   WHERE rowid = ?",
             )
-            .bind(KeyDigest::of_raw(&raw).as_bytes().as_slice())
+            .bind(KeyDigest::of_raw(&raw))
             .bind(downstream)
             .bind(rowid)
             .execute(&mut *tx)
-            .await?;
+            .await;
+            match updated {
+                Ok(done) if done.rows_affected() == 1 => {}
+                // A row of the same key already stored as its digest (written by a
+                // process that served before converting): two records of one
+                // key, which only a person can reconcile. Nothing is changed.
+                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+                    return Err(StoreError::Corrupt(format!(
+                        "converting keys to digests: the row with rowid {rowid} has a twin \
+                         already stored under its digest; resolve the two by hand"
+                    )));
+                }
+                Ok(_) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "converting keys to digests: the row with rowid {rowid} did not change"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            after = rowid;
         }
         tx.commit().await?;
     }
