@@ -38,7 +38,12 @@ pub const MAX_KEY_LEN: usize = 255;
 /// assert_eq!(format!("{bare:?}"), "IdempotencyKey(<redacted, 8 chars>)");
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
+pub struct IdempotencyKey {
+    key: String,
+    /// Computed once, at parsing: every store binds it, a lease's every fenced
+    /// write names it, so a request would otherwise hash its key several times.
+    digest: KeyDigest,
+}
 
 /// Why a key was refused. None of the variants carries the key itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -109,7 +114,10 @@ impl IdempotencyKey {
         if key.len() > MAX_KEY_LEN {
             return Err(KeyError::TooLong { len: key.len() });
         }
-        Ok(IdempotencyKey(key))
+        Ok(IdempotencyKey {
+            digest: KeyDigest::of_raw(&key),
+            key,
+        })
     }
 
     /// Reads the key from a request's headers.
@@ -130,7 +138,7 @@ impl IdempotencyKey {
     /// The key's characters. Compare them; do not log or store them (stores keep
     /// [`IdempotencyKey::digest`]).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.key
     }
 
     /// The key's SHA-256 digest: what every store keeps and binds in its place, so
@@ -148,7 +156,7 @@ impl IdempotencyKey {
     /// );
     /// ```
     pub fn digest(&self) -> KeyDigest {
-        KeyDigest::of_raw(&self.0)
+        self.digest
     }
 }
 
@@ -245,7 +253,7 @@ impl fmt::Debug for KeyDigest {
 
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IdempotencyKey(<redacted, {} chars>)", self.0.len())
+        write!(f, "IdempotencyKey(<redacted, {} chars>)", self.key.len())
     }
 }
 
