@@ -1299,6 +1299,70 @@ async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
     );
 }
 
+/// Index entries that no longer name an uncertain record (the record replaced
+/// by a foreign value, resolved behind the index's back, or gone) neither stop
+/// the round nor stay for ever: a foreign value counts as an error, the stale
+/// entries are pruned, and the uncertain record among them is still resolved.
+#[tokio::test]
+async fn stale_and_foreign_index_entries_neither_stop_the_round_nor_stay() {
+    let s = store("stale-entries").await;
+    let mut c = s.connection();
+    let index = s.uncertain_index("create-payment");
+    let mut names = Vec::new();
+    for k in ["st-foreign", "st-finished", "st-gone", "st-fine"] {
+        let key = IdempotencyKey::parse(k).unwrap();
+        acquire(&s, &key, HOUR)
+            .await
+            .mark_uncertain()
+            .await
+            .unwrap();
+        names.push(s.record_key("acme", "create-payment", &key));
+    }
+    // A string where a record was; a record no longer uncertain; no record.
+    let _: () = c.del(&names[0]).await.unwrap();
+    let _: () = c.set(&names[0], "not idem's").await.unwrap();
+    let _: () = c.hset(&names[1], "state", "completed").await.unwrap();
+    let _: () = c.del(&names[2]).await.unwrap();
+    let report = Reconciler::<_, Redis>::on_store(s.clone(), AskLedger(Ledger::default()))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!((report.errors, report.released), (1, 1), "{report:?}");
+    assert_eq!(
+        c.zcard::<_, i64>(&index).await.unwrap(),
+        1,
+        "only the foreign value's entry is left, for an operator"
+    );
+    let left: String = c.get(&names[0]).await.unwrap();
+    assert_eq!(left, "not idem's", "a foreign value is never touched");
+}
+
+/// Durations past what the scripts' numbers hold (a hand-written request of
+/// `Duration::MAX`) are a century, not an undefined or negative expiry that
+/// would delete the record just claimed: the lease completes and its outcome
+/// is kept with a positive time to live.
+#[tokio::test]
+async fn a_lease_and_retention_of_duration_max_keep_the_record() {
+    let s = store("duration-max").await;
+    let key = IdempotencyKey::parse("forever").unwrap();
+    let mut req = lease_req(&key, Duration::MAX);
+    req.retention = Duration::MAX;
+    let LeasedClaim::Acquired(lease) = s.claim(&req).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    let name = s.record_key("acme", "create-payment", &key);
+    let mut c = s.connection();
+    let ttl: i64 = c.pttl(&name).await.unwrap();
+    assert!(ttl > 0, "the claimed record has a positive expiry: {ttl}");
+    lease.complete(&paid("ch_1")).await.unwrap();
+    let ttl: i64 = c.pttl(&name).await.unwrap();
+    assert!(ttl > 0, "the outcome is kept: {ttl}");
+    assert!(matches!(
+        s.claim(&req).await.unwrap(),
+        LeasedClaim::Replay(_)
+    ));
+}
+
 // --- metrics: the same names and labels as on SQL ----------------------------
 
 /// A leased service on either store: the first execution of "slow" reports in

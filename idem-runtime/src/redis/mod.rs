@@ -72,6 +72,7 @@ struct Scripts {
     uncertain: Script,
     release: Script,
     resolve: Script,
+    prune: Script,
 }
 
 /// What the start-up check makes of the server's eviction settings.
@@ -197,6 +198,7 @@ impl RedisLeaseStore {
                 uncertain: Script::new(scripts::UNCERTAIN),
                 release: Script::new(scripts::RELEASE),
                 resolve: Script::new(scripts::RESOLVE),
+                prune: Script::new(scripts::PRUNE),
             }),
         };
         match store.check_eviction().await? {
@@ -297,6 +299,15 @@ impl RedisLeaseStore {
     }
 }
 
+/// A duration as the scripts take it: at least 1 ms (`PEXPIRE 0` would delete
+/// the record a claim has just acquired) and at most a century (Lua's numbers
+/// are doubles, and `string.format('%d')` of one past 2^63 is undefined: the
+/// record could get a negative expiry, which deletes it).
+fn script_ms(d: Duration) -> i64 {
+    const CENTURY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+    millis(d).clamp(1, CENTURY_MS)
+}
+
 /// A record's entry in its operation's uncertain index.
 fn member(tenant: &str, digest: &str) -> String {
     format!("{}:{digest}", escape(tenant))
@@ -383,8 +394,8 @@ impl LeaseBackend for Redis {
             .key(&name)
             .arg(hex::encode(req.fingerprint.as_bytes()))
             .arg(&token)
-            .arg(millis(req.lease))
-            .arg(millis(req.retention))
+            .arg(script_ms(req.lease))
+            .arg(script_ms(req.retention))
             .arg(req.tenant)
             .arg(downstream)
             .invoke_async(&mut store.conn.clone())
@@ -439,7 +450,7 @@ impl LeaseBackend for Redis {
             .arg(response.status)
             .arg(headers)
             .arg(&response.body[..])
-            .arg(millis(retention).max(1))
+            .arg(script_ms(retention))
             .invoke_async(&mut store.conn.clone())
             .await
             .map_err(redis_err)?;
@@ -460,7 +471,7 @@ impl LeaseBackend for Redis {
                     .renew
                     .key(&name)
                     .arg(row.token)
-                    .arg(millis(lease))
+                    .arg(script_ms(lease))
                     .invoke_async(&mut conn)
                     .await
             }
@@ -561,13 +572,20 @@ impl LeaseBackend for Redis {
                 continue;
             };
             let name = format!("{}:{{{}}}:r:{m}", store.prefix, escape(operation));
-            let r: Vec<Value> = redis::cmd("HMGET")
+            let read: Result<Vec<Value>, _> = redis::cmd("HMGET")
                 .arg(&name)
                 .arg(&["state", "gen", "token", "tenant", "dkey"])
                 .query_async(&mut conn)
-                .await
-                .map_err(redis_err)?;
-            let fields: Vec<Option<String>> = r.iter().map(text).collect();
+                .await;
+            // A foreign value at the record's name (not a hash) is one broken
+            // entry, not an error of the whole page, which would starve the others.
+            let fields: Vec<Option<String>> = match read {
+                Ok(r) => r.iter().map(text).collect(),
+                Err(e) => {
+                    tracing::warn!(index = %index, error = %e, "idem: redis: an uncertain index entry whose record cannot be read");
+                    vec![Some("uncertain".to_owned())]
+                }
+            };
             match &fields[..] {
                 // A generation that is not a number is a broken record (below),
                 // not an error of the whole page, which would starve the others.
@@ -601,20 +619,17 @@ impl LeaseBackend for Redis {
                         "an uncertain record without its fields (or with a malformed one); left for a person to look at",
                     ),
                 }),
-                // Resolved meanwhile (or re-executed): not uncertain any more.
-                [Some(_), ..] => {}
-                // The record is gone (a restart without persistence, a hand
-                // deletion): its entry goes too, through the fenced script.
+                // Not uncertain any more (resolved or re-executed meanwhile), or
+                // gone (a restart without persistence, a hand deletion): the
+                // entry goes, in one script that checks the record again, so an
+                // execution that became uncertain since keeps its entry.
                 _ => {
                     let gone: Result<u64, _> = store
                         .scripts
-                        .resolve
+                        .prune
                         .key(&name)
                         .key(&index)
                         .arg(&m)
-                        .arg("0")
-                        .arg("")
-                        .arg("0")
                         .invoke_async(&mut conn)
                         .await;
                     if let Err(e) = gone {

@@ -161,3 +161,15 @@ end
 return 1
 "#
 );
+
+/// KEYS: record, uncertain index. ARGV: index member. Removes the entry unless
+/// the record is uncertain (now, under the script's atomicity): a stale entry
+/// (its record resolved, re-executed or gone) would otherwise stay for ever.
+pub(super) const PRUNE: &str = r#"
+if redis.call('TYPE', KEYS[1])['ok'] == 'hash'
+   and redis.call('HGET', KEYS[1], 'state') == 'uncertain' then
+  return 0
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"#;
