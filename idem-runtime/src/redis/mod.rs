@@ -113,7 +113,8 @@ pub fn eviction_verdict(policy: &str, maxmemory: u64) -> EvictionVerdict {
             EvictionVerdict::Warn(format!(
                 "maxmemory-policy is {policy} with maxmemory {maxmemory}: finished outcomes \
                  and live leases may be evicted before their time; a retry of such a key \
-                 executes again (with the same downstream key)"
+                 executes again, even while its first execution still runs (with the same \
+                 downstream key, so only a provider honouring it keeps the effect single)"
             ))
         }
     } else {
