@@ -15,8 +15,9 @@
 //!   purge <tenant> <operation> <key>      delete one key, so that its next request
 //!         [--digest] [--force]            executes anew; refuses a `processing` or
 //!                                         `uncertain` row unless --force
-//!   sweep --once [--batch-size N]         one run of the retention sweeper
-//!         [--max-batches N] [--stale-after-secs S]
+//!   sweep [--batch-size N]                one run of the retention sweeper, then
+//!         [--max-batches N]               exit (`--once`, which it used to require,
+//!         [--stale-after-secs S]          is accepted and changes nothing)
 //! ```
 //!
 //! The table holds each key's SHA-256, never the key: `show` and `purge` digest
@@ -25,18 +26,19 @@
 //! `printf %s KEY | sha256sum` prints, too). Output names the key by its digest.
 //!
 //! The database comes from `--database-url`, or else the environment variable
-//! `DATABASE_URL`: `postgres://...` (or `postgresql://...`) for PostgreSQL,
-//! `sqlite:PATH` (or `sqlite://PATH`) for a SQLite file, `mysql://...` (or
-//! `mariadb://...`) for MySQL 8 or MariaDB 10.11 (cargo feature `mysql`). `--json` (before or after
+//! `DATABASE_URL` (an empty one counts as unset): `postgres://...` (or `postgresql://...`) for
+//! PostgreSQL, `sqlite:PATH` (or `sqlite://PATH`) for a SQLite file,
+//! `mysql://...` (or `mariadb://...`) for MySQL 8 or MariaDB 10.11. Each database
+//! is a cargo feature of the CLI: `postgres` (the default), `sqlite` and `mysql`;
+//! a URL of a database the build left out is a usage error. `--json` (before or after
 //! the command) prints one JSON document on stdout instead of a table. Errors are
 //! one line on stderr, starting with `idem: error:`, and never print the URL or a
 //! stored body (a SQLite file's path, which holds no password, is printed when
 //! the file is missing).
 //!
-//! Every command works on both databases with the same output. The URL is looked
-//! at once, in [`run`] ([`connect`] knows the databases, each behind its cargo
-//! feature: `postgres`, the default, and `sqlite`); each command is then written
-//! once, generic over `idem_runtime::Backend`, and holds no SQL: the statements
+//! Every command works on each of the three databases with the same output. The
+//! URL is looked at once, in [`run`] ([`connect`] knows the databases, each behind
+//! its cargo feature); each command is then written once, generic over `idem_runtime::Backend`, and holds no SQL: the statements
 //! are the runtime's ([`idem_runtime::admin`], the sweeper, stats, migrations).
 //!
 //! # Exit codes
@@ -45,7 +47,7 @@
 //! | --- | --- |
 //! | 0 | success |
 //! | 1 | unexpected failure (a stored row the CLI cannot read, stdout unwritable) |
-//! | 2 | usage: bad arguments (clap's own code), a key that is not a valid `Idempotency-Key` or a `--digest` that is not 64 hex digits, no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, an in-memory SQLite database |
+//! | 2 | usage: bad arguments (clap's own code), a key that is not a valid `Idempotency-Key` or a `--digest` that is not 64 hex digits, no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, a database this build of the CLI leaves out (its cargo feature), an in-memory SQLite database |
 //! | 3 | not found: `show` or `purge` of a key that has no row |
 //! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock) |
 //! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
@@ -97,8 +99,11 @@ const PURGE_LOCK_WAIT: Duration = Duration::from_secs(2);
 #[command(name = "idem", version, about, long_about = None)]
 struct Cli {
     /// PostgreSQL, SQLite or MySQL URL, e.g. postgres://user@host:5432/db, sqlite:path/to/app.db
-    /// or mysql://user@host:3306/db
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    /// or mysql://user@host:3306/db [default: the environment variable DATABASE_URL]
+    // Not clap's `env`: clap would list an argument taken from the environment in
+    // its usage lines (`Usage: idem show --database-url <URL> ...`), as if it were
+    // required. `database_url` reads the variable instead.
+    #[arg(long, global = true, value_name = "URL")]
     database_url: Option<String>,
 
     /// Print JSON instead of a table
@@ -145,10 +150,10 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Run the retention sweeper
+    /// Run the retention sweeper once, then exit (the continuous sweeper runs in the service: Sweeper::spawn)
     Sweep {
-        /// Run once and exit (the continuous sweeper runs in the service: Sweeper::spawn)
-        #[arg(long, required = true)]
+        /// Accepted and ignored: every `idem sweep` is one pass (the flag used to be required)
+        #[arg(long, hide = true)]
         once: bool,
         /// Rows deleted per statement
         #[arg(long, default_value_t = Sweeper::DEFAULT_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
@@ -295,9 +300,8 @@ fn fail(f: &Failure) -> ExitCode {
 
 /// Picks the backend from the URL, once, and runs the command on it.
 async fn run(cli: Cli) -> Result<String, Failure> {
-    let url = cli.database_url.as_deref().ok_or_else(|| {
-        Failure::Usage("no database: pass --database-url or set DATABASE_URL".to_owned())
-    })?;
+    let url = database_url(cli.database_url.clone())?;
+    let url = url.as_str();
     let json = cli.json;
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
@@ -328,6 +332,23 @@ async fn run(cli: Cli) -> Result<String, Failure> {
              mysql:// or mariadb://"
                 .to_owned(),
         ))
+    }
+}
+
+/// The URL of `--database-url`, or else of the environment variable
+/// `DATABASE_URL` (an empty one counts as unset).
+fn database_url(flag: Option<String>) -> Result<String, Failure> {
+    if let Some(url) = flag {
+        return Ok(url);
+    }
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Ok(url),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Err(Failure::Usage(
+            "no database: pass --database-url or set DATABASE_URL".to_owned(),
+        )),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Failure::Usage("DATABASE_URL is not valid UTF-8".to_owned()))
+        }
     }
 }
 

@@ -200,6 +200,7 @@ macro_rules! cli_tests {
                 &["stats"][..],
                 &["show", "acme", "op", "k"],
                 &["purge", "acme", "op", "k"],
+                &["sweep"],
                 &["sweep", "--once"],
                 &["--json", "stats"],
             ] {
@@ -476,13 +477,14 @@ macro_rules! cli_tests {
         }
 
         #[tokio::test]
-        async fn sweep_once_deletes_the_expired_finished_rows_and_reports() {
+        async fn sweep_deletes_the_expired_finished_rows_once_and_reports() {
             let db = seeded().await;
             db.exec($expired_rows).await;
             let url = db.url();
             let url = Some(url.as_str());
 
-            let out = idem(url, &["sweep", "--once", "--batch-size", "2"]).await;
+            // One pass, then exit: no flag needed for that.
+            let out = idem(url, &["sweep", "--batch-size", "2"]).await;
             assert_eq!(out.code, 0, "{out:?}");
             let field = |label: &str| {
                 out.stdout
@@ -505,7 +507,8 @@ macro_rules! cli_tests {
             );
 
             // --stale-after-secs below the running row's age reports it, and still
-            // deletes nothing in flight.
+            // deletes nothing in flight. `--once`, which the command used to
+            // require, is still accepted and changes nothing.
             let out = idem(
                 url,
                 &["sweep", "--once", "--stale-after-secs", "60", "--json"],
@@ -522,9 +525,11 @@ macro_rules! cli_tests {
                 2
             );
 
-            // --once is required: the continuous sweeper belongs in the service.
-            let out = idem(url, &["sweep"]).await;
-            assert_eq!(out.code, 2, "{out:?}");
+            // Nothing left: a plain `idem sweep` is one pass too, and returns.
+            let out = idem(url, &["sweep", "--json"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert_eq!(out.json()["deleted"], 0);
+            assert_eq!(out.json()["batches"], 1);
         }
 
         #[tokio::test]
@@ -785,8 +790,11 @@ async fn a_file_that_is_not_a_sqlite_database_is_a_database_error() {
 
 #[tokio::test]
 async fn urls_that_cannot_work_are_usage_errors() {
-    // No URL at all.
+    // No URL at all, or an empty variable (which counts as unset).
     idem(None, &["stats"])
+        .await
+        .assert_error(2, "--database-url or set DATABASE_URL");
+    idem(Some(""), &["stats"])
         .await
         .assert_error(2, "--database-url or set DATABASE_URL");
     // A URL that does not parse, or is of neither backend.
@@ -827,5 +835,33 @@ async fn usage_errors_are_clap_s_exit_2_and_help_is_0() {
     assert_eq!(out.code, 0, "{out:?}");
     for cmd in ["migrate", "stats", "show", "purge", "sweep"] {
         assert!(out.stdout.contains(cmd), "{cmd} in {out:?}");
+    }
+    // The help says where the URL comes from when the flag is left out.
+    assert!(out.stdout.contains("DATABASE_URL"), "{out:?}");
+}
+
+/// `DATABASE_URL` provides the URL: no usage line may then present
+/// `--database-url` as a required argument (clap lists every argument it took
+/// from the environment in the usage line of its errors).
+#[tokio::test]
+async fn the_environment_does_not_make_the_flag_look_required() {
+    let url = Some("postgres://postgres@127.0.0.1:1/postgres");
+    for args in [&["show", "only-tenant"][..], &["purge"], &["frobnicate"]] {
+        let out = idem(url, args).await;
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(out.stderr.contains("Usage: idem"), "{args:?}: {out:?}");
+        assert!(!out.stderr.contains("--database-url"), "{args:?}: {out:?}");
+    }
+    for args in [&["sweep", "--help"][..], &["show", "--help"]] {
+        let out = idem(url, args).await;
+        assert_eq!(out.code, 0, "{args:?}: {out:?}");
+        let usage = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("Usage: "))
+            .unwrap_or_else(|| panic!("no usage line: {out:?}"));
+        assert!(!usage.contains("--database-url"), "{usage}");
+        // Nothing in `sweep` is required: it runs one pass.
+        assert!(!usage.contains("--once"), "{usage}");
     }
 }
