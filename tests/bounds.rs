@@ -374,13 +374,13 @@ async fn show_bounds(#[tenant] _caller: Caller, tx: &mut Tx) -> impl IntoRespons
 
 /// On PostgreSQL the deadline travels with the transaction, so that the server
 /// ends a session whose client stalled or vanished and frees its key, whether
-/// the claim was pipelined or not.
+/// the key is claimed at commit or before the handler.
 #[tokio::test]
 async fn the_claims_transaction_carries_the_deadline_to_the_server() {
-    for pipelined in [true, false] {
+    for at_commit in [true, false] {
         let a = app_with(|idem| {
             idem.with_request_deadline(Duration::from_secs(7))
-                .with_pipelined_claims(pipelined)
+                .with_claims_at_commit(at_commit)
         })
         .await;
         let router = Router::new()
@@ -399,7 +399,7 @@ async fn the_claims_transaction_carries_the_deadline_to_the_server() {
         assert_eq!(
             bounds,
             json!({"statement": "8s", "idle": "8s"}),
-            "pipelined: {pipelined}"
+            "claims at commit: {at_commit}"
         );
     }
 }

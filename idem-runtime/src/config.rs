@@ -1,7 +1,6 @@
 //! [`Idem`]: the pool and the settings that every idempotent handler shares.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::http::HeaderName;
@@ -70,9 +69,8 @@ pub enum ConfigError {
 pub struct Idem<DB: LeaseBackend = DefaultBackend> {
     pool: DB::Store,
     settings: Arc<Settings>,
-    /// Shared by clones: once the database shows it cannot take pipelined claims,
-    /// no clone tries again.
-    pipelined: Arc<AtomicBool>,
+    /// See [`Idem::with_claims_at_commit`].
+    claims_at_commit: bool,
     /// Shared by clones: duplicates of a key wait for its first request here,
     /// without a connection.
     flights: Arc<crate::flight::Flights>,
@@ -85,7 +83,7 @@ impl<DB: LeaseBackend> Clone for Idem<DB> {
         Idem {
             pool: self.pool.clone(),
             settings: self.settings.clone(),
-            pipelined: self.pipelined.clone(),
+            claims_at_commit: self.claims_at_commit,
             flights: self.flights.clone(),
             executions: self.executions.clone(),
         }
@@ -161,7 +159,7 @@ impl<DB: LeaseBackend> Idem<DB> {
                 #[cfg(feature = "replay-cache")]
                 replay_cache: None,
             }),
-            pipelined: Arc::new(AtomicBool::new(true)),
+            claims_at_commit: true,
             flights: Arc::new(crate::flight::Flights::new(
                 Self::DEFAULT_WAITERS_PER_KEY,
                 Self::DEFAULT_WAITERS,
@@ -170,23 +168,35 @@ impl<DB: LeaseBackend> Idem<DB> {
         }
     }
 
-    /// PostgreSQL: whether a handler's claim is sent together with its `BEGIN`
-    /// and its completion together with its `COMMIT` (on by default), so that
-    /// `#[idempotent]` adds no round trip to the handler's transaction.
+    /// PostgreSQL: whether a handler's key is claimed by the row its completion
+    /// inserts (on by default), rather than by a row written before the handler
+    /// runs and updated at completion.
     ///
-    /// The price: such a claim can only say "not claimed" as an error, so
-    /// PostgreSQL logs a line (`ERROR: idem: replay of a stored outcome (not a
-    /// failure)`, SQLSTATE `IDEM4`, and the like for mismatches and contended keys)
-    /// for every replay, mismatch and contended claim. Turn it off to keep those
-    /// out of the server's log at the cost of two round trips per execution. No
-    /// effect on SQLite, and none on hand-written [`crate::claim`] calls.
+    /// On, a first execution writes idem's row once and adds two prepared
+    /// statements to the handler's transaction: a lookup before it (which also
+    /// answers every retry of a finished key, with no transaction) and the insert
+    /// before its `COMMIT`. A duplicate on another process that arrives while the
+    /// first is still running its handler runs its own handler too; its
+    /// transaction then waits for the first's, rolls back, and answers the first's
+    /// stored outcome, so exactly one effect commits.
     ///
-    /// It also turns itself off, with a warning in the log, when the database
-    /// role's default isolation is not READ COMMITTED or idem's migrations were not
-    /// all applied.
-    pub fn with_pipelined_claims(mut self, on: bool) -> Self {
-        self.pipelined = Arc::new(AtomicBool::new(on));
+    /// Off, the key is claimed before the handler runs (`idem_claim`, as
+    /// hand-written [`crate::claim`] calls do) and such a duplicate waits, up to
+    /// the in-flight wait, before it runs anything: for handlers whose work must
+    /// not even start twice (say, a long computation), at the price of a second
+    /// write of the row. No effect on SQLite or MySQL, whose claims always come
+    /// first, and none on hand-written [`crate::claim`] calls.
+    pub fn with_claims_at_commit(mut self, on: bool) -> Self {
+        self.claims_at_commit = on;
         self
+    }
+
+    /// The earlier name of [`Idem::with_claims_at_commit`]: the claim no longer
+    /// travels with `BEGIN` (nor as SQL text), but it still adds no statement of
+    /// its own.
+    #[deprecated(since = "0.2.0", note = "use `Idem::with_claims_at_commit`")]
+    pub fn with_pipelined_claims(self, on: bool) -> Self {
+        self.with_claims_at_commit(on)
     }
 
     /// The longest a transactional request may take from its claim to its
@@ -275,20 +285,15 @@ impl<DB: LeaseBackend> Idem<DB> {
         &self.flights
     }
 
-    /// Whether claims are pipelined (see [`Idem::with_pipelined_claims`]).
-    pub fn pipelined_claims(&self) -> bool {
-        self.pipelined.load(Ordering::Relaxed)
+    /// Whether keys are claimed at commit (see [`Idem::with_claims_at_commit`]).
+    pub fn claims_at_commit(&self) -> bool {
+        self.claims_at_commit
     }
 
-    /// Stops pipelined claims for this `Idem` and its clones, saying why once.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn stop_pipelined_claims(&self, why: &str) {
-        if self.pipelined.swap(false, Ordering::Relaxed) {
-            tracing::warn!(
-                reason = why,
-                "idem: pipelined claims are off; every claim now takes two round trips more"
-            );
-        }
+    /// The earlier name of [`Idem::claims_at_commit`].
+    #[deprecated(since = "0.2.0", note = "use `Idem::claims_at_commit`")]
+    pub fn pipelined_claims(&self) -> bool {
+        self.claims_at_commit()
     }
 
     /// How long a duplicate request waits for a concurrent first request with the

@@ -647,6 +647,15 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 status = outcome.response.status().as_u16(),
                 "idem: rolled back"
             );
+            // A key claimed at commit may have been finished by another execution
+            // while this one ran: its outcome is the key's answer, not this error.
+            match DB::taken_since(idem, &execution).await {
+                Ok(Some(claim)) => return taken(op, scope, claim),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(operation = op, error = %e, "idem: could not look the key up after a rollback; answering the handler's own response");
+                }
+            }
             return outcome.response;
         }
         let (response, stored) = match capture(idem, op, outcome.response).await {
@@ -664,6 +673,14 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 }
             }
             Finish::NotStored(e) => return store_failed(op, None, Step::Complete, &e),
+            Finish::Taken(claim) => {
+                metrics::completion(op, "rolled_back");
+                tracing::debug!(
+                    operation = op,
+                    "idem: another execution holds the key; rolled back"
+                );
+                return taken(op, scope, claim);
+            }
             Finish::Unknown(e) => {
                 // Either way a retry with the same key is safe: it replays or executes.
                 metrics::completion(op, "error");
@@ -676,6 +693,22 @@ impl<DB: Backend> Mode<DB> for Transactional {
         stored_ok(op, &stored, started);
         response
     }
+}
+
+/// The answer of a request whose execution rolled back because another
+/// execution holds its key.
+fn taken(op: &'static str, scope: &Scope<'_>, claim: Claim) -> Response {
+    let answer = match claim {
+        Claim::Replay(stored) => Answer::Replay {
+            stored,
+            cached: false,
+        },
+        Claim::Mismatch => Answer::Mismatch { cached: false },
+        Claim::InFlight { retry_after } => Answer::InFlight(retry_after),
+        // Never decided after an execution (`decide::after_execution`).
+        Claim::Execute(_) => Answer::InFlight(Duration::from_secs(1)),
+    };
+    answer.respond(op, scope.tenant_label)
 }
 
 /// The replay cache's answer for `req`, if it has one.

@@ -77,6 +77,7 @@ pub mod admin;
 mod config;
 pub mod consumer;
 mod db;
+mod decide;
 mod executions;
 pub mod fingerprint;
 mod flight;

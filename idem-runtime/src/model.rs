@@ -59,10 +59,17 @@ pub struct Execution {
     pub(crate) key: KeyDigest,
     pub(crate) generation: i64,
     pub(crate) retention: Duration,
+    /// The request's fingerprint, which a claim made at commit stores.
+    pub(crate) fingerprint: Fingerprint,
+    /// How long a claim made at commit waits for another holder of the key.
+    pub(crate) in_flight_wait: Duration,
+    /// Whether the key is claimed by the completion itself (PostgreSQL's handler
+    /// path) rather than by a row written before the handler ran.
+    pub(crate) at_commit: bool,
 }
 
 impl Execution {
-    /// The execution of `req` at `generation`.
+    /// The execution of `req` at `generation`, whose claim row exists.
     pub(crate) fn new(req: &ClaimRequest<'_>, generation: i64) -> Self {
         Execution {
             tenant: req.tenant.to_owned(),
@@ -70,6 +77,19 @@ impl Execution {
             key: req.key.digest(),
             generation,
             retention: req.retention,
+            fingerprint: req.fingerprint,
+            in_flight_wait: req.in_flight_wait,
+            at_commit: false,
+        }
+    }
+
+    /// The execution of `req` at `generation`, whose key is claimed by its
+    /// completion.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn at_commit(req: &ClaimRequest<'_>, generation: i64) -> Self {
+        Execution {
+            at_commit: true,
+            ..Execution::new(req, generation)
         }
     }
 
@@ -155,6 +175,9 @@ pub enum Finish {
     /// The commit may or may not have happened (the connection failed on the way);
     /// a retry with the same key replays or executes, either way safely.
     Unknown(StoreError),
+    /// Nothing was committed: another execution holds the key (its key was to be
+    /// claimed at commit). The request answers this instead of its own outcome.
+    Taken(Claim),
 }
 
 /// What a leased claim needs.

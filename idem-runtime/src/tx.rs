@@ -33,10 +33,11 @@ use crate::model::{Finish, StoreError};
 /// `ROLLBACK` or `SET TRANSACTION` yourself: that would separate the effect from its
 /// record, the one thing idem exists to prevent.
 pub struct Tx<DB: Backend = DefaultBackend> {
-    // A pooled connection rather than a `sqlx::Transaction`: on PostgreSQL the
-    // transaction is begun by the same message that claims the key and ended by
-    // the one that stores the outcome (see `db::postgres::pipelined`), which a
-    // `sqlx::Transaction` cannot express. The driver's own transaction depth is
+    // A pooled connection rather than a `sqlx::Transaction`: the value outlives
+    // the claim's decision (a replay answered on the same connection, with no
+    // transaction), and on PostgreSQL the transaction is begun with the request
+    // deadline in the same message, which a `sqlx::Transaction` borrowed from its
+    // connection cannot hand over by value. The driver's own transaction depth is
     // kept exactly as a `sqlx::Transaction` keeps it, so nested `begin`s are
     // savepoints.
     conn: PoolConnection<DB>,
@@ -119,16 +120,6 @@ impl<DB: Backend> Tx<DB> {
         <DB as Database>::TransactionManager::rollback(&mut self.conn).await?;
         self.open = false;
         Ok(())
-    }
-
-    /// After the database ended the transaction with `COMMIT; BEGIN` sent by idem:
-    /// the driver still counts the first transaction, and the second is empty, so
-    /// its rollback is queued and travels with the connection's release, at no
-    /// round trip of its own.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn committed_and_rebegun(mut self) {
-        <DB as Database>::TransactionManager::start_rollback(&mut self.conn);
-        self.open = false;
     }
 
     /// The connection's state is not known (an error mid-way through idem's own

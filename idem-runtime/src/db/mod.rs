@@ -134,6 +134,19 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         response: &StoredResponse,
     ) -> impl Future<Output = Finish> + Send;
 
+    /// The handler's path, after `execution` rolled back: what to answer instead
+    /// of its own outcome, when another execution finished the key meanwhile.
+    /// Only a database that claims at commit can find one; the others held the
+    /// key from the claim on.
+    #[doc(hidden)]
+    fn taken_since(
+        idem: &Idem<Self>,
+        execution: &Execution,
+    ) -> impl Future<Output = Result<Option<Claim>, StoreError>> + Send {
+        let _ = (idem, execution);
+        std::future::ready(Ok(None))
+    }
+
     // --- leased mode: one short statement (or transaction) each; every statement
     // over an owned row matches the owner token and answers the rows it touched,
     // so a stale owner touches none ----------------------------------------------

@@ -1,8 +1,8 @@
 //! PostgreSQL: every statement idem runs there.
 //!
 //! * [`transactional`]: the claim (`idem_claim`, one round trip) and the
-//!   completion, in the caller's transaction; [`pipelined`]: the handler's path,
-//!   the claim sent with `BEGIN` and the completion with `COMMIT`.
+//!   completion, in the caller's transaction; [`hot_path`]: the handler's path,
+//!   a lookup before the transaction and one row inserted at its commit.
 //! * [`leased`]: leased mode's claim (`idem_claim_leased`) and its fenced
 //!   statements.
 //! * [`upkeep`]: the sweeper's statements and the stats snapshot.
@@ -27,9 +27,8 @@ use crate::transition::Resource;
 use crate::tx::Tx;
 
 mod admin;
+pub(crate) mod hot_path;
 mod leased;
-pub(crate) mod pipelined;
-mod sql_literal;
 pub(crate) mod transactional;
 mod upkeep;
 
@@ -92,7 +91,7 @@ impl Backend for Postgres {
         idem: &Idem<Self>,
         req: &ClaimRequest<'_>,
     ) -> Result<(Tx<Self>, Claim), StoreError> {
-        pipelined::begin_claim(idem, req).await
+        hot_path::begin_claim(idem, req).await
     }
 
     async fn finish(
@@ -101,7 +100,14 @@ impl Backend for Postgres {
         execution: Execution,
         response: &StoredResponse,
     ) -> Finish {
-        pipelined::finish(idem, tx, execution, response).await
+        hot_path::finish(idem, tx, execution, response).await
+    }
+
+    async fn taken_since(
+        idem: &Idem<Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        hot_path::taken_since(idem, execution).await
     }
 
     lease_statements!();

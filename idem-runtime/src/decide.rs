@@ -1,0 +1,227 @@
+//! The decisions of the transactional claim, as pure functions over a snapshot
+//! of the key's row: what the database read, not how it read it. The
+//! PostgreSQL handler path reads the row with one prepared statement and decides
+//! here; unit-tested below without a database.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::model::{Claim, StoreError, StoredResponse};
+
+/// The `state` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowState {
+    /// Leased mode's execution in progress (a transactional one is never seen:
+    /// it is an uncommitted row, or on the handler's path no row at all).
+    Processing,
+    /// A finished outcome, 2xx or 3xx.
+    Completed,
+    /// A finished outcome, 4xx.
+    Failed,
+    /// Leased mode: the effect's outcome is not known.
+    Uncertain,
+}
+
+impl RowState {
+    /// Whether the row holds a stored outcome that can be replayed.
+    pub(crate) fn is_finished(self) -> bool {
+        matches!(self, RowState::Completed | RowState::Failed)
+    }
+}
+
+impl FromStr for RowState {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "processing" => Ok(RowState::Processing),
+            "completed" => Ok(RowState::Completed),
+            "failed" => Ok(RowState::Failed),
+            "uncertain" => Ok(RowState::Uncertain),
+            other => Err(StoreError::Corrupt(format!("state {other:?}"))),
+        }
+    }
+}
+
+/// A key's row as one statement read it.
+#[derive(Debug, Clone)]
+pub(crate) struct KeySnapshot {
+    /// Whether the row's fingerprint is the request's.
+    pub(crate) fingerprint_matches: bool,
+    pub(crate) state: RowState,
+    pub(crate) generation: i64,
+    /// Whether `expires_at` is still ahead, on the database's clock.
+    pub(crate) live: bool,
+    /// The stored outcome of a finished row.
+    pub(crate) stored: Option<StoredResponse>,
+}
+
+/// What a transactional request does before its handler runs.
+#[derive(Debug)]
+pub(crate) enum Transactional {
+    /// Run the handler; its completion claims the key at `generation` (one more
+    /// than an expired row's).
+    Execute { generation: i64 },
+    /// Answer without running anything.
+    Answer(Claim),
+}
+
+/// The decision before the handler: a finished, unexpired outcome is replayed
+/// (or `422` for another request), an expired one is executed anew, a leased
+/// execution in progress or uncertain is in flight (or `422`), and a key with no
+/// row is executed.
+pub(crate) fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Transactional {
+    let Some(row) = row else {
+        return Transactional::Execute { generation: 1 };
+    };
+    if row.state.is_finished() && !row.live {
+        return Transactional::Execute {
+            generation: row.generation + 1,
+        };
+    }
+    Transactional::Answer(held(row, in_flight_wait))
+}
+
+/// The decision after an execution found its key taken at commit: the holder's
+/// finished outcome (replayed, or `422`), else in flight. Never "execute": this
+/// request's handler has run already, and its transaction rolled back.
+pub(crate) fn after_execution(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Claim {
+    match row {
+        Some(row) if !(row.state.is_finished() && !row.live) => held(row, in_flight_wait),
+        // Gone (purged) or expired since it was found holding the key: the
+        // retry decides afresh.
+        _ => in_flight(in_flight_wait),
+    }
+}
+
+/// A key held by a row that is not to be taken over.
+fn held(row: KeySnapshot, in_flight_wait: Duration) -> Claim {
+    if !row.fingerprint_matches {
+        return Claim::Mismatch;
+    }
+    match row.stored {
+        Some(stored) if row.state.is_finished() => Claim::Replay(stored),
+        _ => in_flight(in_flight_wait),
+    }
+}
+
+fn in_flight(wait: Duration) -> Claim {
+    Claim::InFlight {
+        retry_after: wait.max(Duration::from_secs(1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(2);
+
+    fn row(state: RowState, live: bool, matches: bool) -> KeySnapshot {
+        KeySnapshot {
+            fingerprint_matches: matches,
+            state,
+            generation: 4,
+            live,
+            stored: state.is_finished().then(|| StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: "done".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_key_without_a_row_executes_at_generation_one() {
+        assert!(matches!(
+            transactional(None, WAIT),
+            Transactional::Execute { generation: 1 }
+        ));
+    }
+
+    #[test]
+    fn a_finished_live_outcome_replays_for_the_same_request_and_refuses_another() {
+        for state in [RowState::Completed, RowState::Failed] {
+            match transactional(Some(row(state, true, true)), WAIT) {
+                Transactional::Answer(Claim::Replay(s)) => assert_eq!(s.body, "done"),
+                other => panic!("{state:?}: {other:?}"),
+            }
+            assert!(matches!(
+                transactional(Some(row(state, true, false)), WAIT),
+                Transactional::Answer(Claim::Mismatch)
+            ));
+        }
+    }
+
+    #[test]
+    fn an_expired_outcome_executes_anew_one_generation_on_whatever_the_fingerprint() {
+        for matches in [true, false] {
+            assert!(matches!(
+                transactional(Some(row(RowState::Completed, false, matches)), WAIT),
+                Transactional::Execute { generation: 5 }
+            ));
+        }
+    }
+
+    #[test]
+    fn a_leased_execution_is_in_flight_or_a_mismatch_and_never_taken_over() {
+        for state in [RowState::Processing, RowState::Uncertain] {
+            for live in [true, false] {
+                match transactional(Some(row(state, live, true)), WAIT) {
+                    Transactional::Answer(Claim::InFlight { retry_after }) => {
+                        assert_eq!(retry_after, WAIT)
+                    }
+                    other => panic!("{state:?}: {other:?}"),
+                }
+                assert!(matches!(
+                    transactional(Some(row(state, live, false)), WAIT),
+                    Transactional::Answer(Claim::Mismatch)
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn in_flight_asks_for_at_least_a_second() {
+        match transactional(
+            Some(row(RowState::Processing, true, true)),
+            Duration::from_millis(10),
+        ) {
+            Transactional::Answer(Claim::InFlight { retry_after }) => {
+                assert_eq!(retry_after, Duration::from_secs(1))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn after_an_execution_the_holders_outcome_is_answered_and_nothing_executes() {
+        assert!(matches!(
+            after_execution(Some(row(RowState::Completed, true, true)), WAIT),
+            Claim::Replay(_)
+        ));
+        assert!(matches!(
+            after_execution(Some(row(RowState::Failed, true, false)), WAIT),
+            Claim::Mismatch
+        ));
+        for gone in [
+            None,
+            Some(row(RowState::Completed, false, true)),
+            Some(row(RowState::Processing, true, true)),
+        ] {
+            assert!(matches!(
+                after_execution(gone, WAIT),
+                Claim::InFlight { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn states_parse_and_unknown_ones_are_corrupt() {
+        assert_eq!("failed".parse::<RowState>().unwrap(), RowState::Failed);
+        assert!(matches!(
+            "done".parse::<RowState>(),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+}
