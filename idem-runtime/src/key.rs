@@ -25,7 +25,9 @@ pub const MAX_KEY_LEN: usize = 255;
 /// A validated idempotency key.
 ///
 /// It can only be built by [`IdempotencyKey::parse`], so holding one proves the
-/// key is non-empty, at most [`MAX_KEY_LEN`] characters and printable ASCII.
+/// key is non-empty, at most [`MAX_KEY_LEN`] characters and ASCII without control
+/// characters: visible ASCII, and spaces where the structured-string spelling holds
+/// them.
 /// Its `Debug` output is redacted: keys are bearer-like secrets in some APIs.
 ///
 /// ```
@@ -63,8 +65,12 @@ pub enum KeyError {
         /// The length that was sent.
         len: usize,
     },
-    /// The key holds a character outside printable ASCII.
-    #[error("the Idempotency-Key holds a character outside printable ASCII at position {position}")]
+    /// A bare key holds a character outside visible ASCII (`0x21..=0x7e`): a
+    /// space, a control character or a non-ASCII one. (A space is allowed only
+    /// inside the structured-string spelling, `"a b"`.)
+    #[error(
+        "the Idempotency-Key holds a character outside visible ASCII (a space, a control or a non-ASCII character) at position {position}"
+    )]
     NotPrintableAscii {
         /// Zero-based byte position of the first offending character.
         position: usize,
@@ -343,6 +349,18 @@ mod tests {
         assert_eq!(
             IdempotencyKey::parse("a b"),
             Err(KeyError::NotPrintableAscii { position: 1 })
+        );
+    }
+
+    #[test]
+    fn the_refusal_of_a_space_says_what_the_rule_is() {
+        // A space is printable but not visible: the message must not say
+        // "printable", or a key with a space looks as if it should pass.
+        let message = IdempotencyKey::parse("a b").unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "the Idempotency-Key holds a character outside visible ASCII \
+             (a space, a control or a non-ASCII character) at position 1"
         );
     }
 
