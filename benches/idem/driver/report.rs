@@ -35,6 +35,35 @@ fn targets(db: Db) -> Option<Targets> {
     }
 }
 
+/// What a first execution (b) costs beside the bare transaction (a), by CPU per
+/// request: the database's backends as a multiple of (a)'s (target: at most
+/// 1.6), the server's as microseconds added (target: at most 50). Judged on
+/// PostgreSQL, printed for every database.
+fn cpu_lines(db: Db, results: &[&Measured]) -> String {
+    let (Some(a), Some(b)) = (find(results, 'a'), find(results, 'b')) else {
+        return String::new();
+    };
+    let per = |m: &Measured, i: usize| m.cpu[i] * 1e6 / m.tally.requests.max(1) as f64;
+    let (db_a, db_b) = (per(a, 1), per(b, 1));
+    let (srv_a, srv_b) = (per(a, 0), per(b, 0));
+    let judged = matches!(db, Db::Postgres { .. });
+    let judge = |met: bool, target: &str| {
+        if judged {
+            format!("target {target:<8} {:<8}", verdict(met))
+        } else {
+            format!("{:<25}", "no target")
+        }
+    };
+    let db_ratio = db_b / db_a.max(1e-9);
+    let srv_added = srv_b - srv_a;
+    format!(
+        "db us b/a = {db_ratio:>5.2}   {}({db_b:.0} us against {db_a:.0})\n\
+         srv us b-a = {srv_added:>+5.0}   {}({srv_b:.0} us against {srv_a:.0})\n",
+        judge(db_ratio <= 1.6, "<= 1.60"),
+        judge(srv_added <= 50.0, "<= +50"),
+    )
+}
+
 fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "NOT met" }
 }
@@ -130,6 +159,7 @@ impl Report<'_> {
                 "{name} = {r:>5.2}   {judged} (by CPU per request: {by_cpu:.2})"
             );
         }
+        t.push_str(&cpu_lines(db, results));
         for m in results.iter().filter(|m| m.sc.kind.is_contention()) {
             t.push_str(&contention_line(m));
         }
