@@ -14,6 +14,12 @@
 //! * a malformed payload: terminated without reserving anything;
 //! * a failing effect or a concurrent delivery still running: nacked with a delay.
 //!
+//! Before any of this, JetStream drops a message published with a `Nats-Msg-Id`
+//! the stream already stored within its duplicate window (`duplicate_window`,
+//! left here at the server's default, two minutes), whatever its payload: such a
+//! re-publish is never delivered, so idem sees only redeliveries and re-publishes
+//! after the window.
+//!
 //! Environment:
 //!
 //! | variable | default | meaning |

@@ -24,7 +24,7 @@
 //!
 //! `GET /metrics` serves the idem metrics in the Prometheus text format.
 //!
-//! Every route behaves the same on SQLite and on PostgreSQL.
+//! Every route behaves the same on SQLite, PostgreSQL and MySQL / MariaDB.
 
 mod auth;
 mod fulfilment;

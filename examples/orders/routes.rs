@@ -1,7 +1,7 @@
-//! The HTTP routes, on either database. `POST /orders`, `/refunds` and
-//! `/payments` are made idempotent by key with `#[idempotent]`; `pay` and `ship`
-//! are idempotent state transitions; `GET` and `DELETE` are idempotent by nature
-//! and need no key.
+//! The HTTP routes, on each of the three databases. `POST /orders`, `/refunds`
+//! and `/payments` are made idempotent by key with `#[idempotent]`; `pay` and
+//! `ship` are idempotent state transitions; `GET` and `DELETE` are idempotent by
+//! nature and need no key.
 
 use std::time::Duration;
 
