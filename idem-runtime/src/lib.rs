@@ -54,9 +54,15 @@
 //!
 //! ## Requirements
 //!
-//! * A database, chosen by cargo feature as in sqlx: `postgres` (the default) or
-//!   `sqlite` (`Idem<Sqlite>`, `Tx<Sqlite>`), or both; with idem's table: call
-//!   [`migrate`] at start, or copy `migrations/` into your own migration history.
+//! * A database, chosen by cargo feature as in sqlx: `postgres` (the default),
+//!   `sqlite` (`Idem<Sqlite>`, `Tx<Sqlite>`) or `mysql` (MySQL 8 and MariaDB
+//!   10.11: `Idem<MySql>`, `Tx<MySql>`), any of them together; with idem's table:
+//!   call [`migrate`] at start, or copy `migrations/` into your own migration
+//!   history. Leased handlers may keep their records in Redis instead (feature
+//!   `redis`, the module `idem_runtime::redis`).
+//! * A `Json<T>` or `Form<T>` body is fingerprinted as its typed value, so `T`
+//!   implements `serde::Serialize` as well as `Deserialize` (unless the handler
+//!   says `fingerprint(ignore_body)`).
 //! * On PostgreSQL, claims run at READ COMMITTED, its default; another isolation
 //!   level is refused with [`StoreError::Isolation`].
 //! * Timestamps come from the database clock, never the application's.

@@ -18,8 +18,9 @@
 //! command or a dashboard refreshed every minute or so, not a per-request probe.
 //! Ages and timestamps come from the database clock.
 //!
-//! It runs on PostgreSQL and on SQLite. The summing up is the same on both; only
-//! the snapshot (a transaction and two queries) is each database's own.
+//! It runs on PostgreSQL, SQLite and MySQL / MariaDB. The summing up is the same
+//! on each; only the snapshot (a transaction and two queries) is each database's
+//! own.
 
 use std::collections::BTreeMap;
 
@@ -111,13 +112,14 @@ pub struct OperationStats {
     pub expired_unswept: u64,
 }
 
-/// Reads a [`Stats`] snapshot of the idempotency table, on PostgreSQL or SQLite
-/// (the backend is the pool's).
+/// Reads a [`Stats`] snapshot of the idempotency table, on PostgreSQL, SQLite or
+/// MySQL / MariaDB (the backend is the pool's).
 ///
 /// On PostgreSQL the reads run in one `REPEATABLE READ, READ ONLY` transaction;
-/// on SQLite in one read transaction, a snapshot in WAL mode. Either way the
-/// numbers agree with each other and with one instant of the database clock. The
-/// result is the same on both backends for the same rows, except for
+/// on MySQL in one too, `WITH CONSISTENT SNAPSHOT`; on SQLite in one read
+/// transaction, a snapshot in WAL mode. Either way the numbers agree with each
+/// other and with one instant of the database clock. The result is the same on
+/// every backend for the same rows, except for
 /// [`Stats::stored_bytes`], which counts the header text as each database stores
 /// it.
 ///

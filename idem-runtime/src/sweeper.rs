@@ -11,11 +11,11 @@
 //! [`STALE_IN_FLIGHT`] and [`OLDEST_IN_FLIGHT_SECONDS`]) so
 //! that an operator resolves them.
 //!
-//! The sweeper runs on PostgreSQL and on SQLite: [`Sweeper::new`] takes the
-//! backend from its pool (a `PgPool` or a `SqlitePool`). The run itself (batches,
-//! metrics, warnings, the [`SweepReport`]) is the same on both; only its three
-//! statements are each database's, and "now" is always the database's clock, as
-//! for the claims.
+//! The sweeper runs on PostgreSQL, SQLite and MySQL / MariaDB: [`Sweeper::new`]
+//! takes the backend from its pool (a `PgPool`, a `SqlitePool` or a
+//! `MySqlPool`). The run itself (batches, metrics, warnings, the [`SweepReport`])
+//! is the same on each; only its statements are each database's, and "now" is
+//! always the database's clock, as for the claims.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -40,7 +40,10 @@
 //!
 //! On PostgreSQL each batch locks its rows with `FOR UPDATE SKIP LOCKED`: several
 //! replicas may sweep at once, each takes rows the others have not, and none waits
-//! on a row that a request is re-claiming at that moment.
+//! on a row that a request is re-claiming at that moment. On MySQL / MariaDB a
+//! `DELETE` cannot skip locked rows, so each batch is chosen with a locking read
+//! that does (`FOR UPDATE SKIP LOCKED`, at READ COMMITTED) and then deleted by
+//! primary key in the same transaction: the same sharing between replicas.
 //!
 //! On SQLite there is nothing to skip: SQLite serialises writers, so a batch takes
 //! the database's single write lock (waiting for it through the connection's busy
@@ -54,14 +57,16 @@
 //! ## Cost
 //!
 //! Each batch walks the index `idempotency_requests_expires_at_idx (expires_at)`
-//! (on both backends) from the oldest expiry and deletes by row address (`ctid`,
-//! `rowid`), so a batch costs about its size however large the table or the
-//! backlog. The backlog count after a run is a range scan over the same index,
-//! proportional to the backlog itself: cheap while the sweeper keeps up, and the
-//! number an operator needs when it does not.
+//! (on every backend) from the oldest expiry and deletes by row address (`ctid`,
+//! `rowid`; on MySQL by primary key), so a batch costs about its size however
+//! large the table or the backlog. The backlog count after a run is a range scan
+//! over the same index, proportional to the backlog itself: cheap while the
+//! sweeper keeps up, and the number an operator needs when it does not.
 //!
-//! The in-flight check uses the partial index `idempotency_requests_in_flight_idx`
-//! on both backends (on SQLite since `migrations/sqlite/…02_in_flight_index.sql`).
+//! The in-flight check uses the index `idempotency_requests_in_flight_idx`:
+//! partial on PostgreSQL and SQLite (there since
+//! `migrations/sqlite/…02_in_flight_index.sql`), `(state, created_at)` on MySQL,
+//! which has no partial indexes.
 
 use std::time::Duration;
 
