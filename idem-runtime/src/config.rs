@@ -34,8 +34,8 @@ pub enum ConfigError {
     InvalidHeader(String),
 }
 
-/// What idem needs at run time: the pool (PostgreSQL, or SQLite as `Idem<Sqlite>`)
-/// and its settings.
+/// What idem needs at run time: the pool (PostgreSQL, SQLite as `Idem<Sqlite>`,
+/// or MySQL / MariaDB as `Idem<MySql>`) and its settings.
 ///
 /// Cheap to clone. Put it in your router state and expose it with
 /// [`axum::extract::FromRef`], so that `#[idempotent]` handlers can find it:
@@ -61,8 +61,10 @@ pub enum ConfigError {
 /// # }
 /// ```
 ///
-/// `Idem` is `Idem<Postgres>` (with the default `postgres` feature); a service on SQLite uses `Idem<Sqlite>` built from a
-/// `SqlitePool`, and its handlers take `&mut Tx<Sqlite>`.
+/// `Idem` is `Idem<Postgres>` (with the default `postgres` feature); a service on
+/// SQLite uses `Idem<Sqlite>` built from a `SqlitePool`, and its handlers take
+/// `&mut Tx<Sqlite>`; on MySQL or MariaDB, `Idem<MySql>` from a `MySqlPool`, and
+/// `&mut Tx<MySql>`.
 ///
 /// With the feature `redis`, `Idem<idem_runtime::redis::Redis>` (built by
 /// [`crate::redis::RedisLeaseStore::idem`]) runs leased handlers on Redis.
