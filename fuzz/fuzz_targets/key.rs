@@ -53,6 +53,8 @@ fn model(input: &[u8]) -> Result<String, KeyError> {
         sf_string(raw).ok_or(KeyError::MalformedStructuredString)?
     } else if let Some(position) = raw.iter().position(|b| !(0x21..=0x7e).contains(b)) {
         return Err(KeyError::NotPrintableAscii { position });
+    } else if let Some(position) = raw.iter().position(|&b| b == b',') {
+        return Err(KeyError::Comma { position });
     } else {
         String::from_utf8(raw.to_vec()).unwrap()
     };
@@ -75,6 +77,9 @@ static ERROR_BYTES: LazyLock<[bool; 256]> = LazyLock::new(|| {
         KeyError::Empty,
         KeyError::TooLong { len: 1234567890 },
         KeyError::NotPrintableAscii {
+            position: 1234567890,
+        },
+        KeyError::Comma {
             position: 1234567890,
         },
         KeyError::MalformedStructuredString,

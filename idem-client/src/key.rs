@@ -66,6 +66,13 @@ pub enum InvalidKey {
         /// Zero-based byte position of the first offending character.
         position: usize,
     },
+    /// The key holds a comma, which servers refuse in a bare key (two header
+    /// lines joined by an intermediary look the same).
+    #[error("the Idempotency-Key holds a comma at byte {position}; servers refuse it")]
+    Comma {
+        /// Zero-based byte position of the first comma.
+        position: usize,
+    },
     /// The key starts with `"`: servers read that as a structured-field string,
     /// so the client sends bare tokens only.
     #[error("the Idempotency-Key starts with '\"'; send the bare key instead")]
@@ -85,7 +92,7 @@ impl IdempotencyKey {
     /// # Errors
     ///
     /// [`InvalidKey`] when it is empty, too long, holds anything but visible
-    /// ASCII, or starts with `"`.
+    /// ASCII or a comma, or starts with `"`.
     ///
     /// ```
     /// use idem_client::IdempotencyKey;
@@ -107,6 +114,9 @@ impl IdempotencyKey {
         }
         if key.starts_with('"') {
             return Err(InvalidKey::Quoted);
+        }
+        if let Some(position) = key.find(',') {
+            return Err(InvalidKey::Comma { position });
         }
         Ok(IdempotencyKey(key))
     }
@@ -163,6 +173,14 @@ mod tests {
         assert_eq!(
             IdempotencyKey::new("é").unwrap_err(),
             InvalidKey::NotVisibleAscii { position: 0 }
+        );
+    }
+
+    #[test]
+    fn a_comma_is_refused_as_the_server_refuses_it() {
+        assert_eq!(
+            IdempotencyKey::new("pay,42").unwrap_err(),
+            InvalidKey::Comma { position: 3 }
         );
     }
 }

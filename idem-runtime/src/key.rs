@@ -49,6 +49,7 @@ pub struct IdempotencyKey {
 
 /// Why a key was refused. None of the variants carries the key itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The request has no `Idempotency-Key` header.
     #[error("the request has no Idempotency-Key header")]
@@ -75,6 +76,16 @@ pub enum KeyError {
         /// Zero-based byte position of the first offending character.
         position: usize,
     },
+    /// A bare key holds a comma. HTTP lets an intermediary join repeated header
+    /// lines into one with commas, so `a,b` may be two keys sent twice; the
+    /// structured-string spelling (`"a,b"`) carries a comma unambiguously.
+    #[error(
+        "the bare Idempotency-Key holds a comma at position {position}, as two header lines joined would; send a key with a comma as a structured-field string (\"a,b\")"
+    )]
+    Comma {
+        /// Zero-based byte position of the first comma.
+        position: usize,
+    },
     /// The key starts with `"` but is not a valid RFC 8941 string item.
     #[error(
         "the Idempotency-Key starts with '\"' but is not a valid structured-field string (RFC 8941)"
@@ -93,7 +104,8 @@ impl IdempotencyKey {
     /// Parses one header value.
     ///
     /// A value that starts with `"` must be a structured-field string item without
-    /// parameters; anything else is a bare token of visible ASCII (`0x21..=0x7e`).
+    /// parameters; anything else is a bare token of visible ASCII (`0x21..=0x7e`)
+    /// without a comma (which a joined pair of header lines would hold).
     /// Surrounding spaces and tabs are ignored, as HTTP field values allow them.
     ///
     /// # Errors
@@ -109,6 +121,9 @@ impl IdempotencyKey {
         } else {
             if let Some(position) = raw.iter().position(|b| !(0x21..=0x7e).contains(b)) {
                 return Err(KeyError::NotPrintableAscii { position });
+            }
+            if let Some(position) = raw.iter().position(|&b| b == b',') {
+                return Err(KeyError::Comma { position });
             }
             // Checked above: every byte is ASCII.
             String::from_utf8(raw.to_vec())
@@ -308,6 +323,25 @@ mod tests {
     fn structured_string_may_hold_spaces_and_escapes() {
         let k = IdempotencyKey::parse(r#""a b \"c\"""#).unwrap();
         assert_eq!(k.as_str(), "a b \"c\"");
+    }
+
+    #[test]
+    fn a_bare_key_with_a_comma_is_refused_and_a_structured_one_carries_it() {
+        assert_eq!(
+            IdempotencyKey::parse("key,with,commas"),
+            Err(KeyError::Comma { position: 3 })
+        );
+        // Two header lines joined by an intermediary.
+        assert_eq!(
+            IdempotencyKey::parse("k1, k2"),
+            Err(KeyError::NotPrintableAscii { position: 3 })
+        );
+        assert_eq!(
+            IdempotencyKey::parse("k1,k2"),
+            Err(KeyError::Comma { position: 2 })
+        );
+        let k = IdempotencyKey::parse(r#""key,with,commas""#).unwrap();
+        assert_eq!(k.as_str(), "key,with,commas");
     }
 
     #[test]
