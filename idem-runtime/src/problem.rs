@@ -141,8 +141,11 @@ impl Problem {
 }
 
 impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
+    /// A status outside 100..=999 cannot be sent: the answer is `500`, and the
+    /// document says `500` too, so the status line and the body never disagree.
+    fn into_response(mut self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        self.status = status.as_u16();
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut resp = (status, body).into_response();
         resp.headers_mut()
@@ -173,5 +176,23 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::CONFLICT);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
         assert_eq!(resp.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+    }
+
+    #[tokio::test]
+    async fn a_status_that_cannot_be_sent_is_500_in_the_status_line_and_the_body() {
+        use http_body_util::BodyExt;
+
+        for bad in [0u16, 42, 1000, u16::MAX] {
+            let mut p = Problem::new("urn:example:odd", StatusCode::IM_A_TEAPOT, "Odd");
+            p.status = bad;
+            let resp = p.into_response();
+            assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR, "{bad}");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(doc["status"], 500, "{bad}");
+        }
+        // A sendable status is kept as it is, in both.
+        let resp = Problem::new("urn:example:odd", StatusCode::IM_A_TEAPOT, "Odd").into_response();
+        assert_eq!(resp.status(), StatusCode::IM_A_TEAPOT);
     }
 }
