@@ -619,7 +619,7 @@ fn awkward_text(rng: &mut fastrand::Rng, ascii_only: bool) -> String {
         }
     }
     if ascii_only {
-        // Keys are printable ASCII without surrounding white space.
+        // Keys are visible ASCII without surrounding white space, and bare ones hold no comma.
         s = s.trim().replace(['\t', '\n'], "-");
         if s.is_empty() {
             s.push('k');

@@ -87,7 +87,7 @@ pub(crate) fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) 
 /// request's handler has run already, and its transaction rolled back.
 pub(crate) fn after_execution(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Claim {
     match row {
-        Some(row) if !(row.state.is_finished() && !row.live) => held(row, in_flight_wait),
+        Some(row) if !row.state.is_finished() || row.live => held(row, in_flight_wait),
         // Gone (purged) or expired since it was found holding the key: the
         // retry decides afresh.
         _ => in_flight(in_flight_wait),

@@ -83,6 +83,7 @@ pub mod admin;
 mod config;
 pub mod consumer;
 mod db;
+#[cfg(feature = "postgres")]
 mod decide;
 mod executions;
 pub mod fingerprint;

@@ -60,11 +60,14 @@ pub struct Execution {
     pub(crate) generation: i64,
     pub(crate) retention: Duration,
     /// The request's fingerprint, which a claim made at commit stores.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fingerprint: Fingerprint,
     /// How long a claim made at commit waits for another holder of the key.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) in_flight_wait: Duration,
     /// Whether the key is claimed by the completion itself (PostgreSQL's handler
     /// path) rather than by a row written before the handler ran.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) at_commit: bool,
 }
 
