@@ -59,11 +59,32 @@ pub(crate) fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Ver
     }
 }
 
+/// Whether [`judge`] reads the body of this answer: only a problem document's
+/// `type` can make a `202` or a `409` without `Retry-After` a retry. For every
+/// other answer the status and headers decide, so a final `2xx` (or any answer
+/// but those) needs no buffering before it is handed over.
+pub(crate) fn reads_body(status: StatusCode, headers: &HeaderMap) -> bool {
+    is_problem(headers)
+        && (status == StatusCode::ACCEPTED
+            || (status == StatusCode::CONFLICT && !headers.contains_key(RETRY_AFTER)))
+}
+
+/// The answer says it is `application/problem+json`.
+fn is_problem(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| {
+            essence
+                .trim()
+                .eq_ignore_ascii_case("application/problem+json")
+        })
+}
+
 /// The `type` of an `application/problem+json` body.
 pub(crate) fn problem_type(headers: &HeaderMap, body: &[u8]) -> Option<String> {
-    let content_type = headers.get(CONTENT_TYPE)?.to_str().ok()?;
-    let essence = content_type.split(';').next()?.trim();
-    if !essence.eq_ignore_ascii_case("application/problem+json") {
+    if !is_problem(headers) {
         return None;
     }
     let doc: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -166,6 +187,55 @@ mod tests {
             let s = StatusCode::from_u16(s).unwrap();
             assert_eq!(judge(s, &h, b""), Verdict::Final, "{s}");
         }
+    }
+
+    /// Where `reads_body` says the body does not matter, no body changes the
+    /// verdict: the middleware may judge such an answer unread.
+    #[test]
+    fn only_the_answers_that_read_their_body_depend_on_it() {
+        let bodies: [&[u8]; 4] = [
+            b"",
+            b"not json",
+            br#"{"type":"urn:idem:problem:outcome-uncertain"}"#,
+            br#"{"type":"urn:idem:problem:request-in-flight"}"#,
+        ];
+        let content_types = [
+            None,
+            Some("application/problem+json"),
+            Some("application/json"),
+        ];
+        let mut read = Vec::new();
+        for code in 100..=999u16 {
+            let status = StatusCode::from_u16(code).unwrap();
+            for ct in content_types {
+                for with_retry_after in [false, true] {
+                    let mut h = HeaderMap::new();
+                    if let Some(ct) = ct {
+                        h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+                    }
+                    if with_retry_after {
+                        h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+                    }
+                    if reads_body(status, &h) {
+                        read.push((code, ct, with_retry_after));
+                        continue;
+                    }
+                    let unread = judge(status, &h, b"");
+                    for body in bodies {
+                        assert_eq!(judge(status, &h, body), unread, "{code} {ct:?} {h:?}");
+                    }
+                }
+            }
+        }
+        let problem = Some("application/problem+json");
+        assert_eq!(
+            read,
+            [
+                (202, problem, false),
+                (202, problem, true),
+                (409, problem, false)
+            ]
+        );
     }
 
     #[test]

@@ -16,6 +16,11 @@
 //! | `202` outcome uncertain (`urn:idem:problem:outcome-uncertain`) | retry after `Retry-After`, until a final answer |
 //! | `422` and every other `4xx`; `2xx`, `3xx`; other `409`s | returned at once |
 //! | attempts or deadline used up | the error [`GaveUp`], carrying the key to retry with later |
+//! | a body it must hold over [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB) | the error [`BodyTooLarge`], at once |
+//! | a body that arrived but cannot be decoded | reqwest's decode error, at once |
+//!
+//! The final answer comes with its body in memory, or unread for a request with
+//! the [`StreamFinal`] extension.
 //!
 //! ```no_run
 //! use idem_client::{IdempotencyMiddleware, ResponseExt};
@@ -49,5 +54,5 @@ mod outcome;
 
 pub use decide::{OUTCOME_UNCERTAIN, REQUEST_IN_FLIGHT};
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
-pub use middleware::IdempotencyMiddleware;
-pub use outcome::{ErrorExt, GaveUp, IdemOutcome, LastAnswer, Limit, ResponseExt};
+pub use middleware::{IdempotencyMiddleware, StreamFinal};
+pub use outcome::{BodyTooLarge, ErrorExt, GaveUp, IdemOutcome, LastAnswer, Limit, ResponseExt};

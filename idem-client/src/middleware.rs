@@ -2,16 +2,19 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::Extensions;
 use http_body_util::BodyExt;
 use reqwest::header::HeaderValue;
-use reqwest::{Method, Request, Response, ResponseBuilderExt};
+use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode};
 use reqwest_middleware::{Error, Middleware, Next};
 use tokio::time::Instant;
 
-use crate::decide::{Verdict, full_jitter, judge, problem_type};
-use crate::{GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, InvalidKey, LastAnswer, Limit};
+use crate::decide::{Verdict, full_jitter, judge, problem_type, reads_body};
+use crate::{
+    BodyTooLarge, GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, InvalidKey, LastAnswer,
+    Limit,
+};
 
 /// The `reqwest-middleware` middleware that makes a client keep the idempotency
 /// contract: one `Idempotency-Key` per logical request, the same key and the same
@@ -24,8 +27,14 @@ use crate::{GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, InvalidKey, La
 /// * takes the key from the extension, else from an `Idempotency-Key` header the
 ///   caller set, else makes a fresh UUID v4;
 /// * buffers the request body, so every attempt sends it byte for byte;
-/// * reads each answer's body before judging it, so a response cut off mid-body is
-///   a lost response too, and returns the final answer with its body in memory;
+/// * reads the final answer's body before handing it over, so a response cut off
+///   mid-body is a lost response too, and returns it with its body in memory, up
+///   to [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB;
+///   a longer one is the error [`BodyTooLarge`]); or, for a request with the
+///   [`StreamFinal`] extension, returns it with its body unread. The body of a
+///   `202` or `409` problem document is read in any case: it decides the retry;
+/// * never retries a body it cannot decode (a compressed body that does not
+///   inflate): the same answer would come again;
 /// * retries, after a full-jitter backoff and never before the answer's
 ///   `Retry-After`: connection errors and timeouts (the lost response), `5xx`
 ///   but `501`/`505`, `409` with `Retry-After` or the in-flight problem, and
@@ -82,7 +91,47 @@ pub struct IdempotencyMiddleware {
     base_delay: Duration,
     max_delay: Duration,
     attempt_timeout: Option<Duration>,
+    max_response_body: usize,
 }
+
+/// The default deadline, over all the attempts of a logical request.
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The default limit on a body the middleware holds in memory: four times what
+/// an idem server stores of an answer by default (1 MiB).
+pub(crate) const DEFAULT_MAX_RESPONSE_BODY: usize = 4 * 1024 * 1024;
+
+/// A request extension that asks for the final answer with its body unread:
+/// the middleware reads a body only where its retry decision needs it (the
+/// problem document of a `202` or of a `409` without `Retry-After`), and hands a
+/// final answer over as soon as its head has arrived, whatever its length. The
+/// limit on buffered bodies does not apply to it.
+///
+/// The caller then reads the body, and a body cut off mid-way is the caller's
+/// to retry (with the same key, from [`IdemOutcome`]): the middleware retries
+/// only a body it reads itself. reqwest applies a request's timeout (or the
+/// middleware's [`attempt_timeout`](IdempotencyMiddleware::attempt_timeout)) to
+/// reading its body too, and the middleware's deadline ends with the head.
+///
+/// ```no_run
+/// use idem_client::{IdempotencyMiddleware, StreamFinal};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotencyMiddleware::new())
+///     .build();
+/// let mut export = client
+///     .post("http://127.0.0.1:3000/exports")
+///     .with_extension(StreamFinal)
+///     .send()
+///     .await?;
+/// while let Some(chunk) = export.chunk().await? {
+///     // write the chunk somewhere
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamFinal;
 
 impl Default for IdempotencyMiddleware {
     /// [`IdempotencyMiddleware::new`].
@@ -94,7 +143,7 @@ impl Default for IdempotencyMiddleware {
 impl IdempotencyMiddleware {
     /// `POST` and `PATCH`; at most 10 attempts within 30 s; full-jitter backoff
     /// from 100 ms, doubling, capped at 5 s; no attempt timeout beyond the
-    /// client's own.
+    /// client's own; bodies held in memory up to 4 MiB.
     ///
     /// ```
     /// let middleware = idem_client::IdempotencyMiddleware::new();
@@ -103,10 +152,11 @@ impl IdempotencyMiddleware {
         IdempotencyMiddleware {
             methods: vec![Method::POST, Method::PATCH],
             max_attempts: 10,
-            deadline: Duration::from_secs(30),
+            deadline: DEFAULT_DEADLINE,
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(5),
             attempt_timeout: None,
+            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
         }
     }
 
@@ -181,6 +231,23 @@ impl IdempotencyMiddleware {
         self
     }
 
+    /// The longest body, in bytes, the middleware holds in memory: a problem
+    /// document it judges, or a final answer it hands over whole. A longer one
+    /// is the error [`BodyTooLarge`](crate::BodyTooLarge), at once and never
+    /// retried; the body is not read past the limit (nor at all when its
+    /// `Content-Length` is over it). The body of an answer that is retried
+    /// anyway (a `503`, say) is read up to the limit for its problem type and
+    /// otherwise dropped. A final answer asked for with [`StreamFinal`] is not
+    /// held, so not limited.
+    ///
+    /// ```
+    /// let middleware = idem_client::IdempotencyMiddleware::new().max_response_body(256 * 1024);
+    /// ```
+    pub fn max_response_body(mut self, bytes: usize) -> Self {
+        self.max_response_body = bytes;
+        self
+    }
+
     fn handles(&self, req: &Request, extensions: &Extensions) -> bool {
         extensions.get::<IdempotencyKey>().is_some() || self.methods.contains(req.method())
     }
@@ -215,6 +282,7 @@ impl Middleware for IdempotencyMiddleware {
                 d.saturating_duration_since(Instant::now())
             })
         };
+        let stream_final = extensions.get::<StreamFinal>().is_some();
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -222,8 +290,14 @@ impl Middleware for IdempotencyMiddleware {
                 .try_clone()
                 .expect("a request with a buffered body clones");
             let answer = tokio::time::timeout(remaining(), async {
-                let response = next.clone().run(attempt, extensions).await?;
-                buffer_response(response).await.map_err(Error::Reqwest)
+                let response = match next.clone().run(attempt, extensions).await {
+                    Ok(response) => response,
+                    Err(Error::Reqwest(e)) if is_lost(&e) => return Ok(Read::Lost(e)),
+                    Err(e) => return Err(e),
+                };
+                read(response, self.max_response_body, stream_final)
+                    .await
+                    .map_err(Error::Reqwest)
             })
             .await;
             let give_up = |limit, last| {
@@ -239,32 +313,44 @@ impl Middleware for IdempotencyMiddleware {
                 Err(_cut_off) => {
                     return Err(give_up(Limit::Deadline(self.deadline), LastAnswer::CutOff));
                 }
-                Ok(Err(Error::Reqwest(e))) if is_lost(&e) => (None, LastAnswer::Transport(e)),
                 Ok(Err(e)) => return Err(e),
-                Ok(Ok((mut response, body))) => {
-                    match judge(response.status(), response.headers(), &body) {
-                        Verdict::Final => {
-                            let replayed = response
-                                .headers()
-                                .get("idempotent-replayed")
-                                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-                            response.extensions_mut().insert(IdemOutcome {
-                                key,
-                                attempts,
-                                replayed,
-                            });
-                            return Ok(response);
-                        }
-                        Verdict::Retry { retry_after } => (
-                            retry_after,
-                            LastAnswer::Status {
-                                status: response.status(),
-                                problem_type: problem_type(response.headers(), &body),
-                                retry_after,
-                            },
-                        ),
-                    }
+                Ok(Ok(Read::Lost(e))) => (None, LastAnswer::Transport(e)),
+                Ok(Ok(Read::TooLarge {
+                    status,
+                    content_length,
+                })) => {
+                    return Err(Error::middleware(BodyTooLarge {
+                        limit: self.max_response_body,
+                        status,
+                        content_length,
+                        key,
+                        attempts,
+                    }));
                 }
+                Ok(Ok(Read::Final(mut response))) => {
+                    let replayed = response
+                        .headers()
+                        .get("idempotent-replayed")
+                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+                    response.extensions_mut().insert(IdemOutcome {
+                        key,
+                        attempts,
+                        replayed,
+                    });
+                    return Ok(response);
+                }
+                Ok(Ok(Read::Retry {
+                    status,
+                    problem_type,
+                    retry_after,
+                })) => (
+                    retry_after,
+                    LastAnswer::Status {
+                        status,
+                        problem_type,
+                        retry_after,
+                    },
+                ),
             };
             if attempts >= self.max_attempts {
                 return Err(give_up(Limit::Attempts(self.max_attempts), last));
@@ -314,29 +400,144 @@ async fn buffer_body(req: &mut Request) -> reqwest_middleware::Result<()> {
     Ok(())
 }
 
-/// Reads the answer's body (so that a body cut off counts as a lost response) and
-/// gives back an equivalent response holding it.
-async fn buffer_response(mut response: Response) -> reqwest::Result<(Response, Bytes)> {
+/// One answer, judged, with as much of its body read as the judgement needs.
+enum Read {
+    /// Hand it to the caller: its body in memory, or unread (`StreamFinal`).
+    Final(Response),
+    /// Send the request again, not before `retry_after`.
+    Retry {
+        status: StatusCode,
+        problem_type: Option<String>,
+        retry_after: Option<Duration>,
+    },
+    /// The answer was lost: the connection failed or timed out, or its body was
+    /// cut off (or timed out) mid-way.
+    Lost(reqwest::Error),
+    /// A body the middleware had to hold is over the limit.
+    TooLarge {
+        status: StatusCode,
+        content_length: Option<u64>,
+    },
+}
+
+/// Judges an answer, reading its body only where needed: the problem document
+/// the verdict depends on, a final answer the caller gets whole (so that a body
+/// cut off mid-way counts as a lost response), and (for its problem type, up
+/// to the limit) an answer that is retried anyway. An error it returns is one
+/// that a retry would meet again (a body the client cannot decode).
+async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwest::Result<Read> {
+    let status = response.status();
+    let judged_by_body = reads_body(status, response.headers());
+    if !judged_by_body {
+        match judge(status, response.headers(), b"") {
+            Verdict::Final if stream_final => return Ok(Read::Final(response)),
+            Verdict::Final => {}
+            Verdict::Retry { retry_after } => {
+                // Only for `LastAnswer`: what the body says is nice to have.
+                let problem_type = match read_body(&mut response, limit).await {
+                    Ok(Some(body)) => problem_type(response.headers(), &body),
+                    Ok(None) => None,
+                    Err(e) if body_error_is_lost(&e) => return Ok(Read::Lost(e)),
+                    Err(_) => None,
+                };
+                return Ok(Read::Retry {
+                    status,
+                    problem_type,
+                    retry_after,
+                });
+            }
+        }
+    }
+    let content_length = response.content_length();
+    if content_length.is_some_and(|n| n > limit as u64) {
+        return Ok(Read::TooLarge {
+            status,
+            content_length,
+        });
+    }
+    let body = match read_body(&mut response, limit).await {
+        Ok(Some(body)) => body,
+        Ok(None) => {
+            return Ok(Read::TooLarge {
+                status,
+                content_length,
+            });
+        }
+        Err(e) if body_error_is_lost(&e) => return Ok(Read::Lost(e)),
+        Err(e) => return Err(e),
+    };
+    if judged_by_body
+        && let Verdict::Retry { retry_after } = judge(status, response.headers(), &body)
+    {
+        return Ok(Read::Retry {
+            status,
+            problem_type: problem_type(response.headers(), &body),
+            retry_after,
+        });
+    }
+    Ok(Read::Final(with_body(response, body)))
+}
+
+/// The body, or `None` once it is longer than `limit` (it is not read further).
+async fn read_body(response: &mut Response, limit: usize) -> reqwest::Result<Option<Bytes>> {
+    let expected = response.content_length().unwrap_or(0);
+    let mut body = BytesMut::with_capacity(usize::try_from(expected).unwrap_or(limit).min(limit));
+    while let Some(chunk) = response.chunk().await? {
+        if chunk.len() > limit - body.len() {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body.freeze()))
+}
+
+/// An equivalent response holding `body`.
+fn with_body(mut response: Response, body: Bytes) -> Response {
     let url = response.url().clone();
     let status = response.status();
     let version = response.version();
-    let headers = response.headers().clone();
+    let headers = std::mem::take(response.headers_mut());
     let extensions = std::mem::take(response.extensions_mut());
-    let body = response.bytes().await?;
     let mut rebuilt = http::Response::builder()
         .status(status)
         .version(version)
         .url(url)
-        .body(body.clone())
+        .body(body)
         .expect("parts of a valid response make a valid response");
     *rebuilt.headers_mut() = headers;
     rebuilt.extensions_mut().extend(extensions);
-    Ok((Response::from(rebuilt), body))
+    Response::from(rebuilt)
 }
 
-/// Errors after which the request may or may not have reached the server, and the
-/// answer never arrived: a retry with the same key is how to find out. Not:
-/// building the request, redirects, upgrades.
+/// Errors of a send after which the request may or may not have reached the
+/// server, and the answer never arrived: a retry with the same key is how to
+/// find out. Not: building the request, redirects, upgrades, nor a decode
+/// error, which (before any body is read) is a redirect the client cannot
+/// follow, the same on every attempt.
 fn is_lost(e: &reqwest::Error) -> bool {
-    e.is_timeout() || e.is_connect() || e.is_request() || e.is_body() || e.is_decode()
+    e.is_timeout() || e.is_connect() || e.is_request() || e.is_body()
+}
+
+/// Whether an error reading a body is the answer lost on its way (the
+/// connection closed or failed mid-body, a timeout), to retry; or a body that
+/// arrived and cannot be decoded (a compressed body that does not inflate),
+/// which every retry would get again: reqwest reports both as decode errors,
+/// and tells them apart by their cause. A decoder's failure is an
+/// `std::io::Error` of its own; the connection's failures come from hyper
+/// (whose errors carry any I/O error as their cause, never as the error) and
+/// timeouts from reqwest.
+fn body_error_is_lost(e: &reqwest::Error) -> bool {
+    if e.is_timeout() {
+        return true;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<reqwest::Error>() {
+            cause = c.source();
+            continue;
+        }
+        return !c.is::<std::io::Error>();
+    }
+    // No cause at all: nothing says the body was undecodable.
+    true
 }

@@ -197,6 +197,77 @@ impl std::error::Error for GaveUp {
     }
 }
 
+/// The error the middleware returns when an answer it would hold in memory has a
+/// body longer than [`max_response_body`](crate::IdempotencyMiddleware::max_response_body)
+/// allows: it stops reading there, never retries (the same answer would come
+/// again), and names the limit, never the body.
+///
+/// The middleware holds a body in memory to judge it (a `202` or `409` problem
+/// document) or to hand over a final answer whole (so that a body cut off
+/// mid-way is retried like a lost response). A final answer asked for with the
+/// [`StreamFinal`](crate::StreamFinal) extension is handed over unread instead,
+/// whatever its length.
+///
+/// When [`status`](BodyTooLarge::status) is a final answer (a `2xx`, say), the
+/// request has run: send it again with the same [`key`](BodyTooLarge::key) and
+/// `StreamFinal` (or a larger limit) to read its answer, which an idempotent
+/// server replays. It arrives as `reqwest_middleware::Error::Middleware`;
+/// [`ErrorExt::body_too_large`] finds it. Its `Display` never shows the key.
+///
+/// ```no_run
+/// use idem_client::{ErrorExt, IdempotencyMiddleware, StreamFinal};
+///
+/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotencyMiddleware::new().max_response_body(64 * 1024))
+///     .build();
+/// let url = "http://127.0.0.1:3000/reports";
+/// let report = match client.post(url).send().await {
+///     Err(e) if e.body_too_large().is_some() => {
+///         let key = e.body_too_large().unwrap().key.clone();
+///         // The same request, its answer read as a stream.
+///         client.post(url).with_extension(key).with_extension(StreamFinal).send().await?
+///     }
+///     other => other?,
+/// };
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BodyTooLarge {
+    /// The limit, in bytes.
+    pub limit: usize,
+    /// The answer's status.
+    pub status: StatusCode,
+    /// Its `Content-Length`, when it declared one (then over the limit, and
+    /// nothing of the body was read).
+    pub content_length: Option<u64>,
+    /// The key the request carried.
+    pub key: IdempotencyKey,
+    /// How many times the request was sent, this one included.
+    pub attempts: u32,
+}
+
+impl fmt::Display for BodyTooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the {} answer's body is longer than the limit of {} bytes on a buffered body",
+            self.status, self.limit
+        )?;
+        if let Some(n) = self.content_length {
+            write!(f, " (Content-Length: {n})")?;
+        }
+        f.write_str(
+            "; it was not read: raise IdempotencyMiddleware::max_response_body, or send the \
+             request again with the same Idempotency-Key and StreamFinal to read the answer \
+             unbuffered",
+        )
+    }
+}
+
+impl std::error::Error for BodyTooLarge {}
+
 /// Finds idem-client's own errors inside a `reqwest_middleware::Error`.
 ///
 /// ```
@@ -204,6 +275,7 @@ impl std::error::Error for GaveUp {
 ///
 /// let e = reqwest_middleware::Error::middleware(InvalidKey::Empty);
 /// assert!(e.gave_up().is_none());
+/// assert!(e.body_too_large().is_none());
 /// assert_eq!(e.invalid_key(), Some(&InvalidKey::Empty));
 /// ```
 pub trait ErrorExt {
@@ -212,6 +284,9 @@ pub trait ErrorExt {
     /// The [`InvalidKey`](crate::InvalidKey), when an `Idempotency-Key` header the caller set is not
     /// a valid key (nothing was sent).
     fn invalid_key(&self) -> Option<&crate::InvalidKey>;
+    /// The [`BodyTooLarge`], when an answer's body was over the limit on
+    /// buffered bodies.
+    fn body_too_large(&self) -> Option<&BodyTooLarge>;
 }
 
 impl ErrorExt for reqwest_middleware::Error {
@@ -223,6 +298,13 @@ impl ErrorExt for reqwest_middleware::Error {
     }
 
     fn invalid_key(&self) -> Option<&crate::InvalidKey> {
+        match self {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    fn body_too_large(&self) -> Option<&BodyTooLarge> {
         match self {
             reqwest_middleware::Error::Middleware(e) => e.downcast_ref(),
             reqwest_middleware::Error::Reqwest(_) => None,

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_client::{
     ErrorExt, IdempotencyKey, IdempotencyMiddleware, LastAnswer, Limit, OUTCOME_UNCERTAIN,
-    REQUEST_IN_FLIGHT, ResponseExt,
+    REQUEST_IN_FLIGHT, ResponseExt, StreamFinal,
 };
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -587,4 +587,236 @@ async fn a_body_cut_off_mid_way_is_retried() {
     assert_eq!(r.idem().unwrap().attempts, 2);
     assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
     assert_eq!(heads.lock().unwrap().len(), 2);
+}
+
+/// Placed after `IdempotencyMiddleware`: the answer's body fails as a
+/// decompressing client fails on a body that does not inflate (reqwest's
+/// decoders report an `std::io::Error` of their own), every time.
+struct UndecodableBody;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for UndecodableBody {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        use http_body_util::BodyExt;
+        let response = next.run(req, extensions).await?;
+        let mut corrupt = http::Response::new(reqwest::Body::wrap(
+            http_body_util::Limited::new(http_body_util::Full::new(Bytes::from_static(b"\x1f")), 0)
+                .map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "corrupt deflate stream")
+                }),
+        ));
+        *corrupt.status_mut() = response.status();
+        *corrupt.headers_mut() = response.headers().clone();
+        Ok(reqwest::Response::from(corrupt))
+    }
+}
+
+/// A body that arrives but cannot be decoded would be the same on every retry
+/// (the server replays the same answer): the error comes at once, after one
+/// send, and is not a `GaveUp`.
+#[tokio::test]
+async fn an_undecodable_body_is_not_retried() {
+    let (base, script) = scripted([created(false), created(false), created(false)]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            fast()
+                .max_attempts(3)
+                .backoff(Duration::from_millis(1), Duration::from_millis(20)),
+        )
+        .with(UndecodableBody)
+        .build();
+    let e = client
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(e.gave_up().is_none(), "not retried until given up: {e}");
+    assert!(e.is_decode(), "{e:?}");
+    assert_eq!(script.seen().len(), 1, "sent once");
+}
+
+/// A `'static` text made at run time, for the scripts.
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// A final answer whose body is over the limit is the typed error, naming the
+/// limit (never the body or the key), after one send: the same answer would
+/// come again. A body exactly at the limit is handed over whole.
+#[tokio::test]
+async fn a_final_body_over_the_limit_is_a_typed_error_naming_the_limit_and_not_retried() {
+    let big = leak("x".repeat(2000));
+    let (base, script) = scripted([Reply::Answer(201, vec![], big), created(false)]).await;
+    let e = client(fast().max_response_body(1000))
+        .post(format!("{base}/reports"))
+        .send()
+        .await
+        .unwrap_err();
+    let too_large = e.body_too_large().expect("BodyTooLarge");
+    assert_eq!(too_large.limit, 1000);
+    assert_eq!(too_large.status, 201);
+    assert_eq!(too_large.content_length, Some(2000));
+    assert_eq!(too_large.attempts, 1);
+    assert!(e.gave_up().is_none());
+    assert_eq!(script.seen().len(), 1, "not retried");
+    assert_eq!(
+        script.seen()[0].key.as_deref(),
+        Some(too_large.key.as_str()),
+        "the key to ask again with"
+    );
+    let shown = e.to_string();
+    assert!(shown.contains("1000 bytes"), "names the limit: {shown}");
+    assert!(!shown.contains("xxx"), "never the body: {shown}");
+    assert!(
+        !shown.contains(too_large.key.as_str()),
+        "never the key: {shown}"
+    );
+    assert!(!format!("{e:?}").contains(too_large.key.as_str()));
+
+    let exact = leak("y".repeat(1000));
+    let (base, _script) = scripted([Reply::Answer(201, vec![], exact)]).await;
+    let r = client(fast().max_response_body(1000))
+        .post(format!("{base}/reports"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.bytes().await.unwrap(), exact);
+}
+
+/// A body with no `Content-Length` (chunked) is read up to the limit and no
+/// further: the same error, with no length to report.
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_is_stopped_at_the_limit() {
+    let chunk = "z".repeat(600);
+    let reply = leak(format!(
+        "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         258\r\n{chunk}\r\n258\r\n{chunk}\r\n258\r\n{chunk}\r\n0\r\n\r\n"
+    ));
+    let (base, heads) = raw(vec![Some(reply)]).await;
+    let e = client(fast().max_response_body(1000))
+        .post(format!("{base}/reports"))
+        .send()
+        .await
+        .unwrap_err();
+    let too_large = e.body_too_large().expect("BodyTooLarge");
+    assert_eq!(too_large.limit, 1000);
+    assert_eq!(too_large.content_length, None);
+    assert_eq!(heads.lock().unwrap().len(), 1, "not retried");
+}
+
+/// The limit holds for a problem document the retry decision reads, and does
+/// not stop a retry that the status decides alone (its body is only dropped).
+#[tokio::test]
+async fn the_limit_refuses_a_long_problem_document_but_not_a_retry() {
+    let long_problem = leak(format!(
+        r#"{{"type":"urn:idem:problem:outcome-uncertain","detail":"{}"}}"#,
+        "d".repeat(2000)
+    ));
+    let (base, script) = scripted([Reply::Answer(
+        202,
+        vec![
+            ("content-type", "application/problem+json"),
+            ("retry-after", "0"),
+        ],
+        long_problem,
+    )])
+    .await;
+    let e = client(fast().max_response_body(1000))
+        .post(format!("{base}/payments"))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(e.body_too_large().expect("BodyTooLarge").status, 202);
+    assert_eq!(script.seen().len(), 1);
+
+    let long_503 = leak("e".repeat(2000));
+    let (base, script) = scripted([Reply::Answer(503, vec![], long_503), created(false)]).await;
+    let r = client(fast().max_response_body(1000))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    assert_eq!(script.seen().len(), 2);
+}
+
+/// With `StreamFinal` the final answer is handed over as soon as its head has
+/// arrived: the server holds the rest of its body back until the caller has
+/// the response in hand (were the middleware reading it, `send` would never
+/// return), and the body, far over the limit on buffered bodies, is then read
+/// by the caller.
+#[tokio::test]
+async fn stream_final_hands_over_the_final_answer_before_its_body_has_arrived() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let chunk = "s".repeat(16 * 1024);
+    let server = tokio::spawn({
+        let chunk = chunk.clone();
+        async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request head");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
+            socket
+                .write_all(b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n")
+                .await
+                .unwrap();
+            socket.write_all(framed.as_bytes()).await.unwrap();
+            released.await.unwrap();
+            for _ in 0..3 {
+                socket.write_all(framed.as_bytes()).await.unwrap();
+            }
+            socket.write_all(b"0\r\n\r\n").await.unwrap();
+        }
+    });
+    let r = client(fast().max_response_body(1024))
+        .post(format!("{base}/exports"))
+        .with_extension(StreamFinal)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 1);
+    release.send(()).unwrap();
+    let body = r.bytes().await.unwrap();
+    assert_eq!(body.len(), 4 * chunk.len());
+    server.await.unwrap();
+}
+
+/// `StreamFinal` changes nothing before the final answer: the problem documents
+/// of an uncertain `202` and an in-flight `409` are still read and retried, a
+/// `503` too, and the final answer's body is the caller's to read.
+#[tokio::test]
+async fn stream_final_still_retries_what_the_contract_retries() {
+    let (base, script) = scripted([
+        problem(202, OUTCOME_UNCERTAIN, Some("0")),
+        problem(409, REQUEST_IN_FLIGHT, None),
+        status(503),
+        created(true),
+    ])
+    .await;
+    let r = client(fast())
+        .post(format!("{base}/payments"))
+        .with_extension(StreamFinal)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let idem = r.idem().unwrap().clone();
+    assert_eq!(idem.attempts, 4);
+    assert!(idem.replayed);
+    assert_eq!(script.seen().len(), 4);
+    assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
 }
