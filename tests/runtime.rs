@@ -419,6 +419,117 @@ mod sqlite {
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
     }
 
+    /// The handler's path (`Backend::begin_claim` / `finish`): the write lock
+    /// first, nothing written by the claim, the finished row inserted once, and
+    /// the connection's busy timeout left as the pool set it. Triggers count
+    /// idem's writes.
+    #[tokio::test]
+    async fn the_handlers_path_writes_the_row_once_and_nothing_before_the_outcome() {
+        use idem_runtime::__private::Finish;
+        use idem_runtime::{Backend, Idem};
+
+        let db = db().await;
+        db.exec(
+            "CREATE TABLE idem_writes (what TEXT NOT NULL); \
+             CREATE TRIGGER count_insert AFTER INSERT ON idempotency_requests \
+               BEGIN INSERT INTO idem_writes VALUES ('insert'); END; \
+             CREATE TRIGGER count_update AFTER UPDATE ON idempotency_requests \
+               BEGIN INSERT INTO idem_writes VALUES ('update'); END",
+        )
+        .await;
+        let idem: Idem<sqlx::Sqlite> = Idem::new(db.pool.clone());
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let (mut tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        let Claim::Execute(exec) = c else {
+            panic!("a new key executes: {c:?}")
+        };
+        let writes: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_writes")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(writes, 0, "the claim wrote before the outcome");
+        let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(timeout, 5000, "the pool's busy timeout, untouched");
+        let id: i64 = sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ('acme', 100) RETURNING id")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert!(matches!(
+            sqlx::Sqlite::finish(&idem, tx, exec, &created(id)).await,
+            Finish::Committed
+        ));
+        let writes: Vec<String> = sqlx::query_scalar("SELECT what FROM idem_writes")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(writes, ["insert"], "one insert, no update");
+
+        // A replay is read under the lock and writes nothing; dropping its
+        // transaction lets the lock go.
+        let (tx, again) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        match again {
+            Claim::Replay(stored) => assert_eq!(stored, created(id)),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+        drop(tx);
+        assert_eq!(db.count("SELECT count(*) FROM idem_writes").await, 1);
+        // An expired outcome is executed anew, one generation on, its row
+        // replaced by one write.
+        db.exec(EXPIRE_ALL_SQL).await;
+        db.exec("DELETE FROM idem_writes").await;
+        let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        let Claim::Execute(exec) = c else { panic!("{c:?}") };
+        assert_eq!(exec.generation(), 2);
+        assert!(matches!(
+            sqlx::Sqlite::finish(&idem, tx, exec, &created(id)).await,
+            Finish::Committed
+        ));
+        let writes: Vec<String> = sqlx::query_scalar("SELECT what FROM idem_writes")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(writes, ["update"], "the upsert, once");
+        assert_eq!(db.count("SELECT generation FROM idempotency_requests").await, 2);
+    }
+
+    /// Another writer holds the database past the connection's busy timeout:
+    /// the handler's claim answers in flight and leaves its connection idle.
+    #[tokio::test]
+    async fn a_held_write_lock_past_the_busy_timeout_is_in_flight() {
+        use idem_runtime::{Backend, Idem};
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+        let db = db().await;
+        let impatient = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(&db.path)
+                    .busy_timeout(Duration::from_millis(200)),
+            )
+            .await
+            .unwrap();
+        let mut holder = db.pool.acquire().await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *holder).await.unwrap();
+        let idem: Idem<sqlx::Sqlite> = Idem::new(impatient.clone());
+        let key = IdempotencyKey::parse("k1").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let started = Instant::now();
+        let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
+        assert!(started.elapsed() >= Duration::from_millis(200), "gave up before the busy timeout");
+        drop(tx);
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+        // The connection came back usable, outside any transaction.
+        let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        assert!(matches!(c, Claim::Execute(_)), "{c:?}");
+        drop(tx);
+    }
+
     #[tokio::test]
     async fn timestamps_come_from_sqlites_clock_in_milliseconds() {
         let db = db().await;

@@ -85,6 +85,7 @@ pub(crate) fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) 
 /// The decision after an execution found its key taken at commit: the holder's
 /// finished outcome (replayed, or `422`), else in flight. Never "execute": this
 /// request's handler has run already, and its transaction rolled back.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn after_execution(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Claim {
     match row {
         Some(row) if !row.state.is_finished() || row.live => held(row, in_flight_wait),

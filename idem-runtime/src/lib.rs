@@ -25,6 +25,7 @@
 //! use std::time::Duration;
 //! use idem_runtime::{claim, Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse};
 //!
+//! # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! let key = IdempotencyKey::parse("order-42")?;
 //! let mut tx = pool.begin().await?;
@@ -78,12 +79,15 @@
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+// docs.rs (`--cfg docsrs`, see Cargo.toml): each feature-gated item shows the
+// feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
 mod config;
 pub mod consumer;
 mod db;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod decide;
 mod executions;
 pub mod fingerprint;
@@ -96,8 +100,10 @@ mod model;
 pub mod problem;
 pub mod reconcile;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(feature = "replay-cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay-cache")))]
 pub mod replay_cache;
 mod response;
 pub mod retry;
@@ -122,6 +128,7 @@ pub use model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 pub use problem::Problem;
 pub use reconcile::Reconciler;
 #[cfg(feature = "replay-cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay-cache")))]
 pub use replay_cache::ReplayCache;
 pub use response::REPLAYED_HEADER;
 pub use stats::{OperationStats, StateCounts, Stats, stats};

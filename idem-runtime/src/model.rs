@@ -60,7 +60,7 @@ pub struct Execution {
     pub(crate) generation: i64,
     pub(crate) retention: Duration,
     /// The request's fingerprint, which a claim made at commit stores.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fingerprint: Fingerprint,
     /// How long a claim made at commit waits for another holder of the key.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -69,6 +69,10 @@ pub struct Execution {
     /// path) rather than by a row written before the handler ran.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) at_commit: bool,
+    /// When the execution began, in Unix milliseconds on the database's clock
+    /// (SQLite's handler path, which writes `created_at` only at commit).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) started_ms: i64,
 }
 
 impl Execution {
@@ -83,12 +87,13 @@ impl Execution {
             fingerprint: req.fingerprint,
             in_flight_wait: req.in_flight_wait,
             at_commit: false,
+            started_ms: 0,
         }
     }
 
     /// The execution of `req` at `generation`, whose key is claimed by its
     /// completion.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn at_commit(req: &ClaimRequest<'_>, generation: i64) -> Self {
         Execution {
             at_commit: true,

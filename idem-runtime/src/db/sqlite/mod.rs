@@ -3,7 +3,8 @@
 //!
 //! * [`transactional`]: the claim and the completion in the caller's
 //!   transaction (SQLite serialises writers: see there what that means for
-//!   waiting duplicates).
+//!   waiting duplicates); [`hot_path`]: the handler's path, the write lock
+//!   first and the finished row inserted once.
 //! * [`leased`]: leased mode's claim (a short `BEGIN IMMEDIATE` transaction) and
 //!   its fenced statements.
 //! * [`upkeep`]: the sweeper's statements and the stats snapshot.
@@ -29,6 +30,7 @@ use crate::tx::Tx;
 
 mod admin;
 mod digests;
+mod hot_path;
 mod leased;
 pub(crate) mod transactional;
 mod upkeep;
@@ -100,24 +102,22 @@ impl Backend for Sqlite {
         pool.begin()
     }
 
-    /// In-process: nothing to save in round trips, so begin, then claim.
+    /// The write lock first, the key read under it, nothing written until the
+    /// outcome (see `hot_path`).
     async fn begin_claim(
         idem: &Idem<Self>,
         req: &ClaimRequest<'_>,
     ) -> Result<(Tx<Self>, Claim), StoreError> {
-        let mut tx = Tx::begin(idem.pool(), None).await?;
-        let claim = transactional::claim_on(tx.connection(), req).await?;
-        Ok((tx, claim))
+        hot_path::begin_claim(idem, req).await
     }
 
     async fn finish(
         _: &Idem<Self>,
-        mut tx: Tx<Self>,
+        tx: Tx<Self>,
         execution: Execution,
         response: &StoredResponse,
     ) -> Finish {
-        let stored = transactional::complete_on(execution, tx.connection(), response).await;
-        tx.commit_after(stored).await
+        hot_path::finish(tx, execution, response).await
     }
 
     lease_statements!();

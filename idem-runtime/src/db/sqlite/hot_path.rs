@@ -1,0 +1,172 @@
+//! The handler's path on SQLite: the write lock first, a read under it, and the
+//! finished row inserted once.
+//!
+//! ```text
+//! BEGIN IMMEDIATE                                   the database's write lock, through the busy timeout
+//! SELECT .. FROM idempotency_requests WHERE <key>   the decision (decide.rs), under the lock
+//! ... the handler's statements ...
+//! INSERT INTO idempotency_requests .. ON CONFLICT .. DO UPDATE ..   the finished row, once
+//! COMMIT
+//! ```
+//!
+//! SQLite has one writer at a time, so the transaction takes the write lock at
+//! its start and holds it to the end: nobody can change the key between the read
+//! and the insert, and the claim writes nothing until the outcome is known (no
+//! claim row updated at completion). A replay or a mismatch is answered from the
+//! read, and the empty transaction rolls back.
+//!
+//! The wait for the write lock is the connection's own busy timeout
+//! (`SqliteConnectOptions::busy_timeout`, 5 s in sqlx by default), set once per
+//! connection by the pool, never read, changed and restored per claim; past it
+//! the request is in flight (`409`). The lock is the whole database's, so that
+//! wait is for any writer, not only for a duplicate of the key; duplicates in the
+//! same process wait in the waiting room, bounded by the in-flight wait.
+
+use std::time::Duration;
+
+use sqlx::{Database, Row, SqlSafeStr, Sqlite, SqliteConnection};
+use sqlx_core::transaction::TransactionManager;
+
+use super::now_ms;
+use super::transactional::stored_from_row;
+use crate::config::Idem;
+use crate::decide::{self, KeySnapshot, RowState};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
+use crate::tx::Tx;
+
+/// The key's row, if any, and the database's clock, in one statement.
+const LOOKUP_SQL: &str = concat!(
+    "SELECT c.now, r.fingerprint, r.state, r.generation, r.expires_at > c.now AS live, \
+            r.response_status, r.response_headers, r.response_body \
+       FROM (SELECT ",
+    now_ms!(),
+    " AS now) c \
+       LEFT JOIN idempotency_requests r \
+         ON r.tenant_id = $1 AND r.operation = $2 AND r.key_digest = $3"
+);
+
+/// The finished row. Under the write lock the key cannot have changed since the
+/// read: an expired row is replaced at the generation the read decided, and
+/// anything else (a handler that wrote idem's table itself) inserts nothing.
+const INSERT_SQL: &str = concat!(
+    "INSERT INTO idempotency_requests AS r \
+        (tenant_id, operation, key_digest, fingerprint, state, generation, response_status, \
+         response_headers, response_body, created_at, completed_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + $11) \
+     ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
+        SET fingerprint = excluded.fingerprint, state = excluded.state, \
+            generation = excluded.generation, response_status = excluded.response_status, \
+            response_headers = excluded.response_headers, response_body = excluded.response_body, \
+            owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, \
+            created_at = excluded.created_at, completed_at = excluded.completed_at, \
+            expires_at = excluded.expires_at \
+      WHERE r.generation = excluded.generation - 1 AND r.state IN ('completed', 'failed') \
+        AND r.expires_at <= excluded.completed_at"
+);
+
+/// Begins the handler's transaction with the write lock, reads the key and
+/// decides (see the module docs).
+pub(crate) async fn begin_claim(
+    idem: &Idem<Sqlite>,
+    req: &ClaimRequest<'_>,
+) -> Result<(Tx<Sqlite>, Claim), StoreError> {
+    let mut conn = idem.pool().acquire().await?;
+    let begun = <Sqlite as Database>::TransactionManager::begin(
+        &mut conn,
+        Some(SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")),
+    )
+    .await;
+    match begun {
+        Ok(()) => {}
+        // Another writer kept the database past the busy timeout.
+        Err(e) if super::is_busy(&e) => {
+            let retry_after = req.in_flight_wait.max(Duration::from_secs(1));
+            return Ok((Tx::idle(conn), Claim::InFlight { retry_after }));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let mut tx = Tx::begun(conn);
+    let (snapshot, now) = lookup(tx.connection(), req).await?;
+    match decide::transactional(snapshot, req.in_flight_wait) {
+        decide::Transactional::Execute { generation } => {
+            let mut execution = Execution::at_commit(req, generation);
+            execution.started_ms = now;
+            Ok((tx, Claim::Execute(execution)))
+        }
+        // Dropping `tx` rolls the empty transaction back.
+        decide::Transactional::Answer(claim) => Ok((tx, claim)),
+    }
+}
+
+/// The key as it stands, if it has a row, and the database's clock.
+async fn lookup(
+    conn: &mut SqliteConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<(Option<KeySnapshot>, i64), StoreError> {
+    let row = sqlx::query(LOOKUP_SQL)
+        .bind(req.tenant)
+        .bind(req.operation)
+        .bind(req.key.digest())
+        .fetch_one(&mut *conn)
+        .await?;
+    let now: i64 = row.try_get("now")?;
+    let state: Option<String> = row.try_get("state")?;
+    let Some(state) = state else {
+        return Ok((None, now));
+    };
+    let state: RowState = state.parse()?;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let snapshot = KeySnapshot {
+        fingerprint_matches: fingerprint == req.fingerprint.as_bytes(),
+        state,
+        generation: row.try_get("generation")?,
+        live: row.try_get("live")?,
+        stored: if state.is_finished() {
+            Some(stored_from_row(&row)?)
+        } else {
+            None
+        },
+    };
+    Ok((Some(snapshot), now))
+}
+
+/// Inserts the finished row and commits.
+pub(crate) async fn finish(
+    mut tx: Tx<Sqlite>,
+    execution: Execution,
+    response: &StoredResponse,
+) -> Finish {
+    let headers = match serde_json::to_string(&response.headers) {
+        Ok(h) => h,
+        Err(e) => return Finish::NotStored(StoreError::Corrupt(e.to_string())),
+    };
+    let inserted = sqlx::query(INSERT_SQL)
+        .bind(&execution.tenant)
+        .bind(&execution.operation)
+        .bind(execution.key)
+        .bind(&execution.fingerprint.as_bytes()[..])
+        .bind(response.state())
+        .bind(execution.generation)
+        .bind(i64::from(response.status))
+        .bind(headers)
+        .bind(&response.body[..])
+        .bind(execution.started_ms)
+        .bind(millis(execution.retention))
+        .execute(&mut **tx.connection())
+        .await;
+    match inserted {
+        Ok(done) if done.rows_affected() == 1 => match tx.commit().await {
+            Ok(()) => Finish::Committed,
+            Err(e) => Finish::Unknown(e.into()),
+        },
+        // Dropping `tx` rolls back: nothing of this execution commits.
+        Ok(_) => Finish::NotStored(StoreError::LostClaim {
+            generation: execution.generation,
+        }),
+        Err(e) => Finish::NotStored(e.into()),
+    }
+}
