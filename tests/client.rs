@@ -238,6 +238,94 @@ async fn an_uncertain_payment_is_retried_until_reconciled() {
     assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
 }
 
+/// Placed after `IdempotencyMiddleware`, it publishes each attempt's status and
+/// `Retry-After` as it comes, for a test to wait on.
+struct Announcer(tokio::sync::watch::Sender<Vec<Option<(u16, Option<u64>)>>>);
+
+#[async_trait::async_trait]
+impl Middleware for Announcer {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let result = next.run(req, extensions).await;
+        let seen = result.as_ref().ok().map(|r| {
+            let retry_after = r.headers().get("retry-after");
+            let retry_after = retry_after.and_then(|v| v.to_str().ok()?.parse().ok());
+            (r.status().as_u16(), retry_after)
+        });
+        self.0.send_modify(|all| all.push(seen));
+        result
+    }
+}
+
+/// A client on the defaults waits out the `Retry-After` the service gives an
+/// uncertain payment, and gets the reconciled answer. The first answer is the
+/// handler's `202` (a short `Retry-After`); the retry finds the row uncertain:
+/// `202` with a `Retry-After` of the operation's lease (30 s), which a deadline
+/// of 30 s could never wait out. This process's reconciler is idle (one round an
+/// hour), so that second `202` is certain; once the client has it, a second
+/// process on the same database (another replica) reconciles the charge, and
+/// the client's next attempt gets the payment.
+#[tokio::test]
+async fn a_client_on_the_defaults_waits_out_an_uncertain_payments_retry_after() {
+    let db = TestDb::new().await;
+    let server = Server::start(
+        &db.url,
+        &[
+            ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
+            ("PAYMENTS_RECONCILE_INTERVAL_MS", "3600000"),
+        ],
+    )
+    .await;
+    let (announce, mut attempts) = tokio::sync::watch::channel(Vec::new());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(IdempotencyMiddleware::new())
+        .with(Announcer(announce))
+        .build();
+    let started = Instant::now();
+    let payment = tokio::spawn({
+        let url = format!("{}/payments", server.base);
+        async move {
+            client
+                .post(url)
+                .bearer_auth("acme")
+                .json(&json!({"amount_cents": 700}))
+                .send()
+                .await
+        }
+    });
+    let two = tokio::time::timeout(
+        Duration::from_secs(60),
+        attempts.wait_for(|seen| seen.len() >= 2),
+    )
+    .await
+    .expect("two attempts within 60 s")
+    .unwrap()
+    .clone();
+    assert_eq!(two[0].map(|(status, _)| status), Some(202), "{two:?}");
+    assert_eq!(
+        two[1],
+        Some((202, Some(30))),
+        "the retry of an uncertain payment waits a lease: {two:?}"
+    );
+    let replica = Server::start(&db.url, &[("PAYMENTS_RECONCILE_INTERVAL_MS", "50")]).await;
+    let r = payment
+        .await
+        .unwrap()
+        .expect("the defaults wait out Retry-After: 30");
+    assert_eq!(r.status(), 201);
+    let idem = outcome(&r);
+    assert!(idem.replayed);
+    assert_eq!(idem.attempts, 3, "{:?}", attempts.borrow());
+    assert!(started.elapsed() >= Duration::from_secs(30));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["id"], "ch_000001");
+    assert_eq!(provider(&replica).await["charges"], 1);
+}
+
 /// The key reused for a different request: `422` at once, never retried.
 #[tokio::test]
 async fn a_422_is_returned_at_once() {

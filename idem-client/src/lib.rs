@@ -20,7 +20,9 @@
 //! | a body that arrived but cannot be decoded | reqwest's decode error, at once |
 //!
 //! The final answer comes with its body in memory, or unread for a request with
-//! the [`StreamFinal`] extension.
+//! the [`StreamFinal`] extension. By default a logical request may take 120 s:
+//! enough to wait out idem's `Retry-After` for an uncertain outcome (the
+//! operation's lease, 30 s in the `orders` example) more than once.
 //!
 //! ```no_run
 //! use idem_client::{IdempotencyMiddleware, ResponseExt};

@@ -58,7 +58,7 @@ use crate::{
 ///     .with(
 ///         IdempotencyMiddleware::new()
 ///             .attempt_timeout(Duration::from_secs(2))
-///             .deadline(Duration::from_secs(20)),
+///             .deadline(Duration::from_secs(90)),
 ///     )
 ///     .build();
 ///
@@ -94,8 +94,12 @@ pub struct IdempotencyMiddleware {
     max_response_body: usize,
 }
 
-/// The default deadline, over all the attempts of a logical request.
-pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+/// The default deadline, over all the attempts of a logical request: long enough
+/// to wait out a server's `Retry-After` of a lease three times and still ask
+/// again. idem answers a retry of an uncertain outcome with `202` and a
+/// `Retry-After` of the operation's lease, and a duplicate in flight in leased
+/// mode with what is left of it: 30 s in the `orders` example.
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The default limit on a body the middleware holds in memory: four times what
 /// an idem server stores of an answer by default (1 MiB).
@@ -141,9 +145,15 @@ impl Default for IdempotencyMiddleware {
 }
 
 impl IdempotencyMiddleware {
-    /// `POST` and `PATCH`; at most 10 attempts within 30 s; full-jitter backoff
+    /// `POST` and `PATCH`; at most 10 attempts within 120 s; full-jitter backoff
     /// from 100 ms, doubling, capped at 5 s; no attempt timeout beyond the
     /// client's own; bodies held in memory up to 4 MiB.
+    ///
+    /// The deadline outlasts a server's `Retry-After` of 30 s three times over:
+    /// idem answers a retry of an uncertain outcome with `202` and a
+    /// `Retry-After` as long as the operation's lease (30 s in the `orders`
+    /// example), and a deadline no longer than that would give up at the first
+    /// such answer instead of waiting for the reconciled one.
     ///
     /// ```
     /// let middleware = idem_client::IdempotencyMiddleware::new();
