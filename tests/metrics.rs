@@ -57,12 +57,26 @@ async fn labelled(#[tenant] caller: Caller, tx: &mut Tx, body: String) -> String
     format!("{}:{body}", caller.0)
 }
 
+/// The gated handler says it is inside, then waits to be let go.
+static ENTERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static RELEASE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[idempotent(operation = "gated-op", retention = "1h")]
+async fn gated(#[tenant] caller: Caller, tx: &mut Tx, body: String) -> String {
+    let _ = tx;
+    ENTERED.notify_one();
+    RELEASE.notified().await;
+    format!("{}:{body}", caller.0)
+}
+
 async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCode, Vec<u8>) {
     let resp = router
         .clone()
         .oneshot(
             Request::post(if body.starts_with("label") {
                 "/labelled"
+            } else if body.starts_with("gated") {
+                "/gated"
             } else {
                 "/metered"
             })
@@ -134,7 +148,12 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
         .merge(
             Router::new()
                 .route("/labelled", post(labelled))
-                .with_state(idem.with_tenant_label(true)),
+                .with_state(idem.clone().with_tenant_label(true)),
+        )
+        .merge(
+            Router::new()
+                .route("/gated", post(gated))
+                .with_state(idem.clone()),
         );
 
     let secret_key = "sk-very-secret-key";
@@ -212,6 +231,37 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
     assert!(all.iter().all(|(n, l, _)| n != names::CLAIMS_TOTAL
         || l.iter().all(|(k, _)| k != "tenant")
         || l.contains(&("operation".into(), "labelled-op".into()))));
+    // A duplicate that waited in the waiting room records its wait, as a
+    // claim that waited in the database does.
+    let first = tokio::spawn({
+        let router = router.clone();
+        async move { send(&router, "w1", "acme", "gated").await }
+    });
+    ENTERED.notified().await;
+    let duplicate = tokio::spawn({
+        let router = router.clone();
+        async move { send(&router, "w1", "acme", "gated").await }
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while idem.waiting_duplicates() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the duplicate waits in the waiting room");
+    RELEASE.notify_one();
+    let (first, duplicate) = (first.await.unwrap(), duplicate.await.unwrap());
+    assert_eq!((first.0, duplicate.0), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(first.1, duplicate.1, "the duplicate replays the first");
+    let all = entries(&snap);
+    assert!(
+        all.iter().any(|(n, l, v)| n == names::CLAIM_WAIT_SECONDS
+            && l.contains(&("operation".into(), "gated-op".into()))
+            && matches!(v, DebugValue::Histogram(h) if !h.is_empty())),
+        "{} recorded for the waiting room",
+        names::CLAIM_WAIT_SECONDS
+    );
+
     // Never the raw key.
     assert!(
         all.iter()

@@ -18,6 +18,7 @@ use axum::extract::{FromRef, FromRequestParts, MatchedPath};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
 
 use crate::config::Idem;
 use crate::db::{Backend, DefaultBackend};
@@ -268,7 +269,20 @@ impl Answer {
         )
     }
 
+    /// The outcome's name in metrics and in the request's span.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Answer::Replay { .. } => "replayed",
+            Answer::Mismatch { .. } => "mismatched",
+            Answer::InFlight(_) => "in_flight",
+            Answer::Uncertain(_) => "uncertain",
+        }
+    }
+
     fn respond(self, op: &'static str, tenant_label: Option<&str>) -> Response {
+        let span = tracing::Span::current();
+        span.record("idem.outcome", self.outcome());
+        span.record("idem.replayed", matches!(self, Answer::Replay { .. }));
         match self {
             Answer::Replay { stored, cached } => {
                 metrics::claim(op, tenant_label, "replayed");
@@ -446,32 +460,58 @@ pub async fn run_in<DB: LeaseBackend, M: Mode<DB>>(
     // Counted from before the task is spawned, so that a shutdown waiting for
     // the executions cannot miss one that is spawned but not yet running.
     let running = req.idem.executions().start();
-    detached(
+    // A child of the caller's span (a `TraceLayer`'s request span, say), and
+    // the span of the spawned work: the handler's own events stay inside the
+    // request's span. Never the key.
+    let span = tracing::info_span!(
+        "idem",
+        idem.operation = spec.operation,
+        idem.mode = if spec.lease.is_some() {
+            "leased"
+        } else {
+            "transactional"
+        },
+        idem.outcome = tracing::field::Empty,
+        idem.replayed = tracing::field::Empty,
+        idem.generation = tracing::field::Empty,
+        idem.wait_ms = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let recorded = span.clone();
+    let response = detached(
         spec.operation,
-        Box::pin(async move {
-            let _running = running;
-            let scope = Scope {
-                spec,
-                tenant: &tenant,
-                key: &req.key,
-                fingerprint,
-                tenant_label: req.idem.tenant_label().then_some(tenant.as_str()),
-                // A deadline past what the clock can hold is no deadline.
-                deadline: M::deadline(&req.idem, spec)
-                    .and_then(|d| tokio::time::Instant::now().checked_add(d)),
-            };
-            let Some(deadline) = scope.deadline else {
-                return pipeline::<DB, M>(&req.idem, &scope, body).await;
-            };
-            match tokio::time::timeout_at(deadline, pipeline::<DB, M>(&req.idem, &scope, body))
-                .await
-            {
-                Ok(resp) => resp,
-                Err(_) => abandoned(spec.operation, deadline),
+        Box::pin(
+            async move {
+                let _running = running;
+                let scope = Scope {
+                    spec,
+                    tenant: &tenant,
+                    key: &req.key,
+                    fingerprint,
+                    tenant_label: req.idem.tenant_label().then_some(tenant.as_str()),
+                    // A deadline past what the clock can hold is no deadline.
+                    deadline: M::deadline(&req.idem, spec)
+                        .and_then(|d| tokio::time::Instant::now().checked_add(d)),
+                };
+                let Some(deadline) = scope.deadline else {
+                    return pipeline::<DB, M>(&req.idem, &scope, body).await;
+                };
+                match tokio::time::timeout_at(deadline, pipeline::<DB, M>(&req.idem, &scope, body))
+                    .await
+                {
+                    Ok(resp) => resp,
+                    Err(_) => {
+                        tracing::Span::current().record("idem.outcome", "deadline");
+                        abandoned(spec.operation, deadline)
+                    }
+                }
             }
-        }),
+            .instrument(span),
+        ),
     )
-    .await
+    .await;
+    recorded.record("http.response.status_code", response.status().as_u16());
+    response
 }
 
 async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
@@ -495,6 +535,7 @@ async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
         Decision::Execute { held, handle, how } => {
             metrics::seconds(metrics::CLAIM_SECONDS, op, started.elapsed().as_secs_f64());
             metrics::claim(op, scope.tenant_label, how);
+            tracing::Span::current().record("idem.outcome", how);
             tracing::debug!(operation = op, how, "idem: execute");
             M::execute(idem, scope, held, handle, body, started).await
         }
@@ -583,10 +624,19 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 // Waits without a connection for the key's first request in this
                 // process; past the in-flight wait, as in the database.
                 let started = tokio::time::Instant::now();
-                if tokio::time::timeout(req.in_flight_wait, waiter.finished())
-                    .await
-                    .is_err()
-                {
+                let finished = tokio::time::timeout(req.in_flight_wait, waiter.finished()).await;
+                // The wait for a concurrent holder, as the databases' claims record it.
+                let waited = started.elapsed();
+                metrics::seconds(
+                    metrics::CLAIM_WAIT_SECONDS,
+                    scope.op(),
+                    waited.as_secs_f64(),
+                );
+                tracing::Span::current().record(
+                    "idem.wait_ms",
+                    u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                );
+                if finished.is_err() {
                     return Ok(Decision::Answer(in_flight));
                 }
                 drop(waiter);
@@ -608,10 +658,14 @@ impl<DB: Backend> Mode<DB> for Transactional {
         }
         Ok(match claim {
             Claim::Execute(execution) => Decision::Execute {
-                how: if execution.generation() > 1 {
-                    "reclaimed"
-                } else {
-                    "executed"
+                // Recorded before the handler runs, so its events see it.
+                how: {
+                    tracing::Span::current().record("idem.generation", execution.generation());
+                    if execution.generation() > 1 {
+                        "reclaimed"
+                    } else {
+                        "executed"
+                    }
                 },
                 held: (execution, leader),
                 handle: tx,
@@ -752,7 +806,10 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
         Ok(
             match crate::lease::claim_in::<DB>(idem.lease_store(), &scope.lease_request()).await? {
                 LeasedClaim::Acquired(lease) => Decision::Execute {
-                    how: match lease.acquisition() {
+                    how: match {
+                        tracing::Span::current().record("idem.generation", lease.generation());
+                        lease.acquisition()
+                    } {
                         Acquisition::New => "executed",
                         Acquisition::Reclaimed => "reclaimed",
                         Acquisition::TakenOver => "taken_over",

@@ -75,11 +75,22 @@ pub(crate) async fn begin_claim(
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Sqlite>, Claim), StoreError> {
     let mut conn = idem.pool().acquire().await?;
+    let started = std::time::Instant::now();
     let begun = <Sqlite as Database>::TransactionManager::begin(
         &mut conn,
         Some(SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")),
     )
     .await;
+    // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more
+    // is a wait for another writer, recorded as the other databases record theirs.
+    let waited = started.elapsed();
+    if waited >= Duration::from_millis(1) {
+        crate::metrics::seconds(
+            crate::metrics::CLAIM_WAIT_SECONDS,
+            req.operation.to_owned(),
+            waited.as_secs_f64(),
+        );
+    }
     match begun {
         Ok(()) => {}
         // Another writer kept the database past the busy timeout.

@@ -1,0 +1,152 @@
+//! Tracing follows the request: the handler runs on a task of its own, and its
+//! events still sit inside the caller's span (a `TraceLayer`'s request span,
+//! here one opened by the test) and inside idem's span for the request, which
+//! names the operation and the outcome and never the key.
+
+#[path = "common/caller.rs"]
+mod caller;
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::FromRef;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use idem_runtime::{Idem, Tx, idempotent};
+use tower::ServiceExt;
+use tracing::Instrument;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+use caller::Caller;
+use common::TestDb;
+
+#[derive(Clone)]
+struct AppState {
+    idem: Idem,
+}
+
+impl FromRef<AppState> for Idem {
+    fn from_ref(s: &AppState) -> Idem {
+        s.idem.clone()
+    }
+}
+
+#[idempotent(operation = "traced", retention = "1h")]
+async fn traced(#[tenant] _caller: Caller, tx: &mut Tx) -> StatusCode {
+    sqlx::query("SELECT 1").execute(&mut **tx).await.unwrap();
+    tracing::info!("the handler speaks");
+    StatusCode::CREATED
+}
+
+/// What the test subscriber saw: each event's message with the names of the
+/// spans it was inside (innermost first), and every field any span recorded.
+#[derive(Default)]
+struct Seen {
+    events: Vec<(String, Vec<String>)>,
+    fields: Vec<(String, String)>,
+}
+
+struct Capture(Arc<Mutex<Seen>>);
+
+struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_owned(), format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+        attrs.record(&mut Fields(&mut self.0.lock().unwrap().fields));
+    }
+
+    fn on_record(&self, _: &Id, values: &Record<'_>, _: Context<'_, S>) {
+        values.record(&mut Fields(&mut self.0.lock().unwrap().fields));
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = Vec::new();
+        event.record(&mut Fields(&mut fields));
+        let message = fields
+            .into_iter()
+            .find(|(name, _)| name == "message")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        let scope = ctx
+            .event_scope(event)
+            .map(|scope| scope.map(|span| span.name().to_owned()).collect())
+            .unwrap_or_default();
+        self.0.lock().unwrap().events.push((message, scope));
+    }
+}
+
+#[tokio::test]
+async fn a_handlers_events_sit_inside_the_request_span_and_idems() {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = TestDb::new().await;
+    let router = Router::new()
+        .route("/traced", post(traced))
+        .with_state(AppState {
+            idem: Idem::new(db.pool.clone()),
+        });
+    let send = |key: &'static str| {
+        let router = router.clone();
+        async move {
+            let req = Request::post("/traced")
+                .header("authorization", "Bearer acme")
+                .header("idempotency-key", key)
+                .body(Body::empty())
+                .unwrap();
+            router
+                .oneshot(req)
+                .instrument(tracing::info_span!("request", request_id = 42))
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(send("sk_live_SECRET").await.status(), StatusCode::CREATED);
+    let replay = send("sk_live_SECRET").await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert!(replay.headers().contains_key("idempotent-replayed"));
+
+    let seen = seen.lock().unwrap();
+    let spoke: Vec<&Vec<String>> = seen
+        .events
+        .iter()
+        .filter(|(message, _)| message == "the handler speaks")
+        .map(|(_, scope)| scope)
+        .collect();
+    assert_eq!(spoke.len(), 1, "the handler ran once: {:?}", seen.events);
+    assert_eq!(
+        spoke[0].iter().map(String::as_str).collect::<Vec<_>>(),
+        ["idem", "request"],
+        "the handler's event, inside idem's span inside the request's"
+    );
+    let field = |name: &str| -> Vec<&str> {
+        seen.fields
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    assert!(field("idem.operation").contains(&"traced"));
+    assert_eq!(field("idem.outcome"), ["executed", "replayed"]);
+    assert!(field("idem.replayed").contains(&"true"));
+    assert!(field("idem.generation").contains(&"1"));
+    assert_eq!(field("http.response.status_code"), ["201", "201"]);
+    for (name, value) in &seen.fields {
+        assert!(!value.contains("SECRET"), "{name} shows the key: {value}");
+    }
+}
