@@ -1,39 +1,58 @@
 #!/usr/bin/env bash
-# The database's share of the hot path (issue 7), without HTTP or Rust: pgbench
-# runs each transaction shape of the benchmark against a scratch database with
-# idem's migrations, alternating shapes for ROUNDS rounds so drift hits all alike.
+# The database's share of the hot path (issues 7 and 24), without HTTP or Rust:
+# pgbench runs each transaction shape against a scratch database with idem's
+# migrations, alternating shapes for ROUNDS rounds so drift hits all alike, and
+# prints each shape's median tps as a share of `bare` in the same run.
 #
 #   benches/sql_variants.sh                  # 8 clients, 8 s per shape, 2 rounds
-#   CLIENTS=8 SECS=10 ROUNDS=3 benches/sql_variants.sh
+#   CLIENTS=4 SECS=5 ROUNDS=3 benches/sql_variants.sh
+#   SHAPES="bare optimistic lookup_optimistic" benches/sql_variants.sh
+#   SYNCHRONOUS_COMMIT=off benches/sql_variants.sh   # commits do not wait for the WAL flush:
+#                                                     # round trips and CPU only (slow disks)
 #
-# Shapes (prepared statements, like sqlx):
-#   bare          BEGIN; INSERT order; COMMIT                                   (a)
-#   idem          BEGIN RC; SELECT idem_claim(...); INSERT; UPDATE complete; COMMIT (b)
-#   idem_nosub    the same with a claim function without the EXCEPTION block,
-#                 i.e. no subtransaction (proposal M1 in BENCHMARKS.md)
-#   idem_noidx    idem, on a copy of the table without the two secondary indexes
-#                 (an upper bound for proposal M2: HOT completions)
-#   idem_plain    idem with a plain `INSERT ... ON CONFLICT DO NOTHING RETURNING`
-#                 instead of idem_claim (what the function costs; no replay/wait logic)
-#   idem_pipe     idem with BEGIN + claim and UPDATE + COMMIT each sent as one
-#                 pipeline: 5 round trips instead of 7 (proposals R1 and R2)
-#   mw            INSERT claim; BEGIN; INSERT; COMMIT; UPDATE complete          (d)
-#   pipelined     what #[idempotent] sends now (pgbench -M simple: literals, as in
-#                 store::postgres::pipelined): idem_precheck + BEGIN + idem_take in
-#                 one message, INSERT, idem_finish + COMMIT + BEGIN in one, and the
-#                 ROLLBACK that rides on the release: 4 round trips (simple
-#                 mode sends its INSERT unprepared too, unlike sqlx: an overstatement)
-# Then the PostgreSQL backend CPU per transaction of the same shapes, executed
-# LOOP times by a procedure in one backend (no protocol, no round trips, no other
+# Keys are stored as sha256 digests (migration 20261202000010_key_digest.sql): a
+# transaction draws k with \set and binds sha256(('k' || :k)::bytea) in the
+# statement (the server hashes; the runtime binds the 32 bytes it computed); the
+# fingerprint is a constant 32-byte bytea. REPLAY_KEYS finished rows (k = 1..N,
+# live for a day) are written before the rounds; the write shapes draw k above N.
+#
+# Shapes (pgbench -M prepared, like sqlx, unless marked simple):
+#   bare              BEGIN; INSERT order; COMMIT (the yardstick, = 1)
+#   floor             BEGIN; INSERT order; plain INSERT of the finished row; COMMIT (no idem can be cheaper)
+#   optimistic        BEGIN RC; INSERT order; COMPLETE; COMMIT (COMPLETE = the finished row upsert of lookup_optimistic)
+#   lookup_optimistic the lookup (outside a transaction); BEGIN RC; SELECT set_config(timeouts); INSERT order; COMPLETE; COMMIT
+#   lookup_optimistic_pipe  the same, with BEGIN and the set_config SELECT in one pgbench pipeline (one round trip, prepared)
+#   lookup_optimistic_simple  the same, with BEGIN \; set_config SELECT as one line: -M simple (everything unprepared)
+#   replay            the lookup alone, on a pre-populated finished key (the replay path: one prepared statement, no transaction)
+#   lookup_advisory   BEGIN RC; SELECT pg_advisory_xact_lock(..), (lookup subquery); INSERT order; COMPLETE; COMMIT
+#   claim_update      the old shape: BEGIN RC; INSERT processing claim ON CONFLICT DO NOTHING RETURNING; INSERT order; UPDATE to completed; COMMIT
+#   pipelined (simple) what the runtime sent until now: idem_precheck \; BEGIN \; idem_take; INSERT order; idem_finish \; COMMIT \; BEGIN; ROLLBACK
+#                     (literals, 32-byte digest literals; skipped with a note when the database lacks idem_precheck/idem_take/idem_finish)
+# pgbench cannot prepare a line holding two statements ("cannot insert multiple
+# commands into a prepared statement"), so the runtime's message "BEGIN ISOLATION
+# LEVEL READ COMMITTED; SELECT set_config(..)" (one simple query) is approximated
+# three ways: two prepared round trips (lookup_optimistic, an overstatement), one
+# pipeline (lookup_optimistic_pipe, the closest), one simple-query line in a script
+# that is then unprepared throughout (lookup_optimistic_simple, an overstatement of
+# the parse cost of the other statements, like pipelined).
+# Dropped from the earlier version: idem (idem_claim, the hand-written path),
+# idem_nosub, idem_noidx, idem_pipe and mw (idem_plain is now claim_update).
+#
+# Then the PostgreSQL backend CPU per transaction of the shapes, executed LOOP
+# times by a procedure in one backend (no protocol, no round trips, no other
 # clients), read from /proc: the executor and WAL cost alone (CPU time still
-# inflates when the machine is busy; compare shapes within one run). The database
-# is dropped at the end.
+# inflates when the machine is busy; compare shapes within one run). The lookup
+# of lookup_optimistic and replay runs in a transaction of its own there (a
+# read-only COMMIT). The database is dropped at the end.
 set -euo pipefail
 
 CLIENTS=${CLIENTS:-8}
 SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-2}
 LOOP=${LOOP:-10000}
+REPLAY_KEYS=${REPLAY_KEYS:-100000}
+SHAPES=${SHAPES:-bare floor optimistic lookup_optimistic lookup_optimistic_pipe lookup_optimistic_simple replay lookup_advisory claim_update pipelined}
+case " $SHAPES " in *" bare "*) ;; *) SHAPES="bare $SHAPES" ;; esac
 HOST=${PGHOST:-127.0.0.1}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DB=idem_bench_$$
@@ -50,127 +69,175 @@ CREATE TABLE orders (
     amount_cents bigint NOT NULL CHECK (amount_cents >= 0),
     currency text NOT NULL, note text, created_at timestamptz NOT NULL DEFAULT now());
 CREATE INDEX orders_tenant_idx ON orders (tenant_id, id);
-CREATE TABLE mw_idempotency_requests (LIKE idempotency_requests INCLUDING ALL);
 SQL
-# idem_claim without its EXCEPTION block: same statements, no subtransaction. A
-# lock timeout then aborts the transaction instead of answering in_flight, which the
-# macro's path can take (nothing ran before the claim).
-sed -e 's/CREATE FUNCTION idem_claim(/CREATE FUNCTION idem_claim_nosub(/' \
-    -e '/^        BEGIN$/d' \
-    -e '/^        EXCEPTION WHEN lock_not_available THEN$/,/^        END;$/d' \
-    "$ROOT"/idem-runtime/migrations/postgres/20261130000001_idempotency_requests.sql |
-    sed -n '/CREATE FUNCTION idem_claim_nosub/,$p' >"$WORK/nosub.sql"
-psql -d "$DB" -f "$WORK/nosub.sql"
-# A schema whose idempotency_requests has only its primary key.
-psql -d "$DB" <<'SQL'
-CREATE SCHEMA noidx;
-CREATE TABLE noidx.idempotency_requests (LIKE public.idempotency_requests INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE noidx.idempotency_requests ADD PRIMARY KEY (tenant_id, operation, idempotency_key);
-SQL
-sed -n '/CREATE FUNCTION idem_claim(/,$p' "$ROOT"/idem-runtime/migrations/postgres/20261130000001_idempotency_requests.sql |
-    sed -e 's/CREATE FUNCTION idem_claim(/CREATE FUNCTION noidx.idem_claim(/' \
-        -e 's/idempotency_requests/noidx.idempotency_requests/g' >"$WORK/noidx.sql"
-psql -d "$DB" -f "$WORK/noidx.sql"
+[ -z "${SYNCHRONOUS_COMMIT:-}" ] || psql -d postgres -c "ALTER DATABASE $DB SET synchronous_commit = '$SYNCHRONOUS_COMMIT'"
+PIPELINED=$(psql -d "$DB" -c "SELECT to_regprocedure('idem_precheck(text,text,bytea,bytea)') IS NOT NULL
+    AND to_regprocedure('idem_take(text,text,bytea,bytea,bigint,bigint)') IS NOT NULL
+    AND to_regprocedure('idem_finish(text,text,bytea,bigint,text,smallint,jsonb,bytea,bigint)') IS NOT NULL")
 
-FP="'\\x0000000000000000000000000000000000000000000000000000000000000000'::bytea"
-INSERT="INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) VALUES ('t', 'A-1', 2, 1999, 'EUR', 'k' || :k) RETURNING id, created_at::text;"
-complete() { # $1: table
-    echo "UPDATE $1 SET state = 'completed', response_status = 201, response_headers = '[[\"content-type\",\"application/json\"],[\"location\",\"/orders/1\"]]', response_body = '\\x7b226964223a317d'::bytea, completed_at = c.t, expires_at = c.t + 86400000 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t) c WHERE tenant_id = 't' AND operation = 'create-order' AND idempotency_key = 'k' || :k AND state = 'processing';"
+# --- the statements --------------------------------------------------------------
+D="sha256(('k' || :k)::bytea)"                                 # the key's digest
+FP="'\\x$(printf '0%.0s' {1..64})'::bytea"                     # a constant fingerprint
+HEADERS='[["content-type","application/json"],["location","/orders/1"]]'
+BODY="'\\x7b226964223a317d'::bytea"
+COLS="tenant_id, operation, key_digest, fingerprint, state, generation, response_status, response_headers, response_body, created_at, completed_at, expires_at"
+KSET='\set k random('$((REPLAY_KEYS + 1))', 9000000000000)'
+ORDER="INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) VALUES ('t', 'A-1', 2, 1999, 'EUR', 'k' || :k) RETURNING id, created_at::text;"
+LOOKUP="SELECT fingerprint, state, generation, expires_at > now() AS live, response_status, response_headers, response_body FROM idempotency_requests WHERE tenant_id = 't' AND operation = 'create-order' AND key_digest = $D;"
+TIMEOUTS="SELECT set_config('statement_timeout', '31000', true), set_config('idle_in_transaction_session_timeout', '31000', true);"
+COMPLETE="INSERT INTO idempotency_requests AS r ($COLS) SELECT 't', 'create-order', $D, $FP, 'completed', 1, 201::smallint, '$HEADERS'::jsonb, $BODY, now(), c.t, c.t + 86400000 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t, set_config('lock_timeout', '2000ms', true)) c ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, generation = r.generation + 1, response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, expires_at = EXCLUDED.expires_at WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') RETURNING r.generation;"
+FINISHED="INSERT INTO idempotency_requests ($COLS) VALUES ('t', 'create-order', $D, $FP, 'completed', 1, 201, '$HEADERS', $BODY, now(), clock_timestamp(), clock_timestamp() + 86400000 * interval '1 millisecond');"
+# (no colon in a literal: pgbench takes :name anywhere in a line for a variable)
+ADVISORY="SELECT pg_advisory_xact_lock(hashtextextended('t/create-order/' || encode($D, 'hex'), 0)) AS locked, (SELECT (fingerprint, state, generation, expires_at > now(), response_status, response_headers, response_body) FROM idempotency_requests WHERE tenant_id = 't' AND operation = 'create-order' AND key_digest = $D) AS found;"
+CLAIM="INSERT INTO idempotency_requests (tenant_id, operation, key_digest, fingerprint, state, created_at, expires_at) VALUES ('t', 'create-order', $D, $FP, 'processing', now(), now() + interval '1 day') ON CONFLICT (tenant_id, operation, key_digest) DO NOTHING RETURNING generation;"
+UPDATE="UPDATE idempotency_requests SET state = 'completed', response_status = 201, response_headers = '$HEADERS', response_body = $BODY, completed_at = c.t, expires_at = c.t + 86400000 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t) c WHERE tenant_id = 't' AND operation = 'create-order' AND key_digest = $D AND state = 'processing';"
+RC='BEGIN ISOLATION LEVEL READ COMMITTED;'
+
+script() { printf '%s\n' "$@" >"$WORK/$shape.sql"; }
+shape=bare;                     script "$KSET" 'BEGIN;' "$ORDER" 'COMMIT;'
+shape=floor;                    script "$KSET" 'BEGIN;' "$ORDER" "$FINISHED" 'COMMIT;'
+shape=optimistic;               script "$KSET" "$RC" "$ORDER" "$COMPLETE" 'COMMIT;'
+# The runtime sends BEGIN and the set_config SELECT as one simple-query message;
+# pgbench cannot prepare such a line, hence two round trips here (see the header).
+shape=lookup_optimistic;        script "$KSET" "$LOOKUP" "$RC" "$TIMEOUTS" "$ORDER" "$COMPLETE" 'COMMIT;'
+shape=lookup_optimistic_pipe;   script "$KSET" "$LOOKUP" '\startpipeline' "$RC" "$TIMEOUTS" '\endpipeline' "$ORDER" "$COMPLETE" 'COMMIT;'
+shape=lookup_optimistic_simple; script "$KSET" "$LOOKUP" "${RC%;} \\; $TIMEOUTS" "$ORDER" "$COMPLETE" 'COMMIT;'
+shape=replay;                   script "\\set k random(1, $REPLAY_KEYS)" "$LOOKUP"
+shape=lookup_advisory;          script "$KSET" "$RC" "$ADVISORY" "$ORDER" "$COMPLETE" 'COMMIT;'
+shape=claim_update;             script "$KSET" "$RC" "$CLAIM" "$ORDER" "$UPDATE" 'COMMIT;'
+# Literals, as store::postgres::pipelined sent them: k has 13 digits, so 51 zeros
+# and k make a 32-byte digest literal (pgbench's simple mode substitutes :k in it).
+KL="'t', 'create-order', '\\x$(printf '0%.0s' {1..51}):k'::bytea"
+shape=pipelined;                script '\set k random(1000000000000, 8999999999999)' \
+    "SELECT idem_precheck($KL, $FP) \\; BEGIN ISOLATION LEVEL READ COMMITTED \\; SELECT idem_take($KL, $FP, 86400000, 2000);" \
+    "$ORDER" \
+    "SELECT idem_finish($KL, 1, 'completed', 201::smallint, '$HEADERS'::jsonb, $BODY, 86400000) \\; COMMIT \\; BEGIN;" \
+    'ROLLBACK;'
+
+# The finished rows replay reads. The table is analysed only once it holds rows:
+# an empty ANALYZE makes sessions cache sequential-scan plans for the key lookups
+# (see BENCHMARKS.md).
+populate() {
+    psql -d "$DB" -c "INSERT INTO idempotency_requests ($COLS) SELECT 't', 'create-order', sha256(('k' || i)::bytea), $FP, 'completed', 1, 201, '$HEADERS', $BODY, now(), now(), now() + interval '1 day' FROM generate_series(1, $REPLAY_KEYS) i" \
+        -c "ANALYZE idempotency_requests"
 }
-idem() { # $1: claim function, $2: table
-    printf '%s\n' '\set k random(1, 9000000000000)' 'BEGIN ISOLATION LEVEL READ COMMITTED;' \
-        "SELECT outcome, generation FROM $1('t', 'create-order', 'k' || :k, $FP, 86400000, 2000);" \
-        "$INSERT" "$(complete "$2")" 'COMMIT;'
-}
-printf '%s\n' '\set k random(1, 9000000000000)' 'BEGIN;' "$INSERT" 'COMMIT;' >"$WORK/bare.sql"
-idem idem_claim idempotency_requests >"$WORK/idem.sql"
-idem idem_claim_nosub idempotency_requests >"$WORK/idem_nosub.sql"
-idem noidx.idem_claim noidx.idempotency_requests >"$WORK/idem_noidx.sql"
-MW_CLAIM="INSERT INTO TABLE (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) VALUES ('t', 'create-order', 'k' || :k, $FP, 'processing', now(), now() + interval '1 day') ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation;"
-printf '%s\n' '\set k random(1, 9000000000000)' 'BEGIN ISOLATION LEVEL READ COMMITTED;' \
-    "${MW_CLAIM/TABLE/idempotency_requests}" "$INSERT" "$(complete idempotency_requests)" 'COMMIT;' >"$WORK/idem_plain.sql"
-printf '%s\n' '\set k random(1, 9000000000000)' '\startpipeline' 'BEGIN ISOLATION LEVEL READ COMMITTED;' \
-    "SELECT outcome, generation FROM idem_claim('t', 'create-order', 'k' || :k, $FP, 86400000, 2000);" \
-    '\endpipeline' "$INSERT" '\startpipeline' "$(complete idempotency_requests)" 'COMMIT;' '\endpipeline' >"$WORK/idem_pipe.sql"
-printf '%s\n' '\set k random(1, 9000000000000)' \
-    "INSERT INTO mw_idempotency_requests (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at) VALUES ('t', 'create-order', 'k' || :k, $FP, 'processing', now(), now() + interval '1 day') ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation;" \
-    'BEGIN;' "$INSERT" 'COMMIT;' "$(complete mw_idempotency_requests)" >"$WORK/mw.sql"
+populate
 
-FPE="E'\\\\x0000000000000000000000000000000000000000000000000000000000000000'::bytea"
-KEY="E't', E'create-order', E'k:k'"
-printf '%s\n' '\set k random(1, 9000000000000)' \
-    "SELECT idem_precheck($KEY, $FPE) \\; BEGIN ISOLATION LEVEL READ COMMITTED \\; SELECT idem_take($KEY, $FPE, 86400000, 2000);" \
-    "$INSERT" \
-    "SELECT idem_finish($KEY, 1, 'completed', 201::smallint, E'[[\"content-type\",\"application/json\"],[\"location\",\"/orders/1\"]]'::jsonb, E'\\\\x7b226964223a317d'::bytea, 86400000) \\; COMMIT \\; BEGIN;" \
-    'ROLLBACK;' >"$WORK/pipelined.sql"
-
-echo "pgbench -M prepared (pipelined: -M simple), $CLIENTS clients, $SECS s per shape; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+mode_of() { case "$1" in pipelined | lookup_optimistic_simple) echo simple ;; *) echo prepared ;; esac; }
+JOBS=$((CLIENTS < 2 ? CLIENTS : 2))
+echo "pgbench -M prepared (pipelined, lookup_optimistic_simple: -M simple), $CLIENTS clients, $SECS s per shape, $REPLAY_KEYS finished rows to replay; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'), synchronous_commit $(psql -d "$DB" -c 'SHOW synchronous_commit'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+[ "$PIPELINED" = t ] || echo "pipelined: skipped, the database has no idem_precheck/idem_take/idem_finish over bytea digests"
+: >"$WORK/results"
 for round in $(seq 1 "$ROUNDS"); do
-    for shape in bare idem idem_nosub idem_noidx idem_plain idem_pipe mw pipelined; do
-        mode=prepared
-        [ "$shape" = pipelined ] && mode=simple
-        tps=$(pgbench -h "$HOST" -U postgres -n -M "$mode" -c "$CLIENTS" -j 2 -T "$SECS" \
-            -f "$WORK/$shape.sql" "$DB" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
-        printf 'round %d  %-11s %8.0f tps\n' "$round" "$shape" "$tps"
+    for shape in $SHAPES; do
+        [ "$shape" = pipelined ] && [ "$PIPELINED" != t ] && continue
+        log="$WORK/$shape.$round.log"
+        pgbench -h "$HOST" -U postgres -n -M "$(mode_of "$shape")" -c "$CLIENTS" -j "$JOBS" -T "$SECS" \
+            -f "$WORK/$shape.sql" "$DB" >"$log" 2>&1 || true
+        tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$log")
+        if [ -z "$tps" ] || grep -q 'error\|aborted' "$log"; then
+            printf 'round %d  %-24s    error: %s\n' "$round" "$shape" "$(grep -m1 'error' "$log" || tail -1 "$log")"
+            continue
+        fi
+        printf 'round %d  %-24s %8.0f tps\n' "$round" "$shape" "$tps"
+        echo "$shape $tps" >>"$WORK/results"
     done
+done
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+BARE=$(awk '$1 == "bare" { print $2 }' "$WORK/results" | median)
+echo "median of $ROUNDS rounds, as a share of bare (ms: the time a client spends per transaction, CLIENTS / tps):"
+for shape in $SHAPES; do
+    grep -q "^$shape " "$WORK/results" || continue
+    m=$(awk -v s="$shape" '$1 == s { print $2 }' "$WORK/results" | median)
+    awk -v s="$shape" -v m="$m" -v b="$BARE" -v c="$CLIENTS" 'BEGIN { printf "  %-24s %8.0f tps  %5.2f of bare  %6.3f ms\n", s, m, (b > 0 ? m / b : 0), (m > 0 ? c * 1000 / m : 0) }'
 done
 echo "completions that were HOT updates: $(psql -d "$DB" -c "SELECT n_tup_hot_upd || ' of ' || n_tup_upd FROM pg_stat_user_tables WHERE relname = 'idempotency_requests' AND schemaname = 'public'")"
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # --- backend CPU per transaction, in one backend ---------------------------------
-psql -d "$DB" <<'SQL'
-TRUNCATE idempotency_requests, orders;
-CREATE PROCEDURE run_shape(shape text, n int) LANGUAGE plpgsql AS $$
-DECLARE k text; g bigint; o text;
+psql -d "$DB" -c "TRUNCATE idempotency_requests, orders"
+populate
+psql -d "$DB" <<SQL
+CREATE PROCEDURE run_shape(shape text, n int, replay_keys int) LANGUAGE plpgsql AS \$\$
+DECLARE k text; d bytea; g bigint; rec record; fp bytea := $FP;
 BEGIN
   FOR i IN 1..n LOOP
     k := shape || '-' || i || '-' || random();
-    IF shape = 'idem' THEN
-      SELECT c.outcome, c.generation INTO o, g FROM idem_claim('t', 'create-order', k,
-        '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 86400000, 2000) c;
-    ELSIF shape = 'idem_nosub' THEN
-      SELECT c.outcome, c.generation INTO o, g FROM idem_claim_nosub('t', 'create-order', k,
-        '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea, 86400000, 2000) c;
-    ELSIF shape = 'idem_plain' THEN
-      INSERT INTO idempotency_requests (tenant_id, operation, idempotency_key, fingerprint, state, created_at, expires_at)
-      VALUES ('t', 'create-order', k, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea,
-              'processing', now(), now() + interval '1 day')
-      ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING generation INTO g;
+    IF shape = 'replay' THEN
+      k := 'k' || (1 + floor(random() * replay_keys))::int;
+    END IF;
+    d := sha256(convert_to(k, 'UTF8'));
+    IF shape IN ('lookup_optimistic', 'replay') THEN
+      SELECT fingerprint, state, generation, expires_at > now() AS live, response_status, response_headers, response_body
+        INTO rec FROM idempotency_requests WHERE tenant_id = 't' AND operation = 'create-order' AND key_digest = d;
+      COMMIT;
+      CONTINUE WHEN shape = 'replay';
+      PERFORM set_config('statement_timeout', '31000', true), set_config('idle_in_transaction_session_timeout', '31000', true);
+    ELSIF shape = 'lookup_advisory' THEN
+      SELECT pg_advisory_xact_lock(hashtextextended('t/create-order/' || encode(d, 'hex'), 0)) AS locked,
+             (SELECT (q.fingerprint, q.state, q.generation, q.expires_at > now(), q.response_status, q.response_headers, q.response_body)
+                FROM idempotency_requests q WHERE q.tenant_id = 't' AND q.operation = 'create-order' AND q.key_digest = d) AS found
+        INTO rec;
+    ELSIF shape = 'claim_update' THEN
+      INSERT INTO idempotency_requests (tenant_id, operation, key_digest, fingerprint, state, created_at, expires_at)
+      VALUES ('t', 'create-order', d, fp, 'processing', now(), now() + interval '1 day')
+      ON CONFLICT (tenant_id, operation, key_digest) DO NOTHING RETURNING generation INTO g;
+    ELSIF shape = 'pipelined' THEN
+      PERFORM idem_precheck('t', 'create-order', d, fp);
+      PERFORM idem_take('t', 'create-order', d, fp, 86400000, 2000);
     END IF;
     INSERT INTO orders (tenant_id, sku, quantity, amount_cents, currency, note) VALUES ('t', 'A-1', 2, 1999, 'EUR', k);
-    IF shape <> 'bare' THEN
-      UPDATE idempotency_requests SET state = 'completed', response_status = 201,
-             response_headers = '[["content-type","application/json"],["location","/orders/1"]]',
-             response_body = '\x7b226964223a317d'::bytea, completed_at = c.t,
-             expires_at = c.t + 86400000 * interval '1 millisecond'
+    IF shape = 'floor' THEN
+      INSERT INTO idempotency_requests ($COLS)
+      VALUES ('t', 'create-order', d, fp, 'completed', 1, 201, '$HEADERS', $BODY, now(), clock_timestamp(),
+              clock_timestamp() + 86400000 * interval '1 millisecond');
+    ELSIF shape IN ('optimistic', 'lookup_optimistic', 'lookup_advisory') THEN
+      INSERT INTO idempotency_requests AS r ($COLS)
+      SELECT 't', 'create-order', d, fp, 'completed', 1, 201::smallint, '$HEADERS'::jsonb, $BODY, now(), c.t,
+             c.t + 86400000 * interval '1 millisecond'
+        FROM (SELECT clock_timestamp() AS t, set_config('lock_timeout', '2000ms', true)) c
+      ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE
+         SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, generation = r.generation + 1,
+             response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers,
+             response_body = EXCLUDED.response_body, owner_token = NULL, lease_expires_at = NULL,
+             downstream_key = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at,
+             expires_at = EXCLUDED.expires_at
+       WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed')
+      RETURNING r.generation INTO g;
+    ELSIF shape = 'claim_update' THEN
+      UPDATE idempotency_requests SET state = 'completed', response_status = 201, response_headers = '$HEADERS',
+             response_body = $BODY, completed_at = c.t, expires_at = c.t + 86400000 * interval '1 millisecond'
         FROM (SELECT clock_timestamp() AS t) c
-       WHERE tenant_id = 't' AND operation = 'create-order' AND idempotency_key = k AND state = 'processing';
+       WHERE tenant_id = 't' AND operation = 'create-order' AND key_digest = d AND state = 'processing';
+    ELSIF shape = 'pipelined' THEN
+      PERFORM idem_finish('t', 'create-order', d, 1, 'completed', 201::smallint, '$HEADERS'::jsonb, $BODY, 86400000);
     END IF;
     COMMIT;
   END LOOP;
-END $$;
+END \$\$;
 SQL
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 loop_cpu() { # $1: shape; prints backend CPU microseconds per transaction
-    command psql -h "$HOST" -U postgres -qAt -d "$DB" -c "SELECT pg_sleep(1)" \
-        -c "CALL run_shape('$1', $LOOP)" -c "SELECT pg_sleep(1.5)" >/dev/null &
-    local bg=$! pid t0 q seen=0
+    command psql -h "$HOST" -U postgres -v ON_ERROR_STOP=1 -qAt -d "$DB" -c "SELECT pg_sleep(1)" \
+        -c "CALL run_shape('$1', $LOOP, $REPLAY_KEYS)" -c "SELECT pg_sleep(1.5)" >/dev/null &
+    local bg=$! pid t0 q
     sleep 0.5
     pid=$(psql -d postgres -c "SELECT pid FROM pg_stat_activity WHERE datname = '$DB' AND query LIKE 'SELECT pg_sleep(1)%'")
     t0=$(ticks "$pid")
-    while true; do
+    while true; do # the last statement shows once the CALL is over, however short
         q=$(psql -d postgres -c "SELECT query FROM pg_stat_activity WHERE pid = $pid")
-        case "$q" in CALL*) seen=1 ;; "SELECT pg_sleep(1.5)") [ $seen = 1 ] && break ;; esac
+        case "$q" in "SELECT pg_sleep(1.5)") break ;; "") wait "$bg"; return 1 ;; esac
         sleep 0.05
     done
     echo $((($(ticks "$pid") - t0) * 10000 / LOOP)) # ticks are 10 ms
     wait "$bg"
 }
-# The table is not analysed while empty: an empty ANALYZE makes sessions cache
-# sequential-scan plans for the key lookups (see BENCHMARKS.md).
-echo "backend CPU per transaction, $LOOP transactions in one backend:"
+CPU_SHAPES="bare floor optimistic lookup_optimistic replay lookup_advisory claim_update"
+[ "$PIPELINED" = t ] && CPU_SHAPES="$CPU_SHAPES pipelined"
+echo "backend CPU per transaction, $LOOP transactions in one backend (replay: one lookup; lookup_optimistic: its lookup commits on its own):"
 for round in 1 2; do
-    for shape in bare idem idem_nosub idem_plain; do
-        printf 'round %d  %-11s %5d us\n' "$round" "$shape" "$(loop_cpu "$shape")"
+    for shape in $CPU_SHAPES; do
+        cpu=$(loop_cpu "$shape") || cpu=error
+        printf 'round %d  %-24s %5s us\n' "$round" "$shape" "$cpu"
     done
 done
