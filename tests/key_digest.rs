@@ -281,6 +281,63 @@ mod sqlite {
                                         || coalesce(owner_token, ''), $1) > 0",
     }
 
+    /// A digest of any other length than 32 bytes is refused, as PostgreSQL's
+    /// CHECK and MySQL's VARBINARY(32) refuse it; nothing is stored.
+    #[tokio::test]
+    async fn a_key_digest_that_is_not_32_bytes_is_refused() {
+        let db = crate::common::SqliteDb::new().await;
+        // (A TEXT value is an older release's raw key, left for the conversion.)
+        for digest in [
+            "X'00'",
+            "X'0000000000000000000000000000000000000000000000000000000000000000FF'",
+            "zeroblob(31)",
+        ] {
+            let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO idempotency_requests \
+                    (tenant_id, operation, key_digest, fingerprint, state, created_at, expires_at) \
+                 VALUES ('acme', 'op', {digest}, zeroblob(32), 'processing', 0, 1)"
+            )))
+            .execute(&db.pool)
+            .await;
+            let err = inserted.expect_err(digest).to_string();
+            assert!(err.contains("32-byte"), "{digest}: {err}");
+        }
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            0
+        );
+        // An update to a wrong length is refused too.
+        let key = IdempotencyKey::parse("k-len").unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        let Claim::Execute(execution) = claim(&mut tx, &request(&key, fingerprint("a")))
+            .await
+            .unwrap()
+        else {
+            panic!("a new key executes");
+        };
+        execution
+            .complete(
+                &mut tx,
+                &StoredResponse {
+                    status: 200,
+                    headers: vec![],
+                    body: "ok".into(),
+                },
+            )
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let updated = sqlx::query("UPDATE idempotency_requests SET key_digest = X'0102'")
+            .execute(&db.pool)
+            .await;
+        assert!(
+            updated
+                .expect_err("a 2-byte digest")
+                .to_string()
+                .contains("32-byte")
+        );
+    }
+
     /// SQLite converts in Rust after the SQL migration: a row left unconverted
     /// (a crash between the two) is converted at the next start.
     #[tokio::test]

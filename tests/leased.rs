@@ -129,6 +129,70 @@ macro_rules! leased_tests {
         type TestDb = $test_db;
         const NOW: &str = $now;
 
+        /// A transactional execution that re-claims an expired key a leased
+        /// execution finished has no downstream key: the row forgets the old one,
+        /// on the hand-written claim and on the handler's path alike.
+        #[tokio::test]
+        async fn a_transactional_reclaim_forgets_the_leased_executions_downstream_key() {
+            use idem_runtime::__private::Finish;
+            use idem_runtime::{Backend, Claim, ClaimRequest, claim};
+
+            for handler_path in [false, true] {
+                let db = TestDb::new().await;
+                let key = IdempotencyKey::parse("dk-1").unwrap();
+                acquire(&db, &key, HOUR)
+                    .await
+                    .complete(&paid("ch_1"))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    db.count("SELECT count(*) FROM idempotency_requests WHERE downstream_key IS NOT NULL")
+                        .await,
+                    1,
+                    "the leased execution recorded its downstream key"
+                );
+                db.exec(&format!("UPDATE idempotency_requests SET expires_at = {NOW}"))
+                    .await;
+                let leased = lease_req(&key, HOUR);
+                let req = ClaimRequest {
+                    tenant: leased.tenant,
+                    operation: leased.operation,
+                    key: &key,
+                    fingerprint: leased.fingerprint,
+                    retention: HOUR,
+                    in_flight_wait: Duration::from_secs(2),
+                };
+                if handler_path {
+                    let idem: Idem<Db> = Idem::new(db.pool.clone());
+                    let (tx, c) = <Db as Backend>::begin_claim(&idem, &req).await.unwrap();
+                    let Claim::Execute(exec) = c else {
+                        panic!("the expired key executes anew: {c:?}")
+                    };
+                    assert!(matches!(
+                        <Db as Backend>::finish(&idem, tx, exec, &paid("tx")).await,
+                        Finish::Committed
+                    ));
+                } else {
+                    let mut tx = db.pool.begin().await.unwrap();
+                    let c = claim(&mut tx, &req).await.unwrap();
+                    let Claim::Execute(exec) = c else {
+                        panic!("the expired key executes anew: {c:?}")
+                    };
+                    exec.complete(&mut tx, &paid("tx")).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(
+                    db.count(
+                        "SELECT count(*) FROM idempotency_requests \
+                          WHERE downstream_key IS NULL AND generation = 2"
+                    )
+                    .await,
+                    1,
+                    "handler path: {handler_path}"
+                );
+            }
+        }
+
         async fn acquire(db: &TestDb, key: &IdempotencyKey, lease: Duration) -> Lease<Db> {
             match claim_leased(&db.pool, &lease_req(key, lease))
                 .await
@@ -1128,6 +1192,36 @@ mod mysql {
         ("BEGIN", "SELECT 1 FROM idempotency_requests FOR UPDATE"),
         "CAST(lease_expires_at AS CHAR)"
     );
+
+    /// The session's lock wait is restored after the claim has committed: a
+    /// failing restore (here a trigger clears the saved value, so the restore
+    /// sets NULL and fails) must not lose the acquired claim, whose row would
+    /// otherwise wait out its whole lease with nobody holding its token.
+    #[tokio::test]
+    async fn a_failed_restore_of_the_lock_wait_keeps_the_acquired_claim() {
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TRIGGER test_clear_saved AFTER INSERT ON idempotency_requests \
+             FOR EACH ROW SET @idem_saved_lock_wait = NULL",
+        )
+        .await;
+        let key = IdempotencyKey::parse("restore-1").unwrap();
+        let lease = match claim_leased(&db.pool, &lease_req(&key, HOUR))
+            .await
+            .expect("the claim comes back whatever the restore does")
+        {
+            LeasedClaim::Acquired(lease) => lease,
+            other => panic!("expected to acquire, got {other:?}"),
+        };
+        lease.complete(&paid("ch_1")).await.unwrap();
+        match claim_leased(&db.pool, &lease_req(&key, HOUR))
+            .await
+            .unwrap()
+        {
+            LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_1")),
+            other => panic!("expected the stored outcome, got {other:?}"),
+        }
+    }
 
     /// A claim waits for the key's row lock at most 1 s (the smallest
     /// `innodb_lock_wait_timeout`), then answers "in flight".

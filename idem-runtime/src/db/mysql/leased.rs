@@ -153,7 +153,14 @@ pub(super) async fn claim_leased(
     let mut conn = pool.acquire().await?;
     bound_lock_wait(&mut conn, Duration::from_secs(1)).await?;
     let outcome = claim_in_transaction(&mut conn, req).await;
-    restore_lock_wait(&mut conn).await?;
+    // The claim has committed (or not) by now: what the restore does must not
+    // lose it. An acquired row dropped here would wait out its whole lease.
+    // A session whose lock wait could not be restored is not given back to the
+    // pool.
+    if let Err(e) = restore_lock_wait(&mut conn).await {
+        tracing::warn!(error = %e, "idem: could not restore the session's lock wait after a leased claim; closing the connection");
+        conn.close_on_drop();
+    }
     match outcome {
         Ok(outcome) => Ok(outcome),
         // Another claim of the key held it past the wait, or InnoDB chose this

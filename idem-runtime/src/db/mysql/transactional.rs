@@ -59,7 +59,7 @@ const RECLAIM_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET fingerprint = ?, state = 'processing', generation = generation + 1, \
             response_status = NULL, response_headers = NULL, response_body = NULL, \
-            owner_token = NULL, lease_expires_at = NULL, created_at = ",
+            owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, created_at = ",
     now_ms!(),
     ", completed_at = NULL, expires_at = ",
     now_ms!(),

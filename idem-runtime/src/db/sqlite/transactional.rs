@@ -31,7 +31,8 @@ const CLAIM_SQL: &str = concat!(
      ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
         SET fingerprint = excluded.fingerprint, state = 'processing', generation = r.generation + 1, \
             response_status = NULL, response_headers = NULL, response_body = NULL, \
-            owner_token = NULL, lease_expires_at = NULL, created_at = excluded.created_at, \
+            owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, \
+            created_at = excluded.created_at, \
             completed_at = NULL, expires_at = excluded.expires_at \
       WHERE r.expires_at <= excluded.created_at AND r.state IN ('completed', 'failed') \
      RETURNING generation"
