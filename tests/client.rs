@@ -39,7 +39,10 @@ async fn provider(server: &Server) -> Value {
 
 /// What one attempt got: a status and its `Retry-After` in seconds, or `None`
 /// for no answer.
-type Attempts = Arc<Mutex<Vec<Option<(u16, Option<u64>)>>>>;
+type Attempt = Option<(u16, Option<u64>)>;
+
+/// Each attempt in turn.
+type Attempts = Arc<Mutex<Vec<Attempt>>>;
 
 /// Placed after `IdempotencyMiddleware`, it sees each attempt.
 struct Recorder(Attempts);
@@ -240,7 +243,7 @@ async fn an_uncertain_payment_is_retried_until_reconciled() {
 
 /// Placed after `IdempotencyMiddleware`, it publishes each attempt's status and
 /// `Retry-After` as it comes, for a test to wait on.
-struct Announcer(tokio::sync::watch::Sender<Vec<Option<(u16, Option<u64>)>>>);
+struct Announcer(tokio::sync::watch::Sender<Vec<Attempt>>);
 
 #[async_trait::async_trait]
 impl Middleware for Announcer {
