@@ -1355,6 +1355,146 @@ async fn an_idle_keep_alive_connection_is_closed() {
     );
 }
 
+/// A client that sends its requests and never reads the answers: once the
+/// answers fill the socket's buffers, the server's writes stall, and after the
+/// write timeout the server closes the connection (and says so) instead of
+/// holding it, and its answers, for as long as the client likes. Each answer
+/// here is a list of 3 MiB of orders; ten of them pipelined are far more than
+/// the kernel buffers (the client's receive buffer is made small).
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(&db.url(), &[("ORDERS_WRITE_TIMEOUT_MS", "500")]).await;
+    for i in 0..8 {
+        let note = "n".repeat(400 * 1024);
+        let order = Call::order(&format!("stall-{i}"))
+            .body(json!({"sku": "A-1", "quantity": 1, "amount_cents": 1, "note": note}))
+            .ok(&server)
+            .await;
+        assert_eq!(order.status, StatusCode::CREATED);
+    }
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket
+        .connect(addr(&server).parse().unwrap())
+        .await
+        .unwrap();
+    let requests =
+        "GET /orders HTTP/1.1\r\nhost: x\r\nauthorization: Bearer acme\r\n\r\n".repeat(10);
+    stalled.write_all(requests.as_bytes()).await.unwrap();
+    server.wait_for_log("stopped reading its answer", 1).await;
+    let sent = until_closed(&mut stalled, CLOSE_CEILING)
+        .await
+        .expect("the server closed the stalled connection");
+    let answers = String::from_utf8_lossy(&sent)
+        .matches("HTTP/1.1 200 ")
+        .count();
+    assert!(
+        answers < 10,
+        "cut off before its answers were all sent: {answers}"
+    );
+    assert_eq!(
+        get(&server, "/provider", "acme").await.status,
+        StatusCode::OK,
+        "the service serves others"
+    );
+}
+
+/// At `ORDERS_MAX_CONNECTIONS` the service stops accepting (and says so): a
+/// further connection waits in the listen backlog, unanswered, until a
+/// connection closes; then it is served.
+#[tokio::test]
+async fn connections_over_the_cap_wait_until_one_closes() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(
+        &db.url(),
+        &[
+            ("ORDERS_MAX_CONNECTIONS", "2"),
+            // The held connections stay open as long as the test holds them.
+            ("ORDERS_HEADER_TIMEOUT_MS", "600000"),
+        ],
+    )
+    .await;
+    let held_1 = TcpStream::connect(addr(&server)).await.unwrap();
+    let _held_2 = TcpStream::connect(addr(&server)).await.unwrap();
+    server.wait_for_log("connections open, the cap", 1).await;
+    let mut third = tokio::spawn({
+        let base = server.base.clone();
+        async move {
+            reqwest::Client::new()
+                .get(format!("{base}/provider"))
+                .header("authorization", "Bearer acme")
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    });
+    // A negative: nothing can answer it while two connections are open (the
+    // accept loop waits for a slot), so this wait can only pass wrongly.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut third)
+            .await
+            .is_err(),
+        "the third connection was served while the cap was reached"
+    );
+    drop(held_1);
+    let status = tokio::time::timeout(CLOSE_CEILING, third)
+        .await
+        .expect("served once a connection closed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// What hyper refuses before any service code runs gets hyper's own answer: a
+/// bare status with no body, and the connection closed (docs/example-service.md
+/// says why it stays so, and what to put in front): an unparseable request line
+/// is `400`, a head over 256 KiB `431`. Nothing is claimed.
+#[tokio::test]
+async fn what_hyper_refuses_before_the_service_is_a_bare_status_and_a_close() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(&db.url(), &[]).await;
+    let mut garbage = TcpStream::connect(addr(&server)).await.unwrap();
+    garbage
+        .write_all(b"NOT AN HTTP REQUEST LINE\r\n\r\n")
+        .await
+        .unwrap();
+    let sent = until_closed(&mut garbage, CLOSE_CEILING)
+        .await
+        .expect("closed");
+    let text = String::from_utf8_lossy(&sent).to_lowercase();
+    assert!(text.starts_with("http/1.1 400 bad request\r\n"), "{text}");
+    assert!(text.contains("content-length: 0\r\n"), "{text}");
+    assert!(!text.contains("content-type"), "{text}");
+
+    let (mut read, mut write) = TcpStream::connect(addr(&server))
+        .await
+        .unwrap()
+        .into_split();
+    let writer = tokio::spawn(async move {
+        let head = format!(
+            "POST /orders HTTP/1.1\r\nhost: x\r\nx-filler: {}\r\n\r\n",
+            "f".repeat(300 * 1024)
+        );
+        // Fails once the server has answered and closed: expected.
+        let _ = write.write_all(head.as_bytes()).await;
+    });
+    let sent = until_closed(&mut read, CLOSE_CEILING)
+        .await
+        .expect("closed");
+    writer.abort();
+    let text = String::from_utf8_lossy(&sent).to_lowercase();
+    assert!(
+        text.starts_with("http/1.1 431 request header fields too large\r\n"),
+        "{text}"
+    );
+    assert!(!text.contains("content-type"), "{text}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+}
+
 /// A request whose body stops half-way is answered `408` problem+json and closed,
 /// and claims nothing.
 async fn a_half_sent_body_is_408<D: Backend>() {

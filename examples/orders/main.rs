@@ -21,6 +21,8 @@
 //! | `ORDERS_HEADER_TIMEOUT_MS` | `10000` | a connection that sends no whole request head within this time (since it opened, or since its last answer) is closed |
 //! | `ORDERS_BODY_TIMEOUT_MS` | `30000` | a request body that has not arrived within this time is `408` |
 //! | `ORDERS_SHUTDOWN_GRACE_MS` | `30000` | on `SIGTERM` or `SIGINT`, how long requests in flight may take to finish |
+//! | `ORDERS_WRITE_TIMEOUT_MS` | `30000` | a write to a client that stopped reading, pending this long without progress, closes its connection |
+//! | `ORDERS_MAX_CONNECTIONS` | `1024` | connections served at once; more wait in the listen backlog until one closes |
 //!
 //! `GET /metrics` serves the idem metrics in the Prometheus text format.
 //!
@@ -300,6 +302,20 @@ fn env_ms(name: &str, default: u64, max: u64) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
+/// A whole number between `min` and `max`, `default` when unset.
+fn env_number(name: &str, default: usize, min: usize, max: usize) -> Result<usize, String> {
+    let n = match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => v
+            .parse::<usize>()
+            .map_err(|_| format!("{name} must be a whole number, not {v:?}"))?,
+    };
+    if !(min..=max).contains(&n) {
+        return Err(format!("{name} is {n}; it must be between {min} and {max}"));
+    }
+    Ok(n)
+}
+
 fn env_count(name: &str) -> Result<u64, String> {
     match std::env::var(name) {
         Err(_) => Ok(0),
@@ -330,14 +346,21 @@ async fn run() -> Result<(), String> {
         limits: server::Limits {
             header_timeout: env_ms("ORDERS_HEADER_TIMEOUT_MS", 10_000, 3_600_000)?,
             shutdown_grace: env_ms("ORDERS_SHUTDOWN_GRACE_MS", 30_000, 3_600_000)?,
+            write_timeout: env_ms("ORDERS_WRITE_TIMEOUT_MS", 30_000, 3_600_000)?,
+            max_connections: env_number("ORDERS_MAX_CONNECTIONS", 1024, 1, 1_000_000)?,
         },
         edges: server::Edges {
             body_timeout: env_ms("ORDERS_BODY_TIMEOUT_MS", 30_000, 3_600_000)?,
         },
     };
-    if settings.limits.header_timeout.is_zero() || settings.edges.body_timeout.is_zero() {
+    if settings.limits.header_timeout.is_zero()
+        || settings.edges.body_timeout.is_zero()
+        || settings.limits.write_timeout.is_zero()
+    {
         return Err(
-            "ORDERS_HEADER_TIMEOUT_MS and ORDERS_BODY_TIMEOUT_MS must be at least 1".into(),
+            "ORDERS_HEADER_TIMEOUT_MS, ORDERS_BODY_TIMEOUT_MS and ORDERS_WRITE_TIMEOUT_MS must be \
+             at least 1"
+                .into(),
         );
     }
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()

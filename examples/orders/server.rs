@@ -7,8 +7,17 @@
 //! connection with hyper's HTTP/1 builder, whose header-read timeout closes
 //! both (in hyper 1.x it restarts after every answer, so it is the keep-alive
 //! idle bound too), and drains in-flight requests on `SIGTERM` and `SIGINT`.
+//!
+//! It also bounds the rest of a connection's life: a client that stops reading
+//! its answer is cut off after the write timeout ([`WriteTimeout`]), and at most
+//! `max_connections` connections are served at once (more wait in the listen
+//! backlog until one closes).
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -23,7 +32,10 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use idem_runtime::Executions;
 use idem_runtime::Problem;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 
 /// The request head the service accepts: at most this many header fields...
 pub const MAX_HEADERS: usize = 100;
@@ -147,6 +159,136 @@ pub struct Limits {
     /// `ORDERS_SHUTDOWN_GRACE_MS`: on a signal, how long requests in flight may
     /// take to finish before the process exits anyway.
     pub shutdown_grace: Duration,
+    /// `ORDERS_WRITE_TIMEOUT_MS`: a write to a client that makes no progress
+    /// for this long (the client stopped reading, and the socket's buffers are
+    /// full) closes the connection.
+    pub write_timeout: Duration,
+    /// `ORDERS_MAX_CONNECTIONS`: at most this many connections are served at
+    /// once; the accept loop waits for one to close before it accepts another.
+    pub max_connections: usize,
+}
+
+/// A connection whose writes may stall for at most `timeout`: when the peer
+/// stops reading, the kernel's buffers fill and a write stays pending; once it
+/// has made no progress for `timeout`, it fails with `TimedOut`, which ends the
+/// connection (hyper gives up on it and drops it). Every byte written restarts
+/// the clock, so a slow reader that keeps reading is never cut off. (hyper's
+/// HTTP/1 builder has a header-read timeout, none for writes.)
+pub struct WriteTimeout<S> {
+    inner: S,
+    timeout: Duration,
+    /// Running while a write is pending; `None` after any progress.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WriteTimeout<S> {
+    pub fn new(inner: S, timeout: Duration) -> Self {
+        WriteTimeout {
+            inner,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// What to answer for a pending write: still pending, or the error once it
+    /// has been pending for the whole timeout.
+    fn pending<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let timeout = self.timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                tracing::info!(
+                    "orders: a client stopped reading its answer for {timeout:?}; closing its \
+                     connection (ORDERS_WRITE_TIMEOUT_MS)"
+                );
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client stopped reading its answer",
+                )))
+            }
+        }
+    }
+
+    /// A write's result: progress stops the clock.
+    fn progress<T>(
+        &mut self,
+        result: Poll<io::Result<T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<T>> {
+        match result {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteTimeout<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progress(result, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progress(result, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progress(result, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.progress(result, cx)
+    }
+}
+
+/// A slot for one more connection: at once while fewer than the cap are open;
+/// else, once, a log line, and a wait for one to close.
+async fn slot(slots: &Arc<Semaphore>, max: usize) -> OwnedSemaphorePermit {
+    if let Ok(permit) = slots.clone().try_acquire_owned() {
+        return permit;
+    }
+    tracing::info!(
+        "orders: {max} connections open, the cap (ORDERS_MAX_CONNECTIONS); new ones wait in \
+         the listen backlog until one closes"
+    );
+    let permit = slots
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the semaphore is never closed");
+    tracing::info!("orders: below the connection cap again; accepting");
+    permit
 }
 
 /// Serves `app` on `listener` until `SIGTERM` or `SIGINT`, then stops accepting,
@@ -164,8 +306,15 @@ pub async fn serve(
         .max_headers(HYPER_MAX_HEADERS)
         .max_header_size(HYPER_MAX_HEAD_BYTES);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut signal = std::pin::pin!(shutdown_signal()?);
     loop {
+        // A slot first: at the cap, new connections wait in the kernel's
+        // listen backlog, not in this process.
+        let permit = tokio::select! {
+            permit = slot(&slots, limits.max_connections) => permit,
+            () = &mut signal => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let stream = match accepted {
@@ -180,7 +329,7 @@ pub async fn serve(
                     }
                 };
                 let conn = http.serve_connection(
-                    TokioIo::new(stream),
+                    TokioIo::new(WriteTimeout::new(stream, limits.write_timeout)),
                     TowerToHyperService::new(app.clone()),
                 );
                 let conn = graceful.watch(conn);
@@ -188,6 +337,7 @@ pub async fn serve(
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "orders: connection ended with an error");
                     }
+                    drop(permit);
                 });
             }
             () = &mut signal => break,
