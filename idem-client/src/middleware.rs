@@ -197,7 +197,9 @@ impl IdempotencyMiddleware {
 
     /// The total time for a logical request, from its first send: no attempt
     /// starts, and no wait is begun, that would end past it, and an attempt still
-    /// waiting for its answer then is cut off.
+    /// waiting for its answer then is cut off. Default 120 s. Keep it well
+    /// beyond the longest `Retry-After` the server gives (idem's: the lease of
+    /// a leased operation), or the client gives up at the first such answer.
     ///
     /// ```
     /// use std::time::Duration;
