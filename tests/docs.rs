@@ -52,6 +52,7 @@ const OTHERS: &[&str] = &[
     "Request",
     // sqlx's
     "MySql", "MySqlPool", "PgPool", "PgPoolOptions", "Postgres", "Sqlite", "SqlitePool",
+    "SqliteConnectOptions",
     // serde's, reqwest's, redis-rs's
     "Deserialize", "Serialize", "RequestBuilder", "ConnectionManager", "Script",
     // the docs' example types, and the tests' helpers (tests/common)

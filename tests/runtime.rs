@@ -454,10 +454,12 @@ mod sqlite {
             .await
             .unwrap();
         assert_eq!(timeout, 5000, "the pool's busy timeout, untouched");
-        let id: i64 = sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ('acme', 100) RETURNING id")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO payments (tenant, amount) VALUES ('acme', 100) RETURNING id",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
         assert!(matches!(
             sqlx::Sqlite::finish(&idem, tx, exec, &created(id)).await,
             Finish::Committed
@@ -482,7 +484,9 @@ mod sqlite {
         db.exec(EXPIRE_ALL_SQL).await;
         db.exec("DELETE FROM idem_writes").await;
         let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
-        let Claim::Execute(exec) = c else { panic!("{c:?}") };
+        let Claim::Execute(exec) = c else {
+            panic!("{c:?}")
+        };
         assert_eq!(exec.generation(), 2);
         assert!(matches!(
             sqlx::Sqlite::finish(&idem, tx, exec, &created(id)).await,
@@ -493,7 +497,11 @@ mod sqlite {
             .await
             .unwrap();
         assert_eq!(writes, ["update"], "the upsert, once");
-        assert_eq!(db.count("SELECT generation FROM idempotency_requests").await, 2);
+        assert_eq!(
+            db.count("SELECT generation FROM idempotency_requests")
+                .await,
+            2
+        );
     }
 
     /// Another writer holds the database past the connection's busy timeout:
@@ -514,14 +522,20 @@ mod sqlite {
             .await
             .unwrap();
         let mut holder = db.pool.acquire().await.unwrap();
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut *holder).await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
         let idem: Idem<sqlx::Sqlite> = Idem::new(impatient.clone());
         let key = IdempotencyKey::parse("k1").unwrap();
         let r = req("acme", "pay", &key, 100);
         let started = Instant::now();
         let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
         assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
-        assert!(started.elapsed() >= Duration::from_millis(200), "gave up before the busy timeout");
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "gave up before the busy timeout"
+        );
         drop(tx);
         sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
         // The connection came back usable, outside any transaction.
