@@ -53,6 +53,8 @@ const OTHERS: &[&str] = &[
     // sqlx's
     "MySql", "MySqlPool", "PgPool", "PgPoolOptions", "Postgres", "Sqlite", "SqlitePool",
     "SqliteConnectOptions",
+    // tower-http's
+    "TraceLayer",
     // serde's, reqwest's, redis-rs's
     "Deserialize", "Serialize", "RequestBuilder", "ConnectionManager", "Script",
     // the docs' example types, and the tests' helpers (tests/common)
