@@ -610,7 +610,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
         let in_flight = Answer::InFlight(req.in_flight_wait.max(Duration::from_secs(1)));
         let leader = match idem
             .flights()
-            .join(scope.tenant, scope.op(), scope.key.as_str())
+            .join(scope.tenant, scope.op(), &scope.key.digest())
         {
             Joined::Leader(leader) => Some(leader),
             Joined::Full => {
