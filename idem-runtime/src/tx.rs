@@ -1,4 +1,11 @@
 //! [`Tx`]: the handler's view of the transaction that holds its key.
+//!
+//! This is the one module that drives sqlx's `TransactionManager` (begin on a
+//! connection idem already holds, commit, roll back, queue a rollback on drop).
+//! sqlx documents that trait as meant for drivers and exempt from semver, so
+//! `sqlx-core` is required at exactly the version idem is tested with (which
+//! holds `sqlx` there too, as sqlx requires its `sqlx-core` exactly): see
+//! docs/decisions.md. Everything else in idem uses sqlx's public API.
 
 use std::ops::{Deref, DerefMut};
 
@@ -66,13 +73,21 @@ impl<DB: Backend> Tx<DB> {
         })
     }
 
-    /// Wraps a connection on which the driver has just begun a transaction.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn begun(conn: PoolConnection<DB>) -> Self {
-        Tx {
-            conn,
-            open: true,
-            abandon_at: None,
+    /// Begins a transaction with `statement` on a connection idem already holds
+    /// (after a lookup on it, say). On failure the connection comes back, outside
+    /// any transaction, with the error.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) async fn begin_on(
+        mut conn: PoolConnection<DB>,
+        statement: SqlStr,
+    ) -> Result<Self, (PoolConnection<DB>, sqlx::Error)> {
+        match <DB as Database>::TransactionManager::begin(&mut conn, Some(statement)).await {
+            Ok(()) => Ok(Tx {
+                conn,
+                open: true,
+                abandon_at: None,
+            }),
+            Err(e) => Err((conn, e)),
         }
     }
 

@@ -33,8 +33,7 @@
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Database, PgConnection, Postgres, Row, SqlSafeStr};
-use sqlx_core::transaction::TransactionManager;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 
 use super::BEGIN_READ_COMMITTED;
 use super::transactional::{claim_on, complete_on, stored_from_row};
@@ -95,11 +94,8 @@ pub(crate) async fn begin_claim(
         decide::Transactional::Execute { generation } => generation,
         decide::Transactional::Answer(claim) => return Ok((Tx::idle(conn), claim)),
     };
-    <Postgres as Database>::TransactionManager::begin(&mut conn, Some(begin)).await?;
-    Ok((
-        Tx::begun(conn),
-        Claim::Execute(Execution::at_commit(req, generation)),
-    ))
+    let tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
+    Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
 }
 
 /// `BEGIN` with the request deadline as `statement_timeout` (no statement of the
@@ -153,12 +149,11 @@ async fn lookup(
 /// Claims before the handler runs: `idem_claim` in the transaction, as
 /// hand-written callers do, and the `UPDATE` completion.
 async fn claim_first(
-    mut conn: PoolConnection<Postgres>,
+    conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
     begin: sqlx::SqlStr,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    <Postgres as Database>::TransactionManager::begin(&mut conn, Some(begin)).await?;
-    let mut tx = Tx::begun(conn);
+    let mut tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
     let claim = claim_on(tx.connection(), req).await?;
     Ok((tx, claim))
 }

@@ -24,8 +24,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Database, Row, SqlSafeStr, Sqlite, SqliteConnection};
-use sqlx_core::transaction::TransactionManager;
+use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection};
 
 use super::now_ms;
 use super::transactional::stored_from_row;
@@ -74,13 +73,9 @@ pub(crate) async fn begin_claim(
     idem: &Idem<Sqlite>,
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Sqlite>, Claim), StoreError> {
-    let mut conn = idem.pool().acquire().await?;
+    let conn = idem.pool().acquire().await?;
     let started = std::time::Instant::now();
-    let begun = <Sqlite as Database>::TransactionManager::begin(
-        &mut conn,
-        Some(SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")),
-    )
-    .await;
+    let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")).await;
     // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more
     // is a wait for another writer, recorded as the other databases record theirs.
     let waited = started.elapsed();
@@ -91,16 +86,15 @@ pub(crate) async fn begin_claim(
             waited.as_secs_f64(),
         );
     }
-    match begun {
-        Ok(()) => {}
+    let mut tx = match begun {
+        Ok(tx) => tx,
         // Another writer kept the database past the busy timeout.
-        Err(e) if super::is_busy(&e) => {
+        Err((conn, e)) if super::is_busy(&e) => {
             let retry_after = req.in_flight_wait.max(Duration::from_secs(1));
             return Ok((Tx::idle(conn), Claim::InFlight { retry_after }));
         }
-        Err(e) => return Err(e.into()),
-    }
-    let mut tx = Tx::begun(conn);
+        Err((_, e)) => return Err(e.into()),
+    };
     let (snapshot, now) = lookup(tx.connection(), req).await?;
     match decide::transactional(snapshot, req.in_flight_wait) {
         decide::Transactional::Execute { generation } => {
