@@ -1363,6 +1363,235 @@ async fn a_lease_and_retention_of_duration_max_keep_the_record() {
     ));
 }
 
+// --- the reconciler's pages: a cursor of their own, one round trip each -------
+
+/// Answers "still unknown" for every record: a round then only lists.
+struct NeverAnswers;
+
+impl Reconcile for NeverAnswers {
+    fn operation(&self) -> &str {
+        "create-payment"
+    }
+    async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+        Resolution::StillUncertain
+    }
+}
+
+/// Marks `keys` uncertain in this order, each on a later millisecond of the
+/// server's clock than the one before.
+async fn mark_in_order(s: &RedisLeaseStore, keys: &[&str]) {
+    let mut c = s.connection();
+    for k in keys {
+        next_server_ms(&mut c).await;
+        let key = IdempotencyKey::parse(*k).unwrap();
+        acquire(s, &key, HOUR).await.mark_uncertain().await.unwrap();
+    }
+}
+
+/// Entries whose records are gone (pruned as the listing passes them) fill a
+/// whole page's worth of the index between records that never resolve and a
+/// newer one. The listing pages on past them, so the round after the stuck
+/// ones reaches the newer record instead of taking a page of nothing for the
+/// newest and starting over from the oldest.
+#[tokio::test]
+async fn a_page_of_stale_index_entries_does_not_restart_the_round_from_the_oldest() {
+    let s = store("cursor-stale").await;
+    let mut c = s.connection();
+    mark_in_order(
+        &s,
+        &[
+            "a-stuck-1",
+            "a-stuck-2",
+            "gone-1",
+            "gone-2",
+            "gone-3",
+            "b-fresh",
+        ],
+    )
+    .await;
+    for k in ["gone-1", "gone-2", "gone-3"] {
+        let key = IdempotencyKey::parse(k).unwrap();
+        let _: () = c
+            .del(s.record_key("acme", "create-payment", &key))
+            .await
+            .unwrap();
+    }
+    let reconciler = Reconciler::<_, Redis>::on_store(s.clone(), Stubborn).with_batch(2);
+    let first = reconciler.run_once().await.unwrap();
+    assert_eq!(
+        (first.still_uncertain, first.completed),
+        (2, 0),
+        "{first:?}"
+    );
+    let second = reconciler.run_once().await.unwrap();
+    assert_eq!(
+        (second.still_uncertain, second.completed, second.errors),
+        (0, 1, 0),
+        "the round after the stuck records reaches the newer one: {second:?}"
+    );
+    assert_eq!(
+        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
+            .await
+            .unwrap(),
+        2,
+        "the stale entries were pruned, the stuck records' stay"
+    );
+}
+
+/// Index entries that name no record idem could have written (no `tenant:`
+/// part) are listed as errors of the round, like a record that cannot be
+/// read, and left for a person; a page of them is a page, so the next round
+/// goes on past them to the newer record instead of starting over for ever.
+#[tokio::test]
+async fn foreign_index_entries_are_errors_and_do_not_keep_newer_records_from_being_asked_about() {
+    let s = store("cursor-foreign").await;
+    let mut c = s.connection();
+    mark_in_order(&s, &["a-stuck-1", "a-stuck-2"]).await;
+    let index = s.uncertain_index("create-payment");
+    // After the stuck records (a later score, or the same with a later member).
+    let at = server_ms(&mut c).await;
+    for m in ["zz-foreign-1", "zz-foreign-2"] {
+        let _: () = c.zadd(&index, m, at).await.unwrap();
+    }
+    mark_in_order(&s, &["b-fresh"]).await;
+    let reconciler = Reconciler::<_, Redis>::on_store(s.clone(), Stubborn).with_batch(2);
+    let rounds = [
+        reconciler.run_once().await.unwrap(),
+        reconciler.run_once().await.unwrap(),
+        reconciler.run_once().await.unwrap(),
+    ];
+    let seen: Vec<_> = rounds
+        .iter()
+        .map(|r| (r.still_uncertain, r.errors, r.completed))
+        .collect();
+    assert_eq!(
+        seen,
+        [(2, 0, 0), (0, 2, 0), (0, 0, 1)],
+        "stuck, then the foreign entries as errors, then the newer record: {rounds:?}"
+    );
+    for m in ["zz-foreign-1", "zz-foreign-2"] {
+        let score: Option<f64> = c.zscore(&index, m).await.unwrap();
+        assert!(score.is_some(), "{m} is left for a person to look at");
+    }
+}
+
+/// Counts round trips between a client and Redis: a TCP proxy in front of the
+/// server that counts the times the client speaks after the server has (or
+/// first): each is a reply the client waited for before going on. A pipeline
+/// is one, however many commands it holds; commands sent one after another's
+/// reply are one each. Everything the server says can be rewritten on the way
+/// (to the same length, so the replies stay well-formed).
+struct Proxy {
+    url: String,
+    turns: Arc<Mutex<(bool, usize)>>,
+}
+
+impl Proxy {
+    async fn start(rewrite: Option<(Vec<u8>, Vec<u8>)>) -> Proxy {
+        let url = redis_url();
+        let rest = url.trim_start_matches("redis://");
+        let authority = rest.split('/').next().unwrap();
+        let upstream = authority.rsplit('@').next().unwrap().to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxied = url.replacen(&upstream, &listener.local_addr().unwrap().to_string(), 1);
+        let turns = Arc::new(Mutex::new((false, 0)));
+        let counted = turns.clone();
+        tokio::spawn(async move {
+            loop {
+                let (client, _) = listener.accept().await.unwrap();
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (mut client_rx, mut client_tx) = client.into_split();
+                let (mut server_rx, mut server_tx) = server.into_split();
+                let up = counted.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0u8; 1 << 16];
+                    loop {
+                        let n = client_rx.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        {
+                            let mut t = up.lock().unwrap();
+                            if !t.0 {
+                                *t = (true, t.1 + 1);
+                            }
+                        }
+                        if server_tx.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let down = counted.clone();
+                let rewrite = rewrite.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0u8; 1 << 16];
+                    loop {
+                        let n = server_rx.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        down.lock().unwrap().0 = false;
+                        let mut bytes = buf[..n].to_vec();
+                        if let Some((from, to)) = &rewrite
+                            && let Some(at) = bytes.windows(from.len()).position(|w| w == from)
+                        {
+                            bytes[at..at + to.len()].copy_from_slice(to);
+                        }
+                        if client_tx.write_all(&bytes).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Proxy {
+            url: proxied,
+            turns,
+        }
+    }
+
+    fn turns(&self) -> usize {
+        self.turns.lock().unwrap().1
+    }
+}
+
+/// The listing reads the uncertain records of a page in one pipeline: a round
+/// over thirty records costs the client as many round trips as one over
+/// three, a few, not one per record.
+#[tokio::test]
+async fn listing_uncertain_records_costs_a_few_round_trips_however_many_there_are() {
+    let prefix = prefix("pipelined");
+    delete_prefix(&mut conn().await, &prefix).await;
+    let proxy = Proxy::start(None).await;
+    let s = RedisLeaseStore::connect_with_prefix(&proxy.url, &prefix)
+        .await
+        .unwrap();
+    let reconciler = Reconciler::<_, Redis>::on_store(s.clone(), NeverAnswers).with_batch(100);
+    let keys: Vec<String> = (0..30).map(|i| format!("pipelined-{i:02}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+
+    mark_in_order(&s, &keys[..3]).await;
+    let before = proxy.turns();
+    let report = reconciler.run_once().await.unwrap();
+    let few = proxy.turns() - before;
+    assert_eq!(report.still_uncertain, 3);
+    mark_in_order(&s, &keys[3..]).await;
+    let before = proxy.turns();
+    let report = reconciler.run_once().await.unwrap();
+    let many = proxy.turns() - before;
+    assert_eq!(report.still_uncertain, 30);
+    assert_eq!(
+        many, few,
+        "thirty records cost the same round trips as three"
+    );
+    assert!(
+        few <= 3,
+        "a page is a few round trips, not one per record: {few}"
+    );
+}
+
 // --- metrics: the same names and labels as on SQL ----------------------------
 
 /// A leased service on either store: the first execution of "slow" reports in

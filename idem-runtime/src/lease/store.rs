@@ -86,7 +86,10 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
     ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send;
 
     /// Up to `limit` uncertain executions of `operation`, oldest first, after
-    /// `after` (the last of an earlier page).
+    /// `after` (the last of an earlier page). Fewer than `limit` only when none
+    /// is left after them: the reconciler takes a short page for the newest and
+    /// starts over from the oldest, so a store that drops entries while listing
+    /// reads on past them.
     #[doc(hidden)]
     fn lease_uncertain(
         store: &Self::Store,

@@ -300,6 +300,148 @@ impl RedisLeaseStore {
     }
 }
 
+/// An entry of an uncertain index, as the listing reads it.
+enum Entry {
+    /// For the reconciler: an uncertain record, or one it cannot ask about
+    /// (`broken`), which the round counts as an error.
+    Listed(RedisUncertain),
+    /// Its record is no longer uncertain, or gone: the entry is to be pruned.
+    Stale { name: String, member: String },
+}
+
+impl RedisLeaseStore {
+    /// Reads the records of `chunk`'s index entries in one pipeline and tells,
+    /// entry by entry in the chunk's order, which are listed and which stale.
+    async fn read_entries(
+        &self,
+        operation: &str,
+        index: &str,
+        chunk: Vec<(String, f64)>,
+    ) -> Result<Vec<Entry>, StoreError> {
+        // An entry names its record by `tenant:digest`; one without the `:`
+        // names no record idem writes.
+        let names: Vec<Option<String>> = chunk
+            .iter()
+            .map(|(m, _)| {
+                m.contains(':')
+                    .then(|| format!("{}:{{{}}}:r:{m}", self.prefix, escape(operation)))
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        // A foreign value at a record's name (not a hash) is one broken entry,
+        // not an error of the whole page, which would starve the others.
+        pipe.ignore_errors();
+        for name in names.iter().flatten() {
+            pipe.cmd("HMGET")
+                .arg(name)
+                .arg(&["state", "gen", "token", "tenant", "dkey"]);
+        }
+        let reads = names.iter().flatten().count();
+        let replies: Vec<redis::RedisResult<Vec<Value>>> = if reads == 0 {
+            Vec::new()
+        } else {
+            pipe.query_async(&mut self.conn.clone())
+                .await
+                .map_err(redis_err)?
+        };
+        let mut replies = replies.into_iter();
+        let broken = |member: String, score: f64, digest: &str, why: &'static str| {
+            Entry::Listed(RedisUncertain {
+                member,
+                score,
+                tenant: String::new(),
+                digest: digest.to_owned(),
+                downstream_key: String::new(),
+                generation: 0,
+                token: String::new(),
+                broken: Some(why),
+            })
+        };
+        let mut entries = Vec::with_capacity(chunk.len());
+        for ((m, score), name) in chunk.into_iter().zip(names) {
+            let (Some(name), Some((tenant_esc, digest))) = (name, m.rsplit_once(':')) else {
+                tracing::warn!(index = %index, "idem: redis: a foreign entry in the uncertain index; counted as an error and left as it is");
+                entries.push(broken(
+                    m,
+                    score,
+                    "",
+                    "an uncertain index entry that names no record (no `tenant:` part); left for a person to look at",
+                ));
+                continue;
+            };
+            let (tenant_esc, digest) = (tenant_esc.to_owned(), digest.to_owned());
+            let fields: Vec<Option<String>> = match replies.next() {
+                Some(Ok(r)) => r.iter().map(text).collect(),
+                Some(Err(e)) => {
+                    tracing::warn!(index = %index, error = %e, "idem: redis: an uncertain index entry whose record cannot be read");
+                    vec![Some("uncertain".to_owned())]
+                }
+                None => return Err(corrupt("the uncertain index's records: a reply short")),
+            };
+            match &fields[..] {
+                // A generation that is not a number is a broken record (below),
+                // not an error of the whole page, which would starve the others.
+                [Some(state), Some(g), Some(token), Some(tenant), Some(dkey)]
+                    if state == "uncertain"
+                        && escape(tenant) == tenant_esc
+                        && g.parse::<i64>().is_ok() =>
+                {
+                    entries.push(Entry::Listed(RedisUncertain {
+                        member: m,
+                        score,
+                        tenant: tenant.clone(),
+                        digest,
+                        downstream_key: dkey.clone(),
+                        generation: g.parse().unwrap_or_default(),
+                        token: token.clone(),
+                        broken: None,
+                    }))
+                }
+                // Listed, so that describing it fails and the round reports (and
+                // counts) an error, as on SQL; it is never resolved.
+                [Some(state), ..] if state == "uncertain" => entries.push(broken(
+                    m,
+                    score,
+                    &digest,
+                    "an uncertain record without its fields (or with a malformed one); left for a person to look at",
+                )),
+                // Not uncertain any more (resolved or re-executed meanwhile), or
+                // gone (a restart without persistence, a hand deletion): the
+                // entry is pruned.
+                _ => entries.push(Entry::Stale { name, member: m }),
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Removes stale index entries, in one pipeline of scripts that each check
+    /// the record again, so an execution that became uncertain since keeps its
+    /// entry. A failure is logged and leaves the entries for a later round.
+    async fn prune(&self, index: &str, stale: &[(String, String)]) {
+        if stale.is_empty() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        // EVALSHA in a pipeline does not load a script the server lacks.
+        pipe.load_script(&self.scripts.prune).ignore();
+        for (name, member) in stale {
+            let mut inv = self.scripts.prune.key(name);
+            inv.key(index).arg(member);
+            pipe.invoke_script(&inv);
+        }
+        let done: Result<Vec<redis::RedisResult<u64>>, _> =
+            pipe.query_async(&mut self.conn.clone()).await;
+        let failed = match done {
+            Ok(results) => results.into_iter().find_map(Result::err),
+            Err(e) => Some(e),
+        };
+        if let Some(e) = failed {
+            tracing::warn!(index = %index, error = %e, "idem: redis: entries of the uncertain index without their records; left as they are");
+        }
+    }
+}
+
 /// A duration as the scripts take it: at least 1 ms (`PEXPIRE 0` would delete
 /// the record a claim has just acquired) and at most a century (Lua's numbers
 /// are doubles, and `string.format('%d')` of one past 2^63 is undefined: the
@@ -538,11 +680,20 @@ impl LeaseBackend for Redis {
         let mut conn = store.conn.clone();
         let limit = usize::try_from(limit.max(1)).unwrap_or(1);
         let min = after.map_or("-inf".to_owned(), |a| a.score.to_string());
-        // (score, member) order; entries at `after`'s score up to `after` itself
-        // were on an earlier page.
-        let mut picked: Vec<(String, f64)> = Vec::new();
+        // A page is `limit` entries for the reconciler, or fewer only at the
+        // index's end: the reconciler takes a short page for the newest and
+        // starts over from the oldest. So the stale entries dropped here never
+        // shorten a page: the listing reads on past them, a chunk of the index
+        // at a time, each chunk's records in one pipeline, and stops at the
+        // `limit`-th entry it lists (whose position is the next page's cursor).
+        // Chunks go by offset from `after`'s score, in (score, member) order;
+        // entries at that score up to `after` itself were on an earlier page.
+        // Stale entries are pruned after the scan, so the offsets hold while it
+        // runs.
+        let mut rows = Vec::with_capacity(limit);
+        let mut stale = Vec::new();
         let mut offset = 0usize;
-        loop {
+        'scan: loop {
             let chunk: Vec<(String, f64)> = redis::cmd("ZRANGE")
                 .arg(&index)
                 .arg(&min)
@@ -555,90 +706,31 @@ impl LeaseBackend for Redis {
                 .query_async(&mut conn)
                 .await
                 .map_err(redis_err)?;
-            let len = chunk.len();
-            offset += len;
-            picked.extend(chunk.into_iter().filter(|(m, s)| match after {
-                Some(a) => *s > a.score || (*s == a.score && *m > a.member),
-                None => true,
-            }));
-            if picked.len() >= limit || len < limit {
+            let end = chunk.len() < limit;
+            offset += chunk.len();
+            let chunk: Vec<(String, f64)> = chunk
+                .into_iter()
+                .filter(|(m, s)| match after {
+                    Some(a) => *s > a.score || (*s == a.score && *m > a.member),
+                    None => true,
+                })
+                .collect();
+            for entry in store.read_entries(operation, &index, chunk).await? {
+                match entry {
+                    Entry::Listed(row) => {
+                        rows.push(row);
+                        if rows.len() == limit {
+                            break 'scan;
+                        }
+                    }
+                    Entry::Stale { name, member } => stale.push((name, member)),
+                }
+            }
+            if end {
                 break;
             }
         }
-        picked.truncate(limit);
-        let mut rows = Vec::with_capacity(picked.len());
-        for (m, score) in picked {
-            let Some((tenant_esc, digest)) = m.rsplit_once(':') else {
-                tracing::warn!(index = %index, "idem: redis: a foreign entry in the uncertain index; skipped");
-                continue;
-            };
-            let name = format!("{}:{{{}}}:r:{m}", store.prefix, escape(operation));
-            let read: Result<Vec<Value>, _> = redis::cmd("HMGET")
-                .arg(&name)
-                .arg(&["state", "gen", "token", "tenant", "dkey"])
-                .query_async(&mut conn)
-                .await;
-            // A foreign value at the record's name (not a hash) is one broken
-            // entry, not an error of the whole page, which would starve the others.
-            let fields: Vec<Option<String>> = match read {
-                Ok(r) => r.iter().map(text).collect(),
-                Err(e) => {
-                    tracing::warn!(index = %index, error = %e, "idem: redis: an uncertain index entry whose record cannot be read");
-                    vec![Some("uncertain".to_owned())]
-                }
-            };
-            match &fields[..] {
-                // A generation that is not a number is a broken record (below),
-                // not an error of the whole page, which would starve the others.
-                [Some(state), Some(g), Some(token), Some(tenant), Some(dkey)]
-                    if state == "uncertain"
-                        && escape(tenant) == tenant_esc
-                        && g.parse::<i64>().is_ok() =>
-                {
-                    rows.push(RedisUncertain {
-                        member: m.clone(),
-                        score,
-                        tenant: tenant.clone(),
-                        digest: digest.to_owned(),
-                        downstream_key: dkey.clone(),
-                        generation: g.parse().unwrap_or_default(),
-                        token: token.clone(),
-                        broken: None,
-                    })
-                }
-                // Listed, so that describing it fails and the round reports (and
-                // counts) an error, as on SQL; it is never resolved.
-                [Some(state), ..] if state == "uncertain" => rows.push(RedisUncertain {
-                    member: m.clone(),
-                    score,
-                    tenant: String::new(),
-                    digest: digest.to_owned(),
-                    downstream_key: String::new(),
-                    generation: 0,
-                    token: String::new(),
-                    broken: Some(
-                        "an uncertain record without its fields (or with a malformed one); left for a person to look at",
-                    ),
-                }),
-                // Not uncertain any more (resolved or re-executed meanwhile), or
-                // gone (a restart without persistence, a hand deletion): the
-                // entry goes, in one script that checks the record again, so an
-                // execution that became uncertain since keeps its entry.
-                _ => {
-                    let gone: Result<u64, _> = store
-                        .scripts
-                        .prune
-                        .key(&name)
-                        .key(&index)
-                        .arg(&m)
-                        .invoke_async(&mut conn)
-                        .await;
-                    if let Err(e) = gone {
-                        tracing::warn!(index = %index, error = %e, "idem: redis: an entry of the uncertain index without its record; left as it is");
-                    }
-                }
-            }
-        }
+        store.prune(&index, &stale).await;
         Ok(rows)
     }
 
