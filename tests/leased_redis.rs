@@ -53,7 +53,9 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idem_runtime::lease::{Acquisition, LeaseBackend, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
-use idem_runtime::redis::{EvictionVerdict, Redis, RedisLeaseStore, eviction_verdict};
+use idem_runtime::redis::{
+    EvictionVerdict, Redis, RedisLeaseStore, VersionVerdict, eviction_verdict,
+};
 use idem_runtime::{
     FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoreError,
     StoredResponse, Uncertain, idempotent,
@@ -1589,6 +1591,50 @@ async fn listing_uncertain_records_costs_a_few_round_trips_however_many_there_ar
     assert!(
         few <= 3,
         "a page is a few round trips, not one per record: {few}"
+    );
+}
+
+// --- start-up: the server's version -------------------------------------------
+
+/// The start-up check refuses a server older than 6.2 (the listing's `ZRANGE
+/// ... BYSCORE` needs it), by the version the server reports: the real server,
+/// through a proxy that has it report 6.1, is refused with an error naming
+/// both versions; as it is, it is accepted.
+#[tokio::test]
+async fn a_server_older_than_6_2_is_refused_at_start() {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn().await)
+        .await
+        .unwrap();
+    let real = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(real.len() >= 5, "a version such as 7.0.15: {real}");
+    let old = format!("6.1.{}", "9".repeat(real.len() - 4));
+    let proxy = Proxy::start(Some((
+        format!("redis_version:{real}").into_bytes(),
+        format!("redis_version:{old}").into_bytes(),
+    )))
+    .await;
+    let e = RedisLeaseStore::connect_with_prefix(&proxy.url, &prefix("old-server"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Redis(_)), "{e}");
+    assert!(
+        e.to_string().contains(&old) && e.to_string().contains("6.2"),
+        "{e}"
+    );
+    let as_it_is = Proxy::start(None).await;
+    let s = RedisLeaseStore::connect_with_prefix(&as_it_is.url, &prefix("old-server"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.check_version().await.unwrap(),
+        VersionVerdict::Supported(real)
     );
 }
 

@@ -19,8 +19,9 @@
 //! operation and the key's SHA-256 digest, and hold the downstream key for the
 //! reconciler. What Redis cannot promise (a failover that loses acknowledged
 //! writes, eviction under `maxmemory`, a restart without persistence) is in
-//! `docs/redis.md`; [`RedisLeaseStore::connect`] refuses an eviction policy that
-//! may drop any key and warns on one that may drop keys with a TTL.
+//! `docs/redis.md`; [`RedisLeaseStore::connect`] refuses a server older than
+//! 6.2 ([`MIN_REDIS_VERSION`]) and an eviction policy that may drop any key, and
+//! warns on one that may drop keys with a TTL.
 
 // The sealed trait's hidden methods speak the crate's internal vocabulary.
 #![allow(private_interfaces, private_bounds)]
@@ -124,6 +125,60 @@ pub fn eviction_verdict(policy: &str, maxmemory: u64) -> EvictionVerdict {
     }
 }
 
+/// The oldest Redis the store runs on: 6.2, the first with `ZRANGE ...
+/// BYSCORE`, which lists uncertain records for the reconciler. (The scripts
+/// themselves need 5.0: `redis.call('TIME')` before a write.)
+pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
+
+/// What the start-up check makes of the server's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionVerdict {
+    /// [`MIN_REDIS_VERSION`] or newer: the version the server reports.
+    Supported(String),
+    /// The version could not be read; why (a warning).
+    Unknown(String),
+    /// Older than [`MIN_REDIS_VERSION`]; why.
+    Refuse(String),
+}
+
+/// Judges the text of `INFO server` by its `redis_version` line: 6.2 or newer
+/// is supported, anything older refused; no such line, or a version that is
+/// not `major.minor...`, is unknown (a warning: a server that does not say
+/// may still be recent).
+pub fn version_verdict(info_server: &str) -> VersionVerdict {
+    let Some(version) = info_server
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("redis_version:"))
+        .map(str::trim)
+    else {
+        return VersionVerdict::Unknown(
+            "INFO server names no redis_version: the server's version is unknown; the store \
+             needs Redis 6.2 or newer"
+                .into(),
+        );
+    };
+    // Each part's leading digits: "7.2.0", "7.4-rc1"...
+    let number = |part: Option<&str>| -> Option<u32> {
+        let part = part?;
+        let digits = part.len() - part.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        part[..digits].parse().ok()
+    };
+    let mut parts = version.split('.');
+    match (number(parts.next()), number(parts.next())) {
+        (Some(major), Some(minor)) if (major, minor) >= MIN_REDIS_VERSION => {
+            VersionVerdict::Supported(version.to_owned())
+        }
+        (Some(_), Some(_)) => VersionVerdict::Refuse(format!(
+            "Redis {version} is older than 6.2, which the store needs (the reconciler lists \
+             uncertain records with ZRANGE ... BYSCORE); upgrade the server"
+        )),
+        _ => VersionVerdict::Unknown(format!(
+            "redis_version {version:?} is not a version idem can read; the store needs Redis \
+             6.2 or newer"
+        )),
+    }
+}
+
 fn redis_err(e: redis::RedisError) -> StoreError {
     StoreError::Redis(Box::new(e))
 }
@@ -153,8 +208,8 @@ impl RedisLeaseStore {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Redis`] when Redis cannot be reached or its eviction
-    /// policy may drop any key.
+    /// [`StoreError::Redis`] when Redis cannot be reached, is older than 6.2
+    /// or its eviction policy may drop any key.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with_prefix(url, "idem").await
     }
@@ -172,14 +227,16 @@ impl RedisLeaseStore {
 
     /// Uses `conn`, naming every key `{prefix}:...` (give each service, or each
     /// test, its own prefix; it may not contain `{` or `}`), after checking the
-    /// server's eviction settings: an `allkeys-*` policy is refused, a
+    /// server's version and eviction settings: a server older than 6.2
+    /// ([`MIN_REDIS_VERSION`]) is refused, and so is an `allkeys-*` policy; a
     /// `volatile-*` one with `maxmemory` set is logged as a warning, and so is a
-    /// server that does not let `CONFIG GET` be read (as managed ones may not).
+    /// server that does not let `INFO` or `CONFIG GET` be read (as managed ones
+    /// may not).
     ///
     /// # Errors
     ///
-    /// [`StoreError::Redis`] when the policy is refused, the prefix unusable or
-    /// Redis unreachable.
+    /// [`StoreError::Redis`] when the version or the policy is refused, the
+    /// prefix unusable or Redis unreachable.
     pub async fn with_connection(
         conn: ConnectionManager,
         prefix: &str,
@@ -202,12 +259,39 @@ impl RedisLeaseStore {
                 prune: Script::new(scripts::PRUNE),
             }),
         };
+        match store.check_version().await? {
+            VersionVerdict::Supported(_) => {}
+            VersionVerdict::Unknown(why) => tracing::warn!("idem: redis: {why}"),
+            VersionVerdict::Refuse(why) => return Err(refused(why)),
+        }
         match store.check_eviction().await? {
             EvictionVerdict::Safe => {}
             EvictionVerdict::Warn(why) => tracing::warn!("idem: redis: {why}"),
             EvictionVerdict::Refuse(why) => return Err(refused(why)),
         }
         Ok(store)
+    }
+
+    /// Reads the server's version (`INFO server`) and judges it
+    /// ([`version_verdict`]); a server that refuses `INFO` gets a warning, not
+    /// a refusal.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Redis`] when Redis cannot be reached.
+    pub async fn check_version(&self) -> Result<VersionVerdict, StoreError> {
+        let info: Result<String, _> = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut self.conn.clone())
+            .await;
+        Ok(match info {
+            Ok(info) => version_verdict(&info),
+            Err(e) if e.is_io_error() || e.is_connection_dropped() => return Err(redis_err(e)),
+            Err(e) => VersionVerdict::Unknown(format!(
+                "INFO server was refused ({e}): the server's version is unknown; the store \
+                 needs Redis 6.2 or newer"
+            )),
+        })
     }
 
     /// Reads the server's eviction settings and judges them
@@ -795,6 +879,52 @@ mod tests {
         assert_eq!(escape("a:b"), "a%3Ab");
         assert_eq!(escape("{x}"), "%7Bx%7D");
         assert_ne!(member("a:b", "d"), member("a", "b:d"));
+    }
+
+    #[test]
+    fn versions_older_than_6_2_are_refused() {
+        let info = |v: &str| {
+            format!(
+                "# Server\r\nredis_version:{v}\r\nredis_git_sha1:00000000\r\n\
+                 redis_mode:standalone\r\n"
+            )
+        };
+        for old in ["6.0.16", "6.1.99", "5.0.14", "2.8.24"] {
+            match version_verdict(&info(old)) {
+                VersionVerdict::Refuse(why) => {
+                    assert!(why.contains(old) && why.contains("6.2"), "{why}")
+                }
+                other => panic!("{old}: {other:?}"),
+            }
+        }
+        for new in [
+            "6.2.0",
+            "6.2.14",
+            "7.0.15",
+            "7.4-rc1",
+            "10.0.0",
+            "255.255.255",
+        ] {
+            assert_eq!(
+                version_verdict(&info(new)),
+                VersionVerdict::Supported(new.to_owned())
+            );
+        }
+        // Lines ending in \n alone, and a server that says more after it.
+        assert_eq!(
+            version_verdict("# Server\nredis_version:6.2.6\nvalkey_version:8.0.1\n"),
+            VersionVerdict::Supported("6.2.6".into())
+        );
+        for unreadable in [
+            "# Server\r\nredis_mode:standalone\r\n",
+            &info("unstable"),
+            &info("7"),
+        ] {
+            assert!(
+                matches!(version_verdict(unreadable), VersionVerdict::Unknown(_)),
+                "{unreadable:?}"
+            );
+        }
     }
 
     #[test]
