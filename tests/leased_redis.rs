@@ -1638,6 +1638,47 @@ async fn a_server_older_than_6_2_is_refused_at_start() {
     );
 }
 
+// --- hand-written requests ------------------------------------------------------
+
+/// A hand-written request with a zero lease or retention, or one under a
+/// millisecond (the store's unit, so zero to it), is refused with an error
+/// that names which, and nothing is written: not clamped to 1 ms, which
+/// claimed a key whose lease lapsed, or whose outcome was forgotten, at once.
+#[tokio::test]
+async fn a_zero_lease_or_retention_is_refused_and_stores_nothing() {
+    let s = store("zero").await;
+    let mut c = s.connection();
+    let key = IdempotencyKey::parse("zero-1").unwrap();
+    for (lease, retention, named) in [
+        (Duration::ZERO, HOUR, "lease of"),
+        (HOUR, Duration::ZERO, "retention of"),
+        (Duration::from_micros(500), HOUR, "lease of"),
+        (HOUR, Duration::from_micros(999), "retention of"),
+    ] {
+        let req = LeaseRequest {
+            retention,
+            ..lease_req(&key, lease)
+        };
+        let e = s.claim(&req).await.unwrap_err();
+        assert!(matches!(e, StoreError::Redis(_)), "{e}");
+        assert!(e.to_string().contains(named), "{e}");
+        assert_eq!(
+            keys_under(&mut c, &prefix("zero")).await,
+            Vec::<String>::new(),
+            "nothing stored for a lease of {lease:?} and a retention of {retention:?}"
+        );
+    }
+    // A millisecond each is the least accepted.
+    let least = LeaseRequest {
+        retention: Duration::from_millis(1),
+        ..lease_req(&key, Duration::from_millis(1))
+    };
+    assert!(matches!(
+        s.claim(&least).await.unwrap(),
+        LeasedClaim::Acquired(_)
+    ));
+}
+
 // --- metrics: the same names and labels as on SQL ----------------------------
 
 /// A leased service on either store: the first execution of "slow" reports in
