@@ -1679,6 +1679,59 @@ async fn a_zero_lease_or_retention_is_refused_and_stores_nothing() {
     ));
 }
 
+// --- the generation ---------------------------------------------------------------
+
+/// What both stores say of the generation: it counts the executions of one
+/// record, one more at each takeover (or, on SQL, reclaim) while the record is
+/// kept, and starts again at 1 once the record is gone: released, or here
+/// expired with its retention (on SQL, deleted by the sweeper).
+#[tokio::test]
+async fn the_generation_counts_on_while_the_record_is_kept_and_starts_at_1_once_it_is_gone() {
+    let s = store("generation").await;
+    let key = IdempotencyKey::parse("generation-1").unwrap();
+    let short = |lease| LeaseRequest {
+        retention: Duration::from_millis(300),
+        ..lease_req(&key, lease)
+    };
+    let LeasedClaim::Acquired(first) = s.claim(&short(Duration::from_millis(200))).await.unwrap()
+    else {
+        panic!("a new key is acquired");
+    };
+    assert_eq!(
+        (first.acquisition(), first.generation()),
+        (Acquisition::New, 1)
+    );
+    let second = take_over(&s, &key, Duration::from_secs(30)).await;
+    assert_eq!(
+        (second.acquisition(), second.generation()),
+        (Acquisition::TakenOver, 2)
+    );
+    // Released: gone, so the next execution is generation 1.
+    second.release().await.unwrap();
+    let LeasedClaim::Acquired(third) = s.claim(&short(HOUR)).await.unwrap() else {
+        panic!("a released key is acquired anew");
+    };
+    assert_eq!(
+        (third.acquisition(), third.generation()),
+        (Acquisition::New, 1)
+    );
+    // Finished, then expired with its retention: gone, generation 1 again.
+    third.complete(&paid("ch_g")).await.unwrap();
+    let name = s.record_key("acme", "create-payment", &key);
+    let mut c = s.connection();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.exists::<_, bool>(&name).await.unwrap() {
+        assert!(Instant::now() < deadline, "the record never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = acquire(&s, &key, HOUR).await;
+    assert_eq!(
+        (again.acquisition(), again.generation()),
+        (Acquisition::New, 1)
+    );
+    again.release().await.unwrap();
+}
+
 // --- metrics: the same names and labels as on SQL ----------------------------
 
 /// A leased service on either store: the first execution of "slow" reports in

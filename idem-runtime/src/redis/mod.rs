@@ -22,6 +22,13 @@
 //! `docs/redis.md`; [`RedisLeaseStore::connect`] refuses a server older than
 //! 6.2 ([`MIN_REDIS_VERSION`]) and an eviction policy that may drop any key, and
 //! warns on one that may drop keys with a TTL.
+//!
+//! A record's generation counts its executions while it is kept, as on SQL: 1
+//! for a claim that finds no record, one more at each takeover. A finished
+//! record expires with its retention, and the next claim of its key starts
+//! again at generation 1 (`Acquisition::New`), as a SQL store's does once its
+//! sweeper has deleted the row (before that, SQL reclaims at the next
+//! generation; Redis never answers `Reclaimed`). See `docs/redis.md`.
 
 // The sealed trait's hidden methods speak the crate's internal vocabulary.
 #![allow(private_interfaces, private_bounds)]
@@ -625,6 +632,8 @@ pub struct RedisUncertain {
     tenant: String,
     digest: String,
     downstream_key: String,
+    /// The record's `gen`: its executions while it is kept (it starts again at
+    /// 1 once the record is gone, as on SQL once a row is swept).
     generation: i64,
     token: String,
     /// Why this uncertain record cannot be reconciled (a field gone), if so:

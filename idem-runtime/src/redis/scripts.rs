@@ -7,6 +7,13 @@
 //! milliseconds), `retention` (ms), `tenant`, `dkey` (the downstream key) and,
 //! once finished, `status`, `headers` (JSON pairs) and `body`.
 //!
+//! `gen` is 1 when CLAIM writes a record where there was none, and one more at
+//! each takeover; it is kept as long as the record is. A record that is gone
+//! (released, or finished and expired with its retention) takes its `gen` with
+//! it, and the next claim writes 1 again, as a SQL store does once the sweeper
+//! has deleted a row. Every fence checks `token`, new at every claim (RESOLVE
+//! checks `gen` with it), so a `gen` that starts again lets no old write through.
+//!
 //! Every script validates what it read before its first write, so a record it
 //! cannot read (foreign data, another format) is answered with an error and
 //! left exactly as it was.
