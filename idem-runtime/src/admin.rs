@@ -7,6 +7,7 @@
 //! use idem_runtime::admin::{self, KeyAddress};
 //! use idem_runtime::IdempotencyKey;
 //!
+//! # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! // Stores keep the key's digest; an address holds nothing else.
 //! let key = KeyAddress::of("acme", "create-order", &IdempotencyKey::parse("order-42")?);

@@ -21,6 +21,7 @@
 //! use std::time::Duration;
 //! use idem_runtime::consumer::{process_once, Delivery, Message};
 //!
+//! # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! let msg = Message { scope: "billing", operation: "credit-account", id: "evt-42", payload: br#"{"amount":5}"# };
 //! let result = process_once(&pool, &msg, Duration::from_secs(7 * 86400), |tx| Box::pin(async move {

@@ -3,15 +3,17 @@
 //! have expired but are not swept yet.
 //!
 //! ```no_run
-//! # async fn demo(pool: sqlx::PgPool, lite: sqlx::SqlitePool) -> Result<(), idem_runtime::StoreError> {
-//! let s = idem_runtime::stats(&pool).await?;
-//! if s.oldest_in_flight_seconds.is_some_and(|age| age > 900.0) {
-//!     eprintln!("an execution has been in flight for over 15 minutes");
+//! use idem_runtime::{Backend, StoreError};
+//!
+//! // `pool` is a `PgPool`, a `SqlitePool` or a `MySqlPool`: the backend comes
+//! // from the pool, and the same call reads each database's table.
+//! async fn check<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<(), StoreError> {
+//!     let s = idem_runtime::stats(pool).await?;
+//!     if s.oldest_in_flight_seconds.is_some_and(|age| age > 900.0) {
+//!         eprintln!("an execution has been in flight for over 15 minutes");
+//!     }
+//!     Ok(())
 //! }
-//! // The same on SQLite: the backend comes from the pool.
-//! let s = idem_runtime::stats(&lite).await?;
-//! # drop(s);
-//! # Ok(()) }
 //! ```
 //!
 //! [`stats`] reads the whole table (it sums body sizes), so it suits an admin

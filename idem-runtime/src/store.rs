@@ -29,6 +29,7 @@ use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 /// use std::time::Duration;
 /// use idem_runtime::{claim, Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse};
 ///
+/// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let key = IdempotencyKey::parse("order-42")?;
 /// let mut tx = pool.begin().await?;
@@ -64,6 +65,7 @@ pub async fn claim<DB: Backend>(
 /// call at every start and from several processes at once.
 ///
 /// ```no_run
+/// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::StoreError> {
 /// idem_runtime::migrate(&pool).await?;
 /// # Ok(()) }
@@ -81,8 +83,10 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), StoreError> {
 /// of your own or to list; [`migrate`] runs them as they are.
 ///
 /// ```
+/// # #[cfg(feature = "postgres")] { // the example names PostgreSQL's migrations
 /// let pending = idem_runtime::migrator::<sqlx::Postgres>().iter().count();
 /// assert!(pending > 0);
+/// # }
 /// ```
 pub fn migrator<DB: Backend>() -> sqlx::migrate::Migrator {
     DB::migrator()

@@ -19,19 +19,16 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use idem_runtime::Sweeper;
+//! use idem_runtime::{Backend, Sweeper};
 //!
-//! # async fn demo(pool: sqlx::PgPool, lite: sqlx::SqlitePool) {
-//! let handle = Sweeper::new(pool)
-//!     .with_interval(Duration::from_secs(60))
-//!     .with_batch_size(1000)
-//!     .spawn();
-//! // The same on SQLite: the backend comes from the pool.
-//! let lite_handle = Sweeper::new(lite)
-//!     .with_interval(Duration::from_secs(60))
-//!     .spawn();
-//! # drop((handle, lite_handle));
-//! # }
+//! // `pool` is a `PgPool`, a `SqlitePool` or a `MySqlPool`: the sweeper is a
+//! // `Sweeper<DB>` of the pool's backend.
+//! fn start_sweeper<DB: Backend>(pool: sqlx::Pool<DB>) -> tokio::task::JoinHandle<()> {
+//!     Sweeper::new(pool)
+//!         .with_interval(Duration::from_secs(60))
+//!         .with_batch_size(1000)
+//!         .spawn()
+//! }
 //! ```
 //!
 //! ## Concurrency
@@ -86,8 +83,10 @@ use crate::model::{InFlightSummary, StoreError};
 /// [`Sweeper::sweep_once`] yourself (from a cron job, say) or [`Sweeper::spawn`] it
 /// in the service. Safe to run on every replica at once.
 ///
-/// `Sweeper` alone is `Sweeper<Postgres>`; [`Sweeper::new`] on a `SqlitePool`
-/// gives a `Sweeper<Sqlite>`.
+/// [`Sweeper::new`] on a `PgPool` gives a `Sweeper<Postgres>`, on a `SqlitePool` a
+/// `Sweeper<Sqlite>`, on a `MySqlPool` a `Sweeper<MySql>`. `Sweeper` written
+/// alone is `Sweeper<DefaultBackend>`, whose database depends on the features
+/// enabled (see [`DefaultBackend`]): name the backend.
 pub struct Sweeper<DB: Backend = DefaultBackend> {
     pool: Pool<DB>,
     batch_size: u32,
@@ -168,8 +167,8 @@ impl Sweeper {
 }
 
 impl<DB: Backend> Sweeper<DB> {
-    /// A sweeper on `pool` with the default settings; the backend (PostgreSQL or
-    /// SQLite) is the pool's.
+    /// A sweeper on `pool` with the default settings; the backend (PostgreSQL,
+    /// SQLite or MySQL) is the pool's.
     pub fn new(pool: Pool<DB>) -> Self {
         Sweeper {
             pool,
