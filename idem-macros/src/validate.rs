@@ -507,6 +507,18 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
                     attr,
                     "the request body cannot be the `#[tenant]`: a client could name any tenant in it; mark the caller's auth extractor `#[tenant]` instead",
                 );
+            } else if let Some(wrapper) = last_segment(&arg.ty)
+                .map(|s| s.ident.to_string())
+                .filter(|n| n == "Option" || n == "Result")
+            {
+                // Caught here, by its spelling: after expansion the compiler would
+                // report the missing `TenantScope` and axum's `Handler` error too.
+                errors.push_spanned(
+                    &arg.ty,
+                    format!(
+                        "the `#[tenant]` cannot be an `{wrapper}`: a request without a caller has no tenant to scope its key by; take the caller's type itself (its extractor refuses an anonymous request before anything is claimed), or use `single_tenant`"
+                    ),
+                );
             } else {
                 tenant = Some(Tenant::Param(i));
                 tenant_refused = false;
@@ -588,6 +600,9 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
         Some((i, Class::Body { result: true, .. })) => Some(i),
         _ => None,
     };
+    if let Some(arg) = body_result.and_then(typed) {
+        check_rejection(arg, errors);
+    }
     if !errors.is_empty() {
         return None;
     }
@@ -721,6 +736,51 @@ fn check_duration(
         }
         Ok(d) => Some(d),
     }
+}
+
+/// A fallible body `Result<B, E>` is answered with `B`'s rejection before the
+/// claim, so `E` must be that rejection: axum's own (`JsonRejection`,
+/// `FormRejection`, ...), an extractor's `...Rejection`, or the path
+/// `<B as FromRequest<S>>::Rejection`. Anything else (`String`, an error type of
+/// the application) is refused here with what to write, instead of axum's
+/// `Handler` error at the router.
+fn check_rejection(arg: &syn::PatType, errors: &mut Errors) {
+    let Some(seg) = last_segment(&arg.ty) else {
+        return;
+    };
+    let PathArguments::AngleBracketed(a) = &seg.arguments else {
+        return;
+    };
+    let mut types = a.args.iter().filter_map(|g| match g {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    });
+    let (Some(body), Some(err)) = (types.next(), types.next()) else {
+        return;
+    };
+    let is_rejection = match err {
+        // `<Json<T> as FromRequest<S>>::Rejection`
+        Type::Path(p) if p.qself.is_some() => true,
+        _ => last_segment(err).is_some_and(|e| e.ident.to_string().ends_with("Rejection")),
+    };
+    if is_rejection {
+        return;
+    }
+    let body_name = last_segment(body).map_or_else(|| "B".to_owned(), |b| b.ident.to_string());
+    let rejection = match body_name.as_str() {
+        "Json" => "axum::extract::rejection::JsonRejection".to_owned(),
+        "Form" => "axum::extract::rejection::FormRejection".to_owned(),
+        "RawForm" => "axum::extract::rejection::RawFormRejection".to_owned(),
+        "Bytes" => "axum::extract::rejection::BytesRejection".to_owned(),
+        "String" => "axum::extract::rejection::StringRejection".to_owned(),
+        other => format!("<{other}<..> as axum::extract::FromRequest<S>>::Rejection"),
+    };
+    errors.push_spanned(
+        err,
+        format!(
+            "a fallible body's error must be the extractor's rejection, which idem answers before the claim: write `Result<{body_name}<..>, {rejection}>`, or take `{body_name}<..>` alone and let axum answer a bad body"
+        ),
+    );
 }
 
 fn check_fingerprint(

@@ -658,15 +658,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
         }
         Ok(match claim {
             Claim::Execute(execution) => Decision::Execute {
-                // Recorded before the handler runs, so its events see it.
-                how: {
-                    tracing::Span::current().record("idem.generation", execution.generation());
-                    if execution.generation() > 1 {
-                        "reclaimed"
-                    } else {
-                        "executed"
-                    }
-                },
+                how: recorded_how(&execution),
                 held: (execution, leader),
                 handle: tx,
             },
@@ -749,6 +741,24 @@ impl<DB: Backend> Mode<DB> for Transactional {
     }
 }
 
+/// How a transactional execution came to run, its generation recorded in the
+/// request's span before the handler runs (so the handler's events see it).
+fn recorded_how(execution: &Execution) -> &'static str {
+    tracing::Span::current().record("idem.generation", execution.generation());
+    if execution.generation() > 1 {
+        "reclaimed"
+    } else {
+        "executed"
+    }
+}
+
+/// A lease's acquisition, its generation recorded in the request's span before
+/// the handler runs.
+fn recorded_acquisition<DB: LeaseBackend>(lease: &Lease<DB>) -> Acquisition {
+    tracing::Span::current().record("idem.generation", lease.generation());
+    lease.acquisition()
+}
+
 /// The answer of a request whose execution rolled back because another
 /// execution holds its key.
 fn taken(op: &'static str, scope: &Scope<'_>, claim: Claim) -> Response {
@@ -806,10 +816,7 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
         Ok(
             match crate::lease::claim_in::<DB>(idem.lease_store(), &scope.lease_request()).await? {
                 LeasedClaim::Acquired(lease) => Decision::Execute {
-                    how: match {
-                        tracing::Span::current().record("idem.generation", lease.generation());
-                        lease.acquisition()
-                    } {
+                    how: match recorded_acquisition(&lease) {
                         Acquisition::New => "executed",
                         Acquisition::Reclaimed => "reclaimed",
                         Acquisition::TakenOver => "taken_over",

@@ -1,0 +1,14 @@
+// An optional tenant: after expansion the compiler would find `Option<Caller>`
+// without `TenantScope` and axum's `Handler` error beside it; the attribute
+// refuses it first, alone.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[idempotent(operation = "create-order", retention = "24h")]
+async fn create_order(#[tenant] caller: Option<Caller>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+}
