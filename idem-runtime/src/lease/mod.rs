@@ -214,7 +214,11 @@ impl<DB: LeaseBackend> Lease<DB> {
         downstream_key(&self.tenant, &self.operation, &self.key)
     }
 
-    /// This execution's generation: one more at every takeover or reclaim.
+    /// This execution's generation: one more at every takeover or reclaim of the
+    /// key's record. It counts within one record's life: once the record is gone
+    /// (released; on SQL deleted by the sweeper, on Redis expired with its
+    /// retention) the next claim starts again at 1, so compare generations only
+    /// together with the owner token, never across a record's absence.
     pub fn generation(&self) -> i64 {
         self.generation
     }
