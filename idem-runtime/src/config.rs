@@ -55,6 +55,7 @@ pub enum ConfigError {
 ///     }
 /// }
 ///
+/// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
 /// # async fn demo(pool: sqlx::PgPool) {
 /// let idem = Idem::new(pool).with_in_flight_wait(std::time::Duration::from_millis(500));
 /// let state = AppState { idem };
@@ -216,7 +217,8 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// Leased handlers are not cut short (their lease bounds them).
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) {
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+/// # async fn demo(pool: sqlx::PgPool) {
     /// let idem = idem_runtime::Idem::new(pool)
     ///     .with_request_deadline(std::time::Duration::from_secs(10));
     /// # }
@@ -252,7 +254,8 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// transactional mode (a leased claim commits at once and never waits).
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) {
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+/// # async fn demo(pool: sqlx::PgPool) {
     /// let idem = idem_runtime::Idem::new(pool).with_waiter_limits(8, 256);
     /// assert_eq!(idem.waiting_duplicates(), 0);
     /// # }
