@@ -218,7 +218,7 @@ impl<DB: LeaseBackend> Idem<DB> {
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
-/// # async fn demo(pool: sqlx::PgPool) {
+    /// # async fn demo(pool: sqlx::PgPool) {
     /// let idem = idem_runtime::Idem::new(pool)
     ///     .with_request_deadline(std::time::Duration::from_secs(10));
     /// # }
@@ -255,7 +255,7 @@ impl<DB: LeaseBackend> Idem<DB> {
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
-/// # async fn demo(pool: sqlx::PgPool) {
+    /// # async fn demo(pool: sqlx::PgPool) {
     /// let idem = idem_runtime::Idem::new(pool).with_waiter_limits(8, 256);
     /// assert_eq!(idem.waiting_duplicates(), 0);
     /// # }
