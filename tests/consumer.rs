@@ -103,7 +103,7 @@ macro_rules! consumer_tests {
                 match t.await.unwrap() {
                     Delivery::Applied(_) => applied += 1,
                     Delivery::Duplicate => {}
-                    Delivery::Conflict => panic!("same payload"),
+                    other => panic!("same payload: {other:?}"),
                 }
             }
             // ...then two more, one after a crash before ack (same as any redelivery).

@@ -25,7 +25,7 @@ use caller::Caller;
 use http_body_util::BodyExt;
 use idem_runtime::lease::{Acquisition, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
-use idem_runtime::retry::{RetryPolicy, Retryable};
+use idem_runtime::retry::RetryPolicy;
 use idem_runtime::{
     FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoredResponse,
     Uncertain, claim_leased, idempotent,
@@ -353,9 +353,9 @@ macro_rules! leased_tests {
         async fn charge_and_answer(app: &App, lease: &Lease<Db>, amount: i64) -> Response {
             let key = lease.downstream_key();
             let attempt = || async { app.provider.charge(&key, amount).await };
-            match attempt
-                .retry(app.retry.clone())
-                .when(|e| matches!(e, ProviderError::Unavailable))
+            match app
+                .retry
+                .run(attempt, |e| matches!(e, ProviderError::Unavailable))
                 .await
             {
                 Ok(charge) => (

@@ -63,7 +63,7 @@ macro_rules! claim_race {
                         1_i64
                     }
                     Claim::Replay(_) | Claim::InFlight { .. } => 0,
-                    Claim::Mismatch => panic!("mismatch"),
+                    other => panic!("unexpected: {other:?}"),
                 }
             }));
         }

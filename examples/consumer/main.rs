@@ -144,6 +144,9 @@ async fn run() -> Result<(), String> {
                     );
                     AckKind::Term
                 }
+                // An outcome this consumer does not know (Delivery can grow):
+                // not acknowledged, so redelivered later.
+                Ok(_) => AckKind::Nak(Some(Duration::from_secs(1))),
                 Err(ConsumeError::InFlight) => AckKind::Nak(Some(Duration::from_secs(1))),
                 Err(e) => {
                     tracing::warn!(error = %e, "consumer: not applied; will be redelivered");

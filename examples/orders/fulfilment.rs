@@ -83,6 +83,8 @@ pub fn answer(
         // Unreachable database: 503 with Retry-After, like idem's store failure.
         Err(TransitionError::Database(e)) => return Err(e.into()),
         Err(e) => return Err(ApiError::internal(e)),
+        // An outcome this example does not know (Transitioned can grow).
+        Ok(_) => return Err(ApiError::internal("unknown transition outcome")),
     };
     Ok(Some(
         json!({"id": id, "status": to.name(), "version": version, "changed": changed}),

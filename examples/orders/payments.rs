@@ -21,7 +21,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use idem_runtime::Backend;
 use idem_runtime::reconcile::{Reconcile, Resolution, UncertainOutcome};
-use idem_runtime::retry::{RetryPolicy, Retryable};
+use idem_runtime::retry::RetryPolicy;
 use idem_runtime::{Problem, StoredResponse, Uncertain};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -265,9 +265,8 @@ pub async fn charge(provider: &Arc<Provider>, downstream_key: String, cmd: NewPa
         let key = downstream_key.clone();
         async move { provider.charge(&key, cmd.amount_cents).await }
     };
-    match call
-        .retry(retry_policy())
-        .when(|e| matches!(e, ProviderError::Unavailable))
+    match retry_policy()
+        .run(call, |e| matches!(e, ProviderError::Unavailable))
         .await
     {
         Ok(charge) => (StatusCode::CREATED, Json(payment_body(&charge))).into_response(),

@@ -212,6 +212,9 @@ async fn run() -> Result<(), String> {
                             tracing::error!(attempt, id = %message_id, "consumer: message_id reused with another payload; dead-lettered, not applied");
                             Answer::Reject
                         }
+                        // An outcome this consumer does not know (Delivery can
+                        // grow): redelivered later rather than acknowledged.
+                        Ok(_) => Answer::Retry,
                         Err(e) => {
                             tracing::warn!(attempt, id = %message_id, error = %e, "consumer: not applied; to be redelivered");
                             Answer::Retry

@@ -613,6 +613,7 @@ async fn show<DB: Backend>(
         body_bytes,
         response_headers,
         body,
+        ..
     } = admin::show(pool, key, with_body)
         .await?
         .ok_or_else(|| not_found(key))?;
@@ -751,6 +752,7 @@ async fn purge<DB: Backend>(
             PurgeError::Locked(what) => locked(what),
             PurgeError::Refused(failure) => failure,
             PurgeError::Store(e) => e.into(),
+            other => Failure::Other(format!("purge failed: {other}")),
         })?
         .ok_or_else(|| not_found(key))?;
     let purged = Purged {

@@ -58,6 +58,7 @@ impl<'a> KeyAddress<'a> {
 /// text in UTC (whole seconds, formatted by the database from its own values),
 /// the fingerprint in lowercase hex, the header JSON as text.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyRecord {
     /// `processing`, `completed`, `failed` or `uncertain`.
     pub state: String,
@@ -87,6 +88,7 @@ pub struct KeyRecord {
 
 /// Why a [`purge`] deleted nothing.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PurgeError<E> {
     /// The key's row (on SQLite: the database) stayed locked by a running request
     /// for the whole wait.

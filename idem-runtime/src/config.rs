@@ -25,6 +25,7 @@ pub const NEVER_STORED_HEADERS: &[&str] = &["set-cookie", "set-cookie2"];
 
 /// A configuration that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The header may not be stored (see [`NEVER_STORED_HEADERS`]).
     #[error("the response header `{0}` must never be stored or replayed")]

@@ -31,6 +31,9 @@
 //! match result {
 //!     Delivery::Applied(()) | Delivery::Duplicate => { /* ack */ }
 //!     Delivery::Conflict => { /* terminate and alert */ }
+//!     // `Delivery` can grow: an outcome this consumer does not know is left
+//!     // unacknowledged, to be redelivered.
+//!     _ => { /* nack */ }
 //! }
 //! # Ok(()) }
 //! ```
@@ -65,6 +68,7 @@ pub struct Message<'a> {
 
 /// What happened to a delivery.
 #[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Delivery<T> {
     /// The effect ran and committed now.
     Applied(T),
@@ -76,6 +80,7 @@ pub enum Delivery<T> {
 
 /// Why a delivery was not processed. In every case nothing committed: nack it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConsumeError<E> {
     /// Another delivery of the same message is being processed right now.
     #[error("another delivery of this message is being processed; retry it later")]

@@ -18,6 +18,27 @@
 //!     -> Result<(StatusCode, Json<Order>), ApiError> { /* ... */ }
 //! ```
 //!
+//! ## The attribute path
+//!
+//! What a service on Axum and sqlx uses, in this order:
+//!
+//! 1. [`migrate`] at start (idem's table, in its own migrations table);
+//! 2. an [`Idem`] built from your pool, in your router state (`FromRef`);
+//! 3. a caller type that implements [`TenantScope`] (the key's tenant), marked
+//!    `#[tenant]` in the handler;
+//! 4. [`idempotent`] on the handler, which writes its effects through `tx: &mut`
+//!    [`Tx`] (the transaction that holds the key; `Tx<Sqlite>`, `Tx<MySql>` on
+//!    those databases) or, for effects outside the database, `lease: &mut`
+//!    [`Lease`] with `lease = "30s"`;
+//! 5. a [`Sweeper`] spawned beside the server (retention).
+//!
+//! **Name the database in a service on SQLite or MySQL** (`Idem<Sqlite>`,
+//! `Tx<Sqlite>`): a bare `Idem`, `Tx` or `Lease` is [`DefaultBackend`], which is
+//! PostgreSQL whenever any crate in the build enables idem-runtime's `postgres`
+//! feature (the default one), whatever your own manifest says.
+//!
+//! ## By hand
+//!
 //! Without the macro, the same promise is three calls: [`claim`] in your
 //! transaction, do the work, [`Execution::complete`], commit:
 //!
@@ -49,6 +70,8 @@
 //!     Claim::Replay(stored) => println!("already done: {}", stored.status),
 //!     Claim::Mismatch => println!("key reused for another request"),
 //!     Claim::InFlight { .. } => println!("still running elsewhere; retry later"),
+//!     // `Claim` can grow: whatever else it says, nothing ran; retry later.
+//!     _ => println!("not executed; retry later"),
 //! }
 //! # Ok(()) }
 //! ```

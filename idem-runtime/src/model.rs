@@ -32,6 +32,7 @@ pub struct ClaimRequest<'a> {
 /// What a claim decided. Exactly one of these; nothing else is possible.
 #[derive(Debug)]
 #[must_use = "a claim that is not acted on leaves the transaction holding the key"]
+#[non_exhaustive]
 pub enum Claim {
     /// The caller owns the key: run the operation in the same transaction, then
     /// [`Execution::complete`] it and commit.
@@ -145,6 +146,7 @@ impl StoredResponse {
 
 /// Why the store could not do its part. None of these carries a raw key.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The transaction does not run at READ COMMITTED.
     #[error(
@@ -207,6 +209,7 @@ pub struct LeaseRequest<'a> {
 
 /// How a lease was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Acquisition {
     /// A new key.
     New,

@@ -17,6 +17,7 @@ use crate::model::{StoreError, StoredResponse, UncertainRow};
 
 /// An uncertain execution to resolve.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct UncertainOutcome {
     /// The tenant.
     pub tenant: String,
@@ -34,6 +35,7 @@ pub struct UncertainOutcome {
 
 /// What the downstream system said.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Resolution {
     /// The effect happened: store this outcome; retries replay it.
     Completed(StoredResponse),
@@ -54,6 +56,7 @@ pub trait Reconcile: Send + Sync + 'static {
 
 /// What one reconciliation round did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReconcileReport {
     /// Rows resolved as completed (or failed, for a 4xx outcome).
     pub completed: u64,

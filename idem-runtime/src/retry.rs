@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use idem_runtime::retry::{Retryable, RetryPolicy};
+//! use idem_runtime::retry::RetryPolicy;
 //!
 //! # async fn charge() -> Result<u32, std::io::Error> { Ok(1) }
 //! # async fn demo() -> Result<(), std::io::Error> {
@@ -19,17 +19,14 @@
 //!     .with_min_delay(Duration::from_millis(50))
 //!     .with_max_delay(Duration::from_secs(2))
 //!     .with_max_total_delay(Duration::from_secs(5));
-//! let charge_id = charge.retry(policy).await?;
+//! // Retried while the error is one worth retrying (here: every error).
+//! let charge_id = policy.run(charge, |_| true).await?;
 //! # Ok(()) }
 //! ```
 
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
-
-/// backon's retry loop, re-exported so that `fn.retry(policy)` needs no other
-/// dependency.
-pub use backon::Retryable;
 
 /// Exponential backoff with full jitter, bounded in attempts and total delay.
 #[derive(Debug, Clone)]
@@ -49,6 +46,29 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Calls `op` until it succeeds, `retry_if` says its error is not worth
+    /// retrying, or the policy's attempts or total delay are used up; the last
+    /// result is returned. The delays are the policy's, slept on tokio's clock.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::retry::RetryPolicy;
+    /// # #[derive(Debug)] enum ProviderError { Unavailable, Declined }
+    /// # async fn charge(key: &str) -> Result<String, ProviderError> { Ok("ch_1".into()) }
+    /// # async fn demo() -> Result<(), ProviderError> {
+    /// let charge = RetryPolicy::new()
+    ///     .run(|| charge("order-42"), |e| matches!(e, ProviderError::Unavailable))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<T, E, F, Fut>(&self, op: F, retry_if: impl FnMut(&E) -> bool) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        use backon::Retryable;
+        op.retry(self.clone()).when(retry_if).await
+    }
+
     /// 4 attempts in all (3 retries), delays from 100 ms doubling up to 2 s, at
     /// most 5 s of waiting in total.
     pub fn new() -> Self {

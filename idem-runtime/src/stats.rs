@@ -34,6 +34,7 @@ use crate::model::{StatsSnapshot, StoreError};
 
 /// A snapshot of the idempotency table.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Stats {
     /// When the snapshot was taken, by the database clock (RFC 3339, UTC).
     pub taken_at: String,
@@ -65,6 +66,7 @@ pub struct Stats {
 
 /// Row counts by state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct StateCounts {
     /// Rows being executed (committed only in leased mode, or left behind).
     pub processing: u64,
@@ -101,6 +103,7 @@ impl StateCounts {
 
 /// One operation's share of the table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct OperationStats {
     /// The operation name, as given to `#[idempotent(operation = ...)]`.
     pub operation: String,

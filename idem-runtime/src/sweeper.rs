@@ -123,6 +123,7 @@ impl<DB: Backend> std::fmt::Debug for Sweeper<DB> {
 
 /// What one [`Sweeper::sweep_once`] did and saw.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct SweepReport {
     /// Rows deleted by this run.
     pub deleted: u64,

@@ -90,6 +90,7 @@ impl TenantScope for SingleTenant {
 
 /// Why a tenant id cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TenantError {
     /// The id is empty.
     #[error("the tenant id is empty")]

@@ -86,6 +86,7 @@ pub struct Resource {
 
 /// What a successful transition did.
 #[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Transitioned<T> {
     /// The action ran and the state moved; `version` is the new version.
     Applied {
@@ -103,6 +104,7 @@ pub enum Transitioned<T> {
 
 /// Why a transition did not happen. Roll back the transaction in every case.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransitionError<S: Debug, E> {
     /// No such resource (in this scope).
     #[error("no such resource")]

@@ -42,7 +42,14 @@ compile_error!(
 );
 
 /// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when
-/// the `postgres` feature is on (the default), else SQLite.
+/// the `postgres` feature is on (the default), else SQLite, else MySQL.
+///
+/// Features add up over the whole build: a service on SQLite whose dependency
+/// graph enables idem-runtime's `postgres` feature anywhere (it is the default
+/// feature) gets `Tx` = `Tx<Postgres>`. Name the database in a service on SQLite
+/// or MySQL (`Idem<Sqlite>`, `Tx<Sqlite>`, `Lease<Sqlite>`); the examples and docs
+/// do. A bare type then fails to compile against your pool rather than run on
+/// another database (docs/decisions.md).
 #[cfg(feature = "postgres")]
 pub type DefaultBackend = sqlx::Postgres;
 /// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when

@@ -54,6 +54,7 @@ pub use store::LeaseBackend;
 
 /// What a leased claim decided.
 #[must_use = "an acquired lease must be completed, marked uncertain or released"]
+#[non_exhaustive]
 pub enum LeasedClaim<DB: LeaseBackend = DefaultBackend> {
     /// The caller owns the execution.
     Acquired(Lease<DB>),
@@ -91,6 +92,7 @@ pub struct Lease<DB: LeaseBackend = DefaultBackend> {
 
 /// Why a leased completion was refused.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LeaseError {
     /// The lease was taken over: this worker no longer owns the execution, and its
     /// result must not be published.

@@ -85,6 +85,7 @@ struct Scripts {
 
 /// What the start-up check makes of the server's eviction settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EvictionVerdict {
     /// Nothing idem keeps can be evicted.
     Safe,
@@ -139,6 +140,7 @@ pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
 
 /// What the start-up check makes of the server's version.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum VersionVerdict {
     /// [`MIN_REDIS_VERSION`] or newer: the version the server reports.
     Supported(String),

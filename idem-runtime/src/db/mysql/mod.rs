@@ -33,12 +33,21 @@ mod leased;
 pub(crate) mod transactional;
 mod upkeep;
 
-/// Now, in Unix milliseconds, from the database's clock: the one expression every
-/// MySQL timestamp of idem is written and compared with, as a string literal for
-/// `concat!`. `UTC_TIMESTAMP(3)` does not depend on the session's time zone, and
-/// like `NOW()` it is fixed for the whole statement. Exported (hidden) so that the
-/// tests use the same clock.
-#[doc(hidden)]
+/// Now, in Unix milliseconds, from MySQL's clock: the one expression every MySQL
+/// timestamp of idem (`created_at`, `completed_at`, `expires_at`,
+/// `lease_expires_at`) is written and compared with, as a string literal for
+/// `concat!`, for your own queries against `idempotency_requests`.
+/// `UTC_TIMESTAMP(3)` does not depend on the session's time zone, and like
+/// `NOW()` it is fixed for the whole statement.
+///
+/// ```
+/// const EXPIRED: &str = concat!(
+///     "SELECT count(*) FROM idempotency_requests WHERE expires_at <= ",
+///     idem_runtime::mysql_now_ms!()
+/// );
+/// assert!(EXPIRED.contains("UTC_TIMESTAMP(3)"));
+/// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 #[macro_export]
 macro_rules! mysql_now_ms {
     () => {

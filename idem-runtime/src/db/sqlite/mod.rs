@@ -42,9 +42,18 @@ use leased::{
 use transactional::stored_from_row;
 
 /// Now, in Unix milliseconds, from SQLite's clock: the one expression every
-/// SQLite timestamp of idem is written and compared with, as a string literal for
-/// `concat!`. Exported (hidden) so that the tests use the same clock.
-#[doc(hidden)]
+/// SQLite timestamp of idem (`created_at`, `completed_at`, `expires_at`,
+/// `lease_expires_at`) is written and compared with, as a string literal for
+/// `concat!`, for your own queries against `idempotency_requests`.
+///
+/// ```
+/// const EXPIRED: &str = concat!(
+///     "SELECT count(*) FROM idempotency_requests WHERE expires_at <= ",
+///     idem_runtime::sqlite_now_ms!()
+/// );
+/// assert!(EXPIRED.contains("julianday('now')"));
+/// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 #[macro_export]
 macro_rules! sqlite_now_ms {
     () => {
