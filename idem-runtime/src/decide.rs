@@ -6,6 +6,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::fingerprint::Fingerprint;
 use crate::model::{Claim, StoreError, StoredResponse};
 
 /// The `state` column.
@@ -54,6 +55,33 @@ pub(crate) struct KeySnapshot {
     pub(crate) live: bool,
     /// The stored outcome of a finished row.
     pub(crate) stored: Option<StoredResponse>,
+}
+
+impl KeySnapshot {
+    /// A snapshot from a row's columns as any database returns them: `state`,
+    /// the stored `fingerprint` (compared with the request's), `generation`,
+    /// `live`, and the stored outcome, read only for a finished row.
+    pub(crate) fn read(
+        state: &str,
+        stored_fingerprint: &[u8],
+        request: &Fingerprint,
+        generation: i64,
+        live: bool,
+        outcome: impl FnOnce() -> Result<StoredResponse, StoreError>,
+    ) -> Result<Self, StoreError> {
+        let state: RowState = state.parse()?;
+        Ok(KeySnapshot {
+            fingerprint_matches: stored_fingerprint == request.as_bytes(),
+            state,
+            generation,
+            live,
+            stored: if state.is_finished() {
+                Some(outcome()?)
+            } else {
+                None
+            },
+        })
+    }
 }
 
 /// What a transactional request does before its handler runs.

@@ -38,7 +38,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 use super::BEGIN_READ_COMMITTED;
 use super::transactional::{claim_on, complete_on, stored_from_row};
 use crate::config::Idem;
-use crate::decide::{self, KeySnapshot, RowState};
+use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
@@ -130,20 +130,16 @@ async fn lookup(
         .fetch_optional(&mut *conn)
         .await?;
     let Some(row) = row else { return Ok(None) };
-    let state: &str = row.try_get("state")?;
-    let state: RowState = state.parse()?;
     let stored: Vec<u8> = row.try_get("fingerprint")?;
-    Ok(Some(KeySnapshot {
-        fingerprint_matches: stored == fingerprint.as_bytes(),
-        state,
-        generation: row.try_get("generation")?,
-        live: row.try_get("live")?,
-        stored: if state.is_finished() {
-            Some(stored_from_row(&row)?)
-        } else {
-            None
-        },
-    }))
+    KeySnapshot::read(
+        row.try_get("state")?,
+        &stored,
+        fingerprint,
+        row.try_get("generation")?,
+        row.try_get("live")?,
+        || stored_from_row(&row),
+    )
+    .map(Some)
 }
 
 /// Claims before the handler runs: `idem_claim` in the transaction, as

@@ -29,7 +29,7 @@ use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection};
 use super::now_ms;
 use super::transactional::stored_from_row;
 use crate::config::Idem;
-use crate::decide::{self, KeySnapshot, RowState};
+use crate::decide::{self, KeySnapshot};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 use crate::tx::Tx;
 
@@ -123,19 +123,15 @@ async fn lookup(
     let Some(state) = state else {
         return Ok((None, now));
     };
-    let state: RowState = state.parse()?;
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    let snapshot = KeySnapshot {
-        fingerprint_matches: fingerprint == req.fingerprint.as_bytes(),
-        state,
-        generation: row.try_get("generation")?,
-        live: row.try_get("live")?,
-        stored: if state.is_finished() {
-            Some(stored_from_row(&row)?)
-        } else {
-            None
-        },
-    };
+    let snapshot = KeySnapshot::read(
+        &state,
+        &fingerprint,
+        &req.fingerprint,
+        row.try_get("generation")?,
+        row.try_get("live")?,
+        || stored_from_row(&row),
+    )?;
     Ok((Some(snapshot), now))
 }
 
