@@ -16,11 +16,13 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-/// The name of the request header that carries the key.
-pub const HEADER_NAME: &str = "idempotency-key";
+/// The name of the request header that carries the key;
+/// [`idem_wire::IDEMPOTENCY_KEY`].
+pub const HEADER_NAME: &str = idem_wire::IDEMPOTENCY_KEY;
 
-/// The longest key accepted, in characters (all keys are ASCII).
-pub const MAX_KEY_LEN: usize = 255;
+/// The longest key accepted, in characters (all keys are ASCII);
+/// [`idem_wire::MAX_KEY_LEN`].
+pub const MAX_KEY_LEN: usize = idem_wire::MAX_KEY_LEN;
 
 /// A validated idempotency key.
 ///
@@ -119,15 +121,11 @@ impl IdempotencyKey {
         let key = if raw[0] == b'"' {
             parse_structured(raw)?
         } else {
-            if let Some(position) = raw.iter().position(|b| !(0x21..=0x7e).contains(b)) {
-                return Err(KeyError::NotPrintableAscii { position });
-            }
-            if let Some(position) = raw.iter().position(|&b| b == b',') {
-                return Err(KeyError::Comma { position });
-            }
-            // Checked above: every byte is ASCII.
-            String::from_utf8(raw.to_vec())
-                .map_err(|_| KeyError::NotPrintableAscii { position: 0 })?
+            // The bare spelling's grammar is idem's wire contract (idem-wire),
+            // which the client checks its keys against too.
+            idem_wire::check_bare_key(raw)
+                .map_err(bare_key_error)?
+                .to_owned()
         };
         if key.trim().is_empty() {
             return Err(KeyError::Empty);
@@ -286,6 +284,21 @@ fn trim_ows(mut raw: &[u8]) -> &[u8] {
         raw = rest;
     }
     raw
+}
+
+/// The wire grammar's refusal of a bare key, as this crate's [`KeyError`] says it.
+fn bare_key_error(e: idem_wire::BareKeyError) -> KeyError {
+    use idem_wire::BareKeyError;
+    match e {
+        BareKeyError::Empty => KeyError::Empty,
+        BareKeyError::TooLong { len } => KeyError::TooLong { len },
+        BareKeyError::Comma { position } => KeyError::Comma { position },
+        BareKeyError::NotVisibleAscii { position } => KeyError::NotPrintableAscii { position },
+        // A rule idem-wire may add later: the nearest variant this enum has.
+        other => KeyError::NotPrintableAscii {
+            position: other.position().unwrap_or(0),
+        },
+    }
 }
 
 fn parse_structured(raw: &[u8]) -> Result<String, KeyError> {

@@ -7,32 +7,36 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+// The type URIs and the media type are idem's wire contract, defined once in
+// `idem-wire` (which the client reads them from too); the documentation here says
+// what this crate answers with each.
+
 /// `400`: the request has no `Idempotency-Key` header.
-pub const MISSING_KEY: &str = "urn:idem:problem:missing-idempotency-key";
+pub const MISSING_KEY: &str = idem_wire::problem::MISSING_KEY;
 /// `400`: the `Idempotency-Key` header is unusable.
-pub const MALFORMED_KEY: &str = "urn:idem:problem:malformed-idempotency-key";
+pub const MALFORMED_KEY: &str = idem_wire::problem::MALFORMED_KEY;
 /// `422`: the key was used before for a different request.
-pub const FINGERPRINT_MISMATCH: &str = "urn:idem:problem:fingerprint-mismatch";
+pub const FINGERPRINT_MISMATCH: &str = idem_wire::problem::FINGERPRINT_MISMATCH;
 /// `409`: a request with the same key is still running.
-pub const IN_FLIGHT: &str = "urn:idem:problem:request-in-flight";
+pub const IN_FLIGHT: &str = idem_wire::problem::IN_FLIGHT;
 /// `500`: the response was larger than the configured limit and was not stored;
 /// the operation was rolled back.
-pub const RESPONSE_TOO_LARGE: &str = "urn:idem:problem:response-too-large";
+pub const RESPONSE_TOO_LARGE: &str = idem_wire::problem::RESPONSE_TOO_LARGE;
 /// `500`: the tenant id supplied by the application is unusable.
-pub const INVALID_TENANT: &str = "urn:idem:problem:invalid-tenant";
+pub const INVALID_TENANT: &str = idem_wire::problem::INVALID_TENANT;
 /// `500`: the request body could not be fingerprinted.
-pub const FINGERPRINT_FAILED: &str = "urn:idem:problem:fingerprint-failed";
+pub const FINGERPRINT_FAILED: &str = idem_wire::problem::FINGERPRINT_FAILED;
 /// `503`: the idempotency store failed; nothing was stored and a retry is safe.
-pub const STORE_UNAVAILABLE: &str = "urn:idem:problem:store-unavailable";
+pub const STORE_UNAVAILABLE: &str = idem_wire::problem::STORE_UNAVAILABLE;
 /// `500`: the handler panicked; its transaction was rolled back.
-pub const HANDLER_PANICKED: &str = "urn:idem:problem:handler-panicked";
+pub const HANDLER_PANICKED: &str = idem_wire::problem::HANDLER_PANICKED;
 
 /// `202`: an earlier execution's external effect is unknown and is being
 /// reconciled; nothing runs again meanwhile. Retry later with the same key.
-pub const OUTCOME_UNCERTAIN: &str = "urn:idem:problem:outcome-uncertain";
+pub const OUTCOME_UNCERTAIN: &str = idem_wire::problem::OUTCOME_UNCERTAIN;
 
 /// The media type of problem details.
-pub const CONTENT_TYPE: &str = "application/problem+json";
+pub const CONTENT_TYPE: &str = idem_wire::problem::CONTENT_TYPE;
 
 /// A problem details object (RFC 9457).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -97,11 +101,9 @@ impl Problem {
         .with_detail("this key was first used with a different request body or headers; use a new key for a new request")
     }
 
-    /// `409`, [`IN_FLIGHT`], with `Retry-After`.
+    /// `409`, [`IN_FLIGHT`], with `Retry-After`: the wait in whole seconds,
+    /// rounded up, at least 1 ([`idem_wire::retry_after_seconds`]).
     pub fn in_flight(retry_after: Duration) -> Self {
-        let secs = retry_after
-            .as_secs()
-            .saturating_add(u64::from(retry_after.subsec_nanos() > 0));
         let mut p = Problem::new(
             IN_FLIGHT,
             StatusCode::CONFLICT,
@@ -110,11 +112,12 @@ impl Problem {
         .with_detail(
             "the first request with this key has not finished; retry with the same key later",
         );
-        p.retry_after = Some(secs.max(1));
+        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
         p
     }
 
-    /// `202`, [`OUTCOME_UNCERTAIN`], with `Retry-After`.
+    /// `202`, [`OUTCOME_UNCERTAIN`], with `Retry-After`: the wait in whole
+    /// seconds, rounded up, at least 1 ([`idem_wire::retry_after_seconds`]).
     pub fn uncertain(retry_after: Duration) -> Self {
         let mut p = Problem::new(
             OUTCOME_UNCERTAIN,
@@ -122,7 +125,7 @@ impl Problem {
             "The outcome of this request is being confirmed",
         )
         .with_detail("an earlier attempt may have taken effect; it is being reconciled and will not run twice. Retry later with the same key");
-        p.retry_after = Some(retry_after.as_secs().max(1));
+        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
         p
     }
 
@@ -162,10 +165,16 @@ impl IntoResponse for Problem {
 mod tests {
     use super::*;
 
+    /// The rounding itself is idem-wire's (`retry_after_seconds`, tested there):
+    /// both waits go through it, and the header says what the document says.
     #[test]
-    fn in_flight_rounds_retry_after_up() {
+    fn in_flight_and_uncertain_round_retry_after_up() {
         assert_eq!(
             Problem::in_flight(Duration::from_millis(1500)).retry_after,
+            Some(2)
+        );
+        assert_eq!(
+            Problem::uncertain(Duration::from_millis(1500)).retry_after,
             Some(2)
         );
         assert_eq!(

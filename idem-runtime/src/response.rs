@@ -8,8 +8,9 @@ use bytes::Bytes;
 
 use crate::model::StoredResponse;
 
-/// The header that marks a replayed response.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// The header that marks a replayed response (`Idempotent-Replayed: true`);
+/// [`idem_wire::IDEMPOTENT_REPLAYED`].
+pub const REPLAYED_HEADER: &str = idem_wire::IDEMPOTENT_REPLAYED;
 
 /// Why a response cannot be stored.
 #[derive(Debug, thiserror::Error)]
