@@ -2,12 +2,12 @@
 
 use std::fmt;
 
-/// The name of the header the key travels in.
+/// The name of the header the key travels in; [`idem_wire::IDEMPOTENCY_KEY`].
 ///
 /// ```
 /// assert_eq!(idem_client::IDEMPOTENCY_KEY, "idempotency-key");
 /// ```
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEMPOTENCY_KEY: &str = idem_wire::IDEMPOTENCY_KEY;
 
 /// The `Idempotency-Key` of one logical request: sent with its first attempt and
 /// every retry of it.
@@ -55,7 +55,10 @@ pub enum InvalidKey {
     #[error("the Idempotency-Key is empty")]
     Empty,
     /// The key is longer than [`IdempotencyKey::MAX_LEN`].
-    #[error("the Idempotency-Key is {len} characters long; at most 255 are allowed")]
+    #[error(
+        "the Idempotency-Key is {len} characters long; at most {} are allowed",
+        idem_wire::MAX_KEY_LEN
+    )]
     TooLong {
         /// Its length in bytes.
         len: usize,
@@ -79,20 +82,38 @@ pub enum InvalidKey {
     Quoted,
 }
 
+impl InvalidKey {
+    /// The wire grammar's refusal of a bare key, as this crate says it.
+    fn from_wire(e: idem_wire::BareKeyError) -> Self {
+        use idem_wire::BareKeyError;
+        match e {
+            BareKeyError::Empty => InvalidKey::Empty,
+            BareKeyError::TooLong { len } => InvalidKey::TooLong { len },
+            BareKeyError::Comma { position } => InvalidKey::Comma { position },
+            BareKeyError::NotVisibleAscii { position } => InvalidKey::NotVisibleAscii { position },
+            // A rule idem-wire may add later: the nearest variant this enum has.
+            other => InvalidKey::NotVisibleAscii {
+                position: other.position().unwrap_or(0),
+            },
+        }
+    }
+}
+
 impl IdempotencyKey {
-    /// The longest key accepted, in characters.
+    /// The longest key accepted, in characters; [`idem_wire::MAX_KEY_LEN`].
     ///
     /// ```
     /// assert_eq!(idem_client::IdempotencyKey::MAX_LEN, 255);
     /// ```
-    pub const MAX_LEN: usize = 255;
+    pub const MAX_LEN: usize = idem_wire::MAX_KEY_LEN;
 
     /// A key chosen by the caller, e.g. derived from a business id.
     ///
     /// # Errors
     ///
     /// [`InvalidKey`] when it is empty, too long, holds anything but visible
-    /// ASCII or a comma, or starts with `"`.
+    /// ASCII or a comma (the bare key grammar, [`idem_wire::check_bare_key`]), or
+    /// starts with `"`.
     ///
     /// ```
     /// use idem_client::IdempotencyKey;
@@ -103,20 +124,11 @@ impl IdempotencyKey {
     /// ```
     pub fn new(key: impl Into<String>) -> Result<Self, InvalidKey> {
         let key = key.into();
-        if key.is_empty() {
-            return Err(InvalidKey::Empty);
-        }
-        if key.len() > Self::MAX_LEN {
-            return Err(InvalidKey::TooLong { len: key.len() });
-        }
-        if let Some(position) = key.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
-            return Err(InvalidKey::NotVisibleAscii { position });
-        }
+        idem_wire::check_bare_key(&key).map_err(InvalidKey::from_wire)?;
+        // The client's own rule: a server reads a leading quote as the
+        // structured-field string spelling, which this client never sends.
         if key.starts_with('"') {
             return Err(InvalidKey::Quoted);
-        }
-        if let Some(position) = key.find(',') {
-            return Err(InvalidKey::Comma { position });
         }
         Ok(IdempotencyKey(key))
     }

@@ -45,7 +45,9 @@
 //! ```
 //!
 //! The crate logs nothing, so never a key. It does not depend on idem's server
-//! crates: any server that speaks the same contract will do.
+//! crates: any server that speaks the same contract will do. That contract (the
+//! header names, the problem types, the key grammar, `Retry-After`) is
+//! `idem-wire`'s, the crate idem's server reads it from too.
 
 #![warn(missing_docs)]
 

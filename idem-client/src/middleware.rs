@@ -342,7 +342,7 @@ impl Middleware for IdempotencyMiddleware {
                 Ok(Ok(Read::Final(mut response))) => {
                     let replayed = response
                         .headers()
-                        .get("idempotent-replayed")
+                        .get(idem_wire::IDEMPOTENT_REPLAYED)
                         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
                     response.extensions_mut().insert(IdemOutcome {
                         key,
