@@ -9,7 +9,7 @@
 //! It is text-based and pragmatic:
 //!
 //! * The public names come from the crates' sources (idem-runtime, idem-macros,
-//!   idem-client): `pub fn`, `pub struct`, `pub enum` and its variants, `pub
+//!   idem-client, idem-wire): `pub fn`, `pub struct`, `pub enum` and its variants, `pub
 //!   trait` and its items, `pub type`, `pub const`, `pub static`, `pub mod`,
 //!   `pub` fields, `pub use` re-exports (not of the standard library's items,
 //!   which the hidden `__private` module re-exports for the attribute's
@@ -17,9 +17,10 @@
 //!   each segment of a path must be a public name of idem (of that crate, for a
 //!   path that starts with the crate's name), not necessarily at that place.
 //! * What a doc names: in inline code, a path that starts with `idem_runtime`,
-//!   `idem_client` or `idem_macros`, a path into one of idem's public modules
-//!   (`consumer::process_once`), and every CamelCase name, which must be idem's
-//!   or listed in [`OTHERS`] (axum's, sqlx's, the examples' own...). In code
+//!   `idem_client`, `idem_macros` or `idem_wire`, a path into one of idem's
+//!   public modules (`consumer::process_once`), and every CamelCase name, which
+//!   must be idem's or listed in [`OTHERS`] (axum's, sqlx's, the examples'
+//!   own...). In code
 //!   blocks, where the examples define types of their own, only the paths that
 //!   start with a crate name or with one of idem's types. After such a path, the
 //!   methods of its call chain (`Sweeper::new(pool).spawn()`) must be idem's
@@ -36,6 +37,7 @@ const CRATES: &[(&str, &str)] = &[
     ("idem_runtime", "idem-runtime/src"),
     ("idem_macros", "idem-macros/src"),
     ("idem_client", "idem-client/src"),
+    ("idem_wire", "idem-wire/src"),
 ];
 
 /// CamelCase names in the docs' inline code that are not idem's: the standard
