@@ -53,7 +53,7 @@ const OTHERS: &[&str] = &[
     "Body", "Bytes", "Form", "FromRef", "IntoResponse", "Json", "JsonRejection", "RawForm",
     "Request",
     // sqlx's
-    "MySql", "MySqlPool", "PgPool", "PgPoolOptions", "Postgres", "Sqlite", "SqlitePool",
+    "MySql", "MySqlPool", "PgPool", "PgPoolOptions", "Pool", "Postgres", "Sqlite", "SqlitePool",
     "SqliteConnectOptions",
     // tower-http's
     "TraceLayer",
