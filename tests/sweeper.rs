@@ -589,7 +589,7 @@ mod sqlite {
              INSERT INTO idempotency_requests \
                (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 response_body, created_at, expires_at) \
-             SELECT 'acme', $1, CAST($2 || '-' || i AS BLOB), zeroblob(32), $3, \
+             SELECT 'acme', $1, CAST(printf('%-32.32s', $2 || '-' || i) AS BLOB), zeroblob(32), $3, \
                     CASE $3 WHEN 'completed' THEN 201 WHEN 'failed' THEN 404 END, \
                     CASE WHEN $3 IN ('completed', 'failed') THEN CAST('0123456789' AS BLOB) END, ",
             idem_runtime::sqlite_now_ms!(),
@@ -616,18 +616,18 @@ mod sqlite {
                  (tenant_id, operation, key_digest, fingerprint, state, response_status,
                   response_headers, response_body, created_at, expires_at)
                VALUES
-                 ('acme', 'create-order', CAST('a1' AS BLOB), zeroblob(32), 'completed', 201,
+                 ('acme', 'create-order', CAST(printf('%-32s', 'a1') AS BLOB), zeroblob(32), 'completed', 201,
                   '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
                   unixepoch('2000-01-02 03:04:05') * 1000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('acme', 'create-order', CAST('a2' AS BLOB), zeroblob(32), 'completed', 201,
+                 ('acme', 'create-order', CAST(printf('%-32s', 'a2') AS BLOB), zeroblob(32), 'completed', 201,
                   '[["content-type","text/plain"]]', CAST('0123456789' AS BLOB),
                   "#, idem_runtime::sqlite_now_ms!(), r#" - 60000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('globex', 'create-order', CAST('a3' AS BLOB), zeroblob(32), 'failed', 404,
+                 ('globex', 'create-order', CAST(printf('%-32s', 'a3') AS BLOB), zeroblob(32), 'failed', 404,
                   NULL, CAST('abc' AS BLOB), "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000,
                   "#, idem_runtime::sqlite_now_ms!(), r#" - 86400000),
-                 ('acme', 'refund', CAST('b1' AS BLOB), zeroblob(32), 'processing', NULL,
+                 ('acme', 'refund', CAST(printf('%-32s', 'b1') AS BLOB), zeroblob(32), 'processing', NULL,
                   NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 7200000, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('acme', 'refund', CAST('b2' AS BLOB), zeroblob(32), 'uncertain', NULL,
+                 ('acme', 'refund', CAST(printf('%-32s', 'b2') AS BLOB), zeroblob(32), 'uncertain', NULL,
                   NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 3600000, "#, idem_runtime::sqlite_now_ms!(), r#" - 60000)"#
         ),
         header_bytes = r#"SELECT length(CAST('[["content-type","text/plain"]]' AS BLOB))"#,

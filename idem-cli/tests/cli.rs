@@ -598,7 +598,7 @@ mod sqlite {
              INSERT INTO idempotency_requests \
                (tenant_id, operation, key_digest, fingerprint, state, response_status, \
                 created_at, expires_at) \
-             SELECT 'acme', 'pay', CAST('old-' || i AS BLOB), zeroblob(32), 'completed', 201, ",
+             SELECT 'acme', 'pay', CAST(printf('%-32s', 'old-' || i) AS BLOB), zeroblob(32), 'completed', 201, ",
             idem_runtime::sqlite_now_ms!(),
             " - 2 * 86400000, ",
             idem_runtime::sqlite_now_ms!(),
