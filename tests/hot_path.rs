@@ -100,6 +100,24 @@ async fn create_widget(
                 .await
                 .unwrap();
         }
+        // Answers with the id of the row this execution inserted: a replay of
+        // another execution's answer shows another id.
+        Some("numbered") => {
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id",
+            )
+            .bind(&caller.0)
+            .bind(&w.name)
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap();
+            // Every run waits until STORM runs have inserted: they all run, and
+            // then race to claim the key at commit.
+            static ALL_INSERTED: LazyLock<tokio::sync::Barrier> =
+                LazyLock::new(|| tokio::sync::Barrier::new(STORM));
+            ALL_INSERTED.wait().await;
+            return Ok((StatusCode::CREATED, Json(json!({"id": id}))));
+        }
         // Inserts; the first run then waits at the gate named by the widget
         // (see `Gate`), later runs pass.
         Some("gated") => {
@@ -467,6 +485,66 @@ async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winner
     assert_eq!(
         db.count("SELECT count(*) FROM idempotency_requests").await,
         1
+    );
+}
+
+/// How many processes `concurrent_duplicates_on_many_processes...` runs.
+const STORM: usize = 16;
+
+/// Sixteen processes (sixteen `Idem`s, no shared waiting room) send one new key
+/// at once. Every handler runs (each waits until all sixteen have inserted their
+/// row, so all looked the key up before anyone committed), their claims meet on
+/// the key at commit, and exactly one commits: every answer is that one's (the
+/// same row id), one widget exists, the fifteen others rolled back and replay.
+#[tokio::test]
+async fn concurrent_duplicates_on_many_processes_make_one_effect_and_one_answer() {
+    const N: usize = STORM;
+    let db = TestDb::with_pool_size(N as u32 + 2).await;
+    db.exec(WIDGETS).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(N));
+    let mut tasks = Vec::new();
+    for _ in 0..N {
+        let r = router(Idem::new(db.pool.clone()));
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            send(
+                &r,
+                request(
+                    "/widgets",
+                    "k-storm",
+                    json!({"name": "storm", "mode": "numbered"}),
+                ),
+            )
+            .await
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert!(
+        answers.iter().all(|(s, _, _)| *s == StatusCode::CREATED),
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().all(|(_, _, body)| *body == answers[0].2),
+        "one answer for all: {answers:?}"
+    );
+    assert_eq!(
+        answers.iter().filter(|(_, replayed, _)| !replayed).count(),
+        1
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    // Every handler inserted (the sequence counts rolled-back inserts too).
+    assert_eq!(
+        db.count("SELECT last_value FROM widgets_id_seq").await,
+        N as i64
+    );
+    let id: serde_json::Value = serde_json::from_slice(&answers[0].2).unwrap();
+    assert_eq!(
+        db.count("SELECT id FROM widgets").await,
+        id["id"].as_i64().unwrap()
     );
 }
 
