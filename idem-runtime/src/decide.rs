@@ -1,7 +1,9 @@
 //! The decisions of the transactional claim, as pure functions over a snapshot
 //! of the key's row: what the database read, not how it read it. The
-//! PostgreSQL handler path reads the row with one prepared statement and decides
-//! here; unit-tested below without a database.
+//! PostgreSQL and SQLite handler paths read the row with one statement and decide
+//! here; unit-tested below without a database, and the oracle that
+//! `tests/decide_oracle.rs` holds every database's hand-written claim to (through
+//! `__private::decide`; not a public API).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -11,7 +13,7 @@ use crate::model::{Claim, StoreError, StoredResponse};
 
 /// The `state` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RowState {
+pub enum RowState {
     /// Leased mode's execution in progress (a transactional one is never seen:
     /// it is an uncommitted row, or on the handler's path no row at all).
     Processing,
@@ -25,7 +27,7 @@ pub(crate) enum RowState {
 
 impl RowState {
     /// Whether the row holds a stored outcome that can be replayed.
-    pub(crate) fn is_finished(self) -> bool {
+    pub fn is_finished(self) -> bool {
         matches!(self, RowState::Completed | RowState::Failed)
     }
 }
@@ -46,15 +48,17 @@ impl FromStr for RowState {
 
 /// A key's row as one statement read it.
 #[derive(Debug, Clone)]
-pub(crate) struct KeySnapshot {
+pub struct KeySnapshot {
     /// Whether the row's fingerprint is the request's.
-    pub(crate) fingerprint_matches: bool,
-    pub(crate) state: RowState,
-    pub(crate) generation: i64,
+    pub fingerprint_matches: bool,
+    /// The `state` column.
+    pub state: RowState,
+    /// The `generation` column.
+    pub generation: i64,
     /// Whether `expires_at` is still ahead, on the database's clock.
-    pub(crate) live: bool,
+    pub live: bool,
     /// The stored outcome of a finished row.
-    pub(crate) stored: Option<StoredResponse>,
+    pub stored: Option<StoredResponse>,
 }
 
 impl KeySnapshot {
@@ -86,10 +90,13 @@ impl KeySnapshot {
 
 /// What a transactional request does before its handler runs.
 #[derive(Debug)]
-pub(crate) enum Transactional {
+pub enum Transactional {
     /// Run the handler; its completion claims the key at `generation` (one more
     /// than an expired row's).
-    Execute { generation: i64 },
+    Execute {
+        /// The generation the claim will hold.
+        generation: i64,
+    },
     /// Answer without running anything.
     Answer(Claim),
 }
@@ -98,7 +105,7 @@ pub(crate) enum Transactional {
 /// (or `422` for another request), an expired one is executed anew, a leased
 /// execution in progress or uncertain is in flight (or `422`), and a key with no
 /// row is executed.
-pub(crate) fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Transactional {
+pub fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Transactional {
     let Some(row) = row else {
         return Transactional::Execute { generation: 1 };
     };
@@ -114,7 +121,7 @@ pub(crate) fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) 
 /// finished outcome (replayed, or `422`), else in flight. Never "execute": this
 /// request's handler has run already, and its transaction rolled back.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(crate) fn after_execution(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Claim {
+pub fn after_execution(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Claim {
     match row {
         Some(row) if !row.state.is_finished() || row.live => held(row, in_flight_wait),
         // Gone (purged) or expired since it was found holding the key: the

@@ -7,6 +7,12 @@ use std::pin::Pin;
 use axum::response::IntoResponse;
 
 pub use crate::__idem_item;
+/// The transactional claim's decision (`crate::decide`), for the oracle test
+/// that holds every database's claim to it.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod decide {
+    pub use crate::decide::{KeySnapshot, RowState, Transactional, after_execution, transactional};
+}
 pub use crate::fingerprint::FingerprintBody;
 pub use crate::handler::{
     BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, Leased, Mode,
