@@ -118,6 +118,34 @@ async fn create_widget(
             ALL_INSERTED.wait().await;
             return Ok((StatusCode::CREATED, Json(json!({"id": id}))));
         }
+        // A natural key of the application's: a second execution that runs
+        // into the first's row answers 409 itself (its transaction is aborted
+        // by then); the first run then waits at the widget's gate.
+        Some("natural") => {
+            let inserted = sqlx::query("INSERT INTO naturals (nk) VALUES ($1)")
+                .bind(&w.name)
+                .execute(&mut **tx)
+                .await;
+            if let Err(sqlx::Error::Database(e)) = &inserted
+                && e.code().as_deref() == Some("23505")
+            {
+                return Ok((StatusCode::CONFLICT, Json(json!({"duplicate": true}))));
+            }
+            inserted.unwrap();
+            let gate = Gate::named(&w.name);
+            if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
+                gate.reached.notify_one();
+                gate.release.notified().await;
+            }
+        }
+        // A code under a deferred unique constraint: checked at COMMIT.
+        Some("deferred") => {
+            sqlx::query("INSERT INTO codes (code) VALUES ($1)")
+                .bind(&w.name)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
         // Inserts; the first run then waits at the gate named by the widget
         // (see `Gate`), later runs pass.
         Some("gated") => {
@@ -486,6 +514,127 @@ async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winner
         db.count("SELECT count(*) FROM idempotency_requests").await,
         1
     );
+}
+
+/// A duplicate on another process whose handler ran into the first's own row
+/// (the application's unique key) and answered a 4xx itself: its transaction is
+/// aborted, so its outcome cannot be stored, and the key holds the first's
+/// outcome by then: it answers that (replayed), not a 503.
+#[tokio::test]
+async fn a_duplicate_whose_handler_hit_the_winners_row_replays_the_winner() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
+    let here = router(Idem::new(db.pool.clone()));
+    let there = router(Idem::new(db.pool.clone()));
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    let body = json!({"name": "nat-1", "mode": "natural"});
+    let gate = Gate::named("nat-1");
+    let first = {
+        let (here, body) = (here.clone(), body.clone());
+        tokio::spawn(async move { send(&here, request("/widgets", "k-nat", body)).await })
+    };
+    gate.reached.notified().await;
+    let second = {
+        let (there, body) = (there.clone(), body.clone());
+        tokio::spawn(async move { send(&there, request("/widgets", "k-nat", body)).await })
+    };
+    // Until the second's insert waits for the first's uncommitted row.
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND strpos(query, 'INSERT INTO naturals') > 0",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the second waits on the first's row");
+    gate.release.notify_one();
+    let (status, replayed, won) = first.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, answered) = second.await.unwrap();
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "{:?}",
+        String::from_utf8_lossy(&answered)
+    );
+    assert_eq!(answered, won);
+    assert_eq!(db.count("SELECT count(*) FROM naturals").await, 1);
+}
+
+/// The claim's `lock_timeout` (the in-flight wait) bounds idem's insert only:
+/// the `COMMIT` after it, which checks the handler's deferred constraints, waits
+/// for a conflicting transaction as long as it would without idem, and commits
+/// when that one rolls back.
+#[tokio::test]
+async fn the_commit_waits_for_deferred_checks_without_the_in_flight_bound() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("CREATE TABLE codes (code text UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+        .await;
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    let mut holder = observer.begin().await.unwrap();
+    sqlx::query("INSERT INTO codes (code) VALUES ('c-1')")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let r = router(
+        Idem::new(db.pool.clone()).with_in_flight_wait(std::time::Duration::from_millis(50)),
+    );
+    let request_task = {
+        let r = r.clone();
+        tokio::spawn(async move {
+            send(
+                &r,
+                request(
+                    "/widgets",
+                    "k-deferred",
+                    json!({"name": "c-1", "mode": "deferred"}),
+                ),
+            )
+            .await
+        })
+    };
+    // Until the request's COMMIT waits for the holder's row (or it ended).
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND query = 'COMMIT'",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if waiting == 1 || request_task.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the COMMIT reached the holder's row");
+    // Six times the in-flight wait: a COMMIT bounded by it would have given up.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !request_task.is_finished(),
+        "the COMMIT gave up at the in-flight wait: {:?}",
+        request_task.await
+    );
+    holder.rollback().await.unwrap();
+    let (status, replayed, _) = request_task.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(db.count("SELECT count(*) FROM codes").await, 1);
 }
 
 /// How many processes `concurrent_duplicates_on_many_processes...` runs.

@@ -124,15 +124,20 @@ impl Flights {
                 waiting: AtomicUsize::new(0),
             })
         });
-        // Counted under the lock, so two duplicates cannot both take the last
-        // place.
+        // The key's count under its shard's lock; the total, shared by every
+        // shard, taken atomically: neither bound can be passed by two
+        // duplicates taking the last place at once.
         if flight.waiting.load(Ordering::Relaxed) >= self.per_key
-            || self.waiting.load(Ordering::Relaxed) >= self.total
+            || self
+                .waiting
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                    (w < self.total).then_some(w + 1)
+                })
+                .is_err()
         {
             return Joined::Full;
         }
         flight.waiting.fetch_add(1, Ordering::Relaxed);
-        self.waiting.fetch_add(1, Ordering::Relaxed);
         // Subscribed under the lock: the leader flips `done` only after taking
         // the flight out under the same lock, so no wake-up is missed.
         let done = flight.done.subscribe();

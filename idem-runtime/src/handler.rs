@@ -645,9 +645,13 @@ impl<DB: Backend> Mode<DB> for Transactional {
                     return Ok(Decision::Answer(answer));
                 }
                 // The first request committed (the claim below replays) or rolled
-                // back (one duplicate executes, the others wait in the database
-                // for what is left of the bound). No flight of its own: joining
-                // one while holding the key in the database could wait on itself.
+                // back (the duplicates then claim in the database: where the key
+                // is claimed before the handler, one executes and the others wait
+                // for what is left of the bound; where it is claimed at commit,
+                // each runs its handler and one commits, the others replay it or,
+                // past what is left of the bound, answer in flight). No flight of
+                // its own: joining one while holding the key in the database could
+                // wait on itself.
                 req.in_flight_wait = req.in_flight_wait.saturating_sub(started.elapsed());
                 None
             }

@@ -78,10 +78,17 @@ impl<DB: Backend> Tx<DB> {
     /// any transaction, with the error.
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) async fn begin_on(
-        mut conn: PoolConnection<DB>,
+        conn: PoolConnection<DB>,
         statement: SqlStr,
     ) -> Result<Self, (PoolConnection<DB>, sqlx::Error)> {
-        match <DB as Database>::TransactionManager::begin(&mut conn, Some(statement)).await {
+        // Dropped half-way (the request's deadline), the `BEGIN` may have been
+        // sent without the driver counting the transaction: the connection is
+        // then closed, never given back to the pool inside a transaction.
+        let mut guard = ClosedIfDropped(Some(conn));
+        let conn = guard.0.as_mut().expect("held until the end");
+        let begun = <DB as Database>::TransactionManager::begin(conn, Some(statement)).await;
+        let conn = guard.0.take().expect("held until the end");
+        match begun {
             Ok(()) => Ok(Tx {
                 conn,
                 open: true,
@@ -145,6 +152,17 @@ impl<DB: Backend> Tx<DB> {
     pub(crate) fn discard(mut self) {
         self.conn.close_on_drop();
         self.open = false;
+    }
+}
+
+/// A connection that is closed if dropped while still held.
+struct ClosedIfDropped<DB: Database>(Option<PoolConnection<DB>>);
+
+impl<DB: Database> Drop for ClosedIfDropped<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
     }
 }
 

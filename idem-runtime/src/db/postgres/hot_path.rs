@@ -51,13 +51,19 @@ const LOOKUP_SQL: &str = "SELECT fingerprint, state, generation, expires_at > no
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
 /// The finished row, inserted once, claiming the key. `lock_timeout` is set by
-/// the row source, before the insert can wait on a concurrent holder of the key:
-/// the handler's own statements ran without it.
+/// the row source, before the insert can wait on a concurrent holder of the key
+/// (the handler's own statements ran without it), and given back by `RETURNING`
+/// once the row is written, so the `COMMIT` that follows (the handler's deferred
+/// constraints and triggers) waits as the transaction did before. The value to
+/// give back is kept in `idem.lock_timeout`, transaction-local like the bound.
+/// The source's columns are evaluated left to right: saved, then bounded.
 const INSERT_SQL: &str = "INSERT INTO idempotency_requests AS r \
             (tenant_id, operation, key_digest, fingerprint, state, generation, response_status, \
              response_headers, response_body, created_at, completed_at, expires_at) \
      SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, c.t + $9 * interval '1 millisecond' \
-       FROM (SELECT clock_timestamp() AS t, set_config('lock_timeout', $10, true)) c \
+       FROM (SELECT clock_timestamp() AS t, \
+                    set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, \
+                    set_config('lock_timeout', $10, true) AS bounded) c \
      ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
         SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, \
             generation = r.generation + 1, response_status = EXCLUDED.response_status, \
@@ -66,7 +72,7 @@ const INSERT_SQL: &str = "INSERT INTO idempotency_requests AS r \
             created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, \
             expires_at = EXCLUDED.expires_at \
       WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') \
-     RETURNING r.generation";
+     RETURNING r.generation, set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
 
 /// PostgreSQL's `lock_not_available`: the insert waited past `lock_timeout`.
 const LOCK_TIMEOUT: &str = "55P03";
@@ -210,8 +216,18 @@ pub(crate) async fn finish(
             })
         }
         // The transaction is aborted and COMMIT was never sent: nothing
-        // committed. Dropping `tx` rolls back.
-        Err(e @ sqlx::Error::Database(_)) => Finish::NotStored(e.into()),
+        // committed. The handler may have run into the winner of a race for
+        // the key (its own unique row, say, then answered a 4xx): if another
+        // execution finished the key meanwhile, its outcome is the answer.
+        Err(e @ sqlx::Error::Database(_)) => {
+            if let Err(rollback) = tx.rollback().await {
+                return Finish::NotStored(rollback.into());
+            }
+            match answer_instead(idem, &execution).await {
+                Ok(claim @ (Claim::Replay(_) | Claim::Mismatch)) => Finish::Taken(claim),
+                _ => Finish::NotStored(e.into()),
+            }
+        }
         Err(e) => {
             // Where the connection stopped is not known: close it.
             tx.discard();
