@@ -11,6 +11,8 @@
 #[path = "common/caller.rs"]
 mod caller;
 mod common;
+#[path = "common/state.rs"]
+mod state;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -20,7 +22,6 @@ use std::sync::{LazyLock, Mutex};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::FromRef;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, response::IntoResponse};
@@ -39,17 +40,7 @@ use tower::ServiceExt;
 
 use caller::Caller;
 use common::TestDb;
-
-#[derive(Clone)]
-struct AppState {
-    idem: Idem,
-}
-
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
-        s.idem.clone()
-    }
-}
+use state::AppState;
 
 #[derive(Deserialize, serde::Serialize)]
 struct NewWidget {

@@ -6,12 +6,13 @@
 #[path = "common/caller.rs"]
 mod caller;
 mod common;
+#[path = "common/state.rs"]
+mod state;
 
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::FromRef;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use idem_runtime::{Idem, Tx, idempotent};
@@ -24,17 +25,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 use caller::Caller;
 use common::TestDb;
-
-#[derive(Clone)]
-struct AppState {
-    idem: Idem,
-}
-
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
-        s.idem.clone()
-    }
-}
+use state::AppState;
 
 #[idempotent(operation = "traced", retention = "1h")]
 async fn traced(#[tenant] _caller: Caller, tx: &mut Tx) -> StatusCode {

@@ -3,9 +3,9 @@
 //! This is the one module that drives sqlx's `TransactionManager` (begin on a
 //! connection idem already holds, commit, roll back, queue a rollback on drop).
 //! sqlx documents that trait as meant for drivers and exempt from semver, so
-//! `sqlx-core` is required at exactly the version idem is tested with (which
-//! holds `sqlx` there too, as sqlx requires its `sqlx-core` exactly): see
-//! docs/decisions.md. Everything else in idem uses sqlx's public API.
+//! keeping it here keeps a change of it to one file; CI builds `sqlx-core` at its
+//! lowest allowed version and at the locked one (docs/decisions.md). Everything
+//! else in idem uses sqlx's public API.
 
 use std::ops::{Deref, DerefMut};
 

@@ -63,7 +63,7 @@ const INSERT_SQL: &str = "INSERT INTO idempotency_requests AS r \
      SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, c.t + $9 * interval '1 millisecond' \
        FROM (SELECT clock_timestamp() AS t, \
                     set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, \
-                    set_config('lock_timeout', $10, true) AS bounded) c \
+                    set_config('lock_timeout', $10::text, true) AS bounded) c \
      ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
         SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, \
             generation = r.generation + 1, response_status = EXCLUDED.response_status, \
@@ -176,7 +176,8 @@ pub(crate) async fn finish(
     let Ok(status) = i16::try_from(response.status) else {
         return Finish::NotStored(StoreError::Corrupt(format!("status {}", response.status)));
     };
-    let wait = format!("{}ms", super::lock_wait_ms(execution.in_flight_wait).max(1));
+    // Milliseconds, lock_timeout's unit: bound as a number, no string built.
+    let wait = super::lock_wait_ms(execution.in_flight_wait).max(1);
     let started = Instant::now();
     let inserted = sqlx::query(INSERT_SQL)
         .bind(&execution.tenant)
