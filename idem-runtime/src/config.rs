@@ -171,10 +171,9 @@ impl<DB: LeaseBackend> Idem<DB> {
             executions: Default::default(),
         }
     }
-
-    /// PostgreSQL: whether a handler's key is claimed by the row its completion
-    /// inserts (on by default), rather than by a row written before the handler
-    /// runs and updated at completion.
+    /// PostgreSQL and MySQL / MariaDB: whether a handler's key is claimed by the
+    /// row its completion inserts (on by default), rather than by a row written
+    /// before the handler runs and updated at completion.
     ///
     /// On, a first execution writes idem's row once and adds two prepared
     /// statements to the handler's transaction: a lookup before it (which also
@@ -188,8 +187,10 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// hand-written [`crate::claim`] calls do) and such a duplicate waits, up to
     /// the in-flight wait, before it runs anything: for handlers whose work must
     /// not even start twice (say, a long computation), at the price of a second
-    /// write of the row. No effect on SQLite or MySQL, whose claims always come
-    /// first, and none on hand-written [`crate::claim`] calls.
+    /// write of the row. PostgreSQL and MySQL / MariaDB claim at commit; no effect
+    /// on SQLite, whose handler path holds the database's write lock from the
+    /// lookup on (no duplicate runs beside the first there), and none on
+    /// hand-written [`crate::claim`] calls.
     pub fn with_claims_at_commit(mut self, on: bool) -> Self {
         self.claims_at_commit = on;
         self

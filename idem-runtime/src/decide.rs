@@ -1,6 +1,6 @@
 //! The decisions of the transactional claim, as pure functions over a snapshot
 //! of the key's row: what the database read, not how it read it. The
-//! PostgreSQL and SQLite handler paths read the row with one statement and decide
+//! handler paths of every database read the row with one statement and decide
 //! here; unit-tested below without a database, and the oracle that
 //! `tests/decide_oracle.rs` holds every database's hand-written claim to (through
 //! `__private::decide`; not a public API).
@@ -120,7 +120,7 @@ pub fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Tran
 /// The decision after an execution found its key taken at commit: the holder's
 /// finished outcome (replayed, or `422`), else in flight. Never "execute": this
 /// request's handler has run already, and its transaction rolled back.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub fn after_execution(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Claim {
     match row {
         Some(row) if !row.state.is_finished() || row.live => held(row, in_flight_wait),

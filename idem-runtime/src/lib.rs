@@ -110,7 +110,6 @@ pub mod admin;
 mod config;
 pub mod consumer;
 mod db;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod decide;
 mod executions;
 pub mod fingerprint;

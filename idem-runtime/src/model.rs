@@ -61,14 +61,17 @@ pub struct Execution {
     pub(crate) generation: i64,
     pub(crate) retention: Duration,
     /// The request's fingerprint, which a claim made at commit stores.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fingerprint: Fingerprint,
     /// How long a claim made at commit waits for another holder of the key.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) in_flight_wait: Duration,
-    /// Whether the key is claimed by the completion itself (PostgreSQL's handler
-    /// path) rather than by a row written before the handler ran.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// Whether the key is claimed by the completion itself (the PostgreSQL and
+    /// MySQL handler paths) rather than by a row written before the handler ran.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) at_commit: bool,
     /// When the execution began, in Unix milliseconds on the database's clock
     /// (SQLite's handler path, which writes `created_at` only at commit).
@@ -94,7 +97,10 @@ impl Execution {
 
     /// The execution of `req` at `generation`, whose key is claimed by its
     /// completion.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn at_commit(req: &ClaimRequest<'_>, generation: i64) -> Self {
         Execution {
             at_commit: true,

@@ -9,10 +9,12 @@ use axum::response::IntoResponse;
 pub use crate::__idem_item;
 /// The transactional claim's decision (`crate::decide`), for the oracle test
 /// that holds every database's claim to it.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod decide {
     pub use crate::decide::{KeySnapshot, RowState, Transactional, after_execution, transactional};
 }
+/// MySQL's handler path: which form of its claiming insert to send (tests).
+#[cfg(feature = "mysql")]
+pub use crate::db::mysql::hot_path::assume_set_statement;
 pub use crate::fingerprint::FingerprintBody;
 pub use crate::handler::{
     BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, Leased, Mode,

@@ -76,7 +76,10 @@ impl<DB: Backend> Tx<DB> {
     /// Begins a transaction with `statement` on a connection idem already holds
     /// (after a lookup on it, say). On failure the connection comes back, outside
     /// any transaction, with the error.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) async fn begin_on(
         conn: PoolConnection<DB>,
         statement: SqlStr,
@@ -100,7 +103,7 @@ impl<DB: Backend> Tx<DB> {
 
     /// Wraps a connection that is not in a transaction (a claim that was answered
     /// without one): dropping it only returns the connection to the pool.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn idle(conn: PoolConnection<DB>) -> Self {
         Tx {
             conn,
@@ -148,7 +151,7 @@ impl<DB: Backend> Tx<DB> {
 
     /// The connection's state is not known (an error mid-way through idem's own
     /// statements): it is closed rather than returned to the pool.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn discard(mut self) {
         self.conn.close_on_drop();
         self.open = false;

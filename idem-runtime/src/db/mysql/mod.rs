@@ -29,6 +29,7 @@ use crate::transition::{FencedWrite, Resource};
 use crate::tx::Tx;
 
 mod admin;
+pub(crate) mod hot_path;
 mod leased;
 pub(crate) mod transactional;
 mod upkeep;
@@ -204,42 +205,27 @@ impl Backend for MySql {
         pool.begin_with(BEGIN_READ_COMMITTED)
     }
 
-    /// Begin READ COMMITTED, then claim; a deadlock rolled the transaction back,
-    /// so the claim is retried in a new one, a bounded number of times.
     async fn begin_claim(
         idem: &Idem<Self>,
         req: &ClaimRequest<'_>,
     ) -> Result<(Tx<Self>, Claim), StoreError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut tx = Tx::begin(
-                idem.pool(),
-                Some(sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED)),
-            )
-            .await?;
-            match transactional::claim_on(tx.connection(), req).await {
-                Ok(claim) => return Ok((tx, claim)),
-                Err(StoreError::Database(e)) if is_deadlock(&e) => {
-                    if attempt >= transactional::DEADLOCK_RETRIES {
-                        return Ok((tx, transactional::in_flight(req)));
-                    }
-                    drop(tx);
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(1..20))).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        hot_path::begin_claim(idem, req).await
     }
 
     async fn finish(
-        _: &Idem<Self>,
-        mut tx: Tx<Self>,
+        idem: &Idem<Self>,
+        tx: Tx<Self>,
         execution: Execution,
         response: &StoredResponse,
     ) -> Finish {
-        let stored = transactional::complete_on(execution, tx.connection(), response).await;
-        tx.commit_after(stored).await
+        hot_path::finish(idem, tx, execution, response).await
+    }
+
+    async fn taken_since(
+        idem: &Idem<Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        hot_path::taken_since(idem, execution).await
     }
 
     async fn claim_leased(

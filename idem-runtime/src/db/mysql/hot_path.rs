@@ -1,0 +1,436 @@
+//! The handler's path on MySQL and MariaDB: one row per execution, written once,
+//! by the statement that also claims the key (the shape PostgreSQL's handler
+//! path has, measured on MariaDB in BENCHMARKS.md, "MySQL's shapes").
+//!
+//! ```text
+//! SELECT .. FROM idempotency_requests WHERE <key>     prepared, outside any transaction
+//! SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION
+//! ... the handler's statements ...
+//! [SET STATEMENT innodb_lock_wait_timeout = N FOR] INSERT .. ON DUPLICATE KEY UPDATE ..
+//! COMMIT
+//! ```
+//!
+//! * **The lookup** answers every retry of a finished key (replay, or `422`) with
+//!   one prepared statement and no transaction, decided by [`crate::decide`] as on
+//!   the other databases: a retry never runs the handler.
+//! * **The claim is the completion**: the finished row, inserted beside the effect
+//!   before `COMMIT`. A concurrent duplicate's insert waits for the holder's
+//!   transaction (InnoDB's lock on the uncommitted row), then finds the key taken,
+//!   rolls its whole transaction back, effect included, and answers what the
+//!   holder stored. Only a finished row past its retention is taken over; a
+//!   leased execution's row, or a live outcome, is left as it is.
+//! * **The wait is bounded for that statement alone**: MariaDB's `SET STATEMENT
+//!   innodb_lock_wait_timeout = N FOR` (the in-flight wait, rounded up to whole
+//!   seconds), so the handler's own statements wait as they would without idem.
+//!   MySQL 8 has no `SET STATEMENT` (its `SET_VAR` hint does not take InnoDB's
+//!   variable): there the session's wait is set before the insert and given back
+//!   after it, two more round trips. Which server this is, is learned from the
+//!   first insert (MySQL answers the `SET STATEMENT` form with a syntax error,
+//!   and the insert is sent again in the other form), never assumed.
+//!
+//! MySQL has no `RETURNING`, and sqlx connects with `CLIENT_FOUND_ROWS`, so a row
+//! left alone counts as one affected row, like an insert: the insert reports the
+//! generation it took through `LAST_INSERT_ID(expr)` instead, 1 for a new row,
+//! `g + 1` for an expired one replaced, 0 for a row left alone.
+//!
+//! With [`Idem::with_claims_at_commit`] off the key is claimed before the handler
+//! (the locking read of [`super::transactional`], as hand-written claims do).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::mysql::MySqlQueryResult;
+use sqlx::{MySql, MySqlConnection, Row};
+
+use super::transactional::{self, DEADLOCK_RETRIES, encode, stored_from_row};
+use super::{
+    BEGIN_READ_COMMITTED, bound_lock_wait, error_number, is_deadlock, is_lock_timeout,
+    lock_wait_seconds, now_ms, restore_lock_wait,
+};
+use crate::config::Idem;
+use crate::decide::{self, KeySnapshot};
+use crate::fingerprint::Fingerprint;
+use crate::key::KeyDigest;
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
+use crate::tx::Tx;
+
+/// Everything the decision needs about a key, in one prepared statement.
+const LOOKUP_SQL: &str = concat!(
+    "SELECT fingerprint, state, generation, expires_at > ",
+    now_ms!(),
+    " AS live, response_status, response_headers, response_body \
+       FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
+);
+
+/// Whether the row the insert ran into is to be taken over: a finished outcome
+/// past its retention.
+macro_rules! take {
+    () => {
+        concat!(
+            "(state IN ('completed', 'failed') AND expires_at <= ",
+            now_ms!(),
+            ")"
+        )
+    };
+}
+
+/// The finished row, claiming the key (see the module docs). Every assignment
+/// is `IF(take, new, old)`; MySQL evaluates them left to right and a later one
+/// reads what an earlier one wrote, so the two columns `take!` reads come last:
+/// `state` (whose new value is a finished state, so `take!` still holds for the
+/// last assignment exactly when it held at first), then `expires_at`.
+/// `VALUES()` in `ON DUPLICATE KEY UPDATE` is what MariaDB and MySQL both take
+/// (MySQL 8.0.20 deprecates it with a warning, for a row alias MariaDB lacks).
+macro_rules! upsert {
+    () => {
+        concat!(
+            "INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, generation, \
+                 response_status, response_headers, response_body, created_at, completed_at, \
+                 expires_at) \
+             VALUES (?, ?, ?, ?, ?, LAST_INSERT_ID(1), ?, ?, ?, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            " + ?) \
+             ON DUPLICATE KEY UPDATE \
+                fingerprint = IF(",
+            take!(),
+            ", VALUES(fingerprint), fingerprint), \
+                generation = IF(",
+            take!(),
+            ", LAST_INSERT_ID(generation + 1), generation + LAST_INSERT_ID(0)), \
+                response_status = IF(",
+            take!(),
+            ", VALUES(response_status), response_status), \
+                response_headers = IF(",
+            take!(),
+            ", VALUES(response_headers), response_headers), \
+                response_body = IF(",
+            take!(),
+            ", VALUES(response_body), response_body), \
+                owner_token = IF(",
+            take!(),
+            ", NULL, owner_token), \
+                lease_expires_at = IF(",
+            take!(),
+            ", NULL, lease_expires_at), \
+                downstream_key = IF(",
+            take!(),
+            ", NULL, downstream_key), \
+                created_at = IF(",
+            take!(),
+            ", VALUES(created_at), created_at), \
+                completed_at = IF(",
+            take!(),
+            ", VALUES(completed_at), completed_at), \
+                state = IF(",
+            take!(),
+            ", VALUES(state), state), \
+                expires_at = IF(",
+            take!(),
+            ", VALUES(expires_at), expires_at)"
+        )
+    };
+}
+
+/// The insert on a server without `SET STATEMENT`, the session's wait set around
+/// it.
+const UPSERT_SQL: &str = upsert!();
+
+/// MariaDB's `SET STATEMENT ... FOR` with ER_PARSE_ERROR: MySQL's answer to it.
+const PARSE_ERROR: u16 = 1064;
+
+/// What the insert learned of the server: whether it takes `SET STATEMENT`.
+/// Only a hint (which form to send first): a wrong guess costs one round trip,
+/// never a wrong answer.
+static SET_STATEMENT: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const TAKEN: u8 = 1;
+const REFUSED: u8 = 2;
+
+/// The bounded insert's text for a wait of `secs` seconds: built once per value
+/// (a handful per service), then the same `&'static str` that sqlx's statement
+/// cache knows.
+fn bounded_upsert(secs: u64) -> &'static str {
+    const CACHED: usize = 300;
+    static TEXTS: [OnceLock<String>; CACHED] = [const { OnceLock::new() }; CACHED];
+    let text = || format!("SET STATEMENT innodb_lock_wait_timeout = {secs} FOR {UPSERT_SQL}");
+    match usize::try_from(secs) {
+        Ok(i) if (1..=CACHED).contains(&i) => TEXTS[i - 1].get_or_init(text),
+        // A wait of minutes is no hot path: leaked once per distinct value.
+        _ => {
+            static LONG: std::sync::Mutex<Vec<(u64, &'static str)>> =
+                std::sync::Mutex::new(Vec::new());
+            let mut long = LONG.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, t)) = long.iter().find(|(s, _)| *s == secs) {
+                return t;
+            }
+            let t: &'static str = Box::leak(text().into_boxed_str());
+            long.push((secs, t));
+            t
+        }
+    }
+}
+
+/// Looks the key up and, unless that answers the request, begins the handler's
+/// transaction (see the module docs).
+pub(crate) async fn begin_claim(
+    idem: &Idem<MySql>,
+    req: &ClaimRequest<'_>,
+) -> Result<(Tx<MySql>, Claim), StoreError> {
+    if !idem.claims_at_commit() {
+        return claim_first(idem, req).await;
+    }
+    let mut conn = idem.pool().acquire().await?;
+    let snapshot = lookup(
+        &mut conn,
+        req.tenant,
+        req.operation,
+        req.key.digest(),
+        &req.fingerprint,
+    )
+    .await?;
+    let generation = match decide::transactional(snapshot, req.in_flight_wait) {
+        decide::Transactional::Execute { generation } => generation,
+        decide::Transactional::Answer(claim) => return Ok((Tx::idle(conn), claim)),
+    };
+    let tx = Tx::begin_on(conn, sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED))
+        .await
+        .map_err(|(_, e)| e)?;
+    Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
+}
+
+/// Begin READ COMMITTED, then claim with the locking read; a deadlock rolled
+/// the transaction back, so the claim is retried in a new one, a bounded number
+/// of times.
+async fn claim_first(
+    idem: &Idem<MySql>,
+    req: &ClaimRequest<'_>,
+) -> Result<(Tx<MySql>, Claim), StoreError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut tx = Tx::begin(
+            idem.pool(),
+            Some(sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED)),
+        )
+        .await?;
+        match transactional::claim_on(tx.connection(), req).await {
+            Ok(claim) => return Ok((tx, claim)),
+            Err(StoreError::Database(e)) if is_deadlock(&e) => {
+                if attempt >= DEADLOCK_RETRIES {
+                    return Ok((tx, transactional::in_flight(req)));
+                }
+                drop(tx);
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(1..20))).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The key as it stands, if it has a row; `fingerprint` is the request's.
+async fn lookup(
+    conn: &mut MySqlConnection,
+    tenant: &str,
+    operation: &str,
+    key: KeyDigest,
+    fingerprint: &Fingerprint,
+) -> Result<Option<KeySnapshot>, StoreError> {
+    let row = sqlx::query(LOOKUP_SQL)
+        .bind(tenant)
+        .bind(operation)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let stored: Vec<u8> = row.try_get("fingerprint")?;
+    let state: String = row.try_get("state")?;
+    let live: i64 = row.try_get("live")?;
+    KeySnapshot::read(
+        &state,
+        &stored,
+        fingerprint,
+        row.try_get("generation")?,
+        live != 0,
+        || stored_from_row(&row),
+    )
+    .map(Some)
+}
+
+/// Stores the outcome, claiming the key with it, and commits (see the module
+/// docs). Another execution's hold on the key is [`Finish::Taken`], with what to
+/// answer instead.
+pub(crate) async fn finish(
+    idem: &Idem<MySql>,
+    mut tx: Tx<MySql>,
+    execution: Execution,
+    response: &StoredResponse,
+) -> Finish {
+    if !execution.at_commit {
+        let stored = transactional::complete_on(execution, tx.connection(), response).await;
+        return tx.commit_after(stored).await;
+    }
+    let (status, headers) = match encode(response) {
+        Ok(encoded) => encoded,
+        Err(e) => return Finish::NotStored(e),
+    };
+    let started = Instant::now();
+    let taken = upsert(tx.connection(), &execution, response, status, &headers).await;
+    match taken {
+        Ok(Some(_generation)) => match tx.commit().await {
+            Ok(()) => Finish::Committed,
+            Err(e) => Finish::Unknown(e.into()),
+        },
+        Ok(None) => {
+            // A finished row that has not expired, or a leased execution's: this
+            // execution loses, and answers what the key holds now.
+            waited(&execution, started);
+            if let Err(e) = tx.rollback().await {
+                return Finish::NotStored(e.into());
+            }
+            match answer_instead(idem, &execution).await {
+                Ok(claim) => Finish::Taken(claim),
+                Err(e) => Finish::NotStored(e),
+            }
+        }
+        Err(e) if is_lock_timeout(&e) => {
+            waited(&execution, started);
+            if let Err(e) = tx.rollback().await {
+                return Finish::NotStored(e.into());
+            }
+            Finish::Taken(Claim::InFlight {
+                retry_after: execution.in_flight_wait.max(Duration::from_secs(1)),
+            })
+        }
+        // InnoDB rolled the whole transaction back (a deadlock), or the insert
+        // failed: nothing committed. If another execution finished the key
+        // meanwhile, its outcome is the answer; a deadlock over the key means
+        // another holds it, so in flight.
+        Err(e @ sqlx::Error::Database(_)) => {
+            if let Err(rollback) = tx.rollback().await {
+                return Finish::NotStored(rollback.into());
+            }
+            match answer_instead(idem, &execution).await {
+                Ok(claim @ (Claim::Replay(_) | Claim::Mismatch)) => Finish::Taken(claim),
+                Ok(claim) if is_deadlock(&e) => Finish::Taken(claim),
+                _ => Finish::NotStored(e.into()),
+            }
+        }
+        Err(e) => {
+            // Where the connection stopped is not known: close it.
+            tx.discard();
+            Finish::NotStored(e.into())
+        }
+    }
+}
+
+/// The insert that claims the key, its wait bounded by the in-flight wait: the
+/// generation it took, or `None` when it left another execution's row alone.
+async fn upsert(
+    conn: &mut MySqlConnection,
+    execution: &Execution,
+    response: &StoredResponse,
+    status: i64,
+    headers: &str,
+) -> Result<Option<i64>, sqlx::Error> {
+    let bind = |sql: &'static str| {
+        sqlx::query(sql)
+            .bind(&execution.tenant)
+            .bind(&execution.operation)
+            .bind(execution.key)
+            .bind(&execution.fingerprint.as_bytes()[..])
+            .bind(response.state())
+            .bind(status)
+            .bind(headers)
+            .bind(&response.body[..])
+            .bind(millis(execution.retention))
+    };
+    if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
+        let secs = lock_wait_seconds(execution.in_flight_wait);
+        match bind(bounded_upsert(secs)).execute(&mut *conn).await {
+            Err(e) if error_number(&e) == Some(PARSE_ERROR) => {
+                // MySQL: a statement that did not parse changed nothing, and the
+                // transaction goes on.
+                SET_STATEMENT.store(REFUSED, Ordering::Relaxed);
+            }
+            done => {
+                if done.is_ok() {
+                    SET_STATEMENT.store(TAKEN, Ordering::Relaxed);
+                }
+                return done.map(taken);
+            }
+        }
+    }
+    bound_lock_wait(conn, execution.in_flight_wait).await?;
+    let done = bind(UPSERT_SQL).execute(&mut *conn).await;
+    // Given back whatever the insert did: a lock-wait timeout rolled back the
+    // statement only, and the connection goes back to the pool.
+    restore_lock_wait(conn).await?;
+    done.map(taken)
+}
+
+/// The generation the insert took, from `LAST_INSERT_ID(expr)`.
+fn taken(done: MySqlQueryResult) -> Option<i64> {
+    match done.last_insert_id() {
+        0 => None,
+        generation => i64::try_from(generation).ok(),
+    }
+}
+
+/// What a request that did not commit answers instead of its own outcome, when
+/// its key was to be claimed at commit: a finished outcome another execution
+/// stored meanwhile (replayed, or `422`), or `None` (its own answer stands).
+pub(crate) async fn taken_since(
+    idem: &Idem<MySql>,
+    execution: &Execution,
+) -> Result<Option<Claim>, StoreError> {
+    if !execution.at_commit {
+        return Ok(None);
+    }
+    Ok(match answer_instead(idem, execution).await? {
+        claim @ (Claim::Replay(_) | Claim::Mismatch) => Some(claim),
+        _ => None,
+    })
+}
+
+/// Records how long the insert waited for another holder of the key.
+fn waited(execution: &Execution, started: Instant) {
+    crate::metrics::seconds(
+        crate::metrics::CLAIM_WAIT_SECONDS,
+        execution.operation.clone(),
+        started.elapsed().as_secs_f64(),
+    );
+}
+
+/// The decision for a key whose execution already ran: what it holds now.
+async fn answer_instead(idem: &Idem<MySql>, execution: &Execution) -> Result<Claim, StoreError> {
+    let mut conn = idem.pool().acquire().await?;
+    let snapshot = lookup(
+        &mut conn,
+        &execution.tenant,
+        &execution.operation,
+        execution.key,
+        &execution.fingerprint,
+    )
+    .await?;
+    Ok(decide::after_execution(snapshot, execution.in_flight_wait))
+}
+
+/// Forgets what the insert learned of the server, and whether to try `SET
+/// STATEMENT` at all: `Some(false)` sends MySQL 8's form on MariaDB too, so a
+/// test can hold that form to the same promises.
+#[doc(hidden)]
+pub fn assume_set_statement(taken: Option<bool>) {
+    let v = match taken {
+        None => UNKNOWN,
+        Some(true) => TAKEN,
+        Some(false) => REFUSED,
+    };
+    SET_STATEMENT.store(v, Ordering::Relaxed);
+}

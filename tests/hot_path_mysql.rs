@@ -1,0 +1,468 @@
+//! The handler's path on MySQL and MariaDB (`idem_runtime`'s
+//! `db::mysql::hot_path`): a prepared lookup outside any transaction, and the
+//! finished row inserted once before `COMMIT` by an `INSERT .. ON DUPLICATE KEY
+//! UPDATE` that claims the key. What it must keep, as on PostgreSQL
+//! (tests/hot_path.rs): one row written once, a retry of a finished key that
+//! never runs the handler, a duplicate that ran beside the first rolled back and
+//! answered the first's outcome, exactly one effect when many processes race,
+//! the in-flight bound on a key another transaction holds (in both forms of the
+//! insert: MariaDB's `SET STATEMENT` and MySQL 8's session variable set around
+//! it, given back after), a leased row left alone, takeover of an expired key,
+//! and the claim-first path when claims at commit are off.
+
+#[path = "common/caller.rs"]
+mod caller;
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idem_runtime::{
+    Claim, ClaimRequest, FingerprintBuilder, Idem, IdempotencyKey, Tx, claim, idempotent,
+};
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::MySql;
+use tower::ServiceExt;
+
+use caller::Caller;
+use common::MySqlDb;
+
+const WIDGETS: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+     tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB";
+
+#[derive(Deserialize, serde::Serialize)]
+struct NewWidget {
+    name: String,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// A handler stopped at a gate of its test's, until let go.
+struct Gate {
+    visits: AtomicU64,
+    reached: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl Gate {
+    /// The gate called `name`, one per test.
+    fn named(name: &str) -> Arc<Gate> {
+        static GATES: LazyLock<Mutex<HashMap<String, Arc<Gate>>>> = LazyLock::new(Default::default);
+        GATES
+            .lock()
+            .unwrap()
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Gate {
+                    visits: AtomicU64::new(0),
+                    reached: tokio::sync::Notify::new(),
+                    release: tokio::sync::Notify::new(),
+                })
+            })
+            .clone()
+    }
+}
+
+/// How many processes `concurrent_duplicates_on_many_processes...` runs.
+const STORM: usize = 12;
+
+/// Runs of each widget name, to show which requests ran the handler.
+static RUNS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Default::default);
+
+fn runs(name: &str) -> u32 {
+    RUNS.lock().unwrap().get(name).copied().unwrap_or(0)
+}
+
+#[idempotent(operation = "create-widget", retention = "1h")]
+async fn create_widget(
+    #[tenant] caller: Caller,
+    State(_): State<Idem<MySql>>,
+    tx: &mut Tx<MySql>,
+    Json(w): Json<NewWidget>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let run = {
+        let mut runs = RUNS.lock().unwrap();
+        let n = runs.entry(w.name.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    let done = sqlx::query("INSERT INTO widgets (tenant, name) VALUES (?, ?)")
+        .bind(&caller.0)
+        .bind(&w.name)
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    let id = done.last_insert_id();
+    match w.mode.as_deref() {
+        // The first run waits at the widget's gate; later runs pass.
+        Some("gated") => {
+            let gate = Gate::named(&w.name);
+            if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
+                gate.reached.notify_one();
+                gate.release.notified().await;
+            }
+        }
+        // Every run waits at the widget's gate.
+        Some("gated-every") => {
+            let gate = Gate::named(&w.name);
+            gate.reached.notify_one();
+            gate.release.notified().await;
+        }
+        // Every run waits until STORM runs have inserted: all looked the key up
+        // before anyone committed, and then race to claim it at commit.
+        Some("storm") => {
+            static ALL_INSERTED: LazyLock<tokio::sync::Barrier> =
+                LazyLock::new(|| tokio::sync::Barrier::new(STORM));
+            ALL_INSERTED.wait().await;
+        }
+        // From the second run on, the handler would fail.
+        Some("fails-again") if run > 1 => {
+            return (StatusCode::BAD_GATEWAY, Json(json!({"run": run})));
+        }
+        _ => {}
+    }
+    (StatusCode::CREATED, Json(json!({"id": id, "run": run})))
+}
+
+fn router(idem: Idem<MySql>) -> Router {
+    Router::new()
+        .route("/widgets", post(create_widget))
+        .with_state(idem)
+}
+
+fn request(key: &str, body: serde_json::Value) -> Request<Body> {
+    Request::post("/widgets")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer acme")
+        .header("idempotency-key", key)
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+/// Status, whether replayed, `Retry-After`, body.
+async fn send(router: &Router, req: Request<Body>) -> (StatusCode, bool, Option<String>, Bytes) {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let replayed = resp.headers().contains_key("idempotent-replayed");
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let status = resp.status();
+    (
+        status,
+        replayed,
+        retry_after,
+        resp.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+async fn app() -> (MySqlDb, Router) {
+    let db = MySqlDb::new().await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+    (db, r)
+}
+
+#[tokio::test]
+async fn a_first_execution_writes_one_finished_row_and_a_retry_replays_it() {
+    let (db, r) = app().await;
+    let body = json!({"name": "first"});
+    let (status, replayed, _, first) = send(&r, request("k1", body.clone())).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _, again) = send(&r, request("k1", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(again, first);
+    assert_eq!(runs("first"), 1);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM idempotency_requests \
+              WHERE state = 'completed' AND generation = 1 AND response_status = 201 \
+                AND completed_at IS NOT NULL AND expires_at > completed_at"
+        )
+        .await,
+        1
+    );
+    // Another request under the key is refused, and runs nothing.
+    let (status, _, _, _) = send(&r, request("k1", json!({"name": "other"}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(runs("other"), 0);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// A retry of a finished key answers the stored outcome: the handler does not
+/// run again, so what it would answer now never reaches the client.
+#[tokio::test]
+async fn a_retry_of_a_finished_key_replays_even_when_the_handler_would_now_fail() {
+    let (db, r) = app().await;
+    let body = json!({"name": "again", "mode": "fails-again"});
+    let (status, _, _, first) = send(&r, request("k-again", body.clone())).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for _ in 0..2 {
+        let (status, replayed, _, again) = send(&r, request("k-again", body.clone())).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, true));
+        assert_eq!(again, first);
+    }
+    assert_eq!(runs("again"), 1);
+    // The handler's second run does fail: a new key shows it.
+    let (status, _, _, _) = send(&r, request("k-again-2", body)).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// Two processes (two `Idem`s, two waiting rooms) get the same key at once. The
+/// first runs its handler and stops at a gate; the second runs to the end and
+/// commits. Let go, the first finds the key taken by its insert: it rolls back,
+/// effect included, and answers the second's stored outcome. One widget.
+#[tokio::test]
+async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winners_outcome() {
+    let (db, here) = app().await;
+    let there = router(Idem::new(db.pool.clone()));
+    let gate = Gate::named("race-m");
+    let body = json!({"name": "race-m", "mode": "gated"});
+    let first = {
+        let (here, body) = (here.clone(), body.clone());
+        tokio::spawn(async move { send(&here, request("k-race", body)).await })
+    };
+    gate.reached.notified().await;
+    let (status, replayed, _, won) = send(&there, request("k-race", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    gate.release.notify_one();
+    let (status, replayed, _, lost) = first.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(lost, won, "the first answers what the second stored");
+    assert_eq!(runs("race-m"), 2, "both ran their handler");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        1
+    );
+}
+
+/// STORM processes (no shared waiting room) send one new key at once; every
+/// handler runs and inserts before any commits, their claims meet on the key at
+/// commit, and exactly one commits: every answer is that one's, one widget.
+#[tokio::test]
+async fn concurrent_duplicates_on_many_processes_make_one_effect_and_one_answer() {
+    let db = MySqlDb::with_pool_size(STORM as u32 + 2).await;
+    db.exec(WIDGETS).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(STORM));
+    let mut tasks = Vec::new();
+    for _ in 0..STORM {
+        // A long in-flight wait: the losers wait for the winner's commit.
+        let r = router(Idem::new(db.pool.clone()).with_in_flight_wait(Duration::from_secs(30)));
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            send(
+                &r,
+                request("k-storm", json!({"name": "storm", "mode": "storm"})),
+            )
+            .await
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    // A deadlock among the losers' inserts is answered in flight (409), never
+    // with a second effect.
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|a| a.0 == StatusCode::CREATED)
+        .collect();
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.0 == StatusCode::CREATED || a.0 == StatusCode::CONFLICT),
+        "{answers:?}"
+    );
+    assert!(
+        created.iter().all(|a| a.3 == created[0].3),
+        "one answer for all: {answers:?}"
+    );
+    assert_eq!(created.iter().filter(|a| !a.1).count(), 1, "{answers:?}");
+    assert_eq!(runs("storm"), STORM as u32);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    let id: serde_json::Value = serde_json::from_slice(&created[0].3).unwrap();
+    assert_eq!(
+        db.count("SELECT id FROM widgets").await,
+        id["id"].as_i64().unwrap()
+    );
+}
+
+/// A key another transaction holds (a hand-written claim, not committed): the
+/// lookup cannot see it, the handler runs, and its insert waits for the holder
+/// up to the in-flight wait (a second), then the request answers `409` with
+/// `Retry-After` and its effect is rolled back. In both forms of the insert; the
+/// session's own lock wait is as it was after either.
+#[tokio::test]
+async fn a_key_held_by_another_transaction_is_answered_409_after_the_bound() {
+    for set_statement in [true, false] {
+        let db = MySqlDb::with_pool_size(1).await;
+        db.exec(WIDGETS).await;
+        let holder_pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+        idem_runtime::__private::assume_set_statement(Some(set_statement));
+        let r = router(Idem::new(db.pool.clone()).with_in_flight_wait(Duration::from_millis(1)));
+        let before: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let key = IdempotencyKey::parse("k-held").unwrap();
+        let fingerprint =
+            FingerprintBuilder::new("acme", "create-widget", "POST", "/widgets").finish();
+        let mut holder = holder_pool
+            .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
+            .unwrap();
+        let held = claim(
+            &mut holder,
+            &ClaimRequest {
+                tenant: "acme",
+                operation: "create-widget",
+                key: &key,
+                fingerprint,
+                retention: Duration::from_secs(3600),
+                in_flight_wait: Duration::from_secs(1),
+            },
+        )
+        .await
+        .unwrap();
+        assert!(matches!(held, Claim::Execute(_)), "{held:?}");
+        let name = format!("held-{set_statement}");
+        let started = Instant::now();
+        let (status, _, retry_after, _) = send(&r, request("k-held", json!({"name": name}))).await;
+        assert_eq!(
+            status,
+            StatusCode::CONFLICT,
+            "SET STATEMENT: {set_statement}"
+        );
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        // innodb_lock_wait_timeout counts whole seconds: 1 ms waits one.
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        assert_eq!(runs(&name), 1, "the handler ran");
+        assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
+        let after: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(after, before, "SET STATEMENT: {set_statement}");
+        holder.rollback().await.unwrap();
+        // Let go, the key is free: the retry executes.
+        let (status, replayed, _, _) = send(&r, request("k-held", json!({"name": name}))).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, false));
+        assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    }
+    idem_runtime::__private::assume_set_statement(None);
+}
+
+/// A leased execution's row that appears while the handler runs (committed by
+/// another process) is left as it is: the insert reports it took nothing, the
+/// request rolls back and answers in flight (`409`), or `422` when the leased
+/// execution is of another request.
+#[tokio::test]
+async fn a_leased_row_that_appears_meanwhile_is_left_alone() {
+    let (db, r) = app().await;
+    let gate = Gate::named("leased-m");
+    let body = json!({"name": "leased-m", "mode": "gated-every"});
+    // The request's fingerprint, from a run under another key.
+    let source = {
+        let (r, body) = (r.clone(), body.clone());
+        tokio::spawn(async move { send(&r, request("k-source", body)).await })
+    };
+    gate.reached.notified().await;
+    gate.release.notify_one();
+    assert_eq!(source.await.unwrap().0, StatusCode::CREATED);
+    for (key, fingerprint, answer) in [
+        (
+            "k-leased",
+            format!(
+                "(SELECT fingerprint FROM idempotency_requests AS s WHERE s.key_digest = {})",
+                db.key("k-source")
+            ),
+            StatusCode::CONFLICT,
+        ),
+        (
+            "k-leased-other",
+            "UNHEX(REPEAT('00', 32))".to_owned(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ] {
+        let task = {
+            let (r, body) = (r.clone(), body.clone());
+            tokio::spawn(async move { send(&r, request(key, body)).await })
+        };
+        gate.reached.notified().await;
+        db.exec(&format!(
+            "INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, generation, owner_token, \
+                 lease_expires_at, created_at, expires_at) \
+             SELECT 'acme', 'create-widget', {}, {fingerprint}, 'processing', 7, 'owner', \
+                    9999999999999, 0, 9999999999999",
+            db.key(key)
+        ))
+        .await;
+        gate.release.notify_one();
+        let (status, _, retry_after, _) = task.await.unwrap();
+        assert_eq!(status, answer, "{key}");
+        assert_eq!(retry_after.is_some(), answer == StatusCode::CONFLICT);
+    }
+    assert_eq!(runs("leased-m"), 3);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM idempotency_requests \
+              WHERE state = 'processing' AND generation = 7 AND owner_token = 'owner' \
+                AND response_status IS NULL"
+        )
+        .await,
+        2
+    );
+}
+
+#[tokio::test]
+async fn an_expired_key_is_executed_anew_by_the_insert() {
+    let (db, r) = app().await;
+    let (status, _, _, _) = send(&r, request("k-exp", json!({"name": "exp-a"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    db.exec("UPDATE idempotency_requests SET expires_at = expires_at - 7200000")
+        .await;
+    let (status, replayed, _, _) = send(&r, request("k-exp", json!({"name": "exp-b"}))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(
+        db.count("SELECT generation FROM idempotency_requests")
+            .await,
+        2
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests WHERE expires_at > completed_at")
+            .await,
+        1
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+}
+
+/// With claims at commit off, the key is claimed before the handler (the
+/// locking read, as a hand-written claim): one execution, replayed as ever.
+#[tokio::test]
+async fn with_claims_at_commit_off_a_key_executes_once_and_replays() {
+    let db = MySqlDb::new().await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()).with_claims_at_commit(false));
+    let body = json!({"name": "first-off"});
+    let (status, replayed, _, first) = send(&r, request("k-off", body.clone())).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _, again) = send(&r, request("k-off", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(again, first);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
