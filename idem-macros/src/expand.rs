@@ -210,9 +210,12 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     } else {
         quote!(TxHandle)
     };
-    let request_ty = match &handle_elem {
-        Some(elem) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db>),
-        None => quote!(#rt::IdemRequest),
+    // The request copies the headers only for an operation that fingerprints some.
+    let request_ty = match (&handle_elem, config.headers.is_empty()) {
+        (Some(elem), true) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db>),
+        (Some(elem), false) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db, true>),
+        (None, true) => quote!(#rt::IdemRequest),
+        (None, false) => quote!(#rt::IdemRequest<#rt::DefaultBackend, true>),
     };
 
     let mut taken: Vec<String> = Vec::new();
@@ -573,6 +576,13 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("the body, the header `x-currency`"), "{out}");
+        // Fingerprinting a header, the request copies the headers.
+        assert!(
+            out.contains(
+                "IdemRequest < < Tx as :: idem_runtime :: __private :: TxHandle > :: Db , true >"
+            ),
+            "{out}"
+        );
     }
 
     #[test]

@@ -54,36 +54,50 @@ pub struct OperationSpec {
 }
 
 /// The request-side input of an idempotent handler: the validated key, the method,
-/// the matched route and the headers, plus the [`Idem`] from the router state.
+/// the matched route, the path and query, and the headers the operation
+/// fingerprints, plus the [`Idem`] from the router state.
 ///
 /// As an extractor it refuses a request without a usable key with `400`
-/// `application/problem+json` before anything is reserved.
-pub struct IdemRequest<DB: LeaseBackend = DefaultBackend> {
+/// `application/problem+json` before anything is reserved. It copies no header
+/// unless `HEADERS` says the operation fingerprints some (the attribute sets it
+/// when `fingerprint(header = ...)` names one): the route and URI are shared,
+/// not copied.
+pub struct IdemRequest<DB: LeaseBackend = DefaultBackend, const HEADERS: bool = false> {
     idem: Idem<DB>,
     key: IdempotencyKey,
     method: Method,
-    route: String,
-    path: String,
-    query: Option<String>,
+    /// The route template, shared with axum's `MatchedPath` (none when the
+    /// handler is not behind a router: then the concrete path stands in).
+    route: Option<MatchedPath>,
+    uri: axum::http::Uri,
+    /// The request's headers, when `HEADERS`; else empty (no allocation).
     headers: HeaderMap,
 }
 
 /// Redacted: the headers hold credentials and the key, so only names are shown.
-impl<DB: LeaseBackend> std::fmt::Debug for IdemRequest<DB> {
+impl<DB: LeaseBackend, const HEADERS: bool> std::fmt::Debug for IdemRequest<DB, HEADERS> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdemRequest")
             .field("key", &self.key)
             .field("method", &self.method)
-            .field("route", &self.route)
+            .field("route", &self.route())
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
 
-impl<DB: LeaseBackend> IdemRequest<DB> {
+impl<DB: LeaseBackend, const HEADERS: bool> IdemRequest<DB, HEADERS> {
     /// The validated key.
     pub fn key(&self) -> &IdempotencyKey {
         &self.key
+    }
+
+    /// The matched route template, else the concrete path.
+    fn route(&self) -> &str {
+        match &self.route {
+            Some(m) => m.as_str(),
+            None => self.uri.path(),
+        }
     }
 
     /// A fingerprint builder seeded with the tenant, operation, method, route
@@ -91,10 +105,14 @@ impl<DB: LeaseBackend> IdemRequest<DB> {
     /// `/orders/2/ship` are different requests), and the operation's fingerprint
     /// headers.
     pub fn fingerprint(&self, spec: &OperationSpec, tenant: &str) -> FingerprintBuilder {
+        debug_assert!(
+            HEADERS || spec.fingerprint_headers.is_empty(),
+            "an operation that fingerprints headers extracts IdemRequest<_, true>"
+        );
         let mut fp =
-            FingerprintBuilder::new(tenant, spec.operation, self.method.as_str(), &self.route)
-                .extra("path", &self.path);
-        if let Some(q) = &self.query {
+            FingerprintBuilder::new(tenant, spec.operation, self.method.as_str(), self.route())
+                .extra("path", self.uri.path());
+        if let Some(q) = self.uri.query() {
             fp = fp.extra("query", q);
         }
         for name in spec.fingerprint_headers {
@@ -104,7 +122,7 @@ impl<DB: LeaseBackend> IdemRequest<DB> {
     }
 }
 
-impl<S, DB> FromRequestParts<S> for IdemRequest<DB>
+impl<S, DB, const HEADERS: bool> FromRequestParts<S> for IdemRequest<DB, HEADERS>
 where
     DB: LeaseBackend,
     Idem<DB>: FromRef<S>,
@@ -121,19 +139,17 @@ where
             };
             p.into_response()
         })?;
-        let route = parts
-            .extensions
-            .get::<MatchedPath>()
-            .map(|m| m.as_str().to_owned())
-            .unwrap_or_else(|| parts.uri.path().to_owned());
         Ok(IdemRequest {
             idem: Idem::from_ref(state),
             key,
             method: parts.method.clone(),
-            route,
-            path: parts.uri.path().to_owned(),
-            query: parts.uri.query().map(str::to_owned),
-            headers: parts.headers.clone(),
+            route: parts.extensions.get::<MatchedPath>().cloned(),
+            uri: parts.uri.clone(),
+            headers: if HEADERS {
+                parts.headers.clone()
+            } else {
+                HeaderMap::new()
+            },
         })
     }
 }
@@ -446,8 +462,8 @@ async fn detached(
 ///
 /// The work runs on its own task, so a client that disconnects does not cancel it
 /// half-way: the outcome is still recorded and the client's retry replays it.
-pub async fn run_in<DB: LeaseBackend, M: Mode<DB>>(
-    req: IdemRequest<DB>,
+pub async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
+    req: IdemRequest<DB, HEADERS>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
@@ -553,14 +569,14 @@ async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
 /// * on [`Claim::Replay`]: answer the stored outcome with `Idempotent-Replayed: true`;
 /// * on [`Claim::Mismatch`]: `422` problem; on [`Claim::InFlight`]: `409` problem
 ///   with `Retry-After`.
-pub async fn run<DB: Backend>(
-    req: IdemRequest<DB>,
+pub async fn run<DB: Backend, const HEADERS: bool>(
+    req: IdemRequest<DB, HEADERS>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
     handler: BoxedHandler<DB>,
 ) -> Response {
-    run_in::<DB, Transactional>(req, spec, tenant, fingerprint, handler).await
+    run_in::<DB, Transactional, HEADERS>(req, spec, tenant, fingerprint, handler).await
 }
 
 /// Runs `handler` at most once in leased mode: the claim commits on its own, the
@@ -575,14 +591,14 @@ pub async fn run<DB: Backend>(
 ///   current owner's stored outcome if there is one, else `409`.
 /// * Retries of an uncertain key get `202` with the problem type
 ///   [`problem::OUTCOME_UNCERTAIN`] until a reconciler resolves it.
-pub async fn run_leased<DB: LeaseBackend>(
-    req: IdemRequest<DB>,
+pub async fn run_leased<DB: LeaseBackend, const HEADERS: bool>(
+    req: IdemRequest<DB, HEADERS>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
     handler: BoxedLeasedHandler<DB>,
 ) -> Response {
-    run_in::<DB, Leased>(req, spec, tenant, fingerprint, handler).await
+    run_in::<DB, Leased, HEADERS>(req, spec, tenant, fingerprint, handler).await
 }
 
 impl<DB: Backend> Mode<DB> for Transactional {

@@ -12,6 +12,7 @@ pub use crate::__idem_item;
 pub mod decide {
     pub use crate::decide::{KeySnapshot, RowState, Transactional, after_execution, transactional};
 }
+pub use crate::db::DefaultBackend;
 /// MySQL's handler path: which form of its claiming insert to send (tests).
 #[cfg(feature = "mysql")]
 pub use crate::db::mysql::hot_path::assume_set_statement;
@@ -46,7 +47,10 @@ where
 /// Boxes a handler body for the request's backend: the backend is named once, in
 /// the request's type, and inferred here (a wrong transaction type is then
 /// reported once, at the parameter).
-pub fn handler_for<DB, F>(_: &IdemRequest<DB>, f: F) -> BoxedHandler<DB>
+pub fn handler_for<DB, F, const HEADERS: bool>(
+    _: &IdemRequest<DB, HEADERS>,
+    f: F,
+) -> BoxedHandler<DB>
 where
     DB: crate::db::Backend,
     F: for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
@@ -57,7 +61,10 @@ where
 }
 
 /// Boxes a leased handler body for the request's backend (see [`handler_for`]).
-pub fn leased_handler_for<DB, F>(_: &IdemRequest<DB>, f: F) -> BoxedLeasedHandler<DB>
+pub fn leased_handler_for<DB, F, const HEADERS: bool>(
+    _: &IdemRequest<DB, HEADERS>,
+    f: F,
+) -> BoxedLeasedHandler<DB>
 where
     DB: crate::lease::LeaseBackend,
     F: for<'l> FnOnce(
@@ -124,8 +131,8 @@ pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::Ten
 
 /// The fingerprint's start: scope, path and headers. An unusable tenant is
 /// answered by [`run`] before the fingerprint is looked at.
-pub fn start_fingerprint<DB: crate::lease::LeaseBackend>(
-    request: &IdemRequest<DB>,
+pub fn start_fingerprint<DB: crate::lease::LeaseBackend, const HEADERS: bool>(
+    request: &IdemRequest<DB, HEADERS>,
     spec: &OperationSpec,
     tenant: &Result<String, crate::tenant::TenantError>,
 ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
