@@ -141,6 +141,9 @@ mod tx;
 pub mod __private;
 
 pub use config::{ConfigError, DEFAULT_STORED_HEADERS, Idem, NEVER_STORED_HEADERS};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use db::postgres::pooler::check_pooler;
 pub use db::{Backend, DefaultBackend, MIGRATIONS_TABLE};
 pub use executions::Executions;
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};

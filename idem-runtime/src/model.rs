@@ -174,6 +174,11 @@ pub enum StoreError {
     /// The migrations could not be applied.
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A connection pooler between idem and PostgreSQL would lose what idem's
+    /// statements need (found at start by [`crate::migrate`] or
+    /// `check_pooler`; docs/pgbouncer.md says which settings work).
+    #[error("connection pooler: {0}")]
+    Pooler(String),
     /// The Redis lease store refused or failed (feature `redis`), or refused to
     /// start (see [`crate::redis`]).
     #[error("redis error: {0}")]

@@ -156,7 +156,17 @@ impl TestDb {
         conn.close().await.ok();
         let opts: PgConnectOptions = admin.parse().unwrap();
         let opts = opts.database(&name);
-        let url = replace_database(&admin, &name);
+        let mut url = replace_database(&admin, &name);
+        // The suites can run through a connection pooler in front of the same
+        // server (`.ci/run` runs the PostgreSQL suites through PgBouncer too):
+        // the database is created directly, the test's connections go through it.
+        let opts = match pooler_port() {
+            Some(port) => {
+                url = replace_port(&url, port);
+                opts.port(port)
+            }
+            None => opts,
+        };
         let pool = PgPoolOptions::new()
             .max_connections(size)
             .connect_with(opts)
@@ -377,6 +387,31 @@ fn on_a_runtime_of_its_own<T: Send + 'static>(
             .block_on(work)
     })
     .join();
+}
+
+/// The port of a connection pooler the PostgreSQL tests' connections go
+/// through (`IDEM_TEST_PGBOUNCER_PORT`), if any.
+pub fn pooler_port() -> Option<u16> {
+    std::env::var("IDEM_TEST_PGBOUNCER_PORT").ok().map(|p| {
+        p.parse()
+            .expect("IDEM_TEST_PGBOUNCER_PORT is a port number")
+    })
+}
+
+/// `url` with its port replaced (or added after the host).
+fn replace_port(url: &str, port: u16) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let host = match hostport.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => hostport,
+    };
+    let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    format!("{scheme}://{userinfo}{host}:{port}/{path}")
 }
 
 fn replace_database(url: &str, name: &str) -> String {

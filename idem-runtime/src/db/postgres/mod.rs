@@ -29,6 +29,7 @@ use crate::tx::Tx;
 mod admin;
 pub(crate) mod hot_path;
 mod leased;
+pub(crate) mod pooler;
 pub(crate) mod transactional;
 mod upkeep;
 
@@ -73,7 +74,16 @@ impl Backend for Postgres {
         super::tracked(sqlx::migrate!("migrations/postgres"))
     }
 
+    /// Behind a connection pooler, only through one that keeps sessions: the
+    /// migrator holds a session-level advisory lock (see [`pooler`]).
     async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
+        match pooler::probe(pool).await? {
+            pooler::Sessions::Kept => {}
+            pooler::Sessions::TransactionPooled => return Err(pooler::migrations_need_a_session()),
+            pooler::Sessions::PreparedStatementsLost => {
+                return Err(pooler::prepared_statements_lost());
+            }
+        }
         Self::migrator().run(pool).await?;
         Ok(())
     }
