@@ -24,7 +24,8 @@
 //! | `ORDERS_WRITE_TIMEOUT_MS` | `30000` | a write to a client that stopped reading, pending this long without progress, closes its connection |
 //! | `ORDERS_MAX_CONNECTIONS` | `1024` | connections served at once; more wait in the listen backlog until one closes |
 //!
-//! `GET /metrics` serves the idem metrics in the Prometheus text format.
+//! `GET /metrics` serves the idem metrics in the Prometheus text format, and
+//! `GET /openapi.json` the service's OpenAPI document (`routes.rs`, `ApiDoc`).
 //!
 //! Every route behaves the same on SQLite, PostgreSQL and MySQL / MariaDB.
 

@@ -65,6 +65,8 @@ pub mod redis_payments {
     }
 
     /// Charges a card; the lease lives in Redis, the charge at the provider.
+    #[utoipa::path(post, path = "/payments", request_body = crate::payments::NewPayment,
+        responses((status = 201, description = "The charge")))]
     #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
     pub async fn create_payment(
         #[tenant] _caller: Caller,
@@ -76,7 +78,7 @@ pub mod redis_payments {
     }
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewOrder {
     sku: String,
@@ -106,7 +108,7 @@ impl Validate for NewOrder {
     }
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, utoipa::ToSchema)]
 pub struct Order {
     id: i64,
     sku: String,
@@ -117,7 +119,7 @@ pub struct Order {
     created_at: String,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewRefund {
     order_id: i64,
@@ -133,7 +135,7 @@ impl Validate for NewRefund {
     }
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, utoipa::ToSchema)]
 pub struct Refund {
     id: i64,
     order_id: i64,
@@ -236,10 +238,35 @@ macro_rules! backend_routes {
                 .route("/refunds", post(create_refund))
                 .route("/payments", create_payment)
                 .route("/provider", get(crate::payments::provider_summary))
+                .route("/openapi.json", get(openapi_json))
                 .with_state(state)
         }
 
+        /// The service's OpenAPI document: the routes' own `#[utoipa::path]`s,
+        /// then what idem answers on the idempotent ones (`IdemOpenApi`). The
+        /// document is the same on every backend.
+        // utoipa's `modifiers(&Name)` takes a name, not a path: hence the `use`.
+        use idem_runtime::openapi::IdemOpenApi;
+        #[derive(utoipa::OpenApi)]
+        #[openapi(
+            info(title = "orders", description = "The idem example service: orders, refunds and payments that are safe to retry."),
+            paths(create_order, list_orders, get_order, delete_order, pay, ship, create_refund, create_payment),
+            modifiers(&IdemOpenApi),
+        )]
+        pub struct ApiDoc;
+
+        /// `GET /openapi.json`.
+        async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+            use utoipa::OpenApi as _;
+            Json(ApiDoc::openapi())
+        }
+
         /// Creates an order. A retry with the same key gets the same 201 back.
+        // `#[utoipa::path]` above `#[idempotent]`: utoipa reads the handler as written.
+        #[utoipa::path(post, path = "/orders", request_body = NewOrder,
+            params(("X-Currency" = String, Header, description = "The order's currency: three upper-case letters (part of the request's identity).")),
+            responses((status = 201, description = "The order, created", body = Order,
+                headers(("Location" = String, description = "The order's URL")))))]
         #[idempotent(
             operation = "create-order",
             retention = "24h",
@@ -264,6 +291,9 @@ macro_rules! backend_routes {
 
         /// Refunds an order. An order this tenant does not have is a committed
         /// business rejection: the 404 is stored and replayed like a success.
+        #[utoipa::path(post, path = "/refunds", request_body = NewRefund,
+            responses((status = 201, description = "The refund", body = Refund),
+                (status = 404, description = "No such order for this tenant (stored, and replayed)")))]
         #[idempotent(operation = "create-refund", retention = "24h")]
         async fn create_refund(
             #[tenant] caller: Caller,
@@ -280,6 +310,8 @@ macro_rules! backend_routes {
             })
         }
 
+        /// The tenant's orders.
+        #[utoipa::path(get, path = "/orders", responses((status = 200, description = "The orders", body = Vec<Order>)))]
         async fn list_orders(
             caller: Caller,
             State(app): State<AppState<Db>>,
@@ -293,6 +325,9 @@ macro_rules! backend_routes {
             Ok(Json(orders))
         }
 
+        /// One order.
+        #[utoipa::path(get, path = "/orders/{id}", params(("id" = i64, Path, description = "The order's id")),
+            responses((status = 200, description = "The order", body = Order), (status = 404, description = "No such order")))]
         async fn get_order(
             caller: Caller,
             State(app): State<AppState<Db>>,
@@ -309,6 +344,9 @@ macro_rules! backend_routes {
             .ok_or_else(|| ApiError::not_found("order"))
         }
 
+        /// Deletes an order; idempotent by nature, no key needed.
+        #[utoipa::path(delete, path = "/orders/{id}", params(("id" = i64, Path, description = "The order's id")),
+            responses((status = 204, description = "Deleted"), (status = 404, description = "No such order")))]
         async fn delete_order(
             caller: Caller,
             State(app): State<AppState<Db>>,
@@ -327,6 +365,8 @@ macro_rules! backend_routes {
 
         /// Charges a card. Leased: the claim commits before the provider is called,
         /// which is given the lease's downstream key (see `payments`).
+        #[utoipa::path(post, path = "/payments", request_body = crate::payments::NewPayment,
+            responses((status = 201, description = "The charge")))]
         #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
         async fn create_payment(
             #[tenant] _caller: Caller,
@@ -338,6 +378,8 @@ macro_rules! backend_routes {
         }
 
         /// Pays an order; paying a paid order again changes nothing.
+        #[utoipa::path(post, path = "/orders/{id}/pay", params(("id" = i64, Path, description = "The order's id")),
+            responses((status = 200, description = "The order's fulfilment state")))]
         async fn pay(
             caller: Caller,
             State(app): State<AppState<Db>>,
@@ -347,6 +389,8 @@ macro_rules! backend_routes {
         }
 
         /// Ships a paid order; shipping a shipped order again changes nothing.
+        #[utoipa::path(post, path = "/orders/{id}/ship", params(("id" = i64, Path, description = "The order's id")),
+            responses((status = 200, description = "The order's fulfilment state")))]
         async fn ship(
             caller: Caller,
             State(app): State<AppState<Db>>,

@@ -7,6 +7,7 @@
 //! async fn name(<extractors>, idempotency: IdemRequest<Db>, <body extractor>) -> Response {
 //!     async fn __idem_inner(<the user's parameters>) -> <the user's return type> { <the user's body> }
 //!     static __IDEM_SPEC: OperationSpec = ...;
+//!     __idem_openapi!("name", &__IDEM_SPEC); // registers the handler (feature `openapi`)
 //!     <a body extractor's rejection (`Result<B, B::Rejection>`) is answered here>
 //!     let tenant = tenant_id::<Tenant>(&tenant_param);
 //!     let fingerprint = start_fingerprint(&idempotency, &SPEC, &tenant).and_then(<body>);
@@ -176,6 +177,8 @@ fn snake(name: &str) -> String {
 
 fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let fn_name = func.sig.ident.clone();
+    // `#[utoipa::path]`'s default operation id, which the registration matches.
+    let fn_name_str = fn_name.to_string();
     // A runtime under another path is imported once, so that a wrong path is one
     // error (at the import) rather than one per use.
     let rt = match &config.krate {
@@ -384,6 +387,11 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             lease: #lease,
             lease_ceiling: #lease_ceiling,
         };
+        // With idem-runtime's feature `openapi`, the handler registers itself for
+        // `idem_runtime::openapi::document` (the route is the router's, and an
+        // item beside the handler would not fit an associated function); without
+        // it, nothing.
+        #rt::__idem_openapi!(#fn_name_str, &__IDEM_SPEC);
         #checks
         #reject
         let __idem_tenant = #tenant_expr;
@@ -580,6 +588,22 @@ mod tests {
         assert!(
             out.contains(
                 "IdemRequest < < Tx as :: idem_runtime :: __private :: TxHandle > :: Db , true >"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn the_handler_registers_itself_by_name_for_openapi() {
+        let out = expand_str(
+            quote!(operation = "create-order", retention = "24h"),
+            quote! {
+                async fn create_order(#[tenant] caller: Caller, tx: &mut Tx) -> StatusCode { todo!() }
+            },
+        );
+        assert!(
+            out.contains(
+                ":: idem_runtime :: __private :: __idem_openapi ! (\"create_order\" , & __IDEM_SPEC)"
             ),
             "{out}"
         );

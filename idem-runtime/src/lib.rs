@@ -119,6 +119,9 @@ pub mod key;
 pub mod lease;
 pub mod metrics;
 mod model;
+#[cfg(feature = "openapi")]
+#[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
+pub mod openapi;
 pub mod problem;
 pub mod reconcile;
 #[cfg(feature = "redis")]

@@ -7,6 +7,13 @@ use std::pin::Pin;
 use axum::response::IntoResponse;
 
 pub use crate::__idem_item;
+pub use crate::__idem_openapi;
+/// What `__idem_openapi!` expands to: a handler's registration, collected
+/// through inventory, which the user's crate need not depend on.
+#[cfg(feature = "openapi")]
+pub use crate::openapi::Registration as OpenApiRegistration;
+#[cfg(feature = "openapi")]
+pub use inventory;
 /// The transactional claim's decision (`crate::decide`), for the oracle test
 /// that holds every database's claim to it.
 pub mod decide {
@@ -445,4 +452,13 @@ impl PlainTag {
 #[macro_export]
 macro_rules! __idem_item {
     ($($item:tt)*) => { $($item)* };
+}
+
+/// Without the feature `openapi`, a handler registers nothing (see
+/// `crate::openapi`, where the other definition lives).
+#[cfg(not(feature = "openapi"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_openapi {
+    ($handler:expr, $spec:expr) => {};
 }

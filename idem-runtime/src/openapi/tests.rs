@@ -1,0 +1,246 @@
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use utoipa::openapi::path::{HttpMethod, OperationBuilder};
+use utoipa::openapi::{OpenApiBuilder, PathItem, Paths, ResponseBuilder};
+
+use super::*;
+
+static CREATE_ORDER: OperationSpec = OperationSpec {
+    operation: "create-order",
+    retention: Duration::from_secs(24 * 3600),
+    in_flight_wait: None,
+    fingerprint_headers: &["x-currency"],
+    lease: None,
+    lease_ceiling: None,
+};
+
+static CREATE_PAYMENT: OperationSpec = OperationSpec {
+    operation: "create-payment",
+    retention: Duration::from_secs(3600),
+    in_flight_wait: None,
+    fingerprint_headers: &[],
+    lease: Some(Duration::from_secs(30)),
+    lease_ceiling: None,
+};
+
+static ORDER: Registration = Registration::new("create_order", &CREATE_ORDER);
+static PAYMENT: Registration = Registration::new("create_payment", &CREATE_PAYMENT);
+
+fn op(id: &str, statuses: &[&str]) -> OperationBuilder {
+    statuses.iter().fold(
+        OperationBuilder::new().operation_id(Some(id)),
+        |op, status| op.response(*status, ResponseBuilder::new().description("the handler's")),
+    )
+}
+
+/// `POST /orders` (create_order), `GET /orders` (list_orders) and `POST
+/// /payments` (create_payment, given `payment_statuses`).
+fn api(payment_statuses: &[&str]) -> OpenApi {
+    let orders = PathItem::new(HttpMethod::Post, op("create_order", &["201"]));
+    let mut list = PathItem::new(HttpMethod::Get, op("list_orders", &["200"]));
+    list.post = orders.post;
+    OpenApiBuilder::new()
+        .paths(Paths::builder().path("/orders", list).path(
+            "/payments",
+            PathItem::new(HttpMethod::Post, op("create_payment", payment_statuses)),
+        ))
+        .build()
+}
+
+fn json_of(api: &OpenApi) -> Value {
+    serde_json::to_value(api).unwrap()
+}
+
+#[test]
+fn a_registered_operation_gets_the_key_the_replay_header_and_the_problems() {
+    let mut doc = api(&["201"]);
+    document_with(&mut doc, &[&ORDER]);
+    let v = json_of(&doc);
+    let post = &v["paths"]["/orders"]["post"];
+
+    let key = &post["parameters"][0];
+    assert_eq!(key["name"], "Idempotency-Key");
+    assert_eq!(key["in"], "header");
+    assert_eq!(key["required"], true);
+    assert_eq!(key["schema"]["type"], "string");
+    assert_eq!(key["schema"]["maxLength"], 255);
+    let said = key["description"].as_str().unwrap();
+    assert!(said.contains("Structured Field string"), "{said}");
+    assert!(said.contains("`X-Currency`"), "{said}");
+    assert!(said.contains("kept for 24h"), "{said}");
+
+    let responses = post["responses"].as_object().unwrap();
+    let statuses: Vec<&str> = responses.keys().map(String::as_str).collect();
+    assert_eq!(statuses, ["201", "400", "409", "422", "503"]);
+    assert_eq!(responses["201"]["description"], "the handler's");
+    assert_eq!(
+        responses["201"]["headers"]["Idempotent-Replayed"]["schema"]["enum"],
+        json!(["true"])
+    );
+    for status in ["400", "409", "422", "503"] {
+        let problem = &responses[status]["content"]["application/problem+json"]["schema"];
+        assert_eq!(
+            problem["$ref"], "#/components/schemas/IdemProblem",
+            "{status}"
+        );
+        assert!(
+            responses[status]["headers"]
+                .get("Idempotent-Replayed")
+                .is_none(),
+            "{status}"
+        );
+    }
+    for status in ["409", "503"] {
+        assert_eq!(
+            responses[status]["headers"]["Retry-After"]["schema"]["type"],
+            "integer"
+        );
+    }
+    for status in ["400", "422"] {
+        assert!(responses[status].get("headers").is_none(), "{status}");
+    }
+    assert!(
+        responses["409"]["description"]
+            .as_str()
+            .unwrap()
+            .contains(idem_wire::problem::IN_FLIGHT)
+    );
+
+    let schema = &v["components"]["schemas"]["IdemProblem"];
+    assert_eq!(schema["required"], json!(["type", "title", "status"]));
+    let types = schema["properties"]["type"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(
+        types.contains(idem_wire::problem::FINGERPRINT_MISMATCH),
+        "{types}"
+    );
+}
+
+#[test]
+fn an_unregistered_operation_is_left_as_it_was() {
+    let before = api(&["201"]);
+    let mut doc = before.clone();
+    document_with(&mut doc, &[&ORDER]);
+    let (after, before_v) = (json_of(&doc), json_of(&before));
+    assert_eq!(
+        after["paths"]["/orders"]["get"],
+        before_v["paths"]["/orders"]["get"]
+    );
+    assert_eq!(after["paths"]["/payments"], before_v["paths"]["/payments"]);
+
+    // With nothing registered, the whole document is untouched.
+    let mut doc = before.clone();
+    document_with(&mut doc, &[]);
+    assert_eq!(json_of(&doc), json_of(&before));
+}
+
+#[test]
+fn a_status_the_service_declared_is_not_overwritten() {
+    let mut doc = api(&["201", "409"]);
+    document_with(&mut doc, &[&PAYMENT]);
+    let v = json_of(&doc);
+    let responses = &v["paths"]["/payments"]["post"]["responses"];
+    assert_eq!(responses["409"]["description"], "the handler's");
+    assert!(responses["409"].get("content").is_none());
+    // It is the handler's own answer, so a replay of it is marked too.
+    assert!(responses["409"]["headers"]["Idempotent-Replayed"].is_object());
+    assert!(responses["422"]["content"].is_object());
+}
+
+#[test]
+fn a_leased_operation_gets_202_uncertain_with_retry_after() {
+    let mut doc = api(&["201"]);
+    document_with(&mut doc, &[&ORDER, &PAYMENT]);
+    let v = json_of(&doc);
+    let uncertain = &v["paths"]["/payments"]["post"]["responses"]["202"];
+    assert!(
+        uncertain["description"]
+            .as_str()
+            .unwrap()
+            .contains(idem_wire::problem::OUTCOME_UNCERTAIN)
+    );
+    assert_eq!(uncertain["headers"]["Retry-After"]["schema"]["minimum"], 1);
+    // The transactional one has none.
+    assert!(
+        v["paths"]["/orders"]["post"]["responses"]
+            .get("202")
+            .is_none()
+    );
+}
+
+#[test]
+fn the_idem_operation_name_matches_as_an_operation_id() {
+    let mut doc = OpenApiBuilder::new()
+        .paths(Paths::builder().path(
+            "/orders",
+            PathItem::new(HttpMethod::Put, op("create-order", &["200"])),
+        ))
+        .build();
+    document_with(&mut doc, &[&ORDER]);
+    let put = doc.paths.paths["/orders"].put.as_ref().unwrap();
+    assert_eq!(put.parameters.as_ref().unwrap()[0].name, "Idempotency-Key");
+}
+
+#[test]
+fn documenting_twice_adds_nothing_more() {
+    let mut once = api(&["201"]);
+    document_with(&mut once, &[&ORDER, &PAYMENT]);
+    let mut twice = once.clone();
+    document_with(&mut twice, &[&ORDER, &PAYMENT]);
+    assert_eq!(json_of(&once), json_of(&twice));
+}
+
+#[test]
+fn a_key_parameter_the_service_declared_is_kept() {
+    let declared = Parameter::builder()
+        .name("idempotency-key")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::True)
+        .description(Some("ours"))
+        .build();
+    let mut doc = OpenApiBuilder::new()
+        .paths(Paths::builder().path(
+            "/orders",
+            PathItem::new(
+                HttpMethod::Post,
+                op("create_order", &["201"]).parameter(declared.clone()),
+            ),
+        ))
+        .build();
+    document_with(&mut doc, &[&ORDER]);
+    let post = doc.paths.paths["/orders"].post.as_ref().unwrap();
+    assert!(post.parameters.as_ref().unwrap() == &vec![declared]);
+}
+
+/// The registration macro, expanded in a function body as the attribute emits
+/// it, reaches `document`'s registry.
+#[test]
+fn the_registration_macro_works_inside_a_function_body() {
+    fn handler() {
+        static SPEC: OperationSpec = OperationSpec {
+            operation: "registered-in-a-body",
+            retention: Duration::from_secs(60),
+            in_flight_wait: None,
+            fingerprint_headers: &[],
+            lease: None,
+            lease_ceiling: None,
+        };
+        crate::__idem_openapi!("registered_in_a_body", &SPEC);
+    }
+    handler();
+    let found = inventory::iter::<Registration>()
+        .find(|r| r.handler == "registered_in_a_body")
+        .expect("registered before main");
+    assert_eq!(found.spec.operation, "registered-in-a-body");
+}
+
+#[test]
+fn durations_read_in_their_largest_whole_unit() {
+    assert_eq!(human_duration(Duration::from_secs(86_400)), "24h");
+    assert_eq!(human_duration(Duration::from_secs(1800)), "30m");
+    assert_eq!(human_duration(Duration::from_secs(90)), "90s");
+    assert_eq!(human_duration(Duration::from_millis(1500)), "1500ms");
+    assert_eq!(title_case("idempotency-key"), "Idempotency-Key");
+}
