@@ -14,8 +14,10 @@
 //!
 //! **Retention.** An entry's deadline is taken on this process's monotonic clock
 //! *before* the completion is sent, and the database starts the retention when it
-//! runs the completion, which is later: an entry never outlives its row's
-//! retention, whatever the two clocks say.
+//! runs the completion, which is later; and it is a millisecond short of the
+//! retention, the step of the coarsest database clock (SQLite's and MySQL's
+//! `expires_at` are whole milliseconds): an entry never outlives its row's
+//! retention.
 //!
 //! **Purges and sweeps elsewhere.** A row deleted before its expiry (`idem purge`,
 //! a manual `DELETE`) is not seen by the caches of running processes: they keep
@@ -25,6 +27,11 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The coarsest step of a database clock idem writes `expires_at` with (SQLite's
+/// and MySQL's Unix milliseconds): what an entry's deadline gives up so that it
+/// never outlives its row.
+const CLOCK_GRAIN: Duration = Duration::from_millis(1);
 
 use crate::fingerprint::Fingerprint;
 use crate::model::{ClaimRequest, StoredResponse};
@@ -104,7 +111,8 @@ impl ReplayCache {
         })
     }
 
-    /// Keeps the outcome of `req`, whose completion was sent at `sent`.
+    /// Keeps the outcome of `req`, whose completion was sent at `sent`, until
+    /// its retention less [`CLOCK_GRAIN`] has passed (or `max_age`).
     pub(crate) fn insert(
         &self,
         operation: &'static str,
@@ -118,7 +126,12 @@ impl ReplayCache {
         if weight(&k, stored) > self.entries.policy().max_capacity().unwrap_or(0) / 8 {
             return;
         }
-        let Some(deadline) = sent.checked_add(req.retention) else {
+        // The database's clock counts whole milliseconds on SQLite and MySQL
+        // (`expires_at` truncated), so its row can expire up to a millisecond
+        // before `completion + retention` in real time, and an in-process SQLite
+        // completion runs well within a millisecond of `sent`: the entry gives
+        // that millisecond up.
+        let Some(deadline) = sent.checked_add(req.retention.saturating_sub(CLOCK_GRAIN)) else {
             return;
         };
         let entry = Entry {
