@@ -1,0 +1,89 @@
+//! The command line as clap reads it: the global options and the commands,
+//! whose doc comments are the `--help` text.
+
+use clap::{Parser, Subcommand};
+use idem_runtime::Sweeper;
+
+/// idem's admin CLI: inspect, purge and sweep the idempotency table.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about, long_about = None)]
+pub(crate) struct Cli {
+    /// PostgreSQL, SQLite or MySQL URL, e.g. postgres://user@host:5432/db, sqlite:path/to/app.db
+    /// or mysql://user@host:3306/db [default: the environment variable DATABASE_URL]
+    // Not clap's `env`: clap would list an argument taken from the environment in
+    // its usage lines (`Usage: idem show --database-url <URL> ...`), as if it were
+    // required. `database_url` reads the variable instead.
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) database_url: Option<String>,
+
+    /// Print JSON instead of a table
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create or update idem's table (safe to repeat; the only command that creates a missing SQLite file)
+    Migrate,
+    /// Rows by state and operation, stored bytes, oldest rows, sweeper backlog
+    Stats,
+    /// Show one key: state, generation, timestamps, stored status and size
+    Show {
+        /// Tenant id (the idempotency scope)
+        tenant: String,
+        /// Operation name, e.g. create-order
+        operation: String,
+        /// The Idempotency-Key (digested here: the table holds only its SHA-256)
+        key: String,
+        /// KEY is the key's digest (64 hex digits, as `show` prints it), not the key
+        #[arg(long)]
+        digest: bool,
+        /// Also print the stored response: header values and body
+        #[arg(long)]
+        body: bool,
+    },
+    /// Delete one key so that its next request executes anew
+    Purge {
+        /// Tenant id (the idempotency scope)
+        tenant: String,
+        /// Operation name, e.g. create-order
+        operation: String,
+        /// The Idempotency-Key (digested here: the table holds only its SHA-256)
+        key: String,
+        /// KEY is the key's digest (64 hex digits, as `show` prints it), not the key
+        #[arg(long)]
+        digest: bool,
+        /// Also delete a `processing` or `uncertain` row (its effect may happen twice)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run the retention sweeper once, then exit (the continuous sweeper runs in the service: Sweeper::spawn)
+    Sweep {
+        /// Accepted and ignored: every `idem sweep` is one pass (the flag used to be required)
+        #[arg(long, hide = true)]
+        once: bool,
+        /// Rows deleted per statement
+        #[arg(long, default_value_t = Sweeper::DEFAULT_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
+        batch_size: u32,
+        /// Statements per run
+        #[arg(long, default_value_t = Sweeper::DEFAULT_MAX_BATCHES, value_parser = clap::value_parser!(u32).range(1..))]
+        max_batches: u32,
+        /// Age in seconds beyond which an in-flight row is reported as stale
+        #[arg(long, default_value_t = Sweeper::DEFAULT_STALE_AFTER.as_secs())]
+        stale_after_secs: u64,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_definition_is_valid() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

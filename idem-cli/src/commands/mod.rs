@@ -1,0 +1,84 @@
+//! The commands, one module each, each written once over
+//! `idem_runtime::Backend`; and what `show` and `purge` share: the key's address
+//! and the answer for a key that has no row.
+
+mod migrate;
+mod purge;
+mod show;
+mod stats;
+mod sweep;
+
+use idem_runtime::admin::KeyAddress;
+use idem_runtime::{Backend, IdempotencyKey, KeyDigest};
+use sqlx::Pool;
+
+use crate::Failure;
+use crate::cli::Command;
+
+/// Runs one command, the same way on every backend.
+pub(crate) async fn execute<DB: Backend>(
+    pool: Pool<DB>,
+    command: Command,
+    json: bool,
+) -> Result<String, Failure> {
+    match command {
+        Command::Migrate => migrate::migrate(&pool, json).await,
+        Command::Stats => stats::stats(&pool, json).await,
+        Command::Show {
+            tenant,
+            operation,
+            key,
+            digest,
+            body,
+        } => {
+            let key = address(&tenant, &operation, &key, digest)?;
+            show::show(&pool, json, &key, body).await
+        }
+        Command::Purge {
+            tenant,
+            operation,
+            key,
+            digest,
+            force,
+        } => {
+            let key = address(&tenant, &operation, &key, digest)?;
+            purge::purge(&pool, json, &key, force).await
+        }
+        Command::Sweep {
+            once: _,
+            batch_size,
+            max_batches,
+            stale_after_secs,
+        } => sweep::sweep(pool, json, batch_size, max_batches, stale_after_secs).await,
+    }
+}
+
+/// The row's address: the key as a client sends it (either spelling the header
+/// allows), digested here as idem does, or with `--digest` the digest itself.
+/// Neither is echoed in an error: a key may be a secret.
+fn address<'a>(
+    tenant: &'a str,
+    operation: &'a str,
+    key: &str,
+    is_digest: bool,
+) -> Result<KeyAddress<'a>, Failure> {
+    if !is_digest {
+        let key = IdempotencyKey::parse(key)
+            .map_err(|e| Failure::Usage(format!("not a valid key: {e}")))?;
+        return Ok(KeyAddress::of(tenant, operation, &key));
+    }
+    let digest = KeyDigest::from_hex(key).map_err(|e| Failure::Usage(format!("--digest: {e}")))?;
+    Ok(KeyAddress {
+        tenant,
+        operation,
+        digest,
+    })
+}
+
+fn not_found(key: &KeyAddress<'_>) -> Failure {
+    Failure::NotFound(format!(
+        "no row for tenant {:?}, operation {:?}, key digest {} \
+         (never claimed, swept after its retention, or not committed yet)",
+        key.tenant, key.operation, key.digest
+    ))
+}

@@ -1,0 +1,109 @@
+//! Validate: the written arguments and the handler's signature, checked together
+//! into a [`Config`] that expansion can trust. Every error is collected, each at
+//! its own tokens, so the user sees all of them at once; the signature is checked
+//! even when an option could not be read.
+//!
+//! The checks live by what they check: `signature` (the function itself),
+//! `options` (the attribute's options), `parameters` (tenant, handle and body,
+//! each parameter placed by `extractors`) and `fingerprint`.
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::ItemFn;
+
+use crate::errors::Errors;
+use crate::parse::RawArgs;
+
+mod extractors;
+mod fingerprint;
+mod options;
+mod parameters;
+mod signature;
+#[cfg(test)]
+mod tests;
+
+pub use signature::is_idempotent_attr;
+
+/// A checked attribute, ready to expand.
+#[derive(Debug)]
+pub struct Config {
+    pub operation: String,
+    pub retention: Duration,
+    pub in_flight_wait: Option<Duration>,
+    /// Leased mode: the lease and the renewal ceiling.
+    pub lease: Option<Duration>,
+    pub lease_ceiling: Option<Duration>,
+    pub headers: Vec<String>,
+    pub body: BodyPrint,
+    pub tenant: Tenant,
+    /// Index into the handler's parameters.
+    pub tx: usize,
+    /// The parameter before which the idempotency request goes (the body, or a
+    /// last parameter that may be one); `None`: last.
+    pub request_before: Option<usize>,
+    /// The body is a `Result<B, B::Rejection>`: a rejection is answered first.
+    pub body_result: Option<usize>,
+    /// `None`: `::idem_runtime`. Its tokens carry the span of the string it was
+    /// written in, where an unresolved path is then reported.
+    pub krate: Option<syn::Path>,
+}
+
+/// What of the body goes into the fingerprint, and from which parameter.
+#[derive(Debug)]
+pub enum BodyPrint {
+    None,
+    Whole(usize),
+    /// Field paths (segments) and the span of the attribute token they came from.
+    Fields(usize, Vec<(Vec<String>, Span)>),
+    /// The last parameter's type cannot be named (an alias): its type decides
+    /// whether it is a body, fingerprinted whole.
+    Probe(usize),
+    /// Likewise, with `fingerprint(header = ..)` only: a body there is refused.
+    ProbeLeftOut(usize),
+}
+
+/// Where the tenant comes from.
+#[derive(Debug)]
+pub enum Tenant {
+    Param(usize),
+    Single,
+}
+
+/// Checks everything. `errors` collects what is wrong; the result is `None` when
+/// anything was.
+// The checks run in this order so that the errors are reported in it.
+pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Config> {
+    let sig = &func.sig;
+    signature::check_written_once(func, errors);
+    signature::check_signature(sig, errors);
+    let options = options::check_options(&args, errors);
+    let params = parameters::check_parameters(&args, sig, errors);
+    let (body_param, maybe_body) = parameters::check_body(sig, &params, errors);
+    let (headers, body) = fingerprint::check_fingerprint(
+        args.fingerprint,
+        args.meta.fingerprint_span,
+        args.meta.fingerprint_refused,
+        body_param.map(|(i, c)| (i, c, parameters::typed(sig, i))),
+        maybe_body,
+        errors,
+    );
+    let body_result = parameters::check_body_result(sig, body_param, errors);
+    if !errors.is_empty() {
+        return None;
+    }
+    Some(Config {
+        operation: options.operation?,
+        retention: options.retention?,
+        in_flight_wait: options.in_flight_wait,
+        lease: options.lease,
+        lease_ceiling: options.lease_ceiling,
+        headers,
+        body,
+        tenant: params.tenant?,
+        tx: params.tx?,
+        request_before: body_param.map(|(i, _)| i).or(maybe_body),
+        body_result,
+        krate: options.krate,
+    })
+}

@@ -1,0 +1,95 @@
+//! The function itself: written once with `#[idempotent]`, `async`, safe,
+//! without an ABI, `const`, generics, a `where` clause or variadics.
+
+use syn::{GenericParam, Generics, ItemFn, Signature};
+
+use crate::errors::Errors;
+
+/// Is this attribute `#[idempotent]` (by any path)?
+pub fn is_idempotent_attr(a: &syn::Attribute) -> bool {
+    a.path()
+        .segments
+        .last()
+        .is_some_and(|s| s.ident == "idempotent")
+}
+
+/// The attribute written twice: the first expansion sees the second.
+pub(super) fn check_written_once(func: &ItemFn, errors: &mut Errors) {
+    let name = &func.sig.ident;
+    for attr in func.attrs.iter().filter(|a| is_idempotent_attr(a)) {
+        errors.push_spanned(
+            attr,
+            format!(
+                "`#[idempotent]` is written twice on `{name}`: keep one (a handler has one operation, retention and fingerprint)"
+            ),
+        );
+    }
+}
+
+/// The function's shape: what axum cannot call as a handler, or the expansion
+/// cannot give concrete types.
+pub(super) fn check_signature(sig: &Signature, errors: &mut Errors) {
+    check_qualifiers(sig, errors);
+    check_generics(&sig.generics, errors);
+    if let Some(v) = &sig.variadic {
+        errors.push_spanned(v, "`#[idempotent]` handlers cannot be variadic");
+    }
+}
+
+fn check_qualifiers(sig: &Signature, errors: &mut Errors) {
+    let name = &sig.ident;
+    if sig.asyncness.is_none() {
+        errors.push_spanned(
+            sig.fn_token,
+            format!("`#[idempotent]` handlers must be async: write `async fn {name}`"),
+        );
+    }
+    if let syn::Safety::Unsafe(unsafety) = &sig.safety {
+        errors.push_spanned(
+            unsafety,
+            "`#[idempotent]` handlers cannot be `unsafe fn`: axum calls a handler as a safe function; remove `unsafe` here and put the unsafe operations in an `unsafe { ... }` block inside the handler",
+        );
+    }
+    if let Some(abi) = &sig.abi {
+        errors.push_spanned(
+            abi,
+            "`#[idempotent]` handlers cannot be `extern` functions: remove the ABI; axum calls handlers as Rust functions",
+        );
+    }
+    if let Some(constness) = &sig.constness {
+        errors.push_spanned(
+            constness,
+            "`#[idempotent]` handlers cannot be `const fn`: remove `const`",
+        );
+    }
+}
+
+fn check_generics(generics: &Generics, errors: &mut Errors) {
+    for param in &generics.params {
+        match param {
+            GenericParam::Lifetime(l) => errors.push_spanned(
+                l,
+                format!(
+                    "lifetime parameters are not supported by `#[idempotent]`: axum's extractors own their data, so take owned types (`String`, not `&{} str`) and remove `<{}>`",
+                    l.lifetime, l.lifetime
+                ),
+            ),
+            GenericParam::Type(t) => errors.push_spanned(
+                t,
+                "generic handlers are not supported by `#[idempotent]`: the fingerprint and the stored outcome need concrete types; write one handler per concrete type",
+            ),
+            GenericParam::Const(c) => errors.push_spanned(
+                c,
+                "const generic parameters are not supported by `#[idempotent]`: write one handler per value",
+            ),
+        }
+    }
+    if generics.params.is_empty()
+        && let Some(w) = &generics.where_clause
+    {
+        errors.push_spanned(
+            w,
+            "`where` clauses are not supported by `#[idempotent]`: its handlers have concrete types; remove the `where` clause",
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! The answers a request gets without its handler's response: the outcome of
+//! a claim that runs nothing (replay, mismatch, in flight, uncertain), and the
+//! failures of a store step or of the request's deadline.
+
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+
+use super::pipeline::Scope;
+use crate::metrics;
+use crate::model::{Claim, StoredResponse};
+use crate::problem::Problem;
+use crate::response;
+
+/// The answers that need no execution.
+pub(super) enum Answer {
+    /// The stored outcome; `cached` when the replay cache answered.
+    Replay {
+        stored: StoredResponse,
+        cached: bool,
+    },
+    /// The key holds another request; `cached` as for a replay.
+    Mismatch { cached: bool },
+    /// Another execution of the key is running.
+    InFlight(Duration),
+    /// An earlier execution's effect is unknown (leased mode).
+    Uncertain(Duration),
+}
+
+impl Answer {
+    pub(super) fn cached(&self) -> bool {
+        matches!(
+            self,
+            Answer::Replay { cached: true, .. } | Answer::Mismatch { cached: true }
+        )
+    }
+
+    /// The outcome's name in metrics and in the request's span.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Answer::Replay { .. } => "replayed",
+            Answer::Mismatch { .. } => "mismatched",
+            Answer::InFlight(_) => "in_flight",
+            Answer::Uncertain(_) => "uncertain",
+        }
+    }
+
+    pub(super) fn respond(self, op: &'static str, tenant_label: Option<&str>) -> Response {
+        let span = tracing::Span::current();
+        span.record("idem.outcome", self.outcome());
+        span.record("idem.replayed", matches!(self, Answer::Replay { .. }));
+        match self {
+            Answer::Replay { stored, cached } => {
+                metrics::claim(op, tenant_label, "replayed");
+                tracing::debug!(
+                    operation = op,
+                    status = stored.status,
+                    cached,
+                    "idem: replay"
+                );
+                response::replay(stored)
+            }
+            Answer::Mismatch { cached } => {
+                metrics::claim(op, tenant_label, "mismatched");
+                tracing::info!(operation = op, cached, "idem: fingerprint mismatch");
+                Problem::mismatch().into_response()
+            }
+            Answer::InFlight(retry_after) => {
+                metrics::claim(op, tenant_label, "in_flight");
+                tracing::info!(operation = op, "idem: in flight");
+                Problem::in_flight(retry_after).into_response()
+            }
+            Answer::Uncertain(retry_after) => {
+                metrics::claim(op, tenant_label, "uncertain");
+                tracing::info!(
+                    operation = op,
+                    "idem: outcome uncertain; not executed again"
+                );
+                Problem::uncertain(retry_after).into_response()
+            }
+        }
+    }
+}
+
+/// The store step that failed, for the metric and the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Claiming the key: nothing ran.
+    Claim,
+    /// Storing the outcome (and committing): rolled back.
+    Complete,
+    /// Releasing a leased key after a failure: the effect did not happen.
+    Release,
+    /// Reading the current outcome for a stale owner.
+    Stale,
+}
+
+impl Step {
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::Claim => "claim",
+            Step::Complete => "complete",
+            Step::Release => "release",
+            Step::Stale => "stale",
+        }
+    }
+}
+
+/// The answer of a request whose execution rolled back because another
+/// execution holds its key.
+pub(super) fn taken(op: &'static str, scope: &Scope<'_>, claim: Claim) -> Response {
+    let answer = match claim {
+        Claim::Replay(stored) => Answer::Replay {
+            stored,
+            cached: false,
+        },
+        Claim::Mismatch => Answer::Mismatch { cached: false },
+        Claim::InFlight { retry_after } => Answer::InFlight(retry_after),
+        // Never decided after an execution (`decide::after_execution`).
+        Claim::Execute(_) => Answer::InFlight(Duration::from_secs(1)),
+    };
+    answer.respond(op, scope.tenant_label)
+}
+
+/// The answer for a request that did not finish by its deadline: its work was
+/// dropped, its transaction rolled back with its connection closed (or, if the
+/// deadline struck during the commit, committed: a retry then replays).
+pub(super) fn abandoned(op: &'static str, deadline: tokio::time::Instant) -> Response {
+    metrics::completion(op, "deadline");
+    tracing::error!(
+        operation = op,
+        late_ms = deadline.elapsed().as_millis() as u64,
+        "idem: request deadline passed; the request was abandoned and its transaction rolled back"
+    );
+    Problem::store_unavailable()
+        .with_detail(
+            "the request did not finish within its deadline and was abandoned; \
+             retrying with the same key is safe",
+        )
+        .into_response()
+}
+
+pub(super) fn store_failed(
+    op: &'static str,
+    tenant: Option<&str>,
+    step: Step,
+    e: &dyn std::fmt::Display,
+) -> Response {
+    if step == Step::Claim {
+        metrics::claim(op, tenant, "error");
+    } else {
+        metrics::completion(op, "error");
+    }
+    tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: store failed; nothing stored");
+    Problem::store_unavailable().into_response()
+}

@@ -1,0 +1,241 @@
+//! Leased mode: the claim commits at once and the body runs holding a lease
+//! renewed in the background; an outcome that cannot be recorded becomes
+//! `uncertain` rather than be repeated by a takeover.
+
+use std::time::{Duration, Instant};
+
+use axum::response::{IntoResponse, Response};
+
+use super::answers::{Answer, Step, store_failed};
+use super::pipeline::{Decision, Mode, Scope, capture, stored_ok};
+use super::{BoxedLeasedHandler, OperationSpec};
+use crate::config::Idem;
+use crate::lease::{Lease, LeaseBackend, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
+use crate::metrics;
+use crate::model::{Acquisition, StoreError};
+use crate::problem::Problem;
+use crate::response;
+
+/// Leased mode: the claim commits at once, and the handler runs holding a lease
+/// renewed in the background; every later write is fenced by the owner token.
+#[derive(Debug, Clone, Copy)]
+pub struct Leased;
+
+/// A lease's acquisition, its generation recorded in the request's span before
+/// the handler runs.
+fn recorded_acquisition<DB: LeaseBackend>(lease: &Lease<DB>) -> Acquisition {
+    tracing::Span::current().record("idem.generation", lease.generation());
+    lease.acquisition()
+}
+
+/// What leased mode keeps of an execution besides the lease: its renewal and
+/// the way to read the current outcome once the lease is gone.
+#[doc(hidden)]
+pub struct LeaseHeld<DB: LeaseBackend> {
+    renewer: Renewer<DB>,
+    probe: Probe<DB>,
+}
+
+impl<DB: LeaseBackend> Mode<DB> for Leased {
+    type Handle = Lease<DB>;
+    type Held = LeaseHeld<DB>;
+
+    /// None: a leased handler's effect happens outside, where cutting it short
+    /// would leave its outcome unknown; its lease and renewal ceiling bound it.
+    fn deadline(_: &Idem<DB>, _: &OperationSpec) -> Option<Duration> {
+        None
+    }
+
+    async fn claim(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+    ) -> Result<Decision<LeaseHeld<DB>, Lease<DB>>, StoreError> {
+        Ok(
+            match crate::lease::claim_in::<DB>(idem.lease_store(), &scope.lease_request()).await? {
+                LeasedClaim::Acquired(lease) => Decision::Execute {
+                    how: match recorded_acquisition(&lease) {
+                        Acquisition::New => "executed",
+                        Acquisition::Reclaimed => "reclaimed",
+                        Acquisition::TakenOver => "taken_over",
+                    },
+                    held: LeaseHeld {
+                        renewer: lease.renewer(),
+                        probe: lease.probe(),
+                    },
+                    handle: lease,
+                },
+                LeasedClaim::Replay(stored) => Decision::Answer(Answer::Replay {
+                    stored,
+                    cached: false,
+                }),
+                LeasedClaim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
+                LeasedClaim::InFlight { retry_after } => {
+                    Decision::Answer(Answer::InFlight(retry_after))
+                }
+                LeasedClaim::Uncertain => Decision::Answer(Answer::Uncertain(scope.lease_len())),
+            },
+        )
+    }
+
+    async fn execute(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+        held: LeaseHeld<DB>,
+        mut lease: Lease<DB>,
+        body: BoxedLeasedHandler<DB>,
+        started: Instant,
+    ) -> Response {
+        let op = scope.op();
+        let lease_len = scope.lease_len();
+        let ceiling = scope
+            .spec
+            .lease_ceiling
+            .unwrap_or(lease_len.saturating_mul(10));
+        let LeaseHeld { renewer, probe } = held;
+        let outcome = {
+            let mut work = body(&mut lease);
+            tokio::select! {
+                outcome = &mut work => outcome,
+                never = renewer.run(ceiling) => match never {},
+            }
+        };
+        // A lease believed lost (no renewal got through for a whole lease, or the
+        // ceiling passed) may still be this worker's: every statement below is
+        // fenced by the owner token, so a worker that really lost it writes nothing
+        // and answers as a stale owner, while one that did not publishes its
+        // result rather than leave it to a takeover that would call downstream
+        // again.
+        if outcome
+            .response
+            .extensions()
+            .get::<UncertainMarker>()
+            .is_some()
+        {
+            return match lease.mark_uncertain().await {
+                Ok(()) => {
+                    metrics::completion(op, "uncertain");
+                    tracing::warn!(
+                        operation = op,
+                        "idem: outcome uncertain; awaiting reconciliation"
+                    );
+                    outcome.response
+                }
+                Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
+                Err(LeaseError::Store(e)) => {
+                    // The effect may have happened: never answer "nothing was stored".
+                    metrics::completion(op, "error");
+                    tracing::error!(operation = op, error = %e, "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease");
+                    outcome.response
+                }
+            };
+        }
+        if outcome.rolls_back() {
+            return match lease.release().await {
+                Ok(()) => {
+                    metrics::completion(op, "rolled_back");
+                    outcome.response
+                }
+                Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
+                // The effect did not happen; the key frees itself when the lease lapses.
+                Err(LeaseError::Store(e)) => store_failed(op, None, Step::Release, &e),
+            };
+        }
+        let (response, stored) = match capture(idem, op, outcome.response).await {
+            Ok(r) => r,
+            Err(_rolled_back) => {
+                // The transactional answer ("rolled back") would be false here.
+                // `capture` counted this completion already.
+                return effect_unrecorded(
+                    op,
+                    &lease,
+                    &probe,
+                    lease_len,
+                    "the operation ran but its response could not be stored",
+                    false,
+                )
+                .await;
+            }
+        };
+        // The effect happened: try hard to record it before the lease lapses, and
+        // fall back to `uncertain` rather than let a takeover repeat it.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match lease.store_outcome(&stored).await {
+                Ok(()) => {
+                    stored_ok(op, &stored, started);
+                    return response;
+                }
+                Err(LeaseError::Store(e)) if attempt < 3 => {
+                    tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+                Err(LeaseError::Store(e)) => {
+                    tracing::error!(operation = op, error = %e, "idem: storing a leased outcome failed");
+                    return effect_unrecorded(
+                        op,
+                        &lease,
+                        &probe,
+                        lease_len,
+                        "the operation ran but its outcome could not be recorded",
+                        true,
+                    )
+                    .await;
+                }
+                Err(LeaseError::StaleOwner { .. }) => return stale(op, &probe, lease_len).await,
+            }
+        }
+    }
+}
+
+/// The answer after an effect whose outcome could not be stored: the row is
+/// marked `uncertain` for reconciliation (never released: a retry would repeat
+/// the effect), and the client is told what its retries will be told, `202`, not
+/// that nothing happened. If even marking fails, the row stays `processing` and a
+/// retry takes it over after the lease, calling downstream with the same
+/// downstream key.
+async fn effect_unrecorded<DB: LeaseBackend>(
+    op: &'static str,
+    lease: &Lease<DB>,
+    probe: &Probe<DB>,
+    lease_len: Duration,
+    detail: &str,
+    count: bool,
+) -> Response {
+    for attempt in 1..=3u64 {
+        match lease.record_uncertain().await {
+            Ok(()) => {
+                if count {
+                    metrics::completion(op, "uncertain");
+                }
+                break;
+            }
+            Err(LeaseError::StaleOwner { .. }) => return stale(op, probe, lease_len).await,
+            Err(LeaseError::Store(e)) => {
+                tracing::error!(operation = op, attempt, error = %e, "idem: marking the outcome uncertain failed");
+                if attempt < 3 {
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+            }
+        }
+    }
+    Problem::uncertain(lease_len)
+        .with_detail(format!(
+            "{detail}; its outcome is being confirmed. Retry later with the same key"
+        ))
+        .into_response()
+}
+
+/// The answer for a worker that lost its lease: never its own result.
+async fn stale<DB: LeaseBackend>(op: &'static str, probe: &Probe<DB>, lease: Duration) -> Response {
+    metrics::completion(op, "stale_owner");
+    tracing::warn!(
+        operation = op,
+        "idem: stale owner; its result is not published"
+    );
+    match probe.current().await {
+        Ok(Some(stored)) => response::replay(stored),
+        Ok(None) => Problem::in_flight(lease).into_response(),
+        Err(e) => store_failed(op, None, Step::Stale, &e),
+    }
+}

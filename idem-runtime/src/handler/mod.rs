@@ -1,0 +1,24 @@
+//! Running an HTTP handler under the promise: one pipeline (check the tenant,
+//! finish the fingerprint, claim, run the handler, settle its outcome, answer)
+//! whose mode is a type: [`Transactional`] (the key is claimed in the handler's
+//! own database transaction) or [`Leased`] (the claim commits at once and the
+//! handler runs holding a lease, for effects outside the database).
+//!
+//! This is what `#[idempotent]` expands to a call of (through `__private`).
+
+// The sealed trait's hidden methods speak the crate's internal vocabulary on
+// purpose: nothing outside the crate can implement or call them.
+#![allow(private_interfaces, private_bounds)]
+
+mod answers;
+mod body;
+mod leased;
+mod pipeline;
+mod request;
+mod transactional;
+
+pub use body::{BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome};
+pub use leased::Leased;
+pub use pipeline::{Mode, run, run_in, run_leased};
+pub use request::{IdemRequest, OperationSpec};
+pub use transactional::Transactional;

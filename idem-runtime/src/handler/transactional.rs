@@ -1,0 +1,211 @@
+//! The transactional mode: the key is claimed in the handler's own database
+//! transaction, after same-process duplicates have queued in the waiting room.
+
+use std::time::{Duration, Instant};
+
+use axum::response::{IntoResponse, Response};
+
+use super::answers::{Answer, Step, store_failed, taken};
+use super::pipeline::{Decision, Mode, Scope, capture, stored_ok};
+use super::{BoxedHandler, OperationSpec};
+use crate::config::Idem;
+use crate::db::Backend;
+use crate::flight::{Joined, Leader};
+use crate::metrics;
+#[cfg(feature = "replay-cache")]
+use crate::model::ClaimRequest;
+use crate::model::{Claim, Execution, Finish, StoreError};
+use crate::problem::Problem;
+use crate::tx::Tx;
+
+/// The transactional mode: the key is claimed in the handler's own transaction,
+/// and the effect and its record commit together or not at all.
+#[derive(Debug, Clone, Copy)]
+pub struct Transactional;
+
+impl<DB: Backend> Mode<DB> for Transactional {
+    type Handle = Tx<DB>;
+    /// The execution, and the key's flight in this process when this request
+    /// leads it: dropped after the commit or rollback, which wakes the
+    /// duplicates waiting for it.
+    type Held = (Execution, Option<Leader>);
+
+    /// The request deadline, and never shorter than the in-flight wait plus a
+    /// second, so that a duplicate's wait ends before its request is abandoned.
+    fn deadline(idem: &Idem<DB>, spec: &OperationSpec) -> Option<Duration> {
+        Some(idem.deadline_with_wait(spec.in_flight_wait.unwrap_or(idem.in_flight_wait())))
+    }
+
+    async fn claim(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+    ) -> Result<Decision<Self::Held, Tx<DB>>, StoreError> {
+        let mut req = scope.claim_request(idem);
+        #[cfg(feature = "replay-cache")]
+        if let Some(answer) = cached(idem, scope, &req) {
+            return Ok(Decision::Answer(answer));
+        }
+        let in_flight = Answer::InFlight(req.in_flight_wait.max(Duration::from_secs(1)));
+        let leader = match idem
+            .flights()
+            .join(scope.tenant, scope.op(), &scope.key.digest())
+        {
+            Joined::Leader(leader) => Some(leader),
+            Joined::Full => {
+                tracing::info!(
+                    operation = scope.op(),
+                    "idem: too many duplicates waiting; answered in flight at once"
+                );
+                return Ok(Decision::Answer(in_flight));
+            }
+            Joined::Follower(mut waiter) => {
+                // Waits without a connection for the key's first request in this
+                // process; past the in-flight wait, as in the database.
+                let started = tokio::time::Instant::now();
+                let finished = tokio::time::timeout(req.in_flight_wait, waiter.finished()).await;
+                // The wait for a concurrent holder, as the databases' claims record it.
+                let waited = started.elapsed();
+                metrics::seconds(
+                    metrics::CLAIM_WAIT_SECONDS,
+                    scope.op(),
+                    waited.as_secs_f64(),
+                );
+                tracing::Span::current().record(
+                    "idem.wait_ms",
+                    u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                );
+                if finished.is_err() {
+                    return Ok(Decision::Answer(in_flight));
+                }
+                drop(waiter);
+                #[cfg(feature = "replay-cache")]
+                if let Some(answer) = cached(idem, scope, &req) {
+                    return Ok(Decision::Answer(answer));
+                }
+                // The first request committed (the claim below replays) or rolled
+                // back (the duplicates then claim in the database: where the key
+                // is claimed before the handler, one executes and the others wait
+                // for what is left of the bound; where it is claimed at commit,
+                // each runs its handler and one commits, the others replay it or,
+                // past what is left of the bound, answer in flight). No flight of
+                // its own: joining one while holding the key in the database could
+                // wait on itself.
+                req.in_flight_wait = req.in_flight_wait.saturating_sub(started.elapsed());
+                None
+            }
+        };
+        let (mut tx, claim) = DB::begin_claim(idem, &req).await?;
+        if let Some(deadline) = scope.deadline {
+            tx.abandon_at(deadline);
+        }
+        Ok(match claim {
+            Claim::Execute(execution) => Decision::Execute {
+                how: recorded_how(&execution),
+                held: (execution, leader),
+                handle: tx,
+            },
+            Claim::Replay(stored) => Decision::Answer(Answer::Replay {
+                stored,
+                cached: false,
+            }),
+            Claim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
+            Claim::InFlight { retry_after } => Decision::Answer(Answer::InFlight(retry_after)),
+        })
+    }
+
+    async fn execute(
+        idem: &Idem<DB>,
+        scope: &Scope<'_>,
+        (execution, _flight): Self::Held,
+        mut tx: Tx<DB>,
+        body: BoxedHandler<DB>,
+        started: Instant,
+    ) -> Response {
+        let op = scope.op();
+        let outcome = body(&mut tx).await;
+        if outcome.rolls_back() {
+            // Dropping the transaction rolls it back; say so explicitly to free the
+            // connection before the response is sent.
+            if let Err(e) = tx.rollback().await {
+                tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
+            }
+            metrics::completion(op, "rolled_back");
+            tracing::debug!(
+                operation = op,
+                status = outcome.response.status().as_u16(),
+                "idem: rolled back"
+            );
+            // A key claimed at commit may have been finished by another execution
+            // while this one ran: its outcome is the key's answer, not this error.
+            match DB::taken_since(idem, &execution).await {
+                Ok(Some(claim)) => return taken(op, scope, claim),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(operation = op, error = %e, "idem: could not look the key up after a rollback; answering the handler's own response");
+                }
+            }
+            return outcome.response;
+        }
+        let (response, stored) = match capture(idem, op, outcome.response).await {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        };
+        #[cfg(feature = "replay-cache")]
+        let sent = Instant::now();
+        match DB::finish(idem, tx, execution, &stored).await {
+            Finish::Committed =>
+            {
+                #[cfg(feature = "replay-cache")]
+                if let Some(cache) = idem.replay_cache() {
+                    cache.insert(op, &scope.claim_request(idem), &stored, sent);
+                }
+            }
+            Finish::NotStored(e) => return store_failed(op, None, Step::Complete, &e),
+            Finish::Taken(claim) => {
+                metrics::completion(op, "rolled_back");
+                tracing::debug!(
+                    operation = op,
+                    "idem: another execution holds the key; rolled back"
+                );
+                return taken(op, scope, claim);
+            }
+            Finish::Unknown(e) => {
+                // Either way a retry with the same key is safe: it replays or executes.
+                metrics::completion(op, "error");
+                tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
+                return Problem::store_unavailable()
+                    .with_detail("the outcome is unknown; retry with the same key: it is safe")
+                    .into_response();
+            }
+        }
+        stored_ok(op, &stored, started);
+        response
+    }
+}
+
+/// How a transactional execution came to run, its generation recorded in the
+/// request's span before the handler runs (so the handler's events see it).
+fn recorded_how(execution: &Execution) -> &'static str {
+    tracing::Span::current().record("idem.generation", execution.generation());
+    if execution.generation() > 1 {
+        "reclaimed"
+    } else {
+        "executed"
+    }
+}
+
+/// The replay cache's answer for `req`, if it has one.
+#[cfg(feature = "replay-cache")]
+fn cached<DB: Backend>(
+    idem: &Idem<DB>,
+    scope: &Scope<'_>,
+    req: &ClaimRequest<'_>,
+) -> Option<Answer> {
+    match idem.replay_cache()?.get(scope.op(), req)? {
+        crate::replay_cache::Cached::Replay(stored) => Some(Answer::Replay {
+            stored,
+            cached: true,
+        }),
+        crate::replay_cache::Cached::Mismatch => Some(Answer::Mismatch { cached: true }),
+    }
+}
