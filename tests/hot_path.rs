@@ -872,7 +872,9 @@ async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
             retention: std::time::Duration::from_secs(3600),
             in_flight_wait: std::time::Duration::from_secs(2),
         };
-        let (tx, claim) = Postgres::begin_claim(&idem, &req).await.unwrap();
+        let (tx, claim) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
+            .await
+            .unwrap();
         let Claim::Execute(execution) = claim else {
             panic!("seed {seed}, case {i}: {tenant:?}/{key_text:?} did not execute: {claim:?}");
         };
@@ -883,7 +885,13 @@ async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
         };
         assert!(
             matches!(
-                Postgres::finish(&idem, tx, execution, &stored).await,
+                Postgres::finish(
+                    &idem.claim_context(Default::default()),
+                    tx,
+                    execution,
+                    &stored
+                )
+                .await,
                 Finish::Committed
             ),
             "seed {seed}, case {i}"
@@ -902,7 +910,9 @@ async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
             (tenant.clone(), key.digest().as_bytes().to_vec()),
             "seed {seed}"
         );
-        let (_, again) = Postgres::begin_claim(&idem, &req).await.unwrap();
+        let (_, again) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
+            .await
+            .unwrap();
         match again {
             Claim::Replay(r) => assert_eq!(r, stored, "seed {seed}, case {i}"),
             other => panic!("seed {seed}, case {i}: {other:?}"),
@@ -990,7 +1000,9 @@ async fn statements_carry_neither_the_key_nor_its_digest() {
     )
     .await;
 
-    let (tx, claim) = Postgres::begin_claim(&idem, &req).await.unwrap();
+    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
+        .await
+        .unwrap();
     let Claim::Execute(execution) = claim else {
         panic!("a new key executes: {claim:?}");
     };
@@ -1014,7 +1026,15 @@ async fn statements_carry_neither_the_key_nor_its_digest() {
     };
     let finishing = {
         let idem = idem.clone();
-        tokio::spawn(async move { Postgres::finish(&idem, tx, execution, &stored).await })
+        tokio::spawn(async move {
+            Postgres::finish(
+                &idem.claim_context(Default::default()),
+                tx,
+                execution,
+                &stored,
+            )
+            .await
+        })
     };
     // Until the completion waits on the lock (the timeout only turns a hang
     // into a failure).
@@ -1056,7 +1076,9 @@ async fn a_claim_at_commit_with_an_in_flight_wait_past_the_ceiling_commits() {
     let idem: Idem<Postgres> = Idem::new(db.pool.clone());
     let key = IdempotencyKey::parse("k-long-wait").unwrap();
     let req = acme_op(&key, std::time::Duration::from_secs(30 * 24 * 3600));
-    let (tx, claim) = Postgres::begin_claim(&idem, &req).await.unwrap();
+    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
+        .await
+        .unwrap();
     let Claim::Execute(execution) = claim else {
         panic!("{claim:?}");
     };
@@ -1066,7 +1088,13 @@ async fn a_claim_at_commit_with_an_in_flight_wait_past_the_ceiling_commits() {
         body: Bytes::new(),
     };
     assert!(matches!(
-        Postgres::finish(&idem, tx, execution, &stored).await,
+        Postgres::finish(
+            &idem.claim_context(Default::default()),
+            tx,
+            execution,
+            &stored
+        )
+        .await,
         Finish::Committed
     ));
 }

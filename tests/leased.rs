@@ -164,12 +164,12 @@ macro_rules! leased_tests {
                 };
                 if handler_path {
                     let idem: Idem<Db> = Idem::new(db.pool.clone());
-                    let (tx, c) = <Db as Backend>::begin_claim(&idem, &req).await.unwrap();
+                    let (tx, c) = <Db as Backend>::begin_claim(&idem.claim_context(req.in_flight_wait), &req).await.unwrap();
                     let Claim::Execute(exec) = c else {
                         panic!("the expired key executes anew: {c:?}")
                     };
                     assert!(matches!(
-                        <Db as Backend>::finish(&idem, tx, exec, &paid("tx")).await,
+                        <Db as Backend>::finish(&idem.claim_context(Default::default()), tx, exec, &paid("tx")).await,
                         Finish::Committed
                     ));
                 } else {

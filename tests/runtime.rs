@@ -440,7 +440,9 @@ mod sqlite {
         let idem: Idem<sqlx::Sqlite> = Idem::new(db.pool.clone());
         let key = IdempotencyKey::parse("k1").unwrap();
         let r = req("acme", "pay", &key, 100);
-        let (mut tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        let (mut tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
+            .await
+            .unwrap();
         let Claim::Execute(exec) = c else {
             panic!("a new key executes: {c:?}")
         };
@@ -461,7 +463,13 @@ mod sqlite {
         .await
         .unwrap();
         assert!(matches!(
-            sqlx::Sqlite::finish(&idem, tx, exec, &created(id)).await,
+            sqlx::Sqlite::finish(
+                &idem.claim_context(Default::default()),
+                tx,
+                exec,
+                &created(id)
+            )
+            .await,
             Finish::Committed
         ));
         let writes: Vec<String> = sqlx::query_scalar("SELECT what FROM idem_writes")
@@ -472,7 +480,9 @@ mod sqlite {
 
         // A replay is read under the lock and writes nothing; dropping its
         // transaction lets the lock go.
-        let (tx, again) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        let (tx, again) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
+            .await
+            .unwrap();
         match again {
             Claim::Replay(stored) => assert_eq!(stored, created(id)),
             other => panic!("expected a replay, got {other:?}"),
@@ -483,13 +493,21 @@ mod sqlite {
         // replaced by one write.
         db.exec(EXPIRE_ALL_SQL).await;
         db.exec("DELETE FROM idem_writes").await;
-        let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        let (tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
+            .await
+            .unwrap();
         let Claim::Execute(exec) = c else {
             panic!("{c:?}")
         };
         assert_eq!(exec.generation(), 2);
         assert!(matches!(
-            sqlx::Sqlite::finish(&idem, tx, exec, &created(id)).await,
+            sqlx::Sqlite::finish(
+                &idem.claim_context(Default::default()),
+                tx,
+                exec,
+                &created(id)
+            )
+            .await,
             Finish::Committed
         ));
         let writes: Vec<String> = sqlx::query_scalar("SELECT what FROM idem_writes")
@@ -530,7 +548,9 @@ mod sqlite {
         let key = IdempotencyKey::parse("k1").unwrap();
         let r = req("acme", "pay", &key, 100);
         let started = Instant::now();
-        let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        let (tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
+            .await
+            .unwrap();
         assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
         assert!(
             started.elapsed() >= Duration::from_millis(200),
@@ -539,7 +559,9 @@ mod sqlite {
         drop(tx);
         sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
         // The connection came back usable, outside any transaction.
-        let (tx, c) = sqlx::Sqlite::begin_claim(&idem, &r).await.unwrap();
+        let (tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
+            .await
+            .unwrap();
         assert!(matches!(c, Claim::Execute(_)), "{c:?}");
         drop(tx);
     }

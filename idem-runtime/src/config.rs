@@ -243,6 +243,22 @@ impl<DB: LeaseBackend> Idem<DB> {
             .max(in_flight_wait.saturating_add(Duration::from_secs(1)))
     }
 
+    /// What a claim on the handler's path needs of this `Idem` (see
+    /// `db::ClaimContext`), for a request whose in-flight wait is
+    /// `in_flight_wait`. Hidden: for idem's tests of the hidden `Backend`
+    /// methods.
+    #[doc(hidden)]
+    pub fn claim_context(&self, in_flight_wait: Duration) -> crate::db::ClaimContext<'_, DB>
+    where
+        DB: crate::db::Backend,
+    {
+        crate::db::ClaimContext {
+            pool: self.pool(),
+            claims_at_commit: self.claims_at_commit,
+            deadline: self.deadline_with_wait(in_flight_wait),
+        }
+    }
+
     /// Bounds the duplicates that wait in this process for their key's first
     /// request: at most `per_key` for one key and `total` for all keys (defaults
     /// [`Idem::DEFAULT_WAITERS_PER_KEY`] and [`Idem::DEFAULT_WAITERS`]).

@@ -315,6 +315,23 @@ fn parse_structured(raw: &[u8]) -> Result<String, KeyError> {
     Ok(s.as_str().to_owned())
 }
 
+/// The key to give the downstream system's own idempotency mechanism: derived from
+/// tenant, operation and key, the same for every owner and generation.
+pub fn downstream_key(tenant: &str, operation: &str, key: &IdempotencyKey) -> String {
+    downstream_key_of(tenant, operation, key.as_str())
+}
+
+/// [`downstream_key`] of a key's characters. The stores' migrations compute the
+/// same in SQL for rows written before keys were digested: change neither.
+pub(crate) fn downstream_key_of(tenant: &str, operation: &str, key: &str) -> String {
+    let mut h = Sha256::new();
+    for part in ["idem-downstream-v1", tenant, operation, key] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

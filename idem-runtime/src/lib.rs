@@ -137,13 +137,13 @@ pub mod store;
 pub mod sweeper;
 pub mod tenant;
 pub mod transition;
-mod tx;
 
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
 pub use config::{ConfigError, DEFAULT_STORED_HEADERS, Idem, NEVER_STORED_HEADERS};
+pub use db::Tx;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use db::postgres::pooler::check_pooler;
@@ -163,6 +163,5 @@ pub use stats::{OperationStats, StateCounts, Stats, stats};
 pub use store::{claim, migrate, migrator};
 pub use sweeper::{SweepReport, Sweeper};
 pub use tenant::{SingleTenant, TenantError, TenantScope};
-pub use tx::Tx;
 
 pub use idem_macros::idempotent;

@@ -20,6 +20,7 @@ pub mod decide {
     pub use crate::decide::{KeySnapshot, RowState, Transactional, after_execution, transactional};
 }
 pub use crate::db::DefaultBackend;
+pub use crate::db::Tx;
 /// MySQL's handler path: which form of its claiming insert to send (tests).
 #[cfg(feature = "mysql")]
 pub use crate::db::mysql::hot_path::assume_set_statement;
@@ -32,7 +33,6 @@ pub use crate::lease::Lease;
 pub use crate::model::Finish;
 pub use crate::response::replay;
 pub use crate::tenant::{SingleTenant, TenantScope};
-pub use crate::tx::Tx;
 pub use axum::response::Response;
 pub use std::boxed::Box;
 pub use std::result::Result::Ok;

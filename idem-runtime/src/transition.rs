@@ -47,6 +47,9 @@ use sqlx::Transaction;
 
 use crate::db::Backend;
 
+pub(crate) use crate::model::FencedWrite;
+pub use crate::model::Resource;
+
 /// The states of a resource and the edges between them.
 pub trait States: Copy + Eq + Debug + Send + Sync + 'static {
     /// Every state.
@@ -65,23 +68,6 @@ pub trait States: Copy + Eq + Debug + Send + Sync + 'static {
     fn allows(from: Self, to: Self) -> bool {
         Self::TRANSITIONS.contains(&(from, to))
     }
-}
-
-/// Where a resource's state lives. The names are trusted SQL identifiers (write
-/// them as literals; they are not escaped).
-#[derive(Debug, Clone, Copy)]
-pub struct Resource {
-    /// The table.
-    pub table: &'static str,
-    /// The primary key column (a `bigint`).
-    pub id_column: &'static str,
-    /// The state column (`text`).
-    pub state_column: &'static str,
-    /// The version column (`bigint`), incremented by every transition.
-    pub version_column: &'static str,
-    /// An extra `column = $2` condition that scopes the row (such as a tenant), or
-    /// `None`.
-    pub scope_column: Option<&'static str>,
 }
 
 /// What a successful transition did.
@@ -146,20 +132,6 @@ pub enum TransitionError<S: Debug, E> {
 
 /// The action of a transition, run in the caller's transaction.
 pub type Action<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
-
-/// The fenced update of one transition: the new state if the version is still
-/// the one the locking read saw.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FencedWrite<'a> {
-    pub(crate) resource: &'a Resource,
-    pub(crate) id: i64,
-    pub(crate) scope: Option<&'a str>,
-    /// The state the locking read saw.
-    pub(crate) from: &'static str,
-    pub(crate) to: &'static str,
-    /// The version the locking read saw.
-    pub(crate) version: i64,
-}
 
 /// Moves resource `id` (in `scope`, if the resource has a scope column) to `to`,
 /// running `action` first, all in `tx` (the caller's transaction, PostgreSQL or

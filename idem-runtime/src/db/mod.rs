@@ -18,14 +18,12 @@ use std::time::Duration;
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Transaction};
 
-use crate::admin::{KeyAddress, KeyRecord, PurgeError};
-use crate::config::Idem;
 use crate::model::{
     Claim, ClaimRequest, Execution, Fence, Finish, InFlightSummary, LeaseRequest, LeasedOutcome,
     Owned, StatsSnapshot, StoreError, StoredResponse, UncertainRow,
 };
-use crate::transition::{FencedWrite, Resource};
-use crate::tx::Tx;
+use crate::model::{FencedWrite, Resource};
+use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -35,6 +33,9 @@ pub(crate) mod rows;
 mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+pub(crate) mod tx;
+
+pub use tx::Tx;
 
 #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 compile_error!(
@@ -64,6 +65,22 @@ pub type DefaultBackend = sqlx::MySql;
 /// The table in which idem records its own migrations, apart from the
 /// application's `_sqlx_migrations`, on every database.
 pub const MIGRATIONS_TABLE: &str = "_idem_migrations";
+
+/// What the handler's path needs of its [`crate::Idem`]: the pool, whether
+/// keys are claimed at commit, and how long the request may take (its deadline,
+/// never shorter than its in-flight wait and a second). Built by the handler, so
+/// that this module needs nothing of the layers above it.
+#[doc(hidden)]
+pub struct ClaimContext<'a, DB: sqlx::Database> {
+    /// The pool the request's transaction runs on.
+    pub(crate) pool: &'a Pool<DB>,
+    /// See `Idem::with_claims_at_commit`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) claims_at_commit: bool,
+    /// The request's deadline, for the database's own bound on the transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) deadline: Duration,
+}
 
 mod sealed {
     /// Only idem's own database modules implement [`super::Backend`].
@@ -122,20 +139,20 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
 
-    /// The handler's path: begins a transaction on a connection of `idem`'s pool
+    /// The handler's path: begins a transaction on a connection of `ctx`'s pool
     /// and claims the key in it, in as few round trips as the database allows.
     /// The [`Tx`] comes back whatever the claim decided (dropping it releases the
     /// connection); only [`Claim::Execute`] leaves its transaction open.
     #[doc(hidden)]
     fn begin_claim(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         req: &ClaimRequest<'_>,
     ) -> impl Future<Output = Result<(Tx<Self>, Claim), StoreError>> + Send;
 
     /// The handler's path: stores the outcome in `tx` and commits.
     #[doc(hidden)]
     fn finish(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         tx: Tx<Self>,
         execution: Execution,
         response: &StoredResponse,
@@ -147,10 +164,10 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// key from the claim on.
     #[doc(hidden)]
     fn taken_since(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         execution: &Execution,
     ) -> impl Future<Output = Result<Option<Claim>, StoreError>> + Send {
-        let _ = (idem, execution);
+        let _ = (ctx, execution);
         std::future::ready(Ok(None))
     }
 

@@ -4,8 +4,8 @@
 
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use crate::admin::KeyRecord;
 use crate::key::KeyDigest;
+use crate::model::KeyRecord;
 use crate::model::{StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
 
 /// The stats snapshot from the ages row and the (operation, state) groups.

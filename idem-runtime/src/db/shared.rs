@@ -11,7 +11,7 @@
     allow(dead_code, unused_imports, unused_macros)
 )]
 
-use crate::transition::Resource;
+use crate::model::Resource;
 
 pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
        FROM idempotency_requests \
@@ -263,7 +263,7 @@ macro_rules! transition_statements {
     ($read_sql:path, $null_param:expr) => {
         async fn lock_state<'c>(
             conn: &'c mut Self::Connection,
-            resource: &'c $crate::transition::Resource,
+            resource: &'c $crate::model::Resource,
             id: i64,
             scope: Option<&'c str>,
         ) -> Result<Option<(String, i64)>, sqlx::Error> {
@@ -280,7 +280,7 @@ macro_rules! transition_statements {
 
         async fn write_state<'c>(
             conn: &'c mut Self::Connection,
-            w: $crate::transition::FencedWrite<'c>,
+            w: $crate::model::FencedWrite<'c>,
         ) -> Result<Option<i64>, sqlx::Error> {
             sqlx::query_scalar(sqlx::AssertSqlSafe($crate::db::shared::write_sql(
                 w.resource,
@@ -304,10 +304,10 @@ macro_rules! admin_statements {
     () => {
         async fn purge<E: Send>(
             pool: &sqlx::Pool<Self>,
-            key: &$crate::admin::KeyAddress<'_>,
+            key: &$crate::model::KeyAddress<'_>,
             wait: std::time::Duration,
             allow: impl FnOnce(&str) -> Result<(), E> + Send,
-        ) -> Result<Option<(String, i64)>, $crate::admin::PurgeError<E>> {
+        ) -> Result<Option<(String, i64)>, $crate::model::PurgeError<E>> {
             admin::purge(pool, key, wait, allow).await
         }
 
@@ -327,9 +327,9 @@ macro_rules! admin_statements {
 
         async fn fetch_record(
             pool: &sqlx::Pool<Self>,
-            key: &$crate::admin::KeyAddress<'_>,
+            key: &$crate::model::KeyAddress<'_>,
             with_body: bool,
-        ) -> Result<Option<$crate::admin::KeyRecord>, StoreError> {
+        ) -> Result<Option<$crate::model::KeyRecord>, StoreError> {
             let row = sqlx::query(SHOW_SQL)
                 .bind(key.tenant)
                 .bind(key.operation)
@@ -354,7 +354,7 @@ macro_rules! delete_if_allowed {
             Some(row) => {
                 let state: String = row.try_get("state").map_err(StoreError::from)?;
                 let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
-                $allow(&state).map_err($crate::admin::PurgeError::Refused)?;
+                $allow(&state).map_err($crate::model::PurgeError::Refused)?;
                 sqlx::query($crate::db::shared::DELETE_SQL)
                     .bind($key.tenant)
                     .bind($key.operation)

@@ -7,8 +7,8 @@ use std::pin::Pin;
 use axum::response::{IntoResponse, Response};
 
 use crate::db::DefaultBackend;
+use crate::db::Tx;
 use crate::lease::Lease;
-use crate::tx::Tx;
 
 /// What a handler produced, and whether its transaction must be rolled back.
 #[derive(Debug)]

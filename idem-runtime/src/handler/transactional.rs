@@ -10,13 +10,13 @@ use super::pipeline::{Decision, Mode, Scope, capture, stored_ok};
 use super::{BoxedHandler, OperationSpec};
 use crate::config::Idem;
 use crate::db::Backend;
+use crate::db::Tx;
 use crate::flight::{Joined, Leader};
 use crate::metrics;
 #[cfg(feature = "replay-cache")]
 use crate::model::ClaimRequest;
 use crate::model::{Claim, Execution, Finish, StoreError};
 use crate::problem::Problem;
-use crate::tx::Tx;
 
 /// The transactional mode: the key is claimed in the handler's own transaction,
 /// and the effect and its record commit together or not at all.
@@ -94,7 +94,8 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 None
             }
         };
-        let (mut tx, claim) = DB::begin_claim(idem, &req).await?;
+        let (mut tx, claim) =
+            DB::begin_claim(&idem.claim_context(req.in_flight_wait), &req).await?;
         if let Some(deadline) = scope.deadline {
             tx.abandon_at(deadline);
         }
@@ -137,7 +138,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
             );
             // A key claimed at commit may have been finished by another execution
             // while this one ran: its outcome is the key's answer, not this error.
-            match DB::taken_since(idem, &execution).await {
+            match DB::taken_since(&idem.claim_context(execution.in_flight_wait), &execution).await {
                 Ok(Some(claim)) => return taken(op, scope, claim),
                 Ok(None) => {}
                 Err(e) => {
@@ -152,7 +153,14 @@ impl<DB: Backend> Mode<DB> for Transactional {
         };
         #[cfg(feature = "replay-cache")]
         let sent = Instant::now();
-        match DB::finish(idem, tx, execution, &stored).await {
+        match DB::finish(
+            &idem.claim_context(execution.in_flight_wait),
+            tx,
+            execution,
+            &stored,
+        )
+        .await
+        {
             Finish::Committed =>
             {
                 #[cfg(feature = "replay-cache")]

@@ -34,7 +34,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use sqlx::Pool;
 
 use crate::db::{Backend, DefaultBackend};
@@ -112,22 +111,7 @@ impl From<sqlx::Error> for LeaseError {
     }
 }
 
-/// The key to give the downstream system's own idempotency mechanism: derived from
-/// tenant, operation and key, the same for every owner and generation.
-pub fn downstream_key(tenant: &str, operation: &str, key: &IdempotencyKey) -> String {
-    downstream_key_of(tenant, operation, key.as_str())
-}
-
-/// [`downstream_key`] of a key's characters. The stores' migrations compute the
-/// same in SQL for rows written before keys were digested: change neither.
-pub(crate) fn downstream_key_of(tenant: &str, operation: &str, key: &str) -> String {
-    let mut h = Sha256::new();
-    for part in ["idem-downstream-v1", tenant, operation, key] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(&h.finalize()[..16])
-}
+pub use crate::key::downstream_key;
 
 /// Claims `req.key` in leased mode. The claim commits at
 /// once, on its own.

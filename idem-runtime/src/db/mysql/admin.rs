@@ -7,8 +7,8 @@ use sqlx::{Connection, MySqlConnection, MySqlPool, Row};
 
 use super::upkeep::rfc3339;
 use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
-use crate::admin::{KeyAddress, KeyRecord, PurgeError};
 use crate::model::StoreError;
+use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
 // The body leaves the database only when asked for (the first `?`, in the
 // select list).

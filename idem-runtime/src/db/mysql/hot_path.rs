@@ -48,12 +48,12 @@ use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, error_number, is_deadlock, is_lock_timeout,
     lock_wait_seconds, now_ms, restore_lock_wait,
 };
-use crate::config::Idem;
+use crate::db::ClaimContext;
+use crate::db::Tx;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
-use crate::tx::Tx;
 
 /// Everything the decision needs about a key, in one prepared statement.
 const LOOKUP_SQL: &str = concat!(
@@ -180,13 +180,13 @@ fn bounded_upsert(secs: u64) -> &'static str {
 /// Looks the key up and, unless that answers the request, begins the handler's
 /// transaction (see the module docs).
 pub(crate) async fn begin_claim(
-    idem: &Idem<MySql>,
+    ctx: &ClaimContext<'_, MySql>,
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<MySql>, Claim), StoreError> {
-    if !idem.claims_at_commit() {
-        return claim_first(idem, req).await;
+    if !ctx.claims_at_commit {
+        return claim_first(ctx, req).await;
     }
-    let mut conn = idem.pool().acquire().await?;
+    let mut conn = ctx.pool.acquire().await?;
     let snapshot = lookup(
         &mut conn,
         req.tenant,
@@ -209,14 +209,14 @@ pub(crate) async fn begin_claim(
 /// the transaction back, so the claim is retried in a new one, a bounded number
 /// of times.
 async fn claim_first(
-    idem: &Idem<MySql>,
+    ctx: &ClaimContext<'_, MySql>,
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<MySql>, Claim), StoreError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let mut tx = Tx::begin(
-            idem.pool(),
+            ctx.pool,
             Some(sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED)),
         )
         .await?;
@@ -267,7 +267,7 @@ async fn lookup(
 /// docs). Another execution's hold on the key is [`Finish::Taken`], with what to
 /// answer instead.
 pub(crate) async fn finish(
-    idem: &Idem<MySql>,
+    ctx: &ClaimContext<'_, MySql>,
     mut tx: Tx<MySql>,
     execution: Execution,
     response: &StoredResponse,
@@ -294,7 +294,7 @@ pub(crate) async fn finish(
             if let Err(e) = tx.rollback().await {
                 return Finish::NotStored(e.into());
             }
-            match answer_instead(idem, &execution).await {
+            match answer_instead(ctx, &execution).await {
                 Ok(claim) => Finish::Taken(claim),
                 Err(e) => Finish::NotStored(e),
             }
@@ -316,7 +316,7 @@ pub(crate) async fn finish(
             if let Err(rollback) = tx.rollback().await {
                 return Finish::NotStored(rollback.into());
             }
-            match answer_instead(idem, &execution).await {
+            match answer_instead(ctx, &execution).await {
                 Ok(claim @ (Claim::Replay(_) | Claim::Mismatch)) => Finish::Taken(claim),
                 Ok(claim) if is_deadlock(&e) => Finish::Taken(claim),
                 _ => Finish::NotStored(e.into()),
@@ -387,13 +387,13 @@ fn taken(done: MySqlQueryResult) -> Option<i64> {
 /// its key was to be claimed at commit: a finished outcome another execution
 /// stored meanwhile (replayed, or `422`), or `None` (its own answer stands).
 pub(crate) async fn taken_since(
-    idem: &Idem<MySql>,
+    ctx: &ClaimContext<'_, MySql>,
     execution: &Execution,
 ) -> Result<Option<Claim>, StoreError> {
     if !execution.at_commit {
         return Ok(None);
     }
-    Ok(match answer_instead(idem, execution).await? {
+    Ok(match answer_instead(ctx, execution).await? {
         claim @ (Claim::Replay(_) | Claim::Mismatch) => Some(claim),
         _ => None,
     })
@@ -409,8 +409,11 @@ fn waited(execution: &Execution, started: Instant) {
 }
 
 /// The decision for a key whose execution already ran: what it holds now.
-async fn answer_instead(idem: &Idem<MySql>, execution: &Execution) -> Result<Claim, StoreError> {
-    let mut conn = idem.pool().acquire().await?;
+async fn answer_instead(
+    ctx: &ClaimContext<'_, MySql>,
+    execution: &Execution,
+) -> Result<Claim, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
     let snapshot = lookup(
         &mut conn,
         &execution.tenant,

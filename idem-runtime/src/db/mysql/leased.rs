@@ -190,7 +190,7 @@ async fn decide(
     let lease = millis(req.lease);
     let retention = millis(req.retention);
     let token = new_token();
-    let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
+    let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
     let row = sqlx::query(READ_SQL)
         .bind(req.tenant)
         .bind(req.operation)

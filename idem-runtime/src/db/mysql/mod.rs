@@ -18,15 +18,14 @@ use std::time::Duration;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row, Transaction};
 
-use super::Backend;
-use crate::admin::{KeyAddress, KeyRecord, PurgeError};
-use crate::config::Idem;
+use super::{Backend, ClaimContext};
+use crate::db::Tx;
 use crate::model::{
     Claim, ClaimRequest, Execution, Fence, Finish, InFlightSummary, LeaseRequest, LeasedOutcome,
     Owned, StatsSnapshot, StoreError, StoredResponse, UncertainRow,
 };
-use crate::transition::{FencedWrite, Resource};
-use crate::tx::Tx;
+use crate::model::{FencedWrite, Resource};
+use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
 mod admin;
 pub(crate) mod hot_path;
@@ -206,26 +205,26 @@ impl Backend for MySql {
     }
 
     async fn begin_claim(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         req: &ClaimRequest<'_>,
     ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(idem, req).await
+        hot_path::begin_claim(ctx, req).await
     }
 
     async fn finish(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         tx: Tx<Self>,
         execution: Execution,
         response: &StoredResponse,
     ) -> Finish {
-        hot_path::finish(idem, tx, execution, response).await
+        hot_path::finish(ctx, tx, execution, response).await
     }
 
     async fn taken_since(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         execution: &Execution,
     ) -> Result<Option<Claim>, StoreError> {
-        hot_path::taken_since(idem, execution).await
+        hot_path::taken_since(ctx, execution).await
     }
 
     async fn claim_leased(

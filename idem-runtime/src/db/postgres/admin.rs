@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Row};
 
-use crate::admin::{KeyAddress, PurgeError};
 use crate::db::shared::delete_if_allowed;
 use crate::model::StoreError;
+use crate::model::{KeyAddress, PurgeError};
 
 /// A timestamp column as RFC 3339 text in UTC, formatted by the database (the
 /// crate has no date library, and the database clock is the reference anyway).

@@ -37,12 +37,12 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 
 use super::BEGIN_READ_COMMITTED;
 use super::transactional::{claim_on, complete_on, stored_from_row};
-use crate::config::Idem;
+use crate::db::ClaimContext;
+use crate::db::Tx;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
-use crate::tx::Tx;
 
 /// Everything the decision needs about a key, in one prepared statement.
 const LOOKUP_SQL: &str = "SELECT fingerprint, state, generation, expires_at > now() AS live, \
@@ -80,12 +80,12 @@ const LOCK_TIMEOUT: &str = "55P03";
 /// Looks the key up and, unless that answers the request, begins the handler's
 /// transaction (see the module docs).
 pub(crate) async fn begin_claim(
-    idem: &Idem<Postgres>,
+    ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let mut conn = idem.pool().acquire().await?;
-    let begin = begin_statement(idem, req);
-    if !idem.claims_at_commit() {
+    let mut conn = ctx.pool.acquire().await?;
+    let begin = begin_statement(ctx);
+    if !ctx.claims_at_commit {
         return claim_first(conn, req, begin).await;
     }
     let snapshot = lookup(
@@ -111,8 +111,8 @@ pub(crate) async fn begin_claim(
 /// itself: the server's bound is the backstop for a client that vanished, and
 /// must not cancel a statement just before the client abandons the request.
 /// Both take at most `i32::MAX` milliseconds (about 24.8 days).
-fn begin_statement(idem: &Idem<Postgres>, req: &ClaimRequest<'_>) -> sqlx::SqlStr {
-    let deadline = idem.deadline_with_wait(req.in_flight_wait);
+fn begin_statement(ctx: &ClaimContext<'_, Postgres>) -> sqlx::SqlStr {
+    let deadline = ctx.deadline;
     let ms = millis(deadline.saturating_add(Duration::from_secs(1))).min(i64::from(i32::MAX));
     AssertSqlSafe(format!(
         "{BEGIN_READ_COMMITTED}; SELECT set_config('statement_timeout', '{ms}', true), \
@@ -164,7 +164,7 @@ async fn claim_first(
 /// docs). Another execution's hold on the key is [`Finish::Taken`], with what
 /// to answer instead.
 pub(crate) async fn finish(
-    idem: &Idem<Postgres>,
+    ctx: &ClaimContext<'_, Postgres>,
     mut tx: Tx<Postgres>,
     execution: Execution,
     response: &StoredResponse,
@@ -204,7 +204,7 @@ pub(crate) async fn finish(
             if let Err(e) = tx.rollback().await {
                 return Finish::NotStored(e.into());
             }
-            match answer_instead(idem, &execution).await {
+            match answer_instead(ctx, &execution).await {
                 Ok(claim) => Finish::Taken(claim),
                 Err(e) => Finish::NotStored(e),
             }
@@ -224,7 +224,7 @@ pub(crate) async fn finish(
             if let Err(rollback) = tx.rollback().await {
                 return Finish::NotStored(rollback.into());
             }
-            match answer_instead(idem, &execution).await {
+            match answer_instead(ctx, &execution).await {
                 Ok(claim @ (Claim::Replay(_) | Claim::Mismatch)) => Finish::Taken(claim),
                 _ => Finish::NotStored(e.into()),
             }
@@ -241,13 +241,13 @@ pub(crate) async fn finish(
 /// its key was to be claimed at commit: a finished outcome another execution
 /// stored meanwhile (replayed, or `422`), or `None` (its own answer stands).
 pub(crate) async fn taken_since(
-    idem: &Idem<Postgres>,
+    ctx: &ClaimContext<'_, Postgres>,
     execution: &Execution,
 ) -> Result<Option<Claim>, StoreError> {
     if !execution.at_commit {
         return Ok(None);
     }
-    Ok(match answer_instead(idem, execution).await? {
+    Ok(match answer_instead(ctx, execution).await? {
         claim @ (Claim::Replay(_) | Claim::Mismatch) => Some(claim),
         _ => None,
     })
@@ -263,8 +263,11 @@ fn waited(execution: &Execution, started: Instant) {
 }
 
 /// The decision for a key whose execution already ran: what it holds now.
-async fn answer_instead(idem: &Idem<Postgres>, execution: &Execution) -> Result<Claim, StoreError> {
-    let mut conn = idem.pool().acquire().await?;
+async fn answer_instead(
+    ctx: &ClaimContext<'_, Postgres>,
+    execution: &Execution,
+) -> Result<Claim, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
     let snapshot = lookup(
         &mut conn,
         &execution.tenant,

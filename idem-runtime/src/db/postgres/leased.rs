@@ -93,7 +93,7 @@ pub(super) async fn claim_leased(
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .bind(millis(req.lease))
-        .bind(crate::lease::downstream_key(
+        .bind(crate::key::downstream_key(
             req.tenant,
             req.operation,
             req.key,

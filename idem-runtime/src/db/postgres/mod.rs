@@ -14,17 +14,16 @@ use std::time::Duration;
 
 use sqlx::{Pool, Postgres, Row, Transaction};
 
-use super::Backend;
 use super::shared::{
     admin_statements, lease_statements, sweep_statements, transactional_statements,
     transition_statements,
 };
-use crate::config::Idem;
+use super::{Backend, ClaimContext};
+use crate::db::Tx;
+use crate::model::Resource;
 use crate::model::{
     Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
 };
-use crate::transition::Resource;
-use crate::tx::Tx;
 
 mod admin;
 pub(crate) mod hot_path;
@@ -98,26 +97,26 @@ impl Backend for Postgres {
     }
 
     async fn begin_claim(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         req: &ClaimRequest<'_>,
     ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(idem, req).await
+        hot_path::begin_claim(ctx, req).await
     }
 
     async fn finish(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         tx: Tx<Self>,
         execution: Execution,
         response: &StoredResponse,
     ) -> Finish {
-        hot_path::finish(idem, tx, execution, response).await
+        hot_path::finish(ctx, tx, execution, response).await
     }
 
     async fn taken_since(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         execution: &Execution,
     ) -> Result<Option<Claim>, StoreError> {
-        hot_path::taken_since(idem, execution).await
+        hot_path::taken_since(ctx, execution).await
     }
 
     lease_statements!();

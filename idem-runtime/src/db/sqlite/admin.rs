@@ -6,8 +6,8 @@ use std::time::Duration;
 use sqlx::{Connection, Row, SqliteConnection, SqlitePool};
 
 use super::{is_busy, now_ms};
-use crate::admin::{KeyAddress, PurgeError};
 use crate::db::shared::delete_if_allowed;
+use crate::model::{KeyAddress, PurgeError};
 use crate::model::{StoreError, millis};
 
 /// A timestamp column (Unix milliseconds) as RFC 3339 text in UTC, whole seconds,

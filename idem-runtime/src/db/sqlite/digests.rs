@@ -11,7 +11,7 @@
 use sqlx::{Pool, Row, Sqlite};
 
 use crate::key::KeyDigest;
-use crate::lease::downstream_key_of;
+use crate::key::downstream_key_of;
 use crate::model::StoreError;
 
 /// Rows converted per transaction: each holds SQLite's one write lock only

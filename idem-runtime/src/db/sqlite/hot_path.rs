@@ -28,10 +28,10 @@ use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection};
 
 use super::now_ms;
 use super::transactional::stored_from_row;
-use crate::config::Idem;
+use crate::db::ClaimContext;
+use crate::db::Tx;
 use crate::decide::{self, KeySnapshot};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
-use crate::tx::Tx;
 
 /// The key's row, if any, and the database's clock, in one statement.
 const LOOKUP_SQL: &str = concat!(
@@ -70,10 +70,10 @@ const INSERT_SQL: &str = concat!(
 /// Begins the handler's transaction with the write lock, reads the key and
 /// decides (see the module docs).
 pub(crate) async fn begin_claim(
-    idem: &Idem<Sqlite>,
+    ctx: &ClaimContext<'_, Sqlite>,
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Sqlite>, Claim), StoreError> {
-    let conn = idem.pool().acquire().await?;
+    let conn = ctx.pool.acquire().await?;
     let started = std::time::Instant::now();
     let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")).await;
     // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more

@@ -16,17 +16,16 @@ use std::time::Duration;
 
 use sqlx::{Pool, Row, Sqlite, Transaction};
 
-use super::Backend;
 use super::shared::{
     admin_statements, lease_statements, sweep_statements, transactional_statements,
     transition_statements,
 };
-use crate::config::Idem;
+use super::{Backend, ClaimContext};
+use crate::db::Tx;
+use crate::model::Resource;
 use crate::model::{
     Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
 };
-use crate::transition::Resource;
-use crate::tx::Tx;
 
 mod admin;
 mod digests;
@@ -114,14 +113,14 @@ impl Backend for Sqlite {
     /// The write lock first, the key read under it, nothing written until the
     /// outcome (see `hot_path`).
     async fn begin_claim(
-        idem: &Idem<Self>,
+        ctx: &ClaimContext<'_, Self>,
         req: &ClaimRequest<'_>,
     ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(idem, req).await
+        hot_path::begin_claim(ctx, req).await
     }
 
     async fn finish(
-        _: &Idem<Self>,
+        _: &ClaimContext<'_, Self>,
         tx: Tx<Self>,
         execution: Execution,
         response: &StoredResponse,
