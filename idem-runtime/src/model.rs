@@ -234,7 +234,7 @@ pub enum Acquisition {
 
 /// What a leased claim decided, before a [`crate::Lease`] is built around it.
 #[derive(Debug)]
-pub(crate) enum LeasedOutcome {
+pub enum LeasedOutcome {
     /// The caller owns the execution under `token`.
     Acquired {
         acquisition: Acquisition,
@@ -254,7 +254,7 @@ pub(crate) enum LeasedOutcome {
 
 /// An owned row, as the fenced statements match it: primary key and owner token.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Owned<'a> {
+pub struct Owned<'a> {
     pub(crate) tenant: &'a str,
     pub(crate) operation: &'a str,
     pub(crate) key: KeyDigest,
@@ -263,7 +263,7 @@ pub(crate) struct Owned<'a> {
 
 /// A fenced statement other than storing the outcome.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Fence {
+pub enum Fence {
     /// Extend the lease by this much from now.
     Renew(Duration),
     /// Mark the row `uncertain`.
@@ -274,7 +274,7 @@ pub(crate) enum Fence {
 
 /// An `uncertain` row awaiting reconciliation.
 #[derive(Debug, Clone)]
-pub(crate) struct UncertainRow {
+pub struct UncertainRow {
     pub(crate) tenant: String,
     /// The key's digest (the key itself is not stored).
     pub(crate) key: KeyDigest,
@@ -293,7 +293,7 @@ pub(crate) struct UncertainRow {
 
 /// The in-flight rows as one sweep sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub(crate) struct InFlightSummary {
+pub struct InFlightSummary {
     /// `processing` rows created at least the stale threshold ago.
     pub(crate) stale_processing: u64,
     /// `uncertain` rows created at least the stale threshold ago.
@@ -309,7 +309,7 @@ pub(crate) struct InFlightSummary {
 
 /// The raw numbers of one stats snapshot, before [`crate::stats()`] adds them up.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StatsSnapshot {
+pub struct StatsSnapshot {
     /// "Now" of the snapshot, by the database clock (RFC 3339, UTC, whole seconds).
     pub(crate) taken_at: String,
     /// One entry per (operation, state) pair present in the table, in any order.
@@ -321,7 +321,7 @@ pub(crate) struct StatsSnapshot {
 
 /// The rows of one operation in one state, as a [`StatsSnapshot`] holds them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StatsGroup {
+pub struct StatsGroup {
     pub(crate) operation: String,
     /// The state as stored; stats refuse one the schema does not allow.
     pub(crate) state: String,
@@ -439,7 +439,7 @@ pub struct Resource {
 /// The fenced update of one transition: the new state if the version is still
 /// the one the locking read saw.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct FencedWrite<'a> {
+pub struct FencedWrite<'a> {
     pub(crate) resource: &'a Resource,
     pub(crate) id: i64,
     pub(crate) scope: Option<&'a str>,

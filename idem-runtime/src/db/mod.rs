@@ -8,10 +8,6 @@
 //! [`Backend`], its migrations under `migrations/<name>/`, a cargo feature, and
 //! the stamping of the behaviour tests (see ARCHITECTURE.md).
 
-// The sealed trait's hidden methods speak the crate's internal vocabulary on
-// purpose: nothing outside the crate can implement or call them.
-#![allow(private_interfaces, private_bounds)]
-
 use std::future::Future;
 use std::time::Duration;
 

@@ -13,7 +13,7 @@ use crate::problem::Problem;
 use crate::response;
 
 /// The answers that need no execution.
-pub(super) enum Answer {
+pub enum Answer {
     /// The stored outcome; `cached` when the replay cache answered.
     Replay {
         stored: StoredResponse,

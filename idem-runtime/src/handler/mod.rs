@@ -6,10 +6,6 @@
 //!
 //! This is what `#[idempotent]` expands to a call of (through `__private`).
 
-// The sealed trait's hidden methods speak the crate's internal vocabulary on
-// purpose: nothing outside the crate can implement or call them.
-#![allow(private_interfaces, private_bounds)]
-
 mod answers;
 mod body;
 mod leased;

@@ -26,7 +26,7 @@ use crate::response::{self, CaptureError};
 use crate::tenant::TenantError;
 
 /// The checked request: what a claim in either mode needs.
-pub(super) struct Scope<'a> {
+pub struct Scope<'a> {
     pub(super) spec: &'static OperationSpec,
     pub(super) tenant: &'a str,
     pub(super) key: &'a IdempotencyKey,
@@ -71,7 +71,7 @@ impl Scope<'_> {
 }
 
 /// What a claim decided, in either mode.
-pub(super) enum Decision<Held, Handle> {
+pub enum Decision<Held, Handle> {
     /// This request owns the execution: `how` is the metric's outcome label.
     Execute {
         held: Held,

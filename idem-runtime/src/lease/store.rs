@@ -7,10 +7,6 @@
 //! nothing changes for a service on a pool; Redis runs one Lua script per state
 //! change (see `docs/redis.md`).
 
-// The sealed trait's hidden methods speak the crate's internal vocabulary on
-// purpose: nothing outside the crate can implement or call them.
-#![allow(private_interfaces, private_bounds)]
-
 use std::future::Future;
 use std::time::Duration;
 

@@ -30,9 +30,6 @@
 //! sweeper has deleted the row (before that, SQL reclaims at the next
 //! generation; Redis never answers `Reclaimed`). See `docs/redis.md`.
 
-// The sealed trait's hidden methods speak the crate's internal vocabulary.
-#![allow(private_interfaces, private_bounds)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
