@@ -135,7 +135,7 @@ macro_rules! leased_tests {
         #[tokio::test]
         async fn a_transactional_reclaim_forgets_the_leased_executions_downstream_key() {
             use idem_runtime::__private::Finish;
-            use idem_runtime::{Backend, Claim, ClaimRequest, claim};
+            use idem_runtime::{Claim, ClaimRequest, claim};
 
             for handler_path in [false, true] {
                 let db = TestDb::new().await;
@@ -164,12 +164,12 @@ macro_rules! leased_tests {
                 };
                 if handler_path {
                     let idem: Idem<Db> = Idem::new(db.pool.clone());
-                    let (tx, c) = <Db as Backend>::begin_claim(&idem.claim_context(req.in_flight_wait), &req).await.unwrap();
+                    let (tx, c) = <Db as idem_runtime::__private::Claims>::begin_claim(&idem.claim_context(req.in_flight_wait), &req).await.unwrap();
                     let Claim::Execute(exec) = c else {
                         panic!("the expired key executes anew: {c:?}")
                     };
                     assert!(matches!(
-                        <Db as Backend>::finish(&idem.claim_context(Default::default()), tx, exec, &paid("tx")).await,
+                        <Db as idem_runtime::__private::Claims>::finish(&idem.claim_context(Default::default()), tx, exec, &paid("tx")).await,
                         Finish::Committed
                     ));
                 } else {

@@ -425,8 +425,9 @@ mod sqlite {
     /// idem's writes.
     #[tokio::test]
     async fn the_handlers_path_writes_the_row_once_and_nothing_before_the_outcome() {
+        use idem_runtime::__private::Claims;
         use idem_runtime::__private::Finish;
-        use idem_runtime::{Backend, Idem};
+        use idem_runtime::Idem;
 
         let db = db().await;
         db.exec(
@@ -526,7 +527,8 @@ mod sqlite {
     /// the handler's claim answers in flight and leaves its connection idle.
     #[tokio::test]
     async fn a_held_write_lock_past_the_busy_timeout_is_in_flight() {
-        use idem_runtime::{Backend, Idem};
+        use idem_runtime::__private::Claims;
+        use idem_runtime::Idem;
         use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
         let db = db().await;

@@ -24,6 +24,8 @@ pub use crate::db::Tx;
 /// MySQL's handler path: which form of its claiming insert to send (tests).
 #[cfg(feature = "mysql")]
 pub use crate::db::mysql::hot_path::assume_set_statement;
+/// The narrow store traits behind `Backend`, for idem's tests of their methods.
+pub use crate::db::stores::{Admin, Claims, LeaseRows, Transitions, Upkeep};
 pub use crate::fingerprint::FingerprintBody;
 pub use crate::handler::{
     BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, Leased, Mode,

@@ -120,7 +120,7 @@ impl<DB: Backend> LeaseBackend for DB {
         store: &Pool<DB>,
         req: &LeaseRequest<'_>,
     ) -> impl Future<Output = Result<LeasedOutcome, StoreError>> + Send {
-        <DB as Backend>::claim_leased(store, req)
+        <DB as crate::db::stores::LeaseRows>::claim_leased(store, req)
     }
 
     fn lease_store(
@@ -129,7 +129,7 @@ impl<DB: Backend> LeaseBackend for DB {
         response: &StoredResponse,
         retention: Duration,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        <DB as Backend>::store_outcome(store, row, response, retention)
+        <DB as crate::db::stores::LeaseRows>::store_outcome(store, row, response, retention)
     }
 
     fn lease_fence(
@@ -137,7 +137,7 @@ impl<DB: Backend> LeaseBackend for DB {
         row: Owned<'_>,
         what: Fence,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        <DB as Backend>::fence(store, row, what)
+        <DB as crate::db::stores::LeaseRows>::fence(store, row, what)
     }
 
     fn lease_current(
@@ -146,7 +146,7 @@ impl<DB: Backend> LeaseBackend for DB {
         operation: &str,
         key: &KeyDigest,
     ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send {
-        <DB as Backend>::current(store, tenant, operation, key)
+        <DB as crate::db::stores::LeaseRows>::current(store, tenant, operation, key)
     }
 
     async fn lease_uncertain(
@@ -155,8 +155,13 @@ impl<DB: Backend> LeaseBackend for DB {
         after: Option<&SqlUncertain>,
         limit: i64,
     ) -> Result<Vec<SqlUncertain>, StoreError> {
-        let rows =
-            <DB as Backend>::uncertain_rows(store, operation, after.map(|a| &a.0), limit).await?;
+        let rows = <DB as crate::db::stores::LeaseRows>::uncertain_rows(
+            store,
+            operation,
+            after.map(|a| &a.0),
+            limit,
+        )
+        .await?;
         Ok(rows.into_iter().map(SqlUncertain).collect())
     }
 
@@ -170,7 +175,7 @@ impl<DB: Backend> LeaseBackend for DB {
         row: &SqlUncertain,
         outcome: Option<&StoredResponse>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        <DB as Backend>::resolve(store, operation, &row.0, outcome)
+        <DB as crate::db::stores::LeaseRows>::resolve(store, operation, &row.0, outcome)
     }
 }
 

@@ -166,6 +166,16 @@ fn write_sql(resource: &Resource) -> String {
 impl super::sealed::Sealed for MySql {}
 
 impl Backend for MySql {
+    /// READ COMMITTED (see [`BEGIN_READ_COMMITTED`]).
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
+    {
+        pool.begin_with(BEGIN_READ_COMMITTED)
+    }
+}
+
+impl super::stores::Claims for MySql {
     /// In a transaction the caller began: a deadlock (the whole transaction was
     /// rolled back by InnoDB) is answered as in flight, since it cannot be
     /// retried here.
@@ -196,14 +206,6 @@ impl Backend for MySql {
         Ok(())
     }
 
-    /// READ COMMITTED (see [`BEGIN_READ_COMMITTED`]).
-    fn begin(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
-    {
-        pool.begin_with(BEGIN_READ_COMMITTED)
-    }
-
     async fn begin_claim(
         ctx: &ClaimContext<'_, Self>,
         req: &ClaimRequest<'_>,
@@ -226,7 +228,9 @@ impl Backend for MySql {
     ) -> Result<Option<Claim>, StoreError> {
         hot_path::taken_since(ctx, execution).await
     }
+}
 
+impl super::stores::LeaseRows for MySql {
     async fn claim_leased(
         pool: &MySqlPool,
         req: &LeaseRequest<'_>,
@@ -273,7 +277,9 @@ impl Backend for MySql {
     ) -> Result<u64, StoreError> {
         leased::resolve(pool, operation, row, outcome).await
     }
+}
 
+impl super::stores::Upkeep for MySql {
     async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, StoreError> {
         upkeep::delete_batch(pool, limit).await
     }
@@ -306,7 +312,9 @@ impl Backend for MySql {
     async fn snapshot(pool: &MySqlPool) -> Result<StatsSnapshot, StoreError> {
         upkeep::snapshot(pool).await
     }
+}
 
+impl super::stores::Transitions for MySql {
     async fn lock_state<'c>(
         conn: &'c mut MySqlConnection,
         resource: &'c Resource,
@@ -338,7 +346,9 @@ impl Backend for MySql {
             .await?;
         Ok((done.rows_affected() == 1).then_some(w.version + 1))
     }
+}
 
+impl super::stores::Admin for MySql {
     async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
         match sqlx::query_scalar(sqlx::AssertSqlSafe(super::shared::applied_versions_sql()))
             .fetch_all(pool)

@@ -67,6 +67,17 @@ fn transition_read_sql(resource: &Resource) -> String {
 impl super::sealed::Sealed for Postgres {}
 
 impl Backend for Postgres {
+    /// Explicitly READ COMMITTED, so a server or role whose default isolation is
+    /// stricter still gets what claims need.
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
+    {
+        pool.begin_with(BEGIN_READ_COMMITTED)
+    }
+}
+
+impl super::stores::Claims for Postgres {
     transactional_statements!();
 
     fn migrator() -> sqlx::migrate::Migrator {
@@ -85,15 +96,6 @@ impl Backend for Postgres {
         }
         Self::migrator().run(pool).await?;
         Ok(())
-    }
-
-    /// Explicitly READ COMMITTED, so a server or role whose default isolation is
-    /// stricter still gets what claims need.
-    fn begin(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
-    {
-        pool.begin_with(BEGIN_READ_COMMITTED)
     }
 
     async fn begin_claim(
@@ -118,9 +120,13 @@ impl Backend for Postgres {
     ) -> Result<Option<Claim>, StoreError> {
         hot_path::taken_since(ctx, execution).await
     }
+}
 
+impl super::stores::LeaseRows for Postgres {
     lease_statements!();
+}
 
+impl super::stores::Upkeep for Postgres {
     // Batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on several
     // replicas share the work and none waits on a row a claim holds.
     sweep_statements!(
@@ -128,8 +134,12 @@ impl Backend for Postgres {
         upkeep::BACKLOG_SQL,
         upkeep::IN_FLIGHT_SQL
     );
+}
 
+impl super::stores::Transitions for Postgres {
     transition_statements!(transition_read_sql, "$2::text");
+}
 
+impl super::stores::Admin for Postgres {
     admin_statements!();
 }

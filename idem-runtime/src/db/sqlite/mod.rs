@@ -88,6 +88,17 @@ fn transition_read_sql(resource: &Resource) -> String {
 impl super::sealed::Sealed for Sqlite {}
 
 impl Backend for Sqlite {
+    /// Deferred: the claim's INSERT is the first statement and takes the write
+    /// lock, waiting through the busy timeout.
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
+    {
+        pool.begin()
+    }
+}
+
+impl super::stores::Claims for Sqlite {
     transactional_statements!();
 
     fn migrator() -> sqlx::migrate::Migrator {
@@ -99,15 +110,6 @@ impl Backend for Sqlite {
     async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
         Self::migrator().run(pool).await?;
         digests::convert_raw_keys(pool).await
-    }
-
-    /// Deferred: the claim's INSERT is the first statement and takes the write
-    /// lock, waiting through the busy timeout.
-    fn begin(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
-    {
-        pool.begin()
     }
 
     /// The write lock first, the key read under it, nothing written until the
@@ -127,9 +129,13 @@ impl Backend for Sqlite {
     ) -> Finish {
         hot_path::finish(tx, execution, response).await
     }
+}
 
+impl super::stores::LeaseRows for Sqlite {
     lease_statements!();
+}
 
+impl super::stores::Upkeep for Sqlite {
     // Batches by `rowid` under SQLite's single write lock, so no `SKIP LOCKED`
     // is needed.
     sweep_statements!(
@@ -137,8 +143,12 @@ impl Backend for Sqlite {
         upkeep::BACKLOG_SQL,
         upkeep::IN_FLIGHT_SQL
     );
+}
 
+impl super::stores::Transitions for Sqlite {
     transition_statements!(transition_read_sql, "$2");
+}
 
+impl super::stores::Admin for Sqlite {
     admin_statements!();
 }

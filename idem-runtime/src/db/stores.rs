@@ -1,0 +1,194 @@
+//! The narrow traits a database implements, by concern; [`super::Backend`] is
+//! the sealed marker that requires them all. They are `pub` in this private
+//! module: reachable through `Backend` by idem's generic code, nameable by
+//! nobody outside the crate (its tests reach them through `__private`), so
+//! nothing outside can implement or call them.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::{Pool, Transaction};
+
+use super::{Backend, ClaimContext, Tx};
+use crate::model::{
+    Claim, ClaimRequest, Execution, Fence, FencedWrite, Finish, InFlightSummary, KeyAddress,
+    KeyRecord, LeaseRequest, LeasedOutcome, Owned, PurgeError, Resource, StatsSnapshot, StoreError,
+    StoredResponse, UncertainRow,
+};
+
+/// The transactional mode: the claim and completion inside the caller's
+/// transaction, the handler's path, and the migrations.
+pub trait Claims: sqlx::Database {
+    /// Claims a key inside the caller's transaction.
+    fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Stores an execution's outcome inside the transaction that claimed it.
+    fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// idem's embedded migrations for this database, tracked in
+    /// [`super::MIGRATIONS_TABLE`].
+    fn migrator() -> Migrator;
+
+    /// Applies `migrator`'s migrations.
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The handler's path: begins a transaction on a connection of `ctx`'s pool
+    /// and claims the key in it, in as few round trips as the database allows.
+    /// The [`Tx`] comes back whatever the claim decided (dropping it releases the
+    /// connection); only [`Claim::Execute`] leaves its transaction open.
+    fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<(Tx<Self>, Claim), StoreError>> + Send
+    where
+        Self: Backend;
+
+    /// The handler's path: stores the outcome in `tx` and commits.
+    fn finish(
+        ctx: &ClaimContext<'_, Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Finish> + Send
+    where
+        Self: Backend;
+
+    /// The handler's path, after `execution` rolled back: what to answer instead
+    /// of its own outcome, when another execution finished the key meanwhile.
+    /// Only a database that claims at commit can find one; the others held the
+    /// key from the claim on.
+    fn taken_since(
+        ctx: &ClaimContext<'_, Self>,
+        execution: &Execution,
+    ) -> impl Future<Output = Result<Option<Claim>, StoreError>> + Send {
+        let _ = (ctx, execution);
+        std::future::ready(Ok(None))
+    }
+}
+
+/// Leased mode's rows: one short statement (or transaction) each, every
+/// statement over an owned row fenced by the owner token.
+pub trait LeaseRows: sqlx::Database {
+    /// Claims `req.key`, committing at once.
+    fn claim_leased(
+        pool: &Pool<Self>,
+        req: &LeaseRequest<'_>,
+    ) -> impl Future<Output = Result<LeasedOutcome, StoreError>> + Send;
+
+    /// Stores the owned execution's outcome, its retention counted from now.
+    fn store_outcome(
+        pool: &Pool<Self>,
+        row: Owned<'_>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Renews, marks uncertain or releases the owned execution.
+    fn fence(
+        pool: &Pool<Self>,
+        row: Owned<'_>,
+        what: Fence,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The key's finished outcome, if it has one, with its fingerprint.
+    fn current(
+        pool: &Pool<Self>,
+        tenant: &str,
+        operation: &str,
+        key: &crate::key::KeyDigest,
+    ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send;
+
+    /// Up to `limit` uncertain rows of `operation` in creation order, starting
+    /// after `after` (a row of an earlier page), so that rows that never resolve
+    /// cannot keep newer ones from being asked about.
+    fn uncertain_rows(
+        pool: &Pool<Self>,
+        operation: &str,
+        after: Option<&UncertainRow>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<UncertainRow>, StoreError>> + Send;
+
+    /// Resolves an uncertain row if it is still that execution (same generation and
+    /// owner token): stores `outcome` (retention from now), or forgets the key when
+    /// `None`.
+    fn resolve(
+        pool: &Pool<Self>,
+        operation: &str,
+        row: &UncertainRow,
+        outcome: Option<&StoredResponse>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Retention and numbers, on the database's clock.
+pub trait Upkeep: sqlx::Database {
+    /// Deletes at most `limit` finished, expired rows, oldest expiry first, in a
+    /// statement of its own; never a `processing` or `uncertain` row.
+    fn delete_batch(
+        pool: &Pool<Self>,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Counts the finished, expired rows still present.
+    fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Summarises the rows in flight (`processing` or `uncertain`).
+    fn in_flight(
+        pool: &Pool<Self>,
+        stale_after: Duration,
+    ) -> impl Future<Output = Result<InFlightSummary, StoreError>> + Send;
+
+    /// The table's numbers in one consistent snapshot.
+    fn snapshot(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<StatsSnapshot, StoreError>> + Send;
+}
+
+/// State transitions of the application's own rows.
+pub trait Transitions: sqlx::Database {
+    /// Reads `(state, version)` of a resource and holds it against other
+    /// transitions until the transaction ends.
+    fn lock_state<'c>(
+        conn: &'c mut Self::Connection,
+        resource: &'c Resource,
+        id: i64,
+        scope: Option<&'c str>,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c;
+
+    /// Moves the state if the version is still the one read; the new version.
+    fn write_state<'c>(
+        conn: &'c mut Self::Connection,
+        write: FencedWrite<'c>,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c;
+}
+
+/// What the admin CLI reads and deletes.
+pub trait Admin: sqlx::Database {
+    /// The migration versions recorded as applied; none before the first.
+    fn applied_versions(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send;
+
+    /// One key's row, its body only when `with_body`.
+    fn fetch_record(
+        pool: &Pool<Self>,
+        key: &KeyAddress<'_>,
+        with_body: bool,
+    ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+
+    /// Deletes one key's row under a lock taken within `wait`, if `allow` agrees
+    /// with its state; the deleted row's state and generation.
+    fn purge<E: Send>(
+        pool: &Pool<Self>,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send;
+}
