@@ -132,45 +132,7 @@ impl<DB: Backend> Idem<DB> {
     pub async fn migrate(&self) -> Result<(), crate::StoreError> {
         crate::store::migrate(&self.pool).await
     }
-}
 
-impl<DB: LeaseBackend> Idem<DB> {
-    /// The default in-flight wait: how long a duplicate waits for the first request.
-    pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
-    /// The default request deadline (see [`Idem::with_request_deadline`]).
-    pub const DEFAULT_REQUEST_DEADLINE: Duration = Duration::from_secs(30);
-    /// The default bound on the duplicates of one key that wait in this process
-    /// for its first request (see [`Idem::with_waiter_limits`]).
-    pub const DEFAULT_WAITERS_PER_KEY: usize = 32;
-    /// The default bound on all the duplicates that wait in this process.
-    pub const DEFAULT_WAITERS: usize = 1024;
-    /// The default limit on a stored response body.
-    pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
-
-    /// Uses `store` (a pool, or a Redis store) with the default settings.
-    pub(crate) fn on_store(pool: DB::Store) -> Self {
-        Idem {
-            pool,
-            settings: Arc::new(Settings {
-                in_flight_wait: Self::DEFAULT_IN_FLIGHT_WAIT,
-                request_deadline: Self::DEFAULT_REQUEST_DEADLINE,
-                max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
-                stored_headers: DEFAULT_STORED_HEADERS
-                    .iter()
-                    .map(|h| HeaderName::from_static(h))
-                    .collect(),
-                tenant_label: false,
-                #[cfg(feature = "replay-cache")]
-                replay_cache: None,
-            }),
-            claims_at_commit: true,
-            flights: Arc::new(crate::flight::Flights::new(
-                Self::DEFAULT_WAITERS_PER_KEY,
-                Self::DEFAULT_WAITERS,
-            )),
-            executions: Default::default(),
-        }
-    }
     /// PostgreSQL and MySQL / MariaDB: whether a handler's key is claimed by the
     /// row its completion inserts (on by default), rather than by a row written
     /// before the handler runs and updated at completion.
@@ -259,6 +221,78 @@ impl<DB: LeaseBackend> Idem<DB> {
         }
     }
 
+    /// Whether keys are claimed at commit (see [`Idem::with_claims_at_commit`]).
+    pub fn claims_at_commit(&self) -> bool {
+        self.claims_at_commit
+    }
+
+    /// The earlier name of [`Idem::claims_at_commit`].
+    #[deprecated(since = "0.2.0", note = "use `Idem::claims_at_commit`")]
+    pub fn pipelined_claims(&self) -> bool {
+        self.claims_at_commit()
+    }
+
+    /// How long a duplicate request waits for a concurrent first request with the
+    /// same key to finish before it is answered `409 Conflict` with `Retry-After`.
+    /// A request waiting in the database holds a pool connection (one waiting in
+    /// the same process does not, see [`Idem::with_waiter_limits`]). A handler's
+    /// `in_flight_wait = "..."` overrides it. A wait longer than the databases'
+    /// lock timeouts can hold (`i32::MAX` milliseconds, about 24.8 days) is that.
+    pub fn with_in_flight_wait(mut self, wait: Duration) -> Self {
+        let longest = Duration::from_millis(i32::MAX as u64);
+        Arc::make_mut(&mut self.settings).in_flight_wait = wait.min(longest);
+        self
+    }
+
+    /// The configured in-flight wait.
+    pub fn in_flight_wait(&self) -> Duration {
+        self.settings.in_flight_wait
+    }
+}
+
+impl<DB: LeaseBackend> Idem<DB> {
+    /// The in-flight wait as configured, for the pipeline both modes share.
+    pub(crate) fn configured_in_flight_wait(&self) -> Duration {
+        self.settings.in_flight_wait
+    }
+
+    /// The default in-flight wait: how long a duplicate waits for the first request.
+    pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
+    /// The default request deadline (see [`Idem::with_request_deadline`]).
+    pub const DEFAULT_REQUEST_DEADLINE: Duration = Duration::from_secs(30);
+    /// The default bound on the duplicates of one key that wait in this process
+    /// for its first request (see [`Idem::with_waiter_limits`]).
+    pub const DEFAULT_WAITERS_PER_KEY: usize = 32;
+    /// The default bound on all the duplicates that wait in this process.
+    pub const DEFAULT_WAITERS: usize = 1024;
+    /// The default limit on a stored response body.
+    pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+    /// Uses `store` (a pool, or a Redis store) with the default settings.
+    pub(crate) fn on_store(pool: DB::Store) -> Self {
+        Idem {
+            pool,
+            settings: Arc::new(Settings {
+                in_flight_wait: Self::DEFAULT_IN_FLIGHT_WAIT,
+                request_deadline: Self::DEFAULT_REQUEST_DEADLINE,
+                max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
+                stored_headers: DEFAULT_STORED_HEADERS
+                    .iter()
+                    .map(|h| HeaderName::from_static(h))
+                    .collect(),
+                tenant_label: false,
+                #[cfg(feature = "replay-cache")]
+                replay_cache: None,
+            }),
+            claims_at_commit: true,
+            flights: Arc::new(crate::flight::Flights::new(
+                Self::DEFAULT_WAITERS_PER_KEY,
+                Self::DEFAULT_WAITERS,
+            )),
+            executions: Default::default(),
+        }
+    }
+
     /// Bounds the duplicates that wait in this process for their key's first
     /// request: at most `per_key` for one key and `total` for all keys (defaults
     /// [`Idem::DEFAULT_WAITERS_PER_KEY`] and [`Idem::DEFAULT_WAITERS`]).
@@ -306,29 +340,6 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// The waiting room of this `Idem` and its clones.
     pub(crate) fn flights(&self) -> &Arc<crate::flight::Flights> {
         &self.flights
-    }
-
-    /// Whether keys are claimed at commit (see [`Idem::with_claims_at_commit`]).
-    pub fn claims_at_commit(&self) -> bool {
-        self.claims_at_commit
-    }
-
-    /// The earlier name of [`Idem::claims_at_commit`].
-    #[deprecated(since = "0.2.0", note = "use `Idem::claims_at_commit`")]
-    pub fn pipelined_claims(&self) -> bool {
-        self.claims_at_commit()
-    }
-
-    /// How long a duplicate request waits for a concurrent first request with the
-    /// same key to finish before it is answered `409 Conflict` with `Retry-After`.
-    /// A request waiting in the database holds a pool connection (one waiting in
-    /// the same process does not, see [`Idem::with_waiter_limits`]). A handler's
-    /// `in_flight_wait = "..."` overrides it. A wait longer than the databases'
-    /// lock timeouts can hold (`i32::MAX` milliseconds, about 24.8 days) is that.
-    pub fn with_in_flight_wait(mut self, wait: Duration) -> Self {
-        let longest = Duration::from_millis(i32::MAX as u64);
-        Arc::make_mut(&mut self.settings).in_flight_wait = wait.min(longest);
-        self
     }
 
     /// The largest response body that is stored. A larger body is not stored: in
@@ -393,11 +404,6 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// The store leased claims run on (for a pool, the same as [`Idem::pool`]).
     pub(crate) fn lease_store(&self) -> &DB::Store {
         &self.pool
-    }
-
-    /// The configured in-flight wait.
-    pub fn in_flight_wait(&self) -> Duration {
-        self.settings.in_flight_wait
     }
 
     /// The configured response body limit.

@@ -50,7 +50,10 @@ impl Scope<'_> {
             key: self.key,
             fingerprint: self.fingerprint,
             retention: self.spec.retention,
-            in_flight_wait: self.spec.in_flight_wait.unwrap_or(idem.in_flight_wait()),
+            in_flight_wait: self
+                .spec
+                .in_flight_wait
+                .unwrap_or(idem.configured_in_flight_wait()),
         }
     }
 

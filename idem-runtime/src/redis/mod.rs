@@ -343,6 +343,18 @@ impl RedisLeaseStore {
 
     /// An [`Idem`] whose leased handlers (`&mut Lease<Redis>`) run on this
     /// store, with the default settings.
+    ///
+    /// It has the settings of leased mode and of the answers (stored headers,
+    /// response limit, tenant label, waiting-room limits), and none of the SQL
+    /// transaction's: the in-flight wait, the request deadline and claims at
+    /// commit configure a transaction a Redis lease never has, so they are not
+    /// there to be set by mistake.
+    ///
+    /// ```compile_fail
+    /// # fn demo(store: idem_runtime::redis::RedisLeaseStore) {
+    /// let idem = store.idem().with_in_flight_wait(std::time::Duration::from_secs(1));
+    /// # }
+    /// ```
     pub fn idem(&self) -> Idem<Redis> {
         Idem::on_store(self.clone())
     }
