@@ -130,6 +130,17 @@ pub fn after_execution(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Cl
     }
 }
 
+/// Of what a key holds after an execution that did not commit: a finished
+/// outcome (replayed, or `422`) answers in that execution's place; anything
+/// else leaves the execution's own answer standing.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub fn answers_instead(claim: Claim) -> Option<Claim> {
+    match claim {
+        claim @ (Claim::Replay(_) | Claim::Mismatch) => Some(claim),
+        _ => None,
+    }
+}
+
 /// A key held by a row that is not to be taken over.
 fn held(row: KeySnapshot, in_flight_wait: Duration) -> Claim {
     if !row.fingerprint_matches {

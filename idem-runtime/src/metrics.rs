@@ -90,6 +90,16 @@ pub(crate) fn completion(operation: impl Into<SharedString>, outcome: &'static s
         .increment(1);
 }
 
+/// Records a wait for another holder of a key that began at `started`.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn claim_waited(operation: impl Into<SharedString>, started: std::time::Instant) {
+    seconds(
+        CLAIM_WAIT_SECONDS,
+        operation,
+        started.elapsed().as_secs_f64(),
+    );
+}
+
 pub(crate) fn seconds(name: &'static str, operation: impl Into<SharedString>, secs: f64) {
     metrics::histogram!(name, "operation" => operation.into()).record(secs);
 }

@@ -290,7 +290,7 @@ pub(crate) async fn finish(
         Ok(None) => {
             // A finished row that has not expired, or a leased execution's: this
             // execution loses, and answers what the key holds now.
-            waited(&execution, started);
+            crate::metrics::claim_waited(execution.operation.clone(), started);
             if let Err(e) = tx.rollback().await {
                 return Finish::NotStored(e.into());
             }
@@ -300,7 +300,7 @@ pub(crate) async fn finish(
             }
         }
         Err(e) if is_lock_timeout(&e) => {
-            waited(&execution, started);
+            crate::metrics::claim_waited(execution.operation.clone(), started);
             if let Err(e) = tx.rollback().await {
                 return Finish::NotStored(e.into());
             }
@@ -317,9 +317,12 @@ pub(crate) async fn finish(
                 return Finish::NotStored(rollback.into());
             }
             match answer_instead(ctx, &execution).await {
-                Ok(claim @ (Claim::Replay(_) | Claim::Mismatch)) => Finish::Taken(claim),
                 Ok(claim) if is_deadlock(&e) => Finish::Taken(claim),
-                _ => Finish::NotStored(e.into()),
+                Ok(claim) => match decide::answers_instead(claim) {
+                    Some(claim) => Finish::Taken(claim),
+                    None => Finish::NotStored(e.into()),
+                },
+                Err(_) => Finish::NotStored(e.into()),
             }
         }
         Err(e) => {
@@ -393,19 +396,9 @@ pub(crate) async fn taken_since(
     if !execution.at_commit {
         return Ok(None);
     }
-    Ok(match answer_instead(ctx, execution).await? {
-        claim @ (Claim::Replay(_) | Claim::Mismatch) => Some(claim),
-        _ => None,
-    })
-}
-
-/// Records how long the insert waited for another holder of the key.
-fn waited(execution: &Execution, started: Instant) {
-    crate::metrics::seconds(
-        crate::metrics::CLAIM_WAIT_SECONDS,
-        execution.operation.clone(),
-        started.elapsed().as_secs_f64(),
-    );
+    Ok(decide::answers_instead(
+        answer_instead(ctx, execution).await?,
+    ))
 }
 
 /// The decision for a key whose execution already ran: what it holds now.

@@ -200,7 +200,7 @@ pub(crate) async fn finish(
         Ok(None) => {
             // A finished row that has not expired, or a leased execution's: this
             // execution loses, and answers what the key holds now.
-            waited(&execution, started);
+            crate::metrics::claim_waited(execution.operation.clone(), started);
             if let Err(e) = tx.rollback().await {
                 return Finish::NotStored(e.into());
             }
@@ -210,7 +210,7 @@ pub(crate) async fn finish(
             }
         }
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LOCK_TIMEOUT) => {
-            waited(&execution, started);
+            crate::metrics::claim_waited(execution.operation.clone(), started);
             drop(tx); // rolls the aborted transaction back
             Finish::Taken(Claim::InFlight {
                 retry_after: execution.in_flight_wait.max(Duration::from_secs(1)),
@@ -224,8 +224,11 @@ pub(crate) async fn finish(
             if let Err(rollback) = tx.rollback().await {
                 return Finish::NotStored(rollback.into());
             }
-            match answer_instead(ctx, &execution).await {
-                Ok(claim @ (Claim::Replay(_) | Claim::Mismatch)) => Finish::Taken(claim),
+            match answer_instead(ctx, &execution)
+                .await
+                .map(decide::answers_instead)
+            {
+                Ok(Some(claim)) => Finish::Taken(claim),
                 _ => Finish::NotStored(e.into()),
             }
         }
@@ -247,19 +250,9 @@ pub(crate) async fn taken_since(
     if !execution.at_commit {
         return Ok(None);
     }
-    Ok(match answer_instead(ctx, execution).await? {
-        claim @ (Claim::Replay(_) | Claim::Mismatch) => Some(claim),
-        _ => None,
-    })
-}
-
-/// Records how long the insert waited for another holder of the key.
-fn waited(execution: &Execution, started: Instant) {
-    crate::metrics::seconds(
-        crate::metrics::CLAIM_WAIT_SECONDS,
-        execution.operation.clone(),
-        started.elapsed().as_secs_f64(),
-    );
+    Ok(decide::answers_instead(
+        answer_instead(ctx, execution).await?,
+    ))
 }
 
 /// The decision for a key whose execution already ran: what it holds now.
