@@ -11,6 +11,8 @@
 #[path = "common/caller.rs"]
 mod caller;
 mod common;
+#[path = "common/gate.rs"]
+mod gate;
 #[path = "common/state.rs"]
 mod state;
 
@@ -41,6 +43,7 @@ use tower::ServiceExt;
 
 use caller::Caller;
 use common::TestDb;
+use gate::Gate;
 use state::AppState;
 
 #[derive(Deserialize, serde::Serialize)]
@@ -151,33 +154,6 @@ async fn create_widget(
         _ => insert(tx, &caller.0, &w.name).await,
     }
     Ok((StatusCode::CREATED, Json(json!({"name": w.name}))))
-}
-
-/// A handler's stop for its first visitor: it says it got there, then waits to
-/// be let go.
-struct Gate {
-    visits: AtomicU64,
-    reached: tokio::sync::Notify,
-    release: tokio::sync::Notify,
-}
-
-impl Gate {
-    /// The gate called `name`, one per test.
-    fn named(name: &str) -> Arc<Gate> {
-        static GATES: LazyLock<Mutex<HashMap<String, Arc<Gate>>>> = LazyLock::new(Default::default);
-        GATES
-            .lock()
-            .unwrap()
-            .entry(name.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Gate {
-                    visits: AtomicU64::new(0),
-                    reached: tokio::sync::Notify::new(),
-                    release: tokio::sync::Notify::new(),
-                })
-            })
-            .clone()
-    }
 }
 
 /// Counts its runs; from the second on it fails the way its mode says: a 5xx,

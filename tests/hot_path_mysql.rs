@@ -7,15 +7,18 @@
 //! answered the first's outcome, exactly one effect when many processes race,
 //! the in-flight bound on a key another transaction holds (in both forms of the
 //! insert: MariaDB's `SET STATEMENT` and MySQL 8's session variable set around
-//! it, given back after), a leased row left alone, takeover of an expired key,
-//! and the claim-first path when claims at commit are off.
+//! it, given back after), a leased row left alone, a duplicate whose handler
+//! failed after the first committed answering the first's outcome, takeover of
+//! an expired key, and the claim-first path when claims at commit are off.
 
 #[path = "common/caller.rs"]
 mod caller;
 mod common;
+#[path = "common/gate.rs"]
+mod gate;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +39,7 @@ use tower::ServiceExt;
 
 use caller::Caller;
 use common::MySqlDb;
+use gate::Gate;
 
 const WIDGETS: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
      tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB";
@@ -45,32 +49,6 @@ struct NewWidget {
     name: String,
     #[serde(default)]
     mode: Option<String>,
-}
-
-/// A handler stopped at a gate of its test's, until let go.
-struct Gate {
-    visits: AtomicU64,
-    reached: tokio::sync::Notify,
-    release: tokio::sync::Notify,
-}
-
-impl Gate {
-    /// The gate called `name`, one per test.
-    fn named(name: &str) -> Arc<Gate> {
-        static GATES: LazyLock<Mutex<HashMap<String, Arc<Gate>>>> = LazyLock::new(Default::default);
-        GATES
-            .lock()
-            .unwrap()
-            .entry(name.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Gate {
-                    visits: AtomicU64::new(0),
-                    reached: tokio::sync::Notify::new(),
-                    release: tokio::sync::Notify::new(),
-                })
-            })
-            .clone()
-    }
 }
 
 /// How many processes `concurrent_duplicates_on_many_processes...` runs.
@@ -106,6 +84,29 @@ async fn create_widget(
     match w.mode.as_deref() {
         // The first run waits at the widget's gate; later runs pass.
         Some("gated") => {
+            let gate = Gate::named(&w.name);
+            if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
+                gate.reached.notify_one();
+                gate.release.notified().await;
+            }
+        }
+        // A natural key of the application's, then the widget's gate for the
+        // first run: a second run that runs into the first's row answers a 5xx
+        // itself (its transaction rolls back).
+        Some("natural-5xx") => {
+            let inserted = sqlx::query("INSERT INTO naturals (nk) VALUES (?)")
+                .bind(&w.name)
+                .execute(&mut **tx)
+                .await;
+            if let Err(sqlx::Error::Database(e)) = &inserted
+                && e.code().as_deref() == Some("23000")
+            {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(json!({"duplicate": true})),
+                );
+            }
+            inserted.unwrap();
             let gate = Gate::named(&w.name);
             if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
                 gate.reached.notify_one();
@@ -246,6 +247,65 @@ async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winner
         db.count("SELECT count(*) FROM idempotency_requests").await,
         1
     );
+}
+
+/// A duplicate on another process whose handler ran into the first's own row
+/// (the application's unique key), waited for it, and answered a 5xx itself:
+/// its transaction rolls back, and since the key holds the first's outcome by
+/// then, it answers that (replayed), not its 5xx.
+#[tokio::test]
+async fn a_duplicate_whose_handler_failed_on_the_winners_row_replays_the_winner() {
+    let (db, here) = app().await;
+    db.exec("CREATE TABLE naturals (nk VARCHAR(64) UNIQUE) ENGINE = InnoDB")
+        .await;
+    let there = router(Idem::new(db.pool.clone()));
+    let body = json!({"name": "nat-m", "mode": "natural-5xx"});
+    let gate = Gate::named("nat-m");
+    let first = {
+        let (here, body) = (here.clone(), body.clone());
+        tokio::spawn(async move { send(&here, request("k-nat", body)).await })
+    };
+    gate.reached.notified().await;
+    let second = {
+        let (there, body) = (there.clone(), body.clone());
+        tokio::spawn(async move { send(&there, request("k-nat", body)).await })
+    };
+    // Until the second's insert runs into the first's uncommitted row (it waits
+    // there: its lookup is behind it, so its handler runs).
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let waiting = db
+                .count(
+                    "SELECT count(*) FROM information_schema.PROCESSLIST \
+                      WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO naturals%'",
+                )
+                .await;
+            if waiting == 1 {
+                break;
+            }
+
+            // A poll interval (what is awaited is the condition above): a tight
+            // loop of information_schema reads can keep the two requests' own
+            // statements from their turn on this test's one thread.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the second waits on the first's row");
+    gate.release.notify_one();
+    let (status, replayed, _, won) = first.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _, answered) = second.await.unwrap();
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "{:?}",
+        String::from_utf8_lossy(&answered)
+    );
+    assert_eq!(answered, won);
+    assert_eq!(runs("nat-m"), 2, "both ran their handler");
+    assert_eq!(db.count("SELECT count(*) FROM naturals").await, 1);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
 /// STORM processes (no shared waiting room) send one new key at once; every
