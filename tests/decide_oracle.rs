@@ -5,14 +5,25 @@
 //! `uncertain`, each live or past its retention, with the request's fingerprint
 //! or another. Exhaustive (17 rows a database) rather than random: the space is
 //! that small.
+//!
+//! The leased claim likewise: PostgreSQL's `idem_claim_leased` and the claims
+//! of SQLite and MySQL (which decide with `decide::leased` themselves, so there
+//! the test holds their reading of the row and their writes to it) against
+//! `decide::leased`, over the same states and, for `processing`, a live lease,
+//! a lapsed one and none (25 rows a database). Redis's Lua claim is held to it
+//! in `tests/leased_redis.rs`.
 
 mod common;
 
 use std::time::Duration;
 
-use idem_runtime::__private::decide::{self, KeySnapshot, RowState, Transactional};
+use idem_runtime::__private::decide::{
+    self, KeySnapshot, LeasedOutcome, LeasedStep, RowState, Transactional,
+};
+use idem_runtime::lease::Acquisition;
 use idem_runtime::{
-    Claim, ClaimRequest, Fingerprint, FingerprintBuilder, IdempotencyKey, StoredResponse, claim,
+    Claim, ClaimRequest, Fingerprint, FingerprintBuilder, IdempotencyKey, LeaseRequest,
+    LeasedClaim, StoredResponse, claim, claim_leased,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -72,6 +83,135 @@ fn agrees(decided: &Transactional, claimed: &Claim) -> bool {
     }
 }
 
+/// A live lease's time left in the leased cases: half a second over a whole
+/// number of seconds, so that the claim's answer, read a moment later, asks
+/// for the same whole seconds as the decision core.
+const LEASE_LEFT_MS: i64 = 30_500;
+
+/// `Retry-After` as a client reads it: whole seconds, rounded up, at least one.
+fn seconds(wait: Duration) -> u64 {
+    wait.as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0))
+        .max(1)
+}
+
+/// Whether a database's leased claim said what the decision says.
+fn agrees_leased<DB: idem_runtime::Backend>(
+    decided: &LeasedStep,
+    claimed: &LeasedClaim<DB>,
+) -> bool {
+    match (decided, claimed) {
+        (LeasedStep::Insert, LeasedClaim::Acquired(lease)) => {
+            lease.acquisition() == Acquisition::New && lease.generation() == 1
+        }
+        (LeasedStep::Reclaim { generation }, LeasedClaim::Acquired(lease)) => {
+            lease.acquisition() == Acquisition::Reclaimed && lease.generation() == *generation
+        }
+        (LeasedStep::TakeOver { generation }, LeasedClaim::Acquired(lease)) => {
+            lease.acquisition() == Acquisition::TakenOver && lease.generation() == *generation
+        }
+        (LeasedStep::Answer(LeasedOutcome::Replay(a)), LeasedClaim::Replay(b)) => a == b,
+        (LeasedStep::Answer(LeasedOutcome::Mismatch), LeasedClaim::Mismatch) => true,
+        (LeasedStep::Answer(LeasedOutcome::Uncertain), LeasedClaim::Uncertain) => true,
+        (
+            LeasedStep::Answer(LeasedOutcome::InFlight { retry_after: a }),
+            LeasedClaim::InFlight { retry_after: b },
+        ) => seconds(*a) == seconds(*b),
+        _ => false,
+    }
+}
+
+/// Every leased case: no row, or a state, live or expired, the request's
+/// fingerprint or another, and for `processing` a lease with time left, a
+/// lapsed one (-1 s) or none.
+fn leased_cases() -> Vec<Option<(RowState, bool, bool, Option<i64>)>> {
+    let mut cases = vec![None];
+    for state in STATES {
+        let leases: &[Option<i64>] = if state == RowState::Processing {
+            &[None, Some(LEASE_LEFT_MS), Some(-1000)]
+        } else {
+            &[None]
+        };
+        for live in [true, false] {
+            for matches in [true, false] {
+                for &lease in leases {
+                    cases.push(Some((state, live, matches, lease)));
+                }
+            }
+        }
+    }
+    cases
+}
+
+macro_rules! leased_oracle_test {
+    ($db:ty, $expire:expr, $lease_in:expr) => {
+        #[tokio::test]
+        async fn the_leased_claim_decides_as_the_decision_core_in_every_state() {
+            let db = <$db>::new().await;
+            for (i, case) in leased_cases().into_iter().enumerate() {
+                let key = IdempotencyKey::parse(format!("l-{i}")).unwrap();
+                let first = fingerprint("first");
+                let mut snapshot = None;
+                if let Some((state, live, matches, lease)) = case {
+                    // A finished row with its outcome, through the store, then
+                    // moved to the case's state, lease and expiry by hand.
+                    let mut tx = db.pool.begin().await.unwrap();
+                    let Claim::Execute(exec) = claim(&mut tx, &request(&key, first)).await.unwrap()
+                    else {
+                        panic!("case {i}: a new key executes");
+                    };
+                    let stored = outcome(state);
+                    exec.complete(&mut tx, &stored).await.unwrap();
+                    tx.commit().await.unwrap();
+                    let lease_sql = match lease {
+                        Some(ms) => ($lease_in)(ms),
+                        None => "NULL".to_owned(),
+                    };
+                    db.exec(&format!(
+                        "UPDATE idempotency_requests SET state = '{}', lease_expires_at = {lease_sql}",
+                        state_name(state)
+                    ))
+                    .await;
+                    if !live {
+                        db.exec($expire).await;
+                    }
+                    snapshot = Some(KeySnapshot {
+                        fingerprint_matches: matches,
+                        state,
+                        generation: 1,
+                        live,
+                        stored: (state.is_finished() && live).then_some(stored),
+                        lease_ms_left: lease,
+                    });
+                }
+                let asked = match case {
+                    Some((_, _, false, _)) => fingerprint("another"),
+                    _ => first,
+                };
+                let decided = decide::leased(snapshot);
+                let claimed = claim_leased(
+                    &db.pool,
+                    &LeaseRequest {
+                        tenant: "acme",
+                        operation: "op",
+                        key: &key,
+                        fingerprint: asked,
+                        retention: HOUR,
+                        lease: Duration::from_secs(30),
+                    },
+                )
+                .await
+                .unwrap();
+                assert!(
+                    agrees_leased(&decided, &claimed),
+                    "case {i} {case:?}: the decision core says {decided:?}, the claim {claimed:?}"
+                );
+                db.exec("DELETE FROM idempotency_requests").await;
+            }
+        }
+    };
+}
+
 macro_rules! oracle_test {
     ($db:ty, $expire:expr) => {
         #[tokio::test]
@@ -113,7 +253,8 @@ macro_rules! oracle_test {
                         state,
                         generation: 1,
                         live,
-                        stored: state.is_finished().then_some(stored),
+                        stored: (state.is_finished() && live).then_some(stored),
+                        lease_ms_left: None,
                     });
                 }
                 let asked = match case {
@@ -140,6 +281,11 @@ mod postgres {
         common::TestDb,
         "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'"
     );
+    leased_oracle_test!(
+        common::TestDb,
+        "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'",
+        |ms: i64| format!("clock_timestamp() + {ms} * interval '1 millisecond'")
+    );
 }
 
 mod sqlite {
@@ -148,6 +294,11 @@ mod sqlite {
         common::SqliteDb,
         "UPDATE idempotency_requests SET expires_at = 0"
     );
+    leased_oracle_test!(
+        common::SqliteDb,
+        "UPDATE idempotency_requests SET expires_at = 0",
+        |ms: i64| format!("{} + {ms}", idem_runtime::sqlite_now_ms!())
+    );
 }
 
 mod mysql {
@@ -155,5 +306,10 @@ mod mysql {
     oracle_test!(
         common::MySqlDb,
         "UPDATE idempotency_requests SET expires_at = 0"
+    );
+    leased_oracle_test!(
+        common::MySqlDb,
+        "UPDATE idempotency_requests SET expires_at = 0",
+        |ms: i64| format!("{} + {ms}", idem_runtime::mysql_now_ms!())
     );
 }

@@ -237,9 +237,11 @@ pub enum Acquisition {
 pub enum LeasedOutcome {
     /// The caller owns the execution under `token`.
     Acquired {
+        /// How the execution was acquired.
         acquisition: Acquisition,
         /// The owner token that fences every later statement.
         token: String,
+        /// The generation the execution holds.
         generation: i64,
     },
     /// A stored outcome with the same fingerprint.
@@ -247,7 +249,10 @@ pub enum LeasedOutcome {
     /// The key is in use for a different request.
     Mismatch,
     /// Another worker holds a live lease (or the lock, for a moment).
-    InFlight { retry_after: Duration },
+    InFlight {
+        /// How long the caller is asked to wait.
+        retry_after: Duration,
+    },
     /// An earlier execution's effect is unknown.
     Uncertain,
 }

@@ -17,6 +17,8 @@ use super::transactional::{encode, stored_from_row};
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
+use crate::db::rows::leased_snapshot;
+use crate::decide::{self, LeasedStep};
 use crate::model::{
     Acquisition, Fence, LeaseRequest, LeasedOutcome, Owned, StoreError, StoredResponse,
     UncertainRow, millis,
@@ -176,14 +178,15 @@ async fn claim_in_transaction(
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
     let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
-    let outcome = decide(&mut tx, req).await?;
+    let outcome = claim_under_lock(&mut tx, req).await?;
     tx.commit().await?;
     Ok(outcome)
 }
 
-/// The claim's decision, under the key's row lock (the same steps as
-/// PostgreSQL's `idem_claim_leased`).
-async fn decide(
+/// The claim under the key's row lock: the row read, `decide::leased` over it
+/// (PostgreSQL's `idem_claim_leased` decides the same, as
+/// `tests/decide_oracle.rs` checks), and its write.
+async fn claim_under_lock(
     conn: &mut MySqlConnection,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
@@ -197,11 +200,16 @@ async fn decide(
         .bind(req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
-    let Some(row) = row else {
+    let snapshot = row
+        .as_ref()
+        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
+        .transpose()?;
+    match decide::leased(snapshot) {
+        LeasedStep::Answer(outcome) => Ok(outcome),
         // Two claimers that both found no row race here: the second waits for
         // the first's row and then fails on the duplicate key, and its caller
         // retries (the row is there then).
-        return match sqlx::query(INSERT_SQL)
+        LeasedStep::Insert => match sqlx::query(INSERT_SQL)
             .bind(req.tenant)
             .bind(req.operation)
             .bind(req.key.digest())
@@ -220,69 +228,45 @@ async fn decide(
             }),
             Err(e) if super::is_duplicate(&e) => Ok(busy()),
             Err(e) => Err(e.into()),
-        };
-    };
-    let now: i64 = row.try_get("now")?;
-    let state: String = row.try_get("state")?;
-    let generation: i64 = row.try_get("generation")?;
-    let finished = state == "completed" || state == "failed";
-    let expires_at: i64 = row.try_get("expires_at")?;
-    if finished && expires_at <= now {
-        sqlx::query(RECLAIM_SQL)
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(&downstream)
-            .bind(lease)
-            .bind(retention)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
-            .execute(&mut *conn)
-            .await?;
-        return Ok(LeasedOutcome::Acquired {
-            acquisition: Acquisition::Reclaimed,
-            token,
-            generation: generation + 1,
-        });
+        },
+        // MySQL has no RETURNING: under the row lock, the generation is the
+        // one decided.
+        LeasedStep::Reclaim { generation } => {
+            sqlx::query(RECLAIM_SQL)
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(&token)
+                .bind(&downstream)
+                .bind(lease)
+                .bind(retention)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .execute(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::Reclaimed,
+                token,
+                generation,
+            })
+        }
+        LeasedStep::TakeOver { generation } => {
+            // fencing the old owner out: a new token and generation
+            sqlx::query(TAKEOVER_SQL)
+                .bind(&token)
+                .bind(&downstream)
+                .bind(lease)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .execute(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::TakenOver,
+                token,
+                generation,
+            })
+        }
     }
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    if fingerprint != req.fingerprint.as_bytes() {
-        return Ok(LeasedOutcome::Mismatch);
-    }
-    if finished {
-        return Ok(LeasedOutcome::Replay(stored_from_row(&row)?));
-    }
-    if state == "uncertain" {
-        return Ok(LeasedOutcome::Uncertain);
-    }
-    // processing: a live lease keeps it
-    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
-    if let Some(until) = lease_expires_at.filter(|&until| until > now) {
-        let ms = u64::try_from(until - now).unwrap_or(1000);
-        return Ok(LeasedOutcome::InFlight {
-            retry_after: Duration::from_millis(ms),
-        });
-    }
-    if lease_expires_at.is_none() {
-        // Only a leased claim commits a `processing` row; one without a lease was
-        // written by hand. Leave it alone, as PostgreSQL does.
-        return Ok(busy());
-    }
-    // the lease lapsed: take the execution over, fencing the old owner out
-    sqlx::query(TAKEOVER_SQL)
-        .bind(&token)
-        .bind(&downstream)
-        .bind(lease)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
-        .execute(&mut *conn)
-        .await?;
-    Ok(LeasedOutcome::Acquired {
-        acquisition: Acquisition::TakenOver,
-        token,
-        generation: generation + 1,
-    })
 }
 
 pub(super) async fn store_outcome(

@@ -12,10 +12,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
 use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
+use crate::db::rows::leased_snapshot;
+use crate::decide::{self, LeasedStep};
 use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
 
 /// The owned row: its primary key and owner token, as `$1..$4`.
@@ -146,14 +148,15 @@ pub(super) async fn claim_leased(
         }
         Err(e) => return Err(e.into()),
     };
-    let outcome = decide(&mut tx, req).await?;
+    let outcome = claim_under_lock(&mut tx, req).await?;
     tx.commit().await?;
     Ok(outcome)
 }
 
-/// The claim's decision, inside the `BEGIN IMMEDIATE` transaction on `conn` (the
-/// same steps as PostgreSQL's `idem_claim_leased`).
-async fn decide(
+/// The claim, inside the `BEGIN IMMEDIATE` transaction on `conn`: the row read,
+/// `decide::leased` over it (PostgreSQL's `idem_claim_leased` decides the same,
+/// as `tests/decide_oracle.rs` checks), and its write.
+async fn claim_under_lock(
     conn: &mut sqlx::SqliteConnection,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
@@ -167,84 +170,64 @@ async fn decide(
     let retention = millis(req.retention);
     let token = new_token();
     let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
-    let Some(row) = row else {
-        sqlx::query(INSERT_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(lease)
-            .bind(retention)
-            .bind(&downstream)
-            .execute(&mut *conn)
-            .await?;
-        return Ok(LeasedOutcome::Acquired {
-            acquisition: Acquisition::New,
-            token,
-            generation: 1,
-        });
-    };
-    let now: i64 = row.try_get("now")?;
-    let state: String = row.try_get("state")?;
-    let finished = state == "completed" || state == "failed";
-    let expires_at: i64 = row.try_get("expires_at")?;
-    if finished && expires_at <= now {
-        let generation: i64 = sqlx::query_scalar(RECLAIM_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(lease)
-            .bind(retention)
-            .bind(&downstream)
-            .fetch_one(&mut *conn)
-            .await?;
-        return Ok(LeasedOutcome::Acquired {
-            acquisition: Acquisition::Reclaimed,
-            token,
-            generation,
-        });
+    let snapshot = row
+        .as_ref()
+        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
+        .transpose()?;
+    match decide::leased(snapshot) {
+        LeasedStep::Answer(outcome) => Ok(outcome),
+        LeasedStep::Insert => {
+            sqlx::query(INSERT_SQL)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(&token)
+                .bind(lease)
+                .bind(retention)
+                .bind(&downstream)
+                .execute(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::New,
+                token,
+                generation: 1,
+            })
+        }
+        LeasedStep::Reclaim { .. } => {
+            let generation: i64 = sqlx::query_scalar(RECLAIM_SQL)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(&token)
+                .bind(lease)
+                .bind(retention)
+                .bind(&downstream)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::Reclaimed,
+                token,
+                generation,
+            })
+        }
+        LeasedStep::TakeOver { .. } => {
+            // fencing the old owner out: a new token and generation
+            let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .bind(&token)
+                .bind(lease)
+                .bind(&downstream)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::TakenOver,
+                token,
+                generation,
+            })
+        }
     }
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    if fingerprint != req.fingerprint.as_bytes() {
-        return Ok(LeasedOutcome::Mismatch);
-    }
-    if finished {
-        return Ok(LeasedOutcome::Replay(stored_from_row(&row)?));
-    }
-    if state == "uncertain" {
-        return Ok(LeasedOutcome::Uncertain);
-    }
-    // processing: a live lease keeps it
-    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
-    if let Some(until) = lease_expires_at.filter(|&until| until > now) {
-        let ms = u64::try_from(until - now).unwrap_or(1000);
-        return Ok(LeasedOutcome::InFlight {
-            retry_after: Duration::from_millis(ms),
-        });
-    }
-    if lease_expires_at.is_none() {
-        // Only a leased claim commits a `processing` row; one without a lease was
-        // written by hand. Leave it alone, as PostgreSQL does.
-        return Ok(LeasedOutcome::InFlight {
-            retry_after: Duration::from_secs(1),
-        });
-    }
-    // the lease lapsed: take the execution over, fencing the old owner out
-    let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
-        .bind(&token)
-        .bind(lease)
-        .bind(&downstream)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(LeasedOutcome::Acquired {
-        acquisition: Acquisition::TakenOver,
-        token,
-        generation,
-    })
 }
