@@ -95,7 +95,7 @@ impl KeySnapshot {
 
     /// The snapshot with the lease's time left (`lease_expires_at - now`, in
     /// milliseconds), for the leased claim.
-    pub(crate) fn with_lease(mut self, lease_ms_left: Option<i64>) -> Self {
+    pub fn with_lease(mut self, lease_ms_left: Option<i64>) -> Self {
         self.lease_ms_left = lease_ms_left;
         self
     }
