@@ -121,10 +121,14 @@ fn agrees_leased<DB: idem_runtime::Backend>(
     }
 }
 
+/// A leased case's row: its state, whether it is live, whether the request's
+/// fingerprint matches, and the lease's milliseconds left.
+type LeasedCase = (RowState, bool, bool, Option<i64>);
+
 /// Every leased case: no row, or a state, live or expired, the request's
 /// fingerprint or another, and for `processing` a lease with time left, a
 /// lapsed one (-1 s) or none.
-fn leased_cases() -> Vec<Option<(RowState, bool, bool, Option<i64>)>> {
+fn leased_cases() -> Vec<Option<LeasedCase>> {
     let mut cases = vec![None];
     for state in STATES {
         let leases: &[Option<i64>] = if state == RowState::Processing {

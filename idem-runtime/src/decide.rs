@@ -31,6 +31,52 @@ impl RowState {
     pub fn is_finished(self) -> bool {
         matches!(self, RowState::Completed | RowState::Failed)
     }
+
+    /// The column's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowState::Processing => "processing",
+            RowState::Completed => "completed",
+            RowState::Failed => "failed",
+            RowState::Uncertain => "uncertain",
+        }
+    }
+}
+
+// The `state` column binds and reads as text on every database; a spelling the
+// schema does not allow fails to decode (as `StoreError::Corrupt`'s message).
+impl<DB: sqlx::Database> sqlx::Type<DB> for RowState
+where
+    str: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <str as sqlx::Type<DB>>::type_info()
+    }
+
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <str as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for RowState
+where
+    &'q str: sqlx::Encode<'q, DB>,
+{
+    fn encode_by_ref(
+        &self,
+        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<'q, DB>>::encode(self.as_str(), buf)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for RowState
+where
+    &'r str: sqlx::Decode<'r, DB>,
+{
+    fn decode(value: DB::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(<&str as sqlx::Decode<'r, DB>>::decode(value)?.parse()?)
+    }
 }
 
 impl FromStr for RowState {
@@ -69,16 +115,15 @@ pub struct KeySnapshot {
 impl KeySnapshot {
     /// A snapshot from a row's columns as any database returns them: `state`,
     /// the stored `fingerprint` (compared with the request's), `generation`,
-    /// `live`, and the stored outcome, read only for a finished row.
+    /// `live`, and the stored outcome, read only for a finished, live row.
     pub(crate) fn read(
-        state: &str,
+        state: RowState,
         stored_fingerprint: &[u8],
         request: &Fingerprint,
         generation: i64,
         live: bool,
         outcome: impl FnOnce() -> Result<StoredResponse, StoreError>,
     ) -> Result<Self, StoreError> {
-        let state: RowState = state.parse()?;
         Ok(KeySnapshot {
             fingerprint_matches: stored_fingerprint == request.as_bytes(),
             state,
@@ -430,6 +475,14 @@ mod tests {
 
     #[test]
     fn states_parse_and_unknown_ones_are_corrupt() {
+        for state in [
+            RowState::Processing,
+            RowState::Completed,
+            RowState::Failed,
+            RowState::Uncertain,
+        ] {
+            assert_eq!(state.as_str().parse::<RowState>().unwrap(), state);
+        }
         assert_eq!("failed".parse::<RowState>().unwrap(), RowState::Failed);
         assert!(matches!(
             "done".parse::<RowState>(),

@@ -5,7 +5,7 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-use crate::decide::KeySnapshot;
+use crate::decide::{KeySnapshot, RowState};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -30,14 +30,14 @@ where
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> RowState: Decode<'r, R::Database> + Type<R::Database>,
 {
     let now: i64 = row.try_get("now")?;
-    let state: String = row.try_get("state")?;
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     let expires_at: i64 = row.try_get("expires_at")?;
     let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
     Ok(KeySnapshot::read(
-        &state,
+        row.try_get("state")?,
         &fingerprint,
         request,
         row.try_get("generation")?,
@@ -86,14 +86,12 @@ where
     for<'r> &'r str: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> KeyDigest: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let digest: Vec<u8> = row.try_get("key_digest")?;
     let downstream = row.try_get("downstream_key")?;
     Ok(UncertainRow {
         tenant: row.try_get("tenant_id")?,
-        key: KeyDigest::from_slice(&digest)
-            .map_err(|e| StoreError::Corrupt(format!("stored key digest: {e}")))?,
+        key: row.try_get("key_digest")?,
         downstream_key: downstream,
         generation: row.try_get("generation")?,
         token: row.try_get("owner_token")?,

@@ -20,11 +20,21 @@ use crate::db::rows::leased_snapshot;
 use crate::decide::{self, LeasedStep};
 use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
 
-/// The owned row: its primary key and owner token, as `$1..$4`.
+/// The owned row: its primary key and owner token, as the four placeholders
+/// given (every database binds them after the values the statement sets).
 macro_rules! owned {
-    () => {
-        " tenant_id = $1 AND operation = $2 AND key_digest = $3 \
-          AND owner_token = $4 AND state = 'processing'"
+    ($t:literal, $o:literal, $k:literal, $tok:literal) => {
+        concat!(
+            " tenant_id = ",
+            $t,
+            " AND operation = ",
+            $o,
+            " AND key_digest = ",
+            $k,
+            " AND owner_token = ",
+            $tok,
+            " AND state = 'processing'"
+        )
     };
 }
 
@@ -72,28 +82,31 @@ const TAKEOVER_SQL: &str = concat!(
 
 pub(super) const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
-            completed_at = t.now, expires_at = t.now + $9, lease_expires_at = NULL \
+        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
+            completed_at = t.now, expires_at = t.now + $5, lease_expires_at = NULL \
        FROM (SELECT ",
     now_ms!(),
     " AS now) t \
       WHERE",
-    owned!()
+    owned!("$6", "$7", "$8", "$9")
 );
 
 pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
-    " + $5 WHERE",
-    owned!()
+    " + $1 WHERE",
+    owned!("$2", "$3", "$4", "$5")
 );
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned!()
+    owned!("$1", "$2", "$3", "$4")
 );
 
-pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+pub(super) const RELEASE_SQL: &str = concat!(
+    "DELETE FROM idempotency_requests WHERE",
+    owned!("$1", "$2", "$3", "$4")
+);
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
 // keep newer ones from being asked about. The `state IN (...)` term repeats the
@@ -109,14 +122,14 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downs
 // The retention runs from the resolution, as for any completion.
 pub(super) const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
+        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
             completed_at = t.now, lease_expires_at = NULL, \
             expires_at = t.now + (expires_at - created_at) \
        FROM (SELECT ",
     now_ms!(),
     " AS now) t \
-      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
-        AND generation = $4 AND state = 'uncertain' AND owner_token = $9"
+      WHERE tenant_id = $5 AND operation = $6 AND key_digest = $7 \
+        AND generation = $8 AND state = 'uncertain' AND owner_token = $9"
 );
 
 /// A fresh owner token: 128 random bits, as hex.
