@@ -12,7 +12,7 @@ use crate::key::KeyDigest;
 use crate::model::KeyRecord;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::model::StoredResponse;
-use crate::model::{StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
+use crate::model::{OwnerToken, StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
 
 /// A key's row as the leased claim decides over it, from `state`,
 /// `fingerprint`, `generation`, `expires_at`, `lease_expires_at` and `now` (the
@@ -87,6 +87,7 @@ where
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> KeyDigest: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> OwnerToken: Decode<'r, R::Database> + Type<R::Database>,
 {
     let downstream = row.try_get("downstream_key")?;
     Ok(UncertainRow {

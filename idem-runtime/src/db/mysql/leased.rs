@@ -21,7 +21,7 @@ use crate::db::dialect::question_marks;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared;
 use crate::decide::{self, LeasedStep};
-use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, millis};
+use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, millis};
 
 /// The owned row: its primary key and owner token, as the last four `?` (every
 /// database binds them after the values the statement sets).
@@ -135,11 +135,6 @@ pub(super) const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
         AND generation = ? AND state = 'uncertain' AND owner_token = ?";
 
-/// A fresh owner token: 128 random bits, as hex.
-fn new_token() -> String {
-    format!("{:032x}", fastrand::u128(..))
-}
-
 fn busy() -> LeasedOutcome {
     LeasedOutcome::InFlight {
         retry_after: Duration::from_secs(1),
@@ -191,7 +186,7 @@ async fn claim_under_lock(
 ) -> Result<LeasedOutcome, StoreError> {
     let lease = millis(req.lease);
     let retention = millis(req.retention);
-    let token = new_token();
+    let token = OwnerToken::random();
     let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
     let row = sqlx::query(READ_SQL)
         .bind(req.tenant)

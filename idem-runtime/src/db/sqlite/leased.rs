@@ -18,7 +18,9 @@ use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
 use crate::db::rows::leased_snapshot;
 use crate::decide::{self, LeasedStep};
-use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
+use crate::model::{
+    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, StoredResponse, millis,
+};
 
 /// The owned row: its primary key and owner token, as the four placeholders
 /// given (every database binds them after the values the statement sets).
@@ -132,11 +134,6 @@ pub(super) const RESOLVE_SQL: &str = concat!(
         AND generation = $8 AND state = 'uncertain' AND owner_token = $9"
 );
 
-/// A fresh owner token: 128 random bits, as hex.
-fn new_token() -> String {
-    format!("{:032x}", fastrand::u128(..))
-}
-
 /// An outcome's status and headers as SQLite's columns take them (INTEGER, JSON
 /// text).
 pub(super) fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
@@ -181,7 +178,7 @@ async fn claim_under_lock(
         .await?;
     let lease = millis(req.lease);
     let retention = millis(req.retention);
-    let token = new_token();
+    let token = OwnerToken::random();
     let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
     let snapshot = row
         .as_ref()
