@@ -10,8 +10,10 @@
 //! of SQLite and MySQL (which decide with `decide::leased` themselves, so there
 //! the test holds their reading of the row and their writes to it) against
 //! `decide::leased`, over the same states and, for `processing`, a live lease,
-//! a lapsed one and none (25 rows a database). Redis's Lua claim is held to it
-//! in `tests/leased_redis.rs`.
+//! a lapsed one and none (25 rows a database). Redis's Lua `CLAIM` too (module
+//! `redis_store`), over the states a Redis record can be in: a finished record
+//! past its retention is gone (its expiry), and a `processing` record always has
+//! a lease (the script refuses one without as corrupt).
 
 mod common;
 
@@ -316,4 +318,127 @@ mod mysql {
         "UPDATE idempotency_requests SET expires_at = 0",
         |ms: i64| format!("{} + {ms}", idem_runtime::mysql_now_ms!())
     );
+}
+
+mod redis_store {
+    //! The Lua claim against `decide::leased`. Records are put in each state
+    //! through the store (claim, complete, mark uncertain), then their lease
+    //! moved on the server's clock by hand.
+
+    use super::*;
+    use idem_runtime::redis::{Redis, RedisLeaseStore};
+    use redis::AsyncCommands;
+    use redis::aio::ConnectionManager;
+
+    async fn server_ms(c: &mut ConnectionManager) -> i64 {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(c).await.unwrap();
+        secs * 1000 + micros / 1000
+    }
+
+    fn agrees(decided: &LeasedStep, claimed: &LeasedClaim<Redis>) -> bool {
+        match (decided, claimed) {
+            (LeasedStep::Insert, LeasedClaim::Acquired(lease)) => {
+                lease.acquisition() == Acquisition::New && lease.generation() == 1
+            }
+            (LeasedStep::TakeOver { generation }, LeasedClaim::Acquired(lease)) => {
+                lease.acquisition() == Acquisition::TakenOver && lease.generation() == *generation
+            }
+            (LeasedStep::Answer(LeasedOutcome::Replay(a)), LeasedClaim::Replay(b)) => a == b,
+            (LeasedStep::Answer(LeasedOutcome::Mismatch), LeasedClaim::Mismatch) => true,
+            (LeasedStep::Answer(LeasedOutcome::Uncertain), LeasedClaim::Uncertain) => true,
+            (
+                LeasedStep::Answer(LeasedOutcome::InFlight { retry_after: a }),
+                LeasedClaim::InFlight { retry_after: b },
+            ) => seconds(*a) == seconds(*b),
+            _ => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_lua_claim_decides_as_the_decision_core_in_every_state() {
+        let url = std::env::var("IDEM_TEST_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let conn = ConnectionManager::new(redis::Client::open(url).unwrap())
+            .await
+            .unwrap();
+        let prefix = format!("idem-t{}-oracle", std::process::id());
+        let store = RedisLeaseStore::with_connection(conn.clone(), &prefix)
+            .await
+            .unwrap();
+        let mut c = conn;
+        // What a killed run under the same pid left.
+        clear(&mut c, &prefix).await;
+        let cases = leased_cases().into_iter().filter(|case| match case {
+            None => true,
+            // Gone with its expiry on Redis: the same as no record.
+            Some((state, false, _, _)) if state.is_finished() => false,
+            // A processing record always has a lease and is never "expired"
+            // apart from it.
+            Some((RowState::Processing, live, _, lease)) => *live && lease.is_some(),
+            Some(_) => true,
+        });
+        for (i, case) in cases.enumerate() {
+            let key = IdempotencyKey::parse(format!("r-{i}")).unwrap();
+            let first = fingerprint("first");
+            let req = |fp| LeaseRequest {
+                tenant: "acme",
+                operation: "op",
+                key: &key,
+                fingerprint: fp,
+                retention: HOUR,
+                lease: Duration::from_secs(30),
+            };
+            let mut snapshot = None;
+            if let Some((state, live, matches, lease)) = case {
+                let LeasedClaim::Acquired(held) = store.claim(&req(first)).await.unwrap() else {
+                    panic!("case {i}: a new key is acquired");
+                };
+                let stored = outcome(state);
+                let record = store.record_key("acme", "op", &key);
+                match state {
+                    RowState::Completed | RowState::Failed => {
+                        held.complete(&stored).await.unwrap();
+                    }
+                    RowState::Uncertain => held.mark_uncertain().await.unwrap(),
+                    RowState::Processing => {
+                        let ms = lease.unwrap();
+                        let until = server_ms(&mut c).await + ms;
+                        let _: () = c.hset(&record, "lease_until", until).await.unwrap();
+                        std::mem::forget(held); // no renewal, no release: a dead worker
+                    }
+                }
+                snapshot = Some(KeySnapshot {
+                    fingerprint_matches: matches,
+                    state,
+                    generation: 1,
+                    live,
+                    stored: state.is_finished().then_some(stored),
+                    lease_ms_left: lease,
+                });
+            }
+            let asked = match case {
+                Some((_, _, false, _)) => fingerprint("another"),
+                _ => first,
+            };
+            let decided = decide::leased(snapshot);
+            let claimed = store.claim(&req(asked)).await.unwrap();
+            assert!(
+                agrees(&decided, &claimed),
+                "case {i} {case:?}: the decision core says {decided:?}, the Lua claim {claimed:?}"
+            );
+        }
+        clear(&mut c, &prefix).await;
+    }
+
+    /// Deletes this test's records (a few dozen keys: `KEYS` is fine).
+    async fn clear(c: &mut ConnectionManager, prefix: &str) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:*"))
+            .query_async(c)
+            .await
+            .unwrap();
+        for k in keys {
+            let _: () = c.del(k).await.unwrap();
+        }
+    }
 }
