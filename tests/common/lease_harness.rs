@@ -324,6 +324,16 @@ pub mod redis_store {
         }
     }
 
+    /// A record's fields as `HMGET` reads them: state, gen, body, dkey,
+    /// lease_until.
+    type RecordFields = (
+        Option<String>,
+        Option<i64>,
+        Option<Vec<u8>>,
+        Option<String>,
+        Option<String>,
+    );
+
     /// A key whose record refuses every script until it is put back.
     pub struct Refusing(String);
 
@@ -355,13 +365,7 @@ pub mod redis_store {
 
         async fn record(&self, key: &IdempotencyKey) -> Option<Record> {
             let mut c = self.store.connection();
-            let fields: (
-                Option<String>,
-                Option<i64>,
-                Option<Vec<u8>>,
-                Option<String>,
-                Option<String>,
-            ) = redis::cmd("HMGET")
+            let fields: RecordFields = redis::cmd("HMGET")
                 .arg(self.name(key))
                 .arg(&["state", "gen", "body", "dkey", "lease_until"])
                 .query_async(&mut c)
