@@ -7,8 +7,8 @@
 //! TCP proxy: the model of the address (a VIP, a DNS name) a deployment moves to
 //! the new primary. Workers send idempotent requests (a payment row inserted in
 //! the handler's transaction, answered with its id and the port of the server
-//! that ran it), each retried until it is answered. Then, at fixed points, not
-//! after sleeps:
+//! that ran it), a new key at a time, each retried until it is answered. Then,
+//! at fixed points, not after sleeps:
 //!
 //! 1. after `ANSWERED_BEFORE_CUT` answers, the next `PARKED` handlers stop inside
 //!    their transactions (their payment inserted, not committed): requests in
@@ -31,10 +31,11 @@
 //! without their record, records without their effect, and keys executed twice
 //! against a surviving effect; and asserts what must hold: never an effect
 //! without its record or a record without its effect, never a second execution
-//! against a surviving effect, every key answered once per execution the
-//! surviving database holds; with synchronous replication, no answered key lost.
+//! against a surviving effect, a lost answer executed again on retry and every
+//! other key replaying the answer it got, one payment per key in the end; with
+//! synchronous replication, no answered key lost.
 //!
-//! The service keeps a replay cache (ReplayCache): after an asynchronous
+//! The service keeps a replay cache (`ReplayCache`): after an asynchronous
 //! failover it still replays the answers the new primary lost, from memory; a
 //! process without those entries (restarted, or another replica) executes them.
 //! Both are asserted.
@@ -48,7 +49,7 @@ mod caller;
 #[path = "common/state.rs"]
 mod state;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -56,11 +57,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use axum::Json;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use axum::Json;
 use http_body_util::BodyExt;
 use idem_runtime::{Idem, IdempotencyKey, ReplayCache, Tx, idempotent};
 use serde::{Deserialize, Serialize};
@@ -74,8 +75,8 @@ use tower::ServiceExt;
 use caller::Caller;
 use state::AppState;
 
-/// Keys each test sends, and the workers sending them concurrently.
-const KEYS: usize = 240;
+/// The workers sending requests concurrently, each a new key at a time until
+/// the address is switched.
 const WORKERS: usize = 12;
 /// Answers before the standby is cut off.
 const ANSWERED_BEFORE_CUT: usize = 60;
@@ -142,14 +143,11 @@ struct Pair {
 }
 
 impl Pair {
-    /// Makes a pair replicating in `mode`, in a directory named so that
-    /// `.ci/pg-pair sweep` removes it if this process dies first.
-    async fn start(mode: Replication) -> Pair {
-        let dir = PathBuf::from(format!(
-            "/tmp/idem-pg-pair.{}.{}",
-            std::process::id(),
-            mode.name()
-        ));
+    /// Makes a pair replicating in `mode`, in a directory of its own (`name`,
+    /// one per test), named so that `.ci/pg-pair sweep` removes it if this
+    /// process dies first.
+    async fn start(name: &str, mode: Replication) -> Pair {
+        let dir = PathBuf::from(format!("/tmp/idem-pg-pair.{}.{name}", std::process::id()));
         let pair = Pair { dir };
         pair.run(&["start", mode.name()]).await;
         pair
@@ -185,6 +183,40 @@ impl Pair {
             .port(port)
             .username("postgres")
             .database(database)
+    }
+
+    /// Creates the service's database on the primary (idem's migrations and
+    /// the payments table) and waits until the standby has replayed it; returns
+    /// a connection to the primary's `postgres` database.
+    async fn prepare(&self) -> PgConnection {
+        let mut admin = self.connect(PRIMARY_PORT, "postgres").await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {DATABASE}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let direct = PgPool::connect_with(self.options(PRIMARY_PORT, DATABASE))
+            .await
+            .unwrap();
+        idem_runtime::migrate(&direct).await.unwrap();
+        sqlx::raw_sql("CREATE TABLE payments (id bigserial PRIMARY KEY, item text NOT NULL)")
+            .execute(&direct)
+            .await
+            .unwrap();
+        direct.close().await;
+        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        let mut standby = self.connect(STANDBY_PORT, "postgres").await;
+        poll(
+            &mut standby,
+            "the standby to replay the schema",
+            "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn",
+            &lsn,
+        )
+        .await;
+        standby.close().await.unwrap();
+        admin
     }
 
     async fn connect(&self, port: u16, database: &str) -> PgConnection {
@@ -257,8 +289,7 @@ struct Hold {
 
 impl Hold {
     fn of(tenant: &str) -> Arc<Hold> {
-        static HOLDS: LazyLock<Mutex<HashMap<String, Arc<Hold>>>> =
-            LazyLock::new(Default::default);
+        static HOLDS: LazyLock<Mutex<HashMap<String, Arc<Hold>>>> = LazyLock::new(Default::default);
         HOLDS
             .lock()
             .unwrap()
@@ -356,10 +387,14 @@ async fn send(router: &Router, tenant: &str, key: &str) -> Answer {
 
 // ---------------------------------------------------------------- the load
 
-/// What the workers share: the keys left, the answers, and how many requests
+/// What the workers share: the keys taken, the answers, and how many requests
 /// are out.
 struct Load {
-    queue: Mutex<VecDeque<String>>,
+    tenant: &'static str,
+    /// The number of the next key to send (`key(tenant, n)`).
+    next: AtomicUsize,
+    /// Set when no new key is to be taken.
+    stop: AtomicBool,
     answers: Mutex<HashMap<String, Answer>>,
     /// Keys answered before the address was switched: by the first primary,
     /// the only server the service could reach.
@@ -370,24 +405,33 @@ struct Load {
     in_flight: AtomicUsize,
 }
 
-/// Sends keys until none is left, each retried until it is answered `201`.
+/// The `n`th key of `tenant`.
+fn key(tenant: &str, n: usize) -> String {
+    format!("{tenant}-{n:05}")
+}
+
+/// Sends new keys until stopped, each retried until it is answered `201`.
 /// What may come before: `503` (the store unreachable, or the outcome unknown)
 /// and `409` (in flight); anything else fails the test.
-async fn worker(router: Router, tenant: &'static str, load: Arc<Load>) {
+async fn worker(router: Router, load: Arc<Load>) {
     loop {
-        let Some(key) = load.queue.lock().unwrap().pop_front() else {
+        if load.stop.load(Ordering::SeqCst) {
             return;
-        };
+        }
+        let key = key(load.tenant, load.next.fetch_add(1, Ordering::SeqCst));
         loop {
             load.in_flight.fetch_add(1, Ordering::SeqCst);
-            let answer = send(&router, tenant, &key).await;
+            let answer = send(&router, load.tenant, &key).await;
             load.in_flight.fetch_sub(1, Ordering::SeqCst);
             match answer.status {
                 StatusCode::CREATED => {
                     // Read after the answer came: if the address had not been
                     // switched by then, the first primary gave it.
                     if !load.switched.load(Ordering::SeqCst) {
-                        load.answered_by_old_primary.lock().unwrap().insert(key.clone());
+                        load.answered_by_old_primary
+                            .lock()
+                            .unwrap()
+                            .insert(key.clone());
                     }
                     load.answers.lock().unwrap().insert(key, answer);
                     load.answered.send_modify(|n| *n += 1);
@@ -415,15 +459,9 @@ struct Held {
 }
 
 /// What `conn`'s database holds for each of `keys` under `tenant`.
-async fn holdings(
-    conn: &mut PgConnection,
-    tenant: &str,
-    keys: &[String],
-) -> HashMap<String, Held> {
-    let mut held: HashMap<String, Held> = keys
-        .iter()
-        .map(|k| (k.clone(), Held::default()))
-        .collect();
+async fn holdings(conn: &mut PgConnection, tenant: &str, keys: &[String]) -> HashMap<String, Held> {
+    let mut held: HashMap<String, Held> =
+        keys.iter().map(|k| (k.clone(), Held::default())).collect();
     let payments: Vec<(i64, String)> = sqlx::query_as("SELECT id, item FROM payments ORDER BY id")
         .fetch_all(&mut *conn)
         .await
@@ -458,6 +496,8 @@ async fn holdings(
 /// What a failover did to the keys.
 #[derive(Debug, Default)]
 struct Report {
+    /// Keys sent in all.
+    keys: usize,
     /// Answers before the kill.
     answered_before: usize,
     /// Requests out when the primary was killed.
@@ -489,7 +529,7 @@ struct Report {
 impl Report {
     fn print(&self, mode: Replication) {
         let report = format!(
-            "pg_failover, {} replication: {KEYS} keys, {WORKERS} workers; the kill began after {} answers, with {} requests in flight\n\
+            "pg_failover, {} replication: {} keys, {WORKERS} workers; the kill began after {} answers, with {} requests in flight\n\
              \x20 answered by the old primary, survived:                      {}\n\
              \x20 answered by the old primary, lost with their effect:        {} (safe: the retry executed)\n\
              \x20   of which the replay cache still answered from memory:      {}\n\
@@ -500,6 +540,7 @@ impl Report {
              \x20 record without its effect:                                  {} (must be 0)\n\
              \x20 executed twice against a surviving effect:                  {} (must be 0)\n",
             mode.name(),
+            self.keys,
             self.answered_before,
             self.in_flight_at_kill,
             self.answer_survived,
@@ -520,36 +561,9 @@ impl Report {
 
 async fn failover(mode: Replication) -> Report {
     let tenant = mode.name();
-    let pair = Pair::start(mode).await;
+    let pair = Pair::start(mode.name(), mode).await;
 
-    // The schema, on the primary; then until the standby has replayed it.
-    let mut admin = pair.connect(PRIMARY_PORT, "postgres").await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {DATABASE}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let direct = PgPool::connect_with(pair.options(PRIMARY_PORT, DATABASE))
-        .await
-        .unwrap();
-    idem_runtime::migrate(&direct).await.unwrap();
-    sqlx::raw_sql("CREATE TABLE payments (id bigserial PRIMARY KEY, item text NOT NULL)")
-        .execute(&direct)
-        .await
-        .unwrap();
-    direct.close().await;
-    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-    let mut standby = pair.connect(STANDBY_PORT, "postgres").await;
-    poll(
-        &mut standby,
-        "the standby to replay the schema",
-        "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn",
-        &lsn,
-    )
-    .await;
-    standby.close().await.unwrap();
+    let mut admin = pair.prepare().await;
 
     // The service: its pool through the address, which tests idle connections
     // before handing them out (sqlx's default), so that the ones the kill broke
@@ -573,9 +587,10 @@ async fn failover(mode: Replication) -> Report {
             .with_replay_cache(ReplayCache::new(16 * 1024 * 1024, Duration::from_secs(600))),
     );
 
-    let keys: Vec<String> = (0..KEYS).map(|i| format!("{tenant}-{i:04}")).collect();
     let load = Arc::new(Load {
-        queue: Mutex::new(keys.iter().cloned().collect()),
+        tenant,
+        next: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
         answers: Mutex::new(HashMap::new()),
         answered_by_old_primary: Mutex::new(HashSet::new()),
         switched: AtomicBool::new(false),
@@ -583,7 +598,7 @@ async fn failover(mode: Replication) -> Report {
         in_flight: AtomicUsize::new(0),
     });
     let workers: Vec<_> = (0..WORKERS)
-        .map(|_| tokio::spawn(worker(service.clone(), tenant, load.clone())))
+        .map(|_| tokio::spawn(worker(service.clone(), load.clone())))
         .collect();
     let mut answered = load.answered.subscribe();
     let hold = Hold::of(tenant);
@@ -630,28 +645,38 @@ async fn failover(mode: Replication) -> Report {
     let in_flight_at_kill = load.in_flight.load(Ordering::SeqCst);
     pair.run(&["kill"]).await;
     // Keys no worker had taken by then never reached the first primary.
-    let unsent: HashSet<String> = load.queue.lock().unwrap().iter().cloned().collect();
+    let taken_at_kill = load.next.load(Ordering::SeqCst);
     hold.released.send_replace(true);
     pair.run(&["promote"]).await;
     let mut new_primary = pair.connect(STANDBY_PORT, DATABASE).await;
-    let survived = holdings(&mut new_primary, tenant, &keys).await;
+    let taken: Vec<String> = (0..load.next.load(Ordering::SeqCst))
+        .map(|n| key(tenant, n))
+        .collect();
+    let survived = holdings(&mut new_primary, tenant, &taken).await;
     load.switched.store(true, Ordering::SeqCst);
     address.switch(pair.socket(STANDBY_PORT));
+    // The workers finish the keys they hold, on the new primary.
+    load.stop.store(true, Ordering::SeqCst);
 
     for w in workers {
         w.await.unwrap();
     }
     let answers = load.answers.lock().unwrap().clone();
     let old_primary_answered = load.answered_by_old_primary.lock().unwrap().clone();
-    assert_eq!(answers.len(), KEYS, "every key answered in the end");
+    let keys: Vec<String> = (0..load.next.load(Ordering::SeqCst))
+        .map(|n| key(tenant, n))
+        .collect();
+    assert_eq!(answers.len(), keys.len(), "every key answered in the end");
 
     let mut report = Report {
+        keys: keys.len(),
         answered_before,
         in_flight_at_kill,
         ..Report::default()
     };
-    for key in &keys {
-        let held = &survived[key];
+    for (n, key) in keys.iter().enumerate() {
+        // Keys taken after the snapshot have nothing in it.
+        let held = survived.get(key).cloned().unwrap_or_default();
         let answer = &answers[key];
         if held.payments.len() > 1 {
             report.executed_twice.push(key.clone());
@@ -663,7 +688,7 @@ async fn failover(mode: Replication) -> Report {
             || (answer.port() == PRIMARY_PORT && !answer.replayed);
         match (held.payments.is_empty(), &held.record) {
             (true, None) if by_old_primary => report.answer_lost_with_effect.push(key.clone()),
-            (true, None) if unsent.contains(key) => report.sent_after += 1,
+            (true, None) if n >= taken_at_kill => report.sent_after += 1,
             (true, None) => report.in_flight_lost += 1,
             (false, None) => report.effect_without_record.push(key.clone()),
             (true, Some(_)) => report.record_without_effect.push(key.clone()),
@@ -699,7 +724,10 @@ async fn failover(mode: Replication) -> Report {
         let again = send(&fresh, tenant, key).await;
         assert_eq!(again.status, StatusCode::CREATED, "{key}: {:?}", again.body);
         if report.answer_lost_with_effect.contains(key) {
-            assert!(!again.replayed, "{key}: its answer was lost, the retry executes");
+            assert!(
+                !again.replayed,
+                "{key}: its answer was lost, the retry executes"
+            );
             assert_eq!(again.port(), STANDBY_PORT, "{key}");
         } else {
             assert!(again.replayed, "{key}: {:?}", again.body);
@@ -722,7 +750,7 @@ async fn failover(mode: Replication) -> Report {
         assert_eq!(state, "completed", "{key}");
         assert_eq!(body["payment"].as_i64(), Some(held.payments[0]), "{key}");
         assert_eq!(finals[key].payment(), held.payments[0], "{key}");
-        if let Some(&before) = survived[key].payments.first() {
+        if let Some(&before) = survived.get(key).and_then(|h| h.payments.first()) {
             assert_eq!(held.payments[0], before, "{key}: its surviving payment");
         }
     }
@@ -748,6 +776,14 @@ async fn poll(conn: &mut PgConnection, what: &str, query: &'static str, arg: &st
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// The payments `conn`'s database holds.
+async fn payments(conn: &mut PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM payments")
+        .fetch_one(conn)
+        .await
+        .unwrap()
 }
 
 /// The musts of both modes.
@@ -803,9 +839,15 @@ async fn synchronous_replication_keeps_every_answered_key() {
         "answered keys lost under synchronous replication: {:?}",
         report.answer_lost_with_effect
     );
-    // Each worker's request was held or waiting for the standby: none
-    // committed on the standby.
-    assert_eq!(report.in_flight_lost, WORKERS, "{report:?}");
+    // Each worker's request was held or waiting for the standby when the
+    // primary died, unanswered. (A commit the standby flushed just before the
+    // cut, whose confirmation the primary never got, survives unanswered: its
+    // retry replays.)
+    assert_eq!(
+        report.in_flight_lost + report.in_flight_survived,
+        WORKERS,
+        "{report:?}"
+    );
 }
 
 /// Asynchronous replication: answers the standby never received are lost, each
@@ -824,4 +866,81 @@ async fn asynchronous_replication_loses_answered_keys_only_with_their_effects() 
         report.answer_lost_with_effect.len() >= ANSWERED_AFTER_CUT - (WORKERS - PARKED),
         "{report:?}"
     );
+}
+
+/// Synchronous replication with the standby away, and no failover: a commit
+/// that waits for the standby is not visible, nor rolled back. Past the request
+/// deadline the request answers `503` (its connection closed, which does not
+/// end the wait); a retry runs its handler and then waits for the pending
+/// commit's key, answering `409` in flight (its own payment rolled back); once
+/// the standby is back, the pending commit completes and the retry replays it.
+/// One payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_waiting_for_the_standby_keeps_its_key_in_flight_until_it_returns() {
+    let test = "pg_failover (a commit waiting for the standby)";
+    if !pair_available(test) {
+        return;
+    }
+    let run = async {
+        let pair = Pair::start("away", Replication::Sync).await;
+        let mut admin = pair.prepare().await;
+        let pool = PgPool::connect_with(pair.options(PRIMARY_PORT, DATABASE))
+            .await
+            .unwrap();
+        let service = router(
+            Idem::new(pool.clone())
+                .with_in_flight_wait(Duration::from_millis(200))
+                .with_request_deadline(Duration::from_secs(1)),
+        );
+        let tenant = "standby-away";
+        pair.run(&["cut"]).await;
+
+        let first = send(&service, tenant, "k1").await;
+        assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+        // The commit still waits, and shows nothing yet.
+        poll(
+            &mut admin,
+            "the abandoned commit to wait for the standby",
+            "SELECT count(*) = $1::bigint FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+            "1",
+        )
+        .await;
+        let mut primary = pair.connect(PRIMARY_PORT, DATABASE).await;
+        assert_eq!(payments(&mut primary).await, 0);
+
+        let retry = send(&service, tenant, "k1").await;
+        assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+        assert_eq!(
+            retry.body["type"],
+            idem_runtime::problem::IN_FLIGHT,
+            "{retry:?}"
+        );
+
+        pair.run(&["rejoin"]).await;
+        poll(
+            &mut admin,
+            "the pending commit to complete",
+            "SELECT count(*) = $1::bigint FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+            "0",
+        )
+        .await;
+        let replay = send(&service, tenant, "k1").await;
+        assert_eq!(
+            (replay.status, replay.replayed),
+            (StatusCode::CREATED, true),
+            "{replay:?}"
+        );
+        assert_eq!(replay.port(), PRIMARY_PORT);
+        let (only,): (i64,) = sqlx::query_as("SELECT id FROM payments")
+            .fetch_one(&mut primary)
+            .await
+            .unwrap();
+        assert_eq!(replay.payment(), only);
+        assert_eq!(payments(&mut primary).await, 1);
+        primary.close().await.unwrap();
+        pool.close().await;
+    };
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .unwrap_or_else(|_| panic!("{test} did not end within 120 s"));
 }
