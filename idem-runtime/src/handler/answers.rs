@@ -130,7 +130,7 @@ pub(super) fn abandoned(op: &'static str, deadline: tokio::time::Instant) -> Res
     tracing::error!(
         operation = op,
         late_ms = deadline.elapsed().as_millis() as u64,
-        "idem: request deadline passed; the request was abandoned and its transaction rolled back"
+        "idem: request deadline passed; the request was abandoned (its transaction rolls back, unless the deadline struck during its commit: then it may still commit, and a retry replays it)"
     );
     Problem::store_unavailable()
         .with_detail(
