@@ -626,7 +626,12 @@ mod tests {
     #[test]
     fn an_accepted_handler_registers_its_operation_and_says_so() {
         let out = expand_str(
-            quote!(operation = "create-export", retention = "24h", lease = "6s", accepted),
+            quote!(
+                operation = "create-export",
+                retention = "24h",
+                lease = "6s",
+                accepted
+            ),
             quote! {
                 async fn create_export(#[tenant] caller: Caller, lease: &mut Lease) -> StatusCode { todo!() }
             },
@@ -638,7 +643,11 @@ mod tests {
         );
         assert!(out.contains("202 Accepted"), "{out}");
         let plain = expand_str(
-            quote!(operation = "create-payment", retention = "24h", lease = "6s"),
+            quote!(
+                operation = "create-payment",
+                retention = "24h",
+                lease = "6s"
+            ),
             quote! {
                 async fn create_payment(#[tenant] caller: Caller, lease: &mut Lease) -> StatusCode { todo!() }
             },

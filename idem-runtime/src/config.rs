@@ -512,7 +512,15 @@ mod tests {
     async fn the_operations_path_must_be_an_absolute_path() {
         assert_eq!(idem().operations_path(), "/operations");
         for bad in [
-            "", "/", "operations", "/ops/", "//ops", "/ops?x=1", "/ops#a", "/o ps", "/a//b",
+            "",
+            "/",
+            "operations",
+            "/ops/",
+            "//ops",
+            "/ops?x=1",
+            "/ops#a",
+            "/o ps",
+            "/a//b",
         ] {
             assert_eq!(
                 idem().with_operations_path(bad).unwrap_err(),

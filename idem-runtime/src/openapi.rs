@@ -477,7 +477,9 @@ fn accepted_response() -> Response {
         )
         .header(
             title_case(RETRY_AFTER.as_str()),
-            seconds("Seconds to wait before asking again (the resource, or a retry with the same key)."),
+            seconds(
+                "Seconds to wait before asking again (the resource, or a retry with the same key).",
+            ),
         )
         .build()
 }

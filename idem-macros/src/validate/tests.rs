@@ -182,11 +182,23 @@ fn accepted_needs_a_lease() {
     )
     .unwrap();
     assert!(c.accepted);
-    let c = check(quote!(operation = "x", retention = "1h", lease = "6s"), leased()).unwrap();
+    let c = check(
+        quote!(operation = "x", retention = "1h", lease = "6s"),
+        leased(),
+    )
+    .unwrap();
     assert!(!c.accepted);
-    let e = check(quote!(operation = "x", retention = "1h", accepted), handler()).unwrap_err();
+    let e = check(
+        quote!(operation = "x", retention = "1h", accepted),
+        handler(),
+    )
+    .unwrap_err();
     assert!(e.contains("`accepted` needs `lease"), "{e}");
-    let e = check(quote!(operation = "x", retention = "1h", accepted = true), leased()).unwrap_err();
+    let e = check(
+        quote!(operation = "x", retention = "1h", accepted = true),
+        leased(),
+    )
+    .unwrap_err();
     assert!(e.contains("`accepted` is a flag"), "{e}");
 }
 

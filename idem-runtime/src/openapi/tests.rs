@@ -230,7 +230,11 @@ fn an_accepted_operation_gets_202_operation_with_location() {
     // Without a long operation there is no such schema.
     let mut plain = api(&["201"]);
     document_with(&mut plain, &[&ORDER, &PAYMENT]);
-    assert!(json_of(&plain)["components"]["schemas"].get("IdemOperation").is_none());
+    assert!(
+        json_of(&plain)["components"]["schemas"]
+            .get("IdemOperation")
+            .is_none()
+    );
 }
 
 #[test]

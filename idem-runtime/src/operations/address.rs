@@ -71,4 +71,3 @@ pub(super) fn json(status: StatusCode, doc: &Operation) -> Response {
     }
     resp
 }
-

@@ -181,4 +181,3 @@ pub struct Operation {
 pub(crate) fn poll_interval(spec: &OperationSpec) -> Duration {
     (spec.lease.unwrap_or(Duration::from_secs(30)) / 3).max(Duration::from_secs(1))
 }
-

@@ -165,4 +165,3 @@ fn not_found() -> Response {
     )
     .into_response()
 }
-

@@ -32,7 +32,10 @@ fn the_address_is_the_operation_and_the_keys_digest_never_the_key() {
     let key = crate::IdempotencyKey::parse("order-42").unwrap();
     let a = Address::new("/operations", &SPEC, &key.digest());
     let doc = a.document(Status::Running, None);
-    assert_eq!(doc.href, format!("/operations/create-export/{}", key.digest()));
+    assert_eq!(
+        doc.href,
+        format!("/operations/create-export/{}", key.digest())
+    );
     assert_eq!(doc.id, format!("create-export/{}", key.digest()));
     assert!(!doc.href.contains("order-42"));
     assert_eq!(doc.retry_after, Some(2));
