@@ -62,8 +62,8 @@
 //! pub fn app(idem: Idem) -> Router {
 //!     Router::new()
 //!         .route("/exports", post(create_export))
-//!         // the same path as `Idem::operations_path` (default "/operations")
-//!         .nest(Idem::DEFAULT_OPERATIONS_PATH, operations::router::<Caller, sqlx::Postgres, Idem>())
+//!         // where the `Location`s point (default "/operations")
+//!         .nest(idem.operations_path(), operations::router::<Caller, sqlx::Postgres, Idem>())
 //!         .with_state(idem)
 //! }
 //! # }

@@ -33,7 +33,7 @@ fn registered() -> Registry {
 /// The routes of the operation resources, for the service to nest at
 /// [`Idem::operations_path`] (default `/operations`):
 ///
-/// * `GET {path}/{operation}/{digest}`: `200` with an [`Operation`] document
+/// * `GET {path}/{operation}/{digest}`: `200` with an [`Operation`](super::Operation) document
 ///   (`Cache-Control: no-store`; `Retry-After` while not done);
 /// * `GET {path}/{operation}/{digest}/result`: once done, the stored answer
 ///   exactly as a retry of the request would get it (`Idempotent-Replayed:
