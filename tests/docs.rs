@@ -63,6 +63,8 @@ const OTHERS: &[&str] = &[
     "NewOrder", "OrderBody", "SqliteDb", "TestDb",
     // not a name: `Authorization: Bearer <tenant>`
     "Bearer",
+    // HTTP's: a reason phrase (`202 Accepted`) and a header (`Location`)
+    "Accepted", "Location",
 ];
 
 /// Methods of other crates' traits that the docs call on idem's values.

@@ -1842,6 +1842,109 @@ async fn on_postgres_a_database_outage_is_503_with_retry_after() {
     assert_eq!(orders(&db).await, 2);
 }
 
+/// A `POST /exports` with `key`: a long operation.
+fn export(key: &str) -> Call<'_> {
+    Call {
+        path: "/exports",
+        currency: None,
+        ..Call::order(key)
+    }
+    .body(json!({"format": "csv"}))
+}
+
+/// Waits until the operation at `location` says `status`.
+async fn until_operation(server: &Server, location: &str, status: &str) -> Answer {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let a = get(server, location, "acme").await;
+        assert_eq!(
+            a.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&a.body)
+        );
+        if a.json()["status"] == status {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "never {status}: {}", a.json());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `/exports`, a long operation: `202` at once with the operation's resource,
+/// the same `202` to a retry, another tenant's `404`; the process killed
+/// mid-export, the resource says `stalled` after the lease, a retry on the
+/// restarted service takes the export over at the same address, and once done
+/// the resource and every retry give its one stored `201`.
+async fn a_long_export_answers_202_and_is_taken_over_after_a_kill<D: Backend>() {
+    let db = D::create().await;
+    let mut server = Server::start(&db.url(), &[("EXPORTS_DURATION_MS", "600000")]).await;
+    let first = export("exp-1").ok(&server).await;
+    assert_eq!(
+        first.status,
+        StatusCode::ACCEPTED,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let location = first.headers["location"].to_str().unwrap().to_owned();
+    assert!(
+        location.starts_with("/operations/create-export/"),
+        "{location}"
+    );
+    assert!(!location.contains("exp-1"));
+    assert_eq!(first.headers["retry-after"], "2");
+    assert_eq!(first.json()["status"], "running");
+    let again = export("exp-1").ok(&server).await;
+    assert_eq!(
+        (again.status, &again.body),
+        (StatusCode::ACCEPTED, &first.body)
+    );
+    until_operation(&server, &location, "running").await;
+    let theirs = get(&server, &location, "globex").await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        theirs.problem_type(),
+        "urn:idem:problem:operation-not-found"
+    );
+    let mismatch = export("exp-1")
+        .body(json!({"format": "json"}))
+        .ok(&server)
+        .await;
+    assert_eq!(mismatch.status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    server.kill().await;
+    // The dead worker's lease would lapse within its 6 s; lapse it now.
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET lease_expires_at = {}",
+        D::A_SECOND_AGO
+    ))
+    .await;
+    let server = Server::start(&db.url(), &[("EXPORTS_DURATION_MS", "0")]).await;
+    until_operation(&server, &location, "stalled").await;
+    let retry = export("exp-1").ok(&server).await;
+    assert_eq!(retry.status, StatusCode::ACCEPTED);
+    assert_eq!(
+        retry.headers["location"],
+        location.as_str(),
+        "the same address"
+    );
+    let done = until_operation(&server, &location, "succeeded").await;
+    assert_eq!(done.json()["response_status"], 201);
+    let result = get(&server, done.json()["result"].as_str().unwrap(), "acme").await;
+    assert_eq!(result.status, StatusCode::CREATED);
+    assert!(result.replayed());
+    assert_eq!(result.json()["format"], "csv");
+    let replay = export("exp-1").ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, result.body);
+    assert_eq!(
+        db.count("SELECT generation FROM idempotency_requests")
+            .await,
+        2,
+        "taken over once"
+    );
+}
+
 /// Stamps each shared test once per backend: `postgres::<name>` and `sqlite::<name>`.
 macro_rules! e2e_suite {
     ($($test:ident),* $(,)?) => {
@@ -1899,6 +2002,7 @@ e2e_suite!(
     an_uncertain_payment_survives_a_crash_with_exactly_one_charge,
     a_payment_killed_mid_call_is_charged_once_after_the_restart,
     a_declined_payment_is_stored_and_replayed,
+    a_long_export_answers_202_and_is_taken_over_after_a_kill,
 );
 
 // --- `POST /payments` with its leases on Redis (`IDEM_LEASE_STORE`) ------------

@@ -10,8 +10,9 @@
 //! every statement (the simple-query `Query` messages and the extended
 //! protocol's `Parse` messages), while requests run every path a request can
 //! take: the handler's path claiming at commit and claiming first, a replay, a
-//! mismatch, a leased first execution and its replay, and the lease API by hand
-//! (claim, renew, store, mark uncertain, release).
+//! mismatch, a leased first execution and its replay, a long operation and the
+//! reads of its resource, and the lease API by hand (claim, renew, store, mark
+//! uncertain, release).
 
 #[path = "common/caller.rs"]
 mod caller;
@@ -207,6 +208,16 @@ async fn create_payment(
         .into_response()
 }
 
+#[idempotent(operation = "create-export", retention = "1h", lease = "1s", accepted)]
+async fn create_export(
+    #[tenant] _caller: Caller,
+    State(_): State<Idem>,
+    _lease: &mut Lease,
+    axum::Json(e): axum::Json<serde_json::Value>,
+) -> Response {
+    (StatusCode::CREATED, axum::Json(e)).into_response()
+}
+
 fn request(path: &str, key: &str, body: serde_json::Value) -> Request<Body> {
     Request::post(path)
         .header("content-type", "application/json")
@@ -246,7 +257,12 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         let router = Router::new()
             .route("/widgets", post(create_widget))
             .route("/payments", post(create_payment))
-            .with_state(idem);
+            .route("/exports", post(create_export))
+            .nest(
+                "/operations",
+                idem_runtime::operations::router::<Caller, sqlx::Postgres, Idem>(),
+            )
+            .with_state(idem.clone());
         let key = format!("w-{at_commit}");
         let first = send(&router, request("/widgets", &key, json!({"name": "a"}))).await;
         assert_eq!(first, StatusCode::CREATED);
@@ -258,6 +274,26 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         for _ in 0..2 {
             let paid = send(&router, request("/payments", &key, json!({"amount": 5}))).await;
             assert_eq!(paid, StatusCode::CREATED);
+        }
+        // A long operation, and its resource read while it runs and when done.
+        let key = format!("e-{at_commit}");
+        let accepted = send(&router, request("/exports", &key, json!({"n": 1}))).await;
+        assert_eq!(accepted, StatusCode::ACCEPTED);
+        idem.executions().drained().await;
+        let digest = IdempotencyKey::parse(&key).unwrap().digest();
+        for path in ["", "/result"] {
+            let get = Request::get(format!("/operations/create-export/{digest}{path}"))
+                .header("authorization", "Bearer acme")
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(
+                send(&router, get).await,
+                if path.is_empty() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::CREATED
+                }
+            );
         }
     }
 
@@ -294,6 +330,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         "INSERT INTO idempotency_requests AS r",
         "FROM idem_claim($1,",
         "FROM idem_claim_leased($1,",
+        "COALESCE(lease_expires_at > clock_timestamp(), false) AS lease_live",
         "UPDATE idempotency_requests",
         "DELETE FROM idempotency_requests",
     ] {

@@ -11,6 +11,7 @@
 //! | `IDEM_LEASE_STORE_PREFIX` | `idem` | with `IDEM_LEASE_STORE`: the prefix of every Redis key (one per service sharing a server) |
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
+//! | `EXPORTS_DURATION_MS` | `3000` | how long an export (`POST /exports`, a long operation) works (at most 3600000) |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per call |
 //! | `PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS` | `0` | the provider charges, then takes this long to answer |
@@ -30,6 +31,7 @@
 //! Every route behaves the same on SQLite, PostgreSQL and MySQL / MariaDB.
 
 mod auth;
+mod exports;
 mod fulfilment;
 mod input;
 mod payments;
@@ -145,6 +147,7 @@ const _: () = assert!(2 * MAX_BODY_BYTES <= MAX_STORED_ANSWER_BYTES);
 /// What the environment configures besides the database.
 struct Settings {
     latency: Duration,
+    export_duration: Duration,
     in_flight_wait: Duration,
     sweep_every: Duration,
     reconcile_every: Duration,
@@ -206,6 +209,7 @@ impl Settings {
                 .with_max_response_bytes(MAX_STORED_ANSWER_BYTES),
             pool,
             latency: self.latency,
+            export_duration: self.export_duration,
             provider,
         }
     }
@@ -330,6 +334,7 @@ async fn run() -> Result<(), String> {
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let settings = Settings {
         latency: env_ms("ORDERS_LATENCY_MS", 0, 3_600_000)?,
+        export_duration: env_ms("EXPORTS_DURATION_MS", 3000, 3_600_000)?,
         in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
         sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
         reconcile_every: env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,

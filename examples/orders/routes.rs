@@ -1,5 +1,6 @@
-//! The HTTP routes, on each of the three databases. `POST /orders`, `/refunds`
-//! and `/payments` are made idempotent by key with `#[idempotent]`; `pay` and
+//! The HTTP routes, on each of the three databases. `POST /orders`, `/refunds`,
+//! `/payments` and `/exports` (a long operation, with its resources under
+//! `/operations`) are made idempotent by key with `#[idempotent]`; `pay` and
 //! `ship` are idempotent state transitions; `GET` and `DELETE` are idempotent by
 //! nature and need no key.
 
@@ -19,6 +20,8 @@ pub struct AppState<DB: Backend> {
     pub pool: Pool<DB>,
     /// `ORDERS_LATENCY_MS`: slow work inside the transaction, after the claim.
     pub latency: Duration,
+    /// `EXPORTS_DURATION_MS`: how long an export (`POST /exports`) works.
+    pub export_duration: Duration,
     /// The simulated payment provider of `POST /payments`.
     pub provider: std::sync::Arc<crate::payments::Provider>,
 }
@@ -30,6 +33,7 @@ impl<DB: Backend> Clone for AppState<DB> {
             idem: self.idem.clone(),
             pool: self.pool.clone(),
             latency: self.latency,
+            export_duration: self.export_duration,
             provider: self.provider.clone(),
         }
     }
@@ -190,6 +194,7 @@ macro_rules! backend_routes {
             }
 
             const SELECT_ORDERS: &str = "WHERE tenant_id = $1 ORDER BY id";
+            const COUNT_ORDERS: &str = "SELECT count(*) FROM orders WHERE tenant_id = $1";
             const SELECT_ORDER: &str = "WHERE tenant_id = $1 AND id = $2";
             const DELETE_ORDER: &str = "DELETE FROM orders WHERE tenant_id = $1 AND id = $2";
             // Bound: the order's id, then its tenant.
@@ -206,7 +211,7 @@ macro_rules! backend_routes {
         use axum::response::IntoResponse;
         use axum::routing::{get, post};
         use axum::{Json, Router};
-        use idem_runtime::{Lease, Tx, idempotent};
+        use idem_runtime::{Lease, Tx, idempotent, operations};
 
         use super::*;
         use crate::auth::Caller;
@@ -237,6 +242,13 @@ macro_rules! backend_routes {
                 .route("/orders/{id}/ship", post(ship))
                 .route("/refunds", post(create_refund))
                 .route("/payments", create_payment)
+                .route("/exports", post(create_export))
+                // The resources of long operations (`POST /exports`), at the path
+                // their `Location` names, for the caller's tenant only.
+                .nest(
+                    state.idem.operations_path(),
+                    operations::router::<Caller, Db, AppState<Db>>(),
+                )
                 .route("/provider", get(crate::payments::provider_summary))
                 .route("/openapi.json", get(openapi_json))
                 .with_state(state)
@@ -250,7 +262,7 @@ macro_rules! backend_routes {
         #[derive(utoipa::OpenApi)]
         #[openapi(
             info(title = "orders", description = "The idem example service: orders, refunds and payments that are safe to retry."),
-            paths(create_order, list_orders, get_order, delete_order, pay, ship, create_refund, create_payment),
+            paths(create_order, list_orders, get_order, delete_order, pay, ship, create_refund, create_payment, create_export),
             modifiers(&IdemOpenApi),
         )]
         pub struct ApiDoc;
@@ -375,6 +387,40 @@ macro_rules! backend_routes {
             ValidJson(cmd): ValidJson<crate::payments::NewPayment>,
         ) -> axum::response::Response {
             crate::payments::charge(&app.provider, lease.downstream_key(), cmd).await
+        }
+
+        /// Exports the tenant's orders: a long operation. Answered `202` at once
+        /// with `Location` of the operation's resource; the export works on for
+        /// `EXPORTS_DURATION_MS` under its lease, and its `201` is stored and
+        /// replayed to retries (and at the resource's `result`) once done.
+        #[utoipa::path(post, path = "/exports", request_body = crate::exports::NewExport,
+            responses((status = 201, description = "The export", body = crate::exports::Export)))]
+        #[idempotent(
+            operation = "create-export",
+            retention = "24h",
+            lease = "6s",
+            lease_ceiling = "2h",
+            accepted
+        )]
+        async fn create_export(
+            #[tenant] caller: Caller,
+            State(app): State<AppState<Db>>,
+            lease: &mut Lease<Db>,
+            ValidJson(cmd): ValidJson<crate::exports::NewExport>,
+        ) -> Result<impl IntoResponse, ApiError> {
+            slow_work(app.export_duration).await;
+            let orders: i64 = sqlx::query_scalar(COUNT_ORDERS)
+                .bind(&caller.tenant)
+                .fetch_one(&app.pool)
+                .await?;
+            Ok((
+                StatusCode::CREATED,
+                Json(crate::exports::Export {
+                    id: lease.downstream_key(),
+                    format: cmd.format,
+                    orders,
+                }),
+            ))
         }
 
         /// Pays an order; paying a paid order again changes nothing.
@@ -520,6 +566,7 @@ pub mod mysql {
             }
 
             const SELECT_ORDERS: &str = "WHERE tenant_id = ? ORDER BY id";
+            const COUNT_ORDERS: &str = "SELECT count(*) FROM orders WHERE tenant_id = ?";
             const SELECT_ORDER: &str = "WHERE tenant_id = ? AND id = ?";
             const DELETE_ORDER: &str = "DELETE FROM orders WHERE tenant_id = ? AND id = ?";
             // Bound: the order's id, then its tenant, in the order of the `?`s.

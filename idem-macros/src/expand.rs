@@ -363,6 +363,14 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         (quote!(run), quote!(handler_for))
     };
     let headers = &config.headers;
+    let accepted = config.accepted;
+    // A long operation registers itself for `idem_runtime::operations::router`,
+    // which serves the resources of those operations only.
+    let register_accepted = if accepted {
+        quote!(#rt::__idem_accepted!(&__IDEM_SPEC);)
+    } else {
+        quote!()
+    };
     let output_span = match &func.sig.output {
         ReturnType::Default => func.sig.ident.span(),
         ReturnType::Type(_, ty) => syn::spanned::Spanned::span(&**ty),
@@ -386,12 +394,14 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             fingerprint_headers: &[#(#headers),*],
             lease: #lease,
             lease_ceiling: #lease_ceiling,
+            accepted: #accepted,
         };
         // With idem-runtime's feature `openapi`, the handler registers itself for
         // `idem_runtime::openapi::document` (the route is the router's, and an
         // item beside the handler would not fit an associated function); without
         // it, nothing.
         #rt::__idem_openapi!(#fn_name_str, &__IDEM_SPEC);
+        #register_accepted
         #checks
         #reject
         let __idem_tenant = #tenant_expr;
@@ -510,6 +520,10 @@ fn generated_docs(config: &Config, written: &str, request: &syn::Ident) -> Vec<s
         }
     };
     let mode = match config.lease {
+        Some(l) if config.accepted => format!(
+            "a long operation in leased mode (lease {}): the request is answered `202 Accepted` at once, with `Location` of the operation's resource (`idem_runtime::operations`), while the handler works on holding a lease, not a transaction; its answer is stored, and replayed to retries once done",
+            humantime::format_duration(l)
+        ),
         Some(l) => format!(
             "leased mode (lease {}): the handler holds a lease, not a transaction",
             humantime::format_duration(l)
@@ -607,6 +621,39 @@ mod tests {
             ),
             "{out}"
         );
+    }
+
+    #[test]
+    fn an_accepted_handler_registers_its_operation_and_says_so() {
+        let out = expand_str(
+            quote!(
+                operation = "create-export",
+                retention = "24h",
+                lease = "6s",
+                accepted
+            ),
+            quote! {
+                async fn create_export(#[tenant] caller: Caller, lease: &mut Lease) -> StatusCode { todo!() }
+            },
+        );
+        assert!(out.contains("accepted : true"), "{out}");
+        assert!(
+            out.contains(":: idem_runtime :: __private :: __idem_accepted ! (& __IDEM_SPEC)"),
+            "{out}"
+        );
+        assert!(out.contains("202 Accepted"), "{out}");
+        let plain = expand_str(
+            quote!(
+                operation = "create-payment",
+                retention = "24h",
+                lease = "6s"
+            ),
+            quote! {
+                async fn create_payment(#[tenant] caller: Caller, lease: &mut Lease) -> StatusCode { todo!() }
+            },
+        );
+        assert!(plain.contains("accepted : false"), "{plain}");
+        assert!(!plain.contains("__idem_accepted"), "{plain}");
     }
 
     #[test]

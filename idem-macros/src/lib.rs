@@ -96,6 +96,17 @@ use proc_macro::TokenStream;
 /// a worker whose lease was taken over cannot publish its result. See
 /// `idem_runtime::lease`.
 ///
+/// ## `accepted`: a long operation (with `lease`)
+///
+/// For work longer than a client waits (an export, provisioning): the request is
+/// answered `202 Accepted` at once, with `Location` of the operation's resource
+/// and `Retry-After` (a third of the lease, at least a second), while the handler
+/// works on under its lease. Its answer is stored as in leased mode; every retry
+/// with the key gets the same `202` while the work runs, and the stored answer
+/// once it is done. `idem_runtime::operations::router` serves the resource
+/// (`GET`: running, stalled, succeeded, failed or uncertain, and the result).
+/// Leased mode only: a transaction cannot stay open past its request.
+///
 /// ## `crate = "path"`
 ///
 /// Where the runtime is, when it is not `::idem_runtime` (a renamed dependency or a
@@ -158,6 +169,8 @@ use proc_macro::TokenStream;
 ///         fingerprint_headers: &["x-currency"],
 ///         lease: None,          // Some(..) with `lease = ".."`
 ///         lease_ceiling: None,
+///         accepted: false,      // true with `accepted`, which also registers the
+///                               // operation for `idem_runtime::operations::router`
 ///     };
 ///     // (a `Result<B, B::Rejection>` body parameter's rejection is answered here)
 ///     let tenant = rt::tenant_id::<Caller>(&caller);
@@ -208,6 +221,7 @@ use proc_macro::TokenStream;
 /// | `in_flight_wait` between 0 and 60 s, transactional mode only | "`in_flight_wait` must be between 0s and 1m ..."; "`in_flight_wait` applies to the transactional mode ..." |
 /// | `lease` between 100 ms and 100 years | "`lease` must be between 100ms and 100 years ...: a lease is renewed every third of its length ..." |
 /// | `lease_ceiling` needs `lease` and is at least one lease | "`lease_ceiling` needs `lease = \"...\"`"; "`lease_ceiling` (10s) is shorter than `lease` (30s): the lease would never be renewed ..." |
+/// | `accepted` is a flag, with `lease` | "`accepted` needs `lease = \"...\"`: a long operation answers `202 Accepted` at once and keeps working after its answer ..."; "`accepted` is a flag and takes no value: write `accepted` alone" |
 /// | `crate` is a path | "`crate` must be a path such as \"::idem_runtime\" ..." (a path that does not resolve: one error, at the attribute) |
 /// | header names are valid, not the key, listed once | "\"x currency\" is not a valid HTTP header name"; "the Idempotency-Key is the key itself ..."; "the header \"x-ok\" is listed twice" |
 /// | `body` or `body.field`, not both; fields are paths that exist | "`body` already fingerprints the whole body ..."; "no field `skuu` on type `NewOrder`" |

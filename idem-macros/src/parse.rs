@@ -32,6 +32,7 @@ pub struct RawArgs {
     pub in_flight_wait: Option<SpannedValue<String>>,
     pub lease: Option<SpannedValue<String>>,
     pub lease_ceiling: Option<SpannedValue<String>>,
+    pub accepted: Flag,
     pub single_tenant: Flag,
     #[darling(rename = "crate")]
     pub krate: Option<SpannedValue<String>>,
@@ -77,6 +78,7 @@ const OPTIONS: &[(&str, Shape)] = &[
     ("in_flight_wait", Shape::Str("\"500ms\"")),
     ("lease", Shape::Str("\"30s\"")),
     ("lease_ceiling", Shape::Str("\"5m\"")),
+    ("accepted", Shape::Flag),
     ("crate", Shape::Str("\"::idem_runtime\"")),
 ];
 
@@ -491,9 +493,11 @@ mod tests {
             single_tenant,
             in_flight_wait = "500ms",
             crate = "my::idem",
+            accepted,
             fingerprint(header = "x", ignore_body)
         ));
         assert!(e.is_empty(), "{e}");
+        assert!(a.accepted.is_present());
         assert!(a.single_tenant.is_present());
         assert_eq!(a.in_flight_wait.unwrap().as_str(), "500ms");
         assert_eq!(a.krate.unwrap().as_str(), "my::idem");

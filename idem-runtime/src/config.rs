@@ -33,6 +33,12 @@ pub enum ConfigError {
     /// Not a valid header name.
     #[error("`{0}` is not a valid HTTP header name")]
     InvalidHeader(String),
+    /// Not a path the operation resources can live under (see
+    /// [`Idem::with_operations_path`]).
+    #[error(
+        "`{0}` cannot hold operation resources: give an absolute path such as \"/operations\", without a trailing `/`, a query or a fragment"
+    )]
+    InvalidOperationsPath(String),
 }
 
 /// What idem needs at run time: the pool (PostgreSQL, SQLite as `Idem<Sqlite>`,
@@ -109,6 +115,8 @@ struct Settings {
     max_response_bytes: usize,
     stored_headers: Vec<HeaderName>,
     tenant_label: bool,
+    /// Where the operation resources of long operations live (`Location`).
+    operations_path: String,
     #[cfg(feature = "replay-cache")]
     replay_cache: Option<crate::ReplayCache>,
 }
@@ -267,6 +275,9 @@ impl<DB: LeaseBackend> Idem<DB> {
     pub const DEFAULT_WAITERS: usize = 1024;
     /// The default limit on a stored response body.
     pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+    /// Where operation resources live unless configured otherwise (see
+    /// [`Idem::with_operations_path`]).
+    pub const DEFAULT_OPERATIONS_PATH: &'static str = "/operations";
 
     /// Uses `store` (a pool, or a Redis store) with the default settings.
     pub(crate) fn on_store(pool: DB::Store) -> Self {
@@ -281,6 +292,7 @@ impl<DB: LeaseBackend> Idem<DB> {
                     .map(|h| HeaderName::from_static(h))
                     .collect(),
                 tenant_label: false,
+                operations_path: Self::DEFAULT_OPERATIONS_PATH.to_owned(),
                 #[cfg(feature = "replay-cache")]
                 replay_cache: None,
             }),
@@ -396,6 +408,42 @@ impl<DB: LeaseBackend> Idem<DB> {
         self.settings.replay_cache.as_ref()
     }
 
+    /// Where the service mounts [`crate::operations::router`]: the path the
+    /// `Location` of a long operation's `202 Accepted` starts with (default
+    /// [`Idem::DEFAULT_OPERATIONS_PATH`]). An operation's resource is
+    /// `{path}/{operation}/{digest}`; nest the router at the same path.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::ConfigError> {
+    /// let idem = idem_runtime::Idem::new(pool).with_operations_path("/v1/operations")?;
+    /// assert_eq!(idem.operations_path(), "/v1/operations");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidOperationsPath`] for anything but an absolute path
+    /// without a trailing `/`, a query or a fragment.
+    pub fn with_operations_path(mut self, path: &str) -> Result<Self, ConfigError> {
+        let usable = path.len() > 1
+            && path.starts_with('/')
+            && !path.ends_with('/')
+            && !path.contains("//")
+            && !path.contains(['?', '#'])
+            && path.parse::<axum::http::uri::PathAndQuery>().is_ok();
+        if !usable {
+            return Err(ConfigError::InvalidOperationsPath(path.to_owned()));
+        }
+        Arc::make_mut(&mut self.settings).operations_path = path.to_owned();
+        Ok(self)
+    }
+
+    /// Where operation resources live (see [`Idem::with_operations_path`]).
+    pub fn operations_path(&self) -> &str {
+        &self.settings.operations_path
+    }
+
     /// Whether claims are labelled with the tenant.
     pub fn tenant_label(&self) -> bool {
         self.settings.tenant_label
@@ -458,5 +506,29 @@ mod tests {
         ));
         let i = idem().with_stored_header("X-Request-Id").unwrap();
         assert!(i.stored_headers().iter().any(|h| h == "x-request-id"));
+    }
+
+    #[tokio::test]
+    async fn the_operations_path_must_be_an_absolute_path() {
+        assert_eq!(idem().operations_path(), "/operations");
+        for bad in [
+            "",
+            "/",
+            "operations",
+            "/ops/",
+            "//ops",
+            "/ops?x=1",
+            "/ops#a",
+            "/o ps",
+            "/a//b",
+        ] {
+            assert_eq!(
+                idem().with_operations_path(bad).unwrap_err(),
+                ConfigError::InvalidOperationsPath(bad.to_owned()),
+                "{bad:?}"
+            );
+        }
+        let i = idem().with_operations_path("/v1/jobs").unwrap();
+        assert_eq!(i.operations_path(), "/v1/jobs");
     }
 }

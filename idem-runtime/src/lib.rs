@@ -97,7 +97,8 @@
 //! by hand: [`claim`] and [`claim_leased`]; around them: [`Sweeper`] (retention),
 //! [`stats()`], [`Reconciler`] (uncertain outcomes), [`consumer`] (messages),
 //! [`transition`] (state machines of your own rows), [`admin`] (one key at a
-//! time, for tools), [`metrics`] (the names). Every database's statements live
+//! time, for tools), [`metrics`] (the names), [`operations`] (long operations:
+//! `202 Accepted` and the operation resource). Every database's statements live
 //! in one private module each, behind the sealed [`Backend`] trait.
 
 #![forbid(unsafe_code)]
@@ -122,6 +123,7 @@ mod model;
 #[cfg(feature = "openapi")]
 #[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
 pub mod openapi;
+pub mod operations;
 pub mod problem;
 pub mod reconcile;
 #[cfg(feature = "redis")]

@@ -376,6 +376,21 @@ pub struct UncertainRow {
     pub(crate) created: i64,
 }
 
+/// One key's row as its operation resource reads it (see `crate::operations`):
+/// what state it is in, whether its lease is live by the store's clock, and the
+/// stored outcome once there is one. A finished row past its retention is read
+/// as no row: the key no longer answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationRow {
+    /// `processing`, `completed`, `failed` or `uncertain`.
+    pub(crate) state: String,
+    /// `processing` only: the owner's lease has not lapsed.
+    pub(crate) lease_live: bool,
+    /// `completed` and `failed`: the stored outcome (its body empty unless it
+    /// was asked for).
+    pub(crate) outcome: Option<StoredResponse>,
+}
+
 /// The in-flight rows as one sweep sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct InFlightSummary {

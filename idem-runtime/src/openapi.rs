@@ -13,7 +13,11 @@
 //!   (the key was used for another request), `503` with `Retry-After` (the store
 //!   failed) and, for leased operations, `202` with `Retry-After` (the outcome is
 //!   uncertain and being reconciled), each an `application/problem+json` document
-//!   of the schema [`PROBLEM_SCHEMA`], added to the components.
+//!   of the schema [`PROBLEM_SCHEMA`], added to the components;
+//! * for a long operation (`accepted`), its `202` with `Location` and
+//!   `Retry-After`: an `application/json` document of the schema
+//!   [`OPERATION_SCHEMA`] (the operation resource's, see
+//!   [`crate::operations`]), or the uncertain problem above.
 //!
 //! The handler's own responses stay as the service wrote them, and a status the
 //! service declared itself is never replaced. Operations of other handlers are
@@ -71,7 +75,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use axum::http::header::RETRY_AFTER;
+use axum::http::header::{LOCATION, RETRY_AFTER};
 use utoipa::openapi::path::{Operation, Parameter, ParameterIn};
 use utoipa::openapi::{
     Components, Content, Header, ObjectBuilder, OpenApi, Ref, RefOr, Required, Response, Schema,
@@ -83,6 +87,11 @@ use crate::handler::OperationSpec;
 /// The name of the component schema of idem's problem documents
 /// (`#/components/schemas/IdemProblem`), which [`document`] adds.
 pub const PROBLEM_SCHEMA: &str = "IdemProblem";
+
+/// The name of the component schema of a long operation's document
+/// (`#/components/schemas/IdemOperation`, [`crate::operations::Operation`]),
+/// which [`document`] adds when an operation is `accepted`.
+pub const OPERATION_SCHEMA: &str = "IdemOperation";
 
 /// One `#[idempotent]` handler, registered by the attribute from the handler's
 /// body (the attribute sees neither the route nor, for an associated function,
@@ -170,6 +179,7 @@ pub fn document(api: &mut OpenApi) {
 /// [`document`] with the registrations given, so the tests choose them.
 fn document_with(api: &mut OpenApi, registered: &[&Registration]) {
     let mut any = false;
+    let mut accepted = false;
     for item in api.paths.paths.values_mut() {
         let operations = [
             &mut item.get,
@@ -185,22 +195,29 @@ fn document_with(api: &mut OpenApi, registered: &[&Registration]) {
             if let Some(facts) = Facts::of(op, registered) {
                 annotate(op, &facts);
                 any = true;
+                accepted |= facts.accepted;
             }
         }
     }
     if any {
-        api.components
-            .get_or_insert_with(Components::new)
-            .schemas
+        let schemas = &mut api.components.get_or_insert_with(Components::new).schemas;
+        schemas
             .entry(PROBLEM_SCHEMA.to_owned())
             .or_insert_with(|| problem_schema().into());
+        if accepted {
+            schemas
+                .entry(OPERATION_SCHEMA.to_owned())
+                .or_insert_with(|| operation_schema().into());
+        }
     }
 }
 
 /// What the handlers registered under an operation's id say about it. Handlers
-/// of one name are taken together: leased if any is.
+/// of one name are taken together: leased (or accepted) if any is.
 struct Facts {
     leased: bool,
+    /// A long operation: `202` with its operation resource.
+    accepted: bool,
     headers: BTreeSet<&'static str>,
     /// Only when every such handler keeps its outcomes equally long.
     retention: Option<Duration>,
@@ -216,11 +233,13 @@ impl Facts {
         let first = matching.peek()?.spec.retention;
         let mut facts = Facts {
             leased: false,
+            accepted: false,
             headers: BTreeSet::new(),
             retention: Some(first),
         };
         for r in matching {
             facts.leased |= r.spec.lease.is_some();
+            facts.accepted |= r.spec.accepted;
             facts.headers.extend(r.spec.fingerprint_headers);
             if facts.retention != Some(r.spec.retention) {
                 facts.retention = None;
@@ -302,7 +321,9 @@ fn annotate(op: &mut Operation, facts: &Facts) {
             Some("Seconds to wait before retrying with the same key."),
         ),
     );
-    if facts.leased {
+    if facts.accepted {
+        add("202", accepted_response());
+    } else if facts.leased {
         add(
             "202",
             problem_response(
@@ -334,8 +355,13 @@ fn key_parameter(name: &str, facts: &Facts) -> Parameter {
          A retry with the same key and the same request gets the stored answer \
          (`Idempotent-Replayed: true`) and nothing runs again; the same key with a \
          different request is `422`; while the first request with the key is still \
-         running, `409` with `Retry-After`.",
+         running, {running}.",
         max = idem_wire::MAX_KEY_LEN,
+        running = if facts.accepted {
+            "the same `202` with the operation's `Location` and `Retry-After`"
+        } else {
+            "`409` with `Retry-After`"
+        },
     );
     if !facts.headers.is_empty() {
         let headers: Vec<String> = facts
@@ -408,6 +434,111 @@ fn problem_response(description: &str, types: &[&str], retry_after: Option<&str>
     response.build()
 }
 
+/// A long operation's `202`: its operation document (the first request's
+/// answer, and every retry's while it runs), or the uncertain problem.
+fn accepted_response() -> Response {
+    let seconds = |description: &str| {
+        Header::builder()
+            .schema(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1)),
+            )
+            .description(Some(description))
+            .build()
+    };
+    Response::builder()
+        .description(format!(
+            "A long operation: accepted and running. The body is its operation document \
+             (`status` `running`) and `Location` its resource, where `GET` tells how it \
+             goes and, once done, where its answer is; every retry with the same key gets \
+             this same answer while it runs, and the stored answer once it is done. \
+             As `application/problem+json` (problem type `{}`): an earlier attempt may \
+             have taken effect and is being reconciled (answered by idem, not by the \
+             handler).",
+            idem_wire::problem::OUTCOME_UNCERTAIN
+        ))
+        .content(
+            "application/json",
+            Content::new(Some(Ref::from_schema_name(OPERATION_SCHEMA))),
+        )
+        .content(
+            idem_wire::problem::CONTENT_TYPE,
+            Content::new(Some(Ref::from_schema_name(PROBLEM_SCHEMA))),
+        )
+        .header(
+            title_case(LOCATION.as_str()),
+            Header::builder()
+                .schema(ObjectBuilder::new().schema_type(Type::String))
+                .description(Some(
+                    "The operation resource: `{operations path}/{operation}/{digest}`.",
+                ))
+                .build(),
+        )
+        .header(
+            title_case(RETRY_AFTER.as_str()),
+            seconds(
+                "Seconds to wait before asking again (the resource, or a retry with the same key).",
+            ),
+        )
+        .build()
+}
+
+/// A long operation's document ([`crate::operations::Operation`]).
+fn operation_schema() -> Schema {
+    let text = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(description))
+    };
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(
+            "A long operation's resource, as idem answers it. It never holds the idempotency key.",
+        ))
+        .property(
+            "id",
+            text("The operation's name and the SHA-256 of the idempotency key (lowercase hex), joined by `/`."),
+        )
+        .required("id")
+        .property("operation", text("The operation's name."))
+        .required("operation")
+        .property(
+            "status",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["running", "stalled", "succeeded", "failed", "uncertain"]))
+                .description(Some(
+                    "`running`; `stalled` (its worker stopped: send the original request again \
+                     with the same key to resume it); `succeeded` or `failed` (an answer is \
+                     stored: 2xx/3xx or 4xx); `uncertain` (being reconciled).",
+                )),
+        )
+        .required("status")
+        .property("href", text("The resource's path (the `Location` of the `202`)."))
+        .required("href")
+        .property(
+            "response_status",
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .description(Some("When done: the stored answer's status.")),
+        )
+        .property(
+            "result",
+            text("When done: where the stored answer is replayed (`{href}/result`)."),
+        )
+        .property(
+            "retry_after",
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(1))
+                .description(Some(
+                    "While not done: seconds before asking again, as in `Retry-After`.",
+                )),
+        )
+        .into()
+}
+
 /// RFC 9457's problem object, as idem writes it (`crate::Problem`).
 fn problem_schema() -> Schema {
     use idem_wire::problem::*;
@@ -422,6 +553,7 @@ fn problem_schema() -> Schema {
         INVALID_TENANT,
         FINGERPRINT_FAILED,
         HANDLER_PANICKED,
+        OPERATION_NOT_FOUND,
     ]
     .map(|t| format!("`{t}`"))
     .join(", ");

@@ -6,13 +6,16 @@ use std::pin::Pin;
 
 use axum::response::IntoResponse;
 
+pub use crate::__idem_accepted;
 pub use crate::__idem_item;
 pub use crate::__idem_openapi;
 /// What `__idem_openapi!` expands to: a handler's registration, collected
 /// through inventory, which the user's crate need not depend on.
 #[cfg(feature = "openapi")]
 pub use crate::openapi::Registration as OpenApiRegistration;
-#[cfg(feature = "openapi")]
+/// What `__idem_accepted!` expands to: an `accepted` handler's operation, for
+/// `operations::router`.
+pub use crate::operations::Registration as AcceptedRegistration;
 pub use inventory;
 /// The claim decisions (`crate::decide`), transactional and leased, for the
 /// oracle test that holds every store's claim to them.

@@ -31,6 +31,11 @@ pub const STORE_UNAVAILABLE: &str = idem_wire::problem::STORE_UNAVAILABLE;
 /// `500`: the handler panicked; its transaction was rolled back.
 pub const HANDLER_PANICKED: &str = idem_wire::problem::HANDLER_PANICKED;
 
+/// `404`: no operation resource with this id is visible to the caller
+/// ([`crate::operations::router`]); the same answer for an unknown id, another
+/// tenant's operation and one forgotten after its retention.
+pub const OPERATION_NOT_FOUND: &str = idem_wire::problem::OPERATION_NOT_FOUND;
+
 /// `202`: an earlier execution's external effect is unknown and is being
 /// reconciled; nothing runs again meanwhile. Retry later with the same key.
 pub const OUTCOME_UNCERTAIN: &str = idem_wire::problem::OUTCOME_UNCERTAIN;

@@ -88,6 +88,19 @@ impl TenantScope for SingleTenant {
     }
 }
 
+/// Always there: the caller of a single-tenant service's
+/// [`crate::operations::router`] (`router::<SingleTenant, _, _>()`).
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SingleTenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        _: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(SingleTenant)
+    }
+}
+
 /// Why a tenant id cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -70,6 +70,15 @@ pub const INVALID_TENANT: &str = "urn:idem:problem:invalid-tenant";
 /// ```
 pub const FINGERPRINT_FAILED: &str = "urn:idem:problem:fingerprint-failed";
 
+/// `404`: no operation resource of a long operation with this id is visible
+/// to the caller (unknown, another tenant's, or forgotten after its
+/// retention); the same answer whichever it is.
+///
+/// ```
+/// assert_eq!(idem_wire::problem::OPERATION_NOT_FOUND, "urn:idem:problem:operation-not-found");
+/// ```
+pub const OPERATION_NOT_FOUND: &str = "urn:idem:problem:operation-not-found";
+
 /// `503`: the idempotency store failed; nothing was stored and a retry with the
 /// same key is safe.
 ///

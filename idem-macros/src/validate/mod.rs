@@ -34,6 +34,8 @@ pub struct Config {
     /// Leased mode: the lease and the renewal ceiling.
     pub lease: Option<Duration>,
     pub lease_ceiling: Option<Duration>,
+    /// Leased mode, a long operation: `202` at once, the work goes on.
+    pub accepted: bool,
     pub headers: Vec<String>,
     pub body: BodyPrint,
     pub tenant: Tenant,
@@ -98,6 +100,7 @@ pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Con
         in_flight_wait: options.in_flight_wait,
         lease: options.lease,
         lease_ceiling: options.lease_ceiling,
+        accepted: options.accepted,
         headers,
         body,
         tenant: params.tenant?,

@@ -1,6 +1,6 @@
 //! The attribute's options: `operation`, `retention`, `in_flight_wait`,
-//! `lease`, `lease_ceiling` and `crate`, each read into its value or refused at
-//! its own tokens.
+//! `lease`, `lease_ceiling`, `accepted` and `crate`, each read into its value or
+//! refused at its own tokens.
 
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ pub(super) struct Options {
     pub(super) in_flight_wait: Option<Duration>,
     pub(super) lease: Option<Duration>,
     pub(super) lease_ceiling: Option<Duration>,
+    pub(super) accepted: bool,
     pub(super) krate: Option<syn::Path>,
 }
 
@@ -63,6 +64,7 @@ pub(super) fn check_options(args: &RawArgs, errors: &mut Errors) -> Options {
             "`in_flight_wait` applies to the transactional mode; a leased duplicate is answered at once with `Retry-After` until the lease lapses: remove `in_flight_wait`",
         );
     }
+    let accepted = check_accepted(args, errors);
     let krate = check_crate(args.krate.as_ref(), errors);
     Options {
         operation,
@@ -70,8 +72,26 @@ pub(super) fn check_options(args: &RawArgs, errors: &mut Errors) -> Options {
         in_flight_wait,
         lease,
         lease_ceiling,
+        accepted,
         krate,
     }
+}
+
+/// `accepted` answers `202` and keeps working after the answer: only a lease,
+/// renewed in the background, can hold the key that long (a transaction would
+/// have to stay open, and the deadline cuts it short).
+fn check_accepted(args: &RawArgs, errors: &mut Errors) -> bool {
+    if !args.accepted.is_present() {
+        return false;
+    }
+    if args.lease.is_none() {
+        errors.push_at(
+            args.accepted.span(),
+            "`accepted` needs `lease = \"...\"`: a long operation answers `202 Accepted` at once and keeps working after its answer, which only a lease renewed in the background can hold the key for (a transaction cannot stay open past its request); add `lease = \"30s\"` and take `lease: &mut idem_runtime::Lease` instead of the transaction, or remove `accepted`",
+        );
+        return false;
+    }
+    true
 }
 
 fn check_retention(

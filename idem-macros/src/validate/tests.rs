@@ -167,6 +167,41 @@ fn leases() {
     .unwrap();
 }
 
+/// `accepted` is leased mode's: without `lease` it is refused, whatever the
+/// handle; with it, the configuration says so.
+#[test]
+fn accepted_needs_a_lease() {
+    let leased = || -> ItemFn {
+        parse_quote!(
+            async fn f(#[tenant] c: Caller, lease: &mut Lease) {}
+        )
+    };
+    let c = check(
+        quote!(operation = "x", retention = "1h", lease = "6s", accepted),
+        leased(),
+    )
+    .unwrap();
+    assert!(c.accepted);
+    let c = check(
+        quote!(operation = "x", retention = "1h", lease = "6s"),
+        leased(),
+    )
+    .unwrap();
+    assert!(!c.accepted);
+    let e = check(
+        quote!(operation = "x", retention = "1h", accepted),
+        handler(),
+    )
+    .unwrap_err();
+    assert!(e.contains("`accepted` needs `lease"), "{e}");
+    let e = check(
+        quote!(operation = "x", retention = "1h", accepted = true),
+        leased(),
+    )
+    .unwrap_err();
+    assert!(e.contains("`accepted` is a flag"), "{e}");
+}
+
 #[test]
 fn operation_names() {
     for bad in ["", "create order", "création"] {

@@ -105,6 +105,7 @@ pub trait Backend:
     + stores::Upkeep
     + stores::Transitions
     + stores::Admin
+    + stores::OperationRows
 {
     /// Begins a transaction fit for a claim.
     #[doc(hidden)]

@@ -13,8 +13,8 @@ use sqlx::{Pool, Transaction};
 use super::{Backend, ClaimContext, Tx};
 use crate::model::{
     Claim, ClaimRequest, Execution, Fence, FencedWrite, Finish, InFlightSummary, KeyAddress,
-    KeyRecord, LeaseRequest, LeasedOutcome, Owned, PurgeError, Resource, StatsSnapshot, StoreError,
-    StoredResponse, UncertainRow,
+    KeyRecord, LeaseRequest, LeasedOutcome, OperationRow, Owned, PurgeError, Resource,
+    StatsSnapshot, StoreError, StoredResponse, UncertainRow,
 };
 
 /// The transactional mode: the claim and completion inside the caller's
@@ -125,6 +125,20 @@ pub trait LeaseRows: sqlx::Database {
         row: &UncertainRow,
         outcome: Option<&StoredResponse>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// What a long operation's resource reads (`crate::operations`): one key's
+/// row by its primary key, in a statement of its own (its own file in each
+/// database's module, `operations.rs`).
+pub trait OperationRows: sqlx::Database {
+    /// The key's row, as the resource shows it; `None` when there is none, or
+    /// when it is finished and past its retention. The stored body only when
+    /// `with_body`, so that polling the status never moves a body.
+    fn operation(
+        pool: &Pool<Self>,
+        key: &KeyAddress<'_>,
+        with_body: bool,
+    ) -> impl Future<Output = Result<Option<OperationRow>, StoreError>> + Send;
 }
 
 /// Retention and numbers, on the database's clock.

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use super::pipeline::Scope;
 use crate::metrics;
 use crate::model::{Claim, StoredResponse};
+use crate::operations::Address;
 use crate::problem::Problem;
 use crate::response;
 
@@ -23,8 +24,11 @@ pub enum Answer {
     Mismatch { cached: bool },
     /// Another execution of the key is running.
     InFlight(Duration),
-    /// An earlier execution's effect is unknown (leased mode).
-    Uncertain(Duration),
+    /// An earlier execution's effect is unknown (leased mode); a long
+    /// operation's answer says where its resource is.
+    Uncertain(Duration, Option<Address>),
+    /// A long operation's execution of the key is running: its `202`.
+    Running(Address),
 }
 
 impl Answer {
@@ -40,8 +44,8 @@ impl Answer {
         match self {
             Answer::Replay { .. } => "replayed",
             Answer::Mismatch { .. } => "mismatched",
-            Answer::InFlight(_) => "in_flight",
-            Answer::Uncertain(_) => "uncertain",
+            Answer::InFlight(_) | Answer::Running(_) => "in_flight",
+            Answer::Uncertain(..) => "uncertain",
         }
     }
 
@@ -70,13 +74,22 @@ impl Answer {
                 tracing::info!(operation = op, "idem: in flight");
                 Problem::in_flight(retry_after).into_response()
             }
-            Answer::Uncertain(retry_after) => {
+            Answer::Uncertain(retry_after, address) => {
                 metrics::claim(op, tenant_label, "uncertain");
                 tracing::info!(
                     operation = op,
                     "idem: outcome uncertain; not executed again"
                 );
-                Problem::uncertain(retry_after).into_response()
+                let mut resp = Problem::uncertain(retry_after).into_response();
+                if let Some(address) = address {
+                    address.locate(&mut resp);
+                }
+                resp
+            }
+            Answer::Running(address) => {
+                metrics::claim(op, tenant_label, "in_flight");
+                tracing::info!(operation = op, "idem: long operation running");
+                address.accepted()
             }
         }
     }

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
 
 use super::answers::{Answer, Step, store_failed};
 use super::pipeline::{Decision, Mode, Scope, capture, stored_ok};
@@ -13,6 +14,7 @@ use crate::config::Idem;
 use crate::lease::{Lease, LeaseBackend, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
 use crate::metrics;
 use crate::model::{Acquisition, StoreError};
+use crate::operations::Address;
 use crate::problem::Problem;
 use crate::response;
 
@@ -69,10 +71,18 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
                     cached: false,
                 }),
                 LeasedClaim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
+                // A long operation's retry while the work runs gets the first
+                // request's `202` again, not `409`.
+                LeasedClaim::InFlight { .. } if scope.spec.accepted => {
+                    Decision::Answer(Answer::Running(address(idem, scope)))
+                }
                 LeasedClaim::InFlight { retry_after } => {
                     Decision::Answer(Answer::InFlight(retry_after))
                 }
-                LeasedClaim::Uncertain => Decision::Answer(Answer::Uncertain(scope.lease_len())),
+                LeasedClaim::Uncertain => Decision::Answer(Answer::Uncertain(
+                    scope.lease_len(),
+                    scope.spec.accepted.then(|| address(idem, scope)),
+                )),
             },
         )
     }
@@ -81,109 +91,178 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
         idem: &Idem<DB>,
         scope: &Scope<'_>,
         held: LeaseHeld<DB>,
-        mut lease: Lease<DB>,
+        lease: Lease<DB>,
         body: BoxedLeasedHandler<DB>,
         started: Instant,
     ) -> Response {
-        let op = scope.op();
-        let lease_len = scope.lease_len();
-        let ceiling = scope
-            .spec
-            .lease_ceiling
-            .unwrap_or(lease_len.saturating_mul(10));
-        let LeaseHeld { renewer, probe } = held;
-        let outcome = {
-            let mut work = body(&mut lease);
-            tokio::select! {
-                outcome = &mut work => outcome,
-                never = renewer.run(ceiling) => match never {},
+        if scope.spec.accepted {
+            return accept(idem, scope, held, lease, body, started);
+        }
+        settle(idem, scope, held, lease, body, started).await
+    }
+}
+
+/// The resource of the scope's operation.
+fn address<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>) -> Address {
+    Address::new(idem.operations_path(), scope.spec, &scope.key.digest())
+}
+
+/// A long operation: its work goes on, under its lease, on a task of its own,
+/// and the request is answered `202` with the operation's resource at once.
+///
+/// The work is counted among the executions (a graceful shutdown waits for
+/// it). If it dies (a panic, the process), its lease lapses and the next
+/// request with the key takes it over, at the same address.
+fn accept<DB: LeaseBackend>(
+    idem: &Idem<DB>,
+    scope: &Scope<'_>,
+    held: LeaseHeld<DB>,
+    lease: Lease<DB>,
+    body: BoxedLeasedHandler<DB>,
+    started: Instant,
+) -> Response {
+    let answer = address(idem, scope).accepted();
+    let op = scope.op();
+    let owned = scope.owned();
+    let idem = idem.clone();
+    let running = idem.executions().start();
+    let span = tracing::Span::current();
+    let work = async move {
+        let scope = owned.scope();
+        settle(&idem, &scope, held, lease, body, started).await
+    }
+    .instrument(span.clone());
+    tokio::spawn(
+        async move {
+            let _running = running;
+            // A task of its own, so that a panic is seen (and logged) here.
+            match tokio::spawn(work).await {
+                Ok(resp) => {
+                    tracing::debug!(
+                        operation = op,
+                        status = resp.status().as_u16(),
+                        "idem: long operation settled"
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(operation = op, error = %e, "idem: a long operation's task failed; the next request with its key takes it over after its lease");
+                }
+            }
+        }
+        .instrument(span),
+    );
+    answer
+}
+
+/// Runs the handler under its lease, renewed in the background, and settles
+/// its outcome: stores it, marks it uncertain or releases the key; the answer
+/// for the request (or, for a long operation, for the log).
+async fn settle<DB: LeaseBackend>(
+    idem: &Idem<DB>,
+    scope: &Scope<'_>,
+    held: LeaseHeld<DB>,
+    mut lease: Lease<DB>,
+    body: BoxedLeasedHandler<DB>,
+    started: Instant,
+) -> Response {
+    let op = scope.op();
+    let lease_len = scope.lease_len();
+    let ceiling = scope
+        .spec
+        .lease_ceiling
+        .unwrap_or(lease_len.saturating_mul(10));
+    let LeaseHeld { renewer, probe } = held;
+    let outcome = {
+        let mut work = body(&mut lease);
+        tokio::select! {
+            outcome = &mut work => outcome,
+            never = renewer.run(ceiling) => match never {},
+        }
+    };
+    // A lease believed lost (no renewal got through for a whole lease, or the
+    // ceiling passed) may still be this worker's: every statement below is
+    // fenced by the owner token, so a worker that really lost it writes nothing
+    // and answers as a stale owner, while one that did not publishes its
+    // result rather than leave it to a takeover that would call downstream
+    // again.
+    if outcome
+        .response
+        .extensions()
+        .get::<UncertainMarker>()
+        .is_some()
+    {
+        return match lease.mark_uncertain().await {
+            Ok(()) => {
+                metrics::completion(op, "uncertain");
+                tracing::warn!(
+                    operation = op,
+                    "idem: outcome uncertain; awaiting reconciliation"
+                );
+                outcome.response
+            }
+            Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
+            Err(LeaseError::Store(e)) => {
+                // The effect may have happened: never answer "nothing was stored".
+                metrics::completion(op, "error");
+                tracing::error!(operation = op, error = %e, "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease");
+                outcome.response
             }
         };
-        // A lease believed lost (no renewal got through for a whole lease, or the
-        // ceiling passed) may still be this worker's: every statement below is
-        // fenced by the owner token, so a worker that really lost it writes nothing
-        // and answers as a stale owner, while one that did not publishes its
-        // result rather than leave it to a takeover that would call downstream
-        // again.
-        if outcome
-            .response
-            .extensions()
-            .get::<UncertainMarker>()
-            .is_some()
-        {
-            return match lease.mark_uncertain().await {
-                Ok(()) => {
-                    metrics::completion(op, "uncertain");
-                    tracing::warn!(
-                        operation = op,
-                        "idem: outcome uncertain; awaiting reconciliation"
-                    );
-                    outcome.response
-                }
-                Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
-                Err(LeaseError::Store(e)) => {
-                    // The effect may have happened: never answer "nothing was stored".
-                    metrics::completion(op, "error");
-                    tracing::error!(operation = op, error = %e, "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease");
-                    outcome.response
-                }
-            };
+    }
+    if outcome.rolls_back() {
+        return match lease.release().await {
+            Ok(()) => {
+                metrics::completion(op, "rolled_back");
+                outcome.response
+            }
+            Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
+            // The effect did not happen; the key frees itself when the lease lapses.
+            Err(LeaseError::Store(e)) => store_failed(op, None, Step::Release, &e),
+        };
+    }
+    let (response, stored) = match capture(idem, op, outcome.response).await {
+        Ok(r) => r,
+        Err(_rolled_back) => {
+            // The transactional answer ("rolled back") would be false here.
+            // `capture` counted this completion already.
+            return effect_unrecorded(
+                op,
+                &lease,
+                &probe,
+                lease_len,
+                "the operation ran but its response could not be stored",
+                false,
+            )
+            .await;
         }
-        if outcome.rolls_back() {
-            return match lease.release().await {
-                Ok(()) => {
-                    metrics::completion(op, "rolled_back");
-                    outcome.response
-                }
-                Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
-                // The effect did not happen; the key frees itself when the lease lapses.
-                Err(LeaseError::Store(e)) => store_failed(op, None, Step::Release, &e),
-            };
-        }
-        let (response, stored) = match capture(idem, op, outcome.response).await {
-            Ok(r) => r,
-            Err(_rolled_back) => {
-                // The transactional answer ("rolled back") would be false here.
-                // `capture` counted this completion already.
+    };
+    // The effect happened: try hard to record it before the lease lapses, and
+    // fall back to `uncertain` rather than let a takeover repeat it.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match lease.store_outcome(&stored).await {
+            Ok(()) => {
+                stored_ok(op, &stored, started);
+                return response;
+            }
+            Err(LeaseError::Store(e)) if attempt < 3 => {
+                tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            }
+            Err(LeaseError::Store(e)) => {
+                tracing::error!(operation = op, error = %e, "idem: storing a leased outcome failed");
                 return effect_unrecorded(
                     op,
                     &lease,
                     &probe,
                     lease_len,
-                    "the operation ran but its response could not be stored",
-                    false,
+                    "the operation ran but its outcome could not be recorded",
+                    true,
                 )
                 .await;
             }
-        };
-        // The effect happened: try hard to record it before the lease lapses, and
-        // fall back to `uncertain` rather than let a takeover repeat it.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match lease.store_outcome(&stored).await {
-                Ok(()) => {
-                    stored_ok(op, &stored, started);
-                    return response;
-                }
-                Err(LeaseError::Store(e)) if attempt < 3 => {
-                    tracing::warn!(operation = op, attempt, error = %e, "idem: storing a leased outcome failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-                }
-                Err(LeaseError::Store(e)) => {
-                    tracing::error!(operation = op, error = %e, "idem: storing a leased outcome failed");
-                    return effect_unrecorded(
-                        op,
-                        &lease,
-                        &probe,
-                        lease_len,
-                        "the operation ran but its outcome could not be recorded",
-                        true,
-                    )
-                    .await;
-                }
-                Err(LeaseError::StaleOwner { .. }) => return stale(op, &probe, lease_len).await,
-            }
+            Err(LeaseError::StaleOwner { .. }) => return stale(op, &probe, lease_len).await,
         }
     }
 }

@@ -73,6 +73,43 @@ impl Scope<'_> {
     }
 }
 
+/// A [`Scope`] that owns what it borrows, for work that outlives its request
+/// (a long operation's, after its `202`).
+pub(super) struct OwnedScope {
+    spec: &'static OperationSpec,
+    tenant: String,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    tenant_label: bool,
+}
+
+impl OwnedScope {
+    pub(super) fn scope(&self) -> Scope<'_> {
+        Scope {
+            spec: self.spec,
+            tenant: &self.tenant,
+            key: &self.key,
+            fingerprint: self.fingerprint,
+            tenant_label: self.tenant_label.then_some(self.tenant.as_str()),
+            deadline: None,
+        }
+    }
+}
+
+impl Scope<'_> {
+    /// This scope, owned; without a deadline (only leased work outlives its
+    /// request, and leased mode has none).
+    pub(super) fn owned(&self) -> OwnedScope {
+        OwnedScope {
+            spec: self.spec,
+            tenant: self.tenant.to_owned(),
+            key: self.key.clone(),
+            fingerprint: self.fingerprint,
+            tenant_label: self.tenant_label.is_some(),
+        }
+    }
+}
+
 /// What a claim decided, in either mode.
 pub enum Decision<Held, Handle> {
     /// This request owns the execution: `how` is the metric's outcome label.

@@ -32,6 +32,9 @@ pub struct OperationSpec {
     /// Leased mode: the longest a running handler's lease is renewed; after it a
     /// stuck worker can be taken over. Defaults to ten leases.
     pub lease_ceiling: Option<Duration>,
+    /// Leased mode, a long operation: answer `202 Accepted` with the operation
+    /// resource at once and keep working (see [`crate::operations`]).
+    pub accepted: bool,
 }
 
 /// The request-side input of an idempotent handler: the validated key, the method,

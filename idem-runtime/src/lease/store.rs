@@ -14,7 +14,9 @@ use sqlx::Pool;
 
 use crate::db::Backend;
 use crate::key::KeyDigest;
-use crate::model::{Fence, LeaseRequest, LeasedOutcome, Owned, StoreError, StoredResponse};
+use crate::model::{
+    Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, StoreError, StoredResponse,
+};
 use crate::reconcile::UncertainOutcome;
 
 mod sealed {
@@ -80,6 +82,17 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
         operation: &str,
         key: &KeyDigest,
     ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send;
+
+    /// The key's record as its operation resource shows it (`crate::operations`):
+    /// its state, whether its lease is live by the store's clock, and its
+    /// outcome (the body only `with_body`); `None` when there is none or it is
+    /// finished and past its retention.
+    #[doc(hidden)]
+    fn lease_operation(
+        store: &Self::Store,
+        key: &KeyAddress<'_>,
+        with_body: bool,
+    ) -> impl Future<Output = Result<Option<OperationRow>, StoreError>> + Send;
 
     /// Up to `limit` uncertain executions of `operation`, oldest first, after
     /// `after` (the last of an earlier page). Fewer than `limit` only when none
@@ -147,6 +160,14 @@ impl<DB: Backend> LeaseBackend for DB {
         key: &KeyDigest,
     ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send {
         <DB as crate::db::stores::LeaseRows>::current(store, tenant, operation, key)
+    }
+
+    fn lease_operation(
+        store: &Pool<DB>,
+        key: &KeyAddress<'_>,
+        with_body: bool,
+    ) -> impl Future<Output = Result<Option<OperationRow>, StoreError>> + Send {
+        <DB as crate::db::stores::OperationRows>::operation(store, key, with_body)
     }
 
     async fn lease_uncertain(

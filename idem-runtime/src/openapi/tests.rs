@@ -13,6 +13,7 @@ static CREATE_ORDER: OperationSpec = OperationSpec {
     fingerprint_headers: &["x-currency"],
     lease: None,
     lease_ceiling: None,
+    accepted: false,
 };
 
 static CREATE_PAYMENT: OperationSpec = OperationSpec {
@@ -22,9 +23,21 @@ static CREATE_PAYMENT: OperationSpec = OperationSpec {
     fingerprint_headers: &[],
     lease: Some(Duration::from_secs(30)),
     lease_ceiling: None,
+    accepted: false,
+};
+
+static CREATE_EXPORT: OperationSpec = OperationSpec {
+    operation: "create-export",
+    retention: Duration::from_secs(3600),
+    in_flight_wait: None,
+    fingerprint_headers: &[],
+    lease: Some(Duration::from_secs(6)),
+    lease_ceiling: None,
+    accepted: true,
 };
 
 static ORDER: Registration = Registration::new("create_order", &CREATE_ORDER);
+static EXPORT: Registration = Registration::new("create_export", &CREATE_EXPORT);
 static PAYMENT: Registration = Registration::new("create_payment", &CREATE_PAYMENT);
 
 fn op(id: &str, statuses: &[&str]) -> OperationBuilder {
@@ -170,6 +183,60 @@ fn a_leased_operation_gets_202_uncertain_with_retry_after() {
     );
 }
 
+/// A long operation's 202: its document with `Location` and `Retry-After`, or
+/// the uncertain problem; the document's schema is added once.
+#[test]
+fn an_accepted_operation_gets_202_operation_with_location() {
+    let mut doc = OpenApiBuilder::new()
+        .paths(Paths::builder().path(
+            "/exports",
+            PathItem::new(HttpMethod::Post, op("create_export", &["201"])),
+        ))
+        .build();
+    document_with(&mut doc, &[&EXPORT, &ORDER]);
+    let v = json_of(&doc);
+    let post = &v["paths"]["/exports"]["post"];
+    let accepted = &post["responses"]["202"];
+    assert_eq!(
+        accepted["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/IdemOperation"
+    );
+    assert_eq!(
+        accepted["content"]["application/problem+json"]["schema"]["$ref"],
+        "#/components/schemas/IdemProblem"
+    );
+    assert!(accepted["headers"]["Location"].is_object());
+    assert_eq!(accepted["headers"]["Retry-After"]["schema"]["minimum"], 1);
+    assert!(
+        accepted["description"]
+            .as_str()
+            .unwrap()
+            .contains(idem_wire::problem::OUTCOME_UNCERTAIN)
+    );
+    // An idem answer: no `Idempotent-Replayed` on it; the handler's 201 has it.
+    assert!(accepted["headers"].get("Idempotent-Replayed").is_none());
+    assert!(post["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
+    assert!(
+        post["parameters"][0]["description"]
+            .as_str()
+            .unwrap()
+            .contains("the same `202`")
+    );
+    let schema = &v["components"]["schemas"]["IdemOperation"];
+    assert_eq!(
+        schema["properties"]["status"]["enum"],
+        json!(["running", "stalled", "succeeded", "failed", "uncertain"])
+    );
+    // Without a long operation there is no such schema.
+    let mut plain = api(&["201"]);
+    document_with(&mut plain, &[&ORDER, &PAYMENT]);
+    assert!(
+        json_of(&plain)["components"]["schemas"]
+            .get("IdemOperation")
+            .is_none()
+    );
+}
+
 #[test]
 fn the_idem_operation_name_matches_as_an_operation_id() {
     let mut doc = OpenApiBuilder::new()
@@ -226,6 +293,7 @@ fn the_registration_macro_works_inside_a_function_body() {
             fingerprint_headers: &[],
             lease: None,
             lease_ceiling: None,
+            accepted: false,
         };
         crate::__idem_openapi!("registered_in_a_body", &SPEC);
     }

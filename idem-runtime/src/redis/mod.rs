@@ -40,7 +40,8 @@ use crate::config::Idem;
 use crate::key::{IdempotencyKey, KeyDigest};
 use crate::lease::{LeaseBackend, LeasedClaim};
 use crate::model::{
-    Acquisition, Fence, LeaseRequest, LeasedOutcome, Owned, StoreError, StoredResponse, millis,
+    Acquisition, Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, StoreError,
+    StoredResponse, millis,
 };
 use crate::reconcile::UncertainOutcome;
 
@@ -802,6 +803,58 @@ impl LeaseBackend for Redis {
             }
             _ => Ok(None),
         }
+    }
+
+    // A long operation's resource (`crate::operations`): one read-only script,
+    // so that the lease is judged on the server's clock and the record and the
+    // clock are read at one instant. A finished record expires with its
+    // retention, so whatever is found still answers.
+    async fn lease_operation(
+        store: &RedisLeaseStore,
+        key: &KeyAddress<'_>,
+        with_body: bool,
+    ) -> Result<Option<OperationRow>, StoreError> {
+        static READ: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(
+                r"
+local r = redis.call('HMGET', KEYS[1], 'state', 'lease_until', 'status', 'headers', ARGV[1])
+if not r[1] then return {} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = 0
+if r[2] and tonumber(r[2]) and tonumber(r[2]) > now then live = 1 end
+return {r[1], live, r[3] or false, r[4] or false, r[5] or false}
+",
+            )
+        });
+        let name = store.record_name(key.tenant, key.operation, &key.digest.to_string());
+        // Without the body, the field asked for is one no record has.
+        let body = if with_body { "body" } else { "-" };
+        let reply: Vec<Value> = READ
+            .key(&name)
+            .arg(body)
+            .invoke_async(&mut store.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        let [state, live, status, headers, body] = &reply[..] else {
+            return if reply.is_empty() {
+                Ok(None)
+            } else {
+                Err(corrupt("operation"))
+            };
+        };
+        let state = text(state).ok_or_else(|| corrupt("state"))?;
+        let empty = Value::BulkString(Vec::new());
+        let body = if with_body { body } else { &empty };
+        let outcome = match state.as_str() {
+            "completed" | "failed" => Some(stored_from(status, headers, body)?),
+            _ => None,
+        };
+        Ok(Some(OperationRow {
+            state,
+            lease_live: int(live) == Some(1),
+            outcome,
+        }))
     }
 
     async fn lease_uncertain(

@@ -31,6 +31,7 @@ use crate::model::{KeyAddress, KeyRecord, PurgeError};
 mod admin;
 pub(crate) mod hot_path;
 mod leased;
+mod operations;
 pub(crate) mod transactional;
 mod upkeep;
 

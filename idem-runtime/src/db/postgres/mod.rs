@@ -28,6 +28,7 @@ use crate::model::{
 mod admin;
 pub(crate) mod hot_path;
 mod leased;
+mod operations;
 pub(crate) mod pooler;
 pub(crate) mod transactional;
 mod upkeep;

@@ -31,6 +31,7 @@ mod admin;
 mod digests;
 mod hot_path;
 mod leased;
+mod operations;
 pub(crate) mod transactional;
 mod upkeep;
 

@@ -1,0 +1,42 @@
+// A long operation: `202 Accepted` at once, its resource served by `operations::router`.
+#![allow(unused_imports, dead_code)]
+use axum::extract::FromRequestParts;
+use axum::http::{request::Parts, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_runtime::{idempotent, operations, Idem, Lease, SingleTenant, TenantScope};
+
+struct Caller(String);
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = StatusCode;
+    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+        Ok(Caller("acme".into()))
+    }
+}
+impl TenantScope for Caller {
+    fn tenant_id(&self) -> &str {
+        &self.0
+    }
+}
+
+#[idempotent(operation = "create-export", retention = "24h", lease = "6s", accepted)]
+async fn create_export(#[tenant] caller: Caller, lease: &mut Lease, Json(format): Json<String>) -> (StatusCode, String) {
+    let _ = (caller, lease.downstream_key());
+    (StatusCode::CREATED, format)
+}
+
+#[idempotent(operation = "rebuild-index", retention = "1h", lease = "30s", lease_ceiling = "1h", accepted, single_tenant)]
+async fn rebuild_index(lease: &mut Lease) -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let idem = Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap());
+    let _: Router = Router::new()
+        .route("/exports", post(create_export))
+        .route("/index", post(rebuild_index))
+        .nest(idem.operations_path(), operations::router::<Caller, sqlx::Postgres, Idem>())
+        .nest("/admin/operations", operations::router::<SingleTenant, sqlx::Postgres, Idem>())
+        .with_state(idem);
+}
