@@ -164,7 +164,8 @@ fn c_str(bytes: &[u8]) -> String {
 /// by that argument, co-located with the table).
 fn names_the_tenant(sql: &str) -> bool {
     let s = sql.to_ascii_lowercase();
-    s.contains("tenant_id = $1")
+    s.match_indices("tenant_id = $")
+        .any(|(at, m)| s[at + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
         || (s.starts_with("insert into idempotency_requests") && s.contains("(tenant_id,"))
         || s.contains("from idem_claim($1,")
         || s.contains("from idem_claim_leased($1,")
