@@ -1721,6 +1721,68 @@ async fn a_server_older_than_6_2_is_refused_at_start() {
     );
 }
 
+// --- replica acknowledgement ----------------------------------------------------
+
+/// Asked to wait for more replicas than any master here has (one server has
+/// none, each cluster master one), every state change is reported as a
+/// failure naming how many acknowledged, never as a success; a claim so
+/// reported gives its key up, so the retry (on a store that waits for what
+/// there is) acquires it at once. `tests/redis_cluster.rs` runs the option
+/// where the replica is there; `tests/redis_failover.rs` kills a master.
+#[tokio::test]
+async fn a_change_too_few_replicas_acknowledge_is_a_failure_and_frees_the_key() {
+    let s = store("acks-short").await;
+    let waiting = s
+        .clone()
+        .with_replica_acks(5, Duration::from_millis(20))
+        .unwrap();
+    let key = IdempotencyKey::parse("acks-short-1").unwrap();
+    let e = waiting.claim(&lease_req(&key, HOUR)).await.unwrap_err();
+    let StoreError::Redis(source) = &e else {
+        panic!("{e}")
+    };
+    let short = source
+        .downcast_ref::<idem_runtime::redis::NotReplicated>()
+        .unwrap_or_else(|| panic!("{e}"));
+    assert_eq!(short.wanted, 5);
+    assert!(short.acknowledged < 5, "{short:?}");
+    assert!(e.to_string().contains("of 5 replicas"), "{e}");
+    let mut c = s.redis_connection();
+    assert!(
+        !c.exists::<_, bool>(s.record_key("acme", "create-payment", &key))
+            .await
+            .unwrap(),
+        "the claim reported as failed was released"
+    );
+    let lease = acquire(&s, &key, HOUR).await;
+    assert_eq!(lease.acquisition(), Acquisition::New);
+    lease.complete(&paid("ch_acks")).await.unwrap();
+    // Every call that runs a script, not only one that writes: a replay is
+    // reported as a failure too while the replicas fall short.
+    assert!(matches!(
+        waiting.claim(&lease_req(&key, HOUR)).await,
+        Err(StoreError::Redis(e)) if e.is::<idem_runtime::redis::NotReplicated>()
+    ));
+}
+
+/// `with_replica_acks` refuses what would wait for nothing, or for ever.
+#[tokio::test]
+async fn replica_acknowledgement_refuses_zero_replicas_or_a_zero_timeout() {
+    let s = store("acks-bad").await;
+    let e = s
+        .clone()
+        .with_replica_acks(0, Duration::from_secs(1))
+        .unwrap_err();
+    assert!(e.to_string().contains("waits for nothing"), "{e}");
+    for t in [Duration::ZERO, Duration::from_micros(999)] {
+        let e = s.clone().with_replica_acks(1, t).unwrap_err();
+        assert!(e.to_string().contains("for ever"), "{e}");
+    }
+    assert_eq!(s.replica_acks(), None);
+    let s = s.with_replica_acks(1, Duration::from_millis(1)).unwrap();
+    assert_eq!(s.replica_acks(), Some((1, Duration::from_millis(1))));
+}
+
 // --- hand-written requests ------------------------------------------------------
 
 /// A hand-written request with a zero lease or retention, or one under a
