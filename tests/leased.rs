@@ -1,13 +1,18 @@
-//! Leased mode against both backends, a real PostgreSQL and a SQLite file (every
-//! test written once, stamped per backend by `leased_tests!`): fencing, takeover,
-//! renewal, uncertain outcomes and reconciliation, bounded retries through an
-//! outage. The payment
-//! provider is simulated in-process with its own idempotency by key, so "charged
-//! once" is checked where the money would move.
+//! Leased mode on every store it runs on: a real PostgreSQL, a SQLite file, a
+//! MySQL/MariaDB database and Redis (every test written once against the store
+//! harness of `tests/common/lease_harness.rs`, stamped per store by
+//! `leased_tests!`): fencing, takeover, renewal, uncertain outcomes and
+//! reconciliation, bounded retries through an outage. The payment provider is
+//! simulated in-process with its own idempotency by key, so "charged once" is
+//! checked where the money would move. What only one store has is beside the
+//! stamping (a held row or write lock, the transactional mode on the same table)
+//! or, for Redis, in `tests/leased_redis.rs`.
 
 #[path = "common/caller.rs"]
 mod caller;
 mod common;
+#[path = "common/lease_harness.rs"]
+mod lease_harness;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -30,6 +35,7 @@ use idem_runtime::{
     FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoredResponse,
     Uncertain, claim_leased, idempotent,
 };
+use lease_harness::{LeaseHarness, OPERATION, Record, TENANT, next_instant, until_lease_lapsed};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
@@ -110,135 +116,50 @@ fn paid(charge: &str) -> StoredResponse {
     }
 }
 
-/// Every test, for one backend: `$db` the database, `$test_db` its test helper,
-/// `$now` the database's clock as idem stores timestamps, `$hold_row` how a
-/// transaction holds a key's row against other writers (begin, then a statement),
-/// `$as_text` how a lease's expiry is read as text.
+/// The suite, for one store: `$harness` implements `LeaseHarness`
+/// (`tests/common/lease_harness.rs`), so the same tests run on PostgreSQL,
+/// SQLite, MySQL and Redis.
 macro_rules! leased_tests {
-    ($db:ty, $test_db:ty, $now:expr, $hold_row:expr) => {
-        leased_tests!($db, $test_db, $now, $hold_row, "CAST(lease_expires_at AS text)");
-    };
-    ($db:ty, $test_db:ty, $now:expr, $hold_row:expr, $as_text:expr) => {
+    ($harness:ty) => {
         use super::*;
 
-        /// Begins a transaction that holds the key's row against every writer
-        /// (and so against renewals), then runs `$hold_row.1` in it.
-        const HOLD_ROW: (&str, &str) = $hold_row;
+        type H = $harness;
+        type Db = <H as LeaseHarness>::Db;
 
-        type Db = $db;
-        type TestDb = $test_db;
-        const NOW: &str = $now;
-
-        /// A transactional execution that re-claims an expired key a leased
-        /// execution finished has no downstream key: the row forgets the old one,
-        /// on the hand-written claim and on the handler's path alike.
-        #[tokio::test]
-        async fn a_transactional_reclaim_forgets_the_leased_executions_downstream_key() {
-            use idem_runtime::__private::Finish;
-            use idem_runtime::{Claim, ClaimRequest, claim};
-
-            for handler_path in [false, true] {
-                let db = TestDb::new().await;
-                let key = IdempotencyKey::parse("dk-1").unwrap();
-                acquire(&db, &key, HOUR)
-                    .await
-                    .complete(&paid("ch_1"))
-                    .await
-                    .unwrap();
-                assert_eq!(
-                    db.count("SELECT count(*) FROM idempotency_requests WHERE downstream_key IS NOT NULL")
-                        .await,
-                    1,
-                    "the leased execution recorded its downstream key"
-                );
-                db.exec(&format!("UPDATE idempotency_requests SET expires_at = {NOW}"))
-                    .await;
-                let leased = lease_req(&key, HOUR);
-                let req = ClaimRequest {
-                    tenant: leased.tenant,
-                    operation: leased.operation,
-                    key: &key,
-                    fingerprint: leased.fingerprint,
-                    retention: HOUR,
-                    in_flight_wait: Duration::from_secs(2),
-                };
-                if handler_path {
-                    let idem: Idem<Db> = Idem::new(db.pool.clone());
-                    let (tx, c) = <Db as idem_runtime::__private::Claims>::begin_claim(&idem.claim_context(req.in_flight_wait), &req).await.unwrap();
-                    let Claim::Execute(exec) = c else {
-                        panic!("the expired key executes anew: {c:?}")
-                    };
-                    assert!(matches!(
-                        <Db as idem_runtime::__private::Claims>::finish(&idem.claim_context(Default::default()), tx, exec, &paid("tx")).await,
-                        Finish::Committed
-                    ));
-                } else {
-                    let mut tx = db.pool.begin().await.unwrap();
-                    let c = claim(&mut tx, &req).await.unwrap();
-                    let Claim::Execute(exec) = c else {
-                        panic!("the expired key executes anew: {c:?}")
-                    };
-                    exec.complete(&mut tx, &paid("tx")).await.unwrap();
-                    tx.commit().await.unwrap();
-                }
-                assert_eq!(
-                    db.count(
-                        "SELECT count(*) FROM idempotency_requests \
-                          WHERE downstream_key IS NULL AND generation = 2"
-                    )
-                    .await,
-                    1,
-                    "handler path: {handler_path}"
-                );
-            }
-        }
-
-        async fn acquire(db: &TestDb, key: &IdempotencyKey, lease: Duration) -> Lease<Db> {
-            match claim_leased(&db.pool, &lease_req(key, lease))
-                .await
-                .unwrap()
-            {
+        async fn acquire(h: &H, key: &IdempotencyKey, lease: Duration) -> Lease<Db> {
+            match h.claim(&lease_req(key, lease)).await {
                 LeasedClaim::Acquired(l) => l,
                 other => panic!("expected to acquire, got {other:?}"),
             }
         }
 
-        /// Waits until the key's lease has lapsed on the database clock.
-        async fn until_lease_lapsed(db: &TestDb) {
-            wait_for(
-                db,
-                &format!("SELECT count(*) FROM idempotency_requests WHERE lease_expires_at < {NOW}"),
-                |n| n > 0,
-            )
-            .await;
-        }
-
-        async fn wait_for(db: &TestDb, sql: &str, done: impl Fn(i64) -> bool) {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !done(db.count(sql).await) {
-                assert!(Instant::now() < deadline, "condition never held: {sql}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+        async fn record(h: &H, key: &str) -> Record {
+            let key = IdempotencyKey::parse(key).unwrap();
+            h.record(&key).await.expect("the key has a record")
         }
 
         #[tokio::test]
         async fn a_stale_owner_cannot_publish_and_the_provider_charges_once() {
-            let db = TestDb::new().await;
+            let h = H::new("stale-publish").await;
             let provider = Provider::default();
             let key = IdempotencyKey::parse("pay-1").unwrap();
             let lease = Duration::from_millis(200);
 
             // Worker A claims and charges, then stalls (no renewal) past its lease.
-            let a = acquire(&db, &key, lease).await;
+            let a = acquire(&h, &key, lease).await;
             assert_eq!(a.acquisition(), Acquisition::New);
             let charge_a = provider.charge(&a.downstream_key(), 100).await.unwrap();
-            until_lease_lapsed(&db).await;
+            until_lease_lapsed(&h, &key).await;
 
             // Worker B takes over with a new generation and the same downstream key.
-            let b = acquire(&db, &key, lease).await;
+            let b = acquire(&h, &key, lease).await;
             assert_eq!(b.acquisition(), Acquisition::TakenOver);
             assert_eq!(b.generation(), a.generation() + 1);
             assert_eq!(b.downstream_key(), a.downstream_key());
+            assert_eq!(
+                b.downstream_key(),
+                idem_runtime::lease::downstream_key(TENANT, OPERATION, &key)
+            );
             let charge_b = provider.charge(&b.downstream_key(), 100).await.unwrap();
             assert_eq!(
                 charge_b, charge_a,
@@ -246,7 +167,11 @@ macro_rules! leased_tests {
             );
             b.complete(&paid(&charge_b)).await.unwrap();
 
-            // A wakes up and tries to publish: fenced out.
+            // A wakes up and tries to renew, then to publish: fenced out.
+            assert!(matches!(
+                a.renew().await,
+                Err(LeaseError::StaleOwner { generation: 1 })
+            ));
             let late = a
                 .complete(&StoredResponse {
                     status: 201,
@@ -258,13 +183,9 @@ macro_rules! leased_tests {
                 matches!(late, Err(LeaseError::StaleOwner { generation: 1 })),
                 "{late:?}"
             );
-            let body: Vec<u8> = sqlx::query_scalar("SELECT response_body FROM idempotency_requests")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
             assert_eq!(
-                body,
-                paid(&charge_b).body.to_vec(),
+                h.record(&key).await.unwrap().body,
+                Some(paid(&charge_b).body.to_vec()),
                 "A's result is never published"
             );
             assert_eq!(provider.charge_count(), 1);
@@ -272,29 +193,23 @@ macro_rules! leased_tests {
 
         #[tokio::test]
         async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
-            let db = TestDb::new().await;
+            let h = H::new("crash-claim").await;
             let provider = Provider::default();
             let key = IdempotencyKey::parse("pay-2").unwrap();
             let lease = Duration::from_millis(200);
             // The claim committed, then the worker died before any effect.
-            drop(acquire(&db, &key, lease).await);
+            drop(acquire(&h, &key, lease).await);
             // While the lease lives, a retry is told to wait: nothing runs twice.
-            match claim_leased(&db.pool, &lease_req(&key, lease))
-                .await
-                .unwrap()
-            {
-                LeasedClaim::InFlight { retry_after } => assert!(retry_after >= Duration::from_secs(1)),
+            match h.claim(&lease_req(&key, lease)).await {
+                LeasedClaim::InFlight { retry_after } => assert!(retry_after > Duration::ZERO),
                 other => panic!("expected in flight, got {other:?}"),
             }
-            until_lease_lapsed(&db).await;
-            let b = acquire(&db, &key, lease).await;
+            until_lease_lapsed(&h, &key).await;
+            let b = acquire(&h, &key, lease).await;
             assert_eq!(b.acquisition(), Acquisition::TakenOver);
             let charge = provider.charge(&b.downstream_key(), 100).await.unwrap();
             b.complete(&paid(&charge)).await.unwrap();
-            match claim_leased(&db.pool, &lease_req(&key, lease))
-                .await
-                .unwrap()
-            {
+            match h.claim(&lease_req(&key, lease)).await {
                 LeasedClaim::Replay(stored) => assert_eq!(stored, paid(&charge)),
                 other => panic!("expected a replay, got {other:?}"),
             }
@@ -303,27 +218,21 @@ macro_rules! leased_tests {
 
         #[tokio::test]
         async fn release_frees_the_key_and_a_mismatch_is_reported() {
-            let db = TestDb::new().await;
+            let h = H::new("release").await;
             let key = IdempotencyKey::parse("pay-3").unwrap();
-            let a = acquire(&db, &key, HOUR).await;
+            let a = acquire(&h, &key, HOUR).await;
             let mut other = lease_req(&key, HOUR);
             other.fingerprint = FingerprintBuilder::new("acme", "create-payment", "POST", "/payments")
                 .body(&json!({"amount": 999}))
                 .unwrap()
                 .finish();
-            assert!(matches!(
-                claim_leased(&db.pool, &other).await.unwrap(),
-                LeasedClaim::Mismatch
-            ));
+            assert!(matches!(h.claim(&other).await, LeasedClaim::Mismatch));
             a.release().await.unwrap();
-            assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests").await,
-                0
-            );
-            assert_eq!(
-                acquire(&db, &key, HOUR).await.acquisition(),
-                Acquisition::New
-            );
+            assert_eq!(h.records().await, 0);
+            let again = acquire(&h, &key, HOUR).await;
+            assert_eq!(again.acquisition(), Acquisition::New);
+            again.complete(&paid("ch_x")).await.unwrap();
+            assert!(matches!(h.claim(&other).await, LeasedClaim::Mismatch));
         }
 
         // ---- through the attribute and a router ----
@@ -451,7 +360,7 @@ macro_rules! leased_tests {
         }
 
         struct Setup {
-            db: TestDb,
+            h: Arc<H>,
             router: Router,
             provider: Arc<Provider>,
             entered: mpsc::UnboundedReceiver<()>,
@@ -459,19 +368,23 @@ macro_rules! leased_tests {
             crash_next: Arc<AtomicBool>,
         }
 
-        async fn setup(gate: bool) -> Setup {
-            setup_with(gate, |idem| idem).await
+        async fn setup(test: &str, gate: bool) -> Setup {
+            setup_with(test, gate, |idem| idem).await
         }
 
         /// As [`setup`], with the service's `Idem` configured by `config`.
-        async fn setup_with(gate: bool, config: impl FnOnce(Idem<Db>) -> Idem<Db>) -> Setup {
-            let db = TestDb::new().await;
+        async fn setup_with(
+            test: &str,
+            gate: bool,
+            config: impl FnOnce(Idem<Db>) -> Idem<Db>,
+        ) -> Setup {
+            let h = Arc::new(H::new(test).await);
             let provider = Arc::new(Provider::default());
             let (tx, entered) = mpsc::unbounded_channel();
             let release = Arc::new(Semaphore::new(0));
             let crash_next = Arc::new(AtomicBool::new(false));
             let app = App {
-                idem: config(Idem::new(db.pool.clone())),
+                idem: config(h.idem()),
                 provider: provider.clone(),
                 entered: gate.then_some(tx),
                 release: release.clone(),
@@ -488,7 +401,7 @@ macro_rules! leased_tests {
                 .route("/payments-until-lost", post(create_payment_until_lost))
                 .with_state(app);
             Setup {
-                db,
+                h,
                 router,
                 provider,
                 entered,
@@ -518,7 +431,7 @@ macro_rules! leased_tests {
 
         #[tokio::test]
         async fn a_live_worker_is_renewed_and_not_taken_over() {
-            let mut s = setup(true).await;
+            let mut s = setup("live", true).await;
             let router = s.router.clone();
             let first = tokio::spawn(async move { send(&router, pay("/payments", "live-1", 100)).await });
             s.entered.recv().await.unwrap();
@@ -526,12 +439,7 @@ macro_rules! leased_tests {
             let mut seen = std::collections::HashSet::new();
             let deadline = Instant::now() + Duration::from_secs(60);
             while seen.len() < 3 {
-                let at: String =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(concat!("SELECT ", $as_text, " FROM idempotency_requests")))
-                        .fetch_one(&s.db.pool)
-                        .await
-                        .unwrap();
-                seen.insert(at);
+                seen.insert(record(&s.h, "live-1").await.lease_until);
                 assert!(Instant::now() < deadline, "the lease was never renewed");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -539,20 +447,21 @@ macro_rules! leased_tests {
             let (status, headers, _) = send(&s.router, pay("/payments", "live-1", 100)).await;
             assert_eq!(status, StatusCode::CONFLICT);
             assert!(headers.contains_key("retry-after"));
-            let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
-                .fetch_one(&s.db.pool)
-                .await
-                .unwrap();
-            assert_eq!(generation, 1, "never taken over");
+            assert_eq!(record(&s.h, "live-1").await.generation, 1, "never taken over");
             s.release.add_permits(1);
-            let (status, _, _) = first.await.unwrap();
+            let (status, _, body) = first.await.unwrap();
             assert_eq!(status, StatusCode::CREATED);
+            // ... and once done, a duplicate replays it.
+            let (status, headers, replayed) = send(&s.router, pay("/payments", "live-1", 100)).await;
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(headers["idempotent-replayed"], "true");
+            assert_eq!(replayed, body);
             assert_eq!(s.provider.charge_count(), 1);
         }
 
         #[tokio::test]
         async fn a_dead_worker_is_taken_over_after_its_lease() {
-            let s = setup(false).await;
+            let s = setup("dead", false).await;
             s.crash_next.store(true, Ordering::SeqCst);
             let (status, _, _) = send(&s.router, pay("/payments", "dead-1", 100)).await;
             assert_eq!(
@@ -560,13 +469,9 @@ macro_rules! leased_tests {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the handler died"
             );
-            assert_eq!(
-                s.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'processing'")
-                    .await,
-                1
-            );
+            assert_eq!(record(&s.h, "dead-1").await.state, "processing");
             // Nobody renews a dead worker's lease: it lapses and the retry takes over.
-            until_lease_lapsed(&s.db).await;
+            until_lease_lapsed(&*s.h, &IdempotencyKey::parse("dead-1").unwrap()).await;
             let (status, headers, body) = send(&s.router, pay("/payments", "dead-1", 100)).await;
             assert_eq!(
                 status,
@@ -576,16 +481,12 @@ macro_rules! leased_tests {
             );
             assert!(headers.get("idempotent-replayed").is_none());
             assert_eq!(s.provider.charge_count(), 1);
-            let generation: i64 = sqlx::query_scalar("SELECT generation FROM idempotency_requests")
-                .fetch_one(&s.db.pool)
-                .await
-                .unwrap();
-            assert_eq!(generation, 2);
+            assert_eq!(record(&s.h, "dead-1").await.generation, 2);
         }
 
         #[tokio::test]
         async fn a_stalled_handler_is_fenced_and_its_client_gets_the_new_owners_result() {
-            let mut s = setup(true).await;
+            let mut s = setup("stall", true).await;
             let router = s.router.clone();
             let a =
                 tokio::spawn(
@@ -593,7 +494,7 @@ macro_rules! leased_tests {
                 );
             s.entered.recv().await.unwrap();
             // A holds its claim past its ceiling (one lease); its lease lapses.
-            until_lease_lapsed(&s.db).await;
+            until_lease_lapsed(&*s.h, &IdempotencyKey::parse("stall-1").unwrap()).await;
             let (status, _, b_body) = send(&s.router, pay("/payments-no-renewal", "stall-1", 100)).await;
             assert_eq!(status, StatusCode::CREATED, "B took over and completed");
             // A resumes, charges (deduplicated by the provider) and tries to publish.
@@ -634,9 +535,13 @@ macro_rules! leased_tests {
             }
         }
 
+        fn reconciler<R: Reconcile>(h: &H, reconcile: R) -> Reconciler<R, Db> {
+            Reconciler::on_store(h.store(), reconcile)
+        }
+
         #[tokio::test]
         async fn an_uncertain_outcome_is_never_retried_and_is_reconciled() {
-            let s = setup(false).await;
+            let s = setup("uncertain", false).await;
             s.provider
                 .timeout_after_charge
                 .store(true, Ordering::SeqCst);
@@ -648,11 +553,7 @@ macro_rules! leased_tests {
                 String::from_utf8_lossy(&body)
             );
             assert_eq!(headers["content-type"], "application/problem+json");
-            let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
-                .fetch_one(&s.db.pool)
-                .await
-                .unwrap();
-            assert_eq!(state, "uncertain");
+            assert_eq!(record(&s.h, "unc-1").await.state, "uncertain");
             // Retries are answered, never executed: the provider sees no new call.
             for _ in 0..3 {
                 let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
@@ -663,8 +564,10 @@ macro_rules! leased_tests {
             }
             assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
             // The reconciler asks the provider by the stable key and finds the charge.
-            let reconciler = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()));
-            let report = reconciler.run_once().await.unwrap();
+            let report = reconciler(&s.h, AskProvider(s.provider.clone()))
+                .run_once()
+                .await
+                .unwrap();
             assert_eq!(report.completed, 1);
             let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
             assert_eq!(status, StatusCode::CREATED);
@@ -673,29 +576,36 @@ macro_rules! leased_tests {
             assert_eq!(paid["charge"], "ch_0");
             assert_eq!(s.provider.charge_count(), 1);
             assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
+            // A round with nothing left does nothing.
+            let report = reconciler(&s.h, AskProvider(s.provider.clone()))
+                .run_once()
+                .await
+                .unwrap();
+            assert_eq!(report, Default::default());
         }
 
         #[tokio::test]
         async fn an_uncertain_outcome_without_a_charge_is_released() {
-            let s = setup(false).await;
+            let s = setup("uncertain-none", false).await;
             let key = IdempotencyKey::parse("unc-2").unwrap();
-            let lease = acquire(&s.db, &key, HOUR).await;
+            let lease = acquire(&s.h, &key, HOUR).await;
             lease.mark_uncertain().await.unwrap();
-            let report = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()))
+            let report = reconciler(&s.h, AskProvider(s.provider.clone()))
                 .run_once()
                 .await
                 .unwrap();
             assert_eq!(report.released, 1);
+            assert_eq!(s.h.records().await, 0);
+            // The key is free: a new execution.
             assert_eq!(
-                s.db.count("SELECT count(*) FROM idempotency_requests")
-                    .await,
-                0
+                acquire(&s.h, &key, HOUR).await.acquisition(),
+                Acquisition::New
             );
         }
 
         #[tokio::test]
         async fn an_outage_under_load_stays_within_the_retry_bound_and_recovers_exactly_once() {
-            let s = setup(false).await;
+            let s = setup("outage", false).await;
             let n = 20;
             let max_attempts = 4;
             s.provider.down.store(true, Ordering::SeqCst);
@@ -728,11 +638,7 @@ macro_rules! leased_tests {
                 n as usize * max_attempts,
                 "each request made exactly its bounded attempts"
             );
-            assert_eq!(
-                s.db.count("SELECT count(*) FROM idempotency_requests")
-                    .await,
-                0
-            );
+            assert_eq!(s.h.records().await, 0);
             // After recovery, the clients' retries complete, each exactly once.
             s.provider.down.store(false, Ordering::SeqCst);
             let statuses = round(s.router.clone()).await;
@@ -769,24 +675,17 @@ macro_rules! leased_tests {
 
         #[tokio::test]
         async fn a_5xx_resolution_is_never_stored() {
-            let db = TestDb::new().await;
+            let h = H::new("resolution-5xx").await;
             let key = IdempotencyKey::parse("unc-3").unwrap();
-            acquire(&db, &key, HOUR)
+            acquire(&h, &key, HOUR)
                 .await
                 .mark_uncertain()
                 .await
                 .unwrap();
-            let report = Reconciler::new(db.pool.clone(), Broken)
-                .run_once()
-                .await
-                .unwrap();
+            let report = reconciler(&h, Broken).run_once().await.unwrap();
             assert_eq!(report.still_uncertain, 1);
             assert_eq!(report.completed, 0);
-            let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-            assert_eq!(state, "uncertain");
+            assert_eq!(record(&h, "unc-3").await.state, "uncertain");
         }
 
         /// The provider charged but the answer is too large to store: the key must
@@ -794,25 +693,21 @@ macro_rules! leased_tests {
         /// the client is told what its retries will be told.
         #[tokio::test]
         async fn an_unstorable_outcome_becomes_uncertain_and_is_never_repeated() {
-            let s = setup_with(false, |idem| idem.with_max_response_bytes(8)).await;
+            let s = setup_with("unstorable", false, |idem| idem.with_max_response_bytes(8)).await;
             let (status, _, body) = send(&s.router, pay("/payments", "big-1", 100)).await;
             assert_eq!(status, StatusCode::ACCEPTED);
             let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
             assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
-            let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
-                .fetch_one(&s.db.pool)
-                .await
-                .unwrap();
-            assert_eq!(state, "uncertain");
+            assert_eq!(record(&s.h, "big-1").await.state, "uncertain");
             let (status, _, _) = send(&s.router, pay("/payments", "big-1", 100)).await;
             assert_eq!(status, StatusCode::ACCEPTED);
             assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1, "never charged again");
             assert_eq!(s.provider.charge_count(), 1);
         }
 
-        /// Deletes the row while the downstream is asked, as a second reconciler
-        /// or an operator's purge would, then answers "charged".
-        struct Racing(sqlx::Pool<Db>);
+        /// Deletes the record while the downstream is asked, as a second
+        /// reconciler or an operator's purge would, then answers "charged".
+        struct Racing(Arc<H>, IdempotencyKey);
 
         impl Reconcile for Racing {
             fn operation(&self) -> &str {
@@ -820,32 +715,29 @@ macro_rules! leased_tests {
             }
 
             async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
-                sqlx::query("DELETE FROM idempotency_requests")
-                    .execute(&self.0)
-                    .await
-                    .unwrap();
+                self.0.delete(&self.1).await;
                 Resolution::Completed(paid("ch_raced"))
             }
         }
 
         #[tokio::test]
         async fn a_resolution_that_lost_a_race_changes_nothing() {
-            let db = TestDb::new().await;
+            let h = Arc::new(H::new("resolution-race").await);
             let key = IdempotencyKey::parse("race-1").unwrap();
-            acquire(&db, &key, HOUR)
+            acquire(&h, &key, HOUR)
                 .await
                 .mark_uncertain()
                 .await
                 .unwrap();
-            let report = Reconciler::new(db.pool.clone(), Racing(db.pool.clone()))
+            let report = reconciler(&h, Racing(h.clone(), key.clone()))
                 .run_once()
                 .await
                 .unwrap();
             assert_eq!(report.completed + report.released + report.errors, 0, "{report:?}");
             assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests").await,
+                h.records().await,
                 0,
-                "the late answer did not bring the row back"
+                "the late answer did not bring the record back"
             );
         }
 
@@ -869,30 +761,29 @@ macro_rules! leased_tests {
             }
         }
 
-        /// A batch of rows whose downstream never answers must not keep a newer
-        /// row from being asked about: rounds page on from where the last one
-        /// stopped, and start over after the newest.
+        /// A batch of records whose downstream never answers must not keep a
+        /// newer one from being asked about: rounds page on from where the last
+        /// one stopped, and start over after the newest.
         #[tokio::test]
         async fn rows_that_never_resolve_do_not_starve_newer_ones() {
-            let db = TestDb::new().await;
-            // Created in this order; on a tie of the clock, the key orders them the
-            // same way.
+            let h = H::new("starve").await;
+            // Created in this order, each on a later instant of the store's clock.
             for k in ["a-stuck-1", "a-stuck-2", "a-stuck-3", "b-fresh"] {
+                next_instant(&h).await;
                 let key = IdempotencyKey::parse(k).unwrap();
-                acquire(&db, &key, HOUR).await.mark_uncertain().await.unwrap();
+                acquire(&h, &key, HOUR).await.mark_uncertain().await.unwrap();
             }
-            let reconciler = Reconciler::new(db.pool.clone(), Stubborn).with_batch(2);
+            let reconciler = reconciler(&h, Stubborn).with_batch(2);
             let first = reconciler.run_once().await.unwrap();
             assert_eq!((first.still_uncertain, first.completed), (2, 0), "{first:?}");
             let second = reconciler.run_once().await.unwrap();
             assert_eq!((second.still_uncertain, second.completed), (1, 1), "{second:?}");
             assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'completed'")
-                    .await,
-                1,
-                "the newest row was reached although the oldest never resolve"
+                record(&h, "b-fresh").await.state,
+                "completed",
+                "the newest record was reached although the oldest never resolve"
             );
-            // Past the newest row the rounds start over from the oldest.
+            // Past the newest record the rounds start over from the oldest.
             let third = reconciler.run_once().await.unwrap();
             assert_eq!(third.still_uncertain + third.completed, 0, "{third:?}");
             let fourth = reconciler.run_once().await.unwrap();
@@ -901,56 +792,54 @@ macro_rules! leased_tests {
 
         #[tokio::test]
         async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
-            let s = setup(false).await;
+            let s = setup("unreconcilable", false).await;
             let broken = IdempotencyKey::parse("unc-broken").unwrap();
-            acquire(&s.db, &broken, HOUR)
+            acquire(&s.h, &broken, HOUR)
                 .await
                 .mark_uncertain()
                 .await
                 .unwrap();
-            // A row without its downstream key (written by hand, say): nobody can
-            // be asked about it.
-            s.db.exec("UPDATE idempotency_requests SET downstream_key = NULL").await;
+            // A record without its downstream key (written by hand, say): nobody
+            // can be asked about it.
+            s.h.forget_downstream_key(&broken).await;
             let fine = IdempotencyKey::parse("unc-fine").unwrap();
-            acquire(&s.db, &fine, HOUR)
+            acquire(&s.h, &fine, HOUR)
                 .await
                 .mark_uncertain()
                 .await
                 .unwrap();
-            let report = Reconciler::new(s.db.pool.clone(), AskProvider(s.provider.clone()))
+            let report = reconciler(&s.h, AskProvider(s.provider.clone()))
                 .run_once()
                 .await
                 .unwrap();
             assert_eq!((report.errors, report.released), (1, 1), "{report:?}");
             assert_eq!(
-                s.db.count("SELECT count(*) FROM idempotency_requests WHERE state = 'uncertain'")
-                    .await,
-                1,
-                "the broken row waits for an operator"
+                record(&s.h, "unc-broken").await.state,
+                "uncertain",
+                "the broken record waits for an operator"
             );
+            assert_eq!(s.h.records().await, 1);
         }
 
-        /// Renewals that cannot get through (the row is held elsewhere) for a whole
-        /// lease make the worker take its lease as lost, so it can stop before
-        /// calling downstream again. Nobody took over, though: what it returns is
-        /// still stored (the store is fenced by its token, which still holds), not
-        /// thrown away for a takeover to call downstream again.
+        /// Renewals that cannot get through (the row held elsewhere; on Redis, a
+        /// record that refuses every script) for a whole lease make the worker
+        /// take its lease as lost, so it can stop before calling downstream again.
+        /// Nobody took over, though: what it returns is still stored (the store
+        /// is fenced by its token, which still holds), not thrown away for a
+        /// takeover to call downstream again.
         #[tokio::test]
         async fn a_lease_taken_as_lost_but_not_taken_over_still_publishes() {
-            let mut s = setup(true).await;
+            let mut s = setup("lost", true).await;
             let router = s.router.clone();
             let first = tokio::spawn(async move {
                 send(&router, pay("/payments-until-lost", "lost-1", 100)).await
             });
             s.entered.recv().await.unwrap();
-            let mut holder = s.db.pool.begin_with(HOLD_ROW.0).await.unwrap();
-            sqlx::query(HOLD_ROW.1)
-                .execute(&mut *holder)
-                .await
-                .unwrap();
-            // The handler saw its lease lost while the row was held.
+            let key = IdempotencyKey::parse("lost-1").unwrap();
+            let blocker = s.h.block_renewals(&key).await;
+            // The handler saw its lease lost while renewals could not get through.
             s.entered.recv().await.unwrap();
-            holder.rollback().await.unwrap();
+            s.h.unblock(blocker).await;
             let (status, headers, body) = first.await.unwrap();
             assert_eq!(
                 status,
@@ -959,12 +848,8 @@ macro_rules! leased_tests {
                 String::from_utf8_lossy(&body)
             );
             assert!(headers.get("idempotent-replayed").is_none());
-            let (state, generation): (String, i64) =
-                sqlx::query_as("SELECT state, generation FROM idempotency_requests")
-                    .fetch_one(&s.db.pool)
-                    .await
-                    .unwrap();
-            assert_eq!((state.as_str(), generation), ("completed", 1));
+            let r = record(&s.h, "lost-1").await;
+            assert_eq!((r.state.as_str(), r.generation), ("completed", 1));
             let (status, headers, replayed) =
                 send(&s.router, pay("/payments-until-lost", "lost-1", 100)).await;
             assert_eq!(status, StatusCode::CREATED);
@@ -974,23 +859,17 @@ macro_rules! leased_tests {
         }
 
         /// Every statement of a stale owner is fenced by its token, not only by the
-        /// row's state: while the new owner still holds the row `processing`, the
-        /// old one can neither complete, release nor mark it uncertain.
+        /// record's state: while the new owner still holds it `processing`, the
+        /// old ones can neither complete, release nor mark it uncertain.
         #[tokio::test]
         async fn a_stale_owner_cannot_touch_the_row_the_new_owner_holds() {
-            let db = TestDb::new().await;
+            let h = H::new("fence").await;
             let key = IdempotencyKey::parse("fence-1").unwrap();
             let lease = Duration::from_millis(200);
-            let held = |generation: i64| {
-                format!(
-                    "SELECT count(*) FROM idempotency_requests \
-                      WHERE state = 'processing' AND generation = {generation}"
-                )
-            };
-            let mut owners = vec![acquire(&db, &key, lease).await];
+            let mut owners = vec![acquire(&h, &key, lease).await];
             for generation in 2..=4 {
-                until_lease_lapsed(&db).await;
-                let next = acquire(&db, &key, lease).await;
+                until_lease_lapsed(&h, &key).await;
+                let next = acquire(&h, &key, lease).await;
                 assert_eq!(next.generation(), generation);
                 owners.push(next);
             }
@@ -1002,9 +881,14 @@ macro_rules! leased_tests {
             assert!(matches!(r, Err(LeaseError::StaleOwner { generation: 2 })), "{r:?}");
             let r = stale.next().unwrap().mark_uncertain().await;
             assert!(matches!(r, Err(LeaseError::StaleOwner { generation: 3 })), "{r:?}");
-            assert_eq!(db.count(&held(4)).await, 1, "the new owner's row is untouched");
+            let r = record(&h, "fence-1").await;
+            assert_eq!(
+                (r.state.as_str(), r.generation),
+                ("processing", 4),
+                "the new owner's record is untouched"
+            );
             current.complete(&paid("ch_4")).await.unwrap();
-            match claim_leased(&db.pool, &lease_req(&key, lease)).await.unwrap() {
+            match h.claim(&lease_req(&key, lease)).await {
                 LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_4")),
                 other => panic!("expected the new owner's outcome, got {other:?}"),
             }
@@ -1013,16 +897,16 @@ macro_rules! leased_tests {
         /// Of many concurrent claims of one key, exactly one acquires it.
         #[tokio::test]
         async fn of_concurrent_claims_of_one_key_exactly_one_acquires() {
-            let db = Arc::new(TestDb::new().await);
+            let h = Arc::new(H::new("claim-race").await);
             let n = 8;
             let barrier = Arc::new(tokio::sync::Barrier::new(n));
             let mut tasks = Vec::new();
             for _ in 0..n {
-                let (db, barrier) = (db.clone(), barrier.clone());
+                let (h, barrier) = (h.clone(), barrier.clone());
                 tasks.push(tokio::spawn(async move {
                     let key = IdempotencyKey::parse("race-claim").unwrap();
                     barrier.wait().await;
-                    match claim_leased(&db.pool, &lease_req(&key, HOUR)).await.unwrap() {
+                    match h.claim(&lease_req(&key, HOUR)).await {
                         LeasedClaim::Acquired(_) => 1,
                         LeasedClaim::InFlight { .. } => 0,
                         other => panic!("expected acquired or in flight, got {other:?}"),
@@ -1039,7 +923,7 @@ macro_rules! leased_tests {
         /// While the downstream is asked about an uncertain execution, the key is
         /// released elsewhere and a new execution of it becomes uncertain, again at
         /// generation 1. The late answer ("not charged") must not forget the new one.
-        struct Reused(sqlx::Pool<Db>);
+        struct Reused(Arc<H>);
 
         impl Reconcile for Reused {
             fn operation(&self) -> &str {
@@ -1047,12 +931,9 @@ macro_rules! leased_tests {
             }
 
             async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
-                sqlx::query("DELETE FROM idempotency_requests")
-                    .execute(&self.0)
-                    .await
-                    .unwrap();
                 let key = IdempotencyKey::parse("aba-1").unwrap();
-                match claim_leased(&self.0, &lease_req(&key, HOUR)).await.unwrap() {
+                self.0.delete(&key).await;
+                match self.0.claim(&lease_req(&key, HOUR)).await {
                     LeasedClaim::Acquired(lease) => lease.mark_uncertain().await.unwrap(),
                     other => panic!("expected to acquire, got {other:?}"),
                 }
@@ -1062,48 +943,120 @@ macro_rules! leased_tests {
 
         #[tokio::test]
         async fn a_late_resolution_never_applies_to_a_later_execution_of_the_key() {
-            let db = TestDb::new().await;
+            let h = Arc::new(H::new("aba").await);
             let key = IdempotencyKey::parse("aba-1").unwrap();
-            acquire(&db, &key, HOUR)
+            acquire(&h, &key, HOUR)
                 .await
                 .mark_uncertain()
                 .await
                 .unwrap();
-            let report = Reconciler::new(db.pool.clone(), Reused(db.pool.clone()))
-                .run_once()
-                .await
-                .unwrap();
+            let report = reconciler(&h, Reused(h.clone())).run_once().await.unwrap();
             assert_eq!(report.released, 0, "{report:?}");
+            let r = record(&h, "aba-1").await;
             assert_eq!(
-                db.count(
-                    "SELECT count(*) FROM idempotency_requests \
-                      WHERE state = 'uncertain' AND generation = 1"
-                )
-                .await,
-                1,
+                (r.state.as_str(), r.generation),
+                ("uncertain", 1),
                 "the new execution still awaits its own reconciliation"
             );
+            assert!(matches!(h.claim(&lease_req(&key, HOUR)).await, LeasedClaim::Uncertain));
+        }
+    };
+}
+
+/// What only the SQL stores have: the transactional mode beside leased mode on
+/// one table.
+macro_rules! sql_only_tests {
+    ($now:expr) => {
+        /// A transactional execution that re-claims an expired key a leased
+        /// execution finished has no downstream key: the row forgets the old one,
+        /// on the hand-written claim and on the handler's path alike.
+        #[tokio::test]
+        async fn a_transactional_reclaim_forgets_the_leased_executions_downstream_key() {
+            use idem_runtime::__private::Finish;
+            use idem_runtime::{Claim, ClaimRequest, claim};
+
+            for handler_path in [false, true] {
+                let h = H::new("reclaim-downstream").await;
+                let db = &h.db;
+                let key = IdempotencyKey::parse("dk-1").unwrap();
+                acquire(&h, &key, HOUR)
+                    .await
+                    .complete(&paid("ch_1"))
+                    .await
+                    .unwrap();
+                assert!(
+                    h.record(&key).await.unwrap().downstream_key.is_some(),
+                    "the leased execution recorded its downstream key"
+                );
+                db.exec(&format!(
+                    "UPDATE idempotency_requests SET expires_at = {}",
+                    $now
+                ))
+                .await;
+                let leased = lease_req(&key, HOUR);
+                let req = ClaimRequest {
+                    tenant: leased.tenant,
+                    operation: leased.operation,
+                    key: &key,
+                    fingerprint: leased.fingerprint,
+                    retention: HOUR,
+                    in_flight_wait: Duration::from_secs(2),
+                };
+                if handler_path {
+                    let idem: Idem<Db> = Idem::new(db.pool.clone());
+                    let (tx, c) = <Db as idem_runtime::__private::Claims>::begin_claim(
+                        &idem.claim_context(req.in_flight_wait),
+                        &req,
+                    )
+                    .await
+                    .unwrap();
+                    let Claim::Execute(exec) = c else {
+                        panic!("the expired key executes anew: {c:?}")
+                    };
+                    assert!(matches!(
+                        <Db as idem_runtime::__private::Claims>::finish(
+                            &idem.claim_context(Default::default()),
+                            tx,
+                            exec,
+                            &paid("tx")
+                        )
+                        .await,
+                        Finish::Committed
+                    ));
+                } else {
+                    let mut tx = db.pool.begin().await.unwrap();
+                    let c = claim(&mut tx, &req).await.unwrap();
+                    let Claim::Execute(exec) = c else {
+                        panic!("the expired key executes anew: {c:?}")
+                    };
+                    exec.complete(&mut tx, &paid("tx")).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+                let r = h.record(&key).await.unwrap();
+                assert_eq!(
+                    (r.downstream_key, r.generation),
+                    (None, 2),
+                    "handler path: {handler_path}"
+                );
+            }
         }
     };
 }
 
 mod postgres {
-    leased_tests!(
-        sqlx::Postgres,
-        crate::common::TestDb,
-        "clock_timestamp()",
-        ("BEGIN", "SELECT 1 FROM idempotency_requests FOR UPDATE")
-    );
+    leased_tests!(crate::lease_harness::Postgres);
+    sql_only_tests!("clock_timestamp()");
 
     /// A claim waits a moment at most for the key's row lock: held elsewhere (a
     /// slow statement, an operator), the answer is "in flight", not a parked
     /// connection.
     #[tokio::test]
     async fn a_claim_behind_a_held_row_lock_answers_in_flight() {
-        let db = TestDb::new().await;
+        let h = H::new("locked").await;
+        let db = &h.db;
         let key = IdempotencyKey::parse("locked-1").unwrap();
         // An expired outcome: a claim would take it anew at once...
-        acquire(&db, &key, HOUR)
+        acquire(&h, &key, HOUR)
             .await
             .complete(&paid("ch_old"))
             .await
@@ -1139,13 +1092,8 @@ mod postgres {
 }
 
 mod sqlite {
-    leased_tests!(
-        sqlx::Sqlite,
-        crate::common::SqliteDb,
-        idem_runtime::sqlite_now_ms!(),
-        // SQLite's one write lock holds every row.
-        ("BEGIN IMMEDIATE", "SELECT 1")
-    );
+    leased_tests!(crate::lease_harness::Sqlite);
+    sql_only_tests!(idem_runtime::sqlite_now_ms!());
 
     /// SQLite has one write lock: a claim waits for it through the connection's
     /// busy timeout, then answers "in flight"; once the lock is free it acquires.
@@ -1153,7 +1101,8 @@ mod sqlite {
     async fn a_claim_behind_a_held_write_lock_answers_in_flight() {
         use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
-        let db = TestDb::new().await;
+        let h = H::new("locked").await;
+        let db = &h.db;
         let impatient = SqlitePoolOptions::new()
             .connect_with(
                 SqliteConnectOptions::new()
@@ -1185,13 +1134,8 @@ mod sqlite {
 }
 
 mod mysql {
-    leased_tests!(
-        sqlx::MySql,
-        crate::common::MySqlDb,
-        idem_runtime::mysql_now_ms!(),
-        ("BEGIN", "SELECT 1 FROM idempotency_requests FOR UPDATE"),
-        "CAST(lease_expires_at AS CHAR)"
-    );
+    leased_tests!(crate::lease_harness::MySql);
+    sql_only_tests!(idem_runtime::mysql_now_ms!());
 
     /// The session's lock wait is restored after the claim has committed: a
     /// failing restore (here a trigger clears the saved value, so the restore
@@ -1199,7 +1143,8 @@ mod mysql {
     /// otherwise wait out its whole lease with nobody holding its token.
     #[tokio::test]
     async fn a_failed_restore_of_the_lock_wait_keeps_the_acquired_claim() {
-        let db = TestDb::new().await;
+        let h = H::new("restore").await;
+        let db = &h.db;
         db.exec(
             "CREATE TRIGGER test_clear_saved AFTER INSERT ON idempotency_requests \
              FOR EACH ROW SET @idem_saved_lock_wait = NULL",
@@ -1227,9 +1172,10 @@ mod mysql {
     /// `innodb_lock_wait_timeout`), then answers "in flight".
     #[tokio::test]
     async fn a_claim_behind_a_held_row_lock_answers_in_flight() {
-        let db = TestDb::new().await;
+        let h = H::new("locked").await;
+        let db = &h.db;
         let key = IdempotencyKey::parse("locked-1").unwrap();
-        acquire(&db, &key, HOUR)
+        acquire(&h, &key, HOUR)
             .await
             .complete(&paid("ch_old"))
             .await
@@ -1267,4 +1213,8 @@ mod mysql {
             other => panic!("expected to reclaim, got {other:?}"),
         }
     }
+}
+
+mod redis {
+    leased_tests!(crate::lease_harness::redis_store::Redis);
 }

@@ -1,15 +1,16 @@
-//! The decisions of the transactional claim, as pure functions over a snapshot
-//! of the key's row: what the database read, not how it read it. The
-//! handler paths of every database read the row with one statement and decide
-//! here; unit-tested below without a database, and the oracle that
-//! `tests/decide_oracle.rs` holds every database's hand-written claim to (through
+//! The claim decisions, transactional and leased, as pure functions over a
+//! snapshot of the key's row: what the database read, not how it read it. The
+//! handler paths of every database, and SQLite's and MySQL's leased claims,
+//! read the row with one statement and decide here; unit-tested below without a
+//! database, and the oracle that `tests/decide_oracle.rs` holds every store's
+//! hand-written claim to (PostgreSQL's PL/pgSQL, Redis's Lua; through
 //! `__private::decide`; not a public API).
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
-use crate::model::{Claim, StoreError, StoredResponse};
+use crate::model::{Claim, LeasedOutcome, StoreError, StoredResponse};
 
 /// The `state` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,52 @@ impl RowState {
     /// Whether the row holds a stored outcome that can be replayed.
     pub fn is_finished(self) -> bool {
         matches!(self, RowState::Completed | RowState::Failed)
+    }
+
+    /// The column's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowState::Processing => "processing",
+            RowState::Completed => "completed",
+            RowState::Failed => "failed",
+            RowState::Uncertain => "uncertain",
+        }
+    }
+}
+
+// The `state` column binds and reads as text on every database; a spelling the
+// schema does not allow fails to decode (as `StoreError::Corrupt`'s message).
+impl<DB: sqlx::Database> sqlx::Type<DB> for RowState
+where
+    str: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <str as sqlx::Type<DB>>::type_info()
+    }
+
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <str as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for RowState
+where
+    &'q str: sqlx::Encode<'q, DB>,
+{
+    fn encode_by_ref(
+        &self,
+        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<'q, DB>>::encode(self.as_str(), buf)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for RowState
+where
+    &'r str: sqlx::Decode<'r, DB>,
+{
+    fn decode(value: DB::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(<&str as sqlx::Decode<'r, DB>>::decode(value)?.parse()?)
     }
 }
 
@@ -57,34 +104,45 @@ pub struct KeySnapshot {
     pub generation: i64,
     /// Whether `expires_at` is still ahead, on the database's clock.
     pub live: bool,
-    /// The stored outcome of a finished row.
+    /// The stored outcome of a finished, live row (an expired one's is not
+    /// read: it is never answered).
     pub stored: Option<StoredResponse>,
+    /// Leased mode: how long the lease has left on the database's clock, in
+    /// milliseconds (zero or less: lapsed); `None` for a row without a lease.
+    pub lease_ms_left: Option<i64>,
 }
 
 impl KeySnapshot {
     /// A snapshot from a row's columns as any database returns them: `state`,
     /// the stored `fingerprint` (compared with the request's), `generation`,
-    /// `live`, and the stored outcome, read only for a finished row.
+    /// `live`, and the stored outcome, read only for a finished, live row.
     pub(crate) fn read(
-        state: &str,
+        state: RowState,
         stored_fingerprint: &[u8],
         request: &Fingerprint,
         generation: i64,
         live: bool,
         outcome: impl FnOnce() -> Result<StoredResponse, StoreError>,
     ) -> Result<Self, StoreError> {
-        let state: RowState = state.parse()?;
         Ok(KeySnapshot {
             fingerprint_matches: stored_fingerprint == request.as_bytes(),
             state,
             generation,
             live,
-            stored: if state.is_finished() {
+            stored: if state.is_finished() && live {
                 Some(outcome()?)
             } else {
                 None
             },
+            lease_ms_left: None,
         })
+    }
+
+    /// The snapshot with the lease's time left (`lease_expires_at - now`, in
+    /// milliseconds), for the leased claim.
+    pub fn with_lease(mut self, lease_ms_left: Option<i64>) -> Self {
+        self.lease_ms_left = lease_ms_left;
+        self
     }
 }
 
@@ -141,6 +199,70 @@ pub fn answers_instead(claim: Claim) -> Option<Claim> {
     }
 }
 
+/// What a leased claim does, decided under the key's row lock (or, on Redis, in
+/// one script).
+#[derive(Debug)]
+pub enum LeasedStep {
+    /// No row: write one at generation 1.
+    Insert,
+    /// A finished outcome past its retention: a new execution, at `generation`
+    /// (one more than the row's), whatever the fingerprint.
+    Reclaim {
+        /// The generation the new execution holds.
+        generation: i64,
+    },
+    /// A `processing` row whose lease lapsed (its worker died or stalled): the
+    /// execution is taken over at `generation`, which fences the old owner out.
+    TakeOver {
+        /// The generation the new owner holds.
+        generation: i64,
+    },
+    /// Answer without acquiring anything: a replay, a mismatch, in flight or
+    /// uncertain (never [`LeasedOutcome::Acquired`]).
+    Answer(LeasedOutcome),
+}
+
+/// How long a claim that found a `processing` row without a lease asks the
+/// caller to wait: only a leased claim commits such a row with a lease, so one
+/// without was written by hand (or is a claim-first transactional execution);
+/// it is left alone.
+const NO_LEASE_RETRY: Duration = Duration::from_secs(1);
+
+/// The leased claim's decision: no row is inserted; a finished outcome past its
+/// retention is reclaimed; otherwise another request is `422`; a finished
+/// outcome is replayed; an uncertain one is answered as such; a live lease (or
+/// none) is in flight for the time it has left; a lapsed lease is taken over.
+pub fn leased(row: Option<KeySnapshot>) -> LeasedStep {
+    let Some(row) = row else {
+        return LeasedStep::Insert;
+    };
+    if row.state.is_finished() && !row.live {
+        return LeasedStep::Reclaim {
+            generation: row.generation + 1,
+        };
+    }
+    if !row.fingerprint_matches {
+        return LeasedStep::Answer(LeasedOutcome::Mismatch);
+    }
+    match (row.state, row.stored) {
+        (RowState::Completed | RowState::Failed, Some(stored)) => {
+            LeasedStep::Answer(LeasedOutcome::Replay(stored))
+        }
+        (RowState::Uncertain, _) => LeasedStep::Answer(LeasedOutcome::Uncertain),
+        _ => match row.lease_ms_left {
+            Some(left) if left > 0 => LeasedStep::Answer(LeasedOutcome::InFlight {
+                retry_after: Duration::from_millis(left.unsigned_abs()),
+            }),
+            Some(_) => LeasedStep::TakeOver {
+                generation: row.generation + 1,
+            },
+            None => LeasedStep::Answer(LeasedOutcome::InFlight {
+                retry_after: NO_LEASE_RETRY,
+            }),
+        },
+    }
+}
+
 /// A key held by a row that is not to be taken over.
 fn held(row: KeySnapshot, in_flight_wait: Duration) -> Claim {
     if !row.fingerprint_matches {
@@ -170,11 +292,99 @@ mod tests {
             state,
             generation: 4,
             live,
-            stored: state.is_finished().then(|| StoredResponse {
+            stored: (state.is_finished() && live).then(|| StoredResponse {
                 status: 201,
                 headers: vec![],
                 body: "done".into(),
             }),
+            lease_ms_left: None,
+        }
+    }
+
+    fn leased_row(lease_ms_left: Option<i64>, matches: bool) -> KeySnapshot {
+        row(RowState::Processing, true, matches).with_lease(lease_ms_left)
+    }
+
+    #[test]
+    fn a_leased_claim_inserts_where_there_is_no_row() {
+        assert!(matches!(leased(None), LeasedStep::Insert));
+    }
+
+    #[test]
+    fn a_leased_claim_reclaims_an_expired_outcome_whatever_the_fingerprint() {
+        for state in [RowState::Completed, RowState::Failed] {
+            for matches in [true, false] {
+                assert!(matches!(
+                    leased(Some(row(state, false, matches))),
+                    LeasedStep::Reclaim { generation: 5 }
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn a_leased_claim_replays_a_live_outcome_and_refuses_another_request() {
+        for state in [RowState::Completed, RowState::Failed] {
+            match leased(Some(row(state, true, true))) {
+                LeasedStep::Answer(LeasedOutcome::Replay(s)) => assert_eq!(s.body, "done"),
+                other => panic!("{state:?}: {other:?}"),
+            }
+            assert!(matches!(
+                leased(Some(row(state, true, false))),
+                LeasedStep::Answer(LeasedOutcome::Mismatch)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_leased_claim_answers_uncertain_live_or_not_and_mismatch_first() {
+        for live in [true, false] {
+            assert!(matches!(
+                leased(Some(row(RowState::Uncertain, live, true))),
+                LeasedStep::Answer(LeasedOutcome::Uncertain)
+            ));
+            assert!(matches!(
+                leased(Some(row(RowState::Uncertain, live, false))),
+                LeasedStep::Answer(LeasedOutcome::Mismatch)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_live_lease_is_in_flight_for_the_time_it_has_left() {
+        match leased(Some(leased_row(Some(1500), true))) {
+            LeasedStep::Answer(LeasedOutcome::InFlight { retry_after }) => {
+                assert_eq!(retry_after, Duration::from_millis(1500))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            leased(Some(leased_row(Some(1500), false))),
+            LeasedStep::Answer(LeasedOutcome::Mismatch)
+        ));
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_taken_over_one_generation_on_but_not_by_another_request() {
+        for left in [0, -1, -60_000] {
+            assert!(matches!(
+                leased(Some(leased_row(Some(left), true))),
+                LeasedStep::TakeOver { generation: 5 }
+            ));
+            assert!(matches!(
+                leased(Some(leased_row(Some(left), false))),
+                LeasedStep::Answer(LeasedOutcome::Mismatch)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_processing_row_without_a_lease_is_left_alone() {
+        match leased(Some(leased_row(None, true))) {
+            LeasedStep::Answer(LeasedOutcome::InFlight { retry_after }) => {
+                assert_eq!(retry_after, NO_LEASE_RETRY)
+            }
+            other => panic!("{other:?}"),
         }
     }
 
@@ -265,6 +475,14 @@ mod tests {
 
     #[test]
     fn states_parse_and_unknown_ones_are_corrupt() {
+        for state in [
+            RowState::Processing,
+            RowState::Completed,
+            RowState::Failed,
+            RowState::Uncertain,
+        ] {
+            assert_eq!(state.as_str().parse::<RowState>().unwrap(), state);
+        }
         assert_eq!("failed".parse::<RowState>().unwrap(), RowState::Failed);
         assert!(matches!(
             "done".parse::<RowState>(),

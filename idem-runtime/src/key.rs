@@ -258,6 +258,18 @@ where
     }
 }
 
+// ... and reads back from the same columns; anything but 32 bytes fails to
+// decode.
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for KeyDigest
+where
+    &'r [u8]: sqlx::Decode<'r, DB>,
+{
+    fn decode(value: DB::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let bytes = <&[u8] as sqlx::Decode<'r, DB>>::decode(value)?;
+        Ok(KeyDigest::from_slice(bytes)?)
+    }
+}
+
 impl fmt::Display for KeyDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&hex::encode(self.0))

@@ -5,6 +5,7 @@
 //! (handler, lease, sweeper, stats, reconciler, consumer, CLI), so that neither
 //! side knows the other's details.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -237,9 +238,11 @@ pub enum Acquisition {
 pub enum LeasedOutcome {
     /// The caller owns the execution under `token`.
     Acquired {
+        /// How the execution was acquired.
         acquisition: Acquisition,
         /// The owner token that fences every later statement.
-        token: String,
+        token: OwnerToken,
+        /// The generation the execution holds.
         generation: i64,
     },
     /// A stored outcome with the same fingerprint.
@@ -247,10 +250,92 @@ pub enum LeasedOutcome {
     /// The key is in use for a different request.
     Mismatch,
     /// Another worker holds a live lease (or the lock, for a moment).
-    InFlight { retry_after: Duration },
+    InFlight {
+        /// How long the caller is asked to wait.
+        retry_after: Duration,
+    },
     /// An earlier execution's effect is unknown.
     Uncertain,
 }
+
+/// An execution's owner token: what every fenced write of leased mode matches,
+/// new at every claim (a UUID made by PostgreSQL's claim, 128 random bits as
+/// hex on SQLite, MySQL and Redis). Cheap to clone: the lease, its renewer and
+/// the uncertain marker each hold it. Binds and reads back as text.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OwnerToken(Arc<str>);
+
+impl OwnerToken {
+    /// A fresh token: 128 random bits, as hex.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn random() -> Self {
+        OwnerToken(format!("{:032x}", fastrand::u128(..)).into())
+    }
+
+    /// The token's text, as stores compare it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for OwnerToken {
+    fn from(token: String) -> Self {
+        OwnerToken(token.into())
+    }
+}
+
+impl std::fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OwnerToken({})", self.0)
+    }
+}
+
+impl<DB: sqlx::Database> sqlx::Type<DB> for OwnerToken
+where
+    str: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <str as sqlx::Type<DB>>::type_info()
+    }
+
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <str as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for OwnerToken
+where
+    for<'a> &'a str: sqlx::Encode<'q, DB>,
+{
+    fn encode_by_ref(
+        &self,
+        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<'q, DB>>::encode(self.as_str(), buf)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for OwnerToken
+where
+    &'r str: sqlx::Decode<'r, DB>,
+{
+    fn decode(value: DB::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(OwnerToken(
+            <&str as sqlx::Decode<'r, DB>>::decode(value)?.into(),
+        ))
+    }
+}
+
+// ... and as a Redis script's argument.
+#[cfg(feature = "redis")]
+impl redis::ToRedisArgs for OwnerToken {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        out.write_arg(self.as_str().as_bytes());
+    }
+}
+
+#[cfg(feature = "redis")]
+impl redis::ToSingleRedisArg for OwnerToken {}
 
 /// An owned row, as the fenced statements match it: primary key and owner token.
 #[derive(Debug, Clone, Copy)]
@@ -258,7 +343,7 @@ pub struct Owned<'a> {
     pub(crate) tenant: &'a str,
     pub(crate) operation: &'a str,
     pub(crate) key: KeyDigest,
-    pub(crate) token: &'a str,
+    pub(crate) token: &'a OwnerToken,
 }
 
 /// A fenced statement other than storing the outcome.
@@ -286,7 +371,7 @@ pub struct UncertainRow {
     pub(crate) generation: i64,
     /// The owner token of the execution that became uncertain: what a
     /// resolution is fenced by.
-    pub(crate) token: Option<String>,
+    pub(crate) token: Option<OwnerToken>,
     /// When it was created, in the database's own units (for paging).
     pub(crate) created: i64,
 }

@@ -14,10 +14,13 @@ pub use crate::__idem_openapi;
 pub use crate::openapi::Registration as OpenApiRegistration;
 #[cfg(feature = "openapi")]
 pub use inventory;
-/// The transactional claim's decision (`crate::decide`), for the oracle test
-/// that holds every database's claim to it.
+/// The claim decisions (`crate::decide`), transactional and leased, for the
+/// oracle test that holds every store's claim to them.
 pub mod decide {
-    pub use crate::decide::{KeySnapshot, RowState, Transactional, after_execution, transactional};
+    pub use crate::decide::{
+        KeySnapshot, LeasedStep, RowState, Transactional, after_execution, leased, transactional,
+    };
+    pub use crate::model::LeasedOutcome;
 }
 pub use crate::db::DefaultBackend;
 pub use crate::db::Tx;

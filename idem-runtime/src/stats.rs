@@ -30,6 +30,7 @@ use serde::Serialize;
 use sqlx::Pool;
 
 use crate::db::Backend;
+use crate::decide::RowState;
 use crate::model::{StatsSnapshot, StoreError};
 
 /// A snapshot of the idempotency table.
@@ -90,12 +91,11 @@ impl StateCounts {
     }
 
     fn add(&mut self, state: &str, n: u64) -> Result<(), StoreError> {
-        match state {
-            "processing" => self.processing += n,
-            "completed" => self.completed += n,
-            "failed" => self.failed += n,
-            "uncertain" => self.uncertain += n,
-            other => return Err(StoreError::Corrupt(format!("state {other:?}"))),
+        match state.parse::<RowState>()? {
+            RowState::Processing => self.processing += n,
+            RowState::Completed => self.completed += n,
+            RowState::Failed => self.failed += n,
+            RowState::Uncertain => self.uncertain += n,
         }
         Ok(())
     }

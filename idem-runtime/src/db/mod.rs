@@ -14,6 +14,7 @@ use std::time::Duration;
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Transaction};
 
+mod dialect;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]

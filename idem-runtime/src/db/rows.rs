@@ -4,9 +4,48 @@
 
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::decide::{KeySnapshot, RowState};
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
 use crate::model::KeyRecord;
-use crate::model::{StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::model::StoredResponse;
+use crate::model::{OwnerToken, StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
+
+/// A key's row as the leased claim decides over it, from `state`,
+/// `fingerprint`, `generation`, `expires_at`, `lease_expires_at` and `now` (the
+/// database's clock, all in the same integer unit: SQLite's and MySQL's
+/// milliseconds); `stored` reads the outcome of a finished, live row.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn leased_snapshot<R>(
+    row: &R,
+    request: &Fingerprint,
+    stored: impl FnOnce() -> Result<StoredResponse, StoreError>,
+) -> Result<KeySnapshot, StoreError>
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> RowState: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let now: i64 = row.try_get("now")?;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let expires_at: i64 = row.try_get("expires_at")?;
+    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
+    Ok(KeySnapshot::read(
+        row.try_get("state")?,
+        &fingerprint,
+        request,
+        row.try_get("generation")?,
+        expires_at > now,
+        stored,
+    )?
+    .with_lease(lease_expires_at.map(|until| until - now)))
+}
 
 /// The stats snapshot from the ages row and the (operation, state) groups.
 pub(crate) fn snapshot<R>(ages: &R, groups: &[R]) -> Result<StatsSnapshot, StoreError>
@@ -47,14 +86,13 @@ where
     for<'r> &'r str: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> KeyDigest: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> OwnerToken: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let digest: Vec<u8> = row.try_get("key_digest")?;
     let downstream = row.try_get("downstream_key")?;
     Ok(UncertainRow {
         tenant: row.try_get("tenant_id")?,
-        key: KeyDigest::from_slice(&digest)
-            .map_err(|e| StoreError::Corrupt(format!("stored key digest: {e}")))?,
+        key: row.try_get("key_digest")?,
         downstream_key: downstream,
         generation: row.try_get("generation")?,
         token: row.try_get("owner_token")?,

@@ -3,9 +3,9 @@
 //! they are expanded with. Those are macros: sqlx's executor and encoding bounds
 //! would make the same code, generic over the database, unreadable.
 //!
-//! Their SQL is written with `$n` placeholders, which MySQL does not have: the
-//! MySQL module uses only [`applied_versions_sql`], so with `mysql` alone the rest
-//! is unused.
+//! Their SQL is written with `$n` placeholders, which MySQL does not have:
+//! MySQL takes the statements numbered in the order they appear through
+//! `dialect::question_marks!`, and writes its own where the text differs.
 #![cfg_attr(
     not(any(feature = "postgres", feature = "sqlite")),
     allow(dead_code, unused_imports, unused_macros)
@@ -91,9 +91,12 @@ pub(crate) use transactional_statements;
 
 /// Leased mode's statements over one key's row, the same on every database but
 /// for their SQL and how an outcome is encoded: expanded inside each
-/// `impl Backend`, where `STORE_SQL`, `RENEW_SQL`, `UNCERTAIN_SQL`,
-/// `RELEASE_SQL`, `RESOLVE_SQL`, `UNCERTAIN_ROWS_SQL`, `encode` and
-/// `stored_from_row` are that database's.
+/// `impl LeaseRows`, where `STORE_SQL`, `RENEW_SQL`, `UNCERTAIN_SQL`,
+/// `RELEASE_SQL`, `CURRENT_SQL`, `RESOLVE_SQL`, `FORGET_SQL`,
+/// `UNCERTAIN_ROWS_SQL`, `encode` and `stored_from_row` are that database's.
+/// Every database's statements take their parameters in the order bound here:
+/// the values a statement sets first, then the row it sets them on (MySQL's
+/// `?` are bound in the order they appear, and `SET` comes before `WHERE`).
 macro_rules! lease_statements {
     () => {
         async fn claim_leased(
@@ -111,15 +114,15 @@ macro_rules! lease_statements {
         ) -> Result<u64, StoreError> {
             let (status, headers) = encode(response)?;
             let done = sqlx::query(STORE_SQL)
-                .bind(row.tenant)
-                .bind(row.operation)
-                .bind(row.key)
-                .bind(row.token)
                 .bind(response.state())
                 .bind(status)
                 .bind(headers)
                 .bind(&response.body[..])
                 .bind($crate::model::millis(retention))
+                .bind(row.tenant)
+                .bind(row.operation)
+                .bind(row.key)
+                .bind(row.token)
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected())
@@ -131,7 +134,7 @@ macro_rules! lease_statements {
             what: Fence,
         ) -> Result<u64, StoreError> {
             let query = match what {
-                Fence::Renew(_) => sqlx::query(RENEW_SQL),
+                Fence::Renew(lease) => sqlx::query(RENEW_SQL).bind($crate::model::millis(lease)),
                 Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
                 Fence::Release => sqlx::query(RELEASE_SQL),
             };
@@ -140,10 +143,6 @@ macro_rules! lease_statements {
                 .bind(row.operation)
                 .bind(row.key)
                 .bind(row.token);
-            let query = match what {
-                Fence::Renew(lease) => query.bind($crate::model::millis(lease)),
-                Fence::Uncertain | Fence::Release => query,
-            };
             Ok(query.execute(pool).await?.rows_affected())
         }
 
@@ -153,7 +152,7 @@ macro_rules! lease_statements {
             operation: &str,
             key: &crate::key::KeyDigest,
         ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
-            let row = sqlx::query($crate::db::shared::CURRENT_SQL)
+            let row = sqlx::query(CURRENT_SQL)
                 .bind(tenant)
                 .bind(operation)
                 .bind(*key)
@@ -190,17 +189,17 @@ macro_rules! lease_statements {
                 Some(stored) => {
                     let (status, headers) = encode(stored)?;
                     sqlx::query(RESOLVE_SQL)
-                        .bind(&row.tenant)
-                        .bind(operation)
-                        .bind(row.key)
-                        .bind(row.generation)
                         .bind(stored.state())
                         .bind(status)
                         .bind(headers)
                         .bind(&stored.body[..])
+                        .bind(&row.tenant)
+                        .bind(operation)
+                        .bind(row.key)
+                        .bind(row.generation)
                         .bind(&row.token)
                 }
-                None => sqlx::query($crate::db::shared::FORGET_SQL)
+                None => sqlx::query(FORGET_SQL)
                     .bind(&row.tenant)
                     .bind(operation)
                     .bind(row.key)

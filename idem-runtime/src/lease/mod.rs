@@ -39,7 +39,7 @@ use sqlx::Pool;
 use crate::db::{Backend, DefaultBackend};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyDigest};
-use crate::model::{Fence, LeasedOutcome, Owned, StoreError, StoredResponse};
+use crate::model::{Fence, LeasedOutcome, Owned, OwnerToken, StoreError, StoredResponse};
 
 mod answer;
 mod renewal;
@@ -80,7 +80,7 @@ pub struct Lease<DB: LeaseBackend = DefaultBackend> {
     tenant: String,
     operation: String,
     key: IdempotencyKey,
-    token: String,
+    token: OwnerToken,
     generation: i64,
     acquisition: Acquisition,
     lease: Duration,

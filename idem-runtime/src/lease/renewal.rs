@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::LeaseBackend;
 use crate::key::KeyDigest;
-use crate::model::{Fence, Owned, StoreError};
+use crate::model::{Fence, Owned, OwnerToken, StoreError};
 
 /// Renews a lease in the background of a running handler.
 pub(crate) struct Renewer<DB: LeaseBackend> {
@@ -15,7 +15,7 @@ pub(crate) struct Renewer<DB: LeaseBackend> {
     pub(super) tenant: String,
     pub(super) operation: String,
     pub(super) key: KeyDigest,
-    pub(super) token: String,
+    pub(super) token: OwnerToken,
     pub(super) lease: Duration,
     pub(super) lost: Arc<AtomicBool>,
 }

@@ -515,7 +515,7 @@ impl LeaseBackend for Redis {
         let acquired = |acquisition| -> Result<LeasedOutcome, StoreError> {
             Ok(LeasedOutcome::Acquired {
                 acquisition,
-                token: token.clone(),
+                token: token.clone().into(),
                 generation: reply
                     .get(1)
                     .and_then(int)

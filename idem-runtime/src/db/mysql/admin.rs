@@ -7,6 +7,7 @@ use sqlx::{Connection, MySqlConnection, MySqlPool, Row};
 
 use super::upkeep::rfc3339;
 use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
+use crate::db::dialect::question_marks;
 use crate::model::StoreError;
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
@@ -33,8 +34,7 @@ const SHOW_SQL: &str = concat!(
 const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
       WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE";
 
-const DELETE_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ?";
+const DELETE_SQL: &str = question_marks!(crate::db::shared::DELETE_SQL);
 
 pub(super) async fn fetch_record(
     pool: &MySqlPool,

@@ -250,10 +250,9 @@ async fn lookup(
         .await?;
     let Some(row) = row else { return Ok(None) };
     let stored: Vec<u8> = row.try_get("fingerprint")?;
-    let state: String = row.try_get("state")?;
     let live: i64 = row.try_get("live")?;
     KeySnapshot::read(
-        &state,
+        row.try_get("state")?,
         &stored,
         fingerprint,
         row.try_get("generation")?,

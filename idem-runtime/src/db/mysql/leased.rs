@@ -11,18 +11,20 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, MySqlConnection, MySqlPool, Row};
+use sqlx::{Connection, MySqlConnection, MySqlPool};
 
-use super::transactional::{encode, stored_from_row};
+use super::transactional::stored_from_row;
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
-use crate::model::{
-    Acquisition, Fence, LeaseRequest, LeasedOutcome, Owned, StoreError, StoredResponse,
-    UncertainRow, millis,
-};
+use crate::db::dialect::question_marks;
+use crate::db::rows::leased_snapshot;
+use crate::db::shared;
+use crate::decide::{self, LeasedStep};
+use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, millis};
 
-/// The owned row: its primary key and owner token, as the last four `?`.
+/// The owned row: its primary key and owner token, as the last four `?` (every
+/// database binds them after the values the statement sets).
 macro_rules! owned {
     () => {
         " tenant_id = ? AND operation = ? AND key_digest = ? \
@@ -72,7 +74,7 @@ const TAKEOVER_SQL: &str = concat!(
     " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
-const STORE_SQL: &str = concat!(
+pub(super) const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
             completed_at = ",
@@ -83,41 +85,40 @@ const STORE_SQL: &str = concat!(
     owned!()
 );
 
-const RENEW_SQL: &str = concat!(
+pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
     " + ? WHERE",
     owned!()
 );
 
-const UNCERTAIN_SQL: &str = concat!(
+pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
     owned!()
 );
 
-const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
 
-const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
-       FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
-        AND state IN ('completed', 'failed')";
+pub(super) const CURRENT_SQL: &str = question_marks!(shared::CURRENT_SQL);
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
 // keep newer ones from being asked about; the in-flight index (state,
 // created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
-// back as text.
-const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
+// back as text. The first page has no position: -1 (before every `created_at`,
+// which are Unix milliseconds) stands for it, so that each parameter appears
+// once, in the order every database binds them.
+pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
             key_digest, downstream_key, generation, \
             owner_token, created_at AS created \
        FROM idempotency_requests \
       WHERE operation = ? AND state = 'uncertain' \
-        AND (? IS NULL OR (created_at, tenant_id, key_digest) > (?, ?, ?)) \
+        AND (created_at, tenant_id, key_digest) > (COALESCE(?, -1), COALESCE(?, ''), COALESCE(?, '')) \
       ORDER BY created_at, tenant_id, key_digest LIMIT ?";
 
 // The retention runs from the resolution, as for any completion; the
 // assignments run left to right, so expires_at is computed before created_at
 // would change (it does not).
-const RESOLVE_SQL: &str = concat!(
+pub(super) const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
             completed_at = ",
@@ -130,14 +131,9 @@ const RESOLVE_SQL: &str = concat!(
 );
 
 // A resolution applies to the execution it was asked about and no other.
-const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
+pub(super) const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
         AND generation = ? AND state = 'uncertain' AND owner_token = ?";
-
-/// A fresh owner token: 128 random bits, as hex.
-fn new_token() -> String {
-    format!("{:032x}", fastrand::u128(..))
-}
 
 fn busy() -> LeasedOutcome {
     LeasedOutcome::InFlight {
@@ -176,20 +172,21 @@ async fn claim_in_transaction(
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
     let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
-    let outcome = decide(&mut tx, req).await?;
+    let outcome = claim_under_lock(&mut tx, req).await?;
     tx.commit().await?;
     Ok(outcome)
 }
 
-/// The claim's decision, under the key's row lock (the same steps as
-/// PostgreSQL's `idem_claim_leased`).
-async fn decide(
+/// The claim under the key's row lock: the row read, `decide::leased` over it
+/// (PostgreSQL's `idem_claim_leased` decides the same, as
+/// `tests/decide_oracle.rs` checks), and its write.
+async fn claim_under_lock(
     conn: &mut MySqlConnection,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
     let lease = millis(req.lease);
     let retention = millis(req.retention);
-    let token = new_token();
+    let token = OwnerToken::random();
     let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
     let row = sqlx::query(READ_SQL)
         .bind(req.tenant)
@@ -197,11 +194,16 @@ async fn decide(
         .bind(req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
-    let Some(row) = row else {
+    let snapshot = row
+        .as_ref()
+        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
+        .transpose()?;
+    match decide::leased(snapshot) {
+        LeasedStep::Answer(outcome) => Ok(outcome),
         // Two claimers that both found no row race here: the second waits for
         // the first's row and then fails on the duplicate key, and its caller
         // retries (the row is there then).
-        return match sqlx::query(INSERT_SQL)
+        LeasedStep::Insert => match sqlx::query(INSERT_SQL)
             .bind(req.tenant)
             .bind(req.operation)
             .bind(req.key.digest())
@@ -220,180 +222,43 @@ async fn decide(
             }),
             Err(e) if super::is_duplicate(&e) => Ok(busy()),
             Err(e) => Err(e.into()),
-        };
-    };
-    let now: i64 = row.try_get("now")?;
-    let state: String = row.try_get("state")?;
-    let generation: i64 = row.try_get("generation")?;
-    let finished = state == "completed" || state == "failed";
-    let expires_at: i64 = row.try_get("expires_at")?;
-    if finished && expires_at <= now {
-        sqlx::query(RECLAIM_SQL)
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(&downstream)
-            .bind(lease)
-            .bind(retention)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
-            .execute(&mut *conn)
-            .await?;
-        return Ok(LeasedOutcome::Acquired {
-            acquisition: Acquisition::Reclaimed,
-            token,
-            generation: generation + 1,
-        });
-    }
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    if fingerprint != req.fingerprint.as_bytes() {
-        return Ok(LeasedOutcome::Mismatch);
-    }
-    if finished {
-        return Ok(LeasedOutcome::Replay(stored_from_row(&row)?));
-    }
-    if state == "uncertain" {
-        return Ok(LeasedOutcome::Uncertain);
-    }
-    // processing: a live lease keeps it
-    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
-    if let Some(until) = lease_expires_at.filter(|&until| until > now) {
-        let ms = u64::try_from(until - now).unwrap_or(1000);
-        return Ok(LeasedOutcome::InFlight {
-            retry_after: Duration::from_millis(ms),
-        });
-    }
-    if lease_expires_at.is_none() {
-        // Only a leased claim commits a `processing` row; one without a lease was
-        // written by hand. Leave it alone, as PostgreSQL does.
-        return Ok(busy());
-    }
-    // the lease lapsed: take the execution over, fencing the old owner out
-    sqlx::query(TAKEOVER_SQL)
-        .bind(&token)
-        .bind(&downstream)
-        .bind(lease)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
-        .execute(&mut *conn)
-        .await?;
-    Ok(LeasedOutcome::Acquired {
-        acquisition: Acquisition::TakenOver,
-        token,
-        generation: generation + 1,
-    })
-}
-
-pub(super) async fn store_outcome(
-    pool: &MySqlPool,
-    row: Owned<'_>,
-    response: &StoredResponse,
-    retention: Duration,
-) -> Result<u64, StoreError> {
-    let (status, headers) = encode(response)?;
-    let done = sqlx::query(STORE_SQL)
-        .bind(response.state())
-        .bind(status)
-        .bind(headers)
-        .bind(&response.body[..])
-        .bind(millis(retention))
-        .bind(row.tenant)
-        .bind(row.operation)
-        .bind(row.key)
-        .bind(row.token)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected())
-}
-
-pub(super) async fn fence(
-    pool: &MySqlPool,
-    row: Owned<'_>,
-    what: Fence,
-) -> Result<u64, StoreError> {
-    let query = match what {
-        Fence::Renew(lease) => sqlx::query(RENEW_SQL).bind(millis(lease)),
-        Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
-        Fence::Release => sqlx::query(RELEASE_SQL),
-    };
-    let done = query
-        .bind(row.tenant)
-        .bind(row.operation)
-        .bind(row.key)
-        .bind(row.token)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected())
-}
-
-pub(super) async fn current(
-    pool: &MySqlPool,
-    tenant: &str,
-    operation: &str,
-    key: &crate::key::KeyDigest,
-) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
-    let row = sqlx::query(CURRENT_SQL)
-        .bind(tenant)
-        .bind(operation)
-        .bind(*key)
-        .fetch_optional(pool)
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
-}
-
-pub(super) async fn uncertain_rows(
-    pool: &MySqlPool,
-    operation: &str,
-    after: Option<&UncertainRow>,
-    limit: i64,
-) -> Result<Vec<UncertainRow>, StoreError> {
-    let created = after.map(|r| r.created);
-    let rows = sqlx::query(UNCERTAIN_ROWS_SQL)
-        .bind(operation)
-        .bind(created)
-        .bind(created)
-        .bind(after.map(|r| r.tenant.as_str()))
-        .bind(after.map(|r| r.key))
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(crate::db::rows::uncertain).collect()
-}
-
-pub(super) async fn resolve(
-    pool: &MySqlPool,
-    operation: &str,
-    row: &UncertainRow,
-    outcome: Option<&StoredResponse>,
-) -> Result<u64, StoreError> {
-    let done = match outcome {
-        Some(stored) => {
-            let (status, headers) = encode(stored)?;
-            sqlx::query(RESOLVE_SQL)
-                .bind(stored.state())
-                .bind(status)
-                .bind(headers)
-                .bind(&stored.body[..])
-                .bind(&row.tenant)
-                .bind(operation)
-                .bind(row.key)
-                .bind(row.generation)
-                .bind(&row.token)
-                .execute(pool)
-                .await?
+        },
+        // MySQL has no RETURNING: under the row lock, the generation is the
+        // one decided.
+        LeasedStep::Reclaim { generation } => {
+            sqlx::query(RECLAIM_SQL)
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(&token)
+                .bind(&downstream)
+                .bind(lease)
+                .bind(retention)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .execute(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::Reclaimed,
+                token,
+                generation,
+            })
         }
-        None => {
-            sqlx::query(FORGET_SQL)
-                .bind(&row.tenant)
-                .bind(operation)
-                .bind(row.key)
-                .bind(row.generation)
-                .bind(&row.token)
-                .execute(pool)
-                .await?
+        LeasedStep::TakeOver { generation } => {
+            // fencing the old owner out: a new token and generation
+            sqlx::query(TAKEOVER_SQL)
+                .bind(&token)
+                .bind(&downstream)
+                .bind(lease)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .execute(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::TakenOver,
+                token,
+                generation,
+            })
         }
-    };
-    Ok(done.rows_affected())
+    }
 }

@@ -18,11 +18,12 @@ use std::time::Duration;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row, Transaction};
 
+use super::shared::lease_statements;
 use super::{Backend, ClaimContext};
 use crate::db::Tx;
 use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, InFlightSummary, LeaseRequest, LeasedOutcome,
-    Owned, StatsSnapshot, StoreError, StoredResponse, UncertainRow,
+    Claim, ClaimRequest, Execution, Fence, Finish, InFlightSummary, Owned, StatsSnapshot,
+    StoreError, StoredResponse, UncertainRow,
 };
 use crate::model::{FencedWrite, Resource};
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
@@ -32,6 +33,12 @@ pub(crate) mod hot_path;
 mod leased;
 pub(crate) mod transactional;
 mod upkeep;
+
+use leased::{
+    CURRENT_SQL, FORGET_SQL, RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL,
+    UNCERTAIN_SQL,
+};
+use transactional::{encode, stored_from_row};
 
 /// Now, in Unix milliseconds, from MySQL's clock: the one expression every MySQL
 /// timestamp of idem (`created_at`, `completed_at`, `expires_at`,
@@ -231,52 +238,7 @@ impl super::stores::Claims for MySql {
 }
 
 impl super::stores::LeaseRows for MySql {
-    async fn claim_leased(
-        pool: &MySqlPool,
-        req: &LeaseRequest<'_>,
-    ) -> Result<LeasedOutcome, StoreError> {
-        leased::claim_leased(pool, req).await
-    }
-
-    async fn store_outcome(
-        pool: &MySqlPool,
-        row: Owned<'_>,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<u64, StoreError> {
-        leased::store_outcome(pool, row, response, retention).await
-    }
-
-    async fn fence(pool: &MySqlPool, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
-        leased::fence(pool, row, what).await
-    }
-
-    async fn current(
-        pool: &MySqlPool,
-        tenant: &str,
-        operation: &str,
-        key: &crate::key::KeyDigest,
-    ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
-        leased::current(pool, tenant, operation, key).await
-    }
-
-    async fn uncertain_rows(
-        pool: &MySqlPool,
-        operation: &str,
-        after: Option<&UncertainRow>,
-        limit: i64,
-    ) -> Result<Vec<UncertainRow>, StoreError> {
-        leased::uncertain_rows(pool, operation, after, limit).await
-    }
-
-    async fn resolve(
-        pool: &MySqlPool,
-        operation: &str,
-        row: &UncertainRow,
-        outcome: Option<&StoredResponse>,
-    ) -> Result<u64, StoreError> {
-        leased::resolve(pool, operation, row, outcome).await
-    }
+    lease_statements!();
 }
 
 impl super::stores::Upkeep for MySql {

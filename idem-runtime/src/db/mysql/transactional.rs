@@ -27,6 +27,7 @@ use bytes::Bytes;
 use sqlx::{MySqlConnection, Row};
 
 use super::{bound_lock_wait, is_duplicate, is_lock_timeout, now_ms, restore_lock_wait};
+use crate::decide::RowState;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
 /// How many times the handler's path begins a claim's transaction when InnoDB
@@ -153,8 +154,8 @@ async fn claim_bounded(
             }
         };
         let now: i64 = row.try_get("now")?;
-        let state: String = row.try_get("state")?;
-        let finished = state == "completed" || state == "failed";
+        let state: RowState = row.try_get("state")?;
+        let finished = state.is_finished();
         let expires_at: i64 = row.try_get("expires_at")?;
         if finished && expires_at <= now {
             let generation: i64 = row.try_get("generation")?;

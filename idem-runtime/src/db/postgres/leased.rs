@@ -13,37 +13,50 @@ const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms
         response_status, response_headers, response_body \
    FROM idem_claim_leased($1, $2, $3, $4, $5, $6, $7)";
 
-/// The owned row: its primary key and owner token, as `$1..$4`.
+/// The owned row: its primary key and owner token, as the four placeholders
+/// given (every database binds them after the values the statement sets).
 macro_rules! owned {
-    () => {
-        " tenant_id = $1 AND operation = $2 AND key_digest = $3 \
-          AND owner_token = $4::uuid AND state = 'processing'"
+    ($t:literal, $o:literal, $k:literal, $tok:literal) => {
+        concat!(
+            " tenant_id = ",
+            $t,
+            " AND operation = ",
+            $o,
+            " AND key_digest = ",
+            $k,
+            " AND owner_token = ",
+            $tok,
+            "::uuid AND state = 'processing'"
+        )
     };
 }
 
 pub(super) const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
-            completed_at = c.t, expires_at = c.t + $9 * interval '1 millisecond', \
+        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
+            completed_at = c.t, expires_at = c.t + $5 * interval '1 millisecond', \
             lease_expires_at = NULL \
        FROM (SELECT clock_timestamp() AS t) c \
       WHERE",
-    owned!()
+    owned!("$6", "$7", "$8", "$9")
 );
 
 pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET lease_expires_at = clock_timestamp() + $5 * interval '1 millisecond' \
+        SET lease_expires_at = clock_timestamp() + $1 * interval '1 millisecond' \
       WHERE",
-    owned!()
+    owned!("$2", "$3", "$4", "$5")
 );
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned!()
+    owned!("$1", "$2", "$3", "$4")
 );
 
-pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+pub(super) const RELEASE_SQL: &str = concat!(
+    "DELETE FROM idempotency_requests WHERE",
+    owned!("$1", "$2", "$3", "$4")
+);
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
 // keep newer ones from being asked about; the position is `created_at` in
@@ -63,12 +76,12 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downs
 // The retention runs from the resolution, as for any completion: a row resolved
 // late must not be already expired.
 pub(super) const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
-        SET state = $5, response_status = $6, response_headers = $7, \
-            response_body = $8, completed_at = c.t, lease_expires_at = NULL, \
+        SET state = $1, response_status = $2, response_headers = $3, \
+            response_body = $4, completed_at = c.t, lease_expires_at = NULL, \
             expires_at = c.t + (r.expires_at - r.created_at) \
        FROM (SELECT clock_timestamp() AS t) c \
-      WHERE r.tenant_id = $1 AND r.operation = $2 AND r.key_digest = $3 \
-        AND r.generation = $4 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";
+      WHERE r.tenant_id = $5 AND r.operation = $6 AND r.key_digest = $7 \
+        AND r.generation = $8 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";
 
 /// Stored headers as the `jsonb` column takes them.
 pub(super) type JsonHeaders<'a> = sqlx::types::Json<&'a Vec<(String, String)>>;

@@ -15,8 +15,8 @@ use std::time::Duration;
 use sqlx::{Pool, Postgres, Row, Transaction};
 
 use super::shared::{
-    admin_statements, lease_statements, sweep_statements, transactional_statements,
-    transition_statements,
+    CURRENT_SQL, FORGET_SQL, admin_statements, lease_statements, sweep_statements,
+    transactional_statements, transition_statements,
 };
 use super::{Backend, ClaimContext};
 use crate::db::Tx;

@@ -30,7 +30,7 @@ use super::now_ms;
 use super::transactional::stored_from_row;
 use crate::db::ClaimContext;
 use crate::db::Tx;
-use crate::decide::{self, KeySnapshot};
+use crate::decide::{self, KeySnapshot, RowState};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
 /// The key's row, if any, and the database's clock, in one statement.
@@ -119,13 +119,13 @@ async fn lookup(
         .fetch_one(&mut *conn)
         .await?;
     let now: i64 = row.try_get("now")?;
-    let state: Option<String> = row.try_get("state")?;
+    let state: Option<RowState> = row.try_get("state")?;
     let Some(state) = state else {
         return Ok((None, now));
     };
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     let snapshot = KeySnapshot::read(
-        &state,
+        state,
         &fingerprint,
         &req.fingerprint,
         row.try_get("generation")?,

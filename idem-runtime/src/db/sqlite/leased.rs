@@ -12,17 +12,31 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
 use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
-use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
+use crate::db::rows::leased_snapshot;
+use crate::decide::{self, LeasedStep};
+use crate::model::{
+    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, StoredResponse, millis,
+};
 
-/// The owned row: its primary key and owner token, as `$1..$4`.
+/// The owned row: its primary key and owner token, as the four placeholders
+/// given (every database binds them after the values the statement sets).
 macro_rules! owned {
-    () => {
-        " tenant_id = $1 AND operation = $2 AND key_digest = $3 \
-          AND owner_token = $4 AND state = 'processing'"
+    ($t:literal, $o:literal, $k:literal, $tok:literal) => {
+        concat!(
+            " tenant_id = ",
+            $t,
+            " AND operation = ",
+            $o,
+            " AND key_digest = ",
+            $k,
+            " AND owner_token = ",
+            $tok,
+            " AND state = 'processing'"
+        )
     };
 }
 
@@ -70,28 +84,31 @@ const TAKEOVER_SQL: &str = concat!(
 
 pub(super) const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
-            completed_at = t.now, expires_at = t.now + $9, lease_expires_at = NULL \
+        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
+            completed_at = t.now, expires_at = t.now + $5, lease_expires_at = NULL \
        FROM (SELECT ",
     now_ms!(),
     " AS now) t \
       WHERE",
-    owned!()
+    owned!("$6", "$7", "$8", "$9")
 );
 
 pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
-    " + $5 WHERE",
-    owned!()
+    " + $1 WHERE",
+    owned!("$2", "$3", "$4", "$5")
 );
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned!()
+    owned!("$1", "$2", "$3", "$4")
 );
 
-pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+pub(super) const RELEASE_SQL: &str = concat!(
+    "DELETE FROM idempotency_requests WHERE",
+    owned!("$1", "$2", "$3", "$4")
+);
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
 // keep newer ones from being asked about. The `state IN (...)` term repeats the
@@ -107,20 +124,15 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downs
 // The retention runs from the resolution, as for any completion.
 pub(super) const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
-        SET state = $5, response_status = $6, response_headers = $7, response_body = $8, \
+        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
             completed_at = t.now, lease_expires_at = NULL, \
             expires_at = t.now + (expires_at - created_at) \
        FROM (SELECT ",
     now_ms!(),
     " AS now) t \
-      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
-        AND generation = $4 AND state = 'uncertain' AND owner_token = $9"
+      WHERE tenant_id = $5 AND operation = $6 AND key_digest = $7 \
+        AND generation = $8 AND state = 'uncertain' AND owner_token = $9"
 );
-
-/// A fresh owner token: 128 random bits, as hex.
-fn new_token() -> String {
-    format!("{:032x}", fastrand::u128(..))
-}
 
 /// An outcome's status and headers as SQLite's columns take them (INTEGER, JSON
 /// text).
@@ -146,14 +158,15 @@ pub(super) async fn claim_leased(
         }
         Err(e) => return Err(e.into()),
     };
-    let outcome = decide(&mut tx, req).await?;
+    let outcome = claim_under_lock(&mut tx, req).await?;
     tx.commit().await?;
     Ok(outcome)
 }
 
-/// The claim's decision, inside the `BEGIN IMMEDIATE` transaction on `conn` (the
-/// same steps as PostgreSQL's `idem_claim_leased`).
-async fn decide(
+/// The claim, inside the `BEGIN IMMEDIATE` transaction on `conn`: the row read,
+/// `decide::leased` over it (PostgreSQL's `idem_claim_leased` decides the same,
+/// as `tests/decide_oracle.rs` checks), and its write.
+async fn claim_under_lock(
     conn: &mut sqlx::SqliteConnection,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
@@ -165,86 +178,66 @@ async fn decide(
         .await?;
     let lease = millis(req.lease);
     let retention = millis(req.retention);
-    let token = new_token();
+    let token = OwnerToken::random();
     let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
-    let Some(row) = row else {
-        sqlx::query(INSERT_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(lease)
-            .bind(retention)
-            .bind(&downstream)
-            .execute(&mut *conn)
-            .await?;
-        return Ok(LeasedOutcome::Acquired {
-            acquisition: Acquisition::New,
-            token,
-            generation: 1,
-        });
-    };
-    let now: i64 = row.try_get("now")?;
-    let state: String = row.try_get("state")?;
-    let finished = state == "completed" || state == "failed";
-    let expires_at: i64 = row.try_get("expires_at")?;
-    if finished && expires_at <= now {
-        let generation: i64 = sqlx::query_scalar(RECLAIM_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(lease)
-            .bind(retention)
-            .bind(&downstream)
-            .fetch_one(&mut *conn)
-            .await?;
-        return Ok(LeasedOutcome::Acquired {
-            acquisition: Acquisition::Reclaimed,
-            token,
-            generation,
-        });
+    let snapshot = row
+        .as_ref()
+        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
+        .transpose()?;
+    match decide::leased(snapshot) {
+        LeasedStep::Answer(outcome) => Ok(outcome),
+        LeasedStep::Insert => {
+            sqlx::query(INSERT_SQL)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(&token)
+                .bind(lease)
+                .bind(retention)
+                .bind(&downstream)
+                .execute(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::New,
+                token,
+                generation: 1,
+            })
+        }
+        LeasedStep::Reclaim { .. } => {
+            let generation: i64 = sqlx::query_scalar(RECLAIM_SQL)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(&token)
+                .bind(lease)
+                .bind(retention)
+                .bind(&downstream)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::Reclaimed,
+                token,
+                generation,
+            })
+        }
+        LeasedStep::TakeOver { .. } => {
+            // fencing the old owner out: a new token and generation
+            let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
+                .bind(req.tenant)
+                .bind(req.operation)
+                .bind(req.key.digest())
+                .bind(&token)
+                .bind(lease)
+                .bind(&downstream)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(LeasedOutcome::Acquired {
+                acquisition: Acquisition::TakenOver,
+                token,
+                generation,
+            })
+        }
     }
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    if fingerprint != req.fingerprint.as_bytes() {
-        return Ok(LeasedOutcome::Mismatch);
-    }
-    if finished {
-        return Ok(LeasedOutcome::Replay(stored_from_row(&row)?));
-    }
-    if state == "uncertain" {
-        return Ok(LeasedOutcome::Uncertain);
-    }
-    // processing: a live lease keeps it
-    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
-    if let Some(until) = lease_expires_at.filter(|&until| until > now) {
-        let ms = u64::try_from(until - now).unwrap_or(1000);
-        return Ok(LeasedOutcome::InFlight {
-            retry_after: Duration::from_millis(ms),
-        });
-    }
-    if lease_expires_at.is_none() {
-        // Only a leased claim commits a `processing` row; one without a lease was
-        // written by hand. Leave it alone, as PostgreSQL does.
-        return Ok(LeasedOutcome::InFlight {
-            retry_after: Duration::from_secs(1),
-        });
-    }
-    // the lease lapsed: take the execution over, fencing the old owner out
-    let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
-        .bind(&token)
-        .bind(lease)
-        .bind(&downstream)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(LeasedOutcome::Acquired {
-        acquisition: Acquisition::TakenOver,
-        token,
-        generation,
-    })
 }

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use sqlx::{Row, SqliteConnection};
 
 use super::now_ms;
+use crate::decide::RowState;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = concat!(
@@ -105,8 +106,8 @@ pub(crate) async fn claim_on(
     if fingerprint != req.fingerprint.as_bytes() {
         return Ok(Claim::Mismatch);
     }
-    let state: String = row.try_get("state")?;
-    if state != "completed" && state != "failed" {
+    let state: RowState = row.try_get("state")?;
+    if !state.is_finished() {
         return Ok(Claim::InFlight {
             retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
         });
