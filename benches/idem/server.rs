@@ -676,15 +676,15 @@ mod redis_leases {
             .with_state(state))
     }
 
-    /// (f), (j) with the lease in Redis: the same insert as (f), on the pool.
+    /// (f), (j) with the lease in Redis: the same insert as (f), on the pool (the
+    /// lease is only held: an insert needs no downstream key).
     #[idempotent(operation = "create-order-leased", retention = "24h", lease = "30s")]
     async fn leased_create(
         #[tenant] caller: Caller,
         State(app): State<RedisState>,
-        lease: &mut Lease<Redis>,
+        _lease: &mut Lease<Redis>,
         Json(cmd): Json<NewOrder>,
     ) -> Result<Response, ApiError> {
-        let _ = lease;
         let order = insert_order(&app.pool, &caller.0, &cmd)
             .await
             .map_err(db_error)?;
