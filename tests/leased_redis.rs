@@ -53,6 +53,7 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idem_runtime::lease::{Acquisition, LeaseBackend, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
+use idem_runtime::redis::RedisConnection;
 use idem_runtime::redis::{
     EvictionVerdict, Redis, RedisLeaseStore, VersionVerdict, eviction_verdict,
 };
@@ -70,9 +71,53 @@ fn redis_url() -> String {
     std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
-async fn conn() -> ConnectionManager {
-    let client = redis::Client::open(redis_url()).unwrap();
-    ConnectionManager::new(client).await.unwrap()
+/// `IDEM_TEST_REDIS_CLUSTER`, some nodes of a Redis Cluster (`host:port`,
+/// comma-separated; `.ci/run` runs the suite again on 127.0.0.1:7000-7005):
+/// the suite runs there instead of on the one server.
+fn cluster_nodes() -> Option<Vec<String>> {
+    let nodes = std::env::var("IDEM_TEST_REDIS_CLUSTER").ok()?;
+    let nodes: Vec<String> = nodes
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| format!("redis://{n}"))
+        .collect();
+    (!nodes.is_empty()).then_some(nodes)
+}
+
+/// A test that only means something on one server says why it does not run on
+/// the cluster.
+fn on_the_cluster(why: &str) -> bool {
+    let on = cluster_nodes().is_some();
+    if on {
+        eprintln!("not on a Redis Cluster: {why}");
+    }
+    on
+}
+
+async fn conn() -> RedisConnection {
+    match cluster_nodes() {
+        Some(nodes) => RedisConnection::Cluster(
+            redis::cluster::ClusterClient::new(nodes)
+                .unwrap()
+                .get_async_connection()
+                .await
+                .unwrap(),
+        ),
+        None => {
+            let client = redis::Client::open(redis_url()).unwrap();
+            RedisConnection::Server(ConnectionManager::new(client).await.unwrap())
+        }
+    }
+}
+
+/// A store on `c` (one server, or the cluster).
+async fn store_on(c: RedisConnection, prefix: &str) -> Result<RedisLeaseStore, StoreError> {
+    match c {
+        RedisConnection::Server(c) => RedisLeaseStore::with_connection(c, prefix).await,
+        RedisConnection::Cluster(c) => RedisLeaseStore::with_cluster_connection(c, prefix).await,
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A store under a prefix of this test's own.
@@ -80,17 +125,29 @@ async fn store(test: &str) -> RedisLeaseStore {
     let prefix = prefix(test);
     let mut c = conn().await;
     delete_prefix(&mut c, &prefix).await;
-    RedisLeaseStore::with_connection(c, &prefix).await.unwrap()
+    store_on(c, &prefix).await.unwrap()
 }
 
-async fn keys_under(c: &mut ConnectionManager, prefix: &str) -> Vec<String> {
+/// Every key under `prefix`: on one server by `SCAN`, on a cluster by `KEYS`
+/// on every master (redis-rs sends it to each and joins the answers).
+async fn keys_under(c: &mut RedisConnection, prefix: &str) -> Vec<String> {
+    let pattern = format!("{prefix}:*");
+    if c.is_cluster() {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(c)
+            .await
+            .unwrap();
+        keys.sort();
+        return keys;
+    }
     let mut out = Vec::new();
     let mut cursor: u64 = 0;
     loop {
         let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg(format!("{prefix}:*"))
+            .arg(&pattern)
             .arg("COUNT")
             .arg(1000)
             .query_async(c)
@@ -104,10 +161,20 @@ async fn keys_under(c: &mut ConnectionManager, prefix: &str) -> Vec<String> {
     }
 }
 
-async fn delete_prefix(c: &mut ConnectionManager, prefix: &str) {
+async fn delete_prefix(c: &mut RedisConnection, prefix: &str) {
     for k in keys_under(c, prefix).await {
         let _: () = c.del(k).await.unwrap();
     }
+}
+
+/// Entries in the uncertain indexes of `create-payment`, every shard's.
+async fn uncertain_entries(s: &RedisLeaseStore) -> i64 {
+    let mut c = s.redis_connection();
+    let mut n = 0;
+    for index in s.uncertain_indexes("create-payment") {
+        n += c.zcard::<_, i64>(index).await.unwrap();
+    }
+    n
 }
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -212,13 +279,7 @@ async fn a_stale_owner_cannot_release_or_mark_the_new_owners_record() {
         ));
         second.complete(&paid("ch_2")).await.unwrap();
     }
-    assert_eq!(
-        s.connection()
-            .zcard::<_, i64>(s.uncertain_index("create-payment"))
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(uncertain_entries(&s).await, 0);
 }
 
 #[tokio::test]
@@ -227,7 +288,7 @@ async fn renewal_extends_the_lease_on_the_server_clock() {
     let key = IdempotencyKey::parse("renew-1").unwrap();
     let lease = acquire(&s, &key, Duration::from_secs(2)).await;
     let name = s.record_key("acme", "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let before: i64 = c.hget(&name, "lease_until").await.unwrap();
     // The record outlives its lease by the retention, so a crashed owner's
     // record is taken over rather than forgotten.
@@ -283,7 +344,7 @@ async fn retention_is_the_records_expiry() {
     };
     lease.complete(&paid("ch_t")).await.unwrap();
     let name = s.record_key("acme", "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let pttl: i64 = c.pttl(&name).await.unwrap();
     assert!(pttl > 0 && pttl <= 300, "the retention is the TTL: {pttl}");
     // Redis expires it (bounded poll: expiry is the server's).
@@ -336,11 +397,10 @@ async fn an_uncertain_outcome_never_expires_and_is_reconciled_by_its_downstream_
         }
         lease.mark_uncertain().await.unwrap();
     }
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let name = s.record_key("acme", "create-payment", &charged);
     assert_eq!(c.pttl::<_, i64>(&name).await.unwrap(), -1, "no expiry");
-    let index = s.uncertain_index("create-payment");
-    assert_eq!(c.zcard::<_, i64>(&index).await.unwrap(), 2);
+    assert_eq!(uncertain_entries(&s).await, 2);
     assert!(matches!(
         s.claim(&lease_req(&charged, HOUR)).await.unwrap(),
         LeasedClaim::Uncertain
@@ -361,7 +421,7 @@ async fn an_uncertain_outcome_never_expires_and_is_reconciled_by_its_downstream_
         pttl > 0 && pttl <= HOUR.as_millis() as i64,
         "retention from the resolution: {pttl}"
     );
-    assert_eq!(c.zcard::<_, i64>(&index).await.unwrap(), 0);
+    assert_eq!(uncertain_entries(&s).await, 0);
     let again = acquire(&s, &not_charged, HOUR).await;
     assert_eq!(again.acquisition(), Acquisition::New);
     again.release().await.unwrap();
@@ -387,7 +447,7 @@ async fn a_late_resolution_never_applies_to_a_later_execution_of_the_key() {
         }
         async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
             // Meanwhile: someone resolves it, and a new execution holds the key.
-            let mut c = self.0.connection();
+            let mut c = self.0.redis_connection();
             let _: () = c
                 .del(self.0.record_key("acme", "create-payment", &self.1))
                 .await
@@ -453,7 +513,7 @@ async fn no_raw_key_is_ever_sent_to_or_kept_in_redis() {
         .mark_uncertain()
         .await
         .unwrap();
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let prefix = format!("idem-t{}-raw", std::process::id());
     let keys = keys_under(&mut c, &prefix).await;
     assert_eq!(
@@ -488,7 +548,7 @@ async fn no_raw_key_is_ever_sent_to_or_kept_in_redis() {
 #[tokio::test]
 async fn foreign_or_malformed_data_is_a_clear_error_and_is_left_as_it_was() {
     let s = store("foreign").await;
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     // Not a hash.
     let key = IdempotencyKey::parse("foreign-1").unwrap();
     let name = s.record_key("acme", "create-payment", &key);
@@ -534,23 +594,51 @@ async fn foreign_or_malformed_data_is_a_clear_error_and_is_left_as_it_was() {
 #[tokio::test]
 async fn the_start_up_check_reads_the_live_policy() {
     let s = store("policy").await;
-    let mut c = s.connection();
-    let policy: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let max: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let expected = eviction_verdict(&policy[1], max[1].parse().unwrap());
-    assert_eq!(s.check_eviction().await.unwrap(), expected);
+    let c = s.redis_connection();
+    // Every node's settings (the one server's, or each cluster node's): the
+    // store's verdict is the worst of theirs.
+    let read = |what: &'static str| {
+        let c = c.clone();
+        async move {
+            c.on_every_node(redis::cmd("CONFIG").arg("GET").arg(what))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(node, v)| {
+                    let v: Vec<String> = redis::from_redis_value(v).unwrap();
+                    (node, v[1].clone())
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let (policies, maxes) = (read("maxmemory-policy").await, read("maxmemory").await);
+    assert!(!policies.is_empty());
+    let verdicts: Vec<EvictionVerdict> = policies
+        .iter()
+        .zip(&maxes)
+        .map(|((_, p), (_, m))| eviction_verdict(p, m.parse().unwrap()))
+        .collect();
+    let expected = if verdicts.iter().all(|v| *v == EvictionVerdict::Safe) {
+        EvictionVerdict::Safe
+    } else {
+        verdicts
+            .iter()
+            .find(|v| !matches!(v, EvictionVerdict::Safe))
+            .unwrap()
+            .clone()
+    };
+    match (s.check_eviction().await.unwrap(), expected) {
+        (EvictionVerdict::Warn(got), EvictionVerdict::Warn(want)) => {
+            assert!(got.ends_with(&want), "{got} / {want}")
+        }
+        (got, want) => assert_eq!(got, want),
+    }
     // The store was built, so the live policy is not one it refuses.
-    assert!(!matches!(expected, EvictionVerdict::Refuse(_)));
+    assert!(
+        verdicts
+            .iter()
+            .all(|v| !matches!(v, EvictionVerdict::Refuse(_)))
+    );
 }
 
 // --- through `#[idempotent]`: the handler's answers --------------------------
@@ -775,14 +863,14 @@ async fn an_uncertain_answer_is_202_and_never_runs_again() {
 // --- helpers on the server's clock -------------------------------------------
 
 /// The server's clock in milliseconds, as the scripts read it.
-async fn server_ms(c: &mut ConnectionManager) -> i64 {
+async fn server_ms(c: &mut RedisConnection) -> i64 {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(c).await.unwrap();
     secs * 1000 + micros / 1000
 }
 
 /// Waits until the record's lease has lapsed on the server's clock.
 async fn until_lease_lapsed(s: &RedisLeaseStore, name: &str) {
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let until: i64 = c.hget(name, "lease_until").await.unwrap();
@@ -796,7 +884,7 @@ async fn until_lease_lapsed(s: &RedisLeaseStore, name: &str) {
 
 /// Waits until the server's clock has moved past the millisecond it reads now,
 /// so what is marked next has a later score in the uncertain index.
-async fn next_server_ms(c: &mut ConnectionManager) {
+async fn next_server_ms(c: &mut RedisConnection) {
     let now = server_ms(c).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while server_ms(c).await <= now {
@@ -823,7 +911,7 @@ async fn a_live_worker_is_renewed_and_not_taken_over() {
     let (key, tenant) = single_key("live-1");
     let s = store_of(&app);
     let name = s.record_key(tenant, "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     // Renewal moves the lease forward while the handler runs: see it move twice.
     let mut seen = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -879,7 +967,7 @@ async fn a_stalled_handler_is_fenced_and_its_client_gets_the_new_owners_result()
         "both called, one charge"
     );
     let generation: i64 = s
-        .connection()
+        .redis_connection()
         .hget(s.record_key(tenant, "create-payment", &key), "gen")
         .await
         .unwrap();
@@ -905,7 +993,7 @@ async fn a_lease_taken_as_lost_but_not_taken_over_still_publishes() {
     let (key, tenant) = single_key("lost-1");
     let s = store_of(&app);
     let name = s.record_key(tenant, "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let _: () = c.hset(&name, "v", "refuse").await.unwrap();
     // The handler saw its lease lost while renewals were refused.
     entered.recv().await.unwrap();
@@ -964,7 +1052,7 @@ async fn an_uncertain_outcome_is_never_retried_and_is_reconciled() {
     let s = store_of(&app);
     let (key, tenant) = single_key("unc-1");
     let name = s.record_key(tenant, "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     assert_eq!(
         c.hget::<_, _, String>(&name, "state").await.unwrap(),
         "uncertain"
@@ -1004,19 +1092,13 @@ async fn an_unstorable_outcome_becomes_uncertain_and_is_never_repeated() {
     let s = store_of(&app);
     let (key, tenant) = single_key("big-1");
     let name = s.record_key(tenant, "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     assert_eq!(
         c.hget::<_, _, String>(&name, "state").await.unwrap(),
         "uncertain"
     );
     assert_eq!(c.pttl::<_, i64>(&name).await.unwrap(), -1, "never expires");
-    assert_eq!(
-        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
-            .await
-            .unwrap(),
-        1,
-        "awaits the reconciler"
-    );
+    assert_eq!(uncertain_entries(&s).await, 1, "awaits the reconciler");
     let (status, _, _) = send(&router, pay("big-1")).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(app.calls.load(Ordering::SeqCst), 1, "never charged again");
@@ -1050,7 +1132,7 @@ async fn an_outage_under_load_releases_every_key_and_recovers_exactly_once() {
         "{statuses:?}"
     );
     assert_eq!(app.calls.load(Ordering::SeqCst), n);
-    let mut c = store_of(&app).connection();
+    let mut c = store_of(&app).redis_connection();
     assert_eq!(
         keys_under(&mut c, &prefix("outage")).await,
         Vec::<String>::new(),
@@ -1104,7 +1186,7 @@ async fn a_5xx_resolution_is_never_stored() {
         .unwrap();
     assert_eq!((report.still_uncertain, report.completed), (1, 0));
     let name = s.record_key("acme", "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     assert_eq!(
         c.hget::<_, _, String>(&name, "state").await.unwrap(),
         "uncertain"
@@ -1112,9 +1194,7 @@ async fn a_5xx_resolution_is_never_stored() {
     assert!(!c.hexists::<_, _, bool>(&name, "status").await.unwrap());
     assert_eq!(c.pttl::<_, i64>(&name).await.unwrap(), -1);
     assert_eq!(
-        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
-            .await
-            .unwrap(),
+        uncertain_entries(&s).await,
         1,
         "still listed for the next round"
     );
@@ -1135,7 +1215,7 @@ impl Reconcile for Racing {
     async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
         let _: () = self
             .0
-            .connection()
+            .redis_connection()
             .del(self.0.record_key("acme", "create-payment", &self.1))
             .await
             .unwrap();
@@ -1161,20 +1241,14 @@ async fn a_resolution_that_lost_a_race_changes_nothing() {
         0,
         "{report:?}"
     );
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     assert!(
         !c.exists::<_, bool>(s.record_key("acme", "create-payment", &key))
             .await
             .unwrap(),
         "the late answer did not bring the record back"
     );
-    assert_eq!(
-        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
-            .await
-            .unwrap(),
-        0,
-        "nor its entry in the index"
-    );
+    assert_eq!(uncertain_entries(&s).await, 0, "nor its entry in the index");
     let again = acquire(&s, &key, HOUR).await;
     assert_eq!(again.acquisition(), Acquisition::New);
     again.release().await.unwrap();
@@ -1205,7 +1279,7 @@ impl Reconcile for Stubborn {
 #[tokio::test]
 async fn rows_that_never_resolve_do_not_starve_newer_ones() {
     let s = store("starve").await;
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     // Marked in this order, each on a later millisecond of the server's clock,
     // so the index (by score, then member) orders them so.
     for k in ["a-stuck-1", "a-stuck-2", "a-stuck-3", "b-fresh"] {
@@ -1264,7 +1338,7 @@ async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
         .await
         .unwrap();
     let name = s.record_key("acme", "create-payment", &broken);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let _: () = c.hdel(&name, "dkey").await.unwrap();
     // And one whose generation is not a number.
     let garbled = IdempotencyKey::parse("unc-garbled").unwrap();
@@ -1293,12 +1367,7 @@ async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
             "a broken record waits for an operator"
         );
     }
-    assert_eq!(
-        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
-            .await
-            .unwrap(),
-        2
-    );
+    assert_eq!(uncertain_entries(&s).await, 2);
 }
 
 /// Index entries that no longer name an uncertain record (the record replaced
@@ -1308,8 +1377,7 @@ async fn a_row_that_cannot_be_reconciled_does_not_stop_the_others() {
 #[tokio::test]
 async fn stale_and_foreign_index_entries_neither_stop_the_round_nor_stay() {
     let s = store("stale-entries").await;
-    let mut c = s.connection();
-    let index = s.uncertain_index("create-payment");
+    let mut c = s.redis_connection();
     let mut names = Vec::new();
     for k in ["st-foreign", "st-finished", "st-gone", "st-fine"] {
         let key = IdempotencyKey::parse(k).unwrap();
@@ -1331,7 +1399,7 @@ async fn stale_and_foreign_index_entries_neither_stop_the_round_nor_stay() {
         .unwrap();
     assert_eq!((report.errors, report.released), (1, 1), "{report:?}");
     assert_eq!(
-        c.zcard::<_, i64>(&index).await.unwrap(),
+        uncertain_entries(&s).await,
         1,
         "only the foreign value's entry is left, for an operator"
     );
@@ -1353,7 +1421,7 @@ async fn a_lease_and_retention_of_duration_max_keep_the_record() {
         panic!("a new key is acquired");
     };
     let name = s.record_key("acme", "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let ttl: i64 = c.pttl(&name).await.unwrap();
     assert!(ttl > 0, "the claimed record has a positive expiry: {ttl}");
     lease.complete(&paid("ch_1")).await.unwrap();
@@ -1382,7 +1450,7 @@ impl Reconcile for NeverAnswers {
 /// Marks `keys` uncertain in this order, each on a later millisecond of the
 /// server's clock than the one before.
 async fn mark_in_order(s: &RedisLeaseStore, keys: &[&str]) {
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     for k in keys {
         next_server_ms(&mut c).await;
         let key = IdempotencyKey::parse(*k).unwrap();
@@ -1398,7 +1466,7 @@ async fn mark_in_order(s: &RedisLeaseStore, keys: &[&str]) {
 #[tokio::test]
 async fn a_page_of_stale_index_entries_does_not_restart_the_round_from_the_oldest() {
     let s = store("cursor-stale").await;
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     mark_in_order(
         &s,
         &[
@@ -1432,9 +1500,7 @@ async fn a_page_of_stale_index_entries_does_not_restart_the_round_from_the_oldes
         "the round after the stuck records reaches the newer one: {second:?}"
     );
     assert_eq!(
-        c.zcard::<_, i64>(s.uncertain_index("create-payment"))
-            .await
-            .unwrap(),
+        uncertain_entries(&s).await,
         2,
         "the stale entries were pruned, the stuck records' stay"
     );
@@ -1447,13 +1513,18 @@ async fn a_page_of_stale_index_entries_does_not_restart_the_round_from_the_oldes
 #[tokio::test]
 async fn foreign_index_entries_are_errors_and_do_not_keep_newer_records_from_being_asked_about() {
     let s = store("cursor-foreign").await;
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     mark_in_order(&s, &["a-stuck-1", "a-stuck-2"]).await;
-    let index = s.uncertain_index("create-payment");
-    // After the stuck records (a later score, or the same with a later member).
+    // After the stuck records (a later score, or the same with a later
+    // member), each in a shard of its own: the listing merges the shards.
+    let indexes = s.uncertain_indexes("create-payment");
+    let foreign = [
+        ("zz-foreign-1", &indexes[3]),
+        ("zz-foreign-2", &indexes[12]),
+    ];
     let at = server_ms(&mut c).await;
-    for m in ["zz-foreign-1", "zz-foreign-2"] {
-        let _: () = c.zadd(&index, m, at).await.unwrap();
+    for (m, index) in foreign {
+        let _: () = c.zadd(index, m, at).await.unwrap();
     }
     mark_in_order(&s, &["b-fresh"]).await;
     let reconciler = Reconciler::<_, Redis>::on_store(s.clone(), Stubborn).with_batch(2);
@@ -1471,8 +1542,8 @@ async fn foreign_index_entries_are_errors_and_do_not_keep_newer_records_from_bei
         [(2, 0, 0), (0, 2, 0), (0, 0, 1)],
         "stuck, then the foreign entries as errors, then the newer record: {rounds:?}"
     );
-    for m in ["zz-foreign-1", "zz-foreign-2"] {
-        let score: Option<f64> = c.zscore(&index, m).await.unwrap();
+    for (m, index) in foreign {
+        let score: Option<f64> = c.zscore(index, m).await.unwrap();
         assert!(score.is_some(), "{m} is left for a person to look at");
     }
 }
@@ -1564,6 +1635,12 @@ impl Proxy {
 /// three, a few, not one per record.
 #[tokio::test]
 async fn listing_uncertain_records_costs_a_few_round_trips_however_many_there_are() {
+    if on_the_cluster(
+        "the proxy stands in front of one server, and a cluster client connects to every node \
+         by itself; on a cluster a page is a pipeline per shard, all at once",
+    ) {
+        return;
+    }
     let prefix = prefix("pipelined");
     delete_prefix(&mut conn().await, &prefix).await;
     let proxy = Proxy::start(None).await;
@@ -1602,6 +1679,12 @@ async fn listing_uncertain_records_costs_a_few_round_trips_however_many_there_ar
 /// both versions; as it is, it is accepted.
 #[tokio::test]
 async fn a_server_older_than_6_2_is_refused_at_start() {
+    if on_the_cluster(
+        "the proxy stands in front of one server; tests/redis_cluster.rs checks every node's \
+         version",
+    ) {
+        return;
+    }
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn().await)
@@ -1638,6 +1721,68 @@ async fn a_server_older_than_6_2_is_refused_at_start() {
     );
 }
 
+// --- replica acknowledgement ----------------------------------------------------
+
+/// Asked to wait for more replicas than any master here has (one server has
+/// none, each cluster master one), every state change is reported as a
+/// failure naming how many acknowledged, never as a success; a claim so
+/// reported gives its key up, so the retry (on a store that waits for what
+/// there is) acquires it at once. `tests/redis_cluster.rs` runs the option
+/// where the replica is there; `tests/redis_failover.rs` kills a master.
+#[tokio::test]
+async fn a_change_too_few_replicas_acknowledge_is_a_failure_and_frees_the_key() {
+    let s = store("acks-short").await;
+    let waiting = s
+        .clone()
+        .with_replica_acks(5, Duration::from_millis(20))
+        .unwrap();
+    let key = IdempotencyKey::parse("acks-short-1").unwrap();
+    let e = waiting.claim(&lease_req(&key, HOUR)).await.unwrap_err();
+    let StoreError::Redis(source) = &e else {
+        panic!("{e}")
+    };
+    let short = source
+        .downcast_ref::<idem_runtime::redis::NotReplicated>()
+        .unwrap_or_else(|| panic!("{e}"));
+    assert_eq!(short.wanted, 5);
+    assert!(short.acknowledged < 5, "{short:?}");
+    assert!(e.to_string().contains("of 5 replicas"), "{e}");
+    let mut c = s.redis_connection();
+    assert!(
+        !c.exists::<_, bool>(s.record_key("acme", "create-payment", &key))
+            .await
+            .unwrap(),
+        "the claim reported as failed was released"
+    );
+    let lease = acquire(&s, &key, HOUR).await;
+    assert_eq!(lease.acquisition(), Acquisition::New);
+    lease.complete(&paid("ch_acks")).await.unwrap();
+    // Every call that runs a script, not only one that writes: a replay is
+    // reported as a failure too while the replicas fall short.
+    assert!(matches!(
+        waiting.claim(&lease_req(&key, HOUR)).await,
+        Err(StoreError::Redis(e)) if e.is::<idem_runtime::redis::NotReplicated>()
+    ));
+}
+
+/// `with_replica_acks` refuses what would wait for nothing, or for ever.
+#[tokio::test]
+async fn replica_acknowledgement_refuses_zero_replicas_or_a_zero_timeout() {
+    let s = store("acks-bad").await;
+    let e = s
+        .clone()
+        .with_replica_acks(0, Duration::from_secs(1))
+        .unwrap_err();
+    assert!(e.to_string().contains("waits for nothing"), "{e}");
+    for t in [Duration::ZERO, Duration::from_micros(999)] {
+        let e = s.clone().with_replica_acks(1, t).unwrap_err();
+        assert!(e.to_string().contains("for ever"), "{e}");
+    }
+    assert_eq!(s.replica_acks(), None);
+    let s = s.with_replica_acks(1, Duration::from_millis(1)).unwrap();
+    assert_eq!(s.replica_acks(), Some((1, Duration::from_millis(1))));
+}
+
 // --- hand-written requests ------------------------------------------------------
 
 /// A hand-written request with a zero lease or retention, or one under a
@@ -1647,7 +1792,7 @@ async fn a_server_older_than_6_2_is_refused_at_start() {
 #[tokio::test]
 async fn a_zero_lease_or_retention_is_refused_and_stores_nothing() {
     let s = store("zero").await;
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let key = IdempotencyKey::parse("zero-1").unwrap();
     for (lease, retention, named) in [
         (Duration::ZERO, HOUR, "lease of"),
@@ -1718,7 +1863,7 @@ async fn the_generation_counts_on_while_the_record_is_kept_and_starts_at_1_once_
     // Finished, then expired with its retention: gone, generation 1 again.
     third.complete(&paid("ch_g")).await.unwrap();
     let name = s.record_key("acme", "create-payment", &key);
-    let mut c = s.connection();
+    let mut c = s.redis_connection();
     let deadline = Instant::now() + Duration::from_secs(10);
     while c.exists::<_, bool>(&name).await.unwrap() {
         assert!(Instant::now() < deadline, "the record never expired");

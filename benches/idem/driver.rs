@@ -9,11 +9,13 @@
 
 mod load;
 mod profile;
+mod redis_targets;
 mod report;
 mod system;
 
 use load::*;
 use profile::*;
+use redis_targets::RedisRun;
 use system::*;
 
 use super::*;
@@ -47,6 +49,18 @@ pub struct Settings {
     /// `IDEM_BENCH_MYSQL_URL` (or `IDEM_TEST_MYSQL_URL`, or the local server): a
     /// database `idem_bench_<pid>` is made there for the run.
     mysql_admin_url: String,
+    /// `IDEM_BENCH_REDIS_SCENARIOS` (fj; empty skips Redis): which of (f), (j)
+    /// also run with leased mode's records in Redis.
+    pub redis_scenarios: String,
+    /// `IDEM_BENCH_REDIS_URL` (or `IDEM_TEST_REDIS_URL`, or the local server).
+    pub redis_url: String,
+    /// `IDEM_BENCH_REDIS_CLUSTER` (or `IDEM_TEST_REDIS_CLUSTER`, or
+    /// `.ci/redis-cluster`'s 127.0.0.1:7000-7002; empty skips the cluster):
+    /// some nodes of a Redis Cluster, `host:port,...`.
+    pub redis_cluster: String,
+    /// `IDEM_BENCH_REDIS_ACKS` (1:1000; empty skips): `<replicas>:<ms>` of the
+    /// cluster run with `with_replica_acks`.
+    pub redis_acks: String,
     /// `IDEM_BENCH_DB_RTTS` (0,500,1000): round-trip times in microseconds that
     /// the proxy adds between the server and PostgreSQL; every PostgreSQL
     /// scenario runs at each.
@@ -85,6 +99,19 @@ impl Settings {
             .chars()
             .filter(|c| "abce".contains(*c))
             .collect();
+        let redis_scenarios = std::env::var("IDEM_BENCH_REDIS_SCENARIOS")
+            .unwrap_or_else(|_| "fj".to_owned())
+            .chars()
+            .filter(|c| "fj".contains(*c))
+            .collect();
+        let redis_url = std::env::var("IDEM_BENCH_REDIS_URL")
+            .or_else(|_| std::env::var("IDEM_TEST_REDIS_URL"))
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let redis_cluster = std::env::var("IDEM_BENCH_REDIS_CLUSTER")
+            .or_else(|_| std::env::var("IDEM_TEST_REDIS_CLUSTER"))
+            .unwrap_or_else(|_| "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned());
+        let redis_acks =
+            std::env::var("IDEM_BENCH_REDIS_ACKS").unwrap_or_else(|_| "1:1000".to_owned());
         let mysql_admin_url = std::env::var("IDEM_BENCH_MYSQL_URL")
             .or_else(|_| std::env::var("IDEM_TEST_MYSQL_URL"))
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
@@ -100,6 +127,10 @@ impl Settings {
             sqlite_scenarios,
             mysql_scenarios,
             mysql_admin_url,
+            redis_scenarios,
+            redis_url,
+            redis_cluster,
+            redis_acks,
             rtts,
             rss_secs: env_or("IDEM_BENCH_RSS_SECS", 60.0)?,
             profile_requests: env_or("IDEM_BENCH_PROFILE_REQUESTS", 200)?,
@@ -199,6 +230,12 @@ pub const SCENARIOS: &[Scenario] = &[
         title: "replay, replay cache on",
         path: "/cached/orders",
     },
+    Scenario {
+        id: 'j',
+        kind: Kind::Replay,
+        title: "leased replay",
+        path: "/leased/orders",
+    },
 ];
 
 fn scenario(id: char) -> &'static Scenario {
@@ -223,6 +260,19 @@ pub enum Db {
     Sqlite,
     /// MySQL / MariaDB on this machine (loopback, no proxy).
     MySql,
+    /// Leased mode's records in Redis, the insert on PostgreSQL at RTT 0.
+    Redis(RedisAt),
+}
+
+/// Where a Redis scenario keeps its records.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RedisAt {
+    /// One server.
+    Server,
+    /// The Redis Cluster.
+    Cluster,
+    /// The Redis Cluster, each state change waiting for its replica (`WAIT`).
+    ClusterAcks,
 }
 
 impl Db {
@@ -232,6 +282,9 @@ impl Db {
             Db::Postgres { rtt_us } => format!("pg{rtt_us}"),
             Db::Sqlite => "sqlite".to_owned(),
             Db::MySql => "mysql".to_owned(),
+            Db::Redis(RedisAt::Server) => "redis".to_owned(),
+            Db::Redis(RedisAt::Cluster) => "rcluster".to_owned(),
+            Db::Redis(RedisAt::ClusterAcks) => "rclusterwait".to_owned(),
         }
     }
 
@@ -245,6 +298,21 @@ impl Db {
                 "SQLite file (WAL), in the server's process: RTT does not apply".to_owned()
             }
             Db::MySql => "MySQL / MariaDB (InnoDB), RTT 0 (loopback, no proxy)".to_owned(),
+            Db::Redis(RedisAt::Server) => {
+                "Redis, one server: the lease records in Redis, the insert on PostgreSQL at RTT 0 \
+                 (px us: the redis-server CPU)"
+                    .to_owned()
+            }
+            Db::Redis(RedisAt::Cluster) => {
+                "Redis Cluster, 3 masters + 3 replicas: the lease records in the cluster, the \
+                 insert on PostgreSQL at RTT 0 (px us: the six redis-servers' CPU)"
+                    .to_owned()
+            }
+            Db::Redis(RedisAt::ClusterAcks) => {
+                "Redis Cluster with WAIT after each state change (with_replica_acks), the insert \
+                 on PostgreSQL at RTT 0 (px us: the six redis-servers' CPU)"
+                    .to_owned()
+            }
         }
     }
 }
@@ -410,12 +478,19 @@ async fn run_all(
     );
 
     let sqlite_url = format!("sqlite:{}", sqlite.display());
+    let (redis_runs, redis_skipped) = redis_targets::targets(s).await;
     let mut groups = Vec::new();
     for (i, &rtt_us) in s.rtts.iter().enumerate() {
         let sqlite = (i == 0 && pools.sqlite.is_some()).then_some(sqlite_url.as_str());
         let mysql = mysql_url.filter(|_| i == 0 && pools.mysql.is_some());
-        groups.push(run_group(s, &pools, (url, sqlite, mysql), rtt_us).await?);
+        let redis: &[RedisRun] = if i == 0 { &redis_runs } else { &[] };
+        let group = run_group(s, &pools, (url, sqlite, mysql, redis), rtt_us).await;
+        if group.is_err() {
+            redis_targets::cleanup(s, &redis_runs).await;
+        }
+        groups.push(group?);
     }
+    redis_targets::cleanup(s, &redis_runs).await;
     let rss = if s.rss_secs > 0.0 {
         Some(rss_run(s, &pools, url).await?)
     } else {
@@ -447,6 +522,7 @@ async fn run_all(
     let report = report::Report {
         s,
         header,
+        redis_skipped: &redis_skipped,
         groups: &groups,
         rss: rss.as_ref(),
         profiled: &profiled,
@@ -467,7 +543,7 @@ async fn run_all(
 async fn run_group(
     s: &Settings,
     pools: &Pools,
-    (pg_url, sqlite_url, mysql_url): (&str, Option<&str>, Option<&str>),
+    (pg_url, sqlite_url, mysql_url, redis): (&str, Option<&str>, Option<&str>, &[RedisRun]),
     rtt_us: u64,
 ) -> Result<Group, String> {
     let mut servers =
@@ -499,6 +575,21 @@ async fn run_group(
                 .chars()
                 .map(scenario)
                 .map(|sc| Measured::new(sc, Db::MySql, index, s.clients_for(sc))),
+        );
+    }
+    // Leased mode with its records in Redis: a server each, its insert on
+    // PostgreSQL without the delaying proxy.
+    for run in redis {
+        let index = servers.len();
+        let mut server = Server::start(pg_url, &run.env).await?;
+        server.redis_pids = run.pids.clone();
+        servers.push(server);
+        let db = Db::Redis(run.at);
+        results.extend(
+            s.redis_scenarios
+                .chars()
+                .map(scenario)
+                .map(|sc| Measured::new(sc, db, index, s.clients_for(sc))),
         );
     }
     for m in &results {

@@ -16,10 +16,15 @@
 //! | f | leased mode (`lease = "30s"`), the insert outside any transaction | `POST /leased/orders` |
 //! | g | the peer, `axum-idempotent`, on (a)'s handler, first executions | `POST /peer/orders` |
 //! | h | the peer under (e)'s contention: its duplicate effects are counted | `POST /peer/orders` |
+//! | i | replays with the replay cache on | `POST /cached/orders` |
+//! | j | leased mode, replays of completed keys | `POST /leased/orders` |
 //!
 //! Every PostgreSQL scenario runs at each round-trip time of `IDEM_BENCH_DB_RTTS`
 //! (the server's pool reaching PostgreSQL through a proxy in the server process
-//! that delays every answer); (a), (b), (c) and (e) also run on the SQLite file.
+//! that delays every answer); (a), (b), (c) and (e) also run on the SQLite file
+//! and on MySQL; (f) and (j) also run with leased mode's records in one Redis, in
+//! a Redis Cluster and in the cluster with `WAIT` after each state change (each
+//! skipped with a line when it cannot be reached), the insert on PostgreSQL.
 //! Then a memory run of (b) and a statement profile: a server whose pool talks to
 //! PostgreSQL through the counting proxy, so every request's round trips,
 //! prepared statements and SQL statements are counted exactly.

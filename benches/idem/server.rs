@@ -1,4 +1,5 @@
-//! The bench server (child process): the scenarios' routes on PostgreSQL.
+//! The bench server (child process): the scenarios' routes on PostgreSQL (or
+//! SQLite, MySQL; or leased mode's records in Redis, the insert on PostgreSQL).
 
 use super::*;
 
@@ -278,6 +279,7 @@ pub async fn main() -> Result<(), String> {
     let app = match std::env::var("IDEM_BENCH_BACKEND").as_deref() {
         Ok("sqlite") => sqlite::app(&url).await?,
         Ok("mysql") => mysql::app(&url).await?,
+        Ok("redis") => redis_leases::app(&url).await?,
         _ => postgres_app(&url).await?,
     };
     serve(app).await
@@ -603,6 +605,87 @@ mod mysql {
         Json(cmd): Json<NewOrder>,
     ) -> Result<Response, ApiError> {
         let order = insert_order_mysql(tx, &caller.0, &cmd)
+            .await
+            .map_err(db_error)?;
+        Ok(created(order))
+    }
+}
+
+/// Leased mode with its records in Redis (scenarios (f) and (j)): one server
+/// (`IDEM_BENCH_REDIS_URL`) or a Redis Cluster (`IDEM_BENCH_REDIS_CLUSTER`,
+/// `host:port,...`), optionally with `WAIT` after each state change
+/// (`IDEM_BENCH_REDIS_ACKS=<replicas>:<ms>`), every key under
+/// `IDEM_BENCH_REDIS_PREFIX`. The insert runs on PostgreSQL (`DATABASE_URL`,
+/// RTT 0), outside any transaction, as in (f).
+mod redis_leases {
+    use idem_runtime::redis::{Redis, RedisLeaseStore};
+
+    use super::*;
+
+    #[derive(Clone)]
+    struct RedisState {
+        idem: Idem<Redis>,
+        pool: PgPool,
+    }
+
+    impl FromRef<RedisState> for Idem<Redis> {
+        fn from_ref(s: &RedisState) -> Idem<Redis> {
+            s.idem.clone()
+        }
+    }
+
+    pub async fn app(pg_url: &str) -> Result<Router, String> {
+        let pool_size: u32 = env_or("IDEM_BENCH_POOL", 32)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(pg_url)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        let prefix: String = env_or("IDEM_BENCH_REDIS_PREFIX", "idem-bench".to_owned())?;
+        let cluster: String = env_or("IDEM_BENCH_REDIS_CLUSTER", String::new())?;
+        let mut store = if cluster.is_empty() {
+            let url: String = env_or("IDEM_BENCH_REDIS_URL", "redis://127.0.0.1:6379".to_owned())?;
+            RedisLeaseStore::connect_with_prefix(&url, &prefix).await
+        } else {
+            let nodes: Vec<String> = cluster
+                .split(',')
+                .map(|n| format!("redis://{}", n.trim()))
+                .collect();
+            RedisLeaseStore::connect_cluster_with_prefix(nodes, &prefix).await
+        }
+        .map_err(|e| format!("redis: {e}"))?;
+        let acks: String = env_or("IDEM_BENCH_REDIS_ACKS", String::new())?;
+        if let Some((replicas, ms)) = acks.split_once(':') {
+            let replicas = replicas
+                .parse()
+                .map_err(|_| format!("IDEM_BENCH_REDIS_ACKS={acks:?}: <replicas>:<ms>"))?;
+            let ms = ms
+                .parse()
+                .map_err(|_| format!("IDEM_BENCH_REDIS_ACKS={acks:?}: <replicas>:<ms>"))?;
+            store = store
+                .with_replica_acks(replicas, Duration::from_millis(ms))
+                .map_err(|e| e.to_string())?;
+        }
+        let state = RedisState {
+            idem: store.idem(),
+            pool,
+        };
+        Ok(Router::new()
+            .route("/leased/orders", post(leased_create))
+            .with_state(state))
+    }
+
+    /// (f), (j) with the lease in Redis: the same insert as (f), on the pool (the
+    /// lease is only held: an insert needs no downstream key).
+    #[idempotent(operation = "create-order-leased", retention = "24h", lease = "30s")]
+    async fn leased_create(
+        #[tenant] caller: Caller,
+        State(app): State<RedisState>,
+        _lease: &mut Lease<Redis>,
+        Json(cmd): Json<NewOrder>,
+    ) -> Result<Response, ApiError> {
+        let order = insert_order(&app.pool, &caller.0, &cmd)
             .await
             .map_err(db_error)?;
         Ok(created(order))

@@ -6,6 +6,8 @@ use super::*;
 pub struct Report<'a> {
     pub s: &'a Settings,
     pub header: String,
+    /// A line for each Redis target the run could not reach.
+    pub redis_skipped: &'a [String],
     pub groups: &'a [Group],
     pub rss: Option<&'a Measured>,
     pub profiled: &'a [Profiled],
@@ -98,11 +100,14 @@ impl Report<'_> {
                 }
             }
         }
-        // PostgreSQL by RTT first, then SQLite, MySQL last.
+        // PostgreSQL by RTT first, then SQLite, MySQL, Redis last.
         dbs.sort_by_key(|db| match db {
             Db::Postgres { rtt_us } => (0, *rtt_us),
             Db::Sqlite => (1, 0),
             Db::MySql => (2, 0),
+            Db::Redis(RedisAt::Server) => (3, 0),
+            Db::Redis(RedisAt::Cluster) => (3, 1),
+            Db::Redis(RedisAt::ClusterAcks) => (3, 2),
         });
         for db in &dbs {
             let results: Vec<&Measured> = self
@@ -112,6 +117,7 @@ impl Report<'_> {
                 .collect();
             out.push_str(&self.section(*db, &results));
         }
+        out.push_str(&self.redis_lines());
         out.push_str(&self.proxy_check());
         out.push_str(&self.targets_table());
         if let Some(m) = self.rss {
@@ -140,6 +146,7 @@ impl Report<'_> {
             ("i/b", 'i', 'b'),
             ("b/g", 'b', 'g'),
             ("f/b", 'f', 'b'),
+            ("j/f", 'j', 'f'),
         ] {
             let Some((r, by_cpu)) = ratio(results, num, den) else {
                 continue;
@@ -164,6 +171,78 @@ impl Report<'_> {
             t.push_str(&contention_line(m));
         }
         t.push('\n');
+        t
+    }
+
+    /// Leased mode's first executions (f) and replays (j) side by side: its
+    /// records in PostgreSQL (RTT 0), in one Redis, in the Redis Cluster, and
+    /// in the cluster with `WAIT`; and the Redis targets the run skipped.
+    fn redis_lines(&self) -> String {
+        let mut t = String::new();
+        let all: Vec<&Measured> = self.groups.iter().flat_map(|g| &g.results).collect();
+        let at = |db: Db, id: char| all.iter().copied().find(|m| m.db == db && m.sc.id == id);
+        let columns = [
+            ("PostgreSQL", Db::Postgres { rtt_us: 0 }),
+            ("Redis", Db::Redis(RedisAt::Server)),
+            ("Cluster", Db::Redis(RedisAt::Cluster)),
+            ("Cluster+WAIT", Db::Redis(RedisAt::ClusterAcks)),
+        ];
+        let redis_ran = all.iter().any(|m| matches!(m.db, Db::Redis(_)));
+        if redis_ran {
+            let _ = writeln!(
+                t,
+                "leased mode by where its records are (req/s, p50 ms; the insert on PostgreSQL at RTT 0 \
+                 in all; WAIT: with_replica_acks({}), no target):",
+                self.s.redis_acks.replace(':', ", ") + " ms"
+            );
+            for (id, what) in [('f', "(f) first exec"), ('j', "(j) replay")] {
+                let _ = write!(t, "{what:<16}");
+                for (name, db) in columns {
+                    let cell = match at(db, id) {
+                        Some(m) => {
+                            format!("{name} {:.0} / {:.2}", m.throughput(), m.percentile(0.5))
+                        }
+                        None => format!("{name} -"),
+                    };
+                    let _ = write!(t, " {cell:<28}");
+                }
+                t.push('\n');
+            }
+            for (name, (num, den)) in [
+                (
+                    "Redis / PostgreSQL",
+                    (Db::Redis(RedisAt::Server), Db::Postgres { rtt_us: 0 }),
+                ),
+                (
+                    "Cluster / Redis",
+                    (Db::Redis(RedisAt::Cluster), Db::Redis(RedisAt::Server)),
+                ),
+                (
+                    "WAIT / no WAIT",
+                    (Db::Redis(RedisAt::ClusterAcks), Db::Redis(RedisAt::Cluster)),
+                ),
+            ] {
+                let _ = write!(t, "{name:<20}");
+                for (id, what) in [('f', "f"), ('j', "j")] {
+                    let cell = match (at(num, id), at(den, id)) {
+                        (Some(n), Some(d)) => format!(
+                            "{what} {:.2} (p50 {:+.2} ms)",
+                            n.throughput() / d.throughput().max(1e-9),
+                            n.percentile(0.5) - d.percentile(0.5)
+                        ),
+                        _ => format!("{what} -"),
+                    };
+                    let _ = write!(t, " {cell:<26}");
+                }
+                let _ = writeln!(t, " no target");
+            }
+        }
+        for line in self.redis_skipped {
+            let _ = writeln!(t, "skipped: {line}");
+        }
+        if !t.is_empty() {
+            t.push('\n');
+        }
         t
     }
 
@@ -358,10 +437,12 @@ fn table(results: &[&Measured]) -> String {
         let us = |cpu: f64| format!("{:.0}", cpu * 1e6 / n);
         let pg = match m.db {
             Db::Sqlite | Db::MySql => "-".to_owned(),
-            Db::Postgres { .. } => us(m.cpu[1]),
+            Db::Postgres { .. } | Db::Redis(_) => us(m.cpu[1]),
         };
+        // The delaying proxy's CPU, or the redis-servers'.
         let px = match m.db {
             Db::Postgres { rtt_us } if rtt_us > 0 => us(m.cpu[3]),
+            Db::Redis(_) => us(m.cpu[3]),
             _ => "-".to_owned(),
         };
         // `!` marks a violation of exactly-once by idem (or a miscount); `*` the

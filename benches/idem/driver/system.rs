@@ -12,6 +12,9 @@ pub struct Server {
     pub base: String,
     /// The PostgreSQL database, to find its backends' CPU time (none for SQLite).
     pub database: Option<String>,
+    /// The redis-server processes its records are in (Redis scenarios), whose
+    /// CPU time takes the proxy's column.
+    pub redis_pids: Vec<u32>,
 }
 
 impl Server {
@@ -70,6 +73,7 @@ impl Server {
             pid,
             base: format!("http://{addr}"),
             database,
+            redis_pids: Vec::new(),
         })
     }
 
@@ -78,6 +82,7 @@ impl Server {
         Probe {
             pid: self.pid,
             database: self.database.clone(),
+            redis_pids: self.redis_pids.clone(),
         }
     }
 
@@ -162,21 +167,29 @@ fn backend_ticks(database: &str) -> u64 {
     pg
 }
 
-/// A server's pid and database.
+/// A server's pid, database and Redis servers.
 #[derive(Clone)]
 pub struct Probe {
     pid: u32,
     database: Option<String>,
+    redis_pids: Vec<u32>,
 }
 
 /// CPU ticks of: the server without its proxy threads, the PostgreSQL backends of
-/// its database, this driver, and the server's proxy threads.
+/// its database, this driver, and the server's proxy threads plus the
+/// redis-server processes of a Redis scenario (which has no proxy).
 pub fn cpu_snapshot(server: &Probe) -> [u64; 4] {
     let total = cpu_ticks(&format!("/proc/{}/stat", server.pid)).map_or(0, |c| c.1);
     let proxy = proxy_ticks(server.pid);
     let pg = server.database.as_deref().map_or(0, backend_ticks);
     let me = cpu_ticks("/proc/self/stat").map_or(0, |c| c.1);
-    [total.saturating_sub(proxy), pg, me, proxy]
+    let redis: u64 = server
+        .redis_pids
+        .iter()
+        .filter_map(|pid| cpu_ticks(&format!("/proc/{pid}/stat")))
+        .map(|(_, ticks)| ticks)
+        .sum();
+    [total.saturating_sub(proxy), pg, me, proxy + redis]
 }
 
 pub const TICK_SECS: f64 = 0.01;

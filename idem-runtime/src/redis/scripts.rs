@@ -17,6 +17,13 @@
 //! Every script validates what it read before its first write, so a record it
 //! cannot read (foreign data, another format) is answered with an error and
 //! left exactly as it was.
+//!
+//! The owner's scripts answer the same when sent twice (a cluster client
+//! resends a command whose connection failed, though it may have run): a claim
+//! that finds its own new token answers its acquisition again, a store or a
+//! mark that finds its own token and state answers 1. Renewing twice is
+//! harmless; a release sent again finds nothing and answers 0 (stale owner),
+//! which gives the key up all the same.
 
 /// Shared helpers, prepended to every script.
 macro_rules! prelude {
@@ -69,6 +76,12 @@ if not rec then
   redis.call('PEXPIRE', KEYS[1], int(lease + ret))
   return {'acquired', 1}
 end
+-- This very claim, sent again (a cluster client resends after a lost
+-- connection or a failover): its own new token is there, so its own answer.
+if rec.state == 'processing' and rec.token == ARGV[2] then
+  if rec.gen == 1 then return {'acquired', 1} end
+  return {'taken_over', rec.gen}
+end
 if rec.fp ~= ARGV[1] then return {'mismatch'} end
 if rec.state == 'completed' or rec.state == 'failed' then
   local r = redis.call('HMGET', KEYS[1], 'status', 'headers', 'body')
@@ -93,6 +106,8 @@ pub(super) const STORE: &str = concat!(
     r#"
 local rec = load(KEYS[1])
 if is_err(rec) then return rec end
+-- This very store, sent again: the owner's outcome is there already.
+if rec and rec.state == ARGV[2] and rec.token == ARGV[1] then return 1 end
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'status', ARGV[3], 'headers', ARGV[4],
   'body', ARGV[5], 'retention', ARGV[6])
@@ -122,6 +137,8 @@ pub(super) const UNCERTAIN: &str = concat!(
     r#"
 local rec = load(KEYS[1])
 if is_err(rec) then return rec end
+-- This very mark, sent again: the record and its entry are there already.
+if rec and rec.state == 'uncertain' and rec.token == ARGV[1] then return 1 end
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'state', 'uncertain', 'uncertain_at', int(now))
@@ -160,7 +177,10 @@ end
 if rec.state ~= 'uncertain' or int(rec.gen) ~= ARGV[2] or rec.token ~= ARGV[3] then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[5], 'status', ARGV[6], 'headers', ARGV[7], 'body', ARGV[8])
+  -- The token is no claim's any more: a store sent again by the execution
+  -- that marked it uncertain finds the reconciler's outcome, not its own.
+  redis.call('HSET', KEYS[1], 'state', ARGV[5], 'status', ARGV[6], 'headers', ARGV[7], 'body', ARGV[8],
+    'token', 'resolved')
   redis.call('PEXPIRE', KEYS[1], int(rec.retention))
 else
   redis.call('DEL', KEYS[1])

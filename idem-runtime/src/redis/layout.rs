@@ -1,0 +1,126 @@
+//! Where the records live: key names, the shards of an operation and their
+//! uncertain indexes (see `docs/redis.md`, "Data layout").
+//!
+//! One operation's records are spread over [`SHARDS`] hash tags, `{O:s}` with
+//! `s` the first hex digit of the key's digest, so a Redis Cluster places them
+//! on up to sixteen slots (and so masters) instead of one. A record and the
+//! index shard it enters when uncertain share the tag, so every script's keys
+//! are in one slot and each state change stays one atomic script.
+
+use std::sync::Arc;
+
+/// Shards per operation: the hex digits a key's digest may start with.
+///
+/// Sixteen spreads one operation's records over sixteen cluster slots, which
+/// Redis Cluster places on different masters (on three masters, every master
+/// takes some unless an operation's sixteen slots all miss one, about one
+/// operation in two hundred). More would spread further but multiply what the
+/// reconciler reads per round: it reads every shard's index each page.
+pub const SHARDS: usize = 16;
+
+const HEX: &[u8; SHARDS] = b"0123456789abcdef";
+
+/// A record's or index's name part: letters, digits, `.`, `_` and `-` as they
+/// are, every other byte as `%XX`; so `:`, `{` and `}` never appear and two
+/// different (tenant, operation) pairs never share a name.
+pub(super) fn escape(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A record's entry in its shard's uncertain index.
+pub(super) fn member(tenant: &str, digest: &str) -> String {
+    format!("{}:{digest}", escape(tenant))
+}
+
+/// The shard of a key: the first hex digit of its digest (lower case, as
+/// `KeyDigest` prints). Anything else, which idem never writes, goes to `0`.
+pub(super) fn shard_of(digest: &str) -> char {
+    match digest.as_bytes().first() {
+        Some(&c) if HEX.contains(&c) => c as char,
+        _ => '0',
+    }
+}
+
+/// Every shard, in order.
+pub(super) fn shards() -> impl Iterator<Item = char> {
+    HEX.iter().map(|&c| c as char)
+}
+
+/// The names under one prefix.
+#[derive(Clone, Debug)]
+pub(super) struct Layout {
+    pub(super) prefix: Arc<str>,
+}
+
+impl Layout {
+    /// `P:{O:s}`: what every name of one shard starts with.
+    fn shard_base(&self, operation: &str, shard: char) -> String {
+        format!("{}:{{{}:{shard}}}", self.prefix, escape(operation))
+    }
+
+    /// `P:{O:s}:r:T:D`, the record of a key.
+    pub(super) fn record(&self, tenant: &str, operation: &str, digest: &str) -> String {
+        self.record_in(operation, shard_of(digest), &member(tenant, digest))
+    }
+
+    /// The record an index entry names, in the index's own shard (so a
+    /// hand-written entry never names a key of another slot).
+    pub(super) fn record_in(&self, operation: &str, shard: char, member: &str) -> String {
+        format!("{}:r:{member}", self.shard_base(operation, shard))
+    }
+
+    /// `P:{O:s}:uncertain`, one shard's index of uncertain records.
+    pub(super) fn index(&self, operation: &str, shard: char) -> String {
+        format!("{}:uncertain", self.shard_base(operation, shard))
+    }
+
+    /// `P:{O}:uncertain`: the one index per operation of the layout before the
+    /// shards, which the reconciler reports and no longer reads.
+    pub(super) fn legacy_index(&self, operation: &str) -> String {
+        format!("{}:{{{}}}:uncertain", self.prefix, escape(operation))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_escape_separators_and_never_hold_the_raw_key() {
+        assert_eq!(escape("acme"), "acme");
+        assert_eq!(escape("a:b"), "a%3Ab");
+        assert_eq!(escape("{x}"), "%7Bx%7D");
+        assert_ne!(member("a:b", "d"), member("a", "b:d"));
+    }
+
+    #[test]
+    fn a_record_and_its_index_shard_share_one_hash_tag() {
+        let l = Layout {
+            prefix: "idem".into(),
+        };
+        let digest = "c0ffee";
+        assert_eq!(
+            l.record("acme", "create-payment", digest),
+            "idem:{create-payment:c}:r:acme:c0ffee"
+        );
+        assert_eq!(
+            l.index("create-payment", shard_of(digest)),
+            "idem:{create-payment:c}:uncertain"
+        );
+        assert_eq!(
+            l.legacy_index("create-payment"),
+            "idem:{create-payment}:uncertain"
+        );
+        assert_eq!(shards().count(), SHARDS);
+        assert_eq!(shard_of(""), '0');
+        assert_eq!(shard_of("Z"), '0');
+    }
+}

@@ -1,0 +1,343 @@
+//! The Redis lease store on a Redis Cluster (`.ci/redis-cluster`: six nodes on
+//! 127.0.0.1:7000-7005, three masters with a replica each;
+//! `IDEM_TEST_REDIS_CLUSTER` names others): what only a cluster shows. One
+//! operation's records land on several slots and masters, the reconciler
+//! finds uncertain records on every shard, a cluster node given as one server
+//! is refused, and a state change waits for its replica when asked to. The
+//! leased suite itself runs on the cluster too (`tests/leased_redis.rs` with
+//! `IDEM_TEST_REDIS_CLUSTER`). Every test has a key prefix of its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
+use idem_runtime::redis::{NotReplicated, Redis, RedisConnection, RedisLeaseStore, SHARDS};
+use idem_runtime::{
+    FingerprintBuilder, IdempotencyKey, LeaseRequest, LeasedClaim, StoreError, StoredResponse,
+};
+use redis::AsyncCommands;
+use serde_json::json;
+
+/// The cluster's nodes as `host:port`.
+fn nodes() -> Vec<String> {
+    std::env::var("IDEM_TEST_REDIS_CLUSTER")
+        .unwrap_or_else(|_| "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned())
+        .split(',')
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+fn urls() -> Vec<String> {
+    nodes().iter().map(|n| format!("redis://{n}")).collect()
+}
+
+fn prefix(test: &str) -> String {
+    format!("idem-c{}-{test}", std::process::id())
+}
+
+/// A store under a prefix of this test's own, nothing under it yet.
+async fn store(test: &str) -> RedisLeaseStore {
+    let prefix = prefix(test);
+    let s = RedisLeaseStore::connect_cluster_with_prefix(urls(), &prefix)
+        .await
+        .unwrap();
+    assert!(s.is_cluster());
+    let mut c = s.redis_connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for k in keys {
+        let _: () = c.del(k).await.unwrap();
+    }
+    s
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn req(key: &IdempotencyKey) -> LeaseRequest<'_> {
+    LeaseRequest {
+        tenant: "acme",
+        operation: "create-payment",
+        key,
+        fingerprint: FingerprintBuilder::new("acme", "create-payment", "POST", "/payments")
+            .body(&json!({ "amount": 100 }))
+            .unwrap()
+            .finish(),
+        retention: HOUR,
+        lease: HOUR,
+    }
+}
+
+fn paid(charge: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: format!("{{\"charge\":\"{charge}\"}}").into(),
+    }
+}
+
+/// The master serving each slot, from `CLUSTER SLOTS` (`host:port`).
+async fn masters_by_slot(c: &mut RedisConnection) -> Vec<(i64, i64, String)> {
+    let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(c)
+        .await
+        .unwrap();
+    slots
+        .into_iter()
+        .map(|range| {
+            let redis::Value::Array(r) = range else {
+                panic!("CLUSTER SLOTS: {range:?}")
+            };
+            let start: i64 = redis::from_redis_value(r[0].clone()).unwrap();
+            let end: i64 = redis::from_redis_value(r[1].clone()).unwrap();
+            let (host, port): (String, i64) = match &r[2] {
+                redis::Value::Array(m) => (
+                    redis::from_redis_value(m[0].clone()).unwrap(),
+                    redis::from_redis_value(m[1].clone()).unwrap(),
+                ),
+                other => panic!("CLUSTER SLOTS master: {other:?}"),
+            };
+            (start, end, format!("{host}:{port}"))
+        })
+        .collect()
+}
+
+/// The slot of a key, and the master that serves it.
+async fn slot_and_master(c: &mut RedisConnection, key: &str) -> (i64, String) {
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(c)
+        .await
+        .unwrap();
+    let master = masters_by_slot(c)
+        .await
+        .into_iter()
+        .find(|(start, end, _)| (*start..=*end).contains(&slot))
+        .map(|(_, _, m)| m)
+        .expect("every slot is served");
+    (slot, master)
+}
+
+/// Keys whose digests cover every shard (a digest's first hex digit), one each.
+fn a_key_per_shard(name: &str) -> Vec<IdempotencyKey> {
+    let mut by_shard: BTreeMap<char, IdempotencyKey> = BTreeMap::new();
+    for i in 0.. {
+        let key = IdempotencyKey::parse(format!("{name}-{i}")).unwrap();
+        let shard = key.digest().to_string().chars().next().unwrap();
+        by_shard.entry(shard).or_insert(key);
+        if by_shard.len() == SHARDS {
+            break;
+        }
+    }
+    by_shard.into_values().collect()
+}
+
+/// One operation's traffic is spread: its records land on many slots, served
+/// by more than one master, where a single hash tag kept them all on one.
+#[tokio::test]
+async fn one_operations_records_land_on_several_slots_and_masters() {
+    let s = store("spread").await;
+    let mut c = s.redis_connection();
+    let mut slots = BTreeSet::new();
+    let mut masters = BTreeSet::new();
+    for key in a_key_per_shard("spread") {
+        let LeasedClaim::Acquired(lease) = s.claim(&req(&key)).await.unwrap() else {
+            panic!("a new key is acquired");
+        };
+        lease.complete(&paid("ch")).await.unwrap();
+        let name = s.record_key("acme", "create-payment", &key);
+        assert!(c.exists::<_, bool>(&name).await.unwrap(), "{name}");
+        let (slot, master) = slot_and_master(&mut c, &name).await;
+        slots.insert(slot);
+        masters.insert(master);
+    }
+    println!(
+        "one operation's records: {} slots, on masters {masters:?}",
+        slots.len()
+    );
+    assert_eq!(slots.len(), SHARDS, "a slot per shard: {slots:?}");
+    assert!(masters.len() > 1, "more than one master: {masters:?}");
+}
+
+/// Answers "charged" for every uncertain execution, and remembers which.
+struct Confirm(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Reconcile for Confirm {
+    fn operation(&self) -> &str {
+        "create-payment"
+    }
+    async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
+        self.0.lock().unwrap().push(outcome.key_digest.to_string());
+        Resolution::Completed(paid("ch_reconciled"))
+    }
+}
+
+/// An uncertain record in every shard, so on every master: the reconciler's
+/// rounds (pages of five, merged across the shards) ask about each exactly
+/// once, and every record ends resolved and every shard's index empty.
+#[tokio::test]
+async fn the_reconciler_finds_uncertain_records_on_every_shard() {
+    let s = store("every-shard").await;
+    let mut c = s.redis_connection();
+    let keys = a_key_per_shard("uncertain");
+    let mut masters = BTreeSet::new();
+    for key in &keys {
+        let LeasedClaim::Acquired(lease) = s.claim(&req(key)).await.unwrap() else {
+            panic!("a new key is acquired");
+        };
+        lease.mark_uncertain().await.unwrap();
+        let index = s.uncertain_index_of("create-payment", key);
+        let n: i64 = c.zcard(&index).await.unwrap();
+        assert_eq!(n, 1, "{index}");
+        masters.insert(slot_and_master(&mut c, &index).await.1);
+    }
+    assert!(masters.len() > 1, "indexes on several masters: {masters:?}");
+
+    let asked = std::sync::Arc::default();
+    let reconciler =
+        Reconciler::<_, Redis>::on_store(s.clone(), Confirm(std::sync::Arc::clone(&asked)))
+            .with_batch(5);
+    let mut completed = 0;
+    for _ in 0..keys.len() {
+        let report = reconciler.run_once().await.unwrap();
+        assert_eq!(report.errors, 0, "{report:?}");
+        completed += report.completed;
+        if completed == keys.len() as u64 {
+            break;
+        }
+    }
+    assert_eq!(completed, keys.len() as u64);
+    let mut asked = asked.lock().unwrap().clone();
+    asked.sort();
+    let mut expected: Vec<String> = keys.iter().map(|k| k.digest().to_string()).collect();
+    expected.sort();
+    assert_eq!(asked, expected, "every shard's record, each once");
+    for index in s.uncertain_indexes("create-payment") {
+        let n: i64 = c.zcard(&index).await.unwrap();
+        assert_eq!(n, 0, "{index} is empty");
+    }
+    for key in &keys {
+        match s.claim(&req(key)).await.unwrap() {
+            LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_reconciled")),
+            other => panic!("expected the reconciled outcome, got {other:?}"),
+        }
+    }
+}
+
+/// A node of the cluster given as one server's URL is refused at start, with
+/// an error that names the cluster constructor, rather than answer `MOVED`
+/// for most keys later.
+#[tokio::test]
+async fn a_cluster_node_given_as_one_server_is_refused_naming_connect_cluster() {
+    for url in urls() {
+        let e = RedisLeaseStore::connect_with_prefix(&url, &prefix("one-node"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Redis(_)), "{e}");
+        assert!(
+            e.to_string().contains("Redis Cluster") && e.to_string().contains("connect_cluster"),
+            "{e}"
+        );
+    }
+}
+
+/// With replica acknowledgement, a state change returns once the master's
+/// replica has it: a whole execution (claim, completion, replay) runs, and
+/// the completed record is on the replica when the completion returns. Asked
+/// for more replicas than a master has, every change is a failure instead,
+/// and a claim so reported leaves the key free.
+#[tokio::test]
+async fn a_state_change_waits_for_its_replica_and_fails_when_too_few_acknowledge() {
+    let s = store("acks")
+        .await
+        .with_replica_acks(1, Duration::from_secs(2))
+        .unwrap();
+    assert_eq!(s.replica_acks(), Some((1, Duration::from_secs(2))));
+    let key = IdempotencyKey::parse("acked-1").unwrap();
+    let LeasedClaim::Acquired(lease) = s.claim(&req(&key)).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    lease.complete(&paid("ch_acked")).await.unwrap();
+    // The replica of the record's master has the completed record now.
+    let name = s.record_key("acme", "create-payment", &key);
+    let mut c = s.redis_connection();
+    let (_, master) = slot_and_master(&mut c, &name).await;
+    let replica = replica_of(&mut c, &master).await;
+    let mut on_replica = redis::Client::open(format!("redis://{replica}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("READONLY")
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    let state: Option<String> = on_replica.hget(&name, "state").await.unwrap();
+    assert_eq!(state.as_deref(), Some("completed"), "on {replica}");
+    assert!(matches!(
+        s.claim(&req(&key)).await.unwrap(),
+        LeasedClaim::Replay(_)
+    ));
+
+    // Two replicas asked for, one there: never a success.
+    let too_many = s
+        .clone()
+        .with_replica_acks(2, Duration::from_millis(50))
+        .unwrap();
+    let other = IdempotencyKey::parse("acked-2").unwrap();
+    let e = too_many.claim(&req(&other)).await.unwrap_err();
+    let StoreError::Redis(source) = &e else {
+        panic!("{e}")
+    };
+    let short = source
+        .downcast_ref::<NotReplicated>()
+        .unwrap_or_else(|| panic!("{e}"));
+    assert_eq!((short.acknowledged, short.wanted), (1, 2), "{e}");
+    assert!(
+        !c.exists::<_, bool>(s.record_key("acme", "create-payment", &other))
+            .await
+            .unwrap(),
+        "the claim reported as failed was released"
+    );
+    assert!(matches!(
+        s.claim(&req(&other)).await.unwrap(),
+        LeasedClaim::Acquired(_)
+    ));
+}
+
+/// The replica of a master, from `CLUSTER NODES` (`host:port`).
+async fn replica_of(c: &mut RedisConnection, master: &str) -> String {
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(c)
+        .await
+        .unwrap();
+    let id_of = |addr: &str| {
+        nodes
+            .lines()
+            .find(|l| {
+                l.split(' ')
+                    .nth(1)
+                    .is_some_and(|a| a.starts_with(&format!("{addr}@")))
+            })
+            .and_then(|l| l.split(' ').next())
+            .map(str::to_owned)
+    };
+    let master_id = id_of(master).expect("the master is a node");
+    nodes
+        .lines()
+        .find(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.get(2).is_some_and(|flags| flags.contains("slave"))
+                && f.get(3) == Some(&master_id.as_str())
+        })
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|a| a.split('@').next())
+        .map(str::to_owned)
+        .expect("the master has a replica")
+}
