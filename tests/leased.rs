@@ -686,6 +686,7 @@ macro_rules! leased_tests {
             assert_eq!(report.still_uncertain, 1);
             assert_eq!(report.completed, 0);
             assert_eq!(record(&h, "unc-3").await.state, "uncertain");
+            assert_eq!(h.uncertain_listed().await, 1, "still listed for the next round");
         }
 
         /// The provider charged but the answer is too large to store: the key must
@@ -699,6 +700,7 @@ macro_rules! leased_tests {
             let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
             assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
             assert_eq!(record(&s.h, "big-1").await.state, "uncertain");
+            assert_eq!(s.h.uncertain_listed().await, 1, "awaits the reconciler");
             let (status, _, _) = send(&s.router, pay("/payments", "big-1", 100)).await;
             assert_eq!(status, StatusCode::ACCEPTED);
             assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1, "never charged again");
@@ -738,6 +740,12 @@ macro_rules! leased_tests {
                 h.records().await,
                 0,
                 "the late answer did not bring the record back"
+            );
+            assert_eq!(h.uncertain_listed().await, 0, "nor its place in the listing");
+            assert_eq!(
+                acquire(&h, &key, HOUR).await.acquisition(),
+                Acquisition::New,
+                "the key is free"
             );
         }
 

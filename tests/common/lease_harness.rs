@@ -56,6 +56,10 @@ pub trait LeaseHarness: Send + Sync + Sized + 'static {
     /// How many records the store holds, in any state.
     fn records(&self) -> impl Future<Output = usize> + Send;
 
+    /// How many uncertain executions the reconciler's listing holds (SQL: the
+    /// `uncertain` rows; Redis: the entries of every shard's index).
+    fn uncertain_listed(&self) -> impl Future<Output = usize> + Send;
+
     /// The store's clock, in milliseconds (only compared with itself).
     fn now_ms(&self) -> impl Future<Output = i64> + Send;
 
@@ -171,6 +175,12 @@ macro_rules! sql_harness {
                     .await as usize
             }
 
+            async fn uncertain_listed(&self) -> usize {
+                self.db
+                    .count("SELECT count(*) FROM idempotency_requests WHERE state = 'uncertain'")
+                    .await as usize
+            }
+
             async fn now_ms(&self) -> i64 {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {}", $now_ms)))
                     .fetch_one(&self.db.pool)
@@ -254,11 +264,13 @@ sql_harness!(
     hold: ("BEGIN", "SELECT 1 FROM idempotency_requests FOR UPDATE")
 );
 
-/// The Redis store (`IDEM_TEST_REDIS_URL`, else 127.0.0.1:6379), under a key
-/// prefix of the test's own, emptied first.
+/// The Redis store: one server (`IDEM_TEST_REDIS_URL`, else 127.0.0.1:6379) or,
+/// with `IDEM_TEST_REDIS_CLUSTER` (`host:port,...`, as `.ci/run` sets it for its
+/// second run), a Redis Cluster; under a key prefix of the test's own, emptied
+/// first.
 pub mod redis_store {
     use super::*;
-    use idem_runtime::redis::{Redis as RedisDb, RedisLeaseStore};
+    use idem_runtime::redis::{Redis as RedisDb, RedisConnection, RedisLeaseStore};
     use redis::AsyncCommands;
     use redis::aio::ConnectionManager;
 
@@ -266,10 +278,33 @@ pub mod redis_store {
         std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
     }
 
-    /// A connection to the test server.
-    pub async fn conn() -> ConnectionManager {
-        let client = redis::Client::open(redis_url()).unwrap();
-        ConnectionManager::new(client).await.unwrap()
+    /// The cluster's nodes, when the suite runs on one.
+    pub fn cluster_nodes() -> Option<Vec<String>> {
+        let nodes = std::env::var("IDEM_TEST_REDIS_CLUSTER").ok()?;
+        let nodes: Vec<String> = nodes
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(|n| format!("redis://{n}"))
+            .collect();
+        (!nodes.is_empty()).then_some(nodes)
+    }
+
+    /// A connection to the test server, or to the cluster.
+    pub async fn conn() -> RedisConnection {
+        match cluster_nodes() {
+            Some(nodes) => RedisConnection::Cluster(
+                redis::cluster::ClusterClient::new(nodes)
+                    .unwrap()
+                    .get_async_connection()
+                    .await
+                    .unwrap(),
+            ),
+            None => {
+                let client = redis::Client::open(redis_url()).unwrap();
+                RedisConnection::Server(ConnectionManager::new(client).await.unwrap())
+            }
+        }
     }
 
     /// A prefix of this process and test's own.
@@ -277,15 +312,24 @@ pub mod redis_store {
         format!("idem-t{}-{test}", std::process::id())
     }
 
-    /// Every key under `prefix`.
-    pub async fn keys_under(c: &mut ConnectionManager, prefix: &str) -> Vec<String> {
+    /// Every key under `prefix`: on one server by `SCAN`, on a cluster by
+    /// `KEYS` on every master (redis-rs sends it to each and joins the answers).
+    pub async fn keys_under(c: &mut RedisConnection, prefix: &str) -> Vec<String> {
+        let pattern = format!("{prefix}:*");
+        if c.is_cluster() {
+            return redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(c)
+                .await
+                .unwrap();
+        }
         let mut out = Vec::new();
         let mut cursor: u64 = 0;
         loop {
             let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg(format!("{prefix}:*"))
+                .arg(&pattern)
                 .arg("COUNT")
                 .arg(1000)
                 .query_async(c)
@@ -300,17 +344,35 @@ pub mod redis_store {
     }
 
     /// Deletes every key under `prefix`.
-    pub async fn delete_prefix(c: &mut ConnectionManager, prefix: &str) {
+    pub async fn delete_prefix(c: &mut RedisConnection, prefix: &str) {
         for k in keys_under(c, prefix).await {
             let _: () = c.del(k).await.unwrap();
         }
     }
 
-    /// The server's clock, in milliseconds.
-    pub async fn server_ms(c: &mut ConnectionManager) -> i64 {
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(c).await.unwrap();
+    /// The clock of the server that holds `key` (on a cluster, its slot's
+    /// master: the clock its scripts read), in milliseconds.
+    pub async fn server_ms(c: &mut RedisConnection, key: &str) -> i64 {
+        // `TIME` has no key; a script with one runs where the key lives.
+        let (secs, micros): (i64, i64) = redis::Script::new(
+            "local t = redis.call('TIME') return {tonumber(t[1]), tonumber(t[2])}",
+        )
+        .key(key)
+        .invoke_async(c)
+        .await
+        .unwrap();
         secs * 1000 + micros / 1000
     }
+
+    /// A record's fields as `HMGET` reads them: state, gen, body, dkey,
+    /// lease_until.
+    type RecordFields = (
+        Option<String>,
+        Option<i64>,
+        Option<Vec<u8>>,
+        Option<String>,
+        Option<String>,
+    );
 
     /// The Redis store for the leased suite.
     pub struct Redis {
@@ -324,16 +386,6 @@ pub mod redis_store {
         }
     }
 
-    /// A record's fields as `HMGET` reads them: state, gen, body, dkey,
-    /// lease_until.
-    type RecordFields = (
-        Option<String>,
-        Option<i64>,
-        Option<Vec<u8>>,
-        Option<String>,
-        Option<String>,
-    );
-
     /// A key whose record refuses every script until it is put back.
     pub struct Refusing(String);
 
@@ -345,8 +397,15 @@ pub mod redis_store {
             let prefix = prefix(test);
             let mut c = conn().await;
             delete_prefix(&mut c, &prefix).await;
+            let store = match c {
+                RedisConnection::Server(c) => RedisLeaseStore::with_connection(c, &prefix).await,
+                RedisConnection::Cluster(c) => {
+                    RedisLeaseStore::with_cluster_connection(c, &prefix).await
+                }
+                other => panic!("{other:?}"),
+            };
             Redis {
-                store: RedisLeaseStore::with_connection(c, &prefix).await.unwrap(),
+                store: store.unwrap(),
                 prefix,
             }
         }
@@ -364,7 +423,7 @@ pub mod redis_store {
         }
 
         async fn record(&self, key: &IdempotencyKey) -> Option<Record> {
-            let mut c = self.store.connection();
+            let mut c = self.store.redis_connection();
             let fields: RecordFields = redis::cmd("HMGET")
                 .arg(self.name(key))
                 .arg(&["state", "gen", "body", "dkey", "lease_until"])
@@ -382,7 +441,7 @@ pub mod redis_store {
         }
 
         async fn records(&self) -> usize {
-            let mut c = self.store.connection();
+            let mut c = self.store.redis_connection();
             let mut n = 0;
             for k in keys_under(&mut c, &self.prefix).await {
                 let kind: String = redis::cmd("TYPE")
@@ -395,14 +454,26 @@ pub mod redis_store {
             n
         }
 
+        async fn uncertain_listed(&self) -> usize {
+            let mut c = self.store.redis_connection();
+            let mut n = 0;
+            for index in self.store.uncertain_indexes(OPERATION) {
+                n += c.zcard::<_, usize>(index).await.unwrap();
+            }
+            n
+        }
+
         async fn now_ms(&self) -> i64 {
-            server_ms(&mut self.store.connection()).await
+            // The clock of the server a record of this test's lives on.
+            let name = self.name(&IdempotencyKey::parse("clock").unwrap());
+            server_ms(&mut self.store.redis_connection(), &name).await
         }
 
         async fn lease_lapsed(&self, key: &IdempotencyKey) -> bool {
-            let mut c = self.store.connection();
-            let until: Option<i64> = c.hget(self.name(key), "lease_until").await.unwrap();
-            let now = server_ms(&mut c).await;
+            let mut c = self.store.redis_connection();
+            let name = self.name(key);
+            let until: Option<i64> = c.hget(&name, "lease_until").await.unwrap();
+            let now = server_ms(&mut c, &name).await;
             until.is_some_and(|until| until < now)
         }
 
@@ -413,7 +484,7 @@ pub mod redis_store {
             let name = self.name(key);
             let _: () = self
                 .store
-                .connection()
+                .redis_connection()
                 .hset(&name, "v", "refuse")
                 .await
                 .unwrap();
@@ -423,20 +494,25 @@ pub mod redis_store {
         async fn unblock(&self, blocker: Refusing) {
             let _: () = self
                 .store
-                .connection()
+                .redis_connection()
                 .hset(&blocker.0, "v", "1")
                 .await
                 .unwrap();
         }
 
         async fn delete(&self, key: &IdempotencyKey) {
-            let _: () = self.store.connection().del(self.name(key)).await.unwrap();
+            let _: () = self
+                .store
+                .redis_connection()
+                .del(self.name(key))
+                .await
+                .unwrap();
         }
 
         async fn forget_downstream_key(&self, key: &IdempotencyKey) {
             let _: () = self
                 .store
-                .connection()
+                .redis_connection()
                 .hdel(self.name(key), "dkey")
                 .await
                 .unwrap();

@@ -641,7 +641,9 @@ return {r[1], live, r[3] or false, r[4] or false, r[5] or false}
 ",
             )
         });
-        let name = store.record_name(key.tenant, key.operation, &key.digest.to_string());
+        let name = store
+            .layout
+            .record(key.tenant, key.operation, &key.digest.to_string());
         // Without the body, the field asked for is one no record has.
         let body = if with_body { "body" } else { "-" };
         let reply: Vec<Value> = READ
