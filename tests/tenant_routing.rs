@@ -331,7 +331,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         "INSERT INTO idempotency_requests AS r",
         "FROM idem_claim($1,",
         "FROM idem_claim_leased($1,",
-        "COALESCE(lease_expires_at > clock_timestamp(), false) AS lease_live",
+        "AS lease_live",
         "UPDATE idempotency_requests",
         "DELETE FROM idempotency_requests",
     ] {

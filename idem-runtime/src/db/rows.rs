@@ -9,9 +9,9 @@ use crate::decide::{KeySnapshot, RowState};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
-use crate::model::KeyRecord;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::model::StoredResponse;
+use crate::model::{KeyRecord, OperationRow};
 use crate::model::{OwnerToken, StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
 
 /// A key's row as the leased claim decides over it, from `state`,
@@ -123,5 +123,27 @@ where
         body_bytes: row.try_get("body_bytes")?,
         response_headers: row.try_get("response_headers")?,
         body: row.try_get("body")?,
+    })
+}
+
+/// A long operation's row from `state`, `lease_live` (an integer, 1 while the
+/// lease has not lapsed) and, for a finished row, its stored outcome (`stored`).
+pub(crate) fn operation<R>(
+    row: &R,
+    stored: impl FnOnce() -> Result<crate::model::StoredResponse, StoreError>,
+) -> Result<OperationRow, StoreError>
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let state: String = row.try_get("state")?;
+    let finished = state.parse::<crate::decide::RowState>()?.is_finished();
+    let lease_live: i64 = row.try_get("lease_live")?;
+    Ok(OperationRow {
+        lease_live: lease_live != 0,
+        outcome: if finished { Some(stored()?) } else { None },
+        state,
     })
 }

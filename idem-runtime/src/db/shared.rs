@@ -213,6 +213,36 @@ macro_rules! lease_statements {
 
 pub(crate) use lease_statements;
 
+/// A long operation's resource (`OperationRows`), the same on every database
+/// but for `OPERATION_STATUS_SQL` and `OPERATION_RESULT_SQL` (the row by its
+/// primary key, bound in that order, without and with its body) and
+/// `stored_from_row` of the database's module.
+macro_rules! operation_statements {
+    () => {
+        async fn operation(
+            pool: &sqlx::Pool<Self>,
+            key: &$crate::model::KeyAddress<'_>,
+            with_body: bool,
+        ) -> Result<Option<$crate::model::OperationRow>, $crate::model::StoreError> {
+            let sql = if with_body {
+                OPERATION_RESULT_SQL
+            } else {
+                OPERATION_STATUS_SQL
+            };
+            let row = sqlx::query(sql)
+                .bind(key.tenant)
+                .bind(key.operation)
+                .bind(key.digest)
+                .fetch_optional(pool)
+                .await?;
+            row.as_ref()
+                .map(|row| $crate::db::rows::operation(row, || stored_from_row(row)))
+                .transpose()
+        }
+    };
+}
+pub(crate) use operation_statements;
+
 /// The sweeper's three round trips, the same on every database but for their
 /// SQL: expanded inside each `impl Backend` with that database's statements.
 macro_rules! sweep_statements {

@@ -1,17 +1,19 @@
 //! A long operation's resource on PostgreSQL: one key's row by its primary key,
 //! with its lease judged on the database's clock.
 
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::Postgres;
 
 use super::transactional::stored_from_row;
-use crate::model::{KeyAddress, OperationRow, StoreError};
+use crate::db::shared::operation_statements;
 
 /// The row, unless it is finished and past its retention (then the key no
-/// longer answers, and neither does its resource). `$1..$3` the primary key.
+/// longer answers, and neither does its resource): `$1..$3` the primary key;
+/// `lease_live` 1 while the lease has not lapsed on the database's clock.
 macro_rules! operation_sql {
     ($body:literal) => {
         concat!(
-            "SELECT state, COALESCE(lease_expires_at > clock_timestamp(), false) AS lease_live, \
+            "SELECT state, \
+                    COALESCE((lease_expires_at > clock_timestamp())::int::int8, 0) AS lease_live, \
                     response_status, response_headers, ",
             $body,
             " AS response_body \
@@ -22,32 +24,9 @@ macro_rules! operation_sql {
     };
 }
 
-const STATUS_SQL: &str = operation_sql!("NULL::bytea");
-const RESULT_SQL: &str = operation_sql!("response_body");
+const OPERATION_STATUS_SQL: &str = operation_sql!("NULL::bytea");
+const OPERATION_RESULT_SQL: &str = operation_sql!("response_body");
 
 impl crate::db::stores::OperationRows for Postgres {
-    async fn operation(
-        pool: &PgPool,
-        key: &KeyAddress<'_>,
-        with_body: bool,
-    ) -> Result<Option<OperationRow>, StoreError> {
-        let row = sqlx::query(if with_body { RESULT_SQL } else { STATUS_SQL })
-            .bind(key.tenant)
-            .bind(key.operation)
-            .bind(key.digest)
-            .fetch_optional(pool)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let state: String = row.try_get("state")?;
-        let finished = matches!(state.as_str(), "completed" | "failed");
-        Ok(Some(OperationRow {
-            lease_live: row.try_get("lease_live")?,
-            outcome: if finished {
-                Some(stored_from_row(&row)?)
-            } else {
-                None
-            },
-            state,
-        }))
-    }
+    operation_statements!();
 }

@@ -1,14 +1,15 @@
 //! A long operation's resource on SQLite: one key's row by its primary key, with
 //! its lease judged on SQLite's clock.
 
-use sqlx::{Row, Sqlite, SqlitePool};
+use sqlx::Sqlite;
 
 use super::now_ms;
 use super::transactional::stored_from_row;
-use crate::model::{KeyAddress, OperationRow, StoreError};
+use crate::db::shared::operation_statements;
 
 /// The row, unless it is finished and past its retention (then the key no
-/// longer answers, and neither does its resource). `$1..$3` the primary key.
+/// longer answers, and neither does its resource): `$1..$3` the primary key;
+/// `lease_live` 1 while the lease has not lapsed on the database's clock.
 macro_rules! operation_sql {
     ($body:literal) => {
         concat!(
@@ -25,33 +26,9 @@ macro_rules! operation_sql {
     };
 }
 
-const STATUS_SQL: &str = operation_sql!("NULL");
-const RESULT_SQL: &str = operation_sql!("response_body");
+const OPERATION_STATUS_SQL: &str = operation_sql!("NULL");
+const OPERATION_RESULT_SQL: &str = operation_sql!("response_body");
 
 impl crate::db::stores::OperationRows for Sqlite {
-    async fn operation(
-        pool: &SqlitePool,
-        key: &KeyAddress<'_>,
-        with_body: bool,
-    ) -> Result<Option<OperationRow>, StoreError> {
-        let row = sqlx::query(if with_body { RESULT_SQL } else { STATUS_SQL })
-            .bind(key.tenant)
-            .bind(key.operation)
-            .bind(key.digest)
-            .fetch_optional(pool)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let state: String = row.try_get("state")?;
-        let finished = matches!(state.as_str(), "completed" | "failed");
-        let lease_live: i64 = row.try_get("lease_live")?;
-        Ok(Some(OperationRow {
-            lease_live: lease_live != 0,
-            outcome: if finished {
-                Some(stored_from_row(&row)?)
-            } else {
-                None
-            },
-            state,
-        }))
-    }
+    operation_statements!();
 }
