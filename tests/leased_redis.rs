@@ -13,6 +13,8 @@
 //! acknowledgement, hand-written requests, the generation, and the metrics.
 
 mod common;
+#[path = "common/lease_harness.rs"]
+mod lease_harness;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,28 +38,13 @@ use idem_runtime::{
     StoredResponse, Uncertain, idempotent,
 };
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
-fn redis_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-}
-
-/// `IDEM_TEST_REDIS_CLUSTER`, some nodes of a Redis Cluster (`host:port`,
-/// comma-separated; `.ci/run` runs the suite again on 127.0.0.1:7000-7005):
-/// the suite runs there instead of on the one server.
-fn cluster_nodes() -> Option<Vec<String>> {
-    let nodes = std::env::var("IDEM_TEST_REDIS_CLUSTER").ok()?;
-    let nodes: Vec<String> = nodes
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(|n| format!("redis://{n}"))
-        .collect();
-    (!nodes.is_empty()).then_some(nodes)
-}
+use lease_harness::redis_store::{
+    cluster_nodes, conn, delete_prefix, keys_under, prefix, redis_url, store_on,
+};
 
 /// A test that only means something on one server says why it does not run on
 /// the cluster.
@@ -69,76 +56,12 @@ fn on_the_cluster(why: &str) -> bool {
     on
 }
 
-async fn conn() -> RedisConnection {
-    match cluster_nodes() {
-        Some(nodes) => RedisConnection::Cluster(
-            redis::cluster::ClusterClient::new(nodes)
-                .unwrap()
-                .get_async_connection()
-                .await
-                .unwrap(),
-        ),
-        None => {
-            let client = redis::Client::open(redis_url()).unwrap();
-            RedisConnection::Server(ConnectionManager::new(client).await.unwrap())
-        }
-    }
-}
-
-/// A store on `c` (one server, or the cluster).
-async fn store_on(c: RedisConnection, prefix: &str) -> Result<RedisLeaseStore, StoreError> {
-    match c {
-        RedisConnection::Server(c) => RedisLeaseStore::with_connection(c, prefix).await,
-        RedisConnection::Cluster(c) => RedisLeaseStore::with_cluster_connection(c, prefix).await,
-        other => panic!("{other:?}"),
-    }
-}
-
 /// A store under a prefix of this test's own.
 async fn store(test: &str) -> RedisLeaseStore {
     let prefix = prefix(test);
     let mut c = conn().await;
     delete_prefix(&mut c, &prefix).await;
     store_on(c, &prefix).await.unwrap()
-}
-
-/// Every key under `prefix`: on one server by `SCAN`, on a cluster by `KEYS`
-/// on every master (redis-rs sends it to each and joins the answers).
-async fn keys_under(c: &mut RedisConnection, prefix: &str) -> Vec<String> {
-    let pattern = format!("{prefix}:*");
-    if c.is_cluster() {
-        let mut keys: Vec<String> = redis::cmd("KEYS")
-            .arg(&pattern)
-            .query_async(c)
-            .await
-            .unwrap();
-        keys.sort();
-        return keys;
-    }
-    let mut out = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(c)
-            .await
-            .unwrap();
-        out.extend(batch);
-        if next == 0 {
-            return out;
-        }
-        cursor = next;
-    }
-}
-
-async fn delete_prefix(c: &mut RedisConnection, prefix: &str) {
-    for k in keys_under(c, prefix).await {
-        let _: () = c.del(k).await.unwrap();
-    }
 }
 
 /// Entries in the uncertain indexes of `create-payment`, every shard's.
@@ -489,10 +412,6 @@ async fn the_start_up_check_reads_the_live_policy() {
             .iter()
             .all(|v| !matches!(v, EvictionVerdict::Refuse(_)))
     );
-}
-
-fn prefix(test: &str) -> String {
-    format!("idem-t{}-{test}", std::process::id())
 }
 
 async fn send(router: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {

@@ -343,6 +343,20 @@ pub mod redis_store {
         }
     }
 
+    /// A store on `c` (one server, or the cluster) under `prefix`.
+    pub async fn store_on(
+        c: RedisConnection,
+        prefix: &str,
+    ) -> Result<RedisLeaseStore, idem_runtime::StoreError> {
+        match c {
+            RedisConnection::Server(c) => RedisLeaseStore::with_connection(c, prefix).await,
+            RedisConnection::Cluster(c) => {
+                RedisLeaseStore::with_cluster_connection(c, prefix).await
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// Deletes every key under `prefix`.
     pub async fn delete_prefix(c: &mut RedisConnection, prefix: &str) {
         for k in keys_under(c, prefix).await {
@@ -397,15 +411,8 @@ pub mod redis_store {
             let prefix = prefix(test);
             let mut c = conn().await;
             delete_prefix(&mut c, &prefix).await;
-            let store = match c {
-                RedisConnection::Server(c) => RedisLeaseStore::with_connection(c, &prefix).await,
-                RedisConnection::Cluster(c) => {
-                    RedisLeaseStore::with_cluster_connection(c, &prefix).await
-                }
-                other => panic!("{other:?}"),
-            };
             Redis {
-                store: store.unwrap(),
+                store: store_on(c, &prefix).await.unwrap(),
                 prefix,
             }
         }
