@@ -260,14 +260,17 @@ pub enum LeasedOutcome {
 
 /// An execution's owner token: what every fenced write of leased mode matches,
 /// new at every claim (a UUID made by PostgreSQL's claim, 128 random bits as
-/// hex on SQLite, MySQL and Redis). Cheap to clone: the lease, its renewer and
+/// hex made here for SQLite, MySQL and Redis). Cheap to clone: the lease, its renewer and
 /// the uncertain marker each hold it. Binds and reads back as text.
 #[derive(Clone, PartialEq, Eq)]
 pub struct OwnerToken(Arc<str>);
 
 impl OwnerToken {
     /// A fresh token: 128 random bits, as hex.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "mysql", feature = "redis")),
+        allow(dead_code)
+    )]
     pub(crate) fn random() -> Self {
         OwnerToken(format!("{:032x}", fastrand::u128(..)).into())
     }

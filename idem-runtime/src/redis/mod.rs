@@ -48,8 +48,8 @@ use crate::config::Idem;
 use crate::key::{IdempotencyKey, KeyDigest};
 use crate::lease::{LeaseBackend, LeasedClaim};
 use crate::model::{
-    Acquisition, Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, StoreError,
-    StoredResponse, millis,
+    Acquisition, Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, OwnerToken,
+    StoreError, StoredResponse, millis,
 };
 use crate::reconcile::UncertainOutcome;
 
@@ -479,10 +479,6 @@ fn stored_from(
     })
 }
 
-fn new_token() -> String {
-    format!("{:032x}", fastrand::u128(..))
-}
-
 impl LeaseBackend for Redis {
     type Store = RedisLeaseStore;
     type UncertainRow = RedisUncertain;
@@ -493,7 +489,7 @@ impl LeaseBackend for Redis {
     ) -> Result<LeasedOutcome, StoreError> {
         refuse_under_a_millisecond(req)?;
         let name = store.record_key(req.tenant, req.operation, req.key);
-        let token = new_token();
+        let token = OwnerToken::random();
         let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
         let mut inv = store.scripts.claim.key(&name);
         inv.arg(hex::encode(req.fingerprint.as_bytes()))
@@ -509,14 +505,14 @@ impl LeaseBackend for Redis {
             if matches!(outcome.as_str(), "acquired" | "taken_over") {
                 // Reported as a failure: give the key up, best effort, so the
                 // client's retry need not wait out a lease nobody holds.
-                store.release_unacknowledged(&name, &token).await;
+                store.release_unacknowledged(&name, token.as_str()).await;
             }
             return Err(StoreError::Redis(Box::new(short)));
         }
         let acquired = |acquisition| -> Result<LeasedOutcome, StoreError> {
             Ok(LeasedOutcome::Acquired {
                 acquisition,
-                token: token.clone().into(),
+                token: token.clone(),
                 generation: reply
                     .get(1)
                     .and_then(int)
