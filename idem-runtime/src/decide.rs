@@ -45,39 +45,7 @@ impl RowState {
 
 // The `state` column binds and reads as text on every database; a spelling the
 // schema does not allow fails to decode (as `StoreError::Corrupt`'s message).
-impl<DB: sqlx::Database> sqlx::Type<DB> for RowState
-where
-    str: sqlx::Type<DB>,
-{
-    fn type_info() -> DB::TypeInfo {
-        <str as sqlx::Type<DB>>::type_info()
-    }
-
-    fn compatible(ty: &DB::TypeInfo) -> bool {
-        <str as sqlx::Type<DB>>::compatible(ty)
-    }
-}
-
-impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for RowState
-where
-    &'q str: sqlx::Encode<'q, DB>,
-{
-    fn encode_by_ref(
-        &self,
-        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        <&str as sqlx::Encode<'q, DB>>::encode(self.as_str(), buf)
-    }
-}
-
-impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for RowState
-where
-    &'r str: sqlx::Decode<'r, DB>,
-{
-    fn decode(value: DB::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        Ok(<&str as sqlx::Decode<'r, DB>>::decode(value)?.parse()?)
-    }
-}
+crate::model::text_column!(RowState, |text| Ok(text.parse::<RowState>()?));
 
 impl FromStr for RowState {
     type Err = StoreError;

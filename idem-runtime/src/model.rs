@@ -293,41 +293,50 @@ impl std::fmt::Debug for OwnerToken {
     }
 }
 
-impl<DB: sqlx::Database> sqlx::Type<DB> for OwnerToken
-where
-    str: sqlx::Type<DB>,
-{
-    fn type_info() -> DB::TypeInfo {
-        <str as sqlx::Type<DB>>::type_info()
-    }
+/// A type stored as a text column: `sqlx::Type`, `Encode` and `Decode` through
+/// `str`, with `as_str` to encode and `$decode` (from `&str`, fallible) to
+/// decode; for every database whose driver takes `str`.
+macro_rules! text_column {
+    ($ty:ty, |$text:ident| $decode:expr) => {
+        impl<DB: sqlx::Database> sqlx::Type<DB> for $ty
+        where
+            str: sqlx::Type<DB>,
+        {
+            fn type_info() -> DB::TypeInfo {
+                <str as sqlx::Type<DB>>::type_info()
+            }
 
-    fn compatible(ty: &DB::TypeInfo) -> bool {
-        <str as sqlx::Type<DB>>::compatible(ty)
-    }
-}
+            fn compatible(ty: &DB::TypeInfo) -> bool {
+                <str as sqlx::Type<DB>>::compatible(ty)
+            }
+        }
 
-impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for OwnerToken
-where
-    for<'a> &'a str: sqlx::Encode<'q, DB>,
-{
-    fn encode_by_ref(
-        &self,
-        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        <&str as sqlx::Encode<'q, DB>>::encode(self.as_str(), buf)
-    }
-}
+        impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for $ty
+        where
+            for<'a> &'a str: sqlx::Encode<'q, DB>,
+        {
+            fn encode_by_ref(
+                &self,
+                buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <&str as sqlx::Encode<'q, DB>>::encode(self.as_str(), buf)
+            }
+        }
 
-impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for OwnerToken
-where
-    &'r str: sqlx::Decode<'r, DB>,
-{
-    fn decode(value: DB::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        Ok(OwnerToken(
-            <&str as sqlx::Decode<'r, DB>>::decode(value)?.into(),
-        ))
-    }
+        impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for $ty
+        where
+            &'r str: sqlx::Decode<'r, DB>,
+        {
+            fn decode(value: DB::ValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+                let $text = <&str as sqlx::Decode<'r, DB>>::decode(value)?;
+                $decode
+            }
+        }
+    };
 }
+pub(crate) use text_column;
+
+text_column!(OwnerToken, |text| Ok(OwnerToken(text.into())));
 
 // ... and as a Redis script's argument.
 #[cfg(feature = "redis")]
