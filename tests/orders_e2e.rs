@@ -2100,7 +2100,7 @@ async fn on_redis_a_payment_killed_mid_call_is_charged_once_after_the_restart() 
     assert!(in_flight.await.unwrap().is_err());
     // The dead worker's lease would lapse within its 30 s; lapse it now.
     let store = env.store().await;
-    let mut c = store.connection();
+    let mut c = store.redis_connection();
     // Its one record (named by the key's digest: found by its prefix).
     let records: Vec<String> = redis::AsyncCommands::keys(&mut c, format!("{}:*:r:*", env.prefix))
         .await

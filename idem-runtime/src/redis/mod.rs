@@ -346,6 +346,10 @@ impl RedisLeaseStore {
     ///
     /// On a store connected to a Redis Cluster, which has no one server's
     /// connection.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `redis_connection()`, which serves a Redis Cluster too; this one panics there"
+    )]
     pub fn connection(&self) -> ConnectionManager {
         match &self.conn {
             RedisConnection::Server(c) => c.clone(),
