@@ -394,8 +394,8 @@ pub struct UncertainRow {
 /// as no row: the key no longer answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperationRow {
-    /// `processing`, `completed`, `failed` or `uncertain`.
-    pub(crate) state: String,
+    /// The row's state.
+    pub(crate) state: crate::decide::RowState,
     /// `processing` only: the owner's lease has not lapsed.
     pub(crate) lease_live: bool,
     /// `completed` and `failed`: the stored outcome (its body empty unless it

@@ -135,15 +135,18 @@ pub(crate) fn operation<R>(
 where
     R: Row,
     for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> crate::decide::RowState: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let state: String = row.try_get("state")?;
-    let finished = state.parse::<crate::decide::RowState>()?.is_finished();
+    let state: crate::decide::RowState = row.try_get("state")?;
     let lease_live: i64 = row.try_get("lease_live")?;
     Ok(OperationRow {
         lease_live: lease_live != 0,
-        outcome: if finished { Some(stored()?) } else { None },
+        outcome: if state.is_finished() {
+            Some(stored()?)
+        } else {
+            None
+        },
         state,
     })
 }

@@ -66,6 +66,28 @@ pub(crate) fn write_sql(resource: &Resource, null_param: &str) -> String {
     )
 }
 
+/// The row a leased execution owns, as every fenced statement matches it: its
+/// primary key and owner token as the four placeholders given (every database
+/// binds them after the values the statement sets), `$cast` how the database
+/// reads the bound token as the column's type (`"::uuid"` on PostgreSQL).
+macro_rules! owned_row {
+    ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
+        concat!(
+            " tenant_id = ",
+            $t,
+            " AND operation = ",
+            $o,
+            " AND key_digest = ",
+            $k,
+            " AND owner_token = ",
+            $tok,
+            $cast,
+            " AND state = 'processing'"
+        )
+    };
+}
+pub(crate) use owned_row;
+
 /// The transactional mode's claim and completion in the caller's transaction,
 /// the same on every database but for the functions of its `transactional`
 /// module (`claim_on`, `complete_on`).
@@ -212,6 +234,29 @@ macro_rules! lease_statements {
 }
 
 pub(crate) use lease_statements;
+
+/// A long operation's row by its primary key (`$1..$3`) where timestamps are
+/// Unix milliseconds (SQLite, MySQL), `$now` the database's clock: the row
+/// unless it is finished and past its retention, `lease_live` 1 while the lease
+/// has not lapsed, and `$body` as the body (`NULL` when not asked for).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+macro_rules! ms_operation_sql {
+    ($now:expr, $body:literal) => {
+        concat!(
+            "SELECT state, COALESCE(lease_expires_at > t.now, 0) AS lease_live, \
+                    response_status, response_headers, ",
+            $body,
+            " AS response_body \
+               FROM idempotency_requests, (SELECT ",
+            $now,
+            " AS now) t \
+              WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
+                AND (state IN ('processing', 'uncertain') OR expires_at > t.now)"
+        )
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) use ms_operation_sql;
 
 /// A long operation's resource (`OperationRows`), the same on every database
 /// but for `OPERATION_STATUS_SQL` and `OPERATION_RESULT_SQL` (the row by its

@@ -73,6 +73,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::decide::RowState;
 use crate::handler::OperationSpec;
 use crate::model::OperationRow;
 
@@ -133,15 +134,14 @@ pub enum Status {
 }
 
 impl Status {
-    fn of(row: &OperationRow) -> Option<Status> {
-        Some(match row.state.as_str() {
-            "processing" if row.lease_live => Status::Running,
-            "processing" => Status::Stalled,
-            "uncertain" => Status::Uncertain,
-            "completed" => Status::Succeeded,
-            "failed" => Status::Failed,
-            _ => return None,
-        })
+    fn of(row: &OperationRow) -> Status {
+        match row.state {
+            RowState::Processing if row.lease_live => Status::Running,
+            RowState::Processing => Status::Stalled,
+            RowState::Uncertain => Status::Uncertain,
+            RowState::Completed => Status::Succeeded,
+            RowState::Failed => Status::Failed,
+        }
     }
 
     fn done(self) -> bool {

@@ -659,12 +659,14 @@ return {r[1], live, r[3] or false, r[4] or false, r[5] or false}
                 Err(corrupt("operation"))
             };
         };
-        let state = text(state).ok_or_else(|| corrupt("state"))?;
+        let state: crate::decide::RowState =
+            text(state).ok_or_else(|| corrupt("state"))?.parse()?;
         let empty = Value::BulkString(Vec::new());
         let body = if with_body { body } else { &empty };
-        let outcome = match state.as_str() {
-            "completed" | "failed" => Some(stored_from(status, headers, body)?),
-            _ => None,
+        let outcome = if state.is_finished() {
+            Some(stored_from(status, headers, body)?)
+        } else {
+            None
         };
         Ok(Some(OperationRow {
             state,

@@ -19,18 +19,9 @@ use super::{
 };
 use crate::db::dialect::question_marks;
 use crate::db::rows::leased_snapshot;
-use crate::db::shared;
+use crate::db::shared::{self, owned_row};
 use crate::decide::{self, LeasedStep};
 use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, millis};
-
-/// The owned row: its primary key and owner token, as the last four `?` (every
-/// database binds them after the values the statement sets).
-macro_rules! owned {
-    () => {
-        " tenant_id = ? AND operation = ? AND key_digest = ? \
-          AND owner_token = ? AND state = 'processing'"
-    };
-}
 
 const READ_SQL: &str = concat!(
     "SELECT fingerprint, state, generation, lease_expires_at, expires_at, \
@@ -82,22 +73,25 @@ pub(super) const STORE_SQL: &str = concat!(
     ", expires_at = ",
     now_ms!(),
     " + ?, lease_expires_at = NULL WHERE",
-    owned!()
+    owned_row!("?", "?", "?", "?", "")
 );
 
 pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
     " + ? WHERE",
-    owned!()
+    owned_row!("?", "?", "?", "?", "")
 );
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned!()
+    owned_row!("?", "?", "?", "?", "")
 );
 
-pub(super) const RELEASE_SQL: &str = concat!("DELETE FROM idempotency_requests WHERE", owned!());
+pub(super) const RELEASE_SQL: &str = concat!(
+    "DELETE FROM idempotency_requests WHERE",
+    owned_row!("?", "?", "?", "?", "")
+);
 
 pub(super) const CURRENT_SQL: &str = question_marks!(shared::CURRENT_SQL);
 

@@ -7,29 +7,12 @@ use std::time::Duration;
 use sqlx::{PgPool, Row};
 
 use super::transactional::stored_from_row;
+use crate::db::shared::owned_row;
 use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms, \
         response_status, response_headers, response_body \
    FROM idem_claim_leased($1, $2, $3, $4, $5, $6, $7)";
-
-/// The owned row: its primary key and owner token, as the four placeholders
-/// given (every database binds them after the values the statement sets).
-macro_rules! owned {
-    ($t:literal, $o:literal, $k:literal, $tok:literal) => {
-        concat!(
-            " tenant_id = ",
-            $t,
-            " AND operation = ",
-            $o,
-            " AND key_digest = ",
-            $k,
-            " AND owner_token = ",
-            $tok,
-            "::uuid AND state = 'processing'"
-        )
-    };
-}
 
 pub(super) const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
@@ -38,24 +21,24 @@ pub(super) const STORE_SQL: &str = concat!(
             lease_expires_at = NULL \
        FROM (SELECT clock_timestamp() AS t) c \
       WHERE",
-    owned!("$6", "$7", "$8", "$9")
+    owned_row!("$6", "$7", "$8", "$9", "::uuid")
 );
 
 pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET lease_expires_at = clock_timestamp() + $1 * interval '1 millisecond' \
       WHERE",
-    owned!("$2", "$3", "$4", "$5")
+    owned_row!("$2", "$3", "$4", "$5", "::uuid")
 );
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned!("$1", "$2", "$3", "$4")
+    owned_row!("$1", "$2", "$3", "$4", "::uuid")
 );
 
 pub(super) const RELEASE_SQL: &str = concat!(
     "DELETE FROM idempotency_requests WHERE",
-    owned!("$1", "$2", "$3", "$4")
+    owned_row!("$1", "$2", "$3", "$4", "::uuid")
 );
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot

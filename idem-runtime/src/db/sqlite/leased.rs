@@ -17,28 +17,11 @@ use sqlx::SqlitePool;
 use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
 use crate::db::rows::leased_snapshot;
+use crate::db::shared::owned_row;
 use crate::decide::{self, LeasedStep};
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, StoredResponse, millis,
 };
-
-/// The owned row: its primary key and owner token, as the four placeholders
-/// given (every database binds them after the values the statement sets).
-macro_rules! owned {
-    ($t:literal, $o:literal, $k:literal, $tok:literal) => {
-        concat!(
-            " tenant_id = ",
-            $t,
-            " AND operation = ",
-            $o,
-            " AND key_digest = ",
-            $k,
-            " AND owner_token = ",
-            $tok,
-            " AND state = 'processing'"
-        )
-    };
-}
 
 const READ_SQL: &str = concat!(
     "SELECT fingerprint, state, generation, lease_expires_at, expires_at, \
@@ -55,7 +38,8 @@ const INSERT_SQL: &str = concat!(
      SELECT $1, $2, $3, $4, 'processing', 1, $5, t.now + $6, t.now, t.now + $7, $8 \
        FROM (SELECT ",
     now_ms!(),
-    " AS now) t"
+    " AS now) t \
+     RETURNING generation"
 );
 
 const RECLAIM_SQL: &str = concat!(
@@ -90,24 +74,24 @@ pub(super) const STORE_SQL: &str = concat!(
     now_ms!(),
     " AS now) t \
       WHERE",
-    owned!("$6", "$7", "$8", "$9")
+    owned_row!("$6", "$7", "$8", "$9", "")
 );
 
 pub(super) const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
     " + $1 WHERE",
-    owned!("$2", "$3", "$4", "$5")
+    owned_row!("$2", "$3", "$4", "$5", "")
 );
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned!("$1", "$2", "$3", "$4")
+    owned_row!("$1", "$2", "$3", "$4", "")
 );
 
 pub(super) const RELEASE_SQL: &str = concat!(
     "DELETE FROM idempotency_requests WHERE",
-    owned!("$1", "$2", "$3", "$4")
+    owned_row!("$1", "$2", "$3", "$4", "")
 );
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
@@ -186,26 +170,13 @@ async fn claim_under_lock(
         .transpose()?;
     match decide::leased(snapshot) {
         LeasedStep::Answer(outcome) => Ok(outcome),
-        LeasedStep::Insert => {
-            sqlx::query(INSERT_SQL)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(&token)
-                .bind(lease)
-                .bind(retention)
-                .bind(&downstream)
-                .execute(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::New,
-                token,
-                generation: 1,
-            })
-        }
-        LeasedStep::Reclaim { .. } => {
-            let generation: i64 = sqlx::query_scalar(RECLAIM_SQL)
+        // The same parameters: a new row, or an expired one written over.
+        step @ (LeasedStep::Insert | LeasedStep::Reclaim { .. }) => {
+            let (sql, acquisition) = match step {
+                LeasedStep::Insert => (INSERT_SQL, Acquisition::New),
+                _ => (RECLAIM_SQL, Acquisition::Reclaimed),
+            };
+            let generation: i64 = sqlx::query_scalar(sql)
                 .bind(req.tenant)
                 .bind(req.operation)
                 .bind(req.key.digest())
@@ -217,7 +188,7 @@ async fn claim_under_lock(
                 .fetch_one(&mut *conn)
                 .await?;
             Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::Reclaimed,
+                acquisition,
                 token,
                 generation,
             })
