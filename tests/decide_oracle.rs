@@ -149,6 +149,42 @@ fn leased_cases() -> Vec<Option<LeasedCase>> {
     cases
 }
 
+/// Puts `$key`'s row in a case's state and evaluates to the snapshot the
+/// decision core is given: a finished row with its outcome, through the store
+/// itself (claimed with `$first`), then moved by hand to the case's state, its
+/// lease (`$lease_sql`: the column's new value) and, unless live, past its
+/// retention (`$expire`).
+macro_rules! seed_row {
+    ($db:expr, $key:expr, $first:expr, ($state:expr, $live:expr, $matches:expr, $lease:expr), $lease_sql:expr, $expire:expr) => {{
+        let (state, live, matches, lease): (RowState, bool, bool, Option<i64>) =
+            ($state, $live, $matches, $lease);
+        let mut tx = $db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut tx, &request(&$key, $first)).await.unwrap() else {
+            panic!("{:?}: a new key executes", $key);
+        };
+        let stored = outcome(state);
+        exec.complete(&mut tx, &stored).await.unwrap();
+        tx.commit().await.unwrap();
+        $db.exec(&format!(
+            "UPDATE idempotency_requests SET state = '{}', lease_expires_at = {}",
+            state_name(state),
+            $lease_sql
+        ))
+        .await;
+        if !live {
+            $db.exec($expire).await;
+        }
+        KeySnapshot {
+            fingerprint_matches: matches,
+            state,
+            generation: 1,
+            live,
+            stored: (state.is_finished() && live).then_some(stored),
+            lease_ms_left: lease,
+        }
+    }};
+}
+
 macro_rules! leased_oracle_test {
     ($db:ty, $expire:expr, $lease_in:expr) => {
         #[tokio::test]
@@ -159,36 +195,18 @@ macro_rules! leased_oracle_test {
                 let first = fingerprint("first");
                 let mut snapshot = None;
                 if let Some((state, live, matches, lease)) = case {
-                    // A finished row with its outcome, through the store, then
-                    // moved to the case's state, lease and expiry by hand.
-                    let mut tx = db.pool.begin().await.unwrap();
-                    let Claim::Execute(exec) = claim(&mut tx, &request(&key, first)).await.unwrap()
-                    else {
-                        panic!("case {i}: a new key executes");
-                    };
-                    let stored = outcome(state);
-                    exec.complete(&mut tx, &stored).await.unwrap();
-                    tx.commit().await.unwrap();
                     let lease_sql = match lease {
                         Some(ms) => ($lease_in)(ms),
                         None => "NULL".to_owned(),
                     };
-                    db.exec(&format!(
-                        "UPDATE idempotency_requests SET state = '{}', lease_expires_at = {lease_sql}",
-                        state_name(state)
-                    ))
-                    .await;
-                    if !live {
-                        db.exec($expire).await;
-                    }
-                    snapshot = Some(KeySnapshot {
-                        fingerprint_matches: matches,
-                        state,
-                        generation: 1,
-                        live,
-                        stored: (state.is_finished() && live).then_some(stored),
-                        lease_ms_left: lease,
-                    });
+                    snapshot = Some(seed_row!(
+                        db,
+                        key,
+                        first,
+                        (state, live, matches, lease),
+                        lease_sql,
+                        $expire
+                    ));
                 }
                 let asked = match case {
                     Some((_, _, false, _)) => fingerprint("another"),
@@ -236,32 +254,14 @@ macro_rules! oracle_test {
                 let first = fingerprint("first");
                 let mut snapshot = None;
                 if let Some((state, live, matches)) = case {
-                    // A finished row, through the store itself, then moved to the
-                    // case's state and expiry by hand.
-                    let mut tx = db.pool.begin().await.unwrap();
-                    let Claim::Execute(exec) = claim(&mut tx, &request(&key, first)).await.unwrap()
-                    else {
-                        panic!("case {i}: a new key executes");
-                    };
-                    let stored = outcome(state);
-                    exec.complete(&mut tx, &stored).await.unwrap();
-                    tx.commit().await.unwrap();
-                    db.exec(&format!(
-                        "UPDATE idempotency_requests SET state = '{}'",
-                        state_name(state)
-                    ))
-                    .await;
-                    if !live {
-                        db.exec($expire).await;
-                    }
-                    snapshot = Some(KeySnapshot {
-                        fingerprint_matches: matches,
-                        state,
-                        generation: 1,
-                        live,
-                        stored: (state.is_finished() && live).then_some(stored),
-                        lease_ms_left: None,
-                    });
+                    snapshot = Some(seed_row!(
+                        db,
+                        key,
+                        first,
+                        (state, live, matches, None),
+                        "NULL".to_owned(),
+                        $expire
+                    ));
                 }
                 let asked = match case {
                     Some((_, _, false)) => fingerprint("another"),
