@@ -230,6 +230,17 @@ macro_rules! leased_oracle_test {
                     agrees_leased(&decided, &claimed),
                     "case {i} {case:?}: the decision core says {decided:?}, the claim {claimed:?}"
                 );
+                // ... and the row holds the generation the lease reports (a
+                // claim that takes it from the decision, as MySQL's does, is
+                // held to what it wrote).
+                if let LeasedClaim::Acquired(lease) = &claimed {
+                    assert_eq!(
+                        db.count("SELECT generation FROM idempotency_requests")
+                            .await,
+                        lease.generation(),
+                        "case {i} {case:?}: the row's generation"
+                    );
+                }
                 db.exec("DELETE FROM idempotency_requests").await;
             }
         }
