@@ -36,7 +36,7 @@ use idem_runtime::{Fingerprint, FingerprintBuilder, Idem, IdempotencyKey, Tx, id
 use serde::Deserialize;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
-use sqlx::{Acquire, PgPool, Postgres};
+use sqlx::{Acquire, PgPool, Postgres, Row};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
@@ -359,14 +359,15 @@ async fn round_trips(
 }
 
 #[tokio::test]
-async fn a_first_execution_adds_two_round_trips_and_a_replay_takes_one() {
+async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
     let db = TestDb::new().await;
     db.exec(WIDGETS).await;
     let proxy = RoundTrips::start().await;
     let pool = pool_through(&proxy, &db).await;
-    let r = router(Idem::new(pool.clone()));
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
     // The first use of a statement on a connection prepares it (a round trip of
-    // its own): warm every statement up first.
+    // its own), and idem's session statements are prepared when a probe finds
+    // them missing: warm every statement up first.
     for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
         let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
         assert!(status.is_success());
@@ -381,6 +382,41 @@ async fn a_first_execution_adds_two_round_trips_and_a_replay_takes_one() {
     let replay = count(&r, "/widgets", "k1").await;
     // BEGIN, INSERT, COMMIT and the release ping, plus the window's own ping.
     assert_eq!(bare, 5, "the yardstick changed");
+    // The probe rides with BEGIN, the finished row with COMMIT (and the empty
+    // transaction's ROLLBACK with the release ping).
+    assert_eq!(first, bare, "a first execution");
+    // The probe's BEGIN fails, then the lookup (with the ROLLBACK), no
+    // transaction after it.
+    assert_eq!(replay, 4, "a replay");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        2
+    );
+}
+
+/// Where sessions are not kept (or the session path is turned off), each of
+/// idem's statements is sent with bound parameters, a round trip each.
+#[tokio::test]
+async fn without_session_statements_a_first_execution_adds_two_round_trips() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
+    let pool = pool_through(&proxy, &db).await;
+    let r = router(Idem::new(pool.clone()).with_session_statements(false));
+    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
+        let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
+        assert!(status.is_success());
+    }
+
+    let count = |r: &Router, path: &'static str, key: &'static str| {
+        let (proxy, pool, r) = (&proxy, &pool, r.clone());
+        async move { round_trips(proxy, pool, &r, request(path, key, json!({"name": "a"}))).await }
+    };
+    let bare = count(&r, "/bare", "b1").await;
+    let first = count(&r, "/widgets", "k1").await;
+    let replay = count(&r, "/widgets", "k1").await;
+    assert_eq!(bare, 5, "the yardstick changed");
     // The lookup before BEGIN (which carries the deadline in the same message)
     // and the row's insert before COMMIT.
     assert_eq!(first, bare + 2, "a first execution");
@@ -389,7 +425,12 @@ async fn a_first_execution_adds_two_round_trips_and_a_replay_takes_one() {
 
     // Claiming before the handler: idem_claim instead of the lookup, and an
     // UPDATE instead of the insert; the same count, each row written twice.
-    let off = router(Idem::new(pool.clone()).with_claims_at_commit(false));
+    // The session path does not apply to it.
+    let off = router(
+        Idem::new(pool.clone())
+            .with_claims_at_commit(false)
+            .with_session_statements(true),
+    );
     // (Its statements are prepared by their first use: two more.)
     assert_eq!(count(&off, "/widgets", "k2").await, bare + 2 + 2);
     assert_eq!(count(&off, "/widgets", "k3").await, bare + 2);
@@ -579,7 +620,7 @@ async fn the_commit_waits_for_deferred_checks_without_the_in_flight_bound() {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
                   WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                    AND query = 'COMMIT'",
+                    AND query ~ 'COMMIT'",
             )
             .fetch_one(&observer)
             .await
@@ -684,7 +725,7 @@ async fn a_retry_of_a_finished_key_replays_even_when_the_handler_would_now_fail(
             assert_eq!(again, first, "{mode}");
         }
     }
-    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 3);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);
     // The handler's second run does fail: a new key shows it.
     let (status, _, _) = send(
         &r,
@@ -942,13 +983,41 @@ fn acme_op(key: &IdempotencyKey, in_flight_wait: std::time::Duration) -> ClaimRe
     }
 }
 
-/// Keys travel as bound parameters: what the server sees of a session (its logs
-/// print the same text, pg_stat_activity shows it) holds neither the key nor its
-/// digest, for the lookup and `BEGIN` nor for the completion.
+/// What the server sees of a session (its logs print the same text,
+/// pg_stat_activity shows it) never holds the key. On the bound-parameter path
+/// it holds neither the key nor its digest, for the lookup and `BEGIN` nor for
+/// the completion; on the session path the digest travels as hex inside
+/// `EXECUTE` (a one-way hash of the key, the row's primary key), the key never.
 #[tokio::test]
 async fn statements_carry_neither_the_key_nor_its_digest() {
+    let (texts, digest) = statements_seen(false).await;
+    assert!(texts[1].contains("$3"), "{}", texts[1]);
+    for text in &texts {
+        assert!(!text.contains("SECRET"), "{text}");
+        assert!(!text.contains(&digest), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn session_statements_carry_the_digest_never_the_key() {
+    let (texts, digest) = statements_seen(true).await;
+    assert!(texts[0].contains("EXECUTE idem_probe_1("), "{}", texts[0]);
+    assert!(
+        texts[1].starts_with("EXECUTE idem_finish_1("),
+        "{}",
+        texts[1]
+    );
+    assert!(texts[1].contains(&digest), "{}", texts[1]);
+    for text in &texts {
+        assert!(!text.contains("SECRET"), "{text}");
+    }
+}
+
+/// The texts the server shows for a claim's `BEGIN` and for its completion (held
+/// on a lock while looked at), and the key's digest in hex.
+async fn statements_seen(session: bool) -> (Vec<String>, String) {
     let db = TestDb::new().await;
-    let idem: Idem<Postgres> = Idem::new(db.pool.clone());
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
     let key = IdempotencyKey::parse("sk_live_SECRET_77").unwrap();
     let req = acme_op(&key, std::time::Duration::from_secs(2));
     let observer = PgPool::connect(&db.url).await.unwrap();
@@ -983,13 +1052,11 @@ async fn statements_carry_neither_the_key_nor_its_digest() {
     let Claim::Execute(execution) = claim else {
         panic!("a new key executes: {claim:?}");
     };
-    let begun = sessions().await;
-    assert!(
-        begun
-            .iter()
-            .any(|q| q.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED")),
-        "{begun:?}"
-    );
+    let begun = sessions()
+        .await
+        .into_iter()
+        .find(|q| q.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED"))
+        .expect("the claim's BEGIN");
 
     let mut holder = observer.acquire().await.unwrap();
     sqlx::query("SELECT pg_advisory_lock(4242)")
@@ -1020,7 +1087,8 @@ async fn statements_carry_neither_the_key_nor_its_digest() {
             let waiting: Vec<String> = sqlx::query_scalar(
                 "SELECT query FROM pg_stat_activity \
                   WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                    AND strpos(query, 'INSERT INTO idempotency_requests') > 0",
+                    AND (strpos(query, 'INSERT INTO idempotency_requests') > 0 \
+                         OR strpos(query, 'EXECUTE idem_finish_1') > 0)",
             )
             .fetch_all(&observer)
             .await
@@ -1038,11 +1106,7 @@ async fn statements_carry_neither_the_key_nor_its_digest() {
         .await
         .unwrap();
     assert!(matches!(finishing.await.unwrap(), Finish::Committed));
-    assert!(inserting.contains("$3"), "{inserting}");
-    for text in begun.iter().chain([&inserting]) {
-        assert!(!text.contains("SECRET"), "{text}");
-        assert!(!text.contains(&digest), "{text}");
-    }
+    (vec![begun, inserting], digest)
 }
 
 /// A request's own in-flight wait past `lock_timeout`'s ceiling (`i32::MAX` ms)
@@ -1074,4 +1138,251 @@ async fn a_claim_at_commit_with_an_in_flight_wait_past_the_ceiling_commits() {
         .await,
         Finish::Committed
     ));
+}
+
+/// The session path's SQL text holds every tenant id, operation and stored
+/// header exactly: a seeded property test against the server with strings made
+/// of what could end or escape a literal (quotes, backslashes, `E'`, dollar
+/// quotes, comments, semicolons), control characters and any Unicode. Each is
+/// claimed, stored, read back through bound parameters, and replayed through the
+/// session lookup; a NUL is a clear error that reserves nothing.
+/// `IDEM_TEST_SEED=<seed>` repeats a run, `IDEM_TEST_CASES` runs more cases.
+#[tokio::test]
+async fn session_text_holds_any_tenant_and_operation() {
+    const PIECES: &[&str] = &[
+        "a", "Z", "0", " ", "'", "''", "\\", "\\'", "E'", "$$", "$x$", ";", "--", "/*", "*/", "\n",
+        "\r", "\t", "\u{1}", "\u{7f}", "é", "€", "𝄞", "\u{2028}", "\u{feff}", "%", "_", ")", "(",
+        ",", "\"", "\\x41", "\\\\",
+    ];
+    let seed = std::env::var("IDEM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("session text: seed {seed} (IDEM_TEST_SEED={seed} repeats it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let cases: usize = std::env::var("IDEM_TEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let mut text = |rng: &mut fastrand::Rng| -> String {
+        let n = rng.usize(1..=12);
+        (0..n).map(|_| PIECES[rng.usize(..PIECES.len())]).collect()
+    };
+
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(true);
+    let wait = std::time::Duration::from_secs(2);
+    for case in 0..cases {
+        let tenant = text(&mut rng);
+        let operation = text(&mut rng);
+        let header = text(&mut rng);
+        let body: Vec<u8> = (0..rng.usize(0..64)).map(|_| rng.u8(..)).collect();
+        let key = IdempotencyKey::parse(format!("k-{case}").as_str()).unwrap();
+        let req = ClaimRequest {
+            tenant: &tenant,
+            operation: &operation,
+            key: &key,
+            fingerprint: FingerprintBuilder::new(&tenant, &operation, "POST", "/x").finish(),
+            retention: std::time::Duration::from_secs(3600),
+            in_flight_wait: wait,
+        };
+        let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
+            .await
+            .unwrap_or_else(|e| panic!("{tenant:?} / {operation:?}: {e}"));
+        let Claim::Execute(execution) = claim else {
+            panic!("{tenant:?} / {operation:?}: a new key executes: {claim:?}");
+        };
+        let stored = StoredResponse {
+            status: 201,
+            headers: vec![("x-note".to_owned(), header.clone())],
+            body: Bytes::from(body.clone()),
+        };
+        let finished = Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await;
+        assert!(
+            matches!(finished, Finish::Committed),
+            "{tenant:?} / {operation:?}: {finished:?}"
+        );
+        let (t, o, b): (String, String, Vec<u8>) = sqlx::query_as(
+            "SELECT tenant_id, operation, response_body FROM idempotency_requests \
+              WHERE key_digest = $1",
+        )
+        .bind(&key.digest().as_bytes()[..])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (t.as_str(), o.as_str()),
+            (tenant.as_str(), operation.as_str())
+        );
+        assert_eq!(b, body);
+        let (_, again) = Postgres::begin_claim(&idem.claim_context(wait), &req)
+            .await
+            .unwrap();
+        match again {
+            Claim::Replay(replayed) => assert_eq!(replayed, stored, "{tenant:?}"),
+            other => panic!("{tenant:?} / {operation:?}: a retry replays: {other:?}"),
+        }
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        cases as i64
+    );
+
+    // A NUL cannot be held by PostgreSQL's text: a clear error, nothing reserved.
+    let key = IdempotencyKey::parse("k-nul").unwrap();
+    let req = ClaimRequest {
+        tenant: "acme\0evil",
+        ..acme_op(&key, wait)
+    };
+    let err = Postgres::begin_claim(&idem.claim_context(wait), &req)
+        .await
+        .err()
+        .expect("a NUL is refused");
+    assert!(err.to_string().contains("NUL"), "{err}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        cases as i64
+    );
+}
+
+/// The session path never gives a connection back inside a transaction, with
+/// one of idem's settings left on it, or with a message half-read: after every
+/// outcome (a first execution, a replay, a key taken by another execution, a
+/// lock wait past the bound, a session that lost idem's statements, a handler
+/// that never finished) the pool's one connection is outside any transaction
+/// with the server's own settings.
+#[tokio::test]
+async fn session_path_connections_return_clean_from_every_outcome() {
+    let db = TestDb::new().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let idem: Idem<Postgres> = Idem::new(pool.clone()).with_session_statements(true);
+    let other: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(true);
+    let wait = std::time::Duration::from_millis(200);
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(b"ok"),
+    };
+    let clean = |what: &'static str| {
+        let pool = pool.clone();
+        async move {
+            // A simple query: a transaction begun by it starts with it.
+            let row = sqlx::raw_sql(
+                "SELECT now() = statement_timestamp() AS fresh, \
+                        current_setting('lock_timeout') AS lock, \
+                        current_setting('statement_timeout') AS statement",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            let fresh: bool = row.get("fresh");
+            let (lock, statement): (String, String) = (row.get("lock"), row.get("statement"));
+            assert!(
+                fresh,
+                "{what}: the connection came back inside a transaction"
+            );
+            assert_eq!((lock.as_str(), statement.as_str()), ("0", "0"), "{what}");
+        }
+    };
+    let execute = |idem: Idem<Postgres>, key: &'static str| {
+        let stored = stored.clone();
+        async move {
+            let key = IdempotencyKey::parse(key).unwrap();
+            let req = acme_op(&key, wait);
+            let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
+                .await
+                .unwrap();
+            let Claim::Execute(execution) = claim else {
+                panic!("{claim:?}")
+            };
+            Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await
+        }
+    };
+
+    assert!(matches!(
+        execute(idem.clone(), "k1").await,
+        Finish::Committed
+    ));
+    clean("a first execution").await;
+
+    let key = IdempotencyKey::parse("k1").unwrap();
+    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &acme_op(&key, wait))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Replay(_)), "{claim:?}");
+    drop(tx);
+    clean("a replay").await;
+
+    // Another execution finishes the key while this one runs its handler.
+    let key = IdempotencyKey::parse("k2").unwrap();
+    let req = acme_op(&key, wait);
+    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
+        .await
+        .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("{claim:?}")
+    };
+    assert!(matches!(
+        execute(other.clone(), "k2").await,
+        Finish::Committed
+    ));
+    let lost = Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await;
+    assert!(matches!(lost, Finish::Taken(Claim::Replay(_))), "{lost:?}");
+    clean("a key taken by another execution").await;
+
+    // Another transaction holds the key past the in-flight bound.
+    let key = IdempotencyKey::parse("k3").unwrap();
+    let req = acme_op(&key, wait);
+    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
+        .await
+        .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("{claim:?}")
+    };
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, response_status, expires_at) \
+         VALUES ('acme', 'op', $1, $2, 'completed', 201, now() + interval '1 hour')",
+    )
+    .bind(&key.digest().as_bytes()[..])
+    .bind(&req.fingerprint.as_bytes()[..])
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let held = Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await;
+    assert!(
+        matches!(held, Finish::Taken(Claim::InFlight { .. })),
+        "{held:?}"
+    );
+    holder.rollback().await.unwrap();
+    clean("a lock wait past the bound").await;
+
+    // A session that lost idem's statements prepares them again.
+    sqlx::raw_sql("DEALLOCATE idem_probe_1; DEALLOCATE idem_finish_1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(matches!(
+        execute(idem.clone(), "k4").await,
+        Finish::Committed
+    ));
+    clean("statements prepared again").await;
+
+    // A handler that never finished: its transaction is dropped.
+    let key = IdempotencyKey::parse("k5").unwrap();
+    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &acme_op(&key, wait))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Execute(_)), "{claim:?}");
+    drop(tx);
+    clean("a dropped transaction").await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        3
+    );
 }

@@ -117,6 +117,8 @@ struct Settings {
     tenant_label: bool,
     /// Where the operation resources of long operations live (`Location`).
     operations_path: String,
+    /// See [`Idem::with_session_statements`].
+    session_statements: Option<bool>,
     #[cfg(feature = "replay-cache")]
     replay_cache: Option<crate::ReplayCache>,
 }
@@ -163,6 +165,28 @@ impl<DB: Backend> Idem<DB> {
     /// hand-written [`crate::claim`] calls.
     pub fn with_claims_at_commit(mut self, on: bool) -> Self {
         self.claims_at_commit = on;
+        self
+    }
+
+    /// PostgreSQL: whether a first execution's lookup rides with `BEGIN` and its
+    /// finished row with `COMMIT`, through three statements idem prepares in each
+    /// server session (SQL `PREPARE`), so that it costs the round trips of the
+    /// handler's own transaction and no more. By default idem decides per
+    /// database target with the pooler probe that `migrate` and
+    /// [`check_pooler`](crate::check_pooler) run (or the first claim, if neither
+    /// ran): on where each connection keeps its server session (no pooler, or
+    /// session pooling), off where a pooler runs each transaction on whichever
+    /// server is free (those keep only protocol-level prepared statements), and
+    /// logs the choice once. Off, each of idem's statements is sent with bound
+    /// parameters, a round trip each. No effect with claims at commit off
+    /// ([`Idem::with_claims_at_commit`]), nor on SQLite and MySQL.
+    ///
+    /// Force it off where sessions are reset between checkouts by something the
+    /// probe cannot see (a pooler's `server_reset_query` run per transaction, a
+    /// `DISCARD ALL` of your own); a statement found missing is prepared again,
+    /// at the cost of a round trip.
+    pub fn with_session_statements(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.settings).session_statements = Some(on);
         self
     }
 
@@ -226,6 +250,7 @@ impl<DB: Backend> Idem<DB> {
             pool: self.pool(),
             claims_at_commit: self.claims_at_commit,
             deadline: self.deadline_with_wait(in_flight_wait),
+            session_statements: self.settings.session_statements,
         }
     }
 
@@ -293,6 +318,7 @@ impl<DB: LeaseBackend> Idem<DB> {
                     .collect(),
                 tenant_label: false,
                 operations_path: Self::DEFAULT_OPERATIONS_PATH.to_owned(),
+                session_statements: None,
                 #[cfg(feature = "replay-cache")]
                 replay_cache: None,
             }),

@@ -74,6 +74,10 @@ pub struct Execution {
     /// MySQL handler paths) rather than by a row written before the handler ran.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) at_commit: bool,
+    /// Whether its transaction began with idem's statements prepared in the
+    /// session (PostgreSQL), so that its finished row rides with `COMMIT`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) in_session: bool,
     /// When the execution began, in Unix milliseconds on the database's clock
     /// (SQLite's handler path, which writes `created_at` only at commit).
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
@@ -92,6 +96,7 @@ impl Execution {
             fingerprint: req.fingerprint,
             in_flight_wait: req.in_flight_wait,
             at_commit: false,
+            in_session: false,
             started_ms: 0,
         }
     }

@@ -71,6 +71,9 @@ pub struct ClaimContext<'a, DB: sqlx::Database> {
     /// The request's deadline, for the database's own bound on the transaction.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) deadline: Duration,
+    /// See `Idem::with_session_statements` (`None`: as the pooler probe says).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) session_statements: Option<bool>,
 }
 
 mod sealed {

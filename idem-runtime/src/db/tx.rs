@@ -142,6 +142,18 @@ impl<DB: Backend> Tx<DB> {
         }
     }
 
+    /// The transaction was committed by idem's own message, which ended with
+    /// `COMMIT; BEGIN`: the driver still counts the committed transaction, and
+    /// the server holds a new, empty one. Queuing the driver's rollback settles
+    /// both at once: the count drops, and the `ROLLBACK` (of an empty
+    /// transaction: no warning, no work) rides with the connection's next message,
+    /// the pool's check on release, with no round trip of its own.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn committed_by_message(mut self) {
+        <DB as Database>::TransactionManager::start_rollback(&mut self.conn);
+        self.open = false;
+    }
+
     /// Rolls back and waits for the database to confirm it.
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
         <DB as Database>::TransactionManager::rollback(&mut self.conn).await?;

@@ -1,5 +1,29 @@
 //! The handler's path on PostgreSQL: one row per execution, written once, by
-//! the statement that also claims the key.
+//! the statement that also claims the key, in the round trips of the handler's
+//! own transaction.
+//!
+//! Where each connection keeps its server session (no pooler, or session
+//! pooling: see [`super::session`]), idem's statements ride with `BEGIN` and
+//! `COMMIT`:
+//!
+//! ```text
+//! BEGIN ISOLATION LEVEL READ COMMITTED; SELECT set_config(..), set_config(..);
+//!     EXECUTE idem_probe_1(<key>)                          one message: fails if the key has a row
+//! ... the handler's statements ...
+//! EXECUTE idem_finish_1(<row>); COMMIT; BEGIN              one message: fails if it claimed nothing
+//! ```
+//!
+//! A new key, the common case, costs no round trip of idem's own. A key that has
+//! a row makes the first message fail (the transaction is then aborted, nothing
+//! has run) and is looked up (`ROLLBACK; EXECUTE idem_lookup_1(<key>)`, one more
+//! message); a retry of a finished key is answered from that, as below. The
+//! trailing `BEGIN` opens an empty transaction whose `ROLLBACK` the driver sends
+//! with the connection's release (see `Tx::committed_by_message`): sqlx counts
+//! the transaction it began, and only its rollback brings the count back without
+//! a message of its own.
+//!
+//! Elsewhere (a pooler that keeps only protocol-level prepared statements), each
+//! of idem's statements is sent with bound parameters:
 //!
 //! ```text
 //! SELECT .. FROM idempotency_requests WHERE <key>          prepared, outside any transaction
@@ -21,8 +45,10 @@
 //!   key taken and rolls back its whole transaction, effect included, and answers
 //!   what the holder stored. Only a finished row past its retention is taken over
 //!   (`DO UPDATE .. WHERE`); a leased execution's row never is.
-//! * **Bound parameters only**: keys (their digests) and fingerprints never
-//!   travel as SQL text, and nothing raises an error to say "replay".
+//! * **Values that cannot inject**: on the bound-parameter path nothing travels
+//!   as SQL text; on the session path values travel only in the encodings of
+//!   [`super::session`] (text as `E'..'` with quotes and backslashes doubled,
+//!   bytes as hex, numbers formatted from integers).
 //!
 //! The price, said in ARCHITECTURE.md: a duplicate on another process that
 //! arrives while the first is still running its handler runs its own handler too,
@@ -36,6 +62,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 
 use super::BEGIN_READ_COMMITTED;
+use super::session::{self, bytea_literal, text_literal};
 use super::transactional::{claim_on, complete_on, stored_from_row};
 use crate::db::ClaimContext;
 use crate::db::Tx;
@@ -83,7 +110,12 @@ pub(crate) async fn begin_claim(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
+    let in_session = ctx.claims_at_commit
+        && session::uses_session_statements(ctx.pool, ctx.session_statements).await;
     let mut conn = ctx.pool.acquire().await?;
+    if in_session {
+        return begin_in_session(ctx, req, conn).await;
+    }
     let begin = begin_statement(ctx);
     if !ctx.claims_at_commit {
         return claim_first(conn, req, begin).await;
@@ -104,6 +136,133 @@ pub(crate) async fn begin_claim(
     Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
 }
 
+/// The session path's claim (see the module docs): `BEGIN` with the probe; a
+/// key with a row is looked up and decided as on the other path.
+async fn begin_in_session(
+    ctx: &ClaimContext<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+    mut conn: PoolConnection<Postgres>,
+) -> Result<(Tx<Postgres>, Claim), StoreError> {
+    let mut begin = begin_text(ctx);
+    begin.push_str("; EXECUTE ");
+    begin.push_str(session::PROBE);
+    push_key(&mut begin, req.tenant, req.operation, req.key.digest())?;
+    let in_session = |generation| Execution {
+        in_session: true,
+        ..Execution::at_commit(req, generation)
+    };
+    let mut prepared = false;
+    loop {
+        let statement = AssertSqlSafe(begin.clone()).into_sql_str();
+        let e = match Tx::begin_on(conn, statement).await {
+            Ok(tx) => return Ok((tx, Claim::Execute(in_session(1)))),
+            Err((returned, e)) => {
+                conn = returned;
+                e
+            }
+        };
+        if session::is_marker(&e, session::PROBE_MARKER) {
+            let (conn, snapshot) = lookup_in_session(conn, req).await?;
+            return match decide::transactional(snapshot, req.in_flight_wait) {
+                decide::Transactional::Answer(claim) => Ok((Tx::idle(conn), claim)),
+                decide::Transactional::Execute { generation } => {
+                    let tx = Tx::begin_on(conn, begin_statement(ctx))
+                        .await
+                        .map_err(|(_, e)| e)?;
+                    Ok((tx, Claim::Execute(in_session(generation))))
+                }
+            };
+        }
+        // The message failed after `BEGIN` (or in it): whatever the server holds
+        // now is rolled back before the connection is used or given back.
+        if let Err(rollback) = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await {
+            conn.close_on_drop();
+            return Err(rollback.into());
+        }
+        if prepared || !session::is_missing_statement(&e) {
+            return Err(e.into());
+        }
+        // A session that has not met idem yet (or lost its statements): prepare
+        // them, once, and begin again.
+        session::prepare(&mut conn).await?;
+        prepared = true;
+    }
+}
+
+/// After the probe found a row: rolls the aborted transaction back and reads
+/// the key, in one message. Any failure closes the connection (where the
+/// message stopped is not known).
+async fn lookup_in_session(
+    mut conn: PoolConnection<Postgres>,
+    req: &ClaimRequest<'_>,
+) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
+    let mut sql = String::from("ROLLBACK; EXECUTE ");
+    sql.push_str(session::LOOKUP);
+    push_key(&mut sql, req.tenant, req.operation, req.key.digest())?;
+    let row = match sqlx::raw_sql(AssertSqlSafe(sql))
+        .fetch_optional(&mut *conn)
+        .await
+    {
+        Ok(row) => row,
+        Err(e) => {
+            conn.close_on_drop();
+            return Err(e.into());
+        }
+    };
+    let snapshot = match row {
+        None => None,
+        Some(row) => {
+            let stored = unhex(row.try_get("fingerprint")?)?;
+            Some(KeySnapshot::read(
+                row.try_get("state")?,
+                &stored,
+                &req.fingerprint,
+                row.try_get("generation")?,
+                row.try_get("live")?,
+                || stored_from_text_row(&row),
+            )?)
+        }
+    };
+    Ok((conn, snapshot))
+}
+
+/// `(<tenant>, <operation>, <key digest>)` as the session statements take them.
+fn push_key(
+    sql: &mut String,
+    tenant: &str,
+    operation: &str,
+    key: KeyDigest,
+) -> Result<(), StoreError> {
+    sql.push('(');
+    text_literal(sql, tenant)?;
+    sql.push_str(", ");
+    text_literal(sql, operation)?;
+    sql.push_str(", ");
+    bytea_literal(sql, key.as_bytes());
+    sql.push(')');
+    Ok(())
+}
+
+/// A byte column the session lookup encoded as hex (`NULL` stays absent).
+fn unhex(text: Option<String>) -> Result<Vec<u8>, StoreError> {
+    hex::decode(text.unwrap_or_default())
+        .map_err(|e| StoreError::Corrupt(format!("a byte column's hex: {e}")))
+}
+
+/// The stored outcome from the session lookup's row (text columns, bytes as
+/// hex).
+fn stored_from_text_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
+    let status: i16 = row.try_get("response_status")?;
+    let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
+        row.try_get("response_headers")?;
+    Ok(StoredResponse {
+        status: u16::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+        headers: headers.map(|h| h.0).unwrap_or_default(),
+        body: bytes::Bytes::from(unhex(row.try_get("response_body")?)?),
+    })
+}
+
 /// `BEGIN` with the request deadline as `statement_timeout` (no statement of the
 /// handler's, nor idem's, runs longer) and `idle_in_transaction_session_timeout`
 /// (a client that stalls or vanishes mid-transaction has its session ended by
@@ -112,13 +271,17 @@ pub(crate) async fn begin_claim(
 /// must not cancel a statement just before the client abandons the request.
 /// Both take at most `i32::MAX` milliseconds (about 24.8 days).
 fn begin_statement(ctx: &ClaimContext<'_, Postgres>) -> sqlx::SqlStr {
+    AssertSqlSafe(begin_text(ctx)).into_sql_str()
+}
+
+/// The text of [`begin_statement`].
+fn begin_text(ctx: &ClaimContext<'_, Postgres>) -> String {
     let deadline = ctx.deadline;
     let ms = millis(deadline.saturating_add(Duration::from_secs(1))).min(i64::from(i32::MAX));
-    AssertSqlSafe(format!(
+    format!(
         "{BEGIN_READ_COMMITTED}; SELECT set_config('statement_timeout', '{ms}', true), \
          set_config('idle_in_transaction_session_timeout', '{ms}', true)"
-    ))
-    .into_sql_str()
+    )
 }
 
 /// The key as it stands, if it has a row; `fingerprint` is the request's.
@@ -176,9 +339,12 @@ pub(crate) async fn finish(
     let Ok(status) = i16::try_from(response.status) else {
         return Finish::NotStored(StoreError::Corrupt(format!("status {}", response.status)));
     };
-    // Milliseconds, lock_timeout's unit: bound as a number, no string built.
+    // Milliseconds, lock_timeout's unit.
     let wait = super::lock_wait_ms(execution.in_flight_wait).max(1);
     let started = Instant::now();
+    if execution.in_session {
+        return finish_in_session(ctx, tx, execution, response, status, wait, started).await;
+    }
     let inserted = sqlx::query(INSERT_SQL)
         .bind(&execution.tenant)
         .bind(&execution.operation)
@@ -197,34 +363,138 @@ pub(crate) async fn finish(
             Ok(()) => Finish::Committed,
             Err(e) => Finish::Unknown(e.into()),
         },
-        Ok(None) => {
-            // A finished row that has not expired, or a leased execution's: this
-            // execution loses, and answers what the key holds now.
-            crate::metrics::claim_waited(execution.operation.clone(), started);
-            if let Err(e) = tx.rollback().await {
-                return Finish::NotStored(e.into());
-            }
-            match answer_instead(ctx, &execution).await {
-                Ok(claim) => Finish::Taken(claim),
-                Err(e) => Finish::NotStored(e),
-            }
+        // A finished row that has not expired, or a leased execution's: this
+        // execution loses, and answers what the key holds now.
+        Ok(None) => lost(ctx, tx, &execution, started).await,
+        Err(e) => not_inserted(ctx, tx, &execution, started, e).await,
+    }
+}
+
+/// The session path's finish: the finished row, `COMMIT` and an empty `BEGIN`
+/// in one message (see the module docs).
+async fn finish_in_session(
+    ctx: &ClaimContext<'_, Postgres>,
+    mut tx: Tx<Postgres>,
+    execution: Execution,
+    response: &StoredResponse,
+    status: i16,
+    wait: i64,
+    started: Instant,
+) -> Finish {
+    let sql = match finish_text(&execution, response, status, wait) {
+        Ok(sql) => sql,
+        Err(e) => return Finish::NotStored(e),
+    };
+    match sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(&mut **tx.connection())
+        .await
+    {
+        Ok(_) => {
+            tx.committed_by_message();
+            Finish::Committed
         }
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LOCK_TIMEOUT) => {
+        // The insert claimed nothing and the cast after it failed: `COMMIT` never
+        // ran, and the transaction is aborted.
+        Err(e) if session::is_marker(&e, session::TAKEN_MARKER) => {
+            lost(ctx, tx, &execution, started).await
+        }
+        // An error the server answered: the message stopped there, before or at
+        // `COMMIT`, and nothing committed (a `COMMIT` that fails rolls back).
+        Err(e @ sqlx::Error::Database(_)) => not_inserted(ctx, tx, &execution, started, e).await,
+        // The connection failed mid-message: `COMMIT` may have run.
+        Err(e) => {
+            tx.discard();
+            Finish::Unknown(e.into())
+        }
+    }
+}
+
+/// `EXECUTE idem_finish_1(..); COMMIT; BEGIN`, every value in an encoding that
+/// cannot inject (see [`super::session`]).
+fn finish_text(
+    execution: &Execution,
+    response: &StoredResponse,
+    status: i16,
+    wait: i64,
+) -> Result<String, StoreError> {
+    let headers = serde_json::to_string(&response.headers)
+        .map_err(|e| StoreError::Corrupt(format!("stored headers: {e}")))?;
+    let mut sql = String::with_capacity(
+        256 + execution.tenant.len()
+            + execution.operation.len()
+            + headers.len()
+            + 2 * response.body.len(),
+    );
+    sql.push_str("EXECUTE ");
+    sql.push_str(session::FINISH);
+    push_key(
+        &mut sql,
+        &execution.tenant,
+        &execution.operation,
+        execution.key,
+    )?;
+    sql.pop(); // the key's closing parenthesis: the row goes on
+    sql.push_str(", ");
+    bytea_literal(&mut sql, execution.fingerprint.as_bytes());
+    sql.push_str(", ");
+    text_literal(&mut sql, response.state())?;
+    sql.push_str(", ");
+    sql.push_str(&status.to_string());
+    sql.push_str(", ");
+    text_literal(&mut sql, &headers)?;
+    sql.push_str(", ");
+    bytea_literal(&mut sql, &response.body);
+    sql.push_str(", ");
+    sql.push_str(&millis(execution.retention).to_string());
+    sql.push_str(", '");
+    sql.push_str(&wait.to_string());
+    sql.push_str("'); COMMIT; BEGIN");
+    Ok(sql)
+}
+
+/// The key is held by another execution's finished or leased row: this one
+/// rolls back and answers what the key holds now.
+async fn lost(
+    ctx: &ClaimContext<'_, Postgres>,
+    tx: Tx<Postgres>,
+    execution: &Execution,
+    started: Instant,
+) -> Finish {
+    crate::metrics::claim_waited(execution.operation.clone(), started);
+    if let Err(e) = tx.rollback().await {
+        return Finish::NotStored(e.into());
+    }
+    match answer_instead(ctx, execution).await {
+        Ok(claim) => Finish::Taken(claim),
+        Err(e) => Finish::NotStored(e),
+    }
+}
+
+/// The insert (or, on the session path, its message) failed with `e`.
+async fn not_inserted(
+    ctx: &ClaimContext<'_, Postgres>,
+    tx: Tx<Postgres>,
+    execution: &Execution,
+    started: Instant,
+    e: sqlx::Error,
+) -> Finish {
+    match e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(LOCK_TIMEOUT) => {
             crate::metrics::claim_waited(execution.operation.clone(), started);
             drop(tx); // rolls the aborted transaction back
             Finish::Taken(Claim::InFlight {
                 retry_after: execution.in_flight_wait.max(Duration::from_secs(1)),
             })
         }
-        // The transaction is aborted and COMMIT was never sent: nothing
-        // committed. The handler may have run into the winner of a race for
-        // the key (its own unique row, say, then answered a 4xx): if another
-        // execution finished the key meanwhile, its outcome is the answer.
-        Err(e @ sqlx::Error::Database(_)) => {
+        // The transaction is aborted and COMMIT never took: nothing committed.
+        // The handler may have run into the winner of a race for the key (its
+        // own unique row, say, then answered a 4xx): if another execution
+        // finished the key meanwhile, its outcome is the answer.
+        e @ sqlx::Error::Database(_) => {
             if let Err(rollback) = tx.rollback().await {
                 return Finish::NotStored(rollback.into());
             }
-            match answer_instead(ctx, &execution)
+            match answer_instead(ctx, execution)
                 .await
                 .map(decide::answers_instead)
             {
@@ -232,7 +502,7 @@ pub(crate) async fn finish(
                 _ => Finish::NotStored(e.into()),
             }
         }
-        Err(e) => {
+        e => {
             // Where the connection stopped is not known: close it.
             tx.discard();
             Finish::NotStored(e.into())

@@ -30,6 +30,7 @@ pub(crate) mod hot_path;
 mod leased;
 mod operations;
 pub(crate) mod pooler;
+pub(crate) mod session;
 pub(crate) mod transactional;
 mod upkeep;
 
@@ -88,7 +89,9 @@ impl super::stores::Claims for Postgres {
     /// Behind a connection pooler, only through one that keeps sessions: the
     /// migrator holds a session-level advisory lock (see [`pooler`]).
     async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
-        match pooler::probe(pool).await? {
+        let sessions = pooler::probe(pool).await?;
+        session::record(pool, sessions);
+        match sessions {
             pooler::Sessions::Kept => {}
             pooler::Sessions::TransactionPooled => return Err(pooler::migrations_need_a_session()),
             pooler::Sessions::PreparedStatementsLost => {

@@ -179,7 +179,9 @@ pub(crate) fn migrations_need_a_session() -> StoreError {
 /// transaction; [`StoreError::Database`] when the probe's statements fail.
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub async fn check_pooler(pool: &PgPool) -> Result<(), StoreError> {
-    match probe(pool).await? {
+    let sessions = probe(pool).await?;
+    super::session::record(pool, sessions);
+    match sessions {
         Sessions::PreparedStatementsLost => Err(prepared_statements_lost()),
         Sessions::Kept | Sessions::TransactionPooled => Ok(()),
     }

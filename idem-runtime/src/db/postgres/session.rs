@@ -1,0 +1,295 @@
+//! idem's statements prepared in the server session (SQL `PREPARE`), so that they
+//! can ride in the same simple-query message as `BEGIN` and `COMMIT`, and the
+//! encoding of their arguments as SQL text.
+//!
+//! sqlx sends a statement with bound parameters as a message sequence of its
+//! own and waits for its answer: each of idem's statements would cost a round
+//! trip. A statement prepared in the session is called by `EXECUTE name(..)`,
+//! which is SQL text, so it can follow `BEGIN` (the probe) or precede `COMMIT`
+//! (the finished row) in one message, and is planned once per connection rather
+//! than parsed from literal SQL each time.
+//!
+//! * **Values as text.** The arguments travel inside the message, so they are
+//!   encoded where nothing can escape them: text as an `E'..'` literal with every
+//!   quote and backslash doubled (independent of `standard_conforming_strings`;
+//!   a NUL, which PostgreSQL's text cannot hold, is an error), bytes as hex in
+//!   such a literal, numbers formatted from integers. [`text_literal`] is held
+//!   to a real server by a property test with arbitrary strings.
+//! * **Created on first use.** A connection that lacks them reports `26000`
+//!   (`invalid_sql_statement_name`) at its first probe; they are prepared then
+//!   ([`prepare`]), and the claim begins again. The names carry a version, so a
+//!   statement of another idem release in the same session is never called.
+//! * **Only where the session stays.** A pooler that runs each transaction on
+//!   whichever server is free (PgBouncer in transaction pooling) keeps only
+//!   protocol-level prepared statements: there idem keeps the path of bound
+//!   parameters. Which path a pool gets is decided once per database target by
+//!   the pooler probe ([`uses_session_statements`]), logged, and can be forced
+//!   with `Idem::with_session_statements`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+use tokio::sync::OnceCell;
+
+use super::pooler::{self, Sessions};
+use crate::model::StoreError;
+
+/// Fails when the key has a row, whatever its state, so that the `BEGIN`
+/// message it rides in fails and the claim goes on to [`LOOKUP`]. The error is
+/// a cast of a text that names itself, evaluated per row (a constant would be
+/// folded, and fail, at planning): the server's log shows what it is.
+pub(crate) const PROBE: &str = "idem_probe_1";
+
+/// Everything the decision needs about a key (as the prepared lookup reads it),
+/// with the byte columns as hex: the simple-query protocol answers in text.
+pub(crate) const LOOKUP: &str = "idem_lookup_1";
+
+/// The finished row, claiming the key, as the bound-parameter insert writes it;
+/// fails when it claimed nothing (another execution's row holds the key), so
+/// that the `COMMIT` after it in the message never runs.
+pub(crate) const FINISH: &str = "idem_finish_1";
+
+/// The text of the error [`PROBE`] raises, inside PostgreSQL's message.
+pub(crate) const PROBE_MARKER: &str = "idem: the key has a row";
+
+/// The text of the error [`FINISH`] raises, inside PostgreSQL's message.
+pub(crate) const TAKEN_MARKER: &str = "idem: the key was taken by another execution";
+
+/// PostgreSQL's `invalid_text_representation`, the code of both markers' casts.
+pub(crate) const MARKER_CODE: &str = "22P02";
+
+/// PostgreSQL's `invalid_sql_statement_name`: the session lacks a statement.
+pub(crate) const MISSING_STATEMENT: &str = "26000";
+
+/// The three statements, by name, with their `PREPARE` texts.
+const STATEMENTS: [(&str, &str); 3] = [
+    (
+        PROBE,
+        "PREPARE idem_probe_1(text, text, bytea) AS \
+         SELECT (r.state || ': idem: the key has a row')::int \
+           FROM idempotency_requests r \
+          WHERE r.tenant_id = $1 AND r.operation = $2 AND r.key_digest = $3",
+    ),
+    (
+        LOOKUP,
+        "PREPARE idem_lookup_1(text, text, bytea) AS \
+         SELECT encode(fingerprint, 'hex') AS fingerprint, state, generation, \
+                expires_at > now() AS live, response_status, response_headers, \
+                encode(response_body, 'hex') AS response_body \
+           FROM idempotency_requests \
+          WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3",
+    ),
+    (
+        FINISH,
+        // As hot_path's INSERT_SQL, and then a cast that fails when the insert
+        // returned no row. `lock_timeout` is bounded by the row source and given
+        // back by the final select, so the `COMMIT` after it waits as the
+        // transaction did before.
+        "PREPARE idem_finish_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
+                               bigint, text) AS \
+         WITH ins AS ( \
+           INSERT INTO idempotency_requests AS r \
+                  (tenant_id, operation, key_digest, fingerprint, state, generation, \
+                   response_status, response_headers, response_body, created_at, \
+                   completed_at, expires_at) \
+           SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, \
+                  c.t + $9 * interval '1 millisecond' \
+             FROM (SELECT clock_timestamp() AS t, \
+                          set_config('idem.lock_timeout', current_setting('lock_timeout'), true) \
+                            AS saved, \
+                          set_config('lock_timeout', $10, true) AS bounded) c \
+           ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
+              SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, \
+                  generation = r.generation + 1, response_status = EXCLUDED.response_status, \
+                  response_headers = EXCLUDED.response_headers, \
+                  response_body = EXCLUDED.response_body, \
+                  owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, \
+                  created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, \
+                  expires_at = EXCLUDED.expires_at \
+            WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') \
+           RETURNING r.generation) \
+         SELECT (CASE count(*) WHEN 0 THEN 'idem: the key was taken by another execution' \
+                 ELSE '1' END)::int, \
+                set_config('lock_timeout', current_setting('idem.lock_timeout'), true) \
+           FROM ins",
+    ),
+];
+
+/// Prepares whichever of idem's statements the session lacks. The connection
+/// must be outside any transaction (a failed `PREPARE` there would abort it).
+pub(crate) async fn prepare(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let names: Vec<&str> = STATEMENTS.iter().map(|(name, _)| *name).collect();
+    let present: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pg_prepared_statements WHERE name = ANY($1)")
+            .bind(&names)
+            .fetch_all(&mut *conn)
+            .await?;
+    let mut sql = String::new();
+    for (name, text) in STATEMENTS {
+        if !present.iter().any(|p| p == name) {
+            sql.push_str(text);
+            sql.push(';');
+        }
+    }
+    if !sql.is_empty() {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Appends `value` as a SQL text literal that holds for every string: `E'..'`
+/// with each `'` and `\` doubled, so neither ends the literal nor escapes
+/// anything, whatever `standard_conforming_strings` says. Every other character,
+/// any Unicode included, stands for itself (sqlx's sessions speak UTF-8).
+///
+/// # Errors
+///
+/// [`StoreError::Corrupt`] for a NUL, which PostgreSQL's text cannot hold.
+pub(crate) fn text_literal(sql: &mut String, value: &str) -> Result<(), StoreError> {
+    if value.contains('\0') {
+        return Err(StoreError::Corrupt(
+            "a NUL character in a tenant id, operation or stored header: PostgreSQL's text \
+             cannot hold it"
+                .to_owned(),
+        ));
+    }
+    sql.reserve(value.len() + 3);
+    sql.push_str("E'");
+    for c in value.chars() {
+        match c {
+            '\'' => sql.push_str("''"),
+            '\\' => sql.push_str("\\\\"),
+            c => sql.push(c),
+        }
+    }
+    sql.push('\'');
+    Ok(())
+}
+
+/// Appends `bytes` as a `bytea` literal in hex (`E'\\x..'`): only hex digits
+/// travel.
+pub(crate) fn bytea_literal(sql: &mut String, bytes: &[u8]) {
+    sql.reserve(bytes.len() * 2 + 6);
+    sql.push_str("E'\\\\x");
+    for b in bytes {
+        let _ = write!(sql, "{b:02x}");
+    }
+    sql.push('\'');
+}
+
+/// Whether the error is `marker`'s, raised by one of idem's casts.
+pub(crate) fn is_marker(e: &sqlx::Error, marker: &str) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some(MARKER_CODE) && db.message().contains(marker)
+        }
+        _ => false,
+    }
+}
+
+/// Whether the session lacked one of idem's statements.
+pub(crate) fn is_missing_statement(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(MISSING_STATEMENT))
+}
+
+/// What the pooler probe decided, per database target (host, port or socket,
+/// database, user): probed once, by the first claim or by `migrate` /
+/// `check_pooler` at start.
+static CHOICES: LazyLock<Mutex<HashMap<String, Arc<OnceCell<bool>>>>> =
+    LazyLock::new(Mutex::default);
+
+fn target(options: &PgConnectOptions) -> String {
+    format!(
+        "{}|{}|{:?}|{:?}|{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_socket(),
+        options.get_database(),
+        options.get_username()
+    )
+}
+
+fn cell(options: &PgConnectOptions) -> Arc<OnceCell<bool>> {
+    let mut choices = CHOICES.lock().unwrap_or_else(|e| e.into_inner());
+    choices.entry(target(options)).or_default().clone()
+}
+
+/// Records what the pooler probe saw of `pool` (`migrate` and `check_pooler`
+/// run it at start), so that the first claim does not probe again.
+pub(crate) fn record(pool: &PgPool, sessions: Sessions) {
+    let options = pool.connect_options();
+    let _ = cell(&options).set(decide(&options, sessions));
+}
+
+/// Whether claims on `pool` use the session's statements: `forced` if set
+/// (`Idem::with_session_statements`), else what the pooler probe says (run
+/// once per target; a probe that fails is tried again by the next claim, which
+/// meanwhile takes the bound-parameter path).
+pub(crate) async fn uses_session_statements(pool: &PgPool, forced: Option<bool>) -> bool {
+    if let Some(forced) = forced {
+        return forced;
+    }
+    let options = pool.connect_options();
+    let cell = cell(&options);
+    if let Some(on) = cell.get() {
+        return *on;
+    }
+    cell.get_or_try_init(|| async {
+        pooler::probe(pool)
+            .await
+            .map(|sessions| decide(&options, sessions))
+    })
+    .await
+    .copied()
+    .unwrap_or(false)
+}
+
+fn decide(options: &PgConnectOptions, sessions: Sessions) -> bool {
+    let on = sessions == Sessions::Kept;
+    tracing::info!(
+        host = options.get_host(),
+        port = options.get_port(),
+        database = options.get_database().unwrap_or_default(),
+        sessions = ?sessions,
+        "idem: PostgreSQL claims {}",
+        if on {
+            "use statements prepared in the session (lookup with BEGIN, finished row with COMMIT)"
+        } else {
+            "use bound parameters (the pool does not keep a session across transactions)"
+        }
+    );
+    on
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_literals_double_quotes_and_backslashes() {
+        let mut sql = String::new();
+        text_literal(&mut sql, r"a'b\c").unwrap();
+        assert_eq!(sql, r"E'a''b\\c'");
+    }
+
+    #[test]
+    fn a_nul_is_an_error() {
+        let mut sql = String::new();
+        assert!(matches!(
+            text_literal(&mut sql, "a\0b"),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn bytes_are_hex() {
+        let mut sql = String::new();
+        bytea_literal(&mut sql, &[0, 0xab, 0xff]);
+        assert_eq!(sql, r"E'\\x00abff'");
+    }
+}
