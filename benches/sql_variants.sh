@@ -26,7 +26,15 @@
 #   replay            the lookup alone, on a pre-populated finished key (the replay path: one prepared statement, no transaction)
 #   lookup_advisory   BEGIN RC; SELECT pg_advisory_xact_lock(..), (lookup subquery); INSERT order; COMPLETE; COMMIT
 #   claim_update      the old shape: BEGIN RC; INSERT processing claim ON CONFLICT DO NOTHING RETURNING; INSERT order; UPDATE to completed; COMMIT
-#   pipelined (simple) what the runtime sent until now: idem_precheck \; BEGIN \; idem_take; INSERT order; idem_finish \; COMMIT \; BEGIN; ROLLBACK
+#   pipeline          a pipelining driver: the prepared lookup, BEGIN RC and set_config in one pgbench
+#                     pipeline (one round trip); INSERT order; COMPLETE and COMMIT in one pipeline
+#   bare_simple (simple) bare, unprepared: the yardstick of the session shape
+#   session (simple)  what the runtime sends where sessions are kept (db/postgres/session.rs):
+#                     BEGIN RC \; set_config \; EXECUTE idem_probe_1(..); INSERT order;
+#                     EXECUTE idem_finish_1(..) \; COMMIT, the statements PREPAREd once per
+#                     pgbench client (the runtime's trailing empty BEGIN, whose ROLLBACK rides
+#                     with the pool's release ping, is left out: pgbench would give it a round trip)
+#   pipelined (simple) what the runtime sent before the one-row path: idem_precheck \; BEGIN \; idem_take; INSERT order; idem_finish \; COMMIT \; BEGIN; ROLLBACK
 #                     (literals, 32-byte digest literals; skipped with a note when the database lacks idem_precheck/idem_take/idem_finish)
 # pgbench cannot prepare a line holding two statements ("cannot insert multiple
 # commands into a prepared statement"), so the runtime's message "BEGIN ISOLATION
@@ -51,7 +59,7 @@ SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-2}
 LOOP=${LOOP:-10000}
 REPLAY_KEYS=${REPLAY_KEYS:-100000}
-SHAPES=${SHAPES:-bare floor optimistic lookup_optimistic lookup_optimistic_pipe lookup_optimistic_simple replay lookup_advisory claim_update pipelined}
+SHAPES=${SHAPES:-bare floor optimistic lookup_optimistic lookup_optimistic_pipe lookup_optimistic_simple pipeline bare_simple session replay lookup_advisory claim_update pipelined}
 case " $SHAPES " in *" bare "*) ;; *) SHAPES="bare $SHAPES" ;; esac
 HOST=${PGHOST:-127.0.0.1}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -114,6 +122,22 @@ shape=pipelined;                script '\set k random(1000000000000, 89999999999
     "SELECT idem_finish($KL, 1, 'completed', 201::smallint, '$HEADERS'::jsonb, $BODY, 86400000) \\; COMMIT \\; BEGIN;" \
     'ROLLBACK;'
 
+shape=pipeline;                 script "$KSET" '\startpipeline' "$LOOKUP" "$RC" "$TIMEOUTS" '\endpipeline' "$ORDER" \
+    '\startpipeline' "$COMPLETE" 'COMMIT;' '\endpipeline'
+shape=bare_simple;              script "$KSET" 'BEGIN;' "$ORDER" 'COMMIT;'
+# The session statements as the runtime prepares them (db/postgres/session.rs;
+# keep the two alike), once per pgbench client: its variables persist across
+# transactions (-D prepared=0 starts each at 0).
+KD="'\\x$(printf '0%.0s' {1..51}):k'::bytea"
+shape=session;                  script '\set k random(1000000000000, 8999999999999)' \
+    '\if :prepared = 0' \
+    "PREPARE idem_probe_1(text, text, bytea) AS SELECT (r.state || ': idem: the key has a row')::int FROM idempotency_requests r WHERE r.tenant_id = \$1 AND r.operation = \$2 AND r.key_digest = \$3;" \
+    "PREPARE idem_finish_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text) AS WITH ins AS (INSERT INTO idempotency_requests AS r ($COLS) SELECT \$1, \$2, \$3, \$4, \$5, 1, \$6, \$7, \$8, now(), c.t, c.t + \$9 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t, set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', \$10, true) AS bounded) c ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, generation = r.generation + 1, response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, expires_at = EXCLUDED.expires_at WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') RETURNING r.generation) SELECT (CASE count(*) WHEN 0 THEN 'idem taken' ELSE '1' END)::int, set_config('lock_timeout', current_setting('idem.lock_timeout'), true) FROM ins;" \
+    '\set prepared 1' '\endif' \
+    "${RC%;} \\; ${TIMEOUTS%;} \\; EXECUTE idem_probe_1('t', 'create-order', $KD);" \
+    "$ORDER" \
+    "EXECUTE idem_finish_1('t', 'create-order', $KD, $FP, 'completed', 201, '$HEADERS', $BODY, 86400000, '2000') \\; COMMIT;"
+
 # The finished rows replay reads. The table is analysed only once it holds rows:
 # an empty ANALYZE makes sessions cache sequential-scan plans for the key lookups
 # (see BENCHMARKS.md).
@@ -123,16 +147,16 @@ populate() {
 }
 populate
 
-mode_of() { case "$1" in pipelined | lookup_optimistic_simple) echo simple ;; *) echo prepared ;; esac; }
+mode_of() { case "$1" in pipelined | lookup_optimistic_simple | bare_simple | session) echo simple ;; *) echo prepared ;; esac; }
 JOBS=$((CLIENTS < 2 ? CLIENTS : 2))
-echo "pgbench -M prepared (pipelined, lookup_optimistic_simple: -M simple), $CLIENTS clients, $SECS s per shape, $REPLAY_KEYS finished rows to replay; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'), synchronous_commit $(psql -d "$DB" -c 'SHOW synchronous_commit'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "pgbench -M prepared (pipelined, lookup_optimistic_simple, bare_simple, session: -M simple), $CLIENTS clients, $SECS s per shape, $REPLAY_KEYS finished rows to replay; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'), synchronous_commit $(psql -d "$DB" -c 'SHOW synchronous_commit'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$PIPELINED" = t ] || echo "pipelined: skipped, the database has no idem_precheck/idem_take/idem_finish over bytea digests"
 : >"$WORK/results"
 for round in $(seq 1 "$ROUNDS"); do
     for shape in $SHAPES; do
         [ "$shape" = pipelined ] && [ "$PIPELINED" != t ] && continue
         log="$WORK/$shape.$round.log"
-        pgbench -h "$HOST" -U postgres -n -M "$(mode_of "$shape")" -c "$CLIENTS" -j "$JOBS" -T "$SECS" \
+        pgbench -h "$HOST" -U postgres -n -M "$(mode_of "$shape")" -D prepared=0 -c "$CLIENTS" -j "$JOBS" -T "$SECS" \
             -f "$WORK/$shape.sql" "$DB" >"$log" 2>&1 || true
         tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$log")
         if [ -z "$tps" ] || grep -q 'error\|aborted' "$log"; then
