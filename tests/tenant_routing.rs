@@ -158,12 +158,19 @@ fn c_str(bytes: &[u8]) -> String {
 }
 
 /// Whether a statement of idem's routes by the tenant: its `WHERE` pins
-/// `tenant_id` to a parameter, or it inserts a row with its `tenant_id`, or it
-/// calls one of idem's functions, whose first argument is the tenant (Citus
-/// delegates such a call to the tenant's shard once the function is distributed
-/// by that argument, co-located with the table).
+/// `tenant_id` to a parameter, or it inserts a row with its `tenant_id` (also in
+/// a data-modifying `WITH`), or it calls one of idem's functions, whose first
+/// argument is the tenant (Citus delegates such a call to the tenant's shard
+/// once the function is distributed by that argument, co-located with the
+/// table). A statement prepared in the session is judged by its body: each
+/// `EXECUTE` of it passes the tenant as its first parameter.
 fn names_the_tenant(sql: &str) -> bool {
     let s = sql.to_ascii_lowercase();
+    let s = match s.strip_prefix("prepare ").or(s.strip_prefix("idem_")) {
+        Some(rest) => rest.split_once(") as ").map_or(rest, |(_, body)| body),
+        None => &s,
+    };
+    let s = s.strip_prefix("with ins as ( ").unwrap_or(s);
     s.match_indices("tenant_id = $")
         .any(|(at, m)| s[at + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
         || (s.starts_with("insert into idempotency_requests") && s.contains("(tenant_id,"))
@@ -253,8 +260,12 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
     let recorder = Recorder::start().await;
     let pool = recorder.pool(&db).await;
 
-    for at_commit in [true, false] {
-        let idem = Idem::new(pool.clone()).with_claims_at_commit(at_commit);
+    // Claims at commit on both PostgreSQL paths (statements prepared in the
+    // session, and bound parameters), and claims first.
+    for (at_commit, session) in [(true, true), (true, false), (false, true)] {
+        let idem = Idem::new(pool.clone())
+            .with_claims_at_commit(at_commit)
+            .with_session_statements(session);
         let router = Router::new()
             .route("/widgets", post(create_widget))
             .route("/payments", post(create_payment))
@@ -264,20 +275,20 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
                 idem_runtime::operations::router::<Caller, sqlx::Postgres, Idem>(),
             )
             .with_state(idem.clone());
-        let key = format!("w-{at_commit}");
+        let key = format!("w-{at_commit}-{session}");
         let first = send(&router, request("/widgets", &key, json!({"name": "a"}))).await;
         assert_eq!(first, StatusCode::CREATED);
         let replay = send(&router, request("/widgets", &key, json!({"name": "a"}))).await;
         assert_eq!(replay, StatusCode::CREATED);
         let other = send(&router, request("/widgets", &key, json!({"name": "b"}))).await;
         assert_eq!(other, StatusCode::UNPROCESSABLE_ENTITY);
-        let key = format!("p-{at_commit}");
+        let key = format!("p-{at_commit}-{session}");
         for _ in 0..2 {
             let paid = send(&router, request("/payments", &key, json!({"amount": 5}))).await;
             assert_eq!(paid, StatusCode::CREATED);
         }
         // A long operation, and its resource read while it runs and when done.
-        let key = format!("e-{at_commit}");
+        let key = format!("e-{at_commit}-{session}");
         let accepted = send(&router, request("/exports", &key, json!({"n": 1}))).await;
         assert_eq!(accepted, StatusCode::ACCEPTED);
         idem.executions().drained().await;
@@ -322,12 +333,29 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         }
     }
 
-    let statements = recorder.statements();
+    // The session statements are prepared several to a message: one each.
+    let statements: Vec<String> = recorder
+        .statements()
+        .iter()
+        .flat_map(|s| s.split(";PREPARE ").map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    for sent in [
+        "EXECUTE idem_probe_1(E'acme'",
+        "EXECUTE idem_finish_1(E'acme'",
+    ] {
+        assert!(
+            statements.iter().any(|s| s.contains(sent)),
+            "no message with {sent:?}"
+        );
+    }
     let idems: Vec<&String> = statements.iter().filter(|s| is_idems(s)).collect();
     // The paths above sent what they are known to send: the test cannot pass
     // by having seen nothing.
     for expected in [
         "SELECT fingerprint, state, generation, expires_at > now() AS live",
+        "idem_probe_1(text, text, bytea) AS SELECT",
+        "idem_lookup_1(text, text, bytea) AS SELECT",
+        "WITH ins AS ( INSERT INTO idempotency_requests AS r",
         "INSERT INTO idempotency_requests AS r",
         "FROM idem_claim($1,",
         "FROM idem_claim_leased($1,",
@@ -359,6 +387,12 @@ fn the_check_refuses_a_statement_without_the_tenant() {
     ));
     assert!(names_the_tenant(
         "DELETE FROM idempotency_requests WHERE tenant_id = $1 AND operation = $2"
+    ));
+    assert!(!names_the_tenant(
+        "PREPARE idem_x_1(text, bytea) AS SELECT 1 FROM idempotency_requests WHERE key_digest = $2"
+    ));
+    assert!(names_the_tenant(
+        "PREPARE idem_x_1(text, bytea) AS SELECT 1 FROM idempotency_requests WHERE tenant_id = $1"
     ));
     let mut frames = Frames::default();
     let startup = [0u8, 0, 0, 8, 0, 3, 0, 0];
