@@ -285,6 +285,11 @@ impl FingerprintBody for String {
 /// takes another integer's spelling). For every number up to 2^53 in magnitude,
 /// for every non-integer and from 1e21 up, the output is exactly RFC 8785's.
 ///
+/// The value is written as it serializes, without an intermediate
+/// `serde_json::Value`; what it writes is what `serde_json::to_value` followed by
+/// canonicalisation of that tree would (the same numbers, strings, `null`s and
+/// errors; of two members with the same key, the later one).
+///
 /// # Errors
 ///
 /// [`FingerprintError`] when the value has no JSON form (a map with non-string
@@ -295,65 +300,803 @@ impl FingerprintBody for String {
 /// A NaN or infinite float becomes `null`, as in `serde_json`: JSON bodies cannot
 /// carry one, but a form body can (`amount=inf`). Do not carry amounts in floats.
 pub fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
-    let tree = serde_json::to_value(value)?;
-    let mut out = Vec::with_capacity(128);
-    write_canonical(&tree, &mut out)?;
-    Ok(out)
+    let mut writer = Canonical {
+        out: Vec::with_capacity(128),
+        members: Vec::new(),
+        keys: String::new(),
+    };
+    value.serialize(&mut writer)?;
+    Ok(writer.out)
 }
 
-fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
-    use serde_json::Value;
-    match v {
-        Value::Number(n) if n.is_i64() || n.is_u64() => {
-            out.extend_from_slice(n.to_string().as_bytes())
-        }
-        // A whole double from 2^53 up to RFC 8785's switch to exponents (1e21):
-        // the shortest spelling RFC 8785 asks for (2^60 as 1152921504606847000)
-        // is not the value, while integers are written exactly; so the same
-        // number as an integer and as a double would differ, and an integer that
-        // is the shortest spelling would collide with a double it is not. Written
-        // exactly instead, as its integer (below 2^53 both forms already agree).
-        Value::Number(n)
-            if n.as_f64().is_some_and(|f| {
-                f.is_finite()
-                    && f.fract() == 0.0
-                    && f.abs() >= 9_007_199_254_740_992.0
-                    && f.abs() < 1e21
-            }) =>
-        {
-            let f = n.as_f64().unwrap_or_default();
-            out.extend_from_slice(format!("{f:.0}").as_bytes())
-        }
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
-            serde_jcs::to_writer(&mut *out, v)?;
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out)?;
-            }
-            out.push(b']');
-        }
-        Value::Object(map) => {
-            // RFC 8785 §3.2.3: properties sorted by their UTF-16 code units.
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push(b'{');
-            for (i, (k, val)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                serde_jcs::to_writer(&mut *out, k)?;
-                out.push(b':');
-                write_canonical(val, out)?;
-            }
-            out.push(b'}');
+/// Writes canonical JSON as a value serializes.
+///
+/// Arrays and scalars go straight to `out`. An object's members cannot: they
+/// arrive in the value's order and are written in their keys' order, so each
+/// member's value is written to `out` where it comes, its key kept aside
+/// (`members`, `keys`), and at the object's end the members are sorted and the
+/// object written again, in order, over where its values were.
+struct Canonical {
+    out: Vec<u8>,
+    /// The members of every object still open, innermost last: an object nested
+    /// in a member's value ends (and takes its own members off) before that
+    /// member is pushed.
+    members: Vec<Member>,
+    /// The text of map keys that are not `&'static str`, as a stack like
+    /// `members`.
+    keys: String,
+}
+
+#[derive(Clone, Copy)]
+struct Member {
+    key: KeyText,
+    /// The member's canonical value is `out[value..end]`.
+    value: usize,
+    end: usize,
+}
+
+#[derive(Clone, Copy)]
+enum KeyText {
+    /// A struct's field name.
+    Static(&'static str),
+    /// A map key, `keys[start..end]`.
+    Buffered(usize, usize),
+}
+
+impl KeyText {
+    fn text<'a>(&self, keys: &'a str) -> &'a str {
+        match *self {
+            KeyText::Static(s) => s,
+            KeyText::Buffered(start, end) => &keys[start..end],
         }
     }
-    Ok(())
+}
+
+/// RFC 8785 §3.2.3 orders properties by their UTF-16 code units. UTF-8 bytes sort
+/// in code point order, and so do UTF-16 units except that U+E000–U+FFFF (one
+/// unit each) sort after the supplementary planes, which UTF-16 writes as
+/// surrogates (0xD800–0xDFFF). In UTF-8 those characters lead with 0xEE or 0xEF,
+/// the supplementary planes with 0xF0–0xF4; at the first byte where two keys
+/// differ both bytes lead a character, or both continue characters with the same
+/// lead byte, so lifting 0xEE and 0xEF above 0xF4 there gives the UTF-16 order
+/// without decoding.
+fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
+    fn lift(byte: u8) -> u16 {
+        match byte {
+            0xEE | 0xEF => u16::from(byte) + 0x100,
+            _ => u16::from(byte),
+        }
+    }
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => lift(a[i]).cmp(&lift(b[i])),
+        None => a.len().cmp(&b.len()),
+    }
+}
+
+/// The error `serde_json::to_value` gives for the same value, by message and
+/// category.
+fn refused(message: &'static str) -> serde_json::Error {
+    <serde_json::Error as serde::ser::Error>::custom(message)
+}
+
+/// 2^53: from here up to 1e21 a whole double is written as its exact integer.
+const EXACT_FROM: f64 = 9_007_199_254_740_992.0;
+
+impl Canonical {
+    /// Integers, exactly (as `serde_json` writes them).
+    fn integer(&mut self, n: impl Serialize) -> Result<(), serde_json::Error> {
+        n.serialize(&mut serde_json::Serializer::new(&mut self.out))
+    }
+
+    fn float(&mut self, f: f64) {
+        if !f.is_finite() {
+            // What `serde_json::to_value` makes of it.
+            self.out.extend_from_slice(b"null");
+        } else if f.fract() == 0.0 && f.abs() >= EXACT_FROM && f.abs() < 1e21 {
+            // The shortest spelling RFC 8785 asks for (2^60 as
+            // 1152921504606847000) is not the value, while integers are written
+            // exactly: the same number as an integer and as a double would
+            // differ, and an integer that is the shortest spelling would collide
+            // with a double it is not. Below 2^53 both forms already agree.
+            use std::io::Write as _;
+            let _ = write!(self.out, "{f:.0}");
+        } else {
+            let mut buffer = ryu_js::Buffer::new();
+            self.out
+                .extend_from_slice(buffer.format_finite(f).as_bytes());
+        }
+    }
+
+    /// A JSON string as `serde_json` escapes it, which is RFC 8785's escaping
+    /// (two-character escapes where JSON has them, `\u00xx` in lower case for the
+    /// other controls, everything else as it is).
+    fn string(&mut self, s: &str) -> Result<(), serde_json::Error> {
+        serde::Serializer::serialize_str(&mut serde_json::Serializer::new(&mut self.out), s)
+    }
+
+    /// Opens an object of one member whose value follows (an enum variant's).
+    fn open_variant(&mut self, variant: &'static str) -> Result<(), serde_json::Error> {
+        self.out.push(b'{');
+        self.string(variant)?;
+        self.out.push(b':');
+        Ok(())
+    }
+
+    fn object(&mut self, len: Option<usize>, close_variant: bool) -> Object<'_> {
+        self.members.reserve(len.unwrap_or(0));
+        Object {
+            start: self.out.len(),
+            first: self.members.len(),
+            keys_start: self.keys.len(),
+            next_key: None,
+            close_variant,
+            w: self,
+        }
+    }
+
+    fn array(&mut self, close: &'static [u8]) -> Array<'_> {
+        self.out.push(b'[');
+        Array {
+            w: self,
+            first: true,
+            close,
+        }
+    }
+}
+
+impl<'a> serde::Serializer for &'a mut Canonical {
+    type Ok = ();
+    type Error = serde_json::Error;
+    type SerializeSeq = Array<'a>;
+    type SerializeTuple = Array<'a>;
+    type SerializeTupleStruct = Array<'a>;
+    type SerializeTupleVariant = Array<'a>;
+    type SerializeMap = Object<'a>;
+    type SerializeStruct = Struct<'a>;
+    type SerializeStructVariant = Object<'a>;
+
+    fn serialize_bool(self, v: bool) -> Result<(), serde_json::Error> {
+        self.out
+            .extend_from_slice(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+
+    fn serialize_i8(self, v: i8) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_i16(self, v: i16) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_i32(self, v: i32) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_i64(self, v: i64) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_i128(self, v: i128) -> Result<(), serde_json::Error> {
+        // A JSON number here is an i64 or a u64, as in `serde_json::Value`.
+        match (u64::try_from(v), i64::try_from(v)) {
+            (Ok(u), _) => self.integer(u),
+            (_, Ok(i)) => self.integer(i),
+            _ => Err(refused("number out of range")),
+        }
+    }
+
+    fn serialize_u8(self, v: u8) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_u16(self, v: u16) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_u32(self, v: u32) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_u64(self, v: u64) -> Result<(), serde_json::Error> {
+        self.integer(v)
+    }
+
+    fn serialize_u128(self, v: u128) -> Result<(), serde_json::Error> {
+        match u64::try_from(v) {
+            Ok(u) => self.integer(u),
+            Err(_) => Err(refused("number out of range")),
+        }
+    }
+
+    fn serialize_f32(self, v: f32) -> Result<(), serde_json::Error> {
+        // Widened, as `serde_json::Value` keeps an f32.
+        self.float(f64::from(v));
+        Ok(())
+    }
+
+    fn serialize_f64(self, v: f64) -> Result<(), serde_json::Error> {
+        self.float(v);
+        Ok(())
+    }
+
+    fn serialize_char(self, v: char) -> Result<(), serde_json::Error> {
+        self.string(v.encode_utf8(&mut [0; 4]))
+    }
+
+    fn serialize_str(self, v: &str) -> Result<(), serde_json::Error> {
+        self.string(v)
+    }
+
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), serde_json::Error> {
+        // An array of numbers, as `serde_json` writes bytes.
+        let mut array = self.array(b"]");
+        for byte in v {
+            serde::ser::SerializeSeq::serialize_element(&mut array, byte)?;
+        }
+        serde::ser::SerializeSeq::end(array)
+    }
+
+    fn serialize_none(self) -> Result<(), serde_json::Error> {
+        self.serialize_unit()
+    }
+
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), serde_json::Error> {
+        value.serialize(self)
+    }
+
+    fn serialize_unit(self) -> Result<(), serde_json::Error> {
+        self.out.extend_from_slice(b"null");
+        Ok(())
+    }
+
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), serde_json::Error> {
+        self.serialize_unit()
+    }
+
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), serde_json::Error> {
+        self.string(variant)
+    }
+
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<(), serde_json::Error> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), serde_json::Error> {
+        self.open_variant(variant)?;
+        value.serialize(&mut *self)?;
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Array<'a>, serde_json::Error> {
+        Ok(self.array(b"]"))
+    }
+
+    fn serialize_tuple(self, _len: usize) -> Result<Array<'a>, serde_json::Error> {
+        Ok(self.array(b"]"))
+    }
+
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> Result<Array<'a>, serde_json::Error> {
+        Ok(self.array(b"]"))
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Array<'a>, serde_json::Error> {
+        self.open_variant(variant)?;
+        Ok(self.array(b"]}"))
+    }
+
+    fn serialize_map(self, len: Option<usize>) -> Result<Object<'a>, serde_json::Error> {
+        Ok(self.object(len, false))
+    }
+
+    fn serialize_struct(
+        self,
+        name: &'static str,
+        len: usize,
+    ) -> Result<Struct<'a>, serde_json::Error> {
+        if name == RAW_VALUE_TOKEN {
+            // `serde_json::value::RawValue` (JSON text kept as it came): the
+            // value serializer parses it, and its tree is written like any other.
+            let raw =
+                serde::Serializer::serialize_struct(serde_json::value::Serializer, name, len)?;
+            return Ok(Struct::Raw(self, raw));
+        }
+        Ok(Struct::Object(self.object(Some(len), false)))
+    }
+
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        len: usize,
+    ) -> Result<Object<'a>, serde_json::Error> {
+        self.open_variant(variant)?;
+        Ok(self.object(Some(len), true))
+    }
+
+    fn collect_str<T: fmt::Display + ?Sized>(self, value: &T) -> Result<(), serde_json::Error> {
+        // `serde_json` escapes the text as it is formatted, without a `String`.
+        serde::Serializer::collect_str(&mut serde_json::Serializer::new(&mut self.out), value)
+    }
+}
+
+/// The name under which `serde_json::value::RawValue` serializes itself.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
+/// An array being written; `close` ends it (`]`, or `]}` for a tuple variant).
+struct Array<'a> {
+    w: &'a mut Canonical,
+    first: bool,
+    close: &'static [u8],
+}
+
+impl Array<'_> {
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), serde_json::Error> {
+        if !std::mem::take(&mut self.first) {
+            self.w.out.push(b',');
+        }
+        value.serialize(&mut *self.w)
+    }
+
+    fn close(self) -> Result<(), serde_json::Error> {
+        self.w.out.extend_from_slice(self.close);
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeSeq for Array<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), Self::Error> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeTuple for Array<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), Self::Error> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeTupleStruct for Array<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), Self::Error> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeTupleVariant for Array<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), Self::Error> {
+        self.close()
+    }
+}
+
+/// An object being written: its values in `out` from `start`, its members in
+/// `members` from `first`.
+struct Object<'a> {
+    w: &'a mut Canonical,
+    start: usize,
+    first: usize,
+    keys_start: usize,
+    next_key: Option<KeyText>,
+    /// A struct variant's object, inside `{"Variant":…}`.
+    close_variant: bool,
+}
+
+impl Object<'_> {
+    fn member<T: Serialize + ?Sized>(
+        &mut self,
+        key: KeyText,
+        value: &T,
+    ) -> Result<(), serde_json::Error> {
+        let start = self.w.out.len();
+        value.serialize(&mut *self.w)?;
+        self.w.members.push(Member {
+            key,
+            value: start,
+            end: self.w.out.len(),
+        });
+        Ok(())
+    }
+
+    fn close(self) -> Result<(), serde_json::Error> {
+        let Canonical { out, members, keys } = self.w;
+        let object = &mut members[self.first..];
+        // Stable: of members with one key, the last written stays last.
+        object.sort_by(|a, b| utf16_order(a.key.text(keys), b.key.text(keys)));
+        let written = out.len();
+        out.push(b'{');
+        let mut comma = false;
+        for (i, member) in object.iter().enumerate() {
+            let key = member.key.text(keys);
+            // `serde_json`'s map keeps the value inserted last under a key.
+            if object
+                .get(i + 1)
+                .is_some_and(|next| next.key.text(keys) == key)
+            {
+                continue;
+            }
+            if std::mem::replace(&mut comma, true) {
+                out.push(b',');
+            }
+            serde::Serializer::serialize_str(&mut serde_json::Serializer::new(&mut *out), key)?;
+            out.push(b':');
+            out.extend_from_within(member.value..member.end);
+        }
+        out.push(b'}');
+        if self.close_variant {
+            out.push(b'}');
+        }
+        // The object in order replaces the values as they came.
+        out.copy_within(written.., self.start);
+        out.truncate(self.start + (out.len() - written));
+        members.truncate(self.first);
+        keys.truncate(self.keys_start);
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeMap for Object<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Self::Error> {
+        let start = self.w.keys.len();
+        key.serialize(MapKey {
+            keys: &mut self.w.keys,
+        })?;
+        self.next_key = Some(KeyText::Buffered(start, self.w.keys.len()));
+        Ok(())
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Self::Error> {
+        let key = self
+            .next_key
+            .take()
+            .ok_or_else(|| refused("serialize_value called before serialize_key"))?;
+        self.member(key, value)
+    }
+
+    fn end(self) -> Result<(), Self::Error> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeStructVariant for Object<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Self::Error> {
+        self.member(KeyText::Static(key), value)
+    }
+
+    fn end(self) -> Result<(), Self::Error> {
+        self.close()
+    }
+}
+
+/// A struct: an object, or a `RawValue` handed to `serde_json`'s value
+/// serializer.
+enum Struct<'a> {
+    Object(Object<'a>),
+    Raw(
+        &'a mut Canonical,
+        <serde_json::value::Serializer as serde::Serializer>::SerializeStruct,
+    ),
+}
+
+impl serde::ser::SerializeStruct for Struct<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Self::Error> {
+        match self {
+            Struct::Object(object) => object.member(KeyText::Static(key), value),
+            Struct::Raw(_, raw) => raw.serialize_field(key, value),
+        }
+    }
+
+    fn end(self) -> Result<(), Self::Error> {
+        match self {
+            Struct::Object(object) => object.close(),
+            Struct::Raw(w, raw) => raw.end()?.serialize(w),
+        }
+    }
+}
+
+/// Writes a map key's text as `serde_json` makes a key of it: strings, and
+/// numbers, `bool`s, `char`s and unit variants as their text; nothing else.
+struct MapKey<'a> {
+    keys: &'a mut String,
+}
+
+impl MapKey<'_> {
+    fn display(self, v: impl fmt::Display) -> Result<(), serde_json::Error> {
+        use fmt::Write as _;
+        write!(self.keys, "{v}").map_err(|_| refused("a map key could not be formatted"))
+    }
+}
+
+fn key_must_be_a_string() -> serde_json::Error {
+    refused("key must be a string")
+}
+
+impl serde::Serializer for MapKey<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    type SerializeSeq = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeTuple = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeTupleStruct = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeTupleVariant = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeMap = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeStruct = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeStructVariant = serde::ser::Impossible<(), serde_json::Error>;
+
+    fn serialize_bool(self, v: bool) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_i8(self, v: i8) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_i16(self, v: i16) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_i32(self, v: i32) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_i64(self, v: i64) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_i128(self, v: i128) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_u8(self, v: u8) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_u16(self, v: u16) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_u32(self, v: u32) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_u64(self, v: u64) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), serde_json::Error> {
+        self.display(v)
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), serde_json::Error> {
+        if !v.is_finite() {
+            return Err(refused("float key must be finite (got NaN or +/-inf)"));
+        }
+        // `serde_json`'s own spelling of the float (a rare key: one allocation).
+        self.keys.push_str(&serde_json::to_string(&v)?);
+        Ok(())
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), serde_json::Error> {
+        if !v.is_finite() {
+            return Err(refused("float key must be finite (got NaN or +/-inf)"));
+        }
+        self.keys.push_str(&serde_json::to_string(&v)?);
+        Ok(())
+    }
+    fn serialize_char(self, v: char) -> Result<(), serde_json::Error> {
+        self.keys.push(v);
+        Ok(())
+    }
+    fn serialize_str(self, v: &str) -> Result<(), serde_json::Error> {
+        self.keys.push_str(v);
+        Ok(())
+    }
+    fn serialize_bytes(self, _: &[u8]) -> Result<(), serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_none(self) -> Result<(), serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<(), serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_unit(self) -> Result<(), serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+    ) -> Result<(), serde_json::Error> {
+        self.keys.push_str(variant);
+        Ok(())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), serde_json::Error> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStruct, serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, serde_json::Error> {
+        Err(key_must_be_a_string())
+    }
+    fn collect_str<T: fmt::Display + ?Sized>(self, value: &T) -> Result<(), serde_json::Error> {
+        self.display(value)
+    }
+}
+
+/// The canonicaliser as it was first written, through a `serde_json::Value`: the
+/// oracle [`canonical_json`] is held to.
+#[cfg(test)]
+mod oracle {
+    use super::FingerprintError;
+    use serde::Serialize;
+
+    pub(super) fn canonical_json<T: Serialize + ?Sized>(
+        value: &T,
+    ) -> Result<Vec<u8>, FingerprintError> {
+        let tree = serde_json::to_value(value)?;
+        let mut out = Vec::with_capacity(128);
+        write_canonical(&tree, &mut out)?;
+        Ok(out)
+    }
+
+    fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        use serde_json::Value;
+        match v {
+            Value::Number(n) if n.is_i64() || n.is_u64() => {
+                out.extend_from_slice(n.to_string().as_bytes())
+            }
+            // A whole double from 2^53 up to RFC 8785's switch to exponents (1e21):
+            // the shortest spelling RFC 8785 asks for (2^60 as 1152921504606847000)
+            // is not the value, while integers are written exactly; so the same
+            // number as an integer and as a double would differ, and an integer that
+            // is the shortest spelling would collide with a double it is not. Written
+            // exactly instead, as its integer (below 2^53 both forms already agree).
+            Value::Number(n)
+                if n.as_f64().is_some_and(|f| {
+                    f.is_finite()
+                        && f.fract() == 0.0
+                        && f.abs() >= 9_007_199_254_740_992.0
+                        && f.abs() < 1e21
+                }) =>
+            {
+                let f = n.as_f64().unwrap_or_default();
+                out.extend_from_slice(format!("{f:.0}").as_bytes())
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
+                serde_jcs::to_writer(&mut *out, v)?;
+            }
+            Value::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_canonical(item, out)?;
+                }
+                out.push(b']');
+            }
+            Value::Object(map) => {
+                // RFC 8785 §3.2.3: properties sorted by their UTF-16 code units.
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+                out.push(b'{');
+                for (i, (k, val)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    serde_jcs::to_writer(&mut *out, k)?;
+                    out.push(b':');
+                    write_canonical(val, out)?;
+                }
+                out.push(b'}');
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -598,6 +1341,474 @@ mod tests {
         ] {
             let out = String::from_utf8(canonical_json(&f64::from_bits(bits)).unwrap()).unwrap();
             assert_eq!(out, expected, "{bits:#x}");
+        }
+    }
+
+    // --- the writer held to the oracle --------------------------------------------
+    //
+    // Seeded: each test prints its seed; `IDEM_TEST_SEED=<seed>` repeats a run,
+    // `IDEM_TEST_CASES` runs more cases.
+
+    use serde_json::Value;
+    use serde_json::value::RawValue;
+    use std::collections::BTreeMap;
+
+    fn rng(test: &str) -> fastrand::Rng {
+        let seed = std::env::var("IDEM_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| fastrand::u64(..));
+        println!("{test}: seed {seed} (IDEM_TEST_SEED={seed} repeats it)");
+        fastrand::Rng::with_seed(seed)
+    }
+
+    fn cases() -> usize {
+        std::env::var("IDEM_TEST_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2000)
+    }
+
+    /// The same bytes as the oracle, or an error with the same message.
+    #[track_caller]
+    fn same_as_oracle<T: Serialize + ?Sized + fmt::Debug>(value: &T) {
+        let written = canonical_json(value).map_err(|e| e.to_string());
+        let oracle = oracle::canonical_json(value).map_err(|e| e.to_string());
+        let text = |r: Result<Vec<u8>, String>| r.map(|b| String::from_utf8(b).unwrap());
+        assert_eq!(text(written), text(oracle), "{value:?}");
+    }
+
+    /// Characters where escaping and the UTF-16 order have edges: every control,
+    /// what JSON escapes, the last of the BMP before the surrogates and the first
+    /// after, the private use area and U+FFFF (which sort after the supplementary
+    /// planes in UTF-16, before them in UTF-8), and astral characters.
+    const EDGES: &[char] = &[
+        'a',
+        'b',
+        'Z',
+        '0',
+        '1',
+        ' ',
+        '"',
+        '\\',
+        '/',
+        '\u{7f}',
+        '\u{80}',
+        'é',
+        'ö',
+        '€',
+        '\u{2028}',
+        '\u{d7ff}',
+        '\u{e000}',
+        '\u{fb33}',
+        '\u{fffd}',
+        '\u{ffff}',
+        '😀',
+        '𝄞',
+        '\u{10000}',
+        '\u{10ffff}',
+    ];
+
+    fn char_of(rng: &mut fastrand::Rng) -> char {
+        match rng.u8(..10) {
+            0 => char::from(rng.u8(..0x20)),
+            1 => rng.char(..),
+            _ => EDGES[rng.usize(..EDGES.len())],
+        }
+    }
+
+    fn text(rng: &mut fastrand::Rng, max: usize) -> String {
+        (0..rng.usize(0..=max)).map(|_| char_of(rng)).collect()
+    }
+
+    /// Short keys from a few characters, so that keys share prefixes and differ
+    /// where the orders do.
+    fn key(rng: &mut fastrand::Rng) -> String {
+        const KEY: &[char] = &['a', 'b', '\n', '"', 'é', '\u{e000}', '\u{ffff}', '😀'];
+        (0..rng.usize(0..4))
+            .map(|_| KEY[rng.usize(..KEY.len())])
+            .collect()
+    }
+
+    fn float(rng: &mut fastrand::Rng) -> f64 {
+        let f = match rng.u8(..9) {
+            0 => f64::from_bits(rng.u64(..)),
+            // Whole doubles from 2^53 up to 1e21 and beyond, written exactly up to 1e21.
+            1 => (2f64).powi(rng.i32(50..75)) * if rng.bool() { 1.0 } else { -3.0 },
+            2 => (rng.u64(1 << 53..) as f64) * f64::from(rng.u32(1..100_000)),
+            3 => {
+                let edge = [1e21, 9_007_199_254_740_992.0, 1e-7, 1e-6, 5e-324];
+                let f: f64 = edge[rng.usize(..edge.len())];
+                f64::from_bits(f.to_bits().wrapping_add(rng.u64(..3)).wrapping_sub(1))
+            }
+            4 => -0.0,
+            5 => f64::from(rng.i32(..)) / 8.0,
+            6 => rng.f64() * 10f64.powi(rng.i32(-30..30)),
+            7 => [f64::NAN, f64::INFINITY, f64::NEG_INFINITY][rng.usize(..3)],
+            _ => rng.f64() * 1e6 - 5e5,
+        };
+        if rng.bool() { f } else { -f }
+    }
+
+    fn number(rng: &mut fastrand::Rng) -> Value {
+        match rng.u8(..6) {
+            0 => Value::from(rng.i64(..)),
+            1 => Value::from(rng.u64(..)),
+            2 => Value::from(rng.i64(-1000..1000)),
+            3 => {
+                let edge = [1i128 << 53, (1 << 53) + 1, i64::MIN.into(), u64::MAX.into()];
+                let n = edge[rng.usize(..edge.len())] - i128::from(rng.u8(..2));
+                let n = if rng.bool() { n } else { -n };
+                serde_json::to_value(n).unwrap_or(Value::Null)
+            }
+            _ => serde_json::Number::from_f64(float(rng))
+                .map(Value::Number)
+                .unwrap_or(Value::Null),
+        }
+    }
+
+    fn value(rng: &mut fastrand::Rng, depth: usize) -> Value {
+        match rng.u8(..if depth == 0 { 5 } else { 8 }) {
+            0 => Value::Null,
+            1 => Value::Bool(rng.bool()),
+            2 => number(rng),
+            3 | 4 => Value::String(text(rng, 8)),
+            5 => Value::Array(
+                (0..rng.usize(0..5))
+                    .map(|_| value(rng, depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..rng.usize(0..6))
+                    .map(|_| (key(rng), value(rng, depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn json_values_are_written_as_the_oracle_writes_them() {
+        let mut rng = rng("JSON values against the oracle");
+        for _ in 0..cases() {
+            same_as_oracle(&value(&mut rng, 4));
+        }
+    }
+
+    #[test]
+    fn scalars_are_written_as_the_oracle_writes_them() {
+        let mut rng = rng("scalars against the oracle");
+        for _ in 0..cases() {
+            let f = float(&mut rng);
+            same_as_oracle(&f);
+            same_as_oracle(&(f as f32));
+            same_as_oracle(&f32::from_bits(rng.u32(..)));
+            same_as_oracle(&rng.i64(..));
+            same_as_oracle(&rng.u64(..));
+            same_as_oracle(&(rng.i8(..), rng.u16(..), rng.i32(..)));
+            // Within i64 or u64 a number; beyond them an error.
+            same_as_oracle(&(i128::from(rng.i64(..)) * i128::from(rng.i32(..))));
+            same_as_oracle(&(u128::from(rng.u64(..)) * u128::from(rng.u8(..4))));
+            same_as_oracle(&char_of(&mut rng));
+            same_as_oracle(&text(&mut rng, 12));
+        }
+    }
+
+    /// A map as the value's `Serialize` writes it: any keys, in any order, the
+    /// same key more than once.
+    #[derive(Debug)]
+    struct Entries(Vec<(MapKey, Value)>);
+
+    #[derive(Debug, Clone, Serialize)]
+    enum Variant {
+        Plain,
+        Other,
+    }
+
+    #[derive(Debug, Clone, Serialize)]
+    struct Id(String);
+
+    /// Every kind of map key `serde_json` takes, and some it refuses.
+    #[derive(Debug, Clone)]
+    enum MapKey {
+        Str(String),
+        Char(char),
+        Bool(bool),
+        Int(i64),
+        Wide(i128),
+        Unsigned(u128),
+        Float(f64),
+        Single(f32),
+        Variant(Variant),
+        Newtype(Id),
+        Shown(Shown),
+        Unit,
+        Missing(Option<String>),
+        Pair((u8, u8)),
+    }
+
+    impl Serialize for MapKey {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match self {
+                MapKey::Str(v) => v.serialize(s),
+                MapKey::Char(v) => v.serialize(s),
+                MapKey::Bool(v) => v.serialize(s),
+                MapKey::Int(v) => v.serialize(s),
+                MapKey::Wide(v) => v.serialize(s),
+                MapKey::Unsigned(v) => v.serialize(s),
+                MapKey::Float(v) => v.serialize(s),
+                MapKey::Single(v) => v.serialize(s),
+                MapKey::Variant(v) => v.serialize(s),
+                MapKey::Newtype(v) => v.serialize(s),
+                MapKey::Shown(v) => v.serialize(s),
+                MapKey::Unit => ().serialize(s),
+                MapKey::Missing(v) => v.serialize(s),
+                MapKey::Pair(v) => v.serialize(s),
+            }
+        }
+    }
+
+    impl Serialize for Entries {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut map = s.serialize_map(Some(self.0.len()))?;
+            for (k, v) in &self.0 {
+                map.serialize_entry(k, v)?;
+            }
+            map.end()
+        }
+    }
+
+    /// Text given by `Display`, in pieces (`collect_str`).
+    #[derive(Debug, Clone)]
+    struct Shown(String, String);
+
+    impl fmt::Display for Shown {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{}{}", self.0, self.1)
+        }
+    }
+
+    impl Serialize for Shown {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_str(self)
+        }
+    }
+
+    /// Bytes as `serialize_bytes`.
+    #[derive(Debug)]
+    struct Bytes(Vec<u8>);
+
+    impl Serialize for Bytes {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(&self.0)
+        }
+    }
+
+    fn map_key(rng: &mut fastrand::Rng) -> MapKey {
+        match rng.u8(..16) {
+            0 => MapKey::Char(char_of(rng)),
+            1 => MapKey::Bool(rng.bool()),
+            2 => MapKey::Int(rng.i64(-20..20)),
+            3 => MapKey::Wide(i128::from(rng.i64(..)) * i128::from(rng.i64(..))),
+            4 => MapKey::Unsigned(u128::from(rng.u64(..)) << rng.u32(..64)),
+            5 => MapKey::Float(float(rng)),
+            6 => MapKey::Single(float(rng) as f32),
+            7 => MapKey::Variant([Variant::Plain, Variant::Other][rng.usize(..2)].clone()),
+            8 => MapKey::Newtype(Id(key(rng))),
+            9 => MapKey::Shown(Shown(key(rng), key(rng))),
+            10 if rng.u8(..8) == 0 => MapKey::Unit,
+            11 if rng.u8(..8) == 0 => MapKey::Missing(Some(key(rng))),
+            12 if rng.u8(..8) == 0 => MapKey::Pair((1, 2)),
+            // Numbers and their text collide: `1` and `"1"` are one key.
+            13 => MapKey::Str(rng.i64(-20..20).to_string()),
+            _ => MapKey::Str(key(rng)),
+        }
+    }
+
+    #[test]
+    fn maps_with_any_keys_are_written_as_the_oracle_writes_them() {
+        let mut rng = rng("maps against the oracle");
+        for _ in 0..cases() {
+            let entries = (0..rng.usize(0..8))
+                .map(|_| (map_key(&mut rng), value(&mut rng, 1)))
+                .collect();
+            same_as_oracle(&Entries(entries));
+        }
+    }
+
+    #[derive(Debug, Serialize)]
+    enum Kind {
+        Unit,
+        Newtype(String),
+        Tuple(i8, f64),
+        Struct { b: Option<String>, a: u32 },
+    }
+
+    #[derive(Debug, Serialize)]
+    struct Unit;
+
+    #[derive(Debug, Serialize)]
+    struct Wrapped(u16);
+
+    #[derive(Debug, Serialize)]
+    struct Typed {
+        id: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+        maybe: Option<i32>,
+        amount: f64,
+        small: f32,
+        wide: i128,
+        flag: bool,
+        letter: char,
+        nothing: (),
+        unit: Unit,
+        wrapped: Wrapped,
+        pair: (u8, String),
+        tags: Vec<String>,
+        kind: Kind,
+        kinds: Vec<Kind>,
+        by_number: BTreeMap<i32, bool>,
+        bytes: Bytes,
+        shown: Shown,
+        raw: Box<RawValue>,
+        #[serde(rename = "Ünïcode key")]
+        renamed: String,
+        nested: Option<Box<Typed>>,
+        // Flattened, the struct is written as a map, and these keys may repeat
+        // its fields'.
+        #[serde(flatten)]
+        extra: BTreeMap<String, Value>,
+    }
+
+    fn kind(rng: &mut fastrand::Rng) -> Kind {
+        match rng.u8(..4) {
+            0 => Kind::Unit,
+            1 => Kind::Newtype(text(rng, 4)),
+            2 => Kind::Tuple(rng.i8(..), float(rng)),
+            _ => Kind::Struct {
+                b: rng.bool().then(|| text(rng, 3)),
+                a: rng.u32(..),
+            },
+        }
+    }
+
+    fn typed(rng: &mut fastrand::Rng, depth: usize) -> Typed {
+        const FIELDS: &[&str] = &["id", "note", "amount", "zzz", "a", "Ünïcode key"];
+        let raw = match rng.u8(..3) {
+            0 => r#" { "b" : 1.50, "a" : [ 1E2, -0.0, 18446744073709551615, "\u00e9" ] } "#
+                .to_owned(),
+            1 => serde_json::to_string_pretty(&value(rng, 2)).unwrap(),
+            _ => serde_json::to_string(&value(rng, 2)).unwrap(),
+        };
+        Typed {
+            id: rng.u64(..),
+            note: rng.bool().then(|| text(rng, 6)),
+            maybe: rng.bool().then(|| rng.i32(..)),
+            amount: float(rng),
+            small: float(rng) as f32,
+            wide: if rng.u8(..20) == 0 {
+                i128::MAX - i128::from(rng.u8(..))
+            } else {
+                i128::from(rng.i64(..))
+            },
+            flag: rng.bool(),
+            letter: char_of(rng),
+            nothing: (),
+            unit: Unit,
+            wrapped: Wrapped(rng.u16(..)),
+            pair: (rng.u8(..), text(rng, 3)),
+            tags: (0..rng.usize(0..3)).map(|_| text(rng, 4)).collect(),
+            kind: kind(rng),
+            kinds: (0..rng.usize(0..3)).map(|_| kind(rng)).collect(),
+            by_number: (0..rng.usize(0..4))
+                .map(|_| (rng.i32(-5..5), rng.bool()))
+                .collect(),
+            bytes: Bytes((0..rng.usize(0..4)).map(|_| rng.u8(..)).collect()),
+            shown: Shown(text(rng, 3), text(rng, 3)),
+            raw: RawValue::from_string(raw).unwrap(),
+            renamed: text(rng, 3),
+            nested: (depth > 0 && rng.bool()).then(|| Box::new(typed(rng, depth - 1))),
+            extra: (0..rng.usize(0..3))
+                .map(|_| {
+                    let k = if rng.bool() {
+                        FIELDS[rng.usize(..FIELDS.len())].to_owned()
+                    } else {
+                        key(rng)
+                    };
+                    (k, value(rng, 1))
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn typed_values_are_written_as_the_oracle_writes_them() {
+        let mut rng = rng("typed values against the oracle");
+        for _ in 0..cases() {
+            same_as_oracle(&typed(&mut rng, 2));
+        }
+    }
+
+    #[test]
+    fn what_has_no_json_form_is_refused_as_the_oracle_refuses_it() {
+        let mut tuple_keys = std::collections::HashMap::new();
+        tuple_keys.insert((1, 2), "tuple keys have no JSON form");
+        same_as_oracle(&tuple_keys);
+        assert!(canonical_json(&tuple_keys).is_err());
+        for key in [
+            MapKey::Float(f64::NAN),
+            MapKey::Single(f32::INFINITY),
+            MapKey::Unit,
+            MapKey::Missing(None),
+            MapKey::Pair((0, 0)),
+        ] {
+            let entries = Entries(vec![
+                (MapKey::Str("a".into()), Value::Null),
+                (key, Value::Null),
+            ]);
+            same_as_oracle(&entries);
+            assert!(canonical_json(&entries).is_err(), "{entries:?}");
+        }
+        for wide in [i128::MAX, i128::MIN, i128::from(i64::MIN) - 1] {
+            same_as_oracle(&wide);
+            assert!(canonical_json(&wide).is_err());
+        }
+        same_as_oracle(&(u128::from(u64::MAX) + 1));
+        // Not an error: `serde_json` writes a float that is not a number as null.
+        assert_eq!(
+            canonical_json(&[f64::NAN, f64::INFINITY]).unwrap(),
+            b"[null,null]"
+        );
+        same_as_oracle(&[f64::NAN, f64::INFINITY]);
+    }
+
+    #[test]
+    fn a_repeated_key_keeps_its_last_value() {
+        let entries = Entries(vec![
+            (MapKey::Str("b".into()), Value::from(1)),
+            (MapKey::Int(1), Value::from("number")),
+            (MapKey::Str("b".into()), Value::from(2)),
+            (MapKey::Str("1".into()), Value::from("text")),
+            (MapKey::Str("a".into()), Value::from(3)),
+        ]);
+        same_as_oracle(&entries);
+        assert_eq!(
+            canonical_json(&entries).unwrap(),
+            br#"{"1":"text","a":3,"b":2}"#
+        );
+    }
+
+    #[test]
+    fn utf16_order_is_the_order_of_code_units() {
+        let mut rng = rng("UTF-16 order");
+        for _ in 0..cases() * 10 {
+            let (a, b) = (text(&mut rng, 4), text(&mut rng, 4));
+            assert_eq!(
+                utf16_order(&a, &b),
+                a.encode_utf16().cmp(b.encode_utf16()),
+                "{a:?} {b:?}"
+            );
         }
     }
 }

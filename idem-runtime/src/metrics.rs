@@ -70,8 +70,105 @@ pub const STALE_IN_FLIGHT: &str = "idem_stale_in_flight";
 pub const UNCERTAIN_ROWS: &str = "idem_uncertain_rows";
 
 // Labels take `impl Into<SharedString>`: the handler passes the operation as the
-// `&'static str` its attribute wrote, which becomes a label without an allocation
-// per request.
+// `&'static str` its attribute wrote, which becomes a label without an allocation.
+//
+// The per-request metrics (a claim's and a completion's counters, their
+// histograms, the stored bytes) go through `Key`s built once per operation and
+// kept in `OPERATIONS`, where the `metrics` macros build the key (its label list,
+// an allocation, and its hash) on every call. The handles themselves are not
+// kept: a handle belongs to the recorder that was current when it was
+// registered, the current recorder can change (a global one installed after the
+// first request, a thread-local one per test with `metrics::with_local_recorder`),
+// and `metrics` offers no way to tell which one is current. So every call
+// registers with the current recorder, by a key built once.
+
+use std::collections::BTreeMap;
+use std::sync::{PoisonError, RwLock};
+
+use metrics::{Key, Label, Level, Metadata};
+
+/// The outcomes of [`CLAIMS_TOTAL`] with a key kept per operation.
+const CLAIM_OUTCOMES: [&str; 8] = [
+    "executed",
+    "reclaimed",
+    "replayed",
+    "mismatched",
+    "in_flight",
+    "taken_over",
+    "uncertain",
+    "error",
+];
+
+/// The outcomes of [`COMPLETIONS_TOTAL`] with a key kept per operation.
+const COMPLETION_OUTCOMES: [&str; 7] = [
+    "stored",
+    "rolled_back",
+    "too_large",
+    "stale_owner",
+    "uncertain",
+    "deadline",
+    "error",
+];
+
+/// What the macros would give the recorder for a call in this module.
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// The keys of one operation's per-request metrics, with the labels the macros
+/// would give them (`operation`, then `outcome`), so that both reach one series.
+struct Operation {
+    claims: [Key; CLAIM_OUTCOMES.len()],
+    completions: [Key; COMPLETION_OUTCOMES.len()],
+    claim_seconds: Key,
+    claim_wait_seconds: Key,
+    completion_seconds: Key,
+    stored_bytes: Key,
+}
+
+impl Operation {
+    fn new(operation: &SharedString) -> Self {
+        let op = || Label::new("operation", operation.clone());
+        let outcome = |name: &'static str, outcome: &'static str| {
+            Key::from_parts(name, vec![op(), Label::new("outcome", outcome)])
+        };
+        Operation {
+            claims: CLAIM_OUTCOMES.map(|o| outcome(CLAIMS_TOTAL, o)),
+            completions: COMPLETION_OUTCOMES.map(|o| outcome(COMPLETIONS_TOTAL, o)),
+            claim_seconds: Key::from_parts(CLAIM_SECONDS, vec![op()]),
+            claim_wait_seconds: Key::from_parts(CLAIM_WAIT_SECONDS, vec![op()]),
+            completion_seconds: Key::from_parts(COMPLETION_SECONDS, vec![op()]),
+            stored_bytes: Key::from_parts(STORED_BYTES_TOTAL, vec![op()]),
+        }
+    }
+}
+
+/// Operation names are few (one per `#[idempotent]` handler or consumer), and
+/// an entry is added once per name, on its first request.
+static OPERATIONS: RwLock<BTreeMap<SharedString, Operation>> = RwLock::new(BTreeMap::new());
+
+/// Runs `f` with the operation's keys, building them on its first use.
+fn with_operation<R>(operation: SharedString, f: impl FnOnce(&Operation) -> R) -> R {
+    {
+        // A panic elsewhere while holding the lock leaves the map as it was.
+        let known = OPERATIONS.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(keys) = known.get(&*operation) {
+            return f(keys);
+        }
+    }
+    let mut known = OPERATIONS.write().unwrap_or_else(PoisonError::into_inner);
+    let keys = known
+        .entry(operation.clone())
+        .or_insert_with(|| Operation::new(&operation));
+    f(keys)
+}
+
+fn counter(key: &Key) -> metrics::Counter {
+    metrics::with_recorder(|r| r.register_counter(key, &METADATA))
+}
+
+fn histogram(key: &Key) -> metrics::Histogram {
+    metrics::with_recorder(|r| r.register_histogram(key, &METADATA))
+}
 
 pub(crate) fn claim(
     operation: impl Into<SharedString>,
@@ -79,15 +176,23 @@ pub(crate) fn claim(
     outcome: &'static str,
 ) {
     let operation = operation.into();
-    match tenant {
-        Some(t) => metrics::counter!(CLAIMS_TOTAL, "operation" => operation, "outcome" => outcome, "tenant" => t.to_owned()).increment(1),
-        None => metrics::counter!(CLAIMS_TOTAL, "operation" => operation, "outcome" => outcome).increment(1),
+    match (tenant, CLAIM_OUTCOMES.iter().position(|o| *o == outcome)) {
+        // Tenants can be many: their series are not kept here.
+        (Some(t), _) => metrics::counter!(CLAIMS_TOTAL, "operation" => operation, "outcome" => outcome, "tenant" => t.to_owned()).increment(1),
+        (None, Some(i)) => with_operation(operation, |keys| counter(&keys.claims[i]).increment(1)),
+        (None, None) => metrics::counter!(CLAIMS_TOTAL, "operation" => operation, "outcome" => outcome).increment(1),
     }
 }
 
 pub(crate) fn completion(operation: impl Into<SharedString>, outcome: &'static str) {
-    metrics::counter!(COMPLETIONS_TOTAL, "operation" => operation.into(), "outcome" => outcome)
-        .increment(1);
+    let operation = operation.into();
+    match COMPLETION_OUTCOMES.iter().position(|o| *o == outcome) {
+        Some(i) => with_operation(operation, |keys| counter(&keys.completions[i]).increment(1)),
+        None => {
+            metrics::counter!(COMPLETIONS_TOTAL, "operation" => operation, "outcome" => outcome)
+                .increment(1)
+        }
+    }
 }
 
 /// Records a wait for another holder of a key that began at `started`.
@@ -101,7 +206,24 @@ pub(crate) fn claim_waited(operation: impl Into<SharedString>, started: std::tim
 }
 
 pub(crate) fn seconds(name: &'static str, operation: impl Into<SharedString>, secs: f64) {
-    metrics::histogram!(name, "operation" => operation.into()).record(secs);
+    let operation = operation.into();
+    let pick: fn(&Operation) -> &Key = match name {
+        CLAIM_SECONDS => |keys| &keys.claim_seconds,
+        CLAIM_WAIT_SECONDS => |keys| &keys.claim_wait_seconds,
+        COMPLETION_SECONDS => |keys| &keys.completion_seconds,
+        _ => {
+            metrics::histogram!(name, "operation" => operation).record(secs);
+            return;
+        }
+    };
+    with_operation(operation, |keys| histogram(pick(keys)).record(secs));
+}
+
+/// Counts the body bytes of a stored response.
+pub(crate) fn stored_bytes(operation: impl Into<SharedString>, bytes: u64) {
+    with_operation(operation.into(), |keys| {
+        counter(&keys.stored_bytes).increment(bytes)
+    });
 }
 
 pub(crate) fn reconciled(operation: impl Into<SharedString>, outcome: &'static str) {

@@ -401,6 +401,5 @@ pub(super) fn stored_ok(op: &'static str, stored: &StoredResponse, started: Inst
         op,
         started.elapsed().as_secs_f64(),
     );
-    ::metrics::counter!(metrics::STORED_BYTES_TOTAL, "operation" => op)
-        .increment(stored.body.len() as u64);
+    metrics::stored_bytes(op, stored.body.len() as u64);
 }
