@@ -20,6 +20,14 @@
 #   lookup_optimistic_bounded the same with the lock wait bounded for the upsert alone: SET STATEMENT innodb_lock_wait_timeout = LOCK_WAIT FOR <UPSERT> (MariaDB only)
 #   replay                    the lookup alone, on a pre-populated finished key (the replay path: one prepared statement, no transaction)
 #   today_replay              what idem sends now for a replay: BEGIN RC; save and bound the lock wait; SELECT .. FOR UPDATE (a finished row); restore; ROLLBACK
+#   session_literal           the lookup and the finished row riding with the messages the transaction sends
+#                             anyway, as literal SQL (hex literals, nothing to escape): BEGIN RC \; PROBE (a
+#                             select that fails when the key has a row); INSERT order;
+#                             UPSERT (MariaDB: bounded by SET STATEMENT) \; TAKEN (an error when the upsert took
+#                             nothing: LAST_INSERT_ID() = 0) \; COMMIT. 3 round trips, as bare. The errors are
+#                             EXP(1000)'s overflow (1690), which both servers raise at run time.
+#   session_prepared          the same with PROBE and UPSERT prepared once per connection by SQL PREPARE and
+#                             called by EXECUTE .. USING user variables set in the same message
 # Two more, only when named in SHAPES (they split lookup_optimistic's cost):
 #   optimistic                BEGIN RC; INSERT order; UPSERT; COMMIT (lookup_optimistic without the lookup)
 #   lookup_insert             the lookup; BEGIN RC; INSERT order; plain INSERT of the finished row; COMMIT (an expired row
@@ -67,7 +75,7 @@
 # executed (COM_STMT_EXECUTE, without the COM_STMT_RESET the connector's cursors
 # add before each execute); the BEGIN message, START TRANSACTION and COMMIT as text
 # (COM_QUERY), as sqlx's transaction manager does. Round trips per transaction:
-# bare 3, floor 4, replay 1, today_replay 5, optimistic 4, lookup_optimistic,
+# bare 3, session_literal and session_prepared 3, floor 4, replay 1, today_replay 5, optimistic 4, lookup_optimistic,
 # lookup_optimistic_bounded and lookup_insert 5, claim_first_lean 6, today 8. The
 # load generator's CPU is in the same two cores as the server's, so tps shares
 # overstate what a round trip costs next to sqlx; the server's CPU per transaction
@@ -90,7 +98,7 @@ SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-2}
 REPLAY_KEYS=${REPLAY_KEYS:-100000}
 LOCK_WAIT=${LOCK_WAIT:-2}
-SHAPES=${SHAPES:-bare today claim_first_lean floor lookup_optimistic lookup_optimistic_bounded replay today_replay}
+SHAPES=${SHAPES:-bare today claim_first_lean floor lookup_optimistic lookup_optimistic_bounded session_literal session_prepared replay today_replay}
 case " $SHAPES " in *" bare "*) ;; *) SHAPES="bare $SHAPES" ;; esac
 MYSQL_HOST=${MYSQL_HOST:-127.0.0.1}
 MYSQL_PORT=${MYSQL_PORT:-3306}
@@ -152,6 +160,7 @@ import mysql.connector  # noqa: E402
 
 shape, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 DB, LOCK_WAIT, REPLAY_KEYS = os.environ["DB"], int(os.environ["LOCK_WAIT"]), int(os.environ["REPLAY_KEYS"])
+MARIADB = os.environ.get("MARIADB") == "t"
 NOW = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)"
 T, OP, FP, STATE, STATUS = "t", "create-order", bytes(32), "completed", 201
 HEADERS, BODY, RETENTION = '[["content-type","application/json"],["location","/orders/1"]]', b'{"id":1}', 86400000
@@ -195,9 +204,13 @@ BEGIN_RC = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
 
 
 def text(c, q):
+    """A text message of one or more statements; every result read (an error raises)."""
     c.cmd_query(q)
-    while c.next_result():
-        pass
+    while True:
+        if c.unread_result:
+            c.get_rows()
+        if not c.next_result():
+            break
 
 
 def run(c, h, *params):
@@ -269,6 +282,59 @@ def optimistic(c, s, k):
     text(c, "COMMIT")
 
 
+# EXP(1000) overflows a DOUBLE: error 1690 on MySQL and MariaDB alike, evaluated per
+# row (a column or LAST_INSERT_ID() in it: never folded at parse time).
+PROBE_SQL = ("SELECT EXP(1000 * (generation > 0)) AS held FROM idempotency_requests "
+             "WHERE tenant_id = {t} AND operation = {o} AND key_digest = {d}")
+TAKEN = "SELECT EXP(1000 * (LAST_INSERT_ID() = 0)) AS took"
+
+
+def hexlit(b):
+    return "X'" + b.hex() + "'"
+
+
+def textlit(s):
+    # Text as the hex of its UTF-8 bytes: no quote or backslash to escape, whatever sql_mode says.
+    return "CONVERT(" + hexlit(s.encode()) + " USING utf8mb4)"
+
+
+def upsert_literal(k):
+    q = UPSERT
+    for v in (textlit(T), textlit(OP), hexlit(k), hexlit(FP), textlit(STATE), str(STATUS), textlit(HEADERS), hexlit(BODY), str(RETENTION)):
+        q = q.replace("?", v, 1)
+    return q
+
+
+def bounded(q):
+    return f"SET STATEMENT innodb_lock_wait_timeout = {LOCK_WAIT} FOR {q}" if MARIADB else q
+
+
+def session_literal(c, s, k):
+    text(c, f"{BEGIN_RC}; " + PROBE_SQL.format(t=textlit(T), o=textlit(OP), d=hexlit(k)))
+    order(c, s, k)
+    text(c, f"{bounded(upsert_literal(k))}; {TAKEN}; COMMIT")
+
+
+PREPARES = [
+    "PREPARE idem_probe FROM '" + PROBE_SQL.format(t="?", o="?", d="?") + "'",
+    "PREPARE idem_finish FROM '" + bounded(UPSERT).replace("'", "''") + "'",
+]
+
+
+def session_prepared(c, s, k):
+    if not s.get("prepared"):
+        for q in PREPARES:
+            text(c, q)
+        s["prepared"] = True
+    text(c, f"{BEGIN_RC}; SET @idem_t = {textlit(T)}, @idem_o = {textlit(OP)}, @idem_d = {hexlit(k)}; "
+            "EXECUTE idem_probe USING @idem_t, @idem_o, @idem_d")
+    order(c, s, k)
+    text(c, f"SET @idem_f = {hexlit(FP)}, @idem_s = {textlit(STATE)}, @idem_st = {STATUS}, "
+            f"@idem_h = {textlit(HEADERS)}, @idem_b = {hexlit(BODY)}, @idem_r = {RETENTION}; "
+            "EXECUTE idem_finish USING @idem_t, @idem_o, @idem_d, @idem_f, @idem_s, @idem_st, @idem_h, @idem_b, @idem_r; "
+            f"{TAKEN}; COMMIT")
+
+
 def replay_key():
     return hashlib.sha256(b"k%d" % random.randint(1, REPLAY_KEYS)).digest()
 
@@ -298,6 +364,8 @@ SHAPES = {
     "today_replay": (today_replay, [SAVE_BOUND, READ, RESTORE]),
     "optimistic": (optimistic, [ORDER, UPSERT]),
     "lookup_insert": (lookup_insert, [LOOKUP, ORDER, FINISHED]),
+    "session_literal": (session_literal, [ORDER]),
+    "session_prepared": (session_prepared, [ORDER]),
 }
 
 
@@ -378,7 +446,7 @@ SERVER_PID=${SERVER_PID%% *}
 echo "$CLIENTS client processes (Python, mysql-connector-python's C extension, server-side prepared statements), $SECS s per shape, $REPLAY_KEYS finished rows to replay, lock wait $LOCK_WAIT s; $VERSION, innodb_flush_log_at_trx_commit $(sql -e 'SELECT @@innodb_flush_log_at_trx_commit'), log_bin $(sql -e 'SELECT @@log_bin'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$MARIADB" = t ] || echo "lookup_optimistic_bounded: skipped, not MariaDB (MySQL 8 has no SET STATEMENT; see the header)"
 [ -n "$SERVER_PID" ] || echo "server CPU: not measured (no mariadbd or mysqld process on this machine)"
-export DB LOCK_WAIT REPLAY_KEYS MYSQL_HOST MYSQL_PORT MYSQL_USER SERVER_PID
+export DB LOCK_WAIT REPLAY_KEYS MYSQL_HOST MYSQL_PORT MYSQL_USER SERVER_PID MARIADB
 : >"$WORK/results"
 for round in $(seq 1 "$ROUNDS"); do
     for shape in $SHAPES; do

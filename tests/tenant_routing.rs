@@ -353,7 +353,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
     // by having seen nothing.
     for expected in [
         "SELECT fingerprint, state, generation, expires_at > now() AS live",
-        "idem_probe_1(text, text, bytea) AS SELECT",
+        "idem_probe_1(text, text, bytea, text) AS SELECT",
         "idem_lookup_1(text, text, bytea) AS SELECT",
         "WITH ins AS ( INSERT INTO idempotency_requests AS r",
         "INSERT INTO idempotency_requests AS r",

@@ -79,8 +79,10 @@ pub async fn profile(s: &Settings, url: &str) -> Result<Vec<Profiled>, String> {
                 send(&client, &to, &key(i)).await?;
             }
         }
-        // Two warm-up requests, so every connection-level statement is prepared.
-        for i in 0..2 {
+        // Warm-up requests, so that every connection the pool opens for sequential
+        // requests has its statements prepared (sqlx's, and idem's in the
+        // session); a connection opened later shows in the first-use count.
+        for i in 0..20 {
             send(&client, &to, &format!("pw{}-{i}", sc.id)).await?;
         }
         let before = protocol_stats(&client, &server.base).await?;

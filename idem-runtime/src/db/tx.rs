@@ -143,7 +143,7 @@ impl<DB: Backend> Tx<DB> {
     }
 
     /// The transaction was committed by idem's own message, which ended with
-    /// `COMMIT; BEGIN`: the driver still counts the committed transaction, and
+    /// `COMMIT AND CHAIN`: the driver still counts the committed transaction, and
     /// the server holds a new, empty one. Queuing the driver's rollback settles
     /// both at once: the count drops, and the `ROLLBACK` (of an empty
     /// transaction: no warning, no work) rides with the connection's next message,

@@ -7,20 +7,21 @@
 //! `COMMIT`:
 //!
 //! ```text
-//! BEGIN ISOLATION LEVEL READ COMMITTED; SELECT set_config(..), set_config(..);
-//!     EXECUTE idem_probe_1(<key>)                          one message: fails if the key has a row
+//! BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE idem_probe_1(<key>, <deadline>)
+//!                                                          one message: fails if the key has a row
 //! ... the handler's statements ...
-//! EXECUTE idem_finish_1(<row>); COMMIT; BEGIN              one message: fails if it claimed nothing
+//! EXECUTE idem_finish_1(<row>); COMMIT AND CHAIN           one message: fails if it claimed nothing
 //! ```
 //!
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
 //! has run) and is looked up (`ROLLBACK; EXECUTE idem_lookup_1(<key>)`, one more
-//! message); a retry of a finished key is answered from that, as below. The
-//! trailing `BEGIN` opens an empty transaction whose `ROLLBACK` the driver sends
-//! with the connection's release (see `Tx::committed_by_message`): sqlx counts
-//! the transaction it began, and only its rollback brings the count back without
-//! a message of its own.
+//! message); a retry of a finished key is answered from that, as below. The probe
+//! also sets the request deadline (`statement_timeout`,
+//! `idle_in_transaction_session_timeout`). `AND CHAIN` opens an empty transaction
+//! whose `ROLLBACK` the driver sends with the connection's release (see
+//! `Tx::committed_by_message`): sqlx counts the transaction it began, and only
+//! its rollback brings the count back without a message of its own.
 //!
 //! Elsewhere (a pooler that keeps only protocol-level prepared statements), each
 //! of idem's statements is sent with bound parameters:
@@ -143,10 +144,14 @@ async fn begin_in_session(
     req: &ClaimRequest<'_>,
     mut conn: PoolConnection<Postgres>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let mut begin = begin_text(ctx);
+    let mut begin = String::from(BEGIN_READ_COMMITTED);
     begin.push_str("; EXECUTE ");
     begin.push_str(session::PROBE);
     push_key(&mut begin, req.tenant, req.operation, req.key.digest())?;
+    begin.pop(); // the key's closing parenthesis: the deadline goes on
+    begin.push_str(", '");
+    begin.push_str(&deadline_ms(ctx).to_string());
+    begin.push_str("')");
     let in_session = |generation| Execution {
         in_session: true,
         ..Execution::at_commit(req, generation)
@@ -274,10 +279,15 @@ fn begin_statement(ctx: &ClaimContext<'_, Postgres>) -> sqlx::SqlStr {
     AssertSqlSafe(begin_text(ctx)).into_sql_str()
 }
 
+/// The request deadline as the server bounds it: a second longer than the
+/// client's, in milliseconds (see [`begin_statement`]).
+fn deadline_ms(ctx: &ClaimContext<'_, Postgres>) -> i64 {
+    millis(ctx.deadline.saturating_add(Duration::from_secs(1))).min(i64::from(i32::MAX))
+}
+
 /// The text of [`begin_statement`].
 fn begin_text(ctx: &ClaimContext<'_, Postgres>) -> String {
-    let deadline = ctx.deadline;
-    let ms = millis(deadline.saturating_add(Duration::from_secs(1))).min(i64::from(i32::MAX));
+    let ms = deadline_ms(ctx);
     format!(
         "{BEGIN_READ_COMMITTED}; SELECT set_config('statement_timeout', '{ms}', true), \
          set_config('idle_in_transaction_session_timeout', '{ms}', true)"
@@ -370,8 +380,8 @@ pub(crate) async fn finish(
     }
 }
 
-/// The session path's finish: the finished row, `COMMIT` and an empty `BEGIN`
-/// in one message (see the module docs).
+/// The session path's finish: the finished row and `COMMIT AND CHAIN` in one
+/// message (see the module docs).
 async fn finish_in_session(
     ctx: &ClaimContext<'_, Postgres>,
     mut tx: Tx<Postgres>,
@@ -409,7 +419,7 @@ async fn finish_in_session(
     }
 }
 
-/// `EXECUTE idem_finish_1(..); COMMIT; BEGIN`, every value in an encoding that
+/// `EXECUTE idem_finish_1(..); COMMIT AND CHAIN`, every value in an encoding that
 /// cannot inject (see [`super::session`]).
 fn finish_text(
     execution: &Execution,
@@ -448,7 +458,7 @@ fn finish_text(
     sql.push_str(&millis(execution.retention).to_string());
     sql.push_str(", '");
     sql.push_str(&wait.to_string());
-    sql.push_str("'); COMMIT; BEGIN");
+    sql.push_str("'); COMMIT AND CHAIN");
     Ok(sql)
 }
 

@@ -64,14 +64,22 @@ pub(crate) const MARKER_CODE: &str = "22P02";
 /// PostgreSQL's `invalid_sql_statement_name`: the session lacks a statement.
 pub(crate) const MISSING_STATEMENT: &str = "26000";
 
+/// PostgreSQL's `duplicate_prepared_statement`: the session has it already.
+const DUPLICATE_STATEMENT: &str = "42P05";
+
 /// The three statements, by name, with their `PREPARE` texts.
 const STATEMENTS: [(&str, &str); 3] = [
     (
         PROBE,
-        "PREPARE idem_probe_1(text, text, bytea) AS \
-         SELECT (r.state || ': idem: the key has a row')::int \
-           FROM idempotency_requests r \
-          WHERE r.tenant_id = $1 AND r.operation = $2 AND r.key_digest = $3",
+        // The request deadline ($4, milliseconds) is set here too, saving the
+        // `BEGIN` message a statement of its own: it bounds the statements after
+        // this one, as a separate `SELECT set_config(..)` would.
+        "PREPARE idem_probe_1(text, text, bytea, text) AS \
+         SELECT set_config('statement_timeout', $4, true), \
+                set_config('idle_in_transaction_session_timeout', $4, true), \
+                (SELECT (r.state || ': idem: the key has a row')::int \
+                   FROM idempotency_requests r \
+                  WHERE r.tenant_id = $1 AND r.operation = $2 AND r.key_digest = $3)",
     ),
     (
         LOOKUP,
@@ -118,9 +126,19 @@ const STATEMENTS: [(&str, &str); 3] = [
     ),
 ];
 
-/// Prepares whichever of idem's statements the session lacks. The connection
-/// must be outside any transaction (a failed `PREPARE` there would abort it).
+/// Prepares idem's statements in a session that lacks them. The connection must
+/// be outside any transaction (a failed `PREPARE` there would abort it). A new
+/// session has none: all three go in one message. A session that has some (one
+/// was deallocated) is asked which, and gets the others.
 pub(crate) async fn prepare(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let all: String = STATEMENTS
+        .iter()
+        .map(|(_, text)| format!("{text};"))
+        .collect();
+    match sqlx::raw_sql(AssertSqlSafe(all)).execute(&mut *conn).await {
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(DUPLICATE_STATEMENT) => {}
+        done => return done.map(drop),
+    }
     let names: Vec<&str> = STATEMENTS.iter().map(|(name, _)| *name).collect();
     let present: Vec<String> =
         sqlx::query_scalar("SELECT name FROM pg_prepared_statements WHERE name = ANY($1)")
