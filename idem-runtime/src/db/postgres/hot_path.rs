@@ -57,6 +57,7 @@
 //! key is claimed before the handler instead (`idem_claim`, the hand-written
 //! path), and the duplicate waits before it runs anything.
 
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
@@ -150,7 +151,7 @@ async fn begin_in_session(
     push_key(&mut begin, req.tenant, req.operation, req.key.digest())?;
     begin.pop(); // the key's closing parenthesis: the deadline goes on
     begin.push_str(", '");
-    begin.push_str(&deadline_ms(ctx).to_string());
+    let _ = write!(begin, "{}", deadline_ms(ctx));
     begin.push_str("')");
     let in_session = |generation| Execution {
         in_session: true,
@@ -449,15 +450,15 @@ fn finish_text(
     sql.push_str(", ");
     text_literal(&mut sql, response.state())?;
     sql.push_str(", ");
-    sql.push_str(&status.to_string());
+    let _ = write!(sql, "{status}");
     sql.push_str(", ");
     text_literal(&mut sql, &headers)?;
     sql.push_str(", ");
     bytea_literal(&mut sql, &response.body);
     sql.push_str(", ");
-    sql.push_str(&millis(execution.retention).to_string());
+    let _ = write!(sql, "{}", millis(execution.retention));
     sql.push_str(", '");
-    sql.push_str(&wait.to_string());
+    let _ = write!(sql, "{wait}");
     sql.push_str("'); COMMIT AND CHAIN");
     Ok(sql)
 }
