@@ -899,7 +899,7 @@ async fn a_zero_lease_or_retention_is_refused_and_stores_nothing() {
             ..lease_req(&key, lease)
         };
         let e = s.claim(&req).await.unwrap_err();
-        assert!(matches!(e, StoreError::Redis(_)), "{e}");
+        assert!(matches!(e, StoreError::InvalidRequest(_)), "{e}");
         assert!(e.to_string().contains(named), "{e}");
         assert_eq!(
             keys_under(&mut c, &prefix("zero")).await,

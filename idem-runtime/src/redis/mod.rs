@@ -402,34 +402,6 @@ impl RedisLeaseStore {
     }
 }
 
-/// Refuses a hand-written request whose lease or retention is under a
-/// millisecond (zero included): the store counts whole milliseconds, so either
-/// would be zero to it, a lease that lapses as it is claimed (the next claim
-/// takes the execution over at once) or an outcome forgotten as it is stored.
-/// (`#[idempotent]` refuses such durations where it is written.)
-fn refuse_under_a_millisecond(req: &LeaseRequest<'_>) -> Result<(), StoreError> {
-    for (what, d, why) in [
-        (
-            "lease",
-            req.lease,
-            "it would lapse as it is claimed, and the next claim would take the execution over",
-        ),
-        (
-            "retention",
-            req.retention,
-            "the outcome would be forgotten as it is stored, and a retry would execute again",
-        ),
-    ] {
-        if d < Duration::from_millis(1) {
-            return Err(refused(format!(
-                "a {what} of {d:?} is refused: the Redis store counts whole milliseconds and \
-                 needs at least 1 ms; {why}"
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// A duration as the scripts take it: at least 1 ms (a claim refuses less, so
 /// a lease's own renewals and completion never send less; `PEXPIRE 0` would
 /// delete the record) and at most a century (Lua's numbers are doubles, and
@@ -491,7 +463,6 @@ impl LeaseBackend for Redis {
         store: &RedisLeaseStore,
         req: &LeaseRequest<'_>,
     ) -> Result<LeasedOutcome, StoreError> {
-        refuse_under_a_millisecond(req)?;
         let name = store.record_key(req.tenant, req.operation, req.key);
         let token = OwnerToken::random();
         let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
