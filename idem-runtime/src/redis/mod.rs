@@ -338,28 +338,6 @@ impl RedisLeaseStore {
         crate::lease::claim_in::<Redis>(self, req).await
     }
 
-    /// The connection of a store on one server, for the service's own
-    /// commands (and tests); [`RedisLeaseStore::redis_connection`] answers one
-    /// for a cluster too.
-    ///
-    /// # Panics
-    ///
-    /// On a store connected to a Redis Cluster, which has no one server's
-    /// connection.
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `redis_connection()`, which serves a Redis Cluster too; this one panics there"
-    )]
-    pub fn connection(&self) -> ConnectionManager {
-        match &self.conn {
-            RedisConnection::Server(c) => c.clone(),
-            RedisConnection::Cluster(_) => panic!(
-                "RedisLeaseStore::connection: this store is on a Redis Cluster; use \
-                 redis_connection()"
-            ),
-        }
-    }
-
     /// The store's connection, to one server or to a cluster, for the
     /// service's own commands (and tests).
     pub fn redis_connection(&self) -> RedisConnection {
@@ -384,16 +362,6 @@ impl RedisLeaseStore {
     pub fn uncertain_index_of(&self, operation: &str, key: &IdempotencyKey) -> String {
         self.layout
             .index(operation, shard_of(&key.digest().to_string()))
-    }
-
-    /// The name of `operation`'s single index of uncertain records in the
-    /// layout before shards: what the store no longer reads, and the
-    /// reconciler reports (as an error of each pass) while it holds entries.
-    #[deprecated(
-        note = "one operation's uncertain records are in SHARDS indexes: uncertain_indexes, uncertain_index_of"
-    )]
-    pub fn uncertain_index(&self, operation: &str) -> String {
-        self.layout.legacy_index(operation)
     }
 
     fn owned_name(&self, row: &Owned<'_>) -> String {
