@@ -1164,7 +1164,7 @@ async fn session_text_holds_any_tenant_and_operation() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let mut text = |rng: &mut fastrand::Rng| -> String {
+    let text = |rng: &mut fastrand::Rng| -> String {
         let n = rng.usize(1..=12);
         (0..n).map(|_| PIECES[rng.usize(..PIECES.len())]).collect()
     };
@@ -1234,10 +1234,9 @@ async fn session_text_holds_any_tenant_and_operation() {
         tenant: "acme\0evil",
         ..acme_op(&key, wait)
     };
-    let err = Postgres::begin_claim(&idem.claim_context(wait), &req)
-        .await
-        .err()
-        .expect("a NUL is refused");
+    let Err(err) = Postgres::begin_claim(&idem.claim_context(wait), &req).await else {
+        panic!("a NUL is refused");
+    };
     assert!(err.to_string().contains("NUL"), "{err}");
     assert_eq!(
         db.count("SELECT count(*) FROM idempotency_requests").await,

@@ -32,8 +32,8 @@ use idem_runtime::lease::{Acquisition, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
 use idem_runtime::retry::RetryPolicy;
 use idem_runtime::{
-    FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoredResponse,
-    Uncertain, claim_leased, idempotent,
+    FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoreError,
+    StoredResponse, Uncertain, claim_leased, idempotent,
 };
 use lease_harness::{LeaseHarness, OPERATION, Record, TENANT, next_instant, until_lease_lapsed};
 use serde::{Deserialize, Serialize};
@@ -136,6 +136,39 @@ macro_rules! leased_tests {
         async fn record(h: &H, key: &str) -> Record {
             let key = IdempotencyKey::parse(key).unwrap();
             h.record(&key).await.expect("the key has a record")
+        }
+
+        /// A hand-written request with a lease or retention under a
+        /// millisecond (zero included; every store counts whole milliseconds)
+        /// is refused the same way on every store, and reserves nothing.
+        #[tokio::test]
+        async fn a_zero_lease_or_retention_by_hand_is_refused_and_reserves_nothing() {
+            let h = H::new("zero").await;
+            let key = IdempotencyKey::parse("zero-1").unwrap();
+            for (lease, retention, named) in [
+                (Duration::ZERO, HOUR, "a lease of 0ns is refused"),
+                (HOUR, Duration::ZERO, "a retention of 0ns is refused"),
+                (Duration::from_micros(500), HOUR, "a lease of 500µs is refused"),
+                (HOUR, Duration::from_micros(999), "a retention of 999µs is refused"),
+            ] {
+                let req = LeaseRequest {
+                    retention,
+                    ..lease_req(&key, lease)
+                };
+                let e = h.try_claim(&req).await.expect_err("refused");
+                assert!(matches!(e, StoreError::InvalidRequest(_)), "{e}");
+                let message = e.to_string();
+                assert!(message.starts_with("invalid request: "), "{message}");
+                assert!(message.contains(named), "{message}");
+                assert!(message.contains("at least 1 ms"), "{message}");
+                assert_eq!(h.records().await, 0, "nothing reserved: {message}");
+            }
+            // A millisecond each is the least accepted.
+            let least = LeaseRequest {
+                retention: Duration::from_millis(1),
+                ..lease_req(&key, Duration::from_millis(1))
+            };
+            assert!(matches!(h.claim(&least).await, LeasedClaim::Acquired(_)));
         }
 
         #[tokio::test]

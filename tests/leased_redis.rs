@@ -271,6 +271,25 @@ async fn an_uncertain_outcome_never_expires_and_is_reconciled_by_its_downstream_
     assert_eq!(reconciler.run_once().await.unwrap(), Default::default());
 }
 
+/// The store reads its own layout only: a sorted set under the prefix that no
+/// version of idem writes (`P:{O}:uncertain`, one index per operation without
+/// shards) is someone else's, and a reconciler's round neither reads it nor
+/// counts it as an error.
+#[tokio::test]
+async fn a_round_reads_no_index_outside_the_layout() {
+    let s = store("foreign-index").await;
+    let mut c = s.redis_connection();
+    let foreign = format!("{}:{{create-payment}}:uncertain", prefix("foreign-index"));
+    let _: () = c.zadd(&foreign, "acme:c0ffee", 1).await.unwrap();
+    let report = Reconciler::<_, Redis>::on_store(s.clone(), AskLedger(Ledger::default()))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report, Default::default(), "nothing listed, nothing failed");
+    let left: i64 = c.zcard(&foreign).await.unwrap();
+    assert_eq!(left, 1, "not idem's to change");
+}
+
 #[tokio::test]
 async fn no_raw_key_is_ever_sent_to_or_kept_in_redis() {
     let s = store("raw").await;
@@ -899,7 +918,7 @@ async fn a_zero_lease_or_retention_is_refused_and_stores_nothing() {
             ..lease_req(&key, lease)
         };
         let e = s.claim(&req).await.unwrap_err();
-        assert!(matches!(e, StoreError::Redis(_)), "{e}");
+        assert!(matches!(e, StoreError::InvalidRequest(_)), "{e}");
         assert!(e.to_string().contains(named), "{e}");
         assert_eq!(
             keys_under(&mut c, &prefix("zero")).await,

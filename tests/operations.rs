@@ -150,6 +150,41 @@ macro_rules! operation_tests {
             }
         }
 
+        /// The same job in a single-tenant service: its rows live under `*`.
+        #[idempotent(
+            operation = "single-export",
+            retention = "1h",
+            lease = "300ms",
+            lease_ceiling = "1h",
+            accepted,
+            single_tenant
+        )]
+        async fn single_export(
+            State(app): State<App>,
+            lease: &mut Lease<Db>,
+            Json(job): Json<Job>,
+        ) -> Response {
+            app.runs.fetch_add(1, Ordering::SeqCst);
+            if job.hold && lease.acquisition() == Acquisition::New {
+                app.entered.send(()).ok();
+                app.release.acquire().await.unwrap().forget();
+            }
+            let id = app.downstream.export(&lease.downstream_key());
+            (StatusCode::CREATED, Json(exported(&id))).into_response()
+        }
+
+        /// A single-tenant service: its operations' router takes `SingleTenant`
+        /// as the caller, as tenant.rs documents.
+        fn single_tenant_router(app: &App) -> Router {
+            Router::new()
+                .route("/single-exports", post(single_export))
+                .nest(
+                    app.idem.operations_path(),
+                    operations::router::<idem_runtime::SingleTenant, Db, App>(),
+                )
+                .with_state(app.clone())
+        }
+
         struct Setup {
             router: Router,
             app: App,
@@ -535,6 +570,57 @@ macro_rules! operation_tests {
             settled(&s).await;
             assert_eq!(s.app.runs.load(Ordering::SeqCst), 1);
             assert_eq!(s.app.downstream.count(), 1);
+        }
+
+        /// A single-tenant service reads its own long operations: running,
+        /// then succeeded, then the result (the caller is `*`, the id its
+        /// handlers stored the rows under).
+        #[tokio::test]
+        async fn a_single_tenant_service_reads_its_operations() {
+            let mut s = setup("single").await;
+            let router = single_tenant_router(&s.app);
+            let request = || {
+                Request::post("/single-exports")
+                    .header("content-type", "application/json")
+                    .header("idempotency-key", "s-1")
+                    .body(Body::from(json!({ "kind": "ok", "hold": true }).to_string()))
+                    .unwrap()
+            };
+            let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+            let first = send(&router, request()).await;
+            assert_eq!(first.status, StatusCode::ACCEPTED, "{}", String::from_utf8_lossy(&first.body));
+            let location = first.location();
+            assert_eq!(
+                location,
+                format!("/operations/single-export/{}", crate::common::digest_hex("s-1"))
+            );
+            s.entered.recv().await.unwrap();
+            let running = send(&router, get(&location)).await;
+            assert_eq!(running.status, StatusCode::OK, "{}", String::from_utf8_lossy(&running.body));
+            assert_eq!(running.operation().status, Status::Running);
+            let early = send(&router, get(&format!("{location}/result"))).await;
+            assert_eq!(early.status, StatusCode::CONFLICT, "{}", String::from_utf8_lossy(&early.body));
+
+            s.app.release.add_permits(1);
+            settled(&s).await;
+            let done = send(&router, get(&location)).await;
+            assert_eq!(done.status, StatusCode::OK, "{}", String::from_utf8_lossy(&done.body));
+            let doc = done.operation();
+            assert_eq!(doc.status, Status::Succeeded);
+            assert_eq!(doc.response_status, Some(201));
+            let result = send(&router, get(&doc.result.unwrap())).await;
+            assert_eq!(result.status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&result.body));
+            assert_eq!(result.headers["idempotent-replayed"], "true");
+            assert_eq!(result.json(), exported("exp_0"));
+            let retry = send(&router, request()).await;
+            assert_eq!(result.body, retry.body, "the result is the retry's replay");
+            // A multi-tenant caller never sees the single-tenant scope.
+            let other = send(&s.router, get_as("acme", &location)).await;
+            assert_eq!(other.status, StatusCode::NOT_FOUND);
+            let star = send(&s.router, get_as("*", &location)).await;
+            assert_eq!(star.status, StatusCode::INTERNAL_SERVER_ERROR, "a caller named `*` is refused");
+            assert_eq!(star.json()["type"], "urn:idem:problem:invalid-tenant");
+            assert_eq!(s.app.runs.load(Ordering::SeqCst), 1);
         }
 
         #[tokio::test]

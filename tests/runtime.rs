@@ -129,6 +129,46 @@ macro_rules! backend_tests {
             }
         }
 
+        /// A hand-written retention under a millisecond (zero included:
+        /// every store counts whole milliseconds) is refused before anything
+        /// is written, with the error the leased claims give.
+        #[tokio::test]
+        async fn a_zero_retention_by_hand_is_refused_and_reserves_nothing() {
+            let db = db().await;
+            let key = IdempotencyKey::parse("zero").unwrap();
+            for (retention, named) in [
+                (Duration::ZERO, "a retention of 0ns is refused"),
+                (Duration::from_micros(999), "a retention of 999µs is refused"),
+            ] {
+                let r = ClaimRequest {
+                    retention,
+                    ..req("acme", "pay", &key, 100)
+                };
+                let mut tx = db.pool.begin().await.unwrap();
+                let e = claim(&mut tx, &r).await.expect_err("refused");
+                assert!(matches!(e, StoreError::InvalidRequest(_)), "{e}");
+                let message = e.to_string();
+                assert!(message.starts_with("invalid request: "), "{message}");
+                assert!(message.contains(named), "{message}");
+                assert!(message.contains("at least 1 ms"), "{message}");
+                // The transaction is still usable, and holds nothing of idem's.
+                tx.commit().await.unwrap();
+                assert_eq!(
+                    db.count("SELECT count(*) FROM idempotency_requests").await,
+                    0,
+                    "nothing reserved: {message}"
+                );
+            }
+            let least = ClaimRequest {
+                retention: Duration::from_millis(1),
+                ..req("acme", "pay", &key, 100)
+            };
+            assert!(matches!(
+                run_once(&db, &least).await.unwrap(),
+                Claim::Replay(_)
+            ));
+        }
+
         #[tokio::test]
         async fn first_claim_executes_and_a_retry_replays_byte_identical() {
             let db = db().await;

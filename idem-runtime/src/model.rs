@@ -185,6 +185,11 @@ pub enum StoreError {
     /// `check_pooler`; docs/pgbouncer.md says which settings work).
     #[error("connection pooler: {0}")]
     Pooler(String),
+    /// A hand-written request that no store accepts, refused before anything
+    /// is written: a lease or retention under a millisecond (every store
+    /// counts whole milliseconds). The message names which.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
     /// The Redis lease store refused or failed (feature `redis`), or refused to
     /// start (see [`crate::redis`]).
     #[error("redis error: {0}")]
@@ -447,6 +452,43 @@ pub struct StatsGroup {
     pub(crate) stored_bytes: u64,
     /// Its finished rows (`completed`, `failed`) past `expires_at`.
     pub(crate) expired_unswept: u64,
+}
+
+/// Refuses a retention, or a lease, under a millisecond (zero included), the
+/// same on every store, before anything is written. Every store counts whole
+/// milliseconds, so either would be zero to it: a lease that lapses as it is
+/// claimed (the next claim takes the execution over) or an outcome forgotten as
+/// it is stored (a retry executes again). `#[idempotent]` refuses such values
+/// where they are written; this holds hand-written requests to the same.
+///
+/// # Errors
+///
+/// [`StoreError::InvalidRequest`], naming the duration.
+pub(crate) fn refuse_under_a_millisecond(
+    retention: Duration,
+    lease: Option<Duration>,
+) -> Result<(), StoreError> {
+    let lease = lease.map(|d| {
+        (
+            "lease",
+            d,
+            "it would lapse as it is claimed, and the next claim would take the execution over",
+        )
+    });
+    let retention = (
+        "retention",
+        retention,
+        "the outcome would be forgotten as it is stored, and a retry would execute again",
+    );
+    for (what, d, why) in lease.into_iter().chain([retention]) {
+        if d < Duration::from_millis(1) {
+            return Err(StoreError::InvalidRequest(format!(
+                "a {what} of {d:?} is refused: idem counts durations in whole milliseconds and \
+                 needs at least 1 ms; {why}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A duration as the milliseconds every backend's SQL takes. Saturates rather

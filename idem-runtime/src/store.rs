@@ -52,12 +52,14 @@ use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 ///
 /// # Errors
 ///
+/// [`StoreError::InvalidRequest`] for a retention under a millisecond,
 /// [`StoreError::Isolation`] at another isolation level (PostgreSQL),
 /// [`StoreError::Database`] when the database fails. Nothing is claimed then.
 pub async fn claim<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
+    crate::model::refuse_under_a_millisecond(req.retention, None)?;
     DB::claim(tx, req).await
 }
 

@@ -130,6 +130,25 @@ pub(crate) fn validate_tenant_id(id: &str) -> Result<(), TenantError> {
     }
 }
 
+/// The checked tenant id of a caller of type `T`: the reserved
+/// [`SingleTenant::ID`] is accepted from [`SingleTenant`] itself, and from no
+/// other type, so a caller of a multi-tenant service whose id happens to be `*`
+/// never reads the single-tenant scope.
+///
+/// # Errors
+///
+/// [`TenantError`] as [`validate_tenant_id`] reports it, for every type but
+/// [`SingleTenant`].
+pub(crate) fn caller_tenant_id<T: TenantScope + 'static>(caller: &T) -> Result<&str, TenantError> {
+    let id = caller.tenant_id();
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<SingleTenant>()
+        && id == SingleTenant::ID
+    {
+        return Ok(id);
+    }
+    validate_tenant_id(id).map(|()| id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +162,32 @@ mod tests {
             Err(TenantError::TooLong(256))
         );
         assert_eq!(validate_tenant_id("*"), Err(TenantError::Reserved));
+    }
+
+    /// A caller type of the application's own that answers `*`.
+    struct Star;
+
+    impl TenantScope for Star {
+        fn tenant_id(&self) -> &str {
+            "*"
+        }
+    }
+
+    #[test]
+    fn only_single_tenant_itself_may_be_the_reserved_id() {
+        assert_eq!(caller_tenant_id(&SingleTenant), Ok("*"));
+        assert_eq!(caller_tenant_id(&Star), Err(TenantError::Reserved));
+        assert_eq!(
+            caller_tenant_id(&Box::new(SingleTenant)),
+            Err(TenantError::Reserved)
+        );
+        assert_eq!(
+            caller_tenant_id(&axum::Extension(Star)),
+            Err(TenantError::Reserved)
+        );
+        assert_eq!(
+            caller_tenant_id(&axum::Extension(SingleTenant)),
+            Err(TenantError::Reserved)
+        );
     }
 }

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use idem_runtime::lease::LeaseBackend;
-use idem_runtime::{Idem, IdempotencyKey, LeaseRequest, LeasedClaim};
+use idem_runtime::{Idem, IdempotencyKey, LeaseRequest, LeasedClaim, StoreError};
 
 pub const TENANT: &str = "acme";
 pub const OPERATION: &str = "create-payment";
@@ -49,6 +49,12 @@ pub trait LeaseHarness: Send + Sync + Sized + 'static {
 
     /// Claims through the store's own entry point.
     fn claim(&self, req: &LeaseRequest<'_>) -> impl Future<Output = LeasedClaim<Self::Db>> + Send;
+
+    /// Claims through the store's own entry point, its error returned.
+    fn try_claim(
+        &self,
+        req: &LeaseRequest<'_>,
+    ) -> impl Future<Output = Result<LeasedClaim<Self::Db>, StoreError>> + Send;
 
     /// The record of `key`, or `None`.
     fn record(&self, key: &IdempotencyKey) -> impl Future<Output = Option<Record>> + Send;
@@ -142,9 +148,14 @@ macro_rules! sql_harness {
             }
 
             async fn claim(&self, req: &LeaseRequest<'_>) -> LeasedClaim<$db> {
-                idem_runtime::claim_leased(&self.db.pool, req)
-                    .await
-                    .unwrap()
+                self.try_claim(req).await.unwrap()
+            }
+
+            async fn try_claim(
+                &self,
+                req: &LeaseRequest<'_>,
+            ) -> Result<LeasedClaim<$db>, idem_runtime::StoreError> {
+                idem_runtime::claim_leased(&self.db.pool, req).await
             }
 
             async fn record(&self, key: &IdempotencyKey) -> Option<$crate::lease_harness::Record> {
@@ -426,7 +437,14 @@ pub mod redis_store {
         }
 
         async fn claim(&self, req: &LeaseRequest<'_>) -> LeasedClaim<RedisDb> {
-            self.store.claim(req).await.unwrap()
+            self.try_claim(req).await.unwrap()
+        }
+
+        async fn try_claim(
+            &self,
+            req: &LeaseRequest<'_>,
+        ) -> Result<LeasedClaim<RedisDb>, StoreError> {
+            self.store.claim(req).await
         }
 
         async fn record(&self, key: &IdempotencyKey) -> Option<Record> {

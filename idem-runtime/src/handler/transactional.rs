@@ -41,6 +41,8 @@ impl<DB: Backend> Mode<DB> for Transactional {
         scope: &Scope<'_>,
     ) -> Result<Decision<Self::Held, Tx<DB>>, StoreError> {
         let mut req = scope.claim_request(idem);
+        // The attribute refuses such a retention; a spec written by hand does not.
+        crate::model::refuse_under_a_millisecond(req.retention, None)?;
         #[cfg(feature = "replay-cache")]
         if let Some(answer) = cached(idem, scope, &req) {
             return Ok(Decision::Answer(answer));

@@ -118,7 +118,8 @@ pub use crate::key::downstream_key;
 ///
 /// # Errors
 ///
-/// [`StoreError`] when the database fails; nothing is claimed then.
+/// [`StoreError::InvalidRequest`] for a lease or retention under a
+/// millisecond, [`StoreError`] when the database fails; nothing is claimed then.
 pub async fn claim_leased<DB: Backend>(
     pool: &Pool<DB>,
     req: &LeaseRequest<'_>,
@@ -126,11 +127,13 @@ pub async fn claim_leased<DB: Backend>(
     claim_in::<DB>(pool, req).await
 }
 
-/// [`claim_leased`] on any [`LeaseBackend`]'s store.
+/// [`claim_leased`] on any [`LeaseBackend`]'s store: every leased claim,
+/// hand-written or the handler's, comes through here.
 pub(crate) async fn claim_in<DB: LeaseBackend>(
     store: &DB::Store,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedClaim<DB>, StoreError> {
+    crate::model::refuse_under_a_millisecond(req.retention, Some(req.lease))?;
     Ok(match DB::lease_claim(store, req).await? {
         LeasedOutcome::Acquired {
             acquisition,

@@ -17,7 +17,7 @@ use crate::key::KeyDigest;
 use crate::lease::LeaseBackend;
 use crate::model::KeyAddress;
 use crate::problem::{self, Problem};
-use crate::tenant::TenantScope;
+use crate::tenant::{TenantError, TenantScope};
 
 /// The operations served: those of every `accepted` handler in the program.
 type Registry = HashMap<&'static str, &'static OperationSpec>;
@@ -73,29 +73,39 @@ where
                         .get("__idem_operation")
                         .map(String::as_str)
                         .unwrap_or_default();
-                    show(&registry, &idem, caller.tenant_id(), rest).await
+                    show(
+                        &registry,
+                        &idem,
+                        crate::tenant::caller_tenant_id(&caller),
+                        rest,
+                    )
+                    .await
                 }
             },
         ),
     )
 }
 
-/// The answer of `GET {path}/{rest}` for `tenant`.
+/// The answer of `GET {path}/{rest}` for `tenant`, as checked for the
+/// caller's type (a single-tenant service's caller is `*`).
 async fn show<DB: LeaseBackend>(
     registry: &Registry,
     idem: &Idem<DB>,
-    tenant: &str,
+    tenant: Result<&str, TenantError>,
     rest: &str,
 ) -> Response {
-    if let Err(e) = crate::tenant::validate_tenant_id(tenant) {
-        tracing::error!(error = %e, "idem: unusable tenant id");
-        return Problem::new(
-            problem::INVALID_TENANT,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Unusable tenant id",
-        )
-        .into_response();
-    }
+    let tenant = match tenant {
+        Ok(tenant) => tenant,
+        Err(e) => {
+            tracing::error!(error = %e, "idem: unusable tenant id");
+            return Problem::new(
+                problem::INVALID_TENANT,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Unusable tenant id",
+            )
+            .into_response();
+        }
+    };
     let rest = rest.trim_start_matches('/');
     let (id, wants_result) = match rest.strip_suffix("/result") {
         Some(id) => (id, true),

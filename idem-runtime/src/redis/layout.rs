@@ -81,12 +81,6 @@ impl Layout {
     pub(super) fn index(&self, operation: &str, shard: char) -> String {
         format!("{}:uncertain", self.shard_base(operation, shard))
     }
-
-    /// `P:{O}:uncertain`: the one index per operation of the layout before the
-    /// shards, which the reconciler reports and no longer reads.
-    pub(super) fn legacy_index(&self, operation: &str) -> String {
-        format!("{}:{{{}}}:uncertain", self.prefix, escape(operation))
-    }
 }
 
 #[cfg(test)]
@@ -114,10 +108,6 @@ mod tests {
         assert_eq!(
             l.index("create-payment", shard_of(digest)),
             "idem:{create-payment:c}:uncertain"
-        );
-        assert_eq!(
-            l.legacy_index("create-payment"),
-            "idem:{create-payment}:uncertain"
         );
         assert_eq!(shards().count(), SHARDS);
         assert_eq!(shard_of(""), '0');

@@ -101,26 +101,13 @@ impl RedisLeaseStore {
             .collect();
         let mut rows = Vec::with_capacity(limit);
         let mut stale: Vec<(usize, String, String)> = Vec::new();
-        // A pass starts with what the layout before the shards left behind.
-        let mut legacy = after.is_none();
         loop {
             let refill: Vec<usize> = (0..shards.len())
                 .filter(|&i| shards[i].read.is_empty() && !shards[i].ended)
                 .collect();
-            if !refill.is_empty() || legacy {
-                let left = self
-                    .read_chunks(
-                        operation,
-                        &mut shards,
-                        &refill,
-                        (&min, after, limit),
-                        legacy,
-                    )
+            if !refill.is_empty() {
+                self.read_chunks(&mut shards, &refill, (&min, after, limit))
                     .await?;
-                if let Some(row) = left {
-                    rows.push(row);
-                }
-                legacy = false;
             }
             // The next entries in order, as long as every shard that may hold
             // an earlier one has read it.
@@ -160,17 +147,14 @@ impl RedisLeaseStore {
         Ok(rows)
     }
 
-    /// Reads the next chunk of each of the `refill` shards (and, `legacy`, the
-    /// size of the layout's old index, answered as a broken row when not empty).
+    /// Reads the next chunk of each of the `refill` shards.
     async fn read_chunks(
         &self,
-        operation: &str,
         shards: &mut [Shard],
         refill: &[usize],
         (min, after, limit): (&str, Option<&RedisUncertain>, usize),
-        legacy: bool,
-    ) -> Result<Option<RedisUncertain>, StoreError> {
-        let mut groups = Vec::with_capacity(refill.len() + 1);
+    ) -> Result<(), StoreError> {
+        let mut groups = Vec::with_capacity(refill.len());
         for &i in refill {
             let mut p = redis::pipe();
             p.cmd("ZRANGE")
@@ -182,12 +166,6 @@ impl RedisLeaseStore {
                 .arg(shards[i].offset)
                 .arg(limit)
                 .arg("WITHSCORES");
-            groups.push(p);
-        }
-        let legacy_index = self.layout.legacy_index(operation);
-        if legacy {
-            let mut p = redis::pipe();
-            p.cmd("ZCARD").arg(&legacy_index);
             groups.push(p);
         }
         let mut replies = self
@@ -213,27 +191,7 @@ impl RedisLeaseStore {
                     None => true,
                 }));
         }
-        if !legacy {
-            return Ok(None);
-        }
-        let left = match replies.next().and_then(|r| r.into_iter().next()) {
-            Some(Value::Int(n)) => n,
-            _ => 0,
-        };
-        Ok((left > 0).then(|| {
-            tracing::error!(index = %legacy_index, entries = left, "idem: redis: uncertain records of the layout before shards; not reconciled");
-            // First in the page, before any record (its cursor passes it).
-            RedisUncertain::broken(
-                String::new(),
-                f64::NEG_INFINITY,
-                "",
-                format!(
-                    "{left} uncertain records are listed in {legacy_index}, the index of the \
-                     layout before shards, which this version neither reads nor resolves; see \
-                     docs/redis.md (\"The layout before shards\") to resolve them by hand"
-                ),
-            )
-        }))
+        Ok(())
     }
 
     /// Reads the records of the picked entries (one pipeline per shard, or one

@@ -338,28 +338,6 @@ impl RedisLeaseStore {
         crate::lease::claim_in::<Redis>(self, req).await
     }
 
-    /// The connection of a store on one server, for the service's own
-    /// commands (and tests); [`RedisLeaseStore::redis_connection`] answers one
-    /// for a cluster too.
-    ///
-    /// # Panics
-    ///
-    /// On a store connected to a Redis Cluster, which has no one server's
-    /// connection.
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `redis_connection()`, which serves a Redis Cluster too; this one panics there"
-    )]
-    pub fn connection(&self) -> ConnectionManager {
-        match &self.conn {
-            RedisConnection::Server(c) => c.clone(),
-            RedisConnection::Cluster(_) => panic!(
-                "RedisLeaseStore::connection: this store is on a Redis Cluster; use \
-                 redis_connection()"
-            ),
-        }
-    }
-
     /// The store's connection, to one server or to a cluster, for the
     /// service's own commands (and tests).
     pub fn redis_connection(&self) -> RedisConnection {
@@ -386,48 +364,10 @@ impl RedisLeaseStore {
             .index(operation, shard_of(&key.digest().to_string()))
     }
 
-    /// The name of `operation`'s single index of uncertain records in the
-    /// layout before shards: what the store no longer reads, and the
-    /// reconciler reports (as an error of each pass) while it holds entries.
-    #[deprecated(
-        note = "one operation's uncertain records are in SHARDS indexes: uncertain_indexes, uncertain_index_of"
-    )]
-    pub fn uncertain_index(&self, operation: &str) -> String {
-        self.layout.legacy_index(operation)
-    }
-
     fn owned_name(&self, row: &Owned<'_>) -> String {
         self.layout
             .record(row.tenant, row.operation, &row.key.to_string())
     }
-}
-
-/// Refuses a hand-written request whose lease or retention is under a
-/// millisecond (zero included): the store counts whole milliseconds, so either
-/// would be zero to it, a lease that lapses as it is claimed (the next claim
-/// takes the execution over at once) or an outcome forgotten as it is stored.
-/// (`#[idempotent]` refuses such durations where it is written.)
-fn refuse_under_a_millisecond(req: &LeaseRequest<'_>) -> Result<(), StoreError> {
-    for (what, d, why) in [
-        (
-            "lease",
-            req.lease,
-            "it would lapse as it is claimed, and the next claim would take the execution over",
-        ),
-        (
-            "retention",
-            req.retention,
-            "the outcome would be forgotten as it is stored, and a retry would execute again",
-        ),
-    ] {
-        if d < Duration::from_millis(1) {
-            return Err(refused(format!(
-                "a {what} of {d:?} is refused: the Redis store counts whole milliseconds and \
-                 needs at least 1 ms; {why}"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// A duration as the scripts take it: at least 1 ms (a claim refuses less, so
@@ -491,7 +431,6 @@ impl LeaseBackend for Redis {
         store: &RedisLeaseStore,
         req: &LeaseRequest<'_>,
     ) -> Result<LeasedOutcome, StoreError> {
-        refuse_under_a_millisecond(req)?;
         let name = store.record_key(req.tenant, req.operation, req.key);
         let token = OwnerToken::random();
         let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
