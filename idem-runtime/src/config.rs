@@ -75,7 +75,7 @@ pub enum ConfigError {
 /// `&mut Tx<MySql>`.
 ///
 /// With the feature `redis`, `Idem<idem_runtime::redis::Redis>` (built by
-/// [`crate::redis::RedisLeaseStore::idem`]) runs leased handlers on Redis.
+/// `RedisLeaseStore::idem`) runs leased handlers on Redis.
 pub struct Idem<DB: LeaseBackend = DefaultBackend> {
     pool: DB::Store,
     settings: Arc<Settings>,
@@ -173,7 +173,7 @@ impl<DB: Backend> Idem<DB> {
     /// server session (SQL `PREPARE`), so that it costs the round trips of the
     /// handler's own transaction and no more. By default idem decides per
     /// database target with the pooler probe that `migrate` and
-    /// [`check_pooler`](crate::check_pooler) run (or the first claim, if neither
+    /// `check_pooler` run (or the first claim, if neither
     /// ran): on where each connection keeps its server session (no pooler, or
     /// session pooling), off where a pooler runs each transaction on whichever
     /// server is free (those keep only protocol-level prepared statements), and

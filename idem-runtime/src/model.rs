@@ -191,7 +191,7 @@ pub enum StoreError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// The Redis lease store refused or failed (feature `redis`), or refused to
-    /// start (see [`crate::redis`]).
+    /// start (see the module `idem_runtime::redis`).
     #[error("redis error: {0}")]
     Redis(#[source] Box<dyn std::error::Error + Send + Sync>),
 }

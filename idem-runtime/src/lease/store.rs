@@ -1,5 +1,5 @@
 //! Where leased mode keeps its records: every SQL database idem runs on (the
-//! pool's [`Backend`]), or Redis (feature `redis`, [`crate::redis::Redis`]).
+//! pool's [`Backend`]), or Redis (feature `redis`, `idem_runtime::redis::Redis`).
 //!
 //! [`LeaseBackend`] is the one seam: [`crate::Lease`], [`crate::LeasedClaim`],
 //! the handler's leased path and the [`crate::Reconciler`] are written once over
@@ -29,8 +29,8 @@ mod sealed {
 
 /// A store leased mode runs on: every [`Backend`] (`sqlx::Postgres`,
 /// `sqlx::Sqlite`, `sqlx::MySql`, its store a `sqlx::Pool`) and, with the
-/// feature `redis`, [`crate::redis::Redis`] (its store a
-/// [`crate::redis::RedisLeaseStore`]).
+/// feature `redis`, `idem_runtime::redis::Redis` (its store a
+/// `RedisLeaseStore`).
 ///
 /// Sealed: its methods are idem's own statements and scripts. Name it in code
 /// generic over where leases live, as `Lease<B>` or `Idem<B>`.
