@@ -526,3 +526,60 @@ async fn with_claims_at_commit_off_a_key_executes_once_and_replays() {
     assert_eq!(again, first);
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
+
+/// A claim dropped while idem's lock wait is on the session (a caller's timeout
+/// while the claim waits for a row another transaction holds) does not give the
+/// connection back to the pool with that bound: the next checkout has the
+/// server's own lock wait. Deterministic: the holder keeps the row locked until
+/// the claim, waiting on it, has been dropped.
+#[tokio::test]
+async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
+    let db = MySqlDb::with_pool_size(1).await;
+    let key = IdempotencyKey::parse("cancelled-lease").unwrap();
+    let req = idem_runtime::LeaseRequest {
+        tenant: "acme",
+        operation: "pay",
+        key: &key,
+        fingerprint: FingerprintBuilder::new("acme", "pay", "POST", "/pay").finish(),
+        retention: Duration::from_secs(3600),
+        lease: Duration::from_secs(30),
+    };
+    let server_default: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        server_default > 1,
+        "the server's own lock wait is idem's bound"
+    );
+    // The key's row exists (a first claim) and another transaction holds it.
+    let first = idem_runtime::claim_leased(&db.pool, &req).await.unwrap();
+    assert!(matches!(first, idem_runtime::LeasedClaim::Acquired(_)));
+    let other = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+    let mut holder = other.begin().await.unwrap();
+    sqlx::query("SELECT generation FROM idempotency_requests WHERE key_digest = ? FOR UPDATE")
+        .bind(&key.digest().as_bytes()[..])
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    // The second claim waits on the held row under idem's 1 s bound; it is
+    // dropped well before that bound gives up.
+    let waited = tokio::time::timeout(
+        Duration::from_millis(300),
+        idem_runtime::claim_leased(&db.pool, &req),
+    )
+    .await;
+    assert!(waited.is_err(), "the claim waited on the held row");
+    // Released before the bound gives up: the dropped claim's statement then
+    // succeeds on the server, and the pool's check on release finds nothing
+    // wrong with the connection (a statement that failed would have it closed).
+    holder.rollback().await.unwrap();
+    let next: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        next, server_default,
+        "the pool handed out a connection with idem's lock wait on it"
+    );
+}

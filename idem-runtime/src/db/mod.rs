@@ -19,6 +19,8 @@ mod dialect;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+pub(crate) mod restoring;
 pub(crate) mod rows;
 mod shared;
 #[cfg(feature = "sqlite")]

@@ -53,6 +53,9 @@ pub struct Tx<DB: Backend = DefaultBackend> {
     /// Past this instant the request is abandoned: a drop then closes the
     /// connection rather than queue a rollback on a connection that may be stuck.
     abandon_at: Option<tokio::time::Instant>,
+    /// A session setting of idem's is on the connection (see
+    /// [`Tx::session_changed`]): a drop closes it.
+    session_changed: bool,
 }
 
 impl<DB: Backend> Tx<DB> {
@@ -70,6 +73,7 @@ impl<DB: Backend> Tx<DB> {
             conn,
             open: true,
             abandon_at: None,
+            session_changed: false,
         })
     }
 
@@ -96,6 +100,7 @@ impl<DB: Backend> Tx<DB> {
                 conn,
                 open: true,
                 abandon_at: None,
+                session_changed: false,
             }),
             Err(e) => Err((conn, e)),
         }
@@ -109,7 +114,17 @@ impl<DB: Backend> Tx<DB> {
             conn,
             open: false,
             abandon_at: None,
+            session_changed: false,
         }
+    }
+
+    /// Whether a session setting of idem's (MySQL's lock wait) is on the
+    /// connection now: from the change until it is given back, a drop of this
+    /// value (a request deadline, a caller's timeout) closes the connection
+    /// rather than return it to the pool with idem's setting on it.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn session_changed(&mut self, changed: bool) {
+        self.session_changed = changed;
     }
 
     /// Sets when the request is abandoned (see the field).
@@ -183,6 +198,10 @@ impl<DB: Database> Drop for ClosedIfDropped<DB> {
 
 impl<DB: Backend> Drop for Tx<DB> {
     fn drop(&mut self) {
+        if self.session_changed {
+            self.conn.close_on_drop();
+            return;
+        }
         if !self.open {
             return;
         }

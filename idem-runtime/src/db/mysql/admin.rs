@@ -8,6 +8,7 @@ use sqlx::{Connection, MySqlConnection, MySqlPool, Row};
 use super::upkeep::rfc3339;
 use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
 use crate::db::dialect::question_marks;
+use crate::db::restoring::Restoring;
 use crate::model::StoreError;
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
@@ -69,13 +70,15 @@ pub(super) async fn purge<E>(
     allow: impl FnOnce(&str) -> Result<(), E>,
 ) -> Result<Option<(String, i64)>, PurgeError<E>> {
     let mut conn = pool.acquire().await.map_err(StoreError::from)?;
-    bound_lock_wait(&mut conn, wait)
+    let mut session = Restoring::new(&mut conn);
+    bound_lock_wait(session.conn(), wait)
         .await
         .map_err(StoreError::from)?;
-    let purged = purge_locked(&mut conn, key, allow).await;
-    restore_lock_wait(&mut conn)
+    let purged = purge_locked(session.conn(), key, allow).await;
+    restore_lock_wait(session.conn())
         .await
         .map_err(StoreError::from)?;
+    session.restored();
     purged
 }
 

@@ -220,8 +220,14 @@ async fn claim_first(
             Some(sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED)),
         )
         .await?;
+        // The claim bounds the session's lock wait and gives it back; dropped in
+        // between, the connection is closed (a failed claim's too).
+        tx.session_changed(true);
         match transactional::claim_on(tx.connection(), req).await {
-            Ok(claim) => return Ok((tx, claim)),
+            Ok(claim) => {
+                tx.session_changed(false);
+                return Ok((tx, claim));
+            }
             Err(StoreError::Database(e)) if is_deadlock(&e) => {
                 if attempt >= DEADLOCK_RETRIES {
                     return Ok((tx, transactional::in_flight(req)));
@@ -280,7 +286,13 @@ pub(crate) async fn finish(
         Err(e) => return Finish::NotStored(e),
     };
     let started = Instant::now();
+    // On MySQL 8 the insert's lock wait is a session setting set around it:
+    // dropped in between, the connection is closed (see `Tx::session_changed`).
+    // Once `upsert` returns, it gave the setting back (a lock-wait timeout
+    // included, the common failure under contention).
+    tx.session_changed(true);
     let taken = upsert(tx.connection(), &execution, response, status, &headers).await;
+    tx.session_changed(false);
     match taken {
         Ok(Some(_generation)) => match tx.commit().await {
             Ok(()) => Finish::Committed,

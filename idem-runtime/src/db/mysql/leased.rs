@@ -18,6 +18,7 @@ use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
 use crate::db::dialect::question_marks;
+use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared::{self, owned_row};
 use crate::decide::{self, LeasedStep};
@@ -141,15 +142,20 @@ pub(super) async fn claim_leased(
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
     let mut conn = pool.acquire().await?;
-    bound_lock_wait(&mut conn, Duration::from_secs(1)).await?;
-    let outcome = claim_in_transaction(&mut conn, req).await;
+    // Dropped before the lock wait is given back (a caller's timeout), the
+    // connection is closed rather than pooled with idem's bound on it.
+    let mut session = Restoring::new(&mut conn);
+    bound_lock_wait(session.conn(), Duration::from_secs(1)).await?;
+    let outcome = claim_in_transaction(session.conn(), req).await;
     // The claim has committed (or not) by now: what the restore does must not
     // lose it. An acquired row dropped here would wait out its whole lease.
     // A session whose lock wait could not be restored is not given back to the
     // pool.
-    if let Err(e) = restore_lock_wait(&mut conn).await {
-        tracing::warn!(error = %e, "idem: could not restore the session's lock wait after a leased claim; closing the connection");
-        conn.close_on_drop();
+    match restore_lock_wait(session.conn()).await {
+        Ok(()) => session.restored(),
+        Err(e) => {
+            tracing::warn!(error = %e, "idem: could not restore the session's lock wait after a leased claim; closing the connection");
+        }
     }
     match outcome {
         Ok(outcome) => Ok(outcome),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use sqlx::{Connection, Row, SqliteConnection, SqlitePool};
 
 use super::{is_busy, now_ms};
+use crate::db::restoring::Restoring;
 use crate::db::shared::delete_if_allowed;
 use crate::model::{KeyAddress, PurgeError};
 use crate::model::{StoreError, millis};
@@ -76,9 +77,11 @@ pub(super) async fn purge<E>(
         .fetch_one(&mut *conn)
         .await
         .map_err(StoreError::from)?;
-    set_busy_timeout(&mut conn, millis(wait).max(1)).await?;
-    let purged = purge_locked(&mut conn, key, allow).await;
-    set_busy_timeout(&mut conn, saved).await?;
+    let mut session = Restoring::new(&mut conn);
+    set_busy_timeout(session.conn(), millis(wait).max(1)).await?;
+    let purged = purge_locked(session.conn(), key, allow).await;
+    set_busy_timeout(session.conn(), saved).await?;
+    session.restored();
     purged
 }
 
