@@ -1385,3 +1385,92 @@ async fn session_path_connections_return_clean_from_every_outcome() {
         3
     );
 }
+
+/// A finished row whose insert waited for another holder of the key longer
+/// than its retention still commits with its retention left: the wait's bound
+/// is added to the expiry (docs/decisions.md, "Retention"). Deterministic: the
+/// holder's uncommitted row keeps the insert waiting (seen waiting on the lock)
+/// for longer than the retention, then rolls back.
+#[tokio::test]
+async fn a_row_that_waited_longer_than_its_retention_commits_live() {
+    for session in [true, false] {
+        row_that_waited_commits_live(session).await;
+    }
+}
+
+async fn row_that_waited_commits_live(session: bool) {
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+    let wait = std::time::Duration::from_secs(5);
+    let key = IdempotencyKey::parse("short-retention").unwrap();
+    let req = ClaimRequest {
+        retention: std::time::Duration::from_millis(300),
+        ..acme_op(&key, wait)
+    };
+    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
+        .await
+        .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("{claim:?}")
+    };
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, response_status, expires_at) \
+         VALUES ('acme', 'op', $1, $2, 'completed', 201, now() + interval '1 hour')",
+    )
+    .bind(&key.digest().as_bytes()[..])
+    .bind(&req.fingerprint.as_bytes()[..])
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(b"ok"),
+    };
+    let finishing = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await
+        })
+    };
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the insert waits for the holder");
+    // The insert is seen waiting: wall time now passes the retention.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    holder.rollback().await.unwrap();
+    let finished = finishing.await.unwrap();
+    assert!(matches!(finished, Finish::Committed), "{finished:?}");
+    let live: bool = sqlx::query_scalar(
+        "SELECT expires_at > now() FROM idempotency_requests WHERE key_digest = $1",
+    )
+    .bind(&key.digest().as_bytes()[..])
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(live, "session {session}: the row committed already expired");
+    let (_, again) = Postgres::begin_claim(&idem.claim_context(wait), &req)
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, Claim::Replay(_)),
+        "session {session}: a retry replays: {again:?}"
+    );
+}

@@ -583,3 +583,93 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
         "the pool handed out a connection with idem's lock wait on it"
     );
 }
+
+/// A finished row whose insert waited for another holder of the key longer
+/// than its retention still commits with its retention left, in both insert
+/// forms (docs/decisions.md, "Retention"). Deterministic: the holder's claim
+/// keeps the insert waiting for longer than the retention (it has not finished
+/// then), then rolls back.
+#[tokio::test]
+async fn a_row_that_waited_longer_than_its_retention_commits_live() {
+    use idem_runtime::__private::{Claims, Finish};
+    for set_statement in [true, false] {
+        let db = MySqlDb::new().await;
+        idem_runtime::__private::assume_set_statement(Some(set_statement));
+        let idem: Idem<MySql> = Idem::new(db.pool.clone());
+        let wait = Duration::from_secs(3);
+        let key = IdempotencyKey::parse("short-retention").unwrap();
+        let req = ClaimRequest {
+            tenant: "acme",
+            operation: "op",
+            key: &key,
+            fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
+            retention: Duration::from_millis(300),
+            in_flight_wait: wait,
+        };
+        let (tx, claimed) = MySql::begin_claim(&idem.claim_context(wait), &req)
+            .await
+            .unwrap();
+        let Claim::Execute(execution) = claimed else {
+            panic!("{claimed:?}")
+        };
+        let holder_pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+        let mut holder = holder_pool
+            .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
+            .unwrap();
+        let held = claim(
+            &mut holder,
+            &ClaimRequest {
+                tenant: "acme",
+                operation: "op",
+                key: &key,
+                fingerprint: req.fingerprint,
+                retention: Duration::from_secs(3600),
+                in_flight_wait: wait,
+            },
+        )
+        .await
+        .unwrap();
+        assert!(matches!(held, Claim::Execute(_)), "{held:?}");
+        let stored = idem_runtime::StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: Bytes::from_static(b"ok"),
+        };
+        let finishing = {
+            let idem = idem.clone();
+            tokio::spawn(async move {
+                MySql::finish(&idem.claim_context(wait), tx, execution, &stored).await
+            })
+        };
+        // The holder keeps the key until it rolls back: wall time passes the
+        // retention while the insert waits (it cannot have finished).
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(!finishing.is_finished(), "the insert waits for the holder");
+        holder.rollback().await.unwrap();
+        let finished = finishing.await.unwrap();
+        assert!(
+            matches!(finished, Finish::Committed),
+            "SET STATEMENT {set_statement}: {finished:?}"
+        );
+        let live: i64 = sqlx::query_scalar(concat!(
+            "SELECT count(*) FROM idempotency_requests WHERE expires_at > ",
+            idem_runtime::mysql_now_ms!()
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            live, 1,
+            "SET STATEMENT {set_statement}: the row committed already expired"
+        );
+        let (_, again) = MySql::begin_claim(&idem.claim_context(wait), &req)
+            .await
+            .unwrap();
+        assert!(
+            matches!(again, Claim::Replay(_)),
+            "SET STATEMENT {set_statement}: a retry replays: {again:?}"
+        );
+    }
+    idem_runtime::__private::assume_set_statement(None);
+}

@@ -363,7 +363,15 @@ async fn upsert(
             .bind(status)
             .bind(headers)
             .bind(&response.body[..])
-            .bind(millis(execution.retention))
+            // The retention and the insert's bounded wait for another holder of
+            // the key, which passes after the statement reads its time (as on
+            // PostgreSQL: docs/decisions.md, "Retention").
+            .bind(
+                millis(execution.retention).saturating_add(
+                    i64::try_from(lock_wait_seconds(execution.in_flight_wait) * 1000)
+                        .unwrap_or(i64::MAX),
+                ),
+            )
     };
     if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);

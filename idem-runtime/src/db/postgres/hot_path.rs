@@ -365,7 +365,7 @@ pub(crate) async fn finish(
         .bind(status)
         .bind(sqlx::types::Json(&response.headers))
         .bind(&response.body[..])
-        .bind(millis(execution.retention))
+        .bind(kept_for_ms(&execution, wait))
         .bind(wait)
         .fetch_optional(&mut **tx.connection())
         .await;
@@ -456,11 +456,20 @@ fn finish_text(
     sql.push_str(", ");
     bytea_literal(&mut sql, &response.body);
     sql.push_str(", ");
-    let _ = write!(sql, "{}", millis(execution.retention));
+    let _ = write!(sql, "{}", kept_for_ms(execution, wait));
     sql.push_str(", '");
     let _ = write!(sql, "{wait}");
     sql.push_str("'); COMMIT AND CHAIN");
     Ok(sql)
+}
+
+/// How long the finished row is kept past the time its insert reads: the
+/// retention, and the insert's own bounded wait for another holder of the key
+/// (`wait`, milliseconds), which passes after that time is read and before the
+/// row exists. So a row never commits with less than its retention left for
+/// that wait (docs/decisions.md, "Retention").
+fn kept_for_ms(execution: &Execution, wait: i64) -> i64 {
+    millis(execution.retention).saturating_add(wait)
 }
 
 /// The key is held by another execution's finished or leased row: this one
