@@ -94,6 +94,7 @@ macro_rules! cache_tests {
         struct App {
             db: $test_db,
             router: Router,
+            idem: Idem<Db>,
         }
 
         async fn app(cache: Option<ReplayCache>) -> App {
@@ -106,8 +107,8 @@ macro_rules! cache_tests {
             let router = Router::new()
                 .route("/widgets", post(create_widget))
                 .route("/briefs", post(create_brief))
-                .with_state(AppState { idem });
-            App { db, router }
+                .with_state(AppState { idem: idem.clone() });
+            App { db, router, idem }
         }
 
         fn cache() -> ReplayCache {
@@ -164,6 +165,25 @@ macro_rules! cache_tests {
                 "headers differ from the database's replay"
             );
             assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+        }
+
+        /// After the database lost outcomes (a failover with asynchronous
+        /// replication, modelled by deleting the rows), a cleared cache stops
+        /// replaying them: the next request asks the database and executes.
+        #[tokio::test]
+        async fn a_cleared_cache_answers_from_the_database_again() {
+            let a = app(Some(cache())).await;
+            assert_eq!(
+                send(&a, "/widgets", "k1", "bolt", 0).await.0,
+                StatusCode::CREATED
+            );
+            forget_every_key(&a).await;
+            let cached = send(&a, "/widgets", "k1", "bolt", 0).await;
+            assert_eq!((cached.0, cached.1), (StatusCode::CREATED, true));
+            a.idem.clear_replay_cache();
+            let again = send(&a, "/widgets", "k1", "bolt", 0).await;
+            assert_eq!((again.0, again.1), (StatusCode::CREATED, false));
+            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
         }
 
         #[tokio::test]

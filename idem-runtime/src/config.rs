@@ -434,6 +434,26 @@ impl<DB: LeaseBackend> Idem<DB> {
         self.settings.replay_cache.as_ref()
     }
 
+    /// Forgets every answer the replay cache holds (shared by every clone of
+    /// this `Idem`), so that the next request of each key asks the database.
+    /// Call it when the database may have lost outcomes this process
+    /// committed (a failover with asynchronous replication) or moved its clock,
+    /// before serving again: the cache would otherwise keep replaying them until
+    /// its `max_age`. No effect without a cache.
+    ///
+    /// ```no_run
+    /// # async fn demo(idem: idem_runtime::Idem) {
+    /// // after the database failed over
+    /// idem.clear_replay_cache();
+    /// # }
+    /// ```
+    #[cfg(feature = "replay-cache")]
+    pub fn clear_replay_cache(&self) {
+        if let Some(cache) = self.replay_cache() {
+            cache.clear();
+        }
+    }
+
     /// Where the service mounts [`crate::operations::router`]: the path the
     /// `Location` of a long operation's `202 Accepted` starts with (default
     /// [`Idem::DEFAULT_OPERATIONS_PATH`]). An operation's resource is

@@ -96,6 +96,11 @@ impl ReplayCache {
         }
     }
 
+    /// Forgets every entry (see `Idem::clear_replay_cache`).
+    pub fn clear(&self) {
+        self.entries.invalidate_all();
+    }
+
     /// What the cache holds for `req`'s key, if anything that has not expired.
     pub(crate) fn get(&self, operation: &'static str, req: &ClaimRequest<'_>) -> Option<Cached> {
         let k = CacheKey::of(operation, req);
