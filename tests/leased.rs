@@ -899,6 +899,38 @@ macro_rules! leased_tests {
             assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1, "downstream called once");
         }
 
+        /// `is_lost()` turns true no later than the store could hand the
+        /// execution to another worker: the lease's length after the claim was
+        /// sent (so at the latest a lease after the claim returned), whatever a
+        /// renewal that cannot get through does meanwhile; and a renewal that
+        /// gets through afterwards does not revive it. Deterministic: renewals
+        /// are blocked from the claim on, and the check runs at a fixed instant.
+        #[tokio::test]
+        async fn a_lease_is_lost_by_its_deadline_while_renewals_hang() {
+            let h = H::new("deadline").await;
+            let key = IdempotencyKey::parse("deadline-1").unwrap();
+            let length = Duration::from_millis(600);
+            let lease = acquire(&h, &key, length).await;
+            let returned = tokio::time::Instant::now();
+            assert!(!lease.is_lost(), "a fresh lease is not lost");
+            let blocker = h.block_renewals(&key).await;
+            // A renewal sent now cannot get through (it waits on the held row,
+            // or the record refuses it): it must not keep the lease alive.
+            let hanging = tokio::time::timeout(length * 2, lease.renew()).await;
+            assert!(
+                !matches!(hanging, Ok(Ok(()))),
+                "a renewal got through while blocked"
+            );
+            tokio::time::sleep_until(returned + length).await;
+            assert!(
+                lease.is_lost(),
+                "is_lost() was still false a lease after the claim returned"
+            );
+            h.unblock(blocker).await;
+            let _ = lease.renew().await;
+            assert!(lease.is_lost(), "a late renewal revived a lost lease");
+        }
+
         /// Every statement of a stale owner is fenced by its token, not only by the
         /// record's state: while the new owner still holds it `processing`, the
         /// old ones can neither complete, release nor mark it uncertain.

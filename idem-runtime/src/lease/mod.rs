@@ -31,7 +31,6 @@
 //! renewal is in `renewal`, the answer for an unknown outcome ([`Uncertain`]) in
 //! `answer`, and the statements in each database's module.
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::Pool;
@@ -86,7 +85,8 @@ pub struct Lease<DB: LeaseBackend = DefaultBackend> {
     lease: Duration,
     retention: Duration,
     fingerprint: Fingerprint,
-    lost: Arc<AtomicBool>,
+    /// When the lease is to be taken as lost (see `renewal::Deadline`).
+    deadline: Arc<renewal::Deadline>,
 }
 
 /// Why a leased completion was refused.
@@ -134,6 +134,9 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedClaim<DB>, StoreError> {
     crate::model::refuse_under_a_millisecond(req.retention, Some(req.lease))?;
+    // The lease is measured from the claim's send time: the store starts it no
+    // earlier than it receives the claim.
+    let sent = tokio::time::Instant::now();
     Ok(match DB::lease_claim(store, req).await? {
         LeasedOutcome::Acquired {
             acquisition,
@@ -150,7 +153,7 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
             lease: req.lease,
             retention: req.retention,
             fingerprint: req.fingerprint,
-            lost: Arc::new(AtomicBool::new(false)),
+            deadline: Arc::new(renewal::Deadline::new(sent, req.lease)),
         }),
         LeasedOutcome::Replay(stored) => LeasedClaim::Replay(stored),
         LeasedOutcome::Mismatch => LeasedClaim::Mismatch,
@@ -223,12 +226,16 @@ impl<DB: LeaseBackend> Lease<DB> {
     }
 
     /// True once the lease is lost or taken to be: a renewal found the execution
-    /// taken over, no renewal got through for a whole lease, or the renewal
-    /// ceiling passed. Stop before calling downstream again. What the handler
+    /// taken over, or the lease's length has passed since the claim or the last
+    /// renewal that got through was *sent* (renewals that hang, the renewal
+    /// ceiling, or a hand-written lease nobody renews). Measured from the send
+    /// time, it turns true no later than the store could hand the execution to
+    /// another worker; once true it stays true. Stop before calling downstream
+    /// again. What the handler
     /// returns is still stored if no other worker took over (every store is fenced
     /// by the owner token), and never if one did.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.deadline.is_lost()
     }
 
     /// The store the lease lives in (a pool, or a Redis store).
@@ -253,7 +260,7 @@ impl<DB: LeaseBackend> Lease<DB> {
             key: self.key.digest(),
             token: self.token.clone(),
             lease: self.lease,
-            lost: self.lost.clone(),
+            deadline: self.deadline.clone(),
         }
     }
 
@@ -325,7 +332,7 @@ impl<DB: LeaseBackend> Lease<DB> {
         if rows == 1 {
             Ok(())
         } else {
-            self.lost.store(true, Ordering::Release);
+            self.deadline.lose();
             Err(LeaseError::StaleOwner {
                 generation: self.generation,
             })

@@ -2,12 +2,83 @@
 //! it must be taken as lost.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::LeaseBackend;
 use crate::key::KeyDigest;
 use crate::model::{Fence, Owned, OwnerToken, StoreError};
+
+/// When a lease must be taken as lost, on this process's clock: a lease whose
+/// claim (or last renewal) was *sent* at `t` holds on the store until `t + lease`
+/// at the latest, since the store starts counting no earlier than it receives
+/// the statement. Measuring from the send time, not from the reply, makes
+/// [`Lease::is_lost`](super::Lease::is_lost) true no later than the moment the
+/// store could hand the execution to another worker, whatever a hanging renewal
+/// does. Once lost, always lost: a late renewal does not revive it.
+#[derive(Debug)]
+pub(crate) struct Deadline {
+    base: Instant,
+    /// Nanoseconds from `base` until which the lease holds.
+    until: AtomicU64,
+    lost: AtomicBool,
+}
+
+impl Deadline {
+    /// A lease claimed by a statement sent at `sent`.
+    pub(crate) fn new(sent: Instant, lease: Duration) -> Self {
+        Deadline {
+            base: sent,
+            until: AtomicU64::new(nanos(lease)),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// A renewal sent at `sent` succeeded: the lease holds until `sent + lease`
+    /// (never shortened, and never revived once lost).
+    pub(crate) fn renewed(&self, sent: Instant, lease: Duration) {
+        if self.is_lost() {
+            return;
+        }
+        let until = nanos(
+            sent.saturating_duration_since(self.base)
+                .saturating_add(lease),
+        );
+        self.until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// The lease was taken over, or is to be taken as lost.
+    pub(crate) fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    /// Whether the lease is lost: marked so, or past its deadline now.
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        let until = Duration::from_nanos(self.until.load(Ordering::Acquire));
+        if self.base.elapsed() >= until {
+            self.lose();
+            return true;
+        }
+        false
+    }
+
+    /// How long the lease holds from now (zero once lost).
+    fn left(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.until.load(Ordering::Acquire)).saturating_sub(self.base.elapsed())
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// Renews a lease in the background of a running handler.
 pub(crate) struct Renewer<DB: LeaseBackend> {
@@ -17,12 +88,13 @@ pub(crate) struct Renewer<DB: LeaseBackend> {
     pub(super) key: KeyDigest,
     pub(super) token: OwnerToken,
     pub(super) lease: Duration,
-    pub(super) lost: Arc<AtomicBool>,
+    pub(super) deadline: Arc<Deadline>,
 }
 
 impl<DB: LeaseBackend> Renewer<DB> {
     /// One renewal; `false` when the lease was taken over.
     pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
+        let sent = Instant::now();
         let owned = Owned {
             tenant: &self.tenant,
             operation: &self.operation,
@@ -30,8 +102,10 @@ impl<DB: LeaseBackend> Renewer<DB> {
             token: &self.token,
         };
         let kept = DB::lease_fence(&self.pool, owned, Fence::Renew(self.lease)).await? == 1;
-        if !kept {
-            self.lost.store(true, Ordering::Release);
+        if kept {
+            self.deadline.renewed(sent, self.lease);
+        } else {
+            self.deadline.lose();
         }
         Ok(kept)
     }
@@ -39,22 +113,27 @@ impl<DB: LeaseBackend> Renewer<DB> {
     /// Renews every third of the lease until `ceiling` has passed or the lease is
     /// lost, then stops (and never returns, so it can be raced against a handler).
     ///
-    /// A renewal that does not answer within a third of the lease counts as
-    /// failed; once no renewal has succeeded for a whole lease, the lease is taken
-    /// as lapsed and [`Lease::is_lost`] says so, so the handler can stop before
-    /// calling downstream again.
+    /// Each renewal is bounded by the time the lease has left (at most a third of
+    /// it), and none is sent once the lease has lapsed: [`Lease::is_lost`] turns
+    /// true at the lease's deadline (see [`Deadline`]) whether or not a renewal is
+    /// hanging, so the handler can stop before calling downstream again.
+    ///
+    /// [`Lease::is_lost`]: super::Lease::is_lost
     pub(crate) async fn run(self, ceiling: Duration) -> std::convert::Infallible {
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let every = (self.lease / 3).max(Duration::from_millis(10));
-        let mut last_ok = started;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(every.min(self.deadline.left())).await;
+            if self.deadline.is_lost() {
+                tracing::warn!(operation = %self.operation, "idem: no renewal for a whole lease; taking the lease as lost");
+                break;
+            }
             if started.elapsed() + every > ceiling {
                 tracing::warn!(operation = %self.operation, "idem: lease renewal ceiling reached; the execution may be taken over");
                 break;
             }
-            match tokio::time::timeout(every, self.renew()).await {
-                Ok(Ok(true)) => last_ok = tokio::time::Instant::now(),
+            match tokio::time::timeout(every.min(self.deadline.left()), self.renew()).await {
+                Ok(Ok(true)) => {}
                 Ok(Ok(false)) => {
                     tracing::warn!(operation = %self.operation, "idem: lease taken over; this worker's result will not be published");
                     break;
@@ -66,15 +145,8 @@ impl<DB: LeaseBackend> Renewer<DB> {
                     tracing::warn!(operation = %self.operation, "idem: lease renewal timed out; retrying")
                 }
             }
-            if last_ok.elapsed() >= self.lease {
-                self.lost.store(true, Ordering::Release);
-                tracing::warn!(operation = %self.operation, "idem: no renewal for a whole lease; taking the lease as lost");
-                break;
-            }
         }
-        // Past the last renewal the lease runs out; say so when it does.
-        tokio::time::sleep(self.lease.saturating_sub(last_ok.elapsed())).await;
-        self.lost.store(true, Ordering::Release);
+        // Past the last renewal the lease runs out on its own deadline.
         std::future::pending().await
     }
 }
