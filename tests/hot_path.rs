@@ -358,39 +358,71 @@ async fn round_trips(
     after - before
 }
 
-#[tokio::test]
-async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let proxy = RoundTrips::start().await;
-    let pool = pool_through(&proxy, &db).await;
-    let r = router(Idem::new(pool.clone()).with_session_statements(true));
-    // The first use of a statement on a connection prepares it (a round trip of
-    // its own), and idem's session statements are prepared when a probe finds
-    // them missing: warm every statement up first.
-    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
-        let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
-        assert!(status.is_success());
+/// A database behind a round-trip counting proxy, and the counts of a bare
+/// write, a first execution and its replay, with the session path on or off.
+struct Counted {
+    db: TestDb,
+    proxy: RoundTrips,
+    pool: PgPool,
+    bare: u64,
+    first: u64,
+    replay: u64,
+}
+
+impl Counted {
+    async fn measure(session: bool) -> Counted {
+        let db = TestDb::new().await;
+        db.exec(WIDGETS).await;
+        let proxy = RoundTrips::start().await;
+        let pool = pool_through(&proxy, &db).await;
+        let r = router(Idem::new(pool.clone()).with_session_statements(session));
+        // The first use of a statement on a connection prepares it (a round trip
+        // of its own), and idem's session statements are prepared when a probe
+        // finds them missing: warm every statement up first.
+        for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
+            let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
+            assert!(status.is_success());
+        }
+        let mut counted = Counted {
+            db,
+            proxy,
+            pool,
+            bare: 0,
+            first: 0,
+            replay: 0,
+        };
+        counted.bare = counted.count(&r, "/bare", "b1").await;
+        counted.first = counted.count(&r, "/widgets", "k1").await;
+        counted.replay = counted.count(&r, "/widgets", "k1").await;
+        // BEGIN, INSERT, COMMIT and the release ping, plus the window's own ping.
+        assert_eq!(counted.bare, 5, "the yardstick changed");
+        counted
     }
 
-    let count = |r: &Router, path: &'static str, key: &'static str| {
-        let (proxy, pool, r) = (&proxy, &pool, r.clone());
-        async move { round_trips(proxy, pool, &r, request(path, key, json!({"name": "a"}))).await }
-    };
-    let bare = count(&r, "/bare", "b1").await;
-    let first = count(&r, "/widgets", "k1").await;
-    let replay = count(&r, "/widgets", "k1").await;
-    // BEGIN, INSERT, COMMIT and the release ping, plus the window's own ping.
-    assert_eq!(bare, 5, "the yardstick changed");
+    async fn count(&self, r: &Router, path: &str, key: &str) -> u64 {
+        round_trips(
+            &self.proxy,
+            &self.pool,
+            r,
+            request(path, key, json!({"name": "a"})),
+        )
+        .await
+    }
+}
+
+#[tokio::test]
+async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
+    let c = Counted::measure(true).await;
     // The probe rides with BEGIN, the finished row with COMMIT (and the empty
     // transaction's ROLLBACK with the release ping).
-    assert_eq!(first, bare, "a first execution");
+    assert_eq!(c.first, c.bare, "a first execution");
     // The probe's BEGIN fails, then the lookup (with the ROLLBACK), no
     // transaction after it.
-    assert_eq!(replay, 4, "a replay");
-    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);
+    assert_eq!(c.replay, 4, "a replay");
+    assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 4);
     assert_eq!(
-        db.count("SELECT count(*) FROM idempotency_requests").await,
+        c.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
         2
     );
 }
@@ -399,42 +431,26 @@ async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
 /// idem's statements is sent with bound parameters, a round trip each.
 #[tokio::test]
 async fn without_session_statements_a_first_execution_adds_two_round_trips() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let proxy = RoundTrips::start().await;
-    let pool = pool_through(&proxy, &db).await;
-    let r = router(Idem::new(pool.clone()).with_session_statements(false));
-    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
-        let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
-        assert!(status.is_success());
-    }
-
-    let count = |r: &Router, path: &'static str, key: &'static str| {
-        let (proxy, pool, r) = (&proxy, &pool, r.clone());
-        async move { round_trips(proxy, pool, &r, request(path, key, json!({"name": "a"}))).await }
-    };
-    let bare = count(&r, "/bare", "b1").await;
-    let first = count(&r, "/widgets", "k1").await;
-    let replay = count(&r, "/widgets", "k1").await;
-    assert_eq!(bare, 5, "the yardstick changed");
+    let c = Counted::measure(false).await;
+    let bare = c.bare;
     // The lookup before BEGIN (which carries the deadline in the same message)
     // and the row's insert before COMMIT.
-    assert_eq!(first, bare + 2, "a first execution");
+    assert_eq!(c.first, bare + 2, "a first execution");
     // The lookup alone, no transaction.
-    assert_eq!(replay, 3, "a replay");
+    assert_eq!(c.replay, 3, "a replay");
 
     // Claiming before the handler: idem_claim instead of the lookup, and an
     // UPDATE instead of the insert; the same count, each row written twice.
     // The session path does not apply to it.
     let off = router(
-        Idem::new(pool.clone())
+        Idem::new(c.pool.clone())
             .with_claims_at_commit(false)
             .with_session_statements(true),
     );
     // (Its statements are prepared by their first use: two more.)
-    assert_eq!(count(&off, "/widgets", "k2").await, bare + 2 + 2);
-    assert_eq!(count(&off, "/widgets", "k3").await, bare + 2);
-    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 6);
+    assert_eq!(c.count(&off, "/widgets", "k2").await, bare + 2 + 2);
+    assert_eq!(c.count(&off, "/widgets", "k3").await, bare + 2);
+    assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 6);
 }
 
 #[tokio::test]
