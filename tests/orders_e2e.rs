@@ -2087,6 +2087,47 @@ async fn on_redis_a_duplicate_in_flight_is_409_and_a_paid_payment_replays() {
     assert_eq!(env.sql_rows().await, 0, "the lease lived in Redis");
 }
 
+/// The same on a Redis Cluster (`.ci/redis-cluster`; `IDEM_TEST_REDIS_CLUSTER`
+/// names other nodes): `IDEM_LEASE_STORE` with the nodes' URLs separated by
+/// commas. A duplicate in flight is `409`, the payment replays, one charge,
+/// and the lease lived in the cluster, not in the database.
+#[tokio::test]
+async fn on_a_redis_cluster_a_duplicate_in_flight_is_409_and_a_paid_payment_replays() {
+    let nodes: Vec<String> = std::env::var("IDEM_TEST_REDIS_CLUSTER")
+        .unwrap_or_else(|_| "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned())
+        .split(',')
+        .map(|n| format!("redis://{}", n.trim()))
+        .collect();
+    let urls = nodes.join(",");
+    let db = TestDb::new().await;
+    let prefix = format!("idem-e2ec{}", std::process::id());
+    let server = Server::start(
+        &db.url,
+        &[
+            ("IDEM_LEASE_STORE", urls.as_str()),
+            ("IDEM_LEASE_STORE_PREFIX", prefix.as_str()),
+            ("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "3000"),
+        ],
+    )
+    .await;
+    let base = server.base.clone();
+    let first = tokio::spawn(async move { payment("c-pay-1", 500).send_to(&base).await });
+    wait_for(&db, "SELECT count(*) FROM provider_charges", |n| n == 1).await;
+    let dup = payment("c-pay-1", 500).ok(&server).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let replay = payment("c-pay-1", 500).ok(&server).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0,
+        "the lease lived in the cluster"
+    );
+}
+
 #[tokio::test]
 async fn on_redis_a_payment_killed_mid_call_is_charged_once_after_the_restart() {
     let env = OnRedis::new("killed").await;

@@ -7,7 +7,7 @@
 //! | variable | default | meaning |
 //! | --- | --- | --- |
 //! | `DATABASE_URL` | unset: the SQLite file `idem-orders.db` in the working directory | `postgres://...` for PostgreSQL, `mysql://...` for MySQL / MariaDB, `sqlite:PATH` for another SQLite file |
-//! | `IDEM_LEASE_STORE` | unset: the database of `DATABASE_URL` | `redis://HOST:PORT[/DB]`: the leases of `POST /payments` live in Redis (its reconciler too); the provider's charges stay in the database |
+//! | `IDEM_LEASE_STORE` | unset: the database of `DATABASE_URL` | `redis://HOST:PORT[/DB]`: the leases of `POST /payments` live in Redis (its reconciler too); the provider's charges stay in the database. Several URLs separated by commas (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`) are the nodes of a Redis Cluster |
 //! | `IDEM_LEASE_STORE_PREFIX` | `idem` | with `IDEM_LEASE_STORE`: the prefix of every Redis key (one per service sharing a server) |
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
@@ -276,21 +276,38 @@ async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), 
     }
 }
 
-/// The Redis lease store `IDEM_LEASE_STORE` names, if it names one.
+/// The Redis lease store `IDEM_LEASE_STORE` names, if it names one: one
+/// server, or (several URLs separated by commas) the nodes of a Redis Cluster.
 async fn lease_store() -> Result<Option<RedisLeaseStore>, String> {
-    let Ok(url) = std::env::var("IDEM_LEASE_STORE") else {
+    let Ok(value) = std::env::var("IDEM_LEASE_STORE") else {
         return Ok(None);
     };
-    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+    let urls: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty()
+        || urls
+            .iter()
+            .any(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
+    {
         return Err(format!(
-            "IDEM_LEASE_STORE must be a redis:// URL (or unset for the database), not {url:?}"
+            "IDEM_LEASE_STORE must be a redis:// URL, or several separated by commas for a \
+             Redis Cluster (or unset for the database), not {value:?}"
         ));
     }
     let prefix = std::env::var("IDEM_LEASE_STORE_PREFIX").unwrap_or_else(|_| "idem".into());
-    let store = RedisLeaseStore::connect_with_prefix(&url, &prefix)
-        .await
-        .map_err(|e| format!("cannot use IDEM_LEASE_STORE: {e}"))?;
-    tracing::info!("orders: POST /payments keeps its leases in Redis (IDEM_LEASE_STORE)");
+    let store = if let [url] = urls[..] {
+        RedisLeaseStore::connect_with_prefix(url, &prefix).await
+    } else {
+        RedisLeaseStore::connect_cluster_with_prefix(urls.iter().copied(), &prefix).await
+    }
+    .map_err(|e| format!("cannot use IDEM_LEASE_STORE: {e}"))?;
+    tracing::info!(
+        nodes = urls.len(),
+        "orders: POST /payments keeps its leases in Redis (IDEM_LEASE_STORE)"
+    );
     Ok(Some(store))
 }
 
