@@ -86,6 +86,12 @@ pub struct Idem<DB: LeaseBackend = DefaultBackend> {
     flights: Arc<crate::flight::Flights>,
     /// Shared by clones: the executions running now.
     executions: crate::executions::Executions,
+    /// Shared by clones: whether this pool's claims use statements prepared in
+    /// the session, once decided (PostgreSQL; see
+    /// [`Idem::with_session_statements`]), so that a request does not look the
+    /// choice up again.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    session_path: Arc<std::sync::OnceLock<bool>>,
 }
 
 impl<DB: LeaseBackend> Clone for Idem<DB> {
@@ -96,6 +102,7 @@ impl<DB: LeaseBackend> Clone for Idem<DB> {
             claims_at_commit: self.claims_at_commit,
             flights: self.flights.clone(),
             executions: self.executions.clone(),
+            session_path: self.session_path.clone(),
         }
     }
 }
@@ -251,6 +258,7 @@ impl<DB: Backend> Idem<DB> {
             claims_at_commit: self.claims_at_commit,
             deadline: self.deadline_with_wait(in_flight_wait),
             session_statements: self.settings.session_statements,
+            session_path: &self.session_path,
         }
     }
 
@@ -328,6 +336,7 @@ impl<DB: LeaseBackend> Idem<DB> {
                 Self::DEFAULT_WAITERS,
             )),
             executions: Default::default(),
+            session_path: Default::default(),
         }
     }
 

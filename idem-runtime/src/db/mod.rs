@@ -76,6 +76,9 @@ pub struct ClaimContext<'a, DB: sqlx::Database> {
     /// See `Idem::with_session_statements` (`None`: as the pooler probe says).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) session_statements: Option<bool>,
+    /// What this `Idem` has decided of it, once decided.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) session_path: &'a std::sync::OnceLock<bool>,
 }
 
 mod sealed {

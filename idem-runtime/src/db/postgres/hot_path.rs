@@ -65,7 +65,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 
 use super::BEGIN_READ_COMMITTED;
 use super::session::{self, bytea_literal, text_literal};
-use super::transactional::{claim_on, complete_on, stored_from_row};
+use super::transactional::{claim_on, complete_on, stored_from_row, stored_with_body};
 use crate::db::ClaimContext;
 use crate::db::Tx;
 use crate::decide::{self, KeySnapshot};
@@ -113,7 +113,8 @@ pub(crate) async fn begin_claim(
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     let in_session = ctx.claims_at_commit
-        && session::uses_session_statements(ctx.pool, ctx.session_statements).await;
+        && session::uses_session_statements(ctx.pool, ctx.session_statements, ctx.session_path)
+            .await;
     let mut conn = ctx.pool.acquire().await?;
     if in_session {
         return begin_in_session(ctx, req, conn).await;
@@ -225,7 +226,7 @@ async fn lookup_in_session(
                 &req.fingerprint,
                 row.try_get("generation")?,
                 row.try_get("live")?,
-                || stored_from_text_row(&row),
+                || stored_with_body(&row, unhex(row.try_get("response_body")?)?),
             )?)
         }
     };
@@ -253,20 +254,6 @@ fn push_key(
 fn unhex(text: Option<String>) -> Result<Vec<u8>, StoreError> {
     hex::decode(text.unwrap_or_default())
         .map_err(|e| StoreError::Corrupt(format!("a byte column's hex: {e}")))
-}
-
-/// The stored outcome from the session lookup's row (text columns, bytes as
-/// hex).
-fn stored_from_text_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
-    let status: i16 = row.try_get("response_status")?;
-    let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
-        row.try_get("response_headers")?;
-    Ok(StoredResponse {
-        status: u16::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-        headers: headers.map(|h| h.0).unwrap_or_default(),
-        body: bytes::Bytes::from(unhex(row.try_get("response_body")?)?),
-    })
 }
 
 /// `BEGIN` with the request deadline as `statement_timeout` (no statement of the

@@ -255,23 +255,38 @@ pub(crate) fn record(pool: &PgPool, sessions: Sessions) {
 /// (`Idem::with_session_statements`), else what the pooler probe says (run
 /// once per target; a probe that fails is tried again by the next claim, which
 /// meanwhile takes the bound-parameter path).
-pub(crate) async fn uses_session_statements(pool: &PgPool, forced: Option<bool>) -> bool {
+/// `decided` is the `Idem`'s own memory of the answer: once set, a claim
+/// neither builds the target's name nor takes the map's lock.
+pub(crate) async fn uses_session_statements(
+    pool: &PgPool,
+    forced: Option<bool>,
+    decided: &std::sync::OnceLock<bool>,
+) -> bool {
     if let Some(forced) = forced {
         return forced;
     }
-    let options = pool.connect_options();
-    let cell = cell(&options);
-    if let Some(on) = cell.get() {
+    if let Some(on) = decided.get() {
         return *on;
     }
-    cell.get_or_try_init(|| async {
-        pooler::probe(pool)
+    let options = pool.connect_options();
+    let cell = cell(&options);
+    let on = match cell.get() {
+        Some(on) => Some(*on),
+        None => cell
+            .get_or_try_init(|| async {
+                pooler::probe(pool)
+                    .await
+                    .map(|sessions| decide(&options, sessions))
+            })
             .await
-            .map(|sessions| decide(&options, sessions))
-    })
-    .await
-    .copied()
-    .unwrap_or(false)
+            .ok()
+            .copied(),
+    };
+    match on {
+        Some(on) => *decided.get_or_init(|| on),
+        // The probe failed: the bound-parameter path, and the next claim asks again.
+        None => false,
+    }
 }
 
 fn decide(options: &PgConnectOptions, sessions: Sessions) -> bool {

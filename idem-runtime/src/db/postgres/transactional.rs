@@ -99,14 +99,23 @@ pub(crate) async fn complete_on(
 /// A stored outcome from a row with `response_status` (`smallint`),
 /// `response_headers` (`jsonb`) and `response_body` (`bytea`).
 pub(crate) fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
+    let body: Option<Vec<u8>> = row.try_get("response_body")?;
+    stored_with_body(row, body.unwrap_or_default())
+}
+
+/// A stored outcome from a row's `response_status` and `response_headers`,
+/// with its body read by the caller (bound as `bytea`, or as hex text).
+pub(crate) fn stored_with_body(
+    row: &sqlx::postgres::PgRow,
+    body: Vec<u8>,
+) -> Result<StoredResponse, StoreError> {
     let status: i16 = row.try_get("response_status")?;
     let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
         row.try_get("response_headers")?;
-    let body: Option<Vec<u8>> = row.try_get("response_body")?;
     Ok(StoredResponse {
         status: u16::try_from(status)
             .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
         headers: headers.map(|h| h.0).unwrap_or_default(),
-        body: Bytes::from(body.unwrap_or_default()),
+        body: Bytes::from(body),
     })
 }
