@@ -15,6 +15,7 @@
 mod caller;
 mod common;
 
+use sqlx::Postgres;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -46,15 +47,15 @@ struct Gate {
 
 #[derive(Clone)]
 struct AppState {
-    idem: Idem,
+    idem: Idem<Postgres>,
     gate: Gate,
     /// Whether the next request holds its transaction open (not part of the
     /// request, so a retry is the same request).
     hold_next: Arc<AtomicBool>,
 }
 
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
+impl FromRef<AppState> for Idem<Postgres> {
+    fn from_ref(s: &AppState) -> Idem<Postgres> {
         s.idem.clone()
     }
 }
@@ -71,7 +72,7 @@ struct NewWidget {
 async fn create_widget(
     #[tenant] caller: Caller,
     State(state): State<AppState>,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     Json(w): Json<NewWidget>,
 ) -> impl IntoResponse {
     let id: i64 =
@@ -93,7 +94,7 @@ async fn create_widget(
 
 struct App {
     db: TestDb,
-    idem: Idem,
+    idem: Idem<Postgres>,
     router: Router,
     entered: mpsc::UnboundedReceiver<()>,
     release: Arc<Semaphore>,
@@ -107,7 +108,7 @@ async fn app(per_key: usize, total: usize) -> App {
 }
 
 /// As [`app`], with `configure`d settings.
-async fn app_with(configure: impl FnOnce(Idem) -> Idem) -> App {
+async fn app_with(configure: impl FnOnce(Idem<Postgres>) -> Idem<Postgres>) -> App {
     let db = TestDb::new().await;
     db.exec(
         "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)",
@@ -184,7 +185,7 @@ async fn send(router: &Router, req: Request<Body>) -> Answer {
 
 /// Waits until `n` duplicates wait in the process. A condition, not a guess: the
 /// deadline is only there so that a bug fails the test instead of hanging it.
-async fn until_waiting(idem: &Idem, n: usize) {
+async fn until_waiting(idem: &Idem<Postgres>, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while idem.waiting_duplicates() != n {
         assert!(
@@ -360,7 +361,7 @@ async fn a_statement_stalled_on_a_held_lock_is_bounded() {
 
 /// Reads the bounds the claim's transaction carries, in that transaction.
 #[idempotent(operation = "show-bounds", retention = "1h")]
-async fn show_bounds(#[tenant] _caller: Caller, tx: &mut Tx) -> impl IntoResponse {
+async fn show_bounds(#[tenant] _caller: Caller, tx: &mut Tx<Postgres>) -> impl IntoResponse {
     let statement: String = sqlx::query_scalar("SHOW statement_timeout")
         .fetch_one(&mut **tx)
         .await

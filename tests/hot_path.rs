@@ -65,7 +65,7 @@ async fn insert(conn: &mut sqlx::PgConnection, tenant: &str, name: &str) {
 #[idempotent(operation = "create-widget", retention = "1h")]
 async fn create_widget(
     #[tenant] caller: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     Json(w): Json<NewWidget>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), (StatusCode, String)> {
     match w.mode.as_deref() {
@@ -161,7 +161,7 @@ async fn create_widget(
 #[idempotent(operation = "buy", retention = "1h")]
 async fn buy(
     #[tenant] caller: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     Json(w): Json<NewWidget>,
 ) -> (StatusCode, Json<serde_json::Value>) {
     static RUNS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Default::default);
@@ -201,7 +201,7 @@ async fn bare_widget(
 const WIDGETS: &str =
     "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)";
 
-fn router(idem: Idem) -> Router {
+fn router(idem: Idem<Postgres>) -> Router {
     Router::new()
         .route("/widgets", post(create_widget))
         .route("/bare", post(bare_widget))

@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use idem_runtime::metrics as names;
 use idem_runtime::{Idem, TenantScope, Tx, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use sqlx::Postgres;
 use tower::ServiceExt;
 
 struct Caller(String);
@@ -41,7 +42,7 @@ impl TenantScope for Caller {
 #[idempotent(operation = "metered-op", retention = "1h")]
 async fn metered(
     #[tenant] caller: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     body: String,
 ) -> Result<String, StatusCode> {
     sqlx::query("SELECT 1").execute(&mut **tx).await.unwrap();
@@ -52,7 +53,7 @@ async fn metered(
 }
 
 #[idempotent(operation = "labelled-op", retention = "1h")]
-async fn labelled(#[tenant] caller: Caller, tx: &mut Tx, body: String) -> String {
+async fn labelled(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) -> String {
     let _ = tx;
     format!("{}:{body}", caller.0)
 }
@@ -62,7 +63,7 @@ static ENTERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 static RELEASE: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 #[idempotent(operation = "gated-op", retention = "1h")]
-async fn gated(#[tenant] caller: Caller, tx: &mut Tx, body: String) -> String {
+async fn gated(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) -> String {
     let _ = tx;
     ENTERED.notify_one();
     RELEASE.notified().await;

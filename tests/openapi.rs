@@ -17,6 +17,7 @@ use axum::http::StatusCode;
 use idem_runtime::openapi::IdemOpenApi;
 use idem_runtime::{Tx, idempotent};
 use serde_json::Value;
+use sqlx::Postgres;
 use utoipa::OpenApi;
 
 /// The example's routes, as its router mounts them: (path, method, idempotent).
@@ -184,7 +185,7 @@ struct Orders;
 impl Orders {
     /// An associated function: registered from its body, as any other handler.
     #[idempotent(operation = "create-in-impl", retention = "1h", single_tenant)]
-    async fn create_in_impl(tx: &mut Tx, Json(body): Json<Value>) -> StatusCode {
+    async fn create_in_impl(tx: &mut Tx<Postgres>, Json(body): Json<Value>) -> StatusCode {
         let _ = (tx, body);
         StatusCode::CREATED
     }
@@ -193,7 +194,7 @@ impl Orders {
 /// `#[utoipa::path]` above `#[idempotent]`, the documented order.
 #[utoipa::path(post, path = "/above", responses((status = 201, description = "created")))]
 #[idempotent(operation = "path-above", retention = "1h", single_tenant)]
-async fn path_above(tx: &mut Tx) -> StatusCode {
+async fn path_above(tx: &mut Tx<Postgres>) -> StatusCode {
     let _ = tx;
     StatusCode::CREATED
 }
@@ -201,7 +202,7 @@ async fn path_above(tx: &mut Tx) -> StatusCode {
 /// `#[idempotent]` above `#[utoipa::path]`: compiles and registers too.
 #[idempotent(operation = "path-below", retention = "1h", single_tenant)]
 #[utoipa::path(post, path = "/below", responses((status = 201, description = "created")))]
-async fn path_below(tx: &mut Tx) -> StatusCode {
+async fn path_below(tx: &mut Tx<Postgres>) -> StatusCode {
     let _ = tx;
     StatusCode::CREATED
 }
@@ -213,7 +214,7 @@ struct Both;
 #[test]
 fn either_attribute_order_documents_the_handler() {
     // Mounted, as a service would.
-    let _router: axum::Router<idem_runtime::Idem> = axum::Router::new()
+    let _router: axum::Router<idem_runtime::Idem<Postgres>> = axum::Router::new()
         .route("/above", axum::routing::post(path_above))
         .route("/below", axum::routing::post(path_below))
         .route("/impl", axum::routing::post(Orders::create_in_impl));

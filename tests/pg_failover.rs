@@ -49,6 +49,7 @@ mod caller;
 #[path = "common/state.rs"]
 mod state;
 
+use sqlx::Postgres;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -324,7 +325,7 @@ impl Hold {
 #[idempotent(operation = "pay", retention = "1h")]
 async fn pay(
     #[tenant] caller: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     Json(p): Json<Payment>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), (StatusCode, String)> {
     let unavailable = |e: sqlx::Error| (StatusCode::SERVICE_UNAVAILABLE, e.to_string());
@@ -342,7 +343,7 @@ async fn pay(
     ))
 }
 
-fn router(idem: Idem) -> Router {
+fn router(idem: Idem<Postgres>) -> Router {
     Router::new()
         .route("/pay", post(pay))
         .with_state(AppState { idem })

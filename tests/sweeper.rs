@@ -132,18 +132,18 @@ macro_rules! sweeper_tests {
                     s.stale_after()
                 ),
                 (
-                    Sweeper::DEFAULT_BATCH_SIZE,
-                    Sweeper::DEFAULT_MAX_BATCHES,
-                    Sweeper::DEFAULT_INTERVAL,
-                    Sweeper::DEFAULT_STALE_AFTER
+                    Sweeper::<sqlx::Postgres>::DEFAULT_BATCH_SIZE,
+                    Sweeper::<sqlx::Postgres>::DEFAULT_MAX_BATCHES,
+                    Sweeper::<sqlx::Postgres>::DEFAULT_INTERVAL,
+                    Sweeper::<sqlx::Postgres>::DEFAULT_STALE_AFTER
                 )
             );
             assert_eq!(
                 (
-                    Sweeper::DEFAULT_BATCH_SIZE,
-                    Sweeper::DEFAULT_MAX_BATCHES,
-                    Sweeper::DEFAULT_INTERVAL,
-                    Sweeper::DEFAULT_STALE_AFTER
+                    Sweeper::<sqlx::Postgres>::DEFAULT_BATCH_SIZE,
+                    Sweeper::<sqlx::Postgres>::DEFAULT_MAX_BATCHES,
+                    Sweeper::<sqlx::Postgres>::DEFAULT_INTERVAL,
+                    Sweeper::<sqlx::Postgres>::DEFAULT_STALE_AFTER
                 ),
                 (
                     1000,

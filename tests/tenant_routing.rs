@@ -18,6 +18,7 @@
 mod caller;
 mod common;
 
+use sqlx::Postgres;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -189,8 +190,8 @@ fn is_idems(sql: &str) -> bool {
 #[idempotent(operation = "create-widget", retention = "1h")]
 async fn create_widget(
     #[tenant] caller: Caller,
-    State(_): State<Idem>,
-    tx: &mut Tx,
+    State(_): State<Idem<Postgres>>,
+    tx: &mut Tx<Postgres>,
     axum::Json(w): axum::Json<serde_json::Value>,
 ) -> (StatusCode, axum::Json<serde_json::Value>) {
     sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, $2)")
@@ -205,8 +206,8 @@ async fn create_widget(
 #[idempotent(operation = "create-payment", retention = "1h", lease = "1s")]
 async fn create_payment(
     #[tenant] _caller: Caller,
-    State(_): State<Idem>,
-    _lease: &mut Lease,
+    State(_): State<Idem<Postgres>>,
+    _lease: &mut Lease<Postgres>,
     axum::Json(p): axum::Json<serde_json::Value>,
 ) -> Response {
     (
@@ -219,8 +220,8 @@ async fn create_payment(
 #[idempotent(operation = "create-export", retention = "1h", lease = "1s", accepted)]
 async fn create_export(
     #[tenant] _caller: Caller,
-    State(_): State<Idem>,
-    _lease: &mut Lease,
+    State(_): State<Idem<Postgres>>,
+    _lease: &mut Lease<Postgres>,
     axum::Json(e): axum::Json<serde_json::Value>,
 ) -> Response {
     (StatusCode::CREATED, axum::Json(e)).into_response()
@@ -272,7 +273,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
             .route("/exports", post(create_export))
             .nest(
                 "/operations",
-                idem_runtime::operations::router::<Caller, sqlx::Postgres, Idem>(),
+                idem_runtime::operations::router::<Caller, sqlx::Postgres, Idem<Postgres>>(),
             )
             .with_state(idem.clone());
         let key = format!("w-{at_commit}-{session}");

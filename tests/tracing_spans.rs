@@ -9,6 +9,7 @@ mod common;
 #[path = "common/state.rs"]
 mod state;
 
+use sqlx::Postgres;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -28,7 +29,7 @@ use common::TestDb;
 use state::AppState;
 
 #[idempotent(operation = "traced", retention = "1h")]
-async fn traced(#[tenant] _caller: Caller, tx: &mut Tx) -> StatusCode {
+async fn traced(#[tenant] _caller: Caller, tx: &mut Tx<Postgres>) -> StatusCode {
     sqlx::query("SELECT 1").execute(&mut **tx).await.unwrap();
     tracing::info!("the handler speaks");
     StatusCode::CREATED

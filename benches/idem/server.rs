@@ -2,18 +2,19 @@
 //! SQLite, MySQL; or leased mode's records in Redis, the insert on PostgreSQL).
 
 use super::*;
+use sqlx::Postgres;
 
 #[derive(Clone)]
 pub struct AppState {
-    idem: Idem,
+    idem: Idem<Postgres>,
     pool: PgPool,
     protocol: Option<Arc<Mutex<proxy::Stats>>>,
     /// The delay the proxy adds to every answer from PostgreSQL (zero: no proxy).
     rtt: Duration,
 }
 
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
+impl FromRef<AppState> for Idem<Postgres> {
+    fn from_ref(s: &AppState) -> Idem<Postgres> {
         s.idem.clone()
     }
 }
@@ -64,7 +65,7 @@ async fn bare(
 #[idempotent(operation = "create-order", retention = "24h")]
 async fn idem_create(
     #[tenant] caller: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     Json(cmd): Json<NewOrder>,
 ) -> Result<Response, ApiError> {
     let order = insert_order(&mut **tx, &caller.0, &cmd)
@@ -78,7 +79,7 @@ async fn idem_create(
 #[idempotent(operation = "create-order-leased", retention = "24h", lease = "30s")]
 async fn leased_create(
     #[tenant] caller: Caller,
-    lease: &mut Lease,
+    lease: &mut Lease<Postgres>,
     Json(cmd): Json<NewOrder>,
 ) -> Result<Response, ApiError> {
     let order = insert_order(lease.pool(), &caller.0, &cmd)

@@ -4,6 +4,15 @@
 use clap::{Parser, Subcommand};
 use idem_runtime::Sweeper;
 
+/// The sweeper whose defaults `idem sweep` shows (the same for every database;
+/// the type names one that this build has).
+#[cfg(feature = "postgres")]
+type Defaults = Sweeper<sqlx::Postgres>;
+#[cfg(all(feature = "sqlite", not(feature = "postgres")))]
+type Defaults = Sweeper<sqlx::Sqlite>;
+#[cfg(all(feature = "mysql", not(feature = "postgres"), not(feature = "sqlite")))]
+type Defaults = Sweeper<sqlx::MySql>;
+
 /// idem's admin CLI: inspect, purge and sweep the idempotency table.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
@@ -66,13 +75,13 @@ pub(crate) enum Command {
         #[arg(long, hide = true)]
         once: bool,
         /// Rows deleted per statement
-        #[arg(long, default_value_t = Sweeper::DEFAULT_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = Defaults::DEFAULT_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
         /// Statements per run
-        #[arg(long, default_value_t = Sweeper::DEFAULT_MAX_BATCHES, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = Defaults::DEFAULT_MAX_BATCHES, value_parser = clap::value_parser!(u32).range(1..))]
         max_batches: u32,
         /// Age in seconds beyond which an in-flight row is reported as stale
-        #[arg(long, default_value_t = Sweeper::DEFAULT_STALE_AFTER.as_secs())]
+        #[arg(long, default_value_t = Defaults::DEFAULT_STALE_AFTER.as_secs())]
         stale_after_secs: u64,
     },
 }

@@ -74,6 +74,7 @@ fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
     } else {
         let mut original = func.clone();
         strip_marker_attrs(&mut original);
+        name_a_bare_handles_database(&mut original);
         original.attrs.retain(|a| {
             !is_idempotent_attr(a) && (a.path().is_ident("allow") || a.path().is_ident("expect"))
         });
@@ -88,6 +89,29 @@ fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
         }
     };
     quote!(#errors #stub #original)
+}
+
+/// A bare `Tx` or `Lease`, already refused with the databases to name, gets one
+/// in the copy of the function, so that rustc does not report it a second time
+/// (a missing generic argument).
+fn name_a_bare_handles_database(func: &mut ItemFn) {
+    for arg in func.sig.inputs.iter_mut() {
+        let FnArg::Typed(t) = arg else { continue };
+        let syn::Type::Reference(r) = &mut *t.ty else {
+            continue;
+        };
+        let syn::Type::Path(p) = &mut *r.elem else {
+            continue;
+        };
+        if let Some(last) = p.path.segments.last_mut()
+            && (last.ident == "Tx" || last.ident == "Lease")
+            && last.arguments.is_none()
+        {
+            last.arguments = syn::PathArguments::AngleBracketed(syn::parse_quote!(
+                <::idem_runtime::__private::AnyBackend>
+            ));
+        }
+    }
 }
 
 fn strip_marker_attrs(func: &mut ItemFn) {
@@ -217,8 +241,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let request_ty = match (&handle_elem, config.headers.is_empty()) {
         (Some(elem), true) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db>),
         (Some(elem), false) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db, true>),
-        (None, true) => quote!(#rt::IdemRequest),
-        (None, false) => quote!(#rt::IdemRequest<#rt::DefaultBackend, true>),
+        (None, true) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend>),
+        (None, false) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend, true>),
     };
 
     let mut taken: Vec<String> = Vec::new();
@@ -582,7 +606,7 @@ mod tests {
             ),
             quote! {
                 /// Creates an order.
-                pub async fn create_order(#[tenant] caller: Caller, State(app): State<App>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode { todo!() }
+                pub async fn create_order(#[tenant] caller: Caller, State(app): State<App>, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode { todo!() }
             },
         );
         let params = "(caller : Caller , app : State < App > , idempotency : :: idem_runtime :: __private :: IdemRequest";
@@ -594,14 +618,14 @@ mod tests {
         assert!(out.contains("\" Creates an order.\""), "{out}");
         assert!(out.contains("\"# Idempotency\""), "{out}");
         assert!(
-            out.contains("async fn create_order(#[tenant] caller: Caller, State(app): State<App>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode"),
+            out.contains("async fn create_order(#[tenant] caller: Caller, State(app): State<App>, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode"),
             "{out}"
         );
         assert!(out.contains("the body, the header `x-currency`"), "{out}");
         // Fingerprinting a header, the request copies the headers.
         assert!(
             out.contains(
-                "IdemRequest < < Tx as :: idem_runtime :: __private :: TxHandle > :: Db , true >"
+                "IdemRequest < < Tx < Postgres > as :: idem_runtime :: __private :: TxHandle > :: Db , true >"
             ),
             "{out}"
         );
@@ -612,7 +636,7 @@ mod tests {
         let out = expand_str(
             quote!(operation = "create-order", retention = "24h"),
             quote! {
-                async fn create_order(#[tenant] caller: Caller, tx: &mut Tx) -> StatusCode { todo!() }
+                async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>) -> StatusCode { todo!() }
             },
         );
         assert!(
@@ -633,7 +657,7 @@ mod tests {
                 accepted
             ),
             quote! {
-                async fn create_export(#[tenant] caller: Caller, lease: &mut Lease) -> StatusCode { todo!() }
+                async fn create_export(#[tenant] caller: Caller, lease: &mut Lease<Postgres>) -> StatusCode { todo!() }
             },
         );
         assert!(out.contains("accepted : true"), "{out}");
@@ -649,7 +673,7 @@ mod tests {
                 lease = "6s"
             ),
             quote! {
-                async fn create_payment(#[tenant] caller: Caller, lease: &mut Lease) -> StatusCode { todo!() }
+                async fn create_payment(#[tenant] caller: Caller, lease: &mut Lease<Postgres>) -> StatusCode { todo!() }
             },
         );
         assert!(plain.contains("accepted : false"), "{plain}");
@@ -662,14 +686,14 @@ mod tests {
             quote!(operation = "create-order"),
             quote! {
                 /// Creates an order.
-                pub async fn create_order(#[tenant] caller: Caller, tx: &mut Tx) -> StatusCode { todo!() }
+                pub async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>) -> StatusCode { todo!() }
             },
         );
         assert!(out.contains("compile_error"), "{out}");
         assert!(out.contains("pub async fn create_order () { }"), "{out}");
         assert!(
             out.contains(
-                "async fn __idem_unchecked_create_order (caller : Caller , tx : & mut Tx)"
+                "async fn __idem_unchecked_create_order (caller : Caller , tx : & mut Tx < Postgres >)"
             ),
             "{out}"
         );

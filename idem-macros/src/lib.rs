@@ -18,7 +18,7 @@ use proc_macro::TokenStream;
 /// #[idempotent(operation = "create-order", retention = "24h", fingerprint(body, header = "x-currency"))]
 /// async fn create_order(
 ///     #[tenant] caller: Caller,          // your auth extractor; implements TenantScope
-///     tx: &mut Tx,                       // the transaction that holds the key
+///     tx: &mut Tx<Postgres>,                       // the transaction that holds the key
 ///     Json(cmd): Json<NewOrder>,         // the body, last as always in axum
 /// ) -> Result<(StatusCode, Json<Order>), ApiError> {
 ///     let order = insert_order(&mut **tx, &caller, &cmd).await?;
@@ -87,7 +87,7 @@ use proc_macro::TokenStream;
 /// ## `lease = "30s"`, `lease_ceiling = "5m"`: leased mode
 ///
 /// For an effect outside the database (a payment provider). The claim commits on
-/// its own with an owner token; the handler takes `lease: &mut idem_runtime::Lease`
+/// its own with an owner token; the handler takes `lease: &mut idem_runtime::Lease<Postgres>`
 /// (`&mut Lease<sqlx::Sqlite>` on SQLite) instead of a transaction, passes
 /// `lease.downstream_key()` to the downstream system's own idempotency, and may
 /// return `idem_runtime::Uncertain` when the effect's outcome is unknown. The lease
@@ -118,11 +118,11 @@ use proc_macro::TokenStream;
 /// * A free `async fn`: not `unsafe`, `extern` or `const`, no `self`, no generic,
 ///   lifetime or const parameters, no `where` clause, no `impl Trait` or
 ///   `#[cfg]` parameters.
-/// * One parameter `tx: &mut idem_runtime::Tx` (`&mut Tx<sqlx::Sqlite>` on SQLite),
+/// * One parameter `tx: &mut idem_runtime::Tx<Postgres>` (`&mut Tx<sqlx::Sqlite>` on SQLite),
 ///   written with its name `Tx`, which picks the backend: the transaction in which
 ///   the key was claimed. Write the operation's effects through it (`&mut **tx` is
 ///   the connection); they commit together with the stored outcome. There is no
-///   commit or rollback on it. In leased mode, `lease: &mut Lease` instead.
+///   commit or rollback on it. In leased mode, `lease: &mut Lease<Postgres>` instead.
 /// * Any other extractors, in any order, with the body extractor last.
 /// * Any return type that implements `IntoResponse`. For a `Result`, `Err` rolls
 ///   back and stores nothing. An `Ok` (or plain) response with a 5xx status also
@@ -160,7 +160,7 @@ use proc_macro::TokenStream;
 ///     cmd: Json<NewOrder>, // the names your patterns bind, where one binds one
 /// ) -> rt::Response {
 ///     // the original function, unchanged
-///     async fn __idem_inner(caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> Result<..> { .. }
+///     async fn __idem_inner(caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> Result<..> { .. }
 ///
 ///     static __IDEM_SPEC: rt::OperationSpec = rt::OperationSpec {
 ///         operation: "create-order",
@@ -237,7 +237,7 @@ use proc_macro::TokenStream;
 /// | no `self`, `impl Trait` or `#[cfg]` parameters | "`#[idempotent]` cannot take `self` ..."; "`impl Trait` parameters are generics ..."; "conditional parameters are not supported ..." |
 /// | exactly one tenant | "`create_order` has no tenant: mark ... `#[tenant]` ..., or add `single_tenant`"; "only one parameter can be the `#[tenant]`"; "`#[tenant]` contradicts `single_tenant`"; "the request body cannot be the `#[tenant]`"; "`#[tenant]` marks the parameter that identifies the caller, not the transaction" |
 /// | the tenant implements `TenantScope` | "`Anonymous` does not identify a tenant" (with what works for your own type, `Extension<T>`, `Path<String>`, another crate's type) |
-/// | one `&mut Tx` (or `&mut Lease` in leased mode), by name | "`create_order` takes no transaction: add a parameter `tx: &mut idem_runtime::Tx` ..."; "takes no lease"; "this is not idem's transaction: take `tx: &mut idem_runtime::Tx` ..."; "with `lease = \"...\"` the handler holds a lease, not a transaction ..."; "`Lease` is the handle of leased mode: add `lease = \"30s\"` ..."; "the handler takes two `&mut` parameters"; "take it as `tx: &mut idem_runtime::Tx`; other references cannot be extracted" |
+/// | one `&mut Tx<Postgres>` (or `&mut Lease<Postgres>` in leased mode), by name | "`create_order` takes no transaction: add a parameter `tx: &mut idem_runtime::Tx<Postgres>` ..."; "takes no lease"; "this is not idem's transaction: take `tx: &mut idem_runtime::Tx<Postgres>` ..."; "with `lease = \"...\"` the handler holds a lease, not a transaction ..."; "`Lease` is the handle of leased mode: add `lease = \"30s\"` ..."; "the handler takes two `&mut` parameters"; "take it as `tx: &mut idem_runtime::Tx<Postgres>`; other references cannot be extracted" |
 /// | the output is a response | "the trait bound `NotAResponse: IntoResponse` is not satisfied" |
 ///
 /// Each is pinned by a case in `tests/ui/fail` (every case mounts its handler in a

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::http::HeaderName;
 use sqlx::Pool;
 
-use crate::db::{Backend, DefaultBackend};
+use crate::db::Backend;
 use crate::lease::LeaseBackend;
 
 /// Response headers stored and replayed unless configured otherwise.
@@ -48,16 +48,17 @@ pub enum ConfigError {
 /// [`axum::extract::FromRef`], so that `#[idempotent]` handlers can find it:
 ///
 /// ```no_run
+/// use sqlx::Postgres;
 /// use axum::extract::FromRef;
 /// use idem_runtime::Idem;
 ///
 /// #[derive(Clone)]
 /// struct AppState {
-///     idem: Idem,
+///     idem: Idem<Postgres>,
 /// }
 ///
-/// impl FromRef<AppState> for Idem {
-///     fn from_ref(state: &AppState) -> Idem {
+/// impl FromRef<AppState> for Idem<Postgres> {
+///     fn from_ref(state: &AppState) -> Idem<Postgres> {
 ///         state.idem.clone()
 ///     }
 /// }
@@ -69,14 +70,14 @@ pub enum ConfigError {
 /// # }
 /// ```
 ///
-/// `Idem` is `Idem<Postgres>` (with the default `postgres` feature); a service on
-/// SQLite uses `Idem<Sqlite>` built from a `SqlitePool`, and its handlers take
+/// The type names its database, as sqlx's do: `Idem<Postgres>` from a `PgPool`; a
+/// service on SQLite uses `Idem<Sqlite>` built from a `SqlitePool`, and its handlers take
 /// `&mut Tx<Sqlite>`; on MySQL or MariaDB, `Idem<MySql>` from a `MySqlPool`, and
 /// `&mut Tx<MySql>`.
 ///
 /// With the feature `redis`, `Idem<idem_runtime::redis::Redis>` (built by
 /// `RedisLeaseStore::idem`) runs leased handlers on Redis.
-pub struct Idem<DB: LeaseBackend = DefaultBackend> {
+pub struct Idem<DB: LeaseBackend> {
     pool: DB::Store,
     settings: Arc<Settings>,
     /// See [`Idem::with_claims_at_commit`].
@@ -451,7 +452,8 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// its `max_age`. No effect without a cache.
     ///
     /// ```no_run
-    /// # async fn demo(idem: idem_runtime::Idem) {
+    /// use sqlx::Postgres;
+    /// # async fn demo(idem: idem_runtime::Idem<Postgres>) {
     /// // after the database failed over
     /// idem.clear_replay_cache();
     /// # }
@@ -526,7 +528,7 @@ mod tests {
 
     /// A lazy pool never connects: the settings are all these tests touch.
     #[cfg(feature = "postgres")]
-    fn idem() -> Idem {
+    fn idem() -> Idem<sqlx::Postgres> {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .connect_lazy("postgres://localhost/none")
             .unwrap();
@@ -534,7 +536,7 @@ mod tests {
     }
 
     #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
-    fn idem() -> Idem {
+    fn idem() -> Idem<sqlx::Sqlite> {
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .connect_lazy("sqlite::memory:")
             .unwrap();
@@ -542,7 +544,7 @@ mod tests {
     }
 
     #[cfg(all(feature = "mysql", not(feature = "postgres"), not(feature = "sqlite")))]
-    fn idem() -> Idem {
+    fn idem() -> Idem<sqlx::MySql> {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .connect_lazy("mysql://localhost/none")
             .unwrap();

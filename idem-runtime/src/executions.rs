@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 /// (from [`crate::Idem::executions`]). Cheap to clone.
 ///
 /// ```no_run
-/// # async fn demo(idem: idem_runtime::Idem, app: axum::Router, listener: tokio::net::TcpListener) {
+/// # async fn demo(idem: idem_runtime::Idem<sqlx::Postgres>, app: axum::Router, listener: tokio::net::TcpListener) {
 /// use std::time::Duration;
 ///
 /// let executions = idem.executions();

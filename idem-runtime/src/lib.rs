@@ -14,7 +14,7 @@
 //! use idem_runtime::{idempotent, Tx};
 //!
 //! #[idempotent(operation = "create-order", retention = "24h", fingerprint(body, header = "x-currency"))]
-//! async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>)
+//! async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>)
 //!     -> Result<(StatusCode, Json<Order>), ApiError> { /* ... */ }
 //! ```
 //!
@@ -32,10 +32,11 @@
 //!    [`Lease`] with `lease = "30s"`;
 //! 5. a [`Sweeper`] spawned beside the server (retention).
 //!
-//! **Name the database in a service on SQLite or MySQL** (`Idem<Sqlite>`,
-//! `Tx<Sqlite>`): a bare `Idem`, `Tx` or `Lease` is [`DefaultBackend`], which is
-//! PostgreSQL whenever any crate in the build enables idem-runtime's `postgres`
-//! feature (the default one), whatever your own manifest says.
+//! **idem's types name their database**, as sqlx's do: `Idem<Postgres>`,
+//! `Tx<Postgres>`, `Lease<Sqlite>`, `Tx<MySql>`. There is no default: Cargo
+//! features add up over the whole build, so a default that followed them would
+//! change what a bare `Tx` means when any dependency enabled another database.
+//! A bare `Tx` or `Lease` in a handler is the attribute's compile error.
 //!
 //! ## By hand
 //!
@@ -149,7 +150,7 @@ pub use db::Tx;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use db::postgres::pooler::check_pooler;
-pub use db::{Backend, DefaultBackend, MIGRATIONS_TABLE};
+pub use db::{Backend, MIGRATIONS_TABLE};
 pub use executions::Executions;
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
 pub use key::{DigestParseError, IdempotencyKey, KeyDigest, KeyError};

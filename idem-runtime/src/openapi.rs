@@ -39,6 +39,7 @@
 //! ```
 //! # #[cfg(feature = "postgres")]
 //! # mod demo {
+//! use sqlx::Postgres;
 //! use axum::Json;
 //! use axum::http::StatusCode;
 //! use idem_runtime::{SingleTenant, Tx, idempotent};
@@ -47,7 +48,7 @@
 //! /// Creates an order.
 //! #[utoipa::path(post, path = "/orders", responses((status = 201, description = "created")))]
 //! #[idempotent(operation = "create-order", retention = "24h", single_tenant)]
-//! async fn create_order(tx: &mut Tx, Json(order): Json<serde_json::Value>) -> StatusCode {
+//! async fn create_order(tx: &mut Tx<Postgres>, Json(order): Json<serde_json::Value>) -> StatusCode {
 //!     StatusCode::CREATED
 //! }
 //!

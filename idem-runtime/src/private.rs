@@ -25,7 +25,7 @@ pub mod decide {
     };
     pub use crate::model::LeasedOutcome;
 }
-pub use crate::db::DefaultBackend;
+pub use crate::db::AnyBackend;
 pub use crate::db::Tx;
 /// MySQL's handler path: which form of its claiming insert to send (tests).
 #[cfg(feature = "mysql")]
@@ -96,7 +96,7 @@ where
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not idem's transaction handle",
     label = "the `&mut` parameter of an `#[idempotent]` handler is the transaction that holds the key",
-    note = "take `tx: &mut idem_runtime::Tx` (PostgreSQL) or `tx: &mut idem_runtime::Tx<sqlx::Sqlite>`; with `lease = \"...\"`, take `lease: &mut idem_runtime::Lease`"
+    note = "take `tx: &mut idem_runtime::Tx<Postgres>` (or `Tx<Sqlite>`, `Tx<MySql>`); with `lease = \"...\"`, take `lease: &mut idem_runtime::Lease<Postgres>` (or `Lease<Sqlite>`, `Lease<MySql>`, `Lease<Redis>`)"
 )]
 pub trait TxHandle {
     /// The backend.
@@ -111,7 +111,7 @@ impl<DB: crate::db::Backend> TxHandle for Tx<DB> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not idem's lease handle",
     label = "with `lease = \"...\"`, the `&mut` parameter of an `#[idempotent]` handler is the lease",
-    note = "take `lease: &mut idem_runtime::Lease` (PostgreSQL) or `lease: &mut idem_runtime::Lease<sqlx::Sqlite>`"
+    note = "take `lease: &mut idem_runtime::Lease<Postgres>` (or `Lease<Sqlite>`, `Lease<MySql>`, `Lease<Redis>`)"
 )]
 pub trait LeaseHandle {
     /// The backend.

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use sqlx::Pool;
 
-use crate::db::{Backend, DefaultBackend};
+use crate::db::Backend;
 use crate::key::KeyDigest;
 use crate::lease::LeaseBackend;
 use crate::model::{StoreError, StoredResponse, UncertainRow};
@@ -72,7 +72,7 @@ pub struct ReconcileReport {
 /// database (the pool's type decides) or on Redis ([`Reconciler::on_store`]). Several replicas may run one each: an answer
 /// is applied only to the same uncertain execution it was asked about, so a row
 /// is resolved once.
-pub struct Reconciler<R, DB: LeaseBackend = DefaultBackend> {
+pub struct Reconciler<R, DB: LeaseBackend> {
     pool: DB::Store,
     reconcile: R,
     batch: i64,

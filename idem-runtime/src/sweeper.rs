@@ -70,7 +70,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::Pool;
 
-use crate::db::{Backend, DefaultBackend};
+use crate::db::Backend;
 use crate::metrics::{
     OLDEST_IN_FLIGHT_SECONDS, STALE_IN_FLIGHT, SWEEPER_BACKLOG, SWEEPER_DELETED_TOTAL,
     UNCERTAIN_ROWS,
@@ -84,10 +84,8 @@ use crate::model::{InFlightSummary, StoreError};
 /// in the service. Safe to run on every replica at once.
 ///
 /// [`Sweeper::new`] on a `PgPool` gives a `Sweeper<Postgres>`, on a `SqlitePool` a
-/// `Sweeper<Sqlite>`, on a `MySqlPool` a `Sweeper<MySql>`. `Sweeper` written
-/// alone is `Sweeper<DefaultBackend>`, whose database depends on the features
-/// enabled (see [`DefaultBackend`]): name the backend.
-pub struct Sweeper<DB: Backend = DefaultBackend> {
+/// `Sweeper<Sqlite>`, on a `MySqlPool` a `Sweeper<MySql>`.
+pub struct Sweeper<DB: Backend> {
     pool: Pool<DB>,
     batch_size: u32,
     max_batches: u32,
@@ -151,11 +149,10 @@ fn as_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok,
     }
 }
 
-/// The defaults, the same for every backend. They live on `Sweeper<Postgres>`
-/// only so that `Sweeper::DEFAULT_BATCH_SIZE` keeps compiling: a constant on the
-/// generic type could not tell which backend is meant. Write them that way
-/// whatever your backend.
-impl Sweeper {
+/// The defaults, the same for every backend; name one to read them
+/// (`Sweeper::<Postgres>::DEFAULT_BATCH_SIZE`), as idem's types have no default
+/// database.
+impl<DB: Backend> Sweeper<DB> {
     /// Rows deleted per statement unless configured otherwise.
     pub const DEFAULT_BATCH_SIZE: u32 = 1000;
     /// Statements per run unless configured otherwise.
@@ -173,10 +170,10 @@ impl<DB: Backend> Sweeper<DB> {
     pub fn new(pool: Pool<DB>) -> Self {
         Sweeper {
             pool,
-            batch_size: Sweeper::DEFAULT_BATCH_SIZE,
-            max_batches: Sweeper::DEFAULT_MAX_BATCHES,
-            interval: Sweeper::DEFAULT_INTERVAL,
-            stale_after: Sweeper::DEFAULT_STALE_AFTER,
+            batch_size: Self::DEFAULT_BATCH_SIZE,
+            max_batches: Self::DEFAULT_MAX_BATCHES,
+            interval: Self::DEFAULT_INTERVAL,
+            stale_after: Self::DEFAULT_STALE_AFTER,
         }
     }
 

@@ -4,11 +4,11 @@
 /// An `Idem` in the router state, handed to idem's extractor through `FromRef`.
 #[derive(Clone)]
 pub struct AppState {
-    pub idem: idem_runtime::Idem,
+    pub idem: idem_runtime::Idem<sqlx::Postgres>,
 }
 
-impl axum::extract::FromRef<AppState> for idem_runtime::Idem {
-    fn from_ref(s: &AppState) -> idem_runtime::Idem {
+impl axum::extract::FromRef<AppState> for idem_runtime::Idem<sqlx::Postgres> {
+    fn from_ref(s: &AppState) -> idem_runtime::Idem<sqlx::Postgres> {
         s.idem.clone()
     }
 }

@@ -7,6 +7,7 @@ use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use idem_runtime::{idempotent, Idem, Lease, TenantScope, Tx};
+use sqlx::Postgres;
 use serde::{Deserialize, Serialize};
 
 struct Caller(String);
@@ -28,6 +29,6 @@ struct NewOrder {
     quantity: u32,
 }
 
-fn idem() -> Idem {
+fn idem() -> Idem<Postgres> {
     Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
 }

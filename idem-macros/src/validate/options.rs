@@ -87,7 +87,7 @@ fn check_accepted(args: &RawArgs, errors: &mut Errors) -> bool {
     if args.lease.is_none() {
         errors.push_at(
             args.accepted.span(),
-            "`accepted` needs `lease = \"...\"`: a long operation answers `202 Accepted` at once and keeps working after its answer, which only a lease renewed in the background can hold the key for (a transaction cannot stay open past its request); add `lease = \"30s\"` and take `lease: &mut idem_runtime::Lease` instead of the transaction, or remove `accepted`",
+            "`accepted` needs `lease = \"...\"`: a long operation answers `202 Accepted` at once and keeps working after its answer, which only a lease renewed in the background can hold the key for (a transaction cannot stay open past its request); add `lease = \"30s\"` and take `lease: &mut idem_runtime::Lease<Postgres>` instead of the transaction, or remove `accepted`",
         );
         return false;
     }

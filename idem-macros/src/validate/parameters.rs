@@ -28,10 +28,16 @@ pub(super) struct Parameters {
 pub(super) fn check_parameters(args: &RawArgs, sig: &Signature, errors: &mut Errors) -> Parameters {
     let name = &sig.ident;
     let leased = args.lease.is_some();
-    let handle = if leased {
-        "lease: &mut idem_runtime::Lease"
+    let (handle, others) = if leased {
+        (
+            "lease: &mut idem_runtime::Lease<Postgres>",
+            "(or `Lease<Sqlite>`, `Lease<MySql>`, `Lease<Redis>`: where the lease is kept)",
+        )
     } else {
-        "tx: &mut idem_runtime::Tx"
+        (
+            "tx: &mut idem_runtime::Tx<Postgres>",
+            "(or `Tx<Sqlite>`, `Tx<MySql>`)",
+        )
     };
     let mut tenant = None;
     let mut tx = None;
@@ -114,11 +120,11 @@ pub(super) fn check_parameters(args: &RawArgs, sig: &Signature, errors: &mut Err
     if tx.is_none() && !tx_refused {
         let msg = if leased {
             format!(
-                "`{name}` takes no lease: add a parameter `{handle}`; it carries the downstream idempotency key and lets the handler report an uncertain outcome"
+                "`{name}` takes no lease: add a parameter `{handle}` {others}; it carries the downstream idempotency key and lets the handler report an uncertain outcome"
             )
         } else {
             format!(
-                "`{name}` takes no transaction: add a parameter `{handle}` and write the operation's effects through it, so they commit together with the stored outcome"
+                "`{name}` takes no transaction: add a parameter `{handle}` {others} and write the operation's effects through it, so they commit together with the stored outcome"
             )
         };
         errors.push_spanned(&sig.ident, msg);
@@ -156,26 +162,43 @@ fn check_handle(
     } else if handle_name.as_deref() == Some("Tx") && leased {
         errors.push_spanned(
             &arg.ty,
-            "with `lease = \"...\"` the handler holds a lease, not a transaction: take `lease: &mut idem_runtime::Lease` (`&mut Lease<sqlx::Sqlite>` on SQLite), or remove `lease` to write the effects in the transaction that holds the key",
+            "with `lease = \"...\"` the handler holds a lease, not a transaction: take `lease: &mut idem_runtime::Lease<Postgres>` (or `<Sqlite>`, `<MySql>`, `<Redis>`: where the lease is kept), or remove `lease` to write the effects in the transaction that holds the key",
         );
     } else if handle_name.as_deref() == Some("Lease") && !leased {
         errors.push_spanned(
             &arg.ty,
-            "`Lease` is the handle of leased mode: add `lease = \"30s\"` to `#[idempotent(...)]` for an effect outside the database, or take `tx: &mut idem_runtime::Tx` to write the effects in the transaction that holds the key",
+            "`Lease` is the handle of leased mode: add `lease = \"30s\"` to `#[idempotent(...)]` for an effect outside the database, or take `tx: &mut idem_runtime::Tx<Postgres>` (or `<Sqlite>`, `<MySql>`) to write the effects in the transaction that holds the key",
+        );
+    } else if handle_name.as_deref() == Some(expected) && !names_its_database(&r.elem) {
+        // No default database (docs/decisions.md): a default that followed the
+        // features would change with a dependency's features, far from here.
+        errors.push_spanned(
+            &r.elem,
+            if leased {
+                "name where the lease is kept: `&mut Lease<Postgres>`, `&mut Lease<Sqlite>`, `&mut Lease<MySql>` or `&mut Lease<Redis>`; idem has no default database, as sqlx has none, so a bare `Lease` cannot change meaning when a dependency enables another of idem-runtime's database features"
+            } else {
+                "name the transaction's database: `&mut Tx<Postgres>`, `&mut Tx<Sqlite>` or `&mut Tx<MySql>` (sqlx's types); idem has no default database, as sqlx has none, so a bare `Tx` cannot change meaning when a dependency enables another of idem-runtime's database features"
+            },
         );
     } else if handle_name.as_deref() != Some(expected) {
         errors.push_spanned(
             &arg.ty,
             if leased {
-                "this is not idem's lease: take `lease: &mut idem_runtime::Lease` (`&mut Lease<sqlx::Sqlite>` on SQLite), written with its name `Lease`, which the attribute reads"
+                "this is not idem's lease: take `lease: &mut idem_runtime::Lease<Postgres>` (or `<Sqlite>`, `<MySql>`, `<Redis>`), written with its name `Lease`, which the attribute reads"
             } else {
-                "this is not idem's transaction: take `tx: &mut idem_runtime::Tx` (PostgreSQL) or `tx: &mut Tx<sqlx::Sqlite>` (SQLite), written with its name `Tx`, which the attribute reads to pick the backend; the effects go through `&mut **tx`"
+                "this is not idem's transaction: take `tx: &mut idem_runtime::Tx<Postgres>` (or `<Sqlite>`, `<MySql>`), written with its name `Tx`, which the attribute reads to pick the backend; the effects go through `&mut **tx`"
             },
         );
     } else {
         return true;
     }
     false
+}
+
+/// Whether the handle's type names its database (`Tx<Postgres>`), or is a
+/// bare `Tx` / `Lease`.
+fn names_its_database(ty: &syn::Type) -> bool {
+    last_segment(ty).is_some_and(|s| matches!(s.arguments, syn::PathArguments::AngleBracketed(_)))
 }
 
 /// A parameter marked `#[tenant]` (not the handle): `true` when it is the

@@ -18,7 +18,7 @@ fn check(args: proc_macro2::TokenStream, func: ItemFn) -> Result<Config, String>
 
 fn handler() -> ItemFn {
     parse_quote! {
-        async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> Response { todo!() }
+        async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> Response { todo!() }
     }
 }
 
@@ -49,7 +49,7 @@ fn fingerprint_defaults_to_the_body() {
     let c = check(
         quote!(operation = "x", retention = "7d"),
         parse_quote!(
-            async fn f(#[tenant] c: Caller, tx: &mut Tx) {}
+            async fn f(#[tenant] c: Caller, tx: &mut Tx<Postgres>) {}
         ),
     )
     .unwrap();
@@ -129,7 +129,7 @@ fn durations() {
 fn leases() {
     let leased = || -> ItemFn {
         parse_quote!(
-            async fn f(#[tenant] c: Caller, lease: &mut Lease) {}
+            async fn f(#[tenant] c: Caller, lease: &mut Lease<Postgres>) {}
         )
     };
     let c = check(
@@ -173,7 +173,7 @@ fn leases() {
 fn accepted_needs_a_lease() {
     let leased = || -> ItemFn {
         parse_quote!(
-            async fn f(#[tenant] c: Caller, lease: &mut Lease) {}
+            async fn f(#[tenant] c: Caller, lease: &mut Lease<Postgres>) {}
         )
     };
     let c = check(
@@ -215,12 +215,12 @@ fn operation_names() {
 #[test]
 fn tenants_and_transactions() {
     let two = parse_quote!(
-        async fn f(#[tenant] a: A, #[tenant] b: B, tx: &mut Tx) {}
+        async fn f(#[tenant] a: A, #[tenant] b: B, tx: &mut Tx<Postgres>) {}
     );
     let e = check(quote!(operation = "x", retention = "1h"), two).unwrap_err();
     assert!(e.contains("only one parameter"), "{e}");
     let both = parse_quote!(
-        async fn f(#[tenant] a: A, tx: &mut Tx) {}
+        async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>) {}
     );
     let e = check(
         quote!(operation = "x", retention = "1h", single_tenant),
@@ -229,7 +229,7 @@ fn tenants_and_transactions() {
     .unwrap_err();
     assert!(e.contains("contradicts"), "{e}");
     let single = parse_quote!(
-        async fn f(tx: &mut Tx) {}
+        async fn f(tx: &mut Tx<Postgres>) {}
     );
     let c = check(
         quote!(operation = "x", retention = "1h", single_tenant),
@@ -244,25 +244,25 @@ fn body_shapes() {
     for (func, param) in [
         (
             parse_quote!(
-                async fn f(#[tenant] a: A, tx: &mut Tx, b: ValidJson<B>) {}
+                async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, b: ValidJson<B>) {}
             ),
             2,
         ),
         (
             parse_quote!(
-                async fn f(#[tenant] a: A, tx: &mut Tx, #[body] b: Checked<B>) {}
+                async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, #[body] b: Checked<B>) {}
             ),
             2,
         ),
         (
             parse_quote!(
-                async fn f(#[tenant] a: A, tx: &mut Tx, b: Option<Json<B>>) {}
+                async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, b: Option<Json<B>>) {}
             ),
             2,
         ),
         (
             parse_quote!(
-                async fn f(#[tenant] a: A, tx: &mut Tx, Json(b): Payload) {}
+                async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, Json(b): Payload) {}
             ),
             2,
         ),
@@ -273,19 +273,19 @@ fn body_shapes() {
         assert_eq!(c.body_result, None);
     }
     let result: ItemFn = parse_quote!(
-        async fn f(#[tenant] a: A, tx: &mut Tx, b: Result<Json<B>, JsonRejection>) {}
+        async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, b: Result<Json<B>, JsonRejection>) {}
     );
     let c = check(quote!(operation = "x", retention = "1h"), result).unwrap();
     assert_eq!(c.body_result, Some(2));
     // An alias: its type decides.
     let alias: ItemFn = parse_quote!(
-        async fn f(#[tenant] a: A, tx: &mut Tx, b: Payload) {}
+        async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, b: Payload) {}
     );
     let c = check(quote!(operation = "x", retention = "1h"), alias).unwrap();
     assert!(matches!(c.body, BodyPrint::Probe(2)));
     // A known parts extractor last is not a body.
     let parts: ItemFn = parse_quote!(
-        async fn f(#[tenant] a: A, tx: &mut Tx, p: Path<i64>) {}
+        async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, p: Path<i64>) {}
     );
     let c = check(quote!(operation = "x", retention = "1h"), parts).unwrap();
     assert!(matches!(c.body, BodyPrint::None));
@@ -295,17 +295,17 @@ fn body_shapes() {
 #[test]
 fn body_rules() {
     let not_last = parse_quote!(
-        async fn f(#[tenant] a: A, Json(b): Json<B>, tx: &mut Tx, s: State<S>) {}
+        async fn f(#[tenant] a: A, Json(b): Json<B>, tx: &mut Tx<Postgres>, s: State<S>) {}
     );
     let e = check(quote!(operation = "x", retention = "1h"), not_last).unwrap_err();
     assert!(e.contains("must be the last parameter"), "{e}");
     let two = parse_quote!(
-        async fn f(#[tenant] a: A, tx: &mut Tx, s: String, b: Bytes) {}
+        async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, s: String, b: Bytes) {}
     );
     let e = check(quote!(operation = "x", retention = "1h"), two).unwrap_err();
     assert!(e.contains("second body extractor"), "{e}");
     let none = parse_quote!(
-        async fn f(#[tenant] a: A, tx: &mut Tx) {}
+        async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>) {}
     );
     let e = check(
         quote!(operation = "x", retention = "1h", fingerprint(body)),
@@ -348,7 +348,7 @@ fn body_rules() {
     .unwrap();
     assert!(matches!(c.body, BodyPrint::None));
     let stream: ItemFn = parse_quote!(
-        async fn f(#[tenant] a: A, tx: &mut Tx, m: Multipart) {}
+        async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, m: Multipart) {}
     );
     let e = check(quote!(operation = "x", retention = "1h"), stream).unwrap_err();
     assert!(e.contains("is a stream"), "{e}");
@@ -359,11 +359,40 @@ fn function_shapes() {
     let e = check(
         quote!(operation = "x", retention = "1h"),
         parse_quote!(
-            async unsafe fn f<'a>(#[tenant] a: A, tx: &mut Tx) {}
+            async unsafe fn f<'a>(#[tenant] a: A, tx: &mut Tx<Postgres>) {}
         ),
     )
     .unwrap_err();
     assert!(e.contains("cannot be `unsafe fn`"), "{e}");
     assert!(e.contains("lifetime parameters"), "{e}");
     assert!(!e.contains("generic handlers"), "{e}");
+}
+
+#[test]
+fn a_bare_handle_is_refused_with_the_databases_to_name() {
+    let bare_tx = parse_quote!(
+        async fn f(#[tenant] a: A, tx: &mut Tx) {}
+    );
+    let e = check(quote!(operation = "x", retention = "1h"), bare_tx).unwrap_err();
+    assert!(
+        e.contains("`&mut Tx<Postgres>`, `&mut Tx<Sqlite>` or `&mut Tx<MySql>`"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("takes no transaction"),
+        "one error, not two: {e}"
+    );
+    let bare_lease = parse_quote!(
+        async fn f(#[tenant] a: A, lease: &mut idem_runtime::Lease) {}
+    );
+    let e = check(
+        quote!(operation = "x", retention = "1h", lease = "30s"),
+        bare_lease,
+    )
+    .unwrap_err();
+    assert!(e.contains("`&mut Lease<Redis>`"), "{e}");
+    let named = parse_quote!(
+        async fn f(#[tenant] a: A, tx: &mut idem_runtime::Tx<sqlx::MySql>) {}
+    );
+    assert!(check(quote!(operation = "x", retention = "1h"), named).is_ok());
 }

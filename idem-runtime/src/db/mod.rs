@@ -35,25 +35,19 @@ compile_error!(
     "idem-runtime needs a database: enable the feature `postgres` (the default), `sqlite` or `mysql`, or several"
 );
 
-/// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when
-/// the `postgres` feature is on (the default), else SQLite, else MySQL.
-///
-/// Features add up over the whole build: a service on SQLite whose dependency
-/// graph enables idem-runtime's `postgres` feature anywhere (it is the default
-/// feature) gets `Tx` = `Tx<Postgres>`. Name the database in a service on SQLite
-/// or MySQL (`Idem<Sqlite>`, `Tx<Sqlite>`, `Lease<Sqlite>`); the examples and docs
-/// do. A bare type then fails to compile against your pool rather than run on
-/// another database (docs/decisions.md).
+/// A database that is always enabled, for the attribute's expansion of a
+/// handler it has already refused (so that one error is reported, not a
+/// cascade). Not a default: idem's types name their database, as sqlx's do
+/// (docs/decisions.md, "No default database").
+#[doc(hidden)]
 #[cfg(feature = "postgres")]
-pub type DefaultBackend = sqlx::Postgres;
-/// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when
-/// the `postgres` feature is on (the default), else SQLite.
+pub type AnyBackend = sqlx::Postgres;
+#[doc(hidden)]
 #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
-pub type DefaultBackend = sqlx::Sqlite;
-/// The database a bare `Idem`, `Tx`, `Lease` or `Sweeper` uses: PostgreSQL when
-/// the `postgres` feature is on (the default), else SQLite, else MySQL.
+pub type AnyBackend = sqlx::Sqlite;
+#[doc(hidden)]
 #[cfg(all(feature = "mysql", not(feature = "postgres"), not(feature = "sqlite")))]
-pub type DefaultBackend = sqlx::MySql;
+pub type AnyBackend = sqlx::MySql;
 
 /// The table in which idem records its own migrations, apart from the
 /// application's `_sqlx_migrations`, on every database.

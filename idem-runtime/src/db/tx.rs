@@ -13,7 +13,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool, SqlStr};
 use sqlx_core::transaction::TransactionManager;
 
-use crate::db::{Backend, DefaultBackend};
+use crate::db::Backend;
 use crate::model::{Finish, StoreError};
 
 /// The transaction in which the key was claimed and the outcome will be stored.
@@ -23,7 +23,8 @@ use crate::model::{Finish, StoreError};
 /// transaction:
 ///
 /// ```no_run
-/// # async fn demo(tx: &mut idem_runtime::Tx) -> Result<(), sqlx::Error> {
+/// use sqlx::Postgres;
+/// # async fn demo(tx: &mut idem_runtime::Tx<Postgres>) -> Result<(), sqlx::Error> {
 /// sqlx::query("INSERT INTO orders (sku) VALUES ($1)")
 ///     .bind("A-1")
 ///     .execute(&mut **tx)
@@ -39,7 +40,7 @@ use crate::model::{Finish, StoreError};
 /// rolls back when the handler returns `Err` or a 5xx. Do not send `COMMIT`,
 /// `ROLLBACK` or `SET TRANSACTION` yourself: that would separate the effect from its
 /// record, the one thing idem exists to prevent.
-pub struct Tx<DB: Backend = DefaultBackend> {
+pub struct Tx<DB: Backend> {
     // A pooled connection rather than a `sqlx::Transaction`: the value outlives
     // the claim's decision (a replay answered on the same connection, with no
     // transaction), and on PostgreSQL the transaction is begun with the request

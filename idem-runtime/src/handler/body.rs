@@ -6,7 +6,6 @@ use std::pin::Pin;
 
 use axum::response::{IntoResponse, Response};
 
-use crate::db::DefaultBackend;
 use crate::db::Tx;
 use crate::lease::Lease;
 
@@ -56,7 +55,7 @@ pub type BoxedBody<H> = Box<
 >;
 
 /// A handler body that runs inside the claimed transaction.
-pub type BoxedHandler<DB = DefaultBackend> = BoxedBody<Tx<DB>>;
+pub type BoxedHandler<DB> = BoxedBody<Tx<DB>>;
 
 /// A handler body that runs holding a lease (leased mode).
-pub type BoxedLeasedHandler<DB = DefaultBackend> = BoxedBody<Lease<DB>>;
+pub type BoxedLeasedHandler<DB> = BoxedBody<Lease<DB>>;

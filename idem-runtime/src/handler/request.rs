@@ -10,7 +10,6 @@ use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 
 use crate::config::Idem;
-use crate::db::DefaultBackend;
 use crate::fingerprint::FingerprintBuilder;
 use crate::key::IdempotencyKey;
 use crate::lease::LeaseBackend;
@@ -46,7 +45,7 @@ pub struct OperationSpec {
 /// unless `HEADERS` says the operation fingerprints some (the attribute sets it
 /// when `fingerprint(header = ...)` names one): the route and URI are shared,
 /// not copied.
-pub struct IdemRequest<DB: LeaseBackend = DefaultBackend, const HEADERS: bool = false> {
+pub struct IdemRequest<DB: LeaseBackend, const HEADERS: bool = false> {
     pub(super) idem: Idem<DB>,
     pub(super) key: IdempotencyKey,
     method: Method,

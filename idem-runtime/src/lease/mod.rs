@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::db::{Backend, DefaultBackend};
+use crate::db::Backend;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyDigest};
 use crate::model::{Fence, LeasedOutcome, Owned, OwnerToken, StoreError, StoredResponse};
@@ -53,7 +53,7 @@ pub use store::LeaseBackend;
 /// What a leased claim decided.
 #[must_use = "an acquired lease must be completed, marked uncertain or released"]
 #[non_exhaustive]
-pub enum LeasedClaim<DB: LeaseBackend = DefaultBackend> {
+pub enum LeasedClaim<DB: LeaseBackend> {
     /// The caller owns the execution.
     Acquired(Lease<DB>),
     /// A stored outcome with the same fingerprint.
@@ -74,7 +74,7 @@ pub enum LeasedClaim<DB: LeaseBackend = DefaultBackend> {
 ///
 /// Dropping it without completing leaves the row `processing` until its lease
 /// lapses; the next claim then takes it over (what a crash does).
-pub struct Lease<DB: LeaseBackend = DefaultBackend> {
+pub struct Lease<DB: LeaseBackend> {
     pool: DB::Store,
     tenant: String,
     operation: String,

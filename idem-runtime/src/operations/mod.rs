@@ -43,6 +43,7 @@
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
 //! # mod demo {
+//! use sqlx::Postgres;
 //! use axum::Router;
 //! use axum::routing::post;
 //! use idem_runtime::{Idem, Lease, TenantScope, idempotent, operations};
@@ -54,16 +55,16 @@
 //! # impl TenantScope for Caller { fn tenant_id(&self) -> &str { &self.0 } }
 //!
 //! #[idempotent(operation = "create-export", retention = "24h", lease = "6s", accepted)]
-//! async fn create_export(#[tenant] caller: Caller, lease: &mut Lease) -> String {
+//! async fn create_export(#[tenant] caller: Caller, lease: &mut Lease<Postgres>) -> String {
 //!     // minutes of work; `lease.downstream_key()` names it to anything downstream
 //!     "done".to_owned()
 //! }
 //!
-//! pub fn app(idem: Idem) -> Router {
+//! pub fn app(idem: Idem<Postgres>) -> Router {
 //!     Router::new()
 //!         .route("/exports", post(create_export))
 //!         // where the `Location`s point (default "/operations")
-//!         .nest(idem.operations_path(), operations::router::<Caller, sqlx::Postgres, Idem>())
+//!         .nest(idem.operations_path(), operations::router::<Caller, sqlx::Postgres, Idem<Postgres>>())
 //!         .with_state(idem)
 //! }
 //! # }

@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-export", retention = "24h", lease = "30s", accepted = true)]
-async fn create_export(#[tenant] caller: Caller, lease: &mut Lease, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_export(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

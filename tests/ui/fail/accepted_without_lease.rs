@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-export", retention = "24h", accepted)]
-async fn create_export(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_export(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

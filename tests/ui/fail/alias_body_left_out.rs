@@ -5,7 +5,7 @@ include!("../prelude.rs");
 type OrderBody = Json<NewOrder>;
 
 #[idempotent(operation = "create-order", retention = "24h", fingerprint(header = "x-currency"))]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, body: OrderBody) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: OrderBody) -> StatusCode {
     StatusCode::CREATED
 }
 

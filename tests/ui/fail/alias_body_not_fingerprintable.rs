@@ -12,7 +12,7 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Upload {
 type Payload = Upload;
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, payload: Payload) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, payload: Payload) -> StatusCode {
     StatusCode::CREATED
 }
 

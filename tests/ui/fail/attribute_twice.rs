@@ -4,7 +4,7 @@ include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h")]
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, Json(cmd): Json<NewOrder>, tx: &mut Tx, axum::extract::State(s): axum::extract::State<Idem>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, Json(cmd): Json<NewOrder>, tx: &mut Tx<Postgres>, axum::extract::State(s): axum::extract::State<Idem<Postgres>>) -> StatusCode {
     StatusCode::CREATED
 }
 

@@ -8,7 +8,7 @@ struct Secret {
 }
 
 #[idempotent(operation = "create-order", retention = "24h", fingerprint(body))]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<Secret>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<Secret>) -> StatusCode {
     StatusCode::CREATED
 }
 

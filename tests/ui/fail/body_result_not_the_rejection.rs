@@ -6,7 +6,7 @@ include!("../prelude.rs");
 #[idempotent(operation = "create-order", retention = "24h")]
 async fn create_order(
     #[tenant] caller: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     cmd: Result<Json<NewOrder>, String>,
 ) -> StatusCode {
     StatusCode::CREATED

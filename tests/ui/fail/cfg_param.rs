@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, #[cfg(test)] extra: axum::http::HeaderMap, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, #[cfg(test)] extra: axum::http::HeaderMap, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

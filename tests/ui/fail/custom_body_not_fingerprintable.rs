@@ -11,7 +11,7 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Upload {
 }
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, #[body] upload: Upload) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, #[body] upload: Upload) -> StatusCode {
     StatusCode::CREATED
 }
 

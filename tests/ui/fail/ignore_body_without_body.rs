@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h", fingerprint(header = "x-currency", ignore_body))]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>) -> StatusCode {
     StatusCode::CREATED
 }
 

@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-payment", retention = "24h", lease = "30s", lease_ceiling = "10s")]
-async fn create_order(#[tenant] caller: Caller, lease: &mut Lease, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-payment", retention = "24h", lease_ceiling = "5m")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

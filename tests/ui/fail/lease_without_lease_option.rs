@@ -1,9 +1,9 @@
-// A `&mut Lease` without `lease = "..."`: leased mode must be asked for.
+// A `&mut Lease<Postgres>` without `lease = "..."`: leased mode must be asked for.
 #![allow(unused_imports, unused_variables, dead_code)]
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, lease: &mut Lease, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

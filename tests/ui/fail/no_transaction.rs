@@ -1,4 +1,4 @@
-// No `&mut Tx`.
+// No `&mut Tx<Postgres>`.
 #![allow(unused_imports, unused_variables, dead_code)]
 include!("../prelude.rs");
 

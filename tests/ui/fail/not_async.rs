@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h")]
-fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

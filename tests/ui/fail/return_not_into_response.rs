@@ -5,7 +5,7 @@ include!("../prelude.rs");
 struct NotAResponse;
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> NotAResponse {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> NotAResponse {
     NotAResponse
 }
 

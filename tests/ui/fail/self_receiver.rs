@@ -6,7 +6,7 @@ struct Orders;
 
 impl Orders {
     #[idempotent(operation = "create-order", retention = "24h")]
-    async fn create_order(&self, #[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+    async fn create_order(&self, #[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
         StatusCode::CREATED
     }
 }

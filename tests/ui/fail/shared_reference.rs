@@ -1,9 +1,9 @@
-// `&Tx` instead of `&mut Tx`.
+// `&Tx<Postgres>` instead of `&mut Tx<Postgres>`.
 #![allow(unused_imports, unused_variables, dead_code)]
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

@@ -3,7 +3,7 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, body: axum::body::Body) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: axum::body::Body) -> StatusCode {
     StatusCode::CREATED
 }
 

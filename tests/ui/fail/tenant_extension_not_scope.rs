@@ -6,7 +6,7 @@ include!("../prelude.rs");
 struct Session(String);
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] axum::Extension(session): axum::Extension<Session>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] axum::Extension(session): axum::Extension<Session>, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

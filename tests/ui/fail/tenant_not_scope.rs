@@ -11,7 +11,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Anonymous {
 }
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] user: Anonymous, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] user: Anonymous, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

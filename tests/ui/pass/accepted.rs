@@ -5,6 +5,7 @@ use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use idem_runtime::{idempotent, operations, Idem, Lease, SingleTenant, TenantScope};
+use sqlx::Postgres;
 
 struct Caller(String);
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
@@ -20,13 +21,13 @@ impl TenantScope for Caller {
 }
 
 #[idempotent(operation = "create-export", retention = "24h", lease = "6s", accepted)]
-async fn create_export(#[tenant] caller: Caller, lease: &mut Lease, Json(format): Json<String>) -> (StatusCode, String) {
+async fn create_export(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, Json(format): Json<String>) -> (StatusCode, String) {
     let _ = (caller, lease.downstream_key());
     (StatusCode::CREATED, format)
 }
 
 #[idempotent(operation = "rebuild-index", retention = "1h", lease = "30s", lease_ceiling = "1h", accepted, single_tenant)]
-async fn rebuild_index(lease: &mut Lease) -> StatusCode {
+async fn rebuild_index(lease: &mut Lease<Postgres>) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
@@ -36,7 +37,7 @@ async fn main() {
     let _: Router = Router::new()
         .route("/exports", post(create_export))
         .route("/index", post(rebuild_index))
-        .nest(idem.operations_path(), operations::router::<Caller, sqlx::Postgres, Idem>())
-        .nest("/admin/operations", operations::router::<SingleTenant, sqlx::Postgres, Idem>())
+        .nest(idem.operations_path(), operations::router::<Caller, sqlx::Postgres, Idem<Postgres>>())
+        .nest("/admin/operations", operations::router::<SingleTenant, sqlx::Postgres, Idem<Postgres>>())
         .with_state(idem);
 }

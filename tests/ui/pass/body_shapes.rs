@@ -8,36 +8,37 @@ use axum::body::{Body, Bytes};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{RawForm, Request};
 use axum::Form;
+use sqlx::Postgres;
 use idem_runtime::FingerprintBody;
 
 #[idempotent(operation = "json", retention = "24h")]
-async fn json(#[tenant] c: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn json(#[tenant] c: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "form", retention = "24h")]
-async fn form(#[tenant] c: Caller, tx: &mut Tx, Form(cmd): Form<NewOrder>) -> StatusCode {
+async fn form(#[tenant] c: Caller, tx: &mut Tx<Postgres>, Form(cmd): Form<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "bytes", retention = "24h")]
-async fn bytes(#[tenant] c: Caller, tx: &mut Tx, body: Bytes) -> StatusCode {
+async fn bytes(#[tenant] c: Caller, tx: &mut Tx<Postgres>, body: Bytes) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "text", retention = "24h")]
-async fn text(#[tenant] c: Caller, tx: &mut Tx, body: String) -> StatusCode {
+async fn text(#[tenant] c: Caller, tx: &mut Tx<Postgres>, body: String) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "raw-form", retention = "24h")]
-async fn raw_form(#[tenant] c: Caller, tx: &mut Tx, RawForm(body): RawForm) -> StatusCode {
+async fn raw_form(#[tenant] c: Caller, tx: &mut Tx<Postgres>, RawForm(body): RawForm) -> StatusCode {
     StatusCode::CREATED
 }
 
 /// `None` (no body sent) and `Some` are different requests.
 #[idempotent(operation = "optional", retention = "24h", fingerprint(body.sku))]
-async fn optional(#[tenant] c: Caller, tx: &mut Tx, cmd: Option<Json<NewOrder>>) -> StatusCode {
+async fn optional(#[tenant] c: Caller, tx: &mut Tx<Postgres>, cmd: Option<Json<NewOrder>>) -> StatusCode {
     StatusCode::CREATED
 }
 
@@ -45,7 +46,7 @@ async fn optional(#[tenant] c: Caller, tx: &mut Tx, cmd: Option<Json<NewOrder>>)
 #[idempotent(operation = "fallible", retention = "24h")]
 async fn fallible(
     #[tenant] c: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     cmd: Result<Json<NewOrder>, JsonRejection>,
 ) -> Result<StatusCode, (StatusCode, String)> {
     let Json(cmd) = cmd.map_err(|e| (e.status(), e.body_text()))?;
@@ -56,19 +57,19 @@ type OrderBody = Json<NewOrder>;
 
 /// An alias the pattern names.
 #[idempotent(operation = "alias-pattern", retention = "24h", fingerprint(body, header = "x-currency"))]
-async fn alias_pattern(#[tenant] c: Caller, tx: &mut Tx, Json(cmd): OrderBody) -> StatusCode {
+async fn alias_pattern(#[tenant] c: Caller, tx: &mut Tx<Postgres>, Json(cmd): OrderBody) -> StatusCode {
     StatusCode::CREATED
 }
 
 /// An alias nothing names: its type is probed.
 #[idempotent(operation = "alias", retention = "24h")]
-async fn alias(#[tenant] c: Caller, tx: &mut Tx, cmd: OrderBody) -> StatusCode {
+async fn alias(#[tenant] c: Caller, tx: &mut Tx<Postgres>, cmd: OrderBody) -> StatusCode {
     StatusCode::CREATED
 }
 
 /// An alias with fields.
 #[idempotent(operation = "alias-fields", retention = "24h", fingerprint(body.quantity))]
-async fn alias_fields(#[tenant] c: Caller, tx: &mut Tx, cmd: OrderBody) -> StatusCode {
+async fn alias_fields(#[tenant] c: Caller, tx: &mut Tx<Postgres>, cmd: OrderBody) -> StatusCode {
     StatusCode::CREATED
 }
 
@@ -89,7 +90,7 @@ impl<T: Serialize> FingerprintBody for ValidJson<T> {
 }
 
 #[idempotent(operation = "valid-json", retention = "24h")]
-async fn valid_json(#[tenant] c: Caller, tx: &mut Tx, ValidJson(cmd): ValidJson<NewOrder>) -> StatusCode {
+async fn valid_json(#[tenant] c: Caller, tx: &mut Tx<Postgres>, ValidJson(cmd): ValidJson<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 
@@ -110,24 +111,24 @@ impl<T: Serialize> FingerprintBody for Checked<T> {
 }
 
 #[idempotent(operation = "checked", retention = "24h")]
-async fn checked(#[tenant] c: Caller, tx: &mut Tx, #[body] Checked(cmd): Checked<NewOrder>) -> StatusCode {
+async fn checked(#[tenant] c: Caller, tx: &mut Tx<Postgres>, #[body] Checked(cmd): Checked<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 
 /// Streams: the body left out explicitly, the request identified by a header.
 #[idempotent(operation = "stream", retention = "24h", fingerprint(header = "x-upload-id", ignore_body))]
-async fn stream(#[tenant] c: Caller, tx: &mut Tx, body: Body) -> StatusCode {
+async fn stream(#[tenant] c: Caller, tx: &mut Tx<Postgres>, body: Body) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "request", retention = "24h", fingerprint(ignore_body))]
-async fn request(#[tenant] c: Caller, tx: &mut Tx, req: Request) -> StatusCode {
+async fn request(#[tenant] c: Caller, tx: &mut Tx<Postgres>, req: Request) -> StatusCode {
     StatusCode::CREATED
 }
 
 /// A JSON body left out on purpose.
 #[idempotent(operation = "ignored", retention = "24h", fingerprint(header = "x-currency", ignore_body))]
-async fn ignored(#[tenant] c: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn ignored(#[tenant] c: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

@@ -4,17 +4,17 @@
 include!("../prelude.rs");
 
 #[idempotent(operation = "short", retention = "1ms", in_flight_wait = "0s")]
-async fn short(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn short(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "long", retention = "100years")]
-async fn long(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn long(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "leased", retention = "24h", lease = "100ms", lease_ceiling = "100ms")]
-async fn leased(#[tenant] caller: Caller, lease: &mut Lease, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn leased(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

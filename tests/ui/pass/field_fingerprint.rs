@@ -4,6 +4,7 @@ use axum::extract::{FromRequestParts, State, Path};
 use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Form, Json, Router};
+use sqlx::Postgres;
 use idem_runtime::{idempotent, Idem, TenantScope, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -32,12 +33,12 @@ struct Customer {
     id: String,
 }
 
-fn idem() -> Idem {
+fn idem() -> Idem<Postgres> {
     Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
 }
 
 #[idempotent(operation = "create-order", retention = "24h", fingerprint(body.sku, body.customer.id, header = "x-currency", header = "X-Channel"))]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     let _ = (caller, tx, cmd);
     StatusCode::CREATED
 }

@@ -4,6 +4,7 @@ use axum::extract::{FromRequestParts, State, Path};
 use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Form, Json, Router};
+use sqlx::Postgres;
 use idem_runtime::{idempotent, Idem, TenantScope, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +33,7 @@ struct Customer {
     id: String,
 }
 
-fn idem() -> Idem {
+fn idem() -> Idem<Postgres> {
     Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
 }
 
@@ -42,7 +43,7 @@ struct Signup {
 }
 
 #[idempotent(operation = "signup", retention = "1h")]
-async fn signup(#[tenant] caller: Caller, tx: &mut Tx, Form(s): Form<Signup>) -> StatusCode {
+async fn signup(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Form(s): Form<Signup>) -> StatusCode {
     let _ = (caller, tx, s.email);
     StatusCode::CREATED
 }

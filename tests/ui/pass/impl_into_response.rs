@@ -4,6 +4,7 @@ use axum::extract::{FromRequestParts, State, Path};
 use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Form, Json, Router};
+use sqlx::Postgres;
 use idem_runtime::{idempotent, Idem, TenantScope, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -32,21 +33,21 @@ struct Customer {
     id: String,
 }
 
-fn idem() -> Idem {
+fn idem() -> Idem<Postgres> {
     Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
 }
 
 use axum::response::IntoResponse;
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> impl IntoResponse {
+async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> impl IntoResponse {
     sqlx::query("SELECT 1").execute(&mut **tx).await.unwrap();
     (StatusCode::CREATED, format!("{} for {}", cmd.sku, caller.0))
 }
 
 /// A Result whose Err rolls back, with `?` inside the body.
 #[idempotent(operation = "create-order-2", retention = "24h")]
-async fn create_order_2(#[tenant] caller: Caller, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> Result<impl IntoResponse, String> {
+async fn create_order_2(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> Result<impl IntoResponse, String> {
     sqlx::query("SELECT 1").execute(&mut **tx).await.map_err(|e| e.to_string())?;
     Ok((StatusCode::CREATED, format!("{} for {}", cmd.sku, caller.0)))
 }

@@ -5,6 +5,7 @@ use axum::http::{request::Parts, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use sqlx::Postgres;
 use idem_runtime::{idempotent, Idem, Lease, TenantScope, Uncertain};
 
 struct Caller(String);
@@ -21,7 +22,7 @@ impl TenantScope for Caller {
 }
 
 #[idempotent(operation = "create-payment", retention = "24h", lease = "30s", lease_ceiling = "5m")]
-async fn create_payment(#[tenant] caller: Caller, lease: &mut Lease, Json(amount): Json<i64>) -> Response {
+async fn create_payment(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, Json(amount): Json<i64>) -> Response {
     let _ = (caller, amount, lease.downstream_key());
     if lease.is_lost() {
         return Uncertain::new("the provider timed out").into_response();

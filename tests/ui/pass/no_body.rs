@@ -4,6 +4,7 @@ use axum::extract::{FromRequestParts, State, Path};
 use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Form, Json, Router};
+use sqlx::Postgres;
 use idem_runtime::{idempotent, Idem, TenantScope, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -32,12 +33,12 @@ struct Customer {
     id: String,
 }
 
-fn idem() -> Idem {
+fn idem() -> Idem<Postgres> {
     Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
 }
 
 #[idempotent(operation = "rotate-secret", retention = "15m", fingerprint(header = "x-reason"))]
-async fn rotate(tx: &mut Tx, #[tenant] caller: Caller) -> &'static str {
+async fn rotate(tx: &mut Tx<Postgres>, #[tenant] caller: Caller) -> &'static str {
     let _ = (caller, tx);
     "rotated"
 }

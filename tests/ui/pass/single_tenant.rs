@@ -4,6 +4,7 @@ use axum::extract::{FromRequestParts, State, Path};
 use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Form, Json, Router};
+use sqlx::Postgres;
 use idem_runtime::{idempotent, Idem, TenantScope, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -32,12 +33,12 @@ struct Customer {
     id: String,
 }
 
-fn idem() -> Idem {
+fn idem() -> Idem<Postgres> {
     Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
 }
 
 #[idempotent(operation = "nightly-import", retention = "2d", single_tenant, in_flight_wait = "250ms")]
-async fn import(tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn import(tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     let _ = (tx, cmd);
     StatusCode::ACCEPTED
 }

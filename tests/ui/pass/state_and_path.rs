@@ -4,6 +4,7 @@ use axum::extract::{FromRequestParts, State, Path};
 use axum::http::{request::Parts, StatusCode};
 use axum::routing::post;
 use axum::{Form, Json, Router};
+use sqlx::Postgres;
 use idem_runtime::{idempotent, Idem, TenantScope, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +33,7 @@ struct Customer {
     id: String,
 }
 
-fn idem() -> Idem {
+fn idem() -> Idem<Postgres> {
     Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
 }
 
@@ -40,12 +41,12 @@ use axum::extract::FromRef;
 
 #[derive(Clone)]
 struct AppState {
-    idem: Idem,
+    idem: Idem<Postgres>,
     region: &'static str,
 }
 
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
+impl FromRef<AppState> for Idem<Postgres> {
+    fn from_ref(s: &AppState) -> Idem<Postgres> {
         s.idem.clone()
     }
 }
@@ -55,7 +56,7 @@ async fn ship(
     #[tenant] caller: Caller,
     State(state): State<AppState>,
     Path(order_id): Path<i64>,
-    tx: &mut Tx,
+    tx: &mut Tx<Postgres>,
     Json(cmd): Json<NewOrder>,
 ) -> Result<Json<String>, (StatusCode, String)> {
     let _ = (caller, tx, cmd);

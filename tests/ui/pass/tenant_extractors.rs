@@ -15,12 +15,12 @@ impl TenantScope for Session {
 }
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn by_extension(#[tenant] Extension(session): Extension<Session>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn by_extension(#[tenant] Extension(session): Extension<Session>, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 
 #[idempotent(operation = "create-order", retention = "24h")]
-async fn by_path(#[tenant] org: Path<String>, tx: &mut Tx, Json(cmd): Json<NewOrder>) -> StatusCode {
+async fn by_path(#[tenant] org: Path<String>, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> StatusCode {
     StatusCode::CREATED
 }
 

@@ -13,12 +13,12 @@ impl<S: Send + Sync> FromRequestParts<S> for Currency {
 }
 
 #[idempotent(operation = "rotate", retention = "15m", fingerprint(header = "x-currency"))]
-async fn rotate(#[tenant] caller: Caller, tx: &mut Tx, Currency(c): Currency) -> StatusCode {
+async fn rotate(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Currency(c): Currency) -> StatusCode {
     StatusCode::OK
 }
 
 #[idempotent(operation = "rotate-2", retention = "15m")]
-async fn rotate_2(#[tenant] caller: Caller, tx: &mut Tx, Currency(c): Currency) -> StatusCode {
+async fn rotate_2(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Currency(c): Currency) -> StatusCode {
     StatusCode::OK
 }
 
