@@ -14,12 +14,13 @@ mod orders;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{SqliteDb, TestDb};
 use idem_client::{
     ErrorExt, IdemOutcome, IdempotencyKey, IdempotencyMiddleware, LastAnswer, Limit, ResponseExt,
 };
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 
 use orders::Server;
@@ -460,4 +461,427 @@ async fn the_example_places_one_order_per_logical_request() {
         count(&db, "SELECT count(*) FROM idempotency_requests").await,
         8
     );
+}
+
+// --- Following a long operation: `POST /exports` with `follow_accepted` -------
+
+/// One exchange a [`Tracer`] saw: a send or a poll, and what came back.
+#[derive(Debug, Clone)]
+struct Exchange {
+    method: String,
+    path: String,
+    sent: Instant,
+    received: Instant,
+    /// `None`: no answer.
+    status: Option<u16>,
+    retry_after: Option<u64>,
+    /// An operation document's `status`.
+    state: Option<String>,
+}
+
+/// Placed after `IdempotencyMiddleware`, it publishes every exchange as it
+/// ends, the operation documents' states read from their bodies.
+struct Tracer(tokio::sync::watch::Sender<Vec<Exchange>>);
+
+#[async_trait::async_trait]
+impl Middleware for Tracer {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let (method, path) = (req.method().to_string(), req.url().path().to_owned());
+        let sent = Instant::now();
+        let result = next.run(req, extensions).await;
+        let received = Instant::now();
+        let mut exchange = Exchange {
+            method,
+            path,
+            sent,
+            received,
+            status: None,
+            retry_after: None,
+            state: None,
+        };
+        let result = match result {
+            Ok(r) => {
+                use reqwest::ResponseBuilderExt;
+                let status = r.status();
+                let (url, version, headers) = (r.url().clone(), r.version(), r.headers().clone());
+                exchange.status = Some(status.as_u16());
+                exchange.retry_after = headers
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                // The body read here, handed on whole. A body cut off here
+                // (the service killed mid-answer) goes on as a 503, which the
+                // middleware asks again as it would the lost answer.
+                let (status, body) = match r.bytes().await {
+                    Ok(body) => (status, body),
+                    Err(_) => (reqwest::StatusCode::SERVICE_UNAVAILABLE, Default::default()),
+                };
+                exchange.state = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|doc| Some(doc.get("status")?.as_str()?.to_owned()));
+                let mut rebuilt = http::Response::builder()
+                    .status(status)
+                    .version(version)
+                    .url(url)
+                    .body(body)
+                    .unwrap();
+                *rebuilt.headers_mut() = headers;
+                Ok(reqwest::Response::from(rebuilt))
+            }
+            Err(e) => Err(e),
+        };
+        self.0.send_modify(|all| all.push(exchange));
+        result
+    }
+}
+
+type Trace = tokio::sync::watch::Receiver<Vec<Exchange>>;
+
+/// A client that follows long operations, with a tracer behind it.
+fn following(deadline: Duration) -> (ClientWithMiddleware, Trace) {
+    let (tx, trace) = tokio::sync::watch::channel(Vec::new());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            IdempotencyMiddleware::new()
+                .follow_accepted(true)
+                .deadline(deadline)
+                .attempt_timeout(Duration::from_secs(10))
+                .backoff(Duration::from_millis(20), Duration::from_millis(500)),
+        )
+        .with(Tracer(tx))
+        .build();
+    (client, trace)
+}
+
+fn export(client: &ClientWithMiddleware, base: &str) -> reqwest_middleware::RequestBuilder {
+    client
+        .post(format!("{base}/exports"))
+        .bearer_auth("acme")
+        .json(&json!({"format": "csv"}))
+}
+
+/// Every wait the client chose waited out the `Retry-After` before it: each
+/// exchange but a result's (read at once when the operation says done) began
+/// no sooner than that after the previous answer arrived.
+fn assert_retry_after_honoured(trace: &[Exchange]) {
+    for pair in trace.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        if after.path.ends_with("/result") {
+            continue;
+        }
+        let waited = after.sent.duration_since(before.received);
+        let asked = Duration::from_secs(before.retry_after.unwrap_or(0));
+        assert!(waited >= asked, "{waited:?} < {asked:?}: {trace:#?}");
+    }
+}
+
+/// `POST /exports` through a client that follows: one `send` ends with the
+/// export's `201`, read from the operation's `result` (replayed), after the
+/// `202` and at least one poll of the resource, each no sooner than its
+/// `Retry-After` (2 s). A retry of the request with the key gets the same bytes.
+#[tokio::test]
+async fn a_followed_export_ends_with_its_stored_201() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db.url, &[("EXPORTS_DURATION_MS", "3000")]).await;
+    let (follower, trace) = following(Duration::from_secs(120));
+    let key = IdempotencyKey::new("export-followed").unwrap();
+    let r = export(&follower, &server.base)
+        .with_extension(key.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let idem = outcome(&r);
+    assert_eq!(idem.attempts, 1);
+    assert!(idem.replayed, "the stored answer");
+    assert!(idem.polls >= 2, "a document and the result: {}", idem.polls);
+    let operation = idem.operation.clone().expect("followed");
+    let trace = trace.borrow().clone();
+    let first = &trace[0];
+    assert_eq!(
+        (first.method.as_str(), first.status, first.retry_after),
+        ("POST", Some(202), Some(2))
+    );
+    assert_eq!(trace.len() as u32, idem.attempts + idem.polls, "{trace:#?}");
+    assert!(trace[1..].iter().all(|e| e.method == "GET"), "{trace:#?}");
+    assert!(
+        trace[1..trace.len() - 1]
+            .iter()
+            .all(|e| e.path == operation.path() && e.status == Some(200)),
+        "{trace:#?}"
+    );
+    let result = trace.last().unwrap();
+    assert_eq!(result.path, format!("{}/result", operation.path()));
+    assert_eq!(result.status, Some(201));
+    assert_eq!(r.url().path(), result.path);
+    assert_retry_after_honoured(&trace);
+
+    let body = r.bytes().await.unwrap();
+    let exported: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (&exported["format"], &exported["orders"]),
+        (&json!("csv"), &json!(0))
+    );
+    // The request again, with its key: the same stored answer, at once.
+    let again = export_again(&follower, &server.base, key).await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(outcome(&again).polls, 0);
+    assert_eq!(again.bytes().await.unwrap(), body);
+    server.wait_until_executing(1).await;
+    assert_eq!(*server.executions.borrow(), 1, "one export ran");
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_requests").await,
+        1
+    );
+}
+
+async fn export_again(
+    client: &ClientWithMiddleware,
+    base: &str,
+    key: IdempotencyKey,
+) -> reqwest::Response {
+    export(client, base)
+        .with_extension(key)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// An export longer than the client's deadline: the following stops before the
+/// deadline with `GaveUp`, which names the operation's resource and its last
+/// state; the export goes on, and both the resource and the request sent again
+/// with the key say so.
+#[tokio::test]
+async fn the_deadline_stops_following_a_long_export() {
+    let db = TestDb::new().await;
+    let server = Server::start(&db.url, &[("EXPORTS_DURATION_MS", "600000")]).await;
+    let deadline = Duration::from_secs(10);
+    let (follower, trace) = following(deadline);
+    let e = export(&follower, &server.base).send().await.unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert_eq!(gave_up.limit, Limit::Deadline(deadline));
+    assert_eq!(gave_up.attempts, 1);
+    assert!(gave_up.polls >= 1, "{:#?}", trace.borrow());
+    assert!(gave_up.elapsed <= deadline + Duration::from_secs(1));
+    match &gave_up.last {
+        LastAnswer::Operation { state, retry_after } => {
+            assert_eq!(state, "running");
+            assert_eq!(*retry_after, Some(Duration::from_secs(2)));
+        }
+        // The deadline fell inside a poll.
+        LastAnswer::CutOff => {}
+        other => panic!("{other:?}"),
+    }
+    let shown = e.to_string();
+    assert!(shown.contains("deadline"), "{shown}");
+    assert!(shown.contains("same Idempotency-Key"), "{shown}");
+    let trace = trace.borrow().clone();
+    assert!(
+        trace[1..]
+            .iter()
+            .all(|x| x.method == "GET" && x.state.as_deref() == Some("running")),
+        "{trace:#?}"
+    );
+    assert_retry_after_honoured(&trace);
+
+    // What GaveUp names is how to go on.
+    let operation = gave_up.operation.clone().expect("the resource");
+    assert!(
+        operation.path().starts_with("/operations/create-export/"),
+        "{operation}"
+    );
+    let doc: Value = reqwest::Client::new()
+        .get(operation.clone())
+        .bearer_auth("acme")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["status"], "running");
+    let (plain, _) = client(IdempotencyMiddleware::new());
+    let again = export(&plain, &server.base)
+        .with_extension(gave_up.key.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.headers()["location"], operation.path());
+    server.wait_until_executing(1).await;
+    assert_eq!(*server.executions.borrow(), 1);
+}
+
+/// A TCP proxy in front of the service, so that a service restarted on another
+/// port is at the client's same address. While nothing listens upstream, a
+/// connection closes unanswered: a lost response.
+struct Proxy {
+    base: String,
+    upstream: Arc<Mutex<String>>,
+}
+
+impl Proxy {
+    async fn start(server: &Server) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = Arc::new(Mutex::new(String::new()));
+        let to = upstream.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let target = to.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        let proxy = Proxy { base, upstream };
+        proxy.point_to(server);
+        proxy
+    }
+
+    fn point_to(&self, server: &Server) {
+        *self.upstream.lock().unwrap() = server.base.trim_start_matches("http://").to_owned();
+    }
+}
+
+/// The database a kill test runs on.
+enum Db {
+    Postgres(TestDb),
+    Sqlite(SqliteDb),
+}
+
+impl Db {
+    fn url(&self) -> String {
+        match self {
+            Db::Postgres(db) => db.url.clone(),
+            Db::Sqlite(db) => format!("sqlite://{}", db.path.display()),
+        }
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        match self {
+            Db::Postgres(db) => db.count(sql).await,
+            Db::Sqlite(db) => db.count(sql).await,
+        }
+    }
+}
+
+/// The service is killed (SIGKILL) while the client follows an export, and
+/// started again on the same database once a poll has gone unanswered. The
+/// client rides out the outage, sees the operation `stalled` once the dead worker's
+/// 6 s lease has lapsed, sends the original request again with the same key
+/// (which takes the export over, at the same address), follows the new `202`,
+/// and ends with the export's `201`. One stored export, taken over once.
+async fn a_followed_export_survives_a_kill_of_the_service(db: Db) {
+    let mut first = Server::start(&db.url(), &[("EXPORTS_DURATION_MS", "600000")]).await;
+    let proxy = Proxy::start(&first).await;
+    let (follower, mut trace) = following(Duration::from_secs(300));
+    let base = proxy.base.clone();
+    let key = IdempotencyKey::new("export-through-a-kill").unwrap();
+    let following = tokio::spawn({
+        let key = key.clone();
+        async move { export(&follower, &base).with_extension(key).send().await }
+    });
+    // The client follows: a poll of the resource said `running`.
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        trace.wait_for(|t| {
+            t.iter()
+                .any(|e| e.method == "GET" && e.state.as_deref() == Some("running"))
+        }),
+    )
+    .await
+    .expect("a poll within 60 s")
+    .unwrap();
+    first.kill().await;
+    // The service stays down until a poll has gone unanswered.
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        trace.wait_for(|t| t.last().is_some_and(|e| e.status.is_none())),
+    )
+    .await
+    .expect("a poll within 60 s")
+    .unwrap();
+    let second = Server::start(&db.url(), &[("EXPORTS_DURATION_MS", "500")]).await;
+    proxy.point_to(&second);
+
+    let r = following
+        .await
+        .unwrap()
+        .expect("the client follows through the kill");
+    assert_eq!(r.status(), 201);
+    let idem = outcome(&r);
+    assert_eq!(idem.attempts, 2, "the request, and its resend on `stalled`");
+    assert!(idem.replayed);
+    let trace = trace.borrow().clone();
+    let stalled = trace
+        .iter()
+        .position(|e| e.state.as_deref() == Some("stalled"))
+        .unwrap_or_else(|| panic!("never stalled: {trace:#?}"));
+    let resend = &trace[stalled + 1];
+    assert_eq!(
+        (resend.method.as_str(), resend.status),
+        ("POST", Some(202)),
+        "{trace:#?}"
+    );
+    assert!(
+        trace[..stalled]
+            .iter()
+            .any(|e| e.method == "GET" && e.status.is_none()),
+        "polls went unanswered while the service was down: {trace:#?}"
+    );
+    assert!(
+        trace[stalled..]
+            .iter()
+            .any(|e| e.state.as_deref() == Some("succeeded")),
+        "{trace:#?}"
+    );
+    assert_eq!(trace.last().unwrap().status, Some(201));
+    assert_retry_after_honoured(&trace);
+    let body = r.bytes().await.unwrap();
+    let export_doc: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(export_doc["format"], "csv");
+
+    // One export: one record, taken over once, run to its end by the second
+    // process only once; the request again replays it.
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        1
+    );
+    assert_eq!(
+        db.count("SELECT generation FROM idempotency_requests")
+            .await,
+        2
+    );
+    second.wait_until_executing(1).await;
+    assert_eq!(*second.executions.borrow(), 1);
+    assert!(
+        second
+            .log
+            .borrow()
+            .iter()
+            .any(|l| l.contains("idem: execute") && l.contains("taken_over")),
+        "{:#?}",
+        second.log.borrow()
+    );
+    let (plain, _) = client(IdempotencyMiddleware::new());
+    let again = export_again(&plain, &proxy.base, key).await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.bytes().await.unwrap(), body);
+}
+
+#[tokio::test]
+async fn a_followed_export_survives_a_kill_of_the_service_on_postgres() {
+    a_followed_export_survives_a_kill_of_the_service(Db::Postgres(TestDb::new().await)).await;
+}
+
+#[tokio::test]
+async fn a_followed_export_survives_a_kill_of_the_service_on_sqlite() {
+    a_followed_export_survives_a_kill_of_the_service(Db::Sqlite(SqliteDb::new().await)).await;
 }

@@ -14,6 +14,7 @@
 //! | `5xx` (but `501`, `505`) | retry, not before `Retry-After` |
 //! | `409` in flight (`urn:idem:problem:request-in-flight`, or any `409` with `Retry-After`) | retry after `Retry-After` |
 //! | `202` outcome uncertain (`urn:idem:problem:outcome-uncertain`) | retry after `Retry-After`, until a final answer |
+//! | `202 Accepted` with `Location`, with [`follow_accepted`](IdempotencyMiddleware::follow_accepted) | follow the long operation: poll it, resend on `stalled`, return its stored result |
 //! | `422` and every other `4xx`; `2xx`, `3xx`; other `409`s | returned at once |
 //! | attempts or deadline used up | the error [`GaveUp`], carrying the key to retry with later |
 //! | a body it must hold over [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB) | the error [`BodyTooLarge`], at once |
@@ -52,6 +53,7 @@
 #![warn(missing_docs)]
 
 mod decide;
+mod follow;
 mod key;
 mod middleware;
 mod outcome;

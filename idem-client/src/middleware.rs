@@ -1,16 +1,17 @@
 //! The middleware: one key per logical request, retries by the contract.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use http::Extensions;
 use http_body_util::BodyExt;
 use reqwest::header::HeaderValue;
-use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode};
+use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode, Url};
 use reqwest_middleware::{Error, Middleware, Next};
 use tokio::time::Instant;
 
-use crate::decide::{Verdict, full_jitter, judge, problem_type, reads_body};
+use crate::decide::{Verdict, full_jitter, judge, problem_type, reads_body, retry_after};
+use crate::follow::{Poll, judge_poll, judge_result, operation_of, poll_headers};
 use crate::{
     BodyTooLarge, GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, InvalidKey, LastAnswer,
     Limit,
@@ -41,10 +42,12 @@ use crate::{
 ///   `202` with the outcome-uncertain problem. It never retries a `422` (the key
 ///   was used for another request: a bug to fix, not to repeat) nor any other
 ///   `4xx` or final answer;
+/// * with [`follow_accepted`](IdempotencyMiddleware::follow_accepted), follows
+///   a long operation's `202 Accepted` to its final answer;
 /// * stops after [`max_attempts`](IdempotencyMiddleware::max_attempts) sends or at
 ///   the [`deadline`](IdempotencyMiddleware::deadline), with [`GaveUp`];
-/// * stores an [`IdemOutcome`] (key, attempts, replayed) in the final response's
-///   extensions.
+/// * stores an [`IdemOutcome`] (key, attempts, replayed, polls) in the final
+///   response's extensions.
 ///
 /// Other requests pass through untouched. It logs nothing, and so never a key.
 ///
@@ -92,6 +95,7 @@ pub struct IdempotencyMiddleware {
     max_delay: Duration,
     attempt_timeout: Option<Duration>,
     max_response_body: usize,
+    follow_accepted: bool,
 }
 
 /// The default deadline, over all the attempts of a logical request: long enough
@@ -147,7 +151,8 @@ impl Default for IdempotencyMiddleware {
 impl IdempotencyMiddleware {
     /// `POST` and `PATCH`; at most 10 attempts within 120 s; full-jitter backoff
     /// from 100 ms, doubling, capped at 5 s; no attempt timeout beyond the
-    /// client's own; bodies held in memory up to 4 MiB.
+    /// client's own; bodies held in memory up to 4 MiB; a `202 Accepted`
+    /// returned, not followed.
     ///
     /// The deadline outlasts a server's `Retry-After` of 30 s three times over:
     /// idem answers a retry of an uncertain outcome with `202` and a
@@ -167,6 +172,7 @@ impl IdempotencyMiddleware {
             max_delay: Duration::from_secs(5),
             attempt_timeout: None,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+            follow_accepted: false,
         }
     }
 
@@ -260,6 +266,68 @@ impl IdempotencyMiddleware {
         self
     }
 
+    /// Follows a long operation to its final answer (off by default): a `202
+    /// Accepted` with a `Location` of the request's own origin is not handed
+    /// over; the middleware
+    ///
+    /// * `GET`s the resource at `Location` (resolved against the request's URL)
+    ///   with the request's headers but those about its body, its conditions
+    ///   (`If-*`) and `Idempotency-Key`, so the caller's `Authorization`,
+    ///   cookies and tenant headers go along, and the client's default headers
+    ///   are added as on any request;
+    /// * waits before each `GET` as before each retry: full jitter, never
+    ///   shorter than the answer's `Retry-After` (idem's: a third of the
+    ///   operation's lease);
+    /// * on `running` or `uncertain` asks again; on `stalled` (the worker
+    ///   died) sends the original request again, with the same key and bytes,
+    ///   which takes the work over, and follows its `202` again; once done
+    ///   (`succeeded`, `failed`), `GET`s its `result` and returns that: the
+    ///   stored answer, as the request would have got it had it waited
+    ///   (`Idempotent-Replayed: true`), under [`StreamFinal`] too;
+    /// * treats a resource that is gone (`404` `operation-not-found`: the work
+    ///   failed and freed its key) like a `5xx`: it sends the request again;
+    ///   and hands over any other answer of the resource's (a `401`, say) as
+    ///   a redirect's target's would be.
+    ///
+    /// The [`deadline`](IdempotencyMiddleware::deadline) covers the whole
+    /// operation: set it to the longest the work may take, or get [`GaveUp`]
+    /// with the resource in [`operation`](GaveUp::operation) and the last state
+    /// in [`LastAnswer::Operation`]. `max_attempts` counts the sends of the
+    /// request only, not the `GET`s, which only the deadline bounds.
+    /// [`IdemOutcome::polls`] and [`IdemOutcome::operation`] say what was
+    /// followed. A `Location` of another origin is not followed: the `202` is
+    /// returned, and the request's credentials go nowhere else.
+    ///
+    /// Off by default because a `202` is an answer to a caller that tracks the
+    /// operation itself (shows its progress, hands its address on), and
+    /// following turns one `send` into minutes of polling.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use idem_client::{IdempotencyMiddleware, ResponseExt};
+    ///
+    /// # async fn run() -> Result<(), reqwest_middleware::Error> {
+    /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    ///     .with(
+    ///         IdempotencyMiddleware::new()
+    ///             .follow_accepted(true)
+    ///             .deadline(Duration::from_secs(15 * 60)), // the longest export
+    ///     )
+    ///     .build();
+    /// let export = client
+    ///     .post("http://127.0.0.1:3000/exports")
+    ///     .bearer_auth("acme")
+    ///     .json(&serde_json::json!({"format": "csv"}))
+    ///     .send()
+    ///     .await?; // 201, once the export is done
+    /// println!("{} after {} polls", export.status(), export.idem().unwrap().polls);
+    /// # Ok(()) }
+    /// ```
+    pub fn follow_accepted(mut self, follow: bool) -> Self {
+        self.follow_accepted = follow;
+        self
+    }
+
     fn handles(&self, req: &Request, extensions: &Extensions) -> bool {
         extensions.get::<IdempotencyKey>().is_some() || self.methods.contains(req.method())
     }
@@ -286,47 +354,61 @@ impl Middleware for IdempotencyMiddleware {
             *req.timeout_mut() = self.attempt_timeout;
         }
 
-        let started = Instant::now();
+        let mut run = Run {
+            key,
+            started: Instant::now(),
+            attempts: 0,
+            polls: 0,
+            operation: None,
+        };
         // `None`: a deadline the clock cannot hold (`Duration::MAX`), which is none.
-        let deadline = started.checked_add(self.deadline);
+        let deadline = run.started.checked_add(self.deadline);
         let remaining = || {
             deadline.map_or(Duration::MAX, |d| {
                 d.saturating_duration_since(Instant::now())
             })
         };
         let stream_final = extensions.get::<StreamFinal>().is_some();
-        let mut attempts = 0;
+        let mut step = Step::Send;
         loop {
-            attempts += 1;
-            let attempt = req
-                .try_clone()
-                .expect("a request with a buffered body clones");
+            let (outgoing, stream) = match &step {
+                Step::Send => {
+                    run.attempts += 1;
+                    let attempt = req
+                        .try_clone()
+                        .expect("a request with a buffered body clones");
+                    (attempt, stream_final)
+                }
+                // The resource's document decides what comes next: always read.
+                Step::Poll(url) => {
+                    run.polls += 1;
+                    (poll_request(url, &req), false)
+                }
+                Step::Result(url) => {
+                    run.polls += 1;
+                    (poll_request(url, &req), stream_final)
+                }
+            };
             let answer = tokio::time::timeout(remaining(), async {
-                let response = match next.clone().run(attempt, extensions).await {
+                let response = match next.clone().run(outgoing, extensions).await {
                     Ok(response) => response,
                     Err(Error::Reqwest(e)) if is_lost(&e) => return Ok(Read::Lost(e)),
                     Err(e) => return Err(e),
                 };
-                read(response, self.max_response_body, stream_final)
+                read(response, self.max_response_body, stream)
                     .await
                     .map_err(Error::Reqwest)
             })
             .await;
-            let give_up = |limit, last| {
-                Error::middleware(GaveUp {
-                    key: key.clone(),
-                    attempts,
-                    elapsed: started.elapsed(),
-                    limit,
-                    last,
-                })
-            };
-            let (retry_after, last) = match answer {
+            // What comes next, whether it waits first, and the answer that led
+            // there (for `GaveUp`).
+            let (next_step, wait, last) = match answer {
                 Err(_cut_off) => {
-                    return Err(give_up(Limit::Deadline(self.deadline), LastAnswer::CutOff));
+                    return Err(run.gave_up(Limit::Deadline(self.deadline), LastAnswer::CutOff));
                 }
                 Ok(Err(e)) => return Err(e),
-                Ok(Ok(Read::Lost(e))) => (None, LastAnswer::Transport(e)),
+                // The same step again: a lost answer, or one that asks for a retry.
+                Ok(Ok(Read::Lost(e))) => (step, Wait::After(None), LastAnswer::Transport(e)),
                 Ok(Ok(Read::TooLarge {
                     status,
                     content_length,
@@ -335,48 +417,190 @@ impl Middleware for IdempotencyMiddleware {
                         limit: self.max_response_body,
                         status,
                         content_length,
-                        key,
-                        attempts,
+                        key: run.key,
+                        attempts: run.attempts,
                     }));
-                }
-                Ok(Ok(Read::Final(mut response))) => {
-                    let replayed = response
-                        .headers()
-                        .get(idem_wire::IDEMPOTENT_REPLAYED)
-                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-                    response.extensions_mut().insert(IdemOutcome {
-                        key,
-                        attempts,
-                        replayed,
-                    });
-                    return Ok(response);
                 }
                 Ok(Ok(Read::Retry {
                     status,
                     problem_type,
                     retry_after,
                 })) => (
-                    retry_after,
+                    step,
+                    Wait::After(retry_after),
                     LastAnswer::Status {
                         status,
                         problem_type,
                         retry_after,
                     },
                 ),
+                Ok(Ok(Read::Final(response, body))) => {
+                    match self.after_final(&step, &response, body.as_deref().unwrap_or_default()) {
+                        Some((next_step, wait, last)) => {
+                            if let Step::Poll(resource) = &next_step {
+                                run.operation = Some(resource.clone());
+                            }
+                            (next_step, wait, last)
+                        }
+                        None => return Ok(run.finish(response)),
+                    }
+                }
             };
-            if attempts >= self.max_attempts {
-                return Err(give_up(Limit::Attempts(self.max_attempts), last));
+            if matches!(next_step, Step::Send) && run.attempts >= self.max_attempts {
+                return Err(run.gave_up(Limit::Attempts(self.max_attempts), last));
             }
-            let backoff = full_jitter(self.base_delay, self.max_delay, attempts);
-            let wait = backoff.max(retry_after.unwrap_or_default());
-            // Compared as durations: a server's `Retry-After` may be far past
-            // what an `Instant` can hold.
-            if wait >= remaining() {
-                return Err(give_up(Limit::Deadline(self.deadline), last));
+            if let Wait::After(retry_after) = wait {
+                // The nth wait of the logical request, sends and polls together.
+                let backoff =
+                    full_jitter(self.base_delay, self.max_delay, run.attempts + run.polls);
+                let wait = backoff.max(retry_after.unwrap_or_default());
+                // Compared as durations: a server's `Retry-After` may be far past
+                // what an `Instant` can hold.
+                if wait >= remaining() {
+                    return Err(run.gave_up(Limit::Deadline(self.deadline), last));
+                }
+                tokio::time::sleep(wait).await;
             }
-            tokio::time::sleep(wait).await;
+            step = next_step;
         }
     }
+}
+
+impl IdempotencyMiddleware {
+    /// What follows a final answer to `step`: `None` to hand it over, or the
+    /// next step of a long operation being followed.
+    fn after_final(
+        &self,
+        step: &Step,
+        response: &Response,
+        body: &[u8],
+    ) -> Option<(Step, Wait, LastAnswer)> {
+        let (status, headers) = (response.status(), response.headers());
+        let now = SystemTime::now();
+        match step {
+            Step::Send => {
+                if !self.follow_accepted {
+                    return None;
+                }
+                let resource = operation_of(status, headers, response.url())?;
+                let retry_after = retry_after(headers, now);
+                let last = LastAnswer::Status {
+                    status,
+                    problem_type: None,
+                    retry_after,
+                };
+                Some((Step::Poll(resource), Wait::After(retry_after), last))
+            }
+            Step::Poll(resource) => match judge_poll(status, headers, body, resource, now) {
+                Poll::Again { state, retry_after } => Some((
+                    Step::Poll(resource.clone()),
+                    Wait::After(retry_after),
+                    LastAnswer::Operation { state, retry_after },
+                )),
+                // Done: its answer is there now.
+                Poll::Result(result) => Some((
+                    Step::Result(result),
+                    Wait::No,
+                    LastAnswer::Status {
+                        status,
+                        problem_type: None,
+                        retry_after: None,
+                    },
+                )),
+                Poll::Resend { state, retry_after } => {
+                    let last = match state {
+                        Some(state) => LastAnswer::Operation { state, retry_after },
+                        None => LastAnswer::Status {
+                            status,
+                            problem_type: problem_type(headers, body),
+                            retry_after,
+                        },
+                    };
+                    Some((Step::Send, Wait::After(retry_after), last))
+                }
+                Poll::Final => None,
+            },
+            Step::Result(_) => match judge_result(status, headers, body) {
+                Poll::Final => None,
+                _ => Some((
+                    Step::Send,
+                    Wait::After(None),
+                    LastAnswer::Status {
+                        status,
+                        problem_type: problem_type(headers, body),
+                        retry_after: None,
+                    },
+                )),
+            },
+        }
+    }
+}
+
+/// One logical request so far.
+struct Run {
+    key: IdempotencyKey,
+    started: Instant,
+    attempts: u32,
+    polls: u32,
+    operation: Option<Url>,
+}
+
+impl Run {
+    fn gave_up(self, limit: Limit, last: LastAnswer) -> Error {
+        Error::middleware(GaveUp {
+            key: self.key,
+            attempts: self.attempts,
+            polls: self.polls,
+            operation: self.operation,
+            elapsed: self.started.elapsed(),
+            limit,
+            last,
+        })
+    }
+
+    fn finish(self, mut response: Response) -> Response {
+        let replayed = response
+            .headers()
+            .get(idem_wire::IDEMPOTENT_REPLAYED)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        response.extensions_mut().insert(IdemOutcome {
+            key: self.key,
+            attempts: self.attempts,
+            replayed,
+            polls: self.polls,
+            operation: self.operation,
+        });
+        response
+    }
+}
+
+/// What the middleware sends next.
+enum Step {
+    /// The request itself: same key, same bytes.
+    Send,
+    /// `GET` a long operation's resource.
+    Poll(Url),
+    /// `GET` a long operation's stored answer.
+    Result(Url),
+}
+
+/// Whether the next step waits.
+enum Wait {
+    /// The backoff, and not less than this `Retry-After`.
+    After(Option<Duration>),
+    /// At once: the answer said where to go now (a done operation's result).
+    No,
+}
+
+/// A `GET` of a long operation's `url`, carrying what the caller's request
+/// carried for it: its headers but those about its body and its key, its
+/// timeout, its HTTP version.
+fn poll_request(url: &Url, original: &Request) -> Request {
+    let mut get = Request::new(Method::GET, url.clone());
+    *get.headers_mut() = poll_headers(original.headers());
+    *get.timeout_mut() = original.timeout().copied();
+    *get.version_mut() = original.version();
+    get
 }
 
 /// The key of this logical request: the extension, else the caller's header,
@@ -414,8 +638,9 @@ async fn buffer_body(req: &mut Request) -> reqwest_middleware::Result<()> {
 
 /// One answer, judged, with as much of its body read as the judgement needs.
 enum Read {
-    /// Hand it to the caller: its body in memory, or unread (`StreamFinal`).
-    Final(Response),
+    /// Hand it to the caller: its body in memory (and here too, to judge), or
+    /// unread (`StreamFinal`).
+    Final(Response, Option<Bytes>),
     /// Send the request again, not before `retry_after`.
     Retry {
         status: StatusCode,
@@ -442,7 +667,7 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
     let judged_by_body = reads_body(status, response.headers());
     if !judged_by_body {
         match judge(status, response.headers(), b"") {
-            Verdict::Final if stream_final => return Ok(Read::Final(response)),
+            Verdict::Final if stream_final => return Ok(Read::Final(response, None)),
             Verdict::Final => {}
             Verdict::Retry { retry_after } => {
                 // Only for `LastAnswer`: what the body says is nice to have.
@@ -487,7 +712,7 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
             retry_after,
         });
     }
-    Ok(Read::Final(with_body(response, body)))
+    Ok(Read::Final(with_body(response, body.clone()), Some(body)))
 }
 
 /// The body, or `None` once it is longer than `limit` (it is not read further).

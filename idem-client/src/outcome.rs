@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use reqwest::StatusCode;
+use reqwest::{StatusCode, Url};
 
 use crate::IdempotencyKey;
 
@@ -33,8 +33,19 @@ pub struct IdemOutcome {
     pub attempts: u32,
     /// The server answered `Idempotent-Replayed: true`: this is the stored answer
     /// of an earlier attempt (or of another caller with the same key), and
-    /// nothing ran again.
+    /// nothing ran again. A followed long operation's answer is its stored
+    /// result, so replayed.
     pub replayed: bool,
+    /// How many `GET`s of a long operation's resource and of its result the
+    /// client sent, following a `202 Accepted`
+    /// ([`follow_accepted`](crate::IdempotencyMiddleware::follow_accepted));
+    /// 0 when it followed none.
+    pub polls: u32,
+    /// The long operation's resource the client followed (the `202`'s
+    /// `Location`, resolved), if it followed one. The response's own `url()`
+    /// is then where its answer came from: the operation's result, or the
+    /// request's URL when a resend answered.
+    pub operation: Option<Url>,
 }
 
 /// Reads the [`IdemOutcome`] off a response.
@@ -89,6 +100,11 @@ pub struct GaveUp {
     pub key: IdempotencyKey,
     /// How many times the request was sent.
     pub attempts: u32,
+    /// How many `GET`s of a long operation's resource (and its result) were sent.
+    pub polls: u32,
+    /// The long operation's resource the client was following, if any: ask it
+    /// later how the work goes, or send the request again with the same key.
+    pub operation: Option<Url>,
     /// From the first send to giving up.
     pub elapsed: Duration,
     /// Which bound ended the retries.
@@ -137,7 +153,8 @@ impl fmt::Display for Limit {
 #[non_exhaustive]
 pub enum LastAnswer {
     /// An answer that asks for a retry: a 5xx, the contract's `409` (request in
-    /// flight) or `202` (outcome uncertain).
+    /// flight) or `202` (outcome uncertain); or a long operation's `202
+    /// Accepted`, being followed.
     Status {
         /// Its status.
         status: StatusCode,
@@ -148,6 +165,14 @@ pub enum LastAnswer {
     },
     /// No answer: the connection failed, or timed out (the lost response).
     Transport(reqwest::Error),
+    /// A long operation's resource said the work is not done: `running`,
+    /// `uncertain` or `stalled` (a resend with the key resumes it).
+    Operation {
+        /// The document's `status`.
+        state: String,
+        /// Its `Retry-After`, if any.
+        retry_after: Option<Duration>,
+    },
     /// The deadline passed while the attempt was waiting for its answer.
     CutOff,
 }
@@ -167,6 +192,9 @@ impl fmt::Display for LastAnswer {
                 Ok(())
             }
             LastAnswer::Transport(e) => write!(f, "no answer: {e}"),
+            LastAnswer::Operation { state, .. } => {
+                write!(f, "the long operation is {state}")
+            }
             LastAnswer::CutOff => f.write_str("no answer before the deadline"),
         }
     }
@@ -176,13 +204,24 @@ impl fmt::Display for GaveUp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "no final answer within {} ({} attempt{} in {:.1?}); the last: {}; \
-             the request may have run: retry it with the same Idempotency-Key",
+            "no final answer within {} ({} attempt{}",
             self.limit,
             self.attempts,
             if self.attempts == 1 { "" } else { "s" },
-            self.elapsed,
-            self.last
+        )?;
+        if self.polls > 0 {
+            write!(
+                f,
+                " and {} poll{} of a long operation",
+                self.polls,
+                if self.polls == 1 { "" } else { "s" }
+            )?;
+        }
+        write!(
+            f,
+            " in {:.1?}); the last: {}; \
+             the request may have run: retry it with the same Idempotency-Key",
+            self.elapsed, self.last
         )
     }
 }

@@ -59,6 +59,8 @@ fn created(replayed: bool) -> Reply {
 #[derive(Debug, Clone)]
 struct Seen {
     method: Method,
+    path: String,
+    headers: HeaderMap,
     key: Option<String>,
     body: Bytes,
 }
@@ -82,15 +84,17 @@ async fn scripted(replies: impl IntoIterator<Item = Reply>) -> (String, Script) 
         ..Script::default()
     };
     let state = script.clone();
-    let app =
-        axum::Router::new().fallback(move |method: Method, headers: HeaderMap, body: Bytes| {
+    let app = axum::Router::new().fallback(
+        move |method: Method, uri: axum::http::Uri, headers: HeaderMap, body: Bytes| {
             let state = state.clone();
             async move {
                 state.seen.lock().unwrap().push(Seen {
                     method,
+                    path: uri.path().to_owned(),
                     key: headers
                         .get("idempotency-key")
                         .map(|v| v.to_str().unwrap().to_owned()),
+                    headers,
                     body,
                 });
                 let reply = state.replies.lock().unwrap().pop_front();
@@ -110,7 +114,8 @@ async fn scripted(replies: impl IntoIterator<Item = Reply>) -> (String, Script) 
                     }
                 }
             }
-        });
+        },
+    );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -819,4 +824,242 @@ async fn stream_final_still_retries_what_the_contract_retries() {
     assert!(idem.replayed);
     assert_eq!(script.seen().len(), 4);
     assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
+}
+
+// --- Following a long operation (`follow_accepted`) ----------------------------
+
+const OPERATION: &str = "/operations/create-export/ab12";
+
+fn accepted(retry_after: &'static str) -> Reply {
+    Reply::Answer(
+        202,
+        vec![
+            ("content-type", "application/json"),
+            ("location", OPERATION),
+            ("retry-after", retry_after),
+        ],
+        r#"{"status":"running","href":"/operations/create-export/ab12"}"#,
+    )
+}
+
+/// An operation document saying `body`, with `Retry-After`.
+fn document(retry_after: &'static str, body: &'static str) -> Reply {
+    Reply::Answer(
+        200,
+        vec![
+            ("content-type", "application/json"),
+            ("retry-after", retry_after),
+        ],
+        body,
+    )
+}
+
+fn following() -> IdempotencyMiddleware {
+    fast().follow_accepted(true)
+}
+
+/// The whole walk: `202`, `running`, `stalled` (the original request again,
+/// same key and bytes, its `202` followed again), `succeeded`, the result. The
+/// `GET`s carry the caller's credentials, never the key or the body's headers.
+#[tokio::test]
+async fn a_followed_202_ends_with_the_stored_result_through_a_stall() {
+    let (base, script) = scripted([
+        accepted("0"),
+        document("0", r#"{"status":"running"}"#),
+        document("0", r#"{"status":"stalled"}"#),
+        accepted("0"),
+        document(
+            "0",
+            r#"{"status":"succeeded","response_status":201,"result":"/operations/create-export/ab12/result"}"#,
+        ),
+        created(true),
+    ])
+    .await;
+    let r = client(following())
+        .post(format!("{base}/exports"))
+        .bearer_auth("acme")
+        .header("x-tenant", "acme")
+        .json(&serde_json::json!({"format": "csv"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let idem = r.idem().unwrap().clone();
+    assert_eq!((idem.attempts, idem.polls), (2, 4));
+    assert!(idem.replayed);
+    assert_eq!(
+        idem.operation.as_ref().map(|u| u.as_str().to_owned()),
+        Some(format!("{base}{OPERATION}"))
+    );
+    assert_eq!(r.url().path(), "/operations/create-export/ab12/result");
+    assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
+    let seen = script.seen();
+    let walk: Vec<_> = seen
+        .iter()
+        .map(|s| (s.method.as_str(), s.path.as_str()))
+        .collect();
+    assert_eq!(
+        walk,
+        [
+            ("POST", "/exports"),
+            ("GET", OPERATION),
+            ("GET", OPERATION),
+            ("POST", "/exports"),
+            ("GET", OPERATION),
+            ("GET", "/operations/create-export/ab12/result"),
+        ]
+    );
+    for s in &seen {
+        assert_eq!(s.headers["authorization"], "Bearer acme");
+        assert_eq!(s.headers["x-tenant"], "acme");
+        if s.method == Method::POST {
+            assert_eq!(s.key.as_deref(), Some(idem.key.as_str()));
+            assert_eq!(s.body, r#"{"format":"csv"}"#);
+        } else {
+            assert_eq!(s.key, None);
+            assert!(s.headers.get("content-type").is_none());
+            assert!(s.body.is_empty());
+        }
+    }
+}
+
+/// Off by default: the `202` is the answer. And with it on, a `Location` on
+/// another origin is not followed (the request's credentials stay home).
+#[tokio::test]
+async fn a_202_is_followed_only_when_asked_and_only_at_home() {
+    let (base, script) = scripted([accepted("0")]).await;
+    let r = client(fast())
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    assert_eq!(
+        (r.idem().unwrap().polls, r.idem().unwrap().operation.clone()),
+        (0, None)
+    );
+    assert_eq!(script.seen().len(), 1);
+
+    let elsewhere = Reply::Answer(
+        202,
+        vec![("location", "http://127.0.0.1:1/operations/x/ab")],
+        "",
+    );
+    let (base, script) = scripted([elsewhere]).await;
+    let r = client(following())
+        .post(format!("{base}/exports"))
+        .bearer_auth("acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    assert_eq!(r.idem().unwrap().polls, 0);
+    assert_eq!(script.seen().len(), 1);
+}
+
+/// The deadline ends the following: `GaveUp`, naming the resource and what it
+/// said last; a `Retry-After` past the deadline is not waited out.
+#[tokio::test]
+async fn the_deadline_ends_the_following_with_the_operation_named() {
+    let (base, script) = scripted([
+        accepted("0"),
+        document("600", r#"{"status":"running","retry_after":600}"#),
+    ])
+    .await;
+    let e = client(following())
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert_eq!(gave_up.limit, Limit::Deadline(Duration::from_secs(60)));
+    assert_eq!((gave_up.attempts, gave_up.polls), (1, 1));
+    assert_eq!(
+        gave_up.operation.as_ref().map(|u| u.path().to_owned()),
+        Some(OPERATION.to_owned())
+    );
+    match &gave_up.last {
+        LastAnswer::Operation { state, retry_after } => {
+            assert_eq!(state, "running");
+            assert_eq!(*retry_after, Some(Duration::from_secs(600)));
+        }
+        other => panic!("{other:?}"),
+    }
+    let shown = e.to_string();
+    assert!(shown.contains("1 poll of a long operation"), "{shown}");
+    assert!(shown.contains("the long operation is running"), "{shown}");
+    assert_eq!(script.seen().len(), 2);
+}
+
+/// A resource that is gone (the work failed and freed its key) is like a `5xx`:
+/// the request is sent again. Any other answer of the resource's is handed
+/// over, and `max_attempts` counts the sends only.
+#[tokio::test]
+async fn a_gone_operation_is_sent_again_a_refused_poll_is_handed_over() {
+    let gone = Reply::Answer(
+        404,
+        vec![("content-type", "application/problem+json")],
+        r#"{"type":"urn:idem:problem:operation-not-found"}"#,
+    );
+    let refused = Reply::Answer(401, vec![], "who are you");
+    let (base, script) = scripted([
+        accepted("0"),
+        gone,
+        accepted("0"),
+        document("0", r#"{"status":"running"}"#),
+        document("0", r#"{"status":"uncertain"}"#),
+        status(503),
+        refused,
+    ])
+    .await;
+    let r = client(following().max_attempts(2))
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let idem = r.idem().unwrap();
+    assert_eq!((idem.attempts, idem.polls), (2, 5));
+    assert!(idem.operation.is_some());
+    assert_eq!(r.url().path(), OPERATION);
+    let methods: Vec<_> = script.seen().iter().map(|s| s.method.clone()).collect();
+    assert_eq!(
+        methods,
+        [
+            Method::POST,
+            Method::GET,
+            Method::POST,
+            Method::GET,
+            Method::GET,
+            Method::GET,
+            Method::GET
+        ]
+    );
+}
+
+/// `StreamFinal` applies to the result: handed over unread.
+#[tokio::test]
+async fn the_result_is_streamed_under_stream_final() {
+    let (base, _script) = scripted([
+        accepted("0"),
+        document(
+            "0",
+            r#"{"status":"succeeded","result":"/operations/create-export/ab12/result"}"#,
+        ),
+        created(true),
+    ])
+    .await;
+    let mut r = client(following())
+        .post(format!("{base}/exports"))
+        .with_extension(StreamFinal)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().polls, 2);
+    let mut body = Vec::new();
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        body.extend_from_slice(&chunk);
+    }
+    assert_eq!(body, br#"{"id":1}"#);
 }
