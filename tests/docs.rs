@@ -54,13 +54,14 @@ const OTHERS: &[&str] = &[
     "Request",
     // sqlx's
     "MySql", "MySqlPool", "PgPool", "PgPoolOptions", "Pool", "Postgres", "Sqlite", "SqlitePool",
+    "Transaction",
     "SqliteConnectOptions",
     // tower-http's
     "TraceLayer",
     // serde's, reqwest's, redis-rs's
     "Deserialize", "Serialize", "RequestBuilder", "ConnectionManager", "Script",
     // the docs' example types, and the tests' helpers (tests/common)
-    "NewOrder", "OrderBody", "SqliteDb", "TestDb",
+    "AppState", "NewOrder", "OrderBody", "SqliteDb", "TestDb",
     // not a name: `Authorization: Bearer <tenant>`
     "Bearer",
     // HTTP's: a reason phrase (`202 Accepted`) and a header (`Location`)
@@ -644,5 +645,165 @@ fn the_check_reports_a_name_that_does_not_exist() {
             (14, "UnknownThing".to_owned()),
             (14, "process_twice".to_owned()),
         ]
+    );
+}
+
+// ---------------------------------------------------------------- the links
+
+/// The anchor GitHub gives a heading: lowercase, punctuation dropped (but `-`
+/// and `_`), spaces as `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file: its headings' slugs (outside code blocks),
+/// numbered `-1`, `-2` when a heading repeats, as GitHub numbers them.
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut in_code = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code || !line.starts_with('#') {
+            continue;
+        }
+        let base = slug(line.trim_start_matches('#'));
+        let mut candidate = base.clone();
+        let mut n = 0;
+        while out.contains(&candidate) {
+            n += 1;
+            candidate = format!("{base}-{n}");
+        }
+        out.insert(candidate);
+    }
+    out
+}
+
+/// The relative links of a Markdown file, outside code blocks: `(line, target)`
+/// for each `](target)` that is not a URL.
+fn relative_links(markdown: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut in_code = false;
+    for (i, line) in markdown.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            let target = &after[..end];
+            if !target.contains("://") && !target.starts_with("mailto:") {
+                out.push((i + 1, target.to_owned()));
+            }
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// Each broken link of one file, described.
+fn broken_links(root: &Path, file: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let dir = file.parent().unwrap();
+    let mut out = Vec::new();
+    for (line, target) in relative_links(&text) {
+        let (path, anchor) = match target.split_once('#') {
+            Some((p, a)) => (p, Some(a)),
+            None => (target.as_str(), None),
+        };
+        let resolved = if path.is_empty() {
+            file.to_path_buf()
+        } else {
+            dir.join(path)
+        };
+        let shown = file.strip_prefix(root).unwrap().display();
+        if !resolved.exists() {
+            out.push(format!("{shown}:{line}: `{target}`: no such file"));
+            continue;
+        }
+        if let Some(anchor) = anchor
+            && resolved.extension().is_some_and(|e| e == "md")
+        {
+            let headings = anchors(&std::fs::read_to_string(&resolved).unwrap());
+            if !headings.contains(anchor) {
+                out.push(format!(
+                    "{shown}:{line}: `{target}`: no heading has that anchor"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Every relative link of the docs reaches a file, and every anchor a heading
+/// of it: moving a section into docs/ cannot leave a link behind.
+#[test]
+fn every_link_of_the_markdown_reaches_its_file_and_heading() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = markdown_files(root);
+    files.extend(
+        ["BENCHMARKS.md", "CHANGELOG.md", "fuzz/README.md"]
+            .iter()
+            .map(|f| root.join(f)),
+    );
+    let mut links = 0;
+    let mut report = Vec::new();
+    for file in &files {
+        links += relative_links(&std::fs::read_to_string(file).unwrap()).len();
+        report.extend(broken_links(root, file));
+    }
+    assert!(links >= 50, "the link reader finds too few links: {links}");
+    assert!(report.is_empty(), "broken links:\n{}", report.join("\n"));
+}
+
+/// The link check on made-up pages: a missing file and a missing anchor are
+/// reported, a present one is not.
+#[test]
+fn the_link_check_reports_a_missing_file_and_a_missing_anchor() {
+    let dir = std::env::temp_dir().join(format!("idem-docs-links-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("b.md"), "# B page\n\n## Two words: here\n").unwrap();
+    std::fs::write(
+        dir.join("a.md"),
+        "# A\n\n[ok](b.md#two-words-here) [gone](c.md) [bad](b.md#nowhere) [self](#a)\n\
+         ```\n[in code](x.md)\n```\n",
+    )
+    .unwrap();
+    let found = broken_links(&dir, &dir.join("a.md"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        found,
+        [
+            "a.md:3: `c.md`: no such file".to_owned(),
+            "a.md:3: `b.md#nowhere`: no heading has that anchor".to_owned(),
+        ]
+    );
+}
+
+/// The README is a guide: reference material goes to docs/ (issue 36, item 10).
+#[test]
+fn the_readme_stays_a_guide_of_at_most_350_lines() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 350,
+        "README.md has {lines} lines; move reference material into docs/"
     );
 }
