@@ -981,8 +981,8 @@ macro_rules! leased_tests {
                     barrier.wait().await;
                     match h.claim(&lease_req(&key, HOUR)).await {
                         LeasedClaim::Acquired(_) => 1,
-                        LeasedClaim::InFlight { .. } => 0,
-                        other => panic!("expected acquired or in flight, got {other:?}"),
+                        LeasedClaim::InFlight { .. } | LeasedClaim::Busy { .. } => 0,
+                        other => panic!("expected acquired, in flight or busy, got {other:?}"),
                     }
                 }));
             }
@@ -1169,9 +1169,10 @@ mod sqlite {
     sql_only_tests!(idem_runtime::sqlite_now_ms!());
 
     /// SQLite has one write lock: a claim waits for it through the connection's
-    /// busy timeout, then answers "in flight"; once the lock is free it acquires.
+    /// busy timeout, then answers "busy" (whoever holds it: nothing says it is
+    /// this key), reserving nothing; once the lock is free it acquires.
     #[tokio::test]
-    async fn a_claim_behind_a_held_write_lock_answers_in_flight() {
+    async fn a_claim_behind_a_held_write_lock_answers_busy() {
         use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
         let h = H::new("locked").await;
@@ -1190,10 +1191,10 @@ mod sqlite {
             .await
             .unwrap()
         {
-            LeasedClaim::InFlight { retry_after } => {
+            LeasedClaim::Busy { retry_after } => {
                 assert_eq!(retry_after, Duration::from_secs(1))
             }
-            other => panic!("expected in flight, got {other:?}"),
+            other => panic!("expected busy, got {other:?}"),
         }
         holder.rollback().await.unwrap();
         match claim_leased(&impatient, &lease_req(&key, HOUR))

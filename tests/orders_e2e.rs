@@ -1028,6 +1028,38 @@ async fn on_sqlite_a_step_behind_a_held_write_lock_is_503_then_succeeds() {
     assert_eq!(db.count("SELECT count(*) FROM order_payments").await, 1);
 }
 
+/// On SQLite a new key waits for the database's one write lock too; held by a
+/// writer of something else past the busy timeout (5 s), the answer is idem's
+/// own `503 store-busy` with `Retry-After: 1`, not a duplicate in flight, and
+/// nothing is reserved: once the lock is free the same key executes, once.
+#[tokio::test]
+async fn on_sqlite_a_new_key_behind_another_writer_is_503_store_busy_and_reserves_nothing() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(&db.url(), &[]).await;
+    let rows = db.count("SELECT count(*) FROM idempotency_requests").await;
+    let holder = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let busy = Call::order("busy-new-1").ok(&server).await;
+    assert_eq!(
+        busy.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&busy.body)
+    );
+    assert_eq!(busy.problem_type(), "urn:idem:problem:store-busy");
+    assert_eq!(busy.headers["retry-after"], "1");
+    assert_eq!(busy.headers["content-type"], "application/problem+json");
+    holder.rollback().await.unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        rows,
+        "nothing reserved"
+    );
+    let created = Call::order("busy-new-1").ok(&server).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert!(!created.replayed());
+    assert_eq!(orders(&db).await, 1);
+}
+
 /// A directory of its own for one test, removed at its end.
 struct TempDir(std::path::PathBuf);
 

@@ -85,6 +85,10 @@ pub enum ConsumeError<E> {
     /// Another delivery of the same message is being processed right now.
     #[error("another delivery of this message is being processed; retry it later")]
     InFlight,
+    /// The database stayed locked by other writers (SQLite's one write lock)
+    /// longer than the claim could wait: nothing was applied; retry it later.
+    #[error("the database is busy with other writers; retry the message later")]
+    Busy,
     /// The effect failed; its transaction was rolled back.
     #[error("the effect failed: {0}")]
     Effect(E),
@@ -146,6 +150,7 @@ where
             return Ok(Delivery::Conflict);
         }
         Claim::InFlight { .. } => return Err(ConsumeError::InFlight),
+        Claim::Busy { .. } => return Err(ConsumeError::Busy),
     };
     let value = effect(&mut tx).await.map_err(ConsumeError::Effect)?;
     let record = StoredResponse {

@@ -5,7 +5,7 @@
 //!
 //! | name | kind | labels | what |
 //! | --- | --- | --- | --- |
-//! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight`, `taken_over` (leased), `uncertain`, `error` |
+//! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight`, `busy` (SQLite's write lock held by others), `taken_over` (leased), `uncertain`, `error` |
 //! | `idem_claim_seconds` | histogram | operation | claim latency, waits included |
 //! | `idem_claim_wait_seconds` | histogram | operation | time a claim spent waiting for a concurrent request with its key |
 //! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `deadline` (abandoned at the request deadline), `error` |
@@ -88,12 +88,13 @@ use std::sync::{PoisonError, RwLock};
 use metrics::{Key, Label, Level, Metadata};
 
 /// The outcomes of [`CLAIMS_TOTAL`] with a key kept per operation.
-const CLAIM_OUTCOMES: [&str; 8] = [
+const CLAIM_OUTCOMES: [&str; 9] = [
     "executed",
     "reclaimed",
     "replayed",
     "mismatched",
     "in_flight",
+    "busy",
     "taken_over",
     "uncertain",
     "error",

@@ -48,6 +48,14 @@ pub enum Claim {
         /// A hint for the `Retry-After` header.
         retry_after: Duration,
     },
+    /// The database stayed locked by other writers for longer than the claim
+    /// could wait (SQLite's one write lock, held for another key): the key was
+    /// not looked at and nothing ran. Ask the client to retry after
+    /// `retry_after`; this says nothing about the key.
+    Busy {
+        /// A hint for the `Retry-After` header.
+        retry_after: Duration,
+    },
 }
 
 /// Proof that this transaction owns a key. Consumed by [`Execution::complete`].
@@ -261,6 +269,11 @@ pub enum LeasedOutcome {
     Mismatch,
     /// Another worker holds a live lease (or the lock, for a moment).
     InFlight {
+        /// How long the caller is asked to wait.
+        retry_after: Duration,
+    },
+    /// The database stayed locked by other writers (see [`Claim::Busy`]).
+    Busy {
         /// How long the caller is asked to wait.
         retry_after: Duration,
     },

@@ -28,6 +28,9 @@ pub const INVALID_TENANT: &str = idem_wire::problem::INVALID_TENANT;
 pub const FINGERPRINT_FAILED: &str = idem_wire::problem::FINGERPRINT_FAILED;
 /// `503`: the idempotency store failed; nothing was stored and a retry is safe.
 pub const STORE_UNAVAILABLE: &str = idem_wire::problem::STORE_UNAVAILABLE;
+/// `503`: the database stayed locked by other writers past the claim's wait
+/// (SQLite); nothing was reserved and a retry is safe.
+pub const STORE_BUSY: &str = idem_wire::problem::STORE_BUSY;
 /// `500`: the handler panicked; its transaction was rolled back.
 pub const HANDLER_PANICKED: &str = idem_wire::problem::HANDLER_PANICKED;
 
@@ -116,6 +119,21 @@ impl Problem {
         )
         .with_detail(
             "the first request with this key has not finished; retry with the same key later",
+        );
+        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
+        p
+    }
+
+    /// `503`, [`STORE_BUSY`], with `Retry-After`: the database stayed locked by
+    /// other writers; nothing was reserved for the key.
+    pub fn busy(retry_after: Duration) -> Self {
+        let mut p = Problem::new(
+            STORE_BUSY,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The database is busy",
+        )
+        .with_detail(
+            "other requests (of any key, perhaps this one) held the database's write lock for longer than this one could wait; nothing was looked up or reserved for this key: retry with the same key later",
         );
         p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
         p

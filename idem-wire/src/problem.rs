@@ -48,6 +48,16 @@ pub const FINGERPRINT_MISMATCH: &str = "urn:idem:problem:fingerprint-mismatch";
 /// ```
 pub const IN_FLIGHT: &str = "urn:idem:problem:request-in-flight";
 
+/// `503`: the database was busy with other writers past its wait (SQLite's
+/// one write lock, held by a request for another key): nothing was looked up
+/// or reserved for this key; retry after `Retry-After` with the same key. Not
+/// [`IN_FLIGHT`]: no request with this key needs to be running.
+///
+/// ```
+/// assert_eq!(idem_wire::problem::STORE_BUSY, "urn:idem:problem:store-busy");
+/// ```
+pub const STORE_BUSY: &str = "urn:idem:problem:store-busy";
+
 /// `500`: the response was larger than the configured limit and was not
 /// stored; the operation was rolled back.
 ///

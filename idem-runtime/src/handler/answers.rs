@@ -24,6 +24,8 @@ pub enum Answer {
     Mismatch { cached: bool },
     /// Another execution of the key is running.
     InFlight(Duration),
+    /// The database was locked by writers of other keys past the wait.
+    Busy(Duration),
     /// An earlier execution's effect is unknown (leased mode); a long
     /// operation's answer says where its resource is.
     Uncertain(Duration, Option<Address>),
@@ -45,6 +47,7 @@ impl Answer {
             Answer::Replay { .. } => "replayed",
             Answer::Mismatch { .. } => "mismatched",
             Answer::InFlight(_) | Answer::Running(_) => "in_flight",
+            Answer::Busy(_) => "busy",
             Answer::Uncertain(..) => "uncertain",
         }
     }
@@ -73,6 +76,14 @@ impl Answer {
                 metrics::claim(op, tenant_label, "in_flight");
                 tracing::info!(operation = op, "idem: in flight");
                 Problem::in_flight(retry_after).into_response()
+            }
+            Answer::Busy(retry_after) => {
+                metrics::claim(op, tenant_label, "busy");
+                tracing::warn!(
+                    operation = op,
+                    "idem: the database stayed locked by other writers; nothing reserved"
+                );
+                Problem::busy(retry_after).into_response()
             }
             Answer::Uncertain(retry_after, address) => {
                 metrics::claim(op, tenant_label, "uncertain");
@@ -129,6 +140,7 @@ pub(super) fn taken(op: &'static str, scope: &Scope<'_>, claim: Claim) -> Respon
         },
         Claim::Mismatch => Answer::Mismatch { cached: false },
         Claim::InFlight { retry_after } => Answer::InFlight(retry_after),
+        Claim::Busy { retry_after } => Answer::Busy(retry_after),
         // Never decided after an execution (`decide::after_execution`).
         Claim::Execute(_) => Answer::InFlight(Duration::from_secs(1)),
     };

@@ -79,6 +79,7 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
                 LeasedClaim::InFlight { retry_after } => {
                     Decision::Answer(Answer::InFlight(retry_after))
                 }
+                LeasedClaim::Busy { retry_after } => Decision::Answer(Answer::Busy(retry_after)),
                 LeasedClaim::Uncertain => Decision::Answer(Answer::Uncertain(
                     scope.lease_len(),
                     scope.spec.accepted.then(|| address(idem, scope)),

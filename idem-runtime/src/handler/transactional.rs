@@ -113,6 +113,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
             }),
             Claim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
             Claim::InFlight { retry_after } => Decision::Answer(Answer::InFlight(retry_after)),
+            Claim::Busy { retry_after } => Decision::Answer(Answer::Busy(retry_after)),
         })
     }
 

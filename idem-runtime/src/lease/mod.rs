@@ -68,6 +68,12 @@ pub enum LeasedClaim<DB: LeaseBackend> {
     /// An earlier execution's effect is unknown and awaits reconciliation; nothing
     /// runs again until it is resolved.
     Uncertain,
+    /// The database stayed locked by other writers longer than the claim could
+    /// wait (SQLite's one write lock): nothing was looked at or reserved.
+    Busy {
+        /// A hint for `Retry-After`, at least one second.
+        retry_after: Duration,
+    },
 }
 
 /// Ownership of one execution in leased mode.
@@ -161,6 +167,9 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
         LeasedOutcome::InFlight { retry_after } => LeasedClaim::InFlight {
             retry_after: retry_after.max(Duration::from_secs(1)),
         },
+        LeasedOutcome::Busy { retry_after } => LeasedClaim::Busy {
+            retry_after: retry_after.max(Duration::from_secs(1)),
+        },
     })
 }
 
@@ -189,6 +198,10 @@ impl<DB: LeaseBackend> std::fmt::Debug for LeasedClaim<DB> {
                 .field("retry_after", retry_after)
                 .finish(),
             LeasedClaim::Uncertain => f.write_str("Uncertain"),
+            LeasedClaim::Busy { retry_after } => f
+                .debug_struct("Busy")
+                .field("retry_after", retry_after)
+                .finish(),
         }
     }
 }

@@ -90,8 +90,12 @@ pub(crate) async fn begin_claim(
         Ok(tx) => tx,
         // Another writer kept the database past the busy timeout.
         Err((conn, e)) if super::is_busy(&e) => {
-            let retry_after = req.in_flight_wait.max(Duration::from_secs(1));
-            return Ok((Tx::idle(conn), Claim::InFlight { retry_after }));
+            return Ok((
+                Tx::idle(conn),
+                Claim::Busy {
+                    retry_after: super::BUSY_RETRY_AFTER,
+                },
+            ));
         }
         Err((_, e)) => return Err(e.into()),
     };

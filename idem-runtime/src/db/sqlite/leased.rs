@@ -10,8 +10,6 @@
 //! the same database runs long. Owner tokens are
 //! 128 random bits, made here; timestamps are Unix milliseconds from SQLite's clock.
 
-use std::time::Duration;
-
 use sqlx::SqlitePool;
 
 use super::transactional::stored_from_row;
@@ -136,8 +134,8 @@ pub(super) async fn claim_leased(
     let mut tx = match pool.begin_with("BEGIN IMMEDIATE").await {
         Ok(tx) => tx,
         Err(e) if is_busy(&e) => {
-            return Ok(LeasedOutcome::InFlight {
-                retry_after: Duration::from_secs(1),
+            return Ok(LeasedOutcome::Busy {
+                retry_after: super::BUSY_RETRY_AFTER,
             });
         }
         Err(e) => return Err(e.into()),

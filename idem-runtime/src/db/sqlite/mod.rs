@@ -62,6 +62,12 @@ macro_rules! sqlite_now_ms {
 }
 pub(crate) use crate::sqlite_now_ms as now_ms;
 
+/// The `Retry-After` of a claim that met the write lock held past its wait
+/// ([`crate::Claim::Busy`]): the holder may be any writer, of any key, so
+/// nothing says when it lets go; the shortest wait the header can say, and the
+/// client's backoff spreads the retries.
+pub(crate) const BUSY_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Whether another connection holds the lock this one needs: SQLITE_BUSY (5) and
 /// its extended codes (517 BUSY_SNAPSHOT, ...), SQLITE_LOCKED (6).
 pub(crate) fn is_busy(e: &sqlx::Error) -> bool {

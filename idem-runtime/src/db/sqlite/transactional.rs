@@ -5,12 +5,13 @@
 //! transaction's first statement after setting `PRAGMA busy_timeout` to the
 //! in-flight bound, so a duplicate waits for a concurrent first writer to commit
 //! or roll back, then replays, executes, or (past the bound, `SQLITE_BUSY`)
-//! reports [`Claim::InFlight`]. A transaction that already read or wrote before
+//! reports [`Claim::Busy`]. A transaction that already read or wrote before
 //! claiming cannot wait that way; claim first.
 //!
 //! SQLite has one write lock for the whole database, so a claim also waits for
-//! writers of *other* keys; past the bound it reports [`Claim::InFlight`] (`409`
-//! with `Retry-After`) even when the holder was another key. Keep handlers short.
+//! writers of *other* keys, and past the bound cannot tell whose lock it met:
+//! it reports [`Claim::Busy`] (`503` `store-busy` with `Retry-After`), never a
+//! duplicate in flight. Keep handlers short.
 
 use std::time::Duration;
 
@@ -85,8 +86,8 @@ pub(crate) async fn claim_on(
     let generation: Option<i64> = match inserted {
         Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
         Err(e) if super::is_busy(&e) => {
-            return Ok(Claim::InFlight {
-                retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
+            return Ok(Claim::Busy {
+                retry_after: super::BUSY_RETRY_AFTER,
             });
         }
         Err(e) => return Err(e.into()),
