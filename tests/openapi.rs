@@ -1,7 +1,9 @@
 //! `idem_runtime::openapi` (feature `openapi`): the orders example's
 //! `GET /openapi.json` documents what idem answers on its idempotent routes and
-//! nothing of it on the others; handlers register themselves from inside an
-//! `impl` block and with either attribute order.
+//! nothing of it on the others, and every answer of its own (`.ci/schemathesis`
+//! holds the running service to the document; these hold the document to its
+//! declarations, so `cargo test` alone guards them); handlers register
+//! themselves from inside an `impl` block and with either attribute order.
 //!
 //! The whole test crate forbids unsafe code: the registration the attribute
 //! emits must compile there too.
@@ -68,18 +70,84 @@ fn key_parameter(op: &Value) -> Option<&Value> {
     })
 }
 
-/// The problem answers idem adds, and which of them carry `Retry-After`.
-const PROBLEMS: &[(&str, bool)] = &[("400", false), ("409", true), ("422", false), ("503", true)];
+/// The problem answers idem gives, which of them carry `Retry-After`, and a
+/// problem type each names.
+const PROBLEMS: &[(&str, bool, &str)] = &[
+    ("400", false, idem_runtime::problem::MISSING_KEY),
+    ("409", true, idem_runtime::problem::IN_FLIGHT),
+    ("422", false, idem_runtime::problem::FINGERPRINT_MISMATCH),
+    ("503", true, idem_runtime::problem::STORE_UNAVAILABLE),
+];
 
-#[tokio::test]
-async fn the_orders_example_documents_idem_on_its_idempotent_routes_only() {
+/// The error answers each route declares: its edges' and extractors'
+/// (authentication, the head's size, the database; the body, the path's id,
+/// `X-Currency`), its handler's, and idem's `409` on the idempotent ones (idem's
+/// `400`, `422` and `503` share the service's). Every one is a problem document.
+const ERRORS: &[(&str, &str, &[&str])] = &[
+    (
+        "/orders",
+        "post",
+        &[
+            "400", "401", "408", "409", "413", "415", "422", "431", "503",
+        ],
+    ),
+    (
+        "/refunds",
+        "post",
+        &[
+            "400", "401", "404", "408", "409", "413", "415", "422", "431", "503",
+        ],
+    ),
+    (
+        "/payments",
+        "post",
+        &[
+            "400", "401", "402", "408", "409", "413", "415", "422", "431", "503",
+        ],
+    ),
+    (
+        "/exports",
+        "post",
+        &[
+            "400", "401", "408", "409", "413", "415", "422", "431", "503",
+        ],
+    ),
+    ("/orders", "get", &["401", "431", "503"]),
+    ("/orders/{id}", "get", &["400", "401", "404", "431", "503"]),
+    (
+        "/orders/{id}",
+        "delete",
+        &["400", "401", "404", "431", "503"],
+    ),
+    (
+        "/orders/{id}/pay",
+        "post",
+        &["400", "401", "404", "409", "431", "503"],
+    ),
+    (
+        "/orders/{id}/ship",
+        "post",
+        &["400", "401", "404", "409", "431", "503"],
+    ),
+];
+
+fn problem_schema(response: &Value) -> Option<&str> {
+    response["content"]["application/problem+json"]["schema"]["$ref"].as_str()
+}
+
+async fn orders_document() -> Value {
     let db = common::SqliteDb::new().await;
     let server = orders::Server::start(&format!("sqlite://{}", db.path.display()), &[]).await;
     let answer = reqwest::get(format!("{}/openapi.json", server.base))
         .await
         .unwrap();
     assert_eq!(answer.status(), reqwest::StatusCode::OK);
-    let doc: Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+    serde_json::from_str(&answer.text().await.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn the_orders_example_documents_idem_on_its_idempotent_routes_only() {
+    let doc = orders_document().await;
 
     let problem = &doc["components"]["schemas"]["IdemProblem"];
     assert_eq!(problem["type"], "object", "{problem}");
@@ -98,17 +166,19 @@ async fn the_orders_example_documents_idem_on_its_idempotent_routes_only() {
                     header(response, "idempotent-replayed").is_none(),
                     "{method} {path} {status}"
                 );
-                assert!(
-                    response
-                        .get("content")
-                        .and_then(|c| c.get("application/problem+json"))
-                        .is_none(),
+                // The service's own problems only: nothing of idem's.
+                assert_ne!(
+                    problem_schema(response),
+                    Some("#/components/schemas/IdemProblem"),
                     "{method} {path} {status}"
                 );
+                // (The service's own 503 is idem's type: the same database.)
+                let said = response["description"].as_str().unwrap();
+                for &(_, _, idem) in PROBLEMS.iter().filter(|p| p.0 != "503") {
+                    assert!(!said.contains(idem), "{method} {path} {status}: {said}");
+                }
             }
-            for (status, _) in PROBLEMS {
-                assert!(!responses.contains_key(*status), "{method} {path} {status}");
-            }
+            assert!(!responses.contains_key("422"), "{method} {path}");
             assert!(!responses.contains_key("202"), "{method} {path}");
             continue;
         }
@@ -117,14 +187,29 @@ async fn the_orders_example_documents_idem_on_its_idempotent_routes_only() {
             key_parameter(op).unwrap_or_else(|| panic!("{method} {path}: no Idempotency-Key"));
         assert_eq!(key["required"], true, "{method} {path}");
         assert_eq!(key["schema"]["type"], "string", "{method} {path}");
-        assert_eq!(key["schema"]["maxLength"], 255, "{method} {path}");
+        // The grammar of both spellings; the longest is a string item of 255
+        // escaped characters.
+        assert!(key["schema"]["pattern"].is_string(), "{method} {path}");
+        assert_eq!(key["schema"]["maxLength"], 2 * 255 + 2, "{method} {path}");
 
-        for &(status, retry_after) in PROBLEMS {
+        for &(status, retry_after, problem_type) in PROBLEMS {
             let response = &responses[status];
+            // Idem's own schema where the service declared nothing under the
+            // status (409), the service's where it did: one problem shape.
+            let schema = if status == "409" {
+                "#/components/schemas/IdemProblem"
+            } else {
+                "#/components/schemas/Problem"
+            };
             assert_eq!(
-                response["content"]["application/problem+json"]["schema"]["$ref"],
-                "#/components/schemas/IdemProblem",
+                problem_schema(response),
+                Some(schema),
                 "{method} {path} {status}"
+            );
+            let said = response["description"].as_str().unwrap();
+            assert!(
+                said.contains(problem_type),
+                "{method} {path} {status}: {said}"
             );
             assert_eq!(
                 header(response, "retry-after").is_some(),
@@ -151,7 +236,8 @@ async fn the_orders_example_documents_idem_on_its_idempotent_routes_only() {
         let own = OWN_RESPONSES.iter().find(|(p, _)| *p == path).unwrap().1;
         for (status, description) in own {
             let response = &responses[*status];
-            assert_eq!(response["description"], *description, "{path} {status}");
+            let said = response["description"].as_str().unwrap();
+            assert!(said.starts_with(description), "{path} {status}: {said}");
             assert!(
                 header(response, "idempotent-replayed").is_some(),
                 "{path} {status}"
@@ -177,6 +263,200 @@ async fn the_orders_example_documents_idem_on_its_idempotent_routes_only() {
         create["summary"],
         "Creates an order. A retry with the same key gets the same 201 back."
     );
+}
+
+/// The example's document declares every answer each route gives and no more
+/// than it accepts (issue 35 item 11; `.ci/schemathesis` tests the service
+/// against it): each error status with the service's problem schema, the
+/// bearer authentication, `format`'s two values, `X-Currency`'s letters, the
+/// bounds `validate` checks.
+#[tokio::test]
+async fn the_orders_example_declares_what_it_answers_and_accepts() {
+    let doc = orders_document().await;
+
+    let problem = &doc["components"]["schemas"]["Problem"];
+    assert_eq!(
+        problem["required"],
+        serde_json::json!(["type", "title", "status"])
+    );
+    for &(path, method, statuses) in ERRORS {
+        let op = &doc["paths"][path][method];
+        let responses = op["responses"].as_object().unwrap();
+        let errors: Vec<&str> = responses
+            .keys()
+            .map(String::as_str)
+            .filter(|s| s.starts_with('4') || s.starts_with('5'))
+            .collect();
+        assert_eq!(errors, statuses, "{method} {path}");
+        for status in statuses {
+            let response = &responses[*status];
+            assert!(
+                problem_schema(response).is_some(),
+                "{method} {path} {status}"
+            );
+        }
+        assert!(
+            header(&responses["503"], "retry-after").is_some(),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(doc["security"], serde_json::json!([{"tenant": []}]));
+    let scheme = &doc["components"]["securitySchemes"]["tenant"];
+    assert_eq!(scheme["type"], "http");
+    assert_eq!(scheme["scheme"], "bearer");
+
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(
+        schemas["Format"]["enum"],
+        serde_json::json!(["csv", "json"])
+    );
+    assert_eq!(
+        schemas["NewExport"]["properties"]["format"]["$ref"],
+        "#/components/schemas/Format"
+    );
+    let currency = doc["paths"]["/orders"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "X-Currency")
+        .unwrap();
+    assert_eq!(currency["required"], true);
+    assert_eq!(currency["schema"]["pattern"], "^[A-Z]{3}$");
+    let order = &schemas["NewOrder"];
+    assert_eq!(order["additionalProperties"], false);
+    assert_eq!(order["properties"]["sku"]["minLength"], 1);
+    assert_eq!(order["properties"]["sku"]["maxLength"], 64);
+    assert_eq!(order["properties"]["quantity"]["minimum"], 1);
+    assert_eq!(order["properties"]["amount_cents"]["minimum"], 0);
+    assert_eq!(
+        schemas["NewRefund"]["properties"]["amount_cents"]["minimum"],
+        0
+    );
+    assert_eq!(
+        schemas["NewPayment"]["properties"]["amount_cents"]["minimum"],
+        1
+    );
+    for path in ["/orders/{id}", "/orders/{id}/pay", "/orders/{id}/ship"] {
+        let id = &doc["paths"][path]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()["parameters"][0];
+        assert_eq!(id["in"], "path", "{path}");
+        assert_eq!(id["schema"]["type"], "integer", "{path}");
+        assert_eq!(id["schema"]["format"], "int64", "{path}");
+    }
+    // The fulfilment steps' answer and the charge have schemas.
+    assert_eq!(
+        doc["paths"]["/orders/{id}/pay"]["post"]["responses"]["200"]["content"]["application/json"]
+            ["schema"]["$ref"],
+        "#/components/schemas/Step"
+    );
+    assert_eq!(
+        doc["paths"]["/payments"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
+            ["$ref"],
+        "#/components/schemas/Payment"
+    );
+}
+
+/// What the document now declares, the service answers: the path's id that
+/// does not parse is a problem of the service's own type (it was axum's), and
+/// an integer written with a zero fraction, in the body or the path, is the
+/// integer the schema says it is.
+#[tokio::test]
+async fn the_orders_example_answers_as_its_document_says() {
+    let db = common::SqliteDb::new().await;
+    let server = orders::Server::start(&format!("sqlite://{}", db.path.display()), &[]).await;
+    let http = reqwest::Client::new();
+    let auth = ("authorization", "Bearer openapi");
+
+    for path in ["/orders/9223372036854775808", "/orders/x/pay"] {
+        let method = if path.ends_with("/pay") {
+            reqwest::Method::POST
+        } else {
+            reqwest::Method::GET
+        };
+        let answer = http
+            .request(method, format!("{}{path}", server.base))
+            .header(auth.0, auth.1)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), reqwest::StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+        let problem: Value = answer.json().await.unwrap();
+        assert_eq!(
+            problem["type"], "urn:orders:problem:invalid-request",
+            "{path}"
+        );
+    }
+
+    let order = |key: &str, body: &str| {
+        http.post(format!("{}/orders", server.base))
+            .header(auth.0, auth.1)
+            .header("content-type", "application/json")
+            .header("x-currency", "EUR")
+            .header("idempotency-key", key)
+            .body(body.to_owned())
+            .send()
+    };
+    let created = order(
+        "whole-1",
+        r#"{"sku":"a","quantity":2.0,"amount_cents":-0.0}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(created.status(), reqwest::StatusCode::CREATED);
+    let created: Value = created.json().await.unwrap();
+    assert_eq!(
+        (created["quantity"].clone(), created["amount_cents"].clone()),
+        (2.into(), 0.into())
+    );
+    // The same values, spelled otherwise: the same request, replayed.
+    let again = order("whole-1", r#"{"sku":"a","quantity":2,"amount_cents":0}"#)
+        .await
+        .unwrap();
+    assert_eq!(again.status(), reqwest::StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    // A fraction is not an integer, however written.
+    let fraction = order("whole-2", r#"{"sku":"a","quantity":2.5,"amount_cents":1}"#)
+        .await
+        .unwrap();
+    assert_eq!(fraction.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    // The path's id is an integer the same way.
+    for (path, status) in [
+        (
+            format!("/orders/{}.0", created["id"]),
+            reqwest::StatusCode::OK,
+        ),
+        (
+            format!("/orders/{}.5", created["id"]),
+            reqwest::StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let answer = http
+            .get(format!("{}{path}", server.base))
+            .header(auth.0, auth.1)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), status, "{path}");
+    }
+    let export = http
+        .post(format!("{}/exports", server.base))
+        .header(auth.0, auth.1)
+        .header("content-type", "application/json")
+        .header("idempotency-key", "export-xml")
+        .body(r#"{"format":"xml"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(export.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
 }
 
 /// Handlers written here to be documented (never served: no database).

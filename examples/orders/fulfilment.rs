@@ -7,7 +7,8 @@
 use axum::http::StatusCode;
 use idem_runtime::Problem;
 use idem_runtime::transition::{Resource, States, TransitionError, Transitioned};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::problems::ApiError;
 
@@ -86,9 +87,38 @@ pub fn answer(
         // An outcome this example does not know (Transitioned can grow).
         Ok(_) => return Err(ApiError::internal("unknown transition outcome")),
     };
+    let step = Step {
+        id,
+        status: to.name(),
+        version,
+        changed,
+    };
+    // A map, as `json!` made it before `Step` described it: the same bytes.
     Ok(Some(
-        json!({"id": id, "status": to.name(), "version": version, "changed": changed}),
+        serde_json::to_value(step).map_err(ApiError::internal)?,
     ))
+}
+
+/// A fulfilment step's answer (`200`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Step {
+    /// The order's id.
+    id: i64,
+    /// The order's state after the step: the one the step asked for.
+    #[schema(schema_with = step_status)]
+    status: &'static str,
+    /// The order's version, raised by each step that changed it.
+    version: i64,
+    /// Whether this step changed the order (`false`: it was there already).
+    changed: bool,
+}
+
+/// `status` of a [`Step`]: a state a step leads to.
+fn step_status() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::String)
+        .enum_values(Some(["paid", "shipped"]))
+        .build()
 }
 
 /// SQLite's "database is locked" (`SQLITE_BUSY`, `SQLITE_LOCKED` and their extended

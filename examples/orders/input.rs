@@ -1,12 +1,12 @@
 //! Request input that is checked before idem claims anything: a rejected request
 //! reserves no key, so the client can correct it and retry with the same key.
 
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use idem_runtime::FingerprintBody;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, Deserializer, Error as _, Unexpected, Visitor};
 
 use crate::problems::ApiError;
 use crate::server::BodyTimeout;
@@ -112,5 +112,81 @@ impl<S: Send + Sync> FromRequestParts<S> for Currency {
                 "X-Currency must be three upper-case letters, such as EUR",
             )),
         }
+    }
+}
+
+/// An order's id in the path (`/orders/{id}`): a whole number that fits an
+/// `i64`, as the document says (an `integer`; written `7` or, as for the
+/// body's integers, `7.0`). Anything else is a `400` problem document of the
+/// service's own type, like its other input errors (axum's is plain text).
+pub struct OrderId(pub i64);
+
+impl<S: Send + Sync> FromRequestParts<S> for OrderId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // A segment that is not UTF-8 once percent-decoded: axum's status (400)
+        // and words.
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid(e.status(), e.body_text()))?;
+        raw.parse::<i64>()
+            .ok()
+            .or_else(|| raw.parse::<f64>().ok().and_then(whole_f64))
+            .map(OrderId)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    StatusCode::BAD_REQUEST,
+                    format!("the order id must be a whole number that fits 64 bits (signed), not `{raw}`"),
+                )
+            })
+    }
+}
+
+/// `v` as an `i64` when it has no fraction and is in range (`-2^63` is exact in
+/// an `f64`; `2^63`, the first float past `i64::MAX`, is not an `i64`).
+fn whole_f64(v: f64) -> Option<i64> {
+    const BOUND: f64 = 9_223_372_036_854_775_808.0;
+    // Whole and in range: the cast is exact. (NaN and the infinities have no
+    // zero fraction.)
+    (v.fract() == 0.0 && (-BOUND..BOUND).contains(&v)).then_some(v as i64)
+}
+
+/// Deserialises an integer field that JSON may spell either way: `5` or `5.0`.
+/// JSON Schema's `integer` is a number with no fractional part, whatever its
+/// spelling, and the document declares these fields so; serde's integers take
+/// only the first spelling. A fraction, or a value out of the field's range,
+/// is still refused (`422`). Both spellings are the same value, so the same
+/// request to idem (the fingerprint is of the parsed body).
+pub fn whole<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<i64>,
+{
+    let n = deserializer.deserialize_any(WholeVisitor)?;
+    T::try_from(n).map_err(|_| {
+        D::Error::invalid_value(Unexpected::Signed(n), &"an integer in the field's range")
+    })
+}
+
+struct WholeVisitor;
+
+impl Visitor<'_> for WholeVisitor {
+    type Value = i64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an integer")
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<i64, E> {
+        Ok(v)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<i64, E> {
+        i64::try_from(v).map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<i64, E> {
+        whole_f64(v).ok_or_else(|| E::invalid_type(Unexpected::Float(v), &self))
     }
 }

@@ -26,7 +26,8 @@
 //! | `ORDERS_MAX_CONNECTIONS` | `1024` | connections served at once; more wait in the listen backlog until one closes |
 //!
 //! `GET /metrics` serves the idem metrics in the Prometheus text format, and
-//! `GET /openapi.json` the service's OpenAPI document (`routes.rs`, `ApiDoc`).
+//! `GET /openapi.json` the service's OpenAPI document (`routes.rs`, `ApiDoc`, and
+//! `openapi.rs`), which declares every answer of every route.
 //!
 //! Every route behaves the same on SQLite, PostgreSQL and MySQL / MariaDB.
 
@@ -34,6 +35,7 @@ mod auth;
 mod exports;
 mod fulfilment;
 mod input;
+mod openapi;
 mod payments;
 mod problems;
 mod routes;

@@ -217,6 +217,8 @@ impl Provider {
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewPayment {
+    #[serde(deserialize_with = "crate::input::whole")]
+    #[schema(minimum = 1)]
     amount_cents: i64,
     #[serde(default)]
     description: Option<String>,
@@ -244,8 +246,34 @@ fn retry_policy() -> RetryPolicy {
 /// declined, a business rejection that is stored and replayed.
 const DECLINE_ABOVE_CENTS: i64 = 1_000_000;
 
+/// A charge, as `POST /payments` answers it (`201`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Payment {
+    /// The provider's charge id.
+    id: String,
+    amount_cents: i64,
+    /// Always `succeeded`: a charge that did not succeed is not answered `201`.
+    #[schema(schema_with = succeeded)]
+    status: &'static str,
+}
+
+/// `status` of a [`Payment`]: the one value it has.
+fn succeeded() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::String)
+        .enum_values(Some(["succeeded"]))
+        .build()
+}
+
 fn payment_body(charge: &Charge) -> serde_json::Value {
-    json!({"id": charge.id, "amount_cents": charge.amount_cents, "status": "succeeded"})
+    // A map, as `json!` made it before the type above described it: the same
+    // bytes on the wire.
+    serde_json::to_value(Payment {
+        id: charge.id.clone(),
+        amount_cents: charge.amount_cents,
+        status: "succeeded",
+    })
+    .unwrap_or_default()
 }
 
 /// Charges a card on behalf of `POST /payments` (stamped per backend in

@@ -70,7 +70,9 @@ pub mod redis_payments {
 
     /// Charges a card; the lease lives in Redis, the charge at the provider.
     #[utoipa::path(post, path = "/payments", request_body = crate::payments::NewPayment,
-        responses((status = 201, description = "The charge")))]
+        responses((status = 201, description = "The charge", body = crate::payments::Payment),
+            (status = 402, description = "The card was declined (over 1,000,000 cents): problem type `urn:orders:problem:card-declined` (stored, and replayed)"),
+            (status = 503, description = "The payment provider stayed unavailable through the retries; nothing was charged: problem type `urn:orders:problem:provider-unavailable`, with `Retry-After`")))]
     #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
     pub async fn create_payment(
         #[tenant] _caller: Caller,
@@ -85,10 +87,18 @@ pub mod redis_payments {
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewOrder {
+    /// 1 to 64 characters, without U+0000.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[^\x00]*$")]
     sku: String,
+    #[serde(deserialize_with = "crate::input::whole")]
+    #[schema(minimum = 1)]
     quantity: i32,
+    #[serde(deserialize_with = "crate::input::whole")]
+    #[schema(minimum = 0)]
     amount_cents: i64,
+    /// Without U+0000.
     #[serde(default)]
+    #[schema(pattern = r"^[^\x00]*$")]
     note: Option<String>,
 }
 
@@ -126,7 +136,10 @@ pub struct Order {
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewRefund {
+    #[serde(deserialize_with = "crate::input::whole")]
     order_id: i64,
+    #[serde(deserialize_with = "crate::input::whole")]
+    #[schema(minimum = 0)]
     amount_cents: i64,
 }
 
@@ -206,7 +219,7 @@ macro_rules! backend_routes {
     // A database with its own statements (MySQL: `?` placeholders bound in the
     // order they appear, no `RETURNING`).
     (@ db = $db:ty, order_columns = $order_columns:expr, statements = { $($statements:item)* }) => {
-        use axum::extract::{Path, State};
+        use axum::extract::State;
         use axum::http::{StatusCode, header};
         use axum::response::IntoResponse;
         use axum::routing::{get, post};
@@ -216,7 +229,7 @@ macro_rules! backend_routes {
         use super::*;
         use crate::auth::Caller;
         use crate::fulfilment::OrderStatus;
-        use crate::input::{Currency, ValidJson};
+        use crate::input::{Currency, OrderId, ValidJson};
         use crate::problems::ApiError;
 
         type Db = $db;
@@ -255,15 +268,18 @@ macro_rules! backend_routes {
         }
 
         /// The service's OpenAPI document: the routes' own `#[utoipa::path]`s,
-        /// then what idem answers on the idempotent ones (`IdemOpenApi`). The
-        /// document is the same on every backend.
-        // utoipa's `modifiers(&Name)` takes a name, not a path: hence the `use`.
+        /// then what every route answers around its handler (`OrdersAnswers`:
+        /// authentication, input errors, a database out of reach), then what
+        /// idem answers on the idempotent ones (`IdemOpenApi`), in that order.
+        /// The document is the same on every backend.
+        // utoipa's `modifiers(&Name)` takes a name, not a path: hence the `use`s.
         use idem_runtime::openapi::IdemOpenApi;
+        use crate::openapi::OrdersAnswers;
         #[derive(utoipa::OpenApi)]
         #[openapi(
             info(title = "orders", description = "The idem example service: orders, refunds and payments that are safe to retry."),
             paths(create_order, list_orders, get_order, delete_order, pay, ship, create_refund, create_payment, create_export),
-            modifiers(&IdemOpenApi),
+            modifiers(&OrdersAnswers, &IdemOpenApi),
         )]
         pub struct ApiDoc;
 
@@ -276,7 +292,8 @@ macro_rules! backend_routes {
         /// Creates an order. A retry with the same key gets the same 201 back.
         // `#[utoipa::path]` above `#[idempotent]`: utoipa reads the handler as written.
         #[utoipa::path(post, path = "/orders", request_body = NewOrder,
-            params(("X-Currency" = String, Header, description = "The order's currency: three upper-case letters (part of the request's identity).")),
+            params(("X-Currency" = String, Header, pattern = "^[A-Z]{3}$",
+                description = "The order's currency: three upper-case letters (part of the request's identity).")),
             responses((status = 201, description = "The order, created", body = Order,
                 headers(("Location" = String, description = "The order's URL")))))]
         #[idempotent(
@@ -305,7 +322,7 @@ macro_rules! backend_routes {
         /// business rejection: the 404 is stored and replayed like a success.
         #[utoipa::path(post, path = "/refunds", request_body = NewRefund,
             responses((status = 201, description = "The refund", body = Refund),
-                (status = 404, description = "No such order for this tenant (stored, and replayed)")))]
+                (status = 404, description = "No such order for this tenant (stored, and replayed): problem type `urn:orders:problem:not-found`")))]
         #[idempotent(operation = "create-refund", retention = "24h")]
         async fn create_refund(
             #[tenant] caller: Caller,
@@ -339,11 +356,12 @@ macro_rules! backend_routes {
 
         /// One order.
         #[utoipa::path(get, path = "/orders/{id}", params(("id" = i64, Path, description = "The order's id")),
-            responses((status = 200, description = "The order", body = Order), (status = 404, description = "No such order")))]
+            responses((status = 200, description = "The order", body = Order),
+                (status = 404, description = "No such order for this tenant: problem type `urn:orders:problem:not-found`")))]
         async fn get_order(
             caller: Caller,
             State(app): State<AppState<Db>>,
-            Path(id): Path<i64>,
+            OrderId(id): OrderId,
         ) -> Result<Json<Order>, ApiError> {
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT {ORDER_COLUMNS} FROM orders {SELECT_ORDER}"
@@ -358,11 +376,12 @@ macro_rules! backend_routes {
 
         /// Deletes an order; idempotent by nature, no key needed.
         #[utoipa::path(delete, path = "/orders/{id}", params(("id" = i64, Path, description = "The order's id")),
-            responses((status = 204, description = "Deleted"), (status = 404, description = "No such order")))]
+            responses((status = 204, description = "Deleted"),
+                (status = 404, description = "No such order for this tenant: problem type `urn:orders:problem:not-found`")))]
         async fn delete_order(
             caller: Caller,
             State(app): State<AppState<Db>>,
-            Path(id): Path<i64>,
+            OrderId(id): OrderId,
         ) -> Result<StatusCode, ApiError> {
             let done = sqlx::query(DELETE_ORDER)
                 .bind(&caller.tenant)
@@ -378,7 +397,9 @@ macro_rules! backend_routes {
         /// Charges a card. Leased: the claim commits before the provider is called,
         /// which is given the lease's downstream key (see `payments`).
         #[utoipa::path(post, path = "/payments", request_body = crate::payments::NewPayment,
-            responses((status = 201, description = "The charge")))]
+            responses((status = 201, description = "The charge", body = crate::payments::Payment),
+                (status = 402, description = "The card was declined (over 1,000,000 cents): problem type `urn:orders:problem:card-declined` (stored, and replayed)"),
+                (status = 503, description = "The payment provider stayed unavailable through the retries; nothing was charged: problem type `urn:orders:problem:provider-unavailable`, with `Retry-After`")))]
         #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
         async fn create_payment(
             #[tenant] _caller: Caller,
@@ -425,22 +446,28 @@ macro_rules! backend_routes {
 
         /// Pays an order; paying a paid order again changes nothing.
         #[utoipa::path(post, path = "/orders/{id}/pay", params(("id" = i64, Path, description = "The order's id")),
-            responses((status = 200, description = "The order's fulfilment state")))]
+            responses((status = 200, description = "The order's fulfilment state", body = crate::fulfilment::Step),
+                (status = 404, description = "No such order for this tenant: problem type `urn:orders:problem:not-found`"),
+                (status = 409, description = "The order is not in a state this step follows: problem type `urn:orders:problem:invalid-transition`"),
+                (status = 503, description = "The order could not be locked in time; nothing changed: problem type `urn:orders:problem:busy`, with `Retry-After`")))]
         async fn pay(
             caller: Caller,
             State(app): State<AppState<Db>>,
-            Path(id): Path<i64>,
+            OrderId(id): OrderId,
         ) -> Result<Json<serde_json::Value>, ApiError> {
             step(&app, &caller, id, OrderStatus::Paid).await
         }
 
         /// Ships a paid order; shipping a shipped order again changes nothing.
         #[utoipa::path(post, path = "/orders/{id}/ship", params(("id" = i64, Path, description = "The order's id")),
-            responses((status = 200, description = "The order's fulfilment state")))]
+            responses((status = 200, description = "The order's fulfilment state", body = crate::fulfilment::Step),
+                (status = 404, description = "No such order for this tenant: problem type `urn:orders:problem:not-found`"),
+                (status = 409, description = "The order is not in a state this step follows: problem type `urn:orders:problem:invalid-transition`"),
+                (status = 503, description = "The order could not be locked in time; nothing changed: problem type `urn:orders:problem:busy`, with `Retry-After`")))]
         async fn ship(
             caller: Caller,
             State(app): State<AppState<Db>>,
-            Path(id): Path<i64>,
+            OrderId(id): OrderId,
         ) -> Result<Json<serde_json::Value>, ApiError> {
             step(&app, &caller, id, OrderStatus::Shipped).await
         }

@@ -5,7 +5,8 @@
 //! of an `#[idempotent]` handler
 //!
 //! * the required request header `Idempotency-Key` (a string of at most
-//!   [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) characters, and what a retry gets);
+//!   [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) characters, with the `pattern`
+//!   of both its spellings, and what a retry gets);
 //! * the response header `Idempotent-Replayed` on each of the handler's own
 //!   responses (a replay is the stored answer, marked `true`);
 //! * the answers idem gives in the handler's place: `400` (no usable key), `409`
@@ -19,9 +20,14 @@
 //!   [`OPERATION_SCHEMA`] (the operation resource's, see
 //!   [`crate::operations`]), or the uncertain problem above.
 //!
-//! The handler's own responses stay as the service wrote them, and a status the
-//! service declared itself is never replaced. Operations of other handlers are
-//! not touched.
+//! The handler's own responses stay as the service wrote them. Where the
+//! service declared a status idem answers too (its own `400` or `422` for bad
+//! input, its `503`), the response is both: idem adds its sentence to the
+//! service's description, and its media type and headers where the service's
+//! response has none (a media type both have keeps the service's schema, which
+//! then describes idem's problem document too). Every answer idem can give is
+//! thus declared, but its `500`s, which are server faults like any other.
+//! Operations of other handlers are not touched.
 //!
 //! **Which operations.** The attribute cannot see routes, so every
 //! `#[idempotent]` handler registers itself, by its function's name and its
@@ -151,10 +157,11 @@ impl utoipa::Modify for IdemOpenApi {
 /// Adds what idem answers to every operation of `api` that is an
 /// `#[idempotent]` handler's (see the [module](self) for which ones and what).
 ///
-/// Only adds: a parameter, header or response status the document already has
-/// is left as it is, so calling it twice changes nothing more. A response given
-/// as a `$ref` is shared with other operations and does not get the
-/// `Idempotent-Replayed` header.
+/// Only adds: a parameter or header the document already has is left as it
+/// is, and a response status it already has keeps what it says, idem's answer
+/// added to it; calling it twice changes nothing more. A response given as a
+/// `$ref` is shared with other operations: it gets neither idem's answer nor
+/// the `Idempotent-Replayed` header (write the status in the operation).
 ///
 /// ```
 /// use utoipa::openapi::path::{HttpMethod, OperationBuilder};
@@ -275,13 +282,18 @@ fn annotate(op: &mut Operation, facts: &Facts) {
         }
     }
 
-    let answers = op.responses.responses.clone();
-    let mut add = |status: &str, response: Response| {
-        if !answers.contains_key(status) {
+    // A status the service declared too is one answer of two origins: the
+    // service's stays as written, and idem's is added to it.
+    let mut add = |status: &str, response: Response| match op.responses.responses.get_mut(status) {
+        None => {
             op.responses
                 .responses
                 .insert(status.to_owned(), RefOr::T(response));
         }
+        Some(RefOr::T(own)) => merge(own, response),
+        // Shared with other operations (in the components): idem's answer is
+        // this operation's alone, and cannot be written there.
+        Some(RefOr::Ref(_)) => {}
     };
     add(
         "400",
@@ -338,6 +350,37 @@ fn annotate(op: &mut Operation, facts: &Facts) {
     }
 }
 
+/// Adds idem's answer to a response the service declared for the same status:
+/// its description after the service's, and the media types and headers the
+/// service's does not have. A media type both have keeps the service's schema,
+/// which then describes idem's document too (idem's is
+/// [`PROBLEM_SCHEMA`]: `type`, `title`, `status`, `detail`, `retry_after`).
+/// Merging twice adds nothing more.
+fn merge(own: &mut Response, idem: Response) {
+    if own.description.contains(&idem.description) {
+        return;
+    }
+    own.description = if own.description.is_empty() {
+        idem.description
+    } else {
+        format!("{} Or: {}", own.description, idem.description)
+    };
+    for (media_type, content) in idem.content {
+        if !own
+            .content
+            .keys()
+            .any(|m| m.eq_ignore_ascii_case(&media_type))
+        {
+            own.content.insert(media_type, content);
+        }
+    }
+    for (name, header) in idem.headers {
+        if !own.headers.keys().any(|h| h.eq_ignore_ascii_case(&name)) {
+            own.headers.insert(name, header);
+        }
+    }
+}
+
 /// Whether a response is one [`problem_response`] made: its problem document is
 /// [`PROBLEM_SCHEMA`].
 fn is_idem_answer(response: &Response) -> bool {
@@ -381,10 +424,13 @@ fn key_parameter(name: &str, facts: &Facts) -> Parameter {
             human_duration(retention)
         ));
     }
+    // The pattern is the grammar itself; `maxLength` is the longest value it
+    // matches (a string item of escaped characters), for tools that read only that.
     let schema = ObjectBuilder::new()
         .schema_type(Type::String)
         .min_length(Some(1))
-        .max_length(Some(idem_wire::MAX_KEY_LEN));
+        .max_length(Some(2 * idem_wire::MAX_KEY_LEN + 2))
+        .pattern(Some(key_pattern()));
     Parameter::builder()
         .name(name)
         .parameter_in(ParameterIn::Header)
@@ -392,6 +438,26 @@ fn key_parameter(name: &str, facts: &Facts) -> Parameter {
         .description(Some(description))
         .schema(Some(schema))
         .build()
+}
+
+/// The `Idempotency-Key` values idem accepts ([`crate::IdempotencyKey::parse`]),
+/// as a regular expression in the dialect of JSON Schema's `pattern` (ECMA-262;
+/// Python's `re` reads it alike): a bare token of 1 to
+/// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) visible ASCII characters without a
+/// comma, not opening with `"`; or an RFC 8941 string item of 1 to
+/// `MAX_KEY_LEN` characters (`\"` and `\\` one each), not all spaces. A value
+/// it does not match is `400`, so a client or tester that generates values from
+/// the document gets no refusal the document did not announce. (Spaces and tabs
+/// around the value are HTTP's, not the value's: they are ignored.)
+fn key_pattern() -> String {
+    let max = idem_wire::MAX_KEY_LEN;
+    // Visible ASCII (0x21-0x7e) but `,`; the first character not `"` either,
+    // which opens the structured spelling.
+    let bare = format!(r#"[!#-+\--~][!-+\--~]{{0,{}}}"#, max - 1);
+    // RFC 8941's unescaped characters (0x20-0x7e but `"` and `\`) or an escape;
+    // the look-ahead refuses a string of spaces only, which is an empty key.
+    let string = format!(r#""(?! *")(?:[ !#-\[\]-~]|\\[\\"]){{1,{max}}}""#);
+    format!("^(?:{bare}|{string})$")
 }
 
 fn replayed_header() -> Header {

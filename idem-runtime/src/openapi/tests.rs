@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use utoipa::openapi::path::{HttpMethod, OperationBuilder};
-use utoipa::openapi::{OpenApiBuilder, PathItem, Paths, ResponseBuilder};
+use utoipa::openapi::{Content, OpenApiBuilder, PathItem, Paths, Ref, ResponseBuilder};
 
 use super::*;
 
@@ -77,7 +77,8 @@ fn a_registered_operation_gets_the_key_the_replay_header_and_the_problems() {
     assert_eq!(key["in"], "header");
     assert_eq!(key["required"], true);
     assert_eq!(key["schema"]["type"], "string");
-    assert_eq!(key["schema"]["maxLength"], 255);
+    assert_eq!(key["schema"]["maxLength"], 2 * 255 + 2);
+    assert_eq!(key["schema"]["pattern"], key_pattern());
     let said = key["description"].as_str().unwrap();
     assert!(said.contains("Structured Field string"), "{said}");
     assert!(said.contains("`X-Currency`"), "{said}");
@@ -149,17 +150,72 @@ fn an_unregistered_operation_is_left_as_it_was() {
     assert_eq!(json_of(&doc), json_of(&before));
 }
 
+/// A status the service declared too keeps what the service wrote, and gets
+/// idem's answer besides: its sentence, its media type and `Retry-After`.
 #[test]
-fn a_status_the_service_declared_is_not_overwritten() {
+fn a_status_the_service_declared_keeps_its_own_and_gets_idems() {
     let mut doc = api(&["201", "409"]);
     document_with(&mut doc, &[&PAYMENT]);
     let v = json_of(&doc);
     let responses = &v["paths"]["/payments"]["post"]["responses"];
-    assert_eq!(responses["409"]["description"], "the handler's");
-    assert!(responses["409"].get("content").is_none());
-    // It is the handler's own answer, so a replay of it is marked too.
+    let said = responses["409"]["description"].as_str().unwrap();
+    assert!(said.starts_with("the handler's Or: "), "{said}");
+    assert!(said.contains(idem_wire::problem::IN_FLIGHT), "{said}");
+    assert_eq!(
+        responses["409"]["content"]["application/problem+json"]["schema"]["$ref"],
+        "#/components/schemas/IdemProblem"
+    );
+    assert!(responses["409"]["headers"]["Retry-After"].is_object());
+    // It is the handler's own answer too, so a replay of it is marked.
     assert!(responses["409"]["headers"]["Idempotent-Replayed"].is_object());
     assert!(responses["422"]["content"].is_object());
+}
+
+/// The service's own media type (and schema) for a status stays: idem's
+/// document is then described by it.
+#[test]
+fn a_problem_schema_the_service_declared_is_kept() {
+    let own = ResponseBuilder::new()
+        .description("Invalid input.")
+        .content(
+            "application/problem+json",
+            Content::new(Some(Ref::from_schema_name("Problem"))),
+        );
+    let mut doc = OpenApiBuilder::new()
+        .paths(Paths::builder().path(
+            "/orders",
+            PathItem::new(
+                HttpMethod::Post,
+                op("create_order", &["201"]).response("422", own),
+            ),
+        ))
+        .build();
+    document_with(&mut doc, &[&ORDER]);
+    let once = json_of(&doc);
+    let invalid = &once["paths"]["/orders"]["post"]["responses"]["422"];
+    assert_eq!(
+        invalid["content"]["application/problem+json"]["schema"]["$ref"],
+        "#/components/schemas/Problem"
+    );
+    let said = invalid["description"].as_str().unwrap();
+    assert!(said.starts_with("Invalid input. Or: "), "{said}");
+    assert!(
+        said.contains(idem_wire::problem::FINGERPRINT_MISMATCH),
+        "{said}"
+    );
+    document_with(&mut doc, &[&ORDER]);
+    assert_eq!(json_of(&doc), once);
+}
+
+/// The key's pattern spells `IdempotencyKey::parse`'s grammar: both spellings,
+/// their characters and lengths. (The orders example's Schemathesis run,
+/// `.ci/schemathesis`, sends keys drawn from it and from outside it.)
+#[test]
+fn the_key_pattern_is_the_grammar_of_both_spellings() {
+    assert_eq!(
+        key_pattern(),
+        r#"^(?:[!#-+\--~][!-+\--~]{0,254}|"(?! *")(?:[ !#-\[\]-~]|\\[\\"]){1,255}")$"#
+    );
 }
 
 #[test]
