@@ -43,7 +43,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
 use lease_harness::redis_store::{
-    cluster_nodes, conn, delete_prefix, keys_under, prefix, redis_url, store_on,
+    blocked_in_wait, cluster_nodes, conn, delete_prefix, keys_under, prefix, redis_url,
+    store_from_client, store_on,
 };
 
 /// A test that only means something on one server says why it does not run on
@@ -845,7 +846,9 @@ async fn a_server_older_than_6_2_is_refused_at_start() {
 #[tokio::test]
 async fn a_change_too_few_replicas_acknowledge_is_a_failure_and_frees_the_key() {
     let s = store("acks-short").await;
-    let waiting = s
+    let waiting = store_from_client(&prefix("acks-short"), Duration::from_secs(5))
+        .await
+        .unwrap()
         .clone()
         .with_replica_acks(5, Duration::from_millis(20))
         .unwrap();
@@ -878,10 +881,22 @@ async fn a_change_too_few_replicas_acknowledge_is_a_failure_and_frees_the_key() 
     ));
 }
 
-/// `with_replica_acks` refuses what would wait for nothing, or for ever.
+/// `with_replica_acks` refuses what would wait for nothing, or for ever, and
+/// a store on a connection it was handed, which cannot open the connections
+/// of its own that acknowledgement needs (renewals must not queue behind
+/// `WAIT`s).
 #[tokio::test]
 async fn replica_acknowledgement_refuses_zero_replicas_or_a_zero_timeout() {
-    let s = store("acks-bad").await;
+    let handed = store("acks-bad").await;
+    let e = handed
+        .clone()
+        .with_replica_acks(1, Duration::from_secs(1))
+        .unwrap_err();
+    assert!(e.to_string().contains("with_cluster_client"), "{e}");
+    assert_eq!(handed.replica_acks(), None);
+    let s = store_from_client(&prefix("acks-bad"), Duration::from_secs(5))
+        .await
+        .unwrap();
     let e = s
         .clone()
         .with_replica_acks(0, Duration::from_secs(1))
@@ -894,6 +909,100 @@ async fn replica_acknowledgement_refuses_zero_replicas_or_a_zero_timeout() {
     assert_eq!(s.replica_acks(), None);
     let s = s.with_replica_acks(1, Duration::from_millis(1)).unwrap();
     assert_eq!(s.replica_acks(), Some((1, Duration::from_millis(1))));
+}
+
+/// `n` keys whose records share `key`'s shard (so, on a cluster, its master).
+fn keys_beside(key: &IdempotencyKey, name: &str, n: usize) -> Vec<IdempotencyKey> {
+    let shard = key.digest().to_string().chars().next().unwrap();
+    (0..)
+        .map(|i| IdempotencyKey::parse(format!("{name}-{i}")).unwrap())
+        .filter(|k| k.digest().to_string().starts_with(shard))
+        .take(n)
+        .collect()
+}
+
+/// A claim whose reply times out on the client (issue 35, item 6) is given
+/// back, so the next request with its key is not kept out for a lease, on one
+/// server and on the cluster. Deterministic: the store waits 300 ms for a
+/// reply and asks for more replicas than any master here has, for 3 s, so
+/// each claim's `WAIT` outlasts its client (as in a replica outage with a
+/// timeout above the client's). First, a claim on every connection that
+/// carries `WAIT`s: each ran at once, timed out, and its key is free at once.
+/// Then, with all of them blocked on the server, one more claim queues behind
+/// a `WAIT` and times out before it runs: its key is free at once too, and once
+/// the server has let go of every `WAIT` (the queued claim has run by then)
+/// it is still free: the claim given up wrote nothing when it came.
+#[tokio::test]
+async fn a_claim_whose_reply_times_out_leaves_its_key_free() {
+    let s = store("timed-out").await;
+    let impatient = store_from_client(&prefix("timed-out"), Duration::from_millis(300))
+        .await
+        .unwrap()
+        .with_replica_acks(5, Duration::from_secs(3))
+        .unwrap();
+    let key = IdempotencyKey::parse("timed-out-1").unwrap();
+    let ran = keys_beside(&key, "timed-out-ran", idem_runtime::redis::WAIT_CONNECTIONS);
+    // The claim script is on the keys' master before the claims that time
+    // out (a server without it answers NOSCRIPT first, and the claim would
+    // not run before the timeout).
+    acquire(&s, &ran[0], HOUR).await.release().await.unwrap();
+    let timed_out = |e: &StoreError| match e {
+        StoreError::Redis(source) => source
+            .downcast_ref::<redis::RedisError>()
+            .is_some_and(redis::RedisError::is_timeout),
+        _ => false,
+    };
+
+    let claims = ran
+        .iter()
+        .map(|k| async { impatient.claim(&lease_req(k, HOUR)).await });
+    for r in futures_util::future::join_all(claims).await {
+        let e = r.unwrap_err();
+        assert!(timed_out(&e), "the reply timed out on the client: {e}");
+    }
+    let c = s.redis_connection();
+    let blocked = Instant::now();
+    while blocked_in_wait(&c).await < ran.len() {
+        assert!(
+            blocked.elapsed() < Duration::from_secs(2),
+            "the claims' WAITs are blocking"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for k in &ran {
+        let next = acquire(&s, k, HOUR).await;
+        assert_eq!(next.acquisition(), Acquisition::New, "free at once, as new");
+        next.release().await.unwrap();
+    }
+
+    let e = impatient.claim(&lease_req(&key, HOUR)).await.unwrap_err();
+    assert!(timed_out(&e), "the reply timed out on the client: {e}");
+    let next = acquire(&s, &key, HOUR).await;
+    assert_eq!(next.acquisition(), Acquisition::New);
+    assert_eq!(next.generation(), 1);
+    next.release().await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while blocked_in_wait(&c).await > 0 {
+        assert!(Instant::now() < deadline, "a WAIT never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = s.redis_connection();
+    for k in ran.iter().chain([&key]) {
+        let name = s.record_key("acme", "create-payment", k);
+        assert!(
+            !c.exists::<_, bool>(&name).await.unwrap(),
+            "a claim given up never comes back to hold its key: {name}"
+        );
+    }
+    let marks = keys_under(&mut c, &prefix("timed-out")).await;
+    assert!(
+        marks.iter().any(|k| k.contains(":abandoned:")),
+        "the claims' give-up marks are kept, for a copy still on its way: {marks:?}"
+    );
+    let again = acquire(&s, &key, HOUR).await;
+    assert_eq!(again.acquisition(), Acquisition::New);
+    again.complete(&paid("ch_after_timeout")).await.unwrap();
 }
 
 // --- hand-written requests ------------------------------------------------------

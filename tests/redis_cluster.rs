@@ -3,15 +3,19 @@
 //! `IDEM_TEST_REDIS_CLUSTER` names others): what only a cluster shows. One
 //! operation's records land on several slots and masters, the reconciler
 //! finds uncertain records on every shard, a cluster node given as one server
-//! is refused, and a state change waits for its replica when asked to. The
-//! leased suite itself runs on the cluster too (`tests/leased_redis.rs` with
+//! is refused, a state change waits for its replica when asked to, and a
+//! renewal gets through while other requests' `WAIT`s block. The leased suite
+//! itself runs on the cluster too (`tests/leased_redis.rs` with
 //! `IDEM_TEST_REDIS_CLUSTER`). Every test has a key prefix of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use idem_runtime::lease::Acquisition;
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
-use idem_runtime::redis::{NotReplicated, Redis, RedisConnection, RedisLeaseStore, SHARDS};
+use idem_runtime::redis::{
+    NotReplicated, Redis, RedisConnection, RedisLeaseStore, SHARDS, WAIT_CONNECTIONS,
+};
 use idem_runtime::{
     FingerprintBuilder, IdempotencyKey, LeaseRequest, LeasedClaim, StoreError, StoredResponse,
 };
@@ -58,6 +62,10 @@ async fn store(test: &str) -> RedisLeaseStore {
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn req(key: &IdempotencyKey) -> LeaseRequest<'_> {
+    req_for(key, HOUR)
+}
+
+fn req_for(key: &IdempotencyKey, lease: Duration) -> LeaseRequest<'_> {
     LeaseRequest {
         tenant: "acme",
         operation: "create-payment",
@@ -67,9 +75,13 @@ fn req(key: &IdempotencyKey) -> LeaseRequest<'_> {
             .unwrap()
             .finish(),
         retention: HOUR,
-        lease: HOUR,
+        lease,
     }
 }
+
+/// The tests that make `WAIT`s block, or count the clients a `WAIT` blocks,
+/// take turns: one's blocked clients are not another's.
+static WAITS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn paid(charge: &str) -> StoredResponse {
     StoredResponse {
@@ -253,6 +265,7 @@ async fn a_cluster_node_given_as_one_server_is_refused_naming_connect_cluster() 
 /// and a claim so reported leaves the key free.
 #[tokio::test]
 async fn a_state_change_waits_for_its_replica_and_fails_when_too_few_acknowledge() {
+    let _turn = WAITS.lock().await;
     let s = store("acks")
         .await
         .with_replica_acks(1, Duration::from_secs(2))
@@ -340,4 +353,128 @@ async fn replica_of(c: &mut RedisConnection, master: &str) -> String {
         .and_then(|a| a.split('@').next())
         .map(str::to_owned)
         .expect("the master has a replica")
+}
+
+/// `n` keys whose records share `key`'s shard, and so its slot and master.
+fn keys_beside(key: &IdempotencyKey, name: &str, n: usize) -> Vec<IdempotencyKey> {
+    let shard = key.digest().to_string().chars().next().unwrap();
+    (0..)
+        .map(|i| IdempotencyKey::parse(format!("{name}-{i}")).unwrap())
+        .filter(|k| k.digest().to_string().starts_with(shard))
+        .take(n)
+        .collect()
+}
+
+/// How many clients of `node` (`host:port`) a `WAIT` blocks now, by
+/// `CLIENT LIST` (`flags` with `b`, the command `wait`).
+async fn blocked_in_wait(node: &str) -> usize {
+    let mut c = redis::Client::open(format!("redis://{node}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    clients
+        .lines()
+        .filter(|l| {
+            l.split(' ').any(|f| f == "cmd=wait")
+                && l.split(' ')
+                    .any(|f| f.strip_prefix("flags=").is_some_and(|fl| fl.contains('b')))
+        })
+        .count()
+}
+
+/// A renewal never queues behind other requests' acknowledgements (issue 35,
+/// item 6). A live lease's master has one replica; other requests on the same
+/// master ask for two, so each of their `WAIT`s blocks its connection for its
+/// whole timeout, as every `WAIT` does while the replica is gone, and the
+/// server is seen to hold one on every connection that carries them. The
+/// renewal, sent then, comes back renewed well within a third of the lease
+/// (the background renewer's window), while every one of those requests is
+/// still waiting; they end as failures (too few replicas) that give their
+/// keys back. On one shared connection the renewal waited behind them.
+#[tokio::test]
+async fn a_renewal_gets_through_while_other_requests_waits_block() {
+    let _turn = WAITS.lock().await;
+    let s = store("renew-unblocked").await;
+    let acked = s
+        .clone()
+        .with_replica_acks(1, Duration::from_secs(2))
+        .unwrap();
+    // Clones share the store's connections: these WAITs block the very
+    // connections the acknowledged lease's state changes use.
+    let block = Duration::from_secs(3);
+    let stuck = s.clone().with_replica_acks(2, block).unwrap();
+
+    let key = IdempotencyKey::parse("renewed-1").unwrap();
+    let lease_len = Duration::from_secs(3);
+    let LeasedClaim::Acquired(lease) = acked.claim(&req_for(&key, lease_len)).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    let name = s.record_key("acme", "create-payment", &key);
+    let mut c = s.redis_connection();
+    let (_, master) = slot_and_master(&mut c, &name).await;
+    let before: i64 = c.hget(&name, "lease_until").await.unwrap();
+
+    let others = keys_beside(&key, "blocked", WAIT_CONNECTIONS);
+    let waiting: Vec<_> = others
+        .iter()
+        .map(|k| {
+            let (stuck, k) = (stuck.clone(), k.clone());
+            tokio::spawn(async move { stuck.claim(&req(&k)).await.map(|_| ()) })
+        })
+        .collect();
+    // Every connection that carries WAITs is blocked on the master (polled,
+    // within a bound shorter than the WAITs' timeout).
+    let seen = Instant::now();
+    while blocked_in_wait(&master).await < WAIT_CONNECTIONS {
+        assert!(
+            seen.elapsed() < block / 2,
+            "the WAITs never blocked: {} of {WAIT_CONNECTIONS}",
+            blocked_in_wait(&master).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let sent = Instant::now();
+    let renewed = tokio::time::timeout(lease_len / 3, lease.renew()).await;
+    let took = sent.elapsed();
+    assert!(
+        matches!(renewed, Ok(Ok(()))),
+        "the renewal got through in time: {renewed:?} after {took:?}"
+    );
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "the renewal came back while the other requests still waited"
+    );
+    assert!(!lease.is_lost());
+    let after: i64 = c.hget(&name, "lease_until").await.unwrap();
+    assert!(
+        after > before,
+        "the lease moved on the master: {after} > {before}"
+    );
+    println!("renewed in {took:?} while {WAIT_CONNECTIONS} WAITs blocked");
+
+    for w in waiting {
+        let e = w.await.unwrap().unwrap_err();
+        let StoreError::Redis(source) = &e else {
+            panic!("{e}")
+        };
+        let short = source
+            .downcast_ref::<NotReplicated>()
+            .unwrap_or_else(|| panic!("{e}"));
+        assert_eq!((short.acknowledged, short.wanted), (1, 2), "{e}");
+    }
+    for k in &others {
+        let LeasedClaim::Acquired(l) = acked.claim(&req(k)).await.unwrap() else {
+            panic!("a claim reported as failed gave its key back");
+        };
+        assert_eq!(l.acquisition(), Acquisition::New);
+        l.release().await.unwrap();
+    }
+    lease.complete(&paid("ch_renewed")).await.unwrap();
 }

@@ -368,6 +368,53 @@ pub mod redis_store {
         }
     }
 
+    /// A store built from a client, to the test server or the cluster, so it
+    /// opens connections of its own (what `with_replica_acks` needs), whose
+    /// replies time out after `response_timeout`.
+    pub async fn store_from_client(
+        prefix: &str,
+        response_timeout: Duration,
+    ) -> Result<RedisLeaseStore, StoreError> {
+        match cluster_nodes() {
+            Some(nodes) => {
+                let client = redis::cluster::ClusterClientBuilder::new(nodes)
+                    .response_timeout(response_timeout)
+                    .build()
+                    .unwrap();
+                RedisLeaseStore::with_cluster_client(client, prefix).await
+            }
+            None => {
+                let client = redis::Client::open(redis_url()).unwrap();
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(response_timeout));
+                RedisLeaseStore::with_client(client, config, prefix).await
+            }
+        }
+    }
+
+    /// How many clients a `WAIT` blocks now, on every node (the one server,
+    /// or each node of the cluster), by `CLIENT LIST`.
+    pub async fn blocked_in_wait(c: &RedisConnection) -> usize {
+        let lists = c
+            .on_every_node(redis::cmd("CLIENT").arg("LIST"))
+            .await
+            .unwrap();
+        lists
+            .into_iter()
+            .map(|(_, list)| {
+                let list: String = redis::from_redis_value(list).unwrap();
+                list.lines()
+                    .filter(|l| {
+                        l.split(' ').any(|f| f == "cmd=wait")
+                            && l.split(' ').any(|f| {
+                                f.strip_prefix("flags=").is_some_and(|fl| fl.contains('b'))
+                            })
+                    })
+                    .count()
+            })
+            .sum()
+    }
+
     /// Deletes every key under `prefix`.
     pub async fn delete_prefix(c: &mut RedisConnection, prefix: &str) {
         for k in keys_under(c, prefix).await {

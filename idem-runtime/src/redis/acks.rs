@@ -1,6 +1,8 @@
 //! Replication acknowledgement ([`super::RedisLeaseStore::with_replica_acks`]):
 //! each state change's script pipelined with `WAIT n timeout`, so the `WAIT`
 //! runs on the very connection, and so the very node, that ran the script.
+//! Those pipelines go over connections of their own, renewals over another
+//! that never waits (see `lanes`).
 //!
 //! On a cluster redis-rs sends a pipeline to the slot of its first keyed
 //! command (the script's record), and a `WAIT` has no key, so it follows; a
@@ -51,32 +53,41 @@ impl std::error::Error for NotReplicated {}
 /// What a script's run answered, and whether its replicas acknowledged it.
 pub(super) struct Ran<T> {
     pub(super) reply: T,
-    /// `Some` when fewer replicas acknowledged than asked for.
-    pub(super) short: Option<NotReplicated>,
+    /// An error when the script ran but its `WAIT` fell short
+    /// ([`NotReplicated`]) or failed: the change is on the master, and must
+    /// not be reported as done.
+    pub(super) acked: Result<(), StoreError>,
 }
 
 impl<T> Ran<T> {
-    /// The reply, or the shortfall as the store's error.
+    /// The reply, or why it is not acknowledged.
     pub(super) fn acknowledged(self) -> Result<T, StoreError> {
-        match self.short {
-            None => Ok(self.reply),
-            Some(short) => Err(StoreError::Redis(Box::new(short))),
-        }
+        self.acked.map(|()| self.reply)
     }
 }
 
 impl RedisLeaseStore {
     /// Runs a state change's script; with replica acknowledgement on, pipelined
-    /// with `WAIT`, the shortfall (if any) in [`Ran::short`].
+    /// with `WAIT` on one of the connections that carry them, the shortfall
+    /// (if any) in [`Ran::acked`].
     pub(super) async fn run<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
     ) -> Result<Ran<T>, StoreError> {
-        let mut conn = self.conn.clone();
         let Some(acks) = self.acks else {
-            let reply = inv.invoke_async(&mut conn).await.map_err(redis_err)?;
-            return Ok(Ran { reply, short: None });
+            let reply = inv
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(redis_err)?;
+            return Ok(Ran {
+                reply,
+                acked: Ok(()),
+            });
         };
+        // Held until the answer is in, so the next pipeline picks another
+        // connection while this one's WAIT blocks it.
+        let lane = self.lanes.for_wait().await?;
+        let mut conn = lane.conn();
         let mut pipe = redis::pipe();
         // The script's error is its reply (below), not the pipeline's.
         pipe.ignore_errors();
@@ -102,21 +113,45 @@ impl RedisLeaseStore {
                 Ok(v) => v,
             };
             let reply = T::from_redis_value(script).map_err(|e| redis_err(e.into()))?;
-            let acknowledged = match wait.extract_error() {
-                Ok(Value::Int(n)) => u32::try_from(n).unwrap_or(0),
-                Ok(other) => {
-                    return Err(StoreError::Corrupt(format!(
-                        "redis: WAIT answered {other:?}"
-                    )));
+            let acked = match wait.extract_error() {
+                Ok(Value::Int(n)) => {
+                    let acknowledged = u32::try_from(n).unwrap_or(0);
+                    if acknowledged < acks.replicas {
+                        Err(StoreError::Redis(Box::new(NotReplicated {
+                            acknowledged,
+                            wanted: acks.replicas,
+                            timeout: acks.timeout,
+                        })))
+                    } else {
+                        Ok(())
+                    }
                 }
-                Err(e) => return Err(redis_err(e)),
+                Ok(other) => Err(StoreError::Corrupt(format!(
+                    "redis: WAIT answered {other:?}"
+                ))),
+                Err(e) => Err(redis_err(e)),
             };
-            let short = (acknowledged < acks.replicas).then_some(NotReplicated {
-                acknowledged,
-                wanted: acks.replicas,
-                timeout: acks.timeout,
-            });
-            return Ok(Ran { reply, short });
+            return Ok(Ran { reply, acked });
         }
+    }
+
+    /// Runs a renewal's script, never followed by `WAIT`, and with replica
+    /// acknowledgement on, on the connection no `WAIT` blocks (`lanes`).
+    ///
+    /// Not waited for: a renewal only moves forward the lease of a claim that
+    /// was acknowledged, and waiting would put it behind the replicas, which
+    /// are what is slow or gone when `WAIT`s block. One that a failover loses
+    /// leaves the promoted replica with the lease of the claim or of an
+    /// earlier renewal, so a retry may take the execution over sooner than
+    /// the worker counts; its completion is then refused (fenced by the token)
+    /// and its downstream calls carry the same downstream key, as after any
+    /// takeover (docs/redis.md, "Replica acknowledgement").
+    pub(super) async fn run_renewal(&self, inv: &ScriptInvocation<'_>) -> Result<u64, StoreError> {
+        // The first connection carries no WAIT when acknowledgement is off.
+        let mut conn = match self.acks {
+            None => self.conn.clone(),
+            Some(_) => self.lanes.renewals().await?,
+        };
+        inv.invoke_async(&mut conn).await.map_err(redis_err)
     }
 }

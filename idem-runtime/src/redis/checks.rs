@@ -279,7 +279,7 @@ impl RedisLeaseStore {
                 Err(super::refused(
                     "this server is a node of a Redis Cluster, reached as one server: most keys \
                      would be answered MOVED; connect with RedisLeaseStore::connect_cluster (or \
-                     with_cluster_connection) and every node's address"
+                     with_cluster_client) and every node's address"
                         .into(),
                 ))
             }

@@ -81,6 +81,13 @@ impl Layout {
     pub(super) fn index(&self, operation: &str, shard: char) -> String {
         format!("{}:uncertain", self.shard_base(operation, shard))
     }
+
+    /// `P:{O:s}:abandoned:K`, the mark that the claim with owner token `K`
+    /// was given up by its caller (its answer never came): in the record's
+    /// shard, so the claim's script reads it, and it never runs after that.
+    pub(super) fn abandoned(&self, operation: &str, shard: char, token: &str) -> String {
+        format!("{}:abandoned:{token}", self.shard_base(operation, shard))
+    }
 }
 
 #[cfg(test)]
@@ -108,6 +115,10 @@ mod tests {
         assert_eq!(
             l.index("create-payment", shard_of(digest)),
             "idem:{create-payment:c}:uncertain"
+        );
+        assert_eq!(
+            l.abandoned("create-payment", shard_of(digest), "0a1b"),
+            "idem:{create-payment:c}:abandoned:0a1b"
         );
         assert_eq!(shards().count(), SHARDS);
         assert_eq!(shard_of(""), '0');

@@ -40,9 +40,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use futures_util::FutureExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{IntoConnectionInfo, Script, ScriptInvocation, Value};
+use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script, ScriptInvocation, Value};
 
 use crate::config::Idem;
 use crate::key::{IdempotencyKey, KeyDigest};
@@ -56,6 +58,7 @@ use crate::reconcile::UncertainOutcome;
 mod acks;
 mod checks;
 mod connection;
+mod lanes;
 mod layout;
 mod listing;
 mod scripts;
@@ -65,11 +68,13 @@ pub use checks::{
     EvictionVerdict, MIN_REDIS_VERSION, VersionVerdict, eviction_verdict, version_verdict,
 };
 pub use connection::RedisConnection;
+pub use lanes::WAIT_CONNECTIONS;
 pub use layout::SHARDS;
 #[doc(hidden)]
 pub use listing::RedisUncertain;
 
 use acks::ReplicaAcks;
+use lanes::{Lanes, Opener};
 use layout::{Layout, member, shard_of, shards};
 
 /// Leased mode on Redis: the type parameter of `Lease<Redis>`, `Idem<Redis>`
@@ -81,13 +86,17 @@ pub enum Redis {}
 /// key prefix.
 ///
 /// Cheap to clone (a [`ConnectionManager`] multiplexes one connection and
-/// reconnects by itself; a cluster connection keeps one per node).
+/// reconnects by itself; a cluster connection keeps one per node). With
+/// [`RedisLeaseStore::with_replica_acks`] it opens a few more, shared by its
+/// clones (see there).
 #[derive(Clone)]
 pub struct RedisLeaseStore {
     conn: RedisConnection,
     layout: Layout,
     scripts: Arc<Scripts>,
     acks: Option<ReplicaAcks>,
+    /// The connections past the first, for replica acknowledgement.
+    lanes: Arc<Lanes>,
 }
 
 impl std::fmt::Debug for RedisLeaseStore {
@@ -108,6 +117,7 @@ struct Scripts {
     release: Script,
     resolve: Script,
     prune: Script,
+    abandon: Script,
 }
 
 fn redis_err(e: redis::RedisError) -> StoreError {
@@ -143,8 +153,35 @@ impl RedisLeaseStore {
     /// As [`RedisLeaseStore::connect`].
     pub async fn connect_with_prefix(url: &str, prefix: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(redis_err)?;
-        let conn = ConnectionManager::new(client).await.map_err(redis_err)?;
-        Self::with_connection(conn, prefix).await
+        Self::with_client(client, ConnectionManagerConfig::new(), prefix).await
+    }
+
+    /// A store on one server through `client`, its connections redis-rs
+    /// `ConnectionManager`s with `config` (timeouts, reconnection), for a
+    /// service that sets its client up itself (TLS, credentials); otherwise as
+    /// [`RedisLeaseStore::connect_with_prefix`]. Unlike
+    /// [`RedisLeaseStore::with_connection`], the store can open the
+    /// connections [`RedisLeaseStore::with_replica_acks`] needs.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLeaseStore::with_connection`].
+    pub async fn with_client(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        prefix: &str,
+    ) -> Result<Self, StoreError> {
+        let open: Opener = Arc::new(move || {
+            let (client, config) = (client.clone(), config.clone());
+            async move {
+                ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map(RedisConnection::Server)
+            }
+            .boxed()
+        });
+        let conn = open().await.map_err(redis_err)?;
+        Self::start(conn, prefix, Some(open)).await
     }
 
     /// Uses `conn`, naming every key `{prefix}:...` (give each service, or each
@@ -156,6 +193,10 @@ impl RedisLeaseStore {
     /// may not). A node of a Redis Cluster is refused: one connection would be
     /// answered `MOVED` for most keys.
     ///
+    /// A store on a connection it is handed cannot open others, so
+    /// [`RedisLeaseStore::with_replica_acks`] refuses it: use
+    /// [`RedisLeaseStore::with_client`] for that.
+    ///
     /// # Errors
     ///
     /// [`StoreError::Redis`] when the version or the policy is refused, the
@@ -164,7 +205,7 @@ impl RedisLeaseStore {
         conn: ConnectionManager,
         prefix: &str,
     ) -> Result<Self, StoreError> {
-        Self::start(RedisConnection::Server(conn), prefix).await
+        Self::start(RedisConnection::Server(conn), prefix, None).await
     }
 
     /// Connects to a Redis Cluster through redis-rs's cluster client, with the
@@ -173,7 +214,7 @@ impl RedisLeaseStore {
     /// learns the others and the slots. It waits up to 5 s for a reply, its
     /// resends while a failover promotes a replica included; for other
     /// settings (TLS, credentials, timeouts) build the client yourself and use
-    /// [`RedisLeaseStore::with_cluster_connection`]. The start-up check runs on
+    /// [`RedisLeaseStore::with_cluster_client`]. The start-up check runs on
     /// every node.
     ///
     /// # Errors
@@ -199,12 +240,40 @@ impl RedisLeaseStore {
             .response_timeout(CLUSTER_RESPONSE_TIMEOUT)
             .build()
             .map_err(redis_err)?;
-        let conn = client.get_async_connection().await.map_err(redis_err)?;
-        Self::with_cluster_connection(conn, prefix).await
+        Self::with_cluster_client(client, prefix).await
+    }
+
+    /// A store on a Redis Cluster through `client` (redis-rs's
+    /// `ClusterClient`, with the service's own settings: TLS, credentials,
+    /// timeouts), the start-up check run on every node. Unlike
+    /// [`RedisLeaseStore::with_cluster_connection`], the store can open the
+    /// connections [`RedisLeaseStore::with_replica_acks`] needs.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLeaseStore::connect_cluster`].
+    pub async fn with_cluster_client(
+        client: ClusterClient,
+        prefix: &str,
+    ) -> Result<Self, StoreError> {
+        let open: Opener = Arc::new(move || {
+            let client = client.clone();
+            async move {
+                client
+                    .get_async_connection()
+                    .await
+                    .map(RedisConnection::Cluster)
+            }
+            .boxed()
+        });
+        let conn = open().await.map_err(redis_err)?;
+        Self::start(conn, prefix, Some(open)).await
     }
 
     /// Uses a Redis Cluster connection, as [`RedisLeaseStore::with_connection`]
-    /// uses one server's, the start-up check run on every node.
+    /// uses one server's, the start-up check run on every node. Like it, it
+    /// cannot open more connections, so [`RedisLeaseStore::with_replica_acks`]
+    /// refuses it: use [`RedisLeaseStore::with_cluster_client`] for that.
     ///
     /// # Errors
     ///
@@ -213,10 +282,14 @@ impl RedisLeaseStore {
         conn: ClusterConnection,
         prefix: &str,
     ) -> Result<Self, StoreError> {
-        Self::start(RedisConnection::Cluster(conn), prefix).await
+        Self::start(RedisConnection::Cluster(conn), prefix, None).await
     }
 
-    async fn start(conn: RedisConnection, prefix: &str) -> Result<Self, StoreError> {
+    async fn start(
+        conn: RedisConnection,
+        prefix: &str,
+        opener: Option<Opener>,
+    ) -> Result<Self, StoreError> {
         if prefix.is_empty() || prefix.contains(['{', '}']) {
             return Err(refused(format!(
                 "the key prefix {prefix:?} must be non-empty and hold no `{{` or `}}`"
@@ -236,8 +309,10 @@ impl RedisLeaseStore {
                 release: Script::new(scripts::RELEASE),
                 resolve: Script::new(scripts::RESOLVE),
                 prune: Script::new(scripts::PRUNE),
+                abandon: Script::new(scripts::ABANDON),
             }),
             acks: None,
+            lanes: Arc::new(Lanes::new(opener)),
         };
         match store.check_version().await? {
             VersionVerdict::Supported(_) => {}
@@ -252,32 +327,48 @@ impl RedisLeaseStore {
         Ok(store)
     }
 
-    /// Waits, after each state change (claim, renewal, completion, mark,
+    /// Waits, after each state change but a renewal (claim, completion, mark,
     /// release, resolution), until `replicas` replicas of the master that took
     /// it have acknowledged it, for at most `timeout` (`WAIT replicas timeout`,
     /// pipelined with the script so it reaches that very master). A change
     /// that fewer replicas acknowledged in time is reported as a failure
     /// ([`StoreError::Redis`] with a [`NotReplicated`] source), never as
     /// success: a claim's caller answers the store's failure and the client
-    /// retries (the record is released first, best effort, so the retry need
-    /// not wait out the lease); a completion is retried by the handler, and
+    /// retries (the claim is given back first, so the retry need not wait out
+    /// a lease nobody holds); a completion is retried by the handler, and
     /// sent again finds its own outcome.
     ///
-    /// What it promises: a change reported as done is on the master and on
-    /// `replicas` replicas, so a failover that promotes one of them keeps it.
-    /// What it cannot: replication stays asynchronous (`WAIT` makes Redis
-    /// neither strongly consistent nor durable; a failover may still promote a
-    /// replica that had not acknowledged, and a change reported as failed may
-    /// have survived); see `docs/redis.md`. Keep `timeout` below the
-    /// connection's response timeout (redis-rs's `ConnectionManager`: 500 ms
-    /// by default; [`RedisLeaseStore::connect_cluster`]: 5 s), or a slow
-    /// acknowledgement is a client-side timeout instead (a failure all the
-    /// same).
+    /// Redis blocks a connection during `WAIT`, so the store then opens
+    /// connections of its own, shared by its clones, on first use: the
+    /// pipelines that end in `WAIT` go over [`WAIT_CONNECTIONS`] of them (each
+    /// to the one with the fewest in flight), and renewals over one more that
+    /// never carries a `WAIT`, so a renewal never queues behind other
+    /// requests' acknowledgements. A renewal is not waited for: it only moves
+    /// forward the lease of an acknowledged claim, and must get through while
+    /// the replicas are slow or gone (a failover that loses one shortens the
+    /// lease to the last one the replica had; see `docs/redis.md`).
+    ///
+    /// What it promises: a claim or completion reported as done is on the
+    /// master and on `replicas` replicas, so a failover that promotes one of
+    /// them keeps it. What it cannot: replication stays asynchronous (`WAIT`
+    /// makes Redis neither strongly consistent nor durable; a failover may
+    /// still promote a replica that had not acknowledged, and a change
+    /// reported as failed may have survived); see `docs/redis.md`. Keep
+    /// `timeout` below the connection's response timeout (redis-rs's
+    /// `ConnectionManager`: 500 ms by default; [`RedisLeaseStore::connect_cluster`]:
+    /// 5 s): a slower acknowledgement is a client-side timeout instead, a
+    /// failure all the same (a claim so timed out is given back as well).
     ///
     /// # Errors
     ///
-    /// [`StoreError::Redis`] for `replicas` 0 (leave the option off) or a
-    /// `timeout` under a millisecond (`WAIT` takes 0 as "for ever").
+    /// [`StoreError::Redis`] for `replicas` 0 (leave the option off), a
+    /// `timeout` under a millisecond (`WAIT` takes 0 as "for ever"), or a
+    /// store built on a connection it was handed
+    /// ([`RedisLeaseStore::with_connection`],
+    /// [`RedisLeaseStore::with_cluster_connection`]), which cannot open the
+    /// connections above: build it with [`RedisLeaseStore::connect`],
+    /// [`RedisLeaseStore::connect_cluster`], [`RedisLeaseStore::with_client`]
+    /// or [`RedisLeaseStore::with_cluster_client`].
     pub fn with_replica_acks(
         mut self,
         replicas: u32,
@@ -293,6 +384,15 @@ impl RedisLeaseStore {
                 "with_replica_acks(.., {timeout:?}) is refused: WAIT counts whole milliseconds, \
                  and 0 would wait for ever; give at least 1 ms"
             )));
+        }
+        if !self.lanes.can_open() {
+            return Err(refused(
+                "with_replica_acks needs connections of its own (Redis blocks a connection \
+                 during WAIT, and renewals must not queue behind it), and a store built with \
+                 with_connection or with_cluster_connection cannot open them: build it with \
+                 connect, connect_cluster, with_client or with_cluster_client"
+                    .into(),
+            ));
         }
         self.acks = Some(ReplicaAcks { replicas, timeout });
         Ok(self)
@@ -433,24 +533,45 @@ impl LeaseBackend for Redis {
     ) -> Result<LeasedOutcome, StoreError> {
         let name = store.record_key(req.tenant, req.operation, req.key);
         let token = OwnerToken::random();
+        let digest = req.key.digest().to_string();
+        let given_up = Abandon {
+            record: &name,
+            mark: store
+                .layout
+                .abandoned(req.operation, shard_of(&digest), token.as_str()),
+            token: token.as_str(),
+            lease: req.lease,
+        };
         let downstream = crate::lease::downstream_key(req.tenant, req.operation, req.key);
         let mut inv = store.scripts.claim.key(&name);
-        inv.arg(hex::encode(req.fingerprint.as_bytes()))
+        inv.key(&given_up.mark)
+            .arg(hex::encode(req.fingerprint.as_bytes()))
             .arg(&token)
             .arg(script_ms(req.lease))
             .arg(script_ms(req.retention))
             .arg(req.tenant)
             .arg(downstream);
-        let ran = store.run::<Vec<Value>>(&inv).await?;
+        let ran = match store.run::<Vec<Value>>(&inv).await {
+            Ok(ran) => ran,
+            Err(e) => {
+                if fate_unknown(&e) {
+                    // The claim may have run (its reply timed out, or the
+                    // connection went) and nobody will hold its lease: give it
+                    // back, so the client's retry is not kept out for a lease.
+                    store.abandon(&given_up, &e).await;
+                }
+                return Err(e);
+            }
+        };
         let reply = &ran.reply;
         let outcome = reply.first().and_then(text).unwrap_or_default();
-        if let Some(short) = ran.short {
+        if let Err(e) = ran.acked {
             if matches!(outcome.as_str(), "acquired" | "taken_over") {
-                // Reported as a failure: give the key up, best effort, so the
-                // client's retry need not wait out a lease nobody holds.
-                store.release_unacknowledged(&name, token.as_str()).await;
+                // Reported as a failure: give the key back, so the client's
+                // retry need not wait out a lease nobody holds.
+                store.abandon(&given_up, &e).await;
             }
-            return Err(StoreError::Redis(Box::new(short)));
+            return Err(e);
         }
         let acquired = |acquisition| -> Result<LeasedOutcome, StoreError> {
             Ok(LeasedOutcome::Acquired {
@@ -473,6 +594,11 @@ impl LeaseBackend for Redis {
             },
             "mismatch" => Ok(LeasedOutcome::Mismatch),
             "uncertain" => Ok(LeasedOutcome::Uncertain),
+            "abandoned" => Err(refused(
+                "redis: the claim found itself given up (it was sent again after its caller \
+                 had stopped waiting); it wrote nothing"
+                    .into(),
+            )),
             "in_flight" => {
                 let ms = reply.get(1).and_then(int).unwrap_or(1000);
                 Ok(LeasedOutcome::InFlight {
@@ -514,6 +640,7 @@ impl LeaseBackend for Redis {
             Fence::Renew(lease) => {
                 inv = store.scripts.renew.key(&name);
                 inv.arg(row.token).arg(script_ms(lease));
+                return store.run_renewal(&inv).await;
             }
             Fence::Uncertain => {
                 let digest = row.key.to_string();
@@ -672,14 +799,66 @@ return {r[1], live, r[3] or false, r[4] or false, r[5] or false}
     }
 }
 
+/// A claim to give back ([`RedisLeaseStore::abandon`]).
+struct Abandon<'a> {
+    record: &'a str,
+    /// Its give-up mark (`Layout::abandoned`).
+    mark: String,
+    token: &'a str,
+    lease: Duration,
+}
+
+/// How long a give-up mark is kept: while the claim it stops may still arrive
+/// (queued on its connection behind `WAIT`s, or resent by a cluster client).
+/// The claim's lease, and at least a minute: a claim later than that would
+/// take many queued acknowledgements, and holds its key for one lease, as
+/// any claim whose caller is gone.
+fn mark_ms(lease: Duration) -> i64 {
+    script_ms(lease.max(Duration::from_secs(60)))
+}
+
+/// Whether a claim that failed with `e` may have run: anything but an answer
+/// from the server to the claim itself (every script checks before it writes,
+/// so its error means nothing was written). A redirection or a cluster that
+/// is down counts as unknown: the cluster client resends after such answers,
+/// and an earlier send may have run.
+fn fate_unknown(e: &StoreError) -> bool {
+    let StoreError::Redis(source) = e else {
+        return false;
+    };
+    source
+        .downcast_ref::<RedisError>()
+        .is_some_and(|e| !matches!(e.kind(), ErrorKind::Server(_)) || e.is_cluster_error())
+}
+
 impl RedisLeaseStore {
-    /// Releases a claim whose acknowledgement fell short, fenced by its token;
-    /// a failure is logged (the record then waits out its lease).
-    async fn release_unacknowledged(&self, name: &str, token: &str) {
-        let mut inv = self.scripts.release.key(name);
-        inv.arg(token);
-        if let Err(e) = inv.invoke_async::<u64>(&mut self.conn.clone()).await {
-            tracing::warn!(error = %e, "idem: redis: releasing a claim its replicas did not acknowledge failed; it is taken over after its lease");
+    /// Gives back a claim its caller will not use (its answer never came, or
+    /// its replicas did not acknowledge it), fenced by its token (ABANDON):
+    /// a record it created is deleted, one it took over lapses now, and a
+    /// claim still on its way finds the mark and writes nothing. Sent on the
+    /// connection no `WAIT` blocks, so it is not held up behind the very
+    /// acknowledgements that failed the claim, and not waited for by the
+    /// replicas (best effort: a failure is logged, and the key is then taken
+    /// over after its lease, as before).
+    async fn abandon(&self, claim: &Abandon<'_>, why: &StoreError) {
+        let mut inv = self.scripts.abandon.key(claim.record);
+        inv.key(&claim.mark)
+            .arg(claim.token)
+            .arg(mark_ms(claim.lease));
+        let conn = match self.acks {
+            None => Some(self.conn.clone()),
+            Some(_) => self.lanes.renewals_if_open(),
+        };
+        // With acknowledgement on and no lane open, the claim never went out
+        // (opening them failed): there is nothing to give back.
+        let Some(mut conn) = conn else { return };
+        match inv.invoke_async::<u64>(&mut conn).await {
+            Ok(n) => {
+                tracing::warn!(error = %why, undone = n == 1, "idem: redis: a claim failed and was given back; the client's retry may claim the key at once")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, claim_error = %why, "idem: redis: giving back a claim that failed did not work; the key is taken over after its lease")
+            }
         }
     }
 }

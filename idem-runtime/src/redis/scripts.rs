@@ -59,11 +59,17 @@ local function is_err(r) return type(r) == 'table' and r['err'] ~= nil end
     };
 }
 
-/// KEYS: record. ARGV: fingerprint, new token, lease ms, retention ms, tenant,
-/// downstream key. Answers `{outcome, ...}`.
+/// KEYS: record, the claim's give-up mark (`Layout::abandoned` of its new
+/// token). ARGV: fingerprint, new token, lease ms, retention ms, tenant,
+/// downstream key. Answers `{outcome, ...}`; `{'abandoned'}` when its caller
+/// gave it up before it ran (ABANDON), writing nothing.
 pub(super) const CLAIM: &str = concat!(
     prelude!(),
     r#"
+-- Given up by its caller before it got here (queued behind a WAIT, or sent
+-- again by a cluster client after its caller had stopped waiting): nobody
+-- would hold the lease it writes, so it writes nothing.
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'abandoned'} end
 local rec = load(KEYS[1])
 if is_err(rec) then return rec end
 local now = now_ms()
@@ -158,6 +164,31 @@ local rec = load(KEYS[1])
 if is_err(rec) then return rec end
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+return 1
+"#
+);
+
+/// KEYS: record, the claim's give-up mark. ARGV: the claim's token, the mark's
+/// life in ms. Gives back a claim whose caller will not use it: its answer
+/// never came (a timeout, a dropped connection) or its replicas did not
+/// acknowledge it. The mark is written first, so a claim that has not run yet
+/// never does (CLAIM reads it); a claim that ran, found by its token, is
+/// undone: a record it created is deleted, one it took over has its lease
+/// lapse now, so the next claim takes it over at once and is still told an
+/// earlier execution may have run. Answers 1 when it undid a claim, 0 when
+/// there was none of that token (yet) to undo.
+pub(super) const ABANDON: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
+if rec.gen == 1 then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 'lease_until', int(now_ms()))
+end
 return 1
 "#
 );
