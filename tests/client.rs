@@ -3,9 +3,9 @@
 //! after it sees every attempt, so each test can assert which answers were
 //! retried.
 //!
-//! The example binaries are built by `cargo test --workspace`; run
-//! `cargo build --example orders --example client` first when running this file
-//! alone.
+//! The example binaries are built by `cargo test --workspace --all-features`; run
+//! `cargo build --features client --example orders --example client` first when
+//! running this file alone (`cargo test --features client --test client`).
 
 mod common;
 #[path = "common/orders.rs"]

@@ -1,7 +1,8 @@
 //! Exactly-once message consumption: the runtime API against both backends (a real
 //! PostgreSQL and a SQLite file, the tests written once and stamped by
 //! `consumer_tests!`), and the `consumer` example process against a real NATS
-//! JetStream and PostgreSQL.
+//! JetStream and PostgreSQL. Behind the root package's feature `nats` (async-nats),
+//! as the example is: `cargo test --features nats --test consumer`.
 
 mod common;
 

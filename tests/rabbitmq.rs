@@ -1,6 +1,8 @@
 //! The `rabbitmq-consumer` example process against a real RabbitMQ (quorum
 //! queues, dead-lettering) and PostgreSQL: a crash between commit and ack, a
-//! poison message, and the messages it must refuse.
+//! poison message, and the messages it must refuse. Behind the root package's
+//! feature `rabbitmq` (lapin), as the example is: `cargo test --features rabbitmq
+//! --test rabbitmq`.
 
 mod common;
 

@@ -1,5 +1,6 @@
-//! `cargo run --example client`: places orders with idem-client through a flaky
-//! connection and shows that each logical request made exactly one order.
+//! `cargo run --example client --features client`: places orders with idem-client
+//! through a flaky connection and shows that each logical request made exactly one
+//! order. (The feature brings in idem-client, which `orders` does not need.)
 //!
 //! Start the `orders` example first (`cargo run --example orders`). This program
 //! starts a TCP proxy of its own, in process, in front of it; the proxy decides

@@ -20,8 +20,9 @@ macro_rules! run {
     };
 }
 
-/// The path of an example binary built by `cargo test --workspace` (cargo builds
-/// the examples for tests), next to this test binary's directory.
+/// The path of an example binary built by `cargo test --workspace --all-features`
+/// (cargo builds the examples for tests; `consumer`, `rabbitmq-consumer` and
+/// `client` need their features), next to this test binary's directory.
 pub fn example_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     // target/<profile>/deps/<test>-<hash> -> target/<profile>/examples/<name>
@@ -31,7 +32,7 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
         .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.exists(),
-        "{} is missing: run `cargo test --workspace`, or `cargo build --example {name}` first",
+        "{} is missing: run `cargo test --workspace --all-features`, or `cargo build --all-features --example {name}` first",
         bin.display()
     );
     bin
