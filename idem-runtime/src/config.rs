@@ -48,6 +48,8 @@ pub enum ConfigError {
 /// [`axum::extract::FromRef`], so that `#[idempotent]` handlers can find it:
 ///
 /// ```no_run
+/// # #[cfg(feature = "postgres")] // the example's database is PostgreSQL
+/// # mod doc {
 /// use sqlx::Postgres;
 /// use axum::extract::FromRef;
 /// use idem_runtime::Idem;
@@ -63,10 +65,10 @@ pub enum ConfigError {
 ///     }
 /// }
 ///
-/// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
 /// # async fn demo(pool: sqlx::PgPool) {
 /// let idem = Idem::new(pool).with_in_flight_wait(std::time::Duration::from_millis(500));
 /// let state = AppState { idem };
+/// # }
 /// # }
 /// ```
 ///

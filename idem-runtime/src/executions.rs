@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 /// (from [`crate::Idem::executions`]). Cheap to clone.
 ///
 /// ```no_run
+/// # #[cfg(feature = "postgres")] // the example's database is PostgreSQL
 /// # async fn demo(idem: idem_runtime::Idem<sqlx::Postgres>, app: axum::Router, listener: tokio::net::TcpListener) {
 /// use std::time::Duration;
 ///

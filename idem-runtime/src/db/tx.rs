@@ -23,8 +23,8 @@ use crate::model::{Finish, StoreError};
 /// transaction:
 ///
 /// ```no_run
-/// use sqlx::Postgres;
-/// # async fn demo(tx: &mut idem_runtime::Tx<Postgres>) -> Result<(), sqlx::Error> {
+/// # #[cfg(feature = "postgres")] // the example's database is PostgreSQL
+/// # async fn demo(tx: &mut idem_runtime::Tx<sqlx::Postgres>) -> Result<(), sqlx::Error> {
 /// sqlx::query("INSERT INTO orders (sku) VALUES ($1)")
 ///     .bind("A-1")
 ///     .execute(&mut **tx)
