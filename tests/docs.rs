@@ -60,8 +60,10 @@ const OTHERS: &[&str] = &[
     "TraceLayer",
     // serde's, reqwest's, redis-rs's
     "Deserialize", "Serialize", "RequestBuilder", "ConnectionManager", "Script",
+    "ConnectionManagerConfig", "ClusterClient",
     // the docs' example types, and the tests' helpers (tests/common)
-    "AppState", "NewOrder", "OrderBody", "SqliteDb", "TestDb",
+    "AppState", "NewOrder", "OrderBody", "OrdersAnswers", "Payment", "SqliteDb", "Step",
+    "TestDb",
     // not a name: `Authorization: Bearer <tenant>`
     "Bearer",
     // HTTP's: a reason phrase (`202 Accepted`) and a header (`Location`)
