@@ -8,7 +8,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{RawForm, Request};
 use axum::Form;
-use sqlx::Postgres;
 use idem_runtime::FingerprintBody;
 
 #[idempotent(operation = "json", retention = "24h")]

@@ -23,7 +23,7 @@ impl idem_rt::TenantScope for Caller {
 }
 
 #[idem_rt::idempotent(crate = "idem_rt", operation = "create-order", retention = "24h")]
-async fn create_order(#[tenant] caller: Caller, tx: &mut idem_rt::Tx, Json(sku): Json<String>) -> StatusCode {
+async fn create_order(#[tenant] caller: Caller, tx: &mut idem_rt::Tx<sqlx::Postgres>, Json(sku): Json<String>) -> StatusCode {
     let _ = (caller, tx, sku);
     StatusCode::CREATED
 }
