@@ -567,9 +567,10 @@ mod sqlite {
     }
 
     /// Another writer holds the database past the connection's busy timeout:
-    /// the handler's claim answers in flight and leaves its connection idle.
+    /// the handler's claim answers that the store is busy (nothing is known
+    /// about the key, so it is not "in flight") and leaves its connection idle.
     #[tokio::test]
-    async fn a_held_write_lock_past_the_busy_timeout_is_in_flight() {
+    async fn a_held_write_lock_past_the_busy_timeout_is_busy() {
         use idem_runtime::__private::Claims;
         use idem_runtime::Idem;
         use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -596,7 +597,7 @@ mod sqlite {
         let (tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
             .await
             .unwrap();
-        assert!(matches!(c, Claim::InFlight { .. }), "{c:?}");
+        assert!(matches!(c, Claim::Busy { .. }), "{c:?}");
         assert!(
             started.elapsed() >= Duration::from_millis(200),
             "gave up before the busy timeout"
