@@ -417,11 +417,15 @@ mod sqlite {
         "UPDATE idempotency_requests SET expires_at = 0"
     );
 
-    /// SQLite's in-flight bound is the busy timeout: a duplicate waits for the
-    /// first writer, then reports busy (it cannot tell whose write lock it met);
-    /// the first then commits and the duplicate's retry replays it.
+    /// SQLite's in-flight bound is the connection's busy timeout, not the
+    /// request's in-flight wait (the claim changes no setting of a connection it
+    /// only borrows): a duplicate waits for the first writer, then reports busy
+    /// (it cannot tell whose write lock it met); the first then commits and the
+    /// duplicate's retry replays it.
     #[tokio::test]
     async fn the_in_flight_bound_holds_through_the_busy_timeout() {
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
         let db = db().await;
         let key = IdempotencyKey::parse("k1").unwrap();
         let mut r = req("acme", "pay", &key, 100);
@@ -432,23 +436,37 @@ mod sqlite {
         let id = pay(&mut first, "acme", 100).await;
 
         let bound = Duration::from_millis(300);
-        r.in_flight_wait = bound;
-        let mut dup = db.pool.begin().await.unwrap();
+        let impatient = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(&db.path)
+                    .busy_timeout(bound),
+            )
+            .await
+            .unwrap();
+        // Far longer than the connection's: not the bound on SQLite.
+        r.in_flight_wait = Duration::from_secs(60);
+        let mut dup = impatient.begin().await.unwrap();
         let started = std::time::Instant::now();
         let c = claim(&mut dup, &r).await.unwrap();
         assert!(
             matches!(c, Claim::Busy { retry_after } if retry_after == Duration::from_secs(1)),
             "{c:?}"
         );
-        assert!(started.elapsed() >= bound, "gave up before the bound");
-        // The bound was the claim's only: both connections have their own
-        // busy timeout (the pool's 5 s) back for the rest of their transactions.
-        for tx in [&mut first, &mut dup] {
+        let waited = started.elapsed();
+        assert!(waited >= bound, "gave up before the busy timeout");
+        assert!(
+            waited < Duration::from_secs(30),
+            "waited the request's in-flight wait, not the connection's busy timeout"
+        );
+        // Neither connection's busy timeout was touched.
+        for (tx, expected) in [(&mut first, 5000), (&mut dup, 300)] {
             let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
                 .fetch_one(&mut **tx)
                 .await
                 .unwrap();
-            assert_eq!(timeout, 5000);
+            assert_eq!(timeout, expected);
         }
         drop(dup);
 
@@ -460,6 +478,50 @@ mod sqlite {
             other => panic!("expected a replay, got {other:?}"),
         }
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
+    }
+
+    /// A hand-written claim dropped while it waits for the write lock (a
+    /// caller's timeout) leaves the connection's busy timeout as the pool set
+    /// it: the claim changes no setting of a connection it only borrows, so
+    /// there is nothing to give back. Deterministic: the holder keeps the write
+    /// lock until the claim, waiting on it, has been dropped.
+    #[tokio::test]
+    async fn a_cancelled_claim_leaves_the_busy_timeout_on_the_pooled_connection() {
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+        let db = db().await;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(&db.path)
+                    .busy_timeout(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap();
+        let mut holder = db.pool.acquire().await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let key = IdempotencyKey::parse("k-cancelled").unwrap();
+        let mut r = req("acme", "pay", &key, 100);
+        r.in_flight_wait = Duration::from_secs(3);
+        let waited = tokio::time::timeout(Duration::from_millis(300), async {
+            let mut tx = pool.begin().await.unwrap();
+            claim(&mut tx, &r).await
+        })
+        .await;
+        assert!(waited.is_err(), "the claim waited on the held write lock");
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+        let next: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            next, 5000,
+            "the pool handed out a connection with idem's wait on it"
+        );
     }
 
     /// The handler's path (`Backend::begin_claim` / `finish`): the write lock
@@ -767,6 +829,50 @@ mod mysql_only {
         exec.complete(&mut first, &created(id)).await.unwrap();
         first.commit().await.unwrap();
         assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
+    }
+
+    /// A hand-written claim dropped while it waits for a row another transaction
+    /// holds (a caller's timeout) leaves the session's lock wait as it was on
+    /// the pooled connection: on the caller's connection the claim bounds its
+    /// statements, not the session. Deterministic: the holder keeps the row
+    /// locked until the claim, waiting on it, has been dropped.
+    #[tokio::test]
+    async fn a_cancelled_claim_leaves_no_lock_wait_on_the_pooled_connection() {
+        let db = MySqlDb::with_pool_size(1).await;
+        let server_default: i64 =
+            sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert!(server_default > 3, "the server's own lock wait is the claim's");
+        let key = IdempotencyKey::parse("k-cancelled").unwrap();
+        let mut r = req("acme", "pay", &key, 100);
+        r.in_flight_wait = Duration::from_secs(3);
+        let holder_pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+        let mut holder = holder_pool
+            .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
+            .unwrap();
+        assert!(matches!(
+            claim(&mut holder, &r).await.unwrap(),
+            Claim::Execute(_)
+        ));
+        let waited = tokio::time::timeout(Duration::from_millis(300), async {
+            let mut tx = db.pool.begin().await.unwrap();
+            claim(&mut tx, &r).await
+        })
+        .await;
+        assert!(waited.is_err(), "the claim waited on the held row");
+        holder.rollback().await.unwrap();
+        let next: i64 =
+            sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            next, server_default,
+            "the pool handed out a connection with idem's lock wait on it"
+        );
     }
 
     /// InnoDB's default isolation, REPEATABLE READ, takes gap locks on a

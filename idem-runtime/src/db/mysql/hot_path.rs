@@ -143,7 +143,7 @@ macro_rules! upsert {
 const UPSERT_SQL: &str = upsert!();
 
 /// MariaDB's `SET STATEMENT ... FOR` with ER_PARSE_ERROR: MySQL's answer to it.
-const PARSE_ERROR: u16 = 1064;
+pub(super) const PARSE_ERROR: u16 = 1064;
 
 /// What the insert learned of the server: whether it takes `SET STATEMENT`.
 /// Only a hint (which form to send first): a wrong guess costs one round trip,
@@ -152,6 +152,16 @@ static SET_STATEMENT: AtomicU8 = AtomicU8::new(UNKNOWN);
 const UNKNOWN: u8 = 0;
 const TAKEN: u8 = 1;
 const REFUSED: u8 = 2;
+
+/// Whether a server refused `SET STATEMENT` (MySQL 8), as far as idem has seen.
+pub(super) fn set_statement_refused() -> bool {
+    SET_STATEMENT.load(Ordering::Relaxed) == REFUSED
+}
+
+/// Records what a statement sent with `SET STATEMENT` learned of the server.
+pub(super) fn learned_set_statement(taken: bool) {
+    SET_STATEMENT.store(if taken { TAKEN } else { REFUSED }, Ordering::Relaxed);
+}
 
 /// The bounded insert's text for a wait of `secs` seconds: built once per value
 /// (a handful per service), then the same `&'static str` that sqlx's statement

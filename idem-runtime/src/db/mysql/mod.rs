@@ -109,6 +109,25 @@ pub(crate) fn lock_wait_seconds(wait: Duration) -> u64 {
     secs.clamp(1, 1_073_741_824)
 }
 
+/// `SET STATEMENT innodb_lock_wait_timeout = secs FOR <base>`: MariaDB's bound
+/// for one statement, which leaves the session as it was. Built once per
+/// statement and wait (a handful per service), then the same `&'static str`
+/// that sqlx's statement cache knows.
+pub(crate) fn lock_wait_for_statement(base: &'static str, secs: u64) -> &'static str {
+    static TEXTS: std::sync::Mutex<Vec<(usize, u64, &'static str)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut texts = TEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    let id = base.as_ptr() as usize;
+    if let Some((_, _, text)) = texts.iter().find(|(b, s, _)| *b == id && *s == secs) {
+        return text;
+    }
+    let text: &'static str = Box::leak(
+        format!("SET STATEMENT innodb_lock_wait_timeout = {secs} FOR {base}").into_boxed_str(),
+    );
+    texts.push((id, secs, text));
+    text
+}
+
 /// Sets the session's lock wait to `wait` (rounded up to whole seconds), saving
 /// the one it had in `@idem_saved_lock_wait` for [`restore_lock_wait`].
 pub(crate) async fn bound_lock_wait(
@@ -191,7 +210,7 @@ impl super::stores::Claims for MySql {
         tx: &mut Transaction<'_, Self>,
         req: &ClaimRequest<'_>,
     ) -> Result<Claim, StoreError> {
-        match transactional::claim_on(tx, req).await {
+        match transactional::claim_borrowed(tx, req).await {
             Err(StoreError::Database(e)) if is_deadlock(&e) => Ok(transactional::in_flight(req)),
             other => other,
         }

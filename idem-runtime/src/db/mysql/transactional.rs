@@ -11,10 +11,15 @@
 //! no row race on the `INSERT`: the second waits for the first's row and gets
 //! a duplicate-key error once it commits, then reads again.
 //!
-//! The wait is bounded by `innodb_lock_wait_timeout`, set on the session for the
-//! claim to `in_flight_wait` rounded up to whole seconds (at least 1) and given
-//! back after; past it (error 1205, which rolls back the statement only) the
-//! claim answers [`Claim::InFlight`]. A deadlock (1213) rolls back the whole
+//! The wait is bounded by `innodb_lock_wait_timeout`, `in_flight_wait` rounded
+//! up to whole seconds (at least 1); past it (error 1205, which rolls back the
+//! statement only) the claim answers [`Claim::InFlight`]. On a connection idem
+//! holds (the handler's path with claims at commit off) the bound is set on the
+//! session for the claim and given back after; dropped in between, idem closes
+//! that connection. On the caller's own transaction, whose connection idem only
+//! borrows and cannot close, no session setting is changed: on MariaDB each
+//! statement carries its bound (`SET STATEMENT .. FOR`), and on MySQL 8, which
+//! has no such form, the claim waits the session's own lock wait. A deadlock (1213) rolls back the whole
 //! transaction: the handler's path begins again and retries, a bounded number of
 //! times ([`DEADLOCK_RETRIES`]), then answers in flight.
 //!
@@ -26,7 +31,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use sqlx::{MySqlConnection, Row};
 
-use super::{bound_lock_wait, is_duplicate, is_lock_timeout, now_ms, restore_lock_wait};
+use super::hot_path::{PARSE_ERROR, learned_set_statement, set_statement_refused};
+use super::{
+    bound_lock_wait, error_number, is_duplicate, is_lock_timeout, lock_wait_for_statement,
+    lock_wait_seconds, now_ms, restore_lock_wait,
+};
 use crate::decide::RowState;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
@@ -88,17 +97,45 @@ pub(crate) fn in_flight(req: &ClaimRequest<'_>) -> Claim {
     }
 }
 
-/// Claims `req.key` on the connection of a transaction begun by the caller (see
-/// the module docs). A deadlock comes back as the database error it is, for the
-/// caller to retry or answer.
+/// Claims `req.key` on a connection idem holds, in a transaction it began, the
+/// session's lock wait bounded for the claim and given back after (the caller
+/// closes the connection if this is dropped in between). A deadlock comes back
+/// as the database error it is, for the caller to retry or answer.
 pub(crate) async fn claim_on(
     conn: &mut MySqlConnection,
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
     bound_lock_wait(conn, req.in_flight_wait).await?;
-    let claimed = claim_bounded(conn, req).await;
+    let claimed = claim_bounded(conn, req, None).await;
     restore_lock_wait(conn).await?;
     claimed
+}
+
+/// Claims `req.key` on the connection of a transaction begun by the caller,
+/// changing no session setting (see the module docs): whatever point this is
+/// dropped at, the connection is as the caller left it.
+pub(crate) async fn claim_borrowed(
+    conn: &mut MySqlConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    if set_statement_refused() {
+        return claim_bounded(conn, req, None).await;
+    }
+    let secs = lock_wait_seconds(req.in_flight_wait);
+    match claim_bounded(conn, req, Some(secs)).await {
+        // MySQL 8: a statement that did not parse changed nothing, and the
+        // transaction goes on.
+        Err(StoreError::Database(e)) if error_number(&e) == Some(PARSE_ERROR) => {
+            learned_set_statement(false);
+            claim_bounded(conn, req, None).await
+        }
+        claimed => {
+            if claimed.is_ok() {
+                learned_set_statement(true);
+            }
+            claimed
+        }
+    }
 }
 
 /// Records the locking read's wait for a concurrent holder of the key, as the
@@ -117,15 +154,22 @@ fn waited(req: &ClaimRequest<'_>, started: std::time::Instant) {
     }
 }
 
+/// The claim's statements; with `per_statement`, the statements that can wait
+/// for a holder of the key carry that bound (seconds) themselves.
 async fn claim_bounded(
     conn: &mut MySqlConnection,
     req: &ClaimRequest<'_>,
+    per_statement: Option<u64>,
 ) -> Result<Claim, StoreError> {
+    let bounded = |sql: &'static str| match per_statement {
+        Some(secs) => lock_wait_for_statement(sql, secs),
+        None => sql,
+    };
     // At most twice: a second read follows only a lost INSERT race, and then the
     // row exists (committed) unless its writer deleted it in the meantime.
     for _ in 0..2 {
         let started = std::time::Instant::now();
-        let read = sqlx::query(READ_SQL)
+        let read = sqlx::query(bounded(READ_SQL))
             .bind(req.tenant)
             .bind(req.operation)
             .bind(req.key.digest())
@@ -138,7 +182,7 @@ async fn claim_bounded(
             Err(e) => return Err(e.into()),
         };
         let Some(row) = row else {
-            match sqlx::query(INSERT_SQL)
+            match sqlx::query(bounded(INSERT_SQL))
                 .bind(req.tenant)
                 .bind(req.operation)
                 .bind(req.key.digest())

@@ -2,11 +2,19 @@
 //! the caller's transaction.
 //!
 //! SQLite serialises writers. The claim's `INSERT ... ON CONFLICT` is the
-//! transaction's first statement after setting `PRAGMA busy_timeout` to the
-//! in-flight bound, so a duplicate waits for a concurrent first writer to commit
-//! or roll back, then replays, executes, or (past the bound, `SQLITE_BUSY`)
-//! reports [`Claim::Busy`]. A transaction that already read or wrote before
-//! claiming cannot wait that way; claim first.
+//! transaction's first statement, so a duplicate waits for a concurrent first
+//! writer to commit or roll back, then replays, executes, or (past the wait,
+//! `SQLITE_BUSY`) reports [`Claim::Busy`]. A transaction that already read or
+//! wrote before claiming cannot wait that way; claim first.
+//!
+//! The wait is the connection's own busy timeout
+//! (`SqliteConnectOptions::busy_timeout`), as on the handler's path, not the
+//! request's in-flight wait: `busy_timeout` belongs to the connection, and this
+//! connection is the caller's. Changing it for the claim and giving it back
+//! after would leave idem's value on it if the claim's future were dropped in
+//! between (a request deadline), and idem cannot close a connection it only
+//! borrows (docs/decisions.md, "Session settings that survive a cancelled
+//! future").
 //!
 //! SQLite has one write lock for the whole database, so a claim also waits for
 //! writers of *other* keys, and past the bound cannot tell whose lock it met:
@@ -61,15 +69,6 @@ pub(crate) async fn claim_on(
     conn: &mut SqliteConnection,
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
-    // busy_timeout belongs to the connection: set the bound for the claim only,
-    // and give the connection its own back for the rest of the transaction.
-    let saved: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-        .fetch_one(&mut *conn)
-        .await?;
-    let wait = millis(req.in_flight_wait).max(1);
-    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {wait}")))
-        .execute(&mut *conn)
-        .await?;
     let inserted = sqlx::query(CLAIM_SQL)
         .bind(req.tenant)
         .bind(req.operation)
@@ -78,11 +77,6 @@ pub(crate) async fn claim_on(
         .bind(millis(req.retention))
         .fetch_optional(&mut *conn)
         .await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "PRAGMA busy_timeout = {saved}"
-    )))
-    .execute(&mut *conn)
-    .await?;
     let generation: Option<i64> = match inserted {
         Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
         Err(e) if super::is_busy(&e) => {
