@@ -444,9 +444,13 @@ macro_rules! leased_tests {
         }
 
         fn pay(path: &str, key: &str, amount: i64) -> Request<Body> {
+            pay_as("acme", path, key, amount)
+        }
+
+        fn pay_as(tenant: &str, path: &str, key: &str, amount: i64) -> Request<Body> {
             Request::post(path)
                 .header("content-type", "application/json")
-                .header("authorization", "Bearer acme")
+                .header("authorization", format!("Bearer {tenant}"))
                 .header("idempotency-key", key)
                 .body(Body::from(json!({"amount_cents": amount}).to_string()))
                 .unwrap()
@@ -460,6 +464,91 @@ macro_rules! leased_tests {
                 parts.headers,
                 body.collect().await.unwrap().to_bytes().to_vec(),
             )
+        }
+
+        /// A running limit that lets nothing run is a configuration error that
+        /// names the operation and what was 0.
+        #[tokio::test]
+        async fn a_running_limit_of_zero_is_refused_with_a_clear_error() {
+            let h = H::new("limit-zero").await;
+            for (limit, what) in [
+                (idem_runtime::RunningLimit::new(0), "a total of 0"),
+                (idem_runtime::RunningLimit::new(3).per_tenant(0), "a tenant's share of 0"),
+            ] {
+                let e = h
+                    .idem()
+                    .with_running_limit("export", limit)
+                    .expect_err("refused");
+                assert!(
+                    matches!(e, idem_runtime::ConfigError::ZeroRunningLimit { .. }),
+                    "{e}"
+                );
+                let message = e.to_string();
+                assert!(message.contains("`export`"), "{message}");
+                assert!(message.contains(what), "{message}");
+            }
+        }
+
+        /// A running limit (`Idem::with_running_limit`): a new key past the
+        /// operation's total or its tenant's share is answered `503`
+        /// `at-capacity` with `Retry-After` and reserves nothing; a retry of a
+        /// running key is answered as always; a slot is given back when its
+        /// execution's work ends, a panic included. Deterministic: the
+        /// executions hold their slots until the test releases them.
+        #[tokio::test]
+        async fn a_full_running_limit_answers_503_reserves_nothing_and_frees_its_slot_when_the_work_ends() {
+            let mut s = setup_with("limit", true, |idem| {
+                idem.with_running_limit(
+                    "create-payment",
+                    idem_runtime::RunningLimit::new(2).per_tenant(1),
+                )
+                .unwrap()
+            })
+            .await;
+            let refused = |status: StatusCode, headers: &axum::http::HeaderMap, body: &[u8], what: &str| {
+                assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{what}");
+                let problem: serde_json::Value = serde_json::from_slice(body).unwrap();
+                assert_eq!(problem["type"], "urn:idem:problem:at-capacity", "{what}");
+                // The operation's lease (300 ms), in whole seconds.
+                assert_eq!(headers["retry-after"], "1", "{what}");
+            };
+            let spawn = |tenant: &'static str, key: &'static str| {
+                let router = s.router.clone();
+                tokio::spawn(async move { send(&router, pay_as(tenant, "/payments", key, 100)).await })
+            };
+            // acme's execution holds acme's share.
+            let first = spawn("acme", "limit-1");
+            s.entered.recv().await.unwrap();
+            let (status, headers, body) = send(&s.router, pay("/payments", "limit-2", 100)).await;
+            refused(status, &headers, &body, "past acme's share");
+            assert!(
+                s.h.record(&IdempotencyKey::parse("limit-2").unwrap()).await.is_none(),
+                "a refused key is not reserved"
+            );
+            // A retry of the running key needs no slot: in flight, as always.
+            let (status, _, _) = send(&s.router, pay("/payments", "limit-1", 100)).await;
+            assert_eq!(status, StatusCode::CONFLICT);
+            // Another tenant has a share of its own; then the total is full.
+            let second = spawn("globex", "limit-3");
+            s.entered.recv().await.unwrap();
+            let (status, headers, body) =
+                send(&s.router, pay_as("initech", "/payments", "limit-4", 100)).await;
+            refused(status, &headers, &body, "past the total");
+            assert_eq!(s.provider.calls.load(Ordering::SeqCst), 0, "nothing charged yet");
+            // The work ends: its slots come back, and the refused key runs.
+            s.release.add_permits(3);
+            assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+            assert_eq!(second.await.unwrap().0, StatusCode::CREATED);
+            let (status, _, _) = send(&s.router, pay("/payments", "limit-2", 100)).await;
+            assert_eq!(status, StatusCode::CREATED, "the slot was given back");
+            // A panicking execution gives its slot back too.
+            s.crash_next.store(true, Ordering::SeqCst);
+            let (status, _, _) = send(&s.router, pay("/payments", "limit-5", 100)).await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+            s.release.add_permits(1);
+            let (status, _, _) = send(&s.router, pay("/payments", "limit-6", 100)).await;
+            assert_eq!(status, StatusCode::CREATED, "the panicked execution's slot was given back");
+            assert_eq!(s.provider.charge_count(), 4);
         }
 
         #[tokio::test]

@@ -12,7 +12,7 @@ use axum::routing::post;
 use common::TestDb;
 use http_body_util::BodyExt;
 use idem_runtime::metrics as names;
-use idem_runtime::{Idem, TenantScope, Tx, idempotent};
+use idem_runtime::{Idem, Lease, RunningLimit, TenantScope, Tx, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use sqlx::Postgres;
 use tower::ServiceExt;
@@ -70,6 +70,18 @@ async fn gated(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) ->
     format!("{}:{body}", caller.0)
 }
 
+/// The leased handler with a running limit says it is inside, then waits.
+static LIMITED_ENTERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static LIMITED_RELEASE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[idempotent(operation = "limited-op", retention = "1h", lease = "1s")]
+async fn limited(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, body: String) -> String {
+    let _ = lease;
+    LIMITED_ENTERED.notify_one();
+    LIMITED_RELEASE.notified().await;
+    format!("{}:{body}", caller.0)
+}
+
 async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCode, Vec<u8>) {
     let resp = router
         .clone()
@@ -78,6 +90,8 @@ async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCo
                 "/labelled"
             } else if body.starts_with("gated") {
                 "/gated"
+            } else if body.starts_with("limited") {
+                "/limited"
             } else {
                 "/metered"
             })
@@ -115,6 +129,21 @@ fn entries(snap: &Snapshotter) -> Vec<(String, Labels, DebugValue)> {
             (key.name().to_owned(), labels, v)
         })
         .collect()
+}
+
+fn gauge(all: &[(String, Labels, DebugValue)], name: &str, operation: &str) -> f64 {
+    let values: Vec<f64> = all
+        .iter()
+        .filter(|(n, labels, _)| {
+            n == name && labels == &[("operation".to_owned(), operation.to_owned())]
+        })
+        .map(|(_, _, v)| match v {
+            DebugValue::Gauge(g) => g.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
+        .collect();
+    assert_eq!(values.len(), 1, "one {name} series for {operation}");
+    values[0]
 }
 
 fn counter(all: &[(String, Labels, DebugValue)], name: &str, want: &[(&str, &str)]) -> u64 {
@@ -155,6 +184,13 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
             Router::new()
                 .route("/gated", post(gated))
                 .with_state(idem.clone()),
+        )
+        .merge(
+            Router::new().route("/limited", post(limited)).with_state(
+                idem.clone()
+                    .with_running_limit("limited-op", RunningLimit::new(1))
+                    .unwrap(),
+            ),
         );
 
     let secret_key = "sk-very-secret-key";
@@ -261,6 +297,33 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
             && matches!(v, DebugValue::Histogram(h) if !h.is_empty())),
         "{} recorded for the waiting room",
         names::CLAIM_WAIT_SECONDS
+    );
+
+    // A running limit: the running count and the limit are gauges by
+    // operation, and a refused first request is the claim outcome at_capacity.
+    let running = tokio::spawn({
+        let router = router.clone();
+        async move { send(&router, "l1", "acme", "limited").await }
+    });
+    LIMITED_ENTERED.notified().await;
+    let all = entries(&snap);
+    assert_eq!(gauge(&all, names::RUNNING_EXECUTIONS, "limited-op"), 1.0);
+    assert_eq!(gauge(&all, names::RUNNING_LIMIT, "limited-op"), 1.0);
+    assert_eq!(
+        send(&router, "l2", "acme", "limited").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    LIMITED_RELEASE.notify_one();
+    assert_eq!(running.await.unwrap().0, StatusCode::OK);
+    let all = entries(&snap);
+    assert_eq!(gauge(&all, names::RUNNING_EXECUTIONS, "limited-op"), 0.0);
+    assert_eq!(
+        counter(
+            &all,
+            names::CLAIMS_TOTAL,
+            &[("operation", "limited-op"), ("outcome", "at_capacity")]
+        ),
+        1
     );
 
     // Never the raw key.

@@ -19,6 +19,8 @@ const METRICS: &[&str] = &[
     m::OLDEST_IN_FLIGHT_SECONDS,
     m::STALE_IN_FLIGHT,
     m::UNCERTAIN_ROWS,
+    m::RUNNING_EXECUTIONS,
+    m::RUNNING_LIMIT,
 ];
 
 fn ops_file(name: &str) -> String {
@@ -115,6 +117,8 @@ fn the_alert_rules_watch_the_issue_s_metrics_by_their_names() {
         m::CLAIMS_TOTAL,
         m::CLAIM_SECONDS,
         m::COMPLETIONS_TOTAL,
+        m::RUNNING_EXECUTIONS,
+        m::RUNNING_LIMIT,
     ] {
         assert!(
             names.iter().any(|n| n == watched),

@@ -844,7 +844,10 @@ mod mysql_only {
                 .fetch_one(&db.pool)
                 .await
                 .unwrap();
-        assert!(server_default > 3, "the server's own lock wait is the claim's");
+        assert!(
+            server_default > 3,
+            "the server's own lock wait is the claim's"
+        );
         let key = IdempotencyKey::parse("k-cancelled").unwrap();
         let mut r = req("acme", "pay", &key, 100);
         r.in_flight_wait = Duration::from_secs(3);

@@ -8,6 +8,7 @@ use sqlx::Pool;
 
 use crate::db::Backend;
 use crate::lease::LeaseBackend;
+use crate::running::RunningLimit;
 
 /// Response headers stored and replayed unless configured otherwise.
 pub const DEFAULT_STORED_HEADERS: &[&str] = &[
@@ -39,6 +40,16 @@ pub enum ConfigError {
         "`{0}` cannot hold operation resources: give an absolute path such as \"/operations\", without a trailing `/`, a query or a fragment"
     )]
     InvalidOperationsPath(String),
+    /// A running limit that lets nothing run (see [`Idem::with_running_limit`]).
+    #[error(
+        "the running limit of `{operation}` lets nothing run ({what} of 0): give at least 1, or set no limit"
+    )]
+    ZeroRunningLimit {
+        /// The operation the limit was for.
+        operation: String,
+        /// `a total` or `a tenant's share`.
+        what: &'static str,
+    },
 }
 
 /// What idem needs at run time: the pool (PostgreSQL, SQLite as `Idem<Sqlite>`,
@@ -131,6 +142,8 @@ struct Settings {
     session_statements: Option<bool>,
     #[cfg(feature = "replay-cache")]
     replay_cache: Option<crate::ReplayCache>,
+    /// See [`Idem::with_running_limit`].
+    running: crate::running::RunningLimits,
 }
 
 impl<DB: Backend> Idem<DB> {
@@ -332,6 +345,7 @@ impl<DB: LeaseBackend> Idem<DB> {
                 session_statements: None,
                 #[cfg(feature = "replay-cache")]
                 replay_cache: None,
+                running: Default::default(),
             }),
             claims_at_commit: true,
             flights: Arc::new(crate::flight::Flights::new(
@@ -421,6 +435,69 @@ impl<DB: LeaseBackend> Idem<DB> {
             settings.stored_headers.push(header);
         }
         Ok(self)
+    }
+
+    /// Bounds the leased executions of `operation` that run at once in this
+    /// process, in all and per tenant (see [`RunningLimit`]).
+    ///
+    /// A first request of the operation that finds the bound full is answered
+    /// `503` problem [`crate::problem::AT_CAPACITY`] with `Retry-After`, and
+    /// reserves nothing: the key it claimed is given back, free for the retry
+    /// (a key taken over from a lapsed lease is left to lapse again instead, so
+    /// that the retry still learns it is a takeover). A retry of a running or
+    /// finished key never needs a slot and is answered as always. The running
+    /// count is the gauge `idem_running_executions`, beside
+    /// `idem_running_limit`. The transactional mode is bounded by its pool.
+    ///
+    /// A setting of the service, not of the attribute: how much may run at once
+    /// depends on where the service runs (its cores, its downstream's quota),
+    /// not on what the operation is (docs/decisions.md, "Running limits").
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::ZeroRunningLimit`] for a total or a share of 0.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+    /// # fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::ConfigError> {
+    /// use idem_runtime::{Idem, RunningLimit};
+    ///
+    /// let idem: Idem<sqlx::Postgres> =
+    ///     Idem::new(pool).with_running_limit("export", RunningLimit::new(200).per_tenant(20))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_running_limit(
+        mut self,
+        operation: &str,
+        limit: RunningLimit,
+    ) -> Result<Self, ConfigError> {
+        for (value, what) in [
+            (limit.total(), "a total"),
+            (limit.tenant_share(), "a tenant's share"),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroRunningLimit {
+                    operation: operation.to_owned(),
+                    what,
+                });
+            }
+        }
+        Arc::make_mut(&mut self.settings)
+            .running
+            .set(operation, limit);
+        Ok(self)
+    }
+
+    /// The leased executions of `operation` that hold a slot of its running
+    /// limit now, if it has one (see [`Idem::with_running_limit`]).
+    pub fn running(&self, operation: &str) -> Option<usize> {
+        self.settings.running.of(operation).map(|s| s.running())
+    }
+
+    /// The operation's slots, if it has a running limit.
+    pub(crate) fn running_slots(&self, operation: &str) -> Option<&Arc<crate::running::Slots>> {
+        self.settings.running.of(operation)
     }
 
     /// Adds the tenant as a label to `idem_claims_total`. Off by default: a service

@@ -135,6 +135,7 @@ pub mod redis;
 pub mod replay_cache;
 mod response;
 pub mod retry;
+mod running;
 pub mod stats;
 pub mod store;
 pub mod sweeper;
@@ -162,6 +163,7 @@ pub use reconcile::Reconciler;
 #[cfg_attr(docsrs, doc(cfg(feature = "replay-cache")))]
 pub use replay_cache::ReplayCache;
 pub use response::REPLAYED_HEADER;
+pub use running::RunningLimit;
 pub use stats::{OperationStats, StateCounts, Stats, stats};
 pub use store::{claim, migrate, migrator};
 pub use sweeper::{SweepReport, Sweeper};

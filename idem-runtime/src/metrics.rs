@@ -5,7 +5,7 @@
 //!
 //! | name | kind | labels | what |
 //! | --- | --- | --- | --- |
-//! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight`, `busy` (SQLite's write lock held by others), `taken_over` (leased), `uncertain`, `error` |
+//! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight`, `busy` (SQLite's write lock held by others), `at_capacity` (the operation's running limit was full), `taken_over` (leased), `uncertain`, `error` |
 //! | `idem_claim_seconds` | histogram | operation | claim latency, waits included |
 //! | `idem_claim_wait_seconds` | histogram | operation | time a claim spent waiting for a concurrent request with its key |
 //! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `deadline` (abandoned at the request deadline), `error` |
@@ -17,6 +17,8 @@
 //! | `idem_oldest_in_flight_seconds` | gauge | | age of the oldest `processing` or `uncertain` row |
 //! | `idem_stale_in_flight` | gauge | | rows in flight for longer than the sweeper's threshold |
 //! | `idem_uncertain_rows` | gauge | | `uncertain` rows awaiting reconciliation, after a sweep |
+//! | `idem_running_executions` | gauge | operation | leased executions holding a slot of the operation's running limit in this process (only for an operation with a limit) |
+//! | `idem_running_limit` | gauge | operation | that limit's total |
 
 use metrics::SharedString;
 
@@ -68,6 +70,10 @@ pub const OLDEST_IN_FLIGHT_SECONDS: &str = "idem_oldest_in_flight_seconds";
 pub const STALE_IN_FLIGHT: &str = "idem_stale_in_flight";
 /// Gauge: `uncertain` rows, awaiting reconciliation.
 pub const UNCERTAIN_ROWS: &str = "idem_uncertain_rows";
+/// Gauge: leased executions holding a slot of the operation's running limit.
+pub const RUNNING_EXECUTIONS: &str = "idem_running_executions";
+/// Gauge: the total of the operation's running limit.
+pub const RUNNING_LIMIT: &str = "idem_running_limit";
 
 // Labels take `impl Into<SharedString>`: the handler passes the operation as the
 // `&'static str` its attribute wrote, which becomes a label without an allocation.
@@ -88,13 +94,14 @@ use std::sync::{PoisonError, RwLock};
 use metrics::{Key, Label, Level, Metadata};
 
 /// The outcomes of [`CLAIMS_TOTAL`] with a key kept per operation.
-const CLAIM_OUTCOMES: [&str; 9] = [
+const CLAIM_OUTCOMES: [&str; 10] = [
     "executed",
     "reclaimed",
     "replayed",
     "mismatched",
     "in_flight",
     "busy",
+    "at_capacity",
     "taken_over",
     "uncertain",
     "error",
@@ -230,4 +237,12 @@ pub(crate) fn stored_bytes(operation: impl Into<SharedString>, bytes: u64) {
 pub(crate) fn reconciled(operation: impl Into<SharedString>, outcome: &'static str) {
     metrics::counter!(RECONCILED_TOTAL, "operation" => operation.into(), "outcome" => outcome)
         .increment(1);
+}
+
+/// The slots an operation's running limit has taken, and its total (a change
+/// of the running count, not a request's hot path: only operations with a
+/// limit get here).
+pub(crate) fn running(operation: &'static str, running: usize, limit: usize) {
+    metrics::gauge!(RUNNING_EXECUTIONS, "operation" => operation).set(running as f64);
+    metrics::gauge!(RUNNING_LIMIT, "operation" => operation).set(limit as f64);
 }

@@ -12,7 +12,8 @@
 //! * the answers idem gives in the handler's place: `400` (no usable key), `409`
 //!   with `Retry-After` (the first request with the key is still running), `422`
 //!   (the key was used for another request), `503` with `Retry-After` (the store
-//!   failed) and, for leased operations, `202` with `Retry-After` (the outcome is
+//!   failed or stayed busy; for leased operations also the running limit was
+//!   full) and, for leased operations, `202` with `Retry-After` (the outcome is
 //!   uncertain and being reconciled), each an `application/problem+json` document
 //!   of the schema [`PROBLEM_SCHEMA`], added to the components;
 //! * for a long operation (`accepted`), its `202` with `Location` and
@@ -327,12 +328,29 @@ fn annotate(op: &mut Operation, facts: &Facts) {
     );
     add(
         "503",
-        problem_response(
-            "The idempotency store is unavailable; nothing was stored. \
-             Retrying with the same key after `Retry-After` is safe.",
-            &[idem_wire::problem::STORE_UNAVAILABLE],
-            Some("Seconds to wait before retrying with the same key."),
-        ),
+        if facts.leased {
+            problem_response(
+                "The idempotency store is unavailable or busy, or the operation already runs \
+                 as many executions as its running limit allows; nothing was stored or \
+                 reserved. Retrying with the same key after `Retry-After` is safe.",
+                &[
+                    idem_wire::problem::STORE_UNAVAILABLE,
+                    idem_wire::problem::STORE_BUSY,
+                    idem_wire::problem::AT_CAPACITY,
+                ],
+                Some("Seconds to wait before retrying with the same key."),
+            )
+        } else {
+            problem_response(
+                "The idempotency store is unavailable or busy; nothing was stored or \
+                 reserved. Retrying with the same key after `Retry-After` is safe.",
+                &[
+                    idem_wire::problem::STORE_UNAVAILABLE,
+                    idem_wire::problem::STORE_BUSY,
+                ],
+                Some("Seconds to wait before retrying with the same key."),
+            )
+        },
     );
     if facts.accepted {
         add("202", accepted_response());

@@ -31,6 +31,9 @@ pub const STORE_UNAVAILABLE: &str = idem_wire::problem::STORE_UNAVAILABLE;
 /// `503`: the database stayed locked by other writers past the claim's wait
 /// (SQLite); nothing was reserved and a retry is safe.
 pub const STORE_BUSY: &str = idem_wire::problem::STORE_BUSY;
+/// `503`: the operation's running limit was full; nothing was reserved and a
+/// retry is safe.
+pub const AT_CAPACITY: &str = idem_wire::problem::AT_CAPACITY;
 /// `500`: the handler panicked; its transaction was rolled back.
 pub const HANDLER_PANICKED: &str = idem_wire::problem::HANDLER_PANICKED;
 
@@ -134,6 +137,22 @@ impl Problem {
         )
         .with_detail(
             "other requests (of any key, perhaps this one) held the database's write lock for longer than this one could wait; nothing was looked up or reserved for this key: retry with the same key later",
+        );
+        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
+        p
+    }
+
+    /// `503`, [`AT_CAPACITY`], with `Retry-After`: the operation's running limit
+    /// was full (see [`crate::Idem::with_running_limit`]); nothing was reserved
+    /// for the key.
+    pub fn at_capacity(retry_after: Duration) -> Self {
+        let mut p = Problem::new(
+            AT_CAPACITY,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Too many of these operations are running",
+        )
+        .with_detail(
+            "this operation already runs as many executions at once as it may (in all, or for this tenant); nothing was reserved for this key: retry with the same key later",
         );
         p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
         p

@@ -58,6 +58,15 @@ pub const IN_FLIGHT: &str = "urn:idem:problem:request-in-flight";
 /// ```
 pub const STORE_BUSY: &str = "urn:idem:problem:store-busy";
 
+/// `503`: the operation already runs as many executions at once in this
+/// process as its running limit allows (in all, or for this tenant): nothing was
+/// reserved for this key; retry after `Retry-After` with the same key.
+///
+/// ```
+/// assert_eq!(idem_wire::problem::AT_CAPACITY, "urn:idem:problem:at-capacity");
+/// ```
+pub const AT_CAPACITY: &str = "urn:idem:problem:at-capacity";
+
 /// `500`: the response was larger than the configured limit and was not
 /// stored; the operation was rolled back.
 ///

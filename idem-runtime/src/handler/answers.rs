@@ -26,6 +26,8 @@ pub enum Answer {
     InFlight(Duration),
     /// The database was locked by writers of other keys past the wait.
     Busy(Duration),
+    /// The operation's running limit had no slot; nothing was reserved.
+    AtCapacity(Duration),
     /// An earlier execution's effect is unknown (leased mode); a long
     /// operation's answer says where its resource is.
     Uncertain(Duration, Option<Address>),
@@ -48,6 +50,7 @@ impl Answer {
             Answer::Mismatch { .. } => "mismatched",
             Answer::InFlight(_) | Answer::Running(_) => "in_flight",
             Answer::Busy(_) => "busy",
+            Answer::AtCapacity(_) => "at_capacity",
             Answer::Uncertain(..) => "uncertain",
         }
     }
@@ -84,6 +87,14 @@ impl Answer {
                     "idem: the database stayed locked by other writers; nothing reserved"
                 );
                 Problem::busy(retry_after).into_response()
+            }
+            Answer::AtCapacity(retry_after) => {
+                metrics::claim(op, tenant_label, "at_capacity");
+                tracing::warn!(
+                    operation = op,
+                    "idem: the operation's running limit is full; nothing reserved"
+                );
+                Problem::at_capacity(retry_after).into_response()
             }
             Answer::Uncertain(retry_after, address) => {
                 metrics::claim(op, tenant_label, "uncertain");

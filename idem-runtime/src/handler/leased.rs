@@ -17,6 +17,7 @@ use crate::model::{Acquisition, StoreError};
 use crate::operations::Address;
 use crate::problem::Problem;
 use crate::response;
+use crate::running::Slot;
 
 /// Leased mode: the claim commits at once, and the handler runs holding a lease
 /// renewed in the background; every later write is fenced by the owner token.
@@ -36,6 +37,9 @@ fn recorded_acquisition<DB: LeaseBackend>(lease: &Lease<DB>) -> Acquisition {
 pub struct LeaseHeld<DB: LeaseBackend> {
     renewer: Renewer<DB>,
     probe: Probe<DB>,
+    /// The execution's slot of its operation's running limit, if it has one:
+    /// held until the work ends, however it ends.
+    _slot: Option<Slot>,
 }
 
 impl<DB: LeaseBackend> Mode<DB> for Leased {
@@ -54,18 +58,32 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
     ) -> Result<Decision<LeaseHeld<DB>, Lease<DB>>, StoreError> {
         Ok(
             match crate::lease::claim_in::<DB>(idem.lease_store(), &scope.lease_request()).await? {
-                LeasedClaim::Acquired(lease) => Decision::Execute {
-                    how: match recorded_acquisition(&lease) {
-                        Acquisition::New => "executed",
-                        Acquisition::Reclaimed => "reclaimed",
-                        Acquisition::TakenOver => "taken_over",
-                    },
-                    held: LeaseHeld {
-                        renewer: lease.renewer(),
-                        probe: lease.probe(),
-                    },
-                    handle: lease,
-                },
+                LeasedClaim::Acquired(lease) => {
+                    let slot = match idem.running_slots(scope.spec.operation) {
+                        None => None,
+                        Some(slots) => match slots.take(scope.spec.operation, scope.tenant) {
+                            Some(slot) => Some(slot),
+                            None => {
+                                let wait = slots.limit().wait().unwrap_or(scope.lease_len());
+                                give_back(scope.op(), lease).await;
+                                return Ok(Decision::Answer(Answer::AtCapacity(wait)));
+                            }
+                        },
+                    };
+                    Decision::Execute {
+                        how: match recorded_acquisition(&lease) {
+                            Acquisition::New => "executed",
+                            Acquisition::Reclaimed => "reclaimed",
+                            Acquisition::TakenOver => "taken_over",
+                        },
+                        held: LeaseHeld {
+                            renewer: lease.renewer(),
+                            probe: lease.probe(),
+                            _slot: slot,
+                        },
+                        handle: lease,
+                    }
+                }
                 LeasedClaim::Replay(stored) => Decision::Answer(Answer::Replay {
                     stored,
                     cached: false,
@@ -100,6 +118,21 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
             return accept(idem, scope, held, lease, body, started);
         }
         settle(idem, scope, held, lease, body, started).await
+    }
+}
+
+/// Gives back a key acquired for an execution that its running limit has no
+/// slot for, so that nothing stays reserved: a new or re-claimed key is
+/// released (free for the retry). A key taken over from a lapsed lease is left
+/// to lapse again, not released, so that whoever runs it next still learns that
+/// an earlier execution may have called downstream.
+async fn give_back<DB: LeaseBackend>(op: &'static str, lease: Lease<DB>) {
+    if lease.acquisition() == Acquisition::TakenOver {
+        return;
+    }
+    if let Err(e) = lease.release().await {
+        // Nothing ran: the key frees itself when the lease lapses.
+        tracing::warn!(operation = op, error = %e, "idem: could not give back a key refused for the running limit; it frees itself after its lease");
     }
 }
 
@@ -172,7 +205,11 @@ async fn settle<DB: LeaseBackend>(
         .spec
         .lease_ceiling
         .unwrap_or(lease_len.saturating_mul(10));
-    let LeaseHeld { renewer, probe } = held;
+    let LeaseHeld {
+        renewer,
+        probe,
+        _slot,
+    } = held;
     let outcome = {
         let mut work = body(&mut lease);
         tokio::select! {
