@@ -466,6 +466,60 @@ macro_rules! leased_tests {
             )
         }
 
+        /// Renewals are batched (issue 37): many executions running at once are
+        /// renewed together, a few statements for many leases, and every lease
+        /// is still renewed in time (its own deadline moves, none is lost).
+        /// Deterministic: the executions hold until the test lets them go,
+        /// after each lease has been seen renewed twice.
+        #[tokio::test]
+        async fn many_running_executions_are_renewed_together_in_few_statements() {
+            const N: usize = 20;
+            let mut configured = None;
+            let mut s = setup_with("batched", true, |idem| {
+                configured = Some(idem.clone());
+                idem
+            })
+            .await;
+            let idem = configured.expect("configured");
+            // One after the other: a claim that waited long for SQLite's write
+            // lock behind the others would start with a lease nearly spent
+            // (its deadline counts from the claim's send time).
+            let mut tasks = Vec::new();
+            for i in 0..N {
+                let router = s.router.clone();
+                tasks.push(tokio::spawn(async move {
+                    send(&router, pay("/payments", &format!("batch-{i}"), 100)).await
+                }));
+                s.entered.recv().await.unwrap();
+            }
+            let keys: Vec<String> = (0..N).map(|i| format!("batch-{i}")).collect();
+            let mut seen: Vec<std::collections::HashSet<_>> = vec![Default::default(); N];
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while seen.iter().any(|s| s.len() < 3) {
+                assert!(
+                    Instant::now() < deadline,
+                    "some lease was never renewed twice: {:?} values seen, batches and renewals {:?}",
+                    seen.iter().map(|s| s.len()).collect::<Vec<_>>(),
+                    idem.renewal_statements()
+                );
+                for (i, key) in keys.iter().enumerate() {
+                    seen[i].insert(record(&s.h, key).await.lease_until);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let (statements, renewals) = idem.renewal_statements();
+            assert!(renewals >= 2 * N as u64, "{renewals} renewals");
+            assert!(
+                statements * 4 <= renewals,
+                "{statements} renewal batches for {renewals} lease renewals"
+            );
+            s.release.add_permits(N);
+            for t in tasks {
+                assert_eq!(t.await.unwrap().0, StatusCode::CREATED);
+            }
+            assert_eq!(s.provider.charge_count(), N, "every execution kept its lease");
+        }
+
         /// A running limit that lets nothing run is a configuration error that
         /// names the operation and what was 0.
         #[tokio::test]
@@ -1205,9 +1259,70 @@ macro_rules! sql_only_tests {
     };
 }
 
+/// Databases with row locks: a row another transaction holds is skipped by the
+/// renewal batch, not waited for (`$begin` and `$hold_one` lock one key's row;
+/// `$hold_one` takes the key digest as its one parameter).
+macro_rules! row_lock_tests {
+    ($begin:expr, $hold_one:expr) => {
+        /// One held row does not hold up the batch: while another transaction
+        /// holds one execution's row, the other execution's lease is still
+        /// renewed (twice), and the held one is not taken as lost for it.
+        #[tokio::test]
+        async fn a_held_row_does_not_hold_up_the_other_leases_renewals() {
+            let mut s = setup("held-row", true).await;
+            let mut tasks = Vec::new();
+            for key in ["held-a", "held-b"] {
+                let router = s.router.clone();
+                tasks.push(tokio::spawn(async move {
+                    send(&router, pay("/payments", key, 100)).await
+                }));
+                s.entered.recv().await.unwrap();
+            }
+            let held_key = IdempotencyKey::parse("held-a").unwrap();
+            let mut holder = s.h.db.pool.begin_with($begin).await.unwrap();
+            sqlx::query($hold_one)
+                .bind(held_key.digest())
+                .execute(&mut *holder)
+                .await
+                .unwrap();
+            let held_at = record(&s.h, "held-a").await.lease_until;
+            let mut seen = std::collections::HashSet::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while seen.len() < 3 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the other lease stopped renewing behind the held row"
+                );
+                seen.insert(record(&s.h, "held-b").await.lease_until);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(
+                record(&s.h, "held-a").await.lease_until,
+                held_at,
+                "the held row was not written"
+            );
+            holder.rollback().await.unwrap();
+            s.release.add_permits(2);
+            for t in tasks {
+                t.await.unwrap();
+            }
+            assert_eq!(
+                record(&s.h, "held-b").await.state,
+                "completed",
+                "the other execution kept its lease and stored its outcome"
+            );
+        }
+    };
+}
+
 mod postgres {
     leased_tests!(crate::lease_harness::Postgres);
     sql_only_tests!("clock_timestamp()");
+    row_lock_tests!(
+        "BEGIN",
+        "SELECT 1 FROM idempotency_requests \
+          WHERE tenant_id = 'acme' AND operation = 'create-payment' AND key_digest = $1 FOR UPDATE"
+    );
 
     /// A claim waits a moment at most for the key's row lock: held elsewhere (a
     /// slow statement, an operator), the answer is "in flight", not a parked
@@ -1299,6 +1414,12 @@ mod sqlite {
 mod mysql {
     leased_tests!(crate::lease_harness::MySql);
     sql_only_tests!(idem_runtime::mysql_now_ms!());
+    row_lock_tests!(
+        "BEGIN",
+        // The whole primary key: InnoDB then locks that one record.
+        "SELECT 1 FROM idempotency_requests \
+          WHERE tenant_id = 'acme' AND operation = 'create-payment' AND key_digest = ? FOR UPDATE"
+    );
 
     /// The session's lock wait is restored after the claim has committed: a
     /// failing restore (here a trigger clears the saved value, so the restore

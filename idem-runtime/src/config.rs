@@ -100,6 +100,8 @@ pub struct Idem<DB: LeaseBackend> {
     flights: Arc<crate::flight::Flights>,
     /// Shared by clones: the executions running now.
     executions: crate::executions::Executions,
+    /// Shared by clones: the renewals of this store's leases, batched.
+    renewals: crate::lease::Renewals<DB>,
     /// Shared by clones: whether this pool's claims use statements prepared in
     /// the session, once decided (PostgreSQL; see
     /// [`Idem::with_session_statements`]), so that a request does not look the
@@ -116,6 +118,7 @@ impl<DB: LeaseBackend> Clone for Idem<DB> {
             claims_at_commit: self.claims_at_commit,
             flights: self.flights.clone(),
             executions: self.executions.clone(),
+            renewals: self.renewals.clone(),
             session_path: self.session_path.clone(),
         }
     }
@@ -331,6 +334,7 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// Uses `store` (a pool, or a Redis store) with the default settings.
     pub(crate) fn on_store(pool: DB::Store) -> Self {
         Idem {
+            renewals: crate::lease::Renewals::new(pool.clone()),
             pool,
             settings: Arc::new(Settings {
                 in_flight_wait: Self::DEFAULT_IN_FLIGHT_WAIT,
@@ -399,6 +403,18 @@ impl<DB: LeaseBackend> Idem<DB> {
     pub fn sharing_executions_with<B: LeaseBackend>(mut self, other: &Idem<B>) -> Self {
         self.executions = other.executions.clone();
         self
+    }
+
+    /// The renewals of this `Idem`'s leased executions (and its clones').
+    pub(crate) fn renewals(&self) -> &crate::lease::Renewals<DB> {
+        &self.renewals
+    }
+
+    /// The batch statements that renewed this `Idem`'s leases so far, and the
+    /// lease renewals they carried (for tests and the bench).
+    #[doc(hidden)]
+    pub fn renewal_statements(&self) -> (u64, u64) {
+        self.renewals.sent()
     }
 
     /// The waiting room of this `Idem` and its clones.

@@ -381,6 +381,27 @@ pub struct Owned<'a> {
     pub(crate) token: &'a OwnerToken,
 }
 
+/// One lease of a batch renewal: the owned row and its lease's length, counted
+/// from when the store renews it.
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal<'a> {
+    pub(crate) row: Owned<'a>,
+    pub(crate) lease: Duration,
+}
+
+/// What a batch renewal learned of one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewed {
+    /// Renewed: the lease holds for its length from the statement.
+    Kept,
+    /// The row is not this execution's any more (taken over, released,
+    /// finished): the lease is lost.
+    Lost,
+    /// Neither (another transaction held the row, and the batch did not wait
+    /// for it): renew again soon.
+    Unknown,
+}
+
 /// A fenced statement other than storing the outcome.
 #[derive(Debug, Clone, Copy)]
 pub enum Fence {

@@ -150,6 +150,13 @@ macro_rules! lease_statements {
             Ok(done.rows_affected())
         }
 
+        async fn renew_many(
+            pool: &sqlx::Pool<Self>,
+            rows: &[$crate::model::Renewal<'_>],
+        ) -> Result<Vec<$crate::model::Renewed>, StoreError> {
+            leased::renew_many(pool, rows).await
+        }
+
         async fn fence(
             pool: &sqlx::Pool<Self>,
             row: Owned<'_>,

@@ -91,6 +91,14 @@ pub trait LeaseRows: sqlx::Database {
         retention: Duration,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Renews many owned executions at once, each by its own lease from now, in
+    /// one statement (or one transaction) that waits for no row another
+    /// transaction holds; what it learned of each, in order.
+    fn renew_many(
+        pool: &Pool<Self>,
+        rows: &[crate::model::Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<crate::model::Renewed>, StoreError>> + Send;
+
     /// Renews, marks uncertain or releases the owned execution.
     fn fence(
         pool: &Pool<Self>,

@@ -214,7 +214,7 @@ async fn settle<DB: LeaseBackend>(
         let mut work = body(&mut lease);
         tokio::select! {
             outcome = &mut work => outcome,
-            never = renewer.run(ceiling) => match never {},
+            never = idem.renewals().run(renewer, ceiling) => match never {},
         }
     };
     // A lease believed lost (no renewal got through for a whole lease, or the

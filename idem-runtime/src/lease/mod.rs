@@ -42,12 +42,14 @@ use crate::model::{Fence, LeasedOutcome, Owned, OwnerToken, StoreError, StoredRe
 
 mod answer;
 mod renewal;
+mod renewals;
 mod store;
 
 pub use crate::model::{Acquisition, LeaseRequest};
 pub use answer::Uncertain;
 pub(crate) use answer::UncertainMarker;
 pub(crate) use renewal::Renewer;
+pub(crate) use renewals::Renewals;
 pub use store::LeaseBackend;
 
 /// What a leased claim decided.

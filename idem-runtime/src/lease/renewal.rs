@@ -68,7 +68,7 @@ impl Deadline {
     }
 
     /// How long the lease holds from now (zero once lost).
-    fn left(&self) -> Duration {
+    pub(crate) fn left(&self) -> Duration {
         if self.is_lost() {
             return Duration::ZERO;
         }
@@ -80,7 +80,9 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Renews a lease in the background of a running handler.
+/// What renews one lease: by itself ([`Renewer::renew`], for
+/// [`Lease::renew`](super::Lease::renew)), or with the process's other leases
+/// ([`super::renewals::Renewals`]).
 pub(crate) struct Renewer<DB: LeaseBackend> {
     pub(super) pool: DB::Store,
     pub(super) tenant: String,
@@ -108,45 +110,5 @@ impl<DB: LeaseBackend> Renewer<DB> {
             self.deadline.lose();
         }
         Ok(kept)
-    }
-
-    /// Renews every third of the lease until `ceiling` has passed or the lease is
-    /// lost, then stops (and never returns, so it can be raced against a handler).
-    ///
-    /// Each renewal is bounded by the time the lease has left (at most a third of
-    /// it), and none is sent once the lease has lapsed: [`Lease::is_lost`] turns
-    /// true at the lease's deadline (see [`Deadline`]) whether or not a renewal is
-    /// hanging, so the handler can stop before calling downstream again.
-    ///
-    /// [`Lease::is_lost`]: super::Lease::is_lost
-    pub(crate) async fn run(self, ceiling: Duration) -> std::convert::Infallible {
-        let started = Instant::now();
-        let every = (self.lease / 3).max(Duration::from_millis(10));
-        loop {
-            tokio::time::sleep(every.min(self.deadline.left())).await;
-            if self.deadline.is_lost() {
-                tracing::warn!(operation = %self.operation, "idem: no renewal for a whole lease; taking the lease as lost");
-                break;
-            }
-            if started.elapsed() + every > ceiling {
-                tracing::warn!(operation = %self.operation, "idem: lease renewal ceiling reached; the execution may be taken over");
-                break;
-            }
-            match tokio::time::timeout(every.min(self.deadline.left()), self.renew()).await {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => {
-                    tracing::warn!(operation = %self.operation, "idem: lease taken over; this worker's result will not be published");
-                    break;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(operation = %self.operation, error = %e, "idem: lease renewal failed; retrying")
-                }
-                Err(_) => {
-                    tracing::warn!(operation = %self.operation, "idem: lease renewal timed out; retrying")
-                }
-            }
-        }
-        // Past the last renewal the lease runs out on its own deadline.
-        std::future::pending().await
     }
 }

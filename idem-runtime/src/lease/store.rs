@@ -15,7 +15,8 @@ use sqlx::Pool;
 use crate::db::Backend;
 use crate::key::KeyDigest;
 use crate::model::{
-    Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, StoreError, StoredResponse,
+    Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, Renewal, Renewed,
+    StoreError, StoredResponse,
 };
 use crate::reconcile::UncertainOutcome;
 
@@ -73,6 +74,14 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
         row: Owned<'_>,
         what: Fence,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Renews many owned executions at once (the process's renewal batch); what
+    /// it learned of each, in order.
+    #[doc(hidden)]
+    fn lease_renew_many(
+        store: &Self::Store,
+        rows: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
 
     /// The key's finished outcome, if it has one, with its fingerprint.
     #[doc(hidden)]
@@ -151,6 +160,13 @@ impl<DB: Backend> LeaseBackend for DB {
         what: Fence,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         <DB as crate::db::stores::LeaseRows>::fence(store, row, what)
+    }
+
+    fn lease_renew_many(
+        store: &Pool<DB>,
+        rows: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send {
+        <DB as crate::db::stores::LeaseRows>::renew_many(store, rows)
     }
 
     fn lease_current(

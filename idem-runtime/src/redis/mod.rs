@@ -51,7 +51,7 @@ use crate::key::{IdempotencyKey, KeyDigest};
 use crate::lease::{LeaseBackend, LeasedClaim};
 use crate::model::{
     Acquisition, Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, OwnerToken,
-    StoreError, StoredResponse, millis,
+    Renewal, Renewed, StoreError, StoredResponse, millis,
 };
 use crate::reconcile::UncertainOutcome;
 
@@ -656,6 +656,38 @@ impl LeaseBackend for Redis {
             }
         }
         store.run::<u64>(&inv).await?.acknowledged()
+    }
+
+    /// Each lease's own renewal script, all sent at once: the connections
+    /// pipeline them (one write and one read per node for the whole batch), and
+    /// each reply says kept or lost. A renewal that failed is `Unknown` (renewed
+    /// again soon); the batch fails only when every one did.
+    async fn lease_renew_many(
+        store: &RedisLeaseStore,
+        rows: &[Renewal<'_>],
+    ) -> Result<Vec<Renewed>, StoreError> {
+        let done = futures_util::future::join_all(
+            rows.iter()
+                .map(|r| Self::lease_fence(store, r.row, Fence::Renew(r.lease))),
+        )
+        .await;
+        if let Some(Err(_)) = done.first()
+            && done.iter().all(Result::is_err)
+        {
+            return done
+                .into_iter()
+                .next()
+                .expect("not empty")
+                .map(|_| Vec::new());
+        }
+        Ok(done
+            .into_iter()
+            .map(|d| match d {
+                Ok(1) => Renewed::Kept,
+                Ok(_) => Renewed::Lost,
+                Err(_) => Renewed::Unknown,
+            })
+            .collect())
     }
 
     async fn lease_current(

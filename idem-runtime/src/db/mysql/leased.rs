@@ -22,7 +22,9 @@ use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared::{self, owned_row};
 use crate::decide::{self, LeasedStep};
-use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, millis};
+use crate::model::{
+    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError, millis,
+};
 
 const READ_SQL: &str = concat!(
     "SELECT fingerprint, state, generation, lease_expires_at, expires_at, \
@@ -83,6 +85,140 @@ pub(super) const RENEW_SQL: &str = concat!(
     " + ? WHERE",
     owned_row!("?", "?", "?", "?", "")
 );
+
+/// `(tenant_id, operation, key_digest, owner_token) IN ((?, ?, ?, ?), ..)` for
+/// `n` rows.
+fn owned_rows_in(n: usize) -> String {
+    let mut sql = String::from("(tenant_id, operation, key_digest, owner_token) IN (");
+    for i in 0..n {
+        sql.push_str(if i == 0 {
+            "(?, ?, ?, ?)"
+        } else {
+            ", (?, ?, ?, ?)"
+        });
+    }
+    sql.push(')');
+    sql
+}
+
+/// Binds the owned rows of `rows` in the order [`owned_rows_in`] names them.
+fn bind_owned<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    rows: &[&'q Renewal<'q>],
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    for r in rows {
+        query = query
+            .bind(r.row.tenant)
+            .bind(r.row.operation)
+            .bind(r.row.key)
+            .bind(r.row.token);
+    }
+    query
+}
+
+/// Renews `rows` in one short transaction: the rows nobody else holds are locked
+/// through the primary key (`FOR UPDATE SKIP LOCKED`: a row another transaction
+/// holds is not waited for, so one held row cannot hold up every lease of the
+/// process) and renewed by one `UPDATE` by primary key, each by its own lease. Rows not locked are read once more without a
+/// lock: still owned (held by another transaction: renew again soon), or lost.
+/// The statements' texts depend on the batch's size, so they are not kept in
+/// the connection's statement cache.
+pub(super) async fn renew_many(
+    pool: &MySqlPool,
+    rows: &[Renewal<'_>],
+) -> Result<Vec<Renewed>, StoreError> {
+    use sqlx::Row as _;
+
+    let all: Vec<&Renewal<'_>> = rows.iter().collect();
+    let mut conn = pool.acquire().await?;
+    // A batch dropped half-way (its time ran out) must not return a connection
+    // to the pool inside a transaction that holds the rows it locked: it is
+    // closed instead, and the server rolls the transaction back.
+    let mut guard = Restoring::new(&mut conn);
+    let mut tx = guard.conn().begin_with(BEGIN_READ_COMMITTED).await?;
+    let lock = format!(
+        "SELECT owner_token FROM idempotency_requests FORCE INDEX (PRIMARY) \
+          WHERE state = 'processing' AND {} FOR UPDATE SKIP LOCKED",
+        owned_rows_in(all.len())
+    );
+    let locked: std::collections::HashSet<String> =
+        bind_owned(sqlx::query(sqlx::AssertSqlSafe(lock)), &all)
+            .persistent(false)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?;
+    let held: Vec<&Renewal<'_>> = all
+        .iter()
+        .copied()
+        .filter(|r| locked.contains(r.row.token.as_str()))
+        .collect();
+    if !held.is_empty() {
+        let mut lease = String::from("CASE owner_token");
+        for _ in &held {
+            lease.push_str(" WHEN ? THEN ?");
+        }
+        lease.push_str(" END");
+        // By primary key alone: the rows are locked and checked above, and a
+        // condition on `state` could lead InnoDB through the in-flight index,
+        // where it would wait for rows others hold.
+        let mut keys = String::from("(tenant_id, operation, key_digest) IN (");
+        for i in 0..held.len() {
+            keys.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
+        }
+        keys.push(')');
+        let renew = format!(
+            "UPDATE idempotency_requests SET lease_expires_at = {} + {lease} WHERE {keys}",
+            now_ms!(),
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(renew));
+        for r in &held {
+            query = query.bind(r.row.token).bind(millis(r.lease));
+        }
+        for r in &held {
+            query = query
+                .bind(r.row.tenant)
+                .bind(r.row.operation)
+                .bind(r.row.key);
+        }
+        query.persistent(false).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    guard.restored();
+    let rest: Vec<&Renewal<'_>> = all
+        .iter()
+        .copied()
+        .filter(|r| !locked.contains(r.row.token.as_str()))
+        .collect();
+    let mut owned = std::collections::HashSet::new();
+    if !rest.is_empty() {
+        let read = format!(
+            "SELECT owner_token FROM idempotency_requests WHERE state = 'processing' AND {}",
+            owned_rows_in(rest.len())
+        );
+        owned = bind_owned(sqlx::query(sqlx::AssertSqlSafe(read)), &rest)
+            .persistent(false)
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?;
+    }
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let token = r.row.token.as_str();
+            if locked.contains(token) {
+                Renewed::Kept
+            } else if owned.contains(token) {
+                Renewed::Unknown
+            } else {
+                Renewed::Lost
+            }
+        })
+        .collect())
+}
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",

@@ -8,7 +8,9 @@ use sqlx::{PgPool, Row};
 
 use super::transactional::stored_from_row;
 use crate::db::shared::owned_row;
-use crate::model::{Acquisition, LeaseRequest, LeasedOutcome, StoreError, StoredResponse, millis};
+use crate::model::{
+    Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
+};
 
 const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms, \
         response_status, response_headers, response_body \
@@ -30,6 +32,78 @@ pub(super) const RENEW_SQL: &str = concat!(
       WHERE",
     owned_row!("$2", "$3", "$4", "$5", "::uuid")
 );
+
+/// Renews a batch of leases in one statement, each by its own length. A row
+/// another transaction holds is skipped, not waited for (so one held row cannot
+/// hold up every lease of the process), and reported as still owned but not
+/// renewed; a row no longer owned is reported lost. `owned` reads the
+/// statement's snapshot, before the renewal.
+const RENEW_MANY_SQL: &str = "WITH l AS ( \
+        SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]::uuid[], $5::bigint[]) \
+            WITH ORDINALITY AS l(tenant_id, operation, key_digest, owner_token, ms, ord)), \
+     held AS ( \
+        SELECT r.tenant_id, r.operation, r.key_digest, l.ms \
+          FROM idempotency_requests r \
+          JOIN l ON r.tenant_id = l.tenant_id AND r.operation = l.operation \
+                AND r.key_digest = l.key_digest AND r.owner_token = l.owner_token \
+         WHERE r.state = 'processing' \
+           FOR UPDATE OF r SKIP LOCKED), \
+     renewed AS ( \
+        UPDATE idempotency_requests r \
+           SET lease_expires_at = clock_timestamp() + h.ms * interval '1 millisecond' \
+          FROM held h \
+         WHERE r.tenant_id = h.tenant_id AND r.operation = h.operation AND r.key_digest = h.key_digest \
+        RETURNING r.tenant_id, r.operation, r.key_digest) \
+SELECT EXISTS (SELECT 1 FROM renewed x \
+                WHERE x.tenant_id = l.tenant_id AND x.operation = l.operation \
+                  AND x.key_digest = l.key_digest) AS renewed, \
+       EXISTS (SELECT 1 FROM idempotency_requests r \
+                WHERE r.tenant_id = l.tenant_id AND r.operation = l.operation \
+                  AND r.key_digest = l.key_digest AND r.owner_token = l.owner_token \
+                  AND r.state = 'processing') AS owned \
+  FROM l ORDER BY l.ord";
+
+/// Renews `rows` in one statement ([`RENEW_MANY_SQL`]).
+pub(super) async fn renew_many(
+    pool: &PgPool,
+    rows: &[Renewal<'_>],
+) -> Result<Vec<Renewed>, StoreError> {
+    let mut tenants = Vec::with_capacity(rows.len());
+    let mut operations = Vec::with_capacity(rows.len());
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut tokens = Vec::with_capacity(rows.len());
+    let mut leases = Vec::with_capacity(rows.len());
+    for r in rows {
+        tenants.push(r.row.tenant);
+        operations.push(r.row.operation);
+        keys.push(r.row.key.as_bytes().to_vec());
+        tokens.push(r.row.token.as_str());
+        leases.push(millis(r.lease));
+    }
+    let found = sqlx::query(RENEW_MANY_SQL)
+        .bind(tenants)
+        .bind(operations)
+        .bind(keys)
+        .bind(tokens)
+        .bind(leases)
+        .fetch_all(pool)
+        .await?;
+    found
+        .iter()
+        .map(|row| {
+            Ok(
+                match (
+                    row.try_get::<bool, _>("renewed")?,
+                    row.try_get::<bool, _>("owned")?,
+                ) {
+                    (true, _) => Renewed::Kept,
+                    (false, true) => Renewed::Unknown,
+                    (false, false) => Renewed::Lost,
+                },
+            )
+        })
+        .collect()
+}
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",

@@ -10,15 +10,17 @@
 //! the same database runs long. Owner tokens are
 //! 128 random bits, made here; timestamps are Unix milliseconds from SQLite's clock.
 
-use sqlx::SqlitePool;
+use sqlx::{Connection, SqlitePool};
 
 use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
+use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared::owned_row;
 use crate::decide::{self, LeasedStep};
 use crate::model::{
-    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, StoreError, StoredResponse, millis,
+    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError,
+    StoredResponse, millis,
 };
 
 const READ_SQL: &str = concat!(
@@ -81,6 +83,39 @@ pub(super) const RENEW_SQL: &str = concat!(
     " + $1 WHERE",
     owned_row!("$2", "$3", "$4", "$5", "")
 );
+
+/// Renews `rows` in one transaction: SQLite has one writer at a time, so the
+/// batch takes the write lock once (through the busy timeout) rather than once
+/// per lease; under it no row can be held by anyone else.
+pub(super) async fn renew_many(
+    pool: &SqlitePool,
+    rows: &[Renewal<'_>],
+) -> Result<Vec<Renewed>, StoreError> {
+    let mut conn = pool.acquire().await?;
+    // A batch dropped half-way (its time ran out) must not return a connection
+    // to the pool holding the database's write lock: it is closed instead.
+    let mut guard = Restoring::new(&mut conn);
+    let mut tx = guard.conn().begin_with("BEGIN IMMEDIATE").await?;
+    let mut renewed = Vec::with_capacity(rows.len());
+    for r in rows {
+        let done = sqlx::query(RENEW_SQL)
+            .bind(millis(r.lease))
+            .bind(r.row.tenant)
+            .bind(r.row.operation)
+            .bind(r.row.key)
+            .bind(r.row.token)
+            .execute(&mut *tx)
+            .await?;
+        renewed.push(if done.rows_affected() == 1 {
+            Renewed::Kept
+        } else {
+            Renewed::Lost
+        });
+    }
+    tx.commit().await?;
+    guard.restored();
+    Ok(renewed)
+}
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",

@@ -1,0 +1,336 @@
+//! The process's lease renewals, batched: every leased execution an `Idem` (and
+//! its clones) runs is renewed by one task per store, a statement (or a Redis
+//! pipeline) for all the leases that are due together, instead of a statement
+//! per lease every third of its length.
+//!
+//! Each lease keeps its own schedule and its own [`Deadline`]: it is due a third
+//! of its length after its last renewal was sent, and the task wakes at the
+//! earliest due lease, not at a shared tick, so a lease never waits for others.
+//! What wakes the task renews every lease due within a third of its period from
+//! then too (a lease renewed a little early loses nothing), so leases started
+//! close together settle into one batch and stay there. A batch is bounded by
+//! the time its leases have left and runs on a task of its own, so a hanging
+//! statement holds up only its own batch; a row another transaction holds is
+//! skipped by the statement, not waited for, and renewed again soon. Each lease
+//! learns from the batch's reply whether it was renewed (its deadline moves to
+//! the batch's send time plus its length) or taken over (lost at once).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::LeaseBackend;
+use super::renewal::{Deadline, Renewer};
+use crate::key::KeyDigest;
+use crate::model::{Owned, OwnerToken, Renewal, Renewed};
+
+/// The most leases one statement renews; a larger batch is sent as several.
+const MAX_BATCH: usize = 500;
+
+/// The renewals of one store, shared by an `Idem` and its clones.
+pub(crate) struct Renewals<DB: LeaseBackend> {
+    inner: Arc<Inner<DB>>,
+}
+
+impl<DB: LeaseBackend> Clone for Renewals<DB> {
+    fn clone(&self) -> Self {
+        Renewals {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<DB: LeaseBackend> {
+    store: DB::Store,
+    state: Mutex<State>,
+    wake: Notify,
+    /// Batch statements sent since the start (for tests and the bench).
+    statements: AtomicU64,
+    /// Lease renewals those statements carried.
+    renewals: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    leases: HashMap<u64, Entry>,
+    /// Whether the task that sends the batches runs.
+    running: bool,
+}
+
+struct Entry {
+    tenant: String,
+    operation: String,
+    key: KeyDigest,
+    token: OwnerToken,
+    lease: Duration,
+    every: Duration,
+    deadline: Arc<Deadline>,
+    due: Instant,
+    /// No renewal is sent past this (the lease renewal ceiling).
+    ceiling: Instant,
+    /// In a batch being sent.
+    sending: bool,
+}
+
+impl<DB: LeaseBackend> Renewals<DB> {
+    pub(crate) fn new(store: DB::Store) -> Self {
+        Renewals {
+            inner: Arc::new(Inner {
+                store,
+                state: Mutex::default(),
+                wake: Notify::new(),
+                statements: AtomicU64::new(0),
+                renewals: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Batch statements sent so far, and the lease renewals they carried.
+    pub(crate) fn sent(&self) -> (u64, u64) {
+        (
+            self.inner.statements.load(Ordering::Relaxed),
+            self.inner.renewals.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Renews `renewer`'s lease with the others until `ceiling` has passed or the
+    /// lease is lost, then stops; never returns, so it can be raced against a
+    /// handler, and stops renewing when dropped.
+    pub(crate) async fn run(
+        &self,
+        renewer: Renewer<DB>,
+        ceiling: Duration,
+    ) -> std::convert::Infallible {
+        let _registered = self.register(renewer, ceiling);
+        std::future::pending().await
+    }
+
+    fn register(&self, renewer: Renewer<DB>, ceiling: Duration) -> Registered<DB> {
+        let now = Instant::now();
+        let every = (renewer.lease / 3).max(Duration::from_millis(10));
+        let due = now + next_in(every, &renewer.deadline);
+        let entry = Entry {
+            tenant: renewer.tenant,
+            operation: renewer.operation,
+            key: renewer.key,
+            token: renewer.token,
+            lease: renewer.lease,
+            every,
+            deadline: renewer.deadline,
+            due,
+            ceiling: now + ceiling,
+            sending: false,
+        };
+        let (id, start) = {
+            let mut state = self.lock();
+            let id = state.next_id;
+            state.next_id += 1;
+            state.leases.insert(id, entry);
+            let start = !state.running;
+            state.running = true;
+            (id, start)
+        };
+        if start {
+            tokio::spawn(schedule(self.inner.clone()));
+        } else {
+            self.inner.wake.notify_one();
+        }
+        Registered {
+            inner: self.inner.clone(),
+            id,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A lease in the renewals, taken out when dropped (its execution ended).
+struct Registered<DB: LeaseBackend> {
+    inner: Arc<Inner<DB>>,
+    id: u64,
+}
+
+impl<DB: LeaseBackend> Drop for Registered<DB> {
+    fn drop(&mut self) {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .leases
+            .remove(&self.id);
+    }
+}
+
+/// When to renew a lease from now: after a period, or at half the time it has
+/// left if that is sooner (a lease whose claim waited long, or whose last
+/// renewals failed, is renewed at once rather than at the next period).
+fn next_in(every: Duration, deadline: &Deadline) -> Duration {
+    every.min(deadline.left() / 2)
+}
+
+/// One lease of a batch being sent.
+struct Sending {
+    id: u64,
+    tenant: String,
+    operation: String,
+    key: KeyDigest,
+    token: OwnerToken,
+    lease: Duration,
+    deadline: Arc<Deadline>,
+}
+
+/// The task that sends the batches: wakes at the earliest due lease (or when a
+/// lease is added), sends what is due, and ends when no lease is left.
+async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
+    loop {
+        let (batch, next) = {
+            let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.leases.is_empty() {
+                state.running = false;
+                return;
+            }
+            due_now(&mut state)
+        };
+        for chunk in batch.chunks(MAX_BATCH) {
+            tokio::spawn(send(inner.clone(), chunk.to_vec()));
+        }
+        match next {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at, inner.wake.notified()).await;
+            }
+            None => inner.wake.notified().await,
+        }
+    }
+}
+
+/// Takes out the leases that are lost or past their ceiling, marks the ones due
+/// now (or within a third of their period) as being sent, and says when the
+/// next one is due.
+fn due_now(state: &mut State) -> (Vec<Arc<Sending>>, Option<Instant>) {
+    let now = Instant::now();
+    let mut batch = Vec::new();
+    let mut next: Option<Instant> = None;
+    state.leases.retain(|_, e| {
+        if e.sending {
+            return true;
+        }
+        if e.deadline.is_lost() {
+            tracing::warn!(operation = %e.operation, "idem: no renewal for a whole lease; taking the lease as lost");
+            return false;
+        }
+        if now + e.every > e.ceiling {
+            tracing::warn!(operation = %e.operation, "idem: lease renewal ceiling reached; the execution may be taken over");
+            return false;
+        }
+        true
+    });
+    for (id, e) in &mut state.leases {
+        if e.sending {
+            continue;
+        }
+        if e.due <= now + e.every / 3 {
+            e.sending = true;
+            batch.push(Arc::new(Sending {
+                id: *id,
+                tenant: e.tenant.clone(),
+                operation: e.operation.clone(),
+                key: e.key,
+                token: e.token.clone(),
+                lease: e.lease,
+                deadline: e.deadline.clone(),
+            }));
+        } else {
+            next = Some(next.map_or(e.due, |n| n.min(e.due)));
+        }
+    }
+    (batch, next)
+}
+
+/// Sends one batch, bounded by the least time any of its leases has left (a
+/// renewal that answers later could not keep that lease: it is lost by then
+/// whatever the store does), and records what each lease learned.
+async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Arc<Sending>>) {
+    let limit = batch
+        .iter()
+        .map(|s| s.deadline.left())
+        .min()
+        .unwrap_or_default()
+        .max(Duration::from_millis(10));
+    let sent = Instant::now();
+    let rows: Vec<Renewal<'_>> = batch
+        .iter()
+        .map(|s| Renewal {
+            row: Owned {
+                tenant: &s.tenant,
+                operation: &s.operation,
+                key: s.key,
+                token: &s.token,
+            },
+            lease: s.lease,
+        })
+        .collect();
+    inner.statements.fetch_add(1, Ordering::Relaxed);
+    inner
+        .renewals
+        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+    let answered = match tokio::time::timeout(limit, DB::lease_renew_many(&inner.store, &rows))
+        .await
+    {
+        Ok(Ok(renewed)) if renewed.len() == rows.len() => Some(renewed),
+        Ok(Ok(_)) => {
+            tracing::warn!(
+                "idem: a lease renewal batch answered for another number of leases; retrying"
+            );
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, leases = rows.len(), "idem: lease renewal failed; retrying");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                leases = rows.len(),
+                "idem: lease renewal timed out; retrying"
+            );
+            None
+        }
+    };
+    drop(rows);
+    let now = Instant::now();
+    let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+    for (i, s) in batch.iter().enumerate() {
+        let outcome = answered.as_ref().map_or(Renewed::Unknown, |r| r[i]);
+        match outcome {
+            Renewed::Kept => s.deadline.renewed(sent, s.lease),
+            Renewed::Lost => {
+                tracing::warn!(operation = %s.operation, "idem: lease taken over; this worker's result will not be published");
+                s.deadline.lose();
+            }
+            Renewed::Unknown => {}
+        }
+        let Some(e) = state.leases.get_mut(&s.id) else {
+            continue;
+        };
+        if outcome == Renewed::Lost {
+            state.leases.remove(&s.id);
+            continue;
+        }
+        e.sending = false;
+        e.due = match outcome {
+            Renewed::Kept => sent + e.every,
+            _ => now + next_in(e.every, &e.deadline),
+        };
+    }
+    drop(state);
+    inner.wake.notify_one();
+}
