@@ -8,12 +8,14 @@
 //! profile, and one report.
 
 mod load;
+mod long_ops;
 mod profile;
 mod redis_targets;
 mod report;
 mod system;
 
 use load::*;
+use long_ops::*;
 use profile::*;
 use redis_targets::RedisRun;
 use system::*;
@@ -68,6 +70,9 @@ pub struct Settings {
     /// `IDEM_BENCH_RSS_SECS` (60; 0 skips): seconds of (b) at RTT 0 with the
     /// server's RSS sampled every second.
     rss_secs: f64,
+    /// `IDEM_BENCH_LONG_OPS` (3000; 0 skips (k)): long operations running beside
+    /// (b) in (k), on each database.
+    long_ops: usize,
     /// `IDEM_BENCH_PROFILE_REQUESTS` (200; 0 skips): sequential requests per
     /// scenario through the counting proxy.
     profile_requests: usize,
@@ -133,6 +138,7 @@ impl Settings {
             redis_acks,
             rtts,
             rss_secs: env_or("IDEM_BENCH_RSS_SECS", 60.0)?,
+            long_ops: env_or("IDEM_BENCH_LONG_OPS", 3000)?,
             profile_requests: env_or("IDEM_BENCH_PROFILE_REQUESTS", 200)?,
             admin_url,
             keep_db: std::env::var("IDEM_BENCH_KEEP_DB").as_deref() == Ok("1"),
@@ -490,6 +496,17 @@ async fn run_all(
         }
         groups.push(group?);
     }
+    let long_ops = if s.long_ops > 0 {
+        let sqlite = pools.sqlite.is_some().then_some(sqlite_url.as_str());
+        let mysql = mysql_url.filter(|_| pools.mysql.is_some());
+        let run = long_ops_run(s, url, (sqlite, mysql), &redis_runs).await;
+        if run.is_err() {
+            redis_targets::cleanup(s, &redis_runs).await;
+        }
+        run?
+    } else {
+        Vec::new()
+    };
     redis_targets::cleanup(s, &redis_runs).await;
     let rss = if s.rss_secs > 0.0 {
         Some(rss_run(s, &pools, url).await?)
@@ -524,6 +541,7 @@ async fn run_all(
         header,
         redis_skipped: &redis_skipped,
         groups: &groups,
+        long_ops: &long_ops,
         rss: rss.as_ref(),
         profiled: &profiled,
     };

@@ -18,6 +18,7 @@
 //! | h | the peer under (e)'s contention: its duplicate effects are counted | `POST /peer/orders` |
 //! | i | replays with the replay cache on | `POST /cached/orders` |
 //! | j | leased mode, replays of completed keys | `POST /leased/orders` |
+//! | k | (b) beside `IDEM_BENCH_LONG_OPS` (3000) running long operations, each accepted and held, its lease renewed in batches | `POST /idem/orders`, `POST /long/exports` |
 //!
 //! Every PostgreSQL scenario runs at each round-trip time of `IDEM_BENCH_DB_RTTS`
 //! (the server's pool reaching PostgreSQL through a proxy in the server process
@@ -25,7 +26,9 @@
 //! and on MySQL; (f) and (j) also run with leased mode's records in one Redis, in
 //! a Redis Cluster and in the cluster with `WAIT` after each state change (each
 //! skipped with a line when it cannot be reached), the insert on PostgreSQL.
-//! Then a memory run of (b) and a statement profile: a server whose pool talks to
+//! Then (k) on PostgreSQL (RTT 0), SQLite and MySQL, each on a fresh server: (b)
+//! alone, then (b) beside the long operations, with the renewal statements the
+//! server sent meanwhile. Then a memory run of (b) and a statement profile: a server whose pool talks to
 //! PostgreSQL through the counting proxy, so every request's round trips,
 //! prepared statements and SQL statements are counted exactly.
 //!

@@ -4,6 +4,33 @@
 use super::*;
 use sqlx::Postgres;
 
+/// (k) long operations (issue 37), stamped into each database's server: one
+/// that runs until the server stops, accepted with `202` at once, its 6 s lease
+/// renewed in the background with the others'; and the server's renewal
+/// counters (batches sent, lease renewals they carried).
+macro_rules! long_operations {
+    ($db:ident, $state:ty) => {
+        #[idempotent(
+            operation = "bench-export",
+            retention = "1h",
+            lease = "6s",
+            lease_ceiling = "2h",
+            accepted
+        )]
+        async fn long_export(#[tenant] caller: Caller, lease: &mut Lease<$db>) -> StatusCode {
+            let _ = (caller, lease);
+            std::future::pending::<()>().await;
+            StatusCode::CREATED
+        }
+
+        async fn renewals(State(app): State<$state>) -> Json<(u64, u64)> {
+            Json(app.idem.renewal_statements())
+        }
+    };
+}
+
+long_operations!(Postgres, AppState);
+
 #[derive(Clone)]
 pub struct AppState {
     idem: Idem<Postgres>,
@@ -343,6 +370,8 @@ async fn postgres_app(url: &str) -> Result<Router, String> {
         .route("/idem/orders", post(idem_create))
         .route("/mw/orders", post(middleware))
         .route("/leased/orders", post(leased_create))
+        .route("/long/exports", post(long_export))
+        .route("/bench/renewals", get(renewals))
         .merge(peer::routes())
         .route("/bench/protocol", get(protocol_handler))
         .route("/bench/delay", get(delay_handler))
@@ -511,8 +540,12 @@ mod sqlite {
         Ok(Router::new()
             .route("/bare/orders", post(bare))
             .route("/idem/orders", post(idem_create))
+            .route("/long/exports", post(long_export))
+            .route("/bench/renewals", get(renewals))
             .with_state(state))
     }
+
+    long_operations!(Sqlite, SqliteState);
 
     /// (a) on SQLite.
     async fn bare(
@@ -580,8 +613,12 @@ mod mysql {
         Ok(Router::new()
             .route("/bare/orders", post(bare))
             .route("/idem/orders", post(idem_create))
+            .route("/long/exports", post(long_export))
+            .route("/bench/renewals", get(renewals))
             .with_state(state))
     }
+
+    long_operations!(MySql, MySqlState);
 
     /// (a) on MySQL: the server's default isolation (REPEATABLE READ), as an
     /// application's plain transaction would have it.
@@ -674,8 +711,12 @@ mod redis_leases {
         };
         Ok(Router::new()
             .route("/leased/orders", post(leased_create))
+            .route("/long/exports", post(long_export))
+            .route("/bench/renewals", get(renewals))
             .with_state(state))
     }
+
+    long_operations!(Redis, RedisState);
 
     /// (f), (j) with the lease in Redis: the same insert as (f), on the pool (the
     /// lease is only held: an insert needs no downstream key).

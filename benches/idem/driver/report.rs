@@ -9,6 +9,7 @@ pub struct Report<'a> {
     /// A line for each Redis target the run could not reach.
     pub redis_skipped: &'a [String],
     pub groups: &'a [Group],
+    pub long_ops: &'a [LongOps],
     pub rss: Option<&'a Measured>,
     pub profiled: &'a [Profiled],
 }
@@ -120,6 +121,7 @@ impl Report<'_> {
         out.push_str(&self.redis_lines());
         out.push_str(&self.proxy_check());
         out.push_str(&self.targets_table());
+        out.push_str(&long_ops_lines(self.long_ops));
         if let Some(m) = self.rss {
             out.push_str(&rss_lines(m));
         }

@@ -29,7 +29,7 @@ use crate::key::KeyDigest;
 use crate::model::{Owned, OwnerToken, Renewal, Renewed};
 
 /// The most leases one statement renews; a larger batch is sent as several.
-const MAX_BATCH: usize = 500;
+const MAX_BATCH: usize = 2000;
 
 /// The renewals of one store, shared by an `Idem` and its clones.
 pub(crate) struct Renewals<DB: LeaseBackend> {
