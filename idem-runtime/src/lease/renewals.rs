@@ -213,9 +213,9 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
     }
 }
 
-/// Takes out the leases that are lost or past their ceiling, marks the ones due
-/// now (or within a third of their period) as being sent, and says when the
-/// next one is due.
+/// Takes out the leases that are lost or past their ceiling; when one is due,
+/// marks it and every lease due within a third of its period as being sent;
+/// says when the next one not sent is due.
 fn due_now(state: &mut State) -> (Vec<Arc<Sending>>, Option<Instant>) {
     let now = Instant::now();
     let mut batch = Vec::new();
@@ -234,11 +234,15 @@ fn due_now(state: &mut State) -> (Vec<Arc<Sending>>, Option<Instant>) {
         }
         true
     });
+    // Only when a lease is due: the task also wakes whenever a lease is added,
+    // and taking every lease that has just come within reach at each such wake
+    // would send them one by one as they come, never together.
+    let any_due = state.leases.values().any(|e| !e.sending && e.due <= now);
     for (id, e) in &mut state.leases {
         if e.sending {
             continue;
         }
-        if e.due <= now + e.every / 3 {
+        if any_due && e.due <= now + e.every / 3 {
             e.sending = true;
             batch.push(Arc::new(Sending {
                 id: *id,
@@ -333,4 +337,53 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Arc<Sending>>)
     }
     drop(state);
     inner.wake.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::IdempotencyKey;
+
+    /// A lease of 6 s (renewed every 2 s, so leases due within 2/3 s of a due
+    /// one go along) whose renewal is due `due_in` from `now`.
+    fn entry(now: Instant, due_in: Duration, late: bool) -> Entry {
+        let lease = Duration::from_secs(6);
+        Entry {
+            tenant: "t".into(),
+            operation: "op".into(),
+            key: IdempotencyKey::parse("k").unwrap().digest(),
+            token: OwnerToken::from("token".to_owned()),
+            lease,
+            every: lease / 3,
+            deadline: Arc::new(Deadline::new(now, lease)),
+            due: if late { now - due_in } else { now + due_in },
+            ceiling: now + Duration::from_secs(3600),
+            sending: false,
+        }
+    }
+
+    #[test]
+    fn nothing_is_sent_before_a_lease_is_due_and_a_due_one_takes_the_near_ones_along() {
+        let now = Instant::now();
+        let mut state = State::default();
+        let ms = Duration::from_millis;
+        for (id, due_in) in [(0, ms(300)), (1, ms(500)), (2, ms(1500))] {
+            state.leases.insert(id, entry(now, due_in, false));
+        }
+        // Woken early (a lease was added): nothing is due, nothing is sent,
+        // although two leases are within reach of the first.
+        let (batch, next) = due_now(&mut state);
+        assert!(batch.is_empty(), "sent {} before any was due", batch.len());
+        assert_eq!(next, Some(now + ms(300)));
+        // The first comes due: it goes with the one due 200 ms later, not with
+        // the one due a second later.
+        state.leases.insert(0, entry(now, ms(1), true));
+        let (batch, next) = due_now(&mut state);
+        let mut sent: Vec<u64> = batch.iter().map(|s| s.id).collect();
+        sent.sort_unstable();
+        assert_eq!(sent, [0, 1]);
+        assert_eq!(next, Some(now + ms(1500)));
+        assert!(state.leases[&0].sending && state.leases[&1].sending);
+        assert!(!state.leases[&2].sending);
+    }
 }

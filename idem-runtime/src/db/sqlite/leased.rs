@@ -85,36 +85,67 @@ pub(super) const RENEW_SQL: &str = concat!(
 );
 
 /// Renews `rows` in one transaction: SQLite has one writer at a time, so the
-/// batch takes the write lock once (through the busy timeout) rather than once
-/// per lease; under it no row can be held by anyone else.
+/// batch takes the write lock once (through the busy timeout) and holds it as
+/// briefly as it can: one `UPDATE .. RETURNING` per distinct lease length (in
+/// practice one), each over all its rows, rather than a statement per lease.
+/// Under the write lock no row can be held by anyone else: a row not returned
+/// is not this execution's any more. The statements' texts depend on the
+/// batch's size, so they are not kept in the connection's statement cache.
 pub(super) async fn renew_many(
     pool: &SqlitePool,
     rows: &[Renewal<'_>],
 ) -> Result<Vec<Renewed>, StoreError> {
+    use sqlx::Row as _;
+
+    let mut leases: Vec<std::time::Duration> = rows.iter().map(|r| r.lease).collect();
+    leases.sort_unstable();
+    leases.dedup();
     let mut conn = pool.acquire().await?;
     // A batch dropped half-way (its time ran out) must not return a connection
     // to the pool holding the database's write lock: it is closed instead.
     let mut guard = Restoring::new(&mut conn);
     let mut tx = guard.conn().begin_with("BEGIN IMMEDIATE").await?;
-    let mut renewed = Vec::with_capacity(rows.len());
-    for r in rows {
-        let done = sqlx::query(RENEW_SQL)
-            .bind(millis(r.lease))
-            .bind(r.row.tenant)
-            .bind(r.row.operation)
-            .bind(r.row.key)
-            .bind(r.row.token)
-            .execute(&mut *tx)
-            .await?;
-        renewed.push(if done.rows_affected() == 1 {
-            Renewed::Kept
-        } else {
-            Renewed::Lost
-        });
+    let mut kept = std::collections::HashSet::new();
+    for lease in leases {
+        let of: Vec<&Renewal<'_>> = rows.iter().filter(|r| r.lease == lease).collect();
+        let mut sql = format!(
+            "UPDATE idempotency_requests SET lease_expires_at = {} + ? \
+              WHERE state = 'processing' \
+                AND (tenant_id, operation, key_digest, owner_token) IN (VALUES ",
+            now_ms!()
+        );
+        for i in 0..of.len() {
+            sql.push_str(if i == 0 {
+                "(?, ?, ?, ?)"
+            } else {
+                ", (?, ?, ?, ?)"
+            });
+        }
+        sql.push_str(") RETURNING owner_token");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(millis(lease));
+        for r in &of {
+            query = query
+                .bind(r.row.tenant)
+                .bind(r.row.operation)
+                .bind(r.row.key)
+                .bind(r.row.token);
+        }
+        for row in query.persistent(false).fetch_all(&mut *tx).await? {
+            kept.insert(row.try_get::<String, _>(0)?);
+        }
     }
     tx.commit().await?;
     guard.restored();
-    Ok(renewed)
+    Ok(rows
+        .iter()
+        .map(|r| {
+            if kept.contains(r.row.token.as_str()) {
+                Renewed::Kept
+            } else {
+                Renewed::Lost
+            }
+        })
+        .collect())
 }
 
 pub(super) const UNCERTAIN_SQL: &str = concat!(
