@@ -119,7 +119,7 @@ fn bind_owned<'q>(
 /// Renews `rows` in one short transaction: the rows nobody else holds are locked
 /// through the primary key (`FOR UPDATE SKIP LOCKED`: a row another transaction
 /// holds is not waited for, so one held row cannot hold up every lease of the
-/// process) and renewed by one `UPDATE` by primary key, each by its own lease. Rows not locked are read once more without a
+/// process) and renewed by one `UPDATE` by primary key per distinct lease length. Rows not locked are read once more without a
 /// lock: still owned (held by another transaction: renew again soon), or lost.
 /// The statements' texts depend on the batch's size, so they are not kept in
 /// the connection's statement cache.
@@ -154,29 +154,26 @@ pub(super) async fn renew_many(
         .copied()
         .filter(|r| locked.contains(r.row.token.as_str()))
         .collect();
-    if !held.is_empty() {
-        let mut lease = String::from("CASE owner_token");
-        for _ in &held {
-            lease.push_str(" WHEN ? THEN ?");
-        }
-        lease.push_str(" END");
-        // By primary key alone: the rows are locked and checked above, and a
-        // condition on `state` could lead InnoDB through the in-flight index,
-        // where it would wait for rows others hold.
+    // One `UPDATE` per distinct lease length (in practice one), by primary key
+    // alone: the rows are locked and checked above, and a condition on `state`
+    // could lead InnoDB through the in-flight index, where it would wait for
+    // rows others hold.
+    let mut leases: Vec<std::time::Duration> = held.iter().map(|r| r.lease).collect();
+    leases.sort_unstable();
+    leases.dedup();
+    for lease in leases {
+        let of: Vec<&Renewal<'_>> = held.iter().copied().filter(|r| r.lease == lease).collect();
         let mut keys = String::from("(tenant_id, operation, key_digest) IN (");
-        for i in 0..held.len() {
+        for i in 0..of.len() {
             keys.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
         }
         keys.push(')');
         let renew = format!(
-            "UPDATE idempotency_requests SET lease_expires_at = {} + {lease} WHERE {keys}",
+            "UPDATE idempotency_requests SET lease_expires_at = {} + ? WHERE {keys}",
             now_ms!(),
         );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(renew));
-        for r in &held {
-            query = query.bind(r.row.token).bind(millis(r.lease));
-        }
-        for r in &held {
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(renew)).bind(millis(lease));
+        for r in &of {
             query = query
                 .bind(r.row.tenant)
                 .bind(r.row.operation)
