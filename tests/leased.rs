@@ -573,7 +573,12 @@ macro_rules! leased_tests {
             // acme's execution holds acme's share.
             let first = spawn("acme", "limit-1");
             s.entered.recv().await.unwrap();
-            let (status, headers, body) = send(&s.router, pay("/payments", "limit-2", 100)).await;
+            // Bounded: a limit that let them run would hold them at the gate.
+            let at_once = Duration::from_secs(30);
+            let (status, headers, body) =
+                tokio::time::timeout(at_once, send(&s.router, pay("/payments", "limit-2", 100)))
+                    .await
+                    .expect("refused at once, not run");
             refused(status, &headers, &body, "past acme's share");
             assert!(
                 s.h.record(&IdempotencyKey::parse("limit-2").unwrap()).await.is_none(),
@@ -585,8 +590,12 @@ macro_rules! leased_tests {
             // Another tenant has a share of its own; then the total is full.
             let second = spawn("globex", "limit-3");
             s.entered.recv().await.unwrap();
-            let (status, headers, body) =
-                send(&s.router, pay_as("initech", "/payments", "limit-4", 100)).await;
+            let (status, headers, body) = tokio::time::timeout(
+                at_once,
+                send(&s.router, pay_as("initech", "/payments", "limit-4", 100)),
+            )
+            .await
+            .expect("refused at once, not run");
             refused(status, &headers, &body, "past the total");
             assert_eq!(s.provider.calls.load(Ordering::SeqCst), 0, "nothing charged yet");
             // The work ends: its slots come back, and the refused key runs.

@@ -417,6 +417,21 @@ mod sqlite {
         "UPDATE idempotency_requests SET expires_at = 0"
     );
 
+    /// A pool of one connection to the test's database file, with its own busy
+    /// timeout.
+    async fn one_connection(db: &TestDb, busy_timeout: Duration) -> sqlx::SqlitePool {
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(&db.path)
+                    .busy_timeout(busy_timeout),
+            )
+            .await
+            .unwrap()
+    }
+
     /// SQLite's in-flight bound is the connection's busy timeout, not the
     /// request's in-flight wait (the claim changes no setting of a connection it
     /// only borrows): a duplicate waits for the first writer, then reports busy
@@ -424,8 +439,6 @@ mod sqlite {
     /// duplicate's retry replays it.
     #[tokio::test]
     async fn the_in_flight_bound_holds_through_the_busy_timeout() {
-        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-
         let db = db().await;
         let key = IdempotencyKey::parse("k1").unwrap();
         let mut r = req("acme", "pay", &key, 100);
@@ -436,15 +449,7 @@ mod sqlite {
         let id = pay(&mut first, "acme", 100).await;
 
         let bound = Duration::from_millis(300);
-        let impatient = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(
-                SqliteConnectOptions::new()
-                    .filename(&db.path)
-                    .busy_timeout(bound),
-            )
-            .await
-            .unwrap();
+        let impatient = one_connection(&db, bound).await;
         // Far longer than the connection's: not the bound on SQLite.
         r.in_flight_wait = Duration::from_secs(60);
         let mut dup = impatient.begin().await.unwrap();
@@ -487,18 +492,8 @@ mod sqlite {
     /// lock until the claim, waiting on it, has been dropped.
     #[tokio::test]
     async fn a_cancelled_claim_leaves_the_busy_timeout_on_the_pooled_connection() {
-        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-
         let db = db().await;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(
-                SqliteConnectOptions::new()
-                    .filename(&db.path)
-                    .busy_timeout(Duration::from_secs(5)),
-            )
-            .await
-            .unwrap();
+        let pool = one_connection(&db, Duration::from_secs(5)).await;
         let mut holder = db.pool.acquire().await.unwrap();
         sqlx::query("BEGIN IMMEDIATE")
             .execute(&mut *holder)
@@ -635,18 +630,8 @@ mod sqlite {
     async fn a_held_write_lock_past_the_busy_timeout_is_busy() {
         use idem_runtime::__private::Claims;
         use idem_runtime::Idem;
-        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-
         let db = db().await;
-        let impatient = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(
-                SqliteConnectOptions::new()
-                    .filename(&db.path)
-                    .busy_timeout(Duration::from_millis(200)),
-            )
-            .await
-            .unwrap();
+        let impatient = one_connection(&db, Duration::from_millis(200)).await;
         let mut holder = db.pool.acquire().await.unwrap();
         sqlx::query("BEGIN IMMEDIATE")
             .execute(&mut *holder)
@@ -839,11 +824,9 @@ mod mysql_only {
     #[tokio::test]
     async fn a_cancelled_claim_leaves_no_lock_wait_on_the_pooled_connection() {
         let db = MySqlDb::with_pool_size(1).await;
-        let server_default: i64 =
-            sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
+        // The pool has one connection: every read is of the same session.
+        const LOCK_WAIT: &str = "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)";
+        let server_default = db.count(LOCK_WAIT).await;
         assert!(
             server_default > 3,
             "the server's own lock wait is the claim's"
@@ -867,11 +850,7 @@ mod mysql_only {
         .await;
         assert!(waited.is_err(), "the claim waited on the held row");
         holder.rollback().await.unwrap();
-        let next: i64 =
-            sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
+        let next = db.count(LOCK_WAIT).await;
         assert_eq!(
             next, server_default,
             "the pool handed out a connection with idem's lock wait on it"

@@ -389,6 +389,24 @@ pub struct Renewal<'a> {
     pub(crate) lease: Duration,
 }
 
+impl<'a> Renewal<'a> {
+    /// `rows` grouped by lease length, in order of length: a statement can then
+    /// set one expiry expression for all of a group's rows (the leases of one
+    /// operation share their length).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn by_lease<'r>(rows: &'r [Renewal<'a>]) -> Vec<(Duration, Vec<&'r Renewal<'a>>)> {
+        let mut groups: Vec<(Duration, Vec<&'r Renewal<'a>>)> = Vec::new();
+        for r in rows {
+            match groups.iter_mut().find(|(lease, _)| *lease == r.lease) {
+                Some((_, of)) => of.push(r),
+                None => groups.push((r.lease, vec![r])),
+            }
+        }
+        groups.sort_unstable_by_key(|(lease, _)| *lease);
+        groups
+    }
+}
+
 /// What a batch renewal learned of one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewed {

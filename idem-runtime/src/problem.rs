@@ -86,6 +86,13 @@ impl Problem {
         self
     }
 
+    /// Adds `Retry-After`: the wait in whole seconds, rounded up, at least 1
+    /// ([`idem_wire::retry_after_seconds`]).
+    fn retrying_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(idem_wire::retry_after_seconds(wait));
+        self
+    }
+
     /// `400`, [`MISSING_KEY`].
     pub fn missing_key() -> Self {
         Problem::new(MISSING_KEY, StatusCode::BAD_REQUEST, "Idempotency-Key header required")
@@ -115,60 +122,56 @@ impl Problem {
     /// `409`, [`IN_FLIGHT`], with `Retry-After`: the wait in whole seconds,
     /// rounded up, at least 1 ([`idem_wire::retry_after_seconds`]).
     pub fn in_flight(retry_after: Duration) -> Self {
-        let mut p = Problem::new(
+        Problem::new(
             IN_FLIGHT,
             StatusCode::CONFLICT,
             "A request with this Idempotency-Key is in progress",
         )
         .with_detail(
             "the first request with this key has not finished; retry with the same key later",
-        );
-        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
-        p
+        )
+        .retrying_after(retry_after)
     }
 
     /// `503`, [`STORE_BUSY`], with `Retry-After`: the database stayed locked by
     /// other writers; nothing was reserved for the key.
     pub fn busy(retry_after: Duration) -> Self {
-        let mut p = Problem::new(
+        Problem::new(
             STORE_BUSY,
             StatusCode::SERVICE_UNAVAILABLE,
             "The database is busy",
         )
         .with_detail(
             "other requests (of any key, perhaps this one) held the database's write lock for longer than this one could wait; nothing was looked up or reserved for this key: retry with the same key later",
-        );
-        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
-        p
+        )
+        .retrying_after(retry_after)
     }
 
     /// `503`, [`AT_CAPACITY`], with `Retry-After`: the operation's running limit
     /// was full (see [`crate::Idem::with_running_limit`]); nothing was reserved
     /// for the key.
     pub fn at_capacity(retry_after: Duration) -> Self {
-        let mut p = Problem::new(
+        Problem::new(
             AT_CAPACITY,
             StatusCode::SERVICE_UNAVAILABLE,
             "Too many of these operations are running",
         )
         .with_detail(
             "this operation already runs as many executions at once as it may (in all, or for this tenant); nothing was reserved for this key: retry with the same key later",
-        );
-        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
-        p
+        )
+        .retrying_after(retry_after)
     }
 
     /// `202`, [`OUTCOME_UNCERTAIN`], with `Retry-After`: the wait in whole
     /// seconds, rounded up, at least 1 ([`idem_wire::retry_after_seconds`]).
     pub fn uncertain(retry_after: Duration) -> Self {
-        let mut p = Problem::new(
+        Problem::new(
             OUTCOME_UNCERTAIN,
             StatusCode::ACCEPTED,
             "The outcome of this request is being confirmed",
         )
-        .with_detail("an earlier attempt may have taken effect; it is being reconciled and will not run twice. Retry later with the same key");
-        p.retry_after = Some(idem_wire::retry_after_seconds(retry_after));
-        p
+        .with_detail("an earlier attempt may have taken effect; it is being reconciled and will not run twice. Retry later with the same key")
+        .retrying_after(retry_after)
     }
 
     /// `503`, [`STORE_UNAVAILABLE`], with `Retry-After: 1` (every `503` says

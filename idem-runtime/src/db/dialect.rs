@@ -63,8 +63,23 @@ macro_rules! question_marks {
 }
 pub(crate) use question_marks;
 
+/// `(?, ?, ..), (?, ?, ..), ..`: `rows` tuples of `arity` placeholders, for a
+/// row-value `IN (..)` over a batch (sent unprepared: its text depends on the
+/// batch's size).
+pub(crate) fn placeholder_rows(arity: usize, rows: usize) -> String {
+    let tuple = format!("({})", vec!["?"; arity].join(", "));
+    vec![tuple; rows].join(", ")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn placeholder_rows_are_as_many_tuples_as_rows() {
+        assert_eq!(super::placeholder_rows(3, 2), "(?, ?, ?), (?, ?, ?)");
+        assert_eq!(super::placeholder_rows(1, 1), "(?)");
+        assert_eq!(super::placeholder_rows(4, 0), "");
+    }
+
     use super::*;
 
     const FORGET: &str = question_marks!("DELETE FROM t WHERE a = $1 AND b = $2 AND c = $3");

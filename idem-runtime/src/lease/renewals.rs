@@ -201,8 +201,11 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
             }
             due_now(&mut state)
         };
-        for chunk in batch.chunks(MAX_BATCH) {
-            tokio::spawn(send(inner.clone(), chunk.to_vec()));
+        let mut batch = batch;
+        while !batch.is_empty() {
+            let rest = batch.split_off(batch.len().min(MAX_BATCH));
+            tokio::spawn(send(inner.clone(), batch));
+            batch = rest;
         }
         match next {
             Some(at) => {
@@ -216,7 +219,7 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
 /// Takes out the leases that are lost or past their ceiling; when one is due,
 /// marks it and every lease due within a third of its period as being sent;
 /// says when the next one not sent is due.
-fn due_now(state: &mut State) -> (Vec<Arc<Sending>>, Option<Instant>) {
+fn due_now(state: &mut State) -> (Vec<Sending>, Option<Instant>) {
     let now = Instant::now();
     let mut batch = Vec::new();
     let mut next: Option<Instant> = None;
@@ -244,7 +247,7 @@ fn due_now(state: &mut State) -> (Vec<Arc<Sending>>, Option<Instant>) {
         }
         if any_due && e.due <= now + e.every / 3 {
             e.sending = true;
-            batch.push(Arc::new(Sending {
+            batch.push(Sending {
                 id: *id,
                 tenant: e.tenant.clone(),
                 operation: e.operation.clone(),
@@ -252,7 +255,7 @@ fn due_now(state: &mut State) -> (Vec<Arc<Sending>>, Option<Instant>) {
                 token: e.token.clone(),
                 lease: e.lease,
                 deadline: e.deadline.clone(),
-            }));
+            });
         } else {
             next = Some(next.map_or(e.due, |n| n.min(e.due)));
         }
@@ -263,7 +266,7 @@ fn due_now(state: &mut State) -> (Vec<Arc<Sending>>, Option<Instant>) {
 /// Sends one batch, bounded by the least time any of its leases has left (a
 /// renewal that answers later could not keep that lease: it is lost by then
 /// whatever the store does), and records what each lease learned.
-async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Arc<Sending>>) {
+async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
     let limit = batch
         .iter()
         .map(|s| s.deadline.left())

@@ -671,14 +671,12 @@ impl LeaseBackend for Redis {
                 .map(|r| Self::lease_fence(store, r.row, Fence::Renew(r.lease))),
         )
         .await;
-        if let Some(Err(_)) = done.first()
-            && done.iter().all(Result::is_err)
-        {
-            return done
+        // Every renewal failed: the batch did, with the first one's error.
+        if !done.is_empty() && done.iter().all(Result::is_err) {
+            return Err(done
                 .into_iter()
-                .next()
-                .expect("not empty")
-                .map(|_| Vec::new());
+                .find_map(Result::err)
+                .expect("every result is an error"));
         }
         Ok(done
             .into_iter()

@@ -17,7 +17,7 @@ use super::transactional::stored_from_row;
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
-use crate::db::dialect::question_marks;
+use crate::db::dialect::{placeholder_rows, question_marks};
 use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared::{self, owned_row};
@@ -89,16 +89,10 @@ pub(super) const RENEW_SQL: &str = concat!(
 /// `(tenant_id, operation, key_digest, owner_token) IN ((?, ?, ?, ?), ..)` for
 /// `n` rows.
 fn owned_rows_in(n: usize) -> String {
-    let mut sql = String::from("(tenant_id, operation, key_digest, owner_token) IN (");
-    for i in 0..n {
-        sql.push_str(if i == 0 {
-            "(?, ?, ?, ?)"
-        } else {
-            ", (?, ?, ?, ?)"
-        });
-    }
-    sql.push(')');
-    sql
+    format!(
+        "(tenant_id, operation, key_digest, owner_token) IN ({})",
+        placeholder_rows(4, n)
+    )
 }
 
 /// Binds the owned rows of `rows` in the order [`owned_rows_in`] names them.
@@ -158,16 +152,12 @@ pub(super) async fn renew_many(
     // alone: the rows are locked and checked above, and a condition on `state`
     // could lead InnoDB through the in-flight index, where it would wait for
     // rows others hold.
-    let mut leases: Vec<std::time::Duration> = held.iter().map(|r| r.lease).collect();
-    leases.sort_unstable();
-    leases.dedup();
-    for lease in leases {
-        let of: Vec<&Renewal<'_>> = held.iter().copied().filter(|r| r.lease == lease).collect();
-        let mut keys = String::from("(tenant_id, operation, key_digest) IN (");
-        for i in 0..of.len() {
-            keys.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
-        }
-        keys.push(')');
+    let held: Vec<Renewal<'_>> = held.into_iter().copied().collect();
+    for (lease, of) in Renewal::by_lease(&held) {
+        let keys = format!(
+            "(tenant_id, operation, key_digest) IN ({})",
+            placeholder_rows(3, of.len())
+        );
         let renew = format!(
             "UPDATE idempotency_requests SET lease_expires_at = {} + ? WHERE {keys}",
             now_ms!(),

@@ -14,6 +14,7 @@ use sqlx::{Connection, SqlitePool};
 
 use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
+use crate::db::dialect::placeholder_rows;
 use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared::owned_row;
@@ -97,31 +98,21 @@ pub(super) async fn renew_many(
 ) -> Result<Vec<Renewed>, StoreError> {
     use sqlx::Row as _;
 
-    let mut leases: Vec<std::time::Duration> = rows.iter().map(|r| r.lease).collect();
-    leases.sort_unstable();
-    leases.dedup();
     let mut conn = pool.acquire().await?;
     // A batch dropped half-way (its time ran out) must not return a connection
     // to the pool holding the database's write lock: it is closed instead.
     let mut guard = Restoring::new(&mut conn);
     let mut tx = guard.conn().begin_with("BEGIN IMMEDIATE").await?;
     let mut kept = std::collections::HashSet::new();
-    for lease in leases {
-        let of: Vec<&Renewal<'_>> = rows.iter().filter(|r| r.lease == lease).collect();
-        let mut sql = format!(
+    for (lease, of) in Renewal::by_lease(rows) {
+        let sql = format!(
             "UPDATE idempotency_requests SET lease_expires_at = {} + ? \
               WHERE state = 'processing' \
-                AND (tenant_id, operation, key_digest, owner_token) IN (VALUES ",
-            now_ms!()
+                AND (tenant_id, operation, key_digest, owner_token) IN (VALUES {}) \
+             RETURNING owner_token",
+            now_ms!(),
+            placeholder_rows(4, of.len())
         );
-        for i in 0..of.len() {
-            sql.push_str(if i == 0 {
-                "(?, ?, ?, ?)"
-            } else {
-                ", (?, ?, ?, ?)"
-            });
-        }
-        sql.push_str(") RETURNING owner_token");
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(millis(lease));
         for r in &of {
             query = query
