@@ -394,6 +394,7 @@ macro_rules! leased_tests {
 
         struct Setup {
             h: Arc<H>,
+            idem: Idem<Db>,
             router: Router,
             provider: Arc<Provider>,
             entered: mpsc::UnboundedReceiver<()>,
@@ -416,8 +417,9 @@ macro_rules! leased_tests {
             let (tx, entered) = mpsc::unbounded_channel();
             let release = Arc::new(Semaphore::new(0));
             let crash_next = Arc::new(AtomicBool::new(false));
+            let idem = config(h.idem());
             let app = App {
-                idem: config(h.idem()),
+                idem: idem.clone(),
                 provider: provider.clone(),
                 entered: gate.then_some(tx),
                 release: release.clone(),
@@ -435,6 +437,7 @@ macro_rules! leased_tests {
                 .with_state(app);
             Setup {
                 h,
+                idem,
                 router,
                 provider,
                 entered,
@@ -612,6 +615,52 @@ macro_rules! leased_tests {
             let (status, _, _) = send(&s.router, pay("/payments", "limit-6", 100)).await;
             assert_eq!(status, StatusCode::CREATED, "the panicked execution's slot was given back");
             assert_eq!(s.provider.charge_count(), 4);
+        }
+
+        /// A lease that is lost gives its slot back at once, though its handler
+        /// is still stalled: the key is free for a takeover, and with a tenant's
+        /// share of 1 a slot kept by the stalled handler would answer that
+        /// takeover `503` for as long as the stall lasts.
+        #[tokio::test]
+        async fn a_lost_lease_gives_back_its_slot_so_its_takeover_runs() {
+            let mut s = setup_with("limit_lapse", true, |idem| {
+                idem.with_running_limit(
+                    "create-payment",
+                    idem_runtime::RunningLimit::new(1).per_tenant(1),
+                )
+                .unwrap()
+            })
+            .await;
+            let router = s.router.clone();
+            let a = tokio::spawn(async move {
+                send(&router, pay("/payments-no-renewal", "lapse-1", 100)).await
+            });
+            s.entered.recv().await.unwrap();
+            assert_eq!(s.idem.running("create-payment"), Some(1));
+            // While A's lease holds, its slot is taken.
+            let (status, _, _) = send(&s.router, pay("/payments", "lapse-2", 100)).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the limit is full");
+            // A stalls past its ceiling (one lease): its lease lapses, and the
+            // slot comes back though A has not returned.
+            let key = IdempotencyKey::parse("lapse-1").unwrap();
+            until_lease_lapsed(&*s.h, &key).await;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while s.idem.running("create-payment") != Some(0) {
+                assert!(Instant::now() < deadline, "a lost lease kept its slot");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(!a.is_finished(), "A is still stalled");
+            // B, the retry, takes the key over and runs.
+            let (status, _, b_body) = send(&s.router, pay("/payments-no-renewal", "lapse-1", 100)).await;
+            assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&b_body));
+            assert_eq!(record(&s.h, "lapse-1").await.generation, 2, "taken over");
+            s.release.add_permits(1);
+            let (status, headers, a_body) = a.await.unwrap();
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(headers["idempotent-replayed"], "true", "A's client gets B's result");
+            assert_eq!(a_body, b_body);
+            assert_eq!(s.provider.charge_count(), 1);
+            assert_eq!(s.idem.running("create-payment"), Some(0));
         }
 
         #[tokio::test]

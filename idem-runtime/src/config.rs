@@ -461,7 +461,9 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// reserves nothing: the key it claimed is given back, free for the retry
     /// (a key taken over from a lapsed lease is left to lapse again instead, so
     /// that the retry still learns it is a takeover). A retry of a running or
-    /// finished key never needs a slot and is answered as always. The running
+    /// finished key never needs a slot and is answered as always. A slot is
+    /// given back when the execution's handler returns, or when its lease is
+    /// lost (the key may then be taken over, here too). The running
     /// count is the gauge `idem_running_executions`, beside
     /// `idem_running_limit`. The transactional mode is bounded by its pool.
     ///

@@ -2,9 +2,11 @@
 //! process ([`crate::Idem::with_running_limit`]).
 //!
 //! A leased execution holds a slot from the moment its claim acquires the key
-//! until its work ends (stored, released, marked uncertain, or panicked); a long
-//! operation's work holds it on its own task, past the `202`. A process that
-//! dies takes its slots with it, and its leases lapse for a takeover elsewhere.
+//! until its handler returns (or panics), or until its lease is lost, whichever
+//! comes first: a lost lease's key may be taken over, in this process too, and a
+//! stalled handler must not keep that takeover out. A long operation's work
+//! holds its slot on its own task, past the `202`. A process that dies takes its
+//! slots with it, and its leases lapse for a takeover elsewhere.
 //! A first request that finds the operation full (or its tenant's share full)
 //! gives the key back and is answered `503` with `Retry-After`; retries of a
 //! running or finished key never take a slot and are answered as always.

@@ -38,8 +38,8 @@ pub struct LeaseHeld<DB: LeaseBackend> {
     renewer: Renewer<DB>,
     probe: Probe<DB>,
     /// The execution's slot of its operation's running limit, if it has one:
-    /// held until the work ends, however it ends.
-    _slot: Option<Slot>,
+    /// held until the work ends, however it ends, or its lease is lost.
+    slot: Option<Slot>,
 }
 
 impl<DB: LeaseBackend> Mode<DB> for Leased {
@@ -79,7 +79,7 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
                         held: LeaseHeld {
                             renewer: lease.renewer(),
                             probe: lease.probe(),
-                            _slot: slot,
+                            slot,
                         },
                         handle: lease,
                     }
@@ -208,13 +208,13 @@ async fn settle<DB: LeaseBackend>(
     let LeaseHeld {
         renewer,
         probe,
-        _slot,
+        slot,
     } = held;
     let outcome = {
         let mut work = body(&mut lease);
         tokio::select! {
             outcome = &mut work => outcome,
-            never = idem.renewals().run(renewer, ceiling) => match never {},
+            never = idem.renewals().run(renewer, ceiling, slot) => match never {},
         }
     };
     // A lease believed lost (no renewal got through for a whole lease, or the

@@ -27,6 +27,7 @@ use super::LeaseBackend;
 use super::renewal::{Deadline, Renewer};
 use crate::key::KeyDigest;
 use crate::model::{Owned, OwnerToken, Renewal, Renewed};
+use crate::running::Slot;
 
 /// The most leases one statement renews; a larger batch is sent as several.
 const MAX_BATCH: usize = 2000;
@@ -101,12 +102,31 @@ impl<DB: LeaseBackend> Renewals<DB> {
     /// Renews `renewer`'s lease with the others until `ceiling` has passed or the
     /// lease is lost, then stops; never returns, so it can be raced against a
     /// handler, and stops renewing when dropped.
+    ///
+    /// `slot`, the execution's slot of its running limit, is given back as soon
+    /// as the lease is lost: from then on the key may be taken over, here or
+    /// elsewhere, and a stalled handler must not keep its takeover out.
     pub(crate) async fn run(
         &self,
         renewer: Renewer<DB>,
         ceiling: Duration,
+        slot: Option<Slot>,
     ) -> std::convert::Infallible {
+        let deadline = renewer.deadline.clone();
         let _registered = self.register(renewer, ceiling);
+        if let Some(slot) = slot {
+            // Wakes about once a lease, as renewals move the deadline on. A
+            // lease found taken over is given back by the time its last
+            // renewal would have run out, which is when it lapsed on the store.
+            loop {
+                let left = deadline.left();
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left).await;
+            }
+            drop(slot);
+        }
         std::future::pending().await
     }
 
