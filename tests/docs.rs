@@ -798,7 +798,7 @@ fn the_link_check_reports_a_missing_file_and_a_missing_anchor() {
     );
 }
 
-/// The README is a guide: reference material goes to docs/ (issue 36, item 10).
+/// The README is a guide a newcomer reads through: reference material goes to docs/.
 #[test]
 fn the_readme_stays_a_guide_of_at_most_350_lines() {
     let readme =

@@ -1,4 +1,4 @@
-//! The history checker (issue 16, item 5): a randomized, seeded run of the real
+//! The history checker: a randomized, seeded run of the real
 //! `orders` example on PostgreSQL that records every request and answer, then
 //! checks the history, and the database, against the promise:
 //!

@@ -469,7 +469,7 @@ macro_rules! leased_tests {
             )
         }
 
-        /// Renewals are batched (issue 37): many executions running at once are
+        /// Renewals are batched: many executions running at once are
         /// renewed together, a few statements for many leases, and every lease
         /// is still renewed in time (its own deadline moves, none is lost).
         /// Deterministic: the executions hold until the test lets them go,

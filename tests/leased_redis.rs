@@ -921,7 +921,7 @@ fn keys_beside(key: &IdempotencyKey, name: &str, n: usize) -> Vec<IdempotencyKey
         .collect()
 }
 
-/// A claim whose reply times out on the client (issue 35, item 6) is given
+/// A claim whose reply times out on the client is given
 /// back, so the next request with its key is not kept out for a lease, on one
 /// server and on the cluster. Deterministic: the store waits 300 ms for a
 /// reply and asks for more replicas than any master here has, for 3 s, so

@@ -154,7 +154,7 @@ const EXAMPLE_FEATURES: [(&str, &[&str], &str, &str); 3] = [
     ),
 ];
 
-/// Issue 36, item 8: `cargo run --example orders`, the quickstart, builds the root
+/// `cargo run --example orders`, the quickstart, builds the root
 /// package's dependencies and every one of its dev-dependencies. So the bench is
 /// a crate of its own (benches/idem, its dependencies its own), and what only
 /// the broker consumers and the client example use is optional, behind a feature

@@ -266,7 +266,7 @@ async fn the_orders_example_documents_idem_on_its_idempotent_routes_only() {
 }
 
 /// The example's document declares every answer each route gives and no more
-/// than it accepts (issue 35 item 11; `.ci/schemathesis` tests the service
+/// than it accepts (`.ci/schemathesis` tests the service
 /// against it): each error status with the service's problem schema, the
 /// bearer authentication, `format`'s two values, `X-Currency`'s letters, the
 /// bounds `validate` checks.

@@ -1282,7 +1282,7 @@ async fn fulfilment_steps_are_idempotent_transitions<D: Backend>() {
     assert!(order.get("status").is_none());
 }
 
-// The server's edges (issue 16, item 3): what reaches the example before, around
+// The server's edges: what reaches the example before, around
 // and after its handlers.
 
 /// `host:port` of a running server.

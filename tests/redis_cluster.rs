@@ -388,8 +388,7 @@ async fn blocked_in_wait(node: &str) -> usize {
         .count()
 }
 
-/// A renewal never queues behind other requests' acknowledgements (issue 35,
-/// item 6). A live lease's master has one replica; other requests on the same
+/// A renewal never queues behind other requests' acknowledgements. A live lease's master has one replica; other requests on the same
 /// master ask for two, so each of their `WAIT`s blocks its connection for its
 /// whole timeout, as every `WAIT` does while the replica is gone, and the
 /// server is seen to hold one on every connection that carries them. The

@@ -1,5 +1,5 @@
 //! A Redis Cluster master killed under load, with and without
-//! `with_replica_acks` (issue 28 item 2).
+//! `with_replica_acks`.
 //!
 //! The test starts a cluster of its own (six `redis-server` children on free
 //! local ports, three masters with one replica each, in a temporary

@@ -14,8 +14,9 @@ fn ui() {
     t.compile_fail("tests/ui/fail/*.rs");
 }
 
-/// What the issue that wrote these cases asked of them, checked on the files: at
-/// least 45 failing cases, each mounting its handler in a `Router`, and no pinned
+/// What the cases promise, checked on the files: at
+/// least 45 failing cases (the count only grows; a case is deleted only with
+/// the misuse it pins), each mounting its handler in a `Router`, and no pinned
 /// `.stderr` with axum's `Handler<_, _>` error or an error that repeats another.
 #[test]
 fn fail_cases_mount_their_handler_and_pin_one_error_each_time() {
