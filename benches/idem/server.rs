@@ -4,10 +4,14 @@
 use super::*;
 use sqlx::Postgres;
 
-/// (k) long operations (issue 37), stamped into each database's server: one
-/// that runs until the server stops, accepted with `202` at once, its 6 s lease
-/// renewed in the background with the others'; and the server's renewal
-/// counters (batches sent, lease renewals they carried).
+/// Wakes the running long operations of (k) (`POST /bench/long/release`).
+pub static LONG_RELEASE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// (k) long operations, stamped into each database's server: one that runs
+/// until it is released, accepted with `202` at once, its 6 s lease renewed in
+/// the background with the others'; the route that releases them all and waits
+/// for their outcomes to be stored; and the server's renewal counters (batches
+/// sent, lease renewals they carried).
 macro_rules! long_operations {
     ($db:ident, $state:ty) => {
         #[idempotent(
@@ -19,12 +23,21 @@ macro_rules! long_operations {
         )]
         async fn long_export(#[tenant] caller: Caller, lease: &mut Lease<$db>) -> StatusCode {
             let _ = (caller, lease);
-            std::future::pending::<()>().await;
+            crate::server::LONG_RELEASE.notified().await;
             StatusCode::CREATED
         }
 
         async fn renewals(State(app): State<$state>) -> Json<(u64, u64)> {
             Json(app.idem.renewal_statements())
+        }
+
+        /// Ends every running long operation and answers once all of them
+        /// have stored their outcomes, so that what is measured next runs
+        /// beside none of their work.
+        async fn release_long(State(app): State<$state>) -> StatusCode {
+            crate::server::LONG_RELEASE.notify_waiters();
+            app.idem.executions().drained().await;
+            StatusCode::NO_CONTENT
         }
     };
 }
@@ -372,6 +385,7 @@ async fn postgres_app(url: &str) -> Result<Router, String> {
         .route("/leased/orders", post(leased_create))
         .route("/long/exports", post(long_export))
         .route("/bench/renewals", get(renewals))
+        .route("/bench/long/release", post(release_long))
         .merge(peer::routes())
         .route("/bench/protocol", get(protocol_handler))
         .route("/bench/delay", get(delay_handler))
@@ -542,6 +556,7 @@ mod sqlite {
             .route("/idem/orders", post(idem_create))
             .route("/long/exports", post(long_export))
             .route("/bench/renewals", get(renewals))
+            .route("/bench/long/release", post(release_long))
             .with_state(state))
     }
 
@@ -615,6 +630,7 @@ mod mysql {
             .route("/idem/orders", post(idem_create))
             .route("/long/exports", post(long_export))
             .route("/bench/renewals", get(renewals))
+            .route("/bench/long/release", post(release_long))
             .with_state(state))
     }
 
@@ -713,6 +729,7 @@ mod redis_leases {
             .route("/leased/orders", post(leased_create))
             .route("/long/exports", post(long_export))
             .route("/bench/renewals", get(renewals))
+            .route("/bench/long/release", post(release_long))
             .with_state(state))
     }
 
