@@ -249,6 +249,28 @@ fn the_quickstart_builds_neither_the_benchs_nor_the_other_examples_crates() {
     }
 }
 
+/// Issue 38, item 7: the README's quickstart runs `cargo run --example quickstart`
+/// and `cargo run --example orders` as written, so neither may require a feature.
+#[test]
+fn the_readmes_examples_run_without_a_feature() {
+    let root = manifest("Cargo.toml");
+    let readme = manifest("README.md");
+    let examples = table(&root, "example");
+    for name in ["quickstart", "orders"] {
+        assert!(
+            readme.contains(&format!("cargo run --example {name}")),
+            "the README does not run {name}"
+        );
+        let block = examples
+            .split(|l| *l == "[[example]]")
+            .find(|b| b.contains(&format!("name = \"{name}\"").as_str()));
+        assert!(
+            block.is_none_or(|b| !b.iter().any(|l| l.starts_with("required-features"))),
+            "[[example]] {name} requires a feature: {block:#?}"
+        );
+    }
+}
+
 /// The Rust files of a directory and its subdirectories.
 fn rust_files(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -1,6 +1,7 @@
 //! A running `orders` example process, for the suites that drive the real
-//! service (the end-to-end suite, the client's, the history checker). Included
-//! with `#[path]`: the CLI's tests share `common` and never start it.
+//! service (the end-to-end suite, the client's, the history checker), and
+//! through [`Server::spawn`] the `quickstart` example's (tests/quickstart.rs).
+//! Included with `#[path]`: the CLI's tests share `common` and never start it.
 
 // Each suite uses a part of it.
 #![allow(dead_code)]
@@ -44,7 +45,7 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("start the orders example");
+        let mut child = cmd.spawn().expect("start the example");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let deadline = Instant::now() + Duration::from_secs(120);
         let (log_tx, log) = watch::channel(Vec::new());
