@@ -19,10 +19,10 @@ mod common;
 
 use std::time::Duration;
 
-use idem_runtime::__private::decide::{
+use idem_runtime::lease::Acquisition;
+use idem_runtime::test_util::decide::{
     self, KeySnapshot, LeasedOutcome, LeasedStep, RowState, Transactional,
 };
-use idem_runtime::lease::Acquisition;
 use idem_runtime::{
     Claim, ClaimRequest, Fingerprint, FingerprintBuilder, IdempotencyKey, LeaseRequest,
     LeasedClaim, StoredResponse, claim, claim_leased,

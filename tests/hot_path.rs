@@ -29,8 +29,8 @@ use axum::routing::post;
 use axum::{Json, response::IntoResponse};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use idem_runtime::__private::Claims;
-use idem_runtime::__private::Finish;
+use idem_runtime::test_util::Claims;
+use idem_runtime::test_util::Finish;
 use idem_runtime::{Claim, ClaimRequest, StoredResponse};
 use idem_runtime::{Fingerprint, FingerprintBuilder, Idem, IdempotencyKey, Tx, idempotent};
 use serde::Deserialize;
@@ -906,9 +906,12 @@ async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
             retention: std::time::Duration::from_secs(3600),
             in_flight_wait: std::time::Duration::from_secs(2),
         };
-        let (tx, claim) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
-            .await
-            .unwrap();
+        let (tx, claim) = Postgres::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+            &req,
+        )
+        .await
+        .unwrap();
         let Claim::Execute(execution) = claim else {
             panic!("seed {seed}, case {i}: {tenant:?}/{key_text:?} did not execute: {claim:?}");
         };
@@ -920,7 +923,7 @@ async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
         assert!(
             matches!(
                 Postgres::finish(
-                    &idem.claim_context(Default::default()),
+                    &idem_runtime::test_util::claim_context(&idem, Default::default()),
                     tx,
                     execution,
                     &stored
@@ -944,9 +947,12 @@ async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
             (tenant.clone(), key.digest().as_bytes().to_vec()),
             "seed {seed}"
         );
-        let (_, again) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
-            .await
-            .unwrap();
+        let (_, again) = Postgres::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+            &req,
+        )
+        .await
+        .unwrap();
         match again {
             Claim::Replay(r) => assert_eq!(r, stored, "seed {seed}, case {i}"),
             other => panic!("seed {seed}, case {i}: {other:?}"),
@@ -1062,9 +1068,12 @@ async fn statements_seen(session: bool) -> (Vec<String>, String) {
     )
     .await;
 
-    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
-        .await
-        .unwrap();
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+        &req,
+    )
+    .await
+    .unwrap();
     let Claim::Execute(execution) = claim else {
         panic!("a new key executes: {claim:?}");
     };
@@ -1088,7 +1097,7 @@ async fn statements_seen(session: bool) -> (Vec<String>, String) {
         let idem = idem.clone();
         tokio::spawn(async move {
             Postgres::finish(
-                &idem.claim_context(Default::default()),
+                &idem_runtime::test_util::claim_context(&idem, Default::default()),
                 tx,
                 execution,
                 &stored,
@@ -1133,9 +1142,12 @@ async fn a_claim_at_commit_with_an_in_flight_wait_past_the_ceiling_commits() {
     let idem: Idem<Postgres> = Idem::new(db.pool.clone());
     let key = IdempotencyKey::parse("k-long-wait").unwrap();
     let req = acme_op(&key, std::time::Duration::from_secs(30 * 24 * 3600));
-    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(req.in_flight_wait), &req)
-        .await
-        .unwrap();
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+        &req,
+    )
+    .await
+    .unwrap();
     let Claim::Execute(execution) = claim else {
         panic!("{claim:?}");
     };
@@ -1146,7 +1158,7 @@ async fn a_claim_at_commit_with_an_in_flight_wait_past_the_ceiling_commits() {
     };
     assert!(matches!(
         Postgres::finish(
-            &idem.claim_context(Default::default()),
+            &idem_runtime::test_util::claim_context(&idem, Default::default()),
             tx,
             execution,
             &stored
@@ -1202,9 +1214,10 @@ async fn session_text_holds_any_tenant_and_operation() {
             retention: std::time::Duration::from_secs(3600),
             in_flight_wait: wait,
         };
-        let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
-            .await
-            .unwrap_or_else(|e| panic!("{tenant:?} / {operation:?}: {e}"));
+        let (tx, claim) =
+            Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap_or_else(|e| panic!("{tenant:?} / {operation:?}: {e}"));
         let Claim::Execute(execution) = claim else {
             panic!("{tenant:?} / {operation:?}: a new key executes: {claim:?}");
         };
@@ -1213,7 +1226,13 @@ async fn session_text_holds_any_tenant_and_operation() {
             headers: vec![("x-note".to_owned(), header.clone())],
             body: Bytes::from(body.clone()),
         };
-        let finished = Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await;
+        let finished = Postgres::finish(
+            &idem_runtime::test_util::claim_context(&idem, wait),
+            tx,
+            execution,
+            &stored,
+        )
+        .await;
         assert!(
             matches!(finished, Finish::Committed),
             "{tenant:?} / {operation:?}: {finished:?}"
@@ -1231,9 +1250,10 @@ async fn session_text_holds_any_tenant_and_operation() {
             (tenant.as_str(), operation.as_str())
         );
         assert_eq!(b, body);
-        let (_, again) = Postgres::begin_claim(&idem.claim_context(wait), &req)
-            .await
-            .unwrap();
+        let (_, again) =
+            Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap();
         match again {
             Claim::Replay(replayed) => assert_eq!(replayed, stored, "{tenant:?}"),
             other => panic!("{tenant:?} / {operation:?}: a retry replays: {other:?}"),
@@ -1250,7 +1270,9 @@ async fn session_text_holds_any_tenant_and_operation() {
         tenant: "acme\0evil",
         ..acme_op(&key, wait)
     };
-    let Err(err) = Postgres::begin_claim(&idem.claim_context(wait), &req).await else {
+    let Err(err) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req).await
+    else {
         panic!("a NUL is refused");
     };
     assert!(err.to_string().contains("NUL"), "{err}");
@@ -1308,13 +1330,20 @@ async fn session_path_connections_return_clean_from_every_outcome() {
         async move {
             let key = IdempotencyKey::parse(key).unwrap();
             let req = acme_op(&key, wait);
-            let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
-                .await
-                .unwrap();
+            let (tx, claim) =
+                Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                    .await
+                    .unwrap();
             let Claim::Execute(execution) = claim else {
                 panic!("{claim:?}")
             };
-            Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await
+            Postgres::finish(
+                &idem_runtime::test_util::claim_context(&idem, wait),
+                tx,
+                execution,
+                &stored,
+            )
+            .await
         }
     };
 
@@ -1325,9 +1354,12 @@ async fn session_path_connections_return_clean_from_every_outcome() {
     clean("a first execution").await;
 
     let key = IdempotencyKey::parse("k1").unwrap();
-    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &acme_op(&key, wait))
-        .await
-        .unwrap();
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        &acme_op(&key, wait),
+    )
+    .await
+    .unwrap();
     assert!(matches!(claim, Claim::Replay(_)), "{claim:?}");
     drop(tx);
     clean("a replay").await;
@@ -1335,9 +1367,10 @@ async fn session_path_connections_return_clean_from_every_outcome() {
     // Another execution finishes the key while this one runs its handler.
     let key = IdempotencyKey::parse("k2").unwrap();
     let req = acme_op(&key, wait);
-    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
-        .await
-        .unwrap();
+    let (tx, claim) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
     let Claim::Execute(execution) = claim else {
         panic!("{claim:?}")
     };
@@ -1345,16 +1378,23 @@ async fn session_path_connections_return_clean_from_every_outcome() {
         execute(other.clone(), "k2").await,
         Finish::Committed
     ));
-    let lost = Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await;
+    let lost = Postgres::finish(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        tx,
+        execution,
+        &stored,
+    )
+    .await;
     assert!(matches!(lost, Finish::Taken(Claim::Replay(_))), "{lost:?}");
     clean("a key taken by another execution").await;
 
     // Another transaction holds the key past the in-flight bound.
     let key = IdempotencyKey::parse("k3").unwrap();
     let req = acme_op(&key, wait);
-    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
-        .await
-        .unwrap();
+    let (tx, claim) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
     let Claim::Execute(execution) = claim else {
         panic!("{claim:?}")
     };
@@ -1369,7 +1409,13 @@ async fn session_path_connections_return_clean_from_every_outcome() {
     .execute(&mut *holder)
     .await
     .unwrap();
-    let held = Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await;
+    let held = Postgres::finish(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        tx,
+        execution,
+        &stored,
+    )
+    .await;
     assert!(
         matches!(held, Finish::Taken(Claim::InFlight { .. })),
         "{held:?}"
@@ -1390,9 +1436,12 @@ async fn session_path_connections_return_clean_from_every_outcome() {
 
     // A handler that never finished: its transaction is dropped.
     let key = IdempotencyKey::parse("k5").unwrap();
-    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &acme_op(&key, wait))
-        .await
-        .unwrap();
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        &acme_op(&key, wait),
+    )
+    .await
+    .unwrap();
     assert!(matches!(claim, Claim::Execute(_)), "{claim:?}");
     drop(tx);
     clean("a dropped transaction").await;
@@ -1423,9 +1472,10 @@ async fn row_that_waited_commits_live(session: bool) {
         retention: std::time::Duration::from_millis(300),
         ..acme_op(&key, wait)
     };
-    let (tx, claim) = Postgres::begin_claim(&idem.claim_context(wait), &req)
-        .await
-        .unwrap();
+    let (tx, claim) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
     let Claim::Execute(execution) = claim else {
         panic!("{claim:?}")
     };
@@ -1448,7 +1498,13 @@ async fn row_that_waited_commits_live(session: bool) {
     let finishing = {
         let idem = idem.clone();
         tokio::spawn(async move {
-            Postgres::finish(&idem.claim_context(wait), tx, execution, &stored).await
+            Postgres::finish(
+                &idem_runtime::test_util::claim_context(&idem, wait),
+                tx,
+                execution,
+                &stored,
+            )
+            .await
         })
     };
     let observer = PgPool::connect(&db.url).await.unwrap();
@@ -1482,9 +1538,10 @@ async fn row_that_waited_commits_live(session: bool) {
     .await
     .unwrap();
     assert!(live, "session {session}: the row committed already expired");
-    let (_, again) = Postgres::begin_claim(&idem.claim_context(wait), &req)
-        .await
-        .unwrap();
+    let (_, again) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
     assert!(
         matches!(again, Claim::Replay(_)),
         "session {session}: a retry replays: {again:?}"

@@ -371,7 +371,7 @@ async fn a_key_held_by_another_transaction_is_answered_409_after_the_bound() {
         let db = MySqlDb::with_pool_size(1).await;
         db.exec(WIDGETS).await;
         let holder_pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
-        idem_runtime::__private::assume_set_statement(Some(set_statement));
+        idem_runtime::test_util::assume_set_statement(Some(set_statement));
         let r = router(Idem::new(db.pool.clone()).with_in_flight_wait(Duration::from_millis(1)));
         let before: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
             .fetch_one(&db.pool)
@@ -422,7 +422,7 @@ async fn a_key_held_by_another_transaction_is_answered_409_after_the_bound() {
         assert_eq!((status, replayed), (StatusCode::CREATED, false));
         assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
     }
-    idem_runtime::__private::assume_set_statement(None);
+    idem_runtime::test_util::assume_set_statement(None);
 }
 
 /// A leased execution's row that appears while the handler runs (committed by
@@ -591,10 +591,10 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
 /// then), then rolls back.
 #[tokio::test]
 async fn a_row_that_waited_longer_than_its_retention_commits_live() {
-    use idem_runtime::__private::{Claims, Finish};
+    use idem_runtime::test_util::{Claims, Finish};
     for set_statement in [true, false] {
         let db = MySqlDb::new().await;
-        idem_runtime::__private::assume_set_statement(Some(set_statement));
+        idem_runtime::test_util::assume_set_statement(Some(set_statement));
         let idem: Idem<MySql> = Idem::new(db.pool.clone());
         let wait = Duration::from_secs(3);
         let key = IdempotencyKey::parse("short-retention").unwrap();
@@ -606,9 +606,10 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
             retention: Duration::from_millis(300),
             in_flight_wait: wait,
         };
-        let (tx, claimed) = MySql::begin_claim(&idem.claim_context(wait), &req)
-            .await
-            .unwrap();
+        let (tx, claimed) =
+            MySql::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap();
         let Claim::Execute(execution) = claimed else {
             panic!("{claimed:?}")
         };
@@ -639,7 +640,13 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
         let finishing = {
             let idem = idem.clone();
             tokio::spawn(async move {
-                MySql::finish(&idem.claim_context(wait), tx, execution, &stored).await
+                MySql::finish(
+                    &idem_runtime::test_util::claim_context(&idem, wait),
+                    tx,
+                    execution,
+                    &stored,
+                )
+                .await
             })
         };
         // The holder keeps the key until it rolls back: wall time passes the
@@ -663,13 +670,14 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
             live, 1,
             "SET STATEMENT {set_statement}: the row committed already expired"
         );
-        let (_, again) = MySql::begin_claim(&idem.claim_context(wait), &req)
-            .await
-            .unwrap();
+        let (_, again) =
+            MySql::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap();
         assert!(
             matches!(again, Claim::Replay(_)),
             "SET STATEMENT {set_statement}: a retry replays: {again:?}"
         );
     }
-    idem_runtime::__private::assume_set_statement(None);
+    idem_runtime::test_util::assume_set_statement(None);
 }

@@ -1246,7 +1246,7 @@ macro_rules! sql_only_tests {
         /// on the hand-written claim and on the handler's path alike.
         #[tokio::test]
         async fn a_transactional_reclaim_forgets_the_leased_executions_downstream_key() {
-            use idem_runtime::__private::Finish;
+            use idem_runtime::test_util::Finish;
             use idem_runtime::{Claim, ClaimRequest, claim};
 
             for handler_path in [false, true] {
@@ -1278,8 +1278,8 @@ macro_rules! sql_only_tests {
                 };
                 if handler_path {
                     let idem: Idem<Db> = Idem::new(db.pool.clone());
-                    let (tx, c) = <Db as idem_runtime::__private::Claims>::begin_claim(
-                        &idem.claim_context(req.in_flight_wait),
+                    let (tx, c) = <Db as idem_runtime::test_util::Claims>::begin_claim(
+                        &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
                         &req,
                     )
                     .await
@@ -1288,8 +1288,8 @@ macro_rules! sql_only_tests {
                         panic!("the expired key executes anew: {c:?}")
                     };
                     assert!(matches!(
-                        <Db as idem_runtime::__private::Claims>::finish(
-                            &idem.claim_context(Default::default()),
+                        <Db as idem_runtime::test_util::Claims>::finish(
+                            &idem_runtime::test_util::claim_context(&idem, Default::default()),
                             tx,
                             exec,
                             &paid("tx")

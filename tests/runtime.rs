@@ -525,9 +525,9 @@ mod sqlite {
     /// idem's writes.
     #[tokio::test]
     async fn the_handlers_path_writes_the_row_once_and_nothing_before_the_outcome() {
-        use idem_runtime::__private::Claims;
-        use idem_runtime::__private::Finish;
         use idem_runtime::Idem;
+        use idem_runtime::test_util::Claims;
+        use idem_runtime::test_util::Finish;
 
         let db = db().await;
         db.exec(
@@ -541,9 +541,12 @@ mod sqlite {
         let idem: Idem<sqlx::Sqlite> = Idem::new(db.pool.clone());
         let key = IdempotencyKey::parse("k1").unwrap();
         let r = req("acme", "pay", &key, 100);
-        let (mut tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
-            .await
-            .unwrap();
+        let (mut tx, c) = sqlx::Sqlite::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, r.in_flight_wait),
+            &r,
+        )
+        .await
+        .unwrap();
         let Claim::Execute(exec) = c else {
             panic!("a new key executes: {c:?}")
         };
@@ -565,7 +568,7 @@ mod sqlite {
         .unwrap();
         assert!(matches!(
             sqlx::Sqlite::finish(
-                &idem.claim_context(Default::default()),
+                &idem_runtime::test_util::claim_context(&idem, Default::default()),
                 tx,
                 exec,
                 &created(id)
@@ -581,9 +584,12 @@ mod sqlite {
 
         // A replay is read under the lock and writes nothing; dropping its
         // transaction lets the lock go.
-        let (tx, again) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
-            .await
-            .unwrap();
+        let (tx, again) = sqlx::Sqlite::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, r.in_flight_wait),
+            &r,
+        )
+        .await
+        .unwrap();
         match again {
             Claim::Replay(stored) => assert_eq!(stored, created(id)),
             other => panic!("expected a replay, got {other:?}"),
@@ -594,16 +600,19 @@ mod sqlite {
         // replaced by one write.
         db.exec(EXPIRE_ALL_SQL).await;
         db.exec("DELETE FROM idem_writes").await;
-        let (tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
-            .await
-            .unwrap();
+        let (tx, c) = sqlx::Sqlite::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, r.in_flight_wait),
+            &r,
+        )
+        .await
+        .unwrap();
         let Claim::Execute(exec) = c else {
             panic!("{c:?}")
         };
         assert_eq!(exec.generation(), 2);
         assert!(matches!(
             sqlx::Sqlite::finish(
-                &idem.claim_context(Default::default()),
+                &idem_runtime::test_util::claim_context(&idem, Default::default()),
                 tx,
                 exec,
                 &created(id)
@@ -628,8 +637,8 @@ mod sqlite {
     /// about the key, so it is not "in flight") and leaves its connection idle.
     #[tokio::test]
     async fn a_held_write_lock_past_the_busy_timeout_is_busy() {
-        use idem_runtime::__private::Claims;
         use idem_runtime::Idem;
+        use idem_runtime::test_util::Claims;
         let db = db().await;
         let impatient = one_connection(&db, Duration::from_millis(200)).await;
         let mut holder = db.pool.acquire().await.unwrap();
@@ -641,9 +650,12 @@ mod sqlite {
         let key = IdempotencyKey::parse("k1").unwrap();
         let r = req("acme", "pay", &key, 100);
         let started = Instant::now();
-        let (tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
-            .await
-            .unwrap();
+        let (tx, c) = sqlx::Sqlite::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, r.in_flight_wait),
+            &r,
+        )
+        .await
+        .unwrap();
         assert!(matches!(c, Claim::Busy { .. }), "{c:?}");
         assert!(
             started.elapsed() >= Duration::from_millis(200),
@@ -652,9 +664,12 @@ mod sqlite {
         drop(tx);
         sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
         // The connection came back usable, outside any transaction.
-        let (tx, c) = sqlx::Sqlite::begin_claim(&idem.claim_context(r.in_flight_wait), &r)
-            .await
-            .unwrap();
+        let (tx, c) = sqlx::Sqlite::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, r.in_flight_wait),
+            &r,
+        )
+        .await
+        .unwrap();
         assert!(matches!(c, Claim::Execute(_)), "{c:?}");
         drop(tx);
     }

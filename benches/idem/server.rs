@@ -276,7 +276,7 @@ async fn mw_existing(
     let status: i16 = row.get("response_status");
     let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("response_headers");
     let body: Vec<u8> = row.get("response_body");
-    idem_runtime::__private::replay(idem_runtime::StoredResponse {
+    idem_runtime::test_util::replay(idem_runtime::StoredResponse {
         status: u16::try_from(status).unwrap_or(500),
         headers: headers.0,
         body: body.into(),

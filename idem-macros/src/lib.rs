@@ -4,6 +4,8 @@
 mod errors;
 mod expand;
 mod parse;
+#[cfg(test)]
+mod surface;
 mod validate;
 
 use proc_macro::TokenStream;

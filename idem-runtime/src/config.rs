@@ -265,10 +265,8 @@ impl<DB: Backend> Idem<DB> {
 
     /// What a claim on the handler's path needs of this `Idem` (see
     /// `db::ClaimContext`), for a request whose in-flight wait is
-    /// `in_flight_wait`. Hidden: for idem's tests of the hidden `Backend`
-    /// methods.
-    #[doc(hidden)]
-    pub fn claim_context(&self, in_flight_wait: Duration) -> crate::db::ClaimContext<'_, DB>
+    /// `in_flight_wait`.
+    pub(crate) fn claim_context(&self, in_flight_wait: Duration) -> crate::db::ClaimContext<'_, DB>
     where
         DB: crate::db::Backend,
     {

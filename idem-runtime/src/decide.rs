@@ -4,7 +4,7 @@
 //! read the row with one statement and decide here; unit-tested below without a
 //! database, and the oracle that `tests/decide_oracle.rs` holds every store's
 //! hand-written claim to (PostgreSQL's PL/pgSQL, Redis's Lua; through
-//! `__private::decide`; not a public API).
+//! `test_util::decide`, feature `test-util`; not a public API).
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -145,6 +145,9 @@ pub mod transition;
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub mod test_util;
 
 pub use config::{ConfigError, DEFAULT_STORED_HEADERS, Idem, NEVER_STORED_HEADERS};
 pub use db::Tx;

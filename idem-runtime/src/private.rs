@@ -9,6 +9,8 @@ use axum::response::IntoResponse;
 pub use crate::__idem_accepted;
 pub use crate::__idem_item;
 pub use crate::__idem_openapi;
+pub use crate::db::AnyBackend;
+pub use crate::handler::{IdemRequest, OperationSpec, run, run_leased};
 /// What `__idem_openapi!` expands to: a handler's registration, collected
 /// through inventory, which the user's crate need not depend on.
 #[cfg(feature = "openapi")]
@@ -16,48 +18,16 @@ pub use crate::openapi::Registration as OpenApiRegistration;
 /// What `__idem_accepted!` expands to: an `accepted` handler's operation, for
 /// `operations::router`.
 pub use crate::operations::Registration as AcceptedRegistration;
-pub use inventory;
-/// The claim decisions (`crate::decide`), transactional and leased, for the
-/// oracle test that holds every store's claim to them.
-pub mod decide {
-    pub use crate::decide::{
-        KeySnapshot, LeasedStep, RowState, Transactional, after_execution, leased, transactional,
-    };
-    pub use crate::model::LeasedOutcome;
-}
-pub use crate::db::AnyBackend;
-pub use crate::db::Tx;
-/// MySQL's handler path: which form of its claiming insert to send (tests).
-#[cfg(feature = "mysql")]
-pub use crate::db::mysql::hot_path::assume_set_statement;
-/// The narrow store traits behind `Backend`, for idem's tests of their methods.
-pub use crate::db::stores::{Admin, Claims, LeaseRows, Transitions, Upkeep};
-pub use crate::fingerprint::FingerprintBody;
-pub use crate::handler::{
-    BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome, IdemRequest, Leased, Mode,
-    OperationSpec, Transactional, run, run_in, run_leased,
-};
-pub use crate::lease::Lease;
-pub use crate::model::Finish;
-pub use crate::response::replay;
-pub use crate::tenant::{SingleTenant, TenantScope};
 pub use axum::response::Response;
+pub use inventory;
 pub use std::boxed::Box;
-pub use std::result::Result::Ok;
-pub use std::string::String;
 pub use std::time::Duration;
 
-/// Boxes a handler body; taking the closure through this bound lets rustc infer
-/// its higher-ranked signature.
-pub fn handler<DB, F>(f: F) -> BoxedHandler<DB>
-where
-    DB: crate::db::Backend,
-    F: for<'t> FnOnce(&'t mut Tx<DB>) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 't>>
-        + Send
-        + 'static,
-{
-    Box::new(f)
-}
+use crate::db::Tx;
+use crate::fingerprint::FingerprintBody;
+use crate::handler::{BoxedHandler, BoxedLeasedHandler, HandlerOutcome};
+use crate::lease::Lease;
+use crate::tenant::{SingleTenant, TenantScope};
 
 /// Boxes a handler body for the request's backend: the backend is named once, in
 /// the request's type, and inferred here (a wrong transaction type is then
@@ -122,28 +92,6 @@ impl<DB: crate::lease::LeaseBackend> LeaseHandle for Lease<DB> {
     type Db = DB;
 }
 
-/// Boxes a leased handler body (see [`handler`]).
-pub fn leased_handler<DB, F>(f: F) -> BoxedLeasedHandler<DB>
-where
-    DB: crate::lease::LeaseBackend,
-    F: for<'l> FnOnce(
-            &'l mut Lease<DB>,
-        ) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send + 'l>>
-        + Send
-        + 'static,
-{
-    Box::new(f)
-}
-
-/// The checked tenant id of the `#[tenant]` parameter. Called as
-/// `tenant_id::<Ty>` with the parameter's own type tokens, so a type that does not
-/// implement [`TenantScope`] is reported at the whole type.
-pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::TenantError> {
-    let id = value.tenant_id();
-    crate::tenant::validate_tenant_id(id)?;
-    Ok(id.to_owned())
-}
-
 /// The fingerprint's start: scope, path and headers. An unusable tenant is
 /// answered by [`run`] before the fingerprint is looked at.
 pub fn start_fingerprint<DB: crate::lease::LeaseBackend, const HEADERS: bool>(
@@ -157,6 +105,17 @@ pub fn start_fingerprint<DB: crate::lease::LeaseBackend, const HEADERS: bool>(
 /// The tenant id of a `single_tenant` handler.
 pub fn single_tenant() -> Result<String, crate::tenant::TenantError> {
     Ok(SingleTenant::ID.to_owned())
+}
+
+/// The checked tenant id of the `#[tenant]` parameter. (Past line 99 of this
+/// file: the width of its line number sets where rustc trims the source lines
+/// of the errors that point here, which tests/ui pins.) Called as
+/// `tenant_id::<Ty>` with the parameter's own type tokens, so a type that does not
+/// implement [`TenantScope`] is reported at the whole type.
+pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::TenantError> {
+    let id = value.tenant_id();
+    crate::tenant::validate_tenant_id(id)?;
+    Ok(id.to_owned())
 }
 
 /// The shapes of request body the attribute fingerprints: every

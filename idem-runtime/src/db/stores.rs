@@ -1,8 +1,9 @@
 //! The narrow traits a database implements, by concern; [`super::Backend`] is
 //! the sealed marker that requires them all. They are `pub` in this private
-//! module: reachable through `Backend` by idem's generic code, nameable by
-//! nobody outside the crate (its tests reach them through `__private`), so
-//! nothing outside can implement or call them.
+//! module: reachable through `Backend` by idem's generic code, and nameable
+//! outside the crate only with the feature `test-util` (idem's own tests reach
+//! [`Claims`] through `idem_runtime::test_util`), so a service can neither
+//! implement nor call them.
 
 use std::future::Future;
 use std::time::Duration;

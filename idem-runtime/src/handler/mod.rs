@@ -15,6 +15,6 @@ mod transactional;
 
 pub use body::{BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome};
 pub use leased::Leased;
-pub use pipeline::{Mode, run, run_in, run_leased};
+pub use pipeline::{run, run_leased};
 pub use request::{IdemRequest, OperationSpec};
 pub use transactional::Transactional;

@@ -1,0 +1,36 @@
+//! Hooks for idem's own tests and bench (feature `test-util`, off by default,
+//! as tokio's): the store traits' methods below the handler's path, the
+//! decision core the oracle test holds every store to, and switches that force
+//! one path of a store. Not a public API: names and signatures here change
+//! without notice, and nothing in a service should turn the feature on.
+
+use std::time::Duration;
+
+pub use crate::db::ClaimContext;
+pub use crate::db::stores::Claims;
+pub use crate::model::Finish;
+pub use crate::response::replay;
+
+/// MySQL's handler path: which form of its claiming insert to send, whatever
+/// the server would be found to support (`None` gives the choice back).
+#[cfg(feature = "mysql")]
+pub use crate::db::mysql::hot_path::assume_set_statement;
+
+/// The claim decisions, transactional and leased, as pure functions over a
+/// snapshot of the key's row.
+pub mod decide {
+    pub use crate::decide::{
+        KeySnapshot, LeasedStep, RowState, Transactional, after_execution, leased, transactional,
+    };
+    pub use crate::model::LeasedOutcome;
+}
+
+/// What a claim on the handler's path needs of `idem`, for a request whose
+/// in-flight wait is `in_flight_wait`: the argument of [`Claims::begin_claim`]
+/// and [`Claims::finish`].
+pub fn claim_context<DB: crate::db::Backend>(
+    idem: &crate::Idem<DB>,
+    in_flight_wait: Duration,
+) -> ClaimContext<'_, DB> {
+    idem.claim_context(in_flight_wait)
+}
