@@ -35,7 +35,9 @@ use idem_runtime::{
     FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoreError,
     StoredResponse, Uncertain, claim_leased, idempotent,
 };
-use lease_harness::{LeaseHarness, OPERATION, Record, TENANT, next_instant, until_lease_lapsed};
+use lease_harness::{
+    LeaseHarness, OPERATION, Record, Stubborn, TENANT, next_instant, paid, until_lease_lapsed,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
@@ -105,14 +107,6 @@ fn lease_req<'a>(key: &'a IdempotencyKey, lease: Duration) -> LeaseRequest<'a> {
             .finish(),
         retention: HOUR,
         lease,
-    }
-}
-
-fn paid(charge: &str) -> StoredResponse {
-    StoredResponse {
-        status: 201,
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: format!("{{\"charge\":\"{charge}\"}}").into(),
     }
 }
 
@@ -981,26 +975,6 @@ macro_rules! leased_tests {
                 Acquisition::New,
                 "the key is free"
             );
-        }
-
-        /// Answers "still unknown" for the keys starting `a-stuck`, "charged" for
-        /// the others.
-        struct Stubborn;
-
-        impl Reconcile for Stubborn {
-            fn operation(&self) -> &str {
-                "create-payment"
-            }
-
-            async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
-                let stuck = ["a-stuck-1", "a-stuck-2", "a-stuck-3"]
-                    .map(|k| IdempotencyKey::parse(k).unwrap().digest());
-                if stuck.contains(&outcome.key_digest) {
-                    Resolution::StillUncertain
-                } else {
-                    Resolution::Completed(paid("ch_fresh"))
-                }
-            }
         }
 
         /// A batch of records whose downstream never answers must not keep a

@@ -35,7 +35,7 @@ use idem_runtime::redis::{
 };
 use idem_runtime::{
     FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoreError,
-    StoredResponse, Uncertain, idempotent,
+    Uncertain, idempotent,
 };
 use redis::AsyncCommands;
 use serde_json::json;
@@ -46,6 +46,7 @@ use lease_harness::redis_store::{
     blocked_in_wait, cluster_nodes, conn, delete_prefix, keys_under, prefix, redis_url,
     store_from_client, store_on,
 };
+use lease_harness::{Stubborn, paid};
 
 /// A test that only means something on one server says why it does not run on
 /// the cluster.
@@ -92,14 +93,6 @@ fn lease_req(key: &IdempotencyKey, lease: Duration) -> LeaseRequest<'_> {
         fingerprint: fp(100),
         retention: HOUR,
         lease,
-    }
-}
-
-fn paid(charge: &str) -> StoredResponse {
-    StoredResponse {
-        status: 201,
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: format!("{{\"charge\":\"{charge}\"}}").into(),
     }
 }
 
@@ -464,25 +457,6 @@ async fn next_server_ms(c: &mut RedisConnection) {
 }
 
 // --- the reconciler's pages ---------------------------------------------------
-
-/// Answers "still unknown" for the keys starting `a-stuck`, "charged" for the
-/// others.
-struct Stubborn;
-
-impl Reconcile for Stubborn {
-    fn operation(&self) -> &str {
-        "create-payment"
-    }
-    async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
-        let stuck = ["a-stuck-1", "a-stuck-2", "a-stuck-3"]
-            .map(|k| IdempotencyKey::parse(k).unwrap().digest());
-        if stuck.contains(&outcome.key_digest) {
-            Resolution::StillUncertain
-        } else {
-            Resolution::Completed(paid("ch_fresh"))
-        }
-    }
-}
 
 /// Index entries that no longer name an uncertain record (the record replaced
 /// by a foreign value, resolved behind the index's back, or gone) neither stop

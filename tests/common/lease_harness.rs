@@ -13,10 +13,41 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use idem_runtime::lease::LeaseBackend;
-use idem_runtime::{Idem, IdempotencyKey, LeaseRequest, LeasedClaim, StoreError};
+use idem_runtime::reconcile::{Reconcile, Resolution, UncertainOutcome};
+use idem_runtime::{Idem, IdempotencyKey, LeaseRequest, LeasedClaim, StoreError, StoredResponse};
 
 pub const TENANT: &str = "acme";
 pub const OPERATION: &str = "create-payment";
+
+/// The stored answer of a payment charged as `charge`.
+pub fn paid(charge: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: format!("{{\"charge\":\"{charge}\"}}").into(),
+    }
+}
+
+/// A reconciler whose downstream answers "still unknown" for the keys
+/// `a-stuck-1` to `a-stuck-3` and "charged" for the others: rows that never
+/// resolve, beside rows that do.
+pub struct Stubborn;
+
+impl Reconcile for Stubborn {
+    fn operation(&self) -> &str {
+        OPERATION
+    }
+
+    async fn reconcile(&self, outcome: &UncertainOutcome) -> Resolution {
+        let stuck = ["a-stuck-1", "a-stuck-2", "a-stuck-3"]
+            .map(|k| IdempotencyKey::parse(k).unwrap().digest());
+        if stuck.contains(&outcome.key_digest) {
+            Resolution::StillUncertain
+        } else {
+            Resolution::Completed(paid("ch_fresh"))
+        }
+    }
+}
 
 /// A record as the store keeps it, read behind idem's back.
 #[derive(Debug, Clone, PartialEq)]
