@@ -2,8 +2,6 @@
 //! SQLite file: the same handlers and tests, stamped per backend by
 //! `attribute_tests!` (the backend is picked by the handler's `Tx<Db>` type).
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
 
 use std::sync::Arc;
@@ -20,7 +18,6 @@ use http_body_util::BodyExt;
 use idem_runtime::{Idem, Tx, idempotent};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
 macro_rules! attribute_tests {
@@ -50,20 +47,14 @@ macro_rules! attribute_tests {
         type TestDb = $test_db;
         const WIDGETS_DDL: &str = $widgets_ddl;
 
-        use crate::caller::Caller;
-
-        /// Lets a test hold a handler inside its transaction: the handler reports that it
-        /// entered, then waits for a permit.
-        #[derive(Clone)]
-        struct Gate {
-            entered: mpsc::UnboundedSender<()>,
-            release: Arc<Semaphore>,
-        }
+        use crate::common::caller::Caller;
+        use crate::common::gate::Gate;
 
         #[derive(Clone)]
         struct AppState {
             idem: Idem<Db>,
-            gate: Option<Gate>,
+            /// Where the widget handler waits inside its transaction, if set.
+            gate: Option<Arc<Gate>>,
         }
 
         impl FromRef<AppState> for Idem<Db> {
@@ -97,8 +88,7 @@ macro_rules! attribute_tests {
                 .await
                 .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
             if let Some(gate) = &state.gate {
-                gate.entered.send(()).ok();
-                gate.release.acquire().await.unwrap().forget();
+                gate.stop().await;
             }
             match w.outcome.as_deref() {
                 // An Err rolls back the insert above and frees the key.
@@ -255,7 +245,7 @@ macro_rules! attribute_tests {
             router: Router,
         }
 
-        async fn app(gate: Option<Gate>, wait: Duration) -> App {
+        async fn app(gate: Option<Arc<Gate>>, wait: Duration) -> App {
             let db = TestDb::new().await;
             db.exec(
                 WIDGETS_DDL,
@@ -571,21 +561,16 @@ macro_rules! attribute_tests {
 
         #[tokio::test]
         async fn a_duplicate_in_flight_gets_409_with_retry_after() {
-            let (entered_tx, mut entered) = mpsc::unbounded_channel();
-            let release = Arc::new(Semaphore::new(0));
-            let gate = Gate {
-                entered: entered_tx,
-                release: release.clone(),
-            };
+            let gate = Gate::new();
             let wait = Duration::from_millis(300);
-            let a = app(Some(gate), wait).await;
+            let a = app(Some(gate.clone()), wait).await;
             let body = r#"{"name":"slow"}"#;
             let router = a.router.clone();
             let first = tokio::spawn(async move {
                 send(&router, request("/widgets", Some("acme"), Some("k1"), body)).await
             });
             // The first request holds the key inside its open transaction now.
-            entered.recv().await.unwrap();
+            gate.arrival().await;
             let started = Instant::now();
             let dup = send(
                 &a.router,
@@ -601,7 +586,7 @@ macro_rules! attribute_tests {
                 waited >= wait,
                 "answered after {waited:?}, before the {wait:?} bound"
             );
-            release.add_permits(1);
+            gate.open(1);
             let first = first.await.unwrap();
             assert_eq!(first.status, StatusCode::CREATED);
             let after = send(

@@ -11,8 +11,6 @@
 //! holding one of the pool's four connections, and the other tenant's request
 //! timed out waiting for a connection (`503`).
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
 
 use sqlx::Postgres;
@@ -31,24 +29,17 @@ use idem_runtime::{Idem, Tx, idempotent};
 use serde::Deserialize;
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
-use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
-use caller::Caller;
 use common::TestDb;
-
-/// Holds a handler inside its transaction: it says it entered, then waits for a
-/// permit.
-#[derive(Clone)]
-struct Gate {
-    entered: mpsc::UnboundedSender<()>,
-    release: Arc<Semaphore>,
-}
+use common::caller::Caller;
+use common::gate::Gate;
 
 #[derive(Clone)]
 struct AppState {
     idem: Idem<Postgres>,
-    gate: Gate,
+    /// Where a held request waits inside its transaction.
+    gate: Arc<Gate>,
     /// Whether the next request holds its transaction open (not part of the
     /// request, so a retry is the same request).
     hold_next: Arc<AtomicBool>,
@@ -83,8 +74,7 @@ async fn create_widget(
             .await
             .unwrap();
     if w.hold || state.hold_next.swap(false, Ordering::SeqCst) {
-        state.gate.entered.send(()).ok();
-        state.gate.release.acquire().await.unwrap().forget();
+        state.gate.stop().await;
     }
     (
         StatusCode::CREATED,
@@ -96,8 +86,7 @@ struct App {
     db: TestDb,
     idem: Idem<Postgres>,
     router: Router,
-    entered: mpsc::UnboundedReceiver<()>,
-    release: Arc<Semaphore>,
+    gate: Arc<Gate>,
     hold_next: Arc<AtomicBool>,
 }
 
@@ -122,14 +111,10 @@ async fn app_with(configure: impl FnOnce(Idem<Postgres>) -> Idem<Postgres>) -> A
         .unwrap();
     let idem = configure(Idem::new(pool));
     let hold_next = Arc::new(AtomicBool::new(false));
-    let (entered_tx, entered) = mpsc::unbounded_channel();
-    let release = Arc::new(Semaphore::new(0));
+    let gate = Gate::new();
     let state = AppState {
         idem: idem.clone(),
-        gate: Gate {
-            entered: entered_tx,
-            release: release.clone(),
-        },
+        gate: gate.clone(),
         hold_next: hold_next.clone(),
     };
     let router = Router::new()
@@ -139,8 +124,7 @@ async fn app_with(configure: impl FnOnce(Idem<Postgres>) -> Idem<Postgres>) -> A
         db,
         idem,
         router,
-        entered,
-        release,
+        gate,
         hold_next,
     }
 }
@@ -201,11 +185,11 @@ const HOT: &str = r#"{"name":"hot","hold":true}"#;
 
 #[tokio::test]
 async fn a_hot_key_does_not_take_the_pool_from_other_tenants() {
-    let mut a = app(64, 1024).await;
+    let a = app(64, 1024).await;
     let router = a.router.clone();
     let first = tokio::spawn(async move { send(&router, request("hot", "k", HOT)).await });
     // The first request holds the key inside its open transaction now.
-    a.entered.recv().await.unwrap();
+    a.gate.arrival().await;
     let duplicates: Vec<_> = (0..40)
         .map(|_| {
             let router = a.router.clone();
@@ -222,7 +206,7 @@ async fn a_hot_key_does_not_take_the_pool_from_other_tenants() {
         "the other tenant was served while the hot key was still held"
     );
 
-    a.release.add_permits(1);
+    a.gate.open(1);
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     for d in duplicates {
@@ -241,10 +225,10 @@ async fn a_hot_key_does_not_take_the_pool_from_other_tenants() {
 
 #[tokio::test]
 async fn past_the_waiter_bound_a_duplicate_is_answered_409_at_once() {
-    let mut a = app(2, 1024).await;
+    let a = app(2, 1024).await;
     let router = a.router.clone();
     let first = tokio::spawn(async move { send(&router, request("hot", "k", HOT)).await });
-    a.entered.recv().await.unwrap();
+    a.gate.arrival().await;
     let waiting: Vec<_> = (0..2)
         .map(|_| {
             let router = a.router.clone();
@@ -270,7 +254,7 @@ async fn past_the_waiter_bound_a_duplicate_is_answered_409_at_once() {
         "the refused one never waited"
     );
 
-    a.release.add_permits(1);
+    a.gate.open(1);
     assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
     for w in waiting {
         let w = w.await.unwrap();
@@ -284,10 +268,10 @@ async fn past_the_waiter_bound_a_duplicate_is_answered_409_at_once() {
 /// key itself and executes: the waiting room decides nothing.
 #[tokio::test]
 async fn when_the_first_request_rolls_back_a_waiting_duplicate_executes() {
-    let mut a = app(64, 1024).await;
+    let a = app(64, 1024).await;
     let router = a.router.clone();
     let first = tokio::spawn(async move { send(&router, request("hot", "k", HOT)).await });
-    a.entered.recv().await.unwrap();
+    a.gate.arrival().await;
     let router = a.router.clone();
     let dup = tokio::spawn(async move { send(&router, request("hot", "k", HOT)).await });
     until_waiting(&a.idem, 1).await;
@@ -298,7 +282,7 @@ async fn when_the_first_request_rolls_back_a_waiting_duplicate_executes() {
           WHERE datname = current_database() AND state = 'idle in transaction'",
     )
     .await;
-    a.release.add_permits(2);
+    a.gate.open(2);
     let first = first.await.unwrap();
     assert_ne!(first.status, StatusCode::CREATED, "its transaction was cut");
     let dup = dup.await.unwrap();
@@ -412,10 +396,10 @@ async fn the_claims_transaction_carries_the_deadline_to_the_server() {
 async fn a_shutdown_can_wait_for_work_whose_client_is_gone() {
     use futures_util::FutureExt;
 
-    let mut a = app(64, 1024).await;
+    let a = app(64, 1024).await;
     let router = a.router.clone();
     let client = tokio::spawn(async move { send(&router, request("acme", "k", HOT)).await });
-    a.entered.recv().await.unwrap();
+    a.gate.arrival().await;
     // The client disconnects.
     client.abort();
     assert!(client.await.is_err_and(|e| e.is_cancelled()));
@@ -427,7 +411,7 @@ async fn a_shutdown_can_wait_for_work_whose_client_is_gone() {
         drained.as_mut().now_or_never().is_none(),
         "the work still runs"
     );
-    a.release.add_permits(1);
+    a.gate.open(1);
     tokio::time::timeout(Duration::from_secs(60), drained)
         .await
         .expect("drained once the work finished");

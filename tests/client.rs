@@ -8,8 +8,6 @@
 //! running this file alone (`cargo test --features client --test client`).
 
 mod common;
-#[path = "common/orders.rs"]
-mod orders;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 
-use orders::Server;
+use common::orders::Server;
 
 /// What the simulated provider saw.
 async fn provider(server: &Server) -> Value {

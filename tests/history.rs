@@ -70,8 +70,7 @@
 //! also of a long run).
 
 mod common;
-#[path = "common/orders.rs"]
-mod orders;
+use common::orders;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

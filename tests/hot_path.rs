@@ -8,13 +8,7 @@
 //! the answer, no function of idem's on the path, and keys that never travel as
 //! SQL text.
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
-#[path = "common/gate.rs"]
-mod gate;
-#[path = "common/state.rs"]
-mod state;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -41,10 +35,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use caller::Caller;
 use common::TestDb;
-use gate::Gate;
-use state::AppState;
+use common::caller::Caller;
+use common::gate::Gate;
+use common::state::AppState;
 
 #[derive(Deserialize, serde::Serialize)]
 struct NewWidget {
@@ -128,9 +122,8 @@ async fn create_widget(
             }
             inserted.unwrap();
             let gate = Gate::named(&w.name);
-            if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
-                gate.reached.notify_one();
-                gate.release.notified().await;
+            if gate.first_visit() {
+                gate.stop().await;
             }
         }
         // A code under a deferred unique constraint: checked at COMMIT.
@@ -146,9 +139,8 @@ async fn create_widget(
         Some("gated") => {
             insert(tx, &caller.0, &w.name).await;
             let gate = Gate::named(&w.name);
-            if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
-                gate.reached.notify_one();
-                gate.release.notified().await;
+            if gate.first_visit() {
+                gate.stop().await;
             }
         }
         _ => insert(tx, &caller.0, &w.name).await,
@@ -525,12 +517,12 @@ async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winner
         let body = body.clone();
         tokio::spawn(async move { send(&here, request("/widgets", "k-race", body)).await })
     };
-    gate.reached.notified().await;
+    gate.arrival().await;
     // The second arrives while the first is inside its handler; its own run
     // passes the gate.
     let (status, replayed, won) = send(&there, request("/widgets", "k-race", body.clone())).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
-    gate.release.notify_one();
+    gate.open(1);
     let (status, replayed, lost) = first.await.unwrap();
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(lost, won, "the first answers what the second stored");
@@ -559,7 +551,7 @@ async fn a_duplicate_whose_handler_hit_the_winners_row_replays_the_winner() {
         let (here, body) = (here.clone(), body.clone());
         tokio::spawn(async move { send(&here, request("/widgets", "k-nat", body)).await })
     };
-    gate.reached.notified().await;
+    gate.arrival().await;
     let second = {
         let (there, body) = (there.clone(), body.clone());
         tokio::spawn(async move { send(&there, request("/widgets", "k-nat", body)).await })
@@ -583,7 +575,7 @@ async fn a_duplicate_whose_handler_hit_the_winners_row_replays_the_winner() {
     })
     .await
     .expect("the second waits on the first's row");
-    gate.release.notify_one();
+    gate.open(1);
     let (status, replayed, won) = first.await.unwrap();
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
     let (status, replayed, answered) = second.await.unwrap();

@@ -11,14 +11,9 @@
 //! failed after the first committed answering the first's outcome, takeover of
 //! an expired key, and the claim-first path when claims at commit are off.
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
-#[path = "common/gate.rs"]
-mod gate;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,9 +32,9 @@ use serde_json::json;
 use sqlx::MySql;
 use tower::ServiceExt;
 
-use caller::Caller;
 use common::MySqlDb;
-use gate::Gate;
+use common::caller::Caller;
+use common::gate::Gate;
 
 const WIDGETS: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
      tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB";
@@ -85,9 +80,8 @@ async fn create_widget(
         // The first run waits at the widget's gate; later runs pass.
         Some("gated") => {
             let gate = Gate::named(&w.name);
-            if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
-                gate.reached.notify_one();
-                gate.release.notified().await;
+            if gate.first_visit() {
+                gate.stop().await;
             }
         }
         // A natural key of the application's, then the widget's gate for the
@@ -108,16 +102,14 @@ async fn create_widget(
             }
             inserted.unwrap();
             let gate = Gate::named(&w.name);
-            if gate.visits.fetch_add(1, Ordering::SeqCst) == 0 {
-                gate.reached.notify_one();
-                gate.release.notified().await;
+            if gate.first_visit() {
+                gate.stop().await;
             }
         }
         // Every run waits at the widget's gate.
         Some("gated-every") => {
             let gate = Gate::named(&w.name);
-            gate.reached.notify_one();
-            gate.release.notified().await;
+            gate.stop().await;
         }
         // Every run waits until STORM runs have inserted: all looked the key up
         // before anyone committed, and then race to claim it at commit.
@@ -234,10 +226,10 @@ async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winner
         let (here, body) = (here.clone(), body.clone());
         tokio::spawn(async move { send(&here, request("k-race", body)).await })
     };
-    gate.reached.notified().await;
+    gate.arrival().await;
     let (status, replayed, _, won) = send(&there, request("k-race", body)).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
-    gate.release.notify_one();
+    gate.open(1);
     let (status, replayed, _, lost) = first.await.unwrap();
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(lost, won, "the first answers what the second stored");
@@ -265,7 +257,7 @@ async fn a_duplicate_whose_handler_failed_on_the_winners_row_replays_the_winner(
         let (here, body) = (here.clone(), body.clone());
         tokio::spawn(async move { send(&here, request("k-nat", body)).await })
     };
-    gate.reached.notified().await;
+    gate.arrival().await;
     let second = {
         let (there, body) = (there.clone(), body.clone());
         tokio::spawn(async move { send(&there, request("k-nat", body)).await })
@@ -292,7 +284,7 @@ async fn a_duplicate_whose_handler_failed_on_the_winners_row_replays_the_winner(
     })
     .await
     .expect("the second waits on the first's row");
-    gate.release.notify_one();
+    gate.open(1);
     let (status, replayed, _, won) = first.await.unwrap();
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
     let (status, replayed, _, answered) = second.await.unwrap();
@@ -439,8 +431,8 @@ async fn a_leased_row_that_appears_meanwhile_is_left_alone() {
         let (r, body) = (r.clone(), body.clone());
         tokio::spawn(async move { send(&r, request("k-source", body)).await })
     };
-    gate.reached.notified().await;
-    gate.release.notify_one();
+    gate.arrival().await;
+    gate.open(1);
     assert_eq!(source.await.unwrap().0, StatusCode::CREATED);
     for (key, fingerprint, answer) in [
         (
@@ -461,7 +453,7 @@ async fn a_leased_row_that_appears_meanwhile_is_left_alone() {
             let (r, body) = (r.clone(), body.clone());
             tokio::spawn(async move { send(&r, request(key, body)).await })
         };
-        gate.reached.notified().await;
+        gate.arrival().await;
         db.exec(&format!(
             "INSERT INTO idempotency_requests \
                 (tenant_id, operation, key_digest, fingerprint, state, generation, owner_token, \
@@ -471,7 +463,7 @@ async fn a_leased_row_that_appears_meanwhile_is_left_alone() {
             db.key(key)
         ))
         .await;
-        gate.release.notify_one();
+        gate.open(1);
         let (status, _, retry_after, _) = task.await.unwrap();
         assert_eq!(status, answer, "{key}");
         assert_eq!(retry_after.is_some(), answer == StatusCode::CONFLICT);

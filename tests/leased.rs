@@ -8,11 +8,7 @@
 //! stamping (a held row or write lock, the transactional mode on the same table)
 //! or, for Redis, in `tests/leased_redis.rs`.
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
-#[path = "common/lease_harness.rs"]
-mod lease_harness;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,7 +22,10 @@ use axum::extract::{FromRef, State};
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use caller::Caller;
+use common::caller::Caller;
+use common::lease_harness::{
+    LeaseHarness, OPERATION, Record, Stubborn, TENANT, next_instant, paid, until_lease_lapsed,
+};
 use http_body_util::BodyExt;
 use idem_runtime::lease::{Acquisition, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
@@ -34,9 +33,6 @@ use idem_runtime::retry::RetryPolicy;
 use idem_runtime::{
     FingerprintBuilder, Idem, IdempotencyKey, Lease, LeaseRequest, LeasedClaim, StoreError,
     StoredResponse, Uncertain, claim_leased, idempotent,
-};
-use lease_harness::{
-    LeaseHarness, OPERATION, Record, Stubborn, TENANT, next_instant, paid, until_lease_lapsed,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -1348,7 +1344,7 @@ macro_rules! row_lock_tests {
 }
 
 mod postgres {
-    leased_tests!(crate::lease_harness::Postgres);
+    leased_tests!(crate::common::lease_harness::Postgres);
     sql_only_tests!("clock_timestamp()");
     row_lock_tests!(
         "BEGIN",
@@ -1401,7 +1397,7 @@ mod postgres {
 }
 
 mod sqlite {
-    leased_tests!(crate::lease_harness::Sqlite);
+    leased_tests!(crate::common::lease_harness::Sqlite);
     sql_only_tests!(idem_runtime::sqlite_now_ms!());
 
     /// SQLite has one write lock: a claim waits for it through the connection's
@@ -1444,7 +1440,7 @@ mod sqlite {
 }
 
 mod mysql {
-    leased_tests!(crate::lease_harness::MySql);
+    leased_tests!(crate::common::lease_harness::MySql);
     sql_only_tests!(idem_runtime::mysql_now_ms!());
     row_lock_tests!(
         "BEGIN",
@@ -1532,5 +1528,5 @@ mod mysql {
 }
 
 mod redis {
-    leased_tests!(crate::lease_harness::redis_store::Redis);
+    leased_tests!(crate::common::lease_harness::redis_store::Redis);
 }

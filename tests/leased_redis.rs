@@ -13,8 +13,6 @@
 //! acknowledgement, hand-written requests, the generation, and the metrics.
 
 mod common;
-#[path = "common/lease_harness.rs"]
-mod lease_harness;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,11 +40,11 @@ use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
-use lease_harness::redis_store::{
+use common::lease_harness::redis_store::{
     blocked_in_wait, cluster_nodes, conn, delete_prefix, keys_under, prefix, redis_url,
     store_from_client, store_on,
 };
-use lease_harness::{Stubborn, paid};
+use common::lease_harness::{Stubborn, paid};
 
 /// A test that only means something on one server says why it does not run on
 /// the cluster.

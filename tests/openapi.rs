@@ -11,8 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod common;
-#[path = "common/orders.rs"]
-mod orders;
+use common::orders;
 
 use axum::Json;
 use axum::http::StatusCode;

@@ -10,8 +10,6 @@
 //! The effect is a downstream system with its own idempotency by key, so "one
 //! effect" is checked where the effect would happen.
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
 
 use std::collections::HashMap;
@@ -26,7 +24,7 @@ use axum::extract::{FromRef, State};
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use caller::Caller;
+use common::caller::Caller;
 use http_body_util::BodyExt;
 use idem_runtime::lease::{Acquisition, LeaseBackend};
 use idem_runtime::operations::{self, Operation, Status};

@@ -7,8 +7,6 @@
 //! for tests); run `cargo build --example orders` first when running this file alone.
 
 mod common;
-#[path = "common/orders.rs"]
-mod orders;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Command;
 
-use orders::Server;
+use common::orders::Server;
 
 /// What the suite needs of a database the example runs on.
 trait Backend: Sized {

@@ -44,10 +44,7 @@
 //! on the machine (`.ci/pg-pair check`); under `.ci/run`
 //! (`IDEM_TEST_PG_PAIR=required`) their absence fails the test instead.
 
-#[path = "common/caller.rs"]
-mod caller;
-#[path = "common/state.rs"]
-mod state;
+mod common;
 
 use sqlx::Postgres;
 use std::collections::{HashMap, HashSet};
@@ -73,8 +70,8 @@ use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt;
 
-use caller::Caller;
-use state::AppState;
+use common::caller::Caller;
+use common::state::AppState;
 
 /// The workers sending requests concurrently, each a new key at a time until
 /// the address is switched.

@@ -8,8 +8,6 @@
 //! --example quickstart` first when running this file alone.
 
 mod common;
-#[path = "common/orders.rs"]
-mod orders;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -20,7 +18,7 @@ use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{Connection, SqliteConnection};
 use tokio::process::Command;
 
-use orders::Server;
+use common::orders::Server;
 
 /// The example running in a directory of its own, removed at the end.
 struct Quickstart {

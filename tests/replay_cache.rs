@@ -3,8 +3,6 @@
 //! outlive. A row deleted behind the cache's back (as a purge on another replica
 //! would) shows whether an answer came from the cache or from the database.
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
 
 use std::time::Duration;
@@ -21,7 +19,7 @@ use idem_runtime::{Idem, ReplayCache, Tx, idempotent};
 use serde::Deserialize;
 use tower::ServiceExt;
 
-use caller::Caller;
+use common::caller::Caller;
 
 #[derive(Deserialize, serde::Serialize)]
 struct NewWidget {

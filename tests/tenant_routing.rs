@@ -14,8 +14,6 @@
 //! reads of its resource, and the lease API by hand (claim, renew, store, mark
 //! uncertain, release).
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
 
 use sqlx::Postgres;
@@ -40,8 +38,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use caller::Caller;
 use common::TestDb;
+use common::caller::Caller;
 
 /// A TCP proxy in front of PostgreSQL that keeps the SQL text of every
 /// statement the clients send.

@@ -3,11 +3,7 @@
 //! here one opened by the test) and inside idem's span for the request, which
 //! names the operation and the outcome and never the key.
 
-#[path = "common/caller.rs"]
-mod caller;
 mod common;
-#[path = "common/state.rs"]
-mod state;
 
 use sqlx::Postgres;
 use std::sync::{Arc, Mutex};
@@ -24,9 +20,9 @@ use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-use caller::Caller;
 use common::TestDb;
-use state::AppState;
+use common::caller::Caller;
+use common::state::AppState;
 
 #[idempotent(operation = "traced", retention = "1h")]
 async fn traced(#[tenant] _caller: Caller, tx: &mut Tx<Postgres>) -> StatusCode {

@@ -160,7 +160,7 @@ macro_rules! sql_harness {
             pub db: $test_db,
         }
 
-        impl $crate::lease_harness::LeaseHarness for $name {
+        impl $crate::common::lease_harness::LeaseHarness for $name {
             type Db = $db;
             type Blocker = sqlx::Transaction<'static, $db>;
 
@@ -189,7 +189,10 @@ macro_rules! sql_harness {
                 idem_runtime::claim_leased(&self.db.pool, req).await
             }
 
-            async fn record(&self, key: &IdempotencyKey) -> Option<$crate::lease_harness::Record> {
+            async fn record(
+                &self,
+                key: &IdempotencyKey,
+            ) -> Option<$crate::common::lease_harness::Record> {
                 use sqlx::Row;
                 let sql = format!(
                     "SELECT state, generation, response_body, downstream_key, \
@@ -202,7 +205,7 @@ macro_rules! sql_harness {
                     .fetch_optional(&self.db.pool)
                     .await
                     .unwrap()?;
-                Some($crate::lease_harness::Record {
+                Some($crate::common::lease_harness::Record {
                     state: row.get("state"),
                     generation: row.get("generation"),
                     body: row.get("response_body"),

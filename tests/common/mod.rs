@@ -3,6 +3,12 @@
 
 #![allow(dead_code)]
 
+pub mod caller;
+pub mod gate;
+pub mod lease_harness;
+pub mod orders;
+pub mod state;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
