@@ -1,24 +1,9 @@
 // A long operation: `202 Accepted` at once, its resource served by `operations::router`.
 #![allow(unused_imports, dead_code)]
-use axum::extract::FromRequestParts;
-use axum::http::{request::Parts, StatusCode};
-use axum::routing::post;
-use axum::{Json, Router};
-use idem_runtime::{idempotent, operations, Idem, Lease, SingleTenant, TenantScope};
-use sqlx::Postgres;
+include!("../prelude.rs");
 
-struct Caller(String);
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = StatusCode;
-    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        Ok(Caller("acme".into()))
-    }
-}
-impl TenantScope for Caller {
-    fn tenant_id(&self) -> &str {
-        &self.0
-    }
-}
+use idem_runtime::SingleTenant;
+use idem_runtime::operations;
 
 #[idempotent(operation = "create-export", retention = "24h", lease = "6s", accepted)]
 async fn create_export(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, Json(format): Json<String>) -> (StatusCode, String) {

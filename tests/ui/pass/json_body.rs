@@ -1,41 +1,10 @@
 // A supported shape: it compiles and mounts on a router.
 #![allow(unused_imports, dead_code)]
-use axum::extract::{FromRequestParts, State, Path};
-use axum::http::{request::Parts, StatusCode};
-use axum::routing::post;
-use axum::{Form, Json, Router};
-use sqlx::Postgres;
-use idem_runtime::{idempotent, Idem, TenantScope, Tx};
-use serde::{Deserialize, Serialize};
+include!("../prelude.rs");
 
-struct Caller(String);
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = StatusCode;
-    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        Ok(Caller("acme".into()))
-    }
-}
-impl TenantScope for Caller {
-    fn tenant_id(&self) -> &str {
-        &self.0
-    }
-}
-
-#[derive(Deserialize, Serialize)]
-struct NewOrder {
-    sku: String,
-    quantity: u32,
-    customer: Customer,
-}
-
-#[derive(Deserialize, Serialize)]
-struct Customer {
-    id: String,
-}
-
-fn idem() -> Idem<Postgres> {
-    Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap())
-}
+use axum::Form;
+use axum::extract::Path;
+use axum::extract::State;
 
 #[idempotent(operation = "create-order", retention = "24h", fingerprint(body, header = "x-currency"))]
 async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<NewOrder>) -> Result<(StatusCode, Json<String>), StatusCode> {

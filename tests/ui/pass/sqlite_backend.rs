@@ -1,39 +1,13 @@
 // A supported shape: a SQLite-backed handler (Tx<Sqlite>, Idem<Sqlite>) mounts on a router.
 #![allow(unused_imports, dead_code)]
-use axum::extract::{FromRequestParts, State, Path};
-use axum::http::{request::Parts, StatusCode};
-use axum::routing::post;
-use axum::{Form, Json, Router};
-use idem_runtime::{idempotent, Idem, TenantScope, Tx};
+include!("../prelude.rs");
+
+use axum::Form;
+use axum::extract::Path;
+use axum::extract::State;
 use sqlx::Sqlite;
-use serde::{Deserialize, Serialize};
 
-struct Caller(String);
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = StatusCode;
-    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        Ok(Caller("acme".into()))
-    }
-}
-impl TenantScope for Caller {
-    fn tenant_id(&self) -> &str {
-        &self.0
-    }
-}
-
-#[derive(Deserialize, Serialize)]
-struct NewOrder {
-    sku: String,
-    quantity: u32,
-    customer: Customer,
-}
-
-#[derive(Deserialize, Serialize)]
-struct Customer {
-    id: String,
-}
-
-fn idem() -> Idem<Sqlite> {
+fn sqlite_idem() -> Idem<Sqlite> {
     Idem::new(sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap())
 }
 
@@ -45,5 +19,5 @@ async fn create_order(#[tenant] caller: Caller, tx: &mut Tx<Sqlite>, Json(cmd): 
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(sqlite_idem());
 }
