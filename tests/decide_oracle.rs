@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use idem_runtime::lease::Acquisition;
 use idem_runtime::test_util::decide::{
-    self, KeySnapshot, LeasedOutcome, LeasedStep, RowState, Transactional,
+    self, KeySnapshot, LeasedOutcome, LeasedStep, RowState, TransactionalStep,
 };
 use idem_runtime::{
     Claim, ClaimRequest, Fingerprint, FingerprintBuilder, IdempotencyKey, LeaseRequest,
@@ -75,12 +75,14 @@ fn state_name(state: RowState) -> &'static str {
 }
 
 /// Whether a database's claim said what the decision says.
-fn agrees(decided: &Transactional, claimed: &Claim) -> bool {
+fn agrees(decided: &TransactionalStep, claimed: &Claim) -> bool {
     match (decided, claimed) {
-        (Transactional::Execute { generation }, Claim::Execute(e)) => e.generation() == *generation,
-        (Transactional::Answer(Claim::Replay(a)), Claim::Replay(b)) => a == b,
-        (Transactional::Answer(Claim::Mismatch), Claim::Mismatch) => true,
-        (Transactional::Answer(Claim::InFlight { .. }), Claim::InFlight { .. }) => true,
+        (TransactionalStep::Execute { generation }, Claim::Execute(e)) => {
+            e.generation() == *generation
+        }
+        (TransactionalStep::Answer(Claim::Replay(a)), Claim::Replay(b)) => a == b,
+        (TransactionalStep::Answer(Claim::Mismatch), Claim::Mismatch) => true,
+        (TransactionalStep::Answer(Claim::InFlight { .. }), Claim::InFlight { .. }) => true,
         _ => false,
     }
 }

@@ -8,7 +8,7 @@
 // (`cargo test --workspace --all-features`).
 #![cfg(all(feature = "postgres", feature = "sqlite"))]
 
-#[path = "../../tests/common/mod.rs"]
+#[path = "../../tests/common/db.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

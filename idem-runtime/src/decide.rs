@@ -116,7 +116,7 @@ impl KeySnapshot {
 
 /// What a transactional request does before its handler runs.
 #[derive(Debug)]
-pub enum Transactional {
+pub enum TransactionalStep {
     /// Run the handler; its completion claims the key at `generation` (one more
     /// than an expired row's).
     Execute {
@@ -131,16 +131,16 @@ pub enum Transactional {
 /// (or `422` for another request), an expired one is executed anew, a leased
 /// execution in progress or uncertain is in flight (or `422`), and a key with no
 /// row is executed.
-pub fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) -> Transactional {
+pub fn transactional(row: Option<KeySnapshot>, in_flight_wait: Duration) -> TransactionalStep {
     let Some(row) = row else {
-        return Transactional::Execute { generation: 1 };
+        return TransactionalStep::Execute { generation: 1 };
     };
     if row.state.is_finished() && !row.live {
-        return Transactional::Execute {
+        return TransactionalStep::Execute {
             generation: row.generation + 1,
         };
     }
-    Transactional::Answer(held(row, in_flight_wait))
+    TransactionalStep::Answer(held(row, in_flight_wait))
 }
 
 /// The decision after an execution found its key taken at commit: the holder's
@@ -360,7 +360,7 @@ mod tests {
     fn a_key_without_a_row_executes_at_generation_one() {
         assert!(matches!(
             transactional(None, WAIT),
-            Transactional::Execute { generation: 1 }
+            TransactionalStep::Execute { generation: 1 }
         ));
     }
 
@@ -368,12 +368,12 @@ mod tests {
     fn a_finished_live_outcome_replays_for_the_same_request_and_refuses_another() {
         for state in [RowState::Completed, RowState::Failed] {
             match transactional(Some(row(state, true, true)), WAIT) {
-                Transactional::Answer(Claim::Replay(s)) => assert_eq!(s.body, "done"),
+                TransactionalStep::Answer(Claim::Replay(s)) => assert_eq!(s.body, "done"),
                 other => panic!("{state:?}: {other:?}"),
             }
             assert!(matches!(
                 transactional(Some(row(state, true, false)), WAIT),
-                Transactional::Answer(Claim::Mismatch)
+                TransactionalStep::Answer(Claim::Mismatch)
             ));
         }
     }
@@ -383,7 +383,7 @@ mod tests {
         for matches in [true, false] {
             assert!(matches!(
                 transactional(Some(row(RowState::Completed, false, matches)), WAIT),
-                Transactional::Execute { generation: 5 }
+                TransactionalStep::Execute { generation: 5 }
             ));
         }
     }
@@ -393,14 +393,14 @@ mod tests {
         for state in [RowState::Processing, RowState::Uncertain] {
             for live in [true, false] {
                 match transactional(Some(row(state, live, true)), WAIT) {
-                    Transactional::Answer(Claim::InFlight { retry_after }) => {
+                    TransactionalStep::Answer(Claim::InFlight { retry_after }) => {
                         assert_eq!(retry_after, WAIT)
                     }
                     other => panic!("{state:?}: {other:?}"),
                 }
                 assert!(matches!(
                     transactional(Some(row(state, live, false)), WAIT),
-                    Transactional::Answer(Claim::Mismatch)
+                    TransactionalStep::Answer(Claim::Mismatch)
                 ));
             }
         }
@@ -412,7 +412,7 @@ mod tests {
             Some(row(RowState::Processing, true, true)),
             Duration::from_millis(10),
         ) {
-            Transactional::Answer(Claim::InFlight { retry_after }) => {
+            TransactionalStep::Answer(Claim::InFlight { retry_after }) => {
                 assert_eq!(retry_after, Duration::from_secs(1))
             }
             other => panic!("{other:?}"),

@@ -105,19 +105,19 @@ pub const OPERATION_SCHEMA: &str = "IdemOperation";
 /// body (the attribute sees neither the route nor, for an associated function,
 /// a place beside the handler for an item of its own).
 #[doc(hidden)]
-pub struct Registration {
+pub struct OpenApiRegistration {
     handler: &'static str,
     spec: &'static OperationSpec,
 }
 
-impl Registration {
+impl OpenApiRegistration {
     /// The handler's function name and its operation.
     pub const fn new(handler: &'static str, spec: &'static OperationSpec) -> Self {
-        Registration { handler, spec }
+        OpenApiRegistration { handler, spec }
     }
 }
 
-inventory::collect!(Registration);
+inventory::collect!(OpenApiRegistration);
 
 /// Registers an `#[idempotent]` handler for [`document`]; the attribute emits it
 /// in the generated handler's body. Without the feature it expands to nothing.
@@ -181,12 +181,13 @@ impl utoipa::Modify for IdemOpenApi {
 /// assert!(api == before);
 /// ```
 pub fn document(api: &mut OpenApi) {
-    let registered: Vec<&'static Registration> = inventory::iter::<Registration>().collect();
+    let registered: Vec<&'static OpenApiRegistration> =
+        inventory::iter::<OpenApiRegistration>().collect();
     document_with(api, &registered);
 }
 
 /// [`document`] with the registrations given, so the tests choose them.
-fn document_with(api: &mut OpenApi, registered: &[&Registration]) {
+fn document_with(api: &mut OpenApi, registered: &[&OpenApiRegistration]) {
     let mut any = false;
     let mut accepted = false;
     for item in api.paths.paths.values_mut() {
@@ -233,7 +234,7 @@ struct Facts {
 }
 
 impl Facts {
-    fn of(op: &Operation, registered: &[&Registration]) -> Option<Facts> {
+    fn of(op: &Operation, registered: &[&OpenApiRegistration]) -> Option<Facts> {
         let id = op.operation_id.as_deref()?;
         let mut matching = registered
             .iter()

@@ -14,10 +14,10 @@ pub use crate::handler::{IdemRequest, OperationSpec, run, run_leased};
 /// What `__idem_openapi!` expands to: a handler's registration, collected
 /// through inventory, which the user's crate need not depend on.
 #[cfg(feature = "openapi")]
-pub use crate::openapi::Registration as OpenApiRegistration;
+pub use crate::openapi::OpenApiRegistration;
 /// What `__idem_accepted!` expands to: an `accepted` handler's operation, for
 /// `operations::router`.
-pub use crate::operations::Registration as AcceptedRegistration;
+pub use crate::operations::AcceptedRegistration;
 pub use axum::response::Response;
 pub use inventory;
 pub use std::boxed::Box;

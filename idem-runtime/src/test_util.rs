@@ -20,7 +20,8 @@ pub use crate::db::mysql::hot_path::assume_set_statement;
 /// snapshot of the key's row.
 pub mod decide {
     pub use crate::decide::{
-        KeySnapshot, LeasedStep, RowState, Transactional, after_execution, leased, transactional,
+        KeySnapshot, LeasedStep, RowState, TransactionalStep, after_execution, leased,
+        transactional,
     };
     pub use crate::model::LeasedOutcome;
 }

@@ -41,16 +41,16 @@ use crate::key::{IdempotencyKey, KeyDigest};
 use crate::model::{Fence, LeasedOutcome, Owned, OwnerToken, StoreError, StoredResponse};
 
 mod answer;
+mod backend;
 mod renewal;
 mod renewals;
-mod store;
 
 pub use crate::model::{Acquisition, LeaseRequest};
 pub use answer::Uncertain;
 pub(crate) use answer::UncertainMarker;
+pub use backend::LeaseBackend;
 pub(crate) use renewal::Renewer;
 pub(crate) use renewals::Renewals;
-pub use store::LeaseBackend;
 
 /// What a leased claim decided.
 #[must_use = "an acquired lease must be completed, marked uncertain or released"]

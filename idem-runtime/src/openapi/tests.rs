@@ -36,9 +36,9 @@ static CREATE_EXPORT: OperationSpec = OperationSpec {
     accepted: true,
 };
 
-static ORDER: Registration = Registration::new("create_order", &CREATE_ORDER);
-static EXPORT: Registration = Registration::new("create_export", &CREATE_EXPORT);
-static PAYMENT: Registration = Registration::new("create_payment", &CREATE_PAYMENT);
+static ORDER: OpenApiRegistration = OpenApiRegistration::new("create_order", &CREATE_ORDER);
+static EXPORT: OpenApiRegistration = OpenApiRegistration::new("create_export", &CREATE_EXPORT);
+static PAYMENT: OpenApiRegistration = OpenApiRegistration::new("create_payment", &CREATE_PAYMENT);
 
 fn op(id: &str, statuses: &[&str]) -> OperationBuilder {
     statuses.iter().fold(
@@ -354,7 +354,7 @@ fn the_registration_macro_works_inside_a_function_body() {
         crate::__idem_openapi!("registered_in_a_body", &SPEC);
     }
     handler();
-    let found = inventory::iter::<Registration>()
+    let found = inventory::iter::<OpenApiRegistration>()
         .find(|r| r.handler == "registered_in_a_body")
         .expect("registered before main");
     assert_eq!(found.spec.operation, "registered-in-a-body");

@@ -89,18 +89,18 @@ pub use router::router;
 /// One `accepted` handler's operation, registered by the attribute from the
 /// handler's body, so that [`router`] serves exactly those operations.
 #[doc(hidden)]
-pub struct Registration {
+pub struct AcceptedRegistration {
     spec: &'static OperationSpec,
 }
 
-impl Registration {
+impl AcceptedRegistration {
     /// The handler's operation.
     pub const fn new(spec: &'static OperationSpec) -> Self {
-        Registration { spec }
+        AcceptedRegistration { spec }
     }
 }
 
-inventory::collect!(Registration);
+inventory::collect!(AcceptedRegistration);
 
 /// Registers an `accepted` handler's operation for [`router`]; the attribute
 /// emits it in the generated handler's body.

@@ -10,7 +10,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::address::{Address, json};
-use super::{Registration, Status, poll_interval};
+use super::{AcceptedRegistration, Status, poll_interval};
 use crate::config::Idem;
 use crate::handler::OperationSpec;
 use crate::key::KeyDigest;
@@ -24,7 +24,7 @@ type Registry = HashMap<&'static str, &'static OperationSpec>;
 
 fn registered() -> Registry {
     let mut registry = Registry::new();
-    for r in inventory::iter::<Registration>() {
+    for r in inventory::iter::<AcceptedRegistration>() {
         registry.entry(r.spec.operation).or_insert(r.spec);
     }
     registry

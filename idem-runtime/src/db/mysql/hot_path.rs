@@ -206,8 +206,8 @@ pub(crate) async fn begin_claim(
     )
     .await?;
     let generation = match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::Transactional::Execute { generation } => generation,
-        decide::Transactional::Answer(claim) => return Ok((Tx::idle(conn), claim)),
+        decide::TransactionalStep::Execute { generation } => generation,
+        decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
     };
     let tx = Tx::begin_on(conn, sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED))
         .await

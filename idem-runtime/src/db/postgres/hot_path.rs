@@ -132,8 +132,8 @@ pub(crate) async fn begin_claim(
     )
     .await?;
     let generation = match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::Transactional::Execute { generation } => generation,
-        decide::Transactional::Answer(claim) => return Ok((Tx::idle(conn), claim)),
+        decide::TransactionalStep::Execute { generation } => generation,
+        decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
     };
     let tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
     Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
@@ -171,8 +171,8 @@ async fn begin_in_session(
         if session::is_marker(&e, session::PROBE_MARKER) {
             let (conn, snapshot) = lookup_in_session(conn, req).await?;
             return match decide::transactional(snapshot, req.in_flight_wait) {
-                decide::Transactional::Answer(claim) => Ok((Tx::idle(conn), claim)),
-                decide::Transactional::Execute { generation } => {
+                decide::TransactionalStep::Answer(claim) => Ok((Tx::idle(conn), claim)),
+                decide::TransactionalStep::Execute { generation } => {
                     let tx = Tx::begin_on(conn, begin_statement(ctx))
                         .await
                         .map_err(|(_, e)| e)?;

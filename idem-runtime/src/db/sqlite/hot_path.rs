@@ -101,13 +101,13 @@ pub(crate) async fn begin_claim(
     };
     let (snapshot, now) = lookup(tx.connection(), req).await?;
     match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::Transactional::Execute { generation } => {
+        decide::TransactionalStep::Execute { generation } => {
             let mut execution = Execution::at_commit(req, generation);
             execution.started_ms = now;
             Ok((tx, Claim::Execute(execution)))
         }
         // Dropping `tx` rolls the empty transaction back.
-        decide::Transactional::Answer(claim) => Ok((tx, claim)),
+        decide::TransactionalStep::Answer(claim) => Ok((tx, claim)),
     }
 }
 
