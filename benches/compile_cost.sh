@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The compile cost of #[idempotent] (issue 7): build time of a crate with N
+# The compile cost of #[idempotent]: build time of a crate with N
 # annotated handlers against the same crate with N plain handlers (each opens,
 # inserts and commits by hand). Both crates have the same dependencies (idem-runtime
-# by path, axum, sqlx, serde, tokio at the workspace's pinned versions and lock
+# by path, axum, sqlx, serde, tokio at the workspace's requirements and its lock
 # file) and share one target directory, so after a first build that warms the cache
 # every timed run recompiles only the generated crate.
 #
@@ -22,8 +22,10 @@ export CARGO_TARGET_DIR="$DIR/target"
 # Every timed build compiles the whole crate: incremental reuse would time nothing.
 export CARGO_INCREMENTAL=0
 
-version() { # the pinned version of a workspace dependency, e.g. "=0.8.9"
-    grep -E "^$1 = " "$ROOT/Cargo.toml" | grep -oE '"=[0-9.]+"' | head -n1 | tr -d '"'
+version() { # a workspace dependency's requirement as written, e.g. "0.8" (the
+    # copied Cargo.lock picks the version the workspace builds)
+    grep -E "^$1 = " "$ROOT/Cargo.toml" | grep -oE '(version = |^[a-z_-]+ = )"[^"]+"' | head -n1 |
+        grep -oE '"[^"]+"' | tr -d '"'
 }
 
 manifest() { # $1: crate name
@@ -57,12 +59,12 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Clone)]
 pub struct AppState {
-    pub idem: Idem,
+    pub idem: Idem<sqlx::Postgres>,
     pub pool: sqlx::PgPool,
 }
 
-impl FromRef<AppState> for Idem {
-    fn from_ref(s: &AppState) -> Idem {
+impl FromRef<AppState> for Idem<sqlx::Postgres> {
+    fn from_ref(s: &AppState) -> Idem<sqlx::Postgres> {
         s.idem.clone()
     }
 }
@@ -125,7 +127,7 @@ generate() { # $1: annotated | plain
 #[idempotent(operation = "op-$i", retention = "24h")]
 pub async fn handler_$i(
     #[tenant] caller: Caller,
-    tx: &mut Tx,
+    tx: &mut Tx<sqlx::Postgres>,
     Json(cmd): Json<Cmd>,
 ) -> Result<(StatusCode, Json<Out>), ApiError> {
     let id: i64 = sqlx::query_scalar("INSERT INTO t$i (tenant, name, amount) VALUES (\$1, \$2, \$3) RETURNING id")
