@@ -47,8 +47,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut errors = Errors::default();
-    let raw = crate::parse::parse_args(args, &mut errors);
-    let config = crate::validate::validate(raw, &func, &mut errors);
+    let (raw, written) = crate::parse::parse_args(args, &mut errors);
+    let config = crate::validate::validate(raw, &written, &func, &mut errors);
     match config {
         Some(config) if errors.is_empty() => expand(config, func),
         _ => refused(func, &errors),
