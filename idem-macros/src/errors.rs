@@ -7,7 +7,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Errors {
     errors: Vec<syn::Error>,
 }
@@ -24,10 +24,8 @@ impl Errors {
     }
 
     /// An error from `first` to `last`.
-    pub fn push_range<M: std::fmt::Display>(&mut self, (first, last): (Span, Span), msg: M) {
-        let mut start = proc_macro2::Ident::new("x", first).into_token_stream();
-        start.extend(proc_macro2::Ident::new("x", last).into_token_stream());
-        self.errors.push(syn::Error::new_spanned(start, msg));
+    pub fn push_range<M: std::fmt::Display>(&mut self, range: (Span, Span), msg: M) {
+        self.errors.push(ranged(range, msg));
     }
 
     pub fn push(&mut self, e: syn::Error) {
@@ -38,6 +36,11 @@ impl Errors {
         for e in e.flatten() {
             self.errors.push(e.into());
         }
+    }
+
+    /// Another collection's errors, after these.
+    pub fn extend(&mut self, other: Errors) {
+        self.errors.extend(other.errors);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -55,4 +58,12 @@ impl Errors {
             .map(syn::Error::to_compile_error)
             .collect()
     }
+}
+
+/// An error from `first` to `last`: `new_spanned` keeps both ends of the two
+/// tokens it is given, where a joined `Span` would keep the first only.
+pub fn ranged<M: std::fmt::Display>((first, last): (Span, Span), msg: M) -> syn::Error {
+    let mut ends = proc_macro2::Ident::new("x", first).into_token_stream();
+    ends.extend(proc_macro2::Ident::new("x", last).into_token_stream());
+    syn::Error::new_spanned(ends, msg)
 }

@@ -47,8 +47,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut errors = Errors::default();
-    let raw = crate::parse::parse_args(args, &mut errors);
-    let config = crate::validate::validate(raw, &func, &mut errors);
+    let (raw, written) = crate::parse::parse_args(args, &mut errors);
+    let config = crate::validate::validate(raw, &written, &func, &mut errors);
     match config {
         Some(config) if errors.is_empty() => expand(config, func),
         _ => refused(func, &errors),
@@ -199,278 +199,392 @@ fn snake(name: &str) -> String {
     out
 }
 
-fn expand(config: Config, mut func: ItemFn) -> TokenStream {
-    let fn_name = func.sig.ident.clone();
-    // `#[utoipa::path]`'s default operation id, which the registration matches.
-    let fn_name_str = fn_name.to_string();
-    // A runtime under another path is imported once, so that a wrong path is one
-    // error (at the import) rather than one per use.
-    let rt = match &config.krate {
-        None => quote!(::idem_runtime::__private),
-        Some(path) => quote!(#path::__private),
-    };
-
-    let written = written_signature(&func);
-
-    // The inner function keeps the user's signature and body unchanged.
-    let mut inner = func.clone();
-    strip_marker_attrs(&mut inner);
-    inner.sig.ident = format_ident!("__idem_inner");
-    inner.vis = syn::Visibility::Inherited;
-    inner
-        .attrs
-        .retain(|a| a.path().is_ident("allow") || a.path().is_ident("expect"));
-
-    // The transaction (or lease) parameter's type picks the backend: `Tx` and
-    // `Lease` are PostgreSQL, `Tx<Sqlite>` and `Lease<Sqlite>` SQLite. It is named
-    // once, in the request's type; everything else is inferred from the request.
-    let handle_elem = match func.sig.inputs.iter().nth(config.tx) {
-        Some(FnArg::Typed(t)) => match &*t.ty {
-            syn::Type::Reference(r) => Some((*r.elem).clone()),
-            _ => None,
-        },
-        _ => None,
-    };
-    let leased = config.lease.is_some();
-    let handle_trait = if leased {
-        quote!(LeaseHandle)
-    } else {
-        quote!(TxHandle)
-    };
-    // The request copies the headers only for an operation that fingerprints some.
-    let request_ty = match (&handle_elem, config.headers.is_empty()) {
-        (Some(elem), true) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db>),
-        (Some(elem), false) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db, true>),
-        (None, true) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend>),
-        (None, false) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend, true>),
-    };
-
-    let mut taken: Vec<String> = Vec::new();
-    let names: Vec<Option<syn::Ident>> = func
-        .sig
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, arg)| match arg {
-            FnArg::Typed(t) if i != config.tx => Some(param_name(t, i, &mut taken)),
-            _ => None,
-        })
-        .collect();
-    let request = if taken.iter().any(|t| t == "idempotency") {
-        format_ident!("__idem_request")
-    } else {
-        format_ident!("idempotency")
-    };
-    let typed = |i: usize| match func.sig.inputs.iter().nth(i) {
-        Some(FnArg::Typed(t)) => Some(t),
-        _ => None,
-    };
-
-    let mut outer_params = Vec::new();
-    let mut call_args = Vec::new();
-    let handle = if leased {
-        quote!(__idem_lease)
-    } else {
-        quote!(__idem_tx)
-    };
-    for (i, arg) in func.sig.inputs.iter().enumerate() {
-        let FnArg::Typed(arg) = arg else { continue };
-        if i == config.tx {
-            call_args.push(handle.clone());
-            continue;
-        }
-        if Some(i) == config.request_before {
-            outer_params.push(quote!(#request: #request_ty));
-        }
-        let name = names[i].as_ref().expect("every typed parameter is named");
-        let ty = &arg.ty;
-        outer_params.push(quote!(#name: #ty));
-        call_args.push(quote!(#name));
-    }
-    if config.request_before.is_none() {
-        outer_params.push(quote!(#request: #request_ty));
-    }
-    let name_of = |i: usize| names[i].clone().expect("a typed parameter");
-    let ty_of = |i: usize| typed(i).map(|t| t.ty.to_token_stream());
-
-    let tenant_expr = match config.tenant {
-        Tenant::Single => quote!(#rt::single_tenant()),
-        Tenant::Param(i) => {
-            let name = name_of(i);
-            let ty = ty_of(i);
-            quote!(#rt::tenant_id::<#ty>(&#name))
-        }
-    };
-
-    // `Result<B, B::Rejection>`: the rejection is the answer, before any claim.
-    let reject = config.body_result.map(|i| {
-        let name = name_of(i);
-        quote! {
-            let #name = match #name {
-                ::core::result::Result::Err(__idem_rejection) => {
-                    return #rt::rejected(__idem_rejection);
-                }
-                __idem_ok => __idem_ok,
-            };
-        }
-    });
-
-    let mut checks = quote!();
-    let body_steps = match &config.body {
-        BodyPrint::None => quote!(),
-        BodyPrint::Whole(i) => {
-            let (name, ty) = (name_of(*i), ty_of(*i));
-            quote!(.and_then(|__idem_fp| #rt::fingerprint_body::<#ty>(__idem_fp, &#name)))
-        }
-        BodyPrint::Fields(i, fields) => {
-            let (name, ty) = (name_of(*i), ty_of(*i));
-            let steps = fields.iter().map(|(segments, span)| {
-                let path = segments.join(".");
-                let members = segments.iter().map(|s| match s.parse::<u32>() {
-                    Ok(index) => {
-                        let idx = syn::Index { index, span: *span };
-                        quote!(#idx)
-                    }
-                    Err(_) => {
-                        let id = syn::Ident::new(s, *span);
-                        quote!(#id)
-                    }
-                });
-                let access = quote_spanned!(*span=> &__idem_b #(.#members)*);
-                quote!(.and_then(|__idem_fp| #rt::body_field::<#ty, _, _>(__idem_fp, #path, &#name, |__idem_b| #access)))
-            });
-            quote!(#(#steps)*)
-        }
-        BodyPrint::Probe(i) => {
-            let (name, ty) = (name_of(*i), ty_of(*i));
-            // A failed bound on the chosen tag's method is reported at the method
-            // call: give it the parameter type's span.
-            let at = first_span(&ty);
-            let probe = quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().default_print(__idem_fp, &#name));
-            quote!(.and_then(|__idem_fp| {
-                #[allow(unused_imports)]
-                use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
-                #probe
-            }))
-        }
-        BodyPrint::ProbeLeftOut(i) => {
-            let ty = ty_of(*i);
-            let at = first_span(&ty);
-            let probe =
-                quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().left_out());
-            checks = quote! {
-                {
-                    #[allow(unused_imports)]
-                    use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
-                    #probe;
-                }
-            };
-            quote!()
-        }
-    };
-
-    let operation = &config.operation;
-    let opt_duration = |d: Option<std::time::Duration>| match d {
-        Some(d) => {
-            let d = duration_tokens(&rt, d);
-            quote!(::core::option::Option::Some(#d))
-        }
-        None => quote!(::core::option::Option::None),
-    };
-    let retention = duration_tokens(&rt, config.retention);
-    let in_flight_wait = opt_duration(config.in_flight_wait);
-    let lease = opt_duration(config.lease);
-    let lease_ceiling = opt_duration(config.lease_ceiling);
-    let (run_fn, boxer) = if leased {
-        (quote!(run_leased), quote!(leased_handler_for))
-    } else {
-        (quote!(run), quote!(handler_for))
-    };
-    let headers = &config.headers;
-    let accepted = config.accepted;
-    // A long operation registers itself for `idem_runtime::operations::router`,
-    // which serves the resources of those operations only.
-    let register_accepted = if accepted {
-        quote!(#rt::__idem_accepted!(&__IDEM_SPEC);)
-    } else {
-        quote!()
-    };
-    let output_span = match &func.sig.output {
-        ReturnType::Default => func.sig.ident.span(),
-        ReturnType::Type(_, ty) => syn::spanned::Spanned::span(&**ty),
-    };
-    let outcome = quote_spanned!(output_span=>
-        (&#rt::KindProbe(&__idem_out)).__idem_kind().outcome(__idem_out)
-    );
-
-    let docs = generated_docs(&config, &written, &request);
+/// The handler Axum calls, in steps as the module's documentation shows it:
+/// its parameters, then its body (the inner function, the operation's spec,
+/// the tenant, the fingerprint, the run), then how it is emitted.
+fn expand(config: Config, func: ItemFn) -> TokenStream {
+    let handler = Handler::new(&config, &func);
+    let (outer_params, call_args) = handler.parameters();
+    let block = handler.block(&call_args);
+    let docs = generated_docs(&config, &written_signature(&func), &handler.request);
+    let rt = handler.rt.clone();
+    let mut func = func;
     func.attrs.retain(|a| !is_idempotent_attr(a));
     func.attrs.extend(docs);
     func.sig.inputs = syn::parse_quote!(#(#outer_params),*);
     func.sig.output = syn::parse_quote!(-> #rt::Response);
-    let body: TokenStream = quote! {
-        #inner
+    *func.block = syn::parse_quote!({ #block });
+    emit(func, &config)
+}
 
-        static __IDEM_SPEC: #rt::OperationSpec = #rt::OperationSpec {
-            operation: #operation,
-            retention: #retention,
-            in_flight_wait: #in_flight_wait,
-            fingerprint_headers: &[#(#headers),*],
-            lease: #lease,
-            lease_ceiling: #lease_ceiling,
-            accepted: #accepted,
+/// What the steps of the expansion share.
+struct Handler<'a> {
+    config: &'a Config,
+    func: &'a ItemFn,
+    /// `::idem_runtime::__private`, or under the `crate` path. A runtime under
+    /// another path is imported once, so that a wrong path is one error (at the
+    /// import) rather than one per use.
+    rt: TokenStream,
+    /// Each parameter's outer name; `None` for the handle (and a receiver).
+    names: Vec<Option<syn::Ident>>,
+    /// The idempotency request's parameter: `idempotency`, unless the user's
+    /// parameters take that name.
+    request: syn::Ident,
+    /// What the handle is called in the closure that receives it.
+    handle: TokenStream,
+}
+
+impl<'a> Handler<'a> {
+    fn new(config: &'a Config, func: &'a ItemFn) -> Self {
+        let rt = match &config.krate {
+            None => quote!(::idem_runtime::__private),
+            Some(path) => quote!(#path::__private),
         };
-        // With idem-runtime's feature `openapi`, the handler registers itself for
-        // `idem_runtime::openapi::document` (the route is the router's, and an
-        // item beside the handler would not fit an associated function); without
-        // it, nothing.
-        #rt::__idem_openapi!(#fn_name_str, &__IDEM_SPEC);
-        #register_accepted
-        #checks
-        #reject
-        let __idem_tenant = #tenant_expr;
-        let __idem_fingerprint = #rt::start_fingerprint(&#request, &__IDEM_SPEC, &__idem_tenant) #body_steps;
-        let __idem_handler = #rt::#boxer(&#request, move |#handle| {
-            #rt::Box::pin(async move {
-                let __idem_out = __idem_inner(#(#call_args),*).await;
-                #[allow(unused_imports)]
-                use #rt::{ViaPlain as _, ViaResult as _};
-                #outcome
+        let mut taken: Vec<String> = Vec::new();
+        let names = func
+            .sig
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, arg)| match arg {
+                FnArg::Typed(t) if i != config.tx => Some(param_name(t, i, &mut taken)),
+                _ => None,
             })
-        });
-        #rt::#run_fn(
-            #request,
-            &__IDEM_SPEC,
-            __idem_tenant,
-            __idem_fingerprint,
-            __idem_handler,
-        )
-        .await
-    };
-    *func.block = syn::parse_quote!({ #body });
-    match &config.krate {
-        None => quote!(#func),
-        Some(path) => {
-            // The runtime under a path the attribute cannot check: the handler is
-            // emitted through a macro found at that path, so a wrong path is one
-            // error (at the macro) and nothing of the handler is checked against
-            // it; a stub under the same name, imported by glob, stands in for it
-            // then (a defined item shadows a glob import, so when the path is right
-            // the stub is never used), and the router stays quiet.
-            let stub_mod = format_ident!("__idem_stub_{}", fn_name);
-            let vis = &func.vis;
-            quote! {
-                #[doc(hidden)]
-                #[allow(non_snake_case, dead_code)]
-                mod #stub_mod {
-                    pub async fn #fn_name() {}
-                }
-                #[doc(hidden)]
-                #[allow(unused_imports)]
-                #vis use #stub_mod::*;
-                #path::__private::__idem_item! { #func }
+            .collect();
+        let request = if taken.iter().any(|t| t == "idempotency") {
+            format_ident!("__idem_request")
+        } else {
+            format_ident!("idempotency")
+        };
+        let handle = if config.lease.is_some() {
+            quote!(__idem_lease)
+        } else {
+            quote!(__idem_tx)
+        };
+        Handler {
+            config,
+            func,
+            rt,
+            names,
+            request,
+            handle,
+        }
+    }
+
+    fn name_of(&self, i: usize) -> syn::Ident {
+        self.names[i].clone().expect("a typed parameter")
+    }
+
+    fn ty_of(&self, i: usize) -> Option<TokenStream> {
+        match self.func.sig.inputs.iter().nth(i) {
+            Some(FnArg::Typed(t)) => Some(t.ty.to_token_stream()),
+            _ => None,
+        }
+    }
+
+    /// The outer parameters (the user's, less the handle, with the request
+    /// before the body), and the inner function's arguments.
+    fn parameters(&self) -> (Vec<TokenStream>, Vec<TokenStream>) {
+        let request = &self.request;
+        let request_ty = self.request_type();
+        let mut outer_params = Vec::new();
+        let mut call_args = Vec::new();
+        for (i, arg) in self.func.sig.inputs.iter().enumerate() {
+            let FnArg::Typed(arg) = arg else { continue };
+            if i == self.config.tx {
+                call_args.push(self.handle.clone());
+                continue;
+            }
+            if Some(i) == self.config.request_before {
+                outer_params.push(quote!(#request: #request_ty));
+            }
+            let name = self.names[i]
+                .as_ref()
+                .expect("every typed parameter is named");
+            let ty = &arg.ty;
+            outer_params.push(quote!(#name: #ty));
+            call_args.push(quote!(#name));
+        }
+        if self.config.request_before.is_none() {
+            outer_params.push(quote!(#request: #request_ty));
+        }
+        (outer_params, call_args)
+    }
+
+    /// The request's type. The transaction (or lease) parameter's type picks the
+    /// backend: `Tx` and `Lease` are PostgreSQL, `Tx<Sqlite>` and
+    /// `Lease<Sqlite>` SQLite. It is named once, here; everything else is
+    /// inferred from the request. The request copies the headers only for an
+    /// operation that fingerprints some.
+    fn request_type(&self) -> TokenStream {
+        let rt = &self.rt;
+        let handle_elem = match self.func.sig.inputs.iter().nth(self.config.tx) {
+            Some(FnArg::Typed(t)) => match &*t.ty {
+                syn::Type::Reference(r) => Some((*r.elem).clone()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let handle_trait = if self.config.lease.is_some() {
+            quote!(LeaseHandle)
+        } else {
+            quote!(TxHandle)
+        };
+        match (&handle_elem, self.config.headers.is_empty()) {
+            (Some(elem), true) => quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db>),
+            (Some(elem), false) => {
+                quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db, true>)
+            }
+            (None, true) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend>),
+            (None, false) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend, true>),
+        }
+    }
+
+    /// The generated function's body: the user's function, the operation's
+    /// spec and registrations, the checks before the claim, then the run.
+    fn block(&self, call_args: &[TokenStream]) -> TokenStream {
+        let rt = &self.rt;
+        let request = &self.request;
+        let handle = &self.handle;
+        let inner = self.inner_fn();
+        let spec = self.spec();
+        let fn_name_str = self.func.sig.ident.to_string();
+        let register_accepted = self.register_accepted();
+        let (checks, body_steps) = self.body_steps();
+        let reject = self.reject();
+        let tenant_expr = self.tenant_expr();
+        let (run_fn, boxer) = if self.config.lease.is_some() {
+            (quote!(run_leased), quote!(leased_handler_for))
+        } else {
+            (quote!(run), quote!(handler_for))
+        };
+        let outcome = self.outcome();
+        quote! {
+            #inner
+
+            #spec
+            // With idem-runtime's feature `openapi`, the handler registers itself for
+            // `idem_runtime::openapi::document` (the route is the router's, and an
+            // item beside the handler would not fit an associated function); without
+            // it, nothing. The name is `#[utoipa::path]`'s default operation id,
+            // which the registration matches.
+            #rt::__idem_openapi!(#fn_name_str, &__IDEM_SPEC);
+            #register_accepted
+            #checks
+            #reject
+            let __idem_tenant = #tenant_expr;
+            let __idem_fingerprint = #rt::start_fingerprint(&#request, &__IDEM_SPEC, &__idem_tenant) #body_steps;
+            let __idem_handler = #rt::#boxer(&#request, move |#handle| {
+                #rt::Box::pin(async move {
+                    let __idem_out = __idem_inner(#(#call_args),*).await;
+                    #[allow(unused_imports)]
+                    use #rt::{ViaPlain as _, ViaResult as _};
+                    #outcome
+                })
+            });
+            #rt::#run_fn(
+                #request,
+                &__IDEM_SPEC,
+                __idem_tenant,
+                __idem_fingerprint,
+                __idem_handler,
+            )
+            .await
+        }
+    }
+
+    /// The inner function keeps the user's signature and body unchanged.
+    fn inner_fn(&self) -> ItemFn {
+        let mut inner = self.func.clone();
+        strip_marker_attrs(&mut inner);
+        inner.sig.ident = format_ident!("__idem_inner");
+        inner.vis = syn::Visibility::Inherited;
+        inner
+            .attrs
+            .retain(|a| a.path().is_ident("allow") || a.path().is_ident("expect"));
+        inner
+    }
+
+    /// The operation as the runtime reads it.
+    fn spec(&self) -> TokenStream {
+        let rt = &self.rt;
+        let config = self.config;
+        let opt_duration = |d: Option<std::time::Duration>| match d {
+            Some(d) => {
+                let d = duration_tokens(rt, d);
+                quote!(::core::option::Option::Some(#d))
+            }
+            None => quote!(::core::option::Option::None),
+        };
+        let operation = &config.operation;
+        let retention = duration_tokens(rt, config.retention);
+        let in_flight_wait = opt_duration(config.in_flight_wait);
+        let headers = &config.headers;
+        let lease = opt_duration(config.lease);
+        let lease_ceiling = opt_duration(config.lease_ceiling);
+        let accepted = config.accepted;
+        quote! {
+            static __IDEM_SPEC: #rt::OperationSpec = #rt::OperationSpec {
+                operation: #operation,
+                retention: #retention,
+                in_flight_wait: #in_flight_wait,
+                fingerprint_headers: &[#(#headers),*],
+                lease: #lease,
+                lease_ceiling: #lease_ceiling,
+                accepted: #accepted,
+            };
+        }
+    }
+
+    /// A long operation registers itself for `idem_runtime::operations::router`,
+    /// which serves the resources of those operations only.
+    fn register_accepted(&self) -> TokenStream {
+        let rt = &self.rt;
+        if self.config.accepted {
+            quote!(#rt::__idem_accepted!(&__IDEM_SPEC);)
+        } else {
+            quote!()
+        }
+    }
+
+    fn tenant_expr(&self) -> TokenStream {
+        let rt = &self.rt;
+        match self.config.tenant {
+            Tenant::Single => quote!(#rt::single_tenant()),
+            Tenant::Param(i) => {
+                let name = self.name_of(i);
+                let ty = self.ty_of(i);
+                quote!(#rt::tenant_id::<#ty>(&#name))
             }
         }
+    }
+
+    /// `Result<B, B::Rejection>`: the rejection is the answer, before any claim.
+    fn reject(&self) -> Option<TokenStream> {
+        let rt = &self.rt;
+        self.config.body_result.map(|i| {
+            let name = self.name_of(i);
+            quote! {
+                let #name = match #name {
+                    ::core::result::Result::Err(__idem_rejection) => {
+                        return #rt::rejected(__idem_rejection);
+                    }
+                    __idem_ok => __idem_ok,
+                };
+            }
+        })
+    }
+
+    /// What of the body goes into the fingerprint: the steps chained on
+    /// `start_fingerprint`, and a check that stands alone (a body behind an
+    /// alias that the fingerprint leaves out).
+    fn body_steps(&self) -> (TokenStream, TokenStream) {
+        let rt = &self.rt;
+        match &self.config.body {
+            BodyPrint::None => (quote!(), quote!()),
+            BodyPrint::Whole(i) => {
+                let (name, ty) = (self.name_of(*i), self.ty_of(*i));
+                let step =
+                    quote!(.and_then(|__idem_fp| #rt::fingerprint_body::<#ty>(__idem_fp, &#name)));
+                (quote!(), step)
+            }
+            BodyPrint::Fields(i, fields) => (quote!(), self.field_steps(*i, fields)),
+            BodyPrint::Probe(i) => (quote!(), self.probe(*i)),
+            BodyPrint::ProbeLeftOut(i) => (self.probe_left_out(*i), quote!()),
+        }
+    }
+
+    /// One step per field, reading it at the span of its path in the attribute
+    /// (where rustc then reports a field that does not exist).
+    fn field_steps(&self, i: usize, fields: &[(Vec<String>, Span)]) -> TokenStream {
+        let rt = &self.rt;
+        let (name, ty) = (self.name_of(i), self.ty_of(i));
+        let steps = fields.iter().map(|(segments, span)| {
+            let path = segments.join(".");
+            let members = segments.iter().map(|s| match s.parse::<u32>() {
+                Ok(index) => {
+                    let idx = syn::Index { index, span: *span };
+                    quote!(#idx)
+                }
+                Err(_) => {
+                    let id = syn::Ident::new(s, *span);
+                    quote!(#id)
+                }
+            });
+            let access = quote_spanned!(*span=> &__idem_b #(.#members)*);
+            quote!(.and_then(|__idem_fp| #rt::body_field::<#ty, _, _>(__idem_fp, #path, &#name, |__idem_b| #access)))
+        });
+        quote!(#(#steps)*)
+    }
+
+    /// A last parameter behind an alias: its type decides whether it is a body,
+    /// fingerprinted whole. A failed bound on the chosen tag's method is
+    /// reported at the method call, which gets the parameter type's span.
+    fn probe(&self, i: usize) -> TokenStream {
+        let rt = &self.rt;
+        let (name, ty) = (self.name_of(i), self.ty_of(i));
+        let at = first_span(&ty);
+        let probe = quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().default_print(__idem_fp, &#name));
+        quote!(.and_then(|__idem_fp| {
+            #[allow(unused_imports)]
+            use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
+            #probe
+        }))
+    }
+
+    /// Likewise, with `fingerprint(header = ..)` only: a body there is refused.
+    fn probe_left_out(&self, i: usize) -> TokenStream {
+        let rt = &self.rt;
+        let ty = self.ty_of(i);
+        let at = first_span(&ty);
+        let probe =
+            quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().left_out());
+        quote! {
+            {
+                #[allow(unused_imports)]
+                use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
+                #probe;
+            }
+        }
+    }
+
+    /// The handler's output as an outcome (`from_result` or `ok`, by
+    /// `KindProbe`), at the span of the declared return type.
+    fn outcome(&self) -> TokenStream {
+        let rt = &self.rt;
+        let output_span = match &self.func.sig.output {
+            ReturnType::Default => self.func.sig.ident.span(),
+            ReturnType::Type(_, ty) => syn::spanned::Spanned::span(&**ty),
+        };
+        quote_spanned!(output_span=>
+            (&#rt::KindProbe(&__idem_out)).__idem_kind().outcome(__idem_out)
+        )
+    }
+}
+
+/// The generated handler as it is emitted: as is, or, with the runtime under a
+/// path the attribute cannot check, through a macro found at that path, so a
+/// wrong path is one error (at the macro) and nothing of the handler is checked
+/// against it; a stub under the same name, imported by glob, stands in for it
+/// then (a defined item shadows a glob import, so when the path is right the
+/// stub is never used), and the router stays quiet.
+fn emit(func: ItemFn, config: &Config) -> TokenStream {
+    let Some(path) = &config.krate else {
+        return quote!(#func);
+    };
+    let fn_name = &func.sig.ident;
+    let stub_mod = format_ident!("__idem_stub_{}", fn_name);
+    let vis = &func.vis;
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_snake_case, dead_code)]
+        mod #stub_mod {
+            pub async fn #fn_name() {}
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        #vis use #stub_mod::*;
+        #path::__private::__idem_item! { #func }
     }
 }
 

@@ -7,24 +7,31 @@ use proc_macro2::Span;
 use super::BodyPrint;
 use super::extractors::Class;
 use crate::errors::Errors;
-use crate::parse::RawFingerprint;
+use crate::parse::Fingerprint;
 
-pub(super) fn check_fingerprint(
-    fp: Option<RawFingerprint>,
-    fp_span: Option<(Span, Span)>,
-    refused: bool,
-    body_param: Option<(usize, Class, Option<&syn::PatType>)>,
-    maybe_body: Option<usize>,
-    errors: &mut Errors,
-) -> (Vec<String>, BodyPrint) {
-    let streaming = |errors: &mut Errors, why: &str| {
+/// The body parameter as `parameters` placed it.
+pub(super) struct Body<'a> {
+    /// A recognised body: its index, class and tokens.
+    pub(super) param: Option<(usize, Class, Option<&'a syn::PatType>)>,
+    /// Else a last parameter that may be one (an alias, probed by its type).
+    pub(super) maybe: Option<usize>,
+}
+
+impl Body<'_> {
+    fn index(&self) -> Option<usize> {
+        self.param.map(|(i, _, _)| i).or(self.maybe)
+    }
+
+    /// A stream cannot be fingerprinted before the claim: refused, saying why
+    /// it would have to be.
+    fn refuse_a_stream(&self, errors: &mut Errors, why: &str) {
         if let Some((
             _,
             Class::Body {
                 streaming: true, ..
             },
             Some(arg),
-        )) = body_param
+        )) = self.param
         {
             errors.push_spanned(
                 &arg.ty,
@@ -33,28 +40,45 @@ pub(super) fn check_fingerprint(
                 ),
             );
         }
-    };
+    }
+}
+
+/// The headers fingerprinted (lower case) and what of the body is, checked in
+/// steps: the headers, the field paths, the body options together, and then
+/// what they make of the handler's body.
+pub(super) fn check_fingerprint(
+    fp: Option<Fingerprint>,
+    body: &Body,
+    errors: &mut Errors,
+) -> (Vec<String>, BodyPrint) {
     let Some(fp) = fp else {
-        // Documented default: the whole body when there is one.
-        return (
-            Vec::new(),
-            match (body_param, maybe_body) {
-                (Some((i, _, _)), _) => {
-                    streaming(
-                        errors,
-                        "without `fingerprint(...)`, the whole body is part of the fingerprint",
-                    );
-                    BodyPrint::Whole(i)
-                }
-                (None, Some(i)) => BodyPrint::Probe(i),
-                (None, None) => BodyPrint::None,
-            },
-        );
+        return (Vec::new(), default_print(body, errors));
     };
-    let at_fingerprint = |errors: &mut Errors, msg: String| match fp_span {
-        Some(range) => errors.push_range(range, msg),
-        None => errors.push_at(Span::call_site(), msg),
-    };
+    let headers = check_headers(&fp, errors);
+    let fields = check_fields(&fp, errors);
+    check_body_options(&fp, errors);
+    let print = body_print(&fp, body, fields, &headers, errors);
+    (headers, print)
+}
+
+/// Documented default, without `fingerprint(...)`: the whole body when there
+/// is one.
+fn default_print(body: &Body, errors: &mut Errors) -> BodyPrint {
+    match (body.param, body.maybe) {
+        (Some((i, _, _)), _) => {
+            body.refuse_a_stream(
+                errors,
+                "without `fingerprint(...)`, the whole body is part of the fingerprint",
+            );
+            BodyPrint::Whole(i)
+        }
+        (None, Some(i)) => BodyPrint::Probe(i),
+        (None, None) => BodyPrint::None,
+    }
+}
+
+/// Valid header names, not the key, each once.
+fn check_headers(fp: &Fingerprint, errors: &mut Errors) -> Vec<String> {
     let mut headers: Vec<String> = Vec::new();
     for h in &fp.header {
         let lower = h.as_str().to_ascii_lowercase();
@@ -77,21 +101,13 @@ pub(super) fn check_fingerprint(
             headers.push(lower);
         }
     }
-    // The suggestions below repeat the headers that were accepted.
-    let header_list = headers
-        .iter()
-        .map(|h| format!("header = {h:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let with = |first: &str| {
-        if header_list.is_empty() {
-            format!("fingerprint({first})")
-        } else {
-            format!("fingerprint({first}, {header_list})")
-        }
-    };
-    let param = body_param.map(|(i, _, _)| i).or(maybe_body);
-    let mut fields = Vec::new();
+    headers
+}
+
+/// Field paths of identifiers and tuple indices, each once: their segments
+/// and the span of the first.
+fn check_fields(fp: &Fingerprint, errors: &mut Errors) -> Vec<(Vec<String>, Span)> {
+    let mut fields: Vec<(Vec<String>, Span)> = Vec::new();
     for f in &fp.fields {
         let segments: Vec<String> = f.as_str().split('.').map(str::to_owned).collect();
         if segments
@@ -114,24 +130,43 @@ pub(super) fn check_fingerprint(
             fields.push((segments, f.span()));
         }
     }
-    let wants_body = fp.body.is_present() || !fp.fields.is_empty();
+    fields
+}
+
+/// `body`, `body.<field>` and `ignore_body` exclude one another.
+fn check_body_options(fp: &Fingerprint, errors: &mut Errors) {
     if fp.body.is_present() && !fp.fields.is_empty() {
         errors.push_at(
             fp.body.span(),
             "`body` already fingerprints the whole body: remove either `body` or the `body.<field>` paths",
         );
     }
-    if fp.ignore_body.is_present() && wants_body {
+    if fp.ignore_body.is_present() && wants_body(fp) {
         errors.push_at(
             fp.ignore_body.span(),
             "`ignore_body` contradicts `body`: keep `body` (or `body.<field>`) to fingerprint the body, or `ignore_body` to leave it out",
         );
     }
-    let Some(param) = param else {
-        if wants_body {
-            at_fingerprint(
-                errors,
-                "`fingerprint(body...)` needs a body: add a body extractor such as `Json<T>` or `Form<T>` as the last parameter, or remove `body` from `fingerprint(...)`".to_owned(),
+}
+
+fn wants_body(fp: &Fingerprint) -> bool {
+    fp.body.is_present() || !fp.fields.is_empty()
+}
+
+/// What of the handler's body the options fingerprint; a body must be there
+/// when they ask for it, and left out in writing when they do not.
+fn body_print(
+    fp: &Fingerprint,
+    body: &Body,
+    fields: Vec<(Vec<String>, Span)>,
+    headers: &[String],
+    errors: &mut Errors,
+) -> BodyPrint {
+    let Some(param) = body.index() else {
+        if wants_body(fp) {
+            errors.push_range(
+                fp.span,
+                "`fingerprint(body...)` needs a body: add a body extractor such as `Json<T>` or `Form<T>` as the last parameter, or remove `body` from `fingerprint(...)`",
             );
         } else if fp.ignore_body.is_present() {
             errors.push_at(
@@ -139,47 +174,48 @@ pub(super) fn check_fingerprint(
                 "`ignore_body`, but the handler reads no body: remove `ignore_body`",
             );
         }
-        return (headers, BodyPrint::None);
+        return BodyPrint::None;
     };
     if fp.ignore_body.is_present() {
-        return (headers, BodyPrint::None);
+        return BodyPrint::None;
     }
     if fp.body.is_present() {
-        streaming(errors, "`fingerprint(body)` asks for it");
-        return (headers, BodyPrint::Whole(param));
+        body.refuse_a_stream(errors, "`fingerprint(body)` asks for it");
+        return BodyPrint::Whole(param);
     }
     if !fields.is_empty() {
-        streaming(errors, "`fingerprint(body.<field>)` asks for it");
-        return (headers, BodyPrint::Fields(param, fields));
+        body.refuse_a_stream(errors, "`fingerprint(body.<field>)` asks for it");
+        return BodyPrint::Fields(param, fields);
     }
-    if !fp.fields.is_empty() {
-        // Every field was refused above.
-        return (headers, BodyPrint::None);
-    }
-    if refused {
-        // What the refused item meant is unknown: nothing more to judge.
-        return (headers, BodyPrint::None);
+    // Every field was refused above, or an item was: what it meant is
+    // unknown, nothing more to judge.
+    if !fp.fields.is_empty() || fp.refused {
+        return BodyPrint::None;
     }
     // Headers only, and the handler has a body: leaving it out must be written.
-    if body_param.is_some() {
-        at_fingerprint(
-            errors,
-            format!(
-                "`{}` leaves the request body out of the fingerprint, so a retry with the same key and another body would replay the first answer: write `{}` to make the body part of the request's identity, or `{}` if the body does not identify the request",
-                if header_list.is_empty() {
-                    "fingerprint()".to_owned()
-                } else {
-                    format!("fingerprint({header_list})")
-                },
-                with("body"),
-                if header_list.is_empty() {
-                    "fingerprint(ignore_body)".to_owned()
-                } else {
-                    format!("fingerprint({header_list}, ignore_body)")
-                },
-            ),
-        );
-        return (headers, BodyPrint::None);
+    if body.param.is_some() {
+        errors.push_range(fp.span, left_out(headers));
+        return BodyPrint::None;
     }
-    (headers, BodyPrint::ProbeLeftOut(param))
+    BodyPrint::ProbeLeftOut(param)
+}
+
+/// The body left out without saying so, with the two ways to say what is
+/// meant (repeating the headers that were accepted).
+fn left_out(headers: &[String]) -> String {
+    let written = |first: Option<&str>, last: Option<&str>| {
+        let items: Vec<String> = first
+            .map(str::to_owned)
+            .into_iter()
+            .chain(headers.iter().map(|h| format!("header = {h:?}")))
+            .chain(last.map(str::to_owned))
+            .collect();
+        format!("fingerprint({})", items.join(", "))
+    };
+    format!(
+        "`{}` leaves the request body out of the fingerprint, so a retry with the same key and another body would replay the first answer: write `{}` to make the body part of the request's identity, or `{}` if the body does not identify the request",
+        written(None, None),
+        written(Some("body"), None),
+        written(None, Some("ignore_body")),
+    )
 }

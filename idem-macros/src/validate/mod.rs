@@ -13,7 +13,7 @@ use proc_macro2::Span;
 use syn::ItemFn;
 
 use crate::errors::Errors;
-use crate::parse::RawArgs;
+use crate::parse::{RawArgs, Written};
 
 mod extractors;
 mod fingerprint;
@@ -75,21 +75,23 @@ pub enum Tenant {
 /// Checks everything. `errors` collects what is wrong; the result is `None` when
 /// anything was.
 // The checks run in this order so that the errors are reported in it.
-pub fn validate(args: RawArgs, func: &ItemFn, errors: &mut Errors) -> Option<Config> {
+pub fn validate(
+    mut args: RawArgs,
+    written: &Written,
+    func: &ItemFn,
+    errors: &mut Errors,
+) -> Option<Config> {
     let sig = &func.sig;
     signature::check_written_once(func, errors);
     signature::check_signature(sig, errors);
-    let options = options::check_options(&args, errors);
-    let params = parameters::check_parameters(&args, sig, errors);
+    let options = options::check_options(&args, written, errors);
+    let params = parameters::check_parameters(&args, written, sig, errors);
     let (body_param, maybe_body) = parameters::check_body(sig, &params, errors);
-    let (headers, body) = fingerprint::check_fingerprint(
-        args.fingerprint,
-        args.meta.fingerprint_span,
-        args.meta.fingerprint_refused,
-        body_param.map(|(i, c)| (i, c, parameters::typed(sig, i))),
-        maybe_body,
-        errors,
-    );
+    let body = fingerprint::Body {
+        param: body_param.map(|(i, c)| (i, c, parameters::typed(sig, i))),
+        maybe: maybe_body,
+    };
+    let (headers, body) = fingerprint::check_fingerprint(args.fingerprint.take(), &body, errors);
     let body_result = parameters::check_body_result(sig, body_param, errors);
     if !errors.is_empty() {
         return None;

@@ -8,7 +8,7 @@ use darling::util::SpannedValue;
 use proc_macro2::Span;
 
 use crate::errors::Errors;
-use crate::parse::RawArgs;
+use crate::parse::{RawArgs, Text, Written, example};
 
 /// The longest in-flight wait accepted: a waiting request holds a connection.
 const MAX_IN_FLIGHT_WAIT: Duration = Duration::from_secs(60);
@@ -32,8 +32,7 @@ pub(super) struct Options {
     pub(super) krate: Option<syn::Path>,
 }
 
-pub(super) fn check_options(args: &RawArgs, errors: &mut Errors) -> Options {
-    let written = &args.meta;
+pub(super) fn check_options(args: &RawArgs, written: &Written, errors: &mut Errors) -> Options {
     let checked_names = |n: &str| written.unreadable || written.names.contains(n);
     let operation = check_operation(args.operation.as_ref(), checked_names("operation"), errors);
     let retention = check_retention(args.retention.as_ref(), checked_names("retention"), errors);
@@ -58,7 +57,7 @@ pub(super) fn check_options(args: &RawArgs, errors: &mut Errors) -> Options {
         )
     });
     let lease_ceiling = check_lease_ceiling(args, lease, errors);
-    if let (Some(w), true) = (&args.in_flight_wait, args.lease.is_some()) {
+    if let (Some(w), true) = (args.in_flight_wait.as_ref(), args.lease.is_some()) {
         errors.push_at(
             w.span(),
             "`in_flight_wait` applies to the transactional mode; a leased duplicate is answered at once with `Retry-After` until the lease lapses: remove `in_flight_wait`",
@@ -95,7 +94,7 @@ fn check_accepted(args: &RawArgs, errors: &mut Errors) -> bool {
 }
 
 fn check_retention(
-    retention: Option<&SpannedValue<String>>,
+    retention: Option<&Text>,
     written: bool,
     errors: &mut Errors,
 ) -> Option<Duration> {
@@ -124,7 +123,7 @@ fn check_lease_ceiling(
     lease: Option<Duration>,
     errors: &mut Errors,
 ) -> Option<Duration> {
-    match &args.lease_ceiling {
+    match args.lease_ceiling.as_ref() {
         Some(c) if args.lease.is_none() => {
             errors.push_at(
                 c.span(),
@@ -160,7 +159,7 @@ fn check_lease_ceiling(
     }
 }
 
-fn check_crate(krate: Option<&SpannedValue<String>>, errors: &mut Errors) -> Option<syn::Path> {
+fn check_crate(krate: Option<&Text>, errors: &mut Errors) -> Option<syn::Path> {
     match krate {
         None => None,
         Some(k) => match syn::parse_str::<proc_macro2::TokenStream>(k.as_str())
@@ -200,11 +199,7 @@ fn respan(tokens: proc_macro2::TokenStream, span: Span) -> proc_macro2::TokenStr
         .collect()
 }
 
-fn check_operation(
-    op: Option<&SpannedValue<String>>,
-    written: bool,
-    errors: &mut Errors,
-) -> Option<String> {
+fn check_operation(op: Option<&Text>, written: bool, errors: &mut Errors) -> Option<String> {
     let Some(op) = op else {
         if !written {
             errors.push_at(
@@ -256,12 +251,8 @@ fn check_duration(
     errors: &mut Errors,
 ) -> Option<Duration> {
     let range = range_text(min, max);
-    let example = match what {
-        "in_flight_wait" => "\"500ms\"",
-        "lease" => "\"30s\"",
-        "lease_ceiling" => "\"5m\"",
-        _ => "\"24h\"",
-    };
+    // The example the grammar declares for the option.
+    let example = example(what);
     let mut err = |msg: String| errors.push_at(value.span(), msg);
     match humantime::parse_duration(value.as_str()) {
         Err(e) => {

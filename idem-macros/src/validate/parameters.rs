@@ -7,7 +7,7 @@ use syn::{FnArg, GenericArgument, PathArguments, Signature, Type};
 use super::Tenant;
 use super::extractors::{Class, classify, last_segment};
 use crate::errors::Errors;
-use crate::parse::RawArgs;
+use crate::parse::{RawArgs, Written};
 
 /// Is this parameter marked `#[tenant]`?
 pub fn tenant_attr(arg: &syn::PatType) -> Option<&syn::Attribute> {
@@ -25,7 +25,12 @@ pub(super) struct Parameters {
 }
 
 /// Places the tenant and the handle, and reports either missing.
-pub(super) fn check_parameters(args: &RawArgs, sig: &Signature, errors: &mut Errors) -> Parameters {
+pub(super) fn check_parameters(
+    args: &RawArgs,
+    written: &Written,
+    sig: &Signature,
+    errors: &mut Errors,
+) -> Parameters {
     let name = &sig.ident;
     let leased = args.lease.is_some();
     let (handle, others) = if leased {
@@ -43,7 +48,7 @@ pub(super) fn check_parameters(args: &RawArgs, sig: &Signature, errors: &mut Err
     let mut tx = None;
     // A refused `#[tenant]` or handle is not also reported missing.
     let mut tenant_refused =
-        args.meta.names.contains("single_tenant") && !args.single_tenant.is_present();
+        written.names.contains("single_tenant") && !args.single_tenant.is_present();
     let mut tx_refused = false;
     let mut classes: Vec<(usize, Class)> = Vec::new();
     for (i, arg) in sig.inputs.iter().enumerate() {

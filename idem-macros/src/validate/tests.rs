@@ -8,8 +8,8 @@ use syn::parse_quote;
 
 fn check(args: proc_macro2::TokenStream, func: ItemFn) -> Result<Config, String> {
     let mut errors = Errors::default();
-    let raw = parse_args(args, &mut errors);
-    let cfg = validate(raw, &func, &mut errors);
+    let (raw, written) = parse_args(args, &mut errors);
+    let cfg = validate(raw, &written, &func, &mut errors);
     if !errors.is_empty() {
         return Err(errors.messages().join("\n"));
     }
