@@ -34,6 +34,14 @@ impl LongOps {
     }
 }
 
+/// The mean latency in ms: printed beside the p50, which jumps between the
+/// modes of a bimodal latency (a request that waits for a core or not, on a
+/// machine whose cores the server, the database and the load share).
+fn mean_ms(m: &Measured) -> f64 {
+    let l = &m.tally.latencies_us;
+    l.iter().map(|&us| u64::from(us)).sum::<u64>() as f64 / l.len().max(1) as f64 / 1000.0
+}
+
 /// The server's renewal counters: batches sent, lease renewals they carried.
 async fn renewals(client: &reqwest::Client, base: &str) -> Result<(u64, u64), String> {
     client
@@ -188,7 +196,7 @@ pub fn long_ops_lines(runs: &[LongOps]) -> String {
     for k in runs {
         let _ = writeln!(
             out,
-            "  {:<12} {} running (started in {:.1} s): ({}) {:.0} -> {:.0} req/s, p50 {:.2} -> {:.2} ms = {:.2}x \
+            "  {:<12} {} running (started in {:.1} s): ({}) {:.0} -> {:.0} req/s, mean {:.2} -> {:.2} ms, p50 {:.2} -> {:.2} ms = {:.2}x \
              (target <= 1.30x: {}); renewal statements {:.1}/s carrying {:.0} lease renewals/s (target <= 5/s: {})",
             k.db.tag(),
             k.running,
@@ -196,6 +204,8 @@ pub fn long_ops_lines(runs: &[LongOps]) -> String {
             k.alone.sc.id,
             k.alone.throughput(),
             k.beside.throughput(),
+            mean_ms(&k.alone),
+            mean_ms(&k.beside),
             k.alone.percentile(0.5),
             k.beside.percentile(0.5),
             k.p50_ratio(),
