@@ -77,6 +77,12 @@ pub struct KeySnapshot {
     pub stored: Option<StoredResponse>,
     /// Leased mode: how long the lease has left on the database's clock, in
     /// milliseconds (zero or less: lapsed); `None` for a row without a lease.
+    /// (The leased decision is SQLite's and MySQL's; PostgreSQL's and Redis's
+    /// claims decide in the database.)
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "mysql", feature = "test-util")),
+        allow(dead_code)
+    )]
     pub lease_ms_left: Option<i64>,
 }
 
@@ -108,6 +114,10 @@ impl KeySnapshot {
 
     /// The snapshot with the lease's time left (`lease_expires_at - now`, in
     /// milliseconds), for the leased claim.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "mysql", feature = "test-util")),
+        allow(dead_code)
+    )]
     pub fn with_lease(mut self, lease_ms_left: Option<i64>) -> Self {
         self.lease_ms_left = lease_ms_left;
         self
@@ -169,6 +179,10 @@ pub fn answers_instead(claim: Claim) -> Option<Claim> {
 
 /// What a leased claim does, decided under the key's row lock (or, on Redis, in
 /// one script).
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "mysql", feature = "test-util")),
+    allow(dead_code)
+)]
 #[derive(Debug)]
 pub enum LeasedStep {
     /// No row: write one at generation 1.
@@ -176,13 +190,16 @@ pub enum LeasedStep {
     /// A finished outcome past its retention: a new execution, at `generation`
     /// (one more than the row's), whatever the fingerprint.
     Reclaim {
-        /// The generation the new execution holds.
+        /// The generation the new execution holds (MySQL's claim writes it;
+        /// SQLite's computes it in its statement; the oracle test reads it).
+        #[cfg_attr(not(any(feature = "mysql", feature = "test-util")), allow(dead_code))]
         generation: i64,
     },
     /// A `processing` row whose lease lapsed (its worker died or stalled): the
     /// execution is taken over at `generation`, which fences the old owner out.
     TakeOver {
-        /// The generation the new owner holds.
+        /// The generation the new owner holds (as `Reclaim`'s).
+        #[cfg_attr(not(any(feature = "mysql", feature = "test-util")), allow(dead_code))]
         generation: i64,
     },
     /// Answer without acquiring anything: a replay, a mismatch, in flight or
@@ -194,12 +211,20 @@ pub enum LeasedStep {
 /// caller to wait: only a leased claim commits such a row with a lease, so one
 /// without was written by hand (or is a claim-first transactional execution);
 /// it is left alone.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "mysql", feature = "test-util")),
+    allow(dead_code)
+)]
 const NO_LEASE_RETRY: Duration = Duration::from_secs(1);
 
 /// The leased claim's decision: no row is inserted; a finished outcome past its
 /// retention is reclaimed; otherwise another request is `422`; a finished
 /// outcome is replayed; an uncertain one is answered as such; a live lease (or
 /// none) is in flight for the time it has left; a lapsed lease is taken over.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "mysql", feature = "test-util")),
+    allow(dead_code)
+)]
 pub fn leased(row: Option<KeySnapshot>) -> LeasedStep {
     let Some(row) = row else {
         return LeasedStep::Insert;

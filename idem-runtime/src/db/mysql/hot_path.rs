@@ -449,8 +449,8 @@ async fn answer_instead(
 
 /// Forgets what the insert learned of the server, and whether to try `SET
 /// STATEMENT` at all: `Some(false)` sends MySQL 8's form on MariaDB too, so a
-/// test can hold that form to the same promises.
-#[doc(hidden)]
+/// test can hold that form to the same promises (feature `test-util`).
+#[cfg(feature = "test-util")]
 pub fn assume_set_statement(taken: Option<bool>) {
     let v = match taken {
         None => UNKNOWN,

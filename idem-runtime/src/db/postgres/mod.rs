@@ -44,9 +44,6 @@ use transactional::stored_from_row;
 /// server or role whose default isolation is stricter still gets what claims need.
 pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-/// The statement that reads `state, version` of a resource and holds the row
-/// against other transitions: a concurrent transition waits for the lock, then
-/// sees the committed state.
 /// The in-flight wait as the claim functions take it (they set it as
 /// `lock_timeout`, whose ceiling is `i32::MAX` milliseconds, about 24.8 days): a
 /// longer wait, from a hand-written [`ClaimRequest`] or an attribute's
@@ -55,6 +52,9 @@ pub(crate) fn lock_wait_ms(wait: Duration) -> i64 {
     crate::model::millis(wait).min(i64::from(i32::MAX))
 }
 
+/// The statement that reads `state, version` of a resource and holds the row
+/// against other transitions: a concurrent transition waits for the lock, then
+/// sees the committed state.
 fn transition_read_sql(resource: &Resource) -> String {
     format!(
         "SELECT {state}, {version} FROM {table} WHERE {id} = $1{scope} FOR UPDATE",
