@@ -61,7 +61,7 @@ pub enum LeasedOutcome {
         /// How long the caller is asked to wait.
         retry_after: Duration,
     },
-    /// The database stayed locked by other writers (see [`Claim::Busy`]).
+    /// The database stayed locked by other writers (see [`crate::Claim::Busy`]).
     Busy {
         /// How long the caller is asked to wait.
         retry_after: Duration,
