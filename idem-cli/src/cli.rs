@@ -13,7 +13,8 @@ type Defaults = Sweeper<sqlx::Sqlite>;
 #[cfg(all(feature = "mysql", not(feature = "postgres"), not(feature = "sqlite")))]
 type Defaults = Sweeper<sqlx::MySql>;
 
-/// idem's admin CLI: inspect, purge and sweep the idempotency table.
+/// idem's admin CLI: inspect, purge and sweep the idempotency table, and check
+/// any HTTP endpoint against the idempotency promise.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
 pub(crate) struct Cli {
@@ -84,6 +85,9 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = Defaults::DEFAULT_STALE_AFTER.as_secs())]
         stale_after_secs: u64,
     },
+    /// Check an HTTP endpoint (idem's or not) against the idempotency promise: retries
+    /// replay, conflicts are refused, concurrent duplicates execute once (no database needed)
+    Check(Box<crate::check::CheckArgs>),
 }
 
 #[cfg(test)]

@@ -1,8 +1,14 @@
 //! `idem`: the admin CLI for idem's idempotency table, on PostgreSQL, SQLite or
-//! MySQL.
+//! MySQL; and `idem check`, a conformance checker for any HTTP endpoint that
+//! takes an `Idempotency-Key` (no database: [`check`]).
 //!
 //! ```text
 //! idem [--database-url URL] [--json] <command>
+//!
+//!   check --url URL [--body FILE|-]       run the scenarios of the idempotency
+//!         [-H 'Name: value']... ...       promise against the endpoint; report
+//!                                         pass / fail / not applicable for each
+//!                                         (--format table|json|junit, --dry-run)
 //!
 //!   migrate                               create or update idem's table (and, on
 //!                                         PostgreSQL, its functions)
@@ -52,6 +58,7 @@
 //! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock) |
 //! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
 //! | 6 | not migrated: the table `idempotency_requests` does not exist; run `idem migrate` |
+//! | 7 | `check`: a scenario failed (the report says which, with its requests and answers) |
 //!
 //! # Safety of `purge`
 //!
@@ -76,6 +83,7 @@
 //! `purge` locks the key's row as on PostgreSQL, waiting for it at most
 //! [`PURGE_LOCK_WAIT`] (InnoDB's `innodb_lock_wait_timeout`, whole seconds).
 
+mod check;
 mod cli;
 mod commands;
 mod connect;
@@ -88,9 +96,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use cli::Cli;
-#[cfg(feature = "sqlite")]
-use cli::Command;
+use cli::{Cli, Command};
 use commands::execute;
 use failure::Failure;
 
@@ -110,10 +116,10 @@ fn main() -> ExitCode {
         Err(e) => return fail(&Failure::Other(format!("cannot start the runtime: {e}"))),
     };
     match runtime.block_on(run(cli)) {
-        Ok(out) => match write_stdout(&out) {
-            Ok(()) => ExitCode::SUCCESS,
+        Ok((out, code)) => match write_stdout(&out) {
+            Ok(()) => ExitCode::from(code),
             // A closed pipe (`idem stats | head -1`) is the reader's choice, not an error.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(code),
             Err(e) => fail(&Failure::Other(format!("cannot write the output: {e}"))),
         },
         Err(f) => fail(&f),
@@ -133,8 +139,17 @@ fn fail(f: &Failure) -> ExitCode {
     ExitCode::from(f.code())
 }
 
+/// Runs the command: `check` on its own (it needs no database); the others on
+/// the backend the URL names, picked once. The output and the exit code.
+async fn run(cli: Cli) -> Result<(String, u8), Failure> {
+    if let Command::Check(args) = cli.command {
+        return check::check(*args, cli.json).await;
+    }
+    database(cli).await.map(|out| (out, 0))
+}
+
 /// Picks the backend from the URL, once, and runs the command on it.
-async fn run(cli: Cli) -> Result<String, Failure> {
+async fn database(cli: Cli) -> Result<String, Failure> {
     let url = database_url(cli.database_url.clone())?;
     let url = url.as_str();
     let json = cli.json;

@@ -50,6 +50,10 @@ pub(crate) async fn execute<DB: Backend>(
             max_batches,
             stale_after_secs,
         } => sweep::sweep(pool, json, batch_size, max_batches, stale_after_secs).await,
+        // `run` answers it without a database.
+        Command::Check(_) => Err(Failure::Other(
+            "idem check needs no database; it was routed to one".to_owned(),
+        )),
     }
 }
 

@@ -1,0 +1,670 @@
+//! `idem check`, the binary, against real services over real connections: the
+//! `orders` example on PostgreSQL, SQLite and MySQL (every scenario passes, a
+//! restart included), a deliberately broken service (it checks for the key,
+//! then inserts, with no claim between: the concurrent scenario fails, and the
+//! report says so), and the documented refusals of bad arguments.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::Value;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    /// A usage error: exit 2, one line on stderr naming `needle`, nothing on stdout.
+    fn assert_usage_error(&self, needle: &str) {
+        assert_eq!(self.code, 2, "{self:?}");
+        assert_eq!(self.stderr.lines().count(), 1, "{self:?}");
+        assert!(self.stderr.starts_with("idem: error: "), "{self:?}");
+        assert!(self.stderr.contains(needle), "{needle:?} in {self:?}");
+        assert!(self.stdout.is_empty(), "{self:?}");
+    }
+
+    /// The scenario `id` of a JSON report.
+    fn scenario(&self, id: &str) -> Value {
+        self.json()["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap_or_else(|| panic!("no scenario {id}: {self:?}"))
+            .clone()
+    }
+}
+
+/// Runs `idem check args...`.
+async fn check(args: &[&str]) -> Out {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("check")
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("the idem binary runs");
+    Out {
+        code: out.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// A directory of the test's own, removed at the end.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "idem_check_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+
+    /// Writes `contents` to `name` in the directory; its path.
+    fn file(&self, name: &str, contents: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path.display().to_string()
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A port nobody listens on: bound, then released (the checker is refused).
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn bad_arguments_are_usage_errors_that_say_which_and_echo_no_credential() {
+    let dir = Dir::new();
+    let body = dir.file("order.json", r#"{"sku":"A-1","quantity":2}"#);
+    let url = format!("http://127.0.0.1:{}/orders", closed_port());
+    let missing = dir.path().join("missing.json").display().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--url", "127.0.0.1:3000/orders"], "--url: not a URL"),
+        (vec!["--url", "ftp://example.com/orders"], "not http: or https:"),
+        (vec!["--url", &url, "--body", &missing], "--body"),
+        (vec!["--url", &url, "--other-body", &missing], "--other-body"),
+        (vec!["--url", &url, "-H", "Authorization Bearer s3cret"], "no colon"),
+        (vec!["--url", &url, "-H", "Bad Name: s3cret"], "not a header name"),
+        (vec!["--url", &url, "-H", "Idempotency-Key: k"], "makes its own keys"),
+        (vec!["--url", &url, "--tenant-header", "x"], "--tenant-header"),
+        (vec!["--url", &url, "--effects", "nowhere"], "--effects: not a URL"),
+        (vec!["--url", &url, "--method", "PO ST"], "--method"),
+    ];
+    for (args, needle) in cases {
+        let out = check(&args).await;
+        out.assert_usage_error(needle);
+        assert!(!out.stderr.contains("s3cret"), "{out:?}");
+    }
+
+    // An --effects URL that does not count is refused after the plan is
+    // printed and before the first request: nobody answers this one.
+    let out = check(&["--url", &url, "--body", &body, "--effects", &url]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let last = out.stderr.lines().last().unwrap();
+    assert!(
+        last.starts_with("idem: error: --effects http://127.0.0.1:") && last.contains("cannot connect"),
+        "{out:?}"
+    );
+
+    // clap's own refusals: exit 2 as well.
+    for args in [
+        &["--url", &url, "--timeout", "soon"][..],
+        &["--url", &url, "--concurrency", "1"],
+        &["--url", &url, "--format", "xml"],
+        &[][..],
+    ] {
+        let out = check(args).await;
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_dry_run_prints_the_plan_and_sends_nothing() {
+    let dir = Dir::new();
+    let body = dir.file("order.json", r#"{"sku":"A-1","quantity":2}"#);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}/orders", listener.local_addr().unwrap());
+    let out = check(&[
+        "--url",
+        &url,
+        "--body",
+        &body,
+        "-H",
+        "Authorization: Bearer s3cret",
+        "--effects",
+        &url,
+        "--dry-run",
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    // 1 first + 1 retry + 1 equivalent + 3 other body + 1 missing key + 1 empty
+    // key + 4 x 2 malformed keys + 16 + 1 concurrent + 1 late retry.
+    assert!(
+        out.stdout.contains("sends 34 requests to that URL and 6 GETs to"),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout
+            .contains("creates 7 effects when the service keeps the promise"),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout
+            .contains("first-request 1, other-body 1, malformed-key-too-long 1"),
+        "{out:?}"
+    );
+    for (id, why) in [
+        ("other-tenant", "not applicable: no --tenant-header"),
+        ("restart", "not applicable: no --restart-cmd"),
+    ] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(id))
+            .unwrap_or_else(|| panic!("no {id} in {out:?}"));
+        assert!(line.ends_with(why), "{line}");
+    }
+    assert!(!out.stdout.contains("s3cret"), "{out:?}");
+    // Whatever the checker had connected is queued on the listener by now: the
+    // process has exited.
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the dry run connected"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_service_fails_the_first_request_and_runs_nothing_else() {
+    let url = format!("http://127.0.0.1:{}/orders", closed_port());
+    let out = check(&["--url", &url, "--format", "json", "--after", "0s"]).await;
+    assert_eq!(out.code, 7, "{out:?}");
+    let first = out.scenario("first-request");
+    assert_eq!(first["verdict"], "fail", "{out:?}");
+    assert!(
+        first["saw"].as_str().unwrap().contains("cannot connect"),
+        "{out:?}"
+    );
+    assert_eq!(out.scenario("concurrent")["verdict"], "not-applicable");
+    assert_eq!(out.json()["failed"], 1, "{out:?}");
+    // The plan went to stderr before the first request.
+    assert!(out.stderr.contains("sends 29 requests"), "{out:?}");
+}
+
+// The services below need the databases (tests/common/db.rs builds with both
+// drivers), as the README's test command builds the CLI.
+#[cfg(all(feature = "postgres", feature = "sqlite"))]
+#[path = "../../tests/common/db.rs"]
+mod common;
+#[cfg(all(feature = "postgres", feature = "sqlite"))]
+#[path = "../../tests/common/orders.rs"]
+mod orders;
+
+#[cfg(all(feature = "postgres", feature = "sqlite"))]
+mod services {
+    use super::*;
+    use crate::common;
+    use crate::orders::Server;
+
+    /// `orders` on a fixed port, started again whenever it exits: the
+    /// restart command kills it and waits until it is gone, and the checker
+    /// then finds the next one on the same port.
+    struct Supervised {
+        base: String,
+        /// The first process's id (the restart command kills it).
+        pid: u32,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Supervised {
+        fn drop(&mut self) {
+            // The task owns the server, which is killed when dropped.
+            self.task.abort();
+        }
+    }
+
+    impl Supervised {
+        async fn start(database_url: &str) -> Supervised {
+            let addr = format!("127.0.0.1:{}", closed_port());
+            let spawn = {
+                let (database_url, addr) = (database_url.to_owned(), addr.clone());
+                move || {
+                    let mut cmd = tokio::process::Command::new(common::example_binary("orders"));
+                    cmd.env("DATABASE_URL", &database_url);
+                    let addr = addr.clone();
+                    async move { Server::spawn(cmd, &[("IDEM_ADDR", &addr)]).await }
+                }
+            };
+            let first = spawn().await;
+            let pid = first.child.id().expect("running");
+            let base = first.base.clone();
+            let task = tokio::spawn(async move {
+                let mut server = first;
+                loop {
+                    let _ = server.child.wait().await;
+                    server = spawn().await;
+                }
+            });
+            Supervised { base, pid, task }
+        }
+
+        /// The restart command: a crash (SIGKILL), returning once the process
+        /// is gone, so that no retry reaches it.
+        fn restart_cmd(&self) -> String {
+            format!(
+                "kill -KILL {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.05; done",
+                pid = self.pid
+            )
+        }
+    }
+
+    const ORDER: &str = r#"{"sku":"CHECK-1","quantity":2,"amount_cents":1250}"#;
+
+    /// Every option that makes a scenario applicable, against `orders`.
+    async fn check_orders(service: &Supervised, dir: &Dir, format: &str) -> Out {
+        let body = dir.file("order.json", ORDER);
+        let url = format!("{}/orders", service.base);
+        let restart = service.restart_cmd();
+        check(&[
+            "--url",
+            &url,
+            "--body",
+            &body,
+            "-H",
+            "Authorization: Bearer checker-first",
+            "-H",
+            "X-Currency: EUR",
+            "--tenant-header",
+            "Authorization: Bearer checker-second",
+            "--effects",
+            &url,
+            "--canonical-json",
+            "--after",
+            "1s",
+            "--restart-cmd",
+            &restart,
+            "--format",
+            format,
+        ])
+        .await
+    }
+
+    /// Every scenario passes, each says what it saw, and no credential is in
+    /// the report.
+    fn assert_all_pass(out: &Out) {
+        assert_eq!(out.code, 0, "{out:?}");
+        let report = out.json();
+        let scenarios = report["scenarios"].as_array().unwrap();
+        assert_eq!(scenarios.len(), 15, "{out:?}");
+        for s in scenarios {
+            assert_eq!(s["verdict"], "pass", "{}: {}", s["id"], s["saw"]);
+        }
+        assert_eq!(report["passed"], 15);
+        assert!(
+            out.scenario("concurrent")["saw"]
+                .as_str()
+                .unwrap()
+                .ends_with("; 1 effect"),
+            "{out:?}"
+        );
+        assert!(
+            out.scenario("restart")["saw"]
+                .as_str()
+                .unwrap()
+                .contains("no new effect"),
+            "{out:?}"
+        );
+        assert!(!out.stdout.contains("checker-first"), "{out:?}");
+        assert!(!out.stdout.contains("checker-second"), "{out:?}");
+        assert!(out.stdout.contains("\"authorization\""), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn orders_on_postgres_keeps_every_promise() {
+        let db = common::TestDb::new().await;
+        let service = Supervised::start(&db.url).await;
+        let dir = Dir::new();
+        assert_all_pass(&check_orders(&service, &dir, "json").await);
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn orders_on_mysql_keeps_every_promise() {
+        let db = common::MySqlDb::new().await;
+        let service = Supervised::start(&db.url).await;
+        let dir = Dir::new();
+        assert_all_pass(&check_orders(&service, &dir, "json").await);
+    }
+
+    /// On SQLite, also the other two reports of a passing run.
+    #[tokio::test]
+    async fn orders_on_sqlite_keeps_every_promise_in_every_format() {
+        let db = common::SqliteDb::new().await;
+        let service = Supervised::start(&format!("sqlite://{}", db.path.display())).await;
+        let dir = Dir::new();
+        assert_all_pass(&check_orders(&service, &dir, "json").await);
+
+        let table = check_orders(&service, &dir, "table").await;
+        assert_eq!(table.code, 0, "{table:?}");
+        assert!(
+            table
+                .stdout
+                .contains("15 passed, 0 failed, 0 not applicable"),
+            "{table:?}"
+        );
+        let row = table
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("concurrent "))
+            .unwrap();
+        assert_eq!(row.split_whitespace().nth(1), Some("pass"), "{table:?}");
+        assert!(row.contains("16 at once: 16× 2xx with one body"), "{table:?}");
+        assert!(!table.stdout.contains('\x1b'), "no colour off a terminal");
+
+        let junit = check_orders(&service, &dir, "junit").await;
+        assert_eq!(junit.code, 0, "{junit:?}");
+        assert!(
+            junit
+                .stdout
+                .contains("<testsuites name=\"idem check\" tests=\"15\" failures=\"0\" skipped=\"0\""),
+            "{junit:?}"
+        );
+        assert_eq!(junit.stdout.matches("<testcase ").count(), 15);
+        assert!(!junit.stdout.contains("<failure"), "{junit:?}");
+    }
+
+    /// A service that looks the key up, then executes and stores the answer,
+    /// with no claim in between: sequential retries replay, but concurrent
+    /// duplicates all find nothing and all execute.
+    mod broken {
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex};
+
+        use axum::Router;
+        use axum::body::Bytes;
+        use axum::extract::State;
+        use axum::http::{HeaderMap, StatusCode, header};
+        use axum::response::{IntoResponse, Response};
+        use axum::routing::{get, post};
+        use sqlx::PgPool;
+        use tokio::sync::watch;
+
+        #[derive(Clone)]
+        struct App {
+            pool: PgPool,
+            /// Per key, how many requests found it unused. A request that
+            /// found it unused waits here until a second one has too, so
+            /// that the race the service leaves open is taken every time:
+            /// both then execute. Only the checker's concurrent scenario
+            /// (its keys end in `-concurrent`) sends duplicates at once, so
+            /// only its keys wait; a lone request must not.
+            seen_unused: Arc<Mutex<HashMap<String, watch::Sender<usize>>>>,
+        }
+
+        fn problem(status: StatusCode, kind: &str) -> Response {
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/problem+json")],
+                serde_json::json!({"type": format!("urn:broken:{kind}"), "title": kind, "status": status.as_u16()})
+                    .to_string(),
+            )
+                .into_response()
+        }
+
+        async fn create(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+            let Some(tenant) = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_owned)
+            else {
+                return problem(StatusCode::UNAUTHORIZED, "unauthorized");
+            };
+            let key = match idem_runtime::IdempotencyKey::from_headers(&headers) {
+                Ok(k) => k.as_str().to_owned(),
+                Err(e) if e.is_missing() => {
+                    return problem(StatusCode::BAD_REQUEST, "missing-key");
+                }
+                Err(_) => return problem(StatusCode::BAD_REQUEST, "malformed-key"),
+            };
+            let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body) else {
+                return problem(StatusCode::BAD_REQUEST, "not-json");
+            };
+            let fingerprint = value.to_string();
+            // The check.
+            let stored: Option<(String, String)> = sqlx::query_as(
+                "SELECT fingerprint, body FROM answers WHERE tenant = $1 AND key = $2",
+            )
+            .bind(&tenant)
+            .bind(&key)
+            .fetch_optional(&app.pool)
+            .await
+            .unwrap();
+            if let Some((stored_fingerprint, stored_body)) = stored {
+                if stored_fingerprint != fingerprint {
+                    return problem(StatusCode::UNPROCESSABLE_ENTITY, "fingerprint-mismatch");
+                }
+                return (
+                    StatusCode::CREATED,
+                    [
+                        (header::CONTENT_TYPE, "application/json"),
+                        (header::HeaderName::from_static("idempotent-replayed"), "true"),
+                    ],
+                    stored_body,
+                )
+                    .into_response();
+            }
+            if key.ends_with("-concurrent") {
+                let mut unused = {
+                    let mut seen = app.seen_unused.lock().unwrap();
+                    let counter = seen
+                        .entry(format!("{tenant}\n{key}"))
+                        .or_insert_with(|| watch::channel(0).0);
+                    counter.send_modify(|n| *n += 1);
+                    counter.subscribe()
+                };
+                unused.wait_for(|n| *n >= 2).await.unwrap();
+            }
+            // The insert, unguarded.
+            let id: i64 =
+                sqlx::query_scalar("INSERT INTO effects (tenant) VALUES ($1) RETURNING id")
+                    .bind(&tenant)
+                    .fetch_one(&app.pool)
+                    .await
+                    .unwrap();
+            let answer = serde_json::json!({"id": id}).to_string();
+            sqlx::query(
+                "INSERT INTO answers (tenant, key, fingerprint, body) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&tenant)
+            .bind(&key)
+            .bind(&fingerprint)
+            .bind(&answer)
+            .execute(&app.pool)
+            .await
+            .unwrap();
+            (
+                StatusCode::CREATED,
+                [(header::CONTENT_TYPE, "application/json")],
+                answer,
+            )
+                .into_response()
+        }
+
+        async fn effects(State(app): State<App>, headers: HeaderMap) -> Response {
+            let tenant = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or_default()
+                .to_owned();
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM effects WHERE tenant = $1")
+                .bind(tenant)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+            n.to_string().into_response()
+        }
+
+        /// Serves it on a port of its own over `pool`; its base URL.
+        pub(super) async fn serve(pool: PgPool) -> String {
+            sqlx::raw_sql(
+                "CREATE TABLE effects (id bigserial PRIMARY KEY, tenant text NOT NULL);
+                 CREATE TABLE answers (tenant text, key text, fingerprint text NOT NULL,
+                     body text NOT NULL, PRIMARY KEY (tenant, key));",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            let app = App {
+                pool,
+                seen_unused: Arc::default(),
+            };
+            let router = Router::new()
+                .route("/things", post(create))
+                .route("/effects", get(effects))
+                .with_state(app);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let base = format!("http://{}", listener.local_addr().unwrap());
+            tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+            base
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_then_insert_service_fails_the_concurrent_scenario_and_only_it() {
+        let db = common::TestDb::new().await;
+        let base = broken::serve(db.pool.clone()).await;
+        let dir = Dir::new();
+        let body = dir.file("thing.json", r#"{"name":"a","size":2}"#);
+        let url = format!("{base}/things");
+        let effects = format!("{base}/effects");
+        let args = |format: &'static str, with_effects: bool| {
+            let mut args = vec![
+                "--url".to_owned(),
+                url.clone(),
+                "--body".into(),
+                body.clone(),
+                "-H".into(),
+                "Authorization: Bearer first".into(),
+                "--tenant-header".into(),
+                "Authorization: Bearer second".into(),
+                "--after".into(),
+                "0s".into(),
+                "--format".into(),
+                format.into(),
+            ];
+            if with_effects {
+                args.extend(["--effects".into(), effects.clone()]);
+            }
+            args
+        };
+        let run = |args: Vec<String>| async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            check(&args).await
+        };
+
+        // Counted by --effects: more than one.
+        let out = run(args("json", true)).await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let concurrent = out.scenario("concurrent");
+        assert_eq!(concurrent["verdict"], "fail", "{out:?}");
+        let saw = concurrent["saw"].as_str().unwrap();
+        assert!(saw.contains("executed more than once"), "{saw}");
+        assert!(saw.contains("effects, expected 1"), "{saw}");
+        // The failure carries its requests (keys shown) and answers.
+        let exchanges = concurrent["exchanges"].as_array().unwrap();
+        assert_eq!(exchanges.len(), 17, "16 at once and the retry after them");
+        assert!(
+            exchanges[0]["request"]["key"]
+                .as_str()
+                .unwrap()
+                .ends_with("-concurrent")
+        );
+        assert_eq!(exchanges[0]["answer"]["status"], 201);
+        // Everything else the service does right.
+        for s in out.json()["scenarios"].as_array().unwrap() {
+            let expected = match s["id"].as_str().unwrap() {
+                "concurrent" => "fail",
+                "restart" | "late-retry" => "not-applicable",
+                _ => "pass",
+            };
+            assert_eq!(s["verdict"], expected, "{}: {}", s["id"], s["saw"]);
+        }
+        assert_eq!(out.json()["failed"], 1);
+
+        // Without --effects, by the answers: different bodies.
+        let out = run(args("table", false)).await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let row = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("concurrent "))
+            .unwrap();
+        assert_eq!(row.split_whitespace().nth(1), Some("FAIL"), "{out:?}");
+        assert!(row.contains("16 at once: 16× 2xx with "), "{out:?}");
+        assert!(row.contains("different bodies"), "{out:?}");
+        assert!(
+            out.stdout
+                .contains("FAIL concurrent: concurrent duplicates execute once"),
+            "{out:?}"
+        );
+        assert!(out.stdout.contains("Idempotency-Key: \"idem-check-"), "{out:?}");
+        assert!(out.stdout.contains("authorization: <redacted>"), "{out:?}");
+        assert!(!out.stdout.contains("Bearer first"), "{out:?}");
+
+        // JUnit: the one failure, with its message.
+        let out = run(args("junit", false)).await;
+        assert_eq!(out.code, 7, "{out:?}");
+        assert!(out.stdout.contains("failures=\"1\""), "{out:?}");
+        assert_eq!(out.stdout.matches("<failure ").count(), 1, "{out:?}");
+        assert!(
+            out.stdout
+                .contains("<testcase classname=\"idem.check\" name=\"concurrent: "),
+            "{out:?}"
+        );
+    }
+}
