@@ -119,14 +119,35 @@ async fn bad_arguments_are_usage_errors_that_say_which_and_echo_no_credential() 
     let missing = dir.path().join("missing.json").display().to_string();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--url", "127.0.0.1:3000/orders"], "--url: not a URL"),
-        (vec!["--url", "ftp://example.com/orders"], "not http: or https:"),
+        (
+            vec!["--url", "ftp://example.com/orders"],
+            "not http: or https:",
+        ),
         (vec!["--url", &url, "--body", &missing], "--body"),
-        (vec!["--url", &url, "--other-body", &missing], "--other-body"),
-        (vec!["--url", &url, "-H", "Authorization Bearer s3cret"], "no colon"),
-        (vec!["--url", &url, "-H", "Bad Name: s3cret"], "not a header name"),
-        (vec!["--url", &url, "-H", "Idempotency-Key: k"], "makes its own keys"),
-        (vec!["--url", &url, "--tenant-header", "x"], "--tenant-header"),
-        (vec!["--url", &url, "--effects", "nowhere"], "--effects: not a URL"),
+        (
+            vec!["--url", &url, "--other-body", &missing],
+            "--other-body",
+        ),
+        (
+            vec!["--url", &url, "-H", "Authorization Bearer s3cret"],
+            "no colon",
+        ),
+        (
+            vec!["--url", &url, "-H", "Bad Name: s3cret"],
+            "not a header name",
+        ),
+        (
+            vec!["--url", &url, "-H", "Idempotency-Key: k"],
+            "makes its own keys",
+        ),
+        (
+            vec!["--url", &url, "--tenant-header", "x"],
+            "--tenant-header",
+        ),
+        (
+            vec!["--url", &url, "--effects", "nowhere"],
+            "--effects: not a URL",
+        ),
         (vec!["--url", &url, "--method", "PO ST"], "--method"),
     ];
     for (args, needle) in cases {
@@ -142,7 +163,8 @@ async fn bad_arguments_are_usage_errors_that_say_which_and_echo_no_credential() 
     assert!(out.stdout.is_empty(), "{out:?}");
     let last = out.stderr.lines().last().unwrap();
     assert!(
-        last.starts_with("idem: error: --effects http://127.0.0.1:") && last.contains("cannot connect"),
+        last.starts_with("idem: error: --effects http://127.0.0.1:")
+            && last.contains("cannot connect"),
         "{out:?}"
     );
 
@@ -182,7 +204,8 @@ async fn a_dry_run_prints_the_plan_and_sends_nothing() {
     // 1 first + 1 retry + 1 equivalent + 3 other body + 1 missing key + 1 empty
     // key + 4 x 2 malformed keys + 16 + 1 concurrent + 1 late retry.
     assert!(
-        out.stdout.contains("sends 34 requests to that URL and 6 GETs to"),
+        out.stdout
+            .contains("sends 34 requests to that URL and 6 GETs to"),
         "{out:?}"
     );
     assert!(
@@ -400,15 +423,18 @@ mod services {
             .find(|l| l.starts_with("concurrent "))
             .unwrap();
         assert_eq!(row.split_whitespace().nth(1), Some("pass"), "{table:?}");
-        assert!(row.contains("16 at once: 16× 2xx with one body"), "{table:?}");
+        assert!(
+            row.contains("16 at once: 16× 2xx with one body"),
+            "{table:?}"
+        );
         assert!(!table.stdout.contains('\x1b'), "no colour off a terminal");
 
         let junit = check_orders(&service, &dir, "junit").await;
         assert_eq!(junit.code, 0, "{junit:?}");
         assert!(
-            junit
-                .stdout
-                .contains("<testsuites name=\"idem check\" tests=\"15\" failures=\"0\" skipped=\"0\""),
+            junit.stdout.contains(
+                "<testsuites name=\"idem check\" tests=\"15\" failures=\"0\" skipped=\"0\""
+            ),
             "{junit:?}"
         );
         assert_eq!(junit.stdout.matches("<testcase ").count(), 15);
@@ -490,7 +516,10 @@ mod services {
                     StatusCode::CREATED,
                     [
                         (header::CONTENT_TYPE, "application/json"),
-                        (header::HeaderName::from_static("idempotent-replayed"), "true"),
+                        (
+                            header::HeaderName::from_static("idempotent-replayed"),
+                            "true",
+                        ),
                     ],
                     stored_body,
                 )
@@ -636,8 +665,10 @@ mod services {
         }
         assert_eq!(out.json()["failed"], 1);
 
-        // Without --effects, by the answers: different bodies.
+        // Without --effects, by the answers: different bodies. (The report is
+        // printed for `--nocapture`: docs/check.md quotes one.)
         let out = run(args("table", false)).await;
+        println!("{}", out.stdout);
         assert_eq!(out.code, 7, "{out:?}");
         let row = out
             .stdout
@@ -652,7 +683,10 @@ mod services {
                 .contains("FAIL concurrent: concurrent duplicates execute once"),
             "{out:?}"
         );
-        assert!(out.stdout.contains("Idempotency-Key: \"idem-check-"), "{out:?}");
+        assert!(
+            out.stdout.contains("Idempotency-Key: \"idem-check-"),
+            "{out:?}"
+        );
         assert!(out.stdout.contains("authorization: <redacted>"), "{out:?}");
         assert!(!out.stdout.contains("Bearer first"), "{out:?}");
 

@@ -68,7 +68,11 @@ fn increment(s: &str) -> String {
     if let Some(abs) = s.strip_prefix('-') {
         // -n + 1 = -(n - 1)
         let smaller = decrement(abs);
-        return if smaller == "0" { smaller } else { format!("-{smaller}") };
+        return if smaller == "0" {
+            smaller
+        } else {
+            format!("-{smaller}")
+        };
     }
     let mut digits: Vec<u8> = s.bytes().collect();
     for d in digits.iter_mut().rev() {
@@ -281,7 +285,12 @@ mod tests {
         ] {
             let eq = equivalent(body.as_bytes()).unwrap();
             assert_ne!(eq, body.as_bytes());
-            assert_eq!(value(&eq), value(body.as_bytes()), "{}", String::from_utf8_lossy(&eq));
+            assert_eq!(
+                value(&eq),
+                value(body.as_bytes()),
+                "{}",
+                String::from_utf8_lossy(&eq)
+            );
         }
         let eq = equivalent(br#"{"a":1,"b":2.50}"#).unwrap();
         assert_eq!(eq, b"{ \"b\": 2.50, \"a\": 1 }\n", "numbers as written");
@@ -306,7 +315,10 @@ mod tests {
     fn integers_increment_in_decimal() {
         assert_eq!(increment("0"), "1");
         assert_eq!(increment("199"), "200");
-        assert_eq!(increment("99999999999999999999999"), "100000000000000000000000");
+        assert_eq!(
+            increment("99999999999999999999999"),
+            "100000000000000000000000"
+        );
         assert_eq!(increment("-1"), "0");
         assert_eq!(increment("-10"), "-9");
         assert_eq!(increment("-200"), "-199");

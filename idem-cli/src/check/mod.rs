@@ -145,9 +145,10 @@ pub(crate) async fn check(mut args: CheckArgs, json: bool) -> Result<(String, u8
     if let Some(effects) = &target.effects {
         // A URL that cannot count is a mistake in the arguments: said before
         // anything with an effect is sent.
-        target.count_effects().await.map_err(|e| {
-            Failure::Usage(format!("--effects {}: {e}", redact::url(effects)))
-        })?;
+        target
+            .count_effects()
+            .await
+            .map_err(|e| Failure::Usage(format!("--effects {}: {e}", redact::url(effects))))?;
     }
     let report = scenarios::run(&args, &target, &plan).await;
     let code = if report.failed() > 0 { FAILED } else { 0 };

@@ -12,20 +12,56 @@ use crate::Failure;
 /// The scenarios, in the order they run.
 pub(crate) const SCENARIOS: &[(&str, &str)] = &[
     ("first-request", "the first request succeeds"),
-    ("retry", "an immediate retry replays the first answer, marked replayed"),
-    ("equivalent-body", "a logically equal body (members reordered, respaced) replays"),
-    ("other-body", "another body under a used key is 422, and changes nothing"),
+    (
+        "retry",
+        "an immediate retry replays the first answer, marked replayed",
+    ),
+    (
+        "equivalent-body",
+        "a logically equal body (members reordered, respaced) replays",
+    ),
+    (
+        "other-body",
+        "another body under a used key is 422, and changes nothing",
+    ),
     ("missing-key", "a request without a key is 400 problem+json"),
     ("malformed-key-empty", "an empty key is 400"),
-    ("malformed-key-too-long", "a 256-character key is 400 and reserves nothing"),
-    ("malformed-key-control", "a key with a control character is 400 and reserves nothing"),
-    ("malformed-key-comma", "a bare key with a comma is 400 and reserves nothing"),
-    ("malformed-key-structured", "a malformed structured-field string is 400 and reserves nothing"),
-    ("concurrent", "concurrent duplicates execute once; the rest replay or are 409 with Retry-After"),
-    ("other-tenant", "the same key from another tenant is independent"),
-    ("restart", "a restart between request and retry loses nothing"),
-    ("late-retry", "a retry long after the first answer still replays"),
-    ("problem-documents", "every problem document is well-formed (RFC 9457)"),
+    (
+        "malformed-key-too-long",
+        "a 256-character key is 400 and reserves nothing",
+    ),
+    (
+        "malformed-key-control",
+        "a key with a control character is 400 and reserves nothing",
+    ),
+    (
+        "malformed-key-comma",
+        "a bare key with a comma is 400 and reserves nothing",
+    ),
+    (
+        "malformed-key-structured",
+        "a malformed structured-field string is 400 and reserves nothing",
+    ),
+    (
+        "concurrent",
+        "concurrent duplicates execute once; the rest replay or are 409 with Retry-After",
+    ),
+    (
+        "other-tenant",
+        "the same key from another tenant is independent",
+    ),
+    (
+        "restart",
+        "a restart between request and retry loses nothing",
+    ),
+    (
+        "late-retry",
+        "a retry long after the first answer still replays",
+    ),
+    (
+        "problem-documents",
+        "every problem document is well-formed (RFC 9457)",
+    ),
 ];
 
 /// One scenario's part of the plan.
@@ -76,16 +112,20 @@ impl Plan {
                     },
                     "other-body" => match (&target.body, &other) {
                         (None, None) => (
-                            Err("the request has no body (give --other-body to check a body)"
-                                .to_owned()),
+                            Err(
+                                "the request has no body (give --other-body to check a body)"
+                                    .to_owned(),
+                            ),
                             0,
                             0,
                             0,
                         ),
                         (_, None) => (
-                            Err("no other body: the body holds no integer or string value to \
+                            Err(
+                                "no other body: the body holds no integer or string value to \
                                  change; give one with --other-body"
-                                .to_owned()),
+                                    .to_owned(),
+                            ),
                             0,
                             0,
                             0,
@@ -109,9 +149,7 @@ impl Plan {
                         (Err("no --restart-cmd".to_owned()), 0, 0, 0)
                     }
                     "restart" => (Ok(()), 2, 2 * counting, 1),
-                    "late-retry" if args.after.is_zero() => {
-                        (Err("--after 0s".to_owned()), 0, 0, 0)
-                    }
+                    "late-retry" if args.after.is_zero() => (Err("--after 0s".to_owned()), 0, 0, 0),
                     "late-retry" => (Ok(()), 1, 0, 0),
                     _ => (Ok(()), 0, 0, 0),
                 };
@@ -143,8 +181,8 @@ impl Plan {
     /// Requests to the URL and to `--effects` (with the probe before the run).
     pub(crate) fn requests(&self, target: &Target) -> (u32, u32) {
         let url = self.steps.iter().map(|s| s.requests).sum();
-        let counts = self.steps.iter().map(|s| s.counts).sum::<u32>()
-            + u32::from(target.effects.is_some());
+        let counts =
+            self.steps.iter().map(|s| s.counts).sum::<u32>() + u32::from(target.effects.is_some());
         (url, counts)
     }
 
@@ -220,8 +258,11 @@ impl Plan {
                 Ok(()) => {
                     let _ = writeln!(
                         out,
-                        "  {:<26} {:>3} requests  {}",
-                        s.id, s.requests, s.title
+                        "  {:<26} {:>3} request{}  {}",
+                        s.id,
+                        s.requests,
+                        if s.requests == 1 { " " } else { "s" },
+                        s.title
                     );
                 }
                 Err(why) => {
@@ -232,4 +273,3 @@ impl Plan {
         out
     }
 }
-

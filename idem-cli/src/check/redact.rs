@@ -15,21 +15,23 @@ pub(crate) fn is_secret(name: &str) -> bool {
     if name == idem_wire::IDEMPOTENCY_KEY {
         return false;
     }
-    matches!(name.as_str(), "cookie" | "proxy-authorization" | "authorization")
-        || [
-            "auth",
-            "token",
-            "secret",
-            "password",
-            "passwd",
-            "key",
-            "session",
-            "signature",
-            "credential",
-            "jwt",
-        ]
-        .iter()
-        .any(|word| name.contains(word))
+    matches!(
+        name.as_str(),
+        "cookie" | "proxy-authorization" | "authorization"
+    ) || [
+        "auth",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "key",
+        "session",
+        "signature",
+        "credential",
+        "jwt",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
 }
 
 /// The headers as a report shows them: secrets and the tenant's headers redacted.
@@ -102,7 +104,10 @@ mod tests {
         for secret in ["acme", "sk_live_1", "sid=1", "globex"] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
-        assert!(text.contains("EUR") && text.contains("idem-check-1"), "{text}");
+        assert!(
+            text.contains("EUR") && text.contains("idem-check-1"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -110,7 +115,10 @@ mod tests {
         let u = Url::parse("https://user:pw@api.example.com/orders?token=t0k&x=1").unwrap();
         let shown = url(&u);
         assert!(!shown.contains("pw") && !shown.contains("user") && !shown.contains("t0k"));
-        assert!(shown.contains("api.example.com/orders") && shown.contains("x=1"), "{shown}");
+        assert!(
+            shown.contains("api.example.com/orders") && shown.contains("x=1"),
+            "{shown}"
+        );
         let plain = Url::parse("http://127.0.0.1:3000/orders").unwrap();
         assert_eq!(url(&plain), "http://127.0.0.1:3000/orders");
     }

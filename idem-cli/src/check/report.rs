@@ -64,10 +64,17 @@ fn summary(report: &Report) -> String {
 
 /// The table: one row per scenario, then each failure's requests and answers.
 pub(crate) fn table(report: &Report, colour: bool) -> String {
-    let mut t = Table::new(&["SCENARIO", "RESULT", "WHAT IT SAW"], &[false, false, false]);
+    let mut t = Table::new(
+        &["SCENARIO", "RESULT", "WHAT IT SAW"],
+        &[false, false, false],
+    );
     for s in &report.scenarios {
         // The width is the word's: padding counts the escape codes otherwise.
-        t.row(vec![s.id.to_owned(), verdict_word(s.verdict).to_owned(), s.saw.clone()]);
+        t.row(vec![
+            s.id.to_owned(),
+            verdict_word(s.verdict).to_owned(),
+            s.saw.clone(),
+        ]);
     }
     let mut rendered = t.render();
     if colour {
@@ -98,8 +105,19 @@ pub(crate) fn table(report: &Report, colour: bool) -> String {
         report.run,
         summary(report)
     );
-    for s in report.scenarios.iter().filter(|s| s.verdict == Verdict::Fail) {
-        let _ = write!(out, "\n{} {}: {}\n  {}\n", painted(Verdict::Fail, colour), s.id, s.title, s.saw);
+    for s in report
+        .scenarios
+        .iter()
+        .filter(|s| s.verdict == Verdict::Fail)
+    {
+        let _ = write!(
+            out,
+            "\n{} {}: {}\n  {}\n",
+            painted(Verdict::Fail, colour),
+            s.id,
+            s.title,
+            s.saw
+        );
         out.push_str(&exchanges_text(s, "  "));
     }
     out
@@ -112,11 +130,8 @@ fn exchanges_text(s: &ScenarioResult, indent: &str) -> String {
         let _ = writeln!(out, "{indent}request {}: {}", i + 1, request_line(ex));
         match &ex.result {
             Outcome::Answer(a) => {
-                let headers: Vec<String> = a
-                    .headers
-                    .iter()
-                    .map(|(n, v)| format!("{n}: {v}"))
-                    .collect();
+                let headers: Vec<String> =
+                    a.headers.iter().map(|(n, v)| format!("{n}: {v}")).collect();
                 let _ = writeln!(
                     out,
                     "{indent}  answer: {} in {} ms; {}",

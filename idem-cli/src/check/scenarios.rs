@@ -125,12 +125,11 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
         let began = Instant::now();
         let found = if let Err(why) = &step.applies {
             not_applicable(why.clone(), Vec::new())
-        } else if step.id != "first-request" && step.id != "problem-documents" && run.first.is_none()
+        } else if step.id != "first-request"
+            && step.id != "problem-documents"
+            && run.first.is_none()
         {
-            not_applicable(
-                "not run: the first request did not succeed",
-                Vec::new(),
-            )
+            not_applicable("not run: the first request did not succeed", Vec::new())
         } else {
             match step.id {
                 "first-request" => run.first_request().await,
@@ -170,10 +169,7 @@ impl Run<'_> {
     }
 
     fn body(&self) -> Option<(BodyKind, &[u8])> {
-        self.target
-            .body
-            .as_deref()
-            .map(|b| (BodyKind::Original, b))
+        self.target.body.as_deref().map(|b| (BodyKind::Original, b))
     }
 
     fn first(&self) -> &Answer {
@@ -265,10 +261,7 @@ impl Run<'_> {
             return not_applicable("the body is not JSON", Vec::new());
         };
         let ex = self
-            .send(
-                &self.key("first-request"),
-                Some((BodyKind::Equivalent, eq)),
-            )
+            .send(&self.key("first-request"), Some((BodyKind::Equivalent, eq)))
             .await;
         let Some(answer) = ex.answer() else {
             return fail(ex.short(), vec![ex]);
@@ -276,7 +269,10 @@ impl Run<'_> {
         if answer.status == 422 {
             let saw = "422: the service compares the bodies' bytes, not their JSON values";
             return if self.args.canonical_json {
-                fail(format!("{saw}, and --canonical-json says it should"), vec![ex])
+                fail(
+                    format!("{saw}, and --canonical-json says it should"),
+                    vec![ex],
+                )
             } else {
                 not_applicable(
                     format!("{saw} (allowed; --canonical-json requires a replay)"),
@@ -327,9 +323,15 @@ impl Run<'_> {
         };
         if answer.status != 422 {
             let saw = if answer.is_success() && answer.replayed() {
-                format!("{}: replayed the first answer for another request", answer.status)
+                format!(
+                    "{}: replayed the first answer for another request",
+                    answer.status
+                )
             } else if answer.is_success() {
-                format!("{}: executed another request under a used key", answer.status)
+                format!(
+                    "{}: executed another request under a used key",
+                    answer.status
+                )
             } else {
                 format!("{}, expected 422", answer.short())
             };
@@ -343,13 +345,13 @@ impl Run<'_> {
         };
         exchanges.push(again);
         if problems.is_empty() {
-            pass(
-                format!("{saw}; the first body still replays"),
-                exchanges,
-            )
+            pass(format!("{saw}; the first body still replays"), exchanges)
         } else {
             fail(
-                format!("{saw}, but then the first body's retry: {}", problems.join("; ")),
+                format!(
+                    "{saw}, but then the first body's retry: {}",
+                    problems.join("; ")
+                ),
                 exchanges,
             )
         }
@@ -369,10 +371,7 @@ impl Run<'_> {
             return fail(format!("{saw}, expected 400"), vec![ex]);
         }
         if !idem_wire::problem::is_problem_content_type(content_type) {
-            return fail(
-                format!("{saw}: not application/problem+json"),
-                vec![ex],
-            );
+            return fail(format!("{saw}: not application/problem+json"), vec![ex]);
         }
         pass(saw, vec![ex])
     }
@@ -390,7 +389,10 @@ impl Run<'_> {
                 while long.len() < idem_wire::MAX_KEY_LEN + 1 {
                     long.push('x');
                 }
-                (long.as_bytes().to_vec(), Some(long[..idem_wire::MAX_KEY_LEN].to_owned()))
+                (
+                    long.as_bytes().to_vec(),
+                    Some(long[..idem_wire::MAX_KEY_LEN].to_owned()),
+                )
             }
             // HTAB: the one control character an HTTP header value may carry
             // (RFC 9110 field-content); any other is refused by HTTP itself.
@@ -459,7 +461,10 @@ impl Run<'_> {
             tasks.spawn(async move {
                 start.wait().await;
                 let body = target.body.as_deref().map(|b| (BodyKind::Original, b));
-                (i, target.send(Some(key.as_bytes()), body, Tenant::First).await)
+                (
+                    i,
+                    target.send(Some(key.as_bytes()), body, Tenant::First).await,
+                )
             });
         }
         let mut answers: Vec<Option<Exchange>> = vec![None; n];
@@ -516,25 +521,40 @@ impl Run<'_> {
         if successes == 0 {
             problems.push("no request succeeded".to_owned());
         }
-        // Once they all answered, a retry gets the one outcome.
-        let first = bodies.first().map(|&(s, b)| (s, b.to_vec()));
-        let retry = self
-            .send(&key, self.body())
-            .await;
+        // Once they all answered, a retry gets the one outcome (with several,
+        // there is none to compare it with).
+        let first = match bodies.as_slice() {
+            [(s, b)] => Some((*s, b.to_vec())),
+            _ => None,
+        };
+        let several = bodies.len() > 1;
+        let retry = self.send(&key, self.body()).await;
         match (retry.answer(), first) {
             (Some(a), Some((status, body))) => {
                 if a.status != status || a.bytes != body || !a.replayed() {
                     problems.push(format!(
                         "the retry after them is {}{}",
                         a.short(),
-                        if a.replayed() { "" } else { ", not marked replayed" }
+                        if a.replayed() {
+                            ""
+                        } else {
+                            ", not marked replayed"
+                        }
                     ));
                 } else {
                     saw.push_str("; a retry after them replayed it");
                 }
             }
-            (Some(a), None) if a.is_success() => {
-                saw.push_str(&format!("; a retry after them: {}", a.status));
+            (Some(a), None) if several && a.is_success() => {
+                saw.push_str(&format!(
+                    "; a retry after them: {}{}",
+                    a.status,
+                    if a.replayed() {
+                        ", one of them replayed"
+                    } else {
+                        ""
+                    }
+                ));
             }
             _ => problems.push(format!("the retry after them is {}", retry.short())),
         }
@@ -542,7 +562,10 @@ impl Run<'_> {
         match self.effects().await {
             Ok(Some(after)) => {
                 let made = after as i128 - before.unwrap_or(0) as i128;
-                saw.push_str(&format!("; {made} effect{}", if made == 1 { "" } else { "s" }));
+                saw.push_str(&format!(
+                    "; {made} effect{}",
+                    if made == 1 { "" } else { "s" }
+                ));
                 if made != 1 {
                     problems.push(format!("{made} effects, expected 1"));
                 }
@@ -575,9 +598,15 @@ impl Run<'_> {
                 vec![ex],
             );
         } else if a.replayed() {
-            format!("{}: replayed the first tenant's answer: keys are not scoped by tenant", a.status)
+            format!(
+                "{}: replayed the first tenant's answer: keys are not scoped by tenant",
+                a.status
+            )
         } else if matches!(a.status, 409 | 422) {
-            format!("{}: the key collided with the first tenant's: keys are not scoped by tenant", a.short())
+            format!(
+                "{}: the key collided with the first tenant's: keys are not scoped by tenant",
+                a.short()
+            )
         } else if matches!(a.status, 401 | 403) {
             format!("{}: the --tenant-header credentials are refused", a.short())
         } else {
@@ -599,14 +628,25 @@ impl Run<'_> {
         };
         let started = Instant::now();
         let deadline = started + self.args.restart_timeout;
-        if let Err(e) = run_restart_cmd(self.args.restart_cmd.as_deref().unwrap_or(""), self.args.restart_timeout).await {
+        if let Err(e) = run_restart_cmd(
+            self.args.restart_cmd.as_deref().unwrap_or(""),
+            self.args.restart_timeout,
+        )
+        .await
+        {
             return fail(format!("the restart command {e}"), vec![ex]);
         }
-        let retry = self.target.send_when_up(key.as_bytes(), self.body(), deadline).await;
+        let retry = self
+            .target
+            .send_when_up(key.as_bytes(), self.body(), deadline)
+            .await;
         let exchanges = vec![ex, retry];
         let mut problems = match exchanges[1].answer() {
             Some(a) => differences(&first, a),
-            None => vec![format!("the retry after the restart: {}", exchanges[1].short())],
+            None => vec![format!(
+                "the retry after the restart: {}",
+                exchanges[1].short()
+            )],
         };
         let mut saw = format!(
             "restarted in {} ms; the retry: {}",
@@ -641,7 +681,11 @@ impl Run<'_> {
             return fail(ex.short(), vec![ex]);
         };
         let problems = differences(self.first(), a);
-        let saw = format!("{} ms after the first answer: {}", waited.as_millis(), a.status);
+        let saw = format!(
+            "{} ms after the first answer: {}",
+            waited.as_millis(),
+            a.status
+        );
         if problems.is_empty() {
             pass(format!("{saw}, replayed"), vec![ex])
         } else {
@@ -663,7 +707,12 @@ async fn run_restart_cmd(cmd: &str, limit: Duration) -> Result<(), String> {
         .map_err(|e| format!("did not start: {e}"))?;
     let out = tokio::time::timeout(limit, child.wait_with_output())
         .await
-        .map_err(|_| format!("did not finish within {}", humantime::format_duration(limit)))?
+        .map_err(|_| {
+            format!(
+                "did not finish within {}",
+                humantime::format_duration(limit)
+            )
+        })?
         .map_err(|e| format!("failed: {e}"))?;
     if out.status.success() {
         return Ok(());
@@ -680,7 +729,11 @@ async fn run_restart_cmd(cmd: &str, limit: Duration) -> Result<(), String> {
 pub(crate) fn differences(first: &Answer, again: &Answer) -> Vec<String> {
     let mut out = Vec::new();
     if again.status != first.status {
-        out.push(format!("status {} where the first was {}", again.short(), first.status));
+        out.push(format!(
+            "status {} where the first was {}",
+            again.short(),
+            first.status
+        ));
     }
     if again.bytes != first.bytes {
         let at = again
@@ -750,7 +803,11 @@ fn problem_documents(results: &[ScenarioResult]) -> Found {
             if !is_problem {
                 these.push(format!(
                     "Content-Type is {}, not application/problem+json",
-                    if content_type.is_empty() { "absent" } else { content_type }
+                    if content_type.is_empty() {
+                        "absent"
+                    } else {
+                        content_type
+                    }
                 ));
             } else {
                 these.extend(problem_defects(a));
@@ -768,7 +825,11 @@ fn problem_documents(results: &[ScenarioResult]) -> Found {
     } else {
         defects.dedup();
         fail(
-            format!("{} of {checked} answers: {}", defects.len(), defects.join("; ")),
+            format!(
+                "{} of {checked} answers: {}",
+                defects.len(),
+                defects.join("; ")
+            ),
             Vec::new(),
         )
     }
@@ -819,13 +880,29 @@ mod tests {
 
     #[test]
     fn a_faithful_replay_has_no_differences() {
-        let first = answer(201, &[("content-type", "application/json"), ("location", "/orders/1")], "{\"id\":1}");
+        let first = answer(
+            201,
+            &[
+                ("content-type", "application/json"),
+                ("location", "/orders/1"),
+            ],
+            "{\"id\":1}",
+        );
         let mut again = first.clone();
-        again.headers.push(("idempotent-replayed".into(), "true".into()));
+        again
+            .headers
+            .push(("idempotent-replayed".into(), "true".into()));
         again.headers.push(("date".into(), "later".into()));
         assert!(differences(&first, &again).is_empty());
 
-        let other = answer(201, &[("content-type", "application/json"), ("location", "/orders/2")], "{\"id\":2}");
+        let other = answer(
+            201,
+            &[
+                ("content-type", "application/json"),
+                ("location", "/orders/2"),
+            ],
+            "{\"id\":2}",
+        );
         let d = differences(&first, &other);
         assert_eq!(d.len(), 3, "{d:?}");
         assert!(d[0].starts_with("the body differs from byte 6"), "{d:?}");
@@ -836,12 +913,34 @@ mod tests {
     #[test]
     fn problem_documents_are_checked_against_rfc_9457() {
         let ct = [("content-type", "application/problem+json")];
-        assert!(problem_defects(&answer(400, &ct, r#"{"type":"urn:x","title":"t","status":400}"#)).is_empty());
-        assert!(problem_defects(&answer(400, &ct, r#"{}"#)).is_empty(), "every member is optional");
-        assert_eq!(problem_defects(&answer(400, &ct, "oops")), ["the body is not JSON"]);
-        assert_eq!(problem_defects(&answer(400, &ct, "[1]")), ["the body is not a JSON object"]);
+        assert!(
+            problem_defects(&answer(
+                400,
+                &ct,
+                r#"{"type":"urn:x","title":"t","status":400}"#
+            ))
+            .is_empty()
+        );
+        assert!(
+            problem_defects(&answer(400, &ct, r#"{}"#)).is_empty(),
+            "every member is optional"
+        );
+        assert_eq!(
+            problem_defects(&answer(400, &ct, "oops")),
+            ["the body is not JSON"]
+        );
+        assert_eq!(
+            problem_defects(&answer(400, &ct, "[1]")),
+            ["the body is not a JSON object"]
+        );
         let d = problem_defects(&answer(409, &ct, r#"{"type":1,"status":400}"#));
-        assert_eq!(d, ["\"type\" is not a string", "\"status\" is 400, the answer's is 409"]);
+        assert_eq!(
+            d,
+            [
+                "\"type\" is not a string",
+                "\"status\" is 400, the answer's is 409"
+            ]
+        );
     }
 
     #[test]
