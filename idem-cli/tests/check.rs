@@ -239,6 +239,39 @@ async fn a_dry_run_prints_the_plan_and_sends_nothing() {
     );
 }
 
+/// `--body -` reads standard input: a JSON body makes the logically equal
+/// body applicable, another is said not to be JSON.
+#[tokio::test]
+async fn the_body_can_come_from_standard_input() {
+    use tokio::io::AsyncWriteExt;
+    let url = format!("http://127.0.0.1:{}/orders", closed_port());
+    for (stdin, expected) in [
+        (
+            r#"{"sku":"A-1","quantity":2}"#,
+            "1 request   a logically equal body",
+        ),
+        ("sku=A-1", "not applicable: the body is not JSON"),
+    ] {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["check", "--url", &url, "--body", "-", "--dry-run"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.as_bytes()).await.unwrap();
+        drop(input);
+        let out = child.wait_with_output().await.unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(out.status.success(), "{stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("equivalent-body"))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        assert!(line.contains(expected), "{line}");
+    }
+}
+
 #[tokio::test]
 async fn an_unreachable_service_fails_the_first_request_and_runs_nothing_else() {
     let url = format!("http://127.0.0.1:{}/orders", closed_port());
