@@ -636,6 +636,44 @@ mod services {
         }
     }
 
+    /// A restart command that fails fails its scenario, with its exit status
+    /// and what it said on stderr.
+    #[tokio::test]
+    async fn a_failing_restart_command_fails_the_restart_scenario() {
+        let db = common::TestDb::new().await;
+        let base = broken::serve(db.pool.clone()).await;
+        let dir = Dir::new();
+        let body = dir.file("thing.json", r#"{"name":"a","size":2}"#);
+        let url = format!("{base}/things");
+        let out = check(&[
+            "--url",
+            &url,
+            "--body",
+            &body,
+            "-H",
+            "Authorization: Bearer first",
+            "--after",
+            "0s",
+            "--concurrency",
+            "2",
+            "--restart-cmd",
+            "echo no such service >&2; exit 3",
+            "--format",
+            "json",
+        ])
+        .await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let restart = out.scenario("restart");
+        assert_eq!(restart["verdict"], "fail", "{out:?}");
+        let saw = restart["saw"].as_str().unwrap();
+        assert!(
+            saw.starts_with("the restart command exited with exit status: 3: no such service"),
+            "{saw}"
+        );
+        // The request before it was sent; no retry after it.
+        assert_eq!(restart["exchanges"].as_array().unwrap().len(), 1);
+    }
+
     #[tokio::test]
     async fn a_check_then_insert_service_fails_the_concurrent_scenario_and_only_it() {
         let db = common::TestDb::new().await;
