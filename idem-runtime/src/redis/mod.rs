@@ -525,6 +525,8 @@ fn stored_from(
     })
 }
 
+impl crate::db::leases::sealed::Sealed for Redis {}
+
 impl LeaseBackend for Redis {
     type Store = RedisLeaseStore;
     type UncertainRow = RedisUncertain;

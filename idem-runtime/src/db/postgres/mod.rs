@@ -15,15 +15,12 @@ use std::time::Duration;
 use sqlx::{Pool, Postgres, Row, Transaction};
 
 use super::shared::{
-    CURRENT_SQL, FORGET_SQL, admin_statements, lease_statements, sweep_statements,
-    transactional_statements, transition_statements,
+    admin_statements, sweep_statements, transactional_statements, transition_statements,
 };
 use super::{Backend, ClaimContext};
 use crate::db::Tx;
 use crate::model::Resource;
-use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
-};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
 
 mod admin;
 pub(crate) mod hot_path;
@@ -35,10 +32,6 @@ pub(crate) mod transactional;
 mod upkeep;
 
 use admin::SHOW_SQL;
-use leased::{
-    RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL, UNCERTAIN_SQL, encode,
-};
-use transactional::stored_from_row;
 
 /// How idem begins a transaction for a claim: explicitly READ COMMITTED, so a
 /// server or role whose default isolation is stricter still gets what claims need.
@@ -79,9 +72,7 @@ impl Backend for Postgres {
     }
 }
 
-impl super::stores::Claims for Postgres {
-    transactional_statements!();
-
+impl super::stores::Schema for Postgres {
     fn migrator() -> sqlx::migrate::Migrator {
         super::tracked(sqlx::migrate!("migrations/postgres"))
     }
@@ -101,6 +92,10 @@ impl super::stores::Claims for Postgres {
         Self::migrator().run(pool).await?;
         Ok(())
     }
+}
+
+impl super::stores::Claims for Postgres {
+    transactional_statements!();
 
     async fn begin_claim(
         ctx: &ClaimContext<'_, Self>,
@@ -124,10 +119,6 @@ impl super::stores::Claims for Postgres {
     ) -> Result<Option<Claim>, StoreError> {
         hot_path::taken_since(ctx, execution).await
     }
-}
-
-impl super::stores::LeaseRows for Postgres {
-    lease_statements!();
 }
 
 impl super::stores::Upkeep for Postgres {

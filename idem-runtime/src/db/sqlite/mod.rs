@@ -17,15 +17,12 @@ use std::time::Duration;
 use sqlx::{Pool, Row, Sqlite, Transaction};
 
 use super::shared::{
-    CURRENT_SQL, FORGET_SQL, admin_statements, lease_statements, sweep_statements,
-    transactional_statements, transition_statements,
+    admin_statements, sweep_statements, transactional_statements, transition_statements,
 };
 use super::{Backend, ClaimContext};
 use crate::db::Tx;
 use crate::model::Resource;
-use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
-};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
 
 mod admin;
 mod digests;
@@ -36,10 +33,6 @@ pub(crate) mod transactional;
 mod upkeep;
 
 use admin::SHOW_SQL;
-use leased::{
-    RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL, UNCERTAIN_SQL, encode,
-};
-use transactional::stored_from_row;
 
 /// Now, in Unix milliseconds, from SQLite's clock: the one expression every
 /// SQLite timestamp of idem (`created_at`, `completed_at`, `expires_at`,
@@ -105,9 +98,7 @@ impl Backend for Sqlite {
     }
 }
 
-impl super::stores::Claims for Sqlite {
-    transactional_statements!();
-
+impl super::stores::Schema for Sqlite {
     fn migrator() -> sqlx::migrate::Migrator {
         super::tracked(sqlx::migrate!("migrations/sqlite"))
     }
@@ -118,6 +109,10 @@ impl super::stores::Claims for Sqlite {
         Self::migrator().run(pool).await?;
         digests::convert_raw_keys(pool).await
     }
+}
+
+impl super::stores::Claims for Sqlite {
+    transactional_statements!();
 
     /// The write lock first, the key read under it, nothing written until the
     /// outcome (see `hot_path`).
@@ -136,10 +131,6 @@ impl super::stores::Claims for Sqlite {
     ) -> Finish {
         hot_path::finish(tx, execution, response).await
     }
-}
-
-impl super::stores::LeaseRows for Sqlite {
-    lease_statements!();
 }
 
 impl super::stores::Upkeep for Sqlite {
