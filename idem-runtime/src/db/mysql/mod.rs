@@ -322,16 +322,10 @@ impl super::stores::Transitions for MySql {
 }
 
 impl super::stores::Admin for MySql {
-    async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
-        match sqlx::query_scalar(sqlx::AssertSqlSafe(super::shared::applied_versions_sql()))
-            .fetch_all(pool)
-            .await
-        {
-            Ok(v) => Ok(v),
-            // No history table yet: nothing was ever applied.
-            Err(e) if super::is_undefined_table(&e) => Ok(vec![]),
-            Err(e) => Err(e.into()),
-        }
+    fn applied_versions(
+        pool: &MySqlPool,
+    ) -> impl std::future::Future<Output = Result<Vec<i64>, StoreError>> + Send {
+        super::shared::applied_versions(pool)
     }
 
     async fn fetch_record(
