@@ -12,6 +12,9 @@ use idem_runtime::fingerprint::canonical_json;
 use idem_runtime::{FingerprintBuilder, IdempotencyKey, Problem};
 use serde_json::Value;
 
+mod common;
+use common::respell::respell;
+
 fn rng(test: &str) -> fastrand::Rng {
     let seed = std::env::var("IDEM_TEST_SEED")
         .ok()
@@ -119,67 +122,6 @@ fn json_value(rng: &mut fastrand::Rng, depth: usize) -> Value {
                 .collect(),
         ),
     }
-}
-
-/// The same value as another client would send it: keys in another order, white
-/// space anywhere it is allowed, strings with other (equivalent) escapes.
-fn respell(rng: &mut fastrand::Rng, v: &Value, out: &mut String) {
-    let ws = |rng: &mut fastrand::Rng, out: &mut String| {
-        for _ in 0..rng.usize(0..3) {
-            out.push([' ', '\n', '\t', '\r'][rng.usize(..4)]);
-        }
-    };
-    ws(rng, out);
-    match v {
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                respell(rng, item, out);
-            }
-            ws(rng, out);
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            rng.shuffle(&mut entries);
-            out.push('{');
-            for (i, (k, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                ws(rng, out);
-                respell_string(rng, k, out);
-                ws(rng, out);
-                out.push(':');
-                respell(rng, item, out);
-            }
-            ws(rng, out);
-            out.push('}');
-        }
-        Value::String(s) => respell_string(rng, s, out),
-        other => out.push_str(&other.to_string()),
-    }
-    ws(rng, out);
-}
-
-/// A JSON string literal with some characters escaped as `\uXXXX` at random.
-fn respell_string(rng: &mut fastrand::Rng, s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        let must = c == '"' || c == '\\' || (c as u32) < 0x20;
-        if must || rng.u8(..4) == 0 {
-            let mut units = [0u16; 2];
-            for unit in c.encode_utf16(&mut units) {
-                out.push_str(&format!("\\u{unit:04x}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('"');
 }
 
 #[test]

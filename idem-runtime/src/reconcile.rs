@@ -11,27 +11,10 @@ use std::sync::Mutex;
 use sqlx::Pool;
 
 use crate::db::Backend;
-use crate::key::KeyDigest;
 use crate::lease::LeaseBackend;
-use crate::model::{StoreError, StoredResponse, UncertainRow};
+use crate::model::{StoreError, StoredResponse};
 
-/// An uncertain execution to resolve.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct UncertainOutcome {
-    /// The tenant.
-    pub tenant: String,
-    /// The operation.
-    pub operation: String,
-    /// The digest of the key the client sent ([`crate::IdempotencyKey::digest`]):
-    /// stores keep no raw key, so neither can the reconciler.
-    pub key_digest: KeyDigest,
-    /// The key the downstream system knows the effect by, as recorded when the
-    /// execution claimed the key ([`crate::lease::downstream_key`]).
-    pub downstream_key: String,
-    /// The generation of the execution that became uncertain.
-    pub generation: i64,
-}
+pub use crate::model::UncertainOutcome;
 
 /// What the downstream system said.
 #[derive(Debug, Clone)]
@@ -199,22 +182,4 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
             }
         })
     }
-}
-
-/// What the reconciler asks about for an uncertain SQL row.
-pub(crate) fn sql_uncertain_outcome(
-    op: &str,
-    row: &UncertainRow,
-) -> Result<UncertainOutcome, StoreError> {
-    let downstream_key = row
-        .downstream_key
-        .clone()
-        .ok_or_else(|| StoreError::Corrupt("an uncertain row without its downstream key".into()))?;
-    Ok(UncertainOutcome {
-        downstream_key,
-        tenant: row.tenant.clone(),
-        operation: op.to_owned(),
-        key_digest: row.key,
-        generation: row.generation,
-    })
 }

@@ -32,6 +32,7 @@ const BOTTOM: &[&str] = &[
 /// The files of the bottom layer, relative to `src/`.
 fn is_bottom(file: &str) -> bool {
     file.starts_with("db/")
+        || file.starts_with("model/")
         || [
             "model.rs",
             "key.rs",

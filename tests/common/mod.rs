@@ -7,6 +7,7 @@ mod db;
 pub mod gate;
 pub mod lease_harness;
 pub mod orders;
+pub mod respell;
 pub mod state;
 
 pub use db::*;

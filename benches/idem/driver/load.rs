@@ -409,11 +409,15 @@ impl Measured {
         self.tally.requests as f64 / self.secs.max(1e-3)
     }
 
+    /// The `p` quantile of the latencies in ms; they must have been sorted
+    /// (`finish_check`, or the scenario's own end), which is checked: an
+    /// unsorted list answers an arbitrary request's latency.
     pub fn percentile(&self, p: f64) -> f64 {
         let l = &self.tally.latencies_us;
         if l.is_empty() {
             return 0.0;
         }
+        assert!(l.is_sorted(), "percentile of unsorted latencies");
         let i = ((l.len() as f64 - 1.0) * p).round() as usize;
         l[i] as f64 / 1000.0
     }

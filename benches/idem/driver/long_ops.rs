@@ -144,6 +144,10 @@ async fn one(
         counted.1 += after.1 - before.1;
         release_long_ops(&client, &server.base).await?;
     }
+    // `percentile` reads a sorted list; the rounds' slices were appended
+    // client by client, in the order each client saw its answers.
+    alone.tally.latencies_us.sort_unstable();
+    beside.tally.latencies_us.sort_unstable();
     let counted_secs = counted_secs.max(1e-3);
     let measured = (
         counted.0 as f64 / counted_secs,

@@ -11,7 +11,7 @@
 //! now-expression, `sqlite_now_ms!` and `mysql_now_ms!`), and the column types
 //! of the owner token and the headers differ; statements over those stay each
 //! database's own, but every database binds their parameters in the same order,
-//! so the method bodies around them are shared (`shared::lease_statements!`).
+//! so the code around them is shared (`leases`, and `shared`'s macros).
 #![cfg_attr(
     not(feature = "mysql"),
     allow(dead_code, unused_macros, unused_imports)

@@ -15,6 +15,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{Pool, Transaction};
 
 mod dialect;
+pub(crate) mod leases;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -102,12 +103,12 @@ mod sealed {
 pub trait Backend:
     sqlx::Database
     + sealed::Sealed
+    + stores::Schema
     + stores::Claims
-    + stores::LeaseRows
+    + leases::LeaseBackend<Store = Pool<Self>, UncertainRow = leases::SqlUncertain>
     + stores::Upkeep
     + stores::Transitions
     + stores::Admin
-    + stores::OperationRows
 {
     /// Begins a transaction fit for a claim.
     #[doc(hidden)]

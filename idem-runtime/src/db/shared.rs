@@ -1,7 +1,11 @@
 //! What the database modules share: statements that read the same on every
-//! database, and method bodies that differ only in the statements and encodings
-//! they are expanded with. Those are macros: sqlx's executor and encoding bounds
-//! would make the same code, generic over the database, unreadable.
+//! database, and the store traits whose bodies differ only in their statement
+//! texts, implemented once over a small trait each database module implements
+//! with its texts ([`SqlUpkeep`], [`SqlTransitions`], [`SqlAdmin`]; leased
+//! mode's is `leases::SqlLeases`). sqlx's executor and encoding bounds are
+//! written once, on each of those implementations. MySQL, whose statements
+//! bind in another order or take two round trips, implements the store traits
+//! itself and calls what it shares ([`applied_versions`]).
 //!
 //! Their SQL is written with `$n` placeholders, which MySQL does not have:
 //! MySQL takes the statements numbered in the order they appear through
@@ -11,7 +15,17 @@
     allow(dead_code, unused_imports, unused_macros)
 )]
 
-use crate::model::Resource;
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+
+use super::leases::SqlLeases;
+use super::stores::{Admin, Transitions, Upkeep};
+use crate::model::{
+    FencedWrite, InFlightSummary, KeyAddress, KeyRecord, PurgeError, Resource, StatsSnapshot,
+    StoreError, count, millis,
+};
 
 pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
        FROM idempotency_requests \
@@ -88,160 +102,6 @@ macro_rules! owned_row {
 }
 pub(crate) use owned_row;
 
-/// The transactional mode's claim and completion in the caller's transaction,
-/// the same on every database but for the functions of its `transactional`
-/// module (`claim_on`, `complete_on`).
-macro_rules! transactional_statements {
-    () => {
-        async fn claim(
-            tx: &mut sqlx::Transaction<'_, Self>,
-            req: &ClaimRequest<'_>,
-        ) -> Result<Claim, StoreError> {
-            transactional::claim_on(tx, req).await
-        }
-
-        async fn complete(
-            execution: Execution,
-            tx: &mut sqlx::Transaction<'_, Self>,
-            response: &StoredResponse,
-        ) -> Result<(), StoreError> {
-            transactional::complete_on(execution, tx, response).await
-        }
-    };
-}
-pub(crate) use transactional_statements;
-
-/// Leased mode's statements over one key's row, the same on every database but
-/// for their SQL and how an outcome is encoded: expanded inside each
-/// `impl LeaseRows`, where `STORE_SQL`, `RENEW_SQL`, `UNCERTAIN_SQL`,
-/// `RELEASE_SQL`, `CURRENT_SQL`, `RESOLVE_SQL`, `FORGET_SQL`,
-/// `UNCERTAIN_ROWS_SQL`, `encode` and `stored_from_row` are that database's.
-/// Every database's statements take their parameters in the order bound here:
-/// the values a statement sets first, then the row it sets them on (MySQL's
-/// `?` are bound in the order they appear, and `SET` comes before `WHERE`).
-macro_rules! lease_statements {
-    () => {
-        async fn claim_leased(
-            pool: &sqlx::Pool<Self>,
-            req: &$crate::model::LeaseRequest<'_>,
-        ) -> Result<$crate::model::LeasedOutcome, StoreError> {
-            leased::claim_leased(pool, req).await
-        }
-
-        async fn store_outcome(
-            pool: &sqlx::Pool<Self>,
-            row: Owned<'_>,
-            response: &StoredResponse,
-            retention: Duration,
-        ) -> Result<u64, StoreError> {
-            let (status, headers) = encode(response)?;
-            let done = sqlx::query(STORE_SQL)
-                .bind(response.state())
-                .bind(status)
-                .bind(headers)
-                .bind(&response.body[..])
-                .bind($crate::model::millis(retention))
-                .bind(row.tenant)
-                .bind(row.operation)
-                .bind(row.key)
-                .bind(row.token)
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn renew_many(
-            pool: &sqlx::Pool<Self>,
-            rows: &[$crate::model::Renewal<'_>],
-        ) -> Result<Vec<$crate::model::Renewed>, StoreError> {
-            leased::renew_many(pool, rows).await
-        }
-
-        async fn fence(
-            pool: &sqlx::Pool<Self>,
-            row: Owned<'_>,
-            what: Fence,
-        ) -> Result<u64, StoreError> {
-            let query = match what {
-                Fence::Renew(lease) => sqlx::query(RENEW_SQL).bind($crate::model::millis(lease)),
-                Fence::Uncertain => sqlx::query(UNCERTAIN_SQL),
-                Fence::Release => sqlx::query(RELEASE_SQL),
-            };
-            let query = query
-                .bind(row.tenant)
-                .bind(row.operation)
-                .bind(row.key)
-                .bind(row.token);
-            Ok(query.execute(pool).await?.rows_affected())
-        }
-
-        async fn current(
-            pool: &sqlx::Pool<Self>,
-            tenant: &str,
-            operation: &str,
-            key: &crate::key::KeyDigest,
-        ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
-            let row = sqlx::query(CURRENT_SQL)
-                .bind(tenant)
-                .bind(operation)
-                .bind(*key)
-                .fetch_optional(pool)
-                .await?;
-            let Some(row) = row else { return Ok(None) };
-            Ok(Some((row.try_get("fingerprint")?, stored_from_row(&row)?)))
-        }
-
-        async fn uncertain_rows(
-            pool: &sqlx::Pool<Self>,
-            operation: &str,
-            after: Option<&UncertainRow>,
-            limit: i64,
-        ) -> Result<Vec<UncertainRow>, StoreError> {
-            let rows = sqlx::query(UNCERTAIN_ROWS_SQL)
-                .bind(operation)
-                .bind(after.map(|r| r.created))
-                .bind(after.map(|r| r.tenant.as_str()))
-                .bind(after.map(|r| r.key))
-                .bind(limit)
-                .fetch_all(pool)
-                .await?;
-            rows.iter().map($crate::db::rows::uncertain).collect()
-        }
-
-        async fn resolve(
-            pool: &sqlx::Pool<Self>,
-            operation: &str,
-            row: &UncertainRow,
-            outcome: Option<&StoredResponse>,
-        ) -> Result<u64, StoreError> {
-            let query = match outcome {
-                Some(stored) => {
-                    let (status, headers) = encode(stored)?;
-                    sqlx::query(RESOLVE_SQL)
-                        .bind(stored.state())
-                        .bind(status)
-                        .bind(headers)
-                        .bind(&stored.body[..])
-                        .bind(&row.tenant)
-                        .bind(operation)
-                        .bind(row.key)
-                        .bind(row.generation)
-                        .bind(&row.token)
-                }
-                None => sqlx::query(FORGET_SQL)
-                    .bind(&row.tenant)
-                    .bind(operation)
-                    .bind(row.key)
-                    .bind(row.generation)
-                    .bind(&row.token),
-            };
-            Ok(query.execute(pool).await?.rows_affected())
-        }
-    };
-}
-
-pub(crate) use lease_statements;
-
 /// A long operation's row by its primary key (`$1..$3`) where timestamps are
 /// Unix milliseconds (SQLite, MySQL), `$now` the database's clock: the row
 /// unless it is finished and past its retention, `lease_live` 1 while the lease
@@ -264,165 +124,6 @@ macro_rules! ms_operation_sql {
 }
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use ms_operation_sql;
-
-/// A long operation's resource (`OperationRows`), the same on every database
-/// but for `OPERATION_STATUS_SQL` and `OPERATION_RESULT_SQL` (the row by its
-/// primary key, bound in that order, without and with its body) and
-/// `stored_from_row` of the database's module.
-macro_rules! operation_statements {
-    () => {
-        async fn operation(
-            pool: &sqlx::Pool<Self>,
-            key: &$crate::model::KeyAddress<'_>,
-            with_body: bool,
-        ) -> Result<Option<$crate::model::OperationRow>, $crate::model::StoreError> {
-            let sql = if with_body {
-                OPERATION_RESULT_SQL
-            } else {
-                OPERATION_STATUS_SQL
-            };
-            let row = sqlx::query(sql)
-                .bind(key.tenant)
-                .bind(key.operation)
-                .bind(key.digest)
-                .fetch_optional(pool)
-                .await?;
-            row.as_ref()
-                .map(|row| $crate::db::rows::operation(row, || stored_from_row(row)))
-                .transpose()
-        }
-    };
-}
-pub(crate) use operation_statements;
-
-/// The sweeper's three round trips, the same on every database but for their
-/// SQL: expanded inside each `impl Backend` with that database's statements.
-macro_rules! sweep_statements {
-    ($delete_batch:expr, $backlog:expr, $in_flight:expr) => {
-        async fn snapshot(
-            pool: &sqlx::Pool<Self>,
-        ) -> Result<$crate::model::StatsSnapshot, StoreError> {
-            upkeep::snapshot(pool).await
-        }
-
-        async fn delete_batch(pool: &Pool<Self>, limit: u32) -> Result<u64, StoreError> {
-            let done = sqlx::query($delete_batch)
-                .bind(i64::from(limit))
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn backlog(pool: &Pool<Self>) -> Result<u64, StoreError> {
-            let n: i64 = sqlx::query_scalar($backlog).fetch_one(pool).await?;
-            Ok($crate::model::count(n))
-        }
-
-        async fn in_flight(
-            pool: &Pool<Self>,
-            stale_after: Duration,
-        ) -> Result<$crate::model::InFlightSummary, StoreError> {
-            let row = sqlx::query($in_flight)
-                .bind($crate::model::millis(stale_after))
-                .fetch_one(pool)
-                .await?;
-            Ok($crate::model::InFlightSummary {
-                stale_processing: $crate::model::count(row.try_get("stale_processing")?),
-                stale_uncertain: $crate::model::count(row.try_get("stale_uncertain")?),
-                uncertain: $crate::model::count(row.try_get("uncertain")?),
-                oldest_seconds: row.try_get("oldest_seconds")?,
-            })
-        }
-    };
-}
-pub(crate) use sweep_statements;
-
-/// A transition's two statements: `$read_sql` (a function of the resource) reads
-/// and holds the row, the shared fenced write moves it; `$null_param` is how the
-/// database spells an untyped `$2` in `$2 IS NULL`.
-macro_rules! transition_statements {
-    ($read_sql:path, $null_param:expr) => {
-        async fn lock_state<'c>(
-            conn: &'c mut Self::Connection,
-            resource: &'c $crate::model::Resource,
-            id: i64,
-            scope: Option<&'c str>,
-        ) -> Result<Option<(String, i64)>, sqlx::Error> {
-            let row = sqlx::query(sqlx::AssertSqlSafe($read_sql(resource)))
-                .bind(id)
-                .bind(scope)
-                .fetch_optional(conn)
-                .await?;
-            Ok(match row {
-                Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
-                None => None,
-            })
-        }
-
-        async fn write_state<'c>(
-            conn: &'c mut Self::Connection,
-            w: $crate::model::FencedWrite<'c>,
-        ) -> Result<Option<i64>, sqlx::Error> {
-            sqlx::query_scalar(sqlx::AssertSqlSafe($crate::db::shared::write_sql(
-                w.resource,
-                $null_param,
-            )))
-            .bind(w.id)
-            .bind(w.scope)
-            .bind(w.to)
-            .bind(w.version)
-            .bind(w.from)
-            .fetch_optional(conn)
-            .await
-        }
-    };
-}
-pub(crate) use transition_statements;
-
-/// The admin reads that are the same on every database but for the `SHOW_SQL`
-/// of the database's module, and its `admin::purge`.
-macro_rules! admin_statements {
-    () => {
-        async fn purge<E: Send>(
-            pool: &sqlx::Pool<Self>,
-            key: &$crate::model::KeyAddress<'_>,
-            wait: std::time::Duration,
-            allow: impl FnOnce(&str) -> Result<(), E> + Send,
-        ) -> Result<Option<(String, i64)>, $crate::model::PurgeError<E>> {
-            admin::purge(pool, key, wait, allow).await
-        }
-
-        async fn applied_versions(pool: &sqlx::Pool<Self>) -> Result<Vec<i64>, StoreError> {
-            match sqlx::query_scalar(sqlx::AssertSqlSafe(
-                $crate::db::shared::applied_versions_sql(),
-            ))
-            .fetch_all(pool)
-            .await
-            {
-                Ok(v) => Ok(v),
-                // No history table yet: nothing was ever applied.
-                Err(e) if $crate::db::is_undefined_table(&e) => Ok(vec![]),
-                Err(e) => Err(e.into()),
-            }
-        }
-
-        async fn fetch_record(
-            pool: &sqlx::Pool<Self>,
-            key: &$crate::model::KeyAddress<'_>,
-            with_body: bool,
-        ) -> Result<Option<$crate::model::KeyRecord>, StoreError> {
-            let row = sqlx::query(SHOW_SQL)
-                .bind(key.tenant)
-                .bind(key.operation)
-                .bind(key.digest)
-                .bind(with_body)
-                .fetch_optional(pool)
-                .await?;
-            row.as_ref().map($crate::db::rows::key_record).transpose()
-        }
-    };
-}
-pub(crate) use admin_statements;
 
 /// The part of a purge every database shares, in the transaction `$tx` that
 /// holds the key's row: given the row `SELECT_STATE_SQL` read (`None` when there
@@ -449,3 +150,204 @@ macro_rules! delete_if_allowed {
     }};
 }
 pub(crate) use delete_if_allowed;
+
+/// What a database module gives the sweeper's and the stats' statements:
+/// their texts, and the snapshot, which is its own.
+pub trait SqlUpkeep: SqlLeases {
+    /// Deletes a batch of finished, expired rows: `limit`.
+    const DELETE_BATCH_SQL: &'static str;
+    /// Counts the finished, expired rows.
+    const BACKLOG_SQL: &'static str;
+    /// The in-flight summary: `stale_after` in milliseconds.
+    const IN_FLIGHT_SQL: &'static str;
+
+    /// The table's numbers in one consistent snapshot.
+    fn snapshot(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<StatsSnapshot, StoreError>> + Send;
+}
+
+/// The sweeper's three round trips and the stats, once for the databases that
+/// give [`SqlUpkeep`].
+impl<DB> Upkeep for DB
+where
+    DB: SqlUpkeep,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> f64: Decode<'q, DB> + Type<DB>,
+    for<'q> &'q str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    async fn delete_batch(pool: &Pool<DB>, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(DB::DELETE_BATCH_SQL)
+            .bind(i64::from(limit))
+            .execute(pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn backlog(pool: &Pool<DB>) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(DB::BACKLOG_SQL).fetch_one(pool).await?;
+        Ok(count(n))
+    }
+
+    async fn in_flight(
+        pool: &Pool<DB>,
+        stale_after: Duration,
+    ) -> Result<InFlightSummary, StoreError> {
+        let row = sqlx::query(DB::IN_FLIGHT_SQL)
+            .bind(millis(stale_after))
+            .fetch_one(pool)
+            .await?;
+        Ok(InFlightSummary {
+            stale_processing: count(row.try_get("stale_processing")?),
+            stale_uncertain: count(row.try_get("stale_uncertain")?),
+            uncertain: count(row.try_get("uncertain")?),
+            oldest_seconds: row.try_get("oldest_seconds")?,
+        })
+    }
+
+    fn snapshot(pool: &Pool<DB>) -> impl Future<Output = Result<StatsSnapshot, StoreError>> + Send {
+        DB::snapshot(pool)
+    }
+}
+
+/// What a database module gives a transition's two statements: the locking
+/// read (a function of the resource), and how it spells an untyped `$2` in
+/// `$2 IS NULL`.
+pub trait SqlTransitions: Database {
+    /// `$2` as the database takes it untyped in `$2 IS NULL`.
+    const NULL_PARAM: &'static str;
+
+    /// The statement that reads `state, version` of a resource and holds it
+    /// against other transitions until the transaction ends.
+    fn transition_read_sql(resource: &Resource) -> String;
+}
+
+/// A transition's locking read and fenced write, once for the databases that
+/// give [`SqlTransitions`].
+impl<DB> Transitions for DB
+where
+    DB: SqlTransitions,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    async fn lock_state<'c>(
+        conn: &'c mut DB::Connection,
+        resource: &'c Resource,
+        id: i64,
+        scope: Option<&'c str>,
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(DB::transition_read_sql(resource)))
+            .bind(id)
+            .bind(scope)
+            .fetch_optional(conn)
+            .await?;
+        Ok(match row {
+            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
+            None => None,
+        })
+    }
+
+    async fn write_state<'c>(
+        conn: &'c mut DB::Connection,
+        w: FencedWrite<'c>,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(write_sql(w.resource, DB::NULL_PARAM)))
+            .bind(w.id)
+            .bind(w.scope)
+            .bind(w.to)
+            .bind(w.version)
+            .bind(w.from)
+            .fetch_optional(conn)
+            .await
+    }
+}
+
+/// What a database module gives the admin reads: the `show` statement
+/// (`tenant, operation, digest, with_body`) and the purge, which locks the row
+/// its own way.
+pub trait SqlAdmin: Database {
+    /// One key's row as `show` prints it.
+    const SHOW_SQL: &'static str;
+
+    /// Deletes one key's row under a lock taken within `wait`, if `allow`
+    /// agrees with its state.
+    fn purge<E: Send>(
+        pool: &Pool<Self>,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send;
+}
+
+/// The admin reads, once for the databases that give [`SqlAdmin`].
+impl<DB> Admin for DB
+where
+    DB: SqlAdmin,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> Vec<u8>: Decode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'q> crate::key::KeyDigest: Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    fn purge<E: Send>(
+        pool: &Pool<DB>,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send {
+        DB::purge(pool, key, wait, allow)
+    }
+
+    fn applied_versions(
+        pool: &Pool<DB>,
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send {
+        applied_versions(pool)
+    }
+
+    async fn fetch_record(
+        pool: &Pool<DB>,
+        key: &KeyAddress<'_>,
+        with_body: bool,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        let row = sqlx::query(DB::SHOW_SQL)
+            .bind(key.tenant)
+            .bind(key.operation)
+            .bind(key.digest)
+            .bind(with_body)
+            .fetch_optional(pool)
+            .await?;
+        row.as_ref().map(super::rows::key_record).transpose()
+    }
+}
+
+/// The versions idem's migration table records as applied; none before the
+/// first (no history table yet).
+pub(crate) async fn applied_versions<DB>(pool: &Pool<DB>) -> Result<Vec<i64>, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Decode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    match sqlx::query_scalar(sqlx::AssertSqlSafe(applied_versions_sql()))
+        .fetch_all(pool)
+        .await
+    {
+        Ok(v) => Ok(v),
+        Err(e) if super::is_undefined_table(&e) => Ok(vec![]),
+        Err(e) => Err(e.into()),
+    }
+}

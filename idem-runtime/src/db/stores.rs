@@ -13,13 +13,23 @@ use sqlx::{Pool, Transaction};
 
 use super::{Backend, ClaimContext, Tx};
 use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, FencedWrite, Finish, InFlightSummary, KeyAddress,
-    KeyRecord, LeaseRequest, LeasedOutcome, OperationRow, Owned, PurgeError, Resource,
-    StatsSnapshot, StoreError, StoredResponse, UncertainRow,
+    Claim, ClaimRequest, Execution, FencedWrite, Finish, InFlightSummary, KeyAddress, KeyRecord,
+    PurgeError, Resource, StatsSnapshot, StoreError, StoredResponse,
 };
 
+/// idem's table and how it comes to be: the migrations.
+pub trait Schema: sqlx::Database {
+    /// idem's embedded migrations for this database, tracked in
+    /// [`super::MIGRATIONS_TABLE`].
+    fn migrator() -> Migrator;
+
+    /// Applies `migrator`'s migrations (and, on SQLite, converts what SQL
+    /// cannot).
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
 /// The transactional mode: the claim and completion inside the caller's
-/// transaction, the handler's path, and the migrations.
+/// transaction, and the handler's path.
 pub trait Claims: sqlx::Database {
     /// Claims a key inside the caller's transaction.
     fn claim(
@@ -33,13 +43,6 @@ pub trait Claims: sqlx::Database {
         tx: &mut Transaction<'_, Self>,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// idem's embedded migrations for this database, tracked in
-    /// [`super::MIGRATIONS_TABLE`].
-    fn migrator() -> Migrator;
-
-    /// Applies `migrator`'s migrations.
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The handler's path: begins a transaction on a connection of `ctx`'s pool
     /// and claims the key in it, in as few round trips as the database allows.
@@ -73,81 +76,6 @@ pub trait Claims: sqlx::Database {
         let _ = (ctx, execution);
         std::future::ready(Ok(None))
     }
-}
-
-/// Leased mode's rows: one short statement (or transaction) each, every
-/// statement over an owned row fenced by the owner token.
-pub trait LeaseRows: sqlx::Database {
-    /// Claims `req.key`, committing at once.
-    fn claim_leased(
-        pool: &Pool<Self>,
-        req: &LeaseRequest<'_>,
-    ) -> impl Future<Output = Result<LeasedOutcome, StoreError>> + Send;
-
-    /// Stores the owned execution's outcome, its retention counted from now.
-    fn store_outcome(
-        pool: &Pool<Self>,
-        row: Owned<'_>,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Renews many owned executions at once, each by its own lease from now, in
-    /// one statement (or one transaction) that waits for no row another
-    /// transaction holds; what it learned of each, in order.
-    fn renew_many(
-        pool: &Pool<Self>,
-        rows: &[crate::model::Renewal<'_>],
-    ) -> impl Future<Output = Result<Vec<crate::model::Renewed>, StoreError>> + Send;
-
-    /// Renews, marks uncertain or releases the owned execution.
-    fn fence(
-        pool: &Pool<Self>,
-        row: Owned<'_>,
-        what: Fence,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// The key's finished outcome, if it has one, with its fingerprint.
-    fn current(
-        pool: &Pool<Self>,
-        tenant: &str,
-        operation: &str,
-        key: &crate::key::KeyDigest,
-    ) -> impl Future<Output = Result<Option<(Vec<u8>, StoredResponse)>, StoreError>> + Send;
-
-    /// Up to `limit` uncertain rows of `operation` in creation order, starting
-    /// after `after` (a row of an earlier page), so that rows that never resolve
-    /// cannot keep newer ones from being asked about.
-    fn uncertain_rows(
-        pool: &Pool<Self>,
-        operation: &str,
-        after: Option<&UncertainRow>,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<UncertainRow>, StoreError>> + Send;
-
-    /// Resolves an uncertain row if it is still that execution (same generation and
-    /// owner token): stores `outcome` (retention from now), or forgets the key when
-    /// `None`.
-    fn resolve(
-        pool: &Pool<Self>,
-        operation: &str,
-        row: &UncertainRow,
-        outcome: Option<&StoredResponse>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-}
-
-/// What a long operation's resource reads (`crate::operations`): one key's
-/// row by its primary key, in a statement of its own (its own file in each
-/// database's module, `operations.rs`).
-pub trait OperationRows: sqlx::Database {
-    /// The key's row, as the resource shows it; `None` when there is none, or
-    /// when it is finished and past its retention. The stored body only when
-    /// `with_body`, so that polling the status never moves a body.
-    fn operation(
-        pool: &Pool<Self>,
-        key: &KeyAddress<'_>,
-        with_body: bool,
-    ) -> impl Future<Output = Result<Option<OperationRow>, StoreError>> + Send;
 }
 
 /// Retention and numbers, on the database's clock.

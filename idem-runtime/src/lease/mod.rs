@@ -41,14 +41,13 @@ use crate::key::{IdempotencyKey, KeyDigest};
 use crate::model::{Fence, LeasedOutcome, Owned, OwnerToken, StoreError, StoredResponse};
 
 mod answer;
-mod backend;
 mod renewal;
 mod renewals;
 
+pub use crate::db::leases::LeaseBackend;
 pub use crate::model::{Acquisition, LeaseRequest};
 pub use answer::Uncertain;
 pub(crate) use answer::UncertainMarker;
-pub use backend::LeaseBackend;
 pub(crate) use renewal::Renewer;
 pub(crate) use renewals::Renewals;
 

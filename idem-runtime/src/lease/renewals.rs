@@ -61,6 +61,11 @@ struct State {
     leases: HashMap<u64, Entry>,
     /// Whether the task that sends the batches runs.
     running: bool,
+    /// When that task wakes next by itself (`None`: only when woken). A lease
+    /// added wakes it only when due sooner: each wake scans every lease, and
+    /// thousands of long operations beside a stream of short executions
+    /// would otherwise cost a scan of them all for each short one.
+    wake_at: Option<Instant>,
 }
 
 struct Entry {
@@ -151,14 +156,14 @@ impl<DB: LeaseBackend> Renewals<DB> {
             let id = state.next_id;
             state.next_id += 1;
             state.leases.insert(id, entry);
-            let start = !state.running;
-            state.running = true;
-            (id, start)
+            (id, wake_for(&mut state, due))
         };
-        if start {
-            tokio::spawn(schedule(self.inner.clone()));
-        } else {
-            self.inner.wake.notify_one();
+        match start {
+            Wake::Start => {
+                tokio::spawn(schedule(self.inner.clone()));
+            }
+            Wake::Sooner => self.inner.wake.notify_one(),
+            Wake::No => {}
         }
         Registered {
             inner: self.inner.clone(),
@@ -171,6 +176,30 @@ impl<DB: LeaseBackend> Renewals<DB> {
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What a lease added asks of the task that sends the batches.
+enum Wake {
+    /// It is not running: start it.
+    Start,
+    /// It sleeps past the new lease's due time.
+    Sooner,
+    /// It wakes in time by itself.
+    No,
+}
+
+/// What a lease due at `due`, just added, asks of the task that sends the
+/// batches; marks it running, and its wake as planned for `due` when sooner.
+fn wake_for(state: &mut State, due: Instant) -> Wake {
+    if !state.running {
+        state.running = true;
+        Wake::Start
+    } else if state.wake_at.is_none_or(|at| due < at) {
+        state.wake_at = Some(due);
+        Wake::Sooner
+    } else {
+        Wake::No
     }
 }
 
@@ -217,9 +246,12 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
             let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
             if state.leases.is_empty() {
                 state.running = false;
+                state.wake_at = None;
                 return;
             }
-            due_now(&mut state)
+            let (batch, next) = due_now(&mut state);
+            state.wake_at = next;
+            (batch, next)
         };
         let mut batch = batch;
         while !batch.is_empty() {
@@ -257,9 +289,9 @@ fn due_now(state: &mut State) -> (Vec<Sending>, Option<Instant>) {
         }
         true
     });
-    // Only when a lease is due: the task also wakes whenever a lease is added,
-    // and taking every lease that has just come within reach at each such wake
-    // would send them one by one as they come, never together.
+    // Only when a lease is due: the task also wakes when a lease added is due
+    // before it planned to, and taking every lease that has just come within
+    // reach at each such wake would send them one by one, never together.
     let any_due = state.leases.values().any(|e| !e.sending && e.due <= now);
     for (id, e) in &mut state.leases {
         if e.sending {
@@ -383,6 +415,25 @@ mod tests {
             ceiling: now + Duration::from_secs(3600),
             sending: false,
         }
+    }
+
+    #[test]
+    fn a_lease_added_wakes_the_task_only_when_due_before_it_planned_to_wake() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let mut state = State::default();
+        assert!(matches!(wake_for(&mut state, now + ms(500)), Wake::Start));
+        assert!(state.running);
+        // Running, and waiting without a time of its own: woken.
+        assert!(matches!(wake_for(&mut state, now + ms(500)), Wake::Sooner));
+        assert_eq!(state.wake_at, Some(now + ms(500)));
+        // Due later than the planned wake: that wake sees it, no scan now.
+        assert!(matches!(wake_for(&mut state, now + ms(2000)), Wake::No));
+        assert!(matches!(wake_for(&mut state, now + ms(500)), Wake::No));
+        assert_eq!(state.wake_at, Some(now + ms(500)));
+        // Due sooner: woken, and the plan moves.
+        assert!(matches!(wake_for(&mut state, now + ms(100)), Wake::Sooner));
+        assert_eq!(state.wake_at, Some(now + ms(100)));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::StoredResponse;
+use super::{StoreError, StoredResponse};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyDigest};
 
@@ -209,4 +209,39 @@ pub struct OperationRow {
     /// `completed` and `failed`: the stored outcome (its body empty unless it
     /// was asked for).
     pub(crate) outcome: Option<StoredResponse>,
+}
+
+/// An uncertain execution to resolve.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct UncertainOutcome {
+    /// The tenant.
+    pub tenant: String,
+    /// The operation.
+    pub operation: String,
+    /// The digest of the key the client sent ([`crate::IdempotencyKey::digest`]):
+    /// stores keep no raw key, so neither can the reconciler.
+    pub key_digest: KeyDigest,
+    /// The key the downstream system knows the effect by, as recorded when the
+    /// execution claimed the key ([`crate::lease::downstream_key`]).
+    pub downstream_key: String,
+    /// The generation of the execution that became uncertain.
+    pub generation: i64,
+}
+
+impl UncertainRow {
+    /// What the reconciler asks the application about for this row of
+    /// `operation`.
+    pub(crate) fn outcome(&self, operation: &str) -> Result<UncertainOutcome, StoreError> {
+        let downstream_key = self.downstream_key.clone().ok_or_else(|| {
+            StoreError::Corrupt("an uncertain row without its downstream key".into())
+        })?;
+        Ok(UncertainOutcome {
+            downstream_key,
+            tenant: self.tenant.clone(),
+            operation: operation.to_owned(),
+            key_digest: self.key,
+            generation: self.generation,
+        })
+    }
 }

@@ -153,7 +153,7 @@ pub use admin::{KeyAddress, KeyRecord, PurgeError};
 pub use claim::{Claim, ClaimRequest, Execution, Finish, StoredResponse};
 pub use lease::{
     Acquisition, Fence, LeaseRequest, LeasedOutcome, OperationRow, Owned, OwnerToken, Renewal,
-    Renewed, UncertainRow,
+    Renewed, UncertainOutcome, UncertainRow,
 };
 pub use stats::{InFlightSummary, StatsGroup, StatsSnapshot};
 pub use transition::{FencedWrite, Resource};

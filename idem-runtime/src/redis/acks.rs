@@ -146,7 +146,10 @@ impl RedisLeaseStore {
     /// the worker counts; its completion is then refused (fenced by the token)
     /// and its downstream calls carry the same downstream key, as after any
     /// takeover (docs/redis.md, "Replica acknowledgement").
-    pub(super) async fn run_renewal(&self, inv: &ScriptInvocation<'_>) -> Result<u64, StoreError> {
+    pub(super) async fn run_renewal<T: redis::FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
         // The first connection carries no WAIT when acknowledgement is off.
         let mut conn = match self.acks {
             None => self.conn.clone(),

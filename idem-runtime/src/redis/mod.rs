@@ -113,6 +113,7 @@ struct Scripts {
     claim: Script,
     store: Script,
     renew: Script,
+    renew_many: Script,
     uncertain: Script,
     release: Script,
     resolve: Script,
@@ -305,6 +306,7 @@ impl RedisLeaseStore {
                 claim: Script::new(scripts::CLAIM),
                 store: Script::new(scripts::STORE),
                 renew: Script::new(scripts::RENEW),
+                renew_many: Script::new(scripts::RENEW_MANY),
                 uncertain: Script::new(scripts::UNCERTAIN),
                 release: Script::new(scripts::RELEASE),
                 resolve: Script::new(scripts::RESOLVE),
@@ -523,6 +525,8 @@ fn stored_from(
     })
 }
 
+impl crate::db::leases::sealed::Sealed for Redis {}
+
 impl LeaseBackend for Redis {
     type Store = RedisLeaseStore;
     type UncertainRow = RedisUncertain;
@@ -658,34 +662,65 @@ impl LeaseBackend for Redis {
         store.run::<u64>(&inv).await?.acknowledged()
     }
 
-    /// Each lease's own renewal script, all sent at once: the connections
-    /// pipeline them (one write and one read per node for the whole batch), and
-    /// each reply says kept or lost. A renewal that failed is `Unknown` (renewed
-    /// again soon); the batch fails only when every one did.
+    /// One script per slot renews that slot's leases of the batch (a record's
+    /// slot is its operation's shard, so a cluster takes them too), the
+    /// scripts sent at once and pipelined by the connections; each record's
+    /// reply says kept or lost. A script that failed leaves its leases
+    /// `Unknown` (renewed again soon); the batch fails only when every one did.
     async fn lease_renew_many(
         store: &RedisLeaseStore,
         rows: &[Renewal<'_>],
     ) -> Result<Vec<Renewed>, StoreError> {
-        let done = futures_util::future::join_all(
-            rows.iter()
-                .map(|r| Self::lease_fence(store, r.row, Fence::Renew(r.lease))),
-        )
+        // Bounds the time one script holds the server (it runs alone there).
+        const PER_SCRIPT: usize = 256;
+        let mut slots: Vec<((&str, char), Vec<usize>)> = Vec::new();
+        let digests: Vec<String> = rows.iter().map(|r| r.row.key.to_string()).collect();
+        for (i, r) in rows.iter().enumerate() {
+            let slot = (r.row.operation, shard_of(&digests[i]));
+            match slots
+                .iter_mut()
+                .find(|(s, members)| *s == slot && members.len() < PER_SCRIPT)
+            {
+                Some((_, members)) => members.push(i),
+                None => slots.push((slot, vec![i])),
+            }
+        }
+        let done = futures_util::future::join_all(slots.iter().map(|(_, members)| {
+            let mut inv = store.scripts.renew_many.prepare_invoke();
+            for &i in members {
+                let r = &rows[i];
+                inv.key(
+                    store
+                        .layout
+                        .record(r.row.tenant, r.row.operation, &digests[i]),
+                );
+                inv.arg(r.row.token).arg(script_ms(r.lease));
+            }
+            async move { store.run_renewal::<Vec<i64>>(&inv).await }
+        }))
         .await;
-        // Every renewal failed: the batch did, with the first one's error.
+        // Every script failed: the batch did, with the first one's error.
         if !done.is_empty() && done.iter().all(Result::is_err) {
             return Err(done
                 .into_iter()
                 .find_map(Result::err)
                 .expect("every result is an error"));
         }
-        Ok(done
-            .into_iter()
-            .map(|d| match d {
-                Ok(1) => Renewed::Kept,
-                Ok(_) => Renewed::Lost,
-                Err(_) => Renewed::Unknown,
-            })
-            .collect())
+        let mut renewed = vec![Renewed::Unknown; rows.len()];
+        for ((_, members), replies) in slots.iter().zip(done) {
+            let Ok(replies) = replies else { continue };
+            if replies.len() != members.len() {
+                return Err(corrupt("renewal replies"));
+            }
+            for (&i, reply) in members.iter().zip(replies) {
+                renewed[i] = match reply {
+                    1 => Renewed::Kept,
+                    0 => Renewed::Lost,
+                    _ => Renewed::Unknown,
+                };
+            }
+        }
+        Ok(renewed)
     }
 
     async fn lease_current(

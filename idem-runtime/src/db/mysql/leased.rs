@@ -11,19 +11,21 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, MySqlConnection, MySqlPool};
+use sqlx::{Connection, MySql, MySqlConnection, Pool};
 
 use super::transactional::stored_from_row;
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
 use crate::db::dialect::{placeholder_rows, question_marks};
+use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared::{self, owned_row};
 use crate::decide::{self, LeasedStep};
 use crate::model::{
-    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError, millis,
+    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError,
+    StoredResponse, millis,
 };
 
 const READ_SQL: &str = concat!(
@@ -68,7 +70,7 @@ const TAKEOVER_SQL: &str = concat!(
     " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
-pub(super) const STORE_SQL: &str = concat!(
+const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
             completed_at = ",
@@ -79,7 +81,7 @@ pub(super) const STORE_SQL: &str = concat!(
     owned_row!("?", "?", "?", "?", "")
 );
 
-pub(super) const RENEW_SQL: &str = concat!(
+const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
     " + ? WHERE",
@@ -110,114 +112,17 @@ fn bind_owned<'q>(
     query
 }
 
-/// Renews `rows` in one short transaction: the rows nobody else holds are locked
-/// through the primary key (`FOR UPDATE SKIP LOCKED`: a row another transaction
-/// holds is not waited for, so one held row cannot hold up every lease of the
-/// process) and renewed by one `UPDATE` by primary key per distinct lease length. Rows not locked are read once more without a
-/// lock: still owned (held by another transaction: renew again soon), or lost.
-/// The statements' texts depend on the batch's size, so they are not kept in
-/// the connection's statement cache.
-pub(super) async fn renew_many(
-    pool: &MySqlPool,
-    rows: &[Renewal<'_>],
-) -> Result<Vec<Renewed>, StoreError> {
-    use sqlx::Row as _;
-
-    let all: Vec<&Renewal<'_>> = rows.iter().collect();
-    let mut conn = pool.acquire().await?;
-    // A batch dropped half-way (its time ran out) must not return a connection
-    // to the pool inside a transaction that holds the rows it locked: it is
-    // closed instead, and the server rolls the transaction back.
-    let mut guard = Restoring::new(&mut conn);
-    let mut tx = guard.conn().begin_with(BEGIN_READ_COMMITTED).await?;
-    let lock = format!(
-        "SELECT owner_token FROM idempotency_requests FORCE INDEX (PRIMARY) \
-          WHERE state = 'processing' AND {} FOR UPDATE SKIP LOCKED",
-        owned_rows_in(all.len())
-    );
-    let locked: std::collections::HashSet<String> =
-        bind_owned(sqlx::query(sqlx::AssertSqlSafe(lock)), &all)
-            .persistent(false)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.try_get::<String, _>(0))
-            .collect::<Result<_, _>>()?;
-    let held: Vec<&Renewal<'_>> = all
-        .iter()
-        .copied()
-        .filter(|r| locked.contains(r.row.token.as_str()))
-        .collect();
-    // One `UPDATE` per distinct lease length (in practice one), by primary key
-    // alone: the rows are locked and checked above, and a condition on `state`
-    // could lead InnoDB through the in-flight index, where it would wait for
-    // rows others hold.
-    let held: Vec<Renewal<'_>> = held.into_iter().copied().collect();
-    for (lease, of) in Renewal::by_lease(&held) {
-        let keys = format!(
-            "(tenant_id, operation, key_digest) IN ({})",
-            placeholder_rows(3, of.len())
-        );
-        let renew = format!(
-            "UPDATE idempotency_requests SET lease_expires_at = {} + ? WHERE {keys}",
-            now_ms!(),
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(renew)).bind(millis(lease));
-        for r in &of {
-            query = query
-                .bind(r.row.tenant)
-                .bind(r.row.operation)
-                .bind(r.row.key);
-        }
-        query.persistent(false).execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    guard.restored();
-    let rest: Vec<&Renewal<'_>> = all
-        .iter()
-        .copied()
-        .filter(|r| !locked.contains(r.row.token.as_str()))
-        .collect();
-    let mut owned = std::collections::HashSet::new();
-    if !rest.is_empty() {
-        let read = format!(
-            "SELECT owner_token FROM idempotency_requests WHERE state = 'processing' AND {}",
-            owned_rows_in(rest.len())
-        );
-        owned = bind_owned(sqlx::query(sqlx::AssertSqlSafe(read)), &rest)
-            .persistent(false)
-            .fetch_all(&mut *conn)
-            .await?
-            .iter()
-            .map(|r| r.try_get::<String, _>(0))
-            .collect::<Result<_, _>>()?;
-    }
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let token = r.row.token.as_str();
-            if locked.contains(token) {
-                Renewed::Kept
-            } else if owned.contains(token) {
-                Renewed::Unknown
-            } else {
-                Renewed::Lost
-            }
-        })
-        .collect())
-}
-
-pub(super) const UNCERTAIN_SQL: &str = concat!(
+const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
     owned_row!("?", "?", "?", "?", "")
 );
 
-pub(super) const RELEASE_SQL: &str = concat!(
+const RELEASE_SQL: &str = concat!(
     "DELETE FROM idempotency_requests WHERE",
     owned_row!("?", "?", "?", "?", "")
 );
 
-pub(super) const CURRENT_SQL: &str = question_marks!(shared::CURRENT_SQL);
+const CURRENT_SQL: &str = question_marks!(shared::CURRENT_SQL);
 
 // Paged by (created_at, tenant, key), so that rows that never resolve cannot
 // keep newer ones from being asked about; the in-flight index (state,
@@ -225,7 +130,7 @@ pub(super) const CURRENT_SQL: &str = question_marks!(shared::CURRENT_SQL);
 // back as text. The first page has no position: -1 (before every `created_at`,
 // which are Unix milliseconds) stands for it, so that each parameter appears
 // once, in the order every database binds them.
-pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
+const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
             key_digest, downstream_key, generation, \
             owner_token, created_at AS created \
        FROM idempotency_requests \
@@ -236,7 +141,7 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8
 // The retention runs from the resolution, as for any completion; the
 // assignments run left to right, so expires_at is computed before created_at
 // would change (it does not).
-pub(super) const RESOLVE_SQL: &str = concat!(
+const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
             completed_at = ",
@@ -249,44 +154,13 @@ pub(super) const RESOLVE_SQL: &str = concat!(
 );
 
 // A resolution applies to the execution it was asked about and no other.
-pub(super) const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
+const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
         AND generation = ? AND state = 'uncertain' AND owner_token = ?";
 
 fn busy() -> LeasedOutcome {
     LeasedOutcome::InFlight {
         retry_after: Duration::from_secs(1),
-    }
-}
-
-/// Claims `req.key` in leased mode, committing at once.
-pub(super) async fn claim_leased(
-    pool: &MySqlPool,
-    req: &LeaseRequest<'_>,
-) -> Result<LeasedOutcome, StoreError> {
-    let mut conn = pool.acquire().await?;
-    // Dropped before the lock wait is given back (a caller's timeout), the
-    // connection is closed rather than pooled with idem's bound on it.
-    let mut session = Restoring::new(&mut conn);
-    bound_lock_wait(session.conn(), Duration::from_secs(1)).await?;
-    let outcome = claim_in_transaction(session.conn(), req).await;
-    // The claim has committed (or not) by now: what the restore does must not
-    // lose it. An acquired row dropped here would wait out its whole lease.
-    // A session whose lock wait could not be restored is not given back to the
-    // pool.
-    match restore_lock_wait(session.conn()).await {
-        Ok(()) => session.restored(),
-        Err(e) => {
-            tracing::warn!(error = %e, "idem: could not restore the session's lock wait after a leased claim; closing the connection");
-        }
-    }
-    match outcome {
-        Ok(outcome) => Ok(outcome),
-        // Another claim of the key held it past the wait, or InnoDB chose this
-        // claim as a deadlock's victim (and rolled it back): someone else is
-        // deciding the key right now.
-        Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => Ok(busy()),
-        Err(e) => Err(e),
     }
 }
 
@@ -383,5 +257,164 @@ async fn claim_under_lock(
                 generation,
             })
         }
+    }
+}
+
+/// Leased mode's statements on MySql: the texts and encodings the shared
+/// statements bind (`crate::db::leases`), and the claim and the batch renewal,
+/// which are this database's own.
+impl SqlLeases for MySql {
+    type Status = i64;
+    type Headers<'r> = String;
+
+    const STORE_SQL: &'static str = STORE_SQL;
+    const RENEW_SQL: &'static str = RENEW_SQL;
+    const UNCERTAIN_SQL: &'static str = UNCERTAIN_SQL;
+    const RELEASE_SQL: &'static str = RELEASE_SQL;
+    const CURRENT_SQL: &'static str = CURRENT_SQL;
+    const UNCERTAIN_ROWS_SQL: &'static str = UNCERTAIN_ROWS_SQL;
+    const RESOLVE_SQL: &'static str = RESOLVE_SQL;
+    const FORGET_SQL: &'static str = FORGET_SQL;
+    const OPERATION_STATUS_SQL: &'static str = super::operations::OPERATION_STATUS_SQL;
+    const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
+
+    fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
+        super::transactional::encode(response)
+    }
+
+    fn stored_from_row(row: &sqlx::mysql::MySqlRow) -> Result<StoredResponse, StoreError> {
+        super::transactional::stored_from_row(row)
+    }
+
+    fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// Claims `req.key` in leased mode, committing at once.
+    async fn claim_leased(
+        pool: &Pool<Self>,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        let mut conn = pool.acquire().await?;
+        // Dropped before the lock wait is given back (a caller's timeout), the
+        // connection is closed rather than pooled with idem's bound on it.
+        let mut session = Restoring::new(&mut conn);
+        bound_lock_wait(session.conn(), Duration::from_secs(1)).await?;
+        let outcome = claim_in_transaction(session.conn(), req).await;
+        // The claim has committed (or not) by now: what the restore does must not
+        // lose it. An acquired row dropped here would wait out its whole lease.
+        // A session whose lock wait could not be restored is not given back to the
+        // pool.
+        match restore_lock_wait(session.conn()).await {
+            Ok(()) => session.restored(),
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: could not restore the session's lock wait after a leased claim; closing the connection");
+            }
+        }
+        match outcome {
+            Ok(outcome) => Ok(outcome),
+            // Another claim of the key held it past the wait, or InnoDB chose this
+            // claim as a deadlock's victim (and rolled it back): someone else is
+            // deciding the key right now.
+            Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => Ok(busy()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Renews `rows` in one short transaction: the rows nobody else holds are locked
+    /// through the primary key (`FOR UPDATE SKIP LOCKED`: a row another transaction
+    /// holds is not waited for, so one held row cannot hold up every lease of the
+    /// process) and renewed by one `UPDATE` by primary key per distinct lease length. Rows not locked are read once more without a
+    /// lock: still owned (held by another transaction: renew again soon), or lost.
+    /// The statements' texts depend on the batch's size, so they are not kept in
+    /// the connection's statement cache.
+    async fn renew_many(
+        pool: &Pool<Self>,
+        rows: &[Renewal<'_>],
+    ) -> Result<Vec<Renewed>, StoreError> {
+        use sqlx::Row as _;
+
+        let all: Vec<&Renewal<'_>> = rows.iter().collect();
+        let mut conn = pool.acquire().await?;
+        // A batch dropped half-way (its time ran out) must not return a connection
+        // to the pool inside a transaction that holds the rows it locked: it is
+        // closed instead, and the server rolls the transaction back.
+        let mut guard = Restoring::new(&mut conn);
+        let mut tx = guard.conn().begin_with(BEGIN_READ_COMMITTED).await?;
+        let lock = format!(
+            "SELECT owner_token FROM idempotency_requests FORCE INDEX (PRIMARY) \
+              WHERE state = 'processing' AND {} FOR UPDATE SKIP LOCKED",
+            owned_rows_in(all.len())
+        );
+        let locked: std::collections::HashSet<String> =
+            bind_owned(sqlx::query(sqlx::AssertSqlSafe(lock)), &all)
+                .persistent(false)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.try_get::<String, _>(0))
+                .collect::<Result<_, _>>()?;
+        let held: Vec<&Renewal<'_>> = all
+            .iter()
+            .copied()
+            .filter(|r| locked.contains(r.row.token.as_str()))
+            .collect();
+        // One `UPDATE` per distinct lease length (in practice one), by primary key
+        // alone: the rows are locked and checked above, and a condition on `state`
+        // could lead InnoDB through the in-flight index, where it would wait for
+        // rows others hold.
+        let held: Vec<Renewal<'_>> = held.into_iter().copied().collect();
+        for (lease, of) in Renewal::by_lease(&held) {
+            let keys = format!(
+                "(tenant_id, operation, key_digest) IN ({})",
+                placeholder_rows(3, of.len())
+            );
+            let renew = format!(
+                "UPDATE idempotency_requests SET lease_expires_at = {} + ? WHERE {keys}",
+                now_ms!(),
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(renew)).bind(millis(lease));
+            for r in &of {
+                query = query
+                    .bind(r.row.tenant)
+                    .bind(r.row.operation)
+                    .bind(r.row.key);
+            }
+            query.persistent(false).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        guard.restored();
+        let rest: Vec<&Renewal<'_>> = all
+            .iter()
+            .copied()
+            .filter(|r| !locked.contains(r.row.token.as_str()))
+            .collect();
+        let mut owned = std::collections::HashSet::new();
+        if !rest.is_empty() {
+            let read = format!(
+                "SELECT owner_token FROM idempotency_requests WHERE state = 'processing' AND {}",
+                owned_rows_in(rest.len())
+            );
+            owned = bind_owned(sqlx::query(sqlx::AssertSqlSafe(read)), &rest)
+                .persistent(false)
+                .fetch_all(&mut *conn)
+                .await?
+                .iter()
+                .map(|r| r.try_get::<String, _>(0))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let token = r.row.token.as_str();
+                if locked.contains(token) {
+                    Renewed::Kept
+                } else if owned.contains(token) {
+                    Renewed::Unknown
+                } else {
+                    Renewed::Lost
+                }
+            })
+            .collect())
     }
 }

@@ -18,12 +18,11 @@ use std::time::Duration;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row, Transaction};
 
-use super::shared::lease_statements;
 use super::{Backend, ClaimContext};
 use crate::db::Tx;
 use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, InFlightSummary, Owned, StatsSnapshot,
-    StoreError, StoredResponse, UncertainRow,
+    Claim, ClaimRequest, Execution, Finish, InFlightSummary, StatsSnapshot, StoreError,
+    StoredResponse,
 };
 use crate::model::{FencedWrite, Resource};
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
@@ -34,12 +33,6 @@ mod leased;
 mod operations;
 pub(crate) mod transactional;
 mod upkeep;
-
-use leased::{
-    CURRENT_SQL, FORGET_SQL, RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL,
-    UNCERTAIN_SQL,
-};
-use transactional::{encode, stored_from_row};
 
 /// Now, in Unix milliseconds, from MySQL's clock: the one expression every MySQL
 /// timestamp of idem (`created_at`, `completed_at`, `expires_at`,
@@ -202,6 +195,17 @@ impl Backend for MySql {
     }
 }
 
+impl super::stores::Schema for MySql {
+    fn migrator() -> sqlx::migrate::Migrator {
+        super::tracked(sqlx::migrate!("migrations/mysql"))
+    }
+
+    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
+        Self::migrator().run(pool).await?;
+        Ok(())
+    }
+}
+
 impl super::stores::Claims for MySql {
     /// In a transaction the caller began: a deadlock (the whole transaction was
     /// rolled back by InnoDB) is answered as in flight, since it cannot be
@@ -222,15 +226,6 @@ impl super::stores::Claims for MySql {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         transactional::complete_on(execution, tx, response).await
-    }
-
-    fn migrator() -> sqlx::migrate::Migrator {
-        super::tracked(sqlx::migrate!("migrations/mysql"))
-    }
-
-    async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
-        Self::migrator().run(pool).await?;
-        Ok(())
     }
 
     async fn begin_claim(
@@ -255,10 +250,6 @@ impl super::stores::Claims for MySql {
     ) -> Result<Option<Claim>, StoreError> {
         hot_path::taken_since(ctx, execution).await
     }
-}
-
-impl super::stores::LeaseRows for MySql {
-    lease_statements!();
 }
 
 impl super::stores::Upkeep for MySql {
@@ -331,16 +322,10 @@ impl super::stores::Transitions for MySql {
 }
 
 impl super::stores::Admin for MySql {
-    async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
-        match sqlx::query_scalar(sqlx::AssertSqlSafe(super::shared::applied_versions_sql()))
-            .fetch_all(pool)
-            .await
-        {
-            Ok(v) => Ok(v),
-            // No history table yet: nothing was ever applied.
-            Err(e) if super::is_undefined_table(&e) => Ok(vec![]),
-            Err(e) => Err(e.into()),
-        }
+    fn applied_versions(
+        pool: &MySqlPool,
+    ) -> impl std::future::Future<Output = Result<Vec<i64>, StoreError>> + Send {
+        super::shared::applied_versions(pool)
     }
 
     async fn fetch_record(

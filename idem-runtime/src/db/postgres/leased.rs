@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::{Pool, Postgres, Row};
 
 use super::transactional::stored_from_row;
+use crate::db::leases::SqlLeases;
 use crate::db::shared::owned_row;
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
@@ -16,7 +17,7 @@ const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms
         response_status, response_headers, response_body \
    FROM idem_claim_leased($1, $2, $3, $4, $5, $6, $7)";
 
-pub(super) const STORE_SQL: &str = concat!(
+const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
             completed_at = c.t, expires_at = c.t + $5 * interval '1 millisecond', \
@@ -26,7 +27,7 @@ pub(super) const STORE_SQL: &str = concat!(
     owned_row!("$6", "$7", "$8", "$9", "::uuid")
 );
 
-pub(super) const RENEW_SQL: &str = concat!(
+const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET lease_expires_at = clock_timestamp() + $1 * interval '1 millisecond' \
       WHERE",
@@ -63,54 +64,12 @@ SELECT EXISTS (SELECT 1 FROM renewed x \
                   AND r.state = 'processing') AS owned \
   FROM l ORDER BY l.ord";
 
-/// Renews `rows` in one statement ([`RENEW_MANY_SQL`]).
-pub(super) async fn renew_many(
-    pool: &PgPool,
-    rows: &[Renewal<'_>],
-) -> Result<Vec<Renewed>, StoreError> {
-    let mut tenants = Vec::with_capacity(rows.len());
-    let mut operations = Vec::with_capacity(rows.len());
-    let mut keys = Vec::with_capacity(rows.len());
-    let mut tokens = Vec::with_capacity(rows.len());
-    let mut leases = Vec::with_capacity(rows.len());
-    for r in rows {
-        tenants.push(r.row.tenant);
-        operations.push(r.row.operation);
-        keys.push(r.row.key.as_bytes().to_vec());
-        tokens.push(r.row.token.as_str());
-        leases.push(millis(r.lease));
-    }
-    let found = sqlx::query(RENEW_MANY_SQL)
-        .bind(tenants)
-        .bind(operations)
-        .bind(keys)
-        .bind(tokens)
-        .bind(leases)
-        .fetch_all(pool)
-        .await?;
-    found
-        .iter()
-        .map(|row| {
-            Ok(
-                match (
-                    row.try_get::<bool, _>("renewed")?,
-                    row.try_get::<bool, _>("owned")?,
-                ) {
-                    (true, _) => Renewed::Kept,
-                    (false, true) => Renewed::Unknown,
-                    (false, false) => Renewed::Lost,
-                },
-            )
-        })
-        .collect()
-}
-
-pub(super) const UNCERTAIN_SQL: &str = concat!(
+const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
     owned_row!("$1", "$2", "$3", "$4", "::uuid")
 );
 
-pub(super) const RELEASE_SQL: &str = concat!(
+const RELEASE_SQL: &str = concat!(
     "DELETE FROM idempotency_requests WHERE",
     owned_row!("$1", "$2", "$3", "$4", "::uuid")
 );
@@ -120,7 +79,7 @@ pub(super) const RELEASE_SQL: &str = concat!(
 // microseconds since the epoch (PostgreSQL's own resolution, so it reads back
 // exactly). The `state IN (...)` term repeats the partial in-flight index's
 // condition word for word.
-pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
+const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
             CAST(owner_token AS text) AS owner_token, \
             (extract(epoch FROM created_at) * 1000000)::bigint AS created \
        FROM idempotency_requests \
@@ -132,7 +91,7 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downs
 
 // The retention runs from the resolution, as for any completion: a row resolved
 // late must not be already expired.
-pub(super) const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
+const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
         SET state = $1, response_status = $2, response_headers = $3, \
             response_body = $4, completed_at = c.t, lease_expires_at = NULL, \
             expires_at = c.t + (r.expires_at - r.created_at) \
@@ -151,49 +110,122 @@ pub(super) fn encode(response: &StoredResponse) -> Result<(i16, JsonHeaders<'_>)
     Ok((status, sqlx::types::Json(&response.headers)))
 }
 
-/// Claims `req.key` in leased mode, committing at once.
-pub(super) async fn claim_leased(
-    pool: &PgPool,
-    req: &LeaseRequest<'_>,
-) -> Result<LeasedOutcome, StoreError> {
-    let row = sqlx::query(CLAIM_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(millis(req.retention))
-        .bind(millis(req.lease))
-        .bind(crate::key::downstream_key(
-            req.tenant,
-            req.operation,
-            req.key,
-        ))
-        .fetch_one(pool)
-        .await?;
-    let outcome: &str = row.try_get("outcome")?;
-    let acquired = |acquisition| -> Result<LeasedOutcome, StoreError> {
-        Ok(LeasedOutcome::Acquired {
-            acquisition,
-            token: row.try_get("owner_token")?,
-            generation: row.try_get("generation")?,
-        })
-    };
-    match outcome {
-        "acquired" => acquired(Acquisition::New),
-        "reclaimed" => acquired(Acquisition::Reclaimed),
-        "taken_over" => acquired(Acquisition::TakenOver),
-        "replay" => Ok(LeasedOutcome::Replay(stored_from_row(&row)?)),
-        "mismatch" => Ok(LeasedOutcome::Mismatch),
-        "uncertain" => Ok(LeasedOutcome::Uncertain),
-        "in_flight" => {
-            let ms: Option<i64> = row.try_get("retry_after_ms")?;
-            let ms = u64::try_from(ms.unwrap_or(1000)).unwrap_or(1000);
-            Ok(LeasedOutcome::InFlight {
-                retry_after: Duration::from_millis(ms),
+/// Leased mode's statements on Postgres: the texts and encodings the shared
+/// statements bind (`crate::db::leases`), and the claim and the batch renewal,
+/// which are this database's own.
+impl SqlLeases for Postgres {
+    type Status = i16;
+    type Headers<'r> = JsonHeaders<'r>;
+
+    const STORE_SQL: &'static str = STORE_SQL;
+    const RENEW_SQL: &'static str = RENEW_SQL;
+    const UNCERTAIN_SQL: &'static str = UNCERTAIN_SQL;
+    const RELEASE_SQL: &'static str = RELEASE_SQL;
+    const CURRENT_SQL: &'static str = crate::db::shared::CURRENT_SQL;
+    const UNCERTAIN_ROWS_SQL: &'static str = UNCERTAIN_ROWS_SQL;
+    const RESOLVE_SQL: &'static str = RESOLVE_SQL;
+    const FORGET_SQL: &'static str = crate::db::shared::FORGET_SQL;
+    const OPERATION_STATUS_SQL: &'static str = super::operations::OPERATION_STATUS_SQL;
+    const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
+
+    fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
+        encode(response)
+    }
+
+    fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
+        super::transactional::stored_from_row(row)
+    }
+
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// Claims `req.key` in leased mode, committing at once.
+    async fn claim_leased(
+        pool: &Pool<Self>,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        let row = sqlx::query(CLAIM_SQL)
+            .bind(req.tenant)
+            .bind(req.operation)
+            .bind(req.key.digest())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(millis(req.retention))
+            .bind(millis(req.lease))
+            .bind(crate::key::downstream_key(
+                req.tenant,
+                req.operation,
+                req.key,
+            ))
+            .fetch_one(pool)
+            .await?;
+        let outcome: &str = row.try_get("outcome")?;
+        let acquired = |acquisition| -> Result<LeasedOutcome, StoreError> {
+            Ok(LeasedOutcome::Acquired {
+                acquisition,
+                token: row.try_get("owner_token")?,
+                generation: row.try_get("generation")?,
             })
+        };
+        match outcome {
+            "acquired" => acquired(Acquisition::New),
+            "reclaimed" => acquired(Acquisition::Reclaimed),
+            "taken_over" => acquired(Acquisition::TakenOver),
+            "replay" => Ok(LeasedOutcome::Replay(stored_from_row(&row)?)),
+            "mismatch" => Ok(LeasedOutcome::Mismatch),
+            "uncertain" => Ok(LeasedOutcome::Uncertain),
+            "in_flight" => {
+                let ms: Option<i64> = row.try_get("retry_after_ms")?;
+                let ms = u64::try_from(ms.unwrap_or(1000)).unwrap_or(1000);
+                Ok(LeasedOutcome::InFlight {
+                    retry_after: Duration::from_millis(ms),
+                })
+            }
+            other => Err(StoreError::Corrupt(format!(
+                "leased claim outcome {other:?}"
+            ))),
         }
-        other => Err(StoreError::Corrupt(format!(
-            "leased claim outcome {other:?}"
-        ))),
+    }
+
+    /// Renews `rows` in one statement ([`RENEW_MANY_SQL`]).
+    async fn renew_many(
+        pool: &Pool<Self>,
+        rows: &[Renewal<'_>],
+    ) -> Result<Vec<Renewed>, StoreError> {
+        let mut tenants = Vec::with_capacity(rows.len());
+        let mut operations = Vec::with_capacity(rows.len());
+        let mut keys = Vec::with_capacity(rows.len());
+        let mut tokens = Vec::with_capacity(rows.len());
+        let mut leases = Vec::with_capacity(rows.len());
+        for r in rows {
+            tenants.push(r.row.tenant);
+            operations.push(r.row.operation);
+            keys.push(r.row.key.as_bytes().to_vec());
+            tokens.push(r.row.token.as_str());
+            leases.push(millis(r.lease));
+        }
+        let found = sqlx::query(RENEW_MANY_SQL)
+            .bind(tenants)
+            .bind(operations)
+            .bind(keys)
+            .bind(tokens)
+            .bind(leases)
+            .fetch_all(pool)
+            .await?;
+        found
+            .iter()
+            .map(|row| {
+                Ok(
+                    match (
+                        row.try_get::<bool, _>("renewed")?,
+                        row.try_get::<bool, _>("owned")?,
+                    ) {
+                        (true, _) => Renewed::Kept,
+                        (false, true) => Renewed::Unknown,
+                        (false, false) => Renewed::Lost,
+                    },
+                )
+            })
+            .collect()
     }
 }

@@ -12,18 +12,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Postgres, Row, Transaction};
+use sqlx::{Pool, Postgres, Transaction};
 
-use super::shared::{
-    CURRENT_SQL, FORGET_SQL, admin_statements, lease_statements, sweep_statements,
-    transactional_statements, transition_statements,
-};
 use super::{Backend, ClaimContext};
 use crate::db::Tx;
 use crate::model::Resource;
-use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
-};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
 
 mod admin;
 pub(crate) mod hot_path;
@@ -33,12 +27,6 @@ pub(crate) mod pooler;
 pub(crate) mod session;
 pub(crate) mod transactional;
 mod upkeep;
-
-use admin::SHOW_SQL;
-use leased::{
-    RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL, UNCERTAIN_SQL, encode,
-};
-use transactional::stored_from_row;
 
 /// How idem begins a transaction for a claim: explicitly READ COMMITTED, so a
 /// server or role whose default isolation is stricter still gets what claims need.
@@ -50,20 +38,6 @@ pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMIT
 /// `in_flight_wait`, is that ceiling rather than a claim that always fails.
 pub(crate) fn lock_wait_ms(wait: Duration) -> i64 {
     crate::model::millis(wait).min(i64::from(i32::MAX))
-}
-
-/// The statement that reads `state, version` of a resource and holds the row
-/// against other transitions: a concurrent transition waits for the lock, then
-/// sees the committed state.
-fn transition_read_sql(resource: &Resource) -> String {
-    format!(
-        "SELECT {state}, {version} FROM {table} WHERE {id} = $1{scope} FOR UPDATE",
-        state = resource.state_column,
-        version = resource.version_column,
-        table = resource.table,
-        id = resource.id_column,
-        scope = super::shared::scope_sql(resource, "$2::text"),
-    )
 }
 
 impl super::sealed::Sealed for Postgres {}
@@ -79,9 +53,7 @@ impl Backend for Postgres {
     }
 }
 
-impl super::stores::Claims for Postgres {
-    transactional_statements!();
-
+impl super::stores::Schema for Postgres {
     fn migrator() -> sqlx::migrate::Migrator {
         super::tracked(sqlx::migrate!("migrations/postgres"))
     }
@@ -100,6 +72,23 @@ impl super::stores::Claims for Postgres {
         }
         Self::migrator().run(pool).await?;
         Ok(())
+    }
+}
+
+impl super::stores::Claims for Postgres {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        transactional::claim_on(tx, req).await
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        transactional::complete_on(execution, tx, response).await
     }
 
     async fn begin_claim(
@@ -126,24 +115,50 @@ impl super::stores::Claims for Postgres {
     }
 }
 
-impl super::stores::LeaseRows for Postgres {
-    lease_statements!();
-}
-
-impl super::stores::Upkeep for Postgres {
+impl super::shared::SqlUpkeep for Postgres {
     // Batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on several
     // replicas share the work and none waits on a row a claim holds.
-    sweep_statements!(
-        upkeep::DELETE_BATCH_SQL,
-        upkeep::BACKLOG_SQL,
-        upkeep::IN_FLIGHT_SQL
-    );
+    const DELETE_BATCH_SQL: &'static str = upkeep::DELETE_BATCH_SQL;
+    const BACKLOG_SQL: &'static str = upkeep::BACKLOG_SQL;
+    const IN_FLIGHT_SQL: &'static str = upkeep::IN_FLIGHT_SQL;
+
+    fn snapshot(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<crate::model::StatsSnapshot, StoreError>> + Send
+    {
+        upkeep::snapshot(pool)
+    }
 }
 
-impl super::stores::Transitions for Postgres {
-    transition_statements!(transition_read_sql, "$2::text");
+impl super::shared::SqlTransitions for Postgres {
+    const NULL_PARAM: &'static str = "$2::text";
+
+    /// The statement that reads `state, version` of a resource and holds the row
+    /// against other transitions: a concurrent transition waits for the lock, then
+    /// sees the committed state.
+    fn transition_read_sql(resource: &Resource) -> String {
+        format!(
+            "SELECT {state}, {version} FROM {table} WHERE {id} = $1{scope} FOR UPDATE",
+            state = resource.state_column,
+            version = resource.version_column,
+            table = resource.table,
+            id = resource.id_column,
+            scope = super::shared::scope_sql(resource, "$2::text"),
+        )
+    }
 }
 
-impl super::stores::Admin for Postgres {
-    admin_statements!();
+impl super::shared::SqlAdmin for Postgres {
+    const SHOW_SQL: &'static str = admin::SHOW_SQL;
+
+    fn purge<E: Send>(
+        pool: &Pool<Self>,
+        key: &crate::model::KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> impl std::future::Future<
+        Output = Result<Option<(String, i64)>, crate::model::PurgeError<E>>,
+    > + Send {
+        admin::purge(pool, key, wait, allow)
+    }
 }

@@ -1,11 +1,6 @@
 //! A long operation's resource on PostgreSQL: one key's row by its primary key,
 //! with its lease judged on the database's clock.
 
-use sqlx::Postgres;
-
-use super::transactional::stored_from_row;
-use crate::db::shared::operation_statements;
-
 /// The row, unless it is finished and past its retention (then the key no
 /// longer answers, and neither does its resource): `$1..$3` the primary key;
 /// `lease_live` 1 while the lease has not lapsed on the database's clock.
@@ -24,9 +19,5 @@ macro_rules! operation_sql {
     };
 }
 
-const OPERATION_STATUS_SQL: &str = operation_sql!("NULL::bytea");
-const OPERATION_RESULT_SQL: &str = operation_sql!("response_body");
-
-impl crate::db::stores::OperationRows for Postgres {
-    operation_statements!();
-}
+pub(super) const OPERATION_STATUS_SQL: &str = operation_sql!("NULL::bytea");
+pub(super) const OPERATION_RESULT_SQL: &str = operation_sql!("response_body");

@@ -10,11 +10,12 @@
 //! the same database runs long. Owner tokens are
 //! 128 random bits, made here; timestamps are Unix milliseconds from SQLite's clock.
 
-use sqlx::{Connection, SqlitePool};
+use sqlx::{Connection, Pool, Sqlite};
 
 use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
 use crate::db::dialect::placeholder_rows;
+use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
 use crate::db::shared::owned_row;
@@ -67,7 +68,7 @@ const TAKEOVER_SQL: &str = concat!(
      RETURNING generation"
 );
 
-pub(super) const STORE_SQL: &str = concat!(
+const STORE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
             completed_at = t.now, expires_at = t.now + $5, lease_expires_at = NULL \
@@ -78,73 +79,19 @@ pub(super) const STORE_SQL: &str = concat!(
     owned_row!("$6", "$7", "$8", "$9", "")
 );
 
-pub(super) const RENEW_SQL: &str = concat!(
+const RENEW_SQL: &str = concat!(
     "UPDATE idempotency_requests SET lease_expires_at = ",
     now_ms!(),
     " + $1 WHERE",
     owned_row!("$2", "$3", "$4", "$5", "")
 );
 
-/// Renews `rows` in one transaction: SQLite has one writer at a time, so the
-/// batch takes the write lock once (through the busy timeout) and holds it as
-/// briefly as it can: one `UPDATE .. RETURNING` per distinct lease length (in
-/// practice one), each over all its rows, rather than a statement per lease.
-/// Under the write lock no row can be held by anyone else: a row not returned
-/// is not this execution's any more. The statements' texts depend on the
-/// batch's size, so they are not kept in the connection's statement cache.
-pub(super) async fn renew_many(
-    pool: &SqlitePool,
-    rows: &[Renewal<'_>],
-) -> Result<Vec<Renewed>, StoreError> {
-    use sqlx::Row as _;
-
-    let mut conn = pool.acquire().await?;
-    // A batch dropped half-way (its time ran out) must not return a connection
-    // to the pool holding the database's write lock: it is closed instead.
-    let mut guard = Restoring::new(&mut conn);
-    let mut tx = guard.conn().begin_with("BEGIN IMMEDIATE").await?;
-    let mut kept = std::collections::HashSet::new();
-    for (lease, of) in Renewal::by_lease(rows) {
-        let sql = format!(
-            "UPDATE idempotency_requests SET lease_expires_at = {} + ? \
-              WHERE state = 'processing' \
-                AND (tenant_id, operation, key_digest, owner_token) IN (VALUES {}) \
-             RETURNING owner_token",
-            now_ms!(),
-            placeholder_rows(4, of.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(millis(lease));
-        for r in &of {
-            query = query
-                .bind(r.row.tenant)
-                .bind(r.row.operation)
-                .bind(r.row.key)
-                .bind(r.row.token);
-        }
-        for row in query.persistent(false).fetch_all(&mut *tx).await? {
-            kept.insert(row.try_get::<String, _>(0)?);
-        }
-    }
-    tx.commit().await?;
-    guard.restored();
-    Ok(rows
-        .iter()
-        .map(|r| {
-            if kept.contains(r.row.token.as_str()) {
-                Renewed::Kept
-            } else {
-                Renewed::Lost
-            }
-        })
-        .collect())
-}
-
-pub(super) const UNCERTAIN_SQL: &str = concat!(
+const UNCERTAIN_SQL: &str = concat!(
     "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
     owned_row!("$1", "$2", "$3", "$4", "")
 );
 
-pub(super) const RELEASE_SQL: &str = concat!(
+const RELEASE_SQL: &str = concat!(
     "DELETE FROM idempotency_requests WHERE",
     owned_row!("$1", "$2", "$3", "$4", "")
 );
@@ -153,7 +100,7 @@ pub(super) const RELEASE_SQL: &str = concat!(
 // keep newer ones from being asked about. The `state IN (...)` term repeats the
 // partial in-flight index's condition word for word: SQLite uses a partial index
 // only for a query that states it so.
-pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
+const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
             CAST(owner_token AS text) AS owner_token, created_at AS created \
        FROM idempotency_requests \
       WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
@@ -161,7 +108,7 @@ pub(super) const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downs
       ORDER BY created_at, tenant_id, key_digest LIMIT $5";
 
 // The retention runs from the resolution, as for any completion.
-pub(super) const RESOLVE_SQL: &str = concat!(
+const RESOLVE_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
             completed_at = t.now, lease_expires_at = NULL, \
@@ -179,27 +126,6 @@ pub(super) fn encode(response: &StoredResponse) -> Result<(i64, String), StoreEr
     let headers =
         serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok((i64::from(response.status), headers))
-}
-
-/// Claims `req.key` in leased mode, committing at once.
-pub(super) async fn claim_leased(
-    pool: &SqlitePool,
-    req: &LeaseRequest<'_>,
-) -> Result<LeasedOutcome, StoreError> {
-    // IMMEDIATE: the write lock at once, so the read and the write below see
-    // the same row; a concurrent claimer waits through the busy timeout.
-    let mut tx = match pool.begin_with("BEGIN IMMEDIATE").await {
-        Ok(tx) => tx,
-        Err(e) if is_busy(&e) => {
-            return Ok(LeasedOutcome::Busy {
-                retry_after: super::BUSY_RETRY_AFTER,
-            });
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let outcome = claim_under_lock(&mut tx, req).await?;
-    tx.commit().await?;
-    Ok(outcome)
 }
 
 /// The claim, inside the `BEGIN IMMEDIATE` transaction on `conn`: the row read,
@@ -265,5 +191,111 @@ async fn claim_under_lock(
                 generation,
             })
         }
+    }
+}
+
+/// Leased mode's statements on Sqlite: the texts and encodings the shared
+/// statements bind (`crate::db::leases`), and the claim and the batch renewal,
+/// which are this database's own.
+impl SqlLeases for Sqlite {
+    type Status = i64;
+    type Headers<'r> = String;
+
+    const STORE_SQL: &'static str = STORE_SQL;
+    const RENEW_SQL: &'static str = RENEW_SQL;
+    const UNCERTAIN_SQL: &'static str = UNCERTAIN_SQL;
+    const RELEASE_SQL: &'static str = RELEASE_SQL;
+    const CURRENT_SQL: &'static str = crate::db::shared::CURRENT_SQL;
+    const UNCERTAIN_ROWS_SQL: &'static str = UNCERTAIN_ROWS_SQL;
+    const RESOLVE_SQL: &'static str = RESOLVE_SQL;
+    const FORGET_SQL: &'static str = crate::db::shared::FORGET_SQL;
+    const OPERATION_STATUS_SQL: &'static str = super::operations::OPERATION_STATUS_SQL;
+    const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
+
+    fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
+        encode(response)
+    }
+
+    fn stored_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredResponse, StoreError> {
+        super::transactional::stored_from_row(row)
+    }
+
+    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// Claims `req.key` in leased mode, committing at once.
+    async fn claim_leased(
+        pool: &Pool<Self>,
+        req: &LeaseRequest<'_>,
+    ) -> Result<LeasedOutcome, StoreError> {
+        // IMMEDIATE: the write lock at once, so the read and the write below see
+        // the same row; a concurrent claimer waits through the busy timeout.
+        let mut tx = match pool.begin_with("BEGIN IMMEDIATE").await {
+            Ok(tx) => tx,
+            Err(e) if is_busy(&e) => {
+                return Ok(LeasedOutcome::Busy {
+                    retry_after: super::BUSY_RETRY_AFTER,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let outcome = claim_under_lock(&mut tx, req).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Renews `rows` in one transaction: SQLite has one writer at a time, so the
+    /// batch takes the write lock once (through the busy timeout) and holds it as
+    /// briefly as it can: one `UPDATE .. RETURNING` per distinct lease length (in
+    /// practice one), each over all its rows, rather than a statement per lease.
+    /// Under the write lock no row can be held by anyone else: a row not returned
+    /// is not this execution's any more. The statements' texts depend on the
+    /// batch's size, so they are not kept in the connection's statement cache.
+    async fn renew_many(
+        pool: &Pool<Self>,
+        rows: &[Renewal<'_>],
+    ) -> Result<Vec<Renewed>, StoreError> {
+        use sqlx::Row as _;
+
+        let mut conn = pool.acquire().await?;
+        // A batch dropped half-way (its time ran out) must not return a connection
+        // to the pool holding the database's write lock: it is closed instead.
+        let mut guard = Restoring::new(&mut conn);
+        let mut tx = guard.conn().begin_with("BEGIN IMMEDIATE").await?;
+        let mut kept = std::collections::HashSet::new();
+        for (lease, of) in Renewal::by_lease(rows) {
+            let sql = format!(
+                "UPDATE idempotency_requests SET lease_expires_at = {} + ? \
+                  WHERE state = 'processing' \
+                    AND (tenant_id, operation, key_digest, owner_token) IN (VALUES {}) \
+                 RETURNING owner_token",
+                now_ms!(),
+                placeholder_rows(4, of.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(millis(lease));
+            for r in &of {
+                query = query
+                    .bind(r.row.tenant)
+                    .bind(r.row.operation)
+                    .bind(r.row.key)
+                    .bind(r.row.token);
+            }
+            for row in query.persistent(false).fetch_all(&mut *tx).await? {
+                kept.insert(row.try_get::<String, _>(0)?);
+            }
+        }
+        tx.commit().await?;
+        guard.restored();
+        Ok(rows
+            .iter()
+            .map(|r| {
+                if kept.contains(r.row.token.as_str()) {
+                    Renewed::Kept
+                } else {
+                    Renewed::Lost
+                }
+            })
+            .collect())
     }
 }

@@ -14,18 +14,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Row, Sqlite, Transaction};
+use sqlx::{Pool, Sqlite, Transaction};
 
-use super::shared::{
-    CURRENT_SQL, FORGET_SQL, admin_statements, lease_statements, sweep_statements,
-    transactional_statements, transition_statements,
-};
 use super::{Backend, ClaimContext};
 use crate::db::Tx;
 use crate::model::Resource;
-use crate::model::{
-    Claim, ClaimRequest, Execution, Fence, Finish, Owned, StoreError, StoredResponse, UncertainRow,
-};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
 
 mod admin;
 mod digests;
@@ -34,12 +28,6 @@ mod leased;
 mod operations;
 pub(crate) mod transactional;
 mod upkeep;
-
-use admin::SHOW_SQL;
-use leased::{
-    RELEASE_SQL, RENEW_SQL, RESOLVE_SQL, STORE_SQL, UNCERTAIN_ROWS_SQL, UNCERTAIN_SQL, encode,
-};
-use transactional::stored_from_row;
 
 /// Now, in Unix milliseconds, from SQLite's clock: the one expression every
 /// SQLite timestamp of idem (`created_at`, `completed_at`, `expires_at`,
@@ -75,23 +63,6 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
         if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5 || c & 0xff == 6))
 }
 
-/// The statement that reads `state, version` of a resource and holds it against
-/// other transitions. SQLite has no row locks: writing the row unchanged
-/// (`UPDATE ... RETURNING`) takes the database's write lock, waiting for a
-/// concurrent holder through the busy timeout, before the state is read. It
-/// fires the table's `UPDATE` triggers even when the transition is a no-op.
-fn transition_read_sql(resource: &Resource) -> String {
-    format!(
-        "UPDATE {table} SET {version} = {version} WHERE {id} = $1{scope} \
-         RETURNING {state}, {version}",
-        state = resource.state_column,
-        version = resource.version_column,
-        table = resource.table,
-        id = resource.id_column,
-        scope = super::shared::scope_sql(resource, "$2"),
-    )
-}
-
 impl super::sealed::Sealed for Sqlite {}
 
 impl Backend for Sqlite {
@@ -105,9 +76,7 @@ impl Backend for Sqlite {
     }
 }
 
-impl super::stores::Claims for Sqlite {
-    transactional_statements!();
-
+impl super::stores::Schema for Sqlite {
     fn migrator() -> sqlx::migrate::Migrator {
         super::tracked(sqlx::migrate!("migrations/sqlite"))
     }
@@ -117,6 +86,23 @@ impl super::stores::Claims for Sqlite {
     async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
         Self::migrator().run(pool).await?;
         digests::convert_raw_keys(pool).await
+    }
+}
+
+impl super::stores::Claims for Sqlite {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        transactional::claim_on(tx, req).await
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        transactional::complete_on(execution, tx, response).await
     }
 
     /// The write lock first, the key read under it, nothing written until the
@@ -138,24 +124,53 @@ impl super::stores::Claims for Sqlite {
     }
 }
 
-impl super::stores::LeaseRows for Sqlite {
-    lease_statements!();
-}
-
-impl super::stores::Upkeep for Sqlite {
+impl super::shared::SqlUpkeep for Sqlite {
     // Batches by `rowid` under SQLite's single write lock, so no `SKIP LOCKED`
     // is needed.
-    sweep_statements!(
-        upkeep::DELETE_BATCH_SQL,
-        upkeep::BACKLOG_SQL,
-        upkeep::IN_FLIGHT_SQL
-    );
+    const DELETE_BATCH_SQL: &'static str = upkeep::DELETE_BATCH_SQL;
+    const BACKLOG_SQL: &'static str = upkeep::BACKLOG_SQL;
+    const IN_FLIGHT_SQL: &'static str = upkeep::IN_FLIGHT_SQL;
+
+    fn snapshot(
+        pool: &Pool<Self>,
+    ) -> impl std::future::Future<Output = Result<crate::model::StatsSnapshot, StoreError>> + Send
+    {
+        upkeep::snapshot(pool)
+    }
 }
 
-impl super::stores::Transitions for Sqlite {
-    transition_statements!(transition_read_sql, "$2");
+impl super::shared::SqlTransitions for Sqlite {
+    const NULL_PARAM: &'static str = "$2";
+
+    /// The statement that reads `state, version` of a resource and holds it against
+    /// other transitions. SQLite has no row locks: writing the row unchanged
+    /// (`UPDATE ... RETURNING`) takes the database's write lock, waiting for a
+    /// concurrent holder through the busy timeout, before the state is read. It
+    /// fires the table's `UPDATE` triggers even when the transition is a no-op.
+    fn transition_read_sql(resource: &Resource) -> String {
+        format!(
+            "UPDATE {table} SET {version} = {version} WHERE {id} = $1{scope} \
+             RETURNING {state}, {version}",
+            state = resource.state_column,
+            version = resource.version_column,
+            table = resource.table,
+            id = resource.id_column,
+            scope = super::shared::scope_sql(resource, "$2"),
+        )
+    }
 }
 
-impl super::stores::Admin for Sqlite {
-    admin_statements!();
+impl super::shared::SqlAdmin for Sqlite {
+    const SHOW_SQL: &'static str = admin::SHOW_SQL;
+
+    fn purge<E: Send>(
+        pool: &Pool<Self>,
+        key: &crate::model::KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> impl std::future::Future<
+        Output = Result<Option<(String, i64)>, crate::model::PurgeError<E>>,
+    > + Send {
+        admin::purge(pool, key, wait, allow)
+    }
 }
