@@ -9,34 +9,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::Value;
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
+mod out;
+use out::Out;
 
 impl Out {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
-    }
-
     /// A usage error: exit 2, one line on stderr naming `needle`, nothing on stdout.
     fn assert_usage_error(&self, needle: &str) {
-        assert_eq!(self.code, 2, "{self:?}");
-        assert_eq!(self.stderr.lines().count(), 1, "{self:?}");
-        assert!(self.stderr.starts_with("idem: error: "), "{self:?}");
-        assert!(self.stderr.contains(needle), "{needle:?} in {self:?}");
-        assert!(self.stdout.is_empty(), "{self:?}");
+        self.assert_error(2, needle);
     }
 
     /// The scenario `id` of a JSON report.
@@ -61,11 +40,7 @@ async fn check(args: &[&str]) -> Out {
         .output()
         .await
         .expect("the idem binary runs");
-    Out {
-        code: out.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
+    Out::of(out)
 }
 
 /// A directory of the test's own, removed at the end.

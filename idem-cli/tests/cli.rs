@@ -10,45 +10,14 @@
 
 #[path = "../../tests/common/db.rs"]
 mod common;
+mod out;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::{SqliteDb, TestDb};
+use out::Out;
 use serde_json::Value;
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-impl Out {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
-    }
-
-    /// The documented error shape: exactly one line on stderr, nothing on stdout,
-    /// no panic.
-    fn assert_error(&self, code: i32, needle: &str) {
-        assert_eq!(self.code, code, "{self:?}");
-        assert_eq!(self.stderr.lines().count(), 1, "{self:?}");
-        assert!(self.stderr.starts_with("idem: error: "), "{self:?}");
-        assert!(self.stderr.contains(needle), "{self:?}");
-        assert!(self.stdout.is_empty(), "{self:?}");
-        assert!(!self.stderr.contains("panicked"), "{self:?}");
-    }
-}
 
 /// Runs `idem args...` with `DATABASE_URL` set to `url` (or unset).
 async fn idem(url: Option<&str>, args: &[&str]) -> Out {
@@ -57,12 +26,7 @@ async fn idem(url: Option<&str>, args: &[&str]) -> Out {
     if let Some(url) = url {
         cmd.env("DATABASE_URL", url);
     }
-    let out = cmd.output().await.expect("the idem binary runs");
-    Out {
-        code: out.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
+    Out::of(cmd.output().await.expect("the idem binary runs"))
 }
 
 /// A migrated test database as the CLI sees it, on either backend.
