@@ -151,14 +151,14 @@ impl<DB: LeaseBackend> Renewals<DB> {
             ceiling: now + ceiling,
             sending: false,
         };
-        let (id, start) = {
+        let (id, wake) = {
             let mut state = self.lock();
             let id = state.next_id;
             state.next_id += 1;
             state.leases.insert(id, entry);
             (id, wake_for(&mut state, due))
         };
-        match start {
+        match wake {
             Wake::Start => {
                 tokio::spawn(schedule(self.inner.clone()));
             }
