@@ -1015,9 +1015,9 @@ async fn statements_carry_neither_the_key_nor_its_digest() {
 #[tokio::test]
 async fn session_statements_carry_the_digest_never_the_key() {
     let (texts, digest) = statements_seen(true).await;
-    assert!(texts[0].contains("EXECUTE idem_probe_1("), "{}", texts[0]);
+    assert!(texts[0].contains("EXECUTE idem_probe_2("), "{}", texts[0]);
     assert!(
-        texts[1].starts_with("EXECUTE idem_finish_1("),
+        texts[1].starts_with("EXECUTE idem_insert_1("),
         "{}",
         texts[1]
     );
@@ -1105,7 +1105,7 @@ async fn statements_seen(session: bool) -> (Vec<String>, String) {
                 "SELECT query FROM pg_stat_activity \
                   WHERE datname = current_database() AND wait_event_type = 'Lock' \
                     AND (strpos(query, 'INSERT INTO idempotency_requests') > 0 \
-                         OR strpos(query, 'EXECUTE idem_finish_1') > 0)",
+                         OR strpos(query, 'EXECUTE idem_insert_1') > 0)",
             )
             .fetch_all(&observer)
             .await
@@ -1416,7 +1416,7 @@ async fn session_path_connections_return_clean_from_every_outcome() {
     clean("a lock wait past the bound").await;
 
     // A session that lost idem's statements prepares them again.
-    sqlx::raw_sql("DEALLOCATE idem_probe_1; DEALLOCATE idem_finish_1")
+    sqlx::raw_sql("DEALLOCATE idem_probe_2; DEALLOCATE idem_insert_1")
         .execute(&pool)
         .await
         .unwrap();
@@ -1538,4 +1538,94 @@ async fn row_that_waited_commits_live(session: bool) {
         matches!(again, Claim::Replay(_)),
         "session {session}: a retry replays: {again:?}"
     );
+}
+
+/// Whichever shape the finished row takes, a key another execution finished
+/// while this one ran its handler is lost, never overwritten: a new key's plain
+/// insert meets the other's row as a unique violation of the key, an expired
+/// row's takeover (the insert with `ON CONFLICT .. WHERE <expired>`) finds the
+/// row live again and claims nothing. Both answer the winner's outcome and roll
+/// back, on the session path and on the bound-parameter path, and the other's
+/// row stays as it committed.
+#[tokio::test]
+async fn a_key_finished_meanwhile_is_lost_by_a_new_or_an_expired_keys_insert() {
+    for session in [true, false] {
+        for expired in [false, true] {
+            key_finished_meanwhile_is_lost(session, expired).await;
+        }
+    }
+}
+
+async fn key_finished_meanwhile_is_lost(session: bool, expired: bool) {
+    let case = format!("session {session}, expired row {expired}");
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+    let other: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+    let wait = std::time::Duration::from_millis(500);
+    let key = IdempotencyKey::parse("taken-meanwhile").unwrap();
+    let req = acme_op(&key, wait);
+    let stored = |body: &'static [u8]| StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(body),
+    };
+    let claim = |idem: Idem<Postgres>| {
+        let req = req.clone();
+        async move {
+            let (tx, claim) =
+                Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                    .await
+                    .unwrap();
+            let Claim::Execute(execution) = claim else {
+                panic!("{claim:?}")
+            };
+            (idem, tx, execution)
+        }
+    };
+    let finish = |(idem, tx, execution), body| async move {
+        Postgres::finish(
+            &idem_runtime::test_util::claim_context(&idem, wait),
+            tx,
+            execution,
+            &stored(body),
+        )
+        .await
+    };
+    if expired {
+        let first = claim(idem.clone()).await;
+        assert!(matches!(finish(first, b"old").await, Finish::Committed));
+        db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
+            .await;
+    }
+    // Both decide to execute; the other commits first.
+    let mine = claim(idem.clone()).await;
+    let theirs = claim(other.clone()).await;
+    assert!(
+        matches!(finish(theirs, b"theirs").await, Finish::Committed),
+        "{case}"
+    );
+    let lost = finish(mine, b"mine").await;
+    let Finish::Taken(Claim::Replay(replayed)) = lost else {
+        panic!("{case}: {lost:?}")
+    };
+    assert_eq!(&replayed.body[..], b"theirs", "{case}");
+    let (generation, body): (i64, Vec<u8>) =
+        sqlx::query_as("SELECT generation, response_body FROM idempotency_requests")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (generation, &body[..]),
+        (if expired { 2 } else { 1 }, &b"theirs"[..]),
+        "{case}"
+    );
+    // The loser's connection went back outside any transaction.
+    let in_tx: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+          WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(in_tx, 0, "{case}");
 }

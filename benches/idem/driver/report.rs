@@ -417,7 +417,7 @@ impl Report<'_> {
                 p.per_request
                     .statements
                     .iter()
-                    .filter(|(s, _)| s.starts_with("PREPARE idem_probe_1"))
+                    .filter(|(s, _)| s.starts_with("PREPARE idem_probe_2"))
                     .map(|(_, n)| *n)
                     .sum::<u64>() as f64
                     / p.n.max(1) as f64

@@ -7,11 +7,17 @@
 //! `COMMIT`:
 //!
 //! ```text
-//! BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE idem_probe_1(<key>, <deadline>)
+//! BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE idem_probe_2(<key>, <deadline>)
 //!                                                          one message: fails if the key has a row
 //! ... the handler's statements ...
-//! EXECUTE idem_finish_1(<row>); COMMIT AND CHAIN           one message: fails if it claimed nothing
+//! EXECUTE idem_insert_1(<row>); COMMIT AND CHAIN           one message: fails if the key was taken
 //! ```
+//!
+//! A new key's finished row is a plain insert (`idem_insert_1`): the probe saw
+//! no row, so there is none to take over, and a row another execution wrote
+//! since is a unique violation. A key whose expired row is taken over finishes
+//! with `idem_finish_1`, the insert with `ON CONFLICT .. DO UPDATE .. WHERE
+//! <expired>`, which fails when it claimed nothing.
 //!
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
@@ -30,7 +36,7 @@
 //! SELECT .. FROM idempotency_requests WHERE <key>          prepared, outside any transaction
 //! BEGIN ISOLATION LEVEL READ COMMITTED; SELECT set_config(..), set_config(..)   one message, no key in it
 //! ... the handler's statements ...
-//! INSERT INTO idempotency_requests .. ON CONFLICT .. DO UPDATE .. WHERE <expired> RETURNING generation
+//! INSERT INTO idempotency_requests ..   (a new key; for an expired row: .. ON CONFLICT .. DO UPDATE .. WHERE <expired>)
 //! COMMIT
 //! ```
 //!
@@ -102,6 +108,19 @@ const INSERT_SQL: &str = "INSERT INTO idempotency_requests AS r \
             expires_at = EXCLUDED.expires_at \
       WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') \
      RETURNING r.generation, set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
+
+/// [`INSERT_SQL`] for a key the lookup found no row for (a new key, the common
+/// case): a plain insert, without the conflict arbiter, whose unique violation
+/// ([`session::is_key_taken`]) means that another execution claimed the key
+/// meanwhile.
+const INSERT_NEW_SQL: &str = "INSERT INTO idempotency_requests \
+            (tenant_id, operation, key_digest, fingerprint, state, generation, response_status, \
+             response_headers, response_body, created_at, completed_at, expires_at) \
+     SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, c.t + $9 * interval '1 millisecond' \
+       FROM (SELECT clock_timestamp() AS t, \
+                    set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, \
+                    set_config('lock_timeout', $10::text, true) AS bounded) c \
+     RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
 
 /// PostgreSQL's `lock_not_available`: the insert waited past `lock_timeout`.
 const LOCK_TIMEOUT: &str = "55P03";
@@ -343,7 +362,13 @@ pub(crate) async fn finish(
     if execution.in_session {
         return finish_in_session(ctx, tx, execution, response, status, wait, started).await;
     }
-    let inserted = sqlx::query(INSERT_SQL)
+    // Generation 1: the lookup found no row, so no row is there to take over.
+    let sql = if execution.generation == 1 {
+        INSERT_NEW_SQL
+    } else {
+        INSERT_SQL
+    };
+    let inserted = sqlx::query(sql)
         .bind(&execution.tenant)
         .bind(&execution.operation)
         .bind(execution.key)
@@ -364,6 +389,7 @@ pub(crate) async fn finish(
         // A finished row that has not expired, or a leased execution's: this
         // execution loses, and answers what the key holds now.
         Ok(None) => lost(ctx, tx, &execution, started).await,
+        Err(e) if session::is_key_taken(&e) => lost(ctx, tx, &execution, started).await,
         Err(e) => not_inserted(ctx, tx, &execution, started, e).await,
     }
 }
@@ -391,9 +417,10 @@ async fn finish_in_session(
             tx.committed_by_message();
             Finish::Committed
         }
-        // The insert claimed nothing and the cast after it failed: `COMMIT` never
-        // ran, and the transaction is aborted.
-        Err(e) if session::is_marker(&e, session::TAKEN_MARKER) => {
+        // The insert claimed nothing and the cast after it failed, or the plain
+        // insert met the key's row: `COMMIT` never ran, and the transaction is
+        // aborted.
+        Err(e) if session::is_marker(&e, session::TAKEN_MARKER) || session::is_key_taken(&e) => {
             lost(ctx, tx, &execution, started).await
         }
         // An error the server answered: the message stopped there, before or at
@@ -407,7 +434,8 @@ async fn finish_in_session(
     }
 }
 
-/// `EXECUTE idem_finish_1(..); COMMIT AND CHAIN`, every value in an encoding that
+/// `EXECUTE idem_insert_1(..); COMMIT AND CHAIN` (or `idem_finish_1` for a key
+/// whose expired row is taken over), every value in an encoding that
 /// cannot inject (see [`super::session`]).
 fn finish_text(
     execution: &Execution,
@@ -424,7 +452,13 @@ fn finish_text(
             + 2 * response.body.len(),
     );
     sql.push_str("EXECUTE ");
-    sql.push_str(session::FINISH);
+    // Generation 1: the probe (or the lookup) found no row, so no row is there
+    // to take over, and the plain insert does.
+    sql.push_str(if execution.generation == 1 {
+        session::INSERT
+    } else {
+        session::FINISH
+    });
     push_key(
         &mut sql,
         &execution.tenant,

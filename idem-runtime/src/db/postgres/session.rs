@@ -40,7 +40,11 @@ use crate::model::StoreError;
 /// message it rides in fails and the claim goes on to [`LOOKUP`]. The error is
 /// a cast of a text that names itself, evaluated per row (a constant would be
 /// folded, and fail, at planning): the server's log shows what it is.
-pub(crate) const PROBE: &str = "idem_probe_1";
+///
+/// A session is prepared when its probe is missing, so the probe's version
+/// names the whole set: a session that has this probe has [`INSERT`] too (one
+/// an earlier release prepared has `idem_probe_1` and no `INSERT`).
+pub(crate) const PROBE: &str = "idem_probe_2";
 
 /// Everything the decision needs about a key (as the prepared lookup reads it),
 /// with the byte columns as hex: the simple-query protocol answers in text.
@@ -50,6 +54,14 @@ pub(crate) const LOOKUP: &str = "idem_lookup_1";
 /// fails when it claimed nothing (another execution's row holds the key), so
 /// that the `COMMIT` after it in the message never runs.
 pub(crate) const FINISH: &str = "idem_finish_1";
+
+/// The finished row of a key the probe found no row for (a new key, the common
+/// case): a plain insert, without [`FINISH`]'s conflict arbiter and the count
+/// over its result. Another execution that claimed the key meanwhile makes it
+/// fail with a unique violation ([`is_key_taken`]), so the `COMMIT` after it in
+/// the message never runs. `lock_timeout` is bounded and given back as in
+/// [`FINISH`].
+pub(crate) const INSERT: &str = "idem_insert_1";
 
 /// The text of the error [`PROBE`] raises, inside PostgreSQL's message.
 pub(crate) const PROBE_MARKER: &str = "idem: the key has a row";
@@ -63,17 +75,23 @@ pub(crate) const MARKER_CODE: &str = "22P02";
 /// PostgreSQL's `invalid_sql_statement_name`: the session lacks a statement.
 pub(crate) const MISSING_STATEMENT: &str = "26000";
 
+/// PostgreSQL's `unique_violation`.
+const UNIQUE_VIOLATION: &str = "23505";
+
+/// The primary key of `idempotency_requests`, (tenant, operation, key digest).
+const KEY_CONSTRAINT: &str = "idempotency_requests_pkey";
+
 /// PostgreSQL's `duplicate_prepared_statement`: the session has it already.
 const DUPLICATE_STATEMENT: &str = "42P05";
 
-/// The three statements, by name, with their `PREPARE` texts.
-const STATEMENTS: [(&str, &str); 3] = [
+/// The four statements, by name, with their `PREPARE` texts.
+const STATEMENTS: [(&str, &str); 4] = [
     (
         PROBE,
         // The request deadline ($4, milliseconds) is set here too, saving the
         // `BEGIN` message a statement of its own: it bounds the statements after
         // this one, as a separate `SELECT set_config(..)` would.
-        "PREPARE idem_probe_1(text, text, bytea, text) AS \
+        "PREPARE idem_probe_2(text, text, bytea, text) AS \
          SELECT set_config('statement_timeout', $4, true), \
                 set_config('idle_in_transaction_session_timeout', $4, true), \
                 (SELECT (r.state || ': idem: the key has a row')::int \
@@ -122,6 +140,22 @@ const STATEMENTS: [(&str, &str); 3] = [
                  ELSE '1' END)::int, \
                 set_config('lock_timeout', current_setting('idem.lock_timeout'), true) \
            FROM ins",
+    ),
+    (
+        INSERT,
+        "PREPARE idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
+                               bigint, text) AS \
+         INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, generation, \
+                 response_status, response_headers, response_body, created_at, \
+                 completed_at, expires_at) \
+         SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, \
+                c.t + $9 * interval '1 millisecond' \
+           FROM (SELECT clock_timestamp() AS t, \
+                        set_config('idem.lock_timeout', current_setting('lock_timeout'), true) \
+                          AS saved, \
+                        set_config('lock_timeout', $10, true) AS bounded) c \
+         RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)",
     ),
 ];
 
@@ -212,6 +246,19 @@ pub(crate) fn is_marker(e: &sqlx::Error, marker: &str) -> bool {
     match e {
         sqlx::Error::Database(db) => {
             db.code().as_deref() == Some(MARKER_CODE) && db.message().contains(marker)
+        }
+        _ => false,
+    }
+}
+
+/// Whether a plain insert of the finished row ([`INSERT`], or its bound form)
+/// found the key claimed by another execution: a unique violation of the key's
+/// primary key, which no statement of the handler's can raise.
+pub(crate) fn is_key_taken(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some(UNIQUE_VIOLATION)
+                && db.constraint() == Some(KEY_CONSTRAINT)
         }
         _ => false,
     }
