@@ -86,7 +86,7 @@ pub const RUNNING_LIMIT: &str = "idem_running_limit";
 // registered, the current recorder can change (a global one installed after the
 // first request, a thread-local one per test with `metrics::with_local_recorder`),
 // and `metrics` offers no way to tell which one is current. So every call
-// registers with the current recorder, by a key built once.
+// registers with the current recorder, by a key built (and retained) once.
 
 use std::collections::BTreeMap;
 use std::sync::{PoisonError, RwLock};
@@ -134,18 +134,25 @@ struct Operation {
 }
 
 impl Operation {
+    /// Every key is retained (its labels shared behind an `Arc`) once here:
+    /// recorders retain the key they are given at every registration (the
+    /// Prometheus exporter does), which for a key with an owned label list
+    /// copies the list into a new `Arc`, an allocation a call; a retained key
+    /// is retained again by a reference count.
     fn new(operation: &SharedString) -> Self {
         let op = || Label::new("operation", operation.clone());
+        let key =
+            |name: &'static str, labels: Vec<Label>| Key::from_parts(name, labels).to_retained();
         let outcome = |name: &'static str, outcome: &'static str| {
-            Key::from_parts(name, vec![op(), Label::new("outcome", outcome)])
+            key(name, vec![op(), Label::new("outcome", outcome)])
         };
         Operation {
             claims: CLAIM_OUTCOMES.map(|o| outcome(CLAIMS_TOTAL, o)),
             completions: COMPLETION_OUTCOMES.map(|o| outcome(COMPLETIONS_TOTAL, o)),
-            claim_seconds: Key::from_parts(CLAIM_SECONDS, vec![op()]),
-            claim_wait_seconds: Key::from_parts(CLAIM_WAIT_SECONDS, vec![op()]),
-            completion_seconds: Key::from_parts(COMPLETION_SECONDS, vec![op()]),
-            stored_bytes: Key::from_parts(STORED_BYTES_TOTAL, vec![op()]),
+            claim_seconds: key(CLAIM_SECONDS, vec![op()]),
+            claim_wait_seconds: key(CLAIM_WAIT_SECONDS, vec![op()]),
+            completion_seconds: key(COMPLETION_SECONDS, vec![op()]),
+            stored_bytes: key(STORED_BYTES_TOTAL, vec![op()]),
         }
     }
 }
