@@ -1,0 +1,55 @@
+//! Databases with row locks, mounted beside `suite.rs` in their modules (they
+//! set `HOLD_ONE`, which locks one key's row and takes the key digest as its one
+//! parameter): a row another transaction holds is skipped by the renewal
+//! batch, not waited for.
+
+use super::suite::*;
+use super::*;
+
+/// One held row does not hold up the batch: while another transaction
+/// holds one execution's row, the other execution's lease is still
+/// renewed (twice), and the held one is not taken as lost for it.
+pub async fn a_held_row_does_not_hold_up_the_other_leases_renewals() {
+    let mut s = setup("held-row", true).await;
+    let mut tasks = Vec::new();
+    for key in ["held-a", "held-b"] {
+        let router = s.router.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&router, pay("/payments", key, 100)).await
+        }));
+        s.entered.recv().await.unwrap();
+    }
+    let held_key = IdempotencyKey::parse("held-a").unwrap();
+    let mut holder = s.h.db.pool.begin_with("BEGIN").await.unwrap();
+    sqlx::query(HOLD_ONE)
+        .bind(held_key.digest())
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let held_at = record(&s.h, "held-a").await.lease_until;
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the other lease stopped renewing behind the held row"
+        );
+        seen.insert(record(&s.h, "held-b").await.lease_until);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        record(&s.h, "held-a").await.lease_until,
+        held_at,
+        "the held row was not written"
+    );
+    holder.rollback().await.unwrap();
+    s.release.add_permits(2);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        record(&s.h, "held-b").await.state,
+        "completed",
+        "the other execution kept its lease and stored its outcome"
+    );
+}
