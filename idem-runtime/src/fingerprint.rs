@@ -59,7 +59,8 @@ enum Part {
         json: Vec<u8>,
     },
     Extra {
-        name: String,
+        // The runtime's own names are literals: borrowed, not copied.
+        name: std::borrow::Cow<'static, str>,
         value: Vec<u8>,
     },
     // Last, so that adding it left every earlier fingerprint unchanged.
@@ -161,7 +162,17 @@ impl FingerprintBuilder {
     /// (a path parameter, a query string, a message payload's raw bytes).
     pub fn extra(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
         self.parts.push(Part::Extra {
-            name: name.to_owned(),
+            name: name.to_owned().into(),
+            value: value.as_ref().to_vec(),
+        });
+        self
+    }
+
+    /// [`Self::extra`] under a name that lives for the program (the runtime's
+    /// own parts, added to every request's fingerprint): the same digest.
+    pub(crate) fn extra_static(mut self, name: &'static str, value: impl AsRef<[u8]>) -> Self {
+        self.parts.push(Part::Extra {
+            name: name.into(),
             value: value.as_ref().to_vec(),
         });
         self
@@ -1227,6 +1238,21 @@ mod tests {
             base().extra("ab", "c").finish(),
             base().extra("a", "bc").finish()
         );
+    }
+
+    /// The runtime's borrowed names hash as the public builder's copied ones,
+    /// and sort among other parts alike.
+    #[test]
+    fn a_static_extra_is_the_same_part_as_an_extra() {
+        let copied = base()
+            .extra("path", "/o/1")
+            .extra("zz", "1")
+            .extra("query", "a=1");
+        let borrowed = base()
+            .extra("zz", "1")
+            .extra_static("query", "a=1")
+            .extra_static("path", "/o/1");
+        assert_eq!(copied.finish(), borrowed.finish());
     }
 
     #[test]

@@ -94,9 +94,9 @@ impl<DB: LeaseBackend, const HEADERS: bool> IdemRequest<DB, HEADERS> {
         );
         let mut fp =
             FingerprintBuilder::new(tenant, spec.operation, self.method.as_str(), self.route())
-                .extra("path", self.uri.path());
+                .extra_static("path", self.uri.path());
         if let Some(q) = self.uri.query() {
-            fp = fp.extra("query", q);
+            fp = fp.extra_static("query", q);
         }
         for name in spec.fingerprint_headers {
             fp = fp.header(name, &self.headers);

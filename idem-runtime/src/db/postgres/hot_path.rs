@@ -165,22 +165,26 @@ async fn begin_in_session(
     req: &ClaimRequest<'_>,
     mut conn: PoolConnection<Postgres>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let mut begin = String::from(BEGIN_READ_COMMITTED);
-    begin.push_str("; EXECUTE ");
-    begin.push_str(session::PROBE);
-    push_key(&mut begin, req.tenant, req.operation, req.key.digest())?;
-    begin.pop(); // the key's closing parenthesis: the deadline goes on
-    begin.push_str(", '");
-    let _ = write!(begin, "{}", deadline_ms(ctx));
-    begin.push_str("')");
+    let probe = || -> Result<sqlx::SqlStr, StoreError> {
+        let mut begin = String::from(BEGIN_READ_COMMITTED);
+        begin.push_str("; EXECUTE ");
+        begin.push_str(session::PROBE);
+        push_key(&mut begin, req.tenant, req.operation, req.key.digest())?;
+        begin.pop(); // the key's closing parenthesis: the deadline goes on
+        begin.push_str(", '");
+        let _ = write!(begin, "{}", deadline_ms(ctx));
+        begin.push_str("')");
+        Ok(AssertSqlSafe(begin).into_sql_str())
+    };
     let in_session = |generation| Execution {
         in_session: true,
         ..Execution::at_commit(req, generation)
     };
     let mut prepared = false;
     loop {
-        let statement = AssertSqlSafe(begin.clone()).into_sql_str();
-        let e = match Tx::begin_on(conn, statement).await {
+        // Built anew for the second attempt (a session prepared just now)
+        // rather than copied for every first one.
+        let e = match Tx::begin_on(conn, probe()?).await {
             Ok(tx) => return Ok((tx, Claim::Execute(in_session(1)))),
             Err((returned, e)) => {
                 conn = returned;
