@@ -63,7 +63,7 @@ const OTHERS: &[&str] = &[
     "ConnectionManagerConfig", "ClusterClient",
     // the docs' example types, and the tests' helpers (tests/common)
     "AppState", "NewOrder", "OrderBody", "OrdersAnswers", "Payment", "SqliteDb", "Step",
-    "TestDb",
+    "TestDb", "SweepDb",
     // not a name: `Authorization: Bearer <tenant>`
     "Bearer",
     // HTTP's: a reason phrase (`202 Accepted`) and a header (`Location`)
