@@ -1,4 +1,4 @@
-//! `cargo bench --bench idem`: what the promise costs, side by side (issue 7).
+//! `cargo bench --bench idem`: what the promise costs, side by side.
 //!
 //! One run creates a fresh database (`idem_bench_<pid>`) and a SQLite file, starts
 //! bench servers as child processes (this same binary, re-executed with
