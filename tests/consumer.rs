@@ -1,8 +1,19 @@
-//! Exactly-once message consumption: the runtime API against both backends (a real
-//! PostgreSQL and a SQLite file, the tests written once and stamped by
-//! `consumer_tests!`), and the `consumer` example process against a real NATS
-//! JetStream and PostgreSQL. Behind the root package's feature `nats` (async-nats),
-//! as the example is: `cargo test --features nats --test consumer`.
+//! Exactly-once message consumption: the runtime API against every database (a
+//! real PostgreSQL, a SQLite file and MySQL / MariaDB), and the `consumer`
+//! example process against a real NATS JetStream and PostgreSQL. Behind the
+//! root package's feature `nats` (async-nats), as the example is:
+//! `cargo test --features nats --test consumer`.
+//!
+//! The runtime API's tests are ordinary code in `consumer/suite.rs`: each
+//! database's module below sets `TestDb` and its SQL, mounts the file (the
+//! module's `#[path]` makes `consumer/` its directory), and `consumer_tests!`
+//! stamps the `#[tokio::test]` wrappers, so a test is `postgres::<name>`,
+//! `sqlite::<name>` and `mysql::<name>`.
+
+#![allow(
+    clippy::duplicate_mod,
+    reason = "each database's module mounts the suite again, over its own `TestDb`"
+)]
 
 mod common;
 
@@ -19,164 +30,72 @@ use tokio::process::{Child, Command};
 
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// The runtime API's behaviour, for one backend: `$test_db` its test helper,
-/// `$credits_ddl` the effect's table, `$insert_credit` the statement that adds a
-/// credit (and returns its id, where the database has `RETURNING`).
+/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
+/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
+/// the suite but left out here is an unused function, which the build refuses
+/// (`-D warnings`).
+macro_rules! stamp {
+    ($module:ident => $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $test() {
+                $module::$test().await
+            }
+        )*
+    };
+}
+
+/// Every test of `consumer/suite.rs`, stamped in the database's module.
 macro_rules! consumer_tests {
-    ($test_db:ty, $credits_ddl:expr) => {
-        consumer_tests!(
-            $test_db,
-            $credits_ddl,
-            "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id"
+    () => {
+        stamp!(
+            suite =>
+            five_deliveries_of_one_message_apply_it_once,
+            another_payload_under_the_same_identity_is_reported_not_applied,
+            a_failed_effect_commits_nothing_and_the_redelivery_applies_it,
         );
     };
-    ($test_db:ty, $credits_ddl:expr, $insert_credit:expr) => {
-        use super::*;
-
-        type TestDb = $test_db;
-        const CREDITS_DDL: &str = $credits_ddl;
-        const INSERT_CREDIT: &str = $insert_credit;
-
-        async fn ledger_db() -> TestDb {
-            let db = TestDb::new().await;
-            db.exec(CREDITS_DDL).await;
-            db
-        }
-
-        /// Applies one credit for the message; `fail` makes the effect fail after writing.
-        async fn consume(
-            db: &TestDb,
-            id: &str,
-            payload: &[u8],
-            fail: bool,
-        ) -> Result<Delivery<i64>, ConsumeError<String>> {
-            let msg = Message {
-                scope: "ledger-worker",
-                operation: "apply-credit",
-                id,
-                payload,
-            };
-            process_once(&db.pool, &msg, WEEK, move |tx| {
-                Box::pin(async move {
-                    let id: Option<i64> = sqlx::query_scalar(INSERT_CREDIT)
-                        .fetch_optional(&mut **tx)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    // MySQL's INSERT returns no row: the id is the connection's last.
-                    let id = match id {
-                        Some(id) => id,
-                        None => sqlx::query_scalar("SELECT CAST(LAST_INSERT_ID() AS SIGNED)")
-                            .fetch_one(&mut **tx)
-                            .await
-                            .map_err(|e| e.to_string())?,
-                    };
-                    if fail {
-                        return Err("downstream validation failed".to_owned());
-                    }
-                    Ok(id)
-                })
-            })
-            .await
-        }
-
-        #[tokio::test]
-        async fn five_deliveries_of_one_message_apply_it_once() {
-            let db = Arc::new(ledger_db().await);
-            let payload = br#"{"account":"a","amount":5}"#;
-            let barrier = Arc::new(tokio::sync::Barrier::new(3));
-            let mut tasks = Vec::new();
-            // Three deliveries at once (a redelivery racing the first)...
-            for _ in 0..3 {
-                let (db, barrier) = (db.clone(), barrier.clone());
-                tasks.push(tokio::spawn(async move {
-                    barrier.wait().await;
-                    loop {
-                        match consume(&db, "evt-1", payload, false).await {
-                            // A concurrent delivery still running: the broker would redeliver.
-                            Err(ConsumeError::InFlight) => tokio::task::yield_now().await,
-                            other => return other.unwrap(),
-                        }
-                    }
-                }));
-            }
-            let mut applied = 0;
-            for t in tasks {
-                match t.await.unwrap() {
-                    Delivery::Applied(_) => applied += 1,
-                    Delivery::Duplicate => {}
-                    other => panic!("same payload: {other:?}"),
-                }
-            }
-            // ...then two more, one after a crash before ack (same as any redelivery).
-            assert_eq!(
-                consume(&db, "evt-1", payload, false).await.unwrap(),
-                Delivery::Duplicate
-            );
-            assert_eq!(
-                consume(&db, "evt-1", payload, false).await.unwrap(),
-                Delivery::Duplicate
-            );
-            assert_eq!(applied, 1);
-            assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
-        }
-
-        #[tokio::test]
-        async fn another_payload_under_the_same_identity_is_reported_not_applied() {
-            let db = ledger_db().await;
-            assert!(matches!(
-                consume(&db, "evt-2", b"{\"amount\":5}", false)
-                    .await
-                    .unwrap(),
-                Delivery::Applied(_)
-            ));
-            assert_eq!(
-                consume(&db, "evt-2", b"{\"amount\":6}", false)
-                    .await
-                    .unwrap(),
-                Delivery::Conflict
-            );
-            assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
-        }
-
-        #[tokio::test]
-        async fn a_failed_effect_commits_nothing_and_the_redelivery_applies_it() {
-            let db = ledger_db().await;
-            let err = consume(&db, "evt-3", b"{}", true).await.unwrap_err();
-            assert!(matches!(err, ConsumeError::Effect(_)), "{err}");
-            assert_eq!(db.count("SELECT count(*) FROM credits").await, 0);
-            assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests").await,
-                0
-            );
-            assert!(matches!(
-                consume(&db, "evt-3", b"{}", false).await.unwrap(),
-                Delivery::Applied(_)
-            ));
-            assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
-        }
-    };
 }
 
+#[path = "consumer"]
 mod postgres {
-    consumer_tests!(
-        crate::common::TestDb,
-        "CREATE TABLE credits (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)"
-    );
+    use super::*;
+
+    type TestDb = crate::common::TestDb;
+    const CREDITS_DDL: &str = "CREATE TABLE credits (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)";
+    const INSERT_CREDIT: &str =
+        "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id";
+
+    mod suite;
+
+    consumer_tests!();
 }
 
+#[path = "consumer"]
 mod sqlite {
-    consumer_tests!(
-        crate::common::SqliteDb,
-        "CREATE TABLE credits (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, amount INTEGER NOT NULL)"
-    );
+    use super::*;
+
+    type TestDb = crate::common::SqliteDb;
+    const CREDITS_DDL: &str = "CREATE TABLE credits (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, amount INTEGER NOT NULL)";
+    const INSERT_CREDIT: &str =
+        "INSERT INTO credits (account, amount) VALUES ('a', 5) RETURNING id";
+
+    mod suite;
+
+    consumer_tests!();
 }
 
+#[path = "consumer"]
 mod mysql {
-    consumer_tests!(
-        crate::common::MySqlDb,
-        "CREATE TABLE credits (id BIGINT AUTO_INCREMENT PRIMARY KEY, account VARCHAR(64) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB",
-        "INSERT INTO credits (account, amount) VALUES ('a', 5)"
-    );
+    use super::*;
+
+    type TestDb = crate::common::MySqlDb;
+    const CREDITS_DDL: &str = "CREATE TABLE credits (id BIGINT AUTO_INCREMENT PRIMARY KEY, account VARCHAR(64) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB";
+    const INSERT_CREDIT: &str = "INSERT INTO credits (account, amount) VALUES ('a', 5)";
+
+    mod suite;
+
+    consumer_tests!();
 }
 
 // ---- the consumer example against JetStream ----

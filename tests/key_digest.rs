@@ -2,6 +2,18 @@
 //! migration that made it so converts the rows an older release left behind
 //! without losing one (a replay still replays, an uncertain execution can still
 //! be reconciled by the downstream key it was charged under).
+//!
+//! The shared tests are ordinary code in `key_digest/suite.rs`, written
+//! against a concrete database: each database's module below sets `TestDb`
+//! and its SQL, mounts the file (the module's `#[path]` makes `key_digest/`
+//! its directory), and `key_digest_tests!` stamps the `#[tokio::test]`
+//! wrappers, so a test is `postgres::<name>`, `sqlite::<name>` and
+//! `mysql::<name>`. What only one database has is tested beside it.
+
+#![allow(
+    clippy::duplicate_mod,
+    reason = "each database's module mounts the suite again, over its own `TestDb`"
+)]
 
 mod common;
 
@@ -58,181 +70,49 @@ const UNCERTAIN_OPERATION: &str = "paiement-ü";
 /// The body of the legacy completed row.
 const LEGACY_BODY: &str = r#"{"id":7}"#;
 
-macro_rules! key_digest_tests {
-    (
-        db = $db:ty,
-        // An older release's row: $1 tenant, $2 operation, $3 raw key,
-        // $4 fingerprint, $5 state, $6 status, $7 headers JSON, $8 body, $9 owner token.
-        legacy_row = $legacy_row:expr,
-        owner_token = $token:expr,
-        // Rows in whose text (every column that could hold one) `$1` occurs.
-        rows_containing = $rows_containing:expr $(,)?
-    ) => {
-        use super::*;
-
-        async fn insert_legacy(
-            db: &$db,
-            tenant: &str,
-            operation: &str,
-            key: &str,
-            fingerprint: Fingerprint,
-            state: &str,
-            token: Option<&str>,
-        ) {
-            let finished = state == "completed";
-            sqlx::query($legacy_row)
-                .bind(tenant)
-                .bind(operation)
-                .bind(key)
-                .bind(&fingerprint.as_bytes()[..])
-                .bind(state)
-                .bind(finished.then_some(201_i32))
-                .bind(finished.then_some(r#"[["content-type","application/json"]]"#))
-                .bind(finished.then_some(LEGACY_BODY.as_bytes()))
-                .bind(token)
-                .execute(&db.pool)
-                .await
-                .unwrap();
-        }
-
-        async fn rows_containing(db: &$db, text: &str) -> i64 {
-            sqlx::query_scalar($rows_containing)
-                .bind(text)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap()
-        }
-
-        /// A completed row and an uncertain leased one, written by a release
-        /// that stored raw keys, survive the migration: the completed one
-        /// replays (and refuses another request), the uncertain one is
-        /// reconciled under the downstream key it was charged with, and no raw
-        /// key is left.
-        #[tokio::test]
-        async fn rows_of_an_older_release_are_found_after_the_migration() {
-            let db = <$db>::migrated_before(KEY_DIGEST_MIGRATION).await;
-            let done = IdempotencyKey::parse("legacy-done-SECRET").unwrap();
-            // A structured-field key: its characters include a space.
-            let unknown = IdempotencyKey::parse(r#""legacy unknown SECRET""#).unwrap();
-            let fp = fingerprint("a");
-            insert_legacy(
-                &db,
-                "acme",
-                "create-order",
-                done.as_str(),
-                fp,
-                "completed",
-                None,
-            )
-            .await;
-            insert_legacy(
-                &db,
-                UNCERTAIN_TENANT,
-                UNCERTAIN_OPERATION,
-                unknown.as_str(),
-                fp,
-                "uncertain",
-                Some($token),
-            )
-            .await;
-
-            idem_runtime::migrate(&db.pool).await.unwrap();
-            // Idempotent: a second start converts nothing twice.
-            idem_runtime::migrate(&db.pool).await.unwrap();
-
-            assert_eq!(
-                rows_containing(&db, "SECRET").await,
-                0,
-                "no raw key is left"
-            );
-            assert_eq!(
-                db.count(&format!(
-                    "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
-                    db.key(done.as_str())
-                ))
-                .await,
-                1
-            );
-
-            let mut tx = db.pool.begin().await.unwrap();
-            match claim(&mut tx, &request(&done, fp)).await.unwrap() {
-                Claim::Replay(StoredResponse { status, body, .. }) => {
-                    assert_eq!((status, &body[..]), (201, LEGACY_BODY.as_bytes()));
-                }
-                other => panic!("the legacy outcome was not replayed: {other:?}"),
+/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
+/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
+/// the suite but left out here is an unused function, which the build refuses
+/// (`-D warnings`).
+macro_rules! stamp {
+    ($module:ident => $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $test() {
+                $module::$test().await
             }
-            tx.rollback().await.unwrap();
-            let mut tx = db.pool.begin().await.unwrap();
-            let other = claim(&mut tx, &request(&done, fingerprint("b")))
-                .await
-                .unwrap();
-            assert!(matches!(other, Claim::Mismatch), "{other:?}");
-            tx.rollback().await.unwrap();
-
-            let recorder = Recorder::default();
-            let report = Reconciler::new(db.pool.clone(), recorder.clone())
-                .run_once()
-                .await
-                .unwrap();
-            assert_eq!(report.still_uncertain, 1, "{report:?}");
-            let asked = recorder.0.lock().unwrap().clone();
-            assert_eq!(asked.len(), 1);
-            assert_eq!(
-                asked[0].downstream_key,
-                idem_runtime::lease::downstream_key(
-                    UNCERTAIN_TENANT,
-                    UNCERTAIN_OPERATION,
-                    &unknown
-                ),
-                "the downstream key the old release charged under"
-            );
-            assert_eq!(asked[0].key_digest, unknown.digest());
-        }
-
-        /// What a request stores holds the key's digest, and nowhere the key.
-        #[tokio::test]
-        async fn a_claimed_key_is_stored_as_its_digest_only() {
-            let db = <$db>::new().await;
-            let key = IdempotencyKey::parse("sk_live_SECRET_42").unwrap();
-            let mut tx = db.pool.begin().await.unwrap();
-            let Claim::Execute(execution) = claim(&mut tx, &request(&key, fingerprint("a")))
-                .await
-                .unwrap()
-            else {
-                panic!("a new key executes");
-            };
-            let stored = StoredResponse {
-                status: 201,
-                headers: vec![],
-                body: "ok".into(),
-            };
-            execution.complete(&mut tx, &stored).await.unwrap();
-            tx.commit().await.unwrap();
-            assert_eq!(rows_containing(&db, "SECRET").await, 0);
-            assert_eq!(
-                db.count(&format!(
-                    "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
-                    db.key(key.as_str())
-                ))
-                .await,
-                1
-            );
-        }
+        )*
     };
 }
 
+/// Every test of `key_digest/suite.rs`, stamped in the database's module.
+macro_rules! key_digest_tests {
+    () => {
+        stamp!(
+            suite =>
+            rows_of_an_older_release_are_found_after_the_migration,
+            a_claimed_key_is_stored_as_its_digest_only,
+        );
+    };
+}
+
+#[path = "key_digest"]
 mod postgres {
-    key_digest_tests! {
-        db = crate::common::TestDb,
-        legacy_row = "INSERT INTO idempotency_requests \
+    use super::*;
+
+    type TestDb = crate::common::TestDb;
+    const LEGACY_ROW: &str = "INSERT INTO idempotency_requests \
                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
                  response_headers, response_body, owner_token, created_at, completed_at, expires_at) \
             VALUES ($1, $2, $3, $4, $5, $6::smallint, $7::jsonb, $8, $9::uuid, now(), \
-                    CASE WHEN $6 IS NOT NULL THEN now() END, now() + interval '1 day')",
-        owner_token = "01234567-89ab-cdef-0123-456789abcdef",
-        rows_containing = "SELECT count(*) FROM idempotency_requests t \
-                            WHERE strpos(t::text, $1) > 0",
-    }
+                    CASE WHEN $6 IS NOT NULL THEN now() END, now() + interval '1 day')";
+    const OWNER_TOKEN: &str = "01234567-89ab-cdef-0123-456789abcdef";
+    const ROWS_CONTAINING: &str = "SELECT count(*) FROM idempotency_requests t \
+                            WHERE strpos(t::text, $1) > 0";
+
+    mod suite;
+
+    key_digest_tests!();
 
     /// An older release's statements fail against the converted schema (its
     /// functions took the key as text), rather than write a raw key this
@@ -261,25 +141,30 @@ mod postgres {
     }
 }
 
+#[path = "key_digest"]
 mod sqlite {
-    key_digest_tests! {
-        db = crate::common::SqliteDb,
-        legacy_row = concat!(
-            "INSERT INTO idempotency_requests \
+    use super::*;
+
+    type TestDb = crate::common::SqliteDb;
+    const LEGACY_ROW: &str = concat!(
+        "INSERT INTO idempotency_requests \
                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
                  response_headers, response_body, owner_token, created_at, completed_at, expires_at) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, t.now, \
                     CASE WHEN $6 IS NOT NULL THEN t.now END, t.now + 86400000 \
                FROM (SELECT ",
-            idem_runtime::sqlite_now_ms!(),
-            " AS now) t"
-        ),
-        owner_token = "0123456789abcdef0123456789abcdef",
-        rows_containing = "SELECT count(*) FROM idempotency_requests \
+        idem_runtime::sqlite_now_ms!(),
+        " AS now) t"
+    );
+    const OWNER_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    const ROWS_CONTAINING: &str = "SELECT count(*) FROM idempotency_requests \
                             WHERE instr(CAST(key_digest AS TEXT) || tenant_id || operation \
                                         || coalesce(downstream_key, '') \
-                                        || coalesce(owner_token, ''), $1) > 0",
-    }
+                                        || coalesce(owner_token, ''), $1) > 0";
+
+    mod suite;
+
+    key_digest_tests!();
 
     /// A digest of any other length than 32 bytes is refused, as PostgreSQL's
     /// CHECK and MySQL's VARBINARY(32) refuse it; nothing is stored.
@@ -424,23 +309,28 @@ mod sqlite_twins {
     }
 }
 
+#[path = "key_digest"]
 mod mysql {
-    key_digest_tests! {
-        db = crate::common::MySqlDb,
-        legacy_row = concat!(
-            "INSERT INTO idempotency_requests \
+    use super::*;
+
+    type TestDb = crate::common::MySqlDb;
+    const LEGACY_ROW: &str = concat!(
+        "INSERT INTO idempotency_requests \
                 (tenant_id, operation, idempotency_key, fingerprint, state, response_status, \
                  response_headers, response_body, owner_token, created_at, completed_at, expires_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ",
-            idem_runtime::mysql_now_ms!(),
-            ", NULL, ",
-            idem_runtime::mysql_now_ms!(),
-            " + 86400000)"
-        ),
-        owner_token = "0123456789abcdef0123456789abcdef",
-        rows_containing = "SELECT count(*) FROM idempotency_requests \
+        idem_runtime::mysql_now_ms!(),
+        ", NULL, ",
+        idem_runtime::mysql_now_ms!(),
+        " + 86400000)"
+    );
+    const OWNER_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    const ROWS_CONTAINING: &str = "SELECT count(*) FROM idempotency_requests \
                             WHERE LOCATE(?, CONCAT(key_digest, tenant_id, operation, \
                                                    COALESCE(downstream_key, ''), \
-                                                   COALESCE(owner_token, ''))) > 0",
-    }
+                                                   COALESCE(owner_token, ''))) > 0";
+
+    mod suite;
+
+    key_digest_tests!();
 }

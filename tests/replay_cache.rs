@@ -2,6 +2,18 @@
 //! a real database: what it answers without the database, and what it must not
 //! outlive. A row deleted behind the cache's back (as a purge on another replica
 //! would) shows whether an answer came from the cache or from the database.
+//!
+//! The suite is ordinary code in `replay_cache/suite.rs`. Its handlers are
+//! `#[idempotent]` and so need a concrete `Tx<Db>`: each database's module
+//! below sets `Db`, `TestDb` and its SQL, mounts the file (the module's
+//! `#[path]` makes `replay_cache/` its directory), and `cache_tests!` stamps
+//! the `#[tokio::test]` wrappers, so a test is `postgres::<name>`,
+//! `sqlite::<name>` and `mysql::<name>`.
+
+#![allow(
+    clippy::duplicate_mod,
+    reason = "each database's module mounts the suite again, over its own `Db`"
+)]
 
 mod common;
 
@@ -28,257 +40,34 @@ struct NewWidget {
     size: usize,
 }
 
-macro_rules! cache_tests {
-    ($db:ty, $test_db:ty, $ddl:expr) => {
-        cache_tests!(
-            $db,
-            $test_db,
-            $ddl,
-            "INSERT INTO widgets (tenant, name) VALUES ($1, $2)"
-        );
+/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
+/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
+/// the suite but left out here is an unused function, which the build refuses
+/// (`-D warnings`).
+macro_rules! stamp {
+    ($module:ident => $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $test() {
+                $module::$test().await
+            }
+        )*
     };
-    // `$insert_widget`: the insert with the database's placeholders.
-    ($db:ty, $test_db:ty, $ddl:expr, $insert_widget:expr) => {
-        use super::*;
+}
 
-        type Db = $db;
-
-        #[derive(Clone)]
-        struct AppState {
-            idem: Idem<Db>,
-        }
-
-        impl FromRef<AppState> for Idem<Db> {
-            fn from_ref(s: &AppState) -> Idem<Db> {
-                s.idem.clone()
-            }
-        }
-
-        async fn insert_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) {
-            sqlx::query($insert_widget)
-                .bind(tenant)
-                .bind(name)
-                .execute(&mut **tx)
-                .await
-                .unwrap();
-        }
-
-        #[idempotent(operation = "create-widget", retention = "1h")]
-        async fn create_widget(
-            #[tenant] caller: Caller,
-            tx: &mut Tx<Db>,
-            Json(w): Json<NewWidget>,
-        ) -> impl IntoResponse {
-            insert_widget(tx, &caller.0, &w.name).await;
-            (
-                StatusCode::CREATED,
-                [("location", "/widgets/1")],
-                format!("{}:{}", w.name, "x".repeat(w.size)),
-            )
-        }
-
-        /// Kept for 300 ms: long enough for a request to finish on a loaded
-        /// machine, short enough to wait out.
-        #[idempotent(operation = "create-brief", retention = "300ms")]
-        async fn create_brief(
-            #[tenant] caller: Caller,
-            tx: &mut Tx<Db>,
-            Json(w): Json<NewWidget>,
-        ) -> impl IntoResponse {
-            insert_widget(tx, &caller.0, &w.name).await;
-            (StatusCode::CREATED, w.name)
-        }
-
-        struct App {
-            db: $test_db,
-            router: Router,
-            idem: Idem<Db>,
-        }
-
-        async fn app(cache: Option<ReplayCache>) -> App {
-            let db = <$test_db>::new().await;
-            db.exec($ddl).await;
-            let mut idem = Idem::new(db.pool.clone());
-            if let Some(cache) = cache {
-                idem = idem.with_replay_cache(cache);
-            }
-            let router = Router::new()
-                .route("/widgets", post(create_widget))
-                .route("/briefs", post(create_brief))
-                .with_state(AppState { idem: idem.clone() });
-            App { db, router, idem }
-        }
-
-        fn cache() -> ReplayCache {
-            ReplayCache::new(1024 * 1024, Duration::from_secs(60))
-        }
-
-        async fn send(
-            app: &App,
-            path: &str,
-            key: &str,
-            name: &str,
-            size: usize,
-        ) -> (StatusCode, bool, axum::http::HeaderMap, Bytes) {
-            let body = serde_json::to_string(&NewWidget {
-                name: name.into(),
-                size,
-            })
-            .unwrap();
-            let req = Request::post(path)
-                .header("content-type", "application/json")
-                .header("authorization", "Bearer acme")
-                .header("idempotency-key", key)
-                .body(Body::from(body))
-                .unwrap();
-            let resp = app.router.clone().oneshot(req).await.unwrap();
-            let replayed = resp.headers().contains_key("idempotent-replayed");
-            let (parts, body) = resp.into_parts();
-            (
-                parts.status,
-                replayed,
-                parts.headers,
-                body.collect().await.unwrap().to_bytes(),
-            )
-        }
-
-        async fn forget_every_key(app: &App) {
-            app.db.exec("DELETE FROM idempotency_requests").await;
-        }
-
-        #[tokio::test]
-        async fn a_cached_replay_needs_no_row_and_is_byte_identical() {
-            let a = app(Some(cache())).await;
-            let first = send(&a, "/widgets", "k1", "bolt", 10).await;
-            assert_eq!(first.0, StatusCode::CREATED);
-            // What the database would have answered, before the row goes.
-            let from_db = send(&a, "/widgets", "k1", "bolt", 10).await;
-            forget_every_key(&a).await;
-            let cached = send(&a, "/widgets", "k1", "bolt", 10).await;
-            assert_eq!((cached.0, cached.1), (StatusCode::CREATED, true));
-            assert_eq!(cached.3, first.3);
-            assert_eq!(cached.3, from_db.3);
-            assert_eq!(
-                cached.2, from_db.2,
-                "headers differ from the database's replay"
-            );
-            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-        }
-
-        /// After the database lost outcomes (a failover with asynchronous
-        /// replication, modelled by deleting the rows), a cleared cache stops
-        /// replaying them: the next request asks the database and executes.
-        #[tokio::test]
-        async fn a_cleared_cache_answers_from_the_database_again() {
-            let a = app(Some(cache())).await;
-            assert_eq!(
-                send(&a, "/widgets", "k1", "bolt", 0).await.0,
-                StatusCode::CREATED
-            );
-            forget_every_key(&a).await;
-            let cached = send(&a, "/widgets", "k1", "bolt", 0).await;
-            assert_eq!((cached.0, cached.1), (StatusCode::CREATED, true));
-            a.idem.clear_replay_cache();
-            let again = send(&a, "/widgets", "k1", "bolt", 0).await;
-            assert_eq!((again.0, again.1), (StatusCode::CREATED, false));
-            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
-        }
-
-        #[tokio::test]
-        async fn a_cached_key_refuses_another_request() {
-            let a = app(Some(cache())).await;
-            assert_eq!(
-                send(&a, "/widgets", "k1", "bolt", 0).await.0,
-                StatusCode::CREATED
-            );
-            forget_every_key(&a).await;
-            let other = send(&a, "/widgets", "k1", "nut", 0).await;
-            assert_eq!(other.0, StatusCode::UNPROCESSABLE_ENTITY);
-            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
-        }
-
-        #[tokio::test]
-        async fn without_a_cache_every_answer_comes_from_the_database() {
-            let a = app(None).await;
-            assert_eq!(
-                send(&a, "/widgets", "k1", "bolt", 0).await.0,
-                StatusCode::CREATED
-            );
-            forget_every_key(&a).await;
-            let again = send(&a, "/widgets", "k1", "bolt", 0).await;
-            assert_eq!((again.0, again.1), (StatusCode::CREATED, false));
-            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
-        }
-
-        #[tokio::test]
-        async fn an_answer_too_large_for_the_cache_is_not_kept() {
-            let a = app(Some(ReplayCache::new(8 * 1024, Duration::from_secs(60)))).await;
-            assert_eq!(
-                send(&a, "/widgets", "big", "bolt", 2000).await.0,
-                StatusCode::CREATED
-            );
-            assert_eq!(
-                send(&a, "/widgets", "small", "nut", 10).await.0,
-                StatusCode::CREATED
-            );
-            forget_every_key(&a).await;
-            let big = send(&a, "/widgets", "big", "bolt", 2000).await;
-            assert!(!big.1, "a 2 KB answer was cached in an 8 KB cache");
-            let small = send(&a, "/widgets", "small", "nut", 10).await;
-            assert!(small.1, "a small answer was not cached");
-        }
-
-        #[tokio::test]
-        async fn a_purge_elsewhere_is_seen_once_max_age_has_passed() {
-            let max_age = Duration::from_millis(300);
-            let a = app(Some(ReplayCache::new(1024 * 1024, max_age))).await;
-            let started = std::time::Instant::now();
-            assert_eq!(
-                send(&a, "/widgets", "k1", "bolt", 0).await.0,
-                StatusCode::CREATED
-            );
-            forget_every_key(&a).await;
-            // Replayed from the cache until max_age passes (bounded wait), then the
-            // key is free again and executes anew.
-            loop {
-                let r = send(&a, "/widgets", "k1", "bolt", 0).await;
-                assert_eq!(r.0, StatusCode::CREATED);
-                if !r.1 {
-                    break;
-                }
-                assert!(
-                    started.elapsed() < Duration::from_secs(10),
-                    "the purged key was still replayed long after max_age"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            assert!(
-                started.elapsed() >= max_age,
-                "the cache forgot before max_age"
-            );
-            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
-        }
-
-        #[tokio::test]
-        async fn a_cached_answer_never_outlives_its_rows_retention() {
-            let a = app(Some(cache())).await;
-            assert_eq!(
-                send(&a, "/briefs", "k1", "a", 0).await.0,
-                StatusCode::CREATED
-            );
-            // Wait (bounded) until the database itself takes the row as expired.
-            let expired = <$test_db>::expired_sql();
-            let mut waited = Duration::ZERO;
-            while a.db.count(expired).await == 0 {
-                assert!(waited < Duration::from_secs(10), "the row never expired");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                waited += Duration::from_millis(20);
-            }
-            // The cache must not answer any more: the key executes anew.
-            let again = send(&a, "/briefs", "k1", "a", 0).await;
-            assert_eq!((again.0, again.1), (StatusCode::CREATED, false));
-            assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
-        }
+/// Every test of `replay_cache/suite.rs`, stamped in the database's module.
+macro_rules! cache_tests {
+    () => {
+        stamp!(
+            suite =>
+            a_cached_replay_needs_no_row_and_is_byte_identical,
+            a_cleared_cache_answers_from_the_database_again,
+            a_cached_key_refuses_another_request,
+            without_a_cache_every_answer_comes_from_the_database,
+            an_answer_too_large_for_the_cache_is_not_kept,
+            a_purge_elsewhere_is_seen_once_max_age_has_passed,
+            a_cached_answer_never_outlives_its_rows_retention,
+        );
     };
 }
 
@@ -311,27 +100,45 @@ impl Expiry for common::SqliteDb {
     }
 }
 
+#[path = "replay_cache"]
 mod postgres {
-    cache_tests!(
-        sqlx::Postgres,
-        crate::common::TestDb,
-        "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)"
-    );
+    use super::*;
+
+    type Db = sqlx::Postgres;
+    type TestDb = crate::common::TestDb;
+    const WIDGETS_DDL: &str =
+        "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)";
+    const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES ($1, $2)";
+
+    mod suite;
+
+    cache_tests!();
 }
 
+#[path = "replay_cache"]
 mod sqlite {
-    cache_tests!(
-        sqlx::Sqlite,
-        crate::common::SqliteDb,
-        "CREATE TABLE widgets (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, name TEXT NOT NULL)"
-    );
+    use super::*;
+
+    type Db = sqlx::Sqlite;
+    type TestDb = crate::common::SqliteDb;
+    const WIDGETS_DDL: &str = "CREATE TABLE widgets (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, name TEXT NOT NULL)";
+    const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES ($1, $2)";
+
+    mod suite;
+
+    cache_tests!();
 }
 
+#[path = "replay_cache"]
 mod mysql {
-    cache_tests!(
-        sqlx::MySql,
-        crate::common::MySqlDb,
-        "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB",
-        "INSERT INTO widgets (tenant, name) VALUES (?, ?)"
-    );
+    use super::*;
+
+    type Db = sqlx::MySql;
+    type TestDb = crate::common::MySqlDb;
+    const WIDGETS_DDL: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB";
+    const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES (?, ?)";
+
+    mod suite;
+
+    cache_tests!();
 }

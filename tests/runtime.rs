@@ -1,7 +1,20 @@
 //! The runtime API without the macro: the state machine of DESIGN.md §4 as a
-//! queue consumer or a job would use it. The shared behaviour runs against both
-//! backends, real PostgreSQL and a SQLite file (one test body, stamped per backend
-//! by `backend_tests!`); what only one backend has is tested beside it.
+//! queue consumer or a job would use it. The shared behaviour runs against
+//! real PostgreSQL, a SQLite file and MySQL / MariaDB; what only one database
+//! has is tested beside it.
+//!
+//! The shared tests are ordinary code in `runtime/suite.rs`, written against a
+//! concrete database: each database's module below sets `Db`, `TestDb`, its
+//! SQL and `pay`, mounts the file (the module's `#[path]` makes `runtime/` its
+//! directory), and `backend_tests!` stamps the `#[tokio::test]` wrappers, so a
+//! test is `postgres::<name>`, `sqlite::<name>` and `mysql::<name>`. A
+//! duplicate waiting on a row lock (`runtime/lock_wait.rs`) is mounted the same
+//! way in `postgres_only` and `mysql_only`, the databases with row locks.
+
+#![allow(
+    clippy::duplicate_mod,
+    reason = "each database's module mounts the suite again, over its own `Db`"
+)]
 
 mod common;
 
@@ -39,383 +52,84 @@ fn created(id: i64) -> StoredResponse {
     }
 }
 
-/// The behaviour both backends share, written once.
-/// `$n` claims of one new key released at once by a barrier, each paying and
-/// completing if it executes: how many executed. A mismatch fails the test. (A
-/// macro: the helper types of the databases share no trait.)
-macro_rules! claim_race {
-    ($db:expr, $n:expr) => {{
-        let barrier = Arc::new(tokio::sync::Barrier::new($n));
-        let mut tasks = Vec::new();
-        for _ in 0..$n {
-            let db = $db.clone();
-            let barrier = barrier.clone();
-            tasks.push(tokio::spawn(async move {
-                let key = IdempotencyKey::parse("race").unwrap();
-                let r = req("acme", "pay", &key, 100);
-                let mut tx = db.pool.begin().await.unwrap();
-                barrier.wait().await;
-                match claim(&mut tx, &r).await.unwrap() {
-                    Claim::Execute(exec) => {
-                        let id = pay(&mut tx, "acme", 100).await;
-                        exec.complete(&mut tx, &created(id)).await.unwrap();
-                        tx.commit().await.unwrap();
-                        1_i64
-                    }
-                    Claim::Replay(_) | Claim::InFlight { .. } => 0,
-                    other => panic!("unexpected: {other:?}"),
-                }
-            }));
-        }
-        let mut executed = 0;
-        for t in tasks {
-            executed += t.await.expect("no task errors or panics");
-        }
-        executed
-    }};
+/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
+/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
+/// the suite but left out here is an unused function, which the build refuses
+/// (`-D warnings`).
+macro_rules! stamp {
+    ($module:ident => $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $test() {
+                $module::$test().await
+            }
+        )*
+    };
 }
 
+/// Every test of `runtime/suite.rs`, stamped in the database's module.
 macro_rules! backend_tests {
-    // PostgreSQL and SQLite: a payment's id from `INSERT ... RETURNING`.
-    ($db:ty, $test_db:ty, $payments_ddl:expr, $expire_all:expr) => {
-        backend_tests!(@ $db, $test_db, $payments_ddl, $expire_all, {
-            pub(super) async fn pay(
-                tx: &mut Transaction<'static, Db>,
-                tenant: &str,
-                amount: i64,
-            ) -> i64 {
-                sqlx::query_scalar("INSERT INTO payments (tenant, amount) VALUES ($1, $2) RETURNING id")
-                    .bind(tenant)
-                    .bind(amount)
-                    .fetch_one(&mut **tx)
-                    .await
-                    .unwrap()
-            }
-        });
-    };
-    // A database whose `pay` is its own (MySQL: `?` placeholders, no RETURNING).
-    (@ $db:ty, $test_db:ty, $payments_ddl:expr, $expire_all:expr, { $($pay:item)* }) => {
-        use super::*;
-        use sqlx::Transaction;
-
-        type Db = $db;
-        type TestDb = $test_db;
-        const PAYMENTS_DDL: &str = $payments_ddl;
-        const EXPIRE_ALL_SQL: &str = $expire_all;
-
-        pub(super) async fn db() -> TestDb {
-            let db = TestDb::new().await;
-            db.exec(PAYMENTS_DDL).await;
-            db
-        }
-
-        $($pay)*
-
-        /// Claims, and on Execute pays and completes. Returns what the claim said.
-        pub(super) async fn run_once(
-            db: &TestDb,
-            r: &ClaimRequest<'_>,
-        ) -> Result<Claim, StoreError> {
-            let mut tx = db.pool.begin().await?;
-            let c = claim(&mut tx, r).await?;
-            match c {
-                Claim::Execute(exec) => {
-                    let id = pay(&mut tx, r.tenant, 100).await;
-                    exec.complete(&mut tx, &created(id)).await?;
-                    tx.commit().await?;
-                    Ok(Claim::Replay(created(id)))
-                }
-                other => Ok(other),
-            }
-        }
-
-        /// A hand-written retention under a millisecond (zero included:
-        /// every store counts whole milliseconds) is refused before anything
-        /// is written, with the error the leased claims give.
-        #[tokio::test]
-        async fn a_zero_retention_by_hand_is_refused_and_reserves_nothing() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("zero").unwrap();
-            for (retention, named) in [
-                (Duration::ZERO, "a retention of 0ns is refused"),
-                (Duration::from_micros(999), "a retention of 999µs is refused"),
-            ] {
-                let r = ClaimRequest {
-                    retention,
-                    ..req("acme", "pay", &key, 100)
-                };
-                let mut tx = db.pool.begin().await.unwrap();
-                let e = claim(&mut tx, &r).await.expect_err("refused");
-                assert!(matches!(e, StoreError::InvalidRequest(_)), "{e}");
-                let message = e.to_string();
-                assert!(message.starts_with("invalid request: "), "{message}");
-                assert!(message.contains(named), "{message}");
-                assert!(message.contains("at least 1 ms"), "{message}");
-                // The transaction is still usable, and holds nothing of idem's.
-                tx.commit().await.unwrap();
-                assert_eq!(
-                    db.count("SELECT count(*) FROM idempotency_requests").await,
-                    0,
-                    "nothing reserved: {message}"
-                );
-            }
-            let least = ClaimRequest {
-                retention: Duration::from_millis(1),
-                ..req("acme", "pay", &key, 100)
-            };
-            assert!(matches!(
-                run_once(&db, &least).await.unwrap(),
-                Claim::Replay(_)
-            ));
-        }
-
-        #[tokio::test]
-        async fn first_claim_executes_and_a_retry_replays_byte_identical() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            let mut tx = db.pool.begin().await.unwrap();
-            let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
-                panic!("a new key must execute")
-            };
-            assert_eq!(exec.generation(), 1);
-            let id = pay(&mut tx, "acme", 100).await;
-            let stored = created(id);
-            exec.complete(&mut tx, &stored).await.unwrap();
-            tx.commit().await.unwrap();
-
-            let mut tx = db.pool.begin().await.unwrap();
-            match claim(&mut tx, &r).await.unwrap() {
-                Claim::Replay(replayed) => assert_eq!(replayed, stored),
-                other => panic!("expected a replay, got {other:?}"),
-            }
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-        }
-
-        #[tokio::test]
-        async fn a_different_fingerprint_is_a_mismatch_and_nothing_runs() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("k1").unwrap();
-            assert!(matches!(
-                run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap(),
-                Claim::Replay(_)
-            ));
-            let other = req("acme", "pay", &key, 101);
-            assert!(matches!(
-                run_once(&db, &other).await.unwrap(),
-                Claim::Mismatch
-            ));
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-        }
-
-        #[tokio::test]
-        async fn tenants_and_operations_scope_the_key() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("shared-random-key").unwrap();
-            let a = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
-            let b = run_once(&db, &req("globex", "pay", &key, 100))
-                .await
-                .unwrap();
-            let c = run_once(&db, &req("acme", "refund", &key, 100))
-                .await
-                .unwrap();
-            let (Claim::Replay(a), Claim::Replay(b), Claim::Replay(c)) = (a, b, c) else {
-                panic!("each scope executes")
-            };
-            assert_ne!(a.body, b.body);
-            assert_ne!(a.body, c.body);
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 3);
-            // Each one's retry sees its own result.
-            let Claim::Replay(b2) = run_once(&db, &req("globex", "pay", &key, 100))
-                .await
-                .unwrap()
-            else {
-                panic!()
-            };
-            assert_eq!(b2, b);
-        }
-
-        #[tokio::test]
-        async fn fifty_concurrent_duplicates_make_one_payment() {
-            let db = Arc::new(TestDb::with_pool_size(60).await);
-            db.exec(PAYMENTS_DDL).await;
-            let executed = claim_race!(db, 50);
-            assert_eq!(executed, 1);
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-        }
-
-        #[tokio::test]
-        async fn a_rolled_back_first_attempt_frees_the_key() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            // The handler fails: explicit rollback.
-            let mut tx = db.pool.begin().await.unwrap();
-            let Claim::Execute(_exec) = claim(&mut tx, &r).await.unwrap() else {
-                panic!()
-            };
-            pay(&mut tx, "acme", 100).await;
-            tx.rollback().await.unwrap();
-            // A crash: the transaction is dropped without commit.
-            {
-                let mut tx = db.pool.begin().await.unwrap();
-                let Claim::Execute(_exec) = claim(&mut tx, &r).await.unwrap() else {
-                    panic!()
-                };
-                pay(&mut tx, "acme", 100).await;
-                drop(tx);
-            }
-            assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests").await,
-                0
-            );
-            // The retry executes, and exactly one payment exists.
-            assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-        }
-
-        #[tokio::test]
-        async fn an_expired_key_executes_anew_and_an_unexpired_one_does_not() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            assert!(matches!(run_once(&db, &r).await.unwrap(), Claim::Replay(_)));
-            // Unexpired: replay, no second payment.
-            let mut tx = db.pool.begin().await.unwrap();
-            assert!(matches!(
-                claim(&mut tx, &r).await.unwrap(),
-                Claim::Replay(_)
-            ));
-            drop(tx);
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-            // Expired: the retention has passed, so the key is forgotten and runs again,
-            // even with another fingerprint.
-            db.exec(EXPIRE_ALL_SQL).await;
-            let other = req("acme", "pay", &key, 250);
-            let mut tx = db.pool.begin().await.unwrap();
-            let Claim::Execute(exec) = claim(&mut tx, &other).await.unwrap() else {
-                panic!()
-            };
-            assert_eq!(exec.generation(), 2);
-            let id = pay(&mut tx, "acme", 250).await;
-            exec.complete(&mut tx, &created(id)).await.unwrap();
-            tx.commit().await.unwrap();
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 2);
-            assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests WHERE generation = 2")
-                    .await,
-                1
-            );
-        }
-
-        #[tokio::test]
-        async fn a_stale_execution_cannot_complete() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            let mut tx = db.pool.begin().await.unwrap();
-            let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
-                panic!()
-            };
-            // Someone deletes the row inside the same transaction (a purge gone wrong).
-            sqlx::query("DELETE FROM idempotency_requests")
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            let err = exec.complete(&mut tx, &created(1)).await.unwrap_err();
-            assert!(
-                matches!(err, StoreError::LostClaim { generation: 1 }),
-                "{err}"
-            );
-        }
+    () => {
+        stamp!(
+            suite =>
+            a_zero_retention_by_hand_is_refused_and_reserves_nothing,
+            first_claim_executes_and_a_retry_replays_byte_identical,
+            a_different_fingerprint_is_a_mismatch_and_nothing_runs,
+            tenants_and_operations_scope_the_key,
+            fifty_concurrent_duplicates_make_one_payment,
+            a_rolled_back_first_attempt_frees_the_key,
+            an_expired_key_executes_anew_and_an_unexpired_one_does_not,
+            a_stale_execution_cannot_complete,
+        );
     };
 }
 
-/// A duplicate that waits for the first transaction's row lock (on the
-/// databases with row locks): replays a committed first, executes after a
-/// rolled-back one. Expanded where `db`, `pay` and `wait_for_lock_waiter` are
-/// the database's.
+/// Every test of `runtime/lock_wait.rs`, stamped in the module of a database
+/// with row locks.
 macro_rules! lock_wait_tests {
     () => {
-        #[tokio::test]
-        async fn a_duplicate_waits_for_a_committed_first_and_replays_it() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            let mut first = db.pool.begin().await.unwrap();
-            let Claim::Execute(exec) = claim(&mut first, &r).await.unwrap() else {
-                panic!()
-            };
-            let id = pay(&mut first, "acme", 100).await;
-            let pool = db.pool.clone();
-            let dup = tokio::spawn(async move {
-                let key = IdempotencyKey::parse("k1").unwrap();
-                let mut tx = pool.begin().await.unwrap();
-                claim(&mut tx, &req("acme", "pay", &key, 100))
-                    .await
-                    .unwrap()
-            });
-            wait_for_lock_waiter(&db).await;
-            exec.complete(&mut first, &created(id)).await.unwrap();
-            first.commit().await.unwrap();
-            match dup.await.unwrap() {
-                Claim::Replay(stored) => assert_eq!(stored, created(id)),
-                other => panic!("the duplicate must see the committed row, got {other:?}"),
-            }
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-        }
-
-        #[tokio::test]
-        async fn a_duplicate_waits_for_a_rolled_back_first_and_then_executes() {
-            let db = db().await;
-            let key = IdempotencyKey::parse("k1").unwrap();
-            let r = req("acme", "pay", &key, 100);
-            let mut first = db.pool.begin().await.unwrap();
-            let Claim::Execute(_exec) = claim(&mut first, &r).await.unwrap() else {
-                panic!()
-            };
-            pay(&mut first, "acme", 100).await;
-            let pool = db.pool.clone();
-            let dup = tokio::spawn(async move {
-                let key = IdempotencyKey::parse("k1").unwrap();
-                let r = req("acme", "pay", &key, 100);
-                let mut tx = pool.begin().await.unwrap();
-                let c = claim(&mut tx, &r).await.unwrap();
-                let Claim::Execute(exec) = c else {
-                    return false;
-                };
-                let id = pay(&mut tx, "acme", 100).await;
-                exec.complete(&mut tx, &created(id)).await.unwrap();
-                tx.commit().await.unwrap();
-                true
-            });
-            wait_for_lock_waiter(&db).await;
-            first.rollback().await.unwrap();
-            assert!(
-                dup.await.unwrap(),
-                "the duplicate executes once the first rolled back"
-            );
-            assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
-        }
+        stamp!(
+            lock_wait =>
+            a_duplicate_waits_for_a_committed_first_and_replays_it,
+            a_duplicate_waits_for_a_rolled_back_first_and_then_executes,
+        );
     };
 }
 
+#[path = "runtime"]
 mod postgres {
-    backend_tests!(
-        sqlx::Postgres,
-        crate::common::TestDb,
-        "CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL)",
-        "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'"
-    );
+    use super::*;
+    use sqlx::Transaction;
+
+    type Db = sqlx::Postgres;
+    type TestDb = crate::common::TestDb;
+    const PAYMENTS_DDL: &str = "CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL)";
+    const EXPIRE_ALL_SQL: &str =
+        "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'";
+
+    mod returning;
+    pub(super) mod suite;
+    pub(super) use returning::pay;
+
+    backend_tests!();
 }
 
+#[path = "runtime"]
 mod sqlite {
-    backend_tests!(
-        sqlx::Sqlite,
-        crate::common::SqliteDb,
-        "CREATE TABLE payments (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, amount INTEGER NOT NULL)",
-        "UPDATE idempotency_requests SET expires_at = 0"
-    );
+    use super::*;
+    use sqlx::Transaction;
+    use suite::{db, run_once};
+
+    type Db = sqlx::Sqlite;
+    type TestDb = crate::common::SqliteDb;
+    const PAYMENTS_DDL: &str = "CREATE TABLE payments (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, amount INTEGER NOT NULL)";
+    const EXPIRE_ALL_SQL: &str = "UPDATE idempotency_requests SET expires_at = 0";
+
+    mod returning;
+    mod suite;
+    use returning::pay;
+
+    backend_tests!();
 
     /// A pool of one connection to the test's database file, with its own busy
     /// timeout.
@@ -692,36 +406,42 @@ mod sqlite {
     }
 }
 
+#[path = "runtime"]
 mod mysql {
-    backend_tests!(@
-        sqlx::MySql,
-        crate::common::MySqlDb,
-        "CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB",
-        "UPDATE idempotency_requests SET expires_at = 0",
-        {
-            pub(super) async fn pay(
-                tx: &mut Transaction<'static, Db>,
-                tenant: &str,
-                amount: i64,
-            ) -> i64 {
-                let done = sqlx::query("INSERT INTO payments (tenant, amount) VALUES (?, ?)")
-                    .bind(tenant)
-                    .bind(amount)
-                    .execute(&mut **tx)
-                    .await
-                    .unwrap();
-                i64::try_from(done.last_insert_id()).unwrap()
-            }
-        }
-    );
+    use super::*;
+    use sqlx::Transaction;
+
+    type Db = sqlx::MySql;
+    type TestDb = crate::common::MySqlDb;
+    const PAYMENTS_DDL: &str = "CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB";
+    const EXPIRE_ALL_SQL: &str = "UPDATE idempotency_requests SET expires_at = 0";
+
+    pub(super) mod suite;
+
+    /// `?` placeholders and no `RETURNING`: the id is the insert's own.
+    pub(super) async fn pay(tx: &mut Transaction<'static, Db>, tenant: &str, amount: i64) -> i64 {
+        let done = sqlx::query("INSERT INTO payments (tenant, amount) VALUES (?, ?)")
+            .bind(tenant)
+            .bind(amount)
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+        i64::try_from(done.last_insert_id()).unwrap()
+    }
+
+    backend_tests!();
 }
 
 /// What differs on MySQL and MariaDB: InnoDB's row, gap and next-key locks, the
 /// lock wait in whole seconds, deadlocks, the database clock.
+#[path = "runtime"]
 mod mysql_only {
-    use super::mysql::{db, pay, run_once};
+    use super::mysql::pay;
+    use super::mysql::suite::{claim_race, db, run_once};
     use super::*;
     use crate::common::MySqlDb;
+
+    mod lock_wait;
 
     /// Waits until some transaction waits for a lock InnoDB holds.
     async fn wait_for_lock_waiter(db: &MySqlDb) {
@@ -880,7 +600,7 @@ mod mysql_only {
     async fn deadlocks_under_repeatable_read_are_answered_in_flight() {
         let db = Arc::new(MySqlDb::with_isolation(40, None).await);
         db.exec("CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB").await;
-        let executed = claim_race!(db, 30);
+        let executed = claim_race(&db, 30).await;
         assert!(executed <= 1, "{executed} executions");
         assert_eq!(db.count("SELECT count(*) FROM payments").await, executed);
         // Whatever the races decided, a retry now has one answer.
@@ -999,10 +719,14 @@ mod mysql_only {
 }
 
 /// What only PostgreSQL has: waits on row locks, isolation levels, functions.
+#[path = "runtime"]
 mod postgres_only {
-    use super::postgres::{db, pay, run_once};
+    use super::postgres::pay;
+    use super::postgres::suite::{db, run_once};
     use super::*;
     use crate::common::TestDb;
+
+    mod lock_wait;
 
     lock_wait_tests!();
 

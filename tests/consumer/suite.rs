@@ -1,0 +1,124 @@
+//! The runtime API's consumer behaviour on every database, written once
+//! against the enclosing database module's `TestDb` (a fresh database of that
+//! kind), `CREDITS_DDL` (the effect's table) and `INSERT_CREDIT` (the
+//! statement that adds a credit, and returns its id where the database has
+//! `RETURNING`). `tests/consumer.rs` mounts this file in each database's
+//! module and stamps a `#[tokio::test]` wrapper per test there.
+
+use super::*;
+
+/// A fresh database with the `credits` table.
+async fn ledger_db() -> TestDb {
+    let db = TestDb::new().await;
+    db.exec(CREDITS_DDL).await;
+    db
+}
+
+/// Applies one credit for the message; `fail` makes the effect fail after writing.
+async fn consume(
+    db: &TestDb,
+    id: &str,
+    payload: &[u8],
+    fail: bool,
+) -> Result<Delivery<i64>, ConsumeError<String>> {
+    let msg = Message {
+        scope: "ledger-worker",
+        operation: "apply-credit",
+        id,
+        payload,
+    };
+    process_once(&db.pool, &msg, WEEK, move |tx| {
+        Box::pin(async move {
+            let id: Option<i64> = sqlx::query_scalar(INSERT_CREDIT)
+                .fetch_optional(&mut **tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            // MySQL's INSERT returns no row: the id is the connection's last.
+            let id = match id {
+                Some(id) => id,
+                None => sqlx::query_scalar("SELECT CAST(LAST_INSERT_ID() AS SIGNED)")
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            };
+            if fail {
+                return Err("downstream validation failed".to_owned());
+            }
+            Ok(id)
+        })
+    })
+    .await
+}
+
+pub async fn five_deliveries_of_one_message_apply_it_once() {
+    let db = Arc::new(ledger_db().await);
+    let payload = br#"{"account":"a","amount":5}"#;
+    let barrier = Arc::new(tokio::sync::Barrier::new(3));
+    let mut tasks = Vec::new();
+    // Three deliveries at once (a redelivery racing the first)...
+    for _ in 0..3 {
+        let (db, barrier) = (db.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            loop {
+                match consume(&db, "evt-1", payload, false).await {
+                    // A concurrent delivery still running: the broker would redeliver.
+                    Err(ConsumeError::InFlight) => tokio::task::yield_now().await,
+                    other => return other.unwrap(),
+                }
+            }
+        }));
+    }
+    let mut applied = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Delivery::Applied(_) => applied += 1,
+            Delivery::Duplicate => {}
+            other => panic!("same payload: {other:?}"),
+        }
+    }
+    // ...then two more, one after a crash before ack (same as any redelivery).
+    assert_eq!(
+        consume(&db, "evt-1", payload, false).await.unwrap(),
+        Delivery::Duplicate
+    );
+    assert_eq!(
+        consume(&db, "evt-1", payload, false).await.unwrap(),
+        Delivery::Duplicate
+    );
+    assert_eq!(applied, 1);
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
+
+pub async fn another_payload_under_the_same_identity_is_reported_not_applied() {
+    let db = ledger_db().await;
+    assert!(matches!(
+        consume(&db, "evt-2", b"{\"amount\":5}", false)
+            .await
+            .unwrap(),
+        Delivery::Applied(_)
+    ));
+    assert_eq!(
+        consume(&db, "evt-2", b"{\"amount\":6}", false)
+            .await
+            .unwrap(),
+        Delivery::Conflict
+    );
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
+
+pub async fn a_failed_effect_commits_nothing_and_the_redelivery_applies_it() {
+    let db = ledger_db().await;
+    let err = consume(&db, "evt-3", b"{}", true).await.unwrap_err();
+    assert!(matches!(err, ConsumeError::Effect(_)), "{err}");
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+    assert!(matches!(
+        consume(&db, "evt-3", b"{}", false).await.unwrap(),
+        Delivery::Applied(_)
+    ));
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
