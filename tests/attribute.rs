@@ -12,6 +12,7 @@
     reason = "each database's module mounts the suite again, over its own `Db`"
 )]
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -58,12 +59,7 @@ macro_rules! attribute_tests {
         );
     };
     ($($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                suite::$test().await
-            }
-        )*
+        stamp!(suite => $($test),*);
     };
 }
 

@@ -15,6 +15,7 @@
     reason = "each database's module mounts the suite again, over its own `TestDb`"
 )]
 
+#[macro_use]
 mod common;
 
 use std::process::Stdio;
@@ -29,21 +30,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
-/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
-/// the suite but left out here is an unused function, which the build refuses
-/// (`-D warnings`).
-macro_rules! stamp {
-    ($module:ident => $($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                $module::$test().await
-            }
-        )*
-    };
-}
 
 /// Every test of `consumer/suite.rs`, stamped in the database's module.
 macro_rules! consumer_tests {

@@ -15,6 +15,7 @@
     reason = "each database's module mounts the suite again, over its own `TestDb`"
 )]
 
+#[macro_use]
 mod common;
 
 use std::sync::{Arc, Mutex};
@@ -69,21 +70,6 @@ const UNCERTAIN_OPERATION: &str = "paiement-ü";
 
 /// The body of the legacy completed row.
 const LEGACY_BODY: &str = r#"{"id":7}"#;
-
-/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
-/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
-/// the suite but left out here is an unused function, which the build refuses
-/// (`-D warnings`).
-macro_rules! stamp {
-    ($module:ident => $($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                $module::$test().await
-            }
-        )*
-    };
-}
 
 /// Every test of `key_digest/suite.rs`, stamped in the database's module.
 macro_rules! key_digest_tests {

@@ -20,6 +20,7 @@
     reason = "each store's module mounts the suite again, over its own `Db`"
 )]
 
+#[macro_use]
 mod common;
 
 use std::collections::HashMap;
@@ -116,21 +117,6 @@ fn lease_req<'a>(key: &'a IdempotencyKey, lease: Duration) -> LeaseRequest<'a> {
         retention: HOUR,
         lease,
     }
-}
-
-/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
-/// mounts it: the tests' paths stay `<store>::<name>`. A test written in a
-/// suite file but left out here is an unused function, which the build refuses
-/// (`-D warnings`).
-macro_rules! stamp {
-    ($module:ident => $($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                $module::$test().await
-            }
-        )*
-    };
 }
 
 /// Every test of `leased/suite.rs`, stamped in the store's module.

@@ -22,6 +22,7 @@
     reason = "each store's module mounts the suite again, over its own `Db`"
 )]
 
+#[macro_use]
 mod common;
 
 use std::collections::HashMap;
@@ -86,21 +87,6 @@ impl Downstream {
 /// The stored answer of a finished export.
 fn exported(id: &str) -> serde_json::Value {
     json!({ "export": id })
-}
-
-/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
-/// mounts it: the tests' paths stay `<store>::<name>`. A test written in the
-/// suite but left out here is an unused function, which the build refuses
-/// (`-D warnings`).
-macro_rules! stamp {
-    ($module:ident => $($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                $module::$test().await
-            }
-        )*
-    };
 }
 
 /// Every test of `operations/suite.rs`, stamped in the store's module.

@@ -15,6 +15,7 @@
     reason = "each database's module mounts the suite again, over its own `Db`"
 )]
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -38,21 +39,6 @@ struct NewWidget {
     name: String,
     #[serde(default)]
     size: usize,
-}
-
-/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
-/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
-/// the suite but left out here is an unused function, which the build refuses
-/// (`-D warnings`).
-macro_rules! stamp {
-    ($module:ident => $($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                $module::$test().await
-            }
-        )*
-    };
 }
 
 /// Every test of `replay_cache/suite.rs`, stamped in the database's module.

@@ -12,6 +12,7 @@
     reason = "each database's module mounts the suite again, over its own `Db`"
 )]
 
+#[macro_use]
 mod common;
 
 use idem_runtime::transition::{Resource, States, TransitionError, Transitioned, transition};
@@ -50,21 +51,6 @@ const DDL: &str = "CREATE TABLE orders (id bigint PRIMARY KEY, tenant_id text NO
      INSERT INTO orders VALUES (1, 'acme', 'created', 1);";
 
 type Outcome = Result<Transitioned<()>, TransitionError<Step, sqlx::Error>>;
-
-/// `#[tokio::test]` wrappers for the tests `$module` holds, in the module that
-/// mounts it: the tests' paths stay `<database>::<name>`. A test written in
-/// the suite but left out here is an unused function, which the build refuses
-/// (`-D warnings`).
-macro_rules! stamp {
-    ($module:ident => $($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                $module::$test().await
-            }
-        )*
-    };
-}
 
 /// Every test of `transitions/suite.rs`, stamped in the database's module.
 macro_rules! transition_tests {

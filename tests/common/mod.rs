@@ -11,3 +11,20 @@ pub mod respell;
 pub mod state;
 
 pub use db::*;
+
+/// `#[tokio::test]` wrappers for the tests a suite file (`$module`) holds, in
+/// the database's module that mounts it, so the tests' paths stay
+/// `<database>::<name>`. A test written in a suite file but left out of its list
+/// is an unused function, which the build refuses (`-D warnings`). Reached with
+/// `#[macro_use] mod common;`.
+#[allow(unused_macros)]
+macro_rules! stamp {
+    ($module:ident => $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $test() {
+                $module::$test().await
+            }
+        )*
+    };
+}
