@@ -265,15 +265,12 @@ pub async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
                     deadline: M::deadline(&req.idem, spec)
                         .and_then(|d| tokio::time::Instant::now().checked_add(d)),
                 };
-                // Boxed once where it is made: the pipeline's state is about
-                // 20 KiB (the claim's and the store's futures), and each move of
-                // it by value (into the timeout, this block, the instrumented
-                // wrapper and the spawned task's box) would copy all of it.
-                let work = Box::pin(pipeline::<DB, M>(&req.idem, &scope, body));
                 let Some(deadline) = scope.deadline else {
-                    return work.await;
+                    return pipeline::<DB, M>(&req.idem, &scope, body).await;
                 };
-                match tokio::time::timeout_at(deadline, work).await {
+                match tokio::time::timeout_at(deadline, pipeline::<DB, M>(&req.idem, &scope, body))
+                    .await
+                {
                     Ok(resp) => resp,
                     Err(_) => {
                         tracing::Span::current().record("idem.outcome", "deadline");

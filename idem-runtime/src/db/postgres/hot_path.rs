@@ -447,12 +447,15 @@ fn finish_text(
     status: i16,
     wait: i64,
 ) -> Result<String, StoreError> {
-    let headers = serde_json::to_string(&response.headers)
-        .map_err(|e| StoreError::Corrupt(format!("stored headers: {e}")))?;
+    let headers_len: usize = response
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len() + 8)
+        .sum();
     let mut sql = String::with_capacity(
         256 + execution.tenant.len()
             + execution.operation.len()
-            + headers.len()
+            + headers_len
             + 2 * response.body.len(),
     );
     sql.push_str("EXECUTE ");
@@ -477,7 +480,7 @@ fn finish_text(
     sql.push_str(", ");
     let _ = write!(sql, "{status}");
     sql.push_str(", ");
-    text_literal(&mut sql, &headers)?;
+    session::json_literal(&mut sql, &response.headers)?;
     sql.push_str(", ");
     bytea_literal(&mut sql, &response.body);
     sql.push_str(", ");
