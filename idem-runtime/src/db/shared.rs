@@ -238,21 +238,13 @@ where
     for<'q> Option<&'q str>: Encode<'q, DB>,
     usize: ColumnIndex<DB::Row>,
 {
-    async fn lock_state<'c>(
+    fn lock_state<'c>(
         conn: &'c mut DB::Connection,
         resource: &'c Resource,
         id: i64,
         scope: Option<&'c str>,
-    ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(DB::transition_read_sql(resource)))
-            .bind(id)
-            .bind(scope)
-            .fetch_optional(conn)
-            .await?;
-        Ok(match row {
-            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
-            None => None,
-        })
+    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c {
+        read_state(conn, DB::transition_read_sql(resource), id, scope)
     }
 
     async fn write_state<'c>(
@@ -268,6 +260,35 @@ where
             .fetch_optional(conn)
             .await
     }
+}
+
+/// A transition's locking read: `read_sql` (the resource's `state, version`,
+/// bound to `id` and `scope`) on `conn`, on any database.
+pub(crate) async fn read_state<DB>(
+    conn: &mut DB::Connection,
+    read_sql: String,
+    id: i64,
+    scope: Option<&str>,
+) -> Result<Option<(String, i64)>, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let row = sqlx::query(sqlx::AssertSqlSafe(read_sql))
+        .bind(id)
+        .bind(scope)
+        .fetch_optional(conn)
+        .await?;
+    Ok(match row {
+        Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
+        None => None,
+    })
 }
 
 /// What a database module gives the admin reads: the `show` statement

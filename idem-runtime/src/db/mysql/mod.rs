@@ -294,15 +294,7 @@ impl super::stores::Transitions for MySql {
         id: i64,
         scope: Option<&'c str>,
     ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(transition_read_sql(resource)))
-            .bind(id)
-            .bind(scope)
-            .fetch_optional(conn)
-            .await?;
-        Ok(match row {
-            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
-            None => None,
-        })
+        super::shared::read_state::<MySql>(conn, transition_read_sql(resource), id, scope).await
     }
 
     async fn write_state<'c>(
