@@ -29,15 +29,16 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use sqlx::{MySqlConnection, Row};
+use sqlx::{MySql, MySqlConnection, Row, Transaction};
 
-use super::hot_path::{PARSE_ERROR, learned_set_statement, set_statement_refused};
+use super::hot_path::{self, PARSE_ERROR, learned_set_statement, set_statement_refused};
 use super::{
-    bound_lock_wait, error_number, is_duplicate, is_lock_timeout, lock_wait_for_statement,
-    lock_wait_seconds, now_ms, restore_lock_wait,
+    bound_lock_wait, error_number, is_deadlock, is_duplicate, is_lock_timeout,
+    lock_wait_for_statement, lock_wait_seconds, now_ms, restore_lock_wait,
 };
+use crate::db::{ClaimContext, Tx};
 use crate::decide::RowState;
-use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
 /// How many times the handler's path begins a claim's transaction when InnoDB
 /// picks it as a deadlock's victim, before answering in flight.
@@ -224,6 +225,54 @@ async fn claim_bounded(
         return Ok(Claim::Replay(stored_from_row(&row)?));
     }
     Ok(in_flight(req))
+}
+
+/// The claim and the completion in the caller's transaction are this module's;
+/// the handler's path is [`hot_path`]'s.
+impl crate::db::stores::Claims for MySql {
+    /// In a transaction the caller began: a deadlock (the whole transaction was
+    /// rolled back by InnoDB) is answered as in flight, since it cannot be
+    /// retried here.
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        match claim_borrowed(tx, req).await {
+            Err(StoreError::Database(e)) if is_deadlock(&e) => Ok(in_flight(req)),
+            other => other,
+        }
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        complete_on(execution, tx, response).await
+    }
+
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        hot_path::begin_claim(ctx, req).await
+    }
+
+    async fn finish(
+        ctx: &ClaimContext<'_, Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        hot_path::finish(ctx, tx, execution, response).await
+    }
+
+    async fn taken_since(
+        ctx: &ClaimContext<'_, Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        hot_path::taken_since(ctx, execution).await
+    }
 }
 
 /// A stored outcome from a row with `response_status` (SMALLINT),

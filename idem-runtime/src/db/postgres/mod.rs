@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use sqlx::{Pool, Postgres, Transaction};
 
-use super::{Backend, ClaimContext};
-use crate::db::Tx;
+use super::Backend;
 use crate::model::Resource;
-use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
+use crate::model::StoreError;
 
 mod admin;
 pub(crate) mod hot_path;
@@ -72,46 +71,6 @@ impl super::stores::Schema for Postgres {
         }
         Self::migrator().run(pool).await?;
         Ok(())
-    }
-}
-
-impl super::stores::Claims for Postgres {
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        transactional::claim_on(tx, req).await
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        transactional::complete_on(execution, tx, response).await
-    }
-
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        ctx: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(ctx, tx, execution, response).await
-    }
-
-    async fn taken_since(
-        ctx: &ClaimContext<'_, Self>,
-        execution: &Execution,
-    ) -> Result<Option<Claim>, StoreError> {
-        hot_path::taken_since(ctx, execution).await
     }
 }
 

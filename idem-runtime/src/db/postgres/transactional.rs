@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, Postgres, Row, Transaction};
 
-use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
+use super::hot_path;
+use crate::db::{ClaimContext, Tx};
+
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_headers, response_body, \
             wait_seconds \
@@ -94,6 +97,48 @@ pub(crate) async fn complete_on(
         });
     }
     Ok(())
+}
+
+/// The claim and the completion in the caller's transaction are this module's;
+/// the handler's path is [`hot_path`]'s.
+impl crate::db::stores::Claims for Postgres {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        claim_on(tx, req).await
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        complete_on(execution, tx, response).await
+    }
+
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        hot_path::begin_claim(ctx, req).await
+    }
+
+    async fn finish(
+        ctx: &ClaimContext<'_, Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        hot_path::finish(ctx, tx, execution, response).await
+    }
+
+    async fn taken_since(
+        ctx: &ClaimContext<'_, Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        hot_path::taken_since(ctx, execution).await
+    }
 }
 
 /// A stored outcome from a row with `response_status` (`smallint`),

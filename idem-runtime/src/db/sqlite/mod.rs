@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use sqlx::{Pool, Sqlite, Transaction};
 
-use super::{Backend, ClaimContext};
-use crate::db::Tx;
+use super::Backend;
 use crate::model::Resource;
-use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
+use crate::model::StoreError;
 
 mod admin;
 mod digests;
@@ -86,41 +85,6 @@ impl super::stores::Schema for Sqlite {
     async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
         Self::migrator().run(pool).await?;
         digests::convert_raw_keys(pool).await
-    }
-}
-
-impl super::stores::Claims for Sqlite {
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        transactional::claim_on(tx, req).await
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        transactional::complete_on(execution, tx, response).await
-    }
-
-    /// The write lock first, the key read under it, nothing written until the
-    /// outcome (see `hot_path`).
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        _: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(tx, execution, response).await
     }
 }
 
