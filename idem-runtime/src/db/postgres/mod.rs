@@ -74,21 +74,6 @@ impl super::stores::Schema for Postgres {
     }
 }
 
-impl super::shared::SqlUpkeep for Postgres {
-    // Batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on several
-    // replicas share the work and none waits on a row a claim holds.
-    const DELETE_BATCH_SQL: &'static str = upkeep::DELETE_BATCH_SQL;
-    const BACKLOG_SQL: &'static str = upkeep::BACKLOG_SQL;
-    const IN_FLIGHT_SQL: &'static str = upkeep::IN_FLIGHT_SQL;
-
-    fn snapshot(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<crate::model::StatsSnapshot, StoreError>> + Send
-    {
-        upkeep::snapshot(pool)
-    }
-}
-
 impl super::shared::SqlTransitions for Postgres {
     const NULL_PARAM: &'static str = "$2::text";
 
@@ -104,20 +89,5 @@ impl super::shared::SqlTransitions for Postgres {
             id = resource.id_column,
             scope = super::shared::scope_sql(resource, "$2::text"),
         )
-    }
-}
-
-impl super::shared::SqlAdmin for Postgres {
-    const SHOW_SQL: &'static str = admin::SHOW_SQL;
-
-    fn purge<E: Send>(
-        pool: &Pool<Self>,
-        key: &crate::model::KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> impl std::future::Future<
-        Output = Result<Option<(String, i64)>, crate::model::PurgeError<E>>,
-    > + Send {
-        admin::purge(pool, key, wait, allow)
     }
 }

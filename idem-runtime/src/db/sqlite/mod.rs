@@ -12,8 +12,6 @@
 //!
 //! Timestamps are Unix milliseconds from SQLite's own clock ([`now_ms`]).
 
-use std::time::Duration;
-
 use sqlx::{Pool, Sqlite, Transaction};
 
 use super::Backend;
@@ -88,21 +86,6 @@ impl super::stores::Schema for Sqlite {
     }
 }
 
-impl super::shared::SqlUpkeep for Sqlite {
-    // Batches by `rowid` under SQLite's single write lock, so no `SKIP LOCKED`
-    // is needed.
-    const DELETE_BATCH_SQL: &'static str = upkeep::DELETE_BATCH_SQL;
-    const BACKLOG_SQL: &'static str = upkeep::BACKLOG_SQL;
-    const IN_FLIGHT_SQL: &'static str = upkeep::IN_FLIGHT_SQL;
-
-    fn snapshot(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<crate::model::StatsSnapshot, StoreError>> + Send
-    {
-        upkeep::snapshot(pool)
-    }
-}
-
 impl super::shared::SqlTransitions for Sqlite {
     const NULL_PARAM: &'static str = "$2";
 
@@ -121,20 +104,5 @@ impl super::shared::SqlTransitions for Sqlite {
             id = resource.id_column,
             scope = super::shared::scope_sql(resource, "$2"),
         )
-    }
-}
-
-impl super::shared::SqlAdmin for Sqlite {
-    const SHOW_SQL: &'static str = admin::SHOW_SQL;
-
-    fn purge<E: Send>(
-        pool: &Pool<Self>,
-        key: &crate::model::KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> impl std::future::Future<
-        Output = Result<Option<(String, i64)>, crate::model::PurgeError<E>>,
-    > + Send {
-        admin::purge(pool, key, wait, allow)
     }
 }
