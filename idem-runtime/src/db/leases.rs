@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
+use crate::db::shared::BindKey;
 use crate::key::KeyDigest;
 use crate::model::{
     Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, OwnerToken, Renewal,
@@ -279,9 +280,7 @@ where
         key: &KeyDigest,
     ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
         let row = sqlx::query(DB::CURRENT_SQL)
-            .bind(tenant)
-            .bind(operation)
-            .bind(*key)
+            .bind_key(tenant, operation, *key)
             .fetch_optional(store)
             .await?;
         let Some(row) = row else { return Ok(None) };
@@ -302,9 +301,7 @@ where
             DB::OPERATION_STATUS_SQL
         };
         let row = sqlx::query(sql)
-            .bind(key.tenant)
-            .bind(key.operation)
-            .bind(key.digest)
+            .bind_key(key.tenant, key.operation, key.digest)
             .fetch_optional(store)
             .await?;
         row.as_ref()

@@ -18,14 +18,44 @@
 use std::future::Future;
 use std::time::Duration;
 
+use sqlx::query::{Query, QueryScalar};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::leases::SqlLeases;
 use super::stores::{Admin, Transitions, Upkeep};
+use crate::key::KeyDigest;
 use crate::model::{
     FencedWrite, InFlightSummary, KeyAddress, KeyRecord, PurgeError, Resource, StatsSnapshot,
     StoreError, count, millis,
 };
+
+/// Binds the three parameters by which a statement finds a key's row: tenant,
+/// operation and digest, in that order.
+pub(crate) trait BindKey<'q>: Sized {
+    fn bind_key(self, tenant: &'q str, operation: &'q str, digest: KeyDigest) -> Self;
+}
+
+impl<'q, DB> BindKey<'q> for Query<'q, DB, DB::Arguments>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    KeyDigest: Encode<'q, DB> + Type<DB>,
+{
+    fn bind_key(self, tenant: &'q str, operation: &'q str, digest: KeyDigest) -> Self {
+        self.bind(tenant).bind(operation).bind(digest)
+    }
+}
+
+impl<'q, DB, O> BindKey<'q> for QueryScalar<'q, DB, O, DB::Arguments>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    KeyDigest: Encode<'q, DB> + Type<DB>,
+{
+    fn bind_key(self, tenant: &'q str, operation: &'q str, digest: KeyDigest) -> Self {
+        self.bind(tenant).bind(operation).bind(digest)
+    }
+}
 
 pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
        FROM idempotency_requests \

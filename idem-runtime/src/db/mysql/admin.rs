@@ -9,6 +9,7 @@ use super::upkeep::rfc3339;
 use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
 use crate::db::dialect::question_marks;
 use crate::db::restoring::Restoring;
+use crate::db::shared::BindKey;
 use crate::model::StoreError;
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
@@ -44,9 +45,7 @@ pub(super) async fn fetch_record(
 ) -> Result<Option<KeyRecord>, StoreError> {
     let row = sqlx::query(SHOW_SQL)
         .bind(with_body)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.digest)
+        .bind_key(key.tenant, key.operation, key.digest)
         .fetch_optional(pool)
         .await?;
     row.as_ref().map(crate::db::rows::key_record).transpose()
@@ -92,9 +91,7 @@ async fn purge_locked<E>(
         .await
         .map_err(StoreError::from)?;
     let row = sqlx::query(SELECT_STATE_SQL)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.digest)
+        .bind_key(key.tenant, key.operation, key.digest)
         .fetch_optional(&mut *tx)
         .await
         .map_err(locked_or)?;
@@ -105,9 +102,7 @@ async fn purge_locked<E>(
             let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
             allow(&state).map_err(PurgeError::Refused)?;
             sqlx::query(DELETE_SQL)
-                .bind(key.tenant)
-                .bind(key.operation)
-                .bind(key.digest)
+                .bind_key(key.tenant, key.operation, key.digest)
                 .execute(&mut *tx)
                 .await
                 .map_err(StoreError::from)?;

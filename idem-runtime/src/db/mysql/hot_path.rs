@@ -50,6 +50,7 @@ use super::{
 };
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::shared::BindKey;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -259,9 +260,7 @@ async fn lookup(
     fingerprint: &Fingerprint,
 ) -> Result<Option<KeySnapshot>, StoreError> {
     let row = sqlx::query(LOOKUP_SQL)
-        .bind(tenant)
-        .bind(operation)
-        .bind(key)
+        .bind_key(tenant, operation, key)
         .fetch_optional(&mut *conn)
         .await?;
     let Some(row) = row else { return Ok(None) };
@@ -365,9 +364,7 @@ async fn upsert(
 ) -> Result<Option<i64>, sqlx::Error> {
     let bind = |sql: &'static str| {
         sqlx::query(sql)
-            .bind(&execution.tenant)
-            .bind(&execution.operation)
-            .bind(execution.key)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
             .bind(&execution.fingerprint.as_bytes()[..])
             .bind(response.state())
             .bind(status)

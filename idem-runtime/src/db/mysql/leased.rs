@@ -21,6 +21,7 @@ use crate::db::dialect::{placeholder_rows, question_marks};
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
+use crate::db::shared::BindKey;
 use crate::db::shared::{self, owned_row};
 use crate::decide::{self, LeasedStep};
 use crate::model::{
@@ -186,9 +187,7 @@ async fn claim_under_lock(
     let token = OwnerToken::random();
     let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
     let row = sqlx::query(READ_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
     let snapshot = row
@@ -201,9 +200,7 @@ async fn claim_under_lock(
         // the first's row and then fails on the duplicate key, and its caller
         // retries (the row is there then).
         LeasedStep::Insert => match sqlx::query(INSERT_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
+            .bind_key(req.tenant, req.operation, req.key.digest())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(&token)
             .bind(lease)
@@ -229,9 +226,7 @@ async fn claim_under_lock(
                 .bind(&downstream)
                 .bind(lease)
                 .bind(retention)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .execute(&mut *conn)
                 .await?;
             Ok(LeasedOutcome::Acquired {
@@ -246,9 +241,7 @@ async fn claim_under_lock(
                 .bind(&token)
                 .bind(&downstream)
                 .bind(lease)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .execute(&mut *conn)
                 .await?;
             Ok(LeasedOutcome::Acquired {

@@ -36,6 +36,7 @@ use super::{
     bound_lock_wait, error_number, is_deadlock, is_duplicate, is_lock_timeout,
     lock_wait_for_statement, lock_wait_seconds, now_ms, restore_lock_wait,
 };
+use crate::db::shared::BindKey;
 use crate::db::{ClaimContext, Tx};
 use crate::decide::RowState;
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
@@ -171,9 +172,7 @@ async fn claim_bounded(
     for _ in 0..2 {
         let started = std::time::Instant::now();
         let read = sqlx::query(bounded(READ_SQL))
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
+            .bind_key(req.tenant, req.operation, req.key.digest())
             .fetch_optional(&mut *conn)
             .await;
         waited(req, started);
@@ -184,9 +183,7 @@ async fn claim_bounded(
         };
         let Some(row) = row else {
             match sqlx::query(bounded(INSERT_SQL))
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .bind(&req.fingerprint.as_bytes()[..])
                 .bind(millis(req.retention))
                 .execute(&mut *conn)
@@ -207,9 +204,7 @@ async fn claim_bounded(
             sqlx::query(RECLAIM_SQL)
                 .bind(&req.fingerprint.as_bytes()[..])
                 .bind(millis(req.retention))
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .execute(&mut *conn)
                 .await?;
             return Ok(Claim::Execute(Execution::new(req, generation + 1)));
@@ -317,9 +312,7 @@ pub(crate) async fn complete_on(
         .bind(headers)
         .bind(&response.body[..])
         .bind(millis(execution.retention))
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
         .bind(execution.generation)
         .execute(&mut *conn)
         .await?;

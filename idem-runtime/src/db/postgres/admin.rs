@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sqlx::{Pool, Postgres, Row};
 
+use crate::db::shared::BindKey;
 use crate::db::shared::{SqlAdmin, delete_if_allowed};
 use crate::model::StoreError;
 use crate::model::{KeyAddress, PurgeError};
@@ -75,9 +76,7 @@ impl SqlAdmin for Postgres {
             crate::db::shared::SELECT_STATE_SQL
         ));
         let row = sqlx::query(sql)
-            .bind(key.tenant)
-            .bind(key.operation)
-            .bind(key.digest)
+            .bind_key(key.tenant, key.operation, key.digest)
             .fetch_optional(&mut *tx)
             .await
             .map_err(locked_or)?;

@@ -8,6 +8,7 @@ use sqlx::{Pool, Postgres, Row};
 
 use super::transactional::stored_from_row;
 use crate::db::leases::SqlLeases;
+use crate::db::shared::BindKey;
 use crate::db::shared::owned_row;
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
@@ -146,9 +147,7 @@ impl SqlLeases for Postgres {
         req: &LeaseRequest<'_>,
     ) -> Result<LeasedOutcome, StoreError> {
         let row = sqlx::query(CLAIM_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
+            .bind_key(req.tenant, req.operation, req.key.digest())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(millis(req.retention))
             .bind(millis(req.lease))

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
 use super::hot_path;
+use crate::db::shared::BindKey;
 use crate::db::{ClaimContext, Tx};
 
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
@@ -32,9 +33,7 @@ pub(crate) async fn claim_on(
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
     let row = sqlx::query(CLAIM_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .bind(super::lock_wait_ms(req.in_flight_wait))
@@ -80,9 +79,7 @@ pub(crate) async fn complete_on(
     let status = i16::try_from(response.status)
         .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
     let done = sqlx::query(COMPLETE_SQL)
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
         .bind(execution.generation)
         .bind(state)
         .bind(status)

@@ -7,6 +7,7 @@ use sqlx::{Connection, Pool, Row, Sqlite, SqliteConnection};
 
 use super::{is_busy, now_ms};
 use crate::db::restoring::Restoring;
+use crate::db::shared::BindKey;
 use crate::db::shared::{SqlAdmin, delete_if_allowed};
 use crate::model::{KeyAddress, PurgeError};
 use crate::model::{StoreError, millis};
@@ -56,9 +57,7 @@ async fn purge_locked<E>(
         .await
         .map_err(locked_or)?;
     let row = sqlx::query(crate::db::shared::SELECT_STATE_SQL)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.digest)
+        .bind_key(key.tenant, key.operation, key.digest)
         .fetch_optional(&mut *tx)
         .await
         .map_err(StoreError::from)?;

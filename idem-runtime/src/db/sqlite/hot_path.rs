@@ -30,6 +30,7 @@ use super::now_ms;
 use super::transactional::stored_from_row;
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::shared::BindKey;
 use crate::decide::{self, KeySnapshot, RowState};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
@@ -117,9 +118,7 @@ async fn lookup(
     req: &ClaimRequest<'_>,
 ) -> Result<(Option<KeySnapshot>, i64), StoreError> {
     let row = sqlx::query(LOOKUP_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_one(&mut *conn)
         .await?;
     let now: i64 = row.try_get("now")?;
@@ -150,9 +149,7 @@ pub(crate) async fn finish(
         Err(e) => return Finish::NotStored(StoreError::Corrupt(e.to_string())),
     };
     let inserted = sqlx::query(INSERT_SQL)
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
         .bind(&execution.fingerprint.as_bytes()[..])
         .bind(response.state())
         .bind(execution.generation)

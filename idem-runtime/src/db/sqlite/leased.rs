@@ -18,6 +18,7 @@ use crate::db::dialect::placeholder_rows;
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
 use crate::db::rows::leased_snapshot;
+use crate::db::shared::BindKey;
 use crate::db::shared::owned_row;
 use crate::decide::{self, LeasedStep};
 use crate::model::{
@@ -136,9 +137,7 @@ async fn claim_under_lock(
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
     let row = sqlx::query(READ_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
     let lease = millis(req.lease);
@@ -158,9 +157,7 @@ async fn claim_under_lock(
                 _ => (RECLAIM_SQL, Acquisition::Reclaimed),
             };
             let generation: i64 = sqlx::query_scalar(sql)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .bind(&req.fingerprint.as_bytes()[..])
                 .bind(&token)
                 .bind(lease)
@@ -177,9 +174,7 @@ async fn claim_under_lock(
         LeasedStep::TakeOver { .. } => {
             // fencing the old owner out: a new token and generation
             let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .bind(&token)
                 .bind(lease)
                 .bind(&downstream)

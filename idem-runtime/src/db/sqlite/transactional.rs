@@ -27,6 +27,7 @@ use bytes::Bytes;
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::hot_path;
+use crate::db::shared::BindKey;
 
 use super::now_ms;
 use crate::db::{ClaimContext, Tx};
@@ -96,9 +97,7 @@ impl crate::db::stores::Claims for Sqlite {
         req: &ClaimRequest<'_>,
     ) -> Result<Claim, StoreError> {
         let inserted = sqlx::query(CLAIM_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
+            .bind_key(req.tenant, req.operation, req.key.digest())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(millis(req.retention))
             .fetch_optional(&mut **tx)
@@ -118,9 +117,7 @@ impl crate::db::stores::Claims for Sqlite {
         // A committed, unexpired row holds the key: this transaction now has the write
         // lock, so nobody changes it under us.
         let row = sqlx::query(READ_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
+            .bind_key(req.tenant, req.operation, req.key.digest())
             .fetch_one(&mut **tx)
             .await?;
         let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
@@ -147,9 +144,7 @@ impl crate::db::stores::Claims for Sqlite {
         let headers = serde_json::to_string(&response.headers)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let done = sqlx::query(COMPLETE_SQL)
-            .bind(&execution.tenant)
-            .bind(&execution.operation)
-            .bind(execution.key)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
             .bind(execution.generation)
             .bind(state)
             .bind(i64::from(response.status))
