@@ -197,6 +197,30 @@ pub trait SqlLeases: Database {
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
 }
 
+/// Runs a fenced statement: `query` with the values it sets bound, then the
+/// owned row (primary key and owner token), which every fenced statement
+/// matches last; the rows it wrote (0 when the execution is no longer owned).
+async fn fenced<DB>(
+    store: &Pool<DB>,
+    query: sqlx::query::Query<'_, DB, DB::Arguments>,
+    row: Owned<'_>,
+) -> Result<u64, StoreError>
+where
+    DB: SqlLeases,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> KeyDigest: Encode<'q, DB> + Type<DB>,
+    for<'q> OwnerToken: Encode<'q, DB> + Type<DB>,
+{
+    let done = query
+        .bind_key(row.tenant, row.operation, row.key)
+        .bind(row.token)
+        .execute(store)
+        .await?;
+    Ok(DB::rows_affected(&done))
+}
+
 /// Leased mode on a SQL database, once for all of them: the statements of
 /// `SqlLeases` (what each database module gives), bound and read here.
 impl<DB> LeaseBackend for DB
@@ -235,19 +259,13 @@ where
         retention: Duration,
     ) -> Result<u64, StoreError> {
         let (status, headers) = DB::encode(response)?;
-        let done = sqlx::query(DB::STORE_SQL)
+        let query = sqlx::query(DB::STORE_SQL)
             .bind(response.state())
             .bind(status)
             .bind(headers)
             .bind(&response.body[..])
-            .bind(crate::model::millis(retention))
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token)
-            .execute(store)
-            .await?;
-        Ok(DB::rows_affected(&done))
+            .bind(crate::model::millis(retention));
+        fenced(store, query, row).await
     }
 
     async fn lease_fence(store: &Pool<DB>, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
@@ -256,14 +274,7 @@ where
             Fence::Uncertain => sqlx::query(DB::UNCERTAIN_SQL),
             Fence::Release => sqlx::query(DB::RELEASE_SQL),
         };
-        let done = query
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token)
-            .execute(store)
-            .await?;
-        Ok(DB::rows_affected(&done))
+        fenced(store, query, row).await
     }
 
     fn lease_renew_many(
