@@ -7,33 +7,20 @@ use utoipa::openapi::{Content, OpenApiBuilder, PathItem, Paths, Ref, ResponseBui
 use super::*;
 
 static CREATE_ORDER: OperationSpec = OperationSpec {
-    operation: "create-order",
     retention: Duration::from_secs(24 * 3600),
-    in_flight_wait: None,
     fingerprint_headers: &["x-currency"],
-    lease: None,
-    lease_ceiling: None,
-    accepted: false,
+    ..OperationSpec::named("create-order")
 };
 
 static CREATE_PAYMENT: OperationSpec = OperationSpec {
-    operation: "create-payment",
-    retention: Duration::from_secs(3600),
-    in_flight_wait: None,
-    fingerprint_headers: &[],
     lease: Some(Duration::from_secs(30)),
-    lease_ceiling: None,
-    accepted: false,
+    ..OperationSpec::named("create-payment")
 };
 
 static CREATE_EXPORT: OperationSpec = OperationSpec {
-    operation: "create-export",
-    retention: Duration::from_secs(3600),
-    in_flight_wait: None,
-    fingerprint_headers: &[],
     lease: Some(Duration::from_secs(6)),
-    lease_ceiling: None,
     accepted: true,
+    ..OperationSpec::named("create-export")
 };
 
 static ORDER: OpenApiRegistration = OpenApiRegistration::new("create_order", &CREATE_ORDER);
@@ -343,13 +330,8 @@ fn a_key_parameter_the_service_declared_is_kept() {
 fn the_registration_macro_works_inside_a_function_body() {
     fn handler() {
         static SPEC: OperationSpec = OperationSpec {
-            operation: "registered-in-a-body",
             retention: Duration::from_secs(60),
-            in_flight_wait: None,
-            fingerprint_headers: &[],
-            lease: None,
-            lease_ceiling: None,
-            accepted: false,
+            ..OperationSpec::named("registered-in-a-body")
         };
         crate::__idem_openapi!("registered_in_a_body", &SPEC);
     }
