@@ -197,6 +197,42 @@ pub trait SqlLeases: Database {
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
 }
 
+/// What a leased claim that reads and writes the row itself (SQLite, MySQL)
+/// writes when it takes the key: a new owner token, the key for downstream
+/// systems, and the lease and the retention in milliseconds.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) struct NewOwner {
+    pub(crate) token: OwnerToken,
+    pub(crate) downstream: String,
+    pub(crate) lease: i64,
+    pub(crate) retention: i64,
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+impl NewOwner {
+    pub(crate) fn of(req: &LeaseRequest<'_>) -> Self {
+        NewOwner {
+            token: OwnerToken::random(),
+            downstream: crate::key::downstream_key(req.tenant, req.operation, req.key),
+            lease: crate::model::millis(req.lease),
+            retention: crate::model::millis(req.retention),
+        }
+    }
+
+    /// The claim's outcome once the row is written.
+    pub(crate) fn acquired(
+        self,
+        acquisition: crate::model::Acquisition,
+        generation: i64,
+    ) -> LeasedOutcome {
+        LeasedOutcome::Acquired {
+            acquisition,
+            token: self.token,
+            generation,
+        }
+    }
+}
+
 /// Runs a fenced statement: `query` with the values it sets bound, then the
 /// owned row (primary key and owner token), which every fenced statement
 /// matches last; the rows it wrote (0 when the execution is no longer owned).

@@ -18,15 +18,15 @@ use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
 use crate::db::dialect::{placeholder_rows, question_marks};
+use crate::db::leases::NewOwner;
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
-use crate::db::rows::leased_snapshot;
+use crate::db::rows::leased_step;
 use crate::db::shared::BindKey;
 use crate::db::shared::{self, owned_row};
-use crate::decide::{self, LeasedStep};
+use crate::decide::LeasedStep;
 use crate::model::{
-    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError,
-    StoredResponse, millis,
+    Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
 };
 
 const READ_SQL: &str = concat!(
@@ -182,75 +182,60 @@ async fn claim_under_lock(
     conn: &mut MySqlConnection,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
-    let lease = millis(req.lease);
-    let retention = millis(req.retention);
-    let token = OwnerToken::random();
-    let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
+    let owner = NewOwner::of(req);
     let row = sqlx::query(READ_SQL)
         .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
-    let snapshot = row
-        .as_ref()
-        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
-        .transpose()?;
-    match decide::leased(snapshot) {
-        LeasedStep::Answer(outcome) => Ok(outcome),
-        // Two claimers that both found no row race here: the second waits for
-        // the first's row and then fails on the duplicate key, and its caller
-        // retries (the row is there then).
-        LeasedStep::Insert => match sqlx::query(INSERT_SQL)
-            .bind_key(req.tenant, req.operation, req.key.digest())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(lease)
-            .bind(retention)
-            .bind(&downstream)
-            .execute(&mut *conn)
-            .await
-        {
-            Ok(_) => Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::New,
-                token,
-                generation: 1,
-            }),
-            Err(e) if super::is_duplicate(&e) => Ok(busy()),
-            Err(e) => Err(e.into()),
-        },
-        // MySQL has no RETURNING: under the row lock, the generation is the
-        // one decided.
-        LeasedStep::Reclaim { generation } => {
-            sqlx::query(RECLAIM_SQL)
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(&token)
-                .bind(&downstream)
-                .bind(lease)
-                .bind(retention)
-                .bind_key(req.tenant, req.operation, req.key.digest())
-                .execute(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::Reclaimed,
-                token,
+    // MySQL has no RETURNING: under the row lock, the generation is the one
+    // decided.
+    let (update, acquisition, generation) =
+        match leased_step(row.as_ref(), &req.fingerprint, stored_from_row)? {
+            LeasedStep::Answer(outcome) => return Ok(outcome),
+            // Two claimers that both found no row race here: the second waits for
+            // the first's row and then fails on the duplicate key, and its caller
+            // retries (the row is there then).
+            LeasedStep::Insert => {
+                return match sqlx::query(INSERT_SQL)
+                    .bind_key(req.tenant, req.operation, req.key.digest())
+                    .bind(&req.fingerprint.as_bytes()[..])
+                    .bind(&owner.token)
+                    .bind(owner.lease)
+                    .bind(owner.retention)
+                    .bind(&owner.downstream)
+                    .execute(&mut *conn)
+                    .await
+                {
+                    Ok(_) => Ok(owner.acquired(Acquisition::New, 1)),
+                    Err(e) if super::is_duplicate(&e) => Ok(busy()),
+                    Err(e) => Err(e.into()),
+                };
+            }
+            LeasedStep::Reclaim { generation } => (
+                sqlx::query(RECLAIM_SQL)
+                    .bind(&req.fingerprint.as_bytes()[..])
+                    .bind(&owner.token)
+                    .bind(&owner.downstream)
+                    .bind(owner.lease)
+                    .bind(owner.retention),
+                Acquisition::Reclaimed,
                 generation,
-            })
-        }
-        LeasedStep::TakeOver { generation } => {
+            ),
             // fencing the old owner out: a new token and generation
-            sqlx::query(TAKEOVER_SQL)
-                .bind(&token)
-                .bind(&downstream)
-                .bind(lease)
-                .bind_key(req.tenant, req.operation, req.key.digest())
-                .execute(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::TakenOver,
-                token,
+            LeasedStep::TakeOver { generation } => (
+                sqlx::query(TAKEOVER_SQL)
+                    .bind(&owner.token)
+                    .bind(&owner.downstream)
+                    .bind(owner.lease),
+                Acquisition::TakenOver,
                 generation,
-            })
-        }
-    }
+            ),
+        };
+    update
+        .bind_key(req.tenant, req.operation, req.key.digest())
+        .execute(&mut *conn)
+        .await?;
+    Ok(owner.acquired(acquisition, generation))
 }
 
 /// Leased mode's statements on MySql: the texts and encodings the shared

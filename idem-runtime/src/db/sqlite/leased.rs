@@ -15,15 +15,15 @@ use sqlx::{Connection, Pool, Sqlite};
 use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
 use crate::db::dialect::placeholder_rows;
+use crate::db::leases::NewOwner;
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
-use crate::db::rows::leased_snapshot;
+use crate::db::rows::leased_step;
 use crate::db::shared::BindKey;
 use crate::db::shared::owned_row;
-use crate::decide::{self, LeasedStep};
+use crate::decide::LeasedStep;
 use crate::model::{
-    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError,
-    StoredResponse, millis,
+    Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
 };
 
 const READ_SQL: &str = concat!(
@@ -140,53 +140,36 @@ async fn claim_under_lock(
         .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
-    let lease = millis(req.lease);
-    let retention = millis(req.retention);
-    let token = OwnerToken::random();
-    let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
-    let snapshot = row
-        .as_ref()
-        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
-        .transpose()?;
-    match decide::leased(snapshot) {
-        LeasedStep::Answer(outcome) => Ok(outcome),
+    let owner = NewOwner::of(req);
+    let (write, acquisition) = match leased_step(row.as_ref(), &req.fingerprint, stored_from_row)? {
+        LeasedStep::Answer(outcome) => return Ok(outcome),
         // The same parameters: a new row, or an expired one written over.
         step @ (LeasedStep::Insert | LeasedStep::Reclaim { .. }) => {
             let (sql, acquisition) = match step {
                 LeasedStep::Insert => (INSERT_SQL, Acquisition::New),
                 _ => (RECLAIM_SQL, Acquisition::Reclaimed),
             };
-            let generation: i64 = sqlx::query_scalar(sql)
+            let write = sqlx::query_scalar(sql)
                 .bind_key(req.tenant, req.operation, req.key.digest())
                 .bind(&req.fingerprint.as_bytes()[..])
-                .bind(&token)
-                .bind(lease)
-                .bind(retention)
-                .bind(&downstream)
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition,
-                token,
-                generation,
-            })
+                .bind(&owner.token)
+                .bind(owner.lease)
+                .bind(owner.retention)
+                .bind(&owner.downstream);
+            (write, acquisition)
         }
-        LeasedStep::TakeOver { .. } => {
-            // fencing the old owner out: a new token and generation
-            let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
+        // fencing the old owner out: a new token and generation
+        LeasedStep::TakeOver { .. } => (
+            sqlx::query_scalar(TAKEOVER_SQL)
                 .bind_key(req.tenant, req.operation, req.key.digest())
-                .bind(&token)
-                .bind(lease)
-                .bind(&downstream)
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::TakenOver,
-                token,
-                generation,
-            })
-        }
-    }
+                .bind(&owner.token)
+                .bind(owner.lease)
+                .bind(&owner.downstream),
+            Acquisition::TakenOver,
+        ),
+    };
+    let generation: i64 = write.fetch_one(&mut *conn).await?;
+    Ok(owner.acquired(acquisition, generation))
 }
 
 /// Leased mode's statements on Sqlite: the texts and encodings the shared
