@@ -156,8 +156,9 @@ pub trait SqlLeases: Database {
     const UNCERTAIN_SQL: &'static str;
     /// Releases the key: the owned row.
     const RELEASE_SQL: &'static str;
-    /// A finished row's fingerprint and outcome: `tenant, operation, digest`.
-    const CURRENT_SQL: &'static str;
+    /// A finished row's fingerprint and outcome: `tenant, operation, digest`
+    /// (by default the statement written with `$n` in `shared`).
+    const CURRENT_SQL: &'static str = super::shared::CURRENT_SQL;
     /// A page of uncertain rows: `operation`, then the last row's `created,
     /// tenant, digest` (all `NULL` for the first page), then `limit`.
     const UNCERTAIN_ROWS_SQL: &'static str;
@@ -165,8 +166,8 @@ pub trait SqlLeases: Database {
     /// `tenant, operation, digest, generation, owner token`.
     const RESOLVE_SQL: &'static str;
     /// Forgets an uncertain row: `tenant, operation, digest, generation, owner
-    /// token`.
-    const FORGET_SQL: &'static str;
+    /// token` (by default the statement written with `$n` in `shared`).
+    const FORGET_SQL: &'static str = super::shared::FORGET_SQL;
     /// A long operation's row without its body: `tenant, operation, digest`.
     const OPERATION_STATUS_SQL: &'static str;
     /// The same with its body.

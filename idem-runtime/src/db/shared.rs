@@ -132,6 +132,24 @@ macro_rules! owned_row {
 }
 pub(crate) use owned_row;
 
+/// Leased mode's two fenced statements that write no value, in a `SqlLeases`
+/// impl: the execution marked uncertain, and released (its row deleted). The
+/// owned row's placeholders and token cast as [`owned_row`] takes them.
+macro_rules! uncertain_and_release_sql {
+    ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
+        const UNCERTAIN_SQL: &'static str = concat!(
+            "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
+            $crate::db::shared::owned_row!($t, $o, $k, $tok, $cast)
+        );
+
+        const RELEASE_SQL: &'static str = concat!(
+            "DELETE FROM idempotency_requests WHERE",
+            $crate::db::shared::owned_row!($t, $o, $k, $tok, $cast)
+        );
+    };
+}
+pub(crate) use uncertain_and_release_sql;
+
 /// A long operation's row by its primary key (`$1..$3`) where timestamps are
 /// Unix milliseconds (SQLite, MySQL), `$now` the database's clock: the row
 /// unless it is finished and past its retention, `lease_live` 1 while the lease

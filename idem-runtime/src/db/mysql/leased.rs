@@ -23,7 +23,7 @@ use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
 use crate::db::rows::leased_step;
 use crate::db::shared::BindKey;
-use crate::db::shared::{self, owned_row};
+use crate::db::shared::{self, owned_row, uncertain_and_release_sql};
 use crate::decide::LeasedStep;
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
@@ -71,24 +71,6 @@ const TAKEOVER_SQL: &str = concat!(
     " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
-const STORE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
-            completed_at = ",
-    now_ms!(),
-    ", expires_at = ",
-    now_ms!(),
-    " + ?, lease_expires_at = NULL WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
-const RENEW_SQL: &str = concat!(
-    "UPDATE idempotency_requests SET lease_expires_at = ",
-    now_ms!(),
-    " + ? WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
 /// `(tenant_id, operation, key_digest, owner_token) IN ((?, ?, ?, ?), ..)` for
 /// `n` rows.
 fn owned_rows_in(n: usize) -> String {
@@ -112,52 +94,6 @@ fn bind_owned<'q>(
     }
     query
 }
-
-const UNCERTAIN_SQL: &str = concat!(
-    "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
-const RELEASE_SQL: &str = concat!(
-    "DELETE FROM idempotency_requests WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
-const CURRENT_SQL: &str = question_marks!(shared::CURRENT_SQL);
-
-// Paged by (created_at, tenant, key), so that rows that never resolve cannot
-// keep newer ones from being asked about; the in-flight index (state,
-// created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
-// back as text. The first page has no position: -1 (before every `created_at`,
-// which are Unix milliseconds) stands for it, so that each parameter appears
-// once, in the order every database binds them.
-const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
-            key_digest, downstream_key, generation, \
-            owner_token, created_at AS created \
-       FROM idempotency_requests \
-      WHERE operation = ? AND state = 'uncertain' \
-        AND (created_at, tenant_id, key_digest) > (COALESCE(?, -1), COALESCE(?, ''), COALESCE(?, '')) \
-      ORDER BY created_at, tenant_id, key_digest LIMIT ?";
-
-// The retention runs from the resolution, as for any completion; the
-// assignments run left to right, so expires_at is computed before created_at
-// would change (it does not).
-const RESOLVE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
-            completed_at = ",
-    now_ms!(),
-    ", lease_expires_at = NULL, expires_at = ",
-    now_ms!(),
-    " + (expires_at - created_at) \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
-        AND generation = ? AND state = 'uncertain' AND owner_token = ?"
-);
-
-// A resolution applies to the execution it was asked about and no other.
-const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
-        AND generation = ? AND state = 'uncertain' AND owner_token = ?";
 
 fn busy() -> LeasedOutcome {
     LeasedOutcome::InFlight {
@@ -245,15 +181,64 @@ impl SqlLeases for MySql {
     type Status = i64;
     type Headers<'r> = String;
 
-    const STORE_SQL: &'static str = STORE_SQL;
-    const RENEW_SQL: &'static str = RENEW_SQL;
-    const UNCERTAIN_SQL: &'static str = UNCERTAIN_SQL;
-    const RELEASE_SQL: &'static str = RELEASE_SQL;
-    const CURRENT_SQL: &'static str = CURRENT_SQL;
-    const UNCERTAIN_ROWS_SQL: &'static str = UNCERTAIN_ROWS_SQL;
-    const RESOLVE_SQL: &'static str = RESOLVE_SQL;
-    const FORGET_SQL: &'static str = FORGET_SQL;
+    const STORE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+                completed_at = ",
+        now_ms!(),
+        ", expires_at = ",
+        now_ms!(),
+        " + ?, lease_expires_at = NULL WHERE",
+        owned_row!("?", "?", "?", "?", "")
+    );
+
+    const RENEW_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests SET lease_expires_at = ",
+        now_ms!(),
+        " + ? WHERE",
+        owned_row!("?", "?", "?", "?", "")
+    );
+
+    uncertain_and_release_sql!("?", "?", "?", "?", "");
+
+    const CURRENT_SQL: &'static str = question_marks!(shared::CURRENT_SQL);
+
+    // Paged by (created_at, tenant, key), so that rows that never resolve cannot
+    // keep newer ones from being asked about; the in-flight index (state,
+    // created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
+    // back as text. The first page has no position: -1 (before every `created_at`,
+    // which are Unix milliseconds) stands for it, so that each parameter appears
+    // once, in the order every database binds them.
+    const UNCERTAIN_ROWS_SQL: &'static str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
+                key_digest, downstream_key, generation, \
+                owner_token, created_at AS created \
+           FROM idempotency_requests \
+          WHERE operation = ? AND state = 'uncertain' \
+            AND (created_at, tenant_id, key_digest) > (COALESCE(?, -1), COALESCE(?, ''), COALESCE(?, '')) \
+          ORDER BY created_at, tenant_id, key_digest LIMIT ?";
+
+    // The retention runs from the resolution, as for any completion; the
+    // assignments run left to right, so expires_at is computed before created_at
+    // would change (it does not).
+    const RESOLVE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+                completed_at = ",
+        now_ms!(),
+        ", lease_expires_at = NULL, expires_at = ",
+        now_ms!(),
+        " + (expires_at - created_at) \
+          WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
+            AND generation = ? AND state = 'uncertain' AND owner_token = ?"
+    );
+
+    // A resolution applies to the execution it was asked about and no other.
+    const FORGET_SQL: &'static str = "DELETE FROM idempotency_requests \
+          WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
+            AND generation = ? AND state = 'uncertain' AND owner_token = ?";
+
     const OPERATION_STATUS_SQL: &'static str = super::operations::OPERATION_STATUS_SQL;
+
     const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
 
     fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
