@@ -55,6 +55,43 @@ where
     Ok(decide::leased(snapshot))
 }
 
+/// A stored outcome from a row whose `response_status` is an integer,
+/// `response_headers` JSON text and `response_body` bytes (SQLite, MySQL).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn stored_from_text<R>(row: &R) -> Result<StoredResponse, StoreError>
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let status: i64 = row.try_get("response_status")?;
+    let headers: Option<String> = row.try_get("response_headers")?;
+    let body: Option<Vec<u8>> = row.try_get("response_body")?;
+    let headers = match headers {
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
+        }
+        None => Vec::new(),
+    };
+    Ok(StoredResponse {
+        status: u16::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+        headers,
+        body: bytes::Bytes::from(body.unwrap_or_default()),
+    })
+}
+
+/// An outcome's status and headers as [`stored_from_text`]'s columns take them
+/// (an integer, JSON text).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn encode_text(response: &StoredResponse) -> Result<(i64, String), StoreError> {
+    let headers =
+        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((i64::from(response.status), headers))
+}
+
 /// The stats snapshot from the ages row and the (operation, state) groups.
 pub(crate) fn snapshot<R>(ages: &R, groups: &[R]) -> Result<StatsSnapshot, StoreError>
 where

@@ -43,13 +43,14 @@ use std::time::{Duration, Instant};
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::{MySql, MySqlConnection, Row};
 
-use super::transactional::{self, DEADLOCK_RETRIES, encode, stored_from_row};
+use super::transactional::{self, DEADLOCK_RETRIES};
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, error_number, is_deadlock, is_lock_timeout,
     lock_wait_seconds, now_ms, restore_lock_wait,
 };
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::rows::{encode_text, stored_from_text};
 use crate::db::shared::BindKey;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
@@ -272,7 +273,7 @@ async fn lookup(
         fingerprint,
         row.try_get("generation")?,
         live != 0,
-        || stored_from_row(&row),
+        || stored_from_text(&row),
     )
     .map(Some)
 }
@@ -290,7 +291,7 @@ pub(crate) async fn finish(
         let stored = transactional::complete_on(execution, tx.connection(), response).await;
         return tx.commit_after(stored).await;
     }
-    let (status, headers) = match encode(response) {
+    let (status, headers) = match encode_text(response) {
         Ok(encoded) => encoded,
         Err(e) => return Finish::NotStored(e),
     };

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use sqlx::{Connection, MySql, MySqlConnection, Pool};
 
-use super::transactional::stored_from_row;
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
@@ -21,7 +20,7 @@ use crate::db::dialect::{placeholder_rows, question_marks};
 use crate::db::leases::NewOwner;
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
-use crate::db::rows::leased_step;
+use crate::db::rows::{encode_text, leased_step, stored_from_text};
 use crate::db::shared::BindKey;
 use crate::db::shared::{self, owned_row, uncertain_and_release_sql};
 use crate::decide::LeasedStep;
@@ -126,7 +125,7 @@ async fn claim_under_lock(
     // MySQL has no RETURNING: under the row lock, the generation is the one
     // decided.
     let (update, acquisition, generation) =
-        match leased_step(row.as_ref(), &req.fingerprint, stored_from_row)? {
+        match leased_step(row.as_ref(), &req.fingerprint, stored_from_text)? {
             LeasedStep::Answer(outcome) => return Ok(outcome),
             // Two claimers that both found no row race here: the second waits for
             // the first's row and then fails on the duplicate key, and its caller
@@ -242,11 +241,11 @@ impl SqlLeases for MySql {
     const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
 
     fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
-        super::transactional::encode(response)
+        encode_text(response)
     }
 
     fn stored_from_row(row: &sqlx::mysql::MySqlRow) -> Result<StoredResponse, StoreError> {
-        super::transactional::stored_from_row(row)
+        stored_from_text(row)
     }
 
     fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {

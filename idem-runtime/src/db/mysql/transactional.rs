@@ -28,7 +28,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use sqlx::{MySql, MySqlConnection, Row, Transaction};
 
 use super::hot_path::{self, PARSE_ERROR, learned_set_statement, set_statement_refused};
@@ -36,6 +35,7 @@ use super::{
     bound_lock_wait, error_number, is_deadlock, is_duplicate, is_lock_timeout,
     lock_wait_for_statement, lock_wait_seconds, now_ms, restore_lock_wait,
 };
+use crate::db::rows::{encode_text, stored_from_text};
 use crate::db::shared::BindKey;
 use crate::db::{ClaimContext, Tx};
 use crate::decide::RowState;
@@ -217,7 +217,7 @@ async fn claim_bounded(
             // A leased execution's row, committed `processing` or `uncertain`.
             return Ok(in_flight(req));
         }
-        return Ok(Claim::Replay(stored_from_row(&row)?));
+        return Ok(Claim::Replay(stored_from_text(&row)?));
     }
     Ok(in_flight(req))
 }
@@ -270,34 +270,6 @@ impl crate::db::stores::Claims for MySql {
     }
 }
 
-/// A stored outcome from a row with `response_status` (SMALLINT),
-/// `response_headers` (JSON text) and `response_body` (LONGBLOB).
-pub(crate) fn stored_from_row(row: &sqlx::mysql::MySqlRow) -> Result<StoredResponse, StoreError> {
-    let status: i64 = row.try_get("response_status")?;
-    let headers: Option<String> = row.try_get("response_headers")?;
-    let body: Option<Vec<u8>> = row.try_get("response_body")?;
-    let headers = match headers {
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
-        }
-        None => Vec::new(),
-    };
-    Ok(StoredResponse {
-        status: u16::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-        headers,
-        body: Bytes::from(body.unwrap_or_default()),
-    })
-}
-
-/// An outcome's status and headers as the columns take them (SMALLINT, JSON
-/// text).
-pub(super) fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
-    let headers =
-        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    Ok((i64::from(response.status), headers))
-}
-
 /// Stores an execution's outcome on the connection of the transaction that
 /// claimed the key.
 pub(crate) async fn complete_on(
@@ -305,7 +277,7 @@ pub(crate) async fn complete_on(
     conn: &mut MySqlConnection,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let (status, headers) = encode(response)?;
+    let (status, headers) = encode_text(response)?;
     let done = sqlx::query(COMPLETE_SQL)
         .bind(response.state())
         .bind(status)

@@ -27,9 +27,9 @@ use std::time::Duration;
 use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection};
 
 use super::now_ms;
-use super::transactional::stored_from_row;
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::rows::stored_from_text;
 use crate::db::shared::BindKey;
 use crate::decide::{self, KeySnapshot, RowState};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
@@ -133,7 +133,7 @@ async fn lookup(
         &req.fingerprint,
         row.try_get("generation")?,
         row.try_get("live")?,
-        || stored_from_row(&row),
+        || stored_from_text(&row),
     )?;
     Ok((Some(snapshot), now))
 }

@@ -12,13 +12,12 @@
 
 use sqlx::{Connection, Pool, Sqlite};
 
-use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
 use crate::db::dialect::placeholder_rows;
 use crate::db::leases::NewOwner;
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
-use crate::db::rows::leased_step;
+use crate::db::rows::{encode_text, leased_step, stored_from_text};
 use crate::db::shared::BindKey;
 use crate::db::shared::{owned_row, uncertain_and_release_sql};
 use crate::decide::LeasedStep;
@@ -81,7 +80,8 @@ async fn claim_under_lock(
         .fetch_optional(&mut *conn)
         .await?;
     let owner = NewOwner::of(req);
-    let (write, acquisition) = match leased_step(row.as_ref(), &req.fingerprint, stored_from_row)? {
+    let (write, acquisition) = match leased_step(row.as_ref(), &req.fingerprint, stored_from_text)?
+    {
         LeasedStep::Answer(outcome) => return Ok(outcome),
         // The same parameters: a new row, or an expired one written over.
         step @ (LeasedStep::Insert | LeasedStep::Reclaim { .. }) => {
@@ -167,16 +167,12 @@ impl SqlLeases for Sqlite {
 
     const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
 
-    /// An outcome's status and headers as SQLite's columns take them (INTEGER, JSON
-    /// text).
     fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
-        let headers = serde_json::to_string(&response.headers)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        Ok((i64::from(response.status), headers))
+        encode_text(response)
     }
 
     fn stored_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredResponse, StoreError> {
-        super::transactional::stored_from_row(row)
+        stored_from_text(row)
     }
 
     fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {

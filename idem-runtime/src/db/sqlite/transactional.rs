@@ -23,13 +23,13 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::hot_path;
-use crate::db::shared::BindKey;
 
 use super::now_ms;
+use crate::db::rows::stored_from_text;
+use crate::db::shared::BindKey;
 use crate::db::{ClaimContext, Tx};
 use crate::decide::RowState;
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
@@ -66,26 +66,6 @@ const COMPLETE_SQL: &str = concat!(
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND generation = $4 AND state = 'processing'"
 );
-
-/// A stored outcome from a row with `response_status` (INTEGER),
-/// `response_headers` (JSON text) and `response_body` (BLOB).
-pub(crate) fn stored_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredResponse, StoreError> {
-    let status: i64 = row.try_get("response_status")?;
-    let headers: Option<String> = row.try_get("response_headers")?;
-    let body: Option<Vec<u8>> = row.try_get("response_body")?;
-    let headers = match headers {
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
-        }
-        None => Vec::new(),
-    };
-    Ok(StoredResponse {
-        status: u16::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-        headers,
-        body: Bytes::from(body.unwrap_or_default()),
-    })
-}
 
 /// The claim and the completion in the caller's transaction are this module's;
 /// the handler's path is [`hot_path`]'s.
@@ -130,7 +110,7 @@ impl crate::db::stores::Claims for Sqlite {
                 retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
             });
         }
-        Ok(Claim::Replay(stored_from_row(&row)?))
+        Ok(Claim::Replay(stored_from_text(&row)?))
     }
 
     /// Stores an execution's outcome on the connection of the transaction that
