@@ -175,20 +175,28 @@ pub(crate) use ms_operation_sql;
 
 /// The part of a purge every database shares, in the transaction `$tx` that
 /// holds the key's row: given the row `SELECT_STATE_SQL` read (`None` when there
-/// is none), ask `$allow` about its state, delete it, and evaluate to
-/// `Some((state, generation))`; the caller commits.
+/// is none), ask `$allow` about its state, delete it with `$delete` (by default
+/// [`DELETE_SQL`]), and evaluate to `Some((state, generation))`; the caller
+/// commits.
 macro_rules! delete_if_allowed {
-    ($tx:expr, $row:expr, $key:expr, $allow:expr) => {{
+    ($tx:expr, $row:expr, $key:expr, $allow:expr) => {
+        $crate::db::shared::delete_if_allowed!(
+            $tx,
+            $row,
+            $key,
+            $allow,
+            $crate::db::shared::DELETE_SQL
+        )
+    };
+    ($tx:expr, $row:expr, $key:expr, $allow:expr, $delete:expr) => {{
         match $row {
             None => None,
             Some(row) => {
                 let state: String = row.try_get("state").map_err(StoreError::from)?;
                 let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
                 $allow(&state).map_err($crate::model::PurgeError::Refused)?;
-                sqlx::query($crate::db::shared::DELETE_SQL)
-                    .bind($key.tenant)
-                    .bind($key.operation)
-                    .bind($key.digest)
+                sqlx::query($delete)
+                    .bind_key($key.tenant, $key.operation, $key.digest)
                     .execute(&mut *$tx)
                     .await
                     .map_err(StoreError::from)?;
