@@ -289,10 +289,5 @@ pub(crate) async fn complete_on(
         .execute(&mut *conn)
         .await?;
     // sqlx connects with CLIENT_FOUND_ROWS: the rows matched, not only changed.
-    if done.rows_affected() != 1 {
-        return Err(StoreError::LostClaim {
-            generation: execution.generation,
-        });
-    }
-    Ok(())
+    execution.completed(done.rows_affected())
 }

@@ -88,12 +88,7 @@ pub(crate) async fn complete_on(
         .bind(millis(execution.retention))
         .execute(&mut *conn)
         .await?;
-    if done.rows_affected() != 1 {
-        return Err(StoreError::LostClaim {
-            generation: execution.generation,
-        });
-    }
-    Ok(())
+    execution.completed(done.rows_affected())
 }
 
 /// The claim and the completion in the caller's transaction are this module's;

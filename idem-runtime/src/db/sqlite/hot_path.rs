@@ -24,7 +24,9 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection};
+use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction};
+
+use super::transactional;
 
 use super::now_ms;
 use crate::db::ClaimContext;
@@ -68,50 +70,6 @@ const INSERT_SQL: &str = concat!(
         AND r.expires_at <= excluded.completed_at"
 );
 
-/// Begins the handler's transaction with the write lock, reads the key and
-/// decides (see the module docs).
-pub(crate) async fn begin_claim(
-    ctx: &ClaimContext<'_, Sqlite>,
-    req: &ClaimRequest<'_>,
-) -> Result<(Tx<Sqlite>, Claim), StoreError> {
-    let conn = ctx.pool.acquire().await?;
-    let started = std::time::Instant::now();
-    let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")).await;
-    // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more
-    // is a wait for another writer, recorded as the other databases record theirs.
-    let waited = started.elapsed();
-    if waited >= Duration::from_millis(1) {
-        crate::metrics::seconds(
-            crate::metrics::CLAIM_WAIT_SECONDS,
-            req.operation.to_owned(),
-            waited.as_secs_f64(),
-        );
-    }
-    let mut tx = match begun {
-        Ok(tx) => tx,
-        // Another writer kept the database past the busy timeout.
-        Err((conn, e)) if super::is_busy(&e) => {
-            return Ok((
-                Tx::idle(conn),
-                Claim::Busy {
-                    retry_after: super::BUSY_RETRY_AFTER,
-                },
-            ));
-        }
-        Err((_, e)) => return Err(e.into()),
-    };
-    let (snapshot, now) = lookup(tx.connection(), req).await?;
-    match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::TransactionalStep::Execute { generation } => {
-            let mut execution = Execution::at_commit(req, generation);
-            execution.started_ms = now;
-            Ok((tx, Claim::Execute(execution)))
-        }
-        // Dropping `tx` rolls the empty transaction back.
-        decide::TransactionalStep::Answer(claim) => Ok((tx, claim)),
-    }
-}
-
 /// The key as it stands, if it has a row, and the database's clock.
 async fn lookup(
     conn: &mut SqliteConnection,
@@ -138,37 +96,101 @@ async fn lookup(
     Ok((Some(snapshot), now))
 }
 
-/// Inserts the finished row and commits.
-pub(crate) async fn finish(
-    mut tx: Tx<Sqlite>,
-    execution: Execution,
-    response: &StoredResponse,
-) -> Finish {
-    let headers = match serde_json::to_string(&response.headers) {
-        Ok(h) => h,
-        Err(e) => return Finish::NotStored(StoreError::Corrupt(e.to_string())),
-    };
-    let inserted = sqlx::query(INSERT_SQL)
-        .bind_key(&execution.tenant, &execution.operation, execution.key)
-        .bind(&execution.fingerprint.as_bytes()[..])
-        .bind(response.state())
-        .bind(execution.generation)
-        .bind(i64::from(response.status))
-        .bind(headers)
-        .bind(&response.body[..])
-        .bind(execution.started_ms)
-        .bind(millis(execution.retention))
-        .execute(&mut **tx.connection())
-        .await;
-    match inserted {
-        Ok(done) if done.rows_affected() == 1 => match tx.commit().await {
-            Ok(()) => Finish::Committed,
-            Err(e) => Finish::Unknown(e.into()),
-        },
-        // Dropping `tx` rolls back: nothing of this execution commits.
-        Ok(_) => Finish::NotStored(StoreError::LostClaim {
-            generation: execution.generation,
-        }),
-        Err(e) => Finish::NotStored(e.into()),
+/// The handler's path is this module's; the claim and the completion in the
+/// caller's transaction are [`transactional`]'s.
+impl crate::db::stores::Claims for Sqlite {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        transactional::claim_on(tx, req).await
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        transactional::complete_on(execution, tx, response).await
+    }
+
+    /// Begins the handler's transaction with the write lock, reads the key and
+    /// decides (see the module docs).
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        let conn = ctx.pool.acquire().await?;
+        let started = std::time::Instant::now();
+        let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")).await;
+        // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more
+        // is a wait for another writer, recorded as the other databases record theirs.
+        let waited = started.elapsed();
+        if waited >= Duration::from_millis(1) {
+            crate::metrics::seconds(
+                crate::metrics::CLAIM_WAIT_SECONDS,
+                req.operation.to_owned(),
+                waited.as_secs_f64(),
+            );
+        }
+        let mut tx = match begun {
+            Ok(tx) => tx,
+            // Another writer kept the database past the busy timeout.
+            Err((conn, e)) if super::is_busy(&e) => {
+                return Ok((
+                    Tx::idle(conn),
+                    Claim::Busy {
+                        retry_after: super::BUSY_RETRY_AFTER,
+                    },
+                ));
+            }
+            Err((_, e)) => return Err(e.into()),
+        };
+        let (snapshot, now) = lookup(tx.connection(), req).await?;
+        match decide::transactional(snapshot, req.in_flight_wait) {
+            decide::TransactionalStep::Execute { generation } => {
+                let mut execution = Execution::at_commit(req, generation);
+                execution.started_ms = now;
+                Ok((tx, Claim::Execute(execution)))
+            }
+            // Dropping `tx` rolls the empty transaction back.
+            decide::TransactionalStep::Answer(claim) => Ok((tx, claim)),
+        }
+    }
+
+    /// Inserts the finished row and commits.
+    async fn finish(
+        _: &ClaimContext<'_, Self>,
+        mut tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        let headers = match serde_json::to_string(&response.headers) {
+            Ok(h) => h,
+            Err(e) => return Finish::NotStored(StoreError::Corrupt(e.to_string())),
+        };
+        let inserted = sqlx::query(INSERT_SQL)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
+            .bind(&execution.fingerprint.as_bytes()[..])
+            .bind(response.state())
+            .bind(execution.generation)
+            .bind(i64::from(response.status))
+            .bind(headers)
+            .bind(&response.body[..])
+            .bind(execution.started_ms)
+            .bind(millis(execution.retention))
+            .execute(&mut **tx.connection())
+            .await;
+        match inserted {
+            Ok(done) if done.rows_affected() == 1 => match tx.commit().await {
+                Ok(()) => Finish::Committed,
+                Err(e) => Finish::Unknown(e.into()),
+            },
+            // Dropping `tx` rolls back: nothing of this execution commits.
+            Ok(_) => Finish::NotStored(StoreError::LostClaim {
+                generation: execution.generation,
+            }),
+            Err(e) => Finish::NotStored(e.into()),
+        }
     }
 }

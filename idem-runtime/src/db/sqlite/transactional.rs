@@ -23,16 +23,13 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, Sqlite, Transaction};
-
-use super::hot_path;
+use sqlx::{Row, SqliteConnection};
 
 use super::now_ms;
 use crate::db::rows::stored_from_text;
 use crate::db::shared::BindKey;
-use crate::db::{ClaimContext, Tx};
 use crate::decide::RowState;
-use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
+use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = concat!(
     "INSERT INTO idempotency_requests AS r \
@@ -67,95 +64,68 @@ const COMPLETE_SQL: &str = concat!(
         AND generation = $4 AND state = 'processing'"
 );
 
-/// The claim and the completion in the caller's transaction are this module's;
-/// the handler's path is [`hot_path`]'s.
-impl crate::db::stores::Claims for Sqlite {
-    /// Claims `req.key` on the connection of a transaction begun by the caller (see
-    /// the module docs).
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        let inserted = sqlx::query(CLAIM_SQL)
-            .bind_key(req.tenant, req.operation, req.key.digest())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(millis(req.retention))
-            .fetch_optional(&mut **tx)
-            .await;
-        let generation: Option<i64> = match inserted {
-            Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
-            Err(e) if super::is_busy(&e) => {
-                return Ok(Claim::Busy {
-                    retry_after: super::BUSY_RETRY_AFTER,
-                });
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if let Some(generation) = generation {
-            return Ok(Claim::Execute(Execution::new(req, generation)));
-        }
-        // A committed, unexpired row holds the key: this transaction now has the write
-        // lock, so nobody changes it under us.
-        let row = sqlx::query(READ_SQL)
-            .bind_key(req.tenant, req.operation, req.key.digest())
-            .fetch_one(&mut **tx)
-            .await?;
-        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-        if fingerprint != req.fingerprint.as_bytes() {
-            return Ok(Claim::Mismatch);
-        }
-        let state: RowState = row.try_get("state")?;
-        if !state.is_finished() {
-            return Ok(Claim::InFlight {
-                retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
+/// Claims `req.key` on the connection of a transaction begun by the caller (see
+/// the module docs).
+pub(crate) async fn claim_on(
+    conn: &mut SqliteConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    let inserted = sqlx::query(CLAIM_SQL)
+        .bind_key(req.tenant, req.operation, req.key.digest())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(millis(req.retention))
+        .fetch_optional(&mut *conn)
+        .await;
+    let generation: Option<i64> = match inserted {
+        Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
+        Err(e) if super::is_busy(&e) => {
+            return Ok(Claim::Busy {
+                retry_after: super::BUSY_RETRY_AFTER,
             });
         }
-        Ok(Claim::Replay(stored_from_text(&row)?))
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(generation) = generation {
+        return Ok(Claim::Execute(Execution::new(req, generation)));
     }
+    // A committed, unexpired row holds the key: this transaction now has the write
+    // lock, so nobody changes it under us.
+    let row = sqlx::query(READ_SQL)
+        .bind_key(req.tenant, req.operation, req.key.digest())
+        .fetch_one(&mut *conn)
+        .await?;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    if fingerprint != req.fingerprint.as_bytes() {
+        return Ok(Claim::Mismatch);
+    }
+    let state: RowState = row.try_get("state")?;
+    if !state.is_finished() {
+        return Ok(Claim::InFlight {
+            retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
+        });
+    }
+    Ok(Claim::Replay(stored_from_text(&row)?))
+}
 
-    /// Stores an execution's outcome on the connection of the transaction that
-    /// claimed the key.
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        let state = response.state();
-        let headers = serde_json::to_string(&response.headers)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let done = sqlx::query(COMPLETE_SQL)
-            .bind_key(&execution.tenant, &execution.operation, execution.key)
-            .bind(execution.generation)
-            .bind(state)
-            .bind(i64::from(response.status))
-            .bind(headers)
-            .bind(&response.body[..])
-            .bind(millis(execution.retention))
-            .execute(&mut **tx)
-            .await?;
-        if done.rows_affected() != 1 {
-            return Err(StoreError::LostClaim {
-                generation: execution.generation,
-            });
-        }
-        Ok(())
-    }
-
-    /// The write lock first, the key read under it, nothing written until the
-    /// outcome (see `hot_path`).
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        _: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(tx, execution, response).await
-    }
+/// Stores an execution's outcome on the connection of the transaction that
+/// claimed the key.
+pub(crate) async fn complete_on(
+    execution: Execution,
+    conn: &mut SqliteConnection,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
+    let state = response.state();
+    let headers =
+        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let done = sqlx::query(COMPLETE_SQL)
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
+        .bind(execution.generation)
+        .bind(state)
+        .bind(i64::from(response.status))
+        .bind(headers)
+        .bind(&response.body[..])
+        .bind(millis(execution.retention))
+        .execute(&mut *conn)
+        .await?;
+    execution.completed(done.rows_affected())
 }
