@@ -223,7 +223,7 @@ async fn claim_bounded(
 }
 
 /// The claim and the completion in the caller's transaction are this module's;
-/// the handler's path is [`hot_path`]'s.
+/// the handler's path is `hot_path`'s.
 impl crate::db::stores::Claims for MySql {
     /// In a transaction the caller began: a deadlock (the whole transaction was
     /// rolled back by InnoDB) is answered as in flight, since it cannot be

@@ -33,7 +33,7 @@ pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMIT
 
 /// The in-flight wait as the claim functions take it (they set it as
 /// `lock_timeout`, whose ceiling is `i32::MAX` milliseconds, about 24.8 days): a
-/// longer wait, from a hand-written [`ClaimRequest`] or an attribute's
+/// longer wait, from a hand-written [`ClaimRequest`](crate::model::ClaimRequest) or an attribute's
 /// `in_flight_wait`, is that ceiling rather than a claim that always fails.
 pub(crate) fn lock_wait_ms(wait: Duration) -> i64 {
     crate::model::millis(wait).min(i64::from(i32::MAX))

@@ -92,7 +92,7 @@ pub(crate) async fn complete_on(
 }
 
 /// The claim and the completion in the caller's transaction are this module's;
-/// the handler's path is [`hot_path`]'s.
+/// the handler's path is `hot_path`'s.
 impl crate::db::stores::Claims for Postgres {
     async fn claim(
         tx: &mut Transaction<'_, Self>,

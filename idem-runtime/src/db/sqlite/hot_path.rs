@@ -97,7 +97,7 @@ async fn lookup(
 }
 
 /// The handler's path is this module's; the claim and the completion in the
-/// caller's transaction are [`transactional`]'s.
+/// caller's transaction are `transactional`'s.
 impl crate::db::stores::Claims for Sqlite {
     async fn claim(
         tx: &mut Transaction<'_, Self>,
