@@ -389,6 +389,15 @@ mod tests {
         ));
     }
 
+    /// A request with another fingerprint is refused, whatever the row holds.
+    #[track_caller]
+    fn another_request_mismatches(state: RowState, live: bool) {
+        assert!(matches!(
+            transactional(Some(row(state, live, false)), WAIT),
+            TransactionalStep::Answer(Claim::Mismatch)
+        ));
+    }
+
     #[test]
     fn a_finished_live_outcome_replays_for_the_same_request_and_refuses_another() {
         for state in [RowState::Completed, RowState::Failed] {
@@ -396,10 +405,7 @@ mod tests {
                 TransactionalStep::Answer(Claim::Replay(s)) => assert_eq!(s.body, "done"),
                 other => panic!("{state:?}: {other:?}"),
             }
-            assert!(matches!(
-                transactional(Some(row(state, true, false)), WAIT),
-                TransactionalStep::Answer(Claim::Mismatch)
-            ));
+            another_request_mismatches(state, true);
         }
     }
 
@@ -423,10 +429,7 @@ mod tests {
                     }
                     other => panic!("{state:?}: {other:?}"),
                 }
-                assert!(matches!(
-                    transactional(Some(row(state, live, false)), WAIT),
-                    TransactionalStep::Answer(Claim::Mismatch)
-                ));
+                another_request_mismatches(state, live);
             }
         }
     }

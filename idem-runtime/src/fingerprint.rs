@@ -456,6 +456,16 @@ impl Canonical {
     }
 }
 
+/// A `Serializer`'s methods for the scalar types listed, each handing its
+/// value to the one method of `self` named first.
+macro_rules! scalars_through {
+    ($write:ident: $($method:ident($scalar:ty)),* $(,)?) => {$(
+        fn $method(self, v: $scalar) -> Result<(), serde_json::Error> {
+            self.$write(v)
+        }
+    )*};
+}
+
 impl<'a> serde::Serializer for &'a mut Canonical {
     type Ok = ();
     type Error = serde_json::Error;
@@ -467,26 +477,22 @@ impl<'a> serde::Serializer for &'a mut Canonical {
     type SerializeStruct = Struct<'a>;
     type SerializeStructVariant = Object<'a>;
 
+    scalars_through!(
+        integer:
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+    );
+
     fn serialize_bool(self, v: bool) -> Result<(), serde_json::Error> {
         self.out
             .extend_from_slice(if v { b"true" } else { b"false" });
         Ok(())
-    }
-
-    fn serialize_i8(self, v: i8) -> Result<(), serde_json::Error> {
-        self.integer(v)
-    }
-
-    fn serialize_i16(self, v: i16) -> Result<(), serde_json::Error> {
-        self.integer(v)
-    }
-
-    fn serialize_i32(self, v: i32) -> Result<(), serde_json::Error> {
-        self.integer(v)
-    }
-
-    fn serialize_i64(self, v: i64) -> Result<(), serde_json::Error> {
-        self.integer(v)
     }
 
     fn serialize_i128(self, v: i128) -> Result<(), serde_json::Error> {
@@ -496,22 +502,6 @@ impl<'a> serde::Serializer for &'a mut Canonical {
             (_, Ok(i)) => self.integer(i),
             _ => Err(refused("number out of range")),
         }
-    }
-
-    fn serialize_u8(self, v: u8) -> Result<(), serde_json::Error> {
-        self.integer(v)
-    }
-
-    fn serialize_u16(self, v: u16) -> Result<(), serde_json::Error> {
-        self.integer(v)
-    }
-
-    fn serialize_u32(self, v: u32) -> Result<(), serde_json::Error> {
-        self.integer(v)
-    }
-
-    fn serialize_u64(self, v: u64) -> Result<(), serde_json::Error> {
-        self.integer(v)
     }
 
     fn serialize_u128(self, v: u128) -> Result<(), serde_json::Error> {
@@ -683,49 +673,30 @@ impl Array<'_> {
     }
 }
 
-impl serde::ser::SerializeSeq for Array<'_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Self::Error> {
-        self.close()
-    }
+/// `SerializeSeq`, `SerializeTuple`, `SerializeTupleStruct` and
+/// `SerializeTupleVariant` for [`Array`]: each writes an element and closes the
+/// array, under its own trait's method name (as `serde_json` stamps them).
+macro_rules! array_serializers {
+    ($($serializer:ident::$method:ident),* $(,)?) => {$(
+        impl serde::ser::$serializer for Array<'_> {
+            type Ok = ();
+            type Error = serde_json::Error;
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
+                self.element(v)
+            }
+            fn end(self) -> Result<(), Self::Error> {
+                self.close()
+            }
+        }
+    )*};
 }
 
-impl serde::ser::SerializeTuple for Array<'_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Self::Error> {
-        self.close()
-    }
-}
-
-impl serde::ser::SerializeTupleStruct for Array<'_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Self::Error> {
-        self.close()
-    }
-}
-
-impl serde::ser::SerializeTupleVariant for Array<'_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Self::Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Self::Error> {
-        self.close()
-    }
-}
+array_serializers!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field,
+);
 
 /// An object being written: its values in `out` from `start`, its members in
 /// `members` from `first`.
@@ -896,39 +867,21 @@ impl serde::Serializer for MapKey<'_> {
     type SerializeStruct = serde::ser::Impossible<(), serde_json::Error>;
     type SerializeStructVariant = serde::ser::Impossible<(), serde_json::Error>;
 
-    fn serialize_bool(self, v: bool) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_i8(self, v: i8) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_i128(self, v: i128) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
-    fn serialize_u128(self, v: u128) -> Result<(), serde_json::Error> {
-        self.display(v)
-    }
+    scalars_through!(
+        display:
+        serialize_bool(bool),
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_i128(i128),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+        serialize_u128(u128),
+    );
+
     fn serialize_f32(self, v: f32) -> Result<(), serde_json::Error> {
         if !v.is_finite() {
             return Err(refused("float key must be finite (got NaN or +/-inf)"));
@@ -1379,20 +1332,23 @@ mod tests {
     use serde_json::value::RawValue;
     use std::collections::BTreeMap;
 
-    fn rng(test: &str) -> fastrand::Rng {
+    /// Runs `case` `IDEM_TEST_CASES` times (2000 unless set), times `times`, on
+    /// one generator seeded from `IDEM_TEST_SEED` (random unless set, and
+    /// printed, so that a failure can be repeated).
+    fn each_case(test: &str, times: usize, mut case: impl FnMut(&mut fastrand::Rng)) {
         let seed = std::env::var("IDEM_TEST_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| fastrand::u64(..));
         println!("{test}: seed {seed} (IDEM_TEST_SEED={seed} repeats it)");
-        fastrand::Rng::with_seed(seed)
-    }
-
-    fn cases() -> usize {
-        std::env::var("IDEM_TEST_CASES")
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let cases: usize = std::env::var("IDEM_TEST_CASES")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(2000)
+            .unwrap_or(2000);
+        for _ in 0..cases * times {
+            case(&mut rng);
+        }
     }
 
     /// The same bytes as the oracle, or an error with the same message.
@@ -1514,17 +1470,15 @@ mod tests {
 
     #[test]
     fn json_values_are_written_as_the_oracle_writes_them() {
-        let mut rng = rng("JSON values against the oracle");
-        for _ in 0..cases() {
-            same_as_oracle(&value(&mut rng, 4));
-        }
+        each_case("JSON values against the oracle", 1, |rng| {
+            same_as_oracle(&value(rng, 4));
+        });
     }
 
     #[test]
     fn scalars_are_written_as_the_oracle_writes_them() {
-        let mut rng = rng("scalars against the oracle");
-        for _ in 0..cases() {
-            let f = float(&mut rng);
+        each_case("scalars against the oracle", 1, |rng| {
+            let f = float(rng);
             same_as_oracle(&f);
             same_as_oracle(&(f as f32));
             same_as_oracle(&f32::from_bits(rng.u32(..)));
@@ -1534,9 +1488,9 @@ mod tests {
             // Within i64 or u64 a number; beyond them an error.
             same_as_oracle(&(i128::from(rng.i64(..)) * i128::from(rng.i32(..))));
             same_as_oracle(&(u128::from(rng.u64(..)) * u128::from(rng.u8(..4))));
-            same_as_oracle(&char_of(&mut rng));
-            same_as_oracle(&text(&mut rng, 12));
-        }
+            same_as_oracle(&char_of(rng));
+            same_as_oracle(&text(rng, 12));
+        });
     }
 
     /// A map as the value's `Serialize` writes it: any keys, in any order, the
@@ -1653,13 +1607,12 @@ mod tests {
 
     #[test]
     fn maps_with_any_keys_are_written_as_the_oracle_writes_them() {
-        let mut rng = rng("maps against the oracle");
-        for _ in 0..cases() {
+        each_case("maps against the oracle", 1, |rng| {
             let entries = (0..rng.usize(0..8))
-                .map(|_| (map_key(&mut rng), value(&mut rng, 1)))
+                .map(|_| (map_key(rng), value(rng, 1)))
                 .collect();
             same_as_oracle(&Entries(entries));
-        }
+        });
     }
 
     #[derive(Debug, Serialize)]
@@ -1770,10 +1723,9 @@ mod tests {
 
     #[test]
     fn typed_values_are_written_as_the_oracle_writes_them() {
-        let mut rng = rng("typed values against the oracle");
-        for _ in 0..cases() {
-            same_as_oracle(&typed(&mut rng, 2));
-        }
+        each_case("typed values against the oracle", 1, |rng| {
+            same_as_oracle(&typed(rng, 2));
+        });
     }
 
     #[test]
@@ -1827,14 +1779,13 @@ mod tests {
 
     #[test]
     fn utf16_order_is_the_order_of_code_units() {
-        let mut rng = rng("UTF-16 order");
-        for _ in 0..cases() * 10 {
-            let (a, b) = (text(&mut rng, 4), text(&mut rng, 4));
+        each_case("UTF-16 order", 10, |rng| {
+            let (a, b) = (text(rng, 4), text(rng, 4));
             assert_eq!(
                 utf16_order(&a, &b),
                 a.encode_utf16().cmp(b.encode_utf16()),
                 "{a:?} {b:?}"
             );
-        }
+        });
     }
 }

@@ -348,6 +348,12 @@ pub(crate) fn downstream_key_of(tenant: &str, operation: &str, key: &str) -> Str
 mod tests {
     use super::*;
 
+    /// `input` is refused as `error`.
+    #[track_caller]
+    fn assert_refused(input: impl AsRef<[u8]>, error: KeyError) {
+        assert_eq!(IdempotencyKey::parse(input), Err(error));
+    }
+
     #[test]
     fn bare_and_structured_spellings_name_the_same_key() {
         let a = IdempotencyKey::parse("abc-123").unwrap();
@@ -369,63 +375,39 @@ mod tests {
 
     #[test]
     fn a_bare_key_with_a_comma_is_refused_and_a_structured_one_carries_it() {
-        assert_eq!(
-            IdempotencyKey::parse("key,with,commas"),
-            Err(KeyError::Comma { position: 3 })
-        );
+        assert_refused("key,with,commas", KeyError::Comma { position: 3 });
         // Two header lines joined by an intermediary.
-        assert_eq!(
-            IdempotencyKey::parse("k1, k2"),
-            Err(KeyError::NotPrintableAscii { position: 3 })
-        );
-        assert_eq!(
-            IdempotencyKey::parse("k1,k2"),
-            Err(KeyError::Comma { position: 2 })
-        );
+        assert_refused("k1, k2", KeyError::NotPrintableAscii { position: 3 });
+        assert_refused("k1,k2", KeyError::Comma { position: 2 });
         let k = IdempotencyKey::parse(r#""key,with,commas""#).unwrap();
         assert_eq!(k.as_str(), "key,with,commas");
     }
 
     #[test]
     fn empty_keys_are_refused() {
-        assert_eq!(IdempotencyKey::parse(""), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::parse("   "), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::parse("\"\""), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::parse("\"   \""), Err(KeyError::Empty));
+        assert_refused("", KeyError::Empty);
+        assert_refused("   ", KeyError::Empty);
+        assert_refused("\"\"", KeyError::Empty);
+        assert_refused("\"   \"", KeyError::Empty);
     }
 
     #[test]
     fn length_limit_is_255() {
         assert!(IdempotencyKey::parse("k".repeat(255)).is_ok());
-        assert_eq!(
-            IdempotencyKey::parse("k".repeat(256)),
-            Err(KeyError::TooLong { len: 256 })
-        );
+        assert_refused("k".repeat(256), KeyError::TooLong { len: 256 });
         let quoted = format!("\"{}\"", "k".repeat(256));
-        assert_eq!(
-            IdempotencyKey::parse(quoted),
-            Err(KeyError::TooLong { len: 256 })
-        );
+        assert_refused(quoted, KeyError::TooLong { len: 256 });
     }
 
     #[test]
     fn control_characters_and_non_ascii_are_refused() {
-        assert_eq!(
-            IdempotencyKey::parse("ab\x01cd"),
-            Err(KeyError::NotPrintableAscii { position: 2 })
+        assert_refused("ab\x01cd", KeyError::NotPrintableAscii { position: 2 });
+        assert_refused("ab\x7fcd", KeyError::NotPrintableAscii { position: 2 });
+        assert_refused(
+            "clé".as_bytes(),
+            KeyError::NotPrintableAscii { position: 2 },
         );
-        assert_eq!(
-            IdempotencyKey::parse("ab\x7fcd"),
-            Err(KeyError::NotPrintableAscii { position: 2 })
-        );
-        assert_eq!(
-            IdempotencyKey::parse("clé".as_bytes()),
-            Err(KeyError::NotPrintableAscii { position: 2 })
-        );
-        assert_eq!(
-            IdempotencyKey::parse("a b"),
-            Err(KeyError::NotPrintableAscii { position: 1 })
-        );
+        assert_refused("a b", KeyError::NotPrintableAscii { position: 1 });
     }
 
     #[test]

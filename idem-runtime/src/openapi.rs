@@ -507,14 +507,7 @@ fn problem_response(description: &str, types: &[&str], retry_after: Option<&str>
     if let Some(description) = retry_after {
         response = response.header(
             title_case(RETRY_AFTER.as_str()),
-            Header::builder()
-                .schema(
-                    ObjectBuilder::new()
-                        .schema_type(Type::Integer)
-                        .minimum(Some(1)),
-                )
-                .description(Some(description))
-                .build(),
+            seconds_header(description),
         );
     }
     response.build()
@@ -523,16 +516,6 @@ fn problem_response(description: &str, types: &[&str], retry_after: Option<&str>
 /// A long operation's `202`: its operation document (the first request's
 /// answer, and every retry's while it runs), or the uncertain problem.
 fn accepted_response() -> Response {
-    let seconds = |description: &str| {
-        Header::builder()
-            .schema(
-                ObjectBuilder::new()
-                    .schema_type(Type::Integer)
-                    .minimum(Some(1)),
-            )
-            .description(Some(description))
-            .build()
-    };
     Response::builder()
         .description(format!(
             "A long operation: accepted and running. The body is its operation document \
@@ -563,7 +546,7 @@ fn accepted_response() -> Response {
         )
         .header(
             title_case(RETRY_AFTER.as_str()),
-            seconds(
+            seconds_header(
                 "Seconds to wait before asking again (the resource, or a retry with the same key).",
             ),
         )
@@ -572,11 +555,6 @@ fn accepted_response() -> Response {
 
 /// A long operation's document ([`crate::operations::Operation`]).
 fn operation_schema() -> Schema {
-    let text = |description: &str| {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .description(Some(description))
-    };
     ObjectBuilder::new()
         .schema_type(Type::Object)
         .description(Some(
@@ -584,10 +562,13 @@ fn operation_schema() -> Schema {
         ))
         .property(
             "id",
-            text("The operation's name and the SHA-256 of the idempotency key (lowercase hex), joined by `/`."),
+            described(
+                Type::String,
+                "The operation's name and the SHA-256 of the idempotency key (lowercase hex), joined by `/`.",
+            ),
         )
         .required("id")
-        .property("operation", text("The operation's name."))
+        .property("operation", described(Type::String, "The operation's name."))
         .required("operation")
         .property(
             "status",
@@ -601,24 +582,25 @@ fn operation_schema() -> Schema {
                 )),
         )
         .required("status")
-        .property("href", text("The resource's path (the `Location` of the `202`)."))
+        .property(
+            "href",
+            described(Type::String, "The resource's path (the `Location` of the `202`)."),
+        )
         .required("href")
         .property(
             "response_status",
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .description(Some("When done: the stored answer's status.")),
+            described(Type::Integer, "When done: the stored answer's status."),
         )
         .property(
             "result",
-            text("When done: where the stored answer is replayed (`{href}/result`)."),
+            described(
+                Type::String,
+                "When done: where the stored answer is replayed (`{href}/result`).",
+            ),
         )
         .property(
             "retry_after",
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .minimum(Some(1))
-                .description(Some(
+            seconds().description(Some(
                     "While not done: seconds before asking again, as in `Retry-After`.",
                 )),
         )
@@ -660,35 +642,48 @@ fn problem_schema() -> Schema {
         .required("type")
         .property(
             "title",
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .description(Some("A short summary of the kind of problem.")),
+            described(Type::String, "A short summary of the kind of problem."),
         )
         .required("title")
         .property(
             "status",
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .description(Some("The HTTP status code of the answer.")),
+            described(Type::Integer, "The HTTP status code of the answer."),
         )
         .required("status")
         .property(
             "detail",
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .description(Some("What went wrong with this request.")),
+            described(Type::String, "What went wrong with this request."),
         )
         .property(
             "retry_after",
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .minimum(Some(1))
-                .description(Some(
-                    "With `409`, `202` and `503`: seconds to wait before retrying, as in the \
+            seconds().description(Some(
+                "With `409`, `202` and `503`: seconds to wait before retrying, as in the \
                      `Retry-After` header.",
-                )),
+            )),
         )
         .into()
+}
+
+/// A property of `schema_type` (a string, a number), with its description.
+fn described(schema_type: Type, description: &str) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(schema_type)
+        .description(Some(description))
+}
+
+/// A whole number of seconds, at least 1 (`Retry-After`'s).
+fn seconds() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(1))
+}
+
+/// A `Retry-After` header, in seconds, with its description.
+fn seconds_header(description: &str) -> Header {
+    Header::builder()
+        .schema(seconds())
+        .description(Some(description))
+        .build()
 }
 
 /// `idempotency-key` as `Idempotency-Key`: the wire constants are lower case,

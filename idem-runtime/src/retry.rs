@@ -159,13 +159,19 @@ impl BackoffBuilder for RetryPolicy {
 mod tests {
     use super::*;
 
+    /// A policy of `attempts`, its delays capped from `min_ms` up to `max_ms`,
+    /// and `total` in all.
+    fn policy(attempts: usize, min_ms: u64, max_ms: u64, total: Duration) -> RetryPolicy {
+        RetryPolicy::new()
+            .with_max_attempts(attempts)
+            .with_min_delay(Duration::from_millis(min_ms))
+            .with_max_delay(Duration::from_millis(max_ms))
+            .with_max_total_delay(total)
+    }
+
     #[test]
     fn delays_are_drawn_below_exponential_caps_and_bounded() {
-        let policy = RetryPolicy::new()
-            .with_max_attempts(6)
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_millis(800))
-            .with_max_total_delay(Duration::from_secs(60));
+        let policy = policy(6, 100, 800, Duration::from_secs(60));
         let caps = [100u64, 200, 400, 800, 800];
         for seed in 0..200 {
             let delays: Vec<Duration> = policy.clone().with_seed(seed).build().collect();
@@ -184,11 +190,7 @@ mod tests {
 
     #[test]
     fn the_total_delay_is_capped() {
-        let policy = RetryPolicy::new()
-            .with_max_attempts(100)
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_millis(100))
-            .with_max_total_delay(Duration::from_millis(450));
+        let policy = policy(100, 100, 100, Duration::from_millis(450));
         let delays: Vec<Duration> = policy.with_seed(7).build().collect();
         assert_eq!(delays.len(), 4, "four caps of 100 ms fit in 450 ms");
         assert!(delays.iter().sum::<Duration>() <= Duration::from_millis(450));

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
+use crate::db::shared::BindKey;
 use crate::key::KeyDigest;
 use crate::model::{
     Fence, KeyAddress, LeaseRequest, LeasedOutcome, OperationRow, Owned, OwnerToken, Renewal,
@@ -155,8 +156,9 @@ pub trait SqlLeases: Database {
     const UNCERTAIN_SQL: &'static str;
     /// Releases the key: the owned row.
     const RELEASE_SQL: &'static str;
-    /// A finished row's fingerprint and outcome: `tenant, operation, digest`.
-    const CURRENT_SQL: &'static str;
+    /// A finished row's fingerprint and outcome: `tenant, operation, digest`
+    /// (by default the statement written with `$n` in `shared`).
+    const CURRENT_SQL: &'static str = super::shared::CURRENT_SQL;
     /// A page of uncertain rows: `operation`, then the last row's `created,
     /// tenant, digest` (all `NULL` for the first page), then `limit`.
     const UNCERTAIN_ROWS_SQL: &'static str;
@@ -164,8 +166,8 @@ pub trait SqlLeases: Database {
     /// `tenant, operation, digest, generation, owner token`.
     const RESOLVE_SQL: &'static str;
     /// Forgets an uncertain row: `tenant, operation, digest, generation, owner
-    /// token`.
-    const FORGET_SQL: &'static str;
+    /// token` (by default the statement written with `$n` in `shared`).
+    const FORGET_SQL: &'static str = super::shared::FORGET_SQL;
     /// A long operation's row without its body: `tenant, operation, digest`.
     const OPERATION_STATUS_SQL: &'static str;
     /// The same with its body.
@@ -194,6 +196,66 @@ pub trait SqlLeases: Database {
         pool: &Pool<Self>,
         rows: &[Renewal<'_>],
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
+}
+
+/// What a leased claim that reads and writes the row itself (SQLite, MySQL)
+/// writes when it takes the key: a new owner token, the key for downstream
+/// systems, and the lease and the retention in milliseconds.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) struct NewOwner {
+    pub(crate) token: OwnerToken,
+    pub(crate) downstream: String,
+    pub(crate) lease: i64,
+    pub(crate) retention: i64,
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+impl NewOwner {
+    pub(crate) fn of(req: &LeaseRequest<'_>) -> Self {
+        NewOwner {
+            token: OwnerToken::random(),
+            downstream: crate::key::downstream_key(req.tenant, req.operation, req.key),
+            lease: crate::model::millis(req.lease),
+            retention: crate::model::millis(req.retention),
+        }
+    }
+
+    /// The claim's outcome once the row is written.
+    pub(crate) fn acquired(
+        self,
+        acquisition: crate::model::Acquisition,
+        generation: i64,
+    ) -> LeasedOutcome {
+        LeasedOutcome::Acquired {
+            acquisition,
+            token: self.token,
+            generation,
+        }
+    }
+}
+
+/// Runs a fenced statement: `query` with the values it sets bound, then the
+/// owned row (primary key and owner token), which every fenced statement
+/// matches last; the rows it wrote (0 when the execution is no longer owned).
+async fn fenced<DB>(
+    store: &Pool<DB>,
+    query: sqlx::query::Query<'_, DB, DB::Arguments>,
+    row: Owned<'_>,
+) -> Result<u64, StoreError>
+where
+    DB: SqlLeases,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> KeyDigest: Encode<'q, DB> + Type<DB>,
+    for<'q> OwnerToken: Encode<'q, DB> + Type<DB>,
+{
+    let done = query
+        .bind_key(row.tenant, row.operation, row.key)
+        .bind(row.token)
+        .execute(store)
+        .await?;
+    Ok(DB::rows_affected(&done))
 }
 
 /// Leased mode on a SQL database, once for all of them: the statements of
@@ -234,19 +296,13 @@ where
         retention: Duration,
     ) -> Result<u64, StoreError> {
         let (status, headers) = DB::encode(response)?;
-        let done = sqlx::query(DB::STORE_SQL)
+        let query = sqlx::query(DB::STORE_SQL)
             .bind(response.state())
             .bind(status)
             .bind(headers)
             .bind(&response.body[..])
-            .bind(crate::model::millis(retention))
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token)
-            .execute(store)
-            .await?;
-        Ok(DB::rows_affected(&done))
+            .bind(crate::model::millis(retention));
+        fenced(store, query, row).await
     }
 
     async fn lease_fence(store: &Pool<DB>, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
@@ -255,14 +311,7 @@ where
             Fence::Uncertain => sqlx::query(DB::UNCERTAIN_SQL),
             Fence::Release => sqlx::query(DB::RELEASE_SQL),
         };
-        let done = query
-            .bind(row.tenant)
-            .bind(row.operation)
-            .bind(row.key)
-            .bind(row.token)
-            .execute(store)
-            .await?;
-        Ok(DB::rows_affected(&done))
+        fenced(store, query, row).await
     }
 
     fn lease_renew_many(
@@ -279,9 +328,7 @@ where
         key: &KeyDigest,
     ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
         let row = sqlx::query(DB::CURRENT_SQL)
-            .bind(tenant)
-            .bind(operation)
-            .bind(*key)
+            .bind_key(tenant, operation, *key)
             .fetch_optional(store)
             .await?;
         let Some(row) = row else { return Ok(None) };
@@ -302,9 +349,7 @@ where
             DB::OPERATION_STATUS_SQL
         };
         let row = sqlx::query(sql)
-            .bind(key.tenant)
-            .bind(key.operation)
-            .bind(key.digest)
+            .bind_key(key.tenant, key.operation, key.digest)
             .fetch_optional(store)
             .await?;
         row.as_ref()

@@ -5,7 +5,7 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-use crate::decide::{KeySnapshot, RowState};
+use crate::decide::{self, KeySnapshot, LeasedStep, RowState};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -14,16 +14,16 @@ use crate::model::StoredResponse;
 use crate::model::{KeyRecord, OperationRow};
 use crate::model::{OwnerToken, StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
 
-/// A key's row as the leased claim decides over it, from `state`,
-/// `fingerprint`, `generation`, `expires_at`, `lease_expires_at` and `now` (the
+/// What the leased claim decides over a key's row, if it has one (`state`,
+/// `fingerprint`, `generation`, `expires_at`, `lease_expires_at` and `now`, the
 /// database's clock, all in the same integer unit: SQLite's and MySQL's
 /// milliseconds); `stored` reads the outcome of a finished, live row.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn leased_snapshot<R>(
-    row: &R,
+pub(crate) fn leased_step<R>(
+    row: Option<&R>,
     request: &Fingerprint,
-    stored: impl FnOnce() -> Result<StoredResponse, StoreError>,
-) -> Result<KeySnapshot, StoreError>
+    stored: impl FnOnce(&R) -> Result<StoredResponse, StoreError>,
+) -> Result<LeasedStep, StoreError>
 where
     R: Row,
     for<'r> &'r str: ColumnIndex<R>,
@@ -32,19 +32,64 @@ where
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> RowState: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let now: i64 = row.try_get("now")?;
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    let expires_at: i64 = row.try_get("expires_at")?;
-    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
-    Ok(KeySnapshot::read(
-        row.try_get("state")?,
-        &fingerprint,
-        request,
-        row.try_get("generation")?,
-        expires_at > now,
-        stored,
-    )?
-    .with_lease(lease_expires_at.map(|until| until - now)))
+    let snapshot = match row {
+        None => None,
+        Some(row) => {
+            let now: i64 = row.try_get("now")?;
+            let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+            let expires_at: i64 = row.try_get("expires_at")?;
+            let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
+            Some(
+                KeySnapshot::read(
+                    row.try_get("state")?,
+                    &fingerprint,
+                    request,
+                    row.try_get("generation")?,
+                    expires_at > now,
+                    || stored(row),
+                )?
+                .with_lease(lease_expires_at.map(|until| until - now)),
+            )
+        }
+    };
+    Ok(decide::leased(snapshot))
+}
+
+/// A stored outcome from a row whose `response_status` is an integer,
+/// `response_headers` JSON text and `response_body` bytes (SQLite, MySQL).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn stored_from_text<R>(row: &R) -> Result<StoredResponse, StoreError>
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let status: i64 = row.try_get("response_status")?;
+    let headers: Option<String> = row.try_get("response_headers")?;
+    let body: Option<Vec<u8>> = row.try_get("response_body")?;
+    let headers = match headers {
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
+        }
+        None => Vec::new(),
+    };
+    Ok(StoredResponse {
+        status: u16::try_from(status)
+            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+        headers,
+        body: bytes::Bytes::from(body.unwrap_or_default()),
+    })
+}
+
+/// An outcome's status and headers as [`stored_from_text`]'s columns take them
+/// (an integer, JSON text).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn encode_text(response: &StoredResponse) -> Result<(i64, String), StoreError> {
+    let headers =
+        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((i64::from(response.status), headers))
 }
 
 /// The stats snapshot from the ages row and the (operation, state) groups.

@@ -18,14 +18,44 @@
 use std::future::Future;
 use std::time::Duration;
 
+use sqlx::query::{Query, QueryScalar};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::leases::SqlLeases;
 use super::stores::{Admin, Transitions, Upkeep};
+use crate::key::KeyDigest;
 use crate::model::{
     FencedWrite, InFlightSummary, KeyAddress, KeyRecord, PurgeError, Resource, StatsSnapshot,
     StoreError, count, millis,
 };
+
+/// Binds the three parameters by which a statement finds a key's row: tenant,
+/// operation and digest, in that order.
+pub(crate) trait BindKey<'q>: Sized {
+    fn bind_key(self, tenant: &'q str, operation: &'q str, digest: KeyDigest) -> Self;
+}
+
+impl<'q, DB> BindKey<'q> for Query<'q, DB, DB::Arguments>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    KeyDigest: Encode<'q, DB> + Type<DB>,
+{
+    fn bind_key(self, tenant: &'q str, operation: &'q str, digest: KeyDigest) -> Self {
+        self.bind(tenant).bind(operation).bind(digest)
+    }
+}
+
+impl<'q, DB, O> BindKey<'q> for QueryScalar<'q, DB, O, DB::Arguments>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    KeyDigest: Encode<'q, DB> + Type<DB>,
+{
+    fn bind_key(self, tenant: &'q str, operation: &'q str, digest: KeyDigest) -> Self {
+        self.bind(tenant).bind(operation).bind(digest)
+    }
+}
 
 pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
        FROM idempotency_requests \
@@ -102,6 +132,24 @@ macro_rules! owned_row {
 }
 pub(crate) use owned_row;
 
+/// Leased mode's two fenced statements that write no value, in a `SqlLeases`
+/// impl: the execution marked uncertain, and released (its row deleted). The
+/// owned row's placeholders and token cast as [`owned_row`] takes them.
+macro_rules! uncertain_and_release_sql {
+    ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
+        const UNCERTAIN_SQL: &'static str = concat!(
+            "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
+            $crate::db::shared::owned_row!($t, $o, $k, $tok, $cast)
+        );
+
+        const RELEASE_SQL: &'static str = concat!(
+            "DELETE FROM idempotency_requests WHERE",
+            $crate::db::shared::owned_row!($t, $o, $k, $tok, $cast)
+        );
+    };
+}
+pub(crate) use uncertain_and_release_sql;
+
 /// A long operation's row by its primary key (`$1..$3`) where timestamps are
 /// Unix milliseconds (SQLite, MySQL), `$now` the database's clock: the row
 /// unless it is finished and past its retention, `lease_live` 1 while the lease
@@ -127,20 +175,28 @@ pub(crate) use ms_operation_sql;
 
 /// The part of a purge every database shares, in the transaction `$tx` that
 /// holds the key's row: given the row `SELECT_STATE_SQL` read (`None` when there
-/// is none), ask `$allow` about its state, delete it, and evaluate to
-/// `Some((state, generation))`; the caller commits.
+/// is none), ask `$allow` about its state, delete it with `$delete` (by default
+/// [`DELETE_SQL`]), and evaluate to `Some((state, generation))`; the caller
+/// commits.
 macro_rules! delete_if_allowed {
-    ($tx:expr, $row:expr, $key:expr, $allow:expr) => {{
+    ($tx:expr, $row:expr, $key:expr, $allow:expr) => {
+        $crate::db::shared::delete_if_allowed!(
+            $tx,
+            $row,
+            $key,
+            $allow,
+            $crate::db::shared::DELETE_SQL
+        )
+    };
+    ($tx:expr, $row:expr, $key:expr, $allow:expr, $delete:expr) => {{
         match $row {
             None => None,
             Some(row) => {
                 let state: String = row.try_get("state").map_err(StoreError::from)?;
                 let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
                 $allow(&state).map_err($crate::model::PurgeError::Refused)?;
-                sqlx::query($crate::db::shared::DELETE_SQL)
-                    .bind($key.tenant)
-                    .bind($key.operation)
-                    .bind($key.digest)
+                sqlx::query($delete)
+                    .bind_key($key.tenant, $key.operation, $key.digest)
                     .execute(&mut *$tx)
                     .await
                     .map_err(StoreError::from)?;
@@ -238,21 +294,13 @@ where
     for<'q> Option<&'q str>: Encode<'q, DB>,
     usize: ColumnIndex<DB::Row>,
 {
-    async fn lock_state<'c>(
+    fn lock_state<'c>(
         conn: &'c mut DB::Connection,
         resource: &'c Resource,
         id: i64,
         scope: Option<&'c str>,
-    ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(DB::transition_read_sql(resource)))
-            .bind(id)
-            .bind(scope)
-            .fetch_optional(conn)
-            .await?;
-        Ok(match row {
-            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
-            None => None,
-        })
+    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send + 'c {
+        read_state(conn, DB::transition_read_sql(resource), id, scope)
     }
 
     async fn write_state<'c>(
@@ -268,6 +316,35 @@ where
             .fetch_optional(conn)
             .await
     }
+}
+
+/// A transition's locking read: `read_sql` (the resource's `state, version`,
+/// bound to `id` and `scope`) on `conn`, on any database.
+pub(crate) async fn read_state<DB>(
+    conn: &mut DB::Connection,
+    read_sql: String,
+    id: i64,
+    scope: Option<&str>,
+) -> Result<Option<(String, i64)>, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let row = sqlx::query(sqlx::AssertSqlSafe(read_sql))
+        .bind(id)
+        .bind(scope)
+        .fetch_optional(conn)
+        .await?;
+    Ok(match row {
+        Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
+        None => None,
+    })
 }
 
 /// What a database module gives the admin reads: the `show` statement

@@ -56,12 +56,13 @@ impl Answer {
     }
 
     pub(super) fn respond(self, op: &'static str, tenant_label: Option<&str>) -> Response {
+        let outcome = self.outcome();
+        metrics::claim(op, tenant_label, outcome);
         let span = tracing::Span::current();
-        span.record("idem.outcome", self.outcome());
+        span.record("idem.outcome", outcome);
         span.record("idem.replayed", matches!(self, Answer::Replay { .. }));
         match self {
             Answer::Replay { stored, cached } => {
-                metrics::claim(op, tenant_label, "replayed");
                 tracing::debug!(
                     operation = op,
                     status = stored.status,
@@ -71,17 +72,14 @@ impl Answer {
                 response::replay(stored)
             }
             Answer::Mismatch { cached } => {
-                metrics::claim(op, tenant_label, "mismatched");
                 tracing::info!(operation = op, cached, "idem: fingerprint mismatch");
                 Problem::mismatch().into_response()
             }
             Answer::InFlight(retry_after) => {
-                metrics::claim(op, tenant_label, "in_flight");
                 tracing::info!(operation = op, "idem: in flight");
                 Problem::in_flight(retry_after).into_response()
             }
             Answer::Busy(retry_after) => {
-                metrics::claim(op, tenant_label, "busy");
                 tracing::warn!(
                     operation = op,
                     "idem: the database stayed locked by other writers; nothing reserved"
@@ -89,7 +87,6 @@ impl Answer {
                 Problem::busy(retry_after).into_response()
             }
             Answer::AtCapacity(retry_after) => {
-                metrics::claim(op, tenant_label, "at_capacity");
                 tracing::warn!(
                     operation = op,
                     "idem: the operation's running limit is full; nothing reserved"
@@ -97,7 +94,6 @@ impl Answer {
                 Problem::at_capacity(retry_after).into_response()
             }
             Answer::Uncertain(retry_after, address) => {
-                metrics::claim(op, tenant_label, "uncertain");
                 tracing::info!(
                     operation = op,
                     "idem: outcome uncertain; not executed again"
@@ -109,7 +105,6 @@ impl Answer {
                 resp
             }
             Answer::Running(address) => {
-                metrics::claim(op, tenant_label, "in_flight");
                 tracing::info!(operation = op, "idem: long operation running");
                 address.accepted()
             }

@@ -36,6 +36,23 @@ pub struct OperationSpec {
     pub accepted: bool,
 }
 
+#[cfg(test)]
+impl OperationSpec {
+    /// A unit test's operation: `operation`, its keys kept an hour, every other
+    /// setting its default (transactional, no fingerprinted header).
+    pub(crate) const fn named(operation: &'static str) -> Self {
+        OperationSpec {
+            operation,
+            retention: Duration::from_secs(3600),
+            in_flight_wait: None,
+            fingerprint_headers: &[],
+            lease: None,
+            lease_ceiling: None,
+            accepted: false,
+        }
+    }
+}
+
 /// The request-side input of an idempotent handler: the validated key, the method,
 /// the matched route, the path and query, and the headers the operation
 /// fingerprints, plus the [`Idem`] from the router state.

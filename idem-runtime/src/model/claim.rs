@@ -89,6 +89,18 @@ pub struct Execution {
 }
 
 impl Execution {
+    /// A completion that wrote `rows` rows: stored when it wrote this
+    /// execution's claim row, lost when the row was no longer its own.
+    pub(crate) fn completed(&self, rows: u64) -> Result<(), StoreError> {
+        if rows == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::LostClaim {
+                generation: self.generation,
+            })
+        }
+    }
+
     /// The execution of `req` at `generation`, whose claim row exists.
     pub(crate) fn new(req: &ClaimRequest<'_>, generation: i64) -> Self {
         Execution {

@@ -7,33 +7,20 @@ use utoipa::openapi::{Content, OpenApiBuilder, PathItem, Paths, Ref, ResponseBui
 use super::*;
 
 static CREATE_ORDER: OperationSpec = OperationSpec {
-    operation: "create-order",
     retention: Duration::from_secs(24 * 3600),
-    in_flight_wait: None,
     fingerprint_headers: &["x-currency"],
-    lease: None,
-    lease_ceiling: None,
-    accepted: false,
+    ..OperationSpec::named("create-order")
 };
 
 static CREATE_PAYMENT: OperationSpec = OperationSpec {
-    operation: "create-payment",
-    retention: Duration::from_secs(3600),
-    in_flight_wait: None,
-    fingerprint_headers: &[],
     lease: Some(Duration::from_secs(30)),
-    lease_ceiling: None,
-    accepted: false,
+    ..OperationSpec::named("create-payment")
 };
 
 static CREATE_EXPORT: OperationSpec = OperationSpec {
-    operation: "create-export",
-    retention: Duration::from_secs(3600),
-    in_flight_wait: None,
-    fingerprint_headers: &[],
     lease: Some(Duration::from_secs(6)),
-    lease_ceiling: None,
     accepted: true,
+    ..OperationSpec::named("create-export")
 };
 
 static ORDER: OpenApiRegistration = OpenApiRegistration::new("create_order", &CREATE_ORDER);
@@ -58,6 +45,13 @@ fn api(payment_statuses: &[&str]) -> OpenApi {
             "/payments",
             PathItem::new(HttpMethod::Post, op("create_payment", payment_statuses)),
         ))
+        .build()
+}
+
+/// A document of one path, `method` on it the operation `op`.
+fn one_path(path: &str, method: HttpMethod, op: OperationBuilder) -> OpenApi {
+    OpenApiBuilder::new()
+        .paths(Paths::builder().path(path, PathItem::new(method, op)))
         .build()
 }
 
@@ -181,15 +175,11 @@ fn a_problem_schema_the_service_declared_is_kept() {
             "application/problem+json",
             Content::new(Some(Ref::from_schema_name("Problem"))),
         );
-    let mut doc = OpenApiBuilder::new()
-        .paths(Paths::builder().path(
-            "/orders",
-            PathItem::new(
-                HttpMethod::Post,
-                op("create_order", &["201"]).response("422", own),
-            ),
-        ))
-        .build();
+    let mut doc = one_path(
+        "/orders",
+        HttpMethod::Post,
+        op("create_order", &["201"]).response("422", own),
+    );
     document_with(&mut doc, &[&ORDER]);
     let once = json_of(&doc);
     let invalid = &once["paths"]["/orders"]["post"]["responses"]["422"];
@@ -243,12 +233,7 @@ fn a_leased_operation_gets_202_uncertain_with_retry_after() {
 /// the uncertain problem; the document's schema is added once.
 #[test]
 fn an_accepted_operation_gets_202_operation_with_location() {
-    let mut doc = OpenApiBuilder::new()
-        .paths(Paths::builder().path(
-            "/exports",
-            PathItem::new(HttpMethod::Post, op("create_export", &["201"])),
-        ))
-        .build();
+    let mut doc = one_path("/exports", HttpMethod::Post, op("create_export", &["201"]));
     document_with(&mut doc, &[&EXPORT, &ORDER]);
     let v = json_of(&doc);
     let post = &v["paths"]["/exports"]["post"];
@@ -295,12 +280,7 @@ fn an_accepted_operation_gets_202_operation_with_location() {
 
 #[test]
 fn the_idem_operation_name_matches_as_an_operation_id() {
-    let mut doc = OpenApiBuilder::new()
-        .paths(Paths::builder().path(
-            "/orders",
-            PathItem::new(HttpMethod::Put, op("create-order", &["200"])),
-        ))
-        .build();
+    let mut doc = one_path("/orders", HttpMethod::Put, op("create-order", &["200"]));
     document_with(&mut doc, &[&ORDER]);
     let put = doc.paths.paths["/orders"].put.as_ref().unwrap();
     assert_eq!(put.parameters.as_ref().unwrap()[0].name, "Idempotency-Key");
@@ -323,15 +303,11 @@ fn a_key_parameter_the_service_declared_is_kept() {
         .required(Required::True)
         .description(Some("ours"))
         .build();
-    let mut doc = OpenApiBuilder::new()
-        .paths(Paths::builder().path(
-            "/orders",
-            PathItem::new(
-                HttpMethod::Post,
-                op("create_order", &["201"]).parameter(declared.clone()),
-            ),
-        ))
-        .build();
+    let mut doc = one_path(
+        "/orders",
+        HttpMethod::Post,
+        op("create_order", &["201"]).parameter(declared.clone()),
+    );
     document_with(&mut doc, &[&ORDER]);
     let post = doc.paths.paths["/orders"].post.as_ref().unwrap();
     assert!(post.parameters.as_ref().unwrap() == &vec![declared]);
@@ -343,13 +319,8 @@ fn a_key_parameter_the_service_declared_is_kept() {
 fn the_registration_macro_works_inside_a_function_body() {
     fn handler() {
         static SPEC: OperationSpec = OperationSpec {
-            operation: "registered-in-a-body",
             retention: Duration::from_secs(60),
-            in_flight_wait: None,
-            fingerprint_headers: &[],
-            lease: None,
-            lease_ceiling: None,
-            accepted: false,
+            ..OperationSpec::named("registered-in-a-body")
         };
         crate::__idem_openapi!("registered_in_a_body", &SPEC);
     }

@@ -8,13 +8,9 @@ use super::{Address, Status, poll_interval};
 use crate::handler::OperationSpec;
 
 static SPEC: OperationSpec = OperationSpec {
-    operation: "create-export",
-    retention: Duration::from_secs(3600),
-    in_flight_wait: None,
-    fingerprint_headers: &[],
     lease: Some(Duration::from_secs(6)),
-    lease_ceiling: None,
     accepted: true,
+    ..OperationSpec::named("create-export")
 };
 
 #[test]

@@ -112,17 +112,54 @@ pub fn version_verdict(info_server: &str) -> VersionVerdict {
     }
 }
 
+/// A node's verdict, as [`worst`] compares them.
+trait Verdict {
+    /// How bad: 0 fine, 1 a warning, 2 a refusal.
+    fn rank(&self) -> u8;
+    /// The text that says why, for the verdicts that have one.
+    fn why(&mut self) -> Option<&mut String>;
+}
+
+impl Verdict for VersionVerdict {
+    fn rank(&self) -> u8 {
+        match self {
+            VersionVerdict::Supported(_) => 0,
+            VersionVerdict::Unknown(_) => 1,
+            VersionVerdict::Refuse(_) => 2,
+        }
+    }
+
+    fn why(&mut self) -> Option<&mut String> {
+        match self {
+            VersionVerdict::Supported(_) => None,
+            VersionVerdict::Unknown(w) | VersionVerdict::Refuse(w) => Some(w),
+        }
+    }
+}
+
+impl Verdict for EvictionVerdict {
+    fn rank(&self) -> u8 {
+        match self {
+            EvictionVerdict::Safe => 0,
+            EvictionVerdict::Warn(_) => 1,
+            EvictionVerdict::Refuse(_) => 2,
+        }
+    }
+
+    fn why(&mut self) -> Option<&mut String> {
+        match self {
+            EvictionVerdict::Safe => None,
+            EvictionVerdict::Warn(w) | EvictionVerdict::Refuse(w) => Some(w),
+        }
+    }
+}
+
 /// One verdict for a cluster from its nodes' (by address): the worst, its
-/// reason prefixed with the node's address. `rank` orders verdicts, worst
-/// highest; `why` reaches a verdict's reason.
-fn worst<V>(
-    mut verdicts: Vec<(String, V)>,
-    rank: impl Fn(&V) -> u8,
-    why: impl Fn(&mut V) -> Option<&mut String>,
-) -> Option<V> {
-    verdicts.sort_by_key(|(_, v)| std::cmp::Reverse(rank(v)));
+/// reason prefixed with the node's address.
+fn worst<V: Verdict>(mut verdicts: Vec<(String, V)>) -> Option<V> {
+    verdicts.sort_by_key(|(_, v)| std::cmp::Reverse(v.rank()));
     let (addr, mut v) = verdicts.into_iter().next()?;
-    if let Some(why) = why(&mut v)
+    if let Some(why) = v.why()
         && !addr.is_empty()
     {
         *why = format!("{addr}: {why}");
@@ -169,18 +206,7 @@ impl RedisLeaseStore {
                 _ => None,
             })
             .collect();
-        let verdict = worst(
-            verdicts,
-            |v| match v {
-                VersionVerdict::Supported(_) => 0,
-                VersionVerdict::Unknown(_) => 1,
-                VersionVerdict::Refuse(_) => 2,
-            },
-            |v| match v {
-                VersionVerdict::Supported(_) => None,
-                VersionVerdict::Unknown(w) | VersionVerdict::Refuse(w) => Some(w),
-            },
-        );
+        let verdict = worst(verdicts);
         Ok(match verdict {
             // Every node supported: their versions, one if they agree.
             Some(VersionVerdict::Supported(_)) => {
@@ -249,19 +275,8 @@ impl RedisLeaseStore {
                 (addr.clone(), verdict)
             })
             .collect();
-        Ok(worst(
-            verdicts,
-            |v| match v {
-                EvictionVerdict::Safe => 0,
-                EvictionVerdict::Warn(_) => 1,
-                EvictionVerdict::Refuse(_) => 2,
-            },
-            |v| match v {
-                EvictionVerdict::Safe => None,
-                EvictionVerdict::Warn(w) | EvictionVerdict::Refuse(w) => Some(w),
-            },
-        )
-        .unwrap_or_else(|| EvictionVerdict::Warn("no node answered CONFIG GET".into())))
+        Ok(worst(verdicts)
+            .unwrap_or_else(|| EvictionVerdict::Warn("no node answered CONFIG GET".into())))
     }
 
     /// Refuses a node of a Redis Cluster reached as one server: most keys would
@@ -378,18 +393,7 @@ mod tests {
                 eviction_verdict("volatile-lru", 1),
             ),
         ];
-        let v = worst(
-            nodes,
-            |v| match v {
-                EvictionVerdict::Safe => 0,
-                EvictionVerdict::Warn(_) => 1,
-                EvictionVerdict::Refuse(_) => 2,
-            },
-            |v| match v {
-                EvictionVerdict::Safe => None,
-                EvictionVerdict::Warn(w) | EvictionVerdict::Refuse(w) => Some(w),
-            },
-        );
+        let v = worst(nodes);
         match v {
             Some(EvictionVerdict::Refuse(why)) => {
                 assert!(

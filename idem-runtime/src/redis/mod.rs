@@ -40,7 +40,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::{FutureExt, TryFutureExt};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -173,16 +173,11 @@ impl RedisLeaseStore {
         prefix: &str,
     ) -> Result<Self, StoreError> {
         let open: Opener = Arc::new(move || {
-            let (client, config) = (client.clone(), config.clone());
-            async move {
-                ConnectionManager::new_with_config(client, config)
-                    .await
-                    .map(RedisConnection::Server)
-            }
-            .boxed()
+            ConnectionManager::new_with_config(client.clone(), config.clone())
+                .map_ok(RedisConnection::Server)
+                .boxed()
         });
-        let conn = open().await.map_err(redis_err)?;
-        Self::start(conn, prefix, Some(open)).await
+        Self::start_opening(open, prefix).await
     }
 
     /// Uses `conn`, naming every key `{prefix}:...` (give each service, or each
@@ -267,8 +262,7 @@ impl RedisLeaseStore {
             }
             .boxed()
         });
-        let conn = open().await.map_err(redis_err)?;
-        Self::start(conn, prefix, Some(open)).await
+        Self::start_opening(open, prefix).await
     }
 
     /// Uses a Redis Cluster connection, as [`RedisLeaseStore::with_connection`]
@@ -284,6 +278,13 @@ impl RedisLeaseStore {
         prefix: &str,
     ) -> Result<Self, StoreError> {
         Self::start(RedisConnection::Cluster(conn), prefix, None).await
+    }
+
+    /// Opens the first connection with `open`, which the store keeps to open
+    /// the others.
+    async fn start_opening(open: Opener, prefix: &str) -> Result<Self, StoreError> {
+        let conn = open().await.map_err(redis_err)?;
+        Self::start(conn, prefix, Some(open)).await
     }
 
     async fn start(

@@ -9,6 +9,7 @@ use super::upkeep::rfc3339;
 use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
 use crate::db::dialect::question_marks;
 use crate::db::restoring::Restoring;
+use crate::db::shared::{BindKey, delete_if_allowed};
 use crate::model::StoreError;
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
@@ -44,9 +45,7 @@ pub(super) async fn fetch_record(
 ) -> Result<Option<KeyRecord>, StoreError> {
     let row = sqlx::query(SHOW_SQL)
         .bind(with_body)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.digest)
+        .bind_key(key.tenant, key.operation, key.digest)
         .fetch_optional(pool)
         .await?;
     row.as_ref().map(crate::db::rows::key_record).transpose()
@@ -92,28 +91,11 @@ async fn purge_locked<E>(
         .await
         .map_err(StoreError::from)?;
     let row = sqlx::query(SELECT_STATE_SQL)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.digest)
+        .bind_key(key.tenant, key.operation, key.digest)
         .fetch_optional(&mut *tx)
         .await
         .map_err(locked_or)?;
-    let purged = match row {
-        None => None,
-        Some(row) => {
-            let state: String = row.try_get("state").map_err(StoreError::from)?;
-            let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
-            allow(&state).map_err(PurgeError::Refused)?;
-            sqlx::query(DELETE_SQL)
-                .bind(key.tenant)
-                .bind(key.operation)
-                .bind(key.digest)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from)?;
-            Some((state, generation))
-        }
-    };
+    let purged = delete_if_allowed!(tx, row, key, allow, DELETE_SQL);
     tx.commit().await.map_err(StoreError::from)?;
     Ok(purged)
 }

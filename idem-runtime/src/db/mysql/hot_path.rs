@@ -43,13 +43,15 @@ use std::time::{Duration, Instant};
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::{MySql, MySqlConnection, Row};
 
-use super::transactional::{self, DEADLOCK_RETRIES, encode, stored_from_row};
+use super::transactional::{self, DEADLOCK_RETRIES};
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, error_number, is_deadlock, is_lock_timeout,
     lock_wait_seconds, now_ms, restore_lock_wait,
 };
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::rows::{encode_text, stored_from_text};
+use crate::db::shared::BindKey;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -259,9 +261,7 @@ async fn lookup(
     fingerprint: &Fingerprint,
 ) -> Result<Option<KeySnapshot>, StoreError> {
     let row = sqlx::query(LOOKUP_SQL)
-        .bind(tenant)
-        .bind(operation)
-        .bind(key)
+        .bind_key(tenant, operation, key)
         .fetch_optional(&mut *conn)
         .await?;
     let Some(row) = row else { return Ok(None) };
@@ -273,7 +273,7 @@ async fn lookup(
         fingerprint,
         row.try_get("generation")?,
         live != 0,
-        || stored_from_row(&row),
+        || stored_from_text(&row),
     )
     .map(Some)
 }
@@ -291,7 +291,7 @@ pub(crate) async fn finish(
         let stored = transactional::complete_on(execution, tx.connection(), response).await;
         return tx.commit_after(stored).await;
     }
-    let (status, headers) = match encode(response) {
+    let (status, headers) = match encode_text(response) {
         Ok(encoded) => encoded,
         Err(e) => return Finish::NotStored(e),
     };
@@ -365,9 +365,7 @@ async fn upsert(
 ) -> Result<Option<i64>, sqlx::Error> {
     let bind = |sql: &'static str| {
         sqlx::query(sql)
-            .bind(&execution.tenant)
-            .bind(&execution.operation)
-            .bind(execution.key)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
             .bind(&execution.fingerprint.as_bytes()[..])
             .bind(response.state())
             .bind(status)

@@ -13,19 +13,19 @@ use std::time::Duration;
 
 use sqlx::{Connection, MySql, MySqlConnection, Pool};
 
-use super::transactional::stored_from_row;
 use super::{
     BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
 };
 use crate::db::dialect::{placeholder_rows, question_marks};
+use crate::db::leases::NewOwner;
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
-use crate::db::rows::leased_snapshot;
-use crate::db::shared::{self, owned_row};
-use crate::decide::{self, LeasedStep};
+use crate::db::rows::{encode_text, leased_step, stored_from_text};
+use crate::db::shared::BindKey;
+use crate::db::shared::{self, owned_row, uncertain_and_release_sql};
+use crate::decide::LeasedStep;
 use crate::model::{
-    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError,
-    StoredResponse, millis,
+    Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
 };
 
 const READ_SQL: &str = concat!(
@@ -70,24 +70,6 @@ const TAKEOVER_SQL: &str = concat!(
     " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
-const STORE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
-            completed_at = ",
-    now_ms!(),
-    ", expires_at = ",
-    now_ms!(),
-    " + ?, lease_expires_at = NULL WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
-const RENEW_SQL: &str = concat!(
-    "UPDATE idempotency_requests SET lease_expires_at = ",
-    now_ms!(),
-    " + ? WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
 /// `(tenant_id, operation, key_digest, owner_token) IN ((?, ?, ?, ?), ..)` for
 /// `n` rows.
 fn owned_rows_in(n: usize) -> String {
@@ -112,52 +94,6 @@ fn bind_owned<'q>(
     query
 }
 
-const UNCERTAIN_SQL: &str = concat!(
-    "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
-const RELEASE_SQL: &str = concat!(
-    "DELETE FROM idempotency_requests WHERE",
-    owned_row!("?", "?", "?", "?", "")
-);
-
-const CURRENT_SQL: &str = question_marks!(shared::CURRENT_SQL);
-
-// Paged by (created_at, tenant, key), so that rows that never resolve cannot
-// keep newer ones from being asked about; the in-flight index (state,
-// created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
-// back as text. The first page has no position: -1 (before every `created_at`,
-// which are Unix milliseconds) stands for it, so that each parameter appears
-// once, in the order every database binds them.
-const UNCERTAIN_ROWS_SQL: &str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
-            key_digest, downstream_key, generation, \
-            owner_token, created_at AS created \
-       FROM idempotency_requests \
-      WHERE operation = ? AND state = 'uncertain' \
-        AND (created_at, tenant_id, key_digest) > (COALESCE(?, -1), COALESCE(?, ''), COALESCE(?, '')) \
-      ORDER BY created_at, tenant_id, key_digest LIMIT ?";
-
-// The retention runs from the resolution, as for any completion; the
-// assignments run left to right, so expires_at is computed before created_at
-// would change (it does not).
-const RESOLVE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
-            completed_at = ",
-    now_ms!(),
-    ", lease_expires_at = NULL, expires_at = ",
-    now_ms!(),
-    " + (expires_at - created_at) \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
-        AND generation = ? AND state = 'uncertain' AND owner_token = ?"
-);
-
-// A resolution applies to the execution it was asked about and no other.
-const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
-        AND generation = ? AND state = 'uncertain' AND owner_token = ?";
-
 fn busy() -> LeasedOutcome {
     LeasedOutcome::InFlight {
         retry_after: Duration::from_secs(1),
@@ -181,83 +117,60 @@ async fn claim_under_lock(
     conn: &mut MySqlConnection,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
-    let lease = millis(req.lease);
-    let retention = millis(req.retention);
-    let token = OwnerToken::random();
-    let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
+    let owner = NewOwner::of(req);
     let row = sqlx::query(READ_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
-    let snapshot = row
-        .as_ref()
-        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
-        .transpose()?;
-    match decide::leased(snapshot) {
-        LeasedStep::Answer(outcome) => Ok(outcome),
-        // Two claimers that both found no row race here: the second waits for
-        // the first's row and then fails on the duplicate key, and its caller
-        // retries (the row is there then).
-        LeasedStep::Insert => match sqlx::query(INSERT_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(&token)
-            .bind(lease)
-            .bind(retention)
-            .bind(&downstream)
-            .execute(&mut *conn)
-            .await
-        {
-            Ok(_) => Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::New,
-                token,
-                generation: 1,
-            }),
-            Err(e) if super::is_duplicate(&e) => Ok(busy()),
-            Err(e) => Err(e.into()),
-        },
-        // MySQL has no RETURNING: under the row lock, the generation is the
-        // one decided.
-        LeasedStep::Reclaim { generation } => {
-            sqlx::query(RECLAIM_SQL)
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(&token)
-                .bind(&downstream)
-                .bind(lease)
-                .bind(retention)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
-                .execute(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::Reclaimed,
-                token,
+    // MySQL has no RETURNING: under the row lock, the generation is the one
+    // decided.
+    let (update, acquisition, generation) =
+        match leased_step(row.as_ref(), &req.fingerprint, stored_from_text)? {
+            LeasedStep::Answer(outcome) => return Ok(outcome),
+            // Two claimers that both found no row race here: the second waits for
+            // the first's row and then fails on the duplicate key, and its caller
+            // retries (the row is there then).
+            LeasedStep::Insert => {
+                return match sqlx::query(INSERT_SQL)
+                    .bind_key(req.tenant, req.operation, req.key.digest())
+                    .bind(&req.fingerprint.as_bytes()[..])
+                    .bind(&owner.token)
+                    .bind(owner.lease)
+                    .bind(owner.retention)
+                    .bind(&owner.downstream)
+                    .execute(&mut *conn)
+                    .await
+                {
+                    Ok(_) => Ok(owner.acquired(Acquisition::New, 1)),
+                    Err(e) if super::is_duplicate(&e) => Ok(busy()),
+                    Err(e) => Err(e.into()),
+                };
+            }
+            LeasedStep::Reclaim { generation } => (
+                sqlx::query(RECLAIM_SQL)
+                    .bind(&req.fingerprint.as_bytes()[..])
+                    .bind(&owner.token)
+                    .bind(&owner.downstream)
+                    .bind(owner.lease)
+                    .bind(owner.retention),
+                Acquisition::Reclaimed,
                 generation,
-            })
-        }
-        LeasedStep::TakeOver { generation } => {
+            ),
             // fencing the old owner out: a new token and generation
-            sqlx::query(TAKEOVER_SQL)
-                .bind(&token)
-                .bind(&downstream)
-                .bind(lease)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
-                .execute(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::TakenOver,
-                token,
+            LeasedStep::TakeOver { generation } => (
+                sqlx::query(TAKEOVER_SQL)
+                    .bind(&owner.token)
+                    .bind(&owner.downstream)
+                    .bind(owner.lease),
+                Acquisition::TakenOver,
                 generation,
-            })
-        }
-    }
+            ),
+        };
+    update
+        .bind_key(req.tenant, req.operation, req.key.digest())
+        .execute(&mut *conn)
+        .await?;
+    Ok(owner.acquired(acquisition, generation))
 }
 
 /// Leased mode's statements on MySql: the texts and encodings the shared
@@ -267,23 +180,72 @@ impl SqlLeases for MySql {
     type Status = i64;
     type Headers<'r> = String;
 
-    const STORE_SQL: &'static str = STORE_SQL;
-    const RENEW_SQL: &'static str = RENEW_SQL;
-    const UNCERTAIN_SQL: &'static str = UNCERTAIN_SQL;
-    const RELEASE_SQL: &'static str = RELEASE_SQL;
-    const CURRENT_SQL: &'static str = CURRENT_SQL;
-    const UNCERTAIN_ROWS_SQL: &'static str = UNCERTAIN_ROWS_SQL;
-    const RESOLVE_SQL: &'static str = RESOLVE_SQL;
-    const FORGET_SQL: &'static str = FORGET_SQL;
+    const STORE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+                completed_at = ",
+        now_ms!(),
+        ", expires_at = ",
+        now_ms!(),
+        " + ?, lease_expires_at = NULL WHERE",
+        owned_row!("?", "?", "?", "?", "")
+    );
+
+    const RENEW_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests SET lease_expires_at = ",
+        now_ms!(),
+        " + ? WHERE",
+        owned_row!("?", "?", "?", "?", "")
+    );
+
+    uncertain_and_release_sql!("?", "?", "?", "?", "");
+
+    const CURRENT_SQL: &'static str = question_marks!(shared::CURRENT_SQL);
+
+    // Paged by (created_at, tenant, key), so that rows that never resolve cannot
+    // keep newer ones from being asked about; the in-flight index (state,
+    // created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
+    // back as text. The first page has no position: -1 (before every `created_at`,
+    // which are Unix milliseconds) stands for it, so that each parameter appears
+    // once, in the order every database binds them.
+    const UNCERTAIN_ROWS_SQL: &'static str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
+                key_digest, downstream_key, generation, \
+                owner_token, created_at AS created \
+           FROM idempotency_requests \
+          WHERE operation = ? AND state = 'uncertain' \
+            AND (created_at, tenant_id, key_digest) > (COALESCE(?, -1), COALESCE(?, ''), COALESCE(?, '')) \
+          ORDER BY created_at, tenant_id, key_digest LIMIT ?";
+
+    // The retention runs from the resolution, as for any completion; the
+    // assignments run left to right, so expires_at is computed before created_at
+    // would change (it does not).
+    const RESOLVE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+                completed_at = ",
+        now_ms!(),
+        ", lease_expires_at = NULL, expires_at = ",
+        now_ms!(),
+        " + (expires_at - created_at) \
+          WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
+            AND generation = ? AND state = 'uncertain' AND owner_token = ?"
+    );
+
+    // A resolution applies to the execution it was asked about and no other.
+    const FORGET_SQL: &'static str = "DELETE FROM idempotency_requests \
+          WHERE tenant_id = ? AND operation = ? AND key_digest = ? \
+            AND generation = ? AND state = 'uncertain' AND owner_token = ?";
+
     const OPERATION_STATUS_SQL: &'static str = super::operations::OPERATION_STATUS_SQL;
+
     const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
 
     fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
-        super::transactional::encode(response)
+        encode_text(response)
     }
 
     fn stored_from_row(row: &sqlx::mysql::MySqlRow) -> Result<StoredResponse, StoreError> {
-        super::transactional::stored_from_row(row)
+        stored_from_text(row)
     }
 
     fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {

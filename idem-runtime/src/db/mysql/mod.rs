@@ -18,13 +18,9 @@ use std::time::Duration;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row, Transaction};
 
-use super::{Backend, ClaimContext};
-use crate::db::Tx;
-use crate::model::{
-    Claim, ClaimRequest, Execution, Finish, InFlightSummary, StatsSnapshot, StoreError,
-    StoredResponse,
-};
+use super::Backend;
 use crate::model::{FencedWrite, Resource};
+use crate::model::{InFlightSummary, StatsSnapshot, StoreError};
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
 mod admin;
@@ -206,52 +202,6 @@ impl super::stores::Schema for MySql {
     }
 }
 
-impl super::stores::Claims for MySql {
-    /// In a transaction the caller began: a deadlock (the whole transaction was
-    /// rolled back by InnoDB) is answered as in flight, since it cannot be
-    /// retried here.
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        match transactional::claim_borrowed(tx, req).await {
-            Err(StoreError::Database(e)) if is_deadlock(&e) => Ok(transactional::in_flight(req)),
-            other => other,
-        }
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        transactional::complete_on(execution, tx, response).await
-    }
-
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        ctx: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(ctx, tx, execution, response).await
-    }
-
-    async fn taken_since(
-        ctx: &ClaimContext<'_, Self>,
-        execution: &Execution,
-    ) -> Result<Option<Claim>, StoreError> {
-        hot_path::taken_since(ctx, execution).await
-    }
-}
-
 impl super::stores::Upkeep for MySql {
     async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, StoreError> {
         upkeep::delete_batch(pool, limit).await
@@ -294,15 +244,7 @@ impl super::stores::Transitions for MySql {
         id: i64,
         scope: Option<&'c str>,
     ) -> Result<Option<(String, i64)>, sqlx::Error> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(transition_read_sql(resource)))
-            .bind(id)
-            .bind(scope)
-            .fetch_optional(conn)
-            .await?;
-        Ok(match row {
-            Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
-            None => None,
-        })
+        super::shared::read_state::<MySql>(conn, transition_read_sql(resource), id, scope).await
     }
 
     async fn write_state<'c>(

@@ -28,16 +28,18 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use sqlx::{MySqlConnection, Row};
+use sqlx::{MySql, MySqlConnection, Row, Transaction};
 
-use super::hot_path::{PARSE_ERROR, learned_set_statement, set_statement_refused};
+use super::hot_path::{self, PARSE_ERROR, learned_set_statement, set_statement_refused};
 use super::{
-    bound_lock_wait, error_number, is_duplicate, is_lock_timeout, lock_wait_for_statement,
-    lock_wait_seconds, now_ms, restore_lock_wait,
+    bound_lock_wait, error_number, is_deadlock, is_duplicate, is_lock_timeout,
+    lock_wait_for_statement, lock_wait_seconds, now_ms, restore_lock_wait,
 };
+use crate::db::rows::{encode_text, stored_from_text};
+use crate::db::shared::BindKey;
+use crate::db::{ClaimContext, Tx};
 use crate::decide::RowState;
-use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
 /// How many times the handler's path begins a claim's transaction when InnoDB
 /// picks it as a deadlock's victim, before answering in flight.
@@ -170,9 +172,7 @@ async fn claim_bounded(
     for _ in 0..2 {
         let started = std::time::Instant::now();
         let read = sqlx::query(bounded(READ_SQL))
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
+            .bind_key(req.tenant, req.operation, req.key.digest())
             .fetch_optional(&mut *conn)
             .await;
         waited(req, started);
@@ -183,9 +183,7 @@ async fn claim_bounded(
         };
         let Some(row) = row else {
             match sqlx::query(bounded(INSERT_SQL))
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .bind(&req.fingerprint.as_bytes()[..])
                 .bind(millis(req.retention))
                 .execute(&mut *conn)
@@ -206,9 +204,7 @@ async fn claim_bounded(
             sqlx::query(RECLAIM_SQL)
                 .bind(&req.fingerprint.as_bytes()[..])
                 .bind(millis(req.retention))
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .execute(&mut *conn)
                 .await?;
             return Ok(Claim::Execute(Execution::new(req, generation + 1)));
@@ -221,37 +217,57 @@ async fn claim_bounded(
             // A leased execution's row, committed `processing` or `uncertain`.
             return Ok(in_flight(req));
         }
-        return Ok(Claim::Replay(stored_from_row(&row)?));
+        return Ok(Claim::Replay(stored_from_text(&row)?));
     }
     Ok(in_flight(req))
 }
 
-/// A stored outcome from a row with `response_status` (SMALLINT),
-/// `response_headers` (JSON text) and `response_body` (LONGBLOB).
-pub(crate) fn stored_from_row(row: &sqlx::mysql::MySqlRow) -> Result<StoredResponse, StoreError> {
-    let status: i64 = row.try_get("response_status")?;
-    let headers: Option<String> = row.try_get("response_headers")?;
-    let body: Option<Vec<u8>> = row.try_get("response_body")?;
-    let headers = match headers {
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
+/// The claim and the completion in the caller's transaction are this module's;
+/// the handler's path is `hot_path`'s.
+impl crate::db::stores::Claims for MySql {
+    /// In a transaction the caller began: a deadlock (the whole transaction was
+    /// rolled back by InnoDB) is answered as in flight, since it cannot be
+    /// retried here.
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        match claim_borrowed(tx, req).await {
+            Err(StoreError::Database(e)) if is_deadlock(&e) => Ok(in_flight(req)),
+            other => other,
         }
-        None => Vec::new(),
-    };
-    Ok(StoredResponse {
-        status: u16::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-        headers,
-        body: Bytes::from(body.unwrap_or_default()),
-    })
-}
+    }
 
-/// An outcome's status and headers as the columns take them (SMALLINT, JSON
-/// text).
-pub(super) fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
-    let headers =
-        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    Ok((i64::from(response.status), headers))
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        complete_on(execution, tx, response).await
+    }
+
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        hot_path::begin_claim(ctx, req).await
+    }
+
+    async fn finish(
+        ctx: &ClaimContext<'_, Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        hot_path::finish(ctx, tx, execution, response).await
+    }
+
+    async fn taken_since(
+        ctx: &ClaimContext<'_, Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        hot_path::taken_since(ctx, execution).await
+    }
 }
 
 /// Stores an execution's outcome on the connection of the transaction that
@@ -261,24 +277,17 @@ pub(crate) async fn complete_on(
     conn: &mut MySqlConnection,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let (status, headers) = encode(response)?;
+    let (status, headers) = encode_text(response)?;
     let done = sqlx::query(COMPLETE_SQL)
         .bind(response.state())
         .bind(status)
         .bind(headers)
         .bind(&response.body[..])
         .bind(millis(execution.retention))
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
         .bind(execution.generation)
         .execute(&mut *conn)
         .await?;
     // sqlx connects with CLIENT_FOUND_ROWS: the rows matched, not only changed.
-    if done.rows_affected() != 1 {
-        return Err(StoreError::LostClaim {
-            generation: execution.generation,
-        });
-    }
-    Ok(())
+    execution.completed(done.rows_affected())
 }

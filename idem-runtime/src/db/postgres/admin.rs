@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::{Pool, Postgres, Row};
 
-use crate::db::shared::delete_if_allowed;
+use crate::db::shared::BindKey;
+use crate::db::shared::{SqlAdmin, delete_if_allowed};
 use crate::model::StoreError;
 use crate::model::{KeyAddress, PurgeError};
 
@@ -22,25 +23,6 @@ macro_rules! rfc3339 {
     };
 }
 
-// The body leaves the database only when asked for ($4), so that a plain `show`
-// cannot leak it into a terminal's scrollback or a log.
-pub(super) const SHOW_SQL: &str = concat!(
-    "SELECT state, generation, encode(fingerprint, 'hex') AS fingerprint, ",
-    rfc3339!("created_at"),
-    ", ",
-    rfc3339!("completed_at"),
-    ", ",
-    rfc3339!("expires_at"),
-    ", ",
-    rfc3339!("lease_expires_at"),
-    ", expires_at <= now() AS expired, response_status::bigint AS response_status, ",
-    "octet_length(response_body)::bigint AS body_bytes, ",
-    "response_headers::text AS response_headers, ",
-    "CASE WHEN $4 THEN response_body END AS body ",
-    "FROM idempotency_requests ",
-    "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
-);
-
 /// lock_not_available: the row's lock was not had within the wait.
 fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
     match &e {
@@ -51,35 +33,55 @@ fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
     }
 }
 
-/// Deletes the key's row in one transaction that first locks it (waiting at
-/// most `wait`: a row locked by a request that is executing right now would
-/// hang the operator's terminal, and deleting it after would race the request).
-pub(super) async fn purge<E>(
-    pool: &PgPool,
-    key: &KeyAddress<'_>,
-    wait: Duration,
-    allow: impl FnOnce(&str) -> Result<(), E>,
-) -> Result<Option<(String, i64)>, PurgeError<E>> {
-    let mut tx = pool.begin().await.map_err(StoreError::from)?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SET LOCAL lock_timeout = '{}ms'",
-        wait.as_millis().max(1)
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
-    let sql = sqlx::AssertSqlSafe(format!(
-        "{} FOR UPDATE",
-        crate::db::shared::SELECT_STATE_SQL
-    ));
-    let row = sqlx::query(sql)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.digest)
-        .fetch_optional(&mut *tx)
+/// `show`'s statement and the purge on PostgreSQL.
+impl SqlAdmin for Postgres {
+    // The body leaves the database only when asked for ($4), so that a plain `show`
+    // cannot leak it into a terminal's scrollback or a log.
+    const SHOW_SQL: &'static str = concat!(
+        "SELECT state, generation, encode(fingerprint, 'hex') AS fingerprint, ",
+        rfc3339!("created_at"),
+        ", ",
+        rfc3339!("completed_at"),
+        ", ",
+        rfc3339!("expires_at"),
+        ", ",
+        rfc3339!("lease_expires_at"),
+        ", expires_at <= now() AS expired, response_status::bigint AS response_status, ",
+        "octet_length(response_body)::bigint AS body_bytes, ",
+        "response_headers::text AS response_headers, ",
+        "CASE WHEN $4 THEN response_body END AS body ",
+        "FROM idempotency_requests ",
+        "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
+    );
+
+    /// Deletes the key's row in one transaction that first locks it (waiting at
+    /// most `wait`: a row locked by a request that is executing right now would
+    /// hang the operator's terminal, and deleting it after would race the request).
+    async fn purge<E: Send>(
+        pool: &Pool<Self>,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
+        let mut tx = pool.begin().await.map_err(StoreError::from)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET LOCAL lock_timeout = '{}ms'",
+            wait.as_millis().max(1)
+        )))
+        .execute(&mut *tx)
         .await
-        .map_err(locked_or)?;
-    let purged = delete_if_allowed!(tx, row, key, allow);
-    tx.commit().await.map_err(StoreError::from)?;
-    Ok(purged)
+        .map_err(StoreError::from)?;
+        let sql = sqlx::AssertSqlSafe(format!(
+            "{} FOR UPDATE",
+            crate::db::shared::SELECT_STATE_SQL
+        ));
+        let row = sqlx::query(sql)
+            .bind_key(key.tenant, key.operation, key.digest)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(locked_or)?;
+        let purged = delete_if_allowed!(tx, row, key, allow);
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(purged)
+    }
 }

@@ -8,7 +8,8 @@ use sqlx::{Pool, Postgres, Row};
 
 use super::transactional::stored_from_row;
 use crate::db::leases::SqlLeases;
-use crate::db::shared::owned_row;
+use crate::db::shared::BindKey;
+use crate::db::shared::{owned_row, uncertain_and_release_sql};
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
 };
@@ -16,23 +17,6 @@ use crate::model::{
 const CLAIM_SQL: &str = "SELECT outcome, generation, owner_token, retry_after_ms, \
         response_status, response_headers, response_body \
    FROM idem_claim_leased($1, $2, $3, $4, $5, $6, $7)";
-
-const STORE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
-            completed_at = c.t, expires_at = c.t + $5 * interval '1 millisecond', \
-            lease_expires_at = NULL \
-       FROM (SELECT clock_timestamp() AS t) c \
-      WHERE",
-    owned_row!("$6", "$7", "$8", "$9", "::uuid")
-);
-
-const RENEW_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET lease_expires_at = clock_timestamp() + $1 * interval '1 millisecond' \
-      WHERE",
-    owned_row!("$2", "$3", "$4", "$5", "::uuid")
-);
 
 /// Renews a batch of leases in one statement, each by its own length. A row
 /// another transaction holds is skipped, not waited for (so one held row cannot
@@ -64,51 +48,8 @@ SELECT EXISTS (SELECT 1 FROM renewed x \
                   AND r.state = 'processing') AS owned \
   FROM l ORDER BY l.ord";
 
-const UNCERTAIN_SQL: &str = concat!(
-    "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned_row!("$1", "$2", "$3", "$4", "::uuid")
-);
-
-const RELEASE_SQL: &str = concat!(
-    "DELETE FROM idempotency_requests WHERE",
-    owned_row!("$1", "$2", "$3", "$4", "::uuid")
-);
-
-// Paged by (created_at, tenant, key), so that rows that never resolve cannot
-// keep newer ones from being asked about; the position is `created_at` in
-// microseconds since the epoch (PostgreSQL's own resolution, so it reads back
-// exactly). The `state IN (...)` term repeats the partial in-flight index's
-// condition word for word.
-const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
-            CAST(owner_token AS text) AS owner_token, \
-            (extract(epoch FROM created_at) * 1000000)::bigint AS created \
-       FROM idempotency_requests \
-      WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
-        AND ($2::bigint IS NULL \
-             OR (created_at, tenant_id, key_digest) \
-                > (to_timestamp(0) + $2::bigint * interval '1 microsecond', $3::text, $4::bytea)) \
-      ORDER BY created_at, tenant_id, key_digest LIMIT $5";
-
-// The retention runs from the resolution, as for any completion: a row resolved
-// late must not be already expired.
-const RESOLVE_SQL: &str = "UPDATE idempotency_requests r \
-        SET state = $1, response_status = $2, response_headers = $3, \
-            response_body = $4, completed_at = c.t, lease_expires_at = NULL, \
-            expires_at = c.t + (r.expires_at - r.created_at) \
-       FROM (SELECT clock_timestamp() AS t) c \
-      WHERE r.tenant_id = $5 AND r.operation = $6 AND r.key_digest = $7 \
-        AND r.generation = $8 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";
-
 /// Stored headers as the `jsonb` column takes them.
 pub(super) type JsonHeaders<'a> = sqlx::types::Json<&'a Vec<(String, String)>>;
-
-/// An outcome's status and headers as PostgreSQL's columns take them
-/// (`smallint`, `jsonb`).
-pub(super) fn encode(response: &StoredResponse) -> Result<(i16, JsonHeaders<'_>), StoreError> {
-    let status = i16::try_from(response.status)
-        .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
-    Ok((status, sqlx::types::Json(&response.headers)))
-}
 
 /// Leased mode's statements on Postgres: the texts and encodings the shared
 /// statements bind (`crate::db::leases`), and the claim and the batch renewal,
@@ -117,19 +58,60 @@ impl SqlLeases for Postgres {
     type Status = i16;
     type Headers<'r> = JsonHeaders<'r>;
 
-    const STORE_SQL: &'static str = STORE_SQL;
-    const RENEW_SQL: &'static str = RENEW_SQL;
-    const UNCERTAIN_SQL: &'static str = UNCERTAIN_SQL;
-    const RELEASE_SQL: &'static str = RELEASE_SQL;
-    const CURRENT_SQL: &'static str = crate::db::shared::CURRENT_SQL;
-    const UNCERTAIN_ROWS_SQL: &'static str = UNCERTAIN_ROWS_SQL;
-    const RESOLVE_SQL: &'static str = RESOLVE_SQL;
-    const FORGET_SQL: &'static str = crate::db::shared::FORGET_SQL;
+    const STORE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
+                completed_at = c.t, expires_at = c.t + $5 * interval '1 millisecond', \
+                lease_expires_at = NULL \
+           FROM (SELECT clock_timestamp() AS t) c \
+          WHERE",
+        owned_row!("$6", "$7", "$8", "$9", "::uuid")
+    );
+
+    const RENEW_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET lease_expires_at = clock_timestamp() + $1 * interval '1 millisecond' \
+          WHERE",
+        owned_row!("$2", "$3", "$4", "$5", "::uuid")
+    );
+
+    uncertain_and_release_sql!("$1", "$2", "$3", "$4", "::uuid");
+
+    // Paged by (created_at, tenant, key), so that rows that never resolve cannot
+    // keep newer ones from being asked about; the position is `created_at` in
+    // microseconds since the epoch (PostgreSQL's own resolution, so it reads back
+    // exactly). The `state IN (...)` term repeats the partial in-flight index's
+    // condition word for word.
+    const UNCERTAIN_ROWS_SQL: &'static str = "SELECT tenant_id, key_digest, downstream_key, generation, \
+                CAST(owner_token AS text) AS owner_token, \
+                (extract(epoch FROM created_at) * 1000000)::bigint AS created \
+           FROM idempotency_requests \
+          WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
+            AND ($2::bigint IS NULL \
+                 OR (created_at, tenant_id, key_digest) \
+                    > (to_timestamp(0) + $2::bigint * interval '1 microsecond', $3::text, $4::bytea)) \
+          ORDER BY created_at, tenant_id, key_digest LIMIT $5";
+
+    // The retention runs from the resolution, as for any completion: a row resolved
+    // late must not be already expired.
+    const RESOLVE_SQL: &'static str = "UPDATE idempotency_requests r \
+            SET state = $1, response_status = $2, response_headers = $3, \
+                response_body = $4, completed_at = c.t, lease_expires_at = NULL, \
+                expires_at = c.t + (r.expires_at - r.created_at) \
+           FROM (SELECT clock_timestamp() AS t) c \
+          WHERE r.tenant_id = $5 AND r.operation = $6 AND r.key_digest = $7 \
+            AND r.generation = $8 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";
+
     const OPERATION_STATUS_SQL: &'static str = super::operations::OPERATION_STATUS_SQL;
+
     const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
 
+    /// An outcome's status and headers as PostgreSQL's columns take them
+    /// (`smallint`, `jsonb`).
     fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
-        encode(response)
+        let status = i16::try_from(response.status)
+            .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
+        Ok((status, sqlx::types::Json(&response.headers)))
     }
 
     fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
@@ -146,9 +128,7 @@ impl SqlLeases for Postgres {
         req: &LeaseRequest<'_>,
     ) -> Result<LeasedOutcome, StoreError> {
         let row = sqlx::query(CLAIM_SQL)
-            .bind(req.tenant)
-            .bind(req.operation)
-            .bind(req.key.digest())
+            .bind_key(req.tenant, req.operation, req.key.digest())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(millis(req.retention))
             .bind(millis(req.lease))

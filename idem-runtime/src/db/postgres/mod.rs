@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use sqlx::{Pool, Postgres, Transaction};
 
-use super::{Backend, ClaimContext};
-use crate::db::Tx;
+use super::Backend;
 use crate::model::Resource;
-use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
+use crate::model::StoreError;
 
 mod admin;
 pub(crate) mod hot_path;
@@ -34,7 +33,7 @@ pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMIT
 
 /// The in-flight wait as the claim functions take it (they set it as
 /// `lock_timeout`, whose ceiling is `i32::MAX` milliseconds, about 24.8 days): a
-/// longer wait, from a hand-written [`ClaimRequest`] or an attribute's
+/// longer wait, from a hand-written [`ClaimRequest`](crate::model::ClaimRequest) or an attribute's
 /// `in_flight_wait`, is that ceiling rather than a claim that always fails.
 pub(crate) fn lock_wait_ms(wait: Duration) -> i64 {
     crate::model::millis(wait).min(i64::from(i32::MAX))
@@ -75,61 +74,6 @@ impl super::stores::Schema for Postgres {
     }
 }
 
-impl super::stores::Claims for Postgres {
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        transactional::claim_on(tx, req).await
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        transactional::complete_on(execution, tx, response).await
-    }
-
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        ctx: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(ctx, tx, execution, response).await
-    }
-
-    async fn taken_since(
-        ctx: &ClaimContext<'_, Self>,
-        execution: &Execution,
-    ) -> Result<Option<Claim>, StoreError> {
-        hot_path::taken_since(ctx, execution).await
-    }
-}
-
-impl super::shared::SqlUpkeep for Postgres {
-    // Batches claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on several
-    // replicas share the work and none waits on a row a claim holds.
-    const DELETE_BATCH_SQL: &'static str = upkeep::DELETE_BATCH_SQL;
-    const BACKLOG_SQL: &'static str = upkeep::BACKLOG_SQL;
-    const IN_FLIGHT_SQL: &'static str = upkeep::IN_FLIGHT_SQL;
-
-    fn snapshot(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<crate::model::StatsSnapshot, StoreError>> + Send
-    {
-        upkeep::snapshot(pool)
-    }
-}
-
 impl super::shared::SqlTransitions for Postgres {
     const NULL_PARAM: &'static str = "$2::text";
 
@@ -145,20 +89,5 @@ impl super::shared::SqlTransitions for Postgres {
             id = resource.id_column,
             scope = super::shared::scope_sql(resource, "$2::text"),
         )
-    }
-}
-
-impl super::shared::SqlAdmin for Postgres {
-    const SHOW_SQL: &'static str = admin::SHOW_SQL;
-
-    fn purge<E: Send>(
-        pool: &Pool<Self>,
-        key: &crate::model::KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> impl std::future::Future<
-        Output = Result<Option<(String, i64)>, crate::model::PurgeError<E>>,
-    > + Send {
-        admin::purge(pool, key, wait, allow)
     }
 }

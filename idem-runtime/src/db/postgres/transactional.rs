@@ -5,9 +5,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, Postgres, Row, Transaction};
 
-use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
+use super::hot_path;
+use crate::db::shared::BindKey;
+use crate::db::{ClaimContext, Tx};
+
+use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_headers, response_body, \
             wait_seconds \
@@ -29,9 +33,7 @@ pub(crate) async fn claim_on(
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
     let row = sqlx::query(CLAIM_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .bind(super::lock_wait_ms(req.in_flight_wait))
@@ -77,9 +79,7 @@ pub(crate) async fn complete_on(
     let status = i16::try_from(response.status)
         .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
     let done = sqlx::query(COMPLETE_SQL)
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
         .bind(execution.generation)
         .bind(state)
         .bind(status)
@@ -88,12 +88,49 @@ pub(crate) async fn complete_on(
         .bind(millis(execution.retention))
         .execute(&mut *conn)
         .await?;
-    if done.rows_affected() != 1 {
-        return Err(StoreError::LostClaim {
-            generation: execution.generation,
-        });
+    execution.completed(done.rows_affected())
+}
+
+/// The claim and the completion in the caller's transaction are this module's;
+/// the handler's path is `hot_path`'s.
+impl crate::db::stores::Claims for Postgres {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        claim_on(tx, req).await
     }
-    Ok(())
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        complete_on(execution, tx, response).await
+    }
+
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        hot_path::begin_claim(ctx, req).await
+    }
+
+    async fn finish(
+        ctx: &ClaimContext<'_, Self>,
+        tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        hot_path::finish(ctx, tx, execution, response).await
+    }
+
+    async fn taken_since(
+        ctx: &ClaimContext<'_, Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        hot_path::taken_since(ctx, execution).await
+    }
 }
 
 /// A stored outcome from a row with `response_status` (`smallint`),

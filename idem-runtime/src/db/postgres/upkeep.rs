@@ -1,34 +1,10 @@
 //! Retention and numbers on PostgreSQL: the sweeper's statements and the stats
 //! snapshot. "Now" is the database's clock.
 
-use sqlx::PgPool;
+use sqlx::{Pool, Postgres};
 
+use crate::db::shared::SqlUpkeep;
 use crate::model::{StatsSnapshot, StoreError};
-
-// The inner SELECT runs once (an InitPlan) and locks its batch; the DELETE then
-// reaches those rows by ctid, a TID scan whose cost is the batch size whatever the
-// backlog (a join on the primary key let the planner hash the whole expired
-// range). The ctids are stable because the rows stay locked until the statement
-// ends. The outer conditions repeat the inner ones so that a row changed between
-// the snapshot and the lock (re-claimed, say) is left alone.
-pub(super) const DELETE_BATCH_SQL: &str = "DELETE FROM idempotency_requests \
-      WHERE ctid = ANY(ARRAY( \
-            SELECT ctid FROM idempotency_requests \
-             WHERE expires_at <= now() AND state IN ('completed', 'failed') \
-             ORDER BY expires_at \
-             LIMIT $1 \
-             FOR UPDATE SKIP LOCKED)) \
-        AND expires_at <= now() AND state IN ('completed', 'failed')";
-
-pub(super) const BACKLOG_SQL: &str = "SELECT count(*) FROM idempotency_requests \
-      WHERE expires_at <= now() AND state IN ('completed', 'failed')";
-
-pub(super) const IN_FLIGHT_SQL: &str = "SELECT \
-        count(*) FILTER (WHERE state = 'processing' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_processing, \
-        count(*) FILTER (WHERE state = 'uncertain' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_uncertain, \
-        count(*) FILTER (WHERE state = 'uncertain') AS uncertain, \
-        extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds \
-      FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
 
 // Both queries run in one REPEATABLE READ snapshot so that their numbers agree
 // with each other (and now() is the transaction's start, the same instant for
@@ -49,15 +25,45 @@ pub(super) const AGES_SQL: &str = "SELECT \
             AS oldest_in_flight \
       FROM idempotency_requests";
 
-/// Both queries in one `REPEATABLE READ, READ ONLY` transaction.
-pub(super) async fn snapshot(pool: &PgPool) -> Result<StatsSnapshot, StoreError> {
-    let mut tx = pool
-        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .await?;
-    let ages = sqlx::query(AGES_SQL).fetch_one(&mut *tx).await?;
-    let groups = sqlx::query(BY_GROUP_SQL).fetch_all(&mut *tx).await?;
-    let snapshot = crate::db::rows::snapshot(&ages, &groups)?;
-    // Read only: there is nothing to commit.
-    tx.rollback().await?;
-    Ok(snapshot)
+/// The sweeper's statements and the stats snapshot on PostgreSQL: batches
+/// claimed with `FOR UPDATE SKIP LOCKED`, so sweepers on several replicas share
+/// the work and none waits on a row a claim holds.
+impl SqlUpkeep for Postgres {
+    // The inner SELECT runs once (an InitPlan) and locks its batch; the DELETE then
+    // reaches those rows by ctid, a TID scan whose cost is the batch size whatever the
+    // backlog (a join on the primary key let the planner hash the whole expired
+    // range). The ctids are stable because the rows stay locked until the statement
+    // ends. The outer conditions repeat the inner ones so that a row changed between
+    // the snapshot and the lock (re-claimed, say) is left alone.
+    const DELETE_BATCH_SQL: &'static str = "DELETE FROM idempotency_requests \
+          WHERE ctid = ANY(ARRAY( \
+                SELECT ctid FROM idempotency_requests \
+                 WHERE expires_at <= now() AND state IN ('completed', 'failed') \
+                 ORDER BY expires_at \
+                 LIMIT $1 \
+                 FOR UPDATE SKIP LOCKED)) \
+            AND expires_at <= now() AND state IN ('completed', 'failed')";
+
+    const BACKLOG_SQL: &'static str = "SELECT count(*) FROM idempotency_requests \
+          WHERE expires_at <= now() AND state IN ('completed', 'failed')";
+
+    const IN_FLIGHT_SQL: &'static str = "SELECT \
+            count(*) FILTER (WHERE state = 'processing' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_processing, \
+            count(*) FILTER (WHERE state = 'uncertain' AND created_at <= now() - $1 * interval '1 millisecond') AS stale_uncertain, \
+            count(*) FILTER (WHERE state = 'uncertain') AS uncertain, \
+            extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds \
+          FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
+
+    /// Both queries in one `REPEATABLE READ, READ ONLY` transaction.
+    async fn snapshot(pool: &Pool<Self>) -> Result<StatsSnapshot, StoreError> {
+        let mut tx = pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .await?;
+        let ages = sqlx::query(AGES_SQL).fetch_one(&mut *tx).await?;
+        let groups = sqlx::query(BY_GROUP_SQL).fetch_all(&mut *tx).await?;
+        let snapshot = crate::db::rows::snapshot(&ages, &groups)?;
+        // Read only: there is nothing to commit.
+        tx.rollback().await?;
+        Ok(snapshot)
+    }
 }

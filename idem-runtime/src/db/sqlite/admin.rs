@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, Row, SqliteConnection, SqlitePool};
+use sqlx::{Connection, Pool, Row, Sqlite, SqliteConnection};
 
 use super::{is_busy, now_ms};
 use crate::db::restoring::Restoring;
-use crate::db::shared::delete_if_allowed;
+use crate::db::shared::BindKey;
+use crate::db::shared::{SqlAdmin, delete_if_allowed};
 use crate::model::{KeyAddress, PurgeError};
 use crate::model::{StoreError, millis};
 
@@ -25,26 +26,6 @@ macro_rules! rfc3339 {
     };
 }
 
-// The body leaves the database only when asked for ($4). length() of a BLOB is
-// its size in bytes.
-pub(super) const SHOW_SQL: &str = concat!(
-    "SELECT state, generation, lower(hex(fingerprint)) AS fingerprint, ",
-    rfc3339!("created_at"),
-    ", ",
-    rfc3339!("completed_at"),
-    ", ",
-    rfc3339!("expires_at"),
-    ", ",
-    rfc3339!("lease_expires_at"),
-    ", expires_at <= ",
-    now_ms!(),
-    " AS expired, response_status, ",
-    "length(CAST(response_body AS BLOB)) AS body_bytes, response_headers, ",
-    "CASE WHEN $4 THEN CAST(response_body AS BLOB) END AS body ",
-    "FROM idempotency_requests ",
-    "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
-);
-
 /// A purge that could not get the write lock in time is refused, as on
 /// PostgreSQL; anything else is what it is.
 fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
@@ -57,32 +38,6 @@ fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
     } else {
         PurgeError::Store(e.into())
     }
-}
-
-/// SQLite has no row locks and serialises writers: `BEGIN IMMEDIATE` takes the
-/// database's write lock before the row is read, so no request can claim,
-/// complete or re-claim the key between the check and the delete. The wait for
-/// that lock is the busy timeout, set to `wait` on this connection for the purge
-/// and given back after; past it the purge is refused. A request in the middle of
-/// its transaction holds the lock whatever key it works on, so on SQLite a purge
-/// is also refused while an unrelated request runs longer than the wait.
-pub(super) async fn purge<E>(
-    pool: &SqlitePool,
-    key: &KeyAddress<'_>,
-    wait: Duration,
-    allow: impl FnOnce(&str) -> Result<(), E>,
-) -> Result<Option<(String, i64)>, PurgeError<E>> {
-    let mut conn = pool.acquire().await.map_err(StoreError::from)?;
-    let saved: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(StoreError::from)?;
-    let mut session = Restoring::new(&mut conn);
-    set_busy_timeout(session.conn(), millis(wait).max(1)).await?;
-    let purged = purge_locked(session.conn(), key, allow).await;
-    set_busy_timeout(session.conn(), saved).await?;
-    session.restored();
-    purged
 }
 
 async fn set_busy_timeout(conn: &mut SqliteConnection, ms: i64) -> Result<(), StoreError> {
@@ -102,9 +57,7 @@ async fn purge_locked<E>(
         .await
         .map_err(locked_or)?;
     let row = sqlx::query(crate::db::shared::SELECT_STATE_SQL)
-        .bind(key.tenant)
-        .bind(key.operation)
-        .bind(key.digest)
+        .bind_key(key.tenant, key.operation, key.digest)
         .fetch_optional(&mut *tx)
         .await
         .map_err(StoreError::from)?;
@@ -113,4 +66,53 @@ async fn purge_locked<E>(
     // past the wait nothing is deleted, and that too is a refusal.
     tx.commit().await.map_err(locked_or)?;
     Ok(purged)
+}
+
+/// `show`'s statement and the purge on SQLite.
+impl SqlAdmin for Sqlite {
+    // The body leaves the database only when asked for ($4). length() of a BLOB is
+    // its size in bytes.
+    const SHOW_SQL: &'static str = concat!(
+        "SELECT state, generation, lower(hex(fingerprint)) AS fingerprint, ",
+        rfc3339!("created_at"),
+        ", ",
+        rfc3339!("completed_at"),
+        ", ",
+        rfc3339!("expires_at"),
+        ", ",
+        rfc3339!("lease_expires_at"),
+        ", expires_at <= ",
+        now_ms!(),
+        " AS expired, response_status, ",
+        "length(CAST(response_body AS BLOB)) AS body_bytes, response_headers, ",
+        "CASE WHEN $4 THEN CAST(response_body AS BLOB) END AS body ",
+        "FROM idempotency_requests ",
+        "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
+    );
+
+    /// SQLite has no row locks and serialises writers: `BEGIN IMMEDIATE` takes the
+    /// database's write lock before the row is read, so no request can claim,
+    /// complete or re-claim the key between the check and the delete. The wait for
+    /// that lock is the busy timeout, set to `wait` on this connection for the purge
+    /// and given back after; past it the purge is refused. A request in the middle of
+    /// its transaction holds the lock whatever key it works on, so on SQLite a purge
+    /// is also refused while an unrelated request runs longer than the wait.
+    async fn purge<E: Send>(
+        pool: &Pool<Self>,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
+        let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+        let saved: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
+        let mut session = Restoring::new(&mut conn);
+        set_busy_timeout(session.conn(), millis(wait).max(1)).await?;
+        let purged = purge_locked(session.conn(), key, allow).await;
+        set_busy_timeout(session.conn(), saved).await?;
+        session.restored();
+        purged
+    }
 }

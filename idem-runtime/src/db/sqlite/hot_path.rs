@@ -24,12 +24,15 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection};
+use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction};
+
+use super::transactional;
 
 use super::now_ms;
-use super::transactional::stored_from_row;
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::rows::stored_from_text;
+use crate::db::shared::BindKey;
 use crate::decide::{self, KeySnapshot, RowState};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
@@ -67,59 +70,13 @@ const INSERT_SQL: &str = concat!(
         AND r.expires_at <= excluded.completed_at"
 );
 
-/// Begins the handler's transaction with the write lock, reads the key and
-/// decides (see the module docs).
-pub(crate) async fn begin_claim(
-    ctx: &ClaimContext<'_, Sqlite>,
-    req: &ClaimRequest<'_>,
-) -> Result<(Tx<Sqlite>, Claim), StoreError> {
-    let conn = ctx.pool.acquire().await?;
-    let started = std::time::Instant::now();
-    let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")).await;
-    // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more
-    // is a wait for another writer, recorded as the other databases record theirs.
-    let waited = started.elapsed();
-    if waited >= Duration::from_millis(1) {
-        crate::metrics::seconds(
-            crate::metrics::CLAIM_WAIT_SECONDS,
-            req.operation.to_owned(),
-            waited.as_secs_f64(),
-        );
-    }
-    let mut tx = match begun {
-        Ok(tx) => tx,
-        // Another writer kept the database past the busy timeout.
-        Err((conn, e)) if super::is_busy(&e) => {
-            return Ok((
-                Tx::idle(conn),
-                Claim::Busy {
-                    retry_after: super::BUSY_RETRY_AFTER,
-                },
-            ));
-        }
-        Err((_, e)) => return Err(e.into()),
-    };
-    let (snapshot, now) = lookup(tx.connection(), req).await?;
-    match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::TransactionalStep::Execute { generation } => {
-            let mut execution = Execution::at_commit(req, generation);
-            execution.started_ms = now;
-            Ok((tx, Claim::Execute(execution)))
-        }
-        // Dropping `tx` rolls the empty transaction back.
-        decide::TransactionalStep::Answer(claim) => Ok((tx, claim)),
-    }
-}
-
 /// The key as it stands, if it has a row, and the database's clock.
 async fn lookup(
     conn: &mut SqliteConnection,
     req: &ClaimRequest<'_>,
 ) -> Result<(Option<KeySnapshot>, i64), StoreError> {
     let row = sqlx::query(LOOKUP_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_one(&mut *conn)
         .await?;
     let now: i64 = row.try_get("now")?;
@@ -134,44 +91,106 @@ async fn lookup(
         &req.fingerprint,
         row.try_get("generation")?,
         row.try_get("live")?,
-        || stored_from_row(&row),
+        || stored_from_text(&row),
     )?;
     Ok((Some(snapshot), now))
 }
 
-/// Inserts the finished row and commits.
-pub(crate) async fn finish(
-    mut tx: Tx<Sqlite>,
-    execution: Execution,
-    response: &StoredResponse,
-) -> Finish {
-    let headers = match serde_json::to_string(&response.headers) {
-        Ok(h) => h,
-        Err(e) => return Finish::NotStored(StoreError::Corrupt(e.to_string())),
-    };
-    let inserted = sqlx::query(INSERT_SQL)
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
-        .bind(&execution.fingerprint.as_bytes()[..])
-        .bind(response.state())
-        .bind(execution.generation)
-        .bind(i64::from(response.status))
-        .bind(headers)
-        .bind(&response.body[..])
-        .bind(execution.started_ms)
-        .bind(millis(execution.retention))
-        .execute(&mut **tx.connection())
-        .await;
-    match inserted {
-        Ok(done) if done.rows_affected() == 1 => match tx.commit().await {
-            Ok(()) => Finish::Committed,
-            Err(e) => Finish::Unknown(e.into()),
-        },
-        // Dropping `tx` rolls back: nothing of this execution commits.
-        Ok(_) => Finish::NotStored(StoreError::LostClaim {
-            generation: execution.generation,
-        }),
-        Err(e) => Finish::NotStored(e.into()),
+/// The handler's path is this module's; the claim and the completion in the
+/// caller's transaction are `transactional`'s.
+impl crate::db::stores::Claims for Sqlite {
+    async fn claim(
+        tx: &mut Transaction<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        transactional::claim_on(tx, req).await
+    }
+
+    async fn complete(
+        execution: Execution,
+        tx: &mut Transaction<'_, Self>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        transactional::complete_on(execution, tx, response).await
+    }
+
+    /// Begins the handler's transaction with the write lock, reads the key and
+    /// decides (see the module docs).
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        let conn = ctx.pool.acquire().await?;
+        let started = std::time::Instant::now();
+        let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")).await;
+        // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more
+        // is a wait for another writer, recorded as the other databases record theirs.
+        let waited = started.elapsed();
+        if waited >= Duration::from_millis(1) {
+            crate::metrics::seconds(
+                crate::metrics::CLAIM_WAIT_SECONDS,
+                req.operation.to_owned(),
+                waited.as_secs_f64(),
+            );
+        }
+        let mut tx = match begun {
+            Ok(tx) => tx,
+            // Another writer kept the database past the busy timeout.
+            Err((conn, e)) if super::is_busy(&e) => {
+                return Ok((
+                    Tx::idle(conn),
+                    Claim::Busy {
+                        retry_after: super::BUSY_RETRY_AFTER,
+                    },
+                ));
+            }
+            Err((_, e)) => return Err(e.into()),
+        };
+        let (snapshot, now) = lookup(tx.connection(), req).await?;
+        match decide::transactional(snapshot, req.in_flight_wait) {
+            decide::TransactionalStep::Execute { generation } => {
+                let mut execution = Execution::at_commit(req, generation);
+                execution.started_ms = now;
+                Ok((tx, Claim::Execute(execution)))
+            }
+            // Dropping `tx` rolls the empty transaction back.
+            decide::TransactionalStep::Answer(claim) => Ok((tx, claim)),
+        }
+    }
+
+    /// Inserts the finished row and commits.
+    async fn finish(
+        _: &ClaimContext<'_, Self>,
+        mut tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        let headers = match serde_json::to_string(&response.headers) {
+            Ok(h) => h,
+            Err(e) => return Finish::NotStored(StoreError::Corrupt(e.to_string())),
+        };
+        let inserted = sqlx::query(INSERT_SQL)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
+            .bind(&execution.fingerprint.as_bytes()[..])
+            .bind(response.state())
+            .bind(execution.generation)
+            .bind(i64::from(response.status))
+            .bind(headers)
+            .bind(&response.body[..])
+            .bind(execution.started_ms)
+            .bind(millis(execution.retention))
+            .execute(&mut **tx.connection())
+            .await;
+        match inserted {
+            Ok(done) if done.rows_affected() == 1 => match tx.commit().await {
+                Ok(()) => Finish::Committed,
+                Err(e) => Finish::Unknown(e.into()),
+            },
+            // Dropping `tx` rolls back: nothing of this execution commits.
+            Ok(_) => Finish::NotStored(StoreError::LostClaim {
+                generation: execution.generation,
+            }),
+            Err(e) => Finish::NotStored(e.into()),
+        }
     }
 }

@@ -12,17 +12,17 @@
 
 use sqlx::{Connection, Pool, Sqlite};
 
-use super::transactional::stored_from_row;
 use super::{is_busy, now_ms};
 use crate::db::dialect::placeholder_rows;
+use crate::db::leases::NewOwner;
 use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
-use crate::db::rows::leased_snapshot;
-use crate::db::shared::owned_row;
-use crate::decide::{self, LeasedStep};
+use crate::db::rows::{encode_text, leased_step, stored_from_text};
+use crate::db::shared::BindKey;
+use crate::db::shared::{owned_row, uncertain_and_release_sql};
+use crate::decide::LeasedStep;
 use crate::model::{
-    Acquisition, LeaseRequest, LeasedOutcome, OwnerToken, Renewal, Renewed, StoreError,
-    StoredResponse, millis,
+    Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
 };
 
 const READ_SQL: &str = concat!(
@@ -68,66 +68,6 @@ const TAKEOVER_SQL: &str = concat!(
      RETURNING generation"
 );
 
-const STORE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
-            completed_at = t.now, expires_at = t.now + $5, lease_expires_at = NULL \
-       FROM (SELECT ",
-    now_ms!(),
-    " AS now) t \
-      WHERE",
-    owned_row!("$6", "$7", "$8", "$9", "")
-);
-
-const RENEW_SQL: &str = concat!(
-    "UPDATE idempotency_requests SET lease_expires_at = ",
-    now_ms!(),
-    " + $1 WHERE",
-    owned_row!("$2", "$3", "$4", "$5", "")
-);
-
-const UNCERTAIN_SQL: &str = concat!(
-    "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-    owned_row!("$1", "$2", "$3", "$4", "")
-);
-
-const RELEASE_SQL: &str = concat!(
-    "DELETE FROM idempotency_requests WHERE",
-    owned_row!("$1", "$2", "$3", "$4", "")
-);
-
-// Paged by (created_at, tenant, key), so that rows that never resolve cannot
-// keep newer ones from being asked about. The `state IN (...)` term repeats the
-// partial in-flight index's condition word for word: SQLite uses a partial index
-// only for a query that states it so.
-const UNCERTAIN_ROWS_SQL: &str = "SELECT tenant_id, key_digest, downstream_key, generation, \
-            CAST(owner_token AS text) AS owner_token, created_at AS created \
-       FROM idempotency_requests \
-      WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
-        AND ($2 IS NULL OR (created_at, tenant_id, key_digest) > ($2, $3, $4)) \
-      ORDER BY created_at, tenant_id, key_digest LIMIT $5";
-
-// The retention runs from the resolution, as for any completion.
-const RESOLVE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
-            completed_at = t.now, lease_expires_at = NULL, \
-            expires_at = t.now + (expires_at - created_at) \
-       FROM (SELECT ",
-    now_ms!(),
-    " AS now) t \
-      WHERE tenant_id = $5 AND operation = $6 AND key_digest = $7 \
-        AND generation = $8 AND state = 'uncertain' AND owner_token = $9"
-);
-
-/// An outcome's status and headers as SQLite's columns take them (INTEGER, JSON
-/// text).
-pub(super) fn encode(response: &StoredResponse) -> Result<(i64, String), StoreError> {
-    let headers =
-        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    Ok((i64::from(response.status), headers))
-}
-
 /// The claim, inside the `BEGIN IMMEDIATE` transaction on `conn`: the row read,
 /// `decide::leased` over it (PostgreSQL's `idem_claim_leased` decides the same,
 /// as `tests/decide_oracle.rs` checks), and its write.
@@ -136,62 +76,40 @@ async fn claim_under_lock(
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedOutcome, StoreError> {
     let row = sqlx::query(READ_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_optional(&mut *conn)
         .await?;
-    let lease = millis(req.lease);
-    let retention = millis(req.retention);
-    let token = OwnerToken::random();
-    let downstream = crate::key::downstream_key(req.tenant, req.operation, req.key);
-    let snapshot = row
-        .as_ref()
-        .map(|row| leased_snapshot(row, &req.fingerprint, || stored_from_row(row)))
-        .transpose()?;
-    match decide::leased(snapshot) {
-        LeasedStep::Answer(outcome) => Ok(outcome),
+    let owner = NewOwner::of(req);
+    let (write, acquisition) = match leased_step(row.as_ref(), &req.fingerprint, stored_from_text)?
+    {
+        LeasedStep::Answer(outcome) => return Ok(outcome),
         // The same parameters: a new row, or an expired one written over.
         step @ (LeasedStep::Insert | LeasedStep::Reclaim { .. }) => {
             let (sql, acquisition) = match step {
                 LeasedStep::Insert => (INSERT_SQL, Acquisition::New),
                 _ => (RECLAIM_SQL, Acquisition::Reclaimed),
             };
-            let generation: i64 = sqlx::query_scalar(sql)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
+            let write = sqlx::query_scalar(sql)
+                .bind_key(req.tenant, req.operation, req.key.digest())
                 .bind(&req.fingerprint.as_bytes()[..])
-                .bind(&token)
-                .bind(lease)
-                .bind(retention)
-                .bind(&downstream)
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition,
-                token,
-                generation,
-            })
+                .bind(&owner.token)
+                .bind(owner.lease)
+                .bind(owner.retention)
+                .bind(&owner.downstream);
+            (write, acquisition)
         }
-        LeasedStep::TakeOver { .. } => {
-            // fencing the old owner out: a new token and generation
-            let generation: i64 = sqlx::query_scalar(TAKEOVER_SQL)
-                .bind(req.tenant)
-                .bind(req.operation)
-                .bind(req.key.digest())
-                .bind(&token)
-                .bind(lease)
-                .bind(&downstream)
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(LeasedOutcome::Acquired {
-                acquisition: Acquisition::TakenOver,
-                token,
-                generation,
-            })
-        }
-    }
+        // fencing the old owner out: a new token and generation
+        LeasedStep::TakeOver { .. } => (
+            sqlx::query_scalar(TAKEOVER_SQL)
+                .bind_key(req.tenant, req.operation, req.key.digest())
+                .bind(&owner.token)
+                .bind(owner.lease)
+                .bind(&owner.downstream),
+            Acquisition::TakenOver,
+        ),
+    };
+    let generation: i64 = write.fetch_one(&mut *conn).await?;
+    Ok(owner.acquired(acquisition, generation))
 }
 
 /// Leased mode's statements on Sqlite: the texts and encodings the shared
@@ -201,23 +119,60 @@ impl SqlLeases for Sqlite {
     type Status = i64;
     type Headers<'r> = String;
 
-    const STORE_SQL: &'static str = STORE_SQL;
-    const RENEW_SQL: &'static str = RENEW_SQL;
-    const UNCERTAIN_SQL: &'static str = UNCERTAIN_SQL;
-    const RELEASE_SQL: &'static str = RELEASE_SQL;
-    const CURRENT_SQL: &'static str = crate::db::shared::CURRENT_SQL;
-    const UNCERTAIN_ROWS_SQL: &'static str = UNCERTAIN_ROWS_SQL;
-    const RESOLVE_SQL: &'static str = RESOLVE_SQL;
-    const FORGET_SQL: &'static str = crate::db::shared::FORGET_SQL;
+    const STORE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
+                completed_at = t.now, expires_at = t.now + $5, lease_expires_at = NULL \
+           FROM (SELECT ",
+        now_ms!(),
+        " AS now) t \
+          WHERE",
+        owned_row!("$6", "$7", "$8", "$9", "")
+    );
+
+    const RENEW_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests SET lease_expires_at = ",
+        now_ms!(),
+        " + $1 WHERE",
+        owned_row!("$2", "$3", "$4", "$5", "")
+    );
+
+    uncertain_and_release_sql!("$1", "$2", "$3", "$4", "");
+
+    // Paged by (created_at, tenant, key), so that rows that never resolve cannot
+    // keep newer ones from being asked about. The `state IN (...)` term repeats the
+    // partial in-flight index's condition word for word: SQLite uses a partial index
+    // only for a query that states it so.
+    const UNCERTAIN_ROWS_SQL: &'static str = "SELECT tenant_id, key_digest, downstream_key, generation, \
+                CAST(owner_token AS text) AS owner_token, created_at AS created \
+           FROM idempotency_requests \
+          WHERE operation = $1 AND state IN ('processing', 'uncertain') AND state = 'uncertain' \
+            AND ($2 IS NULL OR (created_at, tenant_id, key_digest) > ($2, $3, $4)) \
+          ORDER BY created_at, tenant_id, key_digest LIMIT $5";
+
+    // The retention runs from the resolution, as for any completion.
+    const RESOLVE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
+                completed_at = t.now, lease_expires_at = NULL, \
+                expires_at = t.now + (expires_at - created_at) \
+           FROM (SELECT ",
+        now_ms!(),
+        " AS now) t \
+          WHERE tenant_id = $5 AND operation = $6 AND key_digest = $7 \
+            AND generation = $8 AND state = 'uncertain' AND owner_token = $9"
+    );
+
     const OPERATION_STATUS_SQL: &'static str = super::operations::OPERATION_STATUS_SQL;
+
     const OPERATION_RESULT_SQL: &'static str = super::operations::OPERATION_RESULT_SQL;
 
     fn encode(response: &StoredResponse) -> Result<(Self::Status, Self::Headers<'_>), StoreError> {
-        encode(response)
+        encode_text(response)
     }
 
     fn stored_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredResponse, StoreError> {
-        super::transactional::stored_from_row(row)
+        stored_from_text(row)
     }
 
     fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {

@@ -12,14 +12,11 @@
 //!
 //! Timestamps are Unix milliseconds from SQLite's own clock ([`now_ms`]).
 
-use std::time::Duration;
-
 use sqlx::{Pool, Sqlite, Transaction};
 
-use super::{Backend, ClaimContext};
-use crate::db::Tx;
+use super::Backend;
 use crate::model::Resource;
-use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse};
+use crate::model::StoreError;
 
 mod admin;
 mod digests;
@@ -89,56 +86,6 @@ impl super::stores::Schema for Sqlite {
     }
 }
 
-impl super::stores::Claims for Sqlite {
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        transactional::claim_on(tx, req).await
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        transactional::complete_on(execution, tx, response).await
-    }
-
-    /// The write lock first, the key read under it, nothing written until the
-    /// outcome (see `hot_path`).
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        _: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(tx, execution, response).await
-    }
-}
-
-impl super::shared::SqlUpkeep for Sqlite {
-    // Batches by `rowid` under SQLite's single write lock, so no `SKIP LOCKED`
-    // is needed.
-    const DELETE_BATCH_SQL: &'static str = upkeep::DELETE_BATCH_SQL;
-    const BACKLOG_SQL: &'static str = upkeep::BACKLOG_SQL;
-    const IN_FLIGHT_SQL: &'static str = upkeep::IN_FLIGHT_SQL;
-
-    fn snapshot(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<crate::model::StatsSnapshot, StoreError>> + Send
-    {
-        upkeep::snapshot(pool)
-    }
-}
-
 impl super::shared::SqlTransitions for Sqlite {
     const NULL_PARAM: &'static str = "$2";
 
@@ -157,20 +104,5 @@ impl super::shared::SqlTransitions for Sqlite {
             id = resource.id_column,
             scope = super::shared::scope_sql(resource, "$2"),
         )
-    }
-}
-
-impl super::shared::SqlAdmin for Sqlite {
-    const SHOW_SQL: &'static str = admin::SHOW_SQL;
-
-    fn purge<E: Send>(
-        pool: &Pool<Self>,
-        key: &crate::model::KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> impl std::future::Future<
-        Output = Result<Option<(String, i64)>, crate::model::PurgeError<E>>,
-    > + Send {
-        admin::purge(pool, key, wait, allow)
     }
 }

@@ -23,10 +23,11 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use sqlx::{Row, SqliteConnection};
 
 use super::now_ms;
+use crate::db::rows::stored_from_text;
+use crate::db::shared::BindKey;
 use crate::decide::RowState;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
@@ -70,9 +71,7 @@ pub(crate) async fn claim_on(
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
     let inserted = sqlx::query(CLAIM_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .bind(&req.fingerprint.as_bytes()[..])
         .bind(millis(req.retention))
         .fetch_optional(&mut *conn)
@@ -92,9 +91,7 @@ pub(crate) async fn claim_on(
     // A committed, unexpired row holds the key: this transaction now has the write
     // lock, so nobody changes it under us.
     let row = sqlx::query(READ_SQL)
-        .bind(req.tenant)
-        .bind(req.operation)
-        .bind(req.key.digest())
+        .bind_key(req.tenant, req.operation, req.key.digest())
         .fetch_one(&mut *conn)
         .await?;
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
@@ -107,27 +104,7 @@ pub(crate) async fn claim_on(
             retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
         });
     }
-    Ok(Claim::Replay(stored_from_row(&row)?))
-}
-
-/// A stored outcome from a row with `response_status` (INTEGER),
-/// `response_headers` (JSON text) and `response_body` (BLOB).
-pub(crate) fn stored_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredResponse, StoreError> {
-    let status: i64 = row.try_get("response_status")?;
-    let headers: Option<String> = row.try_get("response_headers")?;
-    let body: Option<Vec<u8>> = row.try_get("response_body")?;
-    let headers = match headers {
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
-        }
-        None => Vec::new(),
-    };
-    Ok(StoredResponse {
-        status: u16::try_from(status)
-            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-        headers,
-        body: Bytes::from(body.unwrap_or_default()),
-    })
+    Ok(Claim::Replay(stored_from_text(&row)?))
 }
 
 /// Stores an execution's outcome on the connection of the transaction that
@@ -141,9 +118,7 @@ pub(crate) async fn complete_on(
     let headers =
         serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let done = sqlx::query(COMPLETE_SQL)
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
         .bind(execution.generation)
         .bind(state)
         .bind(i64::from(response.status))
@@ -152,10 +127,5 @@ pub(crate) async fn complete_on(
         .bind(millis(execution.retention))
         .execute(&mut *conn)
         .await?;
-    if done.rows_affected() != 1 {
-        return Err(StoreError::LostClaim {
-            generation: execution.generation,
-        });
-    }
-    Ok(())
+    execution.completed(done.rows_affected())
 }
