@@ -357,7 +357,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         "idem_lookup_1(text, text, bytea) AS SELECT",
         "WITH ins AS ( INSERT INTO idempotency_requests AS r",
         "INSERT INTO idempotency_requests AS r",
-        "INSERT INTO idempotency_requests (tenant_id",
+        "bounded) c RETURNING set_config(",
         "FROM idem_claim($1,",
         "FROM idem_claim_leased($1,",
         "AS lease_live",

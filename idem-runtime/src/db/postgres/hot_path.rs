@@ -85,42 +85,24 @@ const LOOKUP_SQL: &str = "SELECT fingerprint, state, generation, expires_at > no
        FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
-/// The finished row, inserted once, claiming the key. `lock_timeout` is set by
-/// the row source, before the insert can wait on a concurrent holder of the key
-/// (the handler's own statements ran without it), and given back by `RETURNING`
-/// once the row is written, so the `COMMIT` that follows (the handler's deferred
-/// constraints and triggers) waits as the transaction did before. The value to
-/// give back is kept in `idem.lock_timeout`, transaction-local like the bound.
-/// The source's columns are evaluated left to right: saved, then bounded.
-const INSERT_SQL: &str = "INSERT INTO idempotency_requests AS r \
-            (tenant_id, operation, key_digest, fingerprint, state, generation, response_status, \
-             response_headers, response_body, created_at, completed_at, expires_at) \
-     SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, c.t + $9 * interval '1 millisecond' \
-       FROM (SELECT clock_timestamp() AS t, \
-                    set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, \
-                    set_config('lock_timeout', $10::text, true) AS bounded) c \
-     ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
-        SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, \
-            generation = r.generation + 1, response_status = EXCLUDED.response_status, \
-            response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
-            owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, \
-            created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, \
-            expires_at = EXCLUDED.expires_at \
-      WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') \
-     RETURNING r.generation, set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
+/// The finished row, inserted once, claiming the key, or taking over an
+/// expired finished row (see `finished_row_insert!` for the bounded wait).
+const INSERT_SQL: &str = concat!(
+    finished_row_insert!(),
+    take_over_expired!(),
+    " RETURNING r.generation, ",
+    restore_lock_timeout!()
+);
 
 /// [`INSERT_SQL`] for a key the lookup found no row for (a new key, the common
 /// case): a plain insert, without the conflict arbiter, whose unique violation
 /// ([`session::is_key_taken`]) means that another execution claimed the key
 /// meanwhile.
-const INSERT_NEW_SQL: &str = "INSERT INTO idempotency_requests \
-            (tenant_id, operation, key_digest, fingerprint, state, generation, response_status, \
-             response_headers, response_body, created_at, completed_at, expires_at) \
-     SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, c.t + $9 * interval '1 millisecond' \
-       FROM (SELECT clock_timestamp() AS t, \
-                    set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, \
-                    set_config('lock_timeout', $10::text, true) AS bounded) c \
-     RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
+const INSERT_NEW_SQL: &str = concat!(
+    finished_row_insert!(),
+    " RETURNING ",
+    restore_lock_timeout!()
+);
 
 /// PostgreSQL's `lock_not_available`: the insert waited past `lock_timeout`.
 const LOCK_TIMEOUT: &str = "55P03";

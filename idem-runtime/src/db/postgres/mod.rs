@@ -18,6 +18,54 @@ use super::Backend;
 use crate::model::Resource;
 use crate::model::StoreError;
 
+/// The finished row's insert on the handler's path, up to what it does on a
+/// conflict: the bound statements (`hot_path`) and the session's prepared ones
+/// (`session`) are this text. `lock_timeout` is bounded by the row source, before
+/// the insert can wait on a concurrent holder of the key (the handler's own
+/// statements ran without it); the value to give back is kept in
+/// `idem.lock_timeout`, transaction-local like the bound. The source's columns
+/// are evaluated left to right: saved, then bounded.
+macro_rules! finished_row_insert {
+    () => {
+        "INSERT INTO idempotency_requests AS r \
+                (tenant_id, operation, key_digest, fingerprint, state, generation, \
+                 response_status, response_headers, response_body, created_at, \
+                 completed_at, expires_at) \
+         SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, \
+                c.t + $9 * interval '1 millisecond' \
+           FROM (SELECT clock_timestamp() AS t, \
+                        set_config('idem.lock_timeout', current_setting('lock_timeout'), true) \
+                          AS saved, \
+                        set_config('lock_timeout', $10::text, true) AS bounded) c"
+    };
+}
+
+/// What [`finished_row_insert`] does on a conflict when it may take over an
+/// expired row: only a finished row past its retention, never a leased
+/// execution's; nothing otherwise.
+macro_rules! take_over_expired {
+    () => {
+        " ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
+            SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, \
+                generation = r.generation + 1, response_status = EXCLUDED.response_status, \
+                response_headers = EXCLUDED.response_headers, \
+                response_body = EXCLUDED.response_body, \
+                owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, \
+                created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, \
+                expires_at = EXCLUDED.expires_at \
+          WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed')"
+    };
+}
+
+/// Gives `lock_timeout` back once the row is written, so the `COMMIT` that
+/// follows (the handler's deferred constraints and triggers) waits as the
+/// transaction did before.
+macro_rules! restore_lock_timeout {
+    () => {
+        "set_config('lock_timeout', current_setting('idem.lock_timeout'), true)"
+    };
+}
+
 mod admin;
 pub(crate) mod hot_path;
 mod leased;

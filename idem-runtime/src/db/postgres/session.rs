@@ -109,59 +109,35 @@ const STATEMENTS: [(&str, &str); 4] = [
     ),
     (
         FINISH,
-        // As hot_path's INSERT_SQL, and then a cast that fails when the insert
-        // returned no row. `lock_timeout` is bounded by the row source and given
-        // back by the final select, so the `COMMIT` after it waits as the
-        // transaction did before.
-        "PREPARE idem_finish_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
-                               bigint, text) AS \
-         WITH ins AS ( \
-           INSERT INTO idempotency_requests AS r \
-                  (tenant_id, operation, key_digest, fingerprint, state, generation, \
-                   response_status, response_headers, response_body, created_at, \
-                   completed_at, expires_at) \
-           SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, \
-                  c.t + $9 * interval '1 millisecond' \
-             FROM (SELECT clock_timestamp() AS t, \
-                          set_config('idem.lock_timeout', current_setting('lock_timeout'), true) \
-                            AS saved, \
-                          set_config('lock_timeout', $10, true) AS bounded) c \
-           ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
-              SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, \
-                  generation = r.generation + 1, response_status = EXCLUDED.response_status, \
-                  response_headers = EXCLUDED.response_headers, \
-                  response_body = EXCLUDED.response_body, \
-                  owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, \
-                  created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, \
-                  expires_at = EXCLUDED.expires_at \
-            WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') \
-           RETURNING r.generation) \
-         SELECT (CASE count(*) WHEN 0 THEN 'idem: the key was taken by another execution' \
-                 ELSE '1' END)::int, \
-                set_config('lock_timeout', current_setting('idem.lock_timeout'), true) \
-           FROM ins",
+        // The bound path's upsert, and then a cast that fails when it returned
+        // no row. The final select gives `lock_timeout` back.
+        concat!(
+            "PREPARE idem_finish_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
+                                   bigint, text) AS WITH ins AS ( ",
+            finished_row_insert!(),
+            take_over_expired!(),
+            " RETURNING r.generation) \
+             SELECT (CASE count(*) WHEN 0 THEN 'idem: the key was taken by another execution' \
+                     ELSE '1' END)::int, ",
+            restore_lock_timeout!(),
+            " FROM ins"
+        ),
     ),
     (
         INSERT,
-        "PREPARE idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
-                               bigint, text) AS \
-         INSERT INTO idempotency_requests \
-                (tenant_id, operation, key_digest, fingerprint, state, generation, \
-                 response_status, response_headers, response_body, created_at, \
-                 completed_at, expires_at) \
-         SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, \
-                c.t + $9 * interval '1 millisecond' \
-           FROM (SELECT clock_timestamp() AS t, \
-                        set_config('idem.lock_timeout', current_setting('lock_timeout'), true) \
-                          AS saved, \
-                        set_config('lock_timeout', $10, true) AS bounded) c \
-         RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)",
+        concat!(
+            "PREPARE idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
+                                   bigint, text) AS ",
+            finished_row_insert!(),
+            " RETURNING ",
+            restore_lock_timeout!()
+        ),
     ),
 ];
 
 /// Prepares idem's statements in a session that lacks them. The connection must
 /// be outside any transaction (a failed `PREPARE` there would abort it). A new
-/// session has none: all three go in one message. A session that has some (one
+/// session has none: all four go in one message. A session that has some (one
 /// was deallocated) is asked which, and gets the others.
 pub(crate) async fn prepare(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     let all: String = STATEMENTS
