@@ -14,6 +14,8 @@ use std::time::Duration;
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Transaction};
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod at_commit;
 mod dialect;
 pub(crate) mod leases;
 #[cfg(feature = "mysql")]

@@ -50,6 +50,7 @@ use super::{
 };
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::at_commit::{self, KeyLookup};
 use crate::db::rows::{encode_text, stored_from_text};
 use crate::db::shared::BindKey;
 use crate::decide::{self, KeySnapshot};
@@ -199,7 +200,7 @@ pub(crate) async fn begin_claim(
         return claim_first(ctx, req).await;
     }
     let mut conn = ctx.pool.acquire().await?;
-    let snapshot = lookup(
+    let snapshot = MySql::lookup(
         &mut conn,
         req.tenant,
         req.operation,
@@ -252,30 +253,32 @@ async fn claim_first(
     }
 }
 
-/// The key as it stands, if it has a row; `fingerprint` is the request's.
-async fn lookup(
-    conn: &mut MySqlConnection,
-    tenant: &str,
-    operation: &str,
-    key: KeyDigest,
-    fingerprint: &Fingerprint,
-) -> Result<Option<KeySnapshot>, StoreError> {
-    let row = sqlx::query(LOOKUP_SQL)
-        .bind_key(tenant, operation, key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let stored: Vec<u8> = row.try_get("fingerprint")?;
-    let live: i64 = row.try_get("live")?;
-    KeySnapshot::read(
-        row.try_get("state")?,
-        &stored,
-        fingerprint,
-        row.try_get("generation")?,
-        live != 0,
-        || stored_from_text(&row),
-    )
-    .map(Some)
+impl KeyLookup for MySql {
+    /// The key as it stands, if it has a row; `fingerprint` is the request's.
+    async fn lookup<'c>(
+        conn: &'c mut MySqlConnection,
+        tenant: &'c str,
+        operation: &'c str,
+        key: KeyDigest,
+        fingerprint: &'c Fingerprint,
+    ) -> Result<Option<KeySnapshot>, StoreError> {
+        let row = sqlx::query(LOOKUP_SQL)
+            .bind_key(tenant, operation, key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let stored: Vec<u8> = row.try_get("fingerprint")?;
+        let live: i64 = row.try_get("live")?;
+        KeySnapshot::read(
+            row.try_get("state")?,
+            &stored,
+            fingerprint,
+            row.try_get("generation")?,
+            live != 0,
+            || stored_from_text(&row),
+        )
+        .map(Some)
+    }
 }
 
 /// Stores the outcome, claiming the key with it, and commits (see the module
@@ -315,7 +318,7 @@ pub(crate) async fn finish(
             if let Err(e) = tx.rollback().await {
                 return Finish::NotStored(e.into());
             }
-            match answer_instead(ctx, &execution).await {
+            match at_commit::answer_instead(ctx, &execution).await {
                 Ok(claim) => Finish::Taken(claim),
                 Err(e) => Finish::NotStored(e),
             }
@@ -337,7 +340,7 @@ pub(crate) async fn finish(
             if let Err(rollback) = tx.rollback().await {
                 return Finish::NotStored(rollback.into());
             }
-            match answer_instead(ctx, &execution).await {
+            match at_commit::answer_instead(ctx, &execution).await {
                 Ok(claim) if is_deadlock(&e) => Finish::Taken(claim),
                 Ok(claim) => match decide::answers_instead(claim) {
                     Some(claim) => Finish::Taken(claim),
@@ -411,38 +414,6 @@ fn taken(done: MySqlQueryResult) -> Option<i64> {
         0 => None,
         generation => i64::try_from(generation).ok(),
     }
-}
-
-/// What a request that did not commit answers instead of its own outcome, when
-/// its key was to be claimed at commit: a finished outcome another execution
-/// stored meanwhile (replayed, or `422`), or `None` (its own answer stands).
-pub(crate) async fn taken_since(
-    ctx: &ClaimContext<'_, MySql>,
-    execution: &Execution,
-) -> Result<Option<Claim>, StoreError> {
-    if !execution.at_commit {
-        return Ok(None);
-    }
-    Ok(decide::answers_instead(
-        answer_instead(ctx, execution).await?,
-    ))
-}
-
-/// The decision for a key whose execution already ran: what it holds now.
-async fn answer_instead(
-    ctx: &ClaimContext<'_, MySql>,
-    execution: &Execution,
-) -> Result<Claim, StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
-    let snapshot = lookup(
-        &mut conn,
-        &execution.tenant,
-        &execution.operation,
-        execution.key,
-        &execution.fingerprint,
-    )
-    .await?;
-    Ok(decide::after_execution(snapshot, execution.in_flight_wait))
 }
 
 /// Forgets what the insert learned of the server, and whether to try `SET

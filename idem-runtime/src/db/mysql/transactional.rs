@@ -266,7 +266,7 @@ impl crate::db::stores::Claims for MySql {
         ctx: &ClaimContext<'_, Self>,
         execution: &Execution,
     ) -> Result<Option<Claim>, StoreError> {
-        hot_path::taken_since(ctx, execution).await
+        crate::db::at_commit::taken_since(ctx, execution).await
     }
 }
 

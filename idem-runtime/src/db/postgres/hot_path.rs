@@ -74,6 +74,7 @@ use super::session::{self, bytea_literal, text_literal};
 use super::transactional::{claim_on, complete_on, stored_from_row, stored_with_body};
 use crate::db::ClaimContext;
 use crate::db::Tx;
+use crate::db::at_commit::{self, KeyLookup};
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -124,7 +125,7 @@ pub(crate) async fn begin_claim(
     if !ctx.claims_at_commit {
         return claim_first(conn, req, begin).await;
     }
-    let snapshot = lookup(
+    let snapshot = Postgres::lookup(
         &mut conn,
         req.tenant,
         req.operation,
@@ -287,31 +288,33 @@ fn begin_text(ctx: &ClaimContext<'_, Postgres>) -> String {
     )
 }
 
-/// The key as it stands, if it has a row; `fingerprint` is the request's.
-async fn lookup(
-    conn: &mut PgConnection,
-    tenant: &str,
-    operation: &str,
-    key: KeyDigest,
-    fingerprint: &Fingerprint,
-) -> Result<Option<KeySnapshot>, StoreError> {
-    let row = sqlx::query(LOOKUP_SQL)
-        .bind(tenant)
-        .bind(operation)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let stored: Vec<u8> = row.try_get("fingerprint")?;
-    KeySnapshot::read(
-        row.try_get("state")?,
-        &stored,
-        fingerprint,
-        row.try_get("generation")?,
-        row.try_get("live")?,
-        || stored_from_row(&row),
-    )
-    .map(Some)
+impl KeyLookup for Postgres {
+    /// The key as it stands, if it has a row; `fingerprint` is the request's.
+    async fn lookup<'c>(
+        conn: &'c mut PgConnection,
+        tenant: &'c str,
+        operation: &'c str,
+        key: KeyDigest,
+        fingerprint: &'c Fingerprint,
+    ) -> Result<Option<KeySnapshot>, StoreError> {
+        let row = sqlx::query(LOOKUP_SQL)
+            .bind(tenant)
+            .bind(operation)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let stored: Vec<u8> = row.try_get("fingerprint")?;
+        KeySnapshot::read(
+            row.try_get("state")?,
+            &stored,
+            fingerprint,
+            row.try_get("generation")?,
+            row.try_get("live")?,
+            || stored_from_row(&row),
+        )
+        .map(Some)
+    }
 }
 
 /// Claims before the handler runs: `idem_claim` in the transaction, as
@@ -494,7 +497,7 @@ async fn lost(
     if let Err(e) = tx.rollback().await {
         return Finish::NotStored(e.into());
     }
-    match answer_instead(ctx, execution).await {
+    match at_commit::answer_instead(ctx, execution).await {
         Ok(claim) => Finish::Taken(claim),
         Err(e) => Finish::NotStored(e),
     }
@@ -524,7 +527,7 @@ async fn not_inserted(
             if let Err(rollback) = tx.rollback().await {
                 return Finish::NotStored(rollback.into());
             }
-            match answer_instead(ctx, execution)
+            match at_commit::answer_instead(ctx, execution)
                 .await
                 .map(decide::answers_instead)
             {
@@ -538,36 +541,4 @@ async fn not_inserted(
             Finish::NotStored(e.into())
         }
     }
-}
-
-/// What a request that did not commit answers instead of its own outcome, when
-/// its key was to be claimed at commit: a finished outcome another execution
-/// stored meanwhile (replayed, or `422`), or `None` (its own answer stands).
-pub(crate) async fn taken_since(
-    ctx: &ClaimContext<'_, Postgres>,
-    execution: &Execution,
-) -> Result<Option<Claim>, StoreError> {
-    if !execution.at_commit {
-        return Ok(None);
-    }
-    Ok(decide::answers_instead(
-        answer_instead(ctx, execution).await?,
-    ))
-}
-
-/// The decision for a key whose execution already ran: what it holds now.
-async fn answer_instead(
-    ctx: &ClaimContext<'_, Postgres>,
-    execution: &Execution,
-) -> Result<Claim, StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
-    let snapshot = lookup(
-        &mut conn,
-        &execution.tenant,
-        &execution.operation,
-        execution.key,
-        &execution.fingerprint,
-    )
-    .await?;
-    Ok(decide::after_execution(snapshot, execution.in_flight_wait))
 }

@@ -129,7 +129,7 @@ impl crate::db::stores::Claims for Postgres {
         ctx: &ClaimContext<'_, Self>,
         execution: &Execution,
     ) -> Result<Option<Claim>, StoreError> {
-        hot_path::taken_since(ctx, execution).await
+        crate::db::at_commit::taken_since(ctx, execution).await
     }
 }
 

@@ -1,0 +1,58 @@
+//! What PostgreSQL's and MySQL's handler paths share, where the key is claimed
+//! by the finished row at commit: the answer of an execution whose transaction
+//! did not commit its own row.
+
+use std::future::Future;
+
+use sqlx::Database;
+
+use crate::db::ClaimContext;
+use crate::decide::{self, KeySnapshot};
+use crate::fingerprint::Fingerprint;
+use crate::key::KeyDigest;
+use crate::model::{Claim, Execution, StoreError};
+
+/// A database whose handler path claims the key at commit: how it reads the
+/// key's row for a decision.
+pub(crate) trait KeyLookup: Database {
+    /// The key as it stands, if it has a row; `fingerprint` is the request's.
+    fn lookup<'c>(
+        conn: &'c mut Self::Connection,
+        tenant: &'c str,
+        operation: &'c str,
+        key: KeyDigest,
+        fingerprint: &'c Fingerprint,
+    ) -> impl Future<Output = Result<Option<KeySnapshot>, StoreError>> + Send + 'c;
+}
+
+/// What a request that did not commit answers instead of its own outcome, when
+/// its key was to be claimed at commit: a finished outcome another execution
+/// stored meanwhile (replayed, or `422`), or `None` (its own answer stands).
+pub(crate) async fn taken_since<DB: KeyLookup>(
+    ctx: &ClaimContext<'_, DB>,
+    execution: &Execution,
+) -> Result<Option<Claim>, StoreError> {
+    if !execution.at_commit {
+        return Ok(None);
+    }
+    Ok(decide::answers_instead(
+        answer_instead(ctx, execution).await?,
+    ))
+}
+
+/// The decision for a key whose execution already ran: what it holds now.
+pub(crate) async fn answer_instead<DB: KeyLookup>(
+    ctx: &ClaimContext<'_, DB>,
+    execution: &Execution,
+) -> Result<Claim, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let snapshot = DB::lookup(
+        &mut conn,
+        &execution.tenant,
+        &execution.operation,
+        execution.key,
+        &execution.fingerprint,
+    )
+    .await?;
+    Ok(decide::after_execution(snapshot, execution.in_flight_wait))
+}
