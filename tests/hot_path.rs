@@ -1629,3 +1629,61 @@ async fn key_finished_meanwhile_is_lost(session: bool, expired: bool) {
     .unwrap();
     assert_eq!(in_tx, 0, "{case}");
 }
+
+/// A new key that a leased execution took while this one ran its handler: the
+/// plain insert meets the leased row as a unique violation of the key, which is
+/// a lost race (the key is in flight: `409` with `Retry-After`), not a failure
+/// of the store. On both paths, the loser's transaction rolled back.
+#[tokio::test]
+async fn a_new_key_taken_by_a_leased_execution_meanwhile_is_in_flight() {
+    for session in [true, false] {
+        let db = TestDb::new().await;
+        let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+        let wait = std::time::Duration::from_millis(200);
+        let key = IdempotencyKey::parse("leased-meanwhile").unwrap();
+        let req = acme_op(&key, wait);
+        let (tx, claim) =
+            Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap();
+        let Claim::Execute(execution) = claim else {
+            panic!("session {session}: {claim:?}")
+        };
+        sqlx::query(
+            "INSERT INTO idempotency_requests \
+                    (tenant_id, operation, key_digest, fingerprint, state, owner_token, \
+                     lease_expires_at, expires_at) \
+             VALUES ('acme', 'op', $1, $2, 'processing', gen_random_uuid(), \
+                     now() + interval '1 hour', now() + interval '1 hour')",
+        )
+        .bind(&key.digest().as_bytes()[..])
+        .bind(&req.fingerprint.as_bytes()[..])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let stored = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: Bytes::from_static(b"mine"),
+        };
+        let finished = Postgres::finish(
+            &idem_runtime::test_util::claim_context(&idem, wait),
+            tx,
+            execution,
+            &stored,
+        )
+        .await;
+        assert!(
+            matches!(finished, Finish::Taken(Claim::InFlight { .. })),
+            "session {session}: {finished:?}"
+        );
+        let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            state, "processing",
+            "session {session}: the leased row stays"
+        );
+    }
+}
