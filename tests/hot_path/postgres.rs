@@ -1,0 +1,1483 @@
+//! The handler's path on PostgreSQL (`idem_runtime`'s `db::postgres::hot_path`),
+//! beside what `suite.rs` holds every database to: the lookup riding with
+//! `BEGIN` and the finished row with `COMMIT` (the round trips of the bare write),
+//! or, where the pool keeps no session, a prepared lookup before the transaction;
+//! savepoints that stay savepoints, nothing committed when the completion fails,
+//! a duplicate whose handler hit the winner's row answered the winner's outcome,
+//! connections that go back to the pool clean whatever the answer, no function
+//! of idem's on the path, and keys that never travel as SQL text.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use bytes::Bytes;
+use idem_runtime::test_util::Claims;
+use idem_runtime::test_util::Finish;
+use idem_runtime::{Claim, ClaimRequest, StoredResponse};
+use idem_runtime::{Fingerprint, FingerprintBuilder, Idem, IdempotencyKey, Tx};
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::{Acquire, PgPool, Postgres, Row};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::common::TestDb;
+use crate::common::caller::Caller;
+use crate::common::gate::Gate;
+use suite::{Answer, NewWidget, request, router, send};
+
+type Db = Postgres;
+
+#[path = "suite.rs"]
+mod suite;
+
+stamp!(suite =>
+    a_first_execution_writes_one_finished_row_and_a_retry_replays_it,
+    a_retry_of_a_finished_key_replays_even_when_the_handler_would_now_fail,
+    a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winners_outcome,
+    concurrent_duplicates_on_many_processes_make_one_effect_and_one_answer,
+    an_expired_key_is_executed_anew_by_the_insert,
+);
+
+const WIDGETS: &str =
+    "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)";
+
+/// Every finished row past its retention.
+const EXPIRE_ALL: &str = "UPDATE idempotency_requests SET expires_at = now() - interval '1 second'";
+
+/// How many processes the storm runs; PostgreSQL's losers wait for the
+/// winner's row and never deadlock, so every one answers the winner's outcome.
+const STORM: usize = 16;
+const STORM_MAY_CONFLICT: bool = false;
+
+async fn insert(conn: &mut sqlx::PgConnection, tenant: &str, name: &str) {
+    sqlx::query("INSERT INTO widgets (tenant, name) VALUES ($1, $2)")
+        .bind(tenant)
+        .bind(name)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+/// Writes one widget in the claimed transaction; its id.
+async fn add_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) -> i64 {
+    sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
+        .bind(tenant)
+        .bind(name)
+        .fetch_one(&mut **tx)
+        .await
+        .unwrap()
+}
+
+/// The widget handler's modes only PostgreSQL's tests use; `None` for a mode it
+/// does not know (the handler then writes a widget).
+async fn more_modes(tx: &mut Tx<Db>, tenant: &str, name: &str, mode: &str) -> Option<Answer> {
+    match mode {
+        // A savepoint rolled back, then work after it: only the savepoint's
+        // insert is undone.
+        "savepoint-rollback" => {
+            insert(tx, tenant, "kept").await;
+            let mut sp = (&mut **tx).begin().await.unwrap();
+            insert(&mut sp, tenant, "undone").await;
+            sp.rollback().await.unwrap();
+            insert(tx, tenant, "after").await;
+        }
+        // A savepoint released, then an Err: the release must not have
+        // committed anything.
+        "savepoint-commit-then-err" => {
+            let mut sp = (&mut **tx).begin().await.unwrap();
+            insert(&mut sp, tenant, "released").await;
+            sp.commit().await.unwrap();
+            return Some(Err((StatusCode::CONFLICT, "refused".into())));
+        }
+        // A temporary table shadows idem's for the rest of the transaction:
+        // the completion's insert fails.
+        "break-completion" => {
+            insert(tx, tenant, "orphan").await;
+            sqlx::query("CREATE TEMP TABLE idempotency_requests (x int) ON COMMIT DROP")
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
+        // A natural key of the application's: a second execution that runs
+        // into the first's row answers 409 itself (its transaction is aborted
+        // by then); the first run then waits at the widget's gate.
+        "natural" => {
+            let inserted = sqlx::query("INSERT INTO naturals (nk) VALUES ($1)")
+                .bind(name)
+                .execute(&mut **tx)
+                .await;
+            if let Err(sqlx::Error::Database(e)) = &inserted
+                && e.code().as_deref() == Some("23505")
+            {
+                return Some(Ok((StatusCode::CONFLICT, Json(json!({"duplicate": true})))));
+            }
+            inserted.unwrap();
+            let gate = Gate::named(name);
+            if gate.first_visit() {
+                gate.stop().await;
+            }
+        }
+        // A code under a deferred unique constraint: checked at COMMIT.
+        "deferred" => {
+            sqlx::query("INSERT INTO codes (code) VALUES ($1)")
+                .bind(name)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
+        _ => return None,
+    }
+    Some(Ok((StatusCode::CREATED, Json(json!({"name": name})))))
+}
+
+/// `POST /bare`: the yardstick for round trips.
+fn more_routes(router: Router<Idem<Db>>) -> Router<Idem<Db>> {
+    router.route("/bare", post(bare_widget))
+}
+
+/// The same insert without idem, in a plain sqlx transaction: the yardstick for
+/// round trips.
+async fn bare_widget(
+    State(idem): State<Idem<Db>>,
+    caller: Caller,
+    Json(w): Json<NewWidget>,
+) -> impl IntoResponse {
+    let mut tx = idem.pool().begin().await.unwrap();
+    insert(&mut tx, &caller.0, &w.name).await;
+    tx.commit().await.unwrap();
+    (StatusCode::CREATED, Json(json!({"name": w.name})))
+}
+
+/// `POST /widgets` with `key` and a widget in `mode` (see `create_widget`).
+async fn widget(router: &Router, key: &str, mode: &str) -> (StatusCode, bool, Bytes) {
+    send(
+        router,
+        request("/widgets", key, json!({"name": "x", "mode": mode})),
+    )
+    .await
+}
+
+/// The server-side state of the pool's only connection (`idle`, `idle in
+/// transaction`, ...), read from another connection while the pool's is held, so
+/// that its release (and any rollback queued for it) is complete.
+async fn state_of_the_only_connection(pool: &PgPool, observer: &PgPool) -> String {
+    let mut held = pool.acquire().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *held)
+        .await
+        .unwrap();
+    sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .unwrap()
+}
+
+/// A TCP proxy in front of PostgreSQL that counts round trips: a round trip
+/// starts whenever the client sends after the server last spoke. (Counting the
+/// server's `ReadyForQuery` messages would count a queued rollback that travels
+/// with a ping as two.)
+struct RoundTrips {
+    addr: SocketAddr,
+    count: Arc<AtomicU64>,
+}
+
+impl RoundTrips {
+    async fn start() -> RoundTrips {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicU64::new(0));
+        let counted = count.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let server = TcpStream::connect("127.0.0.1:5432").await.unwrap();
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    // true once the server has spoken since the client last sent
+                    let answered = Arc::new(AtomicBool::new(true));
+                    let heard = answered.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match cr.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if heard.swap(false, Ordering::SeqCst) {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                            }
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        // Marked before forwarding: the client cannot send its
+                        // next message before it has this answer.
+                        answered.store(true, Ordering::SeqCst);
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        RoundTrips { addr, count }
+    }
+
+    fn now(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+/// A pool of one connection through `proxy`, with no ping on acquire, so every
+/// round trip in a window is one the request made (plus the release ping that
+/// every window has once).
+async fn pool_through(proxy: &RoundTrips, db: &TestDb) -> PgPool {
+    let opts = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .username("postgres")
+        .database(&db.name)
+        .ssl_mode(PgSslMode::Disable);
+    PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(opts)
+        .await
+        .unwrap()
+}
+
+/// Round trips of `req` between two points where the pool's one connection is
+/// back in the pool.
+async fn round_trips(
+    proxy: &RoundTrips,
+    pool: &PgPool,
+    router: &Router,
+    req: Request<Body>,
+) -> u64 {
+    // Holding the only connection, nothing is in flight; its release ping is
+    // counted in every window alike.
+    let held = pool.acquire().await.unwrap();
+    let before = proxy.now();
+    drop(held);
+    let (status, _, body) = send(router, req).await;
+    assert!(status.is_success(), "{status}: {body:?}");
+    // Acquiring the only connection waits until the request's release is done.
+    let held = pool.acquire().await.unwrap();
+    let after = proxy.now();
+    drop(held);
+    after - before
+}
+
+/// A database behind a round-trip counting proxy, and the counts of a bare
+/// write, a first execution and its replay, with the session path on or off.
+struct Counted {
+    db: TestDb,
+    proxy: RoundTrips,
+    pool: PgPool,
+    bare: u64,
+    first: u64,
+    replay: u64,
+}
+
+impl Counted {
+    async fn measure(session: bool) -> Counted {
+        let db = TestDb::new().await;
+        db.exec(WIDGETS).await;
+        let proxy = RoundTrips::start().await;
+        let pool = pool_through(&proxy, &db).await;
+        let r = router(Idem::new(pool.clone()).with_session_statements(session));
+        // The first use of a statement on a connection prepares it (a round trip
+        // of its own), and idem's session statements are prepared when a probe
+        // finds them missing: warm every statement up first.
+        for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
+            let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
+            assert!(status.is_success());
+        }
+        let mut counted = Counted {
+            db,
+            proxy,
+            pool,
+            bare: 0,
+            first: 0,
+            replay: 0,
+        };
+        counted.bare = counted.count(&r, "/bare", "b1").await;
+        counted.first = counted.count(&r, "/widgets", "k1").await;
+        counted.replay = counted.count(&r, "/widgets", "k1").await;
+        // BEGIN, INSERT, COMMIT and the release ping, plus the window's own ping.
+        assert_eq!(counted.bare, 5, "the yardstick changed");
+        counted
+    }
+
+    async fn count(&self, r: &Router, path: &str, key: &str) -> u64 {
+        round_trips(
+            &self.proxy,
+            &self.pool,
+            r,
+            request(path, key, json!({"name": "a"})),
+        )
+        .await
+    }
+}
+
+#[tokio::test]
+async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
+    let c = Counted::measure(true).await;
+    // The probe rides with BEGIN, the finished row with COMMIT (and the empty
+    // transaction's ROLLBACK with the release ping).
+    assert_eq!(c.first, c.bare, "a first execution");
+    // The probe's BEGIN fails, then the lookup (with the ROLLBACK), no
+    // transaction after it.
+    assert_eq!(c.replay, 4, "a replay");
+    assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 4);
+    assert_eq!(
+        c.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
+        2
+    );
+}
+
+/// Where sessions are not kept (or the session path is turned off), each of
+/// idem's statements is sent with bound parameters, a round trip each.
+#[tokio::test]
+async fn without_session_statements_a_first_execution_adds_two_round_trips() {
+    let c = Counted::measure(false).await;
+    let bare = c.bare;
+    // The lookup before BEGIN (which carries the deadline in the same message)
+    // and the row's insert before COMMIT.
+    assert_eq!(c.first, bare + 2, "a first execution");
+    // The lookup alone, no transaction.
+    assert_eq!(c.replay, 3, "a replay");
+
+    // Claiming before the handler: idem_claim instead of the lookup, and an
+    // UPDATE instead of the insert; the same count, each row written twice.
+    // The session path does not apply to it.
+    let off = router(
+        Idem::new(c.pool.clone())
+            .with_claims_at_commit(false)
+            .with_session_statements(true),
+    );
+    // (Its statements are prepared by their first use: two more.)
+    assert_eq!(c.count(&off, "/widgets", "k2").await, bare + 2 + 2);
+    assert_eq!(c.count(&off, "/widgets", "k3").await, bare + 2);
+    assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 6);
+}
+
+#[tokio::test]
+async fn a_savepoint_in_the_handler_stays_a_savepoint() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+
+    let (status, _, _) = widget(&r, "k1", "savepoint-rollback").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM widgets ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(names, ["kept", "after"]);
+    let (status, replayed, _) = widget(&r, "k1", "savepoint-rollback").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+
+    // Releasing a savepoint commits nothing: the handler's Err still rolls back
+    // everything, and the key stays free.
+    let (status, _, _) = widget(&r, "k2", "savepoint-commit-then-err").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        db.count("SELECT count(*) FROM widgets WHERE name = 'released'")
+            .await,
+        0
+    );
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
+            db.key("k2")
+        ))
+        .await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_completion_that_fails_commits_nothing() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+    let (status, _, body) = widget(&r, "k1", "break-completion").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:store-unavailable");
+    // Neither the effect nor a record committed, and the key is free.
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+    let (status, replayed, _) = widget(&r, "k1", "plain").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+}
+
+/// A duplicate on another process whose handler ran into the first's own row
+/// (the application's unique key) and answered a 4xx itself: its transaction is
+/// aborted, so its outcome cannot be stored, and the key holds the first's
+/// outcome by then: it answers that (replayed), not a 503.
+#[tokio::test]
+async fn a_duplicate_whose_handler_hit_the_winners_row_replays_the_winner() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
+    let here = router(Idem::new(db.pool.clone()));
+    let there = router(Idem::new(db.pool.clone()));
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    let body = json!({"name": "nat-1", "mode": "natural"});
+    let gate = Gate::named("nat-1");
+    let first = {
+        let (here, body) = (here.clone(), body.clone());
+        tokio::spawn(async move { send(&here, request("/widgets", "k-nat", body)).await })
+    };
+    gate.arrival().await;
+    let second = {
+        let (there, body) = (there.clone(), body.clone());
+        tokio::spawn(async move { send(&there, request("/widgets", "k-nat", body)).await })
+    };
+    // Until the second's insert waits for the first's uncommitted row.
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND strpos(query, 'INSERT INTO naturals') > 0",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the second waits on the first's row");
+    gate.open(1);
+    let (status, replayed, won) = first.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, answered) = second.await.unwrap();
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "{:?}",
+        String::from_utf8_lossy(&answered)
+    );
+    assert_eq!(answered, won);
+    assert_eq!(db.count("SELECT count(*) FROM naturals").await, 1);
+}
+
+/// The claim's `lock_timeout` (the in-flight wait) bounds idem's insert only:
+/// the `COMMIT` after it, which checks the handler's deferred constraints, waits
+/// for a conflicting transaction as long as it would without idem, and commits
+/// when that one rolls back.
+#[tokio::test]
+async fn the_commit_waits_for_deferred_checks_without_the_in_flight_bound() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("CREATE TABLE codes (code text UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+        .await;
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    let mut holder = observer.begin().await.unwrap();
+    sqlx::query("INSERT INTO codes (code) VALUES ('c-1')")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let r = router(
+        Idem::new(db.pool.clone()).with_in_flight_wait(std::time::Duration::from_millis(50)),
+    );
+    let request_task = {
+        let r = r.clone();
+        tokio::spawn(async move {
+            send(
+                &r,
+                request(
+                    "/widgets",
+                    "k-deferred",
+                    json!({"name": "c-1", "mode": "deferred"}),
+                ),
+            )
+            .await
+        })
+    };
+    // Until the request's COMMIT waits for the holder's row (or it ended).
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND query ~ 'COMMIT'",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if waiting == 1 || request_task.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the COMMIT reached the holder's row");
+    // Six times the in-flight wait: a COMMIT bounded by it would have given up.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !request_task.is_finished(),
+        "the COMMIT gave up at the in-flight wait: {:?}",
+        request_task.await
+    );
+    holder.rollback().await.unwrap();
+    let (status, replayed, _) = request_task.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(db.count("SELECT count(*) FROM codes").await, 1);
+}
+
+#[tokio::test]
+async fn the_connection_goes_back_clean_after_every_answer() {
+    let db = TestDb::with_pool_size(1).await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()));
+    let cases = [
+        ("k1", json!({"name": "a"}), StatusCode::CREATED),
+        // replay
+        ("k1", json!({"name": "a"}), StatusCode::CREATED),
+        // mismatch
+        ("k1", json!({"name": "b"}), StatusCode::UNPROCESSABLE_ENTITY),
+        // the handler's Err rolls back
+        (
+            "k2",
+            json!({"name": "a", "mode": "savepoint-commit-then-err"}),
+            StatusCode::CONFLICT,
+        ),
+        // the completion fails
+        (
+            "k3",
+            json!({"name": "a", "mode": "break-completion"}),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+    ];
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    // A key held by an open transaction elsewhere: the insert waits out its
+    // bound, its transaction aborts and rolls back, and the answer is 409.
+    let impatient = router(
+        Idem::new(db.pool.clone()).with_in_flight_wait(std::time::Duration::from_millis(50)),
+    );
+    let mut holder = observer.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_requests (tenant_id, operation, key_digest, fingerprint, \
+                                           state, expires_at) \
+         VALUES ('acme', 'create-widget', sha256('held'::bytea), decode(repeat('00', 32), 'hex'), \
+                 'processing', now() + interval '1 hour')",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let (status, _, _) = send(
+        &impatient,
+        request("/widgets", "held", json!({"name": "a"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        state_of_the_only_connection(&db.pool, &observer).await,
+        "idle",
+        "the 409 left its connection inside a transaction"
+    );
+    holder.rollback().await.unwrap();
+    for (key, body, expected) in cases {
+        let (status, _, text) = send(&r, request("/widgets", key, body.clone())).await;
+        assert_eq!(status, expected, "{key} {body}: {text:?}");
+        assert_eq!(
+            state_of_the_only_connection(&db.pool, &observer).await,
+            "idle",
+            "{key} {body} left its connection inside a transaction"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_role_that_is_not_read_committed_still_claims_at_read_committed() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec(&format!(
+        "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+        db.name
+    ))
+    .await;
+    let pool = PgPool::connect(&db.url).await.unwrap();
+    let idem = Idem::new(pool);
+    let r = router(idem.clone());
+    let (status, _, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, replayed, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// Random text that SQL text would have to escape (the path binds it; this keeps
+/// it honest): quotes, backslashes, dollar quotes, comment markers, semicolons
+/// and non-ASCII, printed with the seed.
+fn awkward_text(rng: &mut fastrand::Rng, ascii_only: bool) -> String {
+    const PIECES: &[&str] = &[
+        "'", "''", "\\", "\\'", "E'", "$$", "$x$", "--", "/*", "*/", ";", "\"", "%", "_", " ", "a",
+        "Z", "9", "\\x00", "\\\\",
+    ];
+    const WIDE: &[&str] = &["é", "ß", "漢", "🦀", "\u{2028}", "\t", "\n"];
+    let n = rng.usize(1..24);
+    let mut s = String::new();
+    for _ in 0..n {
+        if !ascii_only && rng.u8(..) < 40 {
+            s.push_str(WIDE[rng.usize(..WIDE.len())]);
+        } else {
+            s.push_str(PIECES[rng.usize(..PIECES.len())]);
+        }
+    }
+    if ascii_only {
+        // Keys are visible ASCII without surrounding white space, and bare ones hold no comma.
+        s = s.trim().replace(['\t', '\n'], "-");
+        if s.is_empty() {
+            s.push('k');
+        }
+    }
+    s
+}
+
+#[tokio::test]
+async fn awkward_tenants_and_keys_are_stored_and_replayed_exactly() {
+    let seed = std::env::var("IDEM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("seed {seed} (IDEM_TEST_SEED={seed} repeats this run)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone());
+    for i in 0..60 {
+        let tenant = awkward_text(&mut rng, false);
+        let key_text = awkward_text(&mut rng, true);
+        let Ok(key) = IdempotencyKey::parse(format!("\"{}\"", sf_escape(&key_text))) else {
+            panic!("seed {seed}: key {key_text:?} was refused");
+        };
+        let fingerprint: Fingerprint =
+            FingerprintBuilder::new(&tenant, "op", "POST", "/x").finish();
+        let req = ClaimRequest {
+            tenant: &tenant,
+            operation: "op",
+            key: &key,
+            fingerprint,
+            retention: std::time::Duration::from_secs(3600),
+            in_flight_wait: std::time::Duration::from_secs(2),
+        };
+        let (tx, claim) = Postgres::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+            &req,
+        )
+        .await
+        .unwrap();
+        let Claim::Execute(execution) = claim else {
+            panic!("seed {seed}, case {i}: {tenant:?}/{key_text:?} did not execute: {claim:?}");
+        };
+        let stored = StoredResponse {
+            status: 201,
+            headers: vec![("location".into(), format!("/x/{}", tenant.escape_default()))],
+            body: Bytes::from(format!("{tenant}|{key_text}").into_bytes()),
+        };
+        assert!(
+            matches!(
+                Postgres::finish(
+                    &idem_runtime::test_util::claim_context(&idem, Default::default()),
+                    tx,
+                    execution,
+                    &stored
+                )
+                .await,
+                Finish::Committed
+            ),
+            "seed {seed}, case {i}"
+        );
+        let row: (String, Vec<u8>) = sqlx::query_as(
+            "SELECT tenant_id, key_digest FROM idempotency_requests \
+              WHERE tenant_id = $1 AND key_digest = $2",
+        )
+        .bind(&tenant)
+        .bind(key.digest().as_bytes().as_slice())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("seed {seed}, case {i}: row not found: {e}"));
+        assert_eq!(
+            row,
+            (tenant.clone(), key.digest().as_bytes().to_vec()),
+            "seed {seed}"
+        );
+        let (_, again) = Postgres::begin_claim(
+            &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+            &req,
+        )
+        .await
+        .unwrap();
+        match again {
+            Claim::Replay(r) => assert_eq!(r, stored, "seed {seed}, case {i}"),
+            other => panic!("seed {seed}, case {i}: {other:?}"),
+        }
+    }
+    assert!(idem.claims_at_commit());
+}
+
+/// Escapes `"` and `\` for an RFC 8941 string.
+fn sf_escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// No function of idem's runs on the handler's path: with every one of them
+/// dropped, a first execution, a replay, a mismatch and an expired key work.
+#[tokio::test]
+async fn the_handlers_path_needs_no_function_of_idems() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let functions = "SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem\\_%'";
+    assert_eq!(
+        db.count(functions).await,
+        2,
+        "idem_claim and idem_claim_leased"
+    );
+    db.exec("DROP FUNCTION idem_claim, idem_claim_leased").await;
+    let r = router(Idem::new(db.pool.clone()));
+    let (status, _, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, replayed, _) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    let (status, _, _) = send(&r, request("/widgets", "k1", json!({"name": "b"}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
+        .await;
+    let (status, replayed, _) = send(&r, request("/widgets", "k1", json!({"name": "b"}))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+}
+
+/// A claim of `key` for tenant `acme`, operation `op`, waiting `in_flight_wait`.
+fn acme_op(key: &IdempotencyKey, in_flight_wait: std::time::Duration) -> ClaimRequest<'_> {
+    ClaimRequest {
+        tenant: "acme",
+        operation: "op",
+        key,
+        fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
+        retention: std::time::Duration::from_secs(3600),
+        in_flight_wait,
+    }
+}
+
+/// What the server sees of a session (its logs print the same text,
+/// pg_stat_activity shows it) never holds the key. On the bound-parameter path
+/// it holds neither the key nor its digest, for the lookup and `BEGIN` nor for
+/// the completion; on the session path the digest travels as hex inside
+/// `EXECUTE` (a one-way hash of the key, the row's primary key), the key never.
+#[tokio::test]
+async fn statements_carry_neither_the_key_nor_its_digest() {
+    let (texts, digest) = statements_seen(false).await;
+    assert!(texts[1].contains("$3"), "{}", texts[1]);
+    for text in &texts {
+        assert!(!text.contains("SECRET"), "{text}");
+        assert!(!text.contains(&digest), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn session_statements_carry_the_digest_never_the_key() {
+    let (texts, digest) = statements_seen(true).await;
+    assert!(texts[0].contains("EXECUTE idem_probe_2("), "{}", texts[0]);
+    assert!(
+        texts[1].starts_with("EXECUTE idem_insert_1("),
+        "{}",
+        texts[1]
+    );
+    assert!(texts[1].contains(&digest), "{}", texts[1]);
+    for text in &texts {
+        assert!(!text.contains("SECRET"), "{text}");
+    }
+}
+
+/// The texts the server shows for a claim's `BEGIN` and for its completion (held
+/// on a lock while looked at), and the key's digest in hex.
+async fn statements_seen(session: bool) -> (Vec<String>, String) {
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+    let key = IdempotencyKey::parse("sk_live_SECRET_77").unwrap();
+    let req = acme_op(&key, std::time::Duration::from_secs(2));
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    let digest = key.digest().to_string();
+    let sessions = || {
+        let observer = observer.clone();
+        async move {
+            let texts: Vec<String> = sqlx::query_scalar(
+                "SELECT query FROM pg_stat_activity \
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_all(&observer)
+            .await
+            .unwrap();
+            texts
+        }
+    };
+    // The completion (an INSERT) will run into a trigger that waits for a lock
+    // the observer holds, so that its statement is the session's current one
+    // while looked at.
+    db.exec(
+        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$; \
+         CREATE TRIGGER test_hold BEFORE INSERT ON idempotency_requests \
+         FOR EACH ROW EXECUTE FUNCTION test_hold()",
+    )
+    .await;
+
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+        &req,
+    )
+    .await
+    .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("a new key executes: {claim:?}");
+    };
+    let begun = sessions()
+        .await
+        .into_iter()
+        .find(|q| q.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED"))
+        .expect("the claim's BEGIN");
+
+    let mut holder = observer.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(b"ok"),
+    };
+    let finishing = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            Postgres::finish(
+                &idem_runtime::test_util::claim_context(&idem, Default::default()),
+                tx,
+                execution,
+                &stored,
+            )
+            .await
+        })
+    };
+    // Until the completion waits on the lock (the timeout only turns a hang
+    // into a failure).
+    let inserting = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: Vec<String> = sqlx::query_scalar(
+                "SELECT query FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND (strpos(query, 'INSERT INTO idempotency_requests') > 0 \
+                         OR strpos(query, 'EXECUTE idem_insert_1') > 0)",
+            )
+            .fetch_all(&observer)
+            .await
+            .unwrap();
+            if let Some(q) = waiting.into_iter().next() {
+                break q;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the completion reached the trigger");
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    assert!(matches!(finishing.await.unwrap(), Finish::Committed));
+    (vec![begun, inserting], digest)
+}
+
+/// A request's own in-flight wait past `lock_timeout`'s ceiling (`i32::MAX` ms)
+/// is that ceiling at the completion's insert too, not a claim that always fails.
+#[tokio::test]
+async fn a_claim_at_commit_with_an_in_flight_wait_past_the_ceiling_commits() {
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone());
+    let key = IdempotencyKey::parse("k-long-wait").unwrap();
+    let req = acme_op(&key, std::time::Duration::from_secs(30 * 24 * 3600));
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
+        &req,
+    )
+    .await
+    .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("{claim:?}");
+    };
+    let stored = StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: Bytes::new(),
+    };
+    assert!(matches!(
+        Postgres::finish(
+            &idem_runtime::test_util::claim_context(&idem, Default::default()),
+            tx,
+            execution,
+            &stored
+        )
+        .await,
+        Finish::Committed
+    ));
+}
+
+/// The session path's SQL text holds every tenant id, operation and stored
+/// header exactly: a seeded property test against the server with strings made
+/// of what could end or escape a literal (quotes, backslashes, `E'`, dollar
+/// quotes, comments, semicolons), control characters and any Unicode. Each is
+/// claimed, stored, read back through bound parameters, and replayed through the
+/// session lookup; a NUL is a clear error that reserves nothing.
+/// `IDEM_TEST_SEED=<seed>` repeats a run, `IDEM_TEST_CASES` runs more cases.
+#[tokio::test]
+async fn session_text_holds_any_tenant_and_operation() {
+    const PIECES: &[&str] = &[
+        "a", "Z", "0", " ", "'", "''", "\\", "\\'", "E'", "$$", "$x$", ";", "--", "/*", "*/", "\n",
+        "\r", "\t", "\u{1}", "\u{7f}", "é", "€", "𝄞", "\u{2028}", "\u{feff}", "%", "_", ")", "(",
+        ",", "\"", "\\x41", "\\\\",
+    ];
+    let seed = std::env::var("IDEM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("session text: seed {seed} (IDEM_TEST_SEED={seed} repeats it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let cases: usize = std::env::var("IDEM_TEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let text = |rng: &mut fastrand::Rng| -> String {
+        let n = rng.usize(1..=12);
+        (0..n).map(|_| PIECES[rng.usize(..PIECES.len())]).collect()
+    };
+
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(true);
+    let wait = std::time::Duration::from_secs(2);
+    for case in 0..cases {
+        let tenant = text(&mut rng);
+        let operation = text(&mut rng);
+        let header = text(&mut rng);
+        let body: Vec<u8> = (0..rng.usize(0..64)).map(|_| rng.u8(..)).collect();
+        let key = IdempotencyKey::parse(format!("k-{case}").as_str()).unwrap();
+        let req = ClaimRequest {
+            tenant: &tenant,
+            operation: &operation,
+            key: &key,
+            fingerprint: FingerprintBuilder::new(&tenant, &operation, "POST", "/x").finish(),
+            retention: std::time::Duration::from_secs(3600),
+            in_flight_wait: wait,
+        };
+        let (tx, claim) =
+            Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap_or_else(|e| panic!("{tenant:?} / {operation:?}: {e}"));
+        let Claim::Execute(execution) = claim else {
+            panic!("{tenant:?} / {operation:?}: a new key executes: {claim:?}");
+        };
+        let stored = StoredResponse {
+            status: 201,
+            headers: vec![("x-note".to_owned(), header.clone())],
+            body: Bytes::from(body.clone()),
+        };
+        let finished = Postgres::finish(
+            &idem_runtime::test_util::claim_context(&idem, wait),
+            tx,
+            execution,
+            &stored,
+        )
+        .await;
+        assert!(
+            matches!(finished, Finish::Committed),
+            "{tenant:?} / {operation:?}: {finished:?}"
+        );
+        let (t, o, b): (String, String, Vec<u8>) = sqlx::query_as(
+            "SELECT tenant_id, operation, response_body FROM idempotency_requests \
+              WHERE key_digest = $1",
+        )
+        .bind(&key.digest().as_bytes()[..])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (t.as_str(), o.as_str()),
+            (tenant.as_str(), operation.as_str())
+        );
+        assert_eq!(b, body);
+        let (_, again) =
+            Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap();
+        match again {
+            Claim::Replay(replayed) => assert_eq!(replayed, stored, "{tenant:?}"),
+            other => panic!("{tenant:?} / {operation:?}: a retry replays: {other:?}"),
+        }
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        cases as i64
+    );
+
+    // A NUL cannot be held by PostgreSQL's text: a clear error, nothing reserved.
+    let key = IdempotencyKey::parse("k-nul").unwrap();
+    let req = ClaimRequest {
+        tenant: "acme\0evil",
+        ..acme_op(&key, wait)
+    };
+    let Err(err) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req).await
+    else {
+        panic!("a NUL is refused");
+    };
+    assert!(err.to_string().contains("NUL"), "{err}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        cases as i64
+    );
+}
+
+/// The session path never gives a connection back inside a transaction, with
+/// one of idem's settings left on it, or with a message half-read: after every
+/// outcome (a first execution, a replay, a key taken by another execution, a
+/// lock wait past the bound, a session that lost idem's statements, a handler
+/// that never finished) the pool's one connection is outside any transaction
+/// with the server's own settings.
+#[tokio::test]
+async fn session_path_connections_return_clean_from_every_outcome() {
+    let db = TestDb::new().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let idem: Idem<Postgres> = Idem::new(pool.clone()).with_session_statements(true);
+    let other: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(true);
+    let wait = std::time::Duration::from_millis(200);
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(b"ok"),
+    };
+    let clean = |what: &'static str| {
+        let pool = pool.clone();
+        async move {
+            // A simple query: a transaction begun by it starts with it.
+            let row = sqlx::raw_sql(
+                "SELECT now() = statement_timestamp() AS fresh, \
+                        current_setting('lock_timeout') AS lock, \
+                        current_setting('statement_timeout') AS statement",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            let fresh: bool = row.get("fresh");
+            let (lock, statement): (String, String) = (row.get("lock"), row.get("statement"));
+            assert!(
+                fresh,
+                "{what}: the connection came back inside a transaction"
+            );
+            assert_eq!((lock.as_str(), statement.as_str()), ("0", "0"), "{what}");
+        }
+    };
+    let execute = |idem: Idem<Postgres>, key: &'static str| {
+        let stored = stored.clone();
+        async move {
+            let key = IdempotencyKey::parse(key).unwrap();
+            let req = acme_op(&key, wait);
+            let (tx, claim) =
+                Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                    .await
+                    .unwrap();
+            let Claim::Execute(execution) = claim else {
+                panic!("{claim:?}")
+            };
+            Postgres::finish(
+                &idem_runtime::test_util::claim_context(&idem, wait),
+                tx,
+                execution,
+                &stored,
+            )
+            .await
+        }
+    };
+
+    assert!(matches!(
+        execute(idem.clone(), "k1").await,
+        Finish::Committed
+    ));
+    clean("a first execution").await;
+
+    let key = IdempotencyKey::parse("k1").unwrap();
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        &acme_op(&key, wait),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(claim, Claim::Replay(_)), "{claim:?}");
+    drop(tx);
+    clean("a replay").await;
+
+    // Another execution finishes the key while this one runs its handler.
+    let key = IdempotencyKey::parse("k2").unwrap();
+    let req = acme_op(&key, wait);
+    let (tx, claim) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("{claim:?}")
+    };
+    assert!(matches!(
+        execute(other.clone(), "k2").await,
+        Finish::Committed
+    ));
+    let lost = Postgres::finish(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        tx,
+        execution,
+        &stored,
+    )
+    .await;
+    assert!(matches!(lost, Finish::Taken(Claim::Replay(_))), "{lost:?}");
+    clean("a key taken by another execution").await;
+
+    // Another transaction holds the key past the in-flight bound.
+    let key = IdempotencyKey::parse("k3").unwrap();
+    let req = acme_op(&key, wait);
+    let (tx, claim) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("{claim:?}")
+    };
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, response_status, expires_at) \
+         VALUES ('acme', 'op', $1, $2, 'completed', 201, now() + interval '1 hour')",
+    )
+    .bind(&key.digest().as_bytes()[..])
+    .bind(&req.fingerprint.as_bytes()[..])
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let held = Postgres::finish(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        tx,
+        execution,
+        &stored,
+    )
+    .await;
+    assert!(
+        matches!(held, Finish::Taken(Claim::InFlight { .. })),
+        "{held:?}"
+    );
+    holder.rollback().await.unwrap();
+    clean("a lock wait past the bound").await;
+
+    // A session that lost idem's statements prepares them again.
+    sqlx::raw_sql("DEALLOCATE idem_probe_2; DEALLOCATE idem_insert_1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(matches!(
+        execute(idem.clone(), "k4").await,
+        Finish::Committed
+    ));
+    clean("statements prepared again").await;
+
+    // A handler that never finished: its transaction is dropped.
+    let key = IdempotencyKey::parse("k5").unwrap();
+    let (tx, claim) = Postgres::begin_claim(
+        &idem_runtime::test_util::claim_context(&idem, wait),
+        &acme_op(&key, wait),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(claim, Claim::Execute(_)), "{claim:?}");
+    drop(tx);
+    clean("a dropped transaction").await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        3
+    );
+}
+
+/// A finished row whose insert waited for another holder of the key longer
+/// than its retention still commits with its retention left: the wait's bound
+/// is added to the expiry (docs/decisions.md, "Retention"). Deterministic: the
+/// holder's uncommitted row keeps the insert waiting (seen waiting on the lock)
+/// for longer than the retention, then rolls back.
+#[tokio::test]
+async fn a_row_that_waited_longer_than_its_retention_commits_live() {
+    for session in [true, false] {
+        row_that_waited_commits_live(session).await;
+    }
+}
+
+async fn row_that_waited_commits_live(session: bool) {
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+    let wait = std::time::Duration::from_secs(5);
+    let key = IdempotencyKey::parse("short-retention").unwrap();
+    let req = ClaimRequest {
+        retention: std::time::Duration::from_millis(300),
+        ..acme_op(&key, wait)
+    };
+    let (tx, claim) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
+    let Claim::Execute(execution) = claim else {
+        panic!("{claim:?}")
+    };
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_requests \
+                (tenant_id, operation, key_digest, fingerprint, state, response_status, expires_at) \
+         VALUES ('acme', 'op', $1, $2, 'completed', 201, now() + interval '1 hour')",
+    )
+    .bind(&key.digest().as_bytes()[..])
+    .bind(&req.fingerprint.as_bytes()[..])
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(b"ok"),
+    };
+    let finishing = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            Postgres::finish(
+                &idem_runtime::test_util::claim_context(&idem, wait),
+                tx,
+                execution,
+                &stored,
+            )
+            .await
+        })
+    };
+    let observer = PgPool::connect(&db.url).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the insert waits for the holder");
+    // The insert is seen waiting: wall time now passes the retention.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    holder.rollback().await.unwrap();
+    let finished = finishing.await.unwrap();
+    assert!(matches!(finished, Finish::Committed), "{finished:?}");
+    let live: bool = sqlx::query_scalar(
+        "SELECT expires_at > now() FROM idempotency_requests WHERE key_digest = $1",
+    )
+    .bind(&key.digest().as_bytes()[..])
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(live, "session {session}: the row committed already expired");
+    let (_, again) =
+        Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+            .await
+            .unwrap();
+    assert!(
+        matches!(again, Claim::Replay(_)),
+        "session {session}: a retry replays: {again:?}"
+    );
+}
+
+/// Whichever shape the finished row takes, a key another execution finished
+/// while this one ran its handler is lost, never overwritten: a new key's plain
+/// insert meets the other's row as a unique violation of the key, an expired
+/// row's takeover (the insert with `ON CONFLICT .. WHERE <expired>`) finds the
+/// row live again and claims nothing. Both answer the winner's outcome and roll
+/// back, on the session path and on the bound-parameter path, and the other's
+/// row stays as it committed.
+#[tokio::test]
+async fn a_key_finished_meanwhile_is_lost_by_a_new_or_an_expired_keys_insert() {
+    for session in [true, false] {
+        for expired in [false, true] {
+            key_finished_meanwhile_is_lost(session, expired).await;
+        }
+    }
+}
+
+async fn key_finished_meanwhile_is_lost(session: bool, expired: bool) {
+    let case = format!("session {session}, expired row {expired}");
+    let db = TestDb::new().await;
+    let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+    let other: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+    let wait = std::time::Duration::from_millis(500);
+    let key = IdempotencyKey::parse("taken-meanwhile").unwrap();
+    let req = acme_op(&key, wait);
+    let stored = |body: &'static [u8]| StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from_static(body),
+    };
+    let claim = |idem: Idem<Postgres>| {
+        let req = req.clone();
+        async move {
+            let (tx, claim) =
+                Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                    .await
+                    .unwrap();
+            let Claim::Execute(execution) = claim else {
+                panic!("{claim:?}")
+            };
+            (idem, tx, execution)
+        }
+    };
+    let finish = |(idem, tx, execution), body| async move {
+        Postgres::finish(
+            &idem_runtime::test_util::claim_context(&idem, wait),
+            tx,
+            execution,
+            &stored(body),
+        )
+        .await
+    };
+    if expired {
+        let first = claim(idem.clone()).await;
+        assert!(matches!(finish(first, b"old").await, Finish::Committed));
+        db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
+            .await;
+    }
+    // Both decide to execute; the other commits first.
+    let mine = claim(idem.clone()).await;
+    let theirs = claim(other.clone()).await;
+    assert!(
+        matches!(finish(theirs, b"theirs").await, Finish::Committed),
+        "{case}"
+    );
+    let lost = finish(mine, b"mine").await;
+    let Finish::Taken(Claim::Replay(replayed)) = lost else {
+        panic!("{case}: {lost:?}")
+    };
+    assert_eq!(&replayed.body[..], b"theirs", "{case}");
+    let (generation, body): (i64, Vec<u8>) =
+        sqlx::query_as("SELECT generation, response_body FROM idempotency_requests")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (generation, &body[..]),
+        (if expired { 2 } else { 1 }, &b"theirs"[..]),
+        "{case}"
+    );
+    // The loser's connection went back outside any transaction.
+    let in_tx: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+          WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(in_tx, 0, "{case}");
+}
+
+/// A new key that a leased execution took while this one ran its handler: the
+/// plain insert meets the leased row as a unique violation of the key, which is
+/// a lost race (the key is in flight: `409` with `Retry-After`), not a failure
+/// of the store. On both paths, the loser's transaction rolled back.
+#[tokio::test]
+async fn a_new_key_taken_by_a_leased_execution_meanwhile_is_in_flight() {
+    for session in [true, false] {
+        let db = TestDb::new().await;
+        let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+        let wait = std::time::Duration::from_millis(200);
+        let key = IdempotencyKey::parse("leased-meanwhile").unwrap();
+        let req = acme_op(&key, wait);
+        let (tx, claim) =
+            Postgres::begin_claim(&idem_runtime::test_util::claim_context(&idem, wait), &req)
+                .await
+                .unwrap();
+        let Claim::Execute(execution) = claim else {
+            panic!("session {session}: {claim:?}")
+        };
+        sqlx::query(
+            "INSERT INTO idempotency_requests \
+                    (tenant_id, operation, key_digest, fingerprint, state, owner_token, \
+                     lease_expires_at, expires_at) \
+             VALUES ('acme', 'op', $1, $2, 'processing', gen_random_uuid(), \
+                     now() + interval '1 hour', now() + interval '1 hour')",
+        )
+        .bind(&key.digest().as_bytes()[..])
+        .bind(&req.fingerprint.as_bytes()[..])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let stored = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: Bytes::from_static(b"mine"),
+        };
+        let finished = Postgres::finish(
+            &idem_runtime::test_util::claim_context(&idem, wait),
+            tx,
+            execution,
+            &stored,
+        )
+        .await;
+        assert!(
+            matches!(finished, Finish::Taken(Claim::InFlight { .. })),
+            "session {session}: {finished:?}"
+        );
+        let state: String = sqlx::query_scalar("SELECT state FROM idempotency_requests")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            state, "processing",
+            "session {session}: the leased row stays"
+        );
+    }
+}
