@@ -226,8 +226,8 @@ mod sqlite {
     #[tokio::test]
     async fn the_handlers_path_writes_the_row_once_and_nothing_before_the_outcome() {
         use idem_runtime::Idem;
-        use idem_runtime::test_util::Claims;
         use idem_runtime::test_util::Finish;
+        use idem_runtime::test_util::HandlerPath;
 
         let db = db().await;
         db.exec(
@@ -338,7 +338,7 @@ mod sqlite {
     #[tokio::test]
     async fn a_held_write_lock_past_the_busy_timeout_is_busy() {
         use idem_runtime::Idem;
-        use idem_runtime::test_util::Claims;
+        use idem_runtime::test_util::HandlerPath;
         let db = db().await;
         let impatient = one_connection(&db, Duration::from_millis(200)).await;
         let mut holder = db.pool.acquire().await.unwrap();

@@ -60,7 +60,7 @@ pub async fn claim<DB: Backend>(
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
     crate::model::refuse_under_a_millisecond(req.retention, None)?;
-    DB::claim(tx, req).await
+    DB::claim(&mut **tx, req).await
 }
 
 /// Creates or updates idem's table (and, on PostgreSQL, its functions). Safe to
@@ -112,6 +112,6 @@ impl Execution {
         tx: &mut Transaction<'_, DB>,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        DB::complete(self, tx, response).await
+        DB::complete(self, &mut **tx, response).await
     }
 }

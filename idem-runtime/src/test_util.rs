@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 pub use crate::db::ClaimContext;
-pub use crate::db::stores::Claims;
+pub use crate::db::stores::{Claims, HandlerPath};
 pub use crate::model::Finish;
 pub use crate::response::replay;
 
@@ -27,8 +27,8 @@ pub mod decide {
 }
 
 /// What a claim on the handler's path needs of `idem`, for a request whose
-/// in-flight wait is `in_flight_wait`: the argument of [`Claims::begin_claim`]
-/// and [`Claims::finish`].
+/// in-flight wait is `in_flight_wait`: the argument of [`HandlerPath::begin_claim`]
+/// and [`HandlerPath::finish`].
 pub fn claim_context<DB: crate::db::Backend>(
     idem: &crate::Idem<DB>,
     in_flight_wait: Duration,

@@ -384,7 +384,7 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
 /// then), then rolls back.
 #[tokio::test]
 async fn a_row_that_waited_longer_than_its_retention_commits_live() {
-    use idem_runtime::test_util::{Claims, Finish};
+    use idem_runtime::test_util::{Finish, HandlerPath};
     for set_statement in [true, false] {
         let db = MySqlDb::new().await;
         idem_runtime::test_util::assume_set_statement(Some(set_statement));

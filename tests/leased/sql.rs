@@ -40,7 +40,7 @@ pub async fn a_transactional_reclaim_forgets_the_leased_executions_downstream_ke
         };
         if handler_path {
             let idem: Idem<Db> = Idem::new(db.pool.clone());
-            let (tx, c) = <Db as idem_runtime::test_util::Claims>::begin_claim(
+            let (tx, c) = <Db as idem_runtime::test_util::HandlerPath>::begin_claim(
                 &idem_runtime::test_util::claim_context(&idem, req.in_flight_wait),
                 &req,
             )
@@ -50,7 +50,7 @@ pub async fn a_transactional_reclaim_forgets_the_leased_executions_downstream_ke
                 panic!("the expired key executes anew: {c:?}")
             };
             assert!(matches!(
-                <Db as idem_runtime::test_util::Claims>::finish(
+                <Db as idem_runtime::test_util::HandlerPath>::finish(
                     &idem_runtime::test_util::claim_context(&idem, Default::default()),
                     tx,
                     exec,

@@ -107,6 +107,7 @@ pub trait Backend:
     + sealed::Sealed
     + stores::Schema
     + stores::Claims
+    + stores::HandlerPath
     + leases::LeaseBackend<Store = Pool<Self>, UncertainRow = leases::SqlUncertain>
     + stores::Upkeep
     + stores::Transitions

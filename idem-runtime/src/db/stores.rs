@@ -8,8 +8,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use sqlx::Pool;
 use sqlx::migrate::Migrator;
-use sqlx::{Pool, Transaction};
 
 use super::{Backend, ClaimContext, Tx};
 use crate::model::{
@@ -28,26 +28,32 @@ pub trait Schema: sqlx::Database {
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// The transactional mode: the claim and completion inside the caller's
-/// transaction, and the handler's path.
+/// The transactional mode: the claim and the completion on the connection of
+/// a transaction the caller began (`idem_runtime::claim`, `Execution::complete`),
+/// and the handler's path when its claims are not at commit.
 pub trait Claims: sqlx::Database {
-    /// Claims a key inside the caller's transaction.
+    /// Claims a key on the connection of the caller's transaction.
     fn claim(
-        tx: &mut Transaction<'_, Self>,
+        conn: &mut Self::Connection,
         req: &ClaimRequest<'_>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Stores an execution's outcome inside the transaction that claimed it.
+    /// Stores an execution's outcome on the connection of the transaction that
+    /// claimed it.
     fn complete(
         execution: Execution,
-        tx: &mut Transaction<'_, Self>,
+        conn: &mut Self::Connection,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
 
-    /// The handler's path: begins a transaction on a connection of `ctx`'s pool
-    /// and claims the key in it, in as few round trips as the database allows.
-    /// The [`Tx`] comes back whatever the claim decided (dropping it releases the
-    /// connection); only [`Claim::Execute`] leaves its transaction open.
+/// The handler's path: the transaction idem begins for an `#[idempotent]`
+/// handler, claimed in as few round trips as the database allows, and its end.
+pub trait HandlerPath: Claims {
+    /// Begins a transaction on a connection of `ctx`'s pool and claims the key
+    /// in it. The [`Tx`] comes back whatever the claim decided (dropping it
+    /// releases the connection); only [`Claim::Execute`] leaves its transaction
+    /// open.
     fn begin_claim(
         ctx: &ClaimContext<'_, Self>,
         req: &ClaimRequest<'_>,
@@ -55,7 +61,7 @@ pub trait Claims: sqlx::Database {
     where
         Self: Backend;
 
-    /// The handler's path: stores the outcome in `tx` and commits.
+    /// Stores the outcome in `tx` and commits.
     fn finish(
         ctx: &ClaimContext<'_, Self>,
         tx: Tx<Self>,
@@ -65,10 +71,10 @@ pub trait Claims: sqlx::Database {
     where
         Self: Backend;
 
-    /// The handler's path, after `execution` rolled back: what to answer instead
-    /// of its own outcome, when another execution finished the key meanwhile.
-    /// Only a database that claims at commit can find one; the others held the
-    /// key from the claim on.
+    /// After `execution` rolled back: what to answer instead of its own
+    /// outcome, when another execution finished the key meanwhile. Only a
+    /// database that claims at commit can find one; the others held the key
+    /// from the claim on.
     fn taken_since(
         ctx: &ClaimContext<'_, Self>,
         execution: &Execution,

@@ -53,6 +53,7 @@ use crate::db::Tx;
 use crate::db::at_commit::{self, KeyLookup};
 use crate::db::rows::{encode_text, stored_from_text};
 use crate::db::shared::BindKey;
+use crate::db::stores::{Claims, HandlerPath};
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -190,34 +191,6 @@ fn bounded_upsert(secs: u64) -> &'static str {
     }
 }
 
-/// Looks the key up and, unless that answers the request, begins the handler's
-/// transaction (see the module docs).
-pub(crate) async fn begin_claim(
-    ctx: &ClaimContext<'_, MySql>,
-    req: &ClaimRequest<'_>,
-) -> Result<(Tx<MySql>, Claim), StoreError> {
-    if !ctx.claims_at_commit {
-        return claim_first(ctx, req).await;
-    }
-    let mut conn = ctx.pool.acquire().await?;
-    let snapshot = MySql::lookup(
-        &mut conn,
-        req.tenant,
-        req.operation,
-        req.key.digest(),
-        &req.fingerprint,
-    )
-    .await?;
-    let generation = match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::TransactionalStep::Execute { generation } => generation,
-        decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
-    };
-    let tx = Tx::begin_on(conn, sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED))
-        .await
-        .map_err(|(_, e)| e)?;
-    Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
-}
-
 /// Begin READ COMMITTED, then claim with the locking read; a deadlock rolled
 /// the transaction back, so the claim is retried in a new one, a bounded number
 /// of times.
@@ -253,6 +226,121 @@ async fn claim_first(
     }
 }
 
+/// The handler's path; the claim and the completion in the caller's
+/// transaction are `transactional`'s.
+impl HandlerPath for MySql {
+    /// Looks the key up and, unless that answers the request, begins the handler's
+    /// transaction (see the module docs).
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        if !ctx.claims_at_commit {
+            return claim_first(ctx, req).await;
+        }
+        let mut conn = ctx.pool.acquire().await?;
+        let snapshot = MySql::lookup(
+            &mut conn,
+            req.tenant,
+            req.operation,
+            req.key.digest(),
+            &req.fingerprint,
+        )
+        .await?;
+        let generation = match decide::transactional(snapshot, req.in_flight_wait) {
+            decide::TransactionalStep::Execute { generation } => generation,
+            decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
+        };
+        let tx = Tx::begin_on(conn, sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED))
+            .await
+            .map_err(|(_, e)| e)?;
+        Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
+    }
+
+    /// Stores the outcome, claiming the key with it, and commits (see the module
+    /// docs). Another execution's hold on the key is [`Finish::Taken`], with what to
+    /// answer instead.
+    async fn finish(
+        ctx: &ClaimContext<'_, Self>,
+        mut tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        if !execution.at_commit {
+            let stored = MySql::complete(execution, tx.connection(), response).await;
+            return tx.commit_after(stored).await;
+        }
+        let (status, headers) = match encode_text(response) {
+            Ok(encoded) => encoded,
+            Err(e) => return Finish::NotStored(e),
+        };
+        let started = Instant::now();
+        // On MySQL 8 the insert's lock wait is a session setting set around it:
+        // dropped in between, the connection is closed (see `Tx::session_changed`).
+        // Once `upsert` returns, it gave the setting back (a lock-wait timeout
+        // included, the common failure under contention).
+        tx.session_changed(true);
+        let taken = upsert(tx.connection(), &execution, response, status, &headers).await;
+        tx.session_changed(false);
+        match taken {
+            Ok(Some(_generation)) => match tx.commit().await {
+                Ok(()) => Finish::Committed,
+                Err(e) => Finish::Unknown(e.into()),
+            },
+            Ok(None) => {
+                // A finished row that has not expired, or a leased execution's: this
+                // execution loses, and answers what the key holds now.
+                crate::metrics::claim_waited(execution.operation.clone(), started);
+                if let Err(e) = tx.rollback().await {
+                    return Finish::NotStored(e.into());
+                }
+                match at_commit::answer_instead(ctx, &execution).await {
+                    Ok(claim) => Finish::Taken(claim),
+                    Err(e) => Finish::NotStored(e),
+                }
+            }
+            Err(e) if is_lock_timeout(&e) => {
+                crate::metrics::claim_waited(execution.operation.clone(), started);
+                if let Err(e) = tx.rollback().await {
+                    return Finish::NotStored(e.into());
+                }
+                Finish::Taken(Claim::InFlight {
+                    retry_after: execution.in_flight_wait.max(Duration::from_secs(1)),
+                })
+            }
+            // InnoDB rolled the whole transaction back (a deadlock), or the insert
+            // failed: nothing committed. If another execution finished the key
+            // meanwhile, its outcome is the answer; a deadlock over the key means
+            // another holds it, so in flight.
+            Err(e @ sqlx::Error::Database(_)) => {
+                if let Err(rollback) = tx.rollback().await {
+                    return Finish::NotStored(rollback.into());
+                }
+                match at_commit::answer_instead(ctx, &execution).await {
+                    Ok(claim) if is_deadlock(&e) => Finish::Taken(claim),
+                    Ok(claim) => match decide::answers_instead(claim) {
+                        Some(claim) => Finish::Taken(claim),
+                        None => Finish::NotStored(e.into()),
+                    },
+                    Err(_) => Finish::NotStored(e.into()),
+                }
+            }
+            Err(e) => {
+                // Where the connection stopped is not known: close it.
+                tx.discard();
+                Finish::NotStored(e.into())
+            }
+        }
+    }
+
+    async fn taken_since(
+        ctx: &ClaimContext<'_, Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        at_commit::taken_since(ctx, execution).await
+    }
+}
+
 impl KeyLookup for MySql {
     /// The key as it stands, if it has a row; `fingerprint` is the request's.
     async fn lookup<'c>(
@@ -278,82 +366,6 @@ impl KeyLookup for MySql {
             || stored_from_text(&row),
         )
         .map(Some)
-    }
-}
-
-/// Stores the outcome, claiming the key with it, and commits (see the module
-/// docs). Another execution's hold on the key is [`Finish::Taken`], with what to
-/// answer instead.
-pub(crate) async fn finish(
-    ctx: &ClaimContext<'_, MySql>,
-    mut tx: Tx<MySql>,
-    execution: Execution,
-    response: &StoredResponse,
-) -> Finish {
-    if !execution.at_commit {
-        let stored = transactional::complete_on(execution, tx.connection(), response).await;
-        return tx.commit_after(stored).await;
-    }
-    let (status, headers) = match encode_text(response) {
-        Ok(encoded) => encoded,
-        Err(e) => return Finish::NotStored(e),
-    };
-    let started = Instant::now();
-    // On MySQL 8 the insert's lock wait is a session setting set around it:
-    // dropped in between, the connection is closed (see `Tx::session_changed`).
-    // Once `upsert` returns, it gave the setting back (a lock-wait timeout
-    // included, the common failure under contention).
-    tx.session_changed(true);
-    let taken = upsert(tx.connection(), &execution, response, status, &headers).await;
-    tx.session_changed(false);
-    match taken {
-        Ok(Some(_generation)) => match tx.commit().await {
-            Ok(()) => Finish::Committed,
-            Err(e) => Finish::Unknown(e.into()),
-        },
-        Ok(None) => {
-            // A finished row that has not expired, or a leased execution's: this
-            // execution loses, and answers what the key holds now.
-            crate::metrics::claim_waited(execution.operation.clone(), started);
-            if let Err(e) = tx.rollback().await {
-                return Finish::NotStored(e.into());
-            }
-            match at_commit::answer_instead(ctx, &execution).await {
-                Ok(claim) => Finish::Taken(claim),
-                Err(e) => Finish::NotStored(e),
-            }
-        }
-        Err(e) if is_lock_timeout(&e) => {
-            crate::metrics::claim_waited(execution.operation.clone(), started);
-            if let Err(e) = tx.rollback().await {
-                return Finish::NotStored(e.into());
-            }
-            Finish::Taken(Claim::InFlight {
-                retry_after: execution.in_flight_wait.max(Duration::from_secs(1)),
-            })
-        }
-        // InnoDB rolled the whole transaction back (a deadlock), or the insert
-        // failed: nothing committed. If another execution finished the key
-        // meanwhile, its outcome is the answer; a deadlock over the key means
-        // another holds it, so in flight.
-        Err(e @ sqlx::Error::Database(_)) => {
-            if let Err(rollback) = tx.rollback().await {
-                return Finish::NotStored(rollback.into());
-            }
-            match at_commit::answer_instead(ctx, &execution).await {
-                Ok(claim) if is_deadlock(&e) => Finish::Taken(claim),
-                Ok(claim) => match decide::answers_instead(claim) {
-                    Some(claim) => Finish::Taken(claim),
-                    None => Finish::NotStored(e.into()),
-                },
-                Err(_) => Finish::NotStored(e.into()),
-            }
-        }
-        Err(e) => {
-            // Where the connection stopped is not known: close it.
-            tx.discard();
-            Finish::NotStored(e.into())
-        }
     }
 }
 

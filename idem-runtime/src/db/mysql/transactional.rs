@@ -28,18 +28,18 @@
 
 use std::time::Duration;
 
-use sqlx::{MySql, MySqlConnection, Row, Transaction};
+use sqlx::{MySql, MySqlConnection, Row};
 
-use super::hot_path::{self, PARSE_ERROR, learned_set_statement, set_statement_refused};
+use super::hot_path::{PARSE_ERROR, learned_set_statement, set_statement_refused};
 use super::{
     bound_lock_wait, error_number, is_deadlock, is_duplicate, is_lock_timeout,
     lock_wait_for_statement, lock_wait_seconds, now_ms, restore_lock_wait,
 };
 use crate::db::rows::{encode_text, stored_from_text};
 use crate::db::shared::BindKey;
-use crate::db::{ClaimContext, Tx};
+use crate::db::stores::Claims;
 use crate::decide::RowState;
-use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
+use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
 /// How many times the handler's path begins a claim's transaction when InnoDB
 /// picks it as a deadlock's victim, before answering in flight.
@@ -222,72 +222,41 @@ async fn claim_bounded(
     Ok(in_flight(req))
 }
 
-/// The claim and the completion in the caller's transaction are this module's;
-/// the handler's path is `hot_path`'s.
-impl crate::db::stores::Claims for MySql {
+/// The claim and the completion in the caller's transaction; the handler's
+/// path is `hot_path`'s.
+impl Claims for MySql {
     /// In a transaction the caller began: a deadlock (the whole transaction was
     /// rolled back by InnoDB) is answered as in flight, since it cannot be
     /// retried here.
     async fn claim(
-        tx: &mut Transaction<'_, Self>,
+        conn: &mut MySqlConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Claim, StoreError> {
-        match claim_borrowed(tx, req).await {
+        match claim_borrowed(conn, req).await {
             Err(StoreError::Database(e)) if is_deadlock(&e) => Ok(in_flight(req)),
             other => other,
         }
     }
 
+    /// Stores an execution's outcome on the connection of the transaction that
+    /// claimed the key.
     async fn complete(
         execution: Execution,
-        tx: &mut Transaction<'_, Self>,
+        conn: &mut MySqlConnection,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        complete_on(execution, tx, response).await
+        let (status, headers) = encode_text(response)?;
+        let done = sqlx::query(COMPLETE_SQL)
+            .bind(response.state())
+            .bind(status)
+            .bind(headers)
+            .bind(&response.body[..])
+            .bind(millis(execution.retention))
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
+            .bind(execution.generation)
+            .execute(&mut *conn)
+            .await?;
+        // sqlx connects with CLIENT_FOUND_ROWS: the rows matched, not only changed.
+        execution.completed(done.rows_affected())
     }
-
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        ctx: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(ctx, tx, execution, response).await
-    }
-
-    async fn taken_since(
-        ctx: &ClaimContext<'_, Self>,
-        execution: &Execution,
-    ) -> Result<Option<Claim>, StoreError> {
-        crate::db::at_commit::taken_since(ctx, execution).await
-    }
-}
-
-/// Stores an execution's outcome on the connection of the transaction that
-/// claimed the key.
-pub(crate) async fn complete_on(
-    execution: Execution,
-    conn: &mut MySqlConnection,
-    response: &StoredResponse,
-) -> Result<(), StoreError> {
-    let (status, headers) = encode_text(response)?;
-    let done = sqlx::query(COMPLETE_SQL)
-        .bind(response.state())
-        .bind(status)
-        .bind(headers)
-        .bind(&response.body[..])
-        .bind(millis(execution.retention))
-        .bind_key(&execution.tenant, &execution.operation, execution.key)
-        .bind(execution.generation)
-        .execute(&mut *conn)
-        .await?;
-    // sqlx connects with CLIENT_FOUND_ROWS: the rows matched, not only changed.
-    execution.completed(done.rows_affected())
 }

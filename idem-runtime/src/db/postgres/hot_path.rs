@@ -71,10 +71,11 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 
 use super::BEGIN_READ_COMMITTED;
 use super::session::{self, bytea_literal, text_literal};
-use super::transactional::{claim_on, complete_on, stored_from_row, stored_with_body};
+use super::transactional::{stored_from_row, stored_with_body};
 use crate::db::ClaimContext;
 use crate::db::Tx;
 use crate::db::at_commit::{self, KeyLookup};
+use crate::db::stores::{Claims, HandlerPath};
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -107,39 +108,6 @@ const INSERT_NEW_SQL: &str = concat!(
 
 /// PostgreSQL's `lock_not_available`: the insert waited past `lock_timeout`.
 const LOCK_TIMEOUT: &str = "55P03";
-
-/// Looks the key up and, unless that answers the request, begins the handler's
-/// transaction (see the module docs).
-pub(crate) async fn begin_claim(
-    ctx: &ClaimContext<'_, Postgres>,
-    req: &ClaimRequest<'_>,
-) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let in_session = ctx.claims_at_commit
-        && session::uses_session_statements(ctx.pool, ctx.session_statements, ctx.session_path)
-            .await;
-    let mut conn = ctx.pool.acquire().await?;
-    if in_session {
-        return begin_in_session(ctx, req, conn).await;
-    }
-    let begin = begin_statement(ctx);
-    if !ctx.claims_at_commit {
-        return claim_first(conn, req, begin).await;
-    }
-    let snapshot = Postgres::lookup(
-        &mut conn,
-        req.tenant,
-        req.operation,
-        req.key.digest(),
-        &req.fingerprint,
-    )
-    .await?;
-    let generation = match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::TransactionalStep::Execute { generation } => generation,
-        decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
-    };
-    let tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
-    Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
-}
 
 /// The session path's claim (see the module docs): `BEGIN` with the probe; a
 /// key with a row is looked up and decided as on the other path.
@@ -288,6 +256,104 @@ fn begin_text(ctx: &ClaimContext<'_, Postgres>) -> String {
     )
 }
 
+/// The handler's path; the claim and the completion in the caller's
+/// transaction are `transactional`'s.
+impl HandlerPath for Postgres {
+    /// Looks the key up and, unless that answers the request, begins the handler's
+    /// transaction (see the module docs).
+    async fn begin_claim(
+        ctx: &ClaimContext<'_, Self>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<(Tx<Self>, Claim), StoreError> {
+        let in_session = ctx.claims_at_commit
+            && session::uses_session_statements(ctx.pool, ctx.session_statements, ctx.session_path)
+                .await;
+        let mut conn = ctx.pool.acquire().await?;
+        if in_session {
+            return begin_in_session(ctx, req, conn).await;
+        }
+        let begin = begin_statement(ctx);
+        if !ctx.claims_at_commit {
+            return claim_first(conn, req, begin).await;
+        }
+        let snapshot = Postgres::lookup(
+            &mut conn,
+            req.tenant,
+            req.operation,
+            req.key.digest(),
+            &req.fingerprint,
+        )
+        .await?;
+        let generation = match decide::transactional(snapshot, req.in_flight_wait) {
+            decide::TransactionalStep::Execute { generation } => generation,
+            decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
+        };
+        let tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
+        Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
+    }
+
+    /// Stores the outcome, claiming the key with it, and commits (see the module
+    /// docs). Another execution's hold on the key is [`Finish::Taken`], with what
+    /// to answer instead.
+    async fn finish(
+        ctx: &ClaimContext<'_, Self>,
+        mut tx: Tx<Self>,
+        execution: Execution,
+        response: &StoredResponse,
+    ) -> Finish {
+        if !execution.at_commit {
+            let stored = Postgres::complete(execution, tx.connection(), response).await;
+            return tx.commit_after(stored).await;
+        }
+        let Ok(status) = i16::try_from(response.status) else {
+            return Finish::NotStored(StoreError::Corrupt(format!("status {}", response.status)));
+        };
+        // Milliseconds, lock_timeout's unit.
+        let wait = super::lock_wait_ms(execution.in_flight_wait).max(1);
+        let started = Instant::now();
+        if execution.in_session {
+            return finish_in_session(ctx, tx, execution, response, status, wait, started).await;
+        }
+        // Generation 1: the lookup found no row, so no row is there to take over.
+        let sql = if execution.generation == 1 {
+            INSERT_NEW_SQL
+        } else {
+            INSERT_SQL
+        };
+        let inserted = sqlx::query(sql)
+            .bind(&execution.tenant)
+            .bind(&execution.operation)
+            .bind(execution.key)
+            .bind(&execution.fingerprint.as_bytes()[..])
+            .bind(response.state())
+            .bind(status)
+            .bind(sqlx::types::Json(&response.headers))
+            .bind(&response.body[..])
+            .bind(kept_for_ms(&execution, wait))
+            .bind(wait)
+            .fetch_optional(&mut **tx.connection())
+            .await;
+        match inserted {
+            Ok(Some(_)) => match tx.commit().await {
+                Ok(()) => Finish::Committed,
+                Err(e) => Finish::Unknown(e.into()),
+            },
+            // A finished row that has not expired, or a leased execution's: this
+            // execution loses, and answers what the key holds now.
+            Ok(None) => lost(ctx, tx, &execution, started).await,
+            Err(e) if session::is_key_taken(&e) => lost(ctx, tx, &execution, started).await,
+            Err(e) => not_inserted(ctx, tx, &execution, started, e).await,
+        }
+    }
+
+    async fn taken_since(
+        ctx: &ClaimContext<'_, Self>,
+        execution: &Execution,
+    ) -> Result<Option<Claim>, StoreError> {
+        at_commit::taken_since(ctx, execution).await
+    }
+}
+
 impl KeyLookup for Postgres {
     /// The key as it stands, if it has a row; `fingerprint` is the request's.
     async fn lookup<'c>(
@@ -325,62 +391,8 @@ async fn claim_first(
     begin: sqlx::SqlStr,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     let mut tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
-    let claim = claim_on(tx.connection(), req).await?;
+    let claim = Postgres::claim(tx.connection(), req).await?;
     Ok((tx, claim))
-}
-
-/// Stores the outcome, claiming the key with it, and commits (see the module
-/// docs). Another execution's hold on the key is [`Finish::Taken`], with what
-/// to answer instead.
-pub(crate) async fn finish(
-    ctx: &ClaimContext<'_, Postgres>,
-    mut tx: Tx<Postgres>,
-    execution: Execution,
-    response: &StoredResponse,
-) -> Finish {
-    if !execution.at_commit {
-        let stored = complete_on(execution, tx.connection(), response).await;
-        return tx.commit_after(stored).await;
-    }
-    let Ok(status) = i16::try_from(response.status) else {
-        return Finish::NotStored(StoreError::Corrupt(format!("status {}", response.status)));
-    };
-    // Milliseconds, lock_timeout's unit.
-    let wait = super::lock_wait_ms(execution.in_flight_wait).max(1);
-    let started = Instant::now();
-    if execution.in_session {
-        return finish_in_session(ctx, tx, execution, response, status, wait, started).await;
-    }
-    // Generation 1: the lookup found no row, so no row is there to take over.
-    let sql = if execution.generation == 1 {
-        INSERT_NEW_SQL
-    } else {
-        INSERT_SQL
-    };
-    let inserted = sqlx::query(sql)
-        .bind(&execution.tenant)
-        .bind(&execution.operation)
-        .bind(execution.key)
-        .bind(&execution.fingerprint.as_bytes()[..])
-        .bind(response.state())
-        .bind(status)
-        .bind(sqlx::types::Json(&response.headers))
-        .bind(&response.body[..])
-        .bind(kept_for_ms(&execution, wait))
-        .bind(wait)
-        .fetch_optional(&mut **tx.connection())
-        .await;
-    match inserted {
-        Ok(Some(_)) => match tx.commit().await {
-            Ok(()) => Finish::Committed,
-            Err(e) => Finish::Unknown(e.into()),
-        },
-        // A finished row that has not expired, or a leased execution's: this
-        // execution loses, and answers what the key holds now.
-        Ok(None) => lost(ctx, tx, &execution, started).await,
-        Err(e) if session::is_key_taken(&e) => lost(ctx, tx, &execution, started).await,
-        Err(e) => not_inserted(ctx, tx, &execution, started, e).await,
-    }
 }
 
 /// The session path's finish: the finished row and `COMMIT AND CHAIN` in one

@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use sqlx::{PgConnection, Postgres, Row, Transaction};
+use sqlx::{PgConnection, Postgres, Row};
 
-use super::hot_path;
 use crate::db::shared::BindKey;
-use crate::db::{ClaimContext, Tx};
+use crate::db::stores::Claims;
 
-use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
+use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
 const CLAIM_SQL: &str = "SELECT outcome, generation, response_status, response_headers, response_body, \
             wait_seconds \
@@ -23,115 +22,6 @@ const COMPLETE_SQL: &str = "UPDATE idempotency_requests \
        FROM (SELECT clock_timestamp() AS t) c \
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND generation = $4 AND state = 'processing'";
-
-/// Claims `req.key` on the connection of a transaction begun by the caller
-/// (READ COMMITTED): when another transaction holds the key, this waits up to
-/// `req.in_flight_wait` for it to end; a timeout is reported as
-/// [`Claim::InFlight`] and leaves the transaction usable.
-pub(crate) async fn claim_on(
-    conn: &mut PgConnection,
-    req: &ClaimRequest<'_>,
-) -> Result<Claim, StoreError> {
-    let row = sqlx::query(CLAIM_SQL)
-        .bind_key(req.tenant, req.operation, req.key.digest())
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(millis(req.retention))
-        .bind(super::lock_wait_ms(req.in_flight_wait))
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| match &e {
-            sqlx::Error::Database(db) if db.code().as_deref() == Some("IDEM1") => {
-                StoreError::Isolation
-            }
-            _ => StoreError::Database(e),
-        })?;
-    let wait: f64 = row.try_get("wait_seconds")?;
-    if wait > 0.0 {
-        crate::metrics::seconds(
-            crate::metrics::CLAIM_WAIT_SECONDS,
-            req.operation.to_owned(),
-            wait,
-        );
-    }
-    let outcome: &str = row.try_get("outcome")?;
-    match outcome {
-        "execute" => Ok(Claim::Execute(Execution::new(
-            req,
-            row.try_get("generation")?,
-        ))),
-        "replay" => Ok(Claim::Replay(stored_from_row(&row)?)),
-        "mismatch" => Ok(Claim::Mismatch),
-        "in_flight" => Ok(Claim::InFlight {
-            retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
-        }),
-        other => Err(StoreError::Corrupt(format!("claim outcome {other:?}"))),
-    }
-}
-
-/// Stores an execution's outcome on the connection of the transaction that
-/// claimed the key.
-pub(crate) async fn complete_on(
-    execution: Execution,
-    conn: &mut PgConnection,
-    response: &StoredResponse,
-) -> Result<(), StoreError> {
-    let state = response.state();
-    let status = i16::try_from(response.status)
-        .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
-    let done = sqlx::query(COMPLETE_SQL)
-        .bind_key(&execution.tenant, &execution.operation, execution.key)
-        .bind(execution.generation)
-        .bind(state)
-        .bind(status)
-        .bind(sqlx::types::Json(&response.headers))
-        .bind(&response.body[..])
-        .bind(millis(execution.retention))
-        .execute(&mut *conn)
-        .await?;
-    execution.completed(done.rows_affected())
-}
-
-/// The claim and the completion in the caller's transaction are this module's;
-/// the handler's path is `hot_path`'s.
-impl crate::db::stores::Claims for Postgres {
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        claim_on(tx, req).await
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        complete_on(execution, tx, response).await
-    }
-
-    async fn begin_claim(
-        ctx: &ClaimContext<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<(Tx<Self>, Claim), StoreError> {
-        hot_path::begin_claim(ctx, req).await
-    }
-
-    async fn finish(
-        ctx: &ClaimContext<'_, Self>,
-        tx: Tx<Self>,
-        execution: Execution,
-        response: &StoredResponse,
-    ) -> Finish {
-        hot_path::finish(ctx, tx, execution, response).await
-    }
-
-    async fn taken_since(
-        ctx: &ClaimContext<'_, Self>,
-        execution: &Execution,
-    ) -> Result<Option<Claim>, StoreError> {
-        crate::db::at_commit::taken_since(ctx, execution).await
-    }
-}
 
 /// A stored outcome from a row with `response_status` (`smallint`),
 /// `response_headers` (`jsonb`) and `response_body` (`bytea`).
@@ -155,4 +45,72 @@ pub(crate) fn stored_with_body(
         headers: headers.map(|h| h.0).unwrap_or_default(),
         body: Bytes::from(body),
     })
+}
+
+/// The claim and the completion in the caller's transaction; the handler's
+/// path is `hot_path`'s.
+impl Claims for Postgres {
+    /// Claims `req.key` on the connection of a transaction begun by the caller
+    /// (READ COMMITTED): when another transaction holds the key, this waits up to
+    /// `req.in_flight_wait` for it to end; a timeout is reported as
+    /// [`Claim::InFlight`] and leaves the transaction usable.
+    async fn claim(conn: &mut PgConnection, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let row = sqlx::query(CLAIM_SQL)
+            .bind_key(req.tenant, req.operation, req.key.digest())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(millis(req.retention))
+            .bind(super::lock_wait_ms(req.in_flight_wait))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| match &e {
+                sqlx::Error::Database(db) if db.code().as_deref() == Some("IDEM1") => {
+                    StoreError::Isolation
+                }
+                _ => StoreError::Database(e),
+            })?;
+        let wait: f64 = row.try_get("wait_seconds")?;
+        if wait > 0.0 {
+            crate::metrics::seconds(
+                crate::metrics::CLAIM_WAIT_SECONDS,
+                req.operation.to_owned(),
+                wait,
+            );
+        }
+        let outcome: &str = row.try_get("outcome")?;
+        match outcome {
+            "execute" => Ok(Claim::Execute(Execution::new(
+                req,
+                row.try_get("generation")?,
+            ))),
+            "replay" => Ok(Claim::Replay(stored_from_row(&row)?)),
+            "mismatch" => Ok(Claim::Mismatch),
+            "in_flight" => Ok(Claim::InFlight {
+                retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
+            }),
+            other => Err(StoreError::Corrupt(format!("claim outcome {other:?}"))),
+        }
+    }
+
+    /// Stores an execution's outcome on the connection of the transaction that
+    /// claimed the key.
+    async fn complete(
+        execution: Execution,
+        conn: &mut PgConnection,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let state = response.state();
+        let status = i16::try_from(response.status)
+            .map_err(|_| StoreError::Corrupt(format!("status {}", response.status)))?;
+        let done = sqlx::query(COMPLETE_SQL)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
+            .bind(execution.generation)
+            .bind(state)
+            .bind(status)
+            .bind(sqlx::types::Json(&response.headers))
+            .bind(&response.body[..])
+            .bind(millis(execution.retention))
+            .execute(&mut *conn)
+            .await?;
+        execution.completed(done.rows_affected())
+    }
 }

@@ -24,15 +24,14 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction};
-
-use super::transactional;
+use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection};
 
 use super::now_ms;
 use crate::db::ClaimContext;
 use crate::db::Tx;
 use crate::db::rows::stored_from_text;
 use crate::db::shared::BindKey;
+use crate::db::stores::HandlerPath;
 use crate::decide::{self, KeySnapshot, RowState};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
@@ -96,24 +95,9 @@ async fn lookup(
     Ok((Some(snapshot), now))
 }
 
-/// The handler's path is this module's; the claim and the completion in the
-/// caller's transaction are `transactional`'s.
-impl crate::db::stores::Claims for Sqlite {
-    async fn claim(
-        tx: &mut Transaction<'_, Self>,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Claim, StoreError> {
-        transactional::claim_on(tx, req).await
-    }
-
-    async fn complete(
-        execution: Execution,
-        tx: &mut Transaction<'_, Self>,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        transactional::complete_on(execution, tx, response).await
-    }
-
+/// The handler's path; the claim and the completion in the caller's
+/// transaction are `transactional`'s.
+impl HandlerPath for Sqlite {
     /// Begins the handler's transaction with the write lock, reads the key and
     /// decides (see the module docs).
     async fn begin_claim(

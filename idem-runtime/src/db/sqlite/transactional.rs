@@ -23,11 +23,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Row, SqliteConnection};
+use sqlx::{Row, Sqlite, SqliteConnection};
 
 use super::now_ms;
 use crate::db::rows::stored_from_text;
 use crate::db::shared::BindKey;
+use crate::db::stores::Claims;
 use crate::decide::RowState;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, millis};
 
@@ -64,68 +65,72 @@ const COMPLETE_SQL: &str = concat!(
         AND generation = $4 AND state = 'processing'"
 );
 
-/// Claims `req.key` on the connection of a transaction begun by the caller (see
-/// the module docs).
-pub(crate) async fn claim_on(
-    conn: &mut SqliteConnection,
-    req: &ClaimRequest<'_>,
-) -> Result<Claim, StoreError> {
-    let inserted = sqlx::query(CLAIM_SQL)
-        .bind_key(req.tenant, req.operation, req.key.digest())
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(millis(req.retention))
-        .fetch_optional(&mut *conn)
-        .await;
-    let generation: Option<i64> = match inserted {
-        Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
-        Err(e) if super::is_busy(&e) => {
-            return Ok(Claim::Busy {
-                retry_after: super::BUSY_RETRY_AFTER,
+/// The claim and the completion in the caller's transaction; the handler's
+/// path is `hot_path`'s.
+impl Claims for Sqlite {
+    /// Claims `req.key` on the connection of a transaction begun by the caller (see
+    /// the module docs).
+    async fn claim(
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        let inserted = sqlx::query(CLAIM_SQL)
+            .bind_key(req.tenant, req.operation, req.key.digest())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(millis(req.retention))
+            .fetch_optional(&mut *conn)
+            .await;
+        let generation: Option<i64> = match inserted {
+            Ok(row) => row.map(|r| r.try_get(0)).transpose()?,
+            Err(e) if super::is_busy(&e) => {
+                return Ok(Claim::Busy {
+                    retry_after: super::BUSY_RETRY_AFTER,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(generation) = generation {
+            return Ok(Claim::Execute(Execution::new(req, generation)));
+        }
+        // A committed, unexpired row holds the key: this transaction now has the write
+        // lock, so nobody changes it under us.
+        let row = sqlx::query(READ_SQL)
+            .bind_key(req.tenant, req.operation, req.key.digest())
+            .fetch_one(&mut *conn)
+            .await?;
+        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+        if fingerprint != req.fingerprint.as_bytes() {
+            return Ok(Claim::Mismatch);
+        }
+        let state: RowState = row.try_get("state")?;
+        if !state.is_finished() {
+            return Ok(Claim::InFlight {
+                retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
             });
         }
-        Err(e) => return Err(e.into()),
-    };
-    if let Some(generation) = generation {
-        return Ok(Claim::Execute(Execution::new(req, generation)));
+        Ok(Claim::Replay(stored_from_text(&row)?))
     }
-    // A committed, unexpired row holds the key: this transaction now has the write
-    // lock, so nobody changes it under us.
-    let row = sqlx::query(READ_SQL)
-        .bind_key(req.tenant, req.operation, req.key.digest())
-        .fetch_one(&mut *conn)
-        .await?;
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    if fingerprint != req.fingerprint.as_bytes() {
-        return Ok(Claim::Mismatch);
-    }
-    let state: RowState = row.try_get("state")?;
-    if !state.is_finished() {
-        return Ok(Claim::InFlight {
-            retry_after: req.in_flight_wait.max(Duration::from_secs(1)),
-        });
-    }
-    Ok(Claim::Replay(stored_from_text(&row)?))
-}
 
-/// Stores an execution's outcome on the connection of the transaction that
-/// claimed the key.
-pub(crate) async fn complete_on(
-    execution: Execution,
-    conn: &mut SqliteConnection,
-    response: &StoredResponse,
-) -> Result<(), StoreError> {
-    let state = response.state();
-    let headers =
-        serde_json::to_string(&response.headers).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let done = sqlx::query(COMPLETE_SQL)
-        .bind_key(&execution.tenant, &execution.operation, execution.key)
-        .bind(execution.generation)
-        .bind(state)
-        .bind(i64::from(response.status))
-        .bind(headers)
-        .bind(&response.body[..])
-        .bind(millis(execution.retention))
-        .execute(&mut *conn)
-        .await?;
-    execution.completed(done.rows_affected())
+    /// Stores an execution's outcome on the connection of the transaction that
+    /// claimed the key.
+    async fn complete(
+        execution: Execution,
+        conn: &mut SqliteConnection,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let state = response.state();
+        let headers = serde_json::to_string(&response.headers)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let done = sqlx::query(COMPLETE_SQL)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
+            .bind(execution.generation)
+            .bind(state)
+            .bind(i64::from(response.status))
+            .bind(headers)
+            .bind(&response.body[..])
+            .bind(millis(execution.retention))
+            .execute(&mut *conn)
+            .await?;
+        execution.completed(done.rows_affected())
+    }
 }
