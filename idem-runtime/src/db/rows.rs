@@ -14,6 +14,33 @@ use crate::model::StoredResponse;
 use crate::model::{KeyRecord, OperationRow};
 use crate::model::{OwnerToken, StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
 
+/// A row that reads a column of type `T` by name, as `sqlx::Row::try_get`
+/// does: the bounds sqlx asks for that (the row, the column index, and the
+/// type's `Decode` and `Type` for the row's database) said once, here, for every
+/// row of every database, so a decoder below names only the types it reads.
+pub(crate) trait Column<T> {
+    /// The column `name`, which must not be `NULL`.
+    fn column(&self, name: &str) -> Result<T, sqlx::Error>;
+
+    /// The column `name`, `None` where it is `NULL`.
+    fn nullable(&self, name: &str) -> Result<Option<T>, sqlx::Error>;
+}
+
+impl<R, T> Column<T> for R
+where
+    R: Row,
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> T: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn column(&self, name: &str) -> Result<T, sqlx::Error> {
+        self.try_get(name)
+    }
+
+    fn nullable(&self, name: &str) -> Result<Option<T>, sqlx::Error> {
+        self.try_get(name)
+    }
+}
+
 /// What the leased claim decides over a key's row, if it has one (`state`,
 /// `fingerprint`, `generation`, `expires_at`, `lease_expires_at` and `now`, the
 /// database's clock, all in the same integer unit: SQLite's and MySQL's
@@ -25,26 +52,21 @@ pub(crate) fn leased_step<R>(
     stored: impl FnOnce(&R) -> Result<StoredResponse, StoreError>,
 ) -> Result<LeasedStep, StoreError>
 where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> RowState: Decode<'r, R::Database> + Type<R::Database>,
+    R: Column<String> + Column<i64> + Column<Vec<u8>> + Column<RowState>,
 {
     let snapshot = match row {
         None => None,
         Some(row) => {
-            let now: i64 = row.try_get("now")?;
-            let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-            let expires_at: i64 = row.try_get("expires_at")?;
-            let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
+            let now: i64 = row.column("now")?;
+            let fingerprint: Vec<u8> = row.column("fingerprint")?;
+            let expires_at: i64 = row.column("expires_at")?;
+            let lease_expires_at: Option<i64> = row.nullable("lease_expires_at")?;
             Some(
                 KeySnapshot::read(
-                    row.try_get("state")?,
+                    row.column("state")?,
                     &fingerprint,
                     request,
-                    row.try_get("generation")?,
+                    row.column("generation")?,
                     expires_at > now,
                     || stored(row),
                 )?
@@ -60,15 +82,11 @@ where
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn stored_from_text<R>(row: &R) -> Result<StoredResponse, StoreError>
 where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    R: Column<String> + Column<i64> + Column<Vec<u8>>,
 {
-    let status: i64 = row.try_get("response_status")?;
-    let headers: Option<String> = row.try_get("response_headers")?;
-    let body: Option<Vec<u8>> = row.try_get("response_body")?;
+    let status: i64 = row.column("response_status")?;
+    let headers: Option<String> = row.nullable("response_headers")?;
+    let body: Option<Vec<u8>> = row.nullable("response_body")?;
     let headers = match headers {
         Some(text) => {
             serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
@@ -95,30 +113,26 @@ pub(crate) fn encode_text(response: &StoredResponse) -> Result<(i64, String), St
 /// The stats snapshot from the ages row and the (operation, state) groups.
 pub(crate) fn snapshot<R>(ages: &R, groups: &[R]) -> Result<StatsSnapshot, StoreError>
 where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+    R: Column<String> + Column<i64> + Column<f64>,
 {
     let groups = groups
         .iter()
         .map(|row| {
             Ok(StatsGroup {
-                operation: row.try_get("operation")?,
-                state: row.try_get("state")?,
-                rows: count(row.try_get("rows")?),
-                stored_bytes: count(row.try_get("bytes")?),
-                expired_unswept: count(row.try_get("expired")?),
+                operation: row.column("operation")?,
+                state: row.column("state")?,
+                rows: count(row.column("rows")?),
+                stored_bytes: count(row.column("bytes")?),
+                expired_unswept: count(row.column("expired")?),
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
     Ok(StatsSnapshot {
-        taken_at: ages.try_get("taken_at")?,
+        taken_at: ages.column("taken_at")?,
         groups,
-        oldest_valid_created_at: ages.try_get("oldest_valid")?,
-        oldest_valid_age_seconds: ages.try_get("oldest_valid_age")?,
-        oldest_in_flight_seconds: ages.try_get("oldest_in_flight")?,
+        oldest_valid_created_at: ages.nullable("oldest_valid")?,
+        oldest_valid_age_seconds: ages.nullable("oldest_valid_age")?,
+        oldest_in_flight_seconds: ages.nullable("oldest_in_flight")?,
     })
 }
 
@@ -127,47 +141,37 @@ where
 /// integer).
 pub(crate) fn uncertain<R>(row: &R) -> Result<UncertainRow, StoreError>
 where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> KeyDigest: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> OwnerToken: Decode<'r, R::Database> + Type<R::Database>,
+    R: Column<String> + Column<i64> + Column<KeyDigest> + Column<OwnerToken>,
 {
-    let downstream = row.try_get("downstream_key")?;
+    let downstream = row.nullable("downstream_key")?;
     Ok(UncertainRow {
-        tenant: row.try_get("tenant_id")?,
-        key: row.try_get("key_digest")?,
+        tenant: row.column("tenant_id")?,
+        key: row.column("key_digest")?,
         downstream_key: downstream,
-        generation: row.try_get("generation")?,
-        token: row.try_get("owner_token")?,
-        created: row.try_get("created")?,
+        generation: row.column("generation")?,
+        token: row.nullable("owner_token")?,
+        created: row.column("created")?,
     })
 }
 
 /// One key's row as the admin `show` reads it.
 pub(crate) fn key_record<R>(row: &R) -> Result<KeyRecord, StoreError>
 where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    R: Column<String> + Column<i64> + Column<bool> + Column<Vec<u8>>,
 {
     Ok(KeyRecord {
-        state: row.try_get("state")?,
-        generation: row.try_get("generation")?,
-        fingerprint: row.try_get("fingerprint")?,
-        created_at: row.try_get("created_at")?,
-        completed_at: row.try_get("completed_at")?,
-        expires_at: row.try_get("expires_at")?,
-        expired: row.try_get("expired")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        response_status: row.try_get("response_status")?,
-        body_bytes: row.try_get("body_bytes")?,
-        response_headers: row.try_get("response_headers")?,
-        body: row.try_get("body")?,
+        state: row.column("state")?,
+        generation: row.column("generation")?,
+        fingerprint: row.column("fingerprint")?,
+        created_at: row.column("created_at")?,
+        completed_at: row.nullable("completed_at")?,
+        expires_at: row.column("expires_at")?,
+        expired: row.column("expired")?,
+        lease_expires_at: row.nullable("lease_expires_at")?,
+        response_status: row.nullable("response_status")?,
+        body_bytes: row.nullable("body_bytes")?,
+        response_headers: row.nullable("response_headers")?,
+        body: row.nullable("body")?,
     })
 }
 
@@ -178,13 +182,10 @@ pub(crate) fn operation<R>(
     stored: impl FnOnce() -> Result<crate::model::StoredResponse, StoreError>,
 ) -> Result<OperationRow, StoreError>
 where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> crate::decide::RowState: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    R: Column<crate::decide::RowState> + Column<i64>,
 {
-    let state: crate::decide::RowState = row.try_get("state")?;
-    let lease_live: i64 = row.try_get("lease_live")?;
+    let state: crate::decide::RowState = row.column("state")?;
+    let lease_live: i64 = row.column("lease_live")?;
     Ok(OperationRow {
         lease_live: lease_live != 0,
         outcome: if state.is_finished() {
