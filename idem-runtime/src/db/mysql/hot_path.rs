@@ -40,7 +40,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use sqlx::mysql::MySqlQueryResult;
+use sqlx::Arguments as _;
+use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
 use sqlx::{MySql, MySqlConnection, Row};
 
 use super::transactional::{self, DEADLOCK_RETRIES};
@@ -60,10 +61,19 @@ use crate::key::KeyDigest;
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
 
 /// Everything the decision needs about a key, in one prepared statement.
+///
+/// Each column is read through an expression (`COALESCE(c) AS c`, the value
+/// unchanged) rather than as the table's column: for a table's column sqlx-mysql
+/// decodes where it comes from (schema, table, about eight allocations a column)
+/// on every execution, and this statement runs on every first execution and
+/// every replay. An expression has no origin to decode.
 const LOOKUP_SQL: &str = concat!(
-    "SELECT fingerprint, state, generation, expires_at > ",
+    "SELECT COALESCE(fingerprint) AS fingerprint, COALESCE(state) AS state, \
+            COALESCE(generation) AS generation, expires_at > ",
     now_ms!(),
-    " AS live, response_status, response_headers, response_body \
+    " AS live, COALESCE(response_status) AS response_status, \
+            COALESCE(response_headers) AS response_headers, \
+            COALESCE(response_body) AS response_body \
        FROM idempotency_requests \
       WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
@@ -378,27 +388,39 @@ async fn upsert(
     status: i64,
     headers: &str,
 ) -> Result<Option<i64>, sqlx::Error> {
-    let bind = |sql: &'static str| {
-        sqlx::query(sql)
-            .bind_key(&execution.tenant, &execution.operation, execution.key)
-            .bind(&execution.fingerprint.as_bytes()[..])
-            .bind(response.state())
-            .bind(status)
-            .bind(headers)
-            .bind(&response.body[..])
-            // The retention and the insert's bounded wait for another holder of
-            // the key, which passes after the statement reads its time (as on
-            // PostgreSQL: docs/decisions.md, "Retention").
-            .bind(
-                millis(execution.retention).saturating_add(
-                    i64::try_from(lock_wait_seconds(execution.in_flight_wait) * 1000)
-                        .unwrap_or(i64::MAX),
-                ),
-            )
+    // The retention and the insert's bounded wait for another holder of the
+    // key, which passes after the statement reads its time (as on PostgreSQL:
+    // docs/decisions.md, "Retention").
+    let kept_for = millis(execution.retention).saturating_add(
+        i64::try_from(lock_wait_seconds(execution.in_flight_wait) * 1000).unwrap_or(i64::MAX),
+    );
+    // One argument buffer sized for the whole row (the body is most of it),
+    // rather than one that `bind` grows value by value.
+    let bind = |sql: &'static str| -> Result<_, sqlx::Error> {
+        let mut args = MySqlArguments::default();
+        args.reserve(
+            9,
+            96 + execution.tenant.len()
+                + execution.operation.len()
+                + headers.len()
+                + response.body.len(),
+        );
+        let encode = sqlx::Error::Encode;
+        args.add(execution.tenant.as_str()).map_err(encode)?;
+        args.add(execution.operation.as_str()).map_err(encode)?;
+        args.add(execution.key).map_err(encode)?;
+        args.add(&execution.fingerprint.as_bytes()[..])
+            .map_err(encode)?;
+        args.add(response.state()).map_err(encode)?;
+        args.add(status).map_err(encode)?;
+        args.add(headers).map_err(encode)?;
+        args.add(&response.body[..]).map_err(encode)?;
+        args.add(kept_for).map_err(encode)?;
+        Ok(sqlx::query_with(sql, args))
     };
     if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);
-        match bind(bounded_upsert(secs)).execute(&mut *conn).await {
+        match bind(bounded_upsert(secs))?.execute(&mut *conn).await {
             Err(e) if error_number(&e) == Some(PARSE_ERROR) => {
                 // MySQL: a statement that did not parse changed nothing, and the
                 // transaction goes on.
@@ -412,8 +434,11 @@ async fn upsert(
             }
         }
     }
+    // Encoded before the session's lock wait changes: an encoding error then
+    // leaves the session as it was.
+    let upsert = bind(UPSERT_SQL)?;
     bound_lock_wait(conn, execution.in_flight_wait).await?;
-    let done = bind(UPSERT_SQL).execute(&mut *conn).await;
+    let done = upsert.execute(&mut *conn).await;
     // Given back whatever the insert did: a lock-wait timeout rolled back the
     // statement only, and the connection goes back to the pool.
     restore_lock_wait(conn).await?;
