@@ -55,20 +55,36 @@ pub(crate) enum Command {
         #[arg(long)]
         body: bool,
     },
-    /// Delete one key so that its next request executes anew
+    /// Delete one key so that its next request executes anew, or with --tenant
+    /// every row of a tenant
     Purge {
         /// Tenant id (the idempotency scope)
-        tenant: String,
+        #[arg(required_unless_present = "whole_tenant")]
+        tenant: Option<String>,
         /// Operation name, e.g. create-order
-        operation: String,
+        #[arg(required_unless_present = "whole_tenant")]
+        operation: Option<String>,
         /// The Idempotency-Key (digested here: the table holds only its SHA-256)
-        key: String,
+        #[arg(required_unless_present = "whole_tenant")]
+        key: Option<String>,
         /// KEY is the key's digest (64 hex digits, as `show` prints it), not the key
         #[arg(long)]
         digest: bool,
-        /// Also delete a `processing` or `uncertain` row (its effect may happen twice)
+        /// Also delete `processing` and `uncertain` rows (their effects may happen twice)
         #[arg(long)]
         force: bool,
+        /// Erase every row of this tenant, in every operation, in batches (no TENANT
+        /// OPERATION KEY then); executions in flight are left unless --force
+        #[arg(
+            long = "tenant",
+            value_name = "TENANT",
+            conflicts_with_all = ["tenant", "operation", "key", "digest"]
+        )]
+        whole_tenant: Option<String>,
+        /// With --tenant: wait up to SECS for executions in flight to finish, erasing
+        /// them as they do
+        #[arg(long, value_name = "SECS")]
+        wait: Option<u64>,
     },
     /// Run the retention sweeper once, then exit (the continuous sweeper runs in the service: Sweeper::spawn)
     Sweep {

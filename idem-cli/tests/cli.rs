@@ -412,6 +412,64 @@ macro_rules! cli_tests {
             assert_eq!(exists(&db, "k-done").await, 1);
         }
 
+        /// `purge --tenant` erases every row of the tenant but those in flight,
+        /// says how many it left (exit 4), and takes them too with --force;
+        /// another tenant's rows stay.
+        #[tokio::test]
+        async fn purge_tenant_erases_every_row_of_one_tenant() {
+            let db = seeded().await;
+            let url = db.url();
+            let url = Some(url.as_str());
+            db.exec(&format!(
+                "INSERT INTO idempotency_requests \
+                    (tenant_id, operation, key_digest, fingerprint, state, response_status, \
+                     created_at, expires_at) \
+                 SELECT 'globex', operation, key_digest, fingerprint, state, response_status, \
+                        created_at, expires_at \
+                   FROM idempotency_requests WHERE key_digest = {}",
+                db.key("k-done")
+            ))
+            .await;
+            let rows_of = |tenant: &'static str| {
+                let db = &db;
+                async move {
+                    db.count(&format!(
+                        "SELECT count(*) FROM idempotency_requests WHERE tenant_id = '{tenant}'"
+                    ))
+                    .await
+                }
+            };
+
+            // k-done and k-old go; k-running, in flight, is left and counted.
+            let out = idem(url, &["purge", "--tenant", "acme"]).await;
+            out.assert_error(4, "erased 2 rows of tenant \"acme\"; 1 were left");
+            assert!(out.stderr.contains("--force"), "{out:?}");
+            assert_eq!(rows_of("acme").await, 1);
+            assert_eq!(exists(&db, "k-running").await, 1);
+
+            let out = idem(url, &["--json", "purge", "--tenant", "acme", "--force"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let j = out.json();
+            assert_eq!((j["erased"].as_u64(), j["left"].as_u64()), (Some(1), Some(0)));
+            assert_eq!(rows_of("acme").await, 0);
+            assert_eq!(rows_of("globex").await, 1, "another tenant's row stays");
+
+            // Nothing left: a plain table, exit 0.
+            let out = idem(url, &["purge", "--tenant", "acme", "--wait", "1"]).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert!(out.stdout.contains("erased"), "{out:?}");
+
+            // One key or a whole tenant, never both; --wait only with --tenant.
+            for args in [
+                &["purge", "acme", "create-order", "k-done", "--tenant", "acme"][..],
+                &["purge", "globex", "create-order", "k-done", "--wait", "1"],
+            ] {
+                let out = idem(url, args).await;
+                assert_eq!(out.code, 2, "{args:?}: {out:?}");
+            }
+            assert_eq!(rows_of("globex").await, 1);
+        }
+
         #[tokio::test]
         async fn purge_does_not_wait_forever_on_a_running_request() {
             let db = seeded().await;

@@ -169,6 +169,31 @@ impl<DB: Backend> Idem<DB> {
         crate::store::migrate(&self.pool).await
     }
 
+    /// Erases every row of `tenant` that no execution in flight needs, in
+    /// batches of [`crate::admin::ERASE_BATCH`], and clears this process's
+    /// replay cache (see [`crate::admin::erase_tenant`], which also says what is
+    /// left and why).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::admin::erase_tenant`].
+    pub async fn erase_tenant(
+        &self,
+        tenant: &str,
+    ) -> Result<crate::admin::TenantErasure, crate::StoreError> {
+        let done = crate::admin::erase_tenant(
+            &self.pool,
+            tenant,
+            crate::admin::ERASE_BATCH,
+            crate::admin::InFlightRows::Keep,
+        )
+        .await;
+        // Whatever the erasure got to: no answer of the tenant's stays in memory.
+        #[cfg(feature = "replay-cache")]
+        self.clear_replay_cache();
+        done
+    }
+
     /// PostgreSQL and MySQL / MariaDB: whether a handler's key is claimed by the
     /// row its completion inserts (on by default), rather than by a row written
     /// before the handler runs and updated at completion.

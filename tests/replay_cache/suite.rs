@@ -145,6 +145,24 @@ pub async fn a_cleared_cache_answers_from_the_database_again() {
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
 }
 
+/// Erasing the tenant through `Idem::erase_tenant` deletes its rows and
+/// forgets this process's cached answers with them: the next request under a
+/// key it had answered executes anew, from neither the cache nor the database.
+pub async fn erasing_the_tenant_forgets_its_cached_answers() {
+    let a = app(Some(cache())).await;
+    assert_eq!(
+        send(&a, "/widgets", "k1", "bolt", 0).await.0,
+        StatusCode::CREATED
+    );
+    let replayed = send(&a, "/widgets", "k1", "bolt", 0).await;
+    assert_eq!((replayed.0, replayed.1), (StatusCode::CREATED, true));
+    let erased = a.idem.erase_tenant("acme").await.unwrap();
+    assert_eq!((erased.erased, erased.left), (1, 0));
+    let again = send(&a, "/widgets", "k1", "bolt", 0).await;
+    assert_eq!((again.0, again.1), (StatusCode::CREATED, false));
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
+}
+
 pub async fn a_cached_key_refuses_another_request() {
     let a = app(Some(cache())).await;
     assert_eq!(

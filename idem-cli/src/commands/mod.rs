@@ -35,12 +35,31 @@ pub(crate) async fn execute<DB: Backend>(
             show::show(&pool, json, &key, body).await
         }
         Command::Purge {
+            whole_tenant: Some(tenant),
+            force,
+            wait,
+            ..
+        } => purge::erase_tenant(&pool, json, &tenant, force, wait.unwrap_or(0)).await,
+        Command::Purge {
             tenant,
             operation,
             key,
             digest,
             force,
+            wait,
+            ..
         } => {
+            if wait.is_some() {
+                return Err(Failure::Usage(
+                    "--wait goes with --tenant: one key's purge waits for no execution".to_owned(),
+                ));
+            }
+            // clap requires all three without --tenant.
+            let (Some(tenant), Some(operation), Some(key)) = (tenant, operation, key) else {
+                return Err(Failure::Usage(
+                    "purge takes TENANT OPERATION KEY, or --tenant TENANT".to_owned(),
+                ));
+            };
             let key = address(&tenant, &operation, &key, digest)?;
             purge::purge(&pool, json, &key, force).await
         }

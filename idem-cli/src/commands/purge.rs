@@ -1,8 +1,11 @@
 //! `idem purge`: deletes one key, refusing a row whose execution may still be
-//! running or whose effect is unknown unless forced.
+//! running or whose effect is unknown unless forced; with `--tenant`, erases
+//! every row of a tenant, leaving those in flight unless forced.
 
 use idem_runtime::Backend;
-use idem_runtime::admin::{self, KeyAddress, PurgeError};
+use std::time::{Duration, Instant};
+
+use idem_runtime::admin::{self, InFlightRows, KeyAddress, PurgeError};
 use serde::Serialize;
 use sqlx::Pool;
 
@@ -76,4 +79,63 @@ fn locked(what: &str) -> Failure {
         "{what} (waited {} s); nothing was purged, try again when it has finished",
         PURGE_LOCK_WAIT.as_secs()
     ))
+}
+
+#[derive(Debug, Serialize)]
+struct Erased {
+    tenant: String,
+    erased: u64,
+    left: u64,
+}
+
+/// Erases every row of `tenant` (`idem_runtime::admin::erase_tenant`). Rows in
+/// flight are left unless `force`; for `wait` seconds the erasure is repeated,
+/// a second apart, as they finish. Rows still left are a refusal (exit 4) that
+/// says how many, after the rest is erased.
+pub(super) async fn erase_tenant<DB: Backend>(
+    pool: &Pool<DB>,
+    json: bool,
+    tenant: &str,
+    force: bool,
+    wait: u64,
+) -> Result<String, Failure> {
+    let in_flight = if force {
+        InFlightRows::Erase
+    } else {
+        InFlightRows::Keep
+    };
+    let until = Instant::now() + Duration::from_secs(wait);
+    let mut erased = 0;
+    let left = loop {
+        let done = admin::erase_tenant(pool, tenant, admin::ERASE_BATCH, in_flight)
+            .await
+            .map_err(Failure::from)?;
+        erased += done.erased;
+        if done.left == 0 || Instant::now() >= until {
+            break done.left;
+        }
+        tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
+    };
+    if left > 0 {
+        return Err(Failure::Refused(format!(
+            "erased {erased} rows of tenant {tenant:?}; {left} were left: executions in flight \
+             (a live lease, an uncertain outcome) or rows a running request holds. \
+             Run again when they have finished (--wait SECS waits for them), or --force \
+             to erase them too (their effects may happen twice)"
+        )));
+    }
+    let report = Erased {
+        tenant: tenant.to_owned(),
+        erased,
+        left,
+    };
+    if json {
+        return to_json(&report);
+    }
+    Ok(Table::pairs(vec![
+        ("tenant", report.tenant),
+        ("erased", report.erased.to_string()),
+        ("left", report.left.to_string()),
+    ])
+    .render())
 }

@@ -74,6 +74,10 @@ pub(crate) const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempot
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
 /// Deletes a key's row (the admin purge).
+/// How many rows a tenant has (`$1`), in every operation and state.
+pub(crate) const TENANT_ROWS_SQL: &str =
+    "SELECT count(*) FROM idempotency_requests WHERE tenant_id = $1";
+
 pub(crate) const DELETE_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
@@ -350,9 +354,14 @@ where
 /// What a database module gives the admin reads: the `show` statement
 /// (`tenant, operation, digest, with_body`) and the purge, which locks the row
 /// its own way.
-pub trait SqlAdmin: Database {
+pub trait SqlAdmin: SqlLeases {
     /// One key's row as `show` prints it.
     const SHOW_SQL: &'static str;
+
+    /// Deletes at most `$2` rows of tenant `$1` in one statement, skipping rows
+    /// a running transaction holds: the finished ones and those whose lease
+    /// lapsed, or every one when `$3`.
+    const ERASE_TENANT_SQL: &'static str;
 
     /// Deletes one key's row under a lock taken within `wait`, if `allow`
     /// agrees with its state.
@@ -370,7 +379,7 @@ where
     DB: SqlAdmin,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
-    for<'q> i64: Decode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'q> String: Decode<'q, DB> + Type<DB>,
     for<'q> Vec<u8>: Decode<'q, DB> + Type<DB>,
     for<'q> bool: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
@@ -391,6 +400,29 @@ where
         pool: &Pool<DB>,
     ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send {
         applied_versions(pool)
+    }
+
+    async fn erase_tenant_batch(
+        pool: &Pool<DB>,
+        tenant: &str,
+        limit: u32,
+        all: bool,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(DB::ERASE_TENANT_SQL)
+            .bind(tenant)
+            .bind(i64::from(limit))
+            .bind(all)
+            .execute(pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn tenant_rows(pool: &Pool<DB>, tenant: &str) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(TENANT_ROWS_SQL)
+            .bind(tenant)
+            .fetch_one(pool)
+            .await?;
+        Ok(crate::model::count(n))
     }
 
     async fn fetch_record(

@@ -148,4 +148,20 @@ pub trait Admin: sqlx::Database {
         wait: Duration,
         allow: impl FnOnce(&str) -> Result<(), E> + Send,
     ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send;
+
+    /// Deletes at most `limit` of `tenant`'s rows in a statement of its own: the
+    /// finished ones and those whose lease lapsed, or every one with `all`;
+    /// never a row a running transaction holds. How many it deleted.
+    fn erase_tenant_batch(
+        pool: &Pool<Self>,
+        tenant: &str,
+        limit: u32,
+        all: bool,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// How many rows `tenant` has, in every operation and state.
+    fn tenant_rows(
+        pool: &Pool<Self>,
+        tenant: &str,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }

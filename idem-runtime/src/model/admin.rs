@@ -73,3 +73,30 @@ pub enum PurgeError<E> {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+/// What [`crate::admin::erase_tenant`] did: the tenant's rows it deleted, and
+/// the rows it left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TenantErasure {
+    /// Rows deleted.
+    pub erased: u64,
+    /// Rows of the tenant still there: executions in flight (a live lease, an
+    /// uncertain outcome the reconciler owes an answer) and rows a running
+    /// transaction holds, unless [`InFlightRows::Erase`] was asked for. Erase
+    /// again once they have finished.
+    pub left: u64,
+}
+
+/// What [`crate::admin::erase_tenant`] does with a tenant's executions that
+/// are in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlightRows {
+    /// Leaves them (counted in [`TenantErasure::left`]): a live lease's row and
+    /// an uncertain row are what stands between a retry and a second effect.
+    Keep,
+    /// Deletes them too. A retry of such a key executes again, and an
+    /// uncertain effect is never reconciled: for a tenant whose traffic has
+    /// stopped, or when a second effect does not matter.
+    Erase,
+}

@@ -149,7 +149,7 @@ mod lease;
 mod stats;
 mod transition;
 
-pub use admin::{KeyAddress, KeyRecord, PurgeError};
+pub use admin::{InFlightRows, KeyAddress, KeyRecord, PurgeError, TenantErasure};
 pub use claim::{Claim, ClaimRequest, Execution, Finish, StoredResponse};
 pub use lease::{
     Acquisition, Fence, LeaseRequest, LeasedOutcome, OperationRow, Owned, OwnerToken, Renewal,

@@ -33,6 +33,20 @@ const SHOW_SQL: &str = concat!(
     "WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
+/// Chooses at most `?` rows of tenant `?` for [`erase_tenant_batch`]: the
+/// finished ones and those whose lease lapsed, or every one when `?`.
+const CHOOSE_TENANT_SQL: &str = concat!(
+    "SELECT CONVERT(tenant_id USING utf8mb4), CONVERT(operation USING utf8mb4), \
+            key_digest FROM idempotency_requests \
+      WHERE tenant_id = ? \
+        AND (? OR state IN ('completed', 'failed') \
+             OR (state = 'processing' AND lease_expires_at <= ",
+    now_ms!(),
+    ")) LIMIT ? FOR UPDATE SKIP LOCKED"
+);
+
+const TENANT_ROWS_SQL: &str = question_marks!(crate::db::shared::TENANT_ROWS_SQL);
+
 const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
       WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE";
 
@@ -98,4 +112,27 @@ async fn purge_locked<E>(
     let purged = delete_if_allowed!(tx, row, key, allow, DELETE_SQL);
     tx.commit().await.map_err(StoreError::from)?;
     Ok(purged)
+}
+
+/// Deletes one batch of `tenant`'s rows (see `Admin::erase_tenant_batch`).
+pub(super) async fn erase_tenant_batch(
+    pool: &MySqlPool,
+    tenant: &str,
+    limit: u32,
+    all: bool,
+) -> Result<u64, StoreError> {
+    let choose = sqlx::query(CHOOSE_TENANT_SQL)
+        .bind(tenant)
+        .bind(all)
+        .bind(i64::from(limit));
+    super::upkeep::delete_chosen(pool, choose).await
+}
+
+/// How many rows `tenant` has.
+pub(super) async fn tenant_rows(pool: &MySqlPool, tenant: &str) -> Result<u64, StoreError> {
+    let n: i64 = sqlx::query_scalar(TENANT_ROWS_SQL)
+        .bind(tenant)
+        .fetch_one(pool)
+        .await?;
+    Ok(crate::model::count(n))
 }

@@ -286,6 +286,19 @@ impl super::stores::Admin for MySql {
     ) -> Result<Option<(String, i64)>, PurgeError<E>> {
         admin::purge(pool, key, wait, allow).await
     }
+
+    async fn erase_tenant_batch(
+        pool: &MySqlPool,
+        tenant: &str,
+        limit: u32,
+        all: bool,
+    ) -> Result<u64, StoreError> {
+        admin::erase_tenant_batch(pool, tenant, limit, all).await
+    }
+
+    async fn tenant_rows(pool: &MySqlPool, tenant: &str) -> Result<u64, StoreError> {
+        admin::tenant_rows(pool, tenant).await
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Retention and numbers on MySQL and MariaDB: the sweeper's statements and the
 //! stats snapshot. "Now" is the database's clock, in Unix milliseconds.
 
-use sqlx::{MySqlPool, Row};
+use sqlx::mysql::MySqlArguments;
+use sqlx::{MySql, MySqlPool, Row};
 
 use super::{BEGIN_READ_COMMITTED, now_ms};
 use crate::model::{StatsSnapshot, StoreError};
@@ -98,21 +99,27 @@ const BY_GROUP_SQL: &str = "SELECT CONVERT(operation USING utf8mb4) AS operation
 /// Deletes one batch: chosen and locked under `SKIP LOCKED`, deleted by key,
 /// committed.
 pub(super) async fn delete_batch(pool: &MySqlPool, limit: u32) -> Result<u64, StoreError> {
+    delete_chosen(pool, sqlx::query(CHOOSE_BATCH_SQL).bind(i64::from(limit))).await
+}
+
+/// Deletes, in one transaction, the rows `choose` selects (tenant, operation
+/// and key digest, `FOR UPDATE SKIP LOCKED`, so that it waits on no running
+/// request): by primary key only, the chosen rows being locked by this
+/// transaction until it commits.
+pub(super) async fn delete_chosen(
+    pool: &MySqlPool,
+    choose: sqlx::query::Query<'_, MySql, MySqlArguments>,
+) -> Result<u64, StoreError> {
     let mut tx = pool.begin_with(BEGIN_READ_COMMITTED).await?;
-    let keys = sqlx::query(CHOOSE_BATCH_SQL)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
+    let keys = choose.fetch_all(&mut *tx).await?;
     if keys.is_empty() {
         tx.rollback().await?;
         return Ok(0);
     }
-    // By primary key only: the chosen rows are locked by this transaction, so
-    // they are still expired and finished. The keys drive the join (STRAIGHT_JOIN)
-    // and reach the table through its primary key, one row each: a `WHERE` over
-    // the table itself (an `IN` list, equalities joined by `OR`, a condition on
-    // expires_at) may be read with a scan on a small table, and a scan waits for
-    // the rows skipped above.
+    // The keys drive the join (STRAIGHT_JOIN) and reach the table through its
+    // primary key, one row each: a `WHERE` over the table itself (an `IN` list,
+    // equalities joined by `OR`, a condition on expires_at) may be read with a
+    // scan on a small table, and a scan waits for the rows skipped above.
     let sql = format!(
         "DELETE r FROM (SELECT ? AS t, ? AS o, ? AS k{}) v \
          STRAIGHT_JOIN idempotency_requests r \

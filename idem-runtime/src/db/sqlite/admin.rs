@@ -70,6 +70,20 @@ async fn purge_locked<E>(
 
 /// `show`'s statement and the purge on SQLite.
 impl SqlAdmin for Sqlite {
+    // SQLite's one write lock serialises the statement with every writer, so no
+    // row it reads can change under it.
+    const ERASE_TENANT_SQL: &'static str = concat!(
+        "DELETE FROM idempotency_requests \
+          WHERE rowid IN ( \
+                SELECT rowid FROM idempotency_requests \
+                 WHERE tenant_id = $1 \
+                   AND ($3 OR state IN ('completed', 'failed') \
+                        OR (state = 'processing' AND lease_expires_at <= ",
+        now_ms!(),
+        ")) \
+                 LIMIT $2)"
+    );
+
     // The body leaves the database only when asked for ($4). length() of a BLOB is
     // its size in bytes.
     const SHOW_SQL: &'static str = concat!(
