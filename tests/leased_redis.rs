@@ -25,6 +25,7 @@ use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
+use idem_runtime::admin::InFlightRows;
 use idem_runtime::lease::{Acquisition, LeaseBackend, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
 use idem_runtime::redis::RedisConnection;
@@ -261,6 +262,111 @@ async fn an_uncertain_outcome_never_expires_and_is_reconciled_by_its_downstream_
     again.release().await.unwrap();
     // A round with nothing left does nothing.
     assert_eq!(reconciler.run_once().await.unwrap(), Default::default());
+}
+
+/// Erasing a tenant deletes its records in every operation, and the uncertain
+/// index entries with them; a record whose lease is live and an uncertain one
+/// are left and counted unless asked for too; another tenant's records, and
+/// another prefix's, stay; a key of the erased tenant is claimed anew.
+#[tokio::test]
+async fn erasing_a_tenant_deletes_its_records_and_their_index_entries() {
+    let s = store("erase-tenant").await;
+    let other_prefix = store("erase-tenant-other").await;
+    let claim = |s: &RedisLeaseStore, tenant: &'static str, operation: &'static str, key: &str| {
+        let s = s.clone();
+        let key = IdempotencyKey::parse(key).unwrap();
+        async move {
+            let req = LeaseRequest {
+                tenant,
+                operation,
+                key: &key,
+                fingerprint: FingerprintBuilder::new(tenant, operation, "POST", "/x").finish(),
+                retention: HOUR,
+                lease: HOUR,
+            };
+            match s.claim(&req).await.unwrap() {
+                LeasedClaim::Acquired(lease) => lease,
+                other => panic!("expected to acquire, got {other:?}"),
+            }
+        }
+    };
+    for (tenant, operation, key) in [
+        ("acme", "create-payment", "k1"),
+        ("acme", "refund", "r1"),
+        ("globex", "create-payment", "k1"),
+    ] {
+        claim(&s, tenant, operation, key)
+            .await
+            .complete(&paid("ch"))
+            .await
+            .unwrap();
+    }
+    claim(&other_prefix, "acme", "create-payment", "k1")
+        .await
+        .complete(&paid("ch"))
+        .await
+        .unwrap();
+    claim(&s, "acme", "create-payment", "k3")
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let live = claim(&s, "acme", "create-payment", "k2").await;
+    let records = |s: &RedisLeaseStore, tenant: &'static str| {
+        let s = s.clone();
+        async move {
+            let mut c = s.redis_connection();
+            let prefix = s.record_key("x", "x", &IdempotencyKey::parse("x").unwrap());
+            let prefix = prefix.split(":{").next().unwrap().to_owned();
+            keys_under(&mut c, &prefix)
+                .await
+                .into_iter()
+                .filter(|k| k.contains(&format!(":r:{tenant}:")))
+                .count()
+        }
+    };
+    assert_eq!(records(&s, "acme").await, 4);
+    assert_eq!(uncertain_entries(&s).await, 1);
+
+    let done = s.erase_tenant("acme", InFlightRows::Keep).await.unwrap();
+    assert_eq!((done.erased, done.left), (2, 2), "{done:?}");
+    assert_eq!(
+        records(&s, "acme").await,
+        2,
+        "the live and the uncertain stay"
+    );
+    assert_eq!(uncertain_entries(&s).await, 1);
+    assert_eq!(
+        records(&s, "globex").await,
+        1,
+        "another tenant's record stays"
+    );
+    assert_eq!(
+        records(&other_prefix, "acme").await,
+        1,
+        "another prefix's stays"
+    );
+
+    live.release().await.unwrap();
+    let done = s.erase_tenant("acme", InFlightRows::Erase).await.unwrap();
+    assert_eq!((done.erased, done.left), (1, 0), "{done:?}");
+    assert_eq!(records(&s, "acme").await, 0);
+    assert_eq!(
+        uncertain_entries(&s).await,
+        0,
+        "the index entry went with it"
+    );
+    assert_eq!(records(&s, "globex").await, 1);
+    assert_eq!(
+        claim(&s, "acme", "create-payment", "k1")
+            .await
+            .acquisition(),
+        Acquisition::New
+    );
+    assert!(matches!(
+        s.erase_tenant("", InFlightRows::Erase).await,
+        Err(StoreError::InvalidRequest(_))
+    ));
 }
 
 /// The store reads its own layout only: a sorted set under the prefix that no

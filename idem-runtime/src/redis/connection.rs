@@ -4,7 +4,7 @@
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 /// A connection to one Redis server or to a Redis Cluster: what
@@ -102,6 +102,55 @@ impl RedisConnection {
         }
     }
 
+    /// Every key whose name matches `pattern` (`SCAN .. MATCH`, a page of about
+    /// a thousand names a command, so no server is blocked as `KEYS` would
+    /// block it): on one server its keys, on a cluster every master's.
+    pub(super) async fn scan_matching(&self, pattern: &str) -> Result<Vec<String>, RedisError> {
+        let mut found = Vec::new();
+        match self {
+            RedisConnection::Server(c) => {
+                scan_on(pattern, &mut found, |cmd| {
+                    let mut c = c.clone();
+                    async move { cmd.query_async::<Value>(&mut c).await }
+                })
+                .await?;
+            }
+            RedisConnection::Cluster(c) => {
+                let masters = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let Value::Map(replies) =
+                    c.clone().route_command(redis::cmd("PING"), masters).await?
+                else {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "the masters' answers to PING were not a map by address",
+                    )));
+                };
+                for (addr, _) in replies {
+                    let addr: String = redis::from_redis_value(addr)?;
+                    let Some((host, port)) = addr.rsplit_once(':') else {
+                        continue;
+                    };
+                    let Ok(port) = port.parse::<u16>() else {
+                        continue;
+                    };
+                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    });
+                    scan_on(pattern, &mut found, |cmd| {
+                        let mut c = c.clone();
+                        let node = node.clone();
+                        async move { c.route_command(cmd, node).await }
+                    })
+                    .await?;
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+
     /// Runs groups of commands, each group's keys in one slot, and answers each
     /// group's replies (a command's error as its reply, `Value::ServerError`).
     /// On one server all groups go in one pipeline, a single round trip; on a
@@ -146,5 +195,29 @@ impl RedisConnection {
                 futures_util::future::try_join_all(runs).await
             }
         }
+    }
+}
+
+/// One node's `SCAN` from cursor 0 until the cursor comes back to 0, each page
+/// sent by `send`; the names found are added to `found`.
+async fn scan_on<F, Fut>(pattern: &str, found: &mut Vec<String>, send: F) -> Result<(), RedisError>
+where
+    F: Fn(Cmd) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, RedisError>>,
+{
+    let mut cursor: u64 = 0;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let (next, page): (u64, Vec<String>) = redis::from_redis_value(send(cmd).await?)?;
+        found.extend(page);
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
 }

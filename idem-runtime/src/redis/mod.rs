@@ -58,6 +58,7 @@ use crate::reconcile::UncertainOutcome;
 mod acks;
 mod checks;
 mod connection;
+mod erasure;
 mod lanes;
 mod layout;
 mod listing;
@@ -119,6 +120,7 @@ struct Scripts {
     resolve: Script,
     prune: Script,
     abandon: Script,
+    erase: Script,
 }
 
 fn redis_err(e: redis::RedisError) -> StoreError {
@@ -313,6 +315,7 @@ impl RedisLeaseStore {
                 resolve: Script::new(scripts::RESOLVE),
                 prune: Script::new(scripts::PRUNE),
                 abandon: Script::new(scripts::ABANDON),
+                erase: Script::new(scripts::ERASE),
             }),
             acks: None,
             lanes: Arc::new(Lanes::new(opener)),

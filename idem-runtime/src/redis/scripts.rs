@@ -257,3 +257,23 @@ end
 redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 "#;
+
+/// KEYS: record, its shard's uncertain index. ARGV: the record's index entry,
+/// `1` to erase a record in flight too. Deletes the record and its index entry
+/// (1); leaves a record whose lease is live or whose outcome is uncertain
+/// unless ARGV[2] is `1` (-1); 0 when there is no record.
+pub(super) const ERASE: &str = concat!(
+    prelude!(),
+    r#"
+local rec = load(KEYS[1])
+if is_err(rec) then return rec end
+if not rec then return 0 end
+if ARGV[2] ~= '1' then
+  if rec.state == 'uncertain' then return -1 end
+  if rec.state == 'processing' and rec.lease_until > now_ms() then return -1 end
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"#
+);
