@@ -94,8 +94,8 @@ pub const ERASE_BATCH: u32 = 1_000;
 /// They are counted in [`TenantErasure::left`]: erase again once they have
 /// finished. A request of the tenant that commits after the erasure writes its
 /// row as ever, so stop the tenant's traffic first. Each process's replay cache
-/// keeps what it holds until [`crate::Idem::clear_replay_cache`]
-/// ([`crate::Idem::erase_tenant`] clears its own).
+/// (feature `replay-cache`) keeps what it holds until its
+/// `Idem::clear_replay_cache` ([`crate::Idem::erase_tenant`] clears its own).
 ///
 /// ```no_run
 /// use idem_runtime::admin::{self, InFlightRows};

@@ -127,16 +127,27 @@ impl RedisConnection {
                 };
                 for (addr, _) in replies {
                     let addr: String = redis::from_redis_value(addr)?;
-                    let Some((host, port)) = addr.rsplit_once(':') else {
-                        continue;
-                    };
-                    let Ok(port) = port.parse::<u16>() else {
-                        continue;
-                    };
-                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                        host: host.to_owned(),
-                        port,
-                    });
+                    // A master whose address cannot be read is an error, not a
+                    // master skipped: its keys would be missed in silence.
+                    let node = addr
+                        .rsplit_once(':')
+                        .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+                        .map(|(host, port)| {
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                host: host
+                                    .trim_start_matches('[')
+                                    .trim_end_matches(']')
+                                    .to_owned(),
+                                port,
+                            })
+                        })
+                        .ok_or_else(|| {
+                            RedisError::from((
+                                redis::ErrorKind::UnexpectedReturnType,
+                                "a master's address is not host:port",
+                                addr.clone(),
+                            ))
+                        })?;
                     scan_on(pattern, &mut found, |cmd| {
                         let mut c = c.clone();
                         let node = node.clone();
