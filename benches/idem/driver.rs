@@ -40,7 +40,8 @@ pub struct Settings {
     contention_keys: usize,
     /// `IDEM_BENCH_REPLAY_KEYS` (1000): completed keys that (c) replays.
     replay_keys: usize,
-    /// `IDEM_BENCH_SCENARIOS` (abcdefghi): which scenarios on PostgreSQL.
+    /// `IDEM_BENCH_SCENARIOS` (abcdefghi; empty skips PostgreSQL's): which
+    /// scenarios on PostgreSQL.
     scenarios: String,
     /// `IDEM_BENCH_SQLITE_SCENARIOS` (abce; empty skips SQLite): which of (a),
     /// (b), (c), (e) also run on the SQLite file.
@@ -93,7 +94,10 @@ impl Settings {
             .map(|r| r.trim().parse::<u64>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| format!("IDEM_BENCH_DB_RTTS={rtts:?}: microseconds, comma-separated"))?;
-        // An explicitly empty list skips SQLite, unlike the other settings.
+        // An explicitly empty list of scenarios skips that database's, unlike
+        // the other settings (empty is their default).
+        let scenarios =
+            std::env::var("IDEM_BENCH_SCENARIOS").unwrap_or_else(|_| "abcdefghi".to_owned());
         let sqlite_scenarios = std::env::var("IDEM_BENCH_SQLITE_SCENARIOS")
             .unwrap_or_else(|_| "abce".to_owned())
             .chars()
@@ -128,7 +132,7 @@ impl Settings {
             contention_clients: env_or("IDEM_BENCH_CONTENTION_CLIENTS", 64)?,
             contention_keys: env_or("IDEM_BENCH_CONTENTION_KEYS", 16)?,
             replay_keys: env_or("IDEM_BENCH_REPLAY_KEYS", 1000)?,
-            scenarios: env_or("IDEM_BENCH_SCENARIOS", "abcdefghi".to_owned())?,
+            scenarios,
             sqlite_scenarios,
             mysql_scenarios,
             mysql_admin_url,
