@@ -463,6 +463,7 @@ macro_rules! cli_tests {
             for args in [
                 &["purge", "acme", "create-order", "k-done", "--tenant", "acme"][..],
                 &["purge", "globex", "create-order", "k-done", "--wait", "1"],
+                &["purge", "--tenant", "globex", "--wait", "18446744073709551615"],
             ] {
                 let out = idem(url, args).await;
                 assert_eq!(out.code, 2, "{args:?}: {out:?}");

@@ -104,7 +104,9 @@ pub(super) async fn erase_tenant<DB: Backend>(
     } else {
         InFlightRows::Keep
     };
-    let until = Instant::now() + Duration::from_secs(wait);
+    let until = Instant::now()
+        .checked_add(Duration::from_secs(wait))
+        .ok_or_else(|| Failure::Usage(format!("--wait {wait}: too long a wait")))?;
     let mut erased = 0;
     let left = loop {
         let done = admin::erase_tenant(pool, tenant, admin::ERASE_BATCH, in_flight)

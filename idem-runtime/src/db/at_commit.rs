@@ -10,7 +10,7 @@ use crate::db::ClaimContext;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
-use crate::model::{Claim, Execution, StoreError};
+use crate::model::{Claim, ClaimRequest, Execution, StoreError};
 
 /// A database whose handler path claims the key at commit: how it reads the
 /// key's row for a decision.
@@ -23,6 +23,23 @@ pub(crate) trait KeyLookup: Database {
         key: KeyDigest,
         fingerprint: &'c Fingerprint,
     ) -> impl Future<Output = Result<Option<KeySnapshot>, StoreError>> + Send + 'c;
+}
+
+/// The handler path's first step where the key is claimed at commit: `req`'s
+/// key looked up, outside any transaction, and the claim decided on it.
+pub(crate) async fn decide_claim<DB: KeyLookup>(
+    conn: &mut DB::Connection,
+    req: &ClaimRequest<'_>,
+) -> Result<decide::TransactionalStep, StoreError> {
+    let snapshot = DB::lookup(
+        conn,
+        req.tenant,
+        req.operation,
+        req.key.digest(),
+        &req.fingerprint,
+    )
+    .await?;
+    Ok(decide::transactional(snapshot, req.in_flight_wait))
 }
 
 /// What a request that did not commit answers instead of its own outcome, when

@@ -14,6 +14,24 @@ use std::time::Duration;
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Transaction};
 
+/// Which of a tenant's rows an erasure takes (`admin::erase_tenant`), with the
+/// database's spelling of the "every row" flag (`$all`) and of its clock
+/// (`now`): the finished ones and those whose lease lapsed, or every one when
+/// the flag is set. One rule for every SQL store; Redis's `ERASE` script is its
+/// Lua twin.
+macro_rules! erasable {
+    ($all:literal, $($now:tt)+) => {
+        concat!(
+            "(",
+            $all,
+            " OR state IN ('completed', 'failed') \
+                OR (state = 'processing' AND lease_expires_at <= ",
+            $($now)+,
+            "))"
+        )
+    };
+}
+
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod at_commit;
 mod dialect;

@@ -38,11 +38,9 @@ const SHOW_SQL: &str = concat!(
 const CHOOSE_TENANT_SQL: &str = concat!(
     "SELECT CONVERT(tenant_id USING utf8mb4), CONVERT(operation USING utf8mb4), \
             key_digest FROM idempotency_requests \
-      WHERE tenant_id = ? \
-        AND (? OR state IN ('completed', 'failed') \
-             OR (state = 'processing' AND lease_expires_at <= ",
-    now_ms!(),
-    ")) LIMIT ? FOR UPDATE SKIP LOCKED"
+      WHERE tenant_id = ? AND ",
+    erasable!("?", now_ms!()),
+    " LIMIT ? FOR UPDATE SKIP LOCKED"
 );
 
 const TENANT_ROWS_SQL: &str = question_marks!(crate::db::shared::TENANT_ROWS_SQL);

@@ -249,15 +249,7 @@ impl HandlerPath for MySql {
             return claim_first(ctx, req).await;
         }
         let mut conn = ctx.pool.acquire().await?;
-        let snapshot = MySql::lookup(
-            &mut conn,
-            req.tenant,
-            req.operation,
-            req.key.digest(),
-            &req.fingerprint,
-        )
-        .await?;
-        let generation = match decide::transactional(snapshot, req.in_flight_wait) {
+        let generation = match at_commit::decide_claim::<MySql>(&mut conn, req).await? {
             decide::TransactionalStep::Execute { generation } => generation,
             decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
         };

@@ -39,17 +39,17 @@ impl SqlAdmin for Postgres {
     // skipping rows a running transaction holds, and the DELETE reaches them by
     // ctid; the outer conditions repeat the inner ones for a row changed
     // between the snapshot and the lock.
-    const ERASE_TENANT_SQL: &'static str = "DELETE FROM idempotency_requests \
+    const ERASE_TENANT_SQL: &'static str = concat!(
+        "DELETE FROM idempotency_requests \
           WHERE ctid = ANY(ARRAY( \
                 SELECT ctid FROM idempotency_requests \
-                 WHERE tenant_id = $1 \
-                   AND ($3 OR state IN ('completed', 'failed') \
-                        OR (state = 'processing' AND lease_expires_at <= now())) \
-                 LIMIT $2 \
+                 WHERE tenant_id = $1 AND ",
+        erasable!("$3", "now()"),
+        " LIMIT $2 \
                  FOR UPDATE SKIP LOCKED)) \
-            AND tenant_id = $1 \
-            AND ($3 OR state IN ('completed', 'failed') \
-                 OR (state = 'processing' AND lease_expires_at <= now()))";
+            AND tenant_id = $1 AND ",
+        erasable!("$3", "now()")
+    );
 
     // The body leaves the database only when asked for ($4), so that a plain `show`
     // cannot leak it into a terminal's scrollback or a log.

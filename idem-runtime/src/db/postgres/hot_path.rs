@@ -75,6 +75,7 @@ use super::transactional::{stored_from_row, stored_with_body};
 use crate::db::ClaimContext;
 use crate::db::Tx;
 use crate::db::at_commit::{self, KeyLookup};
+use crate::db::shared::BindKey;
 use crate::db::stores::{Claims, HandlerPath};
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
@@ -276,15 +277,7 @@ impl HandlerPath for Postgres {
         if !ctx.claims_at_commit {
             return claim_first(conn, req, begin).await;
         }
-        let snapshot = Postgres::lookup(
-            &mut conn,
-            req.tenant,
-            req.operation,
-            req.key.digest(),
-            &req.fingerprint,
-        )
-        .await?;
-        let generation = match decide::transactional(snapshot, req.in_flight_wait) {
+        let generation = match at_commit::decide_claim::<Postgres>(&mut conn, req).await? {
             decide::TransactionalStep::Execute { generation } => generation,
             decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
         };
@@ -321,9 +314,7 @@ impl HandlerPath for Postgres {
             INSERT_SQL
         };
         let inserted = sqlx::query(sql)
-            .bind(&execution.tenant)
-            .bind(&execution.operation)
-            .bind(execution.key)
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
             .bind(&execution.fingerprint.as_bytes()[..])
             .bind(response.state())
             .bind(status)
@@ -364,9 +355,7 @@ impl KeyLookup for Postgres {
         fingerprint: &'c Fingerprint,
     ) -> Result<Option<KeySnapshot>, StoreError> {
         let row = sqlx::query(LOOKUP_SQL)
-            .bind(tenant)
-            .bind(operation)
-            .bind(key)
+            .bind_key(tenant, operation, key)
             .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else { return Ok(None) };

@@ -76,12 +76,9 @@ impl SqlAdmin for Sqlite {
         "DELETE FROM idempotency_requests \
           WHERE rowid IN ( \
                 SELECT rowid FROM idempotency_requests \
-                 WHERE tenant_id = $1 \
-                   AND ($3 OR state IN ('completed', 'failed') \
-                        OR (state = 'processing' AND lease_expires_at <= ",
-        now_ms!(),
-        ")) \
-                 LIMIT $2)"
+                 WHERE tenant_id = $1 AND ",
+        erasable!("$3", now_ms!()),
+        " LIMIT $2)"
     );
 
     // The body leaves the database only when asked for ($4). length() of a BLOB is
