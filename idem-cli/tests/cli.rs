@@ -471,6 +471,40 @@ macro_rules! cli_tests {
             assert_eq!(rows_of("globex").await, 1);
         }
 
+        /// `purge --tenant --wait` erases a row in flight once it finishes: the
+        /// first pass leaves it (the finished rows going show the pass ran), the
+        /// row is then completed, and a later pass takes it.
+        #[tokio::test]
+        async fn purge_tenant_waits_for_rows_in_flight_to_finish() {
+            let db = seeded().await;
+            let url = db.url();
+            let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+                .args(["--json", "purge", "--tenant", "acme", "--wait", "120"])
+                .env("DATABASE_URL", &url)
+                .output();
+            let waiting = tokio::spawn(waiting);
+            // Until the first pass has erased the finished rows and left k-running.
+            tokio::time::timeout(std::time::Duration::from_secs(60), async {
+                while exists(&db, "k-done").await == 1 {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the first pass ran");
+            assert!(!waiting.is_finished(), "it waits while a row is in flight");
+            db.exec(&format!(
+                "UPDATE idempotency_requests SET state = 'completed', response_status = 201 \
+                 WHERE key_digest = {}",
+                db.key("k-running")
+            ))
+            .await;
+            let out = Out::of(waiting.await.unwrap().unwrap());
+            assert_eq!(out.code, 0, "{out:?}");
+            let j = out.json();
+            assert_eq!((j["erased"].as_u64(), j["left"].as_u64()), (Some(3), Some(0)));
+            assert_eq!(exists(&db, "k-running").await, 0);
+        }
+
         #[tokio::test]
         async fn purge_does_not_wait_forever_on_a_running_request() {
             let db = seeded().await;
