@@ -22,11 +22,11 @@ use sqlx::query::{Query, QueryScalar};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::leases::SqlLeases;
-use super::stores::{Admin, Transitions, Upkeep};
+use super::stores::{Admin, Purge, Transitions, Upkeep};
 use crate::key::KeyDigest;
 use crate::model::{
-    FencedWrite, InFlightSummary, KeyAddress, KeyRecord, PurgeError, Resource, StatsSnapshot,
-    StoreError, count, millis,
+    FencedWrite, InFlightSummary, KeyAddress, KeyRecord, Resource, StatsSnapshot, StoreError,
+    count, millis,
 };
 
 /// Binds the three parameters by which a statement finds a key's row: tenant,
@@ -177,6 +177,36 @@ macro_rules! ms_operation_sql {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use ms_operation_sql;
 
+/// The stats' ages where timestamps are Unix milliseconds (SQLite, MySQL):
+/// `$now` the database's clock, read once by this statement and returned as
+/// `now_ms` so that the groups query compares against the same instant;
+/// `$taken_at` and `$oldest_valid` format `$now` and the oldest live row's
+/// `created_at` as RFC 3339 in the database's dialect.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+macro_rules! ms_ages_sql {
+    ($now:expr, $taken_at:expr, $oldest_valid:expr) => {
+        concat!(
+            "SELECT ",
+            $now,
+            " AS now_ms, ",
+            $taken_at,
+            " AS taken_at, ",
+            $oldest_valid,
+            " AS oldest_valid, (",
+            $now,
+            " - min(CASE WHEN expires_at > ",
+            $now,
+            " THEN created_at END)) / 1000e0 AS oldest_valid_age, (",
+            $now,
+            " - min(CASE WHEN state IN ('processing', 'uncertain') THEN created_at END)) \
+               / 1000e0 AS oldest_in_flight \
+               FROM idempotency_requests"
+        )
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) use ms_ages_sql;
+
 /// The part of a purge every database shares, in the transaction `$tx` that
 /// holds the key's row: given the row `SELECT_STATE_SQL` read (`None` when there
 /// is none), ask `$allow` about its state, delete it with `$delete` (by default
@@ -220,11 +250,23 @@ pub trait SqlUpkeep: SqlLeases {
     const BACKLOG_SQL: &'static str;
     /// The in-flight summary: `stale_after` in milliseconds.
     const IN_FLIGHT_SQL: &'static str;
+    /// The stats' two queries and the transaction that holds them.
+    const SNAPSHOT: SnapshotSql;
+}
 
-    /// The table's numbers in one consistent snapshot.
-    fn snapshot(
-        pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<StatsSnapshot, StoreError>> + Send;
+/// How a database reads the stats in one consistent snapshot: `ages` (the
+/// table's ages, and `now_ms` where `groups` needs the clock) then `groups` (a
+/// row per operation and state), both inside the transaction `begin` opens.
+pub struct SnapshotSql {
+    /// Begins a read-only transaction whose reads agree with each other.
+    pub begin: &'static str,
+    /// One row: `taken_at`, `oldest_valid`, `oldest_valid_age`, `oldest_in_flight`.
+    pub ages: &'static str,
+    /// A row per operation and state: `operation`, `state`, `rows`, `bytes`, `expired`.
+    pub groups: &'static str,
+    /// Whether `groups` takes the `now_ms` that `ages` read as `$1`, for a
+    /// database whose clock moves between two statements of one transaction.
+    pub groups_at_now: bool,
 }
 
 /// The sweeper's three round trips and the stats, once for the databases that
@@ -236,6 +278,7 @@ where
     DB::Arguments: IntoArguments<DB>,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'q> f64: Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
     for<'q> &'q str: ColumnIndex<DB::Row>,
     usize: ColumnIndex<DB::Row>,
 {
@@ -269,8 +312,35 @@ where
     }
 
     fn snapshot(pool: &Pool<DB>) -> impl Future<Output = Result<StatsSnapshot, StoreError>> + Send {
-        DB::snapshot(pool)
+        stats_snapshot(pool, &DB::SNAPSHOT)
     }
+}
+
+/// The stats as `sql` reads them, on any database.
+pub(crate) async fn stats_snapshot<DB>(
+    pool: &Pool<DB>,
+    sql: &SnapshotSql,
+) -> Result<StatsSnapshot, StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> f64: Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> &'q str: ColumnIndex<DB::Row>,
+{
+    let mut tx = pool.begin_with(sql.begin).await?;
+    let ages = sqlx::query(sql.ages).fetch_one(&mut *tx).await?;
+    let mut groups = sqlx::query(sql.groups);
+    if sql.groups_at_now {
+        groups = groups.bind(ages.try_get::<i64, _>("now_ms")?);
+    }
+    let groups = groups.fetch_all(&mut *tx).await?;
+    let snapshot = super::rows::snapshot(&ages, &groups)?;
+    // Read only: there is nothing to commit.
+    tx.rollback().await?;
+    Ok(snapshot)
 }
 
 /// What a database module gives a transition's two statements: the locking
@@ -352,9 +422,9 @@ where
 }
 
 /// What a database module gives the admin reads: the `show` statement
-/// (`tenant, operation, digest, with_body`) and the purge, which locks the row
-/// its own way.
-pub trait SqlAdmin: SqlLeases {
+/// (`tenant, operation, digest, with_body`) and the tenant's erasure; its purge
+/// is its own ([`Purge`]).
+pub trait SqlAdmin: SqlLeases + Purge {
     /// One key's row as `show` prints it.
     const SHOW_SQL: &'static str;
 
@@ -362,15 +432,6 @@ pub trait SqlAdmin: SqlLeases {
     /// a running transaction holds: the finished ones and those whose lease
     /// lapsed, or every one when `$3`.
     const ERASE_TENANT_SQL: &'static str;
-
-    /// Deletes one key's row under a lock taken within `wait`, if `allow`
-    /// agrees with its state.
-    fn purge<E: Send>(
-        pool: &Pool<Self>,
-        key: &KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send;
 }
 
 /// The admin reads, once for the databases that give [`SqlAdmin`].
@@ -387,15 +448,6 @@ where
     for<'q> crate::key::KeyDigest: Encode<'q, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {
-    fn purge<E: Send>(
-        pool: &Pool<DB>,
-        key: &KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send {
-        DB::purge(pool, key, wait, allow)
-    }
-
     fn applied_versions(
         pool: &Pool<DB>,
     ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send {

@@ -126,8 +126,21 @@ pub trait Transitions: sqlx::Database {
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'c;
 }
 
+/// The admin purge of one key, which each database locks the row for its own
+/// way.
+pub trait Purge: sqlx::Database {
+    /// Deletes one key's row under a lock taken within `wait`, if `allow` agrees
+    /// with its state; the deleted row's state and generation.
+    fn purge<E: Send>(
+        pool: &Pool<Self>,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send;
+}
+
 /// What the admin CLI reads and deletes.
-pub trait Admin: sqlx::Database {
+pub trait Admin: Purge {
     /// The migration versions recorded as applied; none before the first.
     fn applied_versions(
         pool: &Pool<Self>,
@@ -139,15 +152,6 @@ pub trait Admin: sqlx::Database {
         key: &KeyAddress<'_>,
         with_body: bool,
     ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
-
-    /// Deletes one key's row under a lock taken within `wait`, if `allow` agrees
-    /// with its state; the deleted row's state and generation.
-    fn purge<E: Send>(
-        pool: &Pool<Self>,
-        key: &KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send;
 
     /// Deletes at most `limit` of `tenant`'s rows in a statement of its own: the
     /// finished ones and those whose lease lapsed, or every one with `all`;

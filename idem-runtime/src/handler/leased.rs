@@ -114,11 +114,26 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
         body: BoxedLeasedHandler<DB>,
         started: Instant,
     ) -> Response {
+        let work = Work {
+            held,
+            lease,
+            body,
+            started,
+        };
         if scope.spec.accepted {
-            return accept(idem, scope, held, lease, body, started);
+            return accept(idem, scope, work);
         }
-        settle(idem, scope, held, lease, body, started).await
+        settle(idem, scope, work).await
     }
+}
+
+/// An execution that holds its key: what the handler runs with and what
+/// settling its outcome needs.
+struct Work<DB: LeaseBackend> {
+    held: LeaseHeld<DB>,
+    lease: Lease<DB>,
+    body: BoxedLeasedHandler<DB>,
+    started: Instant,
 }
 
 /// Gives back a key acquired for an execution that its running limit has no
@@ -147,30 +162,23 @@ fn address<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>) -> Address {
 /// The work is counted among the executions (a graceful shutdown waits for
 /// it). If it dies (a panic, the process), its lease lapses and the next
 /// request with the key takes it over, at the same address.
-fn accept<DB: LeaseBackend>(
-    idem: &Idem<DB>,
-    scope: &Scope<'_>,
-    held: LeaseHeld<DB>,
-    lease: Lease<DB>,
-    body: BoxedLeasedHandler<DB>,
-    started: Instant,
-) -> Response {
+fn accept<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) -> Response {
     let answer = address(idem, scope).accepted();
     let op = scope.op();
     let owned = scope.owned();
     let idem = idem.clone();
     let running = idem.executions().start();
     let span = tracing::Span::current();
-    let work = async move {
+    let task = async move {
         let scope = owned.scope();
-        settle(&idem, &scope, held, lease, body, started).await
+        settle(&idem, &scope, work).await
     }
     .instrument(span.clone());
     tokio::spawn(
         async move {
             let _running = running;
             // A task of its own, so that a panic is seen (and logged) here.
-            match tokio::spawn(work).await {
+            match tokio::spawn(task).await {
                 Ok(resp) => {
                     tracing::debug!(
                         operation = op,
@@ -191,14 +199,13 @@ fn accept<DB: LeaseBackend>(
 /// Runs the handler under its lease, renewed in the background, and settles
 /// its outcome: stores it, marks it uncertain or releases the key; the answer
 /// for the request (or, for a long operation, for the log).
-async fn settle<DB: LeaseBackend>(
-    idem: &Idem<DB>,
-    scope: &Scope<'_>,
-    held: LeaseHeld<DB>,
-    mut lease: Lease<DB>,
-    body: BoxedLeasedHandler<DB>,
-    started: Instant,
-) -> Response {
+async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) -> Response {
+    let Work {
+        held,
+        mut lease,
+        body,
+        started,
+    } = work;
     let op = scope.op();
     let lease_len = scope.lease_len();
     let ceiling = scope

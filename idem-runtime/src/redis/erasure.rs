@@ -2,7 +2,7 @@
 //! (`SCAN .. MATCH`, every master's on a cluster), each deleted with its
 //! uncertain index entry by one script that reads its state first.
 
-use super::layout::escape;
+use super::layout::member;
 use super::{RedisLeaseStore, redis_err};
 use crate::model::{InFlightRows, StoreError, TenantErasure};
 
@@ -32,14 +32,10 @@ impl RedisLeaseStore {
                 "an empty tenant id: no record has one".to_owned(),
             ));
         }
-        let member_prefix = format!("{}:", escape(tenant));
-        // `P:{O:s}:r:T:D`: the operation and shard are escaped (no `{`, `}` or
-        // `:`), so `{*}` is exactly one record's tag; the escaped tenant holds
-        // no glob character, the prefix may.
-        let pattern = format!(
-            "{}:{{*}}:r:{member_prefix}*",
-            glob_literal(&self.layout.prefix)
-        );
+        let pattern = self.layout.tenant_records(tenant);
+        // `{*}` matches within one tag only if no name holds `}:r:` twice,
+        // which idem's never do: each name is checked again by its member.
+        let member_prefix = member(tenant, "");
         let names = self.conn.scan_matching(&pattern).await.map_err(redis_err)?;
         let all = if in_flight == InFlightRows::Erase {
             "1"
@@ -72,29 +68,5 @@ impl RedisLeaseStore {
             }
         }
         Ok(TenantErasure { erased, left })
-    }
-}
-
-/// `text` as a `SCAN` pattern that matches it literally: `*`, `?`, `[`, `]`
-/// and `\` escaped with a backslash.
-fn glob_literal(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_literal;
-
-    #[test]
-    fn a_prefix_is_matched_literally() {
-        assert_eq!(glob_literal("idem"), "idem");
-        assert_eq!(glob_literal("a*b?[c]\\d"), "a\\*b\\?\\[c\\]\\\\d");
     }
 }

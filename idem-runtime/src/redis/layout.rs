@@ -88,6 +88,31 @@ impl Layout {
     pub(super) fn abandoned(&self, operation: &str, shard: char, token: &str) -> String {
         format!("{}:abandoned:{token}", self.shard_base(operation, shard))
     }
+
+    /// A `SCAN` pattern for every record of `tenant`, in every operation and
+    /// shard: `P:{*}:r:T:*`. The operation and shard are escaped (no `{`, `}`
+    /// or `:`), so `{*}` is exactly one record's tag; the escaped tenant holds
+    /// no glob character, the prefix may, and is matched literally.
+    pub(super) fn tenant_records(&self, tenant: &str) -> String {
+        format!(
+            "{}:{{*}}:r:{}:*",
+            glob_literal(&self.prefix),
+            escape(tenant)
+        )
+    }
+}
+
+/// `text` as a `SCAN` pattern that matches it literally: `*`, `?`, `[`, `]`
+/// and `\` escaped with a backslash.
+fn glob_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -100,6 +125,16 @@ mod tests {
         assert_eq!(escape("a:b"), "a%3Ab");
         assert_eq!(escape("{x}"), "%7Bx%7D");
         assert_ne!(member("a:b", "d"), member("a", "b:d"));
+    }
+
+    #[test]
+    fn a_tenant_pattern_matches_the_prefix_literally() {
+        assert_eq!(glob_literal("idem"), "idem");
+        assert_eq!(glob_literal("a*b?[c]\\d"), "a\\*b\\?\\[c\\]\\\\d");
+        let l = Layout {
+            prefix: "p*".into(),
+        };
+        assert_eq!(l.tenant_records("a:b"), "p\\*:{*}:r:a%3Ab:*");
     }
 
     #[test]

@@ -46,7 +46,7 @@ use sqlx::{MySql, MySqlConnection, Row};
 
 use super::transactional::{self, DEADLOCK_RETRIES};
 use super::{
-    BEGIN_READ_COMMITTED, bound_lock_wait, error_number, is_deadlock, is_lock_timeout,
+    BEGIN_READ_COMMITTED, bound_lock_wait, created_now, error_number, is_deadlock, is_lock_timeout,
     lock_wait_seconds, now_ms, restore_lock_wait,
 };
 use crate::db::ClaimContext;
@@ -90,6 +90,22 @@ macro_rules! take {
     };
 }
 
+/// `, col = IF(take, VALUES(col), col)` for each `col`: the new row's value
+/// where the row is taken over, else the stored one.
+macro_rules! new_if_taken {
+    ($($col:ident),+) => {
+        concat!($(", ", stringify!($col), " = IF(", take!(), ", VALUES(", stringify!($col), "), ", stringify!($col), ")"),+)
+    };
+}
+
+/// `, col = IF(take, NULL, col)` for each `col`: cleared where the row is
+/// taken over.
+macro_rules! null_if_taken {
+    ($($col:ident),+) => {
+        concat!($(", ", stringify!($col), " = IF(", take!(), ", NULL, ", stringify!($col), ")"),+)
+    };
+}
+
 /// The finished row, claiming the key (see the module docs). Every assignment
 /// is `IF(take, new, old)`; MySQL evaluates them left to right and a later one
 /// reads what an earlier one wrote, so the two columns `take!` reads come last:
@@ -107,47 +123,19 @@ macro_rules! upsert {
              VALUES (?, ?, ?, ?, ?, LAST_INSERT_ID(1), ?, ?, ?, ",
             now_ms!(),
             ", ",
-            now_ms!(),
-            ", ",
-            now_ms!(),
-            " + ?) \
-             ON DUPLICATE KEY UPDATE \
-                fingerprint = IF(",
+            created_now!(),
+            ") \
+             ON DUPLICATE KEY UPDATE generation = IF(",
             take!(),
-            ", VALUES(fingerprint), fingerprint), \
-                generation = IF(",
-            take!(),
-            ", LAST_INSERT_ID(generation + 1), generation + LAST_INSERT_ID(0)), \
-                response_status = IF(",
-            take!(),
-            ", VALUES(response_status), response_status), \
-                response_headers = IF(",
-            take!(),
-            ", VALUES(response_headers), response_headers), \
-                response_body = IF(",
-            take!(),
-            ", VALUES(response_body), response_body), \
-                owner_token = IF(",
-            take!(),
-            ", NULL, owner_token), \
-                lease_expires_at = IF(",
-            take!(),
-            ", NULL, lease_expires_at), \
-                downstream_key = IF(",
-            take!(),
-            ", NULL, downstream_key), \
-                created_at = IF(",
-            take!(),
-            ", VALUES(created_at), created_at), \
-                completed_at = IF(",
-            take!(),
-            ", VALUES(completed_at), completed_at), \
-                state = IF(",
-            take!(),
-            ", VALUES(state), state), \
-                expires_at = IF(",
-            take!(),
-            ", VALUES(expires_at), expires_at)"
+            ", LAST_INSERT_ID(generation + 1), generation + LAST_INSERT_ID(0))",
+            new_if_taken!(
+                fingerprint,
+                response_status,
+                response_headers,
+                response_body
+            ),
+            null_if_taken!(owner_token, lease_expires_at, downstream_key),
+            new_if_taken!(created_at, completed_at, state, expires_at)
         )
     };
 }

@@ -9,12 +9,14 @@
 //! connects with `CLIENT_FOUND_ROWS`), so a renewal within the same millisecond
 //! still counts. Owner tokens are 128 random bits, made here.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
-use sqlx::{Connection, MySql, MySqlConnection, Pool};
+use sqlx::{Connection, MySql, MySqlConnection, Pool, Row};
 
 use super::{
-    BEGIN_READ_COMMITTED, bound_lock_wait, is_deadlock, is_lock_timeout, now_ms, restore_lock_wait,
+    BEGIN_READ_COMMITTED, READ_SQL, bound_lock_wait, created_now, is_deadlock, is_lock_timeout,
+    now_ms, restarted_row, restore_lock_wait, store_outcome,
 };
 use crate::db::dialect::{placeholder_rows, question_marks};
 use crate::db::leases::NewOwner;
@@ -28,14 +30,6 @@ use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
 };
 
-const READ_SQL: &str = concat!(
-    "SELECT fingerprint, state, generation, lease_expires_at, expires_at, \
-            response_status, response_headers, response_body, ",
-    now_ms!(),
-    " AS now FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE"
-);
-
 const INSERT_SQL: &str = concat!(
     "INSERT INTO idempotency_requests \
         (tenant_id, operation, key_digest, fingerprint, state, generation, owner_token, \
@@ -43,10 +37,8 @@ const INSERT_SQL: &str = concat!(
      VALUES (?, ?, ?, ?, 'processing', 1, ?, ",
     now_ms!(),
     " + ?, ",
-    now_ms!(),
-    ", ",
-    now_ms!(),
-    " + ?, ?)"
+    created_now!(),
+    ", ?)"
 );
 
 const RECLAIM_SQL: &str = concat!(
@@ -54,13 +46,8 @@ const RECLAIM_SQL: &str = concat!(
         SET fingerprint = ?, state = 'processing', generation = generation + 1, \
             owner_token = ?, downstream_key = ?, lease_expires_at = ",
     now_ms!(),
-    " + ?, response_status = NULL, response_headers = NULL, response_body = NULL, \
-            created_at = ",
-    now_ms!(),
-    ", completed_at = NULL, expires_at = ",
-    now_ms!(),
-    " + ? \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
+    " + ?, ",
+    restarted_row!()
 );
 
 const TAKEOVER_SQL: &str = concat!(
@@ -70,20 +57,22 @@ const TAKEOVER_SQL: &str = concat!(
     " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
 );
 
-/// `(tenant_id, operation, key_digest, owner_token) IN ((?, ?, ?, ?), ..)` for
-/// `n` rows.
-fn owned_rows_in(n: usize) -> String {
-    format!(
-        "(tenant_id, operation, key_digest, owner_token) IN ({})",
-        placeholder_rows(4, n)
-    )
-}
-
-/// Binds the owned rows of `rows` in the order [`owned_rows_in`] names them.
-fn bind_owned<'q>(
-    mut query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
-    rows: &[&'q Renewal<'q>],
-) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+/// The owner tokens of `rows` that `select .. WHERE state = 'processing' AND
+/// (tenant_id, operation, key_digest, owner_token) IN (..) {tail}` finds: the
+/// rows still owned as `rows` say. The text depends on how many rows there are,
+/// so it is not kept in the connection's statement cache.
+async fn owner_tokens(
+    conn: &mut MySqlConnection,
+    select: &str,
+    tail: &str,
+    rows: &[&Renewal<'_>],
+) -> Result<HashSet<String>, sqlx::Error> {
+    let sql = format!(
+        "{select} WHERE state = 'processing' AND \
+         (tenant_id, operation, key_digest, owner_token) IN ({}){tail}",
+        placeholder_rows(4, rows.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for r in rows {
         query = query
             .bind(r.row.tenant)
@@ -92,6 +81,12 @@ fn bind_owned<'q>(
             .bind(r.row.token);
     }
     query
+        .persistent(false)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<String, _>(0))
+        .collect()
 }
 
 fn busy() -> LeasedOutcome {
@@ -181,10 +176,7 @@ impl SqlLeases for MySql {
     type Headers<'r> = String;
 
     const STORE_SQL: &'static str = concat!(
-        "UPDATE idempotency_requests \
-            SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
-                completed_at = ",
-        now_ms!(),
+        store_outcome!(),
         ", expires_at = ",
         now_ms!(),
         " + ?, lease_expires_at = NULL WHERE",
@@ -220,10 +212,7 @@ impl SqlLeases for MySql {
     // assignments run left to right, so expires_at is computed before created_at
     // would change (it does not).
     const RESOLVE_SQL: &'static str = concat!(
-        "UPDATE idempotency_requests \
-            SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
-                completed_at = ",
-        now_ms!(),
+        store_outcome!(),
         ", lease_expires_at = NULL, expires_at = ",
         now_ms!(),
         " + (expires_at - created_at) \
@@ -294,8 +283,6 @@ impl SqlLeases for MySql {
         pool: &Pool<Self>,
         rows: &[Renewal<'_>],
     ) -> Result<Vec<Renewed>, StoreError> {
-        use sqlx::Row as _;
-
         let all: Vec<&Renewal<'_>> = rows.iter().collect();
         let mut conn = pool.acquire().await?;
         // A batch dropped half-way (its time ran out) must not return a connection
@@ -303,19 +290,13 @@ impl SqlLeases for MySql {
         // closed instead, and the server rolls the transaction back.
         let mut guard = Restoring::new(&mut conn);
         let mut tx = guard.conn().begin_with(BEGIN_READ_COMMITTED).await?;
-        let lock = format!(
-            "SELECT owner_token FROM idempotency_requests FORCE INDEX (PRIMARY) \
-              WHERE state = 'processing' AND {} FOR UPDATE SKIP LOCKED",
-            owned_rows_in(all.len())
-        );
-        let locked: std::collections::HashSet<String> =
-            bind_owned(sqlx::query(sqlx::AssertSqlSafe(lock)), &all)
-                .persistent(false)
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(|r| r.try_get::<String, _>(0))
-                .collect::<Result<_, _>>()?;
+        let locked = owner_tokens(
+            &mut tx,
+            "SELECT owner_token FROM idempotency_requests FORCE INDEX (PRIMARY)",
+            " FOR UPDATE SKIP LOCKED",
+            &all,
+        )
+        .await?;
         let held: Vec<&Renewal<'_>> = all
             .iter()
             .copied()
@@ -351,20 +332,12 @@ impl SqlLeases for MySql {
             .copied()
             .filter(|r| !locked.contains(r.row.token.as_str()))
             .collect();
-        let mut owned = std::collections::HashSet::new();
-        if !rest.is_empty() {
-            let read = format!(
-                "SELECT owner_token FROM idempotency_requests WHERE state = 'processing' AND {}",
-                owned_rows_in(rest.len())
-            );
-            owned = bind_owned(sqlx::query(sqlx::AssertSqlSafe(read)), &rest)
-                .persistent(false)
-                .fetch_all(&mut *conn)
-                .await?
-                .iter()
-                .map(|r| r.try_get::<String, _>(0))
-                .collect::<Result<_, _>>()?;
-        }
+        let owned = if rest.is_empty() {
+            HashSet::new()
+        } else {
+            let select = "SELECT owner_token FROM idempotency_requests";
+            owner_tokens(&mut conn, select, "", &rest).await?
+        };
         Ok(rows
             .iter()
             .map(|r| {

@@ -53,6 +53,56 @@ macro_rules! mysql_now_ms {
 }
 pub(crate) use crate::mysql_now_ms as now_ms;
 
+/// A key's row under its lock, with the database's clock as `now`: what both
+/// modes' claims decide over.
+pub(super) const READ_SQL: &str = concat!(
+    "SELECT fingerprint, state, generation, lease_expires_at, expires_at, \
+            response_status, response_headers, response_body, ",
+    now_ms!(),
+    " AS now FROM idempotency_requests \
+      WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE"
+);
+
+/// The start of a statement that stores an outcome: `state` and the response
+/// bound in that order, `completed_at` now; the caller goes on with `, ..`.
+macro_rules! store_outcome {
+    () => {
+        concat!(
+            "UPDATE idempotency_requests \
+                SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
+                    completed_at = ",
+            now_ms!()
+        )
+    };
+}
+pub(super) use store_outcome;
+
+/// `now, now + ?`: the values of a row's start (`created_at`, or a finished
+/// row's `completed_at`) and of its `expires_at`, the retention bound in
+/// milliseconds.
+macro_rules! created_now {
+    () => {
+        concat!(now_ms!(), ", ", now_ms!(), " + ?")
+    };
+}
+pub(super) use created_now;
+
+/// The end of a re-claim: the stored outcome cleared, the row's times begun
+/// again (the retention bound), and the key's address bound.
+macro_rules! restarted_row {
+    () => {
+        concat!(
+            "response_status = NULL, response_headers = NULL, response_body = NULL, \
+             created_at = ",
+            now_ms!(),
+            ", completed_at = NULL, expires_at = ",
+            now_ms!(),
+            " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
+        )
+    };
+}
+pub(super) use restarted_row;
+
 /// How idem begins a transaction for a claim: READ COMMITTED for that
 /// transaction (InnoDB's default, REPEATABLE READ, takes gap locks on a locking
 /// read that finds no row, so a claim of one key would hold up the claims of
@@ -233,7 +283,7 @@ impl super::stores::Upkeep for MySql {
     }
 
     async fn snapshot(pool: &MySqlPool) -> Result<StatsSnapshot, StoreError> {
-        upkeep::snapshot(pool).await
+        super::shared::stats_snapshot(pool, &upkeep::SNAPSHOT).await
     }
 }
 
@@ -263,6 +313,17 @@ impl super::stores::Transitions for MySql {
     }
 }
 
+impl super::stores::Purge for MySql {
+    async fn purge<E: Send>(
+        pool: &MySqlPool,
+        key: &KeyAddress<'_>,
+        wait: Duration,
+        allow: impl FnOnce(&str) -> Result<(), E> + Send,
+    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
+        admin::purge(pool, key, wait, allow).await
+    }
+}
+
 impl super::stores::Admin for MySql {
     fn applied_versions(
         pool: &MySqlPool,
@@ -276,15 +337,6 @@ impl super::stores::Admin for MySql {
         with_body: bool,
     ) -> Result<Option<KeyRecord>, StoreError> {
         admin::fetch_record(pool, key, with_body).await
-    }
-
-    async fn purge<E: Send>(
-        pool: &MySqlPool,
-        key: &KeyAddress<'_>,
-        wait: Duration,
-        allow: impl FnOnce(&str) -> Result<(), E> + Send,
-    ) -> Result<Option<(String, i64)>, PurgeError<E>> {
-        admin::purge(pool, key, wait, allow).await
     }
 
     async fn erase_tenant_batch(

@@ -32,8 +32,9 @@ use sqlx::{MySql, MySqlConnection, Row};
 
 use super::hot_path::{PARSE_ERROR, learned_set_statement, set_statement_refused};
 use super::{
-    bound_lock_wait, error_number, is_deadlock, is_duplicate, is_lock_timeout,
-    lock_wait_for_statement, lock_wait_seconds, now_ms, restore_lock_wait,
+    READ_SQL, bound_lock_wait, created_now, error_number, is_deadlock, is_duplicate,
+    is_lock_timeout, lock_wait_for_statement, lock_wait_seconds, now_ms, restarted_row,
+    restore_lock_wait, store_outcome,
 };
 use crate::db::rows::{encode_text, stored_from_text};
 use crate::db::shared::BindKey;
@@ -45,24 +46,14 @@ use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse, m
 /// picks it as a deadlock's victim, before answering in flight.
 pub(crate) const DEADLOCK_RETRIES: u32 = 3;
 
-const READ_SQL: &str = concat!(
-    "SELECT fingerprint, state, generation, expires_at, \
-            response_status, response_headers, response_body, ",
-    now_ms!(),
-    " AS now FROM idempotency_requests \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ? FOR UPDATE"
-);
-
 // The clock expression is fixed for the statement, so both timestamps are the
 // same instant.
 const INSERT_SQL: &str = concat!(
     "INSERT INTO idempotency_requests \
         (tenant_id, operation, key_digest, fingerprint, state, generation, created_at, expires_at) \
      VALUES (?, ?, ?, ?, 'processing', 1, ",
-    now_ms!(),
-    ", ",
-    now_ms!(),
-    " + ?)"
+    created_now!(),
+    ")"
 );
 
 // Under the row lock the locking read took: the generation is the one read plus
@@ -70,21 +61,13 @@ const INSERT_SQL: &str = concat!(
 const RECLAIM_SQL: &str = concat!(
     "UPDATE idempotency_requests \
         SET fingerprint = ?, state = 'processing', generation = generation + 1, \
-            response_status = NULL, response_headers = NULL, response_body = NULL, \
-            owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, created_at = ",
-    now_ms!(),
-    ", completed_at = NULL, expires_at = ",
-    now_ms!(),
-    " + ? \
-      WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
+            owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, ",
+    restarted_row!()
 );
 
 // The WHERE clause is evaluated before the SET clause's assignments.
 const COMPLETE_SQL: &str = concat!(
-    "UPDATE idempotency_requests \
-        SET state = ?, response_status = ?, response_headers = ?, response_body = ?, \
-            completed_at = ",
-    now_ms!(),
+    store_outcome!(),
     ", expires_at = ",
     now_ms!(),
     " + ? \

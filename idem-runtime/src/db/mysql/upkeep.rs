@@ -5,7 +5,8 @@ use sqlx::mysql::MySqlArguments;
 use sqlx::{MySql, MySqlPool, Row};
 
 use super::{BEGIN_READ_COMMITTED, now_ms};
-use crate::model::{StatsSnapshot, StoreError};
+use crate::db::shared::SnapshotSql;
+use crate::model::StoreError;
 
 /// A Unix-milliseconds expression as RFC 3339 text in UTC, whole seconds,
 /// without the session's time zone (`FROM_UNIXTIME` would apply it).
@@ -63,28 +64,14 @@ pub(super) const IN_FLIGHT_SQL: &str = concat!(
 
 // As on SQLite, the clock is read once (here) and the groups query is given that
 // instant, so every comparison of the snapshot is against the same "now".
-const AGES_SQL: &str = concat!(
-    "SELECT ",
+const AGES_SQL: &str = crate::db::shared::ms_ages_sql!(
     now_ms!(),
-    " AS now_ms, ",
     rfc3339!(now_ms!()),
-    " AS taken_at, ",
     rfc3339!(concat!(
         "min(CASE WHEN expires_at > ",
         now_ms!(),
         " THEN created_at END)"
-    )),
-    " AS oldest_valid, \
-        (",
-    now_ms!(),
-    " - min(CASE WHEN expires_at > ",
-    now_ms!(),
-    " THEN created_at END)) / 1000e0 AS oldest_valid_age, \
-        (",
-    now_ms!(),
-    " - min(CASE WHEN state IN ('processing', 'uncertain') THEN created_at END)) / 1000e0 \
-            AS oldest_in_flight \
-      FROM idempotency_requests"
+    ))
 );
 
 // `rows` is a reserved word in MySQL 8. The operation is VARBINARY, read back
@@ -140,21 +127,10 @@ pub(super) async fn delete_chosen(
 
 /// Both queries in one `REPEATABLE READ, READ ONLY` transaction with a
 /// consistent snapshot taken at its start.
-pub(super) async fn snapshot(pool: &MySqlPool) -> Result<StatsSnapshot, StoreError> {
-    let mut tx = pool
-        .begin_with(
-            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
-             START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT",
-        )
-        .await?;
-    let ages = sqlx::query(AGES_SQL).fetch_one(&mut *tx).await?;
-    let now: i64 = ages.try_get("now_ms")?;
-    let groups = sqlx::query(BY_GROUP_SQL)
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await?;
-    let snapshot = crate::db::rows::snapshot(&ages, &groups)?;
-    // Read only: there is nothing to commit.
-    tx.rollback().await?;
-    Ok(snapshot)
-}
+pub(super) const SNAPSHOT: SnapshotSql = SnapshotSql {
+    begin: "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+            START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT",
+    ages: AGES_SQL,
+    groups: BY_GROUP_SQL,
+    groups_at_now: true,
+};

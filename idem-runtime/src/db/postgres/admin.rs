@@ -7,6 +7,7 @@ use sqlx::{Pool, Postgres, Row};
 
 use crate::db::shared::BindKey;
 use crate::db::shared::{SqlAdmin, delete_if_allowed};
+use crate::db::stores::Purge;
 use crate::model::StoreError;
 use crate::model::{KeyAddress, PurgeError};
 
@@ -33,7 +34,7 @@ fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
     }
 }
 
-/// `show`'s statement and the purge on PostgreSQL.
+/// `show`'s statement and the tenant's erasure on PostgreSQL.
 impl SqlAdmin for Postgres {
     // As the sweeper's batch (`upkeep.rs`): the inner SELECT locks its batch,
     // skipping rows a running transaction holds, and the DELETE reaches them by
@@ -69,7 +70,9 @@ impl SqlAdmin for Postgres {
         "FROM idempotency_requests ",
         "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
     );
+}
 
+impl Purge for Postgres {
     /// Deletes the key's row in one transaction that first locks it (waiting at
     /// most `wait`: a row locked by a request that is executing right now would
     /// hang the operator's terminal, and deleting it after would race the request).

@@ -1,10 +1,9 @@
 //! Retention and numbers on PostgreSQL: the sweeper's statements and the stats
 //! snapshot. "Now" is the database's clock.
 
-use sqlx::{Pool, Postgres};
+use sqlx::Postgres;
 
-use crate::db::shared::SqlUpkeep;
-use crate::model::{StatsSnapshot, StoreError};
+use crate::db::shared::{SnapshotSql, SqlUpkeep};
 
 // Both queries run in one REPEATABLE READ snapshot so that their numbers agree
 // with each other (and now() is the transaction's start, the same instant for
@@ -55,15 +54,10 @@ impl SqlUpkeep for Postgres {
           FROM idempotency_requests WHERE state IN ('processing', 'uncertain')";
 
     /// Both queries in one `REPEATABLE READ, READ ONLY` transaction.
-    async fn snapshot(pool: &Pool<Self>) -> Result<StatsSnapshot, StoreError> {
-        let mut tx = pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .await?;
-        let ages = sqlx::query(AGES_SQL).fetch_one(&mut *tx).await?;
-        let groups = sqlx::query(BY_GROUP_SQL).fetch_all(&mut *tx).await?;
-        let snapshot = crate::db::rows::snapshot(&ages, &groups)?;
-        // Read only: there is nothing to commit.
-        tx.rollback().await?;
-        Ok(snapshot)
-    }
+    const SNAPSHOT: SnapshotSql = SnapshotSql {
+        begin: "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+        ages: AGES_SQL,
+        groups: BY_GROUP_SQL,
+        groups_at_now: false,
+    };
 }

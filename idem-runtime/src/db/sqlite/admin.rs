@@ -9,6 +9,7 @@ use super::{is_busy, now_ms};
 use crate::db::restoring::Restoring;
 use crate::db::shared::BindKey;
 use crate::db::shared::{SqlAdmin, delete_if_allowed};
+use crate::db::stores::Purge;
 use crate::model::{KeyAddress, PurgeError};
 use crate::model::{StoreError, millis};
 
@@ -68,7 +69,7 @@ async fn purge_locked<E>(
     Ok(purged)
 }
 
-/// `show`'s statement and the purge on SQLite.
+/// `show`'s statement and the tenant's erasure on SQLite.
 impl SqlAdmin for Sqlite {
     // SQLite's one write lock serialises the statement with every writer, so no
     // row it reads can change under it.
@@ -100,7 +101,9 @@ impl SqlAdmin for Sqlite {
         "FROM idempotency_requests ",
         "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
     );
+}
 
+impl Purge for Sqlite {
     /// SQLite has no row locks and serialises writers: `BEGIN IMMEDIATE` takes the
     /// database's write lock before the row is read, so no request can claim,
     /// complete or re-claim the key between the check and the delete. The wait for

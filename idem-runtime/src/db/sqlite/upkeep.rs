@@ -1,43 +1,33 @@
 //! Retention and numbers on SQLite: the sweeper's statements and the stats
 //! snapshot. "Now" is the database's clock, in Unix milliseconds.
 
-use sqlx::{Pool, Row, Sqlite};
+use sqlx::Sqlite;
 
 use super::now_ms;
-use crate::db::shared::SqlUpkeep;
-use crate::model::{StatsSnapshot, StoreError};
+use crate::db::shared::{SnapshotSql, SqlUpkeep};
 
 // SQLite fixes 'now' for one statement only, so the ages query (the snapshot's
 // first read) also returns the instant it used, and the groups query is given
 // that instant ($1) rather than reading the clock again: every comparison of
 // the snapshot is against the same "now", as on PostgreSQL. Timestamps are Unix
-// milliseconds: ages are divided by 1000.0 (a float division, for fractional
+// milliseconds: ages are divided by 1000e0 (a float division, for fractional
 // seconds), and strftime formats whole seconds in UTC. On no rows, min() is NULL
 // and so are the ages and the oldest valid timestamp. count() skips the NULL a
 // CASE without ELSE gives, so each count is of its own rows. Byte counts take
 // length() of a BLOB, which is its size in bytes (of TEXT it would be
 // characters), so the header text is cast to its UTF-8 bytes.
-pub(super) const AGES_SQL: &str = concat!(
-    "SELECT ",
+pub(super) const AGES_SQL: &str = crate::db::shared::ms_ages_sql!(
     now_ms!(),
-    " AS now_ms, \
-        strftime('%Y-%m-%dT%H:%M:%SZ', ",
-    now_ms!(),
-    " / 1000.0, 'unixepoch') AS taken_at, \
-        strftime('%Y-%m-%dT%H:%M:%SZ', \
-                 min(CASE WHEN expires_at > ",
-    now_ms!(),
-    " THEN created_at END) / 1000.0, 'unixepoch') AS oldest_valid, \
-        (",
-    now_ms!(),
-    " - min(CASE WHEN expires_at > ",
-    now_ms!(),
-    " THEN created_at END)) / 1000.0 AS oldest_valid_age, \
-        (",
-    now_ms!(),
-    " - min(CASE WHEN state IN ('processing', 'uncertain') THEN created_at END)) / 1000.0 \
-            AS oldest_in_flight \
-      FROM idempotency_requests"
+    concat!(
+        "strftime('%Y-%m-%dT%H:%M:%SZ', ",
+        now_ms!(),
+        " / 1000.0, 'unixepoch')"
+    ),
+    concat!(
+        "strftime('%Y-%m-%dT%H:%M:%SZ', min(CASE WHEN expires_at > ",
+        now_ms!(),
+        " THEN created_at END) / 1000.0, 'unixepoch')"
+    )
 );
 
 pub(super) const BY_GROUP_SQL: &str = "SELECT operation, state, count(*) AS rows, \
@@ -97,25 +87,17 @@ impl SqlUpkeep for Sqlite {
           FROM idempotency_requests WHERE state IN ('processing', 'uncertain')"
     );
 
-    /// Both queries in one read transaction.
-    async fn snapshot(pool: &Pool<Self>) -> Result<StatsSnapshot, StoreError> {
-        // SQLite has no REPEATABLE READ, and needs none here: a deferred `BEGIN`
-        // takes no lock, the first read starts a read transaction, and every read
-        // of that transaction sees the database as it was at that first read. In
-        // WAL mode (recommended for idem) that is a snapshot: writers go on
-        // committing meanwhile and this transaction does not see them. In a
-        // rollback-journal mode the shared lock it holds keeps writers from
-        // committing until it ends, which is just as consistent (and as short).
-        let mut tx = pool.begin().await?;
-        let ages = sqlx::query(AGES_SQL).fetch_one(&mut *tx).await?;
-        let now: i64 = ages.try_get("now_ms")?;
-        let groups = sqlx::query(BY_GROUP_SQL)
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await?;
-        let snapshot = crate::db::rows::snapshot(&ages, &groups)?;
-        // Read only: there is nothing to commit.
-        tx.rollback().await?;
-        Ok(snapshot)
-    }
+    // SQLite has no REPEATABLE READ, and needs none here: a deferred `BEGIN`
+    // takes no lock, the first read starts a read transaction, and every read
+    // of that transaction sees the database as it was at that first read. In
+    // WAL mode (recommended for idem) that is a snapshot: writers go on
+    // committing meanwhile and this transaction does not see them. In a
+    // rollback-journal mode the shared lock it holds keeps writers from
+    // committing until it ends, which is just as consistent (and as short).
+    const SNAPSHOT: SnapshotSql = SnapshotSql {
+        begin: "BEGIN",
+        ages: AGES_SQL,
+        groups: BY_GROUP_SQL,
+        groups_at_now: true,
+    };
 }
