@@ -131,11 +131,17 @@ pub trait Backend:
     + stores::Transitions
     + stores::Admin
 {
-    /// Begins a transaction fit for a claim.
+    /// The statement that begins a transaction fit for a claim.
+    #[doc(hidden)]
+    const BEGIN: &'static str;
+
+    /// Begins a transaction fit for a claim, with [`Backend::BEGIN`].
     #[doc(hidden)]
     fn begin(
         pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send {
+        pool.begin_with(Self::BEGIN)
+    }
 }
 
 /// Whether `e` says the table (or the migrations table) does not exist yet.

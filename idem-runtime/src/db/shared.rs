@@ -25,8 +25,8 @@ use super::leases::SqlLeases;
 use super::stores::{Admin, Purge, Transitions, Upkeep};
 use crate::key::KeyDigest;
 use crate::model::{
-    FencedWrite, InFlightSummary, KeyAddress, KeyRecord, Resource, StatsSnapshot, StoreError,
-    count, millis,
+    FencedWrite, InFlightSummary, KeyAddress, KeyRecord, PurgeError, Resource, StatsSnapshot,
+    StoreError, count, millis,
 };
 
 /// Binds the three parameters by which a statement finds a key's row: tenant,
@@ -68,10 +68,6 @@ pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, response_status, respo
 pub(crate) const FORGET_SQL: &str = "DELETE FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND generation = $4 AND state = 'uncertain' AND CAST(owner_token AS text) = $5";
-
-/// Reads a key's state and generation (the admin purge, under its lock).
-pub(crate) const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
-      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
 /// Deletes a key's row (the admin purge).
 /// How many rows a tenant has (`$1`), in every operation and state.
@@ -207,39 +203,62 @@ macro_rules! ms_ages_sql {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use ms_ages_sql;
 
-/// The part of a purge every database shares, in the transaction `$tx` that
-/// holds the key's row: given the row `SELECT_STATE_SQL` read (`None` when there
-/// is none), ask `$allow` about its state, delete it with `$delete` (by default
-/// [`DELETE_SQL`]), and evaluate to `Some((state, generation))`; the caller
-/// commits.
-macro_rules! delete_if_allowed {
-    ($tx:expr, $row:expr, $key:expr, $allow:expr) => {
-        $crate::db::shared::delete_if_allowed!(
-            $tx,
-            $row,
-            $key,
-            $allow,
-            $crate::db::shared::DELETE_SQL
-        )
-    };
-    ($tx:expr, $row:expr, $key:expr, $allow:expr, $delete:expr) => {{
-        match $row {
-            None => None,
-            Some(row) => {
-                let state: String = row.try_get("state").map_err(StoreError::from)?;
-                let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
-                $allow(&state).map_err($crate::model::PurgeError::Refused)?;
-                sqlx::query($delete)
-                    .bind_key($key.tenant, $key.operation, $key.digest)
-                    .execute(&mut *$tx)
-                    .await
-                    .map_err(StoreError::from)?;
-                Some((state, generation))
-            }
-        }
-    }};
+/// How a database purges one key: `begin` opens the transaction, `select`
+/// reads the row's `state, generation` holding it against every request (each
+/// database locks its own way), `delete` deletes it.
+pub(crate) struct PurgeSql {
+    pub(crate) begin: String,
+    pub(crate) select: &'static str,
+    pub(crate) delete: &'static str,
 }
-pub(crate) use delete_if_allowed;
+
+/// One key's purge on `conn`, as `sql` spells it: `allow` is asked about the
+/// row's state before it is deleted, and the transaction commits; the deleted
+/// row's state and generation. `locked` turns the error of a lock not had
+/// within the wait into [`PurgeError::Locked`].
+pub(crate) async fn purge_row<DB, E>(
+    conn: &mut DB::Connection,
+    sql: PurgeSql,
+    key: &KeyAddress<'_>,
+    allow: impl FnOnce(&str) -> Result<(), E>,
+    locked: fn(sqlx::Error) -> PurgeError<E>,
+) -> Result<Option<(String, i64)>, PurgeError<E>>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'q> KeyDigest: Encode<'q, DB> + Type<DB>,
+{
+    let mut tx = sqlx::Connection::begin_with(conn, sqlx::AssertSqlSafe(sql.begin))
+        .await
+        .map_err(locked)?;
+    let row = sqlx::query(sql.select)
+        .bind_key(key.tenant, key.operation, key.digest)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(locked)?;
+    let purged = match row {
+        None => None,
+        Some(row) => {
+            let state: String = row.try_get("state").map_err(StoreError::from)?;
+            let generation: i64 = row.try_get("generation").map_err(StoreError::from)?;
+            allow(&state).map_err(PurgeError::Refused)?;
+            sqlx::query(sql.delete)
+                .bind_key(key.tenant, key.operation, key.digest)
+                .execute(&mut *tx)
+                .await
+                .map_err(locked)?;
+            Some((state, generation))
+        }
+    };
+    // In SQLite's rollback-journal mode the commit also waits for readers to
+    // finish; past the wait nothing is deleted, and that too is a refusal.
+    tx.commit().await.map_err(locked)?;
+    Ok(purged)
+}
 
 /// What a database module gives the sweeper's and the stats' statements:
 /// their texts, and the snapshot, which is its own.

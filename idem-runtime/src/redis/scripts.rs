@@ -59,6 +59,19 @@ local function is_err(r) return type(r) == 'table' and r['err'] ~= nil end
     };
 }
 
+/// A script over the record at `KEYS[1]`: the prelude, then `$body` with the
+/// record loaded as `rec` (`nil` when there is none); a key that holds no idem
+/// record answers its error before `$body` runs.
+macro_rules! on_record {
+    ($body:literal) => {
+        concat!(
+            prelude!(),
+            "\nlocal rec = load(KEYS[1])\nif is_err(rec) then return rec end",
+            $body
+        )
+    };
+}
+
 /// KEYS: record, the claim's give-up mark (`Layout::abandoned` of its new
 /// token). ARGV: fingerprint, new token, lease ms, retention ms, tenant,
 /// downstream key. Answers `{outcome, ...}`; `{'abandoned'}` when its caller
@@ -107,11 +120,8 @@ return {'taken_over', gen}
 );
 
 /// KEYS: record. ARGV: token, state, status, headers, body, retention ms.
-pub(super) const STORE: &str = concat!(
-    prelude!(),
+pub(super) const STORE: &str = on_record!(
     r#"
-local rec = load(KEYS[1])
-if is_err(rec) then return rec end
 -- This very store, sent again: the owner's outcome is there already.
 if rec and rec.state == ARGV[2] and rec.token == ARGV[1] then return 1 end
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
@@ -124,11 +134,8 @@ return 1
 );
 
 /// KEYS: record. ARGV: token, lease ms.
-pub(super) const RENEW: &str = concat!(
-    prelude!(),
+pub(super) const RENEW: &str = on_record!(
     r#"
-local rec = load(KEYS[1])
-if is_err(rec) then return rec end
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
 local lease = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'lease_until', int(now_ms() + lease))
@@ -164,11 +171,8 @@ return out
 );
 
 /// KEYS: record, uncertain index. ARGV: token, index member.
-pub(super) const UNCERTAIN: &str = concat!(
-    prelude!(),
+pub(super) const UNCERTAIN: &str = on_record!(
     r#"
-local rec = load(KEYS[1])
-if is_err(rec) then return rec end
 -- This very mark, sent again: the record and its entry are there already.
 if rec and rec.state == 'uncertain' and rec.token == ARGV[1] then return 1 end
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
@@ -183,11 +187,8 @@ return 1
 );
 
 /// KEYS: record. ARGV: token.
-pub(super) const RELEASE: &str = concat!(
-    prelude!(),
+pub(super) const RELEASE: &str = on_record!(
     r#"
-local rec = load(KEYS[1])
-if is_err(rec) then return rec end
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
@@ -203,11 +204,8 @@ return 1
 /// lapse now, so the next claim takes it over at once and is still told an
 /// earlier execution may have run. Answers 1 when it undid a claim, 0 when
 /// there was none of that token (yet) to undo.
-pub(super) const ABANDON: &str = concat!(
-    prelude!(),
+pub(super) const ABANDON: &str = on_record!(
     r#"
-local rec = load(KEYS[1])
-if is_err(rec) then return rec end
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
 if rec.gen == 1 then
@@ -221,11 +219,8 @@ return 1
 
 /// KEYS: record, uncertain index. ARGV: member, generation, token, "1" to
 /// store (then state, status, headers, body) or "0" to forget the key.
-pub(super) const RESOLVE: &str = concat!(
-    prelude!(),
+pub(super) const RESOLVE: &str = on_record!(
     r#"
-local rec = load(KEYS[1])
-if is_err(rec) then return rec end
 if not rec then
   -- the record is gone (deleted by hand, or the server lost it): so is its entry
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -262,11 +257,8 @@ return 1
 /// `1` to erase a record in flight too. Deletes the record and its index entry
 /// (1); leaves a record whose lease is live or whose outcome is uncertain
 /// unless ARGV[2] is `1` (-1); 0 when there is no record.
-pub(super) const ERASE: &str = concat!(
-    prelude!(),
+pub(super) const ERASE: &str = on_record!(
     r#"
-local rec = load(KEYS[1])
-if is_err(rec) then return rec end
 if not rec then return 0 end
 if ARGV[2] ~= '1' then
   if rec.state == 'uncertain' then return -1 end

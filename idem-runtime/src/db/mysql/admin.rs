@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, MySqlConnection, MySqlPool, Row};
+use sqlx::{MySql, MySqlPool};
 
 use super::upkeep::rfc3339;
 use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
 use crate::db::dialect::question_marks;
 use crate::db::restoring::Restoring;
-use crate::db::shared::{BindKey, delete_if_allowed};
+use crate::db::shared::{BindKey, PurgeSql, purge_row};
 use crate::model::StoreError;
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
@@ -85,31 +85,17 @@ pub(super) async fn purge<E>(
     bound_lock_wait(session.conn(), wait)
         .await
         .map_err(StoreError::from)?;
-    let purged = purge_locked(session.conn(), key, allow).await;
+    let sql = PurgeSql {
+        begin: BEGIN_READ_COMMITTED.to_owned(),
+        select: SELECT_STATE_SQL,
+        delete: DELETE_SQL,
+    };
+    let purged = purge_row::<MySql, E>(session.conn(), sql, key, allow, locked_or).await;
     restore_lock_wait(session.conn())
         .await
         .map_err(StoreError::from)?;
     session.restored();
     purged
-}
-
-async fn purge_locked<E>(
-    conn: &mut MySqlConnection,
-    key: &KeyAddress<'_>,
-    allow: impl FnOnce(&str) -> Result<(), E>,
-) -> Result<Option<(String, i64)>, PurgeError<E>> {
-    let mut tx = conn
-        .begin_with(BEGIN_READ_COMMITTED)
-        .await
-        .map_err(StoreError::from)?;
-    let row = sqlx::query(SELECT_STATE_SQL)
-        .bind_key(key.tenant, key.operation, key.digest)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(locked_or)?;
-    let purged = delete_if_allowed!(tx, row, key, allow, DELETE_SQL);
-    tx.commit().await.map_err(StoreError::from)?;
-    Ok(purged)
 }
 
 /// Deletes one batch of `tenant`'s rows (see `Admin::erase_tenant_batch`).

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use sqlx::mysql::MySqlDatabaseError;
-use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row, Transaction};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Pool, Row};
 
 use super::Backend;
 use crate::model::{FencedWrite, Resource};
@@ -233,12 +233,7 @@ impl super::sealed::Sealed for MySql {}
 
 impl Backend for MySql {
     /// READ COMMITTED (see [`BEGIN_READ_COMMITTED`]).
-    fn begin(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
-    {
-        pool.begin_with(BEGIN_READ_COMMITTED)
-    }
+    const BEGIN: &'static str = BEGIN_READ_COMMITTED;
 }
 
 impl super::stores::Schema for MySql {

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Postgres, Row};
+use sqlx::{Pool, Postgres};
 
-use crate::db::shared::BindKey;
-use crate::db::shared::{SqlAdmin, delete_if_allowed};
+use crate::db::postgres::BEGIN_READ_COMMITTED;
+use crate::db::shared::{DELETE_SQL, PurgeSql, SqlAdmin, purge_row};
 use crate::db::stores::Purge;
 use crate::model::StoreError;
 use crate::model::{KeyAddress, PurgeError};
@@ -72,6 +72,10 @@ impl SqlAdmin for Postgres {
     );
 }
 
+/// The key's state and generation, its row locked until the purge ends.
+const SELECT_FOR_UPDATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 FOR UPDATE";
+
 impl Purge for Postgres {
     /// Deletes the key's row in one transaction that first locks it (waiting at
     /// most `wait`: a row locked by a request that is executing right now would
@@ -82,25 +86,15 @@ impl Purge for Postgres {
         wait: Duration,
         allow: impl FnOnce(&str) -> Result<(), E> + Send,
     ) -> Result<Option<(String, i64)>, PurgeError<E>> {
-        let mut tx = pool.begin().await.map_err(StoreError::from)?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SET LOCAL lock_timeout = '{}ms'",
-            wait.as_millis().max(1)
-        )))
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-        let sql = sqlx::AssertSqlSafe(format!(
-            "{} FOR UPDATE",
-            crate::db::shared::SELECT_STATE_SQL
-        ));
-        let row = sqlx::query(sql)
-            .bind_key(key.tenant, key.operation, key.digest)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(locked_or)?;
-        let purged = delete_if_allowed!(tx, row, key, allow);
-        tx.commit().await.map_err(StoreError::from)?;
-        Ok(purged)
+        let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+        let sql = PurgeSql {
+            begin: format!(
+                "{BEGIN_READ_COMMITTED}; SET LOCAL lock_timeout = '{}ms'",
+                wait.as_millis().max(1)
+            ),
+            select: SELECT_FOR_UPDATE_SQL,
+            delete: DELETE_SQL,
+        };
+        purge_row::<Postgres, E>(&mut conn, sql, key, allow, locked_or).await
     }
 }

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Postgres, Transaction};
+use sqlx::{Pool, Postgres};
 
 use super::Backend;
 use crate::model::Resource;
@@ -92,12 +92,7 @@ impl super::sealed::Sealed for Postgres {}
 impl Backend for Postgres {
     /// Explicitly READ COMMITTED, so a server or role whose default isolation is
     /// stricter still gets what claims need.
-    fn begin(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
-    {
-        pool.begin_with(BEGIN_READ_COMMITTED)
-    }
+    const BEGIN: &'static str = BEGIN_READ_COMMITTED;
 }
 
 impl super::stores::Schema for Postgres {

@@ -3,12 +3,11 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, Pool, Row, Sqlite, SqliteConnection};
+use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::{is_busy, now_ms};
 use crate::db::restoring::Restoring;
-use crate::db::shared::BindKey;
-use crate::db::shared::{SqlAdmin, delete_if_allowed};
+use crate::db::shared::{DELETE_SQL, PurgeSql, SqlAdmin, purge_row};
 use crate::db::stores::Purge;
 use crate::model::{KeyAddress, PurgeError};
 use crate::model::{StoreError, millis};
@@ -26,6 +25,10 @@ macro_rules! rfc3339 {
         )
     };
 }
+
+/// The key's state and generation, read under the database's write lock.
+const SELECT_STATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
+      WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3";
 
 /// A purge that could not get the write lock in time is refused, as on
 /// PostgreSQL; anything else is what it is.
@@ -46,27 +49,6 @@ async fn set_busy_timeout(conn: &mut SqliteConnection, ms: i64) -> Result<(), St
         .execute(conn)
         .await?;
     Ok(())
-}
-
-async fn purge_locked<E>(
-    conn: &mut SqliteConnection,
-    key: &KeyAddress<'_>,
-    allow: impl FnOnce(&str) -> Result<(), E>,
-) -> Result<Option<(String, i64)>, PurgeError<E>> {
-    let mut tx = conn
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(locked_or)?;
-    let row = sqlx::query(crate::db::shared::SELECT_STATE_SQL)
-        .bind_key(key.tenant, key.operation, key.digest)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-    let purged = delete_if_allowed!(tx, row, key, allow);
-    // In a rollback-journal mode the commit also waits for readers to finish;
-    // past the wait nothing is deleted, and that too is a refusal.
-    tx.commit().await.map_err(locked_or)?;
-    Ok(purged)
 }
 
 /// `show`'s statement and the tenant's erasure on SQLite.
@@ -124,7 +106,12 @@ impl Purge for Sqlite {
             .map_err(StoreError::from)?;
         let mut session = Restoring::new(&mut conn);
         set_busy_timeout(session.conn(), millis(wait).max(1)).await?;
-        let purged = purge_locked(session.conn(), key, allow).await;
+        let sql = PurgeSql {
+            begin: "BEGIN IMMEDIATE".to_owned(),
+            select: SELECT_STATE_SQL,
+            delete: DELETE_SQL,
+        };
+        let purged = purge_row::<Sqlite, E>(session.conn(), sql, key, allow, locked_or).await;
         set_busy_timeout(session.conn(), saved).await?;
         session.restored();
         purged

@@ -12,7 +12,7 @@
 //!
 //! Timestamps are Unix milliseconds from SQLite's own clock ([`now_ms`]).
 
-use sqlx::{Pool, Sqlite, Transaction};
+use sqlx::{Pool, Sqlite};
 
 use super::Backend;
 use crate::model::Resource;
@@ -65,12 +65,7 @@ impl super::sealed::Sealed for Sqlite {}
 impl Backend for Sqlite {
     /// Deferred: the claim's INSERT is the first statement and takes the write
     /// lock, waiting through the busy timeout.
-    fn begin(
-        pool: &Pool<Self>,
-    ) -> impl std::future::Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send
-    {
-        pool.begin()
-    }
+    const BEGIN: &'static str = "BEGIN";
 }
 
 impl super::stores::Schema for Sqlite {
