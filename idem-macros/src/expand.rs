@@ -1,6 +1,6 @@
 //! Expand: a checked [`Config`] and the user's function into an ordinary Axum
-//! handler whose body is one call of `__private::run` (leased mode:
-//! `__private::run_leased`, with `leased_handler_for`).
+//! handler whose body is one call of `__private::run`, whose mode the boxed
+//! body's handle picks (leased mode boxes it with `leased_handler_for`).
 //!
 //! ```text
 //! /// <the user's docs, then a section on the generated signature>
@@ -353,10 +353,10 @@ impl<'a> Handler<'a> {
         let (checks, body_steps) = self.body_steps();
         let reject = self.reject();
         let tenant_expr = self.tenant_expr();
-        let (run_fn, boxer) = if self.config.lease.is_some() {
-            (quote!(run_leased), quote!(leased_handler_for))
+        let boxer = if self.config.lease.is_some() {
+            quote!(leased_handler_for)
         } else {
-            (quote!(run), quote!(handler_for))
+            quote!(handler_for)
         };
         let outcome = self.outcome();
         quote! {
@@ -382,7 +382,7 @@ impl<'a> Handler<'a> {
                     #outcome
                 })
             });
-            #rt::#run_fn(
+            #rt::run(
                 #request,
                 &__IDEM_SPEC,
                 __idem_tenant,

@@ -185,7 +185,7 @@ use proc_macro::TokenStream;
 ///         rt::HandlerOutcome::from_result(out)
 ///     }));
 ///     rt::run(idempotency, &__IDEM_SPEC, tenant, fingerprint, handler).await
-///     // leased mode: `rt::leased_handler_for` and `rt::run_leased`
+///     // leased mode: `rt::leased_handler_for`, and `run` takes the lease's mode
 /// }
 /// ```
 ///

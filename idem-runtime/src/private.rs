@@ -10,7 +10,7 @@ pub use crate::__idem_accepted;
 pub use crate::__idem_item;
 pub use crate::__idem_openapi;
 pub use crate::db::AnyBackend;
-pub use crate::handler::{IdemRequest, OperationSpec, run, run_leased};
+pub use crate::handler::{IdemRequest, OperationSpec, run};
 /// What `__idem_openapi!` expands to: a handler's registration, collected
 /// through inventory, which the user's crate need not depend on.
 #[cfg(feature = "openapi")]

@@ -85,6 +85,7 @@ use crate::model::{InFlightSummary, StoreError};
 ///
 /// [`Sweeper::new`] on a `PgPool` gives a `Sweeper<Postgres>`, on a `SqlitePool` a
 /// `Sweeper<Sqlite>`, on a `MySqlPool` a `Sweeper<MySql>`.
+#[derive(Debug)]
 pub struct Sweeper<DB: Backend> {
     pool: Pool<DB>,
     batch_size: u32,
@@ -93,8 +94,8 @@ pub struct Sweeper<DB: Backend> {
     stale_after: Duration,
 }
 
-// By hand rather than derived: a derive would demand `DB: Clone` / `DB: Debug` of
-// the backend marker type, which the pool does not need.
+// By hand rather than derived: a derive would demand `DB: Clone` of the backend
+// marker type, which the pool does not need. (`Debug` every backend has.)
 impl<DB: Backend> Clone for Sweeper<DB> {
     fn clone(&self) -> Self {
         Sweeper {
@@ -104,18 +105,6 @@ impl<DB: Backend> Clone for Sweeper<DB> {
             interval: self.interval,
             stale_after: self.stale_after,
         }
-    }
-}
-
-impl<DB: Backend> std::fmt::Debug for Sweeper<DB> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sweeper")
-            .field("pool", &self.pool)
-            .field("batch_size", &self.batch_size)
-            .field("max_batches", &self.max_batches)
-            .field("interval", &self.interval)
-            .field("stale_after", &self.stale_after)
-            .finish()
     }
 }
 

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
 use super::answers::{Answer, Step, store_failed};
-use super::pipeline::{Decision, Mode, Scope, capture, stored_ok};
+use super::pipeline::{Decision, Mode, ModeOf, Scope, capture, stored_ok};
 use super::{BoxedLeasedHandler, OperationSpec};
 use crate::config::Idem;
 use crate::lease::{Lease, LeaseBackend, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
@@ -40,6 +40,10 @@ pub struct LeaseHeld<DB: LeaseBackend> {
     /// The execution's slot of its operation's running limit, if it has one:
     /// held until the work ends, however it ends, or its lease is lost.
     slot: Option<Slot>,
+}
+
+impl<DB: LeaseBackend> ModeOf<DB> for Lease<DB> {
+    type Mode = Leased;
 }
 
 impl<DB: LeaseBackend> Mode<DB> for Leased {

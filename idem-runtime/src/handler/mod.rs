@@ -1,7 +1,7 @@
 //! Running an HTTP handler under the promise: one pipeline (check the tenant,
 //! finish the fingerprint, claim, run the handler, settle its outcome, answer)
-//! whose mode is a type: [`Transactional`] (the key is claimed in the handler's
-//! own database transaction) or [`Leased`] (the claim commits at once and the
+//! whose mode is a type: [`Transactional`](transactional::Transactional) (the key is claimed in the handler's
+//! own database transaction) or [`Leased`](leased::Leased) (the claim commits at once and the
 //! handler runs holding a lease, for effects outside the database).
 //!
 //! This is what `#[idempotent]` expands to a call of (through `__private`).
@@ -14,7 +14,5 @@ mod request;
 mod transactional;
 
 pub use body::{BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome};
-pub use leased::Leased;
-pub use pipeline::{run, run_leased};
+pub use pipeline::run;
 pub use request::{IdemRequest, OperationSpec};
-pub use transactional::Transactional;

@@ -11,9 +11,7 @@ use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
 use super::answers::{Answer, Step, abandoned, store_failed};
-use super::{
-    BoxedBody, BoxedHandler, BoxedLeasedHandler, IdemRequest, Leased, OperationSpec, Transactional,
-};
+use super::{BoxedBody, IdemRequest, OperationSpec};
 use crate::config::Idem;
 use crate::db::Backend;
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
@@ -122,8 +120,16 @@ pub enum Decision<Held, Handle> {
     Answer(Answer),
 }
 
+/// The mode a handler's `&mut` parameter picks: [`Tx`](crate::Tx), the
+/// transactional mode; [`Lease`](crate::Lease), leased mode.
+pub trait ModeOf<DB: LeaseBackend>: Send + 'static {
+    /// The mode whose handle this is.
+    type Mode: Mode<DB, Handle = Self>;
+}
+
 /// How a mode claims a key and settles an execution; the rest of the pipeline
-/// is the same for both. Implemented by [`Transactional`] and [`Leased`] only.
+/// is the same for both. Implemented by [`Transactional`](super::transactional::Transactional)
+/// and [`Leased`](super::leased::Leased) only.
 pub trait Mode<DB: LeaseBackend>: Send + 'static {
     /// What the handler gets: [`Tx`](crate::Tx) or [`Lease`](crate::Lease).
     type Handle: Send + 'static;
@@ -156,6 +162,11 @@ pub trait Mode<DB: LeaseBackend>: Send + 'static {
     ) -> impl Future<Output = Response> + Send;
 }
 
+/// A `500` problem of `kind`: the service, not the request, is at fault.
+fn server_fault(kind: &'static str, title: &'static str) -> Response {
+    Problem::new(kind, StatusCode::INTERNAL_SERVER_ERROR, title).into_response()
+}
+
 /// Checks the tenant and finishes the fingerprint, or answers why not.
 // The error is the answer to send; boxing it would only move the allocation.
 #[allow(clippy::result_large_err)]
@@ -164,23 +175,17 @@ fn prepare(
     tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
 ) -> Result<(String, Fingerprint), Response> {
+    let op = spec.operation;
     let tenant = tenant.map_err(|e| {
-        tracing::error!(operation = spec.operation, error = %e, "idem: unusable tenant id");
-        Problem::new(
-            problem::INVALID_TENANT,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Unusable tenant id",
-        )
-        .into_response()
+        tracing::error!(operation = op, error = %e, "idem: unusable tenant id");
+        server_fault(problem::INVALID_TENANT, "Unusable tenant id")
     })?;
     let fingerprint = fingerprint.map_err(|e| {
-        tracing::error!(operation = spec.operation, error = %e, "idem: cannot fingerprint the request");
-        Problem::new(
+        tracing::error!(operation = op, error = %e, "idem: cannot fingerprint the request");
+        server_fault(
             problem::FINGERPRINT_FAILED,
-            StatusCode::INTERNAL_SERVER_ERROR,
             "The request could not be fingerprinted",
         )
-        .into_response()
     })?;
     Ok((tenant, fingerprint.finish()))
 }
@@ -213,12 +218,11 @@ async fn detached(
 /// Runs `body` at most once for the request's tenant, operation and key, in the
 /// mode `M`: check the tenant id, finish the fingerprint, claim, and then either
 /// answer without running (replay, mismatch `422`, in flight `409`, uncertain
-/// `202`) or run the body and settle its outcome (see [`run`] and
-/// [`run_leased`]).
+/// `202`) or run the body and settle its outcome (see [`run`]).
 ///
 /// The work runs on its own task, so a client that disconnects does not cancel it
 /// half-way: the outcome is still recorded and the client's retry replays it.
-pub async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
+async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
     req: IdemRequest<DB, HEADERS>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
@@ -314,10 +318,12 @@ async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
     }
 }
 
-/// Runs `handler` at most once in the transactional mode.
+/// Runs `handler` at most once, in the mode its `&mut` parameter picks
+/// ([`ModeOf`]).
 ///
-/// In order: check the tenant id, finish the fingerprint, begin a transaction
-/// (READ COMMITTED), claim the key, and then
+/// Transactional mode (the handler takes [`Tx`](crate::Tx)): check the tenant
+/// id, finish the fingerprint, begin a transaction (READ COMMITTED), claim the
+/// key, and then
 ///
 /// * on [`Claim::Execute`]: run `handler` with the transaction; an `Err` or a 5xx
 ///   rolls back and is answered as it is; anything else is buffered, stored in the
@@ -326,24 +332,10 @@ async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
 /// * on [`Claim::Mismatch`]: `422` problem; on [`Claim::InFlight`]: `409` problem
 ///   with `Retry-After`.
 ///
-/// [`Claim::Execute`]: crate::Claim::Execute
-/// [`Claim::Replay`]: crate::Claim::Replay
-/// [`Claim::Mismatch`]: crate::Claim::Mismatch
-/// [`Claim::InFlight`]: crate::Claim::InFlight
-pub async fn run<DB: Backend, const HEADERS: bool>(
-    req: IdemRequest<DB, HEADERS>,
-    spec: &'static OperationSpec,
-    tenant: Result<String, TenantError>,
-    fingerprint: Result<FingerprintBuilder, FingerprintError>,
-    handler: BoxedHandler<DB>,
-) -> Response {
-    run_in::<DB, Transactional, HEADERS>(req, spec, tenant, fingerprint, handler).await
-}
-
-/// Runs `handler` at most once in leased mode: the claim commits on its own, the
-/// handler runs holding a [`Lease`] that is renewed in the background while it
-/// runs (up to the spec's ceiling), and the outcome is stored only if this worker
-/// still owns the execution.
+/// Leased mode (the handler takes [`Lease`]): the claim commits on its own, the
+/// handler runs holding the lease, renewed in the background while it runs (up
+/// to the spec's ceiling), and the outcome is stored only if this worker still
+/// owns the execution.
 ///
 /// * An `Err` or a 5xx releases the key (the effect is taken not to have
 ///   happened); a response built from [`crate::Uncertain`] marks the row
@@ -353,15 +345,19 @@ pub async fn run<DB: Backend, const HEADERS: bool>(
 /// * Retries of an uncertain key get `202` with the problem type
 ///   [`problem::OUTCOME_UNCERTAIN`] until a reconciler resolves it.
 ///
+/// [`Claim::Execute`]: crate::Claim::Execute
+/// [`Claim::Replay`]: crate::Claim::Replay
+/// [`Claim::Mismatch`]: crate::Claim::Mismatch
+/// [`Claim::InFlight`]: crate::Claim::InFlight
 /// [`Lease`]: crate::Lease
-pub async fn run_leased<DB: LeaseBackend, const HEADERS: bool>(
+pub async fn run<DB: LeaseBackend, H: ModeOf<DB>, const HEADERS: bool>(
     req: IdemRequest<DB, HEADERS>,
     spec: &'static OperationSpec,
     tenant: Result<String, TenantError>,
     fingerprint: Result<FingerprintBuilder, FingerprintError>,
-    handler: BoxedLeasedHandler<DB>,
+    handler: BoxedBody<H>,
 ) -> Response {
-    run_in::<DB, Leased, HEADERS>(req, spec, tenant, fingerprint, handler).await
+    run_in::<DB, H::Mode, HEADERS>(req, spec, tenant, fingerprint, handler).await
 }
 
 /// Buffers and extracts the stored form of a response, or answers why it cannot.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use axum::response::{IntoResponse, Response};
 
 use super::answers::{Answer, Step, store_failed, taken};
-use super::pipeline::{Decision, Mode, Scope, capture, stored_ok};
+use super::pipeline::{Decision, Mode, ModeOf, Scope, capture, stored_ok};
 use super::{BoxedHandler, OperationSpec};
 use crate::config::Idem;
 use crate::db::Backend;
@@ -22,6 +22,10 @@ use crate::problem::Problem;
 /// and the effect and its record commit together or not at all.
 #[derive(Debug, Clone, Copy)]
 pub struct Transactional;
+
+impl<DB: Backend> ModeOf<DB> for Tx<DB> {
+    type Mode = Transactional;
+}
 
 impl<DB: Backend> Mode<DB> for Transactional {
     type Handle = Tx<DB>;
