@@ -319,7 +319,7 @@ async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
 }
 
 /// Runs `handler` at most once, in the mode its `&mut` parameter picks
-/// ([`ModeOf`]).
+/// (`Tx` the transactional mode, `Lease` leased mode).
 ///
 /// Transactional mode (the handler takes [`Tx`](crate::Tx)): check the tenant
 /// id, finish the fingerprint, begin a transaction (READ COMMITTED), claim the
