@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idem_runtime::admin::InFlightRows;
+use idem_runtime::at_rest::{KeyRing, Zeroizing};
 use idem_runtime::lease::{Acquisition, LeaseBackend, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
 use idem_runtime::redis::RedisConnection;
@@ -262,6 +263,68 @@ async fn an_uncertain_outcome_never_expires_and_is_reconciled_by_its_downstream_
     again.release().await.unwrap();
     // A round with nothing left does nothing.
     assert_eq!(reconciler.run_once().await.unwrap(), Default::default());
+}
+
+/// Answers sealed with the store's key ring (`RedisLeaseStore::with_key_ring`):
+/// the record holds none of the answer's text, a claim replays the opened
+/// answer and a reconciler on the store seals what it resolves; a store without
+/// the key and a record changed by one byte are refused, never replayed.
+#[tokio::test]
+async fn sealed_answers_hold_no_plaintext_and_open_only_with_the_ring() {
+    let ring = KeyRing::new("k1", [("k1", Zeroizing::new(vec![1u8; 32]))]).unwrap();
+    let s = store("sealed").await.with_key_ring(ring);
+    let record =
+        |s: &RedisLeaseStore, key: &IdempotencyKey| s.record_key("acme", "create-payment", key);
+    let mut c = s.redis_connection();
+    let key = IdempotencyKey::parse("sealed-1").unwrap();
+    acquire(&s, &key, HOUR)
+        .await
+        .complete(&paid("ch_s"))
+        .await
+        .unwrap();
+    let headers: String = c.hget(record(&s, &key), "headers").await.unwrap();
+    let body: Vec<u8> = c.hget(record(&s, &key), "body").await.unwrap();
+    assert!(
+        headers.contains(":idem-sealed") && headers.contains("\"k1\""),
+        "{headers}"
+    );
+    assert!(!headers.contains("content-type"));
+    assert!(!body.windows(4).any(|w| w == b"ch_s"));
+    match s.claim(&lease_req(&key, HOUR)).await.unwrap() {
+        LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_s")),
+        other => panic!("expected the opened answer, got {other:?}"),
+    }
+    // The same records through a store without the ring.
+    let bare = store_on(conn().await, &prefix("sealed")).await.unwrap();
+    match bare.claim(&lease_req(&key, HOUR)).await {
+        Err(StoreError::SealKeyMissing { key_id }) => assert_eq!(key_id, "k1"),
+        other => panic!("expected the key to be missing, got {other:?}"),
+    }
+    let mut changed = body.clone();
+    changed[30] ^= 0x01;
+    let () = c.hset(record(&s, &key), "body", changed).await.unwrap();
+    assert!(matches!(
+        s.claim(&lease_req(&key, HOUR)).await,
+        Err(StoreError::SealBroken)
+    ));
+
+    let ledger = Ledger::default();
+    let unsure = IdempotencyKey::parse("sealed-2").unwrap();
+    let lease = acquire(&s, &unsure, HOUR).await;
+    ledger
+        .0
+        .lock()
+        .unwrap()
+        .insert(lease.downstream_key(), "ch_r".into());
+    lease.mark_uncertain().await.unwrap();
+    let reconciler = Reconciler::<_, Redis>::on_store(s.clone(), AskLedger(ledger));
+    assert_eq!(reconciler.run_once().await.unwrap().completed, 1);
+    let headers: String = c.hget(record(&s, &unsure), "headers").await.unwrap();
+    assert!(headers.contains(":idem-sealed"), "{headers}");
+    match s.claim(&lease_req(&unsure, HOUR)).await.unwrap() {
+        LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_r")),
+        other => panic!("expected the reconciled answer, got {other:?}"),
+    }
 }
 
 /// Erasing a tenant deletes its records in every operation, and the uncertain

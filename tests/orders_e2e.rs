@@ -149,6 +149,40 @@ impl Backend for common::MySqlDb {
     }
 }
 
+/// `D` with every server it starts sealing its answers at rest
+/// (`IDEM_KEY_RING`): the same scenarios, with encryption on.
+struct Sealed<D>(D);
+
+impl<D: Backend> Backend for Sealed<D> {
+    async fn create() -> Self {
+        let db = D::create().await;
+        common::orders::seal_answers_on(&db.url());
+        Sealed(db)
+    }
+    fn url(&self) -> String {
+        self.0.url()
+    }
+    async fn count(&self, sql: &str) -> i64 {
+        self.0.count(sql).await
+    }
+    async fn exec(&self, sql: &str) {
+        self.0.exec(sql).await
+    }
+    const A_SECOND_AGO: &'static str = D::A_SECOND_AGO;
+    fn key(&self, raw: &str) -> String {
+        self.0.key(raw)
+    }
+    async fn wait_until_no_open_transaction(&self) {
+        self.0.wait_until_no_open_transaction().await
+    }
+    async fn stored_outcome(&self) -> (i64, Vec<u8>) {
+        self.0.stored_outcome().await
+    }
+    async fn the_order(&self) -> (i64, i64) {
+        self.0.the_order().await
+    }
+}
+
 struct Answer {
     status: StatusCode,
     headers: reqwest::header::HeaderMap,
@@ -2031,6 +2065,70 @@ e2e_suite!(
     an_uncertain_payment_is_reconciled_not_repeated,
     an_uncertain_payment_survives_a_crash_with_exactly_one_charge,
     a_payment_killed_mid_call_is_charged_once_after_the_restart,
+    a_declined_payment_is_stored_and_replayed,
+    a_long_export_answers_202_and_is_taken_over_after_a_kill,
+);
+
+/// The example with `IDEM_KEY_RING` set: the stored answer holds none of the
+/// order, and the retry gets the order byte for byte.
+async fn answers_are_sealed_at_rest<D: Backend>() {
+    let db = Sealed::<D>::create().await;
+    let server = Server::start(&db.url(), &[]).await;
+    let first = Call::order("sealed-1").ok(&server).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let (status, body) = db.stored_outcome().await;
+    assert_eq!(status, 201);
+    assert!(
+        !body.windows(12).any(|w| w == b"amount_cents"),
+        "the stored body is the order in clear"
+    );
+    let retry = Call::order("sealed-1").ok(&server).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.headers["location"], first.headers["location"]);
+    assert_eq!(orders(&db).await, 1);
+}
+
+/// The scenarios whose behaviour encryption must not change, with every answer
+/// sealed at rest (`IDEM_KEY_RING`), on SQLite and PostgreSQL.
+macro_rules! sealed_suite {
+    ($($test:ident),* $(,)?) => {
+        mod sealed_postgres {
+            #[tokio::test]
+            async fn answers_are_sealed_at_rest() {
+                super::answers_are_sealed_at_rest::<crate::common::TestDb>().await
+            }
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<super::Sealed<crate::common::TestDb>>().await
+                }
+            )*
+        }
+        mod sealed_sqlite {
+            #[tokio::test]
+            async fn answers_are_sealed_at_rest() {
+                super::answers_are_sealed_at_rest::<crate::common::SqliteDb>().await
+            }
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<super::Sealed<crate::common::SqliteDb>>().await
+                }
+            )*
+        }
+    };
+}
+
+sealed_suite!(
+    concurrent_duplicates_create_one_order,
+    same_key_different_payload_is_422,
+    a_lost_response_is_replayed_on_retry,
+    a_crash_before_commit_leaves_nothing_and_the_retry_executes,
+    after_retention_a_retry_executes_anew,
+    a_replay_after_delete_returns_the_stored_201,
+    two_servers_one_database_one_order,
+    an_uncertain_payment_is_reconciled_not_repeated,
     a_declined_payment_is_stored_and_replayed,
     a_long_export_answers_202_and_is_taken_over_after_a_kill,
 );

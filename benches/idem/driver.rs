@@ -40,7 +40,7 @@ pub struct Settings {
     contention_keys: usize,
     /// `IDEM_BENCH_REPLAY_KEYS` (1000): completed keys that (c) replays.
     replay_keys: usize,
-    /// `IDEM_BENCH_SCENARIOS` (abcdefghi; empty skips PostgreSQL's): which
+    /// `IDEM_BENCH_SCENARIOS` (abcdefghist; empty skips PostgreSQL's): which
     /// scenarios on PostgreSQL.
     scenarios: String,
     /// `IDEM_BENCH_SQLITE_SCENARIOS` (abce; empty skips SQLite): which of (a),
@@ -97,7 +97,7 @@ impl Settings {
         // An explicitly empty list of scenarios skips that database's, unlike
         // the other settings (empty is their default).
         let scenarios =
-            std::env::var("IDEM_BENCH_SCENARIOS").unwrap_or_else(|_| "abcdefghi".to_owned());
+            std::env::var("IDEM_BENCH_SCENARIOS").unwrap_or_else(|_| "abcdefghist".to_owned());
         let sqlite_scenarios = std::env::var("IDEM_BENCH_SQLITE_SCENARIOS")
             .unwrap_or_else(|_| "abce".to_owned())
             .chars()
@@ -245,6 +245,18 @@ pub const SCENARIOS: &[Scenario] = &[
         kind: Kind::Replay,
         title: "leased replay",
         path: "/leased/orders",
+    },
+    Scenario {
+        id: 's',
+        kind: Kind::Idem,
+        title: "(b), answers sealed at rest",
+        path: "/sealed/orders",
+    },
+    Scenario {
+        id: 't',
+        kind: Kind::Replay,
+        title: "(c), answers sealed at rest",
+        path: "/sealed/orders",
     },
 ];
 

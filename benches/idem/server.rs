@@ -378,6 +378,19 @@ async fn postgres_app(url: &str) -> Result<Router, String> {
     let cached = Router::new()
         .route("/cached/orders", post(idem_create))
         .with_state(cached);
+    // (s), (t): (b) and (c) with every answer sealed at rest.
+    let ring = idem_runtime::KeyRing::new(
+        "bench",
+        [("bench", idem_runtime::at_rest::Zeroizing::new(vec![7; 32]))],
+    )
+    .map_err(|e| format!("key ring: {e}"))?;
+    let sealed = AppState {
+        idem: Idem::new(state.pool.clone()).with_key_ring(ring),
+        ..state.clone()
+    };
+    let sealed = Router::new()
+        .route("/sealed/orders", post(idem_create))
+        .with_state(sealed);
     Ok(Router::new()
         .route("/bare/orders", post(bare))
         .route("/idem/orders", post(idem_create))
@@ -390,7 +403,8 @@ async fn postgres_app(url: &str) -> Result<Router, String> {
         .route("/bench/protocol", get(protocol_handler))
         .route("/bench/delay", get(delay_handler))
         .with_state(state)
-        .merge(cached))
+        .merge(cached)
+        .merge(sealed))
 }
 
 /// `IDEM_BENCH_METRICS`: the Prometheus recorder as a service runs it (upkeep every

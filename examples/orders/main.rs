@@ -9,6 +9,8 @@
 //! | `DATABASE_URL` | unset: the SQLite file `idem-orders.db` in the working directory | `postgres://...` for PostgreSQL, `mysql://...` for MySQL / MariaDB, `sqlite:PATH` for another SQLite file |
 //! | `IDEM_LEASE_STORE` | unset: the database of `DATABASE_URL` | `redis://HOST:PORT[/DB]`: the leases of `POST /payments` live in Redis (its reconciler too); the provider's charges stay in the database. Several URLs separated by commas (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`) are the nodes of a Redis Cluster |
 //! | `IDEM_LEASE_STORE_PREFIX` | `idem` | with `IDEM_LEASE_STORE`: the prefix of every Redis key (one per service sharing a server) |
+//! | `IDEM_KEY_RING` | unset: answers are stored in clear | `ID:BASE64` keys of 32 bytes, separated by commas (`2026-12:q2Fk...=`): every answer idem stores (orders, payments, exports, on every store) is sealed with the active key and opened when a retry replays it (docs/security.md); a malformed ring stops the service at start |
+//! | `IDEM_ACTIVE_KEY` | the only key | with several keys in `IDEM_KEY_RING`: the id of the one that seals new answers |
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
 //! | `EXPORTS_DURATION_MS` | `3000` | how long an export (`POST /exports`, a long operation) works (at most 3600000) |
@@ -47,6 +49,7 @@ use std::time::Duration;
 
 use axum::Router;
 use idem_runtime::Backend;
+use idem_runtime::at_rest::KeyRing;
 use idem_runtime::reconcile::Reconciler;
 use idem_runtime::redis::{Redis, RedisLeaseStore};
 use idem_runtime::{Executions, Idem, Sweeper};
@@ -157,6 +160,8 @@ struct Settings {
     /// `IDEM_LEASE_STORE`: where `POST /payments` keeps its leases, when not in
     /// the database.
     lease_store: Option<RedisLeaseStore>,
+    /// `IDEM_KEY_RING`: what every stored answer is sealed with, if set.
+    key_ring: Option<KeyRing>,
     limits: server::Limits,
     edges: server::Edges,
 }
@@ -175,9 +180,13 @@ impl Settings {
                 .spawn();
             }
             None => {
-                Reconciler::new(pool.clone(), payments::AskProvider(provider.clone()))
-                    .with_interval(self.reconcile_every)
-                    .spawn();
+                let mut reconciler =
+                    Reconciler::new(pool.clone(), payments::AskProvider(provider.clone()))
+                        .with_interval(self.reconcile_every);
+                if let Some(ring) = &self.key_ring {
+                    reconciler = reconciler.with_key_ring(ring.clone());
+                }
+                reconciler.spawn();
             }
         }
         Sweeper::new(pool.clone())
@@ -205,10 +214,14 @@ impl Settings {
         pool: Pool<DB>,
         provider: Arc<payments::Provider>,
     ) -> routes::AppState<DB> {
+        let mut idem = Idem::new(pool.clone())
+            .with_in_flight_wait(self.in_flight_wait)
+            .with_max_response_bytes(MAX_STORED_ANSWER_BYTES);
+        if let Some(ring) = &self.key_ring {
+            idem = idem.with_key_ring(ring.clone());
+        }
         routes::AppState {
-            idem: Idem::new(pool.clone())
-                .with_in_flight_wait(self.in_flight_wait)
-                .with_max_response_bytes(MAX_STORED_ANSWER_BYTES),
+            idem,
             pool,
             latency: self.latency,
             export_duration: self.export_duration,
@@ -280,7 +293,21 @@ async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), 
 
 /// The Redis lease store `IDEM_LEASE_STORE` names, if it names one: one
 /// server, or (several URLs separated by commas) the nodes of a Redis Cluster.
-async fn lease_store() -> Result<Option<RedisLeaseStore>, String> {
+/// `IDEM_KEY_RING` and `IDEM_ACTIVE_KEY`, if set.
+fn key_ring() -> Result<Option<KeyRing>, String> {
+    let ring = KeyRing::from_env().map_err(|e| format!("cannot use IDEM_KEY_RING: {e}"))?;
+    if let Some(ring) = &ring {
+        // The key's id, never its bytes.
+        tracing::info!(
+            active = ring.active_id(),
+            "orders: stored answers are sealed at rest (IDEM_KEY_RING)"
+        );
+    }
+    Ok(ring)
+}
+
+/// `IDEM_LEASE_STORE`, sealing with `ring` when there is one.
+async fn lease_store(ring: Option<&KeyRing>) -> Result<Option<RedisLeaseStore>, String> {
     let Ok(value) = std::env::var("IDEM_LEASE_STORE") else {
         return Ok(None);
     };
@@ -310,7 +337,10 @@ async fn lease_store() -> Result<Option<RedisLeaseStore>, String> {
         nodes = urls.len(),
         "orders: POST /payments keeps its leases in Redis (IDEM_LEASE_STORE)"
     );
-    Ok(Some(store))
+    Ok(Some(match ring {
+        Some(ring) => store.with_key_ring(ring.clone()),
+        None => store,
+    }))
 }
 
 fn env_ms(name: &str, default: u64, max: u64) -> Result<Duration, String> {
@@ -351,13 +381,15 @@ fn env_count(name: &str) -> Result<u64, String> {
 
 async fn run() -> Result<(), String> {
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let key_ring = key_ring()?;
     let settings = Settings {
         latency: env_ms("ORDERS_LATENCY_MS", 0, 3_600_000)?,
         export_duration: env_ms("EXPORTS_DURATION_MS", 3000, 3_600_000)?,
         in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
         sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
         reconcile_every: env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,
-        lease_store: lease_store().await?,
+        lease_store: lease_store(key_ring.as_ref()).await?,
+        key_ring,
         provider: payments::ProviderConfig {
             latency: env_ms("PAYMENTS_PROVIDER_LATENCY_MS", 0, 3_600_000)?,
             latency_after_charge: env_ms(

@@ -147,6 +147,8 @@ struct Settings {
     replay_cache: Option<crate::ReplayCache>,
     /// See [`Idem::with_running_limit`].
     running: crate::running::RunningLimits,
+    /// See [`Idem::with_key_ring`].
+    key_ring: Option<crate::at_rest::KeyRing>,
 }
 
 impl<DB: Backend> Idem<DB> {
@@ -373,6 +375,7 @@ impl<DB: LeaseBackend> Idem<DB> {
                 #[cfg(feature = "replay-cache")]
                 replay_cache: None,
                 running: Default::default(),
+                key_ring: None,
             }),
             claims_at_commit: true,
             flights: Arc::new(crate::flight::Flights::new(
@@ -546,6 +549,37 @@ impl<DB: LeaseBackend> Idem<DB> {
     pub fn with_tenant_label(mut self, on: bool) -> Self {
         Arc::make_mut(&mut self.settings).tenant_label = on;
         self
+    }
+
+    /// Seals every answer this `Idem` stores with `ring`'s active key, and opens
+    /// sealed answers when a retry replays them (see [`crate::at_rest`]): the
+    /// headers and body are encrypted and authenticated, bound to their row;
+    /// the status, tenant, operation, key digest and times stay clear. Off by
+    /// default. Answers stored in clear before stay readable; an answer sealed
+    /// with a key the ring lacks is answered `503` (the key named in the log),
+    /// never replayed and never run again. The replay cache, if any, holds
+    /// opened answers, in memory only.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::at_rest::KeyRingError> {
+    /// use idem_runtime::{Idem, at_rest::KeyRing};
+    ///
+    /// let mut idem = Idem::new(pool);
+    /// if let Some(ring) = KeyRing::from_env()? {
+    ///     idem = idem.with_key_ring(ring);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_key_ring(mut self, ring: crate::at_rest::KeyRing) -> Self {
+        Arc::make_mut(&mut self.settings).key_ring = Some(ring);
+        self
+    }
+
+    /// The key ring answers are sealed with, if one was set.
+    pub fn key_ring(&self) -> Option<&crate::at_rest::KeyRing> {
+        self.settings.key_ring.as_ref()
     }
 
     /// Answers retries of outcomes this process completed from `cache`, without

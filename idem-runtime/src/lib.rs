@@ -109,6 +109,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
+pub mod at_rest;
 mod config;
 pub mod consumer;
 mod db;
@@ -149,6 +150,7 @@ pub mod __private;
 #[doc(hidden)]
 pub mod test_util;
 
+pub use at_rest::{KeyRing, KeyRingError};
 pub use config::{ConfigError, DEFAULT_STORED_HEADERS, Idem, NEVER_STORED_HEADERS};
 pub use db::Tx;
 #[cfg(feature = "postgres")]
@@ -158,7 +160,10 @@ pub use db::{Backend, MIGRATIONS_TABLE};
 pub use executions::Executions;
 pub use fingerprint::{Fingerprint, FingerprintBody, FingerprintBuilder, FingerprintError};
 pub use key::{DigestParseError, IdempotencyKey, KeyDigest, KeyError};
-pub use lease::{Lease, LeaseError, LeaseRequest, LeasedClaim, Uncertain, claim_leased};
+pub use lease::{
+    Lease, LeaseError, LeaseRequest, LeasedClaim, Uncertain, claim_leased,
+    claim_leased_with_key_ring,
+};
 pub use model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 pub use problem::Problem;
 pub use reconcile::Reconciler;
@@ -168,7 +173,7 @@ pub use replay_cache::ReplayCache;
 pub use response::REPLAYED_HEADER;
 pub use running::RunningLimit;
 pub use stats::{OperationStats, StateCounts, Stats, stats};
-pub use store::{claim, migrate, migrator};
+pub use store::{claim, claim_with_key_ring, migrate, migrator};
 pub use sweeper::{SweepReport, Sweeper};
 pub use tenant::{SingleTenant, TenantError, TenantScope};
 

@@ -65,6 +65,9 @@ pub struct Reconciler<R, DB: LeaseBackend> {
     /// answers) cannot keep newer rows from being asked about. `None`: from the
     /// oldest.
     resume_after: Mutex<Option<DB::UncertainRow>>,
+    /// What the outcomes it stores are sealed with (see
+    /// [`Reconciler::with_key_ring`]).
+    ring: Option<crate::at_rest::KeyRing>,
 }
 
 impl<R, DB: LeaseBackend> std::fmt::Debug for Reconciler<R, DB> {
@@ -88,12 +91,22 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
     /// up to 100 rows a round, every 10 seconds.
     pub fn on_store(store: DB::Store, reconcile: R) -> Self {
         Reconciler {
-            pool: store,
             reconcile,
             batch: 100,
             interval: Duration::from_secs(10),
             resume_after: Mutex::new(None),
+            ring: DB::store_key_ring(&store).cloned(),
+            pool: store,
         }
+    }
+
+    /// Seals the outcomes it stores with `ring`, as the service's
+    /// [`crate::Idem::with_key_ring`] seals its handlers' (see
+    /// [`crate::at_rest`]). A reconciler on a Redis store with a key ring takes
+    /// that ring by itself.
+    pub fn with_key_ring(mut self, ring: crate::at_rest::KeyRing) -> Self {
+        self.ring = Some(ring);
+        self
     }
 
     /// Rows per round.
@@ -167,7 +180,19 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
             Resolution::Released => (None, "released"),
             Resolution::StillUncertain => return Ok("still_uncertain"),
         };
-        let rows = DB::lease_resolve(&self.pool, op, row, stored.as_ref()).await?;
+        let kept = match &stored {
+            Some(stored) => {
+                let at = crate::at_rest::RowId {
+                    tenant: &outcome.tenant,
+                    operation: op,
+                    key: &outcome.key_digest,
+                    generation: outcome.generation,
+                };
+                Some(crate::at_rest::seal(self.ring.as_ref(), &at, stored)?)
+            }
+            None => None,
+        };
+        let rows = DB::lease_resolve(&self.pool, op, row, kept.as_deref()).await?;
         Ok(if rows == 1 { applied } else { "raced" })
     }
 

@@ -3,7 +3,7 @@
 
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::model::StoredResponse;
@@ -68,8 +68,18 @@ pub(crate) async fn capture(
 }
 
 /// Builds the replay of a stored outcome: its status, headers and body, plus
-/// `Idempotent-Replayed: true`.
+/// `Idempotent-Replayed: true`. A sealed answer that was not opened (see
+/// [`crate::at_rest`]) is never sent: `503` instead.
 pub fn replay(stored: StoredResponse) -> Response {
+    if let Some(key_id) = crate::at_rest::sealed_with(&stored) {
+        // Every path opens a sealed answer before it gets here; this one was
+        // not, and its bytes are no answer.
+        tracing::error!(
+            key_id,
+            "idem: a sealed answer reached the replay unopened; refused"
+        );
+        return crate::problem::Problem::store_unavailable().into_response();
+    }
     let mut resp = Response::new(Body::from(Bytes::clone(&stored.body)));
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let headers = resp.headers_mut();

@@ -14,6 +14,7 @@
 
 use sqlx::{Pool, Transaction};
 
+use crate::at_rest::KeyRing;
 use crate::db::Backend;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 
@@ -59,8 +60,46 @@ pub async fn claim<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     req: &ClaimRequest<'_>,
 ) -> Result<Claim, StoreError> {
+    claim_sealed(tx, req, None).await
+}
+
+/// [`claim`] where answers are sealed with `ring` (see [`crate::at_rest`]): a
+/// replay is opened with it, and [`Execution::complete`] seals the outcome
+/// with its active key.
+///
+/// # Errors
+///
+/// As [`claim`], and [`StoreError::SealKeyMissing`] or
+/// [`StoreError::SealBroken`] for a stored answer that does not open (nothing
+/// is claimed then).
+pub async fn claim_with_key_ring<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    req: &ClaimRequest<'_>,
+    ring: &KeyRing,
+) -> Result<Claim, StoreError> {
+    claim_sealed(tx, req, Some(ring)).await
+}
+
+async fn claim_sealed<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    req: &ClaimRequest<'_>,
+    ring: Option<&KeyRing>,
+) -> Result<Claim, StoreError> {
     crate::model::refuse_under_a_millisecond(req.retention, None)?;
-    DB::claim(&mut **tx, req).await
+    Ok(match DB::claim(&mut **tx, req).await? {
+        Claim::Replay(stored) => Claim::Replay(crate::at_rest::open(
+            ring,
+            req.tenant,
+            req.operation,
+            &req.key.digest(),
+            stored,
+        )?),
+        Claim::Execute(mut execution) => {
+            execution.ring = ring.cloned();
+            Claim::Execute(execution)
+        }
+        other => other,
+    })
 }
 
 /// Creates or updates idem's table (and, on PostgreSQL, its functions). Safe to
@@ -112,6 +151,8 @@ impl Execution {
         tx: &mut Transaction<'_, DB>,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        DB::complete(self, &mut **tx, response).await
+        let ring = self.ring.clone();
+        let kept = crate::at_rest::seal(ring.as_ref(), &self.row_id(), response)?;
+        DB::complete(self, &mut **tx, &kept).await
     }
 }

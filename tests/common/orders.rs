@@ -24,11 +24,27 @@ pub struct Server {
     pub executions: watch::Receiver<usize>,
 }
 
+/// The key ring of the servers [`seal_answers_on`] names (`IDEM_KEY_RING`).
+pub const TEST_KEY_RING: &str = "e2e-1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// The databases whose servers seal their answers.
+static SEALED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Every server [`Server::start`] starts on `database_url` from now on seals
+/// its answers at rest ([`TEST_KEY_RING`]); each test has a database of its
+/// own, so the others are unaffected.
+pub fn seal_answers_on(database_url: &str) {
+    SEALED.lock().unwrap().push(database_url.to_owned());
+}
+
 impl Server {
     /// Starts the example on `database_url` with `env`, and waits until it listens.
     pub async fn start(database_url: &str, env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(crate::common::example_binary("orders"));
         cmd.env("DATABASE_URL", database_url);
+        if SEALED.lock().unwrap().iter().any(|u| u == database_url) {
+            cmd.env("IDEM_KEY_RING", TEST_KEY_RING);
+        }
         Self::spawn(cmd, env).await
     }
 

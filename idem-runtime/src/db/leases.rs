@@ -124,6 +124,14 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
         row: &Self::UncertainRow,
     ) -> Result<UncertainOutcome, StoreError>;
 
+    /// The key ring a store of this kind was given, if it keeps one (the
+    /// Redis store); the SQL pools keep none.
+    #[doc(hidden)]
+    fn store_key_ring(store: &Self::Store) -> Option<&crate::at_rest::KeyRing> {
+        let _ = store;
+        None
+    }
+
     /// Resolves `row` if it is still that uncertain execution: stores `outcome`
     /// (retention from now) or forgets the key when `None`; the records touched.
     #[doc(hidden)]

@@ -9,7 +9,6 @@ use crate::decide::{self, KeySnapshot, LeasedStep, RowState};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::model::StoredResponse;
 use crate::model::{KeyRecord, OperationRow};
 use crate::model::{OwnerToken, StatsGroup, StatsSnapshot, StoreError, UncertainRow, count};
@@ -93,12 +92,29 @@ where
         }
         None => Vec::new(),
     };
-    Ok(StoredResponse {
+    let stored = StoredResponse {
         status: u16::try_from(status)
             .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
         headers,
         body: bytes::Bytes::from(body.unwrap_or_default()),
-    })
+    };
+    with_generation(row, stored)
+}
+
+/// `stored`, read from `row`, with the row's `generation` noted when it is
+/// sealed (see [`crate::at_rest::noted`]): every statement that reads an
+/// answer selects `generation` too, which only a sealed answer needs.
+pub(crate) fn with_generation<R>(
+    row: &R,
+    stored: StoredResponse,
+) -> Result<StoredResponse, StoreError>
+where
+    R: Column<i64>,
+{
+    if crate::at_rest::sealed_with(&stored).is_none() {
+        return Ok(stored);
+    }
+    Ok(crate::at_rest::noted(stored, row.column("generation")?))
 }
 
 /// An outcome's status and headers as [`stored_from_text`]'s columns take them

@@ -57,7 +57,7 @@ where
     }
 }
 
-pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, response_status, response_headers, response_body \
+pub(crate) const CURRENT_SQL: &str = "SELECT fingerprint, generation, response_status, response_headers, response_body \
        FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 \
         AND state IN ('completed', 'failed')";
@@ -158,7 +158,7 @@ pub(crate) use uncertain_and_release_sql;
 macro_rules! ms_operation_sql {
     ($now:expr, $body:literal) => {
         concat!(
-            "SELECT state, COALESCE(lease_expires_at > t.now, 0) AS lease_live, \
+            "SELECT state, generation, COALESCE(lease_expires_at > t.now, 0) AS lease_live, \
                     response_status, response_headers, ",
             $body,
             " AS response_body \

@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 
 use super::pipeline::Scope;
+use crate::at_rest::KeyRing;
 use crate::metrics;
 use crate::model::{Claim, StoredResponse};
 use crate::operations::Address;
@@ -138,11 +139,19 @@ impl Step {
 
 /// The answer of a request whose execution rolled back because another
 /// execution holds its key.
-pub(super) fn taken(op: &'static str, scope: &Scope<'_>, claim: Claim) -> Response {
+pub(super) fn taken(
+    op: &'static str,
+    scope: &Scope<'_>,
+    ring: Option<&KeyRing>,
+    claim: Claim,
+) -> Response {
     let answer = match claim {
-        Claim::Replay(stored) => Answer::Replay {
-            stored,
-            cached: false,
+        Claim::Replay(stored) => match scope.opened(ring, stored) {
+            Ok(stored) => Answer::Replay {
+                stored,
+                cached: false,
+            },
+            Err(e) => return store_failed(op, scope.tenant_label, Step::Claim, &e),
         },
         Claim::Mismatch => Answer::Mismatch { cached: false },
         Claim::InFlight { retry_after } => Answer::InFlight(retry_after),

@@ -61,7 +61,13 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
         scope: &Scope<'_>,
     ) -> Result<Decision<LeaseHeld<DB>, Lease<DB>>, StoreError> {
         Ok(
-            match crate::lease::claim_in::<DB>(idem.lease_store(), &scope.lease_request()).await? {
+            match crate::lease::claim_in::<DB>(
+                idem.lease_store(),
+                &scope.lease_request(),
+                idem.key_ring(),
+            )
+            .await?
+            {
                 LeasedClaim::Acquired(lease) => {
                     let slot = match idem.running_slots(scope.spec.operation) {
                         None => None,

@@ -55,6 +55,22 @@ impl Scope<'_> {
         }
     }
 
+    /// The answer `stored`, read from this key's row, opened when sealed (see
+    /// [`crate::at_rest`]).
+    pub(super) fn opened(
+        &self,
+        ring: Option<&crate::at_rest::KeyRing>,
+        stored: StoredResponse,
+    ) -> Result<StoredResponse, StoreError> {
+        crate::at_rest::open(
+            ring,
+            self.tenant,
+            self.spec.operation,
+            &self.key.digest(),
+            stored,
+        )
+    }
+
     pub(super) fn lease_len(&self) -> Duration {
         self.spec.lease.unwrap_or(Duration::from_secs(30))
     }

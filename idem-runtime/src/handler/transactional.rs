@@ -112,7 +112,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 handle: tx,
             },
             Claim::Replay(stored) => Decision::Answer(Answer::Replay {
-                stored,
+                stored: scope.opened(idem.key_ring(), stored)?,
                 cached: false,
             }),
             Claim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
@@ -146,7 +146,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
             // A key claimed at commit may have been finished by another execution
             // while this one ran: its outcome is the key's answer, not this error.
             match DB::taken_since(&idem.claim_context(execution.in_flight_wait), &execution).await {
-                Ok(Some(claim)) => return taken(op, scope, claim),
+                Ok(Some(claim)) => return taken(op, scope, idem.key_ring(), claim),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(operation = op, error = %e, "idem: could not look the key up after a rollback; answering the handler's own response");
@@ -158,13 +158,19 @@ impl<DB: Backend> Mode<DB> for Transactional {
             Ok(r) => r,
             Err(resp) => return resp,
         };
+        // Sealed for the row, if a key ring is set; the cache and the metrics
+        // keep the clear answer.
+        let kept = match crate::at_rest::seal(idem.key_ring(), &execution.row_id(), &stored) {
+            Ok(kept) => kept,
+            Err(e) => return store_failed(op, None, Step::Complete, &e),
+        };
         #[cfg(feature = "replay-cache")]
         let sent = Instant::now();
         match DB::finish(
             &idem.claim_context(execution.in_flight_wait),
             tx,
             execution,
-            &stored,
+            &kept,
         )
         .await
         {
@@ -182,7 +188,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
                     operation = op,
                     "idem: another execution holds the key; rolled back"
                 );
-                return taken(op, scope, claim);
+                return taken(op, scope, idem.key_ring(), claim);
             }
             Finish::Unknown(e) => {
                 // Either way a retry with the same key is safe: it replays or executes.

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
+use crate::at_rest::KeyRing;
 use crate::db::Backend;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyDigest};
@@ -94,6 +95,8 @@ pub struct Lease<DB: LeaseBackend> {
     fingerprint: Fingerprint,
     /// When the lease is to be taken as lost (see `renewal::Deadline`).
     deadline: Arc<renewal::Deadline>,
+    /// What its outcome is sealed with, if anything (see [`crate::at_rest`]).
+    ring: Option<KeyRing>,
 }
 
 /// Why a leased completion was refused.
@@ -131,14 +134,33 @@ pub async fn claim_leased<DB: Backend>(
     pool: &Pool<DB>,
     req: &LeaseRequest<'_>,
 ) -> Result<LeasedClaim<DB>, StoreError> {
-    claim_in::<DB>(pool, req).await
+    claim_in::<DB>(pool, req, None).await
+}
+
+/// [`claim_leased`] where answers are sealed with `ring` (see
+/// [`crate::at_rest`]): a replay is opened with it, and the lease's outcome is
+/// sealed with its active key.
+///
+/// # Errors
+///
+/// As [`claim_leased`], and [`StoreError::SealKeyMissing`] or
+/// [`StoreError::SealBroken`] for a stored answer that does not open.
+pub async fn claim_leased_with_key_ring<DB: Backend>(
+    pool: &Pool<DB>,
+    req: &LeaseRequest<'_>,
+    ring: &KeyRing,
+) -> Result<LeasedClaim<DB>, StoreError> {
+    claim_in::<DB>(pool, req, Some(ring)).await
 }
 
 /// [`claim_leased`] on any [`LeaseBackend`]'s store: every leased claim,
-/// hand-written or the handler's, comes through here.
+/// hand-written or the handler's, comes through here. A replay is opened with
+/// `ring` (a sealed one without a ring is refused), and the lease's outcome
+/// sealed with it.
 pub(crate) async fn claim_in<DB: LeaseBackend>(
     store: &DB::Store,
     req: &LeaseRequest<'_>,
+    ring: Option<&KeyRing>,
 ) -> Result<LeasedClaim<DB>, StoreError> {
     crate::model::refuse_under_a_millisecond(req.retention, Some(req.lease))?;
     // The lease is measured from the claim's send time: the store starts it no
@@ -161,8 +183,15 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
             retention: req.retention,
             fingerprint: req.fingerprint,
             deadline: Arc::new(renewal::Deadline::new(sent, req.lease)),
+            ring: ring.cloned(),
         }),
-        LeasedOutcome::Replay(stored) => LeasedClaim::Replay(stored),
+        LeasedOutcome::Replay(stored) => LeasedClaim::Replay(crate::at_rest::open(
+            ring,
+            req.tenant,
+            req.operation,
+            &req.key.digest(),
+            stored,
+        )?),
         LeasedOutcome::Mismatch => LeasedClaim::Mismatch,
         LeasedOutcome::Uncertain => LeasedClaim::Uncertain,
         LeasedOutcome::InFlight { retry_after } => LeasedClaim::InFlight {
@@ -307,7 +336,14 @@ impl<DB: LeaseBackend> Lease<DB> {
     /// [`Lease::complete`] without giving the lease up, so a failed attempt can be
     /// retried.
     pub(crate) async fn store_outcome(&self, response: &StoredResponse) -> Result<(), LeaseError> {
-        let rows = DB::lease_store(&self.pool, self.owned(), response, self.retention).await?;
+        let row = crate::at_rest::RowId {
+            tenant: &self.tenant,
+            operation: &self.operation,
+            key: &self.key.digest(),
+            generation: self.generation,
+        };
+        let kept = crate::at_rest::seal(self.ring.as_ref(), &row, response)?;
+        let rows = DB::lease_store(&self.pool, self.owned(), &kept, self.retention).await?;
         self.fenced(rows)
     }
 
@@ -370,6 +406,7 @@ impl<DB: LeaseBackend> Lease<DB> {
             operation: self.operation.clone(),
             key: self.key.digest(),
             fingerprint: self.fingerprint,
+            ring: self.ring.clone(),
         }
     }
 }
@@ -381,6 +418,7 @@ pub(crate) struct Probe<DB: LeaseBackend> {
     operation: String,
     key: KeyDigest,
     fingerprint: Fingerprint,
+    ring: Option<KeyRing>,
 }
 
 impl<DB: LeaseBackend> Probe<DB> {
@@ -388,9 +426,18 @@ impl<DB: LeaseBackend> Probe<DB> {
         let found = DB::lease_current(&self.pool, &self.tenant, &self.operation, &self.key).await?;
         // The key may since have been released and reused for another request:
         // its answer is not this client's.
-        Ok(found
+        found
             .filter(|(fingerprint, _)| fingerprint[..] == self.fingerprint.as_bytes()[..])
-            .map(|(_, stored)| stored))
+            .map(|(_, stored)| {
+                crate::at_rest::open(
+                    self.ring.as_ref(),
+                    &self.tenant,
+                    &self.operation,
+                    &self.key,
+                    stored,
+                )
+            })
+            .transpose()
     }
 }
 

@@ -86,6 +86,10 @@ pub struct Execution {
     /// (SQLite's handler path, which writes `created_at` only at commit).
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) started_ms: i64,
+    /// What [`Execution::complete`] seals the outcome with: the key ring a
+    /// hand-written claim was given (`claim_with_key_ring`); the handler's
+    /// path seals before it completes.
+    pub(crate) ring: Option<crate::at_rest::KeyRing>,
 }
 
 impl Execution {
@@ -114,6 +118,7 @@ impl Execution {
             at_commit: false,
             in_session: false,
             started_ms: 0,
+            ring: None,
         }
     }
 
@@ -134,6 +139,16 @@ impl Execution {
     /// key is executed anew.
     pub fn generation(&self) -> i64 {
         self.generation
+    }
+
+    /// The row this execution writes, which a sealed answer is bound to.
+    pub(crate) fn row_id(&self) -> crate::at_rest::RowId<'_> {
+        crate::at_rest::RowId {
+            tenant: &self.tenant,
+            operation: &self.operation,
+            key: &self.key,
+            generation: self.generation,
+        }
     }
 }
 

@@ -48,6 +48,23 @@ pub enum StoreError {
     /// start (see the module `idem_runtime::redis`).
     #[error("redis error: {0}")]
     Redis(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A stored answer is sealed with a key this process's key ring does not
+    /// hold, or there is no key ring (see [`crate::at_rest`]): it is neither
+    /// replayed nor run again. The message names the key.
+    #[error(
+        "the stored answer is sealed with key {key_id:?}, which this process's key ring does not hold (Idem::with_key_ring); it is neither replayed nor run again"
+    )]
+    SealKeyMissing {
+        /// The id of the key that sealed it.
+        key_id: String,
+    },
+    /// A sealed stored answer did not open for its row: changed, or moved from
+    /// another row (see [`crate::at_rest`]). It is neither replayed nor run
+    /// again.
+    #[error(
+        "a sealed stored answer failed authentication (changed, or moved from another row); it is neither replayed nor run again"
+    )]
+    SealBroken,
 }
 
 /// A type stored as a text column: `sqlx::Type`, `Encode` and `Decode` through

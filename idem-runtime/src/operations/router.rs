@@ -139,7 +139,15 @@ async fn show<DB: LeaseBackend>(
     let status = Status::of(&row);
     let address = Address::new(idem.operations_path(), spec, &digest);
     match (wants_result, row.outcome) {
-        (true, Some(stored)) if status.done() => crate::response::replay(stored),
+        (true, Some(stored)) if status.done() => {
+            match crate::at_rest::open(idem.key_ring(), tenant, operation, &digest, stored) {
+                Ok(stored) => crate::response::replay(stored),
+                Err(e) => {
+                    tracing::error!(operation, error = %e, "idem: cannot open an operation's result");
+                    Problem::store_unavailable().into_response()
+                }
+            }
+        }
         (true, _) => {
             let detail = match status {
                 Status::Stalled => {

@@ -98,6 +98,8 @@ pub struct RedisLeaseStore {
     acks: Option<ReplicaAcks>,
     /// The connections past the first, for replica acknowledgement.
     lanes: Arc<Lanes>,
+    /// What answers are sealed with (see [`RedisLeaseStore::with_key_ring`]).
+    ring: Option<crate::at_rest::KeyRing>,
 }
 
 impl std::fmt::Debug for RedisLeaseStore {
@@ -106,6 +108,7 @@ impl std::fmt::Debug for RedisLeaseStore {
             .field("prefix", &self.layout.prefix)
             .field("cluster", &self.conn.is_cluster())
             .field("replica_acks", &self.replica_acks())
+            .field("key_ring", &self.ring)
             .finish_non_exhaustive()
     }
 }
@@ -319,6 +322,7 @@ impl RedisLeaseStore {
             }),
             acks: None,
             lanes: Arc::new(Lanes::new(opener)),
+            ring: None,
         };
         match store.check_version().await? {
             VersionVerdict::Supported(_) => {}
@@ -430,7 +434,25 @@ impl RedisLeaseStore {
     /// # }
     /// ```
     pub fn idem(&self) -> Idem<Redis> {
-        Idem::on_store(self.clone())
+        let idem = Idem::on_store(self.clone());
+        match &self.ring {
+            Some(ring) => idem.with_key_ring(ring.clone()),
+            None => idem,
+        }
+    }
+
+    /// Seals the answers stored through this store with `ring` (see
+    /// [`crate::at_rest`]): the [`Idem`] of [`RedisLeaseStore::idem`], the
+    /// claims of [`RedisLeaseStore::claim`] and a [`crate::Reconciler`] on this
+    /// store seal and open with it. Off by default.
+    pub fn with_key_ring(mut self, ring: crate::at_rest::KeyRing) -> Self {
+        self.ring = Some(ring);
+        self
+    }
+
+    /// The key ring answers are sealed with, if one was set.
+    pub fn key_ring(&self) -> Option<&crate::at_rest::KeyRing> {
+        self.ring.as_ref()
     }
 
     /// Claims `req.key` in leased mode on this store (the Redis
@@ -441,7 +463,7 @@ impl RedisLeaseStore {
     /// [`StoreError`] when Redis fails or holds a record it cannot read;
     /// nothing is claimed then.
     pub async fn claim(&self, req: &LeaseRequest<'_>) -> Result<LeasedClaim<Redis>, StoreError> {
-        crate::lease::claim_in::<Redis>(self, req).await
+        crate::lease::claim_in::<Redis>(self, req, self.ring.as_ref()).await
     }
 
     /// The store's connection, to one server or to a cluster, for the
@@ -506,11 +528,13 @@ fn corrupt(what: &str) -> StoreError {
     StoreError::Corrupt(format!("redis record: {what}"))
 }
 
-/// A finished outcome from its stored fields.
+/// A finished outcome from its stored fields, and the record's `gen` (which
+/// a sealed answer is bound to).
 fn stored_from(
     status: &Value,
     headers: &Value,
     body: &Value,
+    generation: &Value,
 ) -> Result<StoredResponse, StoreError> {
     let status = int(status)
         .and_then(|s| u16::try_from(s).ok())
@@ -522,17 +546,26 @@ fn stored_from(
         Value::BulkString(b) => bytes::Bytes::from(b.clone()),
         _ => return Err(corrupt("body")),
     };
-    Ok(StoredResponse {
+    let stored = StoredResponse {
         status,
         headers,
         body,
-    })
+    };
+    if crate::at_rest::sealed_with(&stored).is_none() {
+        return Ok(stored);
+    }
+    let generation = int(generation).ok_or_else(|| corrupt("generation"))?;
+    Ok(crate::at_rest::noted(stored, generation))
 }
 
 impl crate::db::leases::sealed::Sealed for Redis {}
 
 impl LeaseBackend for Redis {
     type Store = RedisLeaseStore;
+
+    fn store_key_ring(store: &RedisLeaseStore) -> Option<&crate::at_rest::KeyRing> {
+        store.ring.as_ref()
+    }
     type UncertainRow = RedisUncertain;
 
     async fn lease_claim(
@@ -595,9 +628,9 @@ impl LeaseBackend for Redis {
             "acquired" => acquired(Acquisition::New),
             "taken_over" => acquired(Acquisition::TakenOver),
             "replay" => match &reply[1..] {
-                [status, headers, body] => {
-                    Ok(LeasedOutcome::Replay(stored_from(status, headers, body)?))
-                }
+                [status, headers, body, generation] => Ok(LeasedOutcome::Replay(stored_from(
+                    status, headers, body, generation,
+                )?)),
                 _ => Err(corrupt("replay")),
             },
             "mismatch" => Ok(LeasedOutcome::Mismatch),
@@ -736,11 +769,11 @@ impl LeaseBackend for Redis {
         let name = store.layout.record(tenant, operation, &key.to_string());
         let r: Vec<Value> = redis::cmd("HMGET")
             .arg(&name)
-            .arg(&["state", "fp", "status", "headers", "body"])
+            .arg(&["state", "fp", "status", "headers", "body", "gen"])
             .query_async(&mut store.conn.clone())
             .await
             .map_err(redis_err)?;
-        let [state, fp, status, headers, body] = &r[..] else {
+        let [state, fp, status, headers, body, generation] = &r[..] else {
             return Err(corrupt("HMGET"));
         };
         match text(state).as_deref() {
@@ -748,7 +781,7 @@ impl LeaseBackend for Redis {
                 let fp = text(fp)
                     .and_then(|f| hex::decode(f).ok())
                     .ok_or_else(|| corrupt("fingerprint"))?;
-                Ok(Some((fp, stored_from(status, headers, body)?)))
+                Ok(Some((fp, stored_from(status, headers, body, generation)?)))
             }
             _ => Ok(None),
         }
@@ -766,13 +799,13 @@ impl LeaseBackend for Redis {
         static READ: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
             Script::new(
                 r"
-local r = redis.call('HMGET', KEYS[1], 'state', 'lease_until', 'status', 'headers', ARGV[1])
+local r = redis.call('HMGET', KEYS[1], 'state', 'lease_until', 'status', 'headers', ARGV[1], 'gen')
 if not r[1] then return {} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = 0
 if r[2] and tonumber(r[2]) and tonumber(r[2]) > now then live = 1 end
-return {r[1], live, r[3] or false, r[4] or false, r[5] or false}
+return {r[1], live, r[3] or false, r[4] or false, r[5] or false, r[6] or false}
 ",
             )
         });
@@ -787,7 +820,7 @@ return {r[1], live, r[3] or false, r[4] or false, r[5] or false}
             .invoke_async(&mut store.conn.clone())
             .await
             .map_err(redis_err)?;
-        let [state, live, status, headers, body] = &reply[..] else {
+        let [state, live, status, headers, body, generation] = &reply[..] else {
             return if reply.is_empty() {
                 Ok(None)
             } else {
@@ -799,7 +832,7 @@ return {r[1], live, r[3] or false, r[4] or false, r[5] or false}
         let empty = Value::BulkString(Vec::new());
         let body = if with_body { body } else { &empty };
         let outcome = if state.is_finished() {
-            Some(stored_from(status, headers, body)?)
+            Some(stored_from(status, headers, body, generation)?)
         } else {
             None
         };

@@ -107,7 +107,7 @@ if rec.state == 'completed' or rec.state == 'failed' then
   if not r[1] or not r[2] or not r[3] then
     return redis.error_reply('idem: corrupt idem record (a finished outcome without its response)')
   end
-  return {'replay', r[1], r[2], r[3]}
+  return {'replay', r[1], r[2], r[3], int(rec.gen)}
 end
 if rec.state == 'uncertain' then return {'uncertain'} end
 if rec.lease_until > now then return {'in_flight', int(rec.lease_until - now)} end

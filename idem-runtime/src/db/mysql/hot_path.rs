@@ -273,10 +273,15 @@ impl HandlerPath for MySql {
         let taken = upsert(tx.connection(), &execution, response, status, &headers).await;
         tx.session_changed(false);
         match taken {
-            Ok(Some(_generation)) => match tx.commit().await {
-                Ok(()) => Finish::Committed,
-                Err(e) => Finish::Unknown(e.into()),
-            },
+            Ok(Some(generation)) => {
+                if let Err(e) = align_generation(&mut tx, &execution, response, generation).await {
+                    return Finish::NotStored(e);
+                }
+                match tx.commit().await {
+                    Ok(()) => Finish::Committed,
+                    Err(e) => Finish::Unknown(e.into()),
+                }
+            }
             Ok(None) => {
                 // A finished row that has not expired, or a leased execution's: this
                 // execution loses, and answers what the key holds now.
@@ -329,6 +334,30 @@ impl HandlerPath for MySql {
     ) -> Result<Option<Claim>, StoreError> {
         at_commit::taken_since(ctx, execution).await
     }
+}
+
+/// A sealed answer is bound to the generation its execution holds; where the
+/// row the upsert wrote holds another (the expired row it was to take over was
+/// swept meanwhile, and the insert began again at 1), the row takes the
+/// execution's, in the same transaction. A clear answer needs nothing.
+async fn align_generation(
+    tx: &mut Tx<MySql>,
+    execution: &Execution,
+    response: &StoredResponse,
+    written: i64,
+) -> Result<(), StoreError> {
+    if written == execution.generation || crate::at_rest::sealed_with(response).is_none() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE idempotency_requests SET generation = ? \
+          WHERE tenant_id = ? AND operation = ? AND key_digest = ?",
+    )
+    .bind(execution.generation)
+    .bind_key(&execution.tenant, &execution.operation, execution.key)
+    .execute(&mut **tx.connection())
+    .await?;
+    Ok(())
 }
 
 impl KeyLookup for MySql {

@@ -304,7 +304,10 @@ impl HandlerPath for Postgres {
         // Milliseconds, lock_timeout's unit.
         let wait = super::lock_wait_ms(execution.in_flight_wait).max(1);
         let started = Instant::now();
-        if execution.in_session {
+        // A sealed answer taking over an expired row goes the bound way, which
+        // sees the generation the row gets before it commits.
+        let sealed = crate::at_rest::sealed_with(response).is_some();
+        if execution.in_session && !(sealed && execution.generation > 1) {
             return finish_in_session(ctx, tx, execution, response, status, wait, started).await;
         }
         // Generation 1: the lookup found no row, so no row is there to take over.
@@ -325,10 +328,18 @@ impl HandlerPath for Postgres {
             .fetch_optional(&mut **tx.connection())
             .await;
         match inserted {
-            Ok(Some(_)) => match tx.commit().await {
-                Ok(()) => Finish::Committed,
-                Err(e) => Finish::Unknown(e.into()),
-            },
+            Ok(Some(row)) => {
+                if sealed
+                    && execution.generation > 1
+                    && let Err(e) = align_generation(&mut tx, &execution, &row).await
+                {
+                    return Finish::NotStored(e);
+                }
+                match tx.commit().await {
+                    Ok(()) => Finish::Committed,
+                    Err(e) => Finish::Unknown(e.into()),
+                }
+            }
             // A finished row that has not expired, or a leased execution's: this
             // execution loses, and answers what the key holds now.
             Ok(None) => lost(ctx, tx, &execution, started).await,
@@ -343,6 +354,30 @@ impl HandlerPath for Postgres {
     ) -> Result<Option<Claim>, StoreError> {
         at_commit::taken_since(ctx, execution).await
     }
+}
+
+/// A sealed answer is bound to the generation its execution holds; where the
+/// row [`INSERT_SQL`] wrote holds another (`written`'s first column: the
+/// expired row it was to take over was swept meanwhile, and the insert began
+/// again at 1), the row takes the execution's, in the same transaction.
+async fn align_generation(
+    tx: &mut Tx<Postgres>,
+    execution: &Execution,
+    written: &sqlx::postgres::PgRow,
+) -> Result<(), StoreError> {
+    let generation: i64 = written.try_get(0)?;
+    if generation == execution.generation {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE idempotency_requests SET generation = $4 \
+          WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3",
+    )
+    .bind_key(&execution.tenant, &execution.operation, execution.key)
+    .bind(execution.generation)
+    .execute(&mut **tx.connection())
+    .await?;
+    Ok(())
 }
 
 impl KeyLookup for Postgres {

@@ -7,7 +7,7 @@
 macro_rules! operation_sql {
     ($body:literal) => {
         concat!(
-            "SELECT state, \
+            "SELECT state, generation, \
                     COALESCE((lease_expires_at > clock_timestamp())::int::int8, 0) AS lease_live, \
                     response_status, response_headers, ",
             $body,

@@ -39,12 +39,13 @@ pub(crate) fn stored_with_body(
     let status: i16 = row.try_get("response_status")?;
     let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
         row.try_get("response_headers")?;
-    Ok(StoredResponse {
+    let stored = StoredResponse {
         status: u16::try_from(status)
             .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
         headers: headers.map(|h| h.0).unwrap_or_default(),
         body: Bytes::from(body),
-    })
+    };
+    crate::db::rows::with_generation(row, stored)
 }
 
 /// The claim and the completion in the caller's transaction; the handler's

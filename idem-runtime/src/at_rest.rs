@@ -1,0 +1,813 @@
+//! Stored answers sealed at rest: a [`KeyRing`] of named 256-bit keys, one of
+//! them active, with which every answer idem stores is encrypted and
+//! authenticated (XChaCha20-Poly1305) before it reaches a store, and opened
+//! when a retry replays it.
+//!
+//! Off by default: [`crate::Idem::with_key_ring`] turns it on for the
+//! transactional and the leased mode on every store (and
+//! [`crate::Reconciler::with_key_ring`] for the outcomes a reconciler stores).
+//! What is sealed is the answer's headers and body; its status stays clear for
+//! the stats, and so do the row's tenant, operation, key digest, state and
+//! times, which the primary key, the sweeper and the stats read. The row's
+//! identity (tenant, operation, key digest, generation), the status and the
+//! key's id are the seal's associated data: an answer changed by one bit, moved
+//! to another row or given another status does not open. See
+//! `docs/security.md`.
+//!
+//! ```
+//! use idem_runtime::at_rest::KeyRing;
+//!
+//! // `IDEM_KEY_RING="2026-12:<base64 of 32 bytes>"`, as the example service
+//! // reads it; a file (`KeyRing::from_file`) or a KMS (`KeySource`) as well.
+//! let ring = KeyRing::parse("2026-12:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=", None)?;
+//! assert_eq!(ring.active_id(), "2026-12");
+//! // Debug output names the keys, never their bytes.
+//! assert_eq!(format!("{ring:?}"), r#"KeyRing { active: "2026-12", ids: ["2026-12"] }"#);
+//! # Ok::<(), idem_runtime::at_rest::KeyRingError>(())
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+/// Key bytes that are zeroised when dropped: what [`KeyRing::new`] takes.
+pub use zeroize::Zeroizing;
+
+use crate::key::KeyDigest;
+use crate::model::{StoreError, StoredResponse};
+
+/// How long a key is: 256 bits.
+pub const KEY_BYTES: usize = 32;
+
+/// The environment variable [`KeyRing::from_env`] reads the keys from:
+/// `id:BASE64` entries separated by commas.
+pub const KEY_RING_VAR: &str = "IDEM_KEY_RING";
+
+/// The environment variable that names the active key (needed with more than
+/// one key).
+pub const ACTIVE_KEY_VAR: &str = "IDEM_ACTIVE_KEY";
+
+/// The stored header that marks a sealed answer, its value the key's id. No
+/// response has it: `:` cannot start an HTTP header name.
+pub(crate) const SEALED: &str = ":idem-sealed";
+
+/// The row's generation, noted beside [`SEALED`] by the store that read the row
+/// (see [`noted`]): the seal is bound to it, and only the row knows it.
+const GENERATION: &str = ":idem-generation";
+
+/// XChaCha20's nonce: 192 random bits, which never repeat in practice however
+/// many answers one key seals.
+const NONCE_BYTES: usize = 24;
+
+/// What the associated data starts with, so that a format after this one
+/// cannot be read as this one.
+const AAD_TAG: &[u8] = b"idem-answer-v1\0";
+
+/// A key ring: named 256-bit keys, one of them active. New answers are sealed
+/// with the active key; an answer opens with whichever key sealed it, so a key
+/// stays in the ring while rows sealed with it are kept.
+///
+/// Cheap to clone (the keys are shared). The keys are zeroised when the last
+/// clone is dropped, and neither `Debug` nor any error shows their bytes.
+#[derive(Clone)]
+pub struct KeyRing(Arc<Ring>);
+
+struct Ring {
+    /// `(id, cipher)`; the cipher zeroises its key when dropped.
+    keys: Vec<(String, XChaCha20Poly1305)>,
+    active: usize,
+}
+
+/// Why a key ring could not be built. The messages name key ids and line
+/// numbers, never key material.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyRingError {
+    /// No key at all.
+    #[error("the key ring holds no key")]
+    NoKeys,
+    /// Several keys and none named active.
+    #[error(
+        "the key ring holds several keys and names none active (set IDEM_ACTIVE_KEY, or an `active ID` line)"
+    )]
+    NoActiveKey,
+    /// The active key's id is not in the ring.
+    #[error("the active key {0:?} is not in the key ring")]
+    UnknownActiveKey(String),
+    /// Two keys with one id.
+    #[error("the key id {0:?} appears twice in the key ring")]
+    DuplicateId(String),
+    /// A key that is not 32 bytes long.
+    #[error("the key {id:?} is {bytes} bytes long; a key is 32 bytes (256 bits)")]
+    WrongLength {
+        /// The key's id.
+        id: String,
+        /// How long it was.
+        bytes: usize,
+    },
+    /// A key that is not base64.
+    #[error("the key {0:?} is not base64 (standard alphabet, padded)")]
+    NotBase64(String),
+    /// An id that is empty, longer than 64 bytes or holds other than letters,
+    /// digits, `.`, `_` and `-` (it is not quoted: it may be a mistyped key).
+    #[error(
+        "key number {0} of the ring has no usable id: an id is 1 to 64 letters, digits, '.', '_' or '-'"
+    )]
+    InvalidId(usize),
+    /// A line of a key file that is neither `active ID` nor `ID BASE64`.
+    #[error("line {0} of the key file is neither `active ID` nor `ID BASE64`")]
+    Malformed(usize),
+    /// A key file that could not be read.
+    #[error("the key file {path} could not be read: {source}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A [`KeySource`] of the service's own failed.
+    #[error("the key source failed: {0}")]
+    Source(String),
+}
+
+impl KeyRing {
+    /// A ring of `keys` (`(id, 32 bytes)`), `active` the one that seals.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyRingError`] for no key, an id used twice or unusable, a key that is
+    /// not 32 bytes, or an `active` id the ring lacks.
+    pub fn new<I, S>(active: &str, keys: I) -> Result<Self, KeyRingError>
+    where
+        I: IntoIterator<Item = (S, Zeroizing<Vec<u8>>)>,
+        S: Into<String>,
+    {
+        let mut ring = Vec::new();
+        for (n, (id, bytes)) in keys.into_iter().enumerate() {
+            let id = id.into();
+            if !usable_id(&id) {
+                return Err(KeyRingError::InvalidId(n + 1));
+            }
+            if ring.iter().any(|(other, _)| *other == id) {
+                return Err(KeyRingError::DuplicateId(id));
+            }
+            if bytes.len() != KEY_BYTES {
+                return Err(KeyRingError::WrongLength {
+                    id,
+                    bytes: bytes.len(),
+                });
+            }
+            let cipher = XChaCha20Poly1305::new_from_slice(&bytes).map_err(|_| {
+                KeyRingError::WrongLength {
+                    id: id.clone(),
+                    bytes: bytes.len(),
+                }
+            })?;
+            ring.push((id, cipher));
+        }
+        if ring.is_empty() {
+            return Err(KeyRingError::NoKeys);
+        }
+        let active = ring
+            .iter()
+            .position(|(id, _)| id == active)
+            .ok_or_else(|| KeyRingError::UnknownActiveKey(active.to_owned()))?;
+        Ok(KeyRing(Arc::new(Ring { keys: ring, active })))
+    }
+
+    /// A ring from text: `id:BASE64` entries separated by commas (spaces
+    /// around them allowed), `active` the active key's id, which may be left
+    /// out when there is one key.
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyRing::new`], and [`KeyRingError::NotBase64`] for a key that is
+    /// not base64.
+    pub fn parse(text: &str, active: Option<&str>) -> Result<Self, KeyRingError> {
+        let mut keys = Vec::new();
+        for (n, entry) in text.split(',').map(str::trim).enumerate() {
+            if entry.is_empty() {
+                continue;
+            }
+            let Some((id, key)) = entry.split_once(':') else {
+                return Err(KeyRingError::InvalidId(n + 1));
+            };
+            keys.push((id.trim().to_owned(), decode(id.trim(), key.trim())?));
+        }
+        Self::with_active(keys, active)
+    }
+
+    /// A ring from [`KEY_RING_VAR`] and [`ACTIVE_KEY_VAR`] (see
+    /// [`KeyRing::parse`]); `None` when the first is unset or empty.
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyRing::parse`].
+    pub fn from_env() -> Result<Option<Self>, KeyRingError> {
+        Self::from_env_vars(KEY_RING_VAR, ACTIVE_KEY_VAR)
+    }
+
+    /// [`KeyRing::from_env`] with other variables.
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyRing::parse`].
+    pub fn from_env_vars(ring_var: &str, active_var: &str) -> Result<Option<Self>, KeyRingError> {
+        let Some(text) = std::env::var_os(ring_var) else {
+            return Ok(None);
+        };
+        let text = Zeroizing::new(text.to_string_lossy().into_owned());
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        let active = std::env::var(active_var)
+            .ok()
+            .filter(|a| !a.trim().is_empty());
+        Self::parse(&text, active.as_deref().map(str::trim)).map(Some)
+    }
+
+    /// A ring from a file: a line `ID BASE64` per key, a line `active ID`
+    /// (which may be left out when there is one key), blank lines and lines
+    /// that start with `#` ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyRingError::Unreadable`], [`KeyRingError::Malformed`] (the line's
+    /// number, never its text), and as [`KeyRing::parse`].
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, KeyRingError> {
+        let path = path.as_ref();
+        let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|source| {
+            KeyRingError::Unreadable {
+                path: path.to_owned(),
+                source,
+            }
+        })?);
+        let mut keys = Vec::new();
+        let mut active = None;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some("active"), Some(id), None) => active = Some(id.to_owned()),
+                (Some(id), Some(key), None) => keys.push((id.to_owned(), decode(id, key)?)),
+                _ => return Err(KeyRingError::Malformed(n + 1)),
+            }
+        }
+        Self::with_active(keys, active.as_deref())
+    }
+
+    /// A ring from `source` (the environment, a file, a KMS).
+    ///
+    /// # Errors
+    ///
+    /// What the source answers.
+    pub async fn load(source: &impl KeySource) -> Result<Self, KeyRingError> {
+        source.load().await
+    }
+
+    /// The id of the key new answers are sealed with.
+    pub fn active_id(&self) -> &str {
+        &self.0.keys[self.0.active].0
+    }
+
+    /// The ids of every key in the ring, in the order given.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.0.keys.iter().map(|(id, _)| id.as_str())
+    }
+
+    fn with_active(
+        keys: Vec<(String, Zeroizing<Vec<u8>>)>,
+        active: Option<&str>,
+    ) -> Result<Self, KeyRingError> {
+        let active = match (active, keys.as_slice()) {
+            (Some(a), _) => a.to_owned(),
+            (None, [(only, _)]) => only.clone(),
+            (None, []) => return Err(KeyRingError::NoKeys),
+            (None, _) => return Err(KeyRingError::NoActiveKey),
+        };
+        Self::new(&active, keys)
+    }
+
+    fn cipher(&self, id: &str) -> Option<&XChaCha20Poly1305> {
+        self.0
+            .keys
+            .iter()
+            .find(|(k, _)| k == id)
+            .map(|(_, cipher)| cipher)
+    }
+
+    /// `clear` sealed with the active key for the row `row`: the same status,
+    /// the marker header naming the key, and the sealed headers and body.
+    pub(crate) fn seal(
+        &self,
+        row: &RowId<'_>,
+        clear: &StoredResponse,
+    ) -> Result<StoredResponse, StoreError> {
+        let (id, cipher) = &self.0.keys[self.0.active];
+        let headers = serde_json::to_vec(&clear.headers)
+            .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
+        let headers_len = u32::try_from(headers.len())
+            .map_err(|_| StoreError::Corrupt("headers over 4 GiB".into()))?;
+        let mut plain = Zeroizing::new(Vec::with_capacity(4 + headers.len() + clear.body.len()));
+        plain.extend_from_slice(&headers_len.to_be_bytes());
+        plain.extend_from_slice(&headers);
+        plain.extend_from_slice(&clear.body);
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let aad = associated_data(row, clear.status, id);
+        let sealed = cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: &plain,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| StoreError::Corrupt("an answer could not be sealed".into()))?;
+        let mut body = Vec::with_capacity(NONCE_BYTES + sealed.len());
+        body.extend_from_slice(&nonce);
+        body.extend_from_slice(&sealed);
+        Ok(StoredResponse {
+            status: clear.status,
+            headers: vec![(SEALED.to_owned(), id.clone())],
+            body: Bytes::from(body),
+        })
+    }
+
+    /// The answer `sealed` holds, for the row `row`.
+    fn open(
+        &self,
+        row: &RowId<'_>,
+        key_id: &str,
+        sealed: &StoredResponse,
+    ) -> Result<StoredResponse, StoreError> {
+        let cipher = self
+            .cipher(key_id)
+            .ok_or_else(|| StoreError::SealKeyMissing {
+                key_id: key_id.to_owned(),
+            })?;
+        let Some((nonce, text)) = sealed.body.split_at_checked(NONCE_BYTES) else {
+            return Err(StoreError::SealBroken);
+        };
+        let nonce =
+            XNonce::from(<[u8; NONCE_BYTES]>::try_from(nonce).map_err(|_| StoreError::SealBroken)?);
+        let aad = associated_data(row, sealed.status, key_id);
+        let plain = Zeroizing::new(
+            cipher
+                .decrypt(
+                    &nonce,
+                    Payload {
+                        msg: text,
+                        aad: &aad,
+                    },
+                )
+                .map_err(|_| StoreError::SealBroken)?,
+        );
+        let (len, rest) = plain.split_at_checked(4).ok_or(StoreError::SealBroken)?;
+        let len = usize::try_from(u32::from_be_bytes(
+            len.try_into().map_err(|_| StoreError::SealBroken)?,
+        ))
+        .map_err(|_| StoreError::SealBroken)?;
+        let (headers, body) = rest.split_at_checked(len).ok_or(StoreError::SealBroken)?;
+        let headers: Vec<(String, String)> = serde_json::from_slice(headers)
+            .map_err(|e| StoreError::Corrupt(format!("sealed headers: {e}")))?;
+        Ok(StoredResponse {
+            status: sealed.status,
+            headers,
+            body: Bytes::copy_from_slice(body),
+        })
+    }
+}
+
+impl fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRing")
+            .field("active", &self.active_id())
+            .field("ids", &self.ids().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Where a service's keys come from: the environment ([`EnvKeys`]), a file
+/// ([`FileKeys`]), or its own (a KMS that unwraps data keys, say, then calls
+/// [`KeyRing::new`]).
+///
+/// ```
+/// use idem_runtime::at_rest::{KeyRing, KeyRingError, KeySource, Zeroizing};
+///
+/// struct Kms;
+///
+/// impl KeySource for Kms {
+///     async fn load(&self) -> Result<KeyRing, KeyRingError> {
+///         // Unwrap the data keys with the KMS here.
+///         let key = Zeroizing::new(vec![7u8; 32]);
+///         KeyRing::new("kms-1", [("kms-1", key)])
+///     }
+/// }
+/// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// let ring = rt.block_on(KeyRing::load(&Kms))?;
+/// assert_eq!(ring.active_id(), "kms-1");
+/// # Ok::<(), KeyRingError>(())
+/// ```
+pub trait KeySource {
+    /// The ring as the source holds it now.
+    fn load(&self) -> impl Future<Output = Result<KeyRing, KeyRingError>> + Send;
+}
+
+/// The keys in [`KEY_RING_VAR`] and [`ACTIVE_KEY_VAR`] (see
+/// [`KeyRing::from_env`]); [`KeyRingError::NoKeys`] when they are unset.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnvKeys;
+
+impl KeySource for EnvKeys {
+    async fn load(&self) -> Result<KeyRing, KeyRingError> {
+        KeyRing::from_env()?.ok_or(KeyRingError::NoKeys)
+    }
+}
+
+/// The keys in a file (see [`KeyRing::from_file`]).
+#[derive(Debug, Clone)]
+pub struct FileKeys(pub PathBuf);
+
+impl KeySource for FileKeys {
+    async fn load(&self) -> Result<KeyRing, KeyRingError> {
+        KeyRing::from_file(&self.0)
+    }
+}
+
+/// A row's identity, which a sealed answer is bound to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowId<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) operation: &'a str,
+    pub(crate) key: &'a KeyDigest,
+    pub(crate) generation: i64,
+}
+
+/// `clear` as it is to be stored for `row`: sealed when there is a ring,
+/// itself (not copied) when there is none.
+pub(crate) fn seal<'a>(
+    ring: Option<&KeyRing>,
+    row: &RowId<'_>,
+    clear: &'a StoredResponse,
+) -> Result<Cow<'a, StoredResponse>, StoreError> {
+    match ring {
+        None => Ok(Cow::Borrowed(clear)),
+        Some(ring) => ring.seal(row, clear).map(Cow::Owned),
+    }
+}
+
+/// The key a stored answer is sealed with, if it is sealed.
+pub(crate) fn sealed_with(stored: &StoredResponse) -> Option<&str> {
+    match stored.headers.first() {
+        Some((name, id)) if name == SEALED => Some(id),
+        _ => None,
+    }
+}
+
+/// `stored`, read from a row of generation `generation`, with that generation
+/// noted when it is sealed (opening it needs the row's own, not one the sealed
+/// bytes could carry along). Every store's decoder calls this.
+pub(crate) fn noted(mut stored: StoredResponse, generation: i64) -> StoredResponse {
+    if sealed_with(&stored).is_some() {
+        stored.headers.truncate(1);
+        stored
+            .headers
+            .push((GENERATION.to_owned(), generation.to_string()));
+    }
+    stored
+}
+
+/// The answer `stored` holds for the key `(tenant, operation, key)`: itself when
+/// it is clear, opened when it is sealed.
+///
+/// # Errors
+///
+/// [`StoreError::SealKeyMissing`] when it is sealed with a key `ring` lacks (or
+/// there is no ring), [`StoreError::SealBroken`] when it does not open for this
+/// row (changed, or moved from another). Either way it is neither replayed nor
+/// run again.
+pub(crate) fn open(
+    ring: Option<&KeyRing>,
+    tenant: &str,
+    operation: &str,
+    key: &KeyDigest,
+    stored: StoredResponse,
+) -> Result<StoredResponse, StoreError> {
+    let Some(key_id) = sealed_with(&stored) else {
+        return Ok(stored);
+    };
+    let generation = match stored.headers.get(1) {
+        Some((name, g)) if name == GENERATION => g
+            .parse()
+            .map_err(|_| StoreError::Corrupt("a sealed answer's generation".into()))?,
+        _ => {
+            return Err(StoreError::Corrupt(
+                "a sealed answer read without its row's generation".into(),
+            ));
+        }
+    };
+    let Some(ring) = ring else {
+        return Err(StoreError::SealKeyMissing {
+            key_id: key_id.to_owned(),
+        });
+    };
+    let row = RowId {
+        tenant,
+        operation,
+        key,
+        generation,
+    };
+    ring.open(&row, key_id, &stored)
+}
+
+fn usable_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn decode(id: &str, key: &str) -> Result<Zeroizing<Vec<u8>>, KeyRingError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(key)
+        .map(Zeroizing::new)
+        .map_err(|_| KeyRingError::NotBase64(id.to_owned()))
+}
+
+/// What a seal is bound to besides its text: the format, the row's identity,
+/// the status and the key's id, each length-prefixed so that no two
+/// identities run together.
+fn associated_data(row: &RowId<'_>, status: u16, key_id: &str) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(
+        AAD_TAG.len() + 8 + row.tenant.len() + row.operation.len() + 32 + 8 + 2 + 1 + key_id.len(),
+    );
+    aad.extend_from_slice(AAD_TAG);
+    for part in [row.tenant, row.operation] {
+        aad.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
+        aad.extend_from_slice(part.as_bytes());
+    }
+    aad.extend_from_slice(row.key.as_bytes());
+    aad.extend_from_slice(&row.generation.to_be_bytes());
+    aad.extend_from_slice(&status.to_be_bytes());
+    // Ids are at most 64 bytes.
+    aad.push(u8::try_from(key_id.len()).unwrap_or(u8::MAX));
+    aad.extend_from_slice(key_id.as_bytes());
+    aad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(byte: u8) -> Zeroizing<Vec<u8>> {
+        Zeroizing::new(vec![byte; KEY_BYTES])
+    }
+
+    fn ring() -> KeyRing {
+        KeyRing::new("k2", [("k1", key(1)), ("k2", key(2))]).unwrap()
+    }
+
+    fn answer() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from_static(br#"{"card":"4242"}"#),
+        }
+    }
+
+    fn digest() -> KeyDigest {
+        crate::IdempotencyKey::parse("k-1").unwrap().digest()
+    }
+
+    fn row(key: &KeyDigest, generation: i64) -> RowId<'_> {
+        RowId {
+            tenant: "acme",
+            operation: "pay",
+            key,
+            generation,
+        }
+    }
+
+    /// What a store reads back: the sealed answer with its row's generation.
+    fn read_back(sealed: &StoredResponse, generation: i64) -> StoredResponse {
+        noted(sealed.clone(), generation)
+    }
+
+    #[test]
+    fn a_sealed_answer_opens_for_its_row_and_hides_its_text() {
+        let k = digest();
+        let sealed = ring().seal(&row(&k, 3), &answer()).unwrap();
+        assert_eq!(sealed.status, 201);
+        assert_eq!(sealed.headers, vec![(SEALED.to_owned(), "k2".to_owned())]);
+        assert!(!sealed.body.windows(4).any(|w| w == b"4242"));
+        let headers = serde_json::to_vec(&answer().headers).unwrap().len();
+        assert_eq!(sealed.body.len(), NONCE_BYTES + 4 + headers + 15 + 16);
+        let opened = open(Some(&ring()), "acme", "pay", &k, read_back(&sealed, 3)).unwrap();
+        assert_eq!(opened, answer());
+    }
+
+    #[test]
+    fn a_clear_answer_passes_through_with_or_without_a_ring() {
+        let k = digest();
+        assert_eq!(
+            open(Some(&ring()), "acme", "pay", &k, noted(answer(), 3)).unwrap(),
+            answer()
+        );
+        assert_eq!(open(None, "acme", "pay", &k, answer()).unwrap(), answer());
+        assert!(matches!(
+            seal(None, &row(&k, 1), &answer()).unwrap(),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn a_sealed_answer_does_not_open_for_another_row_status_or_key() {
+        let k = digest();
+        let other = crate::IdempotencyKey::parse("k-2").unwrap().digest();
+        let sealed = ring().seal(&row(&k, 3), &answer()).unwrap();
+        let broken = |r: Result<StoredResponse, StoreError>| {
+            assert!(matches!(r, Err(StoreError::SealBroken)), "{r:?}");
+        };
+        broken(open(
+            Some(&ring()),
+            "globex",
+            "pay",
+            &k,
+            read_back(&sealed, 3),
+        ));
+        broken(open(
+            Some(&ring()),
+            "acme",
+            "refund",
+            &k,
+            read_back(&sealed, 3),
+        ));
+        broken(open(
+            Some(&ring()),
+            "acme",
+            "pay",
+            &other,
+            read_back(&sealed, 3),
+        ));
+        broken(open(
+            Some(&ring()),
+            "acme",
+            "pay",
+            &k,
+            read_back(&sealed, 4),
+        ));
+        let mut status = read_back(&sealed, 3);
+        status.status = 200;
+        broken(open(Some(&ring()), "acme", "pay", &k, status));
+        // The same bytes under another key's name.
+        let mut renamed = read_back(&sealed, 3);
+        renamed.headers[0].1 = "k1".into();
+        broken(open(Some(&ring()), "acme", "pay", &k, renamed));
+    }
+
+    #[test]
+    fn one_flipped_byte_anywhere_is_refused() {
+        let k = digest();
+        let sealed = ring().seal(&row(&k, 1), &answer()).unwrap();
+        for i in 0..sealed.body.len() {
+            let mut body = sealed.body.to_vec();
+            body[i] ^= 0x01;
+            let tampered = StoredResponse {
+                body: body.into(),
+                ..read_back(&sealed, 1)
+            };
+            assert!(
+                matches!(
+                    open(Some(&ring()), "acme", "pay", &k, tampered),
+                    Err(StoreError::SealBroken)
+                ),
+                "byte {i}"
+            );
+        }
+        let short = StoredResponse {
+            body: sealed.body.slice(..10),
+            ..read_back(&sealed, 1)
+        };
+        assert!(matches!(
+            open(Some(&ring()), "acme", "pay", &k, short),
+            Err(StoreError::SealBroken)
+        ));
+    }
+
+    #[test]
+    fn a_missing_key_or_ring_is_named_and_nothing_opens() {
+        let k = digest();
+        let sealed = read_back(&ring().seal(&row(&k, 1), &answer()).unwrap(), 1);
+        let only_k1 = KeyRing::new("k1", [("k1", key(1))]).unwrap();
+        for ring in [Some(&only_k1), None] {
+            match open(ring, "acme", "pay", &k, sealed.clone()) {
+                Err(e @ StoreError::SealKeyMissing { .. }) => {
+                    assert!(e.to_string().contains("\"k2\""), "{e}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_old_key_still_opens_after_rotation() {
+        let k = digest();
+        let old = KeyRing::new("k1", [("k1", key(1))]).unwrap();
+        let sealed = read_back(&old.seal(&row(&k, 1), &answer()).unwrap(), 1);
+        assert_eq!(
+            open(Some(&ring()), "acme", "pay", &k, sealed).unwrap(),
+            answer()
+        );
+        assert_eq!(
+            sealed_with(&ring().seal(&row(&k, 1), &answer()).unwrap()),
+            Some("k2")
+        );
+    }
+
+    #[test]
+    fn a_sealed_answer_read_without_its_generation_is_refused() {
+        let k = digest();
+        let sealed = ring().seal(&row(&k, 1), &answer()).unwrap();
+        assert!(matches!(
+            open(Some(&ring()), "acme", "pay", &k, sealed),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn every_bad_ring_is_refused_by_name() {
+        let e = |r: Result<KeyRing, KeyRingError>| r.unwrap_err().to_string();
+        let none: [(&str, Zeroizing<Vec<u8>>); 0] = [];
+        assert_eq!(e(KeyRing::new("k1", none)), "the key ring holds no key");
+        assert!(e(KeyRing::new("k9", [("k1", key(1))])).contains("\"k9\" is not in"));
+        assert!(
+            e(KeyRing::new("k1", [("k1", key(1)), ("k1", key(2))]))
+                .contains("\"k1\" appears twice")
+        );
+        for len in [31, 33] {
+            let short = Zeroizing::new(vec![1; len]);
+            assert!(
+                e(KeyRing::new("k1", [("k1", short)])).contains(&format!("is {len} bytes long"))
+            );
+        }
+        assert!(e(KeyRing::new("k1", [("", key(1))])).contains("key number 1"));
+        assert!(e(KeyRing::new("k1", [("a b", key(1))])).contains("key number 1"));
+        let b64 = |b: u8| base64::engine::general_purpose::STANDARD.encode([b; KEY_BYTES]);
+        let two = format!("k1:{},k2:{}", b64(1), b64(2));
+        assert!(e(KeyRing::parse(&two, None)).contains("names none active"));
+        assert_eq!(KeyRing::parse(&two, Some("k2")).unwrap().active_id(), "k2");
+        assert!(e(KeyRing::parse("k1:not base64!", None)).contains("\"k1\" is not base64"));
+        // A key pasted without its id is not quoted back.
+        let pasted = e(KeyRing::parse(&b64(1), None));
+        assert!(!pasted.contains(&b64(1)[..8]), "{pasted}");
+        assert_eq!(e(KeyRing::parse(" , ", None)), "the key ring holds no key");
+    }
+
+    #[test]
+    fn a_key_file_names_its_keys_and_the_active_one() {
+        let b64 = |b: u8| base64::engine::general_purpose::STANDARD.encode([b; KEY_BYTES]);
+        let dir = std::env::temp_dir().join(format!("idem-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("ring");
+        std::fs::write(
+            &file,
+            format!(
+                "# rotated 2026-12\nk1 {}\n\nk2 {}\nactive k2\n",
+                b64(1),
+                b64(2)
+            ),
+        )
+        .unwrap();
+        let ring = KeyRing::from_file(&file).unwrap();
+        assert_eq!(ring.active_id(), "k2");
+        assert_eq!(ring.ids().collect::<Vec<_>>(), ["k1", "k2"]);
+        std::fs::write(&file, format!("k1 {} extra\n", b64(1))).unwrap();
+        let e = KeyRing::from_file(&file).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "line 1 of the key file is neither `active ID` nor `ID BASE64`"
+        );
+        assert!(!e.contains(&b64(1)[..8]));
+        assert!(matches!(
+            KeyRing::from_file(dir.join("missing")),
+            Err(KeyRingError::Unreadable { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn debug_shows_ids_and_no_key_bytes() {
+        let shown = format!("{:?}", ring());
+        assert_eq!(shown, r#"KeyRing { active: "k2", ids: ["k1", "k2"] }"#);
+    }
+}

@@ -1,0 +1,143 @@
+//! Stored answers sealed at rest (`Idem::with_key_ring`, `idem_runtime::at_rest`)
+//! through a real router and a real database: what the row holds, what a retry
+//! gets, and what is refused (a changed byte, an answer moved to another row, a
+//! key the ring lacks), never replayed and never run again.
+//!
+//! The suite is ordinary code in `sealed_answers/suite.rs`. Its handlers are
+//! `#[idempotent]` and so need a concrete `Tx<Db>` and `Lease<Db>`: each
+//! database's module below sets `Db`, `TestDb` and its SQL, mounts the file,
+//! and `sealed_tests!` stamps the `#[tokio::test]` wrappers, so a test is
+//! `postgres::<name>`, `sqlite::<name>` and `mysql::<name>`.
+
+#![allow(
+    clippy::duplicate_mod,
+    reason = "each database's module mounts the suite again, over its own `Db`"
+)]
+
+#[macro_use]
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRef, State};
+use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idem_runtime::at_rest::{KeyRing, Zeroizing};
+use idem_runtime::{
+    Backend, Claim, ClaimRequest, FingerprintBuilder, Idem, IdempotencyKey, Lease, StoreError,
+    StoredResponse, Tx, claim, claim_with_key_ring, idempotent,
+};
+use serde::{Deserialize, Serialize};
+use tower::ServiceExt;
+
+use common::caller::Caller;
+
+#[derive(Deserialize, Serialize)]
+struct NewWidget {
+    name: String,
+}
+
+/// A ring of `ids` (each key 32 bytes of its id's last byte, so one id is one
+/// key in every ring), `active` the one that seals.
+fn ring(active: &str, ids: &[&str]) -> KeyRing {
+    KeyRing::new(
+        active,
+        ids.iter().map(|id| {
+            (
+                *id,
+                Zeroizing::new(vec![*id.as_bytes().last().unwrap(); 32]),
+            )
+        }),
+    )
+    .unwrap()
+}
+
+/// Every test of `sealed_answers/suite.rs`, stamped in the database's module.
+macro_rules! sealed_tests {
+    () => {
+        stamp!(
+            suite =>
+            a_sealed_answer_replays_byte_for_byte_and_its_row_holds_no_plaintext,
+            a_changed_byte_is_refused_and_nothing_runs_again,
+            an_answer_moved_to_another_row_does_not_open,
+            a_key_the_ring_lacks_is_refused_and_a_mismatch_is_still_422,
+            rotation_opens_old_answers_and_seals_new_ones_with_the_active_key,
+            clear_answers_stay_readable_and_sealed_ones_need_the_ring,
+            claims_made_before_the_handler_seal_too,
+            an_expired_key_runs_anew_and_its_new_answer_opens,
+            a_leased_answer_is_sealed_and_replayed,
+            hand_written_claims_seal_with_the_ring_and_refuse_without,
+        );
+    };
+}
+
+#[path = "sealed_answers"]
+mod postgres {
+    use super::*;
+
+    type Db = sqlx::Postgres;
+    type TestDb = crate::common::TestDb;
+    const WIDGETS_DDL: &str =
+        "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)";
+    const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES ($1, $2)";
+    const HEADERS_TEXT: &str = "response_headers::text";
+    const SET_ANSWER: &str = "UPDATE idempotency_requests \
+        SET response_body = $1, response_headers = $2::jsonb WHERE key_digest = $3";
+
+    mod suite;
+
+    sealed_tests!();
+
+    stamp!(
+        suite =>
+        the_bound_path_seals_as_the_session_path_does,
+        a_row_swept_under_a_takeover_gets_the_executions_generation,
+    );
+}
+
+#[path = "sealed_answers"]
+mod sqlite {
+    use super::*;
+
+    type Db = sqlx::Sqlite;
+    type TestDb = crate::common::SqliteDb;
+    const WIDGETS_DDL: &str = "CREATE TABLE widgets (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, name TEXT NOT NULL)";
+    const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES ($1, $2)";
+    const HEADERS_TEXT: &str = "response_headers";
+    const SET_ANSWER: &str = "UPDATE idempotency_requests \
+        SET response_body = $1, response_headers = $2 WHERE key_digest = $3";
+
+    mod suite;
+
+    sealed_tests!();
+}
+
+#[path = "sealed_answers"]
+mod mysql {
+    use super::*;
+
+    type Db = sqlx::MySql;
+    type TestDb = crate::common::MySqlDb;
+    const WIDGETS_DDL: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB";
+    const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES (?, ?)";
+    const HEADERS_TEXT: &str = "response_headers";
+    const SET_ANSWER: &str = "UPDATE idempotency_requests \
+        SET response_body = ?, response_headers = ? WHERE key_digest = ?";
+
+    mod suite;
+
+    sealed_tests!();
+
+    stamp!(
+        suite =>
+        a_row_swept_under_a_takeover_gets_the_executions_generation,
+    );
+}
