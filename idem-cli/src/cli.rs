@@ -101,6 +101,20 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = Defaults::DEFAULT_STALE_AFTER.as_secs())]
         stale_after_secs: u64,
     },
+    /// Re-seal stored answers under the key ring's active key, a page at a time (safe
+    /// beside live traffic; run again after an interruption), then count rows per key.
+    /// The ring comes from IDEM_KEY_RING and IDEM_ACTIVE_KEY, or --key-ring-file
+    Rekey {
+        /// Rows per page
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+        batch_size: u32,
+        /// Also seal the answers stored in clear
+        #[arg(long)]
+        seal_clear: bool,
+        /// A key file (`ID BASE64` lines and an `active ID` line) instead of the environment
+        #[arg(long, value_name = "PATH")]
+        key_ring_file: Option<std::path::PathBuf>,
+    },
     /// Check an HTTP endpoint (idem's or not) against the idempotency promise: retries
     /// replay, conflicts are refused, concurrent duplicates execute once (no database needed)
     Check(Box<crate::check::CheckArgs>),

@@ -30,6 +30,59 @@ async fn idem(url: Option<&str>, args: &[&str]) -> Out {
 }
 
 /// A migrated test database as the CLI sees it, on either backend.
+/// [`idem`] with `env` set besides `DATABASE_URL`.
+async fn idem_with(url: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("IDEM_KEY_RING")
+        .env_remove("IDEM_ACTIVE_KEY");
+    if let Some(url) = url {
+        cmd.env("DATABASE_URL", url);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Out::of(cmd.output().await.expect("the idem binary runs"))
+}
+
+/// Keys of 32 bytes of `1`, `2` and `3`, in base64.
+const K1: &str = "k1:MTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTE=";
+const K2: &str = "k2:MjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjI=";
+const K3: &str = "k3:MzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzM=";
+
+/// A finished answer of `acme`'s `pay` under `key`, sealed with `ring`.
+async fn sealed_answer<DB: idem_runtime::Backend>(
+    pool: &sqlx::Pool<DB>,
+    ring: &idem_runtime::KeyRing,
+    key: &str,
+) {
+    use idem_runtime::{Claim, ClaimRequest, FingerprintBuilder, IdempotencyKey, StoredResponse};
+    let key = IdempotencyKey::parse(key).unwrap();
+    let req = ClaimRequest {
+        tenant: "acme",
+        operation: "pay",
+        key: &key,
+        fingerprint: FingerprintBuilder::new("acme", "pay", "POST", "/pay").finish(),
+        retention: std::time::Duration::from_secs(3600),
+        in_flight_wait: std::time::Duration::from_secs(2),
+    };
+    let mut tx = DB::begin(pool).await.unwrap();
+    let Claim::Execute(execution) = idem_runtime::claim_with_key_ring(&mut tx, &req, ring)
+        .await
+        .unwrap()
+    else {
+        panic!("a new key executes");
+    };
+    let paid = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: "paid with card 4242".into(),
+    };
+    execution.complete(&mut tx, &paid).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
 trait CliDb: Sized {
     /// A fresh database of its own, with idem's migrations applied.
     async fn create() -> Self;
@@ -474,6 +527,50 @@ macro_rules! cli_tests {
         /// `purge --tenant --wait` erases a row in flight once it finishes: the
         /// first pass leaves it (the finished rows going show the pass ran), the
         /// row is then completed, and a later pass takes it.
+        #[tokio::test]
+        async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot() {
+            let db = Db::create().await;
+            let url = db.url();
+            let url = Some(url.as_str());
+            let k1 = idem_runtime::KeyRing::parse(K1, None).unwrap();
+            for key in ["r-1", "r-2", "r-3"] {
+                sealed_answer(&db.pool, &k1, key).await;
+            }
+            let rotated = format!("{K1},{K2}");
+            let env = [("IDEM_KEY_RING", rotated.as_str()), ("IDEM_ACTIVE_KEY", "k2")];
+            let out = idem_with(url, &["rekey", "--batch-size", "2"], &env).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            assert!(out.stdout.contains("rows under key k2"), "{out:?}");
+            assert!(!out.stdout.contains("rows under key k1"), "{out:?}");
+            assert!(out.stderr.contains("rekey: page 2: 3 re-sealed"), "{out:?}");
+
+            // Again: nothing to do, and the JSON says where every row is.
+            let out = idem_with(url, &["--json", "rekey"], &env).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            let j = out.json();
+            assert_eq!(j["resealed"], 0);
+            assert_eq!(j["rows_by_key"], serde_json::json!([{"key_id": "k2", "rows": 3}]));
+
+            // A ring without the key that sealed them: named, and left alone.
+            let out = idem_with(url, &["rekey"], &[("IDEM_KEY_RING", K3)]).await;
+            assert_eq!(out.code, 4, "{out:?}");
+            assert!(out.stdout.is_empty(), "{out:?}");
+            assert!(out.stderr.contains("rekey: page 1: 0 re-sealed"), "{out:?}");
+            assert!(
+                out.stderr
+                    .contains("3 sealed with key \"k2\", which the ring lacks"),
+                "{out:?}"
+            );
+            let out = idem_with(url, &["--json", "rekey"], &env).await;
+            assert_eq!(out.json()["rows_by_key"][0]["rows"], 3, "{out:?}");
+
+            // No ring at all, or a broken one: usage errors.
+            let out = idem_with(url, &["rekey"], &[]).await;
+            out.assert_error(2, "needs the key ring");
+            let out = idem_with(url, &["rekey"], &[("IDEM_KEY_RING", "k1:c2hvcnQ=")]).await;
+            out.assert_error(2, "\"k1\" is 5 bytes long");
+        }
+
         #[tokio::test]
         async fn purge_tenant_waits_for_rows_in_flight_to_finish() {
             let db = seeded().await;

@@ -1,6 +1,7 @@
 //! Operating on single keys and on a whole tenant, for an admin tool (the
 //! `idem` CLI is one): which migrations are applied, what one key's row holds,
-//! deleting one key's row safely, and erasing every row of a tenant.
+//! deleting one key's row safely, erasing every row of a tenant, and
+//! re-sealing stored answers under a key ring's active key.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -23,14 +24,19 @@
 //! # Ok(()) }
 //! ```
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use sqlx::Pool;
 
+use crate::at_rest::KeyRing;
 use crate::db::Backend;
 use crate::model::StoreError;
 
-pub use crate::model::{InFlightRows, KeyAddress, KeyRecord, PurgeError, TenantErasure};
+pub use crate::model::{
+    InFlightRows, KeyAddress, KeyRecord, KeyUse, PurgeError, RekeyOptions, RekeyReport,
+    TenantErasure,
+};
 
 /// The versions of idem's migrations recorded as applied (in
 /// [`crate::MIGRATIONS_TABLE`]); none before the first migration.
@@ -136,4 +142,119 @@ pub async fn erase_tenant<DB: Backend>(
     }
     let left = DB::tenant_rows(pool, tenant).await?;
     Ok(TenantErasure { erased, left })
+}
+
+/// Re-seals every finished answer that is not sealed with `ring`'s active key
+/// (and, with [`RekeyOptions::seal_clear`], every answer stored in clear),
+/// a page of [`RekeyOptions::batch`] rows at a time, so that a key can be
+/// retired before the rows it sealed have passed their retention (see
+/// `docs/security.md`, "Rotation").
+///
+/// Safe beside live traffic and beside another rekey: each answer is written
+/// back in a statement of its own, and only if its row still holds the same
+/// execution and the same sealed bytes it read; one that changed meanwhile
+/// (run again, purged, swept, or re-sealed by the other rekey) is left and
+/// counted in [`RekeyReport::changed`]. Killed at any point, it loses nothing:
+/// every answer is whole under one key or the other, and a second run does
+/// what is left. Answers sealed with a key the ring lacks are counted by key
+/// in [`RekeyReport::unreadable`] and left; so are answers that do not open for
+/// their row ([`RekeyReport::broken`]).
+///
+/// `progress` is told the report so far after each page; `ControlFlow::Break`
+/// stops the run there ([`RekeyReport::stopped`]).
+///
+/// ```no_run
+/// use std::ops::ControlFlow;
+/// use idem_runtime::{KeyRing, admin::{self, RekeyOptions}};
+///
+/// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+/// # async fn demo(pool: sqlx::PgPool, ring: KeyRing) -> Result<(), idem_runtime::StoreError> {
+/// let report = admin::rekey(&pool, &ring, RekeyOptions::default(), |so_far| {
+///     eprintln!("{} re-sealed", so_far.resealed);
+///     ControlFlow::Continue(())
+/// })
+/// .await?;
+/// for used in admin::keys_in_use(&pool).await? {
+///     println!("{:?}: {} rows", used.key_id, used.rows);
+/// }
+/// # drop(report);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`StoreError::Database`] when the database fails; what was re-sealed
+/// before stays re-sealed.
+pub async fn rekey<DB: Backend>(
+    pool: &Pool<DB>,
+    ring: &KeyRing,
+    options: RekeyOptions,
+    mut progress: impl FnMut(&RekeyReport) -> ControlFlow<()>,
+) -> Result<RekeyReport, StoreError> {
+    let batch = options.batch.max(1);
+    let mut report = RekeyReport::default();
+    let mut after = None;
+    loop {
+        let page = DB::rekey_page(
+            pool,
+            ring.active_id(),
+            options.seal_clear,
+            after.as_ref(),
+            batch,
+        )
+        .await?;
+        for row in &page {
+            let (tenant, operation, key) = &row.at;
+            let opened =
+                crate::at_rest::open(Some(ring), tenant, operation, key, row.stored.clone());
+            let clear = match opened {
+                Ok(clear) => clear,
+                Err(StoreError::SealKeyMissing { key_id }) => {
+                    *report.unreadable.entry(key_id).or_default() += 1;
+                    continue;
+                }
+                Err(StoreError::SealBroken) => {
+                    report.broken += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let at = crate::at_rest::RowId {
+                tenant,
+                operation,
+                key,
+                generation: row.generation,
+            };
+            let sealed = ring.seal(&at, &clear)?;
+            match DB::reseal(pool, row, &sealed).await? {
+                0 => report.changed += 1,
+                _ => report.resealed += 1,
+            }
+        }
+        report.pages += 1;
+        let full = page.len() >= batch as usize;
+        after = page.into_iter().last();
+        if progress(&report).is_break() {
+            report.stopped = full;
+            break;
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// How many finished rows hold an answer sealed with each key, and in clear
+/// (`key_id` `None`), in the order of the keys' ids (clear first): which keys
+/// a ring must still hold.
+///
+/// # Errors
+///
+/// [`StoreError::Database`] when the database fails.
+pub async fn keys_in_use<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<KeyUse>, StoreError> {
+    let mut used = DB::keys_in_use(pool).await?;
+    // Databases sort NULL apart: clear first, everywhere.
+    used.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+    Ok(used)
 }

@@ -586,7 +586,7 @@ mod tests {
     }
 
     fn digest() -> KeyDigest {
-        crate::IdempotencyKey::parse("k-1").unwrap().digest()
+        crate::key::IdempotencyKey::parse("k-1").unwrap().digest()
     }
 
     fn row(key: &KeyDigest, generation: i64) -> RowId<'_> {
@@ -633,39 +633,24 @@ mod tests {
     #[test]
     fn a_sealed_answer_does_not_open_for_another_row_status_or_key() {
         let k = digest();
-        let other = crate::IdempotencyKey::parse("k-2").unwrap().digest();
+        let other = crate::key::IdempotencyKey::parse("k-2").unwrap().digest();
         let sealed = ring().seal(&row(&k, 3), &answer()).unwrap();
         let broken = |r: Result<StoredResponse, StoreError>| {
             assert!(matches!(r, Err(StoreError::SealBroken)), "{r:?}");
         };
-        broken(open(
-            Some(&ring()),
-            "globex",
-            "pay",
-            &k,
-            read_back(&sealed, 3),
-        ));
-        broken(open(
-            Some(&ring()),
-            "acme",
-            "refund",
-            &k,
-            read_back(&sealed, 3),
-        ));
-        broken(open(
-            Some(&ring()),
-            "acme",
-            "pay",
-            &other,
-            read_back(&sealed, 3),
-        ));
-        broken(open(
-            Some(&ring()),
-            "acme",
-            "pay",
-            &k,
-            read_back(&sealed, 4),
-        ));
+        let opened = |tenant: &str, operation: &str, key: &KeyDigest, generation: i64| {
+            open(
+                Some(&ring()),
+                tenant,
+                operation,
+                key,
+                read_back(&sealed, generation),
+            )
+        };
+        broken(opened("globex", "pay", &k, 3));
+        broken(opened("acme", "refund", &k, 3));
+        broken(opened("acme", "pay", &other, 3));
+        broken(opened("acme", "pay", &k, 4));
         let mut status = read_back(&sealed, 3);
         status.status = 200;
         broken(open(Some(&ring()), "acme", "pay", &k, status));

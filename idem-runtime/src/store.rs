@@ -14,7 +14,7 @@
 
 use sqlx::{Pool, Transaction};
 
-use crate::at_rest::KeyRing;
+use crate::at_rest::{KeyRing, open};
 use crate::db::Backend;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 
@@ -86,14 +86,9 @@ async fn claim_sealed<DB: Backend>(
     ring: Option<&KeyRing>,
 ) -> Result<Claim, StoreError> {
     crate::model::refuse_under_a_millisecond(req.retention, None)?;
+    let opened = |stored| open(ring, req.tenant, req.operation, &req.key.digest(), stored);
     Ok(match DB::claim(&mut **tx, req).await? {
-        Claim::Replay(stored) => Claim::Replay(crate::at_rest::open(
-            ring,
-            req.tenant,
-            req.operation,
-            &req.key.digest(),
-            stored,
-        )?),
+        Claim::Replay(stored) => Claim::Replay(opened(stored)?),
         Claim::Execute(mut execution) => {
             execution.ring = ring.cloned();
             Claim::Execute(execution)

@@ -7,6 +7,9 @@
 
 use super::*;
 
+use std::ops::ControlFlow;
+
+use idem_runtime::admin::{self, RekeyOptions};
 use sqlx::Row as _;
 
 #[derive(Clone)]
@@ -460,4 +463,117 @@ pub async fn hand_written_claims_seal_with_the_ring_and_refuse_without() {
         Err(StoreError::SealKeyMissing { key_id }) => assert_eq!(key_id, "k1"),
         other => panic!("{other:?}"),
     }
+}
+
+/// Finished rows by key, as `admin::keys_in_use` counts them.
+async fn uses(a: &App) -> Vec<(Option<String>, u64)> {
+    admin::keys_in_use(&a.db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|u| (u.key_id, u.rows))
+        .collect()
+}
+
+fn on(key: Option<&str>, rows: u64) -> (Option<String>, u64) {
+    (key.map(str::to_owned), rows)
+}
+
+pub async fn rekey_moves_answers_to_the_active_key_and_a_stopped_run_resumes() {
+    let a = App::new(Some(ring("k1", &["k1"]))).await;
+    let router = a.router();
+    let mut first = Vec::new();
+    for n in 0..5 {
+        first.push(
+            send(&router, "/widgets", &format!("w-{n}"), "bolt")
+                .await
+                .body,
+        );
+    }
+    send(&a.with_ring(None), "/widgets", "w-clear", "nut").await;
+    let rotated = ring("k2", &["k1", "k2"]);
+    let mut pages = RekeyOptions::default();
+    pages.batch = 2;
+
+    // Stopped after its first page: two answers moved, the rest as they were.
+    let stopped = admin::rekey(&a.db.pool, &rotated, pages, |_| ControlFlow::Break(()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (stopped.resealed, stopped.pages, stopped.stopped),
+        (2, 1, true)
+    );
+    assert_eq!(
+        uses(&a).await,
+        [on(None, 1), on(Some("k1"), 3), on(Some("k2"), 2)]
+    );
+    // An answer sealed with a key no ring here holds.
+    send(
+        &a.with_ring(Some(ring("k0", &["k0"]))),
+        "/widgets",
+        "w-lost",
+        "pin",
+    )
+    .await;
+
+    // Run again: what is left moves; the key the ring lacks is named.
+    let mut seen = Vec::new();
+    let rest = admin::rekey(&a.db.pool, &rotated, pages, |so_far| {
+        seen.push(so_far.resealed);
+        ControlFlow::Continue(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(rest.resealed, 3);
+    assert_eq!(rest.unreadable.get("k0"), Some(&1));
+    assert!(!rest.complete());
+    assert_eq!(seen.last(), Some(&3), "progress after each page: {seen:?}");
+    pages.seal_clear = true;
+    let clear = admin::rekey(&a.db.pool, &rotated, pages, |_| ControlFlow::Continue(()))
+        .await
+        .unwrap();
+    assert_eq!(clear.resealed, 1);
+    assert_eq!(uses(&a).await, [on(Some("k0"), 1), on(Some("k2"), 6)]);
+
+    // k1 retired: every answer it sealed still replays, byte for byte.
+    let retired = a.with_ring(Some(ring("k2", &["k2"])));
+    for (n, body) in first.iter().enumerate() {
+        let again = send(&retired, "/widgets", &format!("w-{n}"), "bolt").await;
+        assert_eq!((again.status, again.replayed), (StatusCode::CREATED, true));
+        assert_eq!(&again.body, body);
+    }
+    let clear = send(&retired, "/widgets", "w-clear", "nut").await;
+    assert_eq!((clear.status, clear.replayed), (StatusCode::CREATED, true));
+    assert_eq!(a.widgets().await, 7);
+}
+
+pub async fn two_rekeys_beside_live_replays_move_every_answer_once() {
+    let a = App::new(Some(ring("k1", &["k1"]))).await;
+    let router = a.router();
+    let mut first = Vec::new();
+    for n in 0..12 {
+        first.push(
+            send(&router, "/widgets", &format!("w-{n}"), "bolt")
+                .await
+                .body,
+        );
+    }
+    let rotated = ring("k2", &["k1", "k2"]);
+    let live = a.with_ring(Some(rotated.clone()));
+    let mut pages = RekeyOptions::default();
+    pages.batch = 3;
+    let rekey = || admin::rekey(&a.db.pool, &rotated, pages, |_| ControlFlow::Continue(()));
+    let replays = async {
+        for (n, body) in first.iter().enumerate() {
+            let again = send(&live, "/widgets", &format!("w-{n}"), "bolt").await;
+            assert_eq!((again.status, again.replayed), (StatusCode::CREATED, true));
+            assert_eq!(&again.body, body);
+        }
+    };
+    let (one, two, ()) = tokio::join!(rekey(), rekey(), replays);
+    let (one, two) = (one.unwrap(), two.unwrap());
+    assert_eq!(one.resealed + two.resealed, 12, "{one:?} {two:?}");
+    assert!(one.complete() && two.complete());
+    assert_eq!(uses(&a).await, [on(Some("k2"), 12)]);
+    assert_eq!(a.widgets().await, 12);
 }

@@ -4,6 +4,7 @@
 
 mod migrate;
 mod purge;
+mod rekey;
 mod show;
 mod stats;
 mod sweep;
@@ -69,6 +70,20 @@ pub(crate) async fn execute<DB: Backend>(
             max_batches,
             stale_after_secs,
         } => sweep::sweep(pool, json, batch_size, max_batches, stale_after_secs).await,
+        Command::Rekey {
+            batch_size,
+            seal_clear,
+            key_ring_file,
+        } => {
+            rekey::rekey(
+                &pool,
+                json,
+                batch_size,
+                seal_clear,
+                key_ring_file.as_deref(),
+            )
+            .await
+        }
         // `run` answers it without a database.
         Command::Check(_) => Err(Failure::Other(
             "idem check needs no database; it was routed to one".to_owned(),

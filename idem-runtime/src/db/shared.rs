@@ -22,11 +22,11 @@ use sqlx::query::{Query, QueryScalar};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::leases::SqlLeases;
-use super::stores::{Admin, Purge, Transitions, Upkeep};
+use super::stores::{Admin, Purge, Rekey, Transitions, Upkeep};
 use crate::key::KeyDigest;
 use crate::model::{
-    FencedWrite, InFlightSummary, KeyAddress, KeyRecord, PurgeError, Resource, StatsSnapshot,
-    StoreError, count, millis,
+    FencedWrite, InFlightSummary, KeyAddress, KeyRecord, KeyUse, PurgeError, ResealRow, Resource,
+    StatsSnapshot, StoreError, StoredResponse, count, millis,
 };
 
 /// Binds the three parameters by which a statement finds a key's row: tenant,
@@ -456,7 +456,7 @@ pub trait SqlAdmin: SqlLeases + Purge {
 /// The admin reads, once for the databases that give [`SqlAdmin`].
 impl<DB> Admin for DB
 where
-    DB: SqlAdmin,
+    DB: SqlAdmin + Rekey,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
@@ -509,6 +509,172 @@ where
             .fetch_optional(pool)
             .await?;
         row.as_ref().map(super::rows::key_record).transpose()
+    }
+}
+
+/// The rekey's statements over `$key_id` (the SQL expression of a sealed
+/// answer's key id, NULL for a clear one) and `$p` (the placeholders, in the
+/// order the generic code binds them: `$1` to `$7`, or MySQL's `?`), with
+/// `$cols` the address's columns as selected and `$after` the empty value of
+/// each (`''` and an empty digest) that comes before every row.
+#[allow(unused_macros)]
+macro_rules! rekey_sql {
+    (
+        key_id: $key_id:literal,
+        body: $body:literal,
+        tenant: $tenant:literal,
+        operation: $operation:literal,
+        empty_digest: $empty:literal,
+        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal, $p7:literal] $(,)?
+    ) => {
+        const REKEY_PAGE_SQL: &'static str = concat!(
+            "SELECT ",
+            $tenant,
+            " AS tenant_id, ",
+            $operation,
+            " AS operation, key_digest, generation, \
+                    response_status, response_headers, response_body \
+               FROM idempotency_requests \
+              WHERE state IN ('completed', 'failed') \
+                AND CASE WHEN ",
+            $key_id,
+            " IS NOT NULL THEN ",
+            $key_id,
+            " <> ",
+            $p1,
+            " ELSE ",
+            $p2,
+            " END \
+                AND (tenant_id, operation, key_digest) > \
+                    (COALESCE(",
+            $p3,
+            ", ''), COALESCE(",
+            $p4,
+            ", ''), COALESCE(",
+            $p5,
+            ", ",
+            $empty,
+            ")) \
+              ORDER BY tenant_id, operation, key_digest LIMIT ",
+            $p6
+        );
+        const RESEAL_SQL: &'static str = concat!(
+            "UPDATE idempotency_requests SET response_headers = ",
+            $p1,
+            ", response_body = ",
+            $p2,
+            " WHERE tenant_id = ",
+            $p3,
+            " AND operation = ",
+            $p4,
+            " AND key_digest = ",
+            $p5,
+            " AND generation = ",
+            $p6,
+            " AND state IN ('completed', 'failed') AND ",
+            $body,
+            " = ",
+            $p7
+        );
+        const KEYS_IN_USE_SQL: &'static str = concat!(
+            "SELECT ",
+            $key_id,
+            " AS key_id, count(*) AS n FROM idempotency_requests \
+              WHERE state IN ('completed', 'failed') GROUP BY 1 ORDER BY 1"
+        );
+    };
+}
+pub(crate) use rekey_sql;
+
+/// What a database module gives the rekey: its statements, which differ in
+/// how they read the key id out of the headers column's JSON.
+pub trait SqlRekey: SqlLeases {
+    /// Finished rows whose answer is sealed with another key than `$1` (or in
+    /// clear when `$2`), after (`$3`, `$4`, `$5`) in primary key order, at most
+    /// `$6`: `tenant_id, operation, key_digest, generation` and the answer's
+    /// columns.
+    const REKEY_PAGE_SQL: &'static str;
+    /// Writes headers `$1` and body `$2` over the row (`$3`, `$4`, `$5`) if it
+    /// is finished, of generation `$6`, and still holds body `$7`.
+    const RESEAL_SQL: &'static str;
+    /// `key_id` (NULL for a clear answer) and `n` rows, over the finished rows.
+    const KEYS_IN_USE_SQL: &'static str;
+}
+
+/// The rekey's reads and writes, once for the databases that give
+/// [`SqlRekey`].
+impl<DB> Rekey for DB
+where
+    DB: SqlRekey,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> String: Decode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'q> Option<&'q str>: Encode<'q, DB>,
+    for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q [u8]>: Encode<'q, DB>,
+    for<'q> KeyDigest: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+{
+    async fn rekey_page(
+        pool: &Pool<DB>,
+        active: &str,
+        clear: bool,
+        after: Option<&ResealRow>,
+        limit: u32,
+    ) -> Result<Vec<ResealRow>, StoreError> {
+        let rows = sqlx::query(DB::REKEY_PAGE_SQL)
+            .bind(active)
+            .bind(clear)
+            .bind(after.map(|a| a.at.0.as_str()))
+            .bind(after.map(|a| a.at.1.as_str()))
+            .bind(after.map(|a| &a.at.2.as_bytes()[..]))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ResealRow {
+                    at: (
+                        row.try_get("tenant_id")?,
+                        row.try_get("operation")?,
+                        row.try_get("key_digest")?,
+                    ),
+                    generation: row.try_get("generation")?,
+                    stored: DB::stored_from_row(row)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn reseal(
+        pool: &Pool<DB>,
+        row: &ResealRow,
+        sealed: &StoredResponse,
+    ) -> Result<u64, StoreError> {
+        let (_, headers) = DB::encode(sealed)?;
+        let done = sqlx::query(DB::RESEAL_SQL)
+            .bind(headers)
+            .bind(&sealed.body[..])
+            .bind_key(&row.at.0, &row.at.1, row.at.2)
+            .bind(row.generation)
+            .bind(&row.stored.body[..])
+            .execute(pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn keys_in_use(pool: &Pool<DB>) -> Result<Vec<KeyUse>, StoreError> {
+        let rows = sqlx::query(DB::KEYS_IN_USE_SQL).fetch_all(pool).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(KeyUse {
+                    key_id: row.try_get("key_id")?,
+                    rows: count(row.try_get("n")?),
+                })
+            })
+            .collect()
     }
 }
 

@@ -14,7 +14,7 @@ use sqlx::migrate::Migrator;
 use super::{Backend, ClaimContext, Tx};
 use crate::model::{
     Claim, ClaimRequest, Execution, FencedWrite, Finish, InFlightSummary, KeyAddress, KeyRecord,
-    PurgeError, Resource, StatsSnapshot, StoreError, StoredResponse,
+    KeyUse, PurgeError, ResealRow, Resource, StatsSnapshot, StoreError, StoredResponse,
 };
 
 /// idem's table and how it comes to be: the migrations.
@@ -139,8 +139,35 @@ pub trait Purge: sqlx::Database {
     ) -> impl Future<Output = Result<Option<(String, i64)>, PurgeError<E>>> + Send;
 }
 
+/// Re-sealing stored answers under a key ring's active key (`admin::rekey`).
+pub trait Rekey: sqlx::Database {
+    /// Up to `limit` finished rows after `after` (in primary key order) whose
+    /// answer is sealed with another key than `active`, and those stored in
+    /// clear when `clear`.
+    fn rekey_page(
+        pool: &Pool<Self>,
+        active: &str,
+        clear: bool,
+        after: Option<&ResealRow>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<ResealRow>, StoreError>> + Send;
+
+    /// Writes `sealed` over `row`'s answer if the row still holds the
+    /// execution and the answer `row` read; the rows written (0 or 1).
+    fn reseal(
+        pool: &Pool<Self>,
+        row: &ResealRow,
+        sealed: &StoredResponse,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Finished rows by the key their answer is sealed with (`None`: clear).
+    fn keys_in_use(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<KeyUse>, StoreError>> + Send;
+}
+
 /// What the admin CLI reads and deletes.
-pub trait Admin: Purge {
+pub trait Admin: Purge + Rekey {
     /// The migration versions recorded as applied; none before the first.
     fn applied_versions(
         pool: &Pool<Self>,

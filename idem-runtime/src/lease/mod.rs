@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::at_rest::KeyRing;
+use crate::at_rest::{KeyRing, open};
 use crate::db::Backend;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyDigest};
@@ -166,6 +166,7 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
     // The lease is measured from the claim's send time: the store starts it no
     // earlier than it receives the claim.
     let sent = tokio::time::Instant::now();
+    let opened = |stored| open(ring, req.tenant, req.operation, &req.key.digest(), stored);
     Ok(match DB::lease_claim(store, req).await? {
         LeasedOutcome::Acquired {
             acquisition,
@@ -185,13 +186,7 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
             deadline: Arc::new(renewal::Deadline::new(sent, req.lease)),
             ring: ring.cloned(),
         }),
-        LeasedOutcome::Replay(stored) => LeasedClaim::Replay(crate::at_rest::open(
-            ring,
-            req.tenant,
-            req.operation,
-            &req.key.digest(),
-            stored,
-        )?),
+        LeasedOutcome::Replay(stored) => LeasedClaim::Replay(opened(stored)?),
         LeasedOutcome::Mismatch => LeasedClaim::Mismatch,
         LeasedOutcome::Uncertain => LeasedClaim::Uncertain,
         LeasedOutcome::InFlight { retry_after } => LeasedClaim::InFlight {
@@ -429,7 +424,7 @@ impl<DB: LeaseBackend> Probe<DB> {
         found
             .filter(|(fingerprint, _)| fingerprint[..] == self.fingerprint.as_bytes()[..])
             .map(|(_, stored)| {
-                crate::at_rest::open(
+                open(
                     self.ring.as_ref(),
                     &self.tenant,
                     &self.operation,

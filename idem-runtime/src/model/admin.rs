@@ -100,3 +100,75 @@ pub enum InFlightRows {
     /// stopped, or when a second effect does not matter.
     Erase,
 }
+
+/// How [`crate::admin::rekey`] goes through the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RekeyOptions {
+    /// Rows read and re-sealed per page (at least 1).
+    pub batch: u32,
+    /// Also seal the answers stored in clear (before sealing was turned on).
+    pub seal_clear: bool,
+}
+
+impl Default for RekeyOptions {
+    /// 500 rows a page; clear answers left as they are.
+    fn default() -> Self {
+        RekeyOptions {
+            batch: 500,
+            seal_clear: false,
+        }
+    }
+}
+
+/// What a [`crate::admin::rekey`] did, so far (its progress) or in all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RekeyReport {
+    /// Answers re-sealed with the active key.
+    pub resealed: u64,
+    /// Answers that changed while they were re-sealed (the key ran again,
+    /// was purged or swept, or another rekey got there first): left as they
+    /// now are.
+    pub changed: u64,
+    /// Answers sealed with a key the ring lacks, by that key's id: left as
+    /// they are (add the key to the ring and run again).
+    pub unreadable: std::collections::BTreeMap<String, u64>,
+    /// Answers that did not open for their row (changed in the table by
+    /// someone else): left as they are, and never replayed.
+    pub broken: u64,
+    /// Pages read.
+    pub pages: u64,
+    /// Whether the progress callback stopped the run before the end.
+    pub stopped: bool,
+}
+
+impl RekeyReport {
+    /// Whether every answer that needed it was re-sealed: none left
+    /// unreadable or broken, and the run not stopped.
+    pub fn complete(&self) -> bool {
+        self.unreadable.is_empty() && self.broken == 0 && !self.stopped
+    }
+}
+
+/// How many finished rows hold an answer sealed with one key, or in clear
+/// (`key_id` `None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyUse {
+    /// The key's id; `None` for answers stored in clear.
+    pub key_id: Option<String>,
+    /// Finished rows.
+    pub rows: u64,
+}
+
+/// A finished row a rekey reads: its address and generation, its answer as
+/// stored, and its body as stored (what the re-seal checks is still there).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct ResealRow {
+    /// Tenant, operation and key digest: the row's primary key.
+    pub(crate) at: (String, String, KeyDigest),
+    pub(crate) generation: i64,
+    pub(crate) stored: super::StoredResponse,
+}

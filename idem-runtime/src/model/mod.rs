@@ -166,7 +166,10 @@ mod lease;
 mod stats;
 mod transition;
 
-pub use admin::{InFlightRows, KeyAddress, KeyRecord, PurgeError, TenantErasure};
+pub use admin::{
+    InFlightRows, KeyAddress, KeyRecord, KeyUse, PurgeError, RekeyOptions, RekeyReport, ResealRow,
+    TenantErasure,
+};
 pub use claim::{Claim, ClaimRequest, Execution, Finish, StoredResponse};
 pub use lease::{
     Acquisition, Fence, LeaseRequest, LeasedOutcome, OperationRow, Owned, OwnerToken, Renewal,

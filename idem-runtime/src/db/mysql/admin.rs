@@ -9,7 +9,7 @@ use super::upkeep::rfc3339;
 use super::{BEGIN_READ_COMMITTED, bound_lock_wait, is_lock_timeout, now_ms, restore_lock_wait};
 use crate::db::dialect::question_marks;
 use crate::db::restoring::Restoring;
-use crate::db::shared::{BindKey, PurgeSql, purge_row};
+use crate::db::shared::{BindKey, PurgeSql, SqlRekey, purge_row, rekey_sql};
 use crate::model::StoreError;
 use crate::model::{KeyAddress, KeyRecord, PurgeError};
 
@@ -119,4 +119,18 @@ pub(super) async fn tenant_rows(pool: &MySqlPool, tenant: &str) -> Result<u64, S
         .fetch_one(pool)
         .await?;
     Ok(crate::model::count(n))
+}
+
+/// The rekey on MySQL and MariaDB: the headers are JSON text, the key columns
+/// VARBINARY (read back as text).
+impl SqlRekey for MySql {
+    rekey_sql!(
+        key_id: "(CASE WHEN JSON_UNQUOTE(JSON_EXTRACT(response_headers, '$[0][0]')) = ':idem-sealed' \
+                 THEN JSON_UNQUOTE(JSON_EXTRACT(response_headers, '$[0][1]')) END)",
+        body: "response_body",
+        tenant: "CONVERT(tenant_id USING utf8mb4)",
+        operation: "CONVERT(operation USING utf8mb4)",
+        empty_digest: "''",
+        params: ["?", "?", "?", "?", "?", "?", "?"],
+    );
 }

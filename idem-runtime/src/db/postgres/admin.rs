@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::{Pool, Postgres};
 
 use crate::db::postgres::BEGIN_READ_COMMITTED;
-use crate::db::shared::{DELETE_SQL, PurgeSql, SqlAdmin, purge_row};
+use crate::db::shared::{DELETE_SQL, PurgeSql, SqlAdmin, SqlRekey, purge_row, rekey_sql};
 use crate::db::stores::Purge;
 use crate::model::StoreError;
 use crate::model::{KeyAddress, PurgeError};
@@ -75,6 +75,19 @@ impl SqlAdmin for Postgres {
 /// The key's state and generation, its row locked until the purge ends.
 const SELECT_FOR_UPDATE_SQL: &str = "SELECT state, generation FROM idempotency_requests \
       WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3 FOR UPDATE";
+
+/// The rekey on PostgreSQL: a sealed answer's key id is the second element of
+/// the headers' first pair.
+impl SqlRekey for Postgres {
+    rekey_sql!(
+        key_id: "(CASE WHEN response_headers->0->>0 = ':idem-sealed' THEN response_headers->0->>1 END)",
+        body: "response_body",
+        tenant: "tenant_id",
+        operation: "operation",
+        empty_digest: "''::bytea",
+        params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7"],
+    );
+}
 
 impl Purge for Postgres {
     /// Deletes the key's row in one transaction that first locks it (waiting at

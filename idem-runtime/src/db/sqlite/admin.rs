@@ -7,7 +7,7 @@ use sqlx::{Pool, Sqlite, SqliteConnection};
 
 use super::{is_busy, now_ms};
 use crate::db::restoring::Restoring;
-use crate::db::shared::{DELETE_SQL, PurgeSql, SqlAdmin, purge_row};
+use crate::db::shared::{DELETE_SQL, PurgeSql, SqlAdmin, SqlRekey, purge_row, rekey_sql};
 use crate::db::stores::Purge;
 use crate::model::{KeyAddress, PurgeError};
 use crate::model::{StoreError, millis};
@@ -82,6 +82,20 @@ impl SqlAdmin for Sqlite {
         "CASE WHEN $4 THEN CAST(response_body AS BLOB) END AS body ",
         "FROM idempotency_requests ",
         "WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3"
+    );
+}
+
+/// The rekey on SQLite: the headers are JSON text; a body written as text by
+/// an older release compares as its bytes.
+impl SqlRekey for Sqlite {
+    rekey_sql!(
+        key_id: "(CASE WHEN json_extract(response_headers, '$[0][0]') = ':idem-sealed' \
+                 THEN json_extract(response_headers, '$[0][1]') END)",
+        body: "CAST(response_body AS BLOB)",
+        tenant: "tenant_id",
+        operation: "operation",
+        empty_digest: "X''",
+        params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7"],
     );
 }
 

@@ -1,0 +1,130 @@
+//! `idem rekey`: re-seals stored answers under the key ring's active key
+//! (`idem_runtime::admin::rekey`), then says how many rows each key seals.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use idem_runtime::admin::{self, KeyUse, RekeyOptions, RekeyReport};
+use idem_runtime::{Backend, KeyRing};
+use serde::Serialize;
+use sqlx::Pool;
+
+use crate::Failure;
+use crate::output::{Table, to_json};
+
+#[derive(Debug, Serialize)]
+struct Rekeyed {
+    active_key: String,
+    resealed: u64,
+    changed: u64,
+    unreadable: std::collections::BTreeMap<String, u64>,
+    broken: u64,
+    /// Finished rows by key id (`null`: in clear), after the run.
+    rows_by_key: Vec<KeyRows>,
+}
+
+#[derive(Debug, Serialize)]
+struct KeyRows {
+    key_id: Option<String>,
+    rows: u64,
+}
+
+/// The ring of `file`, or of the environment.
+fn ring(file: Option<&Path>) -> Result<KeyRing, Failure> {
+    match file {
+        Some(path) => KeyRing::from_file(path).map_err(|e| Failure::Usage(e.to_string())),
+        None => KeyRing::from_env()
+            .map_err(|e| Failure::Usage(format!("IDEM_KEY_RING: {e}")))?
+            .ok_or_else(|| {
+                Failure::Usage(
+                    "idem rekey needs the key ring: set IDEM_KEY_RING (and IDEM_ACTIVE_KEY with \
+                     several keys), or give --key-ring-file"
+                        .to_owned(),
+                )
+            }),
+    }
+}
+
+/// Re-seals every answer that is not under the active key, one line of
+/// progress on stderr per page; rows left unreadable or broken are a refusal
+/// (exit 4) that names them, after the rest is re-sealed.
+pub(super) async fn rekey<DB: Backend>(
+    pool: &Pool<DB>,
+    json: bool,
+    batch_size: u32,
+    seal_clear: bool,
+    key_ring_file: Option<&Path>,
+) -> Result<String, Failure> {
+    let ring = ring(key_ring_file)?;
+    let mut options = RekeyOptions::default();
+    options.batch = batch_size;
+    options.seal_clear = seal_clear;
+    let report = admin::rekey(pool, &ring, options, |so_far| {
+        eprintln!(
+            "rekey: page {}: {} re-sealed, {} changed meanwhile, {} unreadable, {} broken",
+            so_far.pages,
+            so_far.resealed,
+            so_far.changed,
+            so_far.unreadable.values().sum::<u64>(),
+            so_far.broken
+        );
+        ControlFlow::Continue(())
+    })
+    .await?;
+    let used = admin::keys_in_use(pool).await?;
+    let result = Rekeyed {
+        active_key: ring.active_id().to_owned(),
+        resealed: report.resealed,
+        changed: report.changed,
+        unreadable: report.unreadable.clone(),
+        broken: report.broken,
+        rows_by_key: used
+            .into_iter()
+            .map(|KeyUse { key_id, rows, .. }| KeyRows { key_id, rows })
+            .collect(),
+    };
+    if !report.complete() {
+        return Err(Failure::Refused(left(&report)));
+    }
+    if json {
+        return to_json(&result);
+    }
+    let labels: Vec<String> = result
+        .rows_by_key
+        .iter()
+        .map(|used| match &used.key_id {
+            Some(id) => format!("rows under key {id}"),
+            None => "rows in clear".to_owned(),
+        })
+        .collect();
+    let mut pairs = vec![
+        ("active key", result.active_key.clone()),
+        ("re-sealed", result.resealed.to_string()),
+        ("changed meanwhile", result.changed.to_string()),
+    ];
+    for (label, used) in labels.iter().zip(&result.rows_by_key) {
+        pairs.push((label.as_str(), used.rows.to_string()));
+    }
+    Ok(Table::pairs(pairs).render())
+}
+
+/// What a run that could not re-seal everything says.
+fn left(report: &RekeyReport) -> String {
+    let mut parts = Vec::new();
+    for (key_id, rows) in &report.unreadable {
+        parts.push(format!(
+            "{rows} sealed with key {key_id:?}, which the ring lacks (add it and run again)"
+        ));
+    }
+    if report.broken > 0 {
+        parts.push(format!(
+            "{} that do not open for their row (changed in the table; they are never replayed)",
+            report.broken
+        ));
+    }
+    format!(
+        "re-sealed {} answers; left {}",
+        report.resealed,
+        parts.join("; ")
+    )
+}
