@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idem_runtime::admin::InFlightRows;
+use idem_runtime::admin::RekeyOptions;
 use idem_runtime::at_rest::{KeyRing, Zeroizing};
 use idem_runtime::lease::{Acquisition, LeaseBackend, LeaseError};
 use idem_runtime::reconcile::{Reconcile, Reconciler, Resolution, UncertainOutcome};
@@ -39,6 +40,7 @@ use idem_runtime::{
 };
 use redis::AsyncCommands;
 use serde_json::json;
+use std::ops::ControlFlow;
 use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
@@ -324,6 +326,95 @@ async fn sealed_answers_hold_no_plaintext_and_open_only_with_the_ring() {
     match s.claim(&lease_req(&unsure, HOUR)).await.unwrap() {
         LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_r")),
         other => panic!("expected the reconciled answer, got {other:?}"),
+    }
+}
+
+/// `RedisLeaseStore::rekey` moves the finished answers to the active key a
+/// batch at a time (a stopped run resumes), seals clear ones on request, names
+/// a key the ring lacks, and counts records per key; after it, the old key can
+/// go and every answer still replays.
+#[tokio::test]
+async fn rekey_moves_records_to_the_active_key_and_counts_them() {
+    let key_of = |id: &str, byte: u8| (id.to_owned(), Zeroizing::new(vec![byte; 32]));
+    let k1 = KeyRing::new("k1", [key_of("k1", 1)]).unwrap();
+    let rotated = KeyRing::new("k2", [key_of("k1", 1), key_of("k2", 2)]).unwrap();
+    let s = store("rekey").await.with_key_ring(k1);
+    let again = || async { store_on(conn().await, &prefix("rekey")).await.unwrap() };
+    let keys: Vec<IdempotencyKey> = (0..3)
+        .map(|n| IdempotencyKey::parse(format!("rekey-{n}")).unwrap())
+        .collect();
+    for (n, key) in keys.iter().enumerate() {
+        let lease = acquire(&s, key, HOUR).await;
+        lease.complete(&paid(&format!("ch_{n}"))).await.unwrap();
+    }
+    let clear = IdempotencyKey::parse("rekey-clear").unwrap();
+    acquire(&again().await, &clear, HOUR)
+        .await
+        .complete(&paid("ch_clear"))
+        .await
+        .unwrap();
+    let uses = |s: RedisLeaseStore| async move {
+        s.keys_in_use()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|u| (u.key_id, u.rows))
+            .collect::<Vec<_>>()
+    };
+    let on = |id: Option<&str>, n: u64| (id.map(str::to_owned), n);
+    let r = again().await.with_key_ring(rotated.clone());
+    let mut options = RekeyOptions::default();
+    options.batch = 1;
+
+    let stopped = r
+        .rekey(&rotated, options, |_| ControlFlow::Break(()))
+        .await
+        .unwrap();
+    assert!(
+        stopped.stopped && stopped.pages == 1 && stopped.resealed <= 1,
+        "{stopped:?}"
+    );
+    let rest = r
+        .rekey(&rotated, options, |_| ControlFlow::Continue(()))
+        .await
+        .unwrap();
+    assert_eq!(stopped.resealed + rest.resealed, 3, "{stopped:?} {rest:?}");
+    assert!(rest.complete(), "{rest:?}");
+    assert_eq!(uses(r.clone()).await, [on(None, 1), on(Some("k2"), 3)]);
+
+    // A ring without k2 names it and leaves the records.
+    let lacking = r
+        .rekey(
+            &KeyRing::new("k1", [key_of("k1", 1)]).unwrap(),
+            options,
+            |_| ControlFlow::Continue(()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(lacking.unreadable.get("k2"), Some(&3), "{lacking:?}");
+    assert_eq!(lacking.resealed, 0);
+
+    options.seal_clear = true;
+    let sealed = r
+        .rekey(&rotated, options, |_| ControlFlow::Continue(()))
+        .await
+        .unwrap();
+    assert_eq!(sealed.resealed, 1, "{sealed:?}");
+    assert_eq!(uses(r.clone()).await, [on(Some("k2"), 4)]);
+
+    // k1 retired: every answer replays.
+    let retired = again()
+        .await
+        .with_key_ring(KeyRing::new("k2", [key_of("k2", 2)]).unwrap());
+    for (n, key) in keys.iter().enumerate() {
+        match retired.claim(&lease_req(key, HOUR)).await.unwrap() {
+            LeasedClaim::Replay(stored) => assert_eq!(stored, paid(&format!("ch_{n}"))),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+    match retired.claim(&lease_req(&clear, HOUR)).await.unwrap() {
+        LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_clear")),
+        other => panic!("expected a replay, got {other:?}"),
     }
 }
 

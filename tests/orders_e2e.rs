@@ -1143,6 +1143,53 @@ async fn without_database_url_the_example_uses_an_embedded_sqlite_file() {
     assert_eq!(list.as_array().map(Vec::len), Some(1));
 }
 
+/// A key ring the example cannot use stops it at start, naming what is wrong
+/// and never a key's bytes.
+#[tokio::test]
+async fn an_unusable_key_ring_is_a_clear_startup_error() {
+    let db = SqliteDb::new().await;
+    let url = format!("sqlite://{}", db.path.display());
+    let (k1, k2) = (
+        "k1:MTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTE=",
+        "k2:MjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjI=",
+    );
+    let two = format!("{k1},{k2}");
+    let twice = format!("{k1},{k1}");
+    for (ring, active, says) in [
+        ("k1:c2hvcnQ=", "", "the key \"k1\" is 5 bytes long"),
+        (two.as_str(), "", "names none active"),
+        (
+            two.as_str(),
+            "k9",
+            "the active key \"k9\" is not in the key ring",
+        ),
+        (twice.as_str(), "k1", "the key id \"k1\" appears twice"),
+        ("k1:not base64!", "", "the key \"k1\" is not base64"),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            Command::new(common::example_binary("orders"))
+                .env("DATABASE_URL", &url)
+                .env("IDEM_ADDR", "127.0.0.1:0")
+                .env("IDEM_KEY_RING", ring)
+                .env("IDEM_ACTIVE_KEY", active)
+                .env("NO_COLOR", "1")
+                .output(),
+        )
+        .await
+        .expect("the example exits within 60 s")
+        .unwrap();
+        assert!(!out.status.success(), "{ring}: exited successfully");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("cannot use IDEM_KEY_RING"), "{text}");
+        assert!(text.contains(says), "expected {says:?} in\n{text}");
+        assert!(
+            !text.contains("MTExMTEx"),
+            "a key's bytes were logged:\n{text}"
+        );
+    }
+}
+
 /// A `DATABASE_URL` the example cannot use stops it at once with a clear error.
 #[tokio::test]
 async fn an_unusable_database_url_is_a_clear_startup_error() {

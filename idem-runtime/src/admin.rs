@@ -205,19 +205,17 @@ pub async fn rekey<DB: Backend>(
         .await?;
         for row in &page {
             let (tenant, operation, key) = &row.at;
-            let opened =
-                crate::at_rest::open(Some(ring), tenant, operation, key, row.stored.clone());
-            let clear = match opened {
-                Ok(clear) => clear,
-                Err(StoreError::SealKeyMissing { key_id }) => {
-                    *report.unreadable.entry(key_id).or_default() += 1;
-                    continue;
-                }
-                Err(StoreError::SealBroken) => {
-                    report.broken += 1;
-                    continue;
-                }
-                Err(e) => return Err(e),
+            let stored = row.stored.clone();
+            let Some(clear) = crate::at_rest::opened_to_reseal(
+                ring,
+                tenant,
+                operation,
+                key,
+                stored,
+                &mut report,
+            )?
+            else {
+                continue;
             };
             let at = crate::at_rest::RowId {
                 tenant,

@@ -530,6 +530,35 @@ pub(crate) fn open(
     ring.open(&row, key_id, &stored)
 }
 
+/// A rekey's open of one stored answer: the answer, or `None` when it cannot
+/// be opened and is to be left (counted in `report`: a key the ring lacks, or
+/// a seal that fails for its row).
+///
+/// # Errors
+///
+/// What [`open`] answers besides those two.
+pub(crate) fn opened_to_reseal(
+    ring: &KeyRing,
+    tenant: &str,
+    operation: &str,
+    key: &KeyDigest,
+    stored: StoredResponse,
+    report: &mut crate::model::RekeyReport,
+) -> Result<Option<StoredResponse>, StoreError> {
+    match open(Some(ring), tenant, operation, key, stored) {
+        Ok(clear) => Ok(Some(clear)),
+        Err(StoreError::SealKeyMissing { key_id }) => {
+            *report.unreadable.entry(key_id).or_default() += 1;
+            Ok(None)
+        }
+        Err(StoreError::SealBroken) => {
+            report.broken += 1;
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn usable_id(id: &str) -> bool {
     (1..=64).contains(&id.len())
         && id

@@ -89,6 +89,24 @@ impl Layout {
         format!("{}:abandoned:{token}", self.shard_base(operation, shard))
     }
 
+    /// A `SCAN` pattern for every record under the prefix: `P:{*}:r:*`.
+    pub(super) fn all_records(&self) -> String {
+        format!("{}:{{*}}:r:*", glob_literal(&self.prefix))
+    }
+
+    /// The operation and key digest a record's name holds (`P:{O:s}:r:T:D`),
+    /// if it is one of idem's.
+    pub(super) fn record_of(&self, name: &str) -> Option<(String, crate::key::KeyDigest)> {
+        let rest = name.strip_prefix(&*self.prefix)?.strip_prefix(":{")?;
+        let (tag, member) = rest.split_once("}:r:")?;
+        let (operation, _shard) = tag.rsplit_once(':')?;
+        let (_tenant, digest) = member.rsplit_once(':')?;
+        Some((
+            unescape(operation)?,
+            crate::key::KeyDigest::from_hex(digest).ok()?,
+        ))
+    }
+
     /// A `SCAN` pattern for every record of `tenant`, in every operation and
     /// shard: `P:{*}:r:T:*`. The operation and shard are escaped (no `{`, `}`
     /// or `:`), so `{*}` is exactly one record's tag; the escaped tenant holds
@@ -100,6 +118,21 @@ impl Layout {
             escape(tenant)
         )
     }
+}
+
+/// The inverse of [`escape`]; `None` for text `escape` never writes.
+pub(super) fn unescape(part: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(part.len());
+    let mut bytes = part.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// `text` as a `SCAN` pattern that matches it literally: `*`, `?`, `[`, `]`
@@ -125,6 +158,21 @@ mod tests {
         assert_eq!(escape("a:b"), "a%3Ab");
         assert_eq!(escape("{x}"), "%7Bx%7D");
         assert_ne!(member("a:b", "d"), member("a", "b:d"));
+    }
+
+    #[test]
+    fn a_record_name_gives_back_its_operation_and_digest() {
+        let l = Layout {
+            prefix: "p:x".into(),
+        };
+        let digest = "c0ffee".repeat(10) + "c0ff";
+        let name = l.record("a:b", "pay/now {1}", &digest);
+        let (operation, key) = l.record_of(&name).unwrap();
+        assert_eq!(operation, "pay/now {1}");
+        assert_eq!(key.to_string(), digest);
+        assert_eq!(unescape(&escape("ü %2F:")).as_deref(), Some("ü %2F:"));
+        assert_eq!(unescape("%4"), None);
+        assert_eq!(l.record_of("p:x:{op:0}:abandoned:t"), None);
     }
 
     #[test]

@@ -62,6 +62,7 @@ mod erasure;
 mod lanes;
 mod layout;
 mod listing;
+mod rekey;
 mod scripts;
 
 pub use acks::NotReplicated;
@@ -124,6 +125,7 @@ struct Scripts {
     prune: Script,
     abandon: Script,
     erase: Script,
+    rekey: Script,
 }
 
 fn redis_err(e: redis::RedisError) -> StoreError {
@@ -319,6 +321,7 @@ impl RedisLeaseStore {
                 prune: Script::new(scripts::PRUNE),
                 abandon: Script::new(scripts::ABANDON),
                 erase: Script::new(scripts::ERASE),
+                rekey: Script::new(scripts::REKEY),
             }),
             acks: None,
             lanes: Arc::new(Lanes::new(opener)),
@@ -558,6 +561,36 @@ fn stored_from(
     Ok(crate::at_rest::noted(stored, generation))
 }
 
+/// A finished record's answer, its generation, and one more of its fields.
+struct Finished {
+    field: String,
+    generation: i64,
+    stored: StoredResponse,
+}
+
+impl RedisLeaseStore {
+    /// The record at `name` with `field`, if it holds a finished answer.
+    async fn finished(&self, name: &str, field: &str) -> Result<Option<Finished>, StoreError> {
+        let r: Vec<Value> = redis::cmd("HMGET")
+            .arg(name)
+            .arg(&["state", field, "status", "headers", "body", "gen"])
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        let [state, value, status, headers, body, generation] = &r[..] else {
+            return Err(corrupt("HMGET"));
+        };
+        if !matches!(text(state).as_deref(), Some("completed" | "failed")) {
+            return Ok(None);
+        }
+        Ok(Some(Finished {
+            field: text(value).ok_or_else(|| corrupt(field))?,
+            generation: int(generation).ok_or_else(|| corrupt("generation"))?,
+            stored: stored_from(status, headers, body, generation)?,
+        }))
+    }
+}
+
 impl crate::db::leases::sealed::Sealed for Redis {}
 
 impl LeaseBackend for Redis {
@@ -767,24 +800,11 @@ impl LeaseBackend for Redis {
         key: &KeyDigest,
     ) -> Result<Option<(Vec<u8>, StoredResponse)>, StoreError> {
         let name = store.layout.record(tenant, operation, &key.to_string());
-        let r: Vec<Value> = redis::cmd("HMGET")
-            .arg(&name)
-            .arg(&["state", "fp", "status", "headers", "body", "gen"])
-            .query_async(&mut store.conn.clone())
-            .await
-            .map_err(redis_err)?;
-        let [state, fp, status, headers, body, generation] = &r[..] else {
-            return Err(corrupt("HMGET"));
+        let Some(found) = store.finished(&name, "fp").await? else {
+            return Ok(None);
         };
-        match text(state).as_deref() {
-            Some("completed" | "failed") => {
-                let fp = text(fp)
-                    .and_then(|f| hex::decode(f).ok())
-                    .ok_or_else(|| corrupt("fingerprint"))?;
-                Ok(Some((fp, stored_from(status, headers, body, generation)?)))
-            }
-            _ => Ok(None),
-        }
+        let fp = hex::decode(&found.field).map_err(|_| corrupt("fingerprint"))?;
+        Ok(Some((fp, found.stored)))
     }
 
     // A long operation's resource (`crate::operations`): one read-only script,

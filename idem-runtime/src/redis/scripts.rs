@@ -269,3 +269,17 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 "#
 );
+
+/// KEYS: record. ARGV: the generation and the body the rekey read, then the
+/// re-sealed headers and body. Writes them only over the same finished
+/// execution's same answer (run again, purged or re-sealed meanwhile: 0); the
+/// record's expiry stays. Answers 1 when it wrote.
+pub(super) const REKEY: &str = on_record!(
+    r#"
+if not rec then return 0 end
+if (rec.state ~= 'completed' and rec.state ~= 'failed') or int(rec.gen) ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'body') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'headers', ARGV[3], 'body', ARGV[4])
+return 1
+"#
+);
