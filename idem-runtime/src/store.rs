@@ -14,7 +14,7 @@
 
 use sqlx::{Pool, Transaction};
 
-use crate::at_rest::{KeyRing, open};
+use crate::at_rest::{KeyRing, open_replay};
 use crate::db::Backend;
 use crate::model::{Claim, ClaimRequest, Execution, StoreError, StoredResponse};
 
@@ -86,7 +86,7 @@ async fn claim_sealed<DB: Backend>(
     ring: Option<&KeyRing>,
 ) -> Result<Claim, StoreError> {
     crate::model::refuse_under_a_millisecond(req.retention, None)?;
-    let opened = |stored| open(ring, req.tenant, req.operation, &req.key.digest(), stored);
+    let opened = |stored| open_replay(ring, req.tenant, req.operation, req.key, stored);
     Ok(match DB::claim(&mut **tx, req).await? {
         Claim::Replay(stored) => Claim::Replay(opened(stored)?),
         Claim::Execute(mut execution) => {

@@ -62,13 +62,7 @@ impl Scope<'_> {
         ring: Option<&crate::at_rest::KeyRing>,
         stored: StoredResponse,
     ) -> Result<StoredResponse, StoreError> {
-        crate::at_rest::open(
-            ring,
-            self.tenant,
-            self.spec.operation,
-            &self.key.digest(),
-            stored,
-        )
+        crate::at_rest::open_replay(ring, self.tenant, self.spec.operation, self.key, stored)
     }
 
     pub(super) fn lease_len(&self) -> Duration {

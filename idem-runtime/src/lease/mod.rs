@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::at_rest::{KeyRing, open};
+use crate::at_rest::{KeyRing, open, open_replay};
 use crate::db::Backend;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyDigest};
@@ -166,7 +166,7 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
     // The lease is measured from the claim's send time: the store starts it no
     // earlier than it receives the claim.
     let sent = tokio::time::Instant::now();
-    let opened = |stored| open(ring, req.tenant, req.operation, &req.key.digest(), stored);
+    let opened = |stored| open_replay(ring, req.tenant, req.operation, req.key, stored);
     Ok(match DB::lease_claim(store, req).await? {
         LeasedOutcome::Acquired {
             acquisition,
