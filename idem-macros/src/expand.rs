@@ -46,6 +46,9 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return quote!(#item #msg);
         }
     };
+    if crate::validate::is_grpc_method(&func) {
+        return crate::expand_grpc::idempotent_method(args, func);
+    }
     let mut errors = Errors::default();
     let (raw, written) = crate::parse::parse_args(args, &mut errors);
     let config = crate::validate::validate(raw, &written, &func, &mut errors);

@@ -3,6 +3,7 @@
 
 mod errors;
 mod expand;
+mod expand_grpc;
 mod parse;
 #[cfg(test)]
 mod surface;

@@ -75,6 +75,23 @@ fn handlers(items: &[syn::Item], out: &mut Vec<(TokenStream, TokenStream)>) {
                     handlers(items, out);
                 }
             }
+            // gRPC methods, in a service's `impl`.
+            syn::Item::Impl(i) => {
+                let methods: Vec<syn::Item> = i
+                    .items
+                    .iter()
+                    .filter_map(|item| match item {
+                        syn::ImplItem::Fn(m) => Some(syn::Item::Fn(syn::ItemFn {
+                            attrs: m.attrs.clone(),
+                            vis: m.vis.clone(),
+                            sig: m.sig.clone(),
+                            block: Box::new(m.block.clone()),
+                        })),
+                        _ => None,
+                    })
+                    .collect();
+                handlers(&methods, out);
+            }
             _ => {}
         }
     }

@@ -117,6 +117,9 @@ mod decide;
 mod executions;
 pub mod fingerprint;
 mod flight;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 mod handler;
 pub mod key;
 pub mod lease;

@@ -22,6 +22,9 @@ pub use axum::response::Response;
 pub use inventory;
 pub use std::boxed::Box;
 pub use std::time::Duration;
+/// What a gRPC method's expansion calls.
+#[cfg(feature = "grpc")]
+pub use crate::grpc::support as grpc;
 
 use crate::db::Tx;
 use crate::fingerprint::FingerprintBody;

@@ -83,6 +83,7 @@ grammar! {
         lease: Optional<Text> = "\"30s\"",
         lease_ceiling: Optional<Text> = "\"5m\"",
         accepted: Flag,
+        key: Optional<Text> = "\"metadata\"",
         krate as "crate": Optional<Text> = "\"::idem_runtime\"",
     }
 }

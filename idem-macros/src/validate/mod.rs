@@ -17,12 +17,16 @@ use crate::parse::{RawArgs, Written};
 
 mod extractors;
 mod fingerprint;
+mod grpc;
 mod options;
 mod parameters;
 mod signature;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub use grpc::async_trait_output;
+pub use grpc::{GrpcConfig, Key, is_grpc_method, validate_grpc};
 pub use signature::is_idempotent_attr;
 
 /// A checked attribute, ready to expand.
@@ -85,6 +89,12 @@ pub fn validate(
     signature::check_written_once(func, errors);
     signature::check_signature(sig, errors);
     let options = options::check_options(&args, written, errors);
+    if let Some(key) = args.key.as_ref() {
+        errors.push_at(
+            key.span(),
+            "`key` names where a gRPC method's key comes from; an HTTP handler's key is the `Idempotency-Key` header: remove `key`",
+        );
+    }
     let params = parameters::check_parameters(&args, written, sig, errors);
     let (body_param, maybe_body) = parameters::check_body(sig, &params, errors);
     let body = fingerprint::Body {

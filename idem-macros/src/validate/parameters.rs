@@ -144,7 +144,7 @@ pub(super) fn check_parameters(
 /// The `&mut` parameter: the handle, recognised by its name, `Tx` or `Lease`,
 /// which also picks the mode (a wrong type is one error here, not type errors
 /// in the expansion and at the router). `true` when it is the handle.
-fn check_handle(
+pub(super) fn check_handle(
     arg: &syn::PatType,
     r: &syn::TypeReference,
     leased: bool,
@@ -208,7 +208,7 @@ fn names_its_database(ty: &syn::Type) -> bool {
 
 /// A parameter marked `#[tenant]` (not the handle): `true` when it is the
 /// tenant.
-fn check_tenant(
+pub(super) fn check_tenant(
     arg: &syn::PatType,
     attr: &syn::Attribute,
     class: Class,

@@ -36,7 +36,7 @@ pub(super) fn check_signature(sig: &Signature, errors: &mut Errors) {
     }
 }
 
-fn check_qualifiers(sig: &Signature, errors: &mut Errors) {
+pub(super) fn check_qualifiers(sig: &Signature, errors: &mut Errors) {
     let name = &sig.ident;
     if sig.asyncness.is_none() {
         errors.push_spanned(
@@ -64,7 +64,7 @@ fn check_qualifiers(sig: &Signature, errors: &mut Errors) {
     }
 }
 
-fn check_generics(generics: &Generics, errors: &mut Errors) {
+pub(super) fn check_generics(generics: &Generics, errors: &mut Errors) {
     for param in &generics.params {
         match param {
             GenericParam::Lifetime(l) => errors.push_spanned(

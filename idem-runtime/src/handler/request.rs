@@ -122,6 +122,29 @@ impl<DB: LeaseBackend, const HEADERS: bool> IdemRequest<DB, HEADERS> {
     }
 }
 
+impl<DB: LeaseBackend, const HEADERS: bool> IdemRequest<DB, HEADERS> {
+    /// A request that did not come through axum's extractors (a gRPC call):
+    /// its path stands for the route, and `headers` are kept only when
+    /// `HEADERS` says the operation fingerprints some.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn from_parts(
+        idem: Idem<DB>,
+        key: IdempotencyKey,
+        method: Method,
+        uri: axum::http::Uri,
+        headers: impl FnOnce() -> HeaderMap,
+    ) -> Self {
+        IdemRequest {
+            idem,
+            key,
+            method,
+            route: None,
+            uri,
+            headers: if HEADERS { headers() } else { HeaderMap::new() },
+        }
+    }
+}
+
 impl<S, DB, const HEADERS: bool> FromRequestParts<S> for IdemRequest<DB, HEADERS>
 where
     DB: LeaseBackend,

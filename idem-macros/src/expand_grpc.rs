@@ -1,0 +1,380 @@
+//! Expand a tonic service method: the signature tonic declares (`&self`, the
+//! request; as `#[tonic::async_trait]` wrote it when it ran first), and a body
+//! that reads the key and the parameters from the call, fingerprints the
+//! message, and runs the method's own body under the promise through the same
+//! pipeline as an HTTP handler.
+//!
+//! ```text
+//! async fn name(&self, __idem_call: Request<M>) -> R {   // or async_trait's form
+//!     let __idem_this = service(self);                   // Clone: the work runs on a task
+//!     static __IDEM_SPEC: OperationSpec = ...;
+//!     let __idem_request = request::<Db, HEADERS, _, _>(&__idem_this, &__idem_call, ..)?;
+//!     let __idem_p1 = param::<Extension<Caller>, _>(&__idem_call)?;
+//!     let __idem_tenant = tenant_id::<Extension<Caller>>(&__idem_p1);
+//!     let __idem_fingerprint = start_fingerprint(..).and_then(<the message>);
+//!     let handler = handler_for(&__idem_request, move |__idem_tx| Box::pin(async move {
+//!         let __idem_self = &__idem_this;                // `self` in the body
+//!         let <the user's patterns> = ...;
+//!         outcome(<the user's body>.await)
+//!     }));
+//!     answer(run(__idem_request, &__IDEM_SPEC, tenant, fingerprint, handler).await).await
+//! }
+//! ```
+
+use std::collections::BTreeSet;
+
+use proc_macro2::{Group, Ident, Span, TokenStream, TokenTree};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::{FnArg, ItemFn, Pat, Signature};
+
+use crate::errors::Errors;
+use crate::validate::{BodyPrint, GrpcConfig, Key, Tenant, is_idempotent_attr};
+
+/// The method's expansion, or its errors beside a stub with tonic's signature.
+pub fn idempotent_method(args: TokenStream, func: ItemFn) -> TokenStream {
+    let mut errors = Errors::default();
+    let (raw, written) = crate::parse::parse_args(args, &mut errors);
+    let config = crate::validate::validate_grpc(raw, &written, &func, &mut errors);
+    match config {
+        Some(config) if errors.is_empty() => expand(&config, func),
+        _ => refused(func, &errors),
+    }
+}
+
+/// The errors, and the method with tonic's signature and no body, so that
+/// the `impl` adds no error of its own.
+fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
+    let errors = errors.to_compile_errors();
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = &func;
+    let attrs = attrs.iter().filter(|a| !is_idempotent_attr(a));
+    let sig = tonic_signature(sig);
+    quote! {
+        #errors
+        #(#attrs)*
+        #[allow(unused_variables)]
+        #vis #sig {
+            ::core::unreachable!("`#[idempotent]` refused this method")
+        }
+    }
+}
+
+/// The signature tonic declares: the receiver and the request (renamed
+/// `__idem_call`), without the parameters idem reads from the call, and, in
+/// async_trait's form, without the lifetimes only those parameters had.
+fn tonic_signature(sig: &Signature) -> Signature {
+    let mut out = sig.clone();
+    let last = sig.inputs.len().saturating_sub(1);
+    let mut dropped = BTreeSet::new();
+    out.inputs = sig
+        .inputs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, arg)| match arg {
+            FnArg::Receiver(_) => Some(arg.clone()),
+            FnArg::Typed(t) if i == last => {
+                let mut t = t.clone();
+                t.attrs.clear();
+                t.pat = Box::new(syn::parse_quote!(__idem_call));
+                Some(FnArg::Typed(t))
+            }
+            FnArg::Typed(t) => {
+                lifetimes(t.ty.to_token_stream(), &mut dropped);
+                None
+            }
+        })
+        .collect();
+    if sig.asyncness.is_none() && !dropped.is_empty() {
+        out.generics.params = out
+            .generics
+            .params
+            .into_iter()
+            .filter(|p| !matches!(p, syn::GenericParam::Lifetime(l) if dropped.contains(&l.lifetime.ident.to_string())))
+            .collect();
+        if let Some(w) = out.generics.where_clause.as_mut() {
+            w.predicates = w
+                .predicates
+                .clone()
+                .into_iter()
+                .filter(|p| !matches!(p, syn::WherePredicate::Lifetime(l) if dropped.contains(&l.lifetime.ident.to_string())))
+                .collect();
+        }
+    }
+    out
+}
+
+/// The lifetimes named in `tokens`.
+fn lifetimes(tokens: TokenStream, out: &mut BTreeSet<String>) {
+    let mut quote_seen = false;
+    for t in tokens {
+        match t {
+            TokenTree::Punct(p) if p.as_char() == '\'' => {
+                quote_seen = true;
+                continue;
+            }
+            TokenTree::Ident(i) if quote_seen => {
+                out.insert(i.to_string());
+            }
+            TokenTree::Group(g) => lifetimes(g.stream(), out),
+            _ => {}
+        }
+        quote_seen = false;
+    }
+}
+
+/// `self` in the method's body, as `__idem_self` (a `&Self` to the service's
+/// clone the task owns); `self::` paths stay.
+fn replace_self(tokens: TokenStream) -> TokenStream {
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    let mut out = Vec::with_capacity(trees.len());
+    for (i, t) in trees.iter().enumerate() {
+        match t {
+            TokenTree::Ident(id) if id == "self" => {
+                let path = matches!(trees.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+                if path {
+                    out.push(t.clone());
+                } else {
+                    out.push(TokenTree::Ident(Ident::new("__idem_self", id.span())));
+                }
+            }
+            TokenTree::Group(g) => {
+                let mut ng = Group::new(g.delimiter(), replace_self(g.stream()));
+                ng.set_span(g.span());
+                out.push(TokenTree::Group(ng));
+            }
+            _ => out.push(t.clone()),
+        }
+    }
+    out.into_iter().collect()
+}
+
+fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
+    let rt = match &config.krate {
+        None => quote!(::idem_runtime::__private),
+        Some(path) => quote!(#path::__private),
+    };
+    let sig = &func.sig;
+    let output = &config.output;
+    let typed = |i: usize| match &sig.inputs[i] {
+        FnArg::Typed(t) => t,
+        FnArg::Receiver(_) => unreachable!("validated: not the receiver"),
+    };
+
+    // The backend, named once by the handle's type.
+    let handle = match &*typed(config.tx).ty {
+        syn::Type::Reference(r) => (*r.elem).clone(),
+        _ => unreachable!("validated: the handle is a reference"),
+    };
+    let (handle_trait, boxer) = if config.lease.is_some() {
+        (quote!(LeaseHandle), quote!(leased_handler_for))
+    } else {
+        (quote!(TxHandle), quote!(handler_for))
+    };
+    let db = quote!(<#handle as #rt::#handle_trait>::Db);
+    let headers_flag = !config.headers.is_empty();
+
+    // The key.
+    let key_source = match &config.key {
+        Key::Metadata => quote!(#rt::grpc::KeySource::Metadata, ::core::option::Option::None),
+        Key::Field(f, span) => {
+            let field = Ident::new(f, *span);
+            let read = quote_spanned!(*span=> __idem_call.get_ref().#field.as_str());
+            quote!(#rt::grpc::KeySource::Field(#f), ::core::option::Option::Some(#read))
+        }
+    };
+
+    // The parameters read from the call, and their bindings in the task.
+    let mut reads = Vec::new();
+    let mut binds = Vec::new();
+    for (i, arg) in sig.inputs.iter().enumerate() {
+        let FnArg::Typed(t) = arg else { continue };
+        let pat = strip_attrs(&t.pat);
+        if i == config.request {
+            binds.push(quote!(let #pat = __idem_call;));
+        } else if i == config.tx {
+            binds.push(quote!(let #pat = __idem_handle;));
+        } else {
+            let ty = &t.ty;
+            let var = format_ident!("__idem_p{}", i);
+            reads.push(quote! {
+                let #var = match #rt::grpc::param::<#ty, _>(&__idem_call) {
+                    ::core::result::Result::Ok(v) => v,
+                    ::core::result::Result::Err(status) => return ::core::result::Result::Err(status),
+                };
+            });
+            binds.push(quote!(let #pat = #var;));
+        }
+    }
+    let tenant = match config.tenant {
+        Tenant::Single => quote!(#rt::single_tenant()),
+        Tenant::Param(i) => {
+            let ty = &typed(i).ty;
+            let var = format_ident!("__idem_p{}", i);
+            quote!(#rt::tenant_id::<#ty>(&#var))
+        }
+    };
+
+    // The message's part of the fingerprint.
+    let print = match (&config.body, &config.key) {
+        (BodyPrint::Whole(_), Key::Field(f, span)) => {
+            let field = Ident::new(f, *span);
+            quote!(.and_then(|__idem_fp| #rt::grpc::message_without(__idem_fp, __idem_call.get_mut(), |__idem_m| &mut __idem_m.#field)))
+        }
+        (BodyPrint::Whole(_), Key::Metadata) => {
+            quote!(.and_then(|__idem_fp| #rt::grpc::message(__idem_fp, __idem_call.get_ref())))
+        }
+        (BodyPrint::Fields(_, fields), _) => {
+            let copies = fields.iter().map(|(segments, span)| {
+                let field = Ident::new(&segments[0], *span);
+                quote_spanned!(*span=> __idem_p.#field = ::core::clone::Clone::clone(&__idem_m.#field);)
+            });
+            quote!(.and_then(|__idem_fp| #rt::grpc::message(__idem_fp, &#rt::grpc::projection(__idem_call.get_ref(), |__idem_m, __idem_p| { #(#copies)* }))))
+        }
+        _ => quote!(),
+    };
+
+    // The method's own body, as a future of `R`.
+    let block = replace_self(func.block.to_token_stream());
+    let body = if config.desugared {
+        // async_trait's body is the boxed future already.
+        quote!((#block).await)
+    } else {
+        quote! {
+            async move {
+                if let ::core::option::Option::Some(__ret) = ::core::option::Option::None::<#output> {
+                    #[allow(unreachable_code)]
+                    return __ret;
+                }
+                let __ret: #output = #block;
+                #[allow(unreachable_code)]
+                __ret
+            }
+            .await
+        }
+    };
+
+    let spec = spec(config, &rt);
+    let common = quote! {
+        if let ::core::option::Option::Some(__ret) = ::core::option::Option::None::<#output> {
+            #[allow(unreachable_code)]
+            return __ret;
+        }
+        #spec
+        #[allow(unused_mut)]
+        let mut __idem_call = __idem_call;
+        let __idem_request = match #rt::grpc::request::<#db, #headers_flag, _, _>(
+            &__idem_this, &__idem_call, &__IDEM_SPEC, #key_source,
+        ) {
+            ::core::result::Result::Ok(r) => r,
+            ::core::result::Result::Err(status) => return ::core::result::Result::Err(status),
+        };
+        #(#reads)*
+        let __idem_tenant = #tenant;
+        let __idem_fingerprint = #rt::start_fingerprint(&__idem_request, &__IDEM_SPEC, &__idem_tenant) #print;
+        let __idem_handler = #rt::#boxer(&__idem_request, move |__idem_handle| {
+            #rt::Box::pin(async move {
+                #[allow(unused_variables)]
+                let __idem_self = &__idem_this;
+                #(#binds)*
+                let __idem_out: #output = #body;
+                #rt::grpc::outcome(__idem_out)
+            })
+        });
+        #rt::grpc::answer(
+            #rt::run(__idem_request, &__IDEM_SPEC, __idem_tenant, __idem_fingerprint, __idem_handler).await,
+        )
+        .await
+    };
+    let receiver_span = sig
+        .inputs
+        .first()
+        .map(syn::spanned::Spanned::span)
+        .unwrap_or_else(Span::call_site);
+    let this = quote_spanned!(receiver_span=> let __idem_this = #rt::grpc::service(self););
+    let new_block = if config.desugared {
+        quote!({ #this #rt::Box::pin(async move { #common }) })
+    } else {
+        quote!({ #this #common })
+    };
+    let mut out = func.clone();
+    out.attrs.retain(|a| !is_idempotent_attr(a));
+    out.sig = tonic_signature(sig);
+    *out.block = syn::parse2(new_block).expect("the generated block parses");
+    quote!(#out)
+}
+
+/// A parameter's pattern without the attributes only the attribute reads.
+fn strip_attrs(pat: &Pat) -> TokenStream {
+    match pat {
+        Pat::Ident(p) => {
+            let mut p = p.clone();
+            p.attrs.clear();
+            p.to_token_stream()
+        }
+        other => other.to_token_stream(),
+    }
+}
+
+fn spec(config: &GrpcConfig, rt: &TokenStream) -> TokenStream {
+    let duration = |d: std::time::Duration| {
+        let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+        quote!(#rt::Duration::new(#secs, #nanos))
+    };
+    let opt = |d: Option<std::time::Duration>| match d {
+        Some(d) => {
+            let d = duration(d);
+            quote!(::core::option::Option::Some(#d))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let operation = &config.operation;
+    let retention = duration(config.retention);
+    let in_flight_wait = opt(config.in_flight_wait);
+    let lease = opt(config.lease);
+    let lease_ceiling = opt(config.lease_ceiling);
+    let headers = &config.headers;
+    quote! {
+        static __IDEM_SPEC: #rt::OperationSpec = #rt::OperationSpec {
+            operation: #operation,
+            retention: #retention,
+            in_flight_wait: #in_flight_wait,
+            fingerprint_headers: &[#(#headers),*],
+            lease: #lease,
+            lease_ceiling: #lease_ceiling,
+            accepted: false,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_becomes_the_tasks_service_and_self_paths_stay() {
+        let out = replace_self(quote!(self.pool.get(self::X, f(self))));
+        assert_eq!(
+            out.to_string(),
+            quote!(__idem_self.pool.get(self::X, f(__idem_self))).to_string()
+        );
+    }
+
+    #[test]
+    fn async_traits_form_keeps_tonics_lifetimes_only() {
+        let sig: Signature = syn::parse_quote! {
+            fn create_order<'life0, 'life1, 'async_trait>(&'life0 self, #[tenant] caller: Extension<Caller>, tx: &'life1 mut Tx<Sqlite>, request: Request<M>)
+                -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = Result<Response<O>, Status>> + ::core::marker::Send + 'async_trait>>
+                where 'life0: 'async_trait, 'life1: 'async_trait, Self: 'async_trait
+        };
+        let out = tonic_signature(&sig);
+        let text = out.to_token_stream().to_string();
+        assert!(text.contains("< 'life0 , 'async_trait >"), "{text}");
+        assert!(!text.contains("'life1"), "{text}");
+        assert!(text.contains("(& 'life0 self , __idem_call : Request < M >)"), "{text}");
+        assert_eq!(
+            crate::validate::async_trait_output(&sig).unwrap().to_token_stream().to_string(),
+            "Result < Response < O > , Status >"
+        );
+    }
+}

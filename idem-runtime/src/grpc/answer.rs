@@ -1,0 +1,370 @@
+//! A method's result as the pipeline stores it, and the pipeline's answer as
+//! tonic sends it.
+//!
+//! The pipeline speaks HTTP responses (the stores keep a status, headers and a
+//! body), so a gRPC result travels as one: a message is `200` with its prost
+//! encoding as the body; a status is its HTTP code with a small JSON body
+//! (code, message, the binary details). Both are told apart from idem's own
+//! answers (problem documents) by their content type, and turned back into a
+//! message or a status on the way out.
+
+use std::time::Duration;
+
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use http_body_util::BodyExt as _;
+use serde::{Deserialize, Serialize};
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, PreconditionViolation, StatusExt as _};
+
+use super::{ERROR_DOMAIN, REPLAYED_METADATA, is_stored, reason};
+use crate::handler::HandlerOutcome;
+use crate::lease::Uncertain;
+use crate::problem;
+use crate::response::REPLAYED_HEADER;
+
+/// The content type of a stored message: its prost encoding.
+const MESSAGE_TYPE: &str = "application/grpc+proto";
+/// The content type of a stored status: [`StoredStatus`] as JSON.
+const STATUS_TYPE: &str = "application/vnd.idem.grpc-status+json";
+/// The status metadata entry [`uncertain`] sets.
+const UNCERTAIN_METADATA: &str = "x-idem-uncertain";
+
+/// A status as it is stored.
+#[derive(Serialize, Deserialize)]
+struct StoredStatus {
+    code: i32,
+    message: String,
+    /// `grpc-status-details-bin`: a `google.rpc.Status`, base64.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    details: String,
+}
+
+/// What a leased method returns when it cannot know whether its effect
+/// happened (the provider timed out after it may have charged): the key's
+/// outcome becomes uncertain, retries get `ABORTED` with
+/// [`reason::OUTCOME_UNCERTAIN`] and `RetryInfo` until a reconciler settles it,
+/// and the method never runs again for it meanwhile. As [`crate::Uncertain`]
+/// for an HTTP handler.
+///
+/// ```
+/// let status = idem_runtime::grpc::uncertain("the payment provider timed out");
+/// assert_eq!(status.code(), tonic::Code::Unknown);
+/// ```
+pub fn uncertain(detail: impl Into<String>) -> Status {
+    let mut status = Status::unknown(detail);
+    status
+        .metadata_mut()
+        .insert(UNCERTAIN_METADATA, MetadataValue::from_static("1"));
+    status
+}
+
+/// The HTTP status a gRPC code corresponds to (gRPC's own mapping, with `499`
+/// for `CANCELLED`): what a stored status is kept as, and what `idem show`
+/// prints.
+pub fn http_status(code: Code) -> StatusCode {
+    let n = match code {
+        Code::Ok => 200,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => 400,
+        Code::Unauthenticated => 401,
+        Code::PermissionDenied => 403,
+        Code::NotFound => 404,
+        Code::AlreadyExists | Code::Aborted => 409,
+        Code::ResourceExhausted => 429,
+        Code::Cancelled => 499,
+        Code::Unimplemented => 501,
+        Code::Unavailable => 503,
+        Code::DeadlineExceeded => 504,
+        Code::Unknown | Code::Internal | Code::DataLoss => 500,
+    };
+    StatusCode::from_u16(n).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// A method's result as the pipeline settles it: a message and the statuses
+/// [`is_stored`] names are stored; the others roll back (or release the lease);
+/// an [`uncertain`] status marks the outcome uncertain.
+pub(crate) fn outcome<T: prost::Message>(
+    result: Result<tonic::Response<T>, Status>,
+) -> HandlerOutcome {
+    match result {
+        Ok(response) => HandlerOutcome::ok(
+            (
+                [(CONTENT_TYPE, HeaderValue::from_static(MESSAGE_TYPE))],
+                response.get_ref().encode_to_vec(),
+            )
+                .into_response(),
+        ),
+        Err(status) if status.metadata().contains_key(UNCERTAIN_METADATA) => {
+            HandlerOutcome::ok(Uncertain::new(status.message()).into_response())
+        }
+        Err(status) => {
+            let stored = StoredStatus {
+                code: status.code() as i32,
+                message: status.message().to_owned(),
+                details: if status.details().is_empty() {
+                    String::new()
+                } else {
+                    base64::engine::general_purpose::STANDARD.encode(status.details())
+                },
+            };
+            let response = (
+                http_status(status.code()),
+                [(CONTENT_TYPE, HeaderValue::from_static(STATUS_TYPE))],
+                serde_json::to_vec(&stored).unwrap_or_default(),
+            )
+                .into_response();
+            if is_stored(status.code()) {
+                HandlerOutcome::ok(response)
+            } else {
+                HandlerOutcome::err(response)
+            }
+        }
+    }
+}
+
+/// What idem's problem documents hold that a status needs.
+#[derive(Deserialize)]
+struct ProblemBody {
+    #[serde(rename = "type")]
+    type_uri: String,
+    title: String,
+    #[serde(default)]
+    detail: Option<String>,
+}
+
+/// The pipeline's answer as tonic sends it: the method's message or status
+/// (fresh or replayed, a replay marked with [`REPLAYED_METADATA`]), or idem's
+/// own answer as the status docs/grpc.md names.
+pub(crate) async fn answer<T: prost::Message + Default>(
+    response: Response,
+) -> Result<tonic::Response<T>, Status> {
+    let (parts, body) = response.into_parts();
+    let replayed = parts.headers.contains_key(REPLAYED_HEADER);
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let retry_after = parts
+        .headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let bytes = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return Err(fault(format!("the answer could not be read: {e}"))),
+    };
+    let mark = |metadata: &mut tonic::metadata::MetadataMap| {
+        if replayed {
+            metadata.insert(REPLAYED_METADATA, MetadataValue::from_static("true"));
+        }
+    };
+    match content_type.as_str() {
+        MESSAGE_TYPE => {
+            let message = T::decode(bytes).map_err(|e| {
+                tracing::error!(error = %e, "idem: a stored gRPC answer is not the method's message");
+                fault("the stored answer is not this method's message")
+            })?;
+            let mut response = tonic::Response::new(message);
+            mark(response.metadata_mut());
+            Ok(response)
+        }
+        STATUS_TYPE => {
+            let stored: StoredStatus = serde_json::from_slice(&bytes)
+                .map_err(|e| fault(format!("a stored status could not be read: {e}")))?;
+            let details = base64::engine::general_purpose::STANDARD
+                .decode(stored.details.as_bytes())
+                .unwrap_or_default();
+            let mut status =
+                Status::with_details(Code::from(stored.code), stored.message, details.into());
+            mark(status.metadata_mut());
+            Err(status)
+        }
+        problem::CONTENT_TYPE => Err(from_problem(parts.status, &bytes, retry_after)),
+        _ => Err(fault(format!(
+            "an answer idem cannot send over gRPC (HTTP {}, {content_type:?})",
+            parts.status
+        ))),
+    }
+}
+
+/// An `INTERNAL` status of idem's own.
+fn fault(message: impl Into<String>) -> Status {
+    with_info(Code::Internal, message.into(), reason::SERVICE_FAULT, None)
+}
+
+/// A status with `ErrorInfo` (reason, idem's domain) and, when given, a
+/// `RetryInfo` wait.
+fn with_info(code: Code, message: String, why: &str, retry: Option<Duration>) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(why, ERROR_DOMAIN, std::collections::HashMap::new());
+    if let Some(wait) = retry {
+        details.set_retry_info(Some(wait));
+    }
+    Status::with_error_details(code, message, details)
+}
+
+/// idem's own answer (a problem document) as a status: docs/grpc.md's table.
+fn from_problem(http: StatusCode, bytes: &[u8], retry_after: Option<Duration>) -> Status {
+    let Ok(p) = serde_json::from_slice::<ProblemBody>(bytes) else {
+        return fault(format!("an unreadable answer (HTTP {http})"));
+    };
+    let message = match &p.detail {
+        Some(detail) => format!("{}: {detail}", p.title),
+        None => p.title.clone(),
+    };
+    // Every answer that asks for a retry says when.
+    let wait = Some(retry_after.unwrap_or(Duration::from_secs(1)));
+    match p.type_uri.as_str() {
+        problem::MISSING_KEY => with_info(Code::InvalidArgument, message, reason::KEY_MISSING, None),
+        problem::MALFORMED_KEY => {
+            with_info(Code::InvalidArgument, message, reason::KEY_MALFORMED, None)
+        }
+        problem::FINGERPRINT_MISMATCH => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                reason::KEY_REUSED,
+                ERROR_DOMAIN,
+                std::collections::HashMap::new(),
+            );
+            details.set_precondition_failure(vec![PreconditionViolation::new(
+                "IDEMPOTENCY_KEY",
+                "idempotency key",
+                "the key was first used with another request: send a new key for a new request",
+            )]);
+            Status::with_error_details(Code::FailedPrecondition, message, details)
+        }
+        problem::IN_FLIGHT => with_info(Code::Aborted, message, reason::IN_FLIGHT, wait),
+        problem::OUTCOME_UNCERTAIN => {
+            with_info(Code::Aborted, message, reason::OUTCOME_UNCERTAIN, wait)
+        }
+        problem::STORE_UNAVAILABLE | problem::STORE_BUSY | problem::AT_CAPACITY => {
+            with_info(Code::Unavailable, message, reason::STORE_UNAVAILABLE, wait)
+        }
+        _ if http.is_server_error() => {
+            with_info(Code::Internal, message, reason::SERVICE_FAULT, None)
+        }
+        _ => fault(format!("an answer idem cannot send over gRPC: {message}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic_types::StatusExt as _;
+
+    /// A message of two fields, by hand (no build script in the runtime).
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Order {
+        #[prost(int64, tag = "1")]
+        id: i64,
+        #[prost(string, tag = "2")]
+        sku: String,
+    }
+
+    fn replayed(mut r: Response) -> Response {
+        r.headers_mut()
+            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        r
+    }
+
+    #[tokio::test]
+    async fn a_message_goes_through_the_store_and_comes_back_marked_on_replay() {
+        let order = Order {
+            id: 7,
+            sku: "book".into(),
+        };
+        let out = outcome(Ok(tonic::Response::new(order.clone())));
+        assert!(!out.is_err);
+        let fresh = answer::<Order>(out.response).await.unwrap();
+        assert_eq!(fresh.get_ref(), &order);
+        assert!(fresh.metadata().get(REPLAYED_METADATA).is_none());
+        let again = outcome(Ok(tonic::Response::new(order.clone())));
+        let replay = answer::<Order>(replayed(again.response)).await.unwrap();
+        assert_eq!(replay.get_ref(), &order);
+        assert_eq!(replay.metadata().get(REPLAYED_METADATA).unwrap(), "true");
+    }
+
+    #[tokio::test]
+    async fn statuses_are_stored_or_rolled_back_by_the_table_and_keep_their_details() {
+        let mut details = ErrorDetails::new();
+        details.set_error_info("NO_STOCK", "orders", std::collections::HashMap::new());
+        let status = Status::with_error_details(Code::FailedPrecondition, "no stock", details);
+        let out = outcome::<Order>(Err(status));
+        assert!(!out.is_err, "FAILED_PRECONDITION is a decision: stored");
+        assert_eq!(out.response.status(), 400);
+        let back = answer::<Order>(replayed(out.response)).await.unwrap_err();
+        assert_eq!(back.code(), Code::FailedPrecondition);
+        assert_eq!(back.message(), "no stock");
+        assert_eq!(back.get_details_error_info().unwrap().reason, "NO_STOCK");
+        assert_eq!(back.metadata().get(REPLAYED_METADATA).unwrap(), "true");
+        for code in [
+            Code::Unavailable,
+            Code::Internal,
+            Code::Aborted,
+            Code::ResourceExhausted,
+            Code::DeadlineExceeded,
+        ] {
+            assert!(outcome::<Order>(Err(Status::new(code, "x"))).is_err, "{code:?}");
+        }
+        for code in [Code::NotFound, Code::AlreadyExists, Code::PermissionDenied] {
+            assert!(!outcome::<Order>(Err(Status::new(code, "x"))).is_err, "{code:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_uncertain_status_becomes_the_uncertain_answer() {
+        let out = outcome::<Order>(Err(uncertain("timed out")));
+        assert!(!out.is_err);
+        assert!(
+            out.response
+                .extensions()
+                .get::<crate::lease::UncertainMarker>()
+                .is_some()
+        );
+    }
+
+    #[tokio::test]
+    async fn idems_answers_become_the_codes_the_docs_name() {
+        let cases = [
+            (problem::Problem::mismatch(), Code::FailedPrecondition, None),
+            (
+                problem::Problem::in_flight(Duration::from_secs(2)),
+                Code::Aborted,
+                Some(2),
+            ),
+            (
+                problem::Problem::uncertain(Duration::from_secs(5)),
+                Code::Aborted,
+                Some(5),
+            ),
+            (problem::Problem::store_unavailable(), Code::Unavailable, Some(1)),
+            (problem::Problem::missing_key(), Code::InvalidArgument, None),
+        ];
+        for (p, code, retry) in cases {
+            let status = answer::<Order>(p.into_response()).await.unwrap_err();
+            assert_eq!(status.code(), code);
+            assert_eq!(
+                status
+                    .get_details_retry_info()
+                    .and_then(|r| r.retry_delay)
+                    .map(|d| d.as_secs()),
+                retry,
+                "{code:?}"
+            );
+            assert_eq!(status.get_details_error_info().unwrap().domain, ERROR_DOMAIN);
+        }
+        let reused = answer::<Order>(problem::Problem::mismatch().into_response())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reused.get_details_precondition_failure().unwrap().violations[0].r#type,
+            "IDEMPOTENCY_KEY"
+        );
+    }
+}

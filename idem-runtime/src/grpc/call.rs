@@ -1,0 +1,159 @@
+//! The request side of an idempotent gRPC method: what its parameters are read
+//! from ([`FromGrpcRequest`]), and its key.
+
+use axum::http::Extensions;
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+use super::{ERROR_DOMAIN, reason};
+use crate::key::{IdempotencyKey, KeyError};
+
+/// A parameter of an idempotent gRPC method other than the handle and the
+/// request: read from the call's metadata and extensions before anything is
+/// claimed, as an axum extractor reads a request's parts. The `#[tenant]`
+/// parameter is one.
+///
+/// Implemented for `axum::Extension<T>`: the value an interceptor or a tower
+/// layer inserted. For a tenant named by metadata, implement it for a type of
+/// your own:
+///
+/// ```
+/// use idem_runtime::grpc::FromGrpcRequest;
+/// use idem_runtime::TenantScope;
+///
+/// struct Caller(String);
+///
+/// impl TenantScope for Caller {
+///     fn tenant_id(&self) -> &str {
+///         &self.0
+///     }
+/// }
+///
+/// impl FromGrpcRequest for Caller {
+///     fn from_grpc_request(
+///         metadata: &tonic::metadata::MetadataMap,
+///         _: &axum::http::Extensions,
+///     ) -> Result<Self, tonic::Status> {
+///         metadata
+///             .get("x-tenant-id")
+///             .and_then(|v| v.to_str().ok())
+///             .map(|t| Caller(t.to_owned()))
+///             .ok_or_else(|| tonic::Status::unauthenticated("send x-tenant-id"))
+///     }
+/// }
+/// ```
+pub trait FromGrpcRequest: Sized {
+    /// Reads the value, or refuses the call with the status to send.
+    ///
+    /// # Errors
+    ///
+    /// The status the call is answered with; nothing is claimed.
+    fn from_grpc_request(metadata: &MetadataMap, extensions: &Extensions) -> Result<Self, Status>;
+}
+
+impl<T: Clone + Send + Sync + 'static> FromGrpcRequest for axum::Extension<T> {
+    /// The value an interceptor or a tower layer inserted; `INTERNAL` without
+    /// one (the service is wired wrong, not the call).
+    fn from_grpc_request(_: &MetadataMap, extensions: &Extensions) -> Result<Self, Status> {
+        extensions.get::<T>().cloned().map(axum::Extension).ok_or_else(|| {
+            tracing::error!(
+                extension = std::any::type_name::<T>(),
+                "idem: a gRPC method's parameter is missing from the request's extensions"
+            );
+            Status::internal(format!(
+                "the service has no `{}` for this call: an interceptor or tower layer must insert it",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+/// Where a method's key comes from, as the status that refuses it names it.
+#[derive(Debug, Clone, Copy)]
+pub enum KeySource {
+    /// The `idempotency-key` metadata entry.
+    Metadata,
+    /// A string field of the request message.
+    Field(&'static str),
+}
+
+/// The key read from the call, or `INVALID_ARGUMENT` with `ErrorInfo` and a
+/// `BadRequest` field violation.
+pub(crate) fn key(
+    source: KeySource,
+    metadata: &MetadataMap,
+    field: Option<&str>,
+) -> Result<IdempotencyKey, Status> {
+    let read = match (source, field) {
+        (KeySource::Field(_), Some(value)) if value.is_empty() => Err(KeyError::Missing),
+        (KeySource::Field(_), Some(value)) => IdempotencyKey::parse(value),
+        _ => IdempotencyKey::from_headers(metadata.as_ref()),
+    };
+    read.map_err(|e| refused(source, &e))
+}
+
+fn refused(source: KeySource, e: &KeyError) -> Status {
+    let (name, why) = match source {
+        KeySource::Metadata => (super::KEY_METADATA.to_owned(), "metadata entry"),
+        KeySource::Field(f) => (f.to_owned(), "field"),
+    };
+    let (message, reason) = if e.is_missing() {
+        (
+            format!(
+                "this method needs an idempotency key in the `{name}` {why}: send a unique value, and the same value again when you retry"
+            ),
+            reason::KEY_MISSING,
+        )
+    } else {
+        // KeyError speaks of the HTTP header; the rule is the same.
+        let rule = e.to_string().replace("Idempotency-Key header", "key").replace("Idempotency-Key", "key");
+        (format!("the `{name}` {why} is not a usable idempotency key: {rule}"), reason::KEY_MALFORMED)
+    };
+    let mut details = tonic_types::ErrorDetails::new();
+    details.set_error_info(reason, ERROR_DOMAIN, std::collections::HashMap::new());
+    details.add_bad_request_violation(name, message.clone());
+    <Status as tonic_types::StatusExt>::with_error_details(
+        tonic::Code::InvalidArgument,
+        message,
+        details,
+    )
+}
+
+/// The gRPC path of the call (`/orders.v1.Orders/CreateOrder`), from the
+/// method tonic's generated server records; the operation's name when the
+/// method was called directly (a test).
+pub(crate) fn path(extensions: &Extensions, operation: &str) -> String {
+    match extensions.get::<tonic::GrpcMethod<'static>>() {
+        Some(m) => format!("/{}/{}", m.service(), m.method()),
+        None => format!("/{operation}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_read_from_metadata_or_a_field_and_refused_with_its_name() {
+        let mut metadata = MetadataMap::new();
+        let missing = key(KeySource::Metadata, &metadata, None).unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::InvalidArgument);
+        assert!(missing.message().contains("idempotency-key"), "{}", missing.message());
+        metadata.insert("idempotency-key", "k-1".parse().unwrap());
+        assert_eq!(key(KeySource::Metadata, &metadata, None).unwrap().as_str(), "k-1");
+
+        let field = KeySource::Field("request_id");
+        let empty = key(field, &metadata, Some("")).unwrap_err();
+        assert!(empty.message().contains("`request_id` field"), "{}", empty.message());
+        let long = "x".repeat(300);
+        let bad = key(field, &metadata, Some(&long)).unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert!(bad.message().contains("not a usable"), "{}", bad.message());
+        let spaced = key(field, &metadata, Some("a b")).unwrap_err();
+        assert!(spaced.message().contains("visible ASCII"), "{}", spaced.message());
+        assert_eq!(
+            key(field, &metadata, Some("7f0c2d3e-uuid")).unwrap().as_str(),
+            "7f0c2d3e-uuid"
+        );
+    }
+}
