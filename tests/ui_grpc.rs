@@ -32,7 +32,12 @@ fn grpc_fail_cases_implement_the_service_and_pin_each_error_once() {
             let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
             let mut unique = errors.clone();
             unique.dedup();
-            assert_eq!(errors.len(), unique.len(), "{}: an error repeats", path.display());
+            assert_eq!(
+                errors.len(),
+                unique.len(),
+                "{}: an error repeats",
+                path.display()
+            );
         }
     }
     assert!(cases >= 8, "only {cases} gRPC failing cases");

@@ -131,7 +131,8 @@ fn replace_self(tokens: TokenStream) -> TokenStream {
     for (i, t) in trees.iter().enumerate() {
         match t {
             TokenTree::Ident(id) if id == "self" => {
-                let path = matches!(trees.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+                let path =
+                    matches!(trees.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
                 if path {
                     out.push(t.clone());
                 } else {
@@ -371,9 +372,15 @@ mod tests {
         let text = out.to_token_stream().to_string();
         assert!(text.contains("< 'life0 , 'async_trait >"), "{text}");
         assert!(!text.contains("'life1"), "{text}");
-        assert!(text.contains("(& 'life0 self , __idem_call : Request < M >)"), "{text}");
+        assert!(
+            text.contains("(& 'life0 self , __idem_call : Request < M >)"),
+            "{text}"
+        );
         assert_eq!(
-            crate::validate::async_trait_output(&sig).unwrap().to_token_stream().to_string(),
+            crate::validate::async_trait_output(&sig)
+                .unwrap()
+                .to_token_stream()
+                .to_string(),
             "Result < Response < O > , Status >"
         );
     }

@@ -10,6 +10,9 @@ pub use crate::__idem_accepted;
 pub use crate::__idem_item;
 pub use crate::__idem_openapi;
 pub use crate::db::AnyBackend;
+/// What a gRPC method's expansion calls.
+#[cfg(feature = "grpc")]
+pub use crate::grpc::support as grpc;
 pub use crate::handler::{IdemRequest, OperationSpec, run};
 /// What `__idem_openapi!` expands to: a handler's registration, collected
 /// through inventory, which the user's crate need not depend on.
@@ -22,9 +25,6 @@ pub use axum::response::Response;
 pub use inventory;
 pub use std::boxed::Box;
 pub use std::time::Duration;
-/// What a gRPC method's expansion calls.
-#[cfg(feature = "grpc")]
-pub use crate::grpc::support as grpc;
 
 use crate::db::Tx;
 use crate::fingerprint::FingerprintBody;

@@ -233,7 +233,9 @@ fn check_params(
     for (i, arg) in sig.inputs.iter().enumerate() {
         let arg = match arg {
             FnArg::Receiver(r) => {
-                if !matches!(r.kind, syn::ReceiverKind::Reference(_, _, None)) || r.mutability.is_some() {
+                if !matches!(r.kind, syn::ReceiverKind::Reference(_, _, None))
+                    || r.mutability.is_some()
+                {
                     errors.push_spanned(
                         r,
                         "a tonic service method takes `&self`: tonic's generated trait declares it so",
@@ -324,9 +326,7 @@ fn check_fields(print: &BodyPrint, key: Option<&Key>, errors: &mut Errors) {
         {
             errors.push_at(
                 *span,
-                format!(
-                    "`body.{k}` is the key, which is never part of the fingerprint: remove it"
-                ),
+                format!("`body.{k}` is the key, which is never part of the fingerprint: remove it"),
             );
         }
     }

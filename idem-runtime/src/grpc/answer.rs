@@ -221,7 +221,9 @@ fn from_problem(http: StatusCode, bytes: &[u8], retry_after: Option<Duration>) -
     // Every answer that asks for a retry says when.
     let wait = Some(retry_after.unwrap_or(Duration::from_secs(1)));
     match p.type_uri.as_str() {
-        problem::MISSING_KEY => with_info(Code::InvalidArgument, message, reason::KEY_MISSING, None),
+        problem::MISSING_KEY => {
+            with_info(Code::InvalidArgument, message, reason::KEY_MISSING, None)
+        }
         problem::MALFORMED_KEY => {
             with_info(Code::InvalidArgument, message, reason::KEY_MALFORMED, None)
         }
@@ -310,10 +312,16 @@ mod tests {
             Code::ResourceExhausted,
             Code::DeadlineExceeded,
         ] {
-            assert!(outcome::<Order>(Err(Status::new(code, "x"))).is_err, "{code:?}");
+            assert!(
+                outcome::<Order>(Err(Status::new(code, "x"))).is_err,
+                "{code:?}"
+            );
         }
         for code in [Code::NotFound, Code::AlreadyExists, Code::PermissionDenied] {
-            assert!(!outcome::<Order>(Err(Status::new(code, "x"))).is_err, "{code:?}");
+            assert!(
+                !outcome::<Order>(Err(Status::new(code, "x"))).is_err,
+                "{code:?}"
+            );
         }
     }
 
@@ -343,7 +351,11 @@ mod tests {
                 Code::Aborted,
                 Some(5),
             ),
-            (problem::Problem::store_unavailable(), Code::Unavailable, Some(1)),
+            (
+                problem::Problem::store_unavailable(),
+                Code::Unavailable,
+                Some(1),
+            ),
             (problem::Problem::missing_key(), Code::InvalidArgument, None),
         ];
         for (p, code, retry) in cases {
@@ -357,13 +369,20 @@ mod tests {
                 retry,
                 "{code:?}"
             );
-            assert_eq!(status.get_details_error_info().unwrap().domain, ERROR_DOMAIN);
+            assert_eq!(
+                status.get_details_error_info().unwrap().domain,
+                ERROR_DOMAIN
+            );
         }
         let reused = answer::<Order>(problem::Problem::mismatch().into_response())
             .await
             .unwrap_err();
         assert_eq!(
-            reused.get_details_precondition_failure().unwrap().violations[0].r#type,
+            reused
+                .get_details_precondition_failure()
+                .unwrap()
+                .violations[0]
+                .r#type,
             "IDEMPOTENCY_KEY"
         );
     }

@@ -106,8 +106,14 @@ fn refused(source: KeySource, e: &KeyError) -> Status {
         )
     } else {
         // KeyError speaks of the HTTP header; the rule is the same.
-        let rule = e.to_string().replace("Idempotency-Key header", "key").replace("Idempotency-Key", "key");
-        (format!("the `{name}` {why} is not a usable idempotency key: {rule}"), reason::KEY_MALFORMED)
+        let rule = e
+            .to_string()
+            .replace("Idempotency-Key header", "key")
+            .replace("Idempotency-Key", "key");
+        (
+            format!("the `{name}` {why} is not a usable idempotency key: {rule}"),
+            reason::KEY_MALFORMED,
+        )
     };
     let mut details = tonic_types::ErrorDetails::new();
     details.set_error_info(reason, ERROR_DOMAIN, std::collections::HashMap::new());
@@ -138,21 +144,38 @@ mod tests {
         let mut metadata = MetadataMap::new();
         let missing = key(KeySource::Metadata, &metadata, None).unwrap_err();
         assert_eq!(missing.code(), tonic::Code::InvalidArgument);
-        assert!(missing.message().contains("idempotency-key"), "{}", missing.message());
+        assert!(
+            missing.message().contains("idempotency-key"),
+            "{}",
+            missing.message()
+        );
         metadata.insert("idempotency-key", "k-1".parse().unwrap());
-        assert_eq!(key(KeySource::Metadata, &metadata, None).unwrap().as_str(), "k-1");
+        assert_eq!(
+            key(KeySource::Metadata, &metadata, None).unwrap().as_str(),
+            "k-1"
+        );
 
         let field = KeySource::Field("request_id");
         let empty = key(field, &metadata, Some("")).unwrap_err();
-        assert!(empty.message().contains("`request_id` field"), "{}", empty.message());
+        assert!(
+            empty.message().contains("`request_id` field"),
+            "{}",
+            empty.message()
+        );
         let long = "x".repeat(300);
         let bad = key(field, &metadata, Some(&long)).unwrap_err();
         assert_eq!(bad.code(), tonic::Code::InvalidArgument);
         assert!(bad.message().contains("not a usable"), "{}", bad.message());
         let spaced = key(field, &metadata, Some("a b")).unwrap_err();
-        assert!(spaced.message().contains("visible ASCII"), "{}", spaced.message());
+        assert!(
+            spaced.message().contains("visible ASCII"),
+            "{}",
+            spaced.message()
+        );
         assert_eq!(
-            key(field, &metadata, Some("7f0c2d3e-uuid")).unwrap().as_str(),
+            key(field, &metadata, Some("7f0c2d3e-uuid"))
+                .unwrap()
+                .as_str(),
             "7f0c2d3e-uuid"
         );
     }

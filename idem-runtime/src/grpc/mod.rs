@@ -53,6 +53,11 @@ mod call;
 pub mod support;
 
 pub use answer::{http_status, uncertain};
+/// The value an interceptor inserted, as a method's parameter (re-exported
+/// from axum, so that a tonic service need not name it).
+pub use axum::Extension;
+/// How the service provides its [`Idem`](crate::Idem) (re-exported from axum).
+pub use axum::extract::FromRef;
 pub use call::FromGrpcRequest;
 
 use tonic::Code;

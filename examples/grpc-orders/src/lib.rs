@@ -1,0 +1,29 @@
+//! `grpc-orders`: the orders service over gRPC (tonic), whose `Create*`
+//! methods are safe to retry, built with `#[idempotent]` on the methods of its
+//! tonic service. `cargo run -p grpc-orders` runs it; `tests/e2e.rs` drives it
+//! with a tonic client over a real socket, and `tests/grpcio_client.py` with
+//! Python's grpcio.
+//!
+//! Environment:
+//!
+//! | variable | default | meaning |
+//! | --- | --- | --- |
+//! | `DATABASE_URL` | unset: the SQLite file `idem-grpc-orders.db` in the working directory | `postgres://...` for PostgreSQL, `mysql://...` for MySQL / MariaDB, `sqlite:PATH` for another SQLite file |
+//! | `IDEM_LEASE_STORE` | unset: the database of `DATABASE_URL` | `redis://HOST:PORT[/DB]`: `CreatePayment`'s leases live in Redis |
+//! | `IDEM_LEASE_STORE_PREFIX` | `idem` | with `IDEM_LEASE_STORE`: the prefix of every Redis key |
+//! | `IDEM_ADDR` | `127.0.0.1:50051` | listen address (`127.0.0.1:0` picks a free port; the first line on standard output says which) |
+//! | `ORDERS_LATENCY_MS` | `0` | slow work inside `CreateOrder`'s transaction, after the insert |
+//! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per charge |
+//! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
+
+pub mod auth;
+pub mod server;
+pub mod service;
+pub mod store;
+
+/// The messages, server and client `build.rs` generates from
+/// `proto/orders.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("orders.v1");
+}

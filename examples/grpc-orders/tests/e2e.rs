@@ -1,0 +1,421 @@
+//! The gRPC example end to end: a tonic client against the real service (the
+//! `grpc-orders` binary) over a real socket, on SQLite, PostgreSQL and MySQL /
+//! MariaDB, and with its payments' leases on Redis. Each test has a database
+//! (or Redis prefix) of its own.
+
+mod harness;
+
+use std::time::Duration;
+
+use grpc_orders::pb::{
+    CountOrdersRequest, CreateOrderRequest, CreatePaymentRequest, CreateRefundRequest,
+};
+use harness::{Db, Server, call};
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+/// `CreateOrder` for `sku` under `key`.
+fn order(key: &str, sku: &str) -> tonic::Request<CreateOrderRequest> {
+    call(
+        Some(key),
+        CreateOrderRequest {
+            sku: sku.into(),
+            quantity: 1,
+            amount_cents: 1250,
+            note: String::new(),
+            labels: [("channel".to_owned(), "web".to_owned())].into(),
+        },
+    )
+}
+
+fn replayed<T>(r: &tonic::Response<T>) -> bool {
+    r.metadata()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+async fn counts(server: &Server) -> (i64, i64, i64) {
+    let c = server
+        .client()
+        .await
+        .count_orders(call(None, CountOrdersRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    (c.orders, c.refunds, c.charges)
+}
+
+/// Concurrent duplicates of one call: one order, every answer the same.
+async fn concurrent_duplicates_make_one_order<D: Db>() {
+    let db = D::create().await;
+    let server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "300")]).await;
+    let mut calls = Vec::new();
+    for _ in 0..6 {
+        let mut client = server.client().await;
+        calls.push(tokio::spawn(async move {
+            client.create_order(order("dup-1", "book")).await
+        }));
+    }
+    let mut ids = Vec::new();
+    let mut fresh = 0;
+    for c in calls {
+        let answer = c.await.unwrap().expect("each duplicate gets the order");
+        fresh += usize::from(!replayed(&answer));
+        ids.push(answer.into_inner().id);
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "one order for every duplicate: {ids:?}");
+    assert_eq!(fresh, 1, "one execution; the others replay it");
+    assert_eq!(counts(&server).await.0, 1);
+    db.drop().await;
+}
+
+/// The client gives up before the answer; its retry with the key replays the
+/// order the server made.
+async fn a_retry_after_a_lost_response_replays<D: Db>() {
+    let db = D::create().await;
+    let server = Server::start(
+        &db.url(),
+        &[
+            ("ORDERS_LATENCY_MS", "1000"),
+            ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
+        ],
+    )
+    .await;
+    let mut first = order("lost-1", "lamp");
+    first.set_timeout(Duration::from_millis(100));
+    let lost = server.client().await.create_order(first).await.unwrap_err();
+    assert!(
+        matches!(lost.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{lost:?}"
+    );
+    let retry = server
+        .client()
+        .await
+        .create_order(order("lost-1", "lamp"))
+        .await
+        .unwrap();
+    assert!(replayed(&retry), "the work went on without its client");
+    assert_eq!(retry.get_ref().sku, "lamp");
+    assert_eq!(counts(&server).await.0, 1);
+    db.drop().await;
+}
+
+/// Another message under a used key: `FAILED_PRECONDITION` with a
+/// `PreconditionFailure`, and nothing runs.
+async fn another_message_under_a_key_is_failed_precondition<D: Db>() {
+    let db = D::create().await;
+    let server = Server::start(&db.url(), &[]).await;
+    let mut client = server.client().await;
+    client.create_order(order("reused-1", "pen")).await.unwrap();
+    let status = client
+        .create_order(order("reused-1", "pencil"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let violation = &status
+        .get_details_precondition_failure()
+        .unwrap()
+        .violations[0];
+    assert_eq!(violation.r#type, "IDEMPOTENCY_KEY");
+    assert_eq!(
+        status.get_details_error_info().unwrap().reason,
+        "IDEMPOTENCY_KEY_REUSED"
+    );
+    // The currency is part of the request too.
+    let mut other_currency = order("reused-1", "pen");
+    other_currency
+        .metadata_mut()
+        .insert("x-currency", "USD".parse().unwrap());
+    let status = client.create_order(other_currency).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(counts(&server).await.0, 1);
+    db.drop().await;
+}
+
+/// A duplicate while the first holds the key, past the in-flight wait:
+/// `ABORTED` with `RetryInfo`; once done, the retry replays.
+async fn a_duplicate_in_flight_is_aborted_with_retry_info<D: Db>() {
+    let db = D::create().await;
+    let server = Server::start(
+        &db.url(),
+        &[
+            ("ORDERS_LATENCY_MS", "3000"),
+            ("IDEM_IN_FLIGHT_WAIT_MS", "100"),
+        ],
+    )
+    .await;
+    let mut client = server.client().await;
+    let first = tokio::spawn(async move { client.create_order(order("busy-1", "desk")).await });
+    server.wait_until_executing(1).await;
+    let status = server
+        .client()
+        .await
+        .create_order(order("busy-1", "desk"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert!(
+        status
+            .get_details_retry_info()
+            .unwrap()
+            .retry_delay
+            .is_some()
+    );
+    assert_eq!(status.get_details_error_info().unwrap().reason, "IN_FLIGHT");
+    let first = first.await.unwrap().unwrap();
+    assert!(!replayed(&first));
+    let retry = server
+        .client()
+        .await
+        .create_order(order("busy-1", "desk"))
+        .await
+        .unwrap();
+    assert!(replayed(&retry));
+    assert_eq!(retry.get_ref().id, first.get_ref().id);
+    db.drop().await;
+}
+
+/// SIGKILL inside the method's transaction: nothing is left, and the retry on
+/// the restarted service executes.
+async fn a_crash_before_commit_leaves_nothing<D: Db>() {
+    let db = D::create().await;
+    let mut server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "600000")]).await;
+    let mut client = server.client().await;
+    let in_flight =
+        tokio::spawn(async move { client.create_order(order("crash-1", "chair")).await });
+    server.wait_until_executing(1).await;
+    server.kill().await;
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client sees the service die"
+    );
+    db.wait_until_no_open_transaction().await;
+    let server = Server::start(&db.url(), &[]).await;
+    assert_eq!(counts(&server).await.0, 0, "the crash left no order");
+    let retry = server
+        .client()
+        .await
+        .create_order(order("crash-1", "chair"))
+        .await
+        .unwrap();
+    assert!(!replayed(&retry), "nothing was stored: the retry executes");
+    assert_eq!(counts(&server).await.0, 1);
+    db.drop().await;
+}
+
+/// `CreateRefund`'s key is its `request_id`: a stored `NOT_FOUND` replays,
+/// the key is left out of the request's identity, and a missing one reserves
+/// nothing.
+async fn a_refunds_key_is_its_request_id_and_not_found_is_stored<D: Db>() {
+    let db = D::create().await;
+    let server = Server::start(&db.url(), &[]).await;
+    let mut client = server.client().await;
+    let refund = |order_id: i64, amount_cents: i64, request_id: &str| {
+        call(
+            None,
+            CreateRefundRequest {
+                order_id,
+                amount_cents,
+                request_id: request_id.into(),
+            },
+        )
+    };
+    let missing = client
+        .create_refund(refund(999, 100, "r-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert!(missing.metadata().get("idempotent-replayed").is_none());
+    let again = client
+        .create_refund(refund(999, 100, "r-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::NotFound, "a decision: stored");
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(again.message(), missing.message());
+
+    let order_id = client
+        .create_order(order("o-1", "bike"))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let made = client
+        .create_refund(refund(order_id, 100, "r-2"))
+        .await
+        .unwrap();
+    let replay = client
+        .create_refund(refund(order_id, 100, "r-2"))
+        .await
+        .unwrap();
+    assert!(replayed(&replay));
+    assert_eq!(replay.get_ref(), made.get_ref());
+    let reused = client
+        .create_refund(refund(order_id, 200, "r-2"))
+        .await
+        .unwrap_err();
+    assert_eq!(reused.code(), Code::FailedPrecondition);
+    let no_key = client
+        .create_refund(refund(order_id, 100, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(no_key.code(), Code::InvalidArgument);
+    assert!(
+        no_key.message().contains("request_id"),
+        "{}",
+        no_key.message()
+    );
+    assert_eq!(
+        no_key.get_details_error_info().unwrap().reason,
+        "IDEMPOTENCY_KEY_MISSING"
+    );
+    assert_eq!(counts(&server).await.1, 1, "one refund");
+    db.drop().await;
+}
+
+/// No key, a malformed key, no caller: refused before anything is claimed.
+async fn bad_calls_are_refused_and_reserve_nothing<D: Db>() {
+    let db = D::create().await;
+    let server = Server::start(&db.url(), &[]).await;
+    let mut client = server.client().await;
+    let mut no_key = order("x", "cup");
+    no_key.metadata_mut().remove("idempotency-key");
+    let status = client.create_order(no_key).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("idempotency-key"),
+        "{}",
+        status.message()
+    );
+    let status = client
+        .create_order(order(&"k".repeat(300), "cup"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.get_details_error_info().unwrap().reason,
+        "IDEMPOTENCY_KEY_MALFORMED"
+    );
+    let mut anonymous = order("anon-1", "cup");
+    anonymous.metadata_mut().remove("authorization");
+    assert_eq!(
+        client.create_order(anonymous).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    // A method's own INVALID_ARGUMENT is a decision: stored.
+    let mut bad = order("bad-1", "");
+    bad.get_mut().quantity = 0;
+    let first = client.create_order(bad).await.unwrap_err();
+    assert_eq!(first.code(), Code::InvalidArgument);
+    let mut bad = order("bad-1", "");
+    bad.get_mut().quantity = 0;
+    let again = client.create_order(bad).await.unwrap_err();
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(counts(&server).await.0, 0);
+    let ok = client.create_order(order("cup-1", "cup")).await.unwrap();
+    assert!(!replayed(&ok));
+    db.drop().await;
+}
+
+/// `CreatePayment` holds a lease: duplicates make one charge at the provider,
+/// a retry replays it, a decline is stored.
+async fn payments_charge_once<D: Db>(lease_store: Option<&str>) {
+    let db = D::create().await;
+    let prefix = harness::unique("idem-grpc");
+    let mut env = vec![("PAYMENTS_PROVIDER_LATENCY_MS", "300")];
+    if let Some(url) = lease_store {
+        env.push(("IDEM_LEASE_STORE", url));
+        env.push(("IDEM_LEASE_STORE_PREFIX", &prefix));
+    }
+    let server = Server::start(&db.url(), &env).await;
+    let pay = |key: &str, amount_cents: i64| call(Some(key), CreatePaymentRequest { amount_cents });
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        let mut client = server.client().await;
+        calls.push(tokio::spawn(async move {
+            client.create_payment(pay("pay-1", 900)).await
+        }));
+    }
+    let mut charges = Vec::new();
+    for c in calls {
+        match c.await.unwrap() {
+            Ok(p) => charges.push(p.into_inner().charge_id),
+            Err(s) => {
+                assert_eq!(s.code(), Code::Aborted, "{s:?}");
+                assert!(s.get_details_retry_info().is_some());
+            }
+        }
+    }
+    charges.dedup();
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    let mut client = server.client().await;
+    let retry = client.create_payment(pay("pay-1", 900)).await.unwrap();
+    assert!(replayed(&retry));
+    assert_eq!(retry.get_ref().charge_id, charges[0]);
+    let declined = client
+        .create_payment(pay("pay-2", 2_000_000))
+        .await
+        .unwrap_err();
+    assert_eq!(declined.code(), Code::FailedPrecondition);
+    let again = client
+        .create_payment(pay("pay-2", 2_000_000))
+        .await
+        .unwrap_err();
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(counts(&server).await.2, 1, "one charge at the provider");
+    db.drop().await;
+}
+
+macro_rules! backend_tests {
+    ($($module:ident => $db:ty),* $(,)?) => {$(
+        mod $module {
+            use super::*;
+
+            #[tokio::test]
+            async fn concurrent_duplicates_make_one_order() {
+                super::concurrent_duplicates_make_one_order::<$db>().await;
+            }
+            #[tokio::test]
+            async fn a_retry_after_a_lost_response_replays() {
+                super::a_retry_after_a_lost_response_replays::<$db>().await;
+            }
+            #[tokio::test]
+            async fn another_message_under_a_key_is_failed_precondition() {
+                super::another_message_under_a_key_is_failed_precondition::<$db>().await;
+            }
+            #[tokio::test]
+            async fn a_duplicate_in_flight_is_aborted_with_retry_info() {
+                super::a_duplicate_in_flight_is_aborted_with_retry_info::<$db>().await;
+            }
+            #[tokio::test]
+            async fn a_crash_before_commit_leaves_nothing() {
+                super::a_crash_before_commit_leaves_nothing::<$db>().await;
+            }
+            #[tokio::test]
+            async fn a_refunds_key_is_its_request_id_and_not_found_is_stored() {
+                super::a_refunds_key_is_its_request_id_and_not_found_is_stored::<$db>().await;
+            }
+            #[tokio::test]
+            async fn bad_calls_are_refused_and_reserve_nothing() {
+                super::bad_calls_are_refused_and_reserve_nothing::<$db>().await;
+            }
+            #[tokio::test]
+            async fn payments_charge_once() {
+                super::payments_charge_once::<$db>(None).await;
+            }
+        }
+    )*};
+}
+
+backend_tests!(
+    sqlite => harness::SqliteDb,
+    postgres => harness::PgDb,
+    mysql => harness::MySqlDb,
+);
+
+/// The payments' leases on Redis (the charges stay in the database).
+#[tokio::test]
+async fn redis_payments_charge_once() {
+    payments_charge_once::<harness::SqliteDb>(Some("redis://127.0.0.1:6379")).await;
+}
