@@ -54,6 +54,8 @@
 
 mod decide;
 mod follow;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod key;
 mod middleware;
 mod outcome;

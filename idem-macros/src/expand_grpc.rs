@@ -175,13 +175,20 @@ fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
     let db = quote!(<#handle as #rt::#handle_trait>::Db);
     let headers_flag = !config.headers.is_empty();
 
-    // The key.
-    let key_source = match &config.key {
-        Key::Metadata => quote!(#rt::grpc::KeySource::Metadata, ::core::option::Option::None),
+    // The key, and the accessor of its field: the field is named once, at the
+    // attribute's string, where a field the message lacks is reported.
+    let (key_accessor, key_source) = match &config.key {
+        Key::Metadata => (
+            quote!(),
+            quote!(#rt::grpc::KeySource::Metadata, ::core::option::Option::None),
+        ),
         Key::Field(f, span) => {
             let field = Ident::new(f, *span);
-            let read = quote_spanned!(*span=> __idem_call.get_ref().#field.as_str());
-            quote!(#rt::grpc::KeySource::Field(#f), ::core::option::Option::Some(#read))
+            let access = quote_spanned!(*span=> &mut __idem_m.#field);
+            (
+                quote!(let __idem_key_field = #rt::grpc::key_field(__idem_call.get_ref(), |__idem_m| #access);),
+                quote!(#rt::grpc::KeySource::Field(#f), ::core::option::Option::Some(__idem_key_field)),
+            )
         }
     };
 
@@ -218,9 +225,8 @@ fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
 
     // The message's part of the fingerprint.
     let print = match (&config.body, &config.key) {
-        (BodyPrint::Whole(_), Key::Field(f, span)) => {
-            let field = Ident::new(f, *span);
-            quote!(.and_then(|__idem_fp| #rt::grpc::message_without(__idem_fp, __idem_call.get_mut(), |__idem_m| &mut __idem_m.#field)))
+        (BodyPrint::Whole(_), Key::Field(..)) => {
+            quote!(.and_then(|__idem_fp| #rt::grpc::message_without(__idem_fp, __idem_call.get_mut(), __idem_key_field)))
         }
         (BodyPrint::Whole(_), Key::Metadata) => {
             quote!(.and_then(|__idem_fp| #rt::grpc::message(__idem_fp, __idem_call.get_ref())))
@@ -228,9 +234,15 @@ fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
         (BodyPrint::Fields(_, fields), _) => {
             let copies = fields.iter().map(|(segments, span)| {
                 let field = Ident::new(&segments[0], *span);
-                quote_spanned!(*span=> __idem_p.#field = ::core::clone::Clone::clone(&__idem_m.#field);)
+                let access = quote_spanned!(*span=> &mut __idem_x.#field);
+                quote!(#rt::grpc::copy_field(&mut *__idem_m, &mut __idem_p, |__idem_x| #access);)
             });
-            quote!(.and_then(|__idem_fp| #rt::grpc::message(__idem_fp, &#rt::grpc::projection(__idem_call.get_ref(), |__idem_m, __idem_p| { #(#copies)* }))))
+            quote!(.and_then(|__idem_fp| {
+                let __idem_m = __idem_call.get_mut();
+                let mut __idem_p = #rt::grpc::projection(&*__idem_m);
+                #(#copies)*
+                #rt::grpc::message(__idem_fp, &__idem_p)
+            }))
         }
         _ => quote!(),
     };
@@ -264,8 +276,9 @@ fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
         #spec
         #[allow(unused_mut)]
         let mut __idem_call = __idem_call;
+        #key_accessor
         let __idem_request = match #rt::grpc::request::<#db, #headers_flag, _, _>(
-            &__idem_this, &__idem_call, &__IDEM_SPEC, #key_source,
+            &__idem_this, &mut __idem_call, &__IDEM_SPEC, #key_source,
         ) {
             ::core::result::Result::Ok(r) => r,
             ::core::result::Result::Err(status) => return ::core::result::Result::Err(status),

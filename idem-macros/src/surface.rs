@@ -84,6 +84,7 @@ fn handlers(items: &[syn::Item], out: &mut Vec<(TokenStream, TokenStream)>) {
                         syn::ImplItem::Fn(m) => Some(syn::Item::Fn(syn::ItemFn {
                             attrs: m.attrs.clone(),
                             vis: m.vis.clone(),
+                            modifiers: m.modifiers.clone(),
                             sig: m.sig.clone(),
                             block: Box::new(m.block.clone()),
                         })),

@@ -5,8 +5,6 @@
 
 mod harness;
 
-use std::time::Duration;
-
 use grpc_orders::pb::{
     CountOrdersRequest, CreateOrderRequest, CreatePaymentRequest, CreateRefundRequest,
 };
@@ -70,8 +68,8 @@ async fn concurrent_duplicates_make_one_order<D: Db>() {
     db.drop().await;
 }
 
-/// The client gives up before the answer; its retry with the key replays the
-/// order the server made.
+/// The client gives up once the method runs (the answer is lost); its retry
+/// with the key replays the order the server made.
 async fn a_retry_after_a_lost_response_replays<D: Db>() {
     let db = D::create().await;
     let server = Server::start(
@@ -82,13 +80,12 @@ async fn a_retry_after_a_lost_response_replays<D: Db>() {
         ],
     )
     .await;
-    let mut first = order("lost-1", "lamp");
-    first.set_timeout(Duration::from_millis(100));
-    let lost = server.client().await.create_order(first).await.unwrap_err();
-    assert!(
-        matches!(lost.code(), Code::DeadlineExceeded | Code::Cancelled),
-        "{lost:?}"
-    );
+    let mut client = server.client().await;
+    let lost = tokio::spawn(async move { client.create_order(order("lost-1", "lamp")).await });
+    server.wait_until_executing(1).await;
+    // The client goes away: tonic cancels the call, the server's work goes on.
+    lost.abort();
+    assert!(lost.await.unwrap_err().is_cancelled());
     let retry = server
         .client()
         .await
@@ -418,4 +415,70 @@ backend_tests!(
 #[tokio::test]
 async fn redis_payments_charge_once() {
     payments_charge_once::<harness::SqliteDb>(Some("redis://127.0.0.1:6379")).await;
+}
+
+/// The client half: one key for every attempt, `ABORTED` waited out by its
+/// `RetryInfo` until the replay, `FAILED_PRECONDITION` never retried.
+#[tokio::test]
+async fn the_client_half_waits_out_in_flight_and_never_retries_a_reused_key() {
+    use idem_client::IdempotencyKey;
+    use idem_client::grpc::Retrying;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let db = harness::SqliteDb::create().await;
+    let server = Server::start(
+        &db.url(),
+        &[
+            ("ORDERS_LATENCY_MS", "1500"),
+            ("IDEM_IN_FLIGHT_WAIT_MS", "100"),
+        ],
+    )
+    .await;
+    let mut first_client = server.client().await;
+    let first = tokio::spawn(async move { first_client.create_order(order("cli-1", "mug")).await });
+    server.wait_until_executing(1).await;
+
+    let client = server.client().await;
+    let attempts = AtomicUsize::new(0);
+    let send = |mut request: tonic::Request<CreateOrderRequest>| {
+        attempts.fetch_add(1, Ordering::SeqCst);
+        let template = call(None, ());
+        for (name, value) in [
+            ("authorization", "authorization"),
+            ("x-currency", "x-currency"),
+        ] {
+            let v = template.metadata().get(value).unwrap().clone();
+            request.metadata_mut().insert(name, v);
+        }
+        let mut client = client.clone();
+        async move { client.create_order(request).await }
+    };
+    let key = IdempotencyKey::new("cli-1").unwrap();
+    let answer = Retrying::new()
+        .call_with_key(&key, order("x", "mug").into_inner(), send)
+        .await
+        .expect("the retry replays the first call's order");
+    assert!(replayed(&answer));
+    assert!(
+        attempts.load(Ordering::SeqCst) >= 2,
+        "it waited out ABORTED"
+    );
+    assert_eq!(
+        answer.get_ref().id,
+        first.await.unwrap().unwrap().get_ref().id
+    );
+
+    let attempts_before = attempts.load(Ordering::SeqCst);
+    let status = Retrying::new()
+        .call_with_key(&key, order("x", "teapot").into_inner(), send)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        attempts_before + 1,
+        "never retried"
+    );
+    assert_eq!(counts(&server).await.0, 1);
+    db.drop().await;
 }

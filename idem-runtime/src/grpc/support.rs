@@ -18,10 +18,19 @@ pub fn service<S: Clone>(service: &S) -> S {
     service.clone()
 }
 
-/// The idempotency request of a call: the key (from `source`; `field` is the
-/// key field's value when the key is a field of the message), the call's
-/// gRPC path as its route, and its metadata when the operation fingerprints
-/// some, with the service's [`Idem`].
+/// A field of the message, reached the one way the expansion names it (so that
+/// a field the message lacks is one error, at the attribute).
+pub type Field<M, F> = for<'m> fn(&'m mut M) -> &'m mut F;
+
+/// The accessor of the key field of `M` (`M` inferred from the message).
+pub fn key_field<M>(_: &M, field: Field<M, String>) -> Field<M, String> {
+    field
+}
+
+/// The idempotency request of a call: the key (from `source`, through `field`
+/// when the key is a field of the message), the call's gRPC path as its
+/// route, and its metadata when the operation fingerprints some, with the
+/// service's [`Idem`].
 ///
 /// # Errors
 ///
@@ -29,16 +38,23 @@ pub fn service<S: Clone>(service: &S) -> S {
 #[allow(clippy::result_large_err)]
 pub fn request<DB, const HEADERS: bool, S, M>(
     service: &S,
-    call: &tonic::Request<M>,
+    call: &mut tonic::Request<M>,
     spec: &OperationSpec,
     source: KeySource,
-    field: Option<&str>,
+    field: Option<Field<M, String>>,
 ) -> Result<IdemRequest<DB, HEADERS>, Status>
 where
     DB: LeaseBackend,
     Idem<DB>: FromRef<S>,
 {
-    let key = super::call::key(source, call.metadata(), field)?;
+    let key = match field {
+        Some(field) => super::call::key(
+            source,
+            &tonic::metadata::MetadataMap::new(),
+            Some(field(call.get_mut()).as_str()),
+        )?,
+        None => super::call::key(source, call.metadata(), None)?,
+    };
     let path = super::call::path(call.extensions(), spec.operation);
     let uri = axum::http::Uri::try_from(path.as_str())
         .unwrap_or_else(|_| axum::http::Uri::from_static("/"));
@@ -79,27 +95,27 @@ pub fn message<M: prost::Message>(
 /// # Errors
 ///
 /// Never.
-pub fn message_without<M, F>(
+pub fn message_without<M: prost::Message>(
     fp: FingerprintBuilder,
     message: &mut M,
-    key_field: F,
-) -> Result<FingerprintBuilder, FingerprintError>
-where
-    M: prost::Message,
-    F: for<'m> Fn(&'m mut M) -> &'m mut String,
-{
+    key_field: Field<M, String>,
+) -> Result<FingerprintBuilder, FingerprintError> {
     let key = std::mem::take(key_field(message));
     let encoded = message.encode_to_vec();
     *key_field(message) = key;
     Ok(fp.raw_body(&encoded))
 }
 
-/// A message holding only the fields `copy` copies from `message`, the rest at
-/// their defaults: `fingerprint(body.a, body.b)`.
-pub fn projection<M: prost::Message + Default>(message: &M, copy: impl FnOnce(&M, &mut M)) -> M {
-    let mut p = M::default();
-    copy(message, &mut p);
-    p
+/// A message of the type of `message` with every field at its default, into
+/// which `fingerprint(body.a, body.b)` copies its fields.
+pub fn projection<M: prost::Message + Default>(_: &M) -> M {
+    M::default()
+}
+
+/// Copies one field from `from` into `to`.
+pub fn copy_field<M, F: Clone>(from: &mut M, to: &mut M, field: Field<M, F>) {
+    let value = field(from).clone();
+    *field(to) = value;
 }
 
 /// The method's result as the pipeline settles it.

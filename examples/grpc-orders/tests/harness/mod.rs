@@ -1,5 +1,7 @@
 //! The e2e suite's harness: the example as a child process on a port of its
-//! own, its log, a tonic client, and a database of its own per test.
+//! own, its log, a tonic client, and a database of its own per test. Shared by
+//! the suites, each of which uses part of it.
+#![allow(dead_code)]
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,6 +88,11 @@ impl Server {
             panic!("the service did not start: {:?}", log.borrow().join("\n"));
         };
         Server { child, addr, log }
+    }
+
+    /// Where it listens (`127.0.0.1:PORT`).
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     /// A client on a connection of its own.

@@ -1,0 +1,224 @@
+//! The client half for tonic (feature `grpc`): one key per logical call, the
+//! same key on every attempt, and retries by the answers an idem service gives.
+//!
+//! | answer | what [`Retrying`] does |
+//! | --- | --- |
+//! | `ABORTED` (in flight, outcome uncertain) | retry after its `google.rpc.RetryInfo` wait (else the backoff) |
+//! | `UNAVAILABLE` (the store, the service, the connection) | retry after `RetryInfo`, else the backoff |
+//! | `FAILED_PRECONDITION` (the key belongs to another request) and every other status | returned at once |
+//! | a message | returned |
+//! | attempts used up | the last status |
+//!
+//! ```no_run
+//! # use idem_client::grpc::Retrying;
+//! # async fn run<C: Clone>(client: C) {
+//! # let call = |_c: C, r: tonic::Request<u32>| async move { Ok::<_, tonic::Status>(tonic::Response::new(r.into_inner())) };
+//! let answer = Retrying::new()
+//!     .call(7_u32, |request| call(client.clone(), request))
+//!     .await;
+//! # }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+
+use crate::IdempotencyKey;
+
+/// The request metadata entry the key travels in.
+pub const KEY_METADATA: &str = "idempotency-key";
+
+/// Retries one logical call under one key (see the module's table).
+#[derive(Debug, Clone)]
+pub struct Retrying {
+    attempts: u32,
+    backoff: Duration,
+    max_wait: Duration,
+}
+
+impl Default for Retrying {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Retrying {
+    /// Five attempts, a backoff from 100 ms (doubling, with jitter), no single
+    /// wait over 30 s.
+    pub fn new() -> Self {
+        Retrying {
+            attempts: 5,
+            backoff: Duration::from_millis(100),
+            max_wait: Duration::from_secs(30),
+        }
+    }
+
+    /// At most `attempts` attempts in all (at least one).
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts.max(1);
+        self
+    }
+
+    /// The first backoff wait, when an answer names none.
+    pub fn backoff(mut self, first: Duration) -> Self {
+        self.backoff = first;
+        self
+    }
+
+    /// The longest single wait, whatever `RetryInfo` asks.
+    pub fn max_wait(mut self, max: Duration) -> Self {
+        self.max_wait = max;
+        self
+    }
+
+    /// Sends `message` under a fresh key (a random UUID) with `send`, and
+    /// retries it by the answers.
+    ///
+    /// # Errors
+    ///
+    /// The final status: one that is not retried, or the last after the
+    /// attempts.
+    pub async fn call<M, T, F, Fut>(
+        &self,
+        message: M,
+        send: F,
+    ) -> Result<tonic::Response<T>, Status>
+    where
+        M: Clone,
+        F: FnMut(tonic::Request<M>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call_with_key(&IdempotencyKey::random(), message, send)
+            .await
+    }
+
+    /// As [`Retrying::call`], under `key` (a key kept from an earlier try of
+    /// the same logical call).
+    ///
+    /// # Errors
+    ///
+    /// As [`Retrying::call`].
+    pub async fn call_with_key<M, T, F, Fut>(
+        &self,
+        key: &IdempotencyKey,
+        message: M,
+        mut send: F,
+    ) -> Result<tonic::Response<T>, Status>
+    where
+        M: Clone,
+        F: FnMut(tonic::Request<M>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let value: MetadataValue<_> = key
+            .as_str()
+            .parse()
+            .map_err(|_| Status::invalid_argument("the idempotency key is not valid metadata"))?;
+        let mut backoff = self.backoff;
+        let mut attempt = 1;
+        loop {
+            let mut request = tonic::Request::new(message.clone());
+            request.metadata_mut().insert(KEY_METADATA, value.clone());
+            let status = match send(request).await {
+                Ok(answer) => return Ok(answer),
+                Err(status) => status,
+            };
+            if attempt >= self.attempts || !retried(&status) {
+                return Err(status);
+            }
+            let wait = status
+                .get_details_retry_info()
+                .and_then(|r| r.retry_delay)
+                .unwrap_or_else(|| jitter(backoff))
+                .min(self.max_wait);
+            tokio::time::sleep(wait).await;
+            backoff = backoff.saturating_mul(2).min(self.max_wait);
+            attempt += 1;
+        }
+    }
+}
+
+/// Whether a status is retried under the same key.
+pub fn retried(status: &Status) -> bool {
+    matches!(status.code(), Code::Aborted | Code::Unavailable)
+}
+
+/// Between half and all of `wait`.
+fn jitter(wait: Duration) -> Duration {
+    wait.mul_f64(0.5 + fastrand::f64() / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use tonic_types::ErrorDetails;
+
+    fn in_flight(wait_ms: u64) -> Status {
+        Status::with_error_details(
+            Code::Aborted,
+            "in flight",
+            ErrorDetails::with_retry_info(Some(Duration::from_millis(wait_ms))),
+        )
+    }
+
+    #[tokio::test]
+    async fn every_attempt_carries_one_key_and_retries_follow_the_answers() {
+        let seen = Mutex::new(Vec::new());
+        let answers = Mutex::new(vec![
+            Err(in_flight(1)),
+            Err(Status::unavailable("down")),
+            Ok(tonic::Response::new(7_u32)),
+        ]);
+        let out = Retrying::new()
+            .backoff(Duration::from_millis(1))
+            .call(1_u32, |r: tonic::Request<u32>| {
+                seen.lock().unwrap().push(
+                    r.metadata()
+                        .get(KEY_METADATA)
+                        .unwrap()
+                        .to_str()
+                        .unwrap()
+                        .to_owned(),
+                );
+                let next = answers.lock().unwrap().remove(0);
+                async move { next }
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.into_inner(), 7);
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen.len(), 3);
+        assert!(seen.iter().all(|k| k == &seen[0]), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn a_reused_key_is_never_retried_and_attempts_are_bounded() {
+        let calls = Mutex::new(0);
+        let status = Retrying::new()
+            .call(1_u32, |_| {
+                *calls.lock().unwrap() += 1;
+                async { Err::<tonic::Response<u32>, _>(Status::failed_precondition("reused")) }
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(*calls.lock().unwrap(), 1);
+
+        let calls = Mutex::new(0);
+        let status = Retrying::new()
+            .attempts(3)
+            .backoff(Duration::from_millis(1))
+            .call(1_u32, |_| {
+                *calls.lock().unwrap() += 1;
+                async { Err::<tonic::Response<u32>, _>(Status::unavailable("down")) }
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(*calls.lock().unwrap(), 3);
+    }
+}

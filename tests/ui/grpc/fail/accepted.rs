@@ -1,0 +1,13 @@
+// accepted is an HTTP long operation.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[tonic::async_trait]
+impl Orders for Service {
+    #[idempotent(operation = "create-order", retention = "24h", key = "metadata", lease = "30s", accepted)]
+    async fn create_order(&self, #[tenant] caller: Extension<Caller>, lease: &mut Lease<Postgres>, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+        Ok(Response::new(Order { id: 1 }))
+    }
+}
+
+fn main() {}

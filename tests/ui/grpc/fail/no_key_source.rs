@@ -1,0 +1,13 @@
+// A gRPC method must say where its key comes from.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[tonic::async_trait]
+impl Orders for Service {
+    #[idempotent(operation = "create-order", retention = "24h")]
+    async fn create_order(&self, #[tenant] caller: Extension<Caller>, tx: &mut Tx<Postgres>, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+        Ok(Response::new(Order { id: 1 }))
+    }
+}
+
+fn main() {}

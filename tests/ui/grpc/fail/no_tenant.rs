@@ -1,0 +1,13 @@
+// Without a tenant scope, keys of two callers would collide.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[tonic::async_trait]
+impl Orders for Service {
+    #[idempotent(operation = "create-order", retention = "24h", key = "metadata")]
+    async fn create_order(&self, tx: &mut Tx<Postgres>, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+        Ok(Response::new(Order { id: 1 }))
+    }
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+// The tenant's type must identify a tenant.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[tonic::async_trait]
+impl Orders for Service {
+    #[idempotent(operation = "create-order", retention = "24h", key = "metadata")]
+    async fn create_order(&self, #[tenant] caller: Extension<String>, tx: &mut Tx<Postgres>, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+        Ok(Response::new(Order { id: 1 }))
+    }
+}
+
+fn main() {}
