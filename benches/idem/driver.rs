@@ -7,6 +7,7 @@
 //! interleaved with the rest. Then the memory run of (b) and the statement
 //! profile, and one report.
 
+mod grpc;
 mod load;
 mod long_ops;
 mod profile;
@@ -81,6 +82,8 @@ pub struct Settings {
     admin_url: String,
     /// `IDEM_BENCH_KEEP_DB=1` keeps the database and the SQLite file.
     keep_db: bool,
+    /// `IDEM_BENCH_GRPC` (1; 0 skips (u), (v)): the gRPC scenarios.
+    grpc: bool,
 }
 
 impl Settings {
@@ -146,6 +149,7 @@ impl Settings {
             profile_requests: env_or("IDEM_BENCH_PROFILE_REQUESTS", 200)?,
             admin_url,
             keep_db: std::env::var("IDEM_BENCH_KEEP_DB").as_deref() == Ok("1"),
+            grpc: std::env::var("IDEM_BENCH_GRPC").as_deref() != Ok("0"),
         })
     }
 
@@ -538,6 +542,11 @@ async fn run_all(
     } else {
         Vec::new()
     };
+    let grpc = if s.grpc {
+        Some(grpc::grpc_run(s, url).await?)
+    } else {
+        None
+    };
     let load_after = loadavg();
 
     let header = format!(
@@ -562,6 +571,9 @@ async fn run_all(
         profiled: &profiled,
     };
     println!("{}", report.render());
+    if let Some(run) = &grpc {
+        println!("{}", grpc::render(run, &groups));
+    }
     pools.pg.close().await;
     if let Some(p) = pools.sqlite {
         p.close().await;

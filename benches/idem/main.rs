@@ -64,15 +64,16 @@ const ROLE_ENV: &str = "IDEM_BENCH_ROLE";
 const LISTENING: &str = "IDEM_BENCH_LISTENING";
 
 fn main() -> ExitCode {
-    let server = std::env::var(ROLE_ENV).as_deref() == Ok("server");
+    let role = std::env::var(ROLE_ENV).unwrap_or_default();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let result = if server {
-        rt.block_on(server::main())
-    } else {
-        rt.block_on(driver::main())
+    let result = match role.as_str() {
+        "server" => rt.block_on(server::main()),
+        // The gRPC scenarios' server: the grpc-orders example, as it runs.
+        "grpc" => rt.block_on(grpc_orders::server::run()),
+        _ => rt.block_on(driver::main()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,6 +21,17 @@ impl Server {
     /// Starts this binary as a server on `database_url` (a `postgres://` URL, or a
     /// `sqlite:` file with `IDEM_BENCH_BACKEND=sqlite` in `extra_env`).
     pub async fn start(database_url: &str, extra_env: &[(&str, String)]) -> Result<Server, String> {
+        Self::start_as("server", LISTENING, database_url, extra_env).await
+    }
+
+    /// Starts this binary in `role` (`server`, or `grpc` for the grpc-orders
+    /// example), which prints `listening` and its address once it listens.
+    pub async fn start_as(
+        role: &str,
+        listening: &str,
+        database_url: &str,
+        extra_env: &[(&str, String)],
+    ) -> Result<Server, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         // `IDEM_BENCH_SERVER_WRAPPER="valgrind --tool=callgrind"` profiles the server.
         let wrapper = std::env::var("IDEM_BENCH_SERVER_WRAPPER").unwrap_or_default();
@@ -33,7 +44,7 @@ impl Server {
             }
             None => tokio::process::Command::new(exe),
         };
-        cmd.env(ROLE_ENV, "server")
+        cmd.env(ROLE_ENV, role)
             .env("DATABASE_URL", database_url)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -50,7 +61,7 @@ impl Server {
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let addr = tokio::time::timeout(Duration::from_secs(60), async {
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(addr) = line.strip_prefix(LISTENING) {
+                if let Some(addr) = line.strip_prefix(listening) {
                     return Some(addr.trim().to_owned());
                 }
             }
