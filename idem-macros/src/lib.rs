@@ -110,6 +110,14 @@ use proc_macro::TokenStream;
 /// (`GET`: running, stalled, succeeded, failed or uncertain, and the result).
 /// Leased mode only: a transaction cannot stay open past its request.
 ///
+/// ## `key = "metadata"` or `key = "body.request_id"`: gRPC methods
+///
+/// On a tonic service method (idem-runtime's feature `grpc`), where the key
+/// travels: the `idempotency-key` request metadata entry, or a string field of
+/// the request message (AIP-155's `request_id`), which is then left out of the
+/// fingerprint. Required there; refused on an HTTP handler, whose key is the
+/// `Idempotency-Key` header. See *gRPC methods* below.
+///
 /// ## `crate = "path"`
 ///
 /// Where the runtime is, when it is not `::idem_runtime` (a renamed dependency or a
@@ -147,6 +155,34 @@ use proc_macro::TokenStream;
 /// | an alias: `Json(cmd): OrderBody` | by the pattern's name |
 /// | an alias written `cmd: OrderBody`, as the last parameter | by its type, probed at compile time: a body is fingerprinted (or refused if it cannot be), anything else is taken as an extractor of the request's parts |
 /// | `Body`, `Request`, `Multipart` | streams: they cannot be fingerprinted before the claim; write `fingerprint(ignore_body)` (with headers) |
+///
+/// # gRPC methods
+///
+/// On a method of a tonic service, inside its `#[tonic::async_trait]` impl (or
+/// on an inherent `async fn`), with `&self`, the `#[tenant]` (or
+/// `single_tenant`), the handle (`tx: &mut Tx<..>`, or `lease: &mut Lease<..>`)
+/// and the `tonic::Request<M>` last:
+///
+/// ```ignore
+/// #[tonic::async_trait]
+/// impl Orders for OrdersService {
+///     #[idempotent(operation = "create-order", retention = "24h", key = "metadata")]
+///     async fn create_order(&self, #[tenant] caller: Extension<Caller>, tx: &mut Tx<Postgres>,
+///                           request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+///         // ...
+///     }
+/// }
+/// ```
+///
+/// The method keeps the signature tonic declares, `create_order(&self,
+/// request)`: the tenant and other parameters are read from the call
+/// (`idem_runtime::grpc::FromGrpcRequest`), the handle is idem's. The service
+/// must be `Clone` and provide `Idem<DB>` through `FromRef`. `fingerprint(body)`
+/// is the message (the default), `body.field` its top-level fields,
+/// `header = ".."` a metadata entry. A message or a decision status is
+/// stored; a status a retry may get past rolls back
+/// (`idem_runtime::grpc::is_stored`). The answers, the table and the client
+/// half are in the repository's docs/grpc.md.
 ///
 /// # What this expands to
 ///

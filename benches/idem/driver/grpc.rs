@@ -118,7 +118,10 @@ async fn measured(
 ) -> GrpcMeasured {
     let warm = Instant::now() + Duration::from_secs_f64(s.warmup);
     let k = key.clone();
-    load(clients, tenant, warm, move |c, i| format!("warm-{}", k(c, i))).await;
+    load(clients, tenant, warm, move |c, i| {
+        format!("warm-{}", k(c, i))
+    })
+    .await;
     let probe = server.probe();
     let before = cpu_snapshot(&probe);
     let started = Instant::now();
@@ -158,9 +161,14 @@ pub async fn grpc_run(s: &Settings, url: &str) -> Result<GrpcRun, String> {
     let addr = server.base.clone();
     let clients = clients(&addr, s.clients).await?;
     let run = std::process::id();
-    let first = measured(s, &server, "gRPC #[idempotent] first exec", &clients, "grpc-u", move |c, i| {
-        format!("u-{run}-{c}-{i}")
-    })
+    let first = measured(
+        s,
+        &server,
+        "gRPC #[idempotent] first exec",
+        &clients,
+        "grpc-u",
+        move |c, i| format!("u-{run}-{c}-{i}"),
+    )
     .await;
     // Completed keys for (v), made one by one beforehand.
     let keys = s.replay_keys.max(1);
@@ -170,9 +178,14 @@ pub async fn grpc_run(s: &Settings, url: &str) -> Result<GrpcRun, String> {
             .await
             .map_err(|e| format!("gRPC replay key {k}: {e}"))?;
     }
-    let replay = measured(s, &server, "gRPC #[idempotent] replay", &clients, "grpc-v", move |c, i| {
-        format!("v-{run}-{}", (c as u64 * 7919 + i) % keys as u64)
-    })
+    let replay = measured(
+        s,
+        &server,
+        "gRPC #[idempotent] replay",
+        &clients,
+        "grpc-v",
+        move |c, i| format!("v-{run}-{}", (c as u64 * 7919 + i) % keys as u64),
+    )
     .await;
     server.stop().await;
     Ok(GrpcRun { first, replay })

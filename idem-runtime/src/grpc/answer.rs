@@ -258,7 +258,6 @@ fn from_problem(http: StatusCode, bytes: &[u8], retry_after: Option<Duration>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic_types::StatusExt as _;
 
     /// A message of two fields, by hand (no build script in the runtime).
     #[derive(Clone, PartialEq, prost::Message)]

@@ -85,7 +85,7 @@ pub(crate) fn key(
     field: Option<&str>,
 ) -> Result<IdempotencyKey, Status> {
     let read = match (source, field) {
-        (KeySource::Field(_), Some(value)) if value.is_empty() => Err(KeyError::Missing),
+        (KeySource::Field(_), Some("")) => Err(KeyError::Missing),
         (KeySource::Field(_), Some(value)) => IdempotencyKey::parse(value),
         _ => IdempotencyKey::from_headers(metadata.as_ref()),
     };

@@ -133,3 +133,99 @@ pub async fn answer<T: prost::Message + Default>(
 ) -> Result<tonic::Response<T>, Status> {
     super::answer::answer(response).await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use prost::Message as _;
+
+    use super::*;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Order {
+        #[prost(string, tag = "1")]
+        sku: String,
+        #[prost(int32, tag = "2")]
+        quantity: i32,
+        #[prost(string, tag = "3")]
+        request_id: String,
+        #[prost(btree_map = "string, string", tag = "4")]
+        labels: BTreeMap<String, String>,
+    }
+
+    fn print(m: &Order) -> crate::Fingerprint {
+        message(FingerprintBuilder::new("t", "op", "POST", "/op"), m)
+            .unwrap()
+            .finish()
+    }
+
+    /// Two encodings of one message: fields in another order, a default
+    /// written out, an unknown field, map entries in another order.
+    #[test]
+    fn two_encodings_of_one_message_are_one_request() {
+        let plain = Order {
+            sku: "a".into(),
+            quantity: 3,
+            request_id: String::new(),
+            labels: [
+                ("x".to_owned(), "1".to_owned()),
+                ("y".to_owned(), "2".to_owned()),
+            ]
+            .into(),
+        };
+        let entry = |k: &str, v: &str| {
+            let mut e = vec![0x0a, k.len() as u8];
+            e.extend(k.as_bytes());
+            e.extend([0x12, v.len() as u8]);
+            e.extend(v.as_bytes());
+            let mut f = vec![0x22, e.len() as u8];
+            f.extend(e);
+            f
+        };
+        let mut respelled = vec![0x10, 3]; // quantity first
+        respelled.extend(entry("y", "2")); // the map's entries in the other order
+        respelled.extend([0x1a, 0]); // request_id = "" written out
+        respelled.extend([0x0a, 1, b'a']); // then sku
+        respelled.extend(entry("x", "1"));
+        respelled.extend([0x48, 7]); // field 9, which this message does not know
+        let decoded = Order::decode(respelled.as_slice()).unwrap();
+        assert_ne!(
+            respelled,
+            plain.encode_to_vec(),
+            "the spellings differ on the wire"
+        );
+        assert_eq!(print(&decoded), print(&plain));
+        let other = Order {
+            quantity: 4,
+            ..plain.clone()
+        };
+        assert_ne!(print(&other), print(&plain));
+    }
+
+    #[test]
+    fn the_key_field_is_left_out_and_put_back() {
+        let without = |m: &mut Order| {
+            message_without(FingerprintBuilder::new("t", "op", "POST", "/op"), m, |m| {
+                &mut m.request_id
+            })
+            .unwrap()
+            .finish()
+        };
+        let mut a = Order {
+            sku: "a".into(),
+            request_id: "k-1".into(),
+            ..Order::default()
+        };
+        let mut b = Order {
+            request_id: "k-2".into(),
+            ..a.clone()
+        };
+        assert_eq!(without(&mut a), without(&mut b));
+        assert_eq!(a.request_id, "k-1", "the key is put back");
+        let mut p = projection(&a);
+        copy_field(&mut a, &mut p, |m| &mut m.sku);
+        assert_eq!(p.sku, "a");
+        assert!(p.request_id.is_empty());
+    }
+}
