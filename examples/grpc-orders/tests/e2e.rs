@@ -482,3 +482,35 @@ async fn the_client_half_waits_out_in_flight_and_never_retries_a_reused_key() {
     assert_eq!(counts(&server).await.0, 1);
     db.drop().await;
 }
+
+/// The database out of reach: `UNAVAILABLE` with `RetryInfo`, nothing stored;
+/// once it is back, the retry with the key executes.
+#[tokio::test]
+async fn a_store_out_of_reach_is_unavailable_with_retry_info() {
+    let db = harness::PgDb::create().await;
+    let server = Server::start(&db.url(), &[]).await;
+    let mut client = server.client().await;
+    client.create_order(order("warm-1", "pen")).await.unwrap();
+    db.refuse_connections(true).await;
+    let status = client
+        .create_order(order("down-1", "pen"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status
+            .get_details_retry_info()
+            .unwrap()
+            .retry_delay
+            .is_some()
+    );
+    assert_eq!(
+        status.get_details_error_info().unwrap().reason,
+        "STORE_UNAVAILABLE"
+    );
+    db.refuse_connections(false).await;
+    let retry = client.create_order(order("down-1", "pen")).await.unwrap();
+    assert!(!replayed(&retry), "nothing was stored: the retry executes");
+    assert_eq!(counts(&server).await.0, 2);
+    db.drop().await;
+}

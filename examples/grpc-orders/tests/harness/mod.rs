@@ -233,6 +233,30 @@ impl Db for PgDb {
     }
 }
 
+impl PgDb {
+    /// Refuses new connections to the database and ends the open ones (or
+    /// lets them in again): the service's store is out of reach.
+    pub async fn refuse_connections(&self, refuse: bool) {
+        let mut conn = sqlx::PgConnection::connect(&pg_admin()).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS {}",
+            self.name, !refuse
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        if refuse {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            )
+            .bind(&self.name)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+    }
+}
+
 /// A MySQL / MariaDB database on the machine's server.
 pub struct MySqlDb {
     name: String,
