@@ -48,7 +48,12 @@ const CRATES: &[(&str, &str)] = &[
 #[rustfmt::skip]
 const OTHERS: &[&str] = &[
     // the standard library's
-    "Debug", "Display", "Duration", "Err", "Ok", "Option", "Result", "String",
+    "Debug", "Display", "Duration", "Err", "Ok", "Option", "Result", "String", "Clone",
+    "BTreeMap",
+    "HashMap", "Arc",
+    // gRPC's: google.rpc's error details, and the gRPC example's methods and types
+    "RetryInfo", "ErrorInfo", "PreconditionFailure", "BadRequest",
+    "CreateOrder", "CreateRefund", "CreatePayment", "GetOrder", "CountOrders", "Caller", "Service",
     // axum's
     "Body", "Bytes", "Form", "FromRef", "IntoResponse", "Json", "JsonRejection", "RawForm",
     "Request",
