@@ -47,12 +47,33 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     if crate::validate::is_grpc_method(&func) {
-        return crate::expand_grpc::idempotent_method(args, func);
+        return checked(
+            args,
+            func,
+            crate::validate::validate_grpc,
+            |config, func| crate::expand_grpc::expand(&config, func),
+            crate::expand_grpc::refused,
+        );
     }
+    checked(args, func, crate::validate::validate, expand, refused)
+}
+
+/// What a validator makes of the attribute's arguments and the function.
+type Validator<C> =
+    fn(crate::parse::RawArgs, &crate::parse::Written, &ItemFn, &mut Errors) -> Option<C>;
+
+/// Parses the arguments, checks them with the function, and expands what
+/// passed, or answers the errors with `refused`'s stand-in.
+fn checked<C>(
+    args: TokenStream,
+    func: ItemFn,
+    validate: Validator<C>,
+    expand: impl FnOnce(C, ItemFn) -> TokenStream,
+    refused: fn(ItemFn, &Errors) -> TokenStream,
+) -> TokenStream {
     let mut errors = Errors::default();
     let (raw, written) = crate::parse::parse_args(args, &mut errors);
-    let config = crate::validate::validate(raw, &written, &func, &mut errors);
-    match config {
+    match validate(raw, &written, &func, &mut errors) {
         Some(config) if errors.is_empty() => expand(config, func),
         _ => refused(func, &errors),
     }

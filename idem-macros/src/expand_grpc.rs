@@ -30,20 +30,9 @@ use syn::{FnArg, ItemFn, Pat, Signature};
 use crate::errors::Errors;
 use crate::validate::{BodyPrint, GrpcConfig, Key, Tenant, is_idempotent_attr};
 
-/// The method's expansion, or its errors beside a stub with tonic's signature.
-pub fn idempotent_method(args: TokenStream, func: ItemFn) -> TokenStream {
-    let mut errors = Errors::default();
-    let (raw, written) = crate::parse::parse_args(args, &mut errors);
-    let config = crate::validate::validate_grpc(raw, &written, &func, &mut errors);
-    match config {
-        Some(config) if errors.is_empty() => expand(&config, func),
-        _ => refused(func, &errors),
-    }
-}
-
 /// The errors, and the method with tonic's signature and no body, so that
 /// the `impl` adds no error of its own.
-fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
+pub fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
     let errors = errors.to_compile_errors();
     let ItemFn {
         attrs, vis, sig, ..
@@ -150,7 +139,8 @@ fn replace_self(tokens: TokenStream) -> TokenStream {
     out.into_iter().collect()
 }
 
-fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
+/// The method's expansion (see the module's documentation).
+pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
     let rt = match &config.krate {
         None => quote!(::idem_runtime::__private),
         Some(path) => quote!(#path::__private),

@@ -14,9 +14,12 @@
 //! | `IDEM_ADDR` | `127.0.0.1:50051` | listen address (`127.0.0.1:0` picks a free port; the first line on standard output says which) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside `CreateOrder`'s transaction, after the insert |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per charge |
+//! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's next N charges time out after charging: the payment's outcome is uncertain until the reconciler asks |
+//! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
 
 pub mod auth;
+pub mod reconcile;
 pub mod server;
 pub mod service;
 pub mod store;

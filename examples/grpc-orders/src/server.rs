@@ -5,13 +5,15 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_runtime::Idem;
-use idem_runtime::redis::RedisLeaseStore;
+use idem_runtime::reconcile::Reconciler;
+use idem_runtime::redis::{Redis, RedisLeaseStore};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 use crate::auth::authenticate;
 use crate::pb::orders_server::OrdersServer;
+use crate::reconcile::AskProvider;
 use crate::service::{self, Knobs};
 use crate::store::Store;
 
@@ -36,10 +38,18 @@ fn millis(name: &str, default: u64, max: u64) -> Result<Duration, String> {
 ///
 /// A setting, the database or the address that cannot be used.
 pub async fn run() -> Result<(), String> {
+    let timeouts = match std::env::var("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE") {
+        Err(_) => 0,
+        Ok(v) => v.parse::<u64>().map_err(|_| {
+            format!("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE must be a whole number, not {v:?}")
+        })?,
+    };
     let knobs = Knobs {
         latency: millis("ORDERS_LATENCY_MS", 0, 600_000)?,
         provider_latency: millis("PAYMENTS_PROVIDER_LATENCY_MS", 0, 600_000)?,
+        timeouts_after_charge: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(timeouts)),
     };
+    let reconcile_every = millis("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;
     let wait = millis("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?;
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:50051".into());
     let leases = lease_store().await?;
@@ -62,6 +72,15 @@ pub async fn run() -> Result<(), String> {
                 .await
                 .map_err(|e| format!("the example's tables could not be created: {e}"))?;
             let idem = Idem::new(pool.clone()).with_in_flight_wait(wait);
+            let ask = AskProvider { pool: pool.clone() };
+            match &leases {
+                None => Reconciler::new(pool.clone(), ask)
+                    .with_interval(reconcile_every)
+                    .spawn(),
+                Some(store) => Reconciler::<_, Redis>::on_store(store.clone(), ask)
+                    .with_interval(reconcile_every)
+                    .spawn(),
+            };
             let router = match leases {
                 None => server.add_service(OrdersServer::with_interceptor(
                     service::$plain { idem, pool, knobs },

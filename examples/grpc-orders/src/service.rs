@@ -12,12 +12,25 @@ use crate::auth::Caller;
 use crate::pb::CreateOrderRequest;
 
 /// What every stamping of the service shares besides its databases.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Knobs {
     /// `ORDERS_LATENCY_MS`: slow work inside the transaction, after the insert.
     pub latency: Duration,
     /// `PAYMENTS_PROVIDER_LATENCY_MS`: the provider's latency per charge.
     pub provider_latency: Duration,
+    /// `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE`: how many of the provider's next
+    /// charges time out after they were made (the outcome is then uncertain).
+    pub timeouts_after_charge: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Knobs {
+    /// Whether this charge's answer is lost: one of the timeouts still due.
+    pub fn charge_times_out(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.timeouts_after_charge
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
 }
 
 /// The order's currency: the `x-currency` metadata entry, three upper-case
@@ -187,6 +200,13 @@ macro_rules! orders_service {
                     tracing::error!(error = %e, "grpc-orders: the provider failed");
                     tonic::Status::unavailable("the payment provider is unavailable; nothing was charged")
                 })?;
+                if self.knobs.charge_times_out() {
+                    // The charge was made, its answer lost: only the reconciler,
+                    // asking the provider, can tell.
+                    return Err(idem_runtime::grpc::uncertain(
+                        "the payment provider timed out after it may have charged",
+                    ));
+                }
                 Ok(tonic::Response::new($crate::pb::Payment { charge_id, amount_cents }))
             }
 

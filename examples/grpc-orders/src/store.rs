@@ -56,6 +56,11 @@ pub trait Store: Backend {
         pool: &Pool<Self>,
         tenant: &str,
     ) -> impl Future<Output = Result<Counts, sqlx::Error>> + Send;
+    /// The provider's charge under `key`, if it made one: its id and amount.
+    fn find_charge(
+        pool: &Pool<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send;
     /// The simulated provider's charge under `key` (its own idempotency: a
     /// second charge under one key is the first): the charge's id.
     fn charge(
@@ -153,6 +158,19 @@ macro_rules! dollar_store {
                     refunds,
                     charges,
                 })
+            }
+
+            async fn find_charge(
+                pool: &Pool<Self>,
+                key: &str,
+            ) -> Result<Option<(String, i64)>, sqlx::Error> {
+                let row: Option<(i64, i64)> = sqlx::query_as(
+                    "SELECT id, amount_cents FROM grpc_charges WHERE charge_key = $1",
+                )
+                .bind(key)
+                .fetch_optional(pool)
+                .await?;
+                Ok(row.map(|(id, amount)| (format!("ch_{id}"), amount)))
             }
 
             async fn charge(
@@ -314,6 +332,18 @@ impl Store for MySql {
             refunds,
             charges,
         })
+    }
+
+    async fn find_charge(
+        pool: &Pool<Self>,
+        key: &str,
+    ) -> Result<Option<(String, i64)>, sqlx::Error> {
+        let row: Option<(i64, i64)> =
+            sqlx::query_as("SELECT id, amount_cents FROM grpc_charges WHERE charge_key = ?")
+                .bind(key)
+                .fetch_optional(pool)
+                .await?;
+        Ok(row.map(|(id, amount)| (format!("ch_{id}"), amount)))
     }
 
     async fn charge(

@@ -514,3 +514,70 @@ async fn a_store_out_of_reach_is_unavailable_with_retry_info() {
     assert_eq!(counts(&server).await.0, 2);
     db.drop().await;
 }
+
+/// The provider charges but its answer is lost: the payment's outcome is
+/// uncertain (`ABORTED`, reason `OUTCOME_UNCERTAIN`, with `RetryInfo`), never
+/// charged again; once the reconciler has asked the provider, the retry
+/// replays the charge.
+async fn an_uncertain_payment_is_settled_by_the_reconciler(lease_store: Option<&str>) {
+    use idem_client::IdempotencyKey;
+    use idem_client::grpc::Retrying;
+
+    let db = harness::SqliteDb::create().await;
+    let prefix = harness::unique("idem-grpc");
+    let mut env = vec![
+        ("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE", "1"),
+        ("PAYMENTS_RECONCILE_INTERVAL_MS", "200"),
+    ];
+    if let Some(url) = lease_store {
+        env.push(("IDEM_LEASE_STORE", url));
+        env.push(("IDEM_LEASE_STORE_PREFIX", &prefix));
+    }
+    let server = Server::start(&db.url(), &env).await;
+    let mut client = server.client().await;
+    let pay = || call(Some("unsure-1"), CreatePaymentRequest { amount_cents: 700 });
+    let status = client.create_payment(pay()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(
+        status.get_details_error_info().unwrap().reason,
+        "OUTCOME_UNCERTAIN"
+    );
+    assert!(status.get_details_retry_info().is_some());
+
+    let send = |mut request: tonic::Request<CreatePaymentRequest>| {
+        *request.metadata_mut() = pay().metadata().clone();
+        let mut client = client.clone();
+        async move { client.create_payment(request).await }
+    };
+    let settled = Retrying::new()
+        .attempts(300)
+        .max_wait(std::time::Duration::from_millis(100))
+        .call_with_key(
+            &IdempotencyKey::new("unsure-1").unwrap(),
+            CreatePaymentRequest { amount_cents: 700 },
+            send,
+        )
+        .await
+        .expect("the reconciler settles the payment");
+    assert!(
+        replayed(&settled),
+        "the reconciler's answer, not a second run"
+    );
+    assert!(settled.get_ref().charge_id.starts_with("ch_"));
+    assert_eq!(
+        counts(&server).await.2,
+        1,
+        "one charge, made before the timeout"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_uncertain_payment_is_settled_by_the_reconciler_on_sqlite() {
+    an_uncertain_payment_is_settled_by_the_reconciler(None).await;
+}
+
+#[tokio::test]
+async fn an_uncertain_payment_is_settled_by_the_reconciler_on_redis() {
+    an_uncertain_payment_is_settled_by_the_reconciler(Some("redis://127.0.0.1:6379")).await;
+}

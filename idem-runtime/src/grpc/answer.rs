@@ -23,6 +23,7 @@ use tonic_types::{ErrorDetails, PreconditionViolation, StatusExt as _};
 use super::{ERROR_DOMAIN, REPLAYED_METADATA, is_stored, reason};
 use crate::handler::HandlerOutcome;
 use crate::lease::Uncertain;
+use crate::model::StoredResponse;
 use crate::problem;
 use crate::response::REPLAYED_HEADER;
 
@@ -48,7 +49,8 @@ struct StoredStatus {
 /// outcome becomes uncertain, retries get `ABORTED` with
 /// [`reason::OUTCOME_UNCERTAIN`] and `RetryInfo` until a reconciler settles it,
 /// and the method never runs again for it meanwhile. As [`crate::Uncertain`]
-/// for an HTTP handler.
+/// for an HTTP handler. In the transactional mode (where the effect is in the
+/// transaction) it rolls back, as `UNKNOWN` does.
 ///
 /// ```
 /// let status = idem_runtime::grpc::uncertain("the payment provider timed out");
@@ -83,6 +85,47 @@ pub fn http_status(code: Code) -> StatusCode {
     StatusCode::from_u16(n).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// A message as a store keeps it: for a reconciler's
+/// `Resolution::Completed`, so that replays answer it as the method's message.
+///
+/// ```
+/// # #[derive(Clone, PartialEq, prost::Message)]
+/// # struct Payment { #[prost(string, tag = "1")] charge_id: String }
+/// let stored = idem_runtime::grpc::stored_message(&Payment { charge_id: "ch_1".into() });
+/// assert_eq!(stored.status, 200);
+/// ```
+pub fn stored_message<M: prost::Message>(message: &M) -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: vec![(CONTENT_TYPE.as_str().to_owned(), MESSAGE_TYPE.to_owned())],
+        body: message.encode_to_vec().into(),
+    }
+}
+
+/// A status as a store keeps it (a decision, [`is_stored`]): for a
+/// reconciler's `Resolution::Completed` when the effect was refused, say.
+pub fn stored_status(status: &Status) -> StoredResponse {
+    StoredResponse {
+        status: http_status(status.code()).as_u16(),
+        headers: vec![(CONTENT_TYPE.as_str().to_owned(), STATUS_TYPE.to_owned())],
+        body: status_json(status).into(),
+    }
+}
+
+/// A status's stored body: [`StoredStatus`] as JSON.
+fn status_json(status: &Status) -> Vec<u8> {
+    let stored = StoredStatus {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        details: if status.details().is_empty() {
+            String::new()
+        } else {
+            base64::engine::general_purpose::STANDARD.encode(status.details())
+        },
+    };
+    serde_json::to_vec(&stored).unwrap_or_default()
+}
+
 /// A method's result as the pipeline settles it: a message and the statuses
 /// [`is_stored`] names are stored; the others roll back (or release the lease);
 /// an [`uncertain`] status marks the outcome uncertain.
@@ -97,23 +140,17 @@ pub(crate) fn outcome<T: prost::Message>(
             )
                 .into_response(),
         ),
+        // Leased mode marks the key uncertain by the response's marker; the
+        // transactional mode, whose effect is in the rolled-back transaction,
+        // rolls back as for `UNKNOWN`.
         Err(status) if status.metadata().contains_key(UNCERTAIN_METADATA) => {
-            HandlerOutcome::ok(Uncertain::new(status.message()).into_response())
+            HandlerOutcome::err(Uncertain::new(status.message()).into_response())
         }
         Err(status) => {
-            let stored = StoredStatus {
-                code: status.code() as i32,
-                message: status.message().to_owned(),
-                details: if status.details().is_empty() {
-                    String::new()
-                } else {
-                    base64::engine::general_purpose::STANDARD.encode(status.details())
-                },
-            };
             let response = (
                 http_status(status.code()),
                 [(CONTENT_TYPE, HeaderValue::from_static(STATUS_TYPE))],
-                serde_json::to_vec(&stored).unwrap_or_default(),
+                status_json(&status),
             )
                 .into_response();
             if is_stored(status.code()) {
@@ -324,10 +361,28 @@ mod tests {
         }
     }
 
+    /// What a reconciler stores replays as the method's message or status.
+    #[tokio::test]
+    async fn a_reconcilers_stored_answer_replays_as_the_message_or_status() {
+        let order = Order {
+            id: 9,
+            sku: "pen".into(),
+        };
+        let replay = crate::response::replay(stored_message(&order));
+        let back = answer::<Order>(replay).await.unwrap();
+        assert_eq!(back.get_ref(), &order);
+        assert_eq!(back.metadata().get(REPLAYED_METADATA).unwrap(), "true");
+        let refused = Status::failed_precondition("declined");
+        let replay = crate::response::replay(stored_status(&refused));
+        let back = answer::<Order>(replay).await.unwrap_err();
+        assert_eq!(back.code(), Code::FailedPrecondition);
+        assert_eq!(back.message(), "declined");
+    }
+
     #[tokio::test]
     async fn an_uncertain_status_becomes_the_uncertain_answer() {
         let out = outcome::<Order>(Err(uncertain("timed out")));
-        assert!(!out.is_err);
+        assert!(out.is_err, "the transactional mode rolls it back");
         assert!(
             out.response
                 .extensions()

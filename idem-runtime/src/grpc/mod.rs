@@ -52,7 +52,7 @@ mod call;
 #[doc(hidden)]
 pub mod support;
 
-pub use answer::{http_status, uncertain};
+pub use answer::{http_status, stored_message, stored_status, uncertain};
 /// The value an interceptor inserted, as a method's parameter (re-exported
 /// from axum, so that a tonic service need not name it).
 pub use axum::Extension;
