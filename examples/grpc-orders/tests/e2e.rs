@@ -46,7 +46,16 @@ async fn counts(server: &Server) -> (i64, i64, i64) {
 /// Concurrent duplicates of one call: one order, every answer the same.
 async fn concurrent_duplicates_make_one_order<D: Db>() {
     let db = D::create().await;
-    let server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "300")]).await;
+    // The duplicates wait for the first up to the longest in-flight wait, so
+    // that a slow machine answers late rather than ABORTED.
+    let server = Server::start(
+        &db.url(),
+        &[
+            ("ORDERS_LATENCY_MS", "300"),
+            ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
+        ],
+    )
+    .await;
     let mut calls = Vec::new();
     for _ in 0..6 {
         let mut client = server.client().await;
@@ -454,7 +463,9 @@ async fn the_client_half_waits_out_in_flight_and_never_retries_a_reused_key() {
         async move { client.create_order(request).await }
     };
     let key = IdempotencyKey::new("cli-1").unwrap();
+    // Each ABORTED asks for a second's wait; enough attempts for a slow machine.
     let answer = Retrying::new()
+        .attempts(60)
         .call_with_key(&key, order("x", "mug").into_inner(), send)
         .await
         .expect("the retry replays the first call's order");
