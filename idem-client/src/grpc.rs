@@ -5,6 +5,7 @@
 //! | --- | --- |
 //! | `ABORTED` (in flight, outcome uncertain) | retry after its `google.rpc.RetryInfo` wait (else the backoff) |
 //! | `UNAVAILABLE` (the store, the service, the connection) | retry after `RetryInfo`, else the backoff |
+//! | `DEADLINE_EXCEEDED`, `CANCELLED`, `UNKNOWN` (the answer lost, or a failure that rolled back) | retry after the backoff: under the same key it replays or runs once |
 //! | `FAILED_PRECONDITION` (the key belongs to another request) and every other status | returned at once |
 //! | a message | returned |
 //! | attempts used up | the last status |
@@ -75,7 +76,8 @@ impl Retrying {
     }
 
     /// Sends `message` under a fresh key (a random UUID) with `send`, and
-    /// retries it by the answers.
+    /// retries it by the answers. To try the same logical call again after it
+    /// gave up, keep the key: [`Retrying::call_with_key`].
     ///
     /// # Errors
     ///
@@ -140,9 +142,18 @@ impl Retrying {
     }
 }
 
-/// Whether a status is retried under the same key.
+/// Whether a status is retried under the same key: idem's waits, and the
+/// failures after which the call's outcome is unknown to the client (a retry
+/// under the key replays it, or runs it once if it did not happen).
 pub fn retried(status: &Status) -> bool {
-    matches!(status.code(), Code::Aborted | Code::Unavailable)
+    matches!(
+        status.code(),
+        Code::Aborted
+            | Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Unknown
+    )
 }
 
 /// Between half and all of `wait`.

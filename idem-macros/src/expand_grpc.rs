@@ -74,6 +74,13 @@ fn tonic_signature(sig: &Signature) -> Signature {
             }
         })
         .collect();
+    // A lifetime the kept parameters or the output name stays.
+    let mut kept = BTreeSet::new();
+    for arg in &out.inputs {
+        lifetimes(arg.to_token_stream(), &mut kept);
+    }
+    lifetimes(out.output.to_token_stream(), &mut kept);
+    dropped.retain(|l| !kept.contains(l));
     if sig.asyncness.is_none() && !dropped.is_empty() {
         out.generics.params = out
             .generics
@@ -112,21 +119,49 @@ fn lifetimes(tokens: TokenStream, out: &mut BTreeSet<String>) {
     }
 }
 
-/// `self` in the method's body, as `__idem_self` (a `&Self` to the service's
-/// clone the task owns); `self::` paths stay.
+/// The receiver in the body of a method as written, as `__idem_self` (a `&Self`
+/// to the service's clone the task owns): every `self` but `self::` paths,
+/// `pub(self)`, a `use`, and the nested items (`fn`, `impl`, `trait`, `mod`),
+/// whose `self` is their own.
 fn replace_self(tokens: TokenStream) -> TokenStream {
     let trees: Vec<TokenTree> = tokens.into_iter().collect();
     let mut out = Vec::with_capacity(trees.len());
-    for (i, t) in trees.iter().enumerate() {
+    let mut i = 0;
+    while i < trees.len() {
+        let t = &trees[i];
+        let punct = |j: usize, c: char| matches!(trees.get(j), Some(TokenTree::Punct(p)) if p.as_char() == c);
         match t {
-            TokenTree::Ident(id) if id == "self" => {
-                let path =
-                    matches!(trees.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
-                if path {
-                    out.push(t.clone());
-                } else {
-                    out.push(TokenTree::Ident(Ident::new("__idem_self", id.span())));
+            // An item or a `use`, copied as written up to its body or `;`.
+            TokenTree::Ident(id)
+                if ["fn", "impl", "trait", "mod", "use"]
+                    .iter()
+                    .any(|k| id == k) =>
+            {
+                while i < trees.len() {
+                    out.push(trees[i].clone());
+                    let end = match &trees[i] {
+                        TokenTree::Group(g) => g.delimiter() == proc_macro2::Delimiter::Brace,
+                        TokenTree::Punct(p) => p.as_char() == ';',
+                        _ => false,
+                    };
+                    i += 1;
+                    if end {
+                        break;
+                    }
                 }
+                continue;
+            }
+            TokenTree::Ident(id) if id == "pub" => {
+                out.push(t.clone());
+                if let Some(TokenTree::Group(g)) = trees.get(i + 1)
+                    && g.delimiter() == proc_macro2::Delimiter::Parenthesis
+                {
+                    out.push(trees[i + 1].clone());
+                    i += 1;
+                }
+            }
+            TokenTree::Ident(id) if id == "self" && !punct(i + 1, ':') => {
+                out.push(TokenTree::Ident(Ident::new("__idem_self", id.span())));
             }
             TokenTree::Group(g) => {
                 let mut ng = Group::new(g.delimiter(), replace_self(g.stream()));
@@ -135,8 +170,43 @@ fn replace_self(tokens: TokenStream) -> TokenStream {
             }
             _ => out.push(t.clone()),
         }
+        i += 1;
     }
     out.into_iter().collect()
+}
+
+/// The receiver in the body as `#[tonic::async_trait]` wrote it: only its
+/// `let __self = self;` names it (async_trait renamed the others, and left
+/// nested items alone).
+fn replace_async_traits_self(tokens: TokenStream) -> TokenStream {
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    let mut out = Vec::with_capacity(trees.len());
+    for (i, t) in trees.iter().enumerate() {
+        let receiver = i >= 2
+            && matches!(t, TokenTree::Ident(id) if id == "self")
+            && matches!(&trees[i - 1], TokenTree::Punct(p) if p.as_char() == '=')
+            && matches!(&trees[i - 2], TokenTree::Ident(id) if id == "__self");
+        match t {
+            TokenTree::Ident(id) if receiver => {
+                out.push(TokenTree::Ident(Ident::new("__idem_self", id.span())));
+            }
+            TokenTree::Group(g) => {
+                let mut ng = Group::new(g.delimiter(), replace_async_traits_self(g.stream()));
+                ng.set_span(g.span());
+                out.push(TokenTree::Group(ng));
+            }
+            _ => out.push(t.clone()),
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// A field's identifier at `span`: `r#type` for a field written `body.r#type`.
+fn field_ident(name: &str, span: Span) -> Ident {
+    let mut id: Ident =
+        syn::parse_str(name).unwrap_or_else(|_| Ident::new("__idem_not_a_field", span));
+    id.set_span(span);
+    id
 }
 
 /// The method's expansion (see the module's documentation).
@@ -164,6 +234,8 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
     };
     let db = quote!(<#handle as #rt::#handle_trait>::Db);
     let headers_flag = !config.headers.is_empty();
+    let leased = config.lease.is_some();
+    let method_name = sig.ident.to_string();
 
     // The key, and the accessor of its field: the field is named once, at the
     // attribute's string, where a field the message lacks is reported.
@@ -173,7 +245,7 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
             quote!(#rt::grpc::KeySource::Metadata, ::core::option::Option::None),
         ),
         Key::Field(f, span) => {
-            let field = Ident::new(f, *span);
+            let field = field_ident(f, *span);
             let access = quote_spanned!(*span=> &mut __idem_m.#field);
             (
                 quote!(let __idem_key_field = #rt::grpc::key_field(__idem_call.get_ref(), |__idem_m| #access);),
@@ -223,7 +295,7 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
         }
         (BodyPrint::Fields(_, fields), _) => {
             let copies = fields.iter().map(|(segments, span)| {
-                let field = Ident::new(&segments[0], *span);
+                let field = field_ident(&segments[0], *span);
                 let access = quote_spanned!(*span=> &mut __idem_x.#field);
                 quote!(#rt::grpc::copy_field(&mut *__idem_m, &mut __idem_p, |__idem_x| #access);)
             });
@@ -238,7 +310,11 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
     };
 
     // The method's own body, as a future of `R`.
-    let block = replace_self(func.block.to_token_stream());
+    let block = if config.desugared {
+        replace_async_traits_self(func.block.to_token_stream())
+    } else {
+        replace_self(func.block.to_token_stream())
+    };
     let body = if config.desugared {
         // async_trait's body is the boxed future already.
         quote!((#block).await)
@@ -268,7 +344,7 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
         let mut __idem_call = __idem_call;
         #key_accessor
         let __idem_request = match #rt::grpc::request::<#db, #headers_flag, _, _>(
-            &__idem_this, &mut __idem_call, &__IDEM_SPEC, #key_source,
+            &__idem_this, &mut __idem_call, #method_name, #key_source,
         ) {
             ::core::result::Result::Ok(r) => r,
             ::core::result::Result::Err(status) => return ::core::result::Result::Err(status),
@@ -282,7 +358,7 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
                 let __idem_self = &__idem_this;
                 #(#binds)*
                 let __idem_out: #output = #body;
-                #rt::grpc::outcome(__idem_out)
+                #rt::grpc::outcome(__idem_out, #leased)
             })
         });
         #rt::grpc::answer(
@@ -356,12 +432,63 @@ mod tests {
     use super::*;
 
     #[test]
-    fn self_becomes_the_tasks_service_and_self_paths_stay() {
-        let out = replace_self(quote!(self.pool.get(self::X, f(self))));
+    fn self_becomes_the_tasks_service_and_nested_items_keep_theirs() {
+        let out = replace_self(quote! {
+            let x = self.pool.get(self::X, f(self));
+            struct Guard;
+            impl Drop for Guard { fn drop(&mut self) {} }
+            fn helper(&self) -> u8 { self.0 }
+            use std::io::{self};
+            pub(self) struct P;
+            g(move || self.n)
+        });
         assert_eq!(
             out.to_string(),
-            quote!(__idem_self.pool.get(self::X, f(__idem_self))).to_string()
+            quote! {
+                let x = __idem_self.pool.get(self::X, f(__idem_self));
+                struct Guard;
+                impl Drop for Guard { fn drop(&mut self) {} }
+                fn helper(&self) -> u8 { self.0 }
+                use std::io::{self};
+                pub(self) struct P;
+                g(move || __idem_self.n)
+            }
+            .to_string()
         );
+        let out = replace_async_traits_self(quote!({
+            Box::pin(async move {
+                let __self = self;
+                impl Drop for Guard {
+                    fn drop(&mut self) {}
+                }
+                __self.n
+            })
+        }));
+        assert_eq!(
+            out.to_string(),
+            quote!({
+                Box::pin(async move {
+                    let __self = __idem_self;
+                    impl Drop for Guard {
+                        fn drop(&mut self) {}
+                    }
+                    __self.n
+                })
+            })
+            .to_string()
+        );
+    }
+
+    #[test]
+    fn a_lifetime_the_kept_parameters_name_stays() {
+        let sig: Signature = syn::parse_quote! {
+            fn m<'a, 'async_trait>(&'a self, tx: &'a mut Tx<Sqlite>, request: Request<M>)
+                -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = R> + ::core::marker::Send + 'async_trait>>
+                where 'a: 'async_trait, Self: 'async_trait
+        };
+        let text = tonic_signature(&sig).to_token_stream().to_string();
+        assert!(text.contains("< 'a , 'async_trait >"), "{text}");
+        assert!(text.contains("'a : 'async_trait"), "{text}");
     }
 
     #[test]

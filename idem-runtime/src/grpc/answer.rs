@@ -49,8 +49,8 @@ struct StoredStatus {
 /// outcome becomes uncertain, retries get `ABORTED` with
 /// [`reason::OUTCOME_UNCERTAIN`] and `RetryInfo` until a reconciler settles it,
 /// and the method never runs again for it meanwhile. As [`crate::Uncertain`]
-/// for an HTTP handler. In the transactional mode (where the effect is in the
-/// transaction) it rolls back, as `UNKNOWN` does.
+/// for an HTTP handler. In the transactional mode, where the effect is in the
+/// transaction, it is the `UNKNOWN` status it is: rolled back, and sent as is.
 ///
 /// ```
 /// let status = idem_runtime::grpc::uncertain("the payment provider timed out");
@@ -128,9 +128,10 @@ fn status_json(status: &Status) -> Vec<u8> {
 
 /// A method's result as the pipeline settles it: a message and the statuses
 /// [`is_stored`] names are stored; the others roll back (or release the lease);
-/// an [`uncertain`] status marks the outcome uncertain.
+/// in leased mode, an [`uncertain`] status marks the outcome uncertain.
 pub(crate) fn outcome<T: prost::Message>(
     result: Result<tonic::Response<T>, Status>,
+    leased: bool,
 ) -> HandlerOutcome {
     match result {
         Ok(response) => HandlerOutcome::ok(
@@ -140,11 +141,9 @@ pub(crate) fn outcome<T: prost::Message>(
             )
                 .into_response(),
         ),
-        // Leased mode marks the key uncertain by the response's marker; the
-        // transactional mode, whose effect is in the rolled-back transaction,
-        // rolls back as for `UNKNOWN`.
-        Err(status) if status.metadata().contains_key(UNCERTAIN_METADATA) => {
-            HandlerOutcome::err(Uncertain::new(status.message()).into_response())
+        // Leased mode marks the key uncertain by the response's marker.
+        Err(status) if leased && status.metadata().contains_key(UNCERTAIN_METADATA) => {
+            HandlerOutcome::ok(Uncertain::new(status.message()).into_response())
         }
         Err(status) => {
             let response = (
@@ -317,12 +316,12 @@ mod tests {
             id: 7,
             sku: "book".into(),
         };
-        let out = outcome(Ok(tonic::Response::new(order.clone())));
+        let out = outcome(Ok(tonic::Response::new(order.clone())), false);
         assert!(!out.is_err);
         let fresh = answer::<Order>(out.response).await.unwrap();
         assert_eq!(fresh.get_ref(), &order);
         assert!(fresh.metadata().get(REPLAYED_METADATA).is_none());
-        let again = outcome(Ok(tonic::Response::new(order.clone())));
+        let again = outcome(Ok(tonic::Response::new(order.clone())), false);
         let replay = answer::<Order>(replayed(again.response)).await.unwrap();
         assert_eq!(replay.get_ref(), &order);
         assert_eq!(replay.metadata().get(REPLAYED_METADATA).unwrap(), "true");
@@ -333,7 +332,7 @@ mod tests {
         let mut details = ErrorDetails::new();
         details.set_error_info("NO_STOCK", "orders", std::collections::HashMap::new());
         let status = Status::with_error_details(Code::FailedPrecondition, "no stock", details);
-        let out = outcome::<Order>(Err(status));
+        let out = outcome::<Order>(Err(status), false);
         assert!(!out.is_err, "FAILED_PRECONDITION is a decision: stored");
         assert_eq!(out.response.status(), 400);
         let back = answer::<Order>(replayed(out.response)).await.unwrap_err();
@@ -349,13 +348,13 @@ mod tests {
             Code::DeadlineExceeded,
         ] {
             assert!(
-                outcome::<Order>(Err(Status::new(code, "x"))).is_err,
+                outcome::<Order>(Err(Status::new(code, "x")), false).is_err,
                 "{code:?}"
             );
         }
         for code in [Code::NotFound, Code::AlreadyExists, Code::PermissionDenied] {
             assert!(
-                !outcome::<Order>(Err(Status::new(code, "x"))).is_err,
+                !outcome::<Order>(Err(Status::new(code, "x")), true).is_err,
                 "{code:?}"
             );
         }
@@ -380,15 +379,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_uncertain_status_becomes_the_uncertain_answer() {
-        let out = outcome::<Order>(Err(uncertain("timed out")));
-        assert!(out.is_err, "the transactional mode rolls it back");
+    async fn an_uncertain_status_marks_leased_outcomes_and_is_unknown_otherwise() {
+        let leased = outcome::<Order>(Err(uncertain("timed out")), true);
+        assert!(!leased.is_err);
         assert!(
-            out.response
+            leased
+                .response
                 .extensions()
                 .get::<crate::lease::UncertainMarker>()
                 .is_some()
         );
+        let transactional = outcome::<Order>(Err(uncertain("timed out")), false);
+        assert!(transactional.is_err, "rolled back");
+        let sent = answer::<Order>(transactional.response).await.unwrap_err();
+        assert_eq!(sent.code(), Code::Unknown);
+        assert_eq!(sent.message(), "timed out");
     }
 
     #[tokio::test]

@@ -86,10 +86,38 @@ pub(crate) fn key(
 ) -> Result<IdempotencyKey, Status> {
     let read = match (source, field) {
         (KeySource::Field(_), Some("")) => Err(KeyError::Missing),
-        (KeySource::Field(_), Some(value)) => IdempotencyKey::parse(value),
+        (KeySource::Field(name), Some(value)) => {
+            let key = IdempotencyKey::parse(value).map_err(|e| refused(source, &e))?;
+            // A field's key is taken as written: the header's spellings (white
+            // space around it, a quoted string) would make ` abc` and `"abc"`
+            // the key `abc` of another request, whose answer it would replay.
+            if key.as_str() != value {
+                return Err(as_written(name));
+            }
+            Ok(key)
+        }
         _ => IdempotencyKey::from_headers(metadata.as_ref()),
     };
     read.map_err(|e| refused(source, &e))
+}
+
+/// A field key that is not its own spelling.
+fn as_written(name: &str) -> Status {
+    let message = format!(
+        "the `{name}` field is not a usable idempotency key: a key in a field is taken as written, without surrounding spaces or quotes"
+    );
+    let mut details = tonic_types::ErrorDetails::new();
+    details.set_error_info(
+        reason::KEY_MALFORMED,
+        ERROR_DOMAIN,
+        std::collections::HashMap::new(),
+    );
+    details.add_bad_request_violation(name, message.clone());
+    <Status as tonic_types::StatusExt>::with_error_details(
+        tonic::Code::InvalidArgument,
+        message,
+        details,
+    )
 }
 
 fn refused(source: KeySource, e: &KeyError) -> Status {
@@ -125,13 +153,14 @@ fn refused(source: KeySource, e: &KeyError) -> Status {
     )
 }
 
-/// The gRPC path of the call (`/orders.v1.Orders/CreateOrder`), from the
-/// method tonic's generated server records; the operation's name when the
-/// method was called directly (a test).
-pub(crate) fn path(extensions: &Extensions, operation: &str) -> String {
+/// The route the fingerprint names: the method's gRPC path when something
+/// recorded it (`tonic::GrpcMethod`: tonic's clients do, its servers do not),
+/// else the method's own name, which the expansion passes, so that two methods
+/// sharing an operation's name are never one request.
+pub(crate) fn path(extensions: &Extensions, method: &str) -> String {
     match extensions.get::<tonic::GrpcMethod<'static>>() {
         Some(m) => format!("/{}/{}", m.service(), m.method()),
-        None => format!("/{operation}"),
+        None => format!("/{method}"),
     }
 }
 

@@ -9,7 +9,7 @@ pub use super::FromGrpcRequest;
 pub use super::call::KeySource;
 use crate::config::Idem;
 use crate::fingerprint::{FingerprintBuilder, FingerprintError};
-use crate::handler::{HandlerOutcome, IdemRequest, OperationSpec};
+use crate::handler::{HandlerOutcome, IdemRequest};
 use crate::lease::LeaseBackend;
 
 /// The service, owned: the method's body runs on a task of its own, which
@@ -28,8 +28,8 @@ pub fn key_field<M>(_: &M, field: Field<M, String>) -> Field<M, String> {
 }
 
 /// The idempotency request of a call: the key (from `source`, through `field`
-/// when the key is a field of the message), the call's gRPC path as its
-/// route, and its metadata when the operation fingerprints some, with the
+/// when the key is a field of the message), the call's gRPC path (else the
+/// method's name, `method`) as its route, and its metadata when the operation fingerprints some, with the
 /// service's [`Idem`].
 ///
 /// # Errors
@@ -39,7 +39,7 @@ pub fn key_field<M>(_: &M, field: Field<M, String>) -> Field<M, String> {
 pub fn request<DB, const HEADERS: bool, S, M>(
     service: &S,
     call: &mut tonic::Request<M>,
-    spec: &OperationSpec,
+    method: &'static str,
     source: KeySource,
     field: Option<Field<M, String>>,
 ) -> Result<IdemRequest<DB, HEADERS>, Status>
@@ -55,7 +55,7 @@ where
         )?,
         None => super::call::key(source, call.metadata(), None)?,
     };
-    let path = super::call::path(call.extensions(), spec.operation);
+    let path = super::call::path(call.extensions(), method);
     let uri = axum::http::Uri::try_from(path.as_str())
         .unwrap_or_else(|_| axum::http::Uri::from_static("/"));
     Ok(IdemRequest::from_parts(
@@ -118,9 +118,13 @@ pub fn copy_field<M, F: Clone>(from: &mut M, to: &mut M, field: Field<M, F>) {
     *field(to) = value;
 }
 
-/// The method's result as the pipeline settles it.
-pub fn outcome<T: prost::Message>(result: Result<tonic::Response<T>, Status>) -> HandlerOutcome {
-    super::answer::outcome(result)
+/// The method's result as the pipeline settles it; `leased`: in leased mode,
+/// where an [`uncertain`](super::uncertain) status marks the outcome.
+pub fn outcome<T: prost::Message>(
+    result: Result<tonic::Response<T>, Status>,
+    leased: bool,
+) -> HandlerOutcome {
+    super::answer::outcome(result, leased)
 }
 
 /// The pipeline's answer as tonic sends it.
