@@ -431,33 +431,17 @@ impl<'a> Handler<'a> {
 
     /// The operation as the runtime reads it.
     fn spec(&self) -> TokenStream {
-        let rt = &self.rt;
         let config = self.config;
-        let opt_duration = |d: Option<std::time::Duration>| match d {
-            Some(d) => {
-                let d = duration_tokens(rt, d);
-                quote!(::core::option::Option::Some(#d))
-            }
-            None => quote!(::core::option::Option::None),
-        };
-        let operation = &config.operation;
-        let retention = duration_tokens(rt, config.retention);
-        let in_flight_wait = opt_duration(config.in_flight_wait);
-        let headers = &config.headers;
-        let lease = opt_duration(config.lease);
-        let lease_ceiling = opt_duration(config.lease_ceiling);
-        let accepted = config.accepted;
-        quote! {
-            static __IDEM_SPEC: #rt::OperationSpec = #rt::OperationSpec {
-                operation: #operation,
-                retention: #retention,
-                in_flight_wait: #in_flight_wait,
-                fingerprint_headers: &[#(#headers),*],
-                lease: #lease,
-                lease_ceiling: #lease_ceiling,
-                accepted: #accepted,
-            };
+        Spec {
+            operation: &config.operation,
+            retention: config.retention,
+            in_flight_wait: config.in_flight_wait,
+            headers: &config.headers,
+            lease: config.lease,
+            lease_ceiling: config.lease_ceiling,
+            accepted: config.accepted,
         }
+        .to_static(&self.rt)
     }
 
     /// A long operation registers itself for `idem_runtime::operations::router`,
@@ -718,6 +702,49 @@ fn generated_docs(config: &Config, written: &str, request: &syn::Ident) -> Vec<s
         .iter()
         .map(|l| syn::parse_quote!(#[doc = #l]))
         .collect()
+}
+
+/// What the `static __IDEM_SPEC: OperationSpec` of an expansion holds, for
+/// an HTTP handler and a gRPC method alike.
+pub struct Spec<'a> {
+    pub operation: &'a str,
+    pub retention: std::time::Duration,
+    pub in_flight_wait: Option<std::time::Duration>,
+    pub headers: &'a [String],
+    pub lease: Option<std::time::Duration>,
+    pub lease_ceiling: Option<std::time::Duration>,
+    pub accepted: bool,
+}
+
+impl Spec<'_> {
+    /// The `static __IDEM_SPEC`, with the runtime at `rt`.
+    pub fn to_static(&self, rt: &TokenStream) -> TokenStream {
+        let opt_duration = |d: Option<std::time::Duration>| match d {
+            Some(d) => {
+                let d = duration_tokens(rt, d);
+                quote!(::core::option::Option::Some(#d))
+            }
+            None => quote!(::core::option::Option::None),
+        };
+        let operation = self.operation;
+        let retention = duration_tokens(rt, self.retention);
+        let in_flight_wait = opt_duration(self.in_flight_wait);
+        let headers = self.headers;
+        let lease = opt_duration(self.lease);
+        let lease_ceiling = opt_duration(self.lease_ceiling);
+        let accepted = self.accepted;
+        quote! {
+            static __IDEM_SPEC: #rt::OperationSpec = #rt::OperationSpec {
+                operation: #operation,
+                retention: #retention,
+                in_flight_wait: #in_flight_wait,
+                fingerprint_headers: &[#(#headers),*],
+                lease: #lease,
+                lease_ceiling: #lease_ceiling,
+                accepted: #accepted,
+            };
+        }
+    }
 }
 
 fn duration_tokens(rt: &TokenStream, d: std::time::Duration) -> TokenStream {

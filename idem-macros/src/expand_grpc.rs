@@ -397,34 +397,16 @@ fn strip_attrs(pat: &Pat) -> TokenStream {
 }
 
 fn spec(config: &GrpcConfig, rt: &TokenStream) -> TokenStream {
-    let duration = |d: std::time::Duration| {
-        let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
-        quote!(#rt::Duration::new(#secs, #nanos))
-    };
-    let opt = |d: Option<std::time::Duration>| match d {
-        Some(d) => {
-            let d = duration(d);
-            quote!(::core::option::Option::Some(#d))
-        }
-        None => quote!(::core::option::Option::None),
-    };
-    let operation = &config.operation;
-    let retention = duration(config.retention);
-    let in_flight_wait = opt(config.in_flight_wait);
-    let lease = opt(config.lease);
-    let lease_ceiling = opt(config.lease_ceiling);
-    let headers = &config.headers;
-    quote! {
-        static __IDEM_SPEC: #rt::OperationSpec = #rt::OperationSpec {
-            operation: #operation,
-            retention: #retention,
-            in_flight_wait: #in_flight_wait,
-            fingerprint_headers: &[#(#headers),*],
-            lease: #lease,
-            lease_ceiling: #lease_ceiling,
-            accepted: false,
-        };
+    crate::expand::Spec {
+        operation: &config.operation,
+        retention: config.retention,
+        in_flight_wait: config.in_flight_wait,
+        headers: &config.headers,
+        lease: config.lease,
+        lease_ceiling: config.lease_ceiling,
+        accepted: false,
     }
+    .to_static(rt)
 }
 
 #[cfg(test)]
