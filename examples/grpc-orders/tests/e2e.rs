@@ -384,43 +384,32 @@ async fn payments_charge_once<D: Db>(lease_store: Option<&str>) {
     db.drop().await;
 }
 
+/// Each scenario above, stamped per database.
 macro_rules! backend_tests {
     ($($module:ident => $db:ty),* $(,)?) => {$(
         mod $module {
             use super::*;
 
-            #[tokio::test]
-            async fn concurrent_duplicates_make_one_order() {
-                super::concurrent_duplicates_make_one_order::<$db>().await;
-            }
-            #[tokio::test]
-            async fn a_retry_after_a_lost_response_replays() {
-                super::a_retry_after_a_lost_response_replays::<$db>().await;
-            }
-            #[tokio::test]
-            async fn another_message_under_a_key_is_failed_precondition() {
-                super::another_message_under_a_key_is_failed_precondition::<$db>().await;
-            }
-            #[tokio::test]
-            async fn a_duplicate_in_flight_is_aborted_with_retry_info() {
-                super::a_duplicate_in_flight_is_aborted_with_retry_info::<$db>().await;
-            }
-            #[tokio::test]
-            async fn a_crash_before_commit_leaves_nothing() {
-                super::a_crash_before_commit_leaves_nothing::<$db>().await;
-            }
-            #[tokio::test]
-            async fn a_refunds_key_is_its_request_id_and_not_found_is_stored() {
-                super::a_refunds_key_is_its_request_id_and_not_found_is_stored::<$db>().await;
-            }
-            #[tokio::test]
-            async fn bad_calls_are_refused_and_reserve_nothing() {
-                super::bad_calls_are_refused_and_reserve_nothing::<$db>().await;
-            }
+            backend_tests!(@each $db;
+                concurrent_duplicates_make_one_order,
+                a_retry_after_a_lost_response_replays,
+                another_message_under_a_key_is_failed_precondition,
+                a_duplicate_in_flight_is_aborted_with_retry_info,
+                a_crash_before_commit_leaves_nothing,
+                a_refunds_key_is_its_request_id_and_not_found_is_stored,
+                bad_calls_are_refused_and_reserve_nothing,
+            );
+
             #[tokio::test]
             async fn payments_charge_once() {
                 super::payments_charge_once::<$db>(None).await;
             }
+        }
+    )*};
+    (@each $db:ty; $($test:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $test() {
+            super::$test::<$db>().await;
         }
     )*};
 }

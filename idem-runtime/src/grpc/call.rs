@@ -106,12 +106,14 @@ fn as_written(name: &str) -> Status {
     let message = format!(
         "the `{name}` field is not a usable idempotency key: a key in a field is taken as written, without surrounding spaces or quotes"
     );
+    invalid_key(name, message, reason::KEY_MALFORMED)
+}
+
+/// `INVALID_ARGUMENT` for the key in `name`: `ErrorInfo` with `why`, and a
+/// `BadRequest` violation of the entry or field.
+fn invalid_key(name: &str, message: String, why: &str) -> Status {
     let mut details = tonic_types::ErrorDetails::new();
-    details.set_error_info(
-        reason::KEY_MALFORMED,
-        ERROR_DOMAIN,
-        std::collections::HashMap::new(),
-    );
+    details.set_error_info(why, ERROR_DOMAIN, std::collections::HashMap::new());
     details.add_bad_request_violation(name, message.clone());
     <Status as tonic_types::StatusExt>::with_error_details(
         tonic::Code::InvalidArgument,
@@ -143,14 +145,7 @@ fn refused(source: KeySource, e: &KeyError) -> Status {
             reason::KEY_MALFORMED,
         )
     };
-    let mut details = tonic_types::ErrorDetails::new();
-    details.set_error_info(reason, ERROR_DOMAIN, std::collections::HashMap::new());
-    details.add_bad_request_violation(name, message.clone());
-    <Status as tonic_types::StatusExt>::with_error_details(
-        tonic::Code::InvalidArgument,
-        message,
-        details,
-    )
+    invalid_key(&name, message, reason)
 }
 
 /// The route the fingerprint names: the method's gRPC path when something
