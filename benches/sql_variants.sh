@@ -30,12 +30,12 @@
 #                     pipeline (one round trip); INSERT order; COMPLETE and COMMIT in one pipeline
 #   bare_simple (simple) bare, unprepared: the yardstick of the session shape
 #   session (simple)  what the runtime sends where sessions are kept (db/postgres/session.rs):
-#                     BEGIN RC \; EXECUTE idem_probe_2(.., deadline); INSERT order;
-#                     EXECUTE idem_finish_1(..) \; COMMIT, the statements PREPAREd once per
+#                     BEGIN RC \; EXECUTE idem_probe_3(.., deadline); INSERT order;
+#                     EXECUTE idem_finish_2(..) \; COMMIT, the statements PREPAREd once per
 #                     pgbench client (the runtime's COMMIT AND CHAIN, whose empty transaction's
 #                     ROLLBACK rides with the pool's release ping, is a plain COMMIT here:
 #                     pgbench would give that ROLLBACK a round trip of its own)
-#                     (idem_finish_1, the upsert, is what the runtime sends to take over an
+#                     (idem_finish_2, the upsert, is what the runtime sends to take over an
 #                     expired row; before idem_insert_1 it finished every key)
 #   session_insert (simple)  what the runtime sends for a new key: the same, the finish a plain
 #                     INSERT (idem_insert_1), its unique violation meaning a race
@@ -136,20 +136,20 @@ shape=bare_simple;              script "$KSET" 'BEGIN;' "$ORDER" 'COMMIT;'
 KD="'\\x$(printf '0%.0s' {1..51}):k'::bytea"
 shape=session;                  script '\set k random(1000000000000, 8999999999999)' \
     '\if :prepared = 0' \
-    "PREPARE idem_probe_2(text, text, bytea, text) AS SELECT set_config('statement_timeout', \$4, true), set_config('idle_in_transaction_session_timeout', \$4, true), (SELECT (r.state || ': idem: the key has a row')::int FROM idempotency_requests r WHERE r.tenant_id = \$1 AND r.operation = \$2 AND r.key_digest = \$3);" \
-    "PREPARE idem_finish_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text) AS WITH ins AS (INSERT INTO idempotency_requests AS r ($COLS) SELECT \$1, \$2, \$3, \$4, \$5, 1, \$6, \$7, \$8, now(), c.t, c.t + \$9 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t, set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', \$10, true) AS bounded) c ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, generation = r.generation + 1, response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, expires_at = EXCLUDED.expires_at WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') RETURNING r.generation) SELECT (CASE count(*) WHEN 0 THEN 'idem taken' ELSE '1' END)::int, set_config('lock_timeout', current_setting('idem.lock_timeout'), true) FROM ins;" \
+    "PREPARE idem_probe_3(text, text, bytea, text) AS SELECT set_config('statement_timeout', \$4, true), set_config('idle_in_transaction_session_timeout', \$4, true), (SELECT (r.state || ': idem: the key has a row')::int FROM idempotency_requests r WHERE r.tenant_id = \$1 AND r.operation = \$2 AND r.key_digest = \$3);" \
+    "PREPARE idem_finish_2(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text, bigint) AS WITH ins AS (INSERT INTO idempotency_requests AS r ($COLS) SELECT \$1, \$2, \$3, \$4, \$5, \$11, \$6, \$7, \$8, now(), c.t, c.t + \$9 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t, set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', \$10, true) AS bounded) c ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, generation = EXCLUDED.generation, response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, expires_at = EXCLUDED.expires_at WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') AND r.generation = EXCLUDED.generation - 1 RETURNING r.generation) SELECT (CASE count(*) WHEN 0 THEN 'idem taken' ELSE '1' END)::int, set_config('lock_timeout', current_setting('idem.lock_timeout'), true) FROM ins;" \
     '\set prepared 1' '\endif' \
-    "${RC%;} \\; EXECUTE idem_probe_2('t', 'create-order', $KD, '31000');" \
+    "${RC%;} \\; EXECUTE idem_probe_3('t', 'create-order', $KD, '31000');" \
     "$ORDER" \
-    "EXECUTE idem_finish_1('t', 'create-order', $KD, $FP, 'completed', 201, '$HEADERS', $BODY, 86400000, '2000') \\; COMMIT;"
+    "EXECUTE idem_finish_2('t', 'create-order', $KD, $FP, 'completed', 201, '$HEADERS', $BODY, 86400000, '2000', 1) \\; COMMIT;"
 # The same, with the finish of a key the probe found no row for as the runtime
 # sends it: a plain insert (idem_insert_1), no ON CONFLICT arbiter, no CTE.
 shape=session_insert;           script '\set k random(1000000000000, 8999999999999)' \
     '\if :prepared = 0' \
-    "PREPARE idem_probe_2(text, text, bytea, text) AS SELECT set_config('statement_timeout', \$4, true), set_config('idle_in_transaction_session_timeout', \$4, true), (SELECT (r.state || ': idem: the key has a row')::int FROM idempotency_requests r WHERE r.tenant_id = \$1 AND r.operation = \$2 AND r.key_digest = \$3);" \
+    "PREPARE idem_probe_3(text, text, bytea, text) AS SELECT set_config('statement_timeout', \$4, true), set_config('idle_in_transaction_session_timeout', \$4, true), (SELECT (r.state || ': idem: the key has a row')::int FROM idempotency_requests r WHERE r.tenant_id = \$1 AND r.operation = \$2 AND r.key_digest = \$3);" \
     "PREPARE idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text) AS INSERT INTO idempotency_requests ($COLS) SELECT \$1, \$2, \$3, \$4, \$5, 1, \$6, \$7, \$8, now(), c.t, c.t + \$9 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t, set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', \$10, true) AS bounded) c RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true);" \
     '\set prepared 1' '\endif' \
-    "${RC%;} \\; EXECUTE idem_probe_2('t', 'create-order', $KD, '31000');" \
+    "${RC%;} \\; EXECUTE idem_probe_3('t', 'create-order', $KD, '31000');" \
     "$ORDER" \
     "EXECUTE idem_insert_1('t', 'create-order', $KD, $FP, 'completed', 201, '$HEADERS', $BODY, 86400000, '2000') \\; COMMIT;"
 

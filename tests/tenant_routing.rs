@@ -339,7 +339,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         .flat_map(|s| s.split(";PREPARE ").map(str::to_owned).collect::<Vec<_>>())
         .collect();
     for sent in [
-        "EXECUTE idem_probe_2(E'acme'",
+        "EXECUTE idem_probe_3(E'acme'",
         "EXECUTE idem_insert_1(E'acme'",
     ] {
         assert!(
@@ -352,7 +352,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
     // by having seen nothing.
     for expected in [
         "SELECT fingerprint, state, generation, expires_at > now() AS live",
-        "idem_probe_2(text, text, bytea, text) AS SELECT",
+        "idem_probe_3(text, text, bytea, text) AS SELECT",
         "idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text) AS INSERT",
         "idem_lookup_1(text, text, bytea) AS SELECT",
         "WITH ins AS ( INSERT INTO idempotency_requests AS r",

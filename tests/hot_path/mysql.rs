@@ -377,6 +377,58 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
     );
 }
 
+/// A takeover writes the generation its execution decided on, bound, in both
+/// insert forms and for a clear answer as for a sealed one: an expired row
+/// swept between the lookup and the insert leaves a new row at that generation
+/// (2, not 1).
+#[tokio::test]
+async fn a_takeover_of_a_row_swept_meanwhile_writes_its_executions_generation() {
+    use idem_runtime::test_util::{Finish, HandlerPath};
+    for set_statement in [true, false] {
+        let case = format!("SET STATEMENT {set_statement}");
+        let db = MySqlDb::new().await;
+        idem_runtime::test_util::assume_set_statement(Some(set_statement));
+        let idem: Idem<MySql> = Idem::new(db.pool.clone());
+        let wait = Duration::from_secs(1);
+        let key = IdempotencyKey::parse("generation").unwrap();
+        let req = ClaimRequest {
+            tenant: "acme",
+            operation: "op",
+            key: &key,
+            fingerprint: FingerprintBuilder::new("acme", "op", "POST", "/x").finish(),
+            retention: Duration::from_secs(3600),
+            in_flight_wait: wait,
+        };
+        let ctx = idem_runtime::test_util::claim_context(&idem, wait);
+        let stored = |body: &'static [u8]| idem_runtime::StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: Bytes::from_static(body),
+        };
+        let (tx, claimed) = MySql::begin_claim(&ctx, &req).await.unwrap();
+        let Claim::Execute(first) = claimed else {
+            panic!("{case}: {claimed:?}")
+        };
+        let done = MySql::finish(&ctx, tx, first, &stored(b"old")).await;
+        assert!(matches!(done, Finish::Committed), "{case}: {done:?}");
+        db.exec("UPDATE idempotency_requests SET expires_at = 0")
+            .await;
+        let (tx, claimed) = MySql::begin_claim(&ctx, &req).await.unwrap();
+        let Claim::Execute(anew) = claimed else {
+            panic!("{case}: {claimed:?}")
+        };
+        db.exec("DELETE FROM idempotency_requests").await;
+        let done = MySql::finish(&ctx, tx, anew, &stored(b"new")).await;
+        assert!(matches!(done, Finish::Committed), "{case}: {done:?}");
+        let (generation, body): (i64, Vec<u8>) =
+            sqlx::query_as("SELECT generation, response_body FROM idempotency_requests")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!((generation, &body[..]), (2, &b"new"[..]), "{case}");
+    }
+}
+
 /// A finished row whose insert waited for another holder of the key longer
 /// than its retention still commits with its retention left, in both insert
 /// forms (docs/decisions.md, "Retention"). Deterministic: the holder's claim

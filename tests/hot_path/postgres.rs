@@ -809,7 +809,7 @@ async fn statements_carry_neither_the_key_nor_its_digest() {
 #[tokio::test]
 async fn session_statements_carry_the_digest_never_the_key() {
     let (texts, digest) = statements_seen(true).await;
-    assert!(texts[0].contains("EXECUTE idem_probe_2("), "{}", texts[0]);
+    assert!(texts[0].contains("EXECUTE idem_probe_3("), "{}", texts[0]);
     assert!(
         texts[1].starts_with("EXECUTE idem_insert_1("),
         "{}",
@@ -1210,7 +1210,7 @@ async fn session_path_connections_return_clean_from_every_outcome() {
     clean("a lock wait past the bound").await;
 
     // A session that lost idem's statements prepares them again.
-    sqlx::raw_sql("DEALLOCATE idem_probe_2; DEALLOCATE idem_insert_1")
+    sqlx::raw_sql("DEALLOCATE idem_probe_3; DEALLOCATE idem_insert_1")
         .execute(&pool)
         .await
         .unwrap();
@@ -1422,6 +1422,67 @@ async fn key_finished_meanwhile_is_lost(session: bool, expired: bool) {
     .await
     .unwrap();
     assert_eq!(in_tx, 0, "{case}");
+}
+
+/// A takeover writes the generation its execution decided on, bound, on both
+/// paths and for a clear answer as for a sealed one: an expired row swept
+/// between the lookup and the insert leaves a plain insert at that generation
+/// (2, not 1). And it replaces only the row it decided on: an expired row at
+/// another generation (taken over, finished and expired again meanwhile) is
+/// left as it is, and the execution, whose handler has run, answers in flight
+/// and rolls back, so that the retry decides afresh.
+#[tokio::test]
+async fn a_takeover_writes_its_executions_generation_over_the_row_it_decided_on() {
+    for session in [true, false] {
+        for meanwhile in ["swept", "another generation"] {
+            let case = format!("session {session}, the expired row {meanwhile}");
+            let db = TestDb::new().await;
+            let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
+            let wait = std::time::Duration::from_millis(200);
+            let key = IdempotencyKey::parse("generation").unwrap();
+            let req = acme_op(&key, wait);
+            let ctx = idem_runtime::test_util::claim_context(&idem, wait);
+            let stored = |body: &'static [u8]| StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: Bytes::from_static(body),
+            };
+            let (tx, claim) = Postgres::begin_claim(&ctx, &req).await.unwrap();
+            let Claim::Execute(first) = claim else {
+                panic!("{case}: {claim:?}")
+            };
+            let done = Postgres::finish(&ctx, tx, first, &stored(b"old")).await;
+            assert!(matches!(done, Finish::Committed), "{case}: {done:?}");
+            db.exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'")
+                .await;
+            let (tx, claim) = Postgres::begin_claim(&ctx, &req).await.unwrap();
+            let Claim::Execute(anew) = claim else {
+                panic!("{case}: {claim:?}")
+            };
+            if meanwhile == "swept" {
+                db.exec("DELETE FROM idempotency_requests").await;
+            } else {
+                db.exec("UPDATE idempotency_requests SET generation = 5")
+                    .await;
+            }
+            let done = Postgres::finish(&ctx, tx, anew, &stored(b"new")).await;
+            let (generation, body): (i64, Vec<u8>) =
+                sqlx::query_as("SELECT generation, response_body FROM idempotency_requests")
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap();
+            if meanwhile == "swept" {
+                assert!(matches!(done, Finish::Committed), "{case}: {done:?}");
+                assert_eq!((generation, &body[..]), (2, &b"new"[..]), "{case}");
+            } else {
+                assert!(
+                    matches!(done, Finish::Taken(Claim::InFlight { .. })),
+                    "{case}: {done:?}"
+                );
+                assert_eq!((generation, &body[..]), (5, &b"old"[..]), "{case}");
+            }
+        }
+    }
 }
 
 /// A new key that a leased execution took while this one ran its handler: the

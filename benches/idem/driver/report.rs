@@ -419,7 +419,7 @@ impl Report<'_> {
                 p.per_request
                     .statements
                     .iter()
-                    .filter(|(s, _)| s.starts_with("PREPARE idem_probe_2"))
+                    .filter(|(s, _)| s.starts_with("PREPARE idem_probe_3"))
                     .map(|(_, n)| *n)
                     .sum::<u64>() as f64
                     / p.n.max(1) as f64

@@ -29,9 +29,18 @@
 //!   and the insert is sent again in the other form), never assumed.
 //!
 //! MySQL has no `RETURNING`, and sqlx connects with `CLIENT_FOUND_ROWS`, so a row
-//! left alone counts as one affected row, like an insert: the insert reports the
-//! generation it took through `LAST_INSERT_ID(expr)` instead, 1 for a new row,
-//! `g + 1` for an expired one replaced, 0 for a row left alone.
+//! left alone counts as one affected row, like an insert: the insert reports
+//! whether it took the key through `LAST_INSERT_ID(expr)` instead, the generation
+//! it wrote, or 0 for a row left alone. It writes the execution's generation
+//! (bound: 1 for a new key, the expired row's plus one for a takeover), so an
+//! expired row swept between the lookup and the insert leaves a new row at the
+//! generation the execution's answer was made for. Unlike PostgreSQL's and
+//! SQLite's takeovers, it does not also check that the expired row is still at
+//! the generation before the execution's: `take!` is read by every assignment,
+//! and the generation's comes first (see `upsert!`), so it cannot read the
+//! generation too; a row taken over, finished and expired again within one
+//! execution (a retention shorter than the handler) is replaced at the
+//! execution's generation, as the others would answer in flight.
 //!
 //! With [`Idem::with_claims_at_commit`] off the key is claimed before the handler
 //! (the locking read of [`super::transactional`], as hand-written claims do).
@@ -120,14 +129,14 @@ macro_rules! upsert {
                 (tenant_id, operation, key_digest, fingerprint, state, generation, \
                  response_status, response_headers, response_body, created_at, completed_at, \
                  expires_at) \
-             VALUES (?, ?, ?, ?, ?, LAST_INSERT_ID(1), ?, ?, ?, ",
+             VALUES (?, ?, ?, ?, ?, LAST_INSERT_ID(?), ?, ?, ?, ",
             now_ms!(),
             ", ",
             created_now!(),
             ") \
              ON DUPLICATE KEY UPDATE generation = IF(",
             take!(),
-            ", LAST_INSERT_ID(generation + 1), generation + LAST_INSERT_ID(0))",
+            ", LAST_INSERT_ID(VALUES(generation)), generation + LAST_INSERT_ID(0))",
             new_if_taken!(
                 fingerprint,
                 response_status,
@@ -273,15 +282,10 @@ impl HandlerPath for MySql {
         let taken = upsert(tx.connection(), &execution, response, status, &headers).await;
         tx.session_changed(false);
         match taken {
-            Ok(Some(generation)) => {
-                if let Err(e) = align_generation(&mut tx, &execution, response, generation).await {
-                    return Finish::NotStored(e);
-                }
-                match tx.commit().await {
-                    Ok(()) => Finish::Committed,
-                    Err(e) => Finish::Unknown(e.into()),
-                }
-            }
+            Ok(Some(_)) => match tx.commit().await {
+                Ok(()) => Finish::Committed,
+                Err(e) => Finish::Unknown(e.into()),
+            },
             Ok(None) => {
                 // A finished row that has not expired, or a leased execution's: this
                 // execution loses, and answers what the key holds now.
@@ -336,30 +340,6 @@ impl HandlerPath for MySql {
     }
 }
 
-/// A sealed answer is bound to the generation its execution holds; where the
-/// row the upsert wrote holds another (the expired row it was to take over was
-/// swept meanwhile, and the insert began again at 1), the row takes the
-/// execution's, in the same transaction. A clear answer needs nothing.
-async fn align_generation(
-    tx: &mut Tx<MySql>,
-    execution: &Execution,
-    response: &StoredResponse,
-    written: i64,
-) -> Result<(), StoreError> {
-    if written == execution.generation || crate::at_rest::sealed_with(response).is_none() {
-        return Ok(());
-    }
-    sqlx::query(
-        "UPDATE idempotency_requests SET generation = ? \
-          WHERE tenant_id = ? AND operation = ? AND key_digest = ?",
-    )
-    .bind(execution.generation)
-    .bind_key(&execution.tenant, &execution.operation, execution.key)
-    .execute(&mut **tx.connection())
-    .await?;
-    Ok(())
-}
-
 impl KeyLookup for MySql {
     /// The key as it stands, if it has a row; `fingerprint` is the request's.
     async fn lookup<'c>(
@@ -408,7 +388,7 @@ async fn upsert(
     let bind = |sql: &'static str| -> Result<_, sqlx::Error> {
         let mut args = MySqlArguments::default();
         args.reserve(
-            9,
+            10,
             96 + execution.tenant.len()
                 + execution.operation.len()
                 + headers.len()
@@ -421,6 +401,7 @@ async fn upsert(
         args.add(&execution.fingerprint.as_bytes()[..])
             .map_err(encode)?;
         args.add(response.state()).map_err(encode)?;
+        args.add(execution.generation).map_err(encode)?;
         args.add(status).map_err(encode)?;
         args.add(headers).map_err(encode)?;
         args.add(&response.body[..]).map_err(encode)?;

@@ -7,7 +7,7 @@
 //! `COMMIT`:
 //!
 //! ```text
-//! BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE idem_probe_2(<key>, <deadline>)
+//! BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE idem_probe_3(<key>, <deadline>)
 //!                                                          one message: fails if the key has a row
 //! ... the handler's statements ...
 //! EXECUTE idem_insert_1(<row>); COMMIT AND CHAIN           one message: fails if the key was taken
@@ -16,8 +16,11 @@
 //! A new key's finished row is a plain insert (`idem_insert_1`): the probe saw
 //! no row, so there is none to take over, and a row another execution wrote
 //! since is a unique violation. A key whose expired row is taken over finishes
-//! with `idem_finish_1`, the insert with `ON CONFLICT .. DO UPDATE .. WHERE
-//! <expired>`, which fails when it claimed nothing.
+//! with `idem_finish_2`, the insert with `ON CONFLICT .. DO UPDATE .. WHERE
+//! <expired>`, which fails when it claimed nothing. Either way the row is
+//! written at the execution's generation, bound: an expired row swept between
+//! the lookup and the insert leaves a plain insert at that generation, so the
+//! row holds what the execution's answer (sealed, it is bound to it) was made for.
 //!
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
@@ -91,9 +94,9 @@ const LOOKUP_SQL: &str = "SELECT fingerprint, state, generation, expires_at > no
 /// The finished row, inserted once, claiming the key, or taking over an
 /// expired finished row (see `finished_row_insert!` for the bounded wait).
 const INSERT_SQL: &str = concat!(
-    finished_row_insert!(),
+    finished_row_insert!("$11"),
     take_over_expired!(),
-    " RETURNING r.generation, ",
+    " RETURNING ",
     restore_lock_timeout!()
 );
 
@@ -102,7 +105,7 @@ const INSERT_SQL: &str = concat!(
 /// ([`session::is_key_taken`]) means that another execution claimed the key
 /// meanwhile.
 const INSERT_NEW_SQL: &str = concat!(
-    finished_row_insert!(),
+    finished_row_insert!("1"),
     " RETURNING ",
     restore_lock_timeout!()
 );
@@ -304,42 +307,37 @@ impl HandlerPath for Postgres {
         // Milliseconds, lock_timeout's unit.
         let wait = super::lock_wait_ms(execution.in_flight_wait).max(1);
         let started = Instant::now();
-        // A sealed answer taking over an expired row goes the bound way, which
-        // sees the generation the row gets before it commits.
-        let sealed = crate::at_rest::sealed_with(response).is_some();
-        if execution.in_session && !(sealed && execution.generation > 1) {
+        if execution.in_session {
             return finish_in_session(ctx, tx, execution, response, status, wait, started).await;
         }
-        // Generation 1: the lookup found no row, so no row is there to take over.
-        let sql = if execution.generation == 1 {
-            INSERT_NEW_SQL
+        let row = sqlx::query(
+            // Generation 1: the lookup found no row, so no row is there to take over.
+            if execution.generation == 1 {
+                INSERT_NEW_SQL
+            } else {
+                INSERT_SQL
+            },
+        )
+        .bind_key(&execution.tenant, &execution.operation, execution.key)
+        .bind(&execution.fingerprint.as_bytes()[..])
+        .bind(response.state())
+        .bind(status)
+        .bind(sqlx::types::Json(&response.headers))
+        .bind(&response.body[..])
+        .bind(kept_for_ms(&execution, wait))
+        .bind(wait);
+        let inserted = if execution.generation == 1 {
+            row
         } else {
-            INSERT_SQL
-        };
-        let inserted = sqlx::query(sql)
-            .bind_key(&execution.tenant, &execution.operation, execution.key)
-            .bind(&execution.fingerprint.as_bytes()[..])
-            .bind(response.state())
-            .bind(status)
-            .bind(sqlx::types::Json(&response.headers))
-            .bind(&response.body[..])
-            .bind(kept_for_ms(&execution, wait))
-            .bind(wait)
-            .fetch_optional(&mut **tx.connection())
-            .await;
+            row.bind(execution.generation)
+        }
+        .fetch_optional(&mut **tx.connection())
+        .await;
         match inserted {
-            Ok(Some(row)) => {
-                if sealed
-                    && execution.generation > 1
-                    && let Err(e) = align_generation(&mut tx, &execution, &row).await
-                {
-                    return Finish::NotStored(e);
-                }
-                match tx.commit().await {
-                    Ok(()) => Finish::Committed,
-                    Err(e) => Finish::Unknown(e.into()),
-                }
-            }
+            Ok(Some(_)) => match tx.commit().await {
+                Ok(()) => Finish::Committed,
+                Err(e) => Finish::Unknown(e.into()),
+            },
             // A finished row that has not expired, or a leased execution's: this
             // execution loses, and answers what the key holds now.
             Ok(None) => lost(ctx, tx, &execution, started).await,
@@ -354,30 +352,6 @@ impl HandlerPath for Postgres {
     ) -> Result<Option<Claim>, StoreError> {
         at_commit::taken_since(ctx, execution).await
     }
-}
-
-/// A sealed answer is bound to the generation its execution holds; where the
-/// row [`INSERT_SQL`] wrote holds another (`written`'s first column: the
-/// expired row it was to take over was swept meanwhile, and the insert began
-/// again at 1), the row takes the execution's, in the same transaction.
-async fn align_generation(
-    tx: &mut Tx<Postgres>,
-    execution: &Execution,
-    written: &sqlx::postgres::PgRow,
-) -> Result<(), StoreError> {
-    let generation: i64 = written.try_get(0)?;
-    if generation == execution.generation {
-        return Ok(());
-    }
-    sqlx::query(
-        "UPDATE idempotency_requests SET generation = $4 \
-          WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3",
-    )
-    .bind_key(&execution.tenant, &execution.operation, execution.key)
-    .bind(execution.generation)
-    .execute(&mut **tx.connection())
-    .await?;
-    Ok(())
 }
 
 impl KeyLookup for Postgres {
@@ -459,7 +433,7 @@ async fn finish_in_session(
     }
 }
 
-/// `EXECUTE idem_insert_1(..); COMMIT AND CHAIN` (or `idem_finish_1` for a key
+/// `EXECUTE idem_insert_1(..); COMMIT AND CHAIN` (or `idem_finish_2` for a key
 /// whose expired row is taken over), every value in an encoding that
 /// cannot inject (see [`super::session`]).
 fn finish_text(
@@ -508,7 +482,11 @@ fn finish_text(
     let _ = write!(sql, "{}", kept_for_ms(execution, wait));
     sql.push_str(", '");
     let _ = write!(sql, "{wait}");
-    sql.push_str("'); COMMIT AND CHAIN");
+    sql.push('\'');
+    if execution.generation != 1 {
+        let _ = write!(sql, ", {}", execution.generation);
+    }
+    sql.push_str("); COMMIT AND CHAIN");
     Ok(sql)
 }
 

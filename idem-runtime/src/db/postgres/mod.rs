@@ -24,36 +24,46 @@ use crate::model::StoreError;
 /// the insert can wait on a concurrent holder of the key (the handler's own
 /// statements ran without it); the value to give back is kept in
 /// `idem.lock_timeout`, transaction-local like the bound. The source's columns
-/// are evaluated left to right: saved, then bounded.
+/// are evaluated left to right: saved, then bounded. `$generation` is the
+/// generation the row is written at: `"1"` for a key the lookup found no row
+/// for, `"$11"` (the execution's, bound) where an expired row may be taken over,
+/// so that the row holds the generation its execution decided on whether it
+/// replaces that row or, the row swept meanwhile, begins the key again.
 macro_rules! finished_row_insert {
-    () => {
-        "INSERT INTO idempotency_requests AS r \
+    ($generation:literal) => {
+        concat!(
+            "INSERT INTO idempotency_requests AS r \
                 (tenant_id, operation, key_digest, fingerprint, state, generation, \
                  response_status, response_headers, response_body, created_at, \
                  completed_at, expires_at) \
-         SELECT $1, $2, $3, $4, $5, 1, $6, $7, $8, now(), c.t, \
+             SELECT $1, $2, $3, $4, $5, ",
+            $generation,
+            ", $6, $7, $8, now(), c.t, \
                 c.t + $9 * interval '1 millisecond' \
-           FROM (SELECT clock_timestamp() AS t, \
+               FROM (SELECT clock_timestamp() AS t, \
                         set_config('idem.lock_timeout', current_setting('lock_timeout'), true) \
                           AS saved, \
                         set_config('lock_timeout', $10::text, true) AS bounded) c"
+        )
     };
 }
 
 /// What [`finished_row_insert`] does on a conflict when it may take over an
 /// expired row: only a finished row past its retention, never a leased
-/// execution's; nothing otherwise.
+/// execution's, and only the one its execution decided on (the generation
+/// before the execution's, as SQLite's takeover checks); nothing otherwise.
 macro_rules! take_over_expired {
     () => {
         " ON CONFLICT (tenant_id, operation, key_digest) DO UPDATE \
             SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, \
-                generation = r.generation + 1, response_status = EXCLUDED.response_status, \
+                generation = EXCLUDED.generation, response_status = EXCLUDED.response_status, \
                 response_headers = EXCLUDED.response_headers, \
                 response_body = EXCLUDED.response_body, \
                 owner_token = NULL, lease_expires_at = NULL, downstream_key = NULL, \
                 created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at, \
                 expires_at = EXCLUDED.expires_at \
-          WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed')"
+          WHERE r.expires_at <= now() AND r.state IN ('completed', 'failed') \
+            AND r.generation = EXCLUDED.generation - 1"
     };
 }
 

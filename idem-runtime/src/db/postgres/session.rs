@@ -42,18 +42,22 @@ use crate::model::StoreError;
 /// folded, and fail, at planning): the server's log shows what it is.
 ///
 /// A session is prepared when its probe is missing, so the probe's version
-/// names the whole set: a session that has this probe has [`INSERT`] too (one
-/// an earlier release prepared has `idem_probe_1` and no `INSERT`).
-pub(crate) const PROBE: &str = "idem_probe_2";
+/// names the whole set: a session that has this probe has [`INSERT`] and this
+/// [`FINISH`] too (one an earlier release prepared has `idem_probe_1` and no
+/// `INSERT`, or `idem_probe_2` and `idem_finish_1`, which wrote the generation
+/// the row had plus one rather than the execution's). The probe's text is the
+/// same in every version.
+pub(crate) const PROBE: &str = "idem_probe_3";
 
 /// Everything the decision needs about a key (as the prepared lookup reads it),
 /// with the byte columns as hex: the simple-query protocol answers in text.
 pub(crate) const LOOKUP: &str = "idem_lookup_1";
 
-/// The finished row, claiming the key, as the bound-parameter insert writes it;
-/// fails when it claimed nothing (another execution's row holds the key), so
-/// that the `COMMIT` after it in the message never runs.
-pub(crate) const FINISH: &str = "idem_finish_1";
+/// The finished row, claiming the key, as the bound-parameter insert writes it,
+/// at the execution's generation (its last argument); fails when it claimed
+/// nothing (another execution's row holds the key), so that the `COMMIT` after
+/// it in the message never runs.
+pub(crate) const FINISH: &str = "idem_finish_2";
 
 /// The finished row of a key the probe found no row for (a new key, the common
 /// case): a plain insert, without [`FINISH`]'s conflict arbiter and the count
@@ -91,7 +95,7 @@ const STATEMENTS: [(&str, &str); 4] = [
         // The request deadline ($4, milliseconds) is set here too, saving the
         // `BEGIN` message a statement of its own: it bounds the statements after
         // this one, as a separate `SELECT set_config(..)` would.
-        "PREPARE idem_probe_2(text, text, bytea, text) AS \
+        "PREPARE idem_probe_3(text, text, bytea, text) AS \
          SELECT set_config('statement_timeout', $4, true), \
                 set_config('idle_in_transaction_session_timeout', $4, true), \
                 (SELECT (r.state || ': idem: the key has a row')::int \
@@ -112,9 +116,9 @@ const STATEMENTS: [(&str, &str); 4] = [
         // The bound path's upsert, and then a cast that fails when it returned
         // no row. The final select gives `lock_timeout` back.
         concat!(
-            "PREPARE idem_finish_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
-                                   bigint, text) AS WITH ins AS ( ",
-            finished_row_insert!(),
+            "PREPARE idem_finish_2(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
+                                   bigint, text, bigint) AS WITH ins AS ( ",
+            finished_row_insert!("$11"),
             take_over_expired!(),
             " RETURNING r.generation) \
              SELECT (CASE count(*) WHEN 0 THEN 'idem: the key was taken by another execution' \
@@ -128,7 +132,7 @@ const STATEMENTS: [(&str, &str); 4] = [
         concat!(
             "PREPARE idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, \
                                    bigint, text) AS ",
-            finished_row_insert!(),
+            finished_row_insert!("1"),
             " RETURNING ",
             restore_lock_timeout!()
         ),
