@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_runtime::Idem;
+use idem_runtime::at_rest::KeyRing;
 use idem_runtime::reconcile::Reconciler;
 use idem_runtime::redis::{Redis, RedisLeaseStore};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -52,7 +53,8 @@ pub async fn run() -> Result<(), String> {
     let reconcile_every = millis("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;
     let wait = millis("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?;
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:50051".into());
-    let leases = lease_store().await?;
+    let ring = key_ring()?;
+    let leases = lease_store(ring.as_ref()).await?;
     let url = std::env::var("DATABASE_URL").unwrap_or_default();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -71,12 +73,21 @@ pub async fn run() -> Result<(), String> {
             Store::create_tables(&pool)
                 .await
                 .map_err(|e| format!("the example's tables could not be created: {e}"))?;
-            let idem = Idem::new(pool.clone()).with_in_flight_wait(wait);
+            let mut idem = Idem::new(pool.clone()).with_in_flight_wait(wait);
+            if let Some(ring) = &ring {
+                idem = idem.with_key_ring(ring.clone());
+            }
             let ask = AskProvider { pool: pool.clone() };
             match &leases {
-                None => Reconciler::new(pool.clone(), ask)
-                    .with_interval(reconcile_every)
-                    .spawn(),
+                None => {
+                    let mut reconciler =
+                        Reconciler::new(pool.clone(), ask).with_interval(reconcile_every);
+                    if let Some(ring) = &ring {
+                        reconciler = reconciler.with_key_ring(ring.clone());
+                    }
+                    reconciler.spawn()
+                }
+                // The store seals with the ring it was given.
                 Some(store) => Reconciler::<_, Redis>::on_store(store.clone(), ask)
                     .with_interval(reconcile_every)
                     .spawn(),
@@ -149,16 +160,35 @@ pub async fn run() -> Result<(), String> {
     }
 }
 
-/// The Redis lease store `IDEM_LEASE_STORE` names, if any.
-async fn lease_store() -> Result<Option<RedisLeaseStore>, String> {
+/// `IDEM_KEY_RING` and `IDEM_ACTIVE_KEY`, if set: every answer the service
+/// stores (orders, refunds, payments, on every store) is sealed with the active
+/// key and opened when a retry replays it.
+fn key_ring() -> Result<Option<KeyRing>, String> {
+    let ring = KeyRing::from_env().map_err(|e| format!("cannot use IDEM_KEY_RING: {e}"))?;
+    if let Some(ring) = &ring {
+        // The key's id, never its bytes.
+        tracing::info!(
+            active = ring.active_id(),
+            "grpc-orders: stored answers are sealed at rest (IDEM_KEY_RING)"
+        );
+    }
+    Ok(ring)
+}
+
+/// The Redis lease store `IDEM_LEASE_STORE` names, if any, sealing with `ring`
+/// when there is one.
+async fn lease_store(ring: Option<&KeyRing>) -> Result<Option<RedisLeaseStore>, String> {
     let Ok(url) = std::env::var("IDEM_LEASE_STORE") else {
         return Ok(None);
     };
     let prefix = std::env::var("IDEM_LEASE_STORE_PREFIX").unwrap_or_else(|_| "idem".into());
-    RedisLeaseStore::connect_with_prefix(&url, &prefix)
+    let store = RedisLeaseStore::connect_with_prefix(&url, &prefix)
         .await
-        .map(Some)
-        .map_err(|e| format!("cannot reach the lease store IDEM_LEASE_STORE: {e}"))
+        .map_err(|e| format!("cannot reach the lease store IDEM_LEASE_STORE: {e}"))?;
+    Ok(Some(match ring {
+        Some(ring) => store.with_key_ring(ring.clone()),
+        None => store,
+    }))
 }
 
 async fn shutdown() {

@@ -384,6 +384,82 @@ async fn payments_charge_once<D: Db>(lease_store: Option<&str>) {
     db.drop().await;
 }
 
+/// A 32-byte key, base64, with the id `k1`: what `IDEM_KEY_RING` takes.
+const RING: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// With `IDEM_KEY_RING` set, every answer the service stores (an order's message
+/// in the transactional mode, a payment's in leased mode, a refund's stored
+/// `NOT_FOUND`) is sealed in its row: the row names the key and holds no byte of
+/// the answer. A retry replays the same message or status, opened from the row.
+async fn answers_are_sealed_at_rest_and_replay_the_message<D: Db>() {
+    let db = D::create().await;
+    let server = Server::start(&db.url(), &[("IDEM_KEY_RING", RING)]).await;
+    let mut client = server.client().await;
+    let sku = "sealed-sku-4242";
+    let first = client.create_order(order("sealed-1", sku)).await.unwrap();
+    assert!(!replayed(&first));
+    let pay = || {
+        call(
+            Some("sealed-pay-1"),
+            CreatePaymentRequest { amount_cents: 4242 },
+        )
+    };
+    let charged = client.create_payment(pay()).await.unwrap();
+    assert!(!replayed(&charged));
+    let refund = || {
+        call(
+            None,
+            CreateRefundRequest {
+                order_id: 4242,
+                amount_cents: 100,
+                request_id: "sealed-r-1".into(),
+            },
+        )
+    };
+    let missing = client.create_refund(refund()).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    let rows = db.answers().await;
+    assert_eq!(
+        rows.len(),
+        3,
+        "an order's answer, a payment's and a refund's"
+    );
+    for (headers, body) in &rows {
+        assert!(headers.contains(":idem-sealed"), "{headers}");
+        assert!(headers.contains("\"k1\""), "{headers}");
+        assert!(
+            !headers.contains("grpc"),
+            "the content type is sealed: {headers}"
+        );
+        assert!(
+            !body.windows(sku.len()).any(|w| w == sku.as_bytes()),
+            "the order's sku is in a row"
+        );
+        let charge = charged.get_ref().charge_id.as_bytes();
+        assert!(
+            !body.windows(charge.len()).any(|w| w == charge),
+            "the charge id is in a row"
+        );
+        let status = missing.message().as_bytes();
+        assert!(
+            !body.windows(status.len()).any(|w| w == status),
+            "the refund's status message is in a row"
+        );
+    }
+    let again = client.create_order(order("sealed-1", sku)).await.unwrap();
+    assert!(replayed(&again));
+    assert_eq!(again.get_ref(), first.get_ref());
+    let again = client.create_payment(pay()).await.unwrap();
+    assert!(replayed(&again));
+    assert_eq!(again.get_ref(), charged.get_ref());
+    let again = client.create_refund(refund()).await.unwrap_err();
+    assert_eq!(again.code(), Code::NotFound);
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(again.message(), missing.message());
+    assert_eq!(counts(&server).await, (1, 0, 1));
+    db.drop().await;
+}
+
 /// Each scenario above, stamped per database.
 macro_rules! backend_tests {
     ($($module:ident => $db:ty),* $(,)?) => {$(
@@ -398,6 +474,7 @@ macro_rules! backend_tests {
                 a_crash_before_commit_leaves_nothing,
                 a_refunds_key_is_its_request_id_and_not_found_is_stored,
                 bad_calls_are_refused_and_reserve_nothing,
+                answers_are_sealed_at_rest_and_replay_the_message,
             );
 
             #[tokio::test]

@@ -136,9 +136,16 @@ pub trait Db: Sized {
     fn url(&self) -> String;
     /// Waits until no transaction of a killed service holds anything.
     async fn wait_until_no_open_transaction(&self);
+    /// Every stored answer in idem's table, as the row holds it: the headers'
+    /// text and the body.
+    async fn answers(&self) -> Vec<(String, Vec<u8>)>;
     /// Drops it.
     async fn drop(self);
 }
+
+/// [`Db::answers`] where the headers are text already (SQLite, MySQL).
+const ANSWERS_AS_TEXT: &str = "SELECT response_headers, response_body FROM idempotency_requests \
+     WHERE response_body IS NOT NULL";
 
 /// A SQLite file in the temporary directory.
 pub struct SqliteDb {
@@ -161,6 +168,13 @@ impl Db for SqliteDb {
             .execute(&mut conn)
             .await
             .unwrap();
+    }
+    async fn answers(&self) -> Vec<(String, Vec<u8>)> {
+        let mut conn = sqlx::SqliteConnection::connect(&self.url()).await.unwrap();
+        sqlx::query_as(ANSWERS_AS_TEXT)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
     }
     async fn drop(self) {
         for suffix in ["", "-wal", "-shm"] {
@@ -221,6 +235,16 @@ impl Db for PgDb {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("a killed service's connection stayed open for a minute");
+    }
+    async fn answers(&self) -> Vec<(String, Vec<u8>)> {
+        let mut conn = sqlx::PgConnection::connect(&self.url()).await.unwrap();
+        sqlx::query_as(
+            "SELECT response_headers::text, response_body FROM idempotency_requests \
+              WHERE response_body IS NOT NULL",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
     }
     async fn drop(self) {
         let mut conn = sqlx::PgConnection::connect(&pg_admin()).await.unwrap();
@@ -295,6 +319,13 @@ impl Db for MySqlDb {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("a killed service's connection stayed open for a minute");
+    }
+    async fn answers(&self) -> Vec<(String, Vec<u8>)> {
+        let mut conn = sqlx::MySqlConnection::connect(&self.url()).await.unwrap();
+        sqlx::query_as(ANSWERS_AS_TEXT)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
     }
     async fn drop(self) {
         let mut conn = sqlx::MySqlConnection::connect(&mysql_admin())
