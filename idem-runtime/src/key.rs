@@ -50,6 +50,11 @@ pub struct IdempotencyKey {
 }
 
 /// Why a key was refused. None of the variants carries the key itself.
+///
+/// Its text names the HTTP header (`the Idempotency-Key is empty`);
+/// [`KeyError::rule`] says what is wrong in words that fit a key from anywhere,
+/// for a transport that names the key's source itself (gRPC's metadata entry or
+/// message field).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
@@ -57,13 +62,13 @@ pub enum KeyError {
     #[error("the request has no Idempotency-Key header")]
     Missing,
     /// The header appears more than once.
-    #[error("the Idempotency-Key header appears more than once")]
+    #[error("the Idempotency-Key header {}", self.rule())]
     Repeated,
     /// The key is empty (or only white space).
-    #[error("the Idempotency-Key is empty")]
+    #[error("the Idempotency-Key {}", self.rule())]
     Empty,
     /// The key is longer than [`MAX_KEY_LEN`] characters.
-    #[error("the Idempotency-Key is {len} characters long; at most {MAX_KEY_LEN} are allowed")]
+    #[error("the Idempotency-Key {}", self.rule())]
     TooLong {
         /// The length that was sent.
         len: usize,
@@ -71,9 +76,7 @@ pub enum KeyError {
     /// A bare key holds a character outside visible ASCII (`0x21..=0x7e`): a
     /// space, a control character or a non-ASCII one. (A space is allowed only
     /// inside the structured-string spelling, `"a b"`.)
-    #[error(
-        "the Idempotency-Key holds a character outside visible ASCII (a space, a control or a non-ASCII character) at position {position}"
-    )]
+    #[error("the Idempotency-Key {}", self.rule())]
     NotPrintableAscii {
         /// Zero-based byte position of the first offending character.
         position: usize,
@@ -81,17 +84,13 @@ pub enum KeyError {
     /// A bare key holds a comma. HTTP lets an intermediary join repeated header
     /// lines into one with commas, so `a,b` may be two keys sent twice; the
     /// structured-string spelling (`"a,b"`) carries a comma unambiguously.
-    #[error(
-        "the bare Idempotency-Key holds a comma at position {position}, as two header lines joined would; send a key with a comma as a structured-field string (\"a,b\")"
-    )]
+    #[error("the bare Idempotency-Key {}", self.rule())]
     Comma {
         /// Zero-based byte position of the first comma.
         position: usize,
     },
     /// The key starts with `"` but is not a valid RFC 8941 string item.
-    #[error(
-        "the Idempotency-Key starts with '\"' but is not a valid structured-field string (RFC 8941)"
-    )]
+    #[error("the Idempotency-Key {}", self.rule())]
     MalformedStructuredString,
 }
 
@@ -99,6 +98,38 @@ impl KeyError {
     /// True when the header is absent, false when it is present but unusable.
     pub fn is_missing(&self) -> bool {
         matches!(self, KeyError::Missing)
+    }
+
+    /// What is wrong with the key, as the rest of a sentence whose subject is
+    /// the key (`is empty`, `appears more than once`): the one wording of each
+    /// rule, which the error's own text (the HTTP header's) and gRPC's refusals
+    /// (the metadata entry's, a field's) both finish with.
+    ///
+    /// ```
+    /// use idem_runtime::{IdempotencyKey, KeyError};
+    ///
+    /// let e = IdempotencyKey::parse("").unwrap_err();
+    /// assert_eq!(e.rule(), "is empty");
+    /// assert_eq!(e.to_string(), "the Idempotency-Key is empty");
+    /// ```
+    pub fn rule(&self) -> String {
+        match self {
+            KeyError::Missing => "was not sent".to_owned(),
+            KeyError::Repeated => "appears more than once".to_owned(),
+            KeyError::Empty => "is empty".to_owned(),
+            KeyError::TooLong { len } => {
+                format!("is {len} characters long; at most {MAX_KEY_LEN} are allowed")
+            }
+            KeyError::NotPrintableAscii { position } => format!(
+                "holds a character outside visible ASCII (a space, a control or a non-ASCII character) at position {position}"
+            ),
+            KeyError::Comma { position } => format!(
+                "holds a comma at position {position}, as two header lines joined would; send a key with a comma as a structured-field string (\"a,b\")"
+            ),
+            KeyError::MalformedStructuredString => {
+                "starts with '\"' but is not a valid structured-field string (RFC 8941)".to_owned()
+            }
+        }
     }
 }
 
@@ -408,6 +439,40 @@ mod tests {
             KeyError::NotPrintableAscii { position: 2 },
         );
         assert_refused("a b", KeyError::NotPrintableAscii { position: 1 });
+    }
+
+    /// The refusals' words are what a `400` problem's detail says: each is
+    /// the header's subject and [`KeyError::rule`], worded as before the rule
+    /// was kept apart for gRPC.
+    #[test]
+    fn each_refusal_keeps_its_words() {
+        for (e, text) in [
+            (
+                KeyError::Missing,
+                "the request has no Idempotency-Key header",
+            ),
+            (
+                KeyError::Repeated,
+                "the Idempotency-Key header appears more than once",
+            ),
+            (KeyError::Empty, "the Idempotency-Key is empty"),
+            (
+                KeyError::TooLong { len: 300 },
+                "the Idempotency-Key is 300 characters long; at most 255 are allowed",
+            ),
+            (
+                KeyError::Comma { position: 2 },
+                "the bare Idempotency-Key holds a comma at position 2, as two header lines \
+                 joined would; send a key with a comma as a structured-field string (\"a,b\")",
+            ),
+            (
+                KeyError::MalformedStructuredString,
+                "the Idempotency-Key starts with '\"' but is not a valid structured-field \
+                 string (RFC 8941)",
+            ),
+        ] {
+            assert_eq!(e.to_string(), text);
+        }
     }
 
     #[test]

@@ -135,13 +135,17 @@ fn refused(source: KeySource, e: &KeyError) -> Status {
             reason::KEY_MISSING,
         )
     } else {
-        // KeyError speaks of the HTTP header; the rule is the same.
-        let rule = e
-            .to_string()
-            .replace("Idempotency-Key header", "key")
-            .replace("Idempotency-Key", "key");
+        // The rule as the HTTP header's refusal words it, said of the key.
+        let bare = if matches!(e, KeyError::Comma { .. }) {
+            "bare "
+        } else {
+            ""
+        };
         (
-            format!("the `{name}` {why} is not a usable idempotency key: {rule}"),
+            format!(
+                "the `{name}` {why} is not a usable idempotency key: the {bare}key {}",
+                e.rule()
+            ),
             reason::KEY_MALFORMED,
         )
     };
@@ -202,5 +206,44 @@ mod tests {
                 .as_str(),
             "7f0c2d3e-uuid"
         );
+    }
+
+    /// Each refusal says the header's rule of the key, in the words
+    /// [`KeyError::rule`] keeps for both transports, and never names the HTTP
+    /// header, which a gRPC caller does not send.
+    #[test]
+    fn a_refusal_says_the_rule_of_the_key_without_the_header() {
+        let field = KeySource::Field("request_id");
+        for (e, said) in [
+            (KeyError::Repeated, "the key appears more than once"),
+            (KeyError::Empty, "the key is empty"),
+            (
+                KeyError::TooLong { len: 300 },
+                "the key is 300 characters long; at most 255 are allowed",
+            ),
+            (
+                KeyError::NotPrintableAscii { position: 0 },
+                "the key holds a character outside visible ASCII",
+            ),
+            (
+                KeyError::Comma { position: 1 },
+                "the bare key holds a comma at position 1",
+            ),
+            (
+                KeyError::MalformedStructuredString,
+                "the key starts with '\"' but is not a valid structured-field string",
+            ),
+        ] {
+            let status = refused(field, &e);
+            let message = status.message();
+            assert!(
+                message.starts_with("the `request_id` field is not a usable idempotency key: "),
+                "{message}"
+            );
+            assert!(message.contains(said), "{message}");
+            assert!(message.ends_with(&e.rule()), "{message}");
+            assert!(!message.contains("Idempotency-Key"), "{message}");
+            assert!(e.to_string().ends_with(&e.rule()), "{e}");
+        }
     }
 }
