@@ -13,6 +13,7 @@
 //! | `IDEM_LEASE_STORE_PREFIX` | `idem` | with `IDEM_LEASE_STORE`: the prefix of every Redis key |
 //! | `IDEM_ADDR` | `127.0.0.1:50051` | listen address (`127.0.0.1:0` picks a free port; the first line on standard output says which) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside `CreateOrder`'s transaction, after the insert |
+//! | `ORDERS_HOLD_FILE` | unset | a path: while the file exists, `CreateOrder` waits inside its transaction after the insert (the tests hold a call mid-way and release it by removing the file) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per charge |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's next N charges time out after charging: the payment's outcome is uncertain until the reconciler asks |
 //! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |

@@ -47,6 +47,7 @@ pub async fn run() -> Result<(), String> {
     };
     let knobs = Knobs {
         latency: millis("ORDERS_LATENCY_MS", 0, 600_000)?,
+        hold_file: std::env::var_os("ORDERS_HOLD_FILE").map(Into::into),
         provider_latency: millis("PAYMENTS_PROVIDER_LATENCY_MS", 0, 600_000)?,
         timeouts_after_charge: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(timeouts)),
     };

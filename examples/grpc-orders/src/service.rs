@@ -16,6 +16,9 @@ use crate::pb::CreateOrderRequest;
 pub struct Knobs {
     /// `ORDERS_LATENCY_MS`: slow work inside the transaction, after the insert.
     pub latency: Duration,
+    /// `ORDERS_HOLD_FILE`: while this file exists, `CreateOrder` waits inside
+    /// its transaction, after the insert (see [`Knobs::held`]).
+    pub hold_file: Option<std::path::PathBuf>,
     /// `PAYMENTS_PROVIDER_LATENCY_MS`: the provider's latency per charge.
     pub provider_latency: Duration,
     /// `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE`: how many of the provider's next
@@ -24,6 +27,18 @@ pub struct Knobs {
 }
 
 impl Knobs {
+    /// Waits while the hold file exists: a test holds a call mid-way (its key
+    /// claimed, its transaction open) for as long as it needs, and releases it
+    /// by removing the file, with no timing of its own to guess.
+    pub async fn held(&self) {
+        let Some(path) = &self.hold_file else {
+            return;
+        };
+        while path.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Whether this charge's answer is lost: one of the timeouts still due.
     pub fn charge_times_out(&self) -> bool {
         use std::sync::atomic::Ordering;
@@ -137,6 +152,7 @@ macro_rules! orders_service {
                 if !self.knobs.latency.is_zero() {
                     tokio::time::sleep(self.knobs.latency).await;
                 }
+                self.knobs.held().await;
                 Ok(tonic::Response::new(order))
             }
 

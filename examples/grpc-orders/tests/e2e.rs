@@ -8,7 +8,7 @@ mod harness;
 use grpc_orders::pb::{
     CountOrdersRequest, CreateOrderRequest, CreatePaymentRequest, CreateRefundRequest,
 };
-use harness::{Db, Server, call};
+use harness::{Db, Hold, Server, call};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
@@ -78,23 +78,19 @@ async fn concurrent_duplicates_make_one_order<D: Db>() {
 }
 
 /// The client gives up once the method runs (the answer is lost); its retry
-/// with the key replays the order the server made.
+/// with the key replays the order the server made. The method is held inside
+/// its transaction until the client has gone.
 async fn a_retry_after_a_lost_response_replays<D: Db>() {
     let db = D::create().await;
-    let server = Server::start(
-        &db.url(),
-        &[
-            ("ORDERS_LATENCY_MS", "3000"),
-            ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
-        ],
-    )
-    .await;
+    let hold = Hold::new();
+    let server = Server::start(&db.url(), &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "5000")]).await;
     let mut client = server.client().await;
     let lost = tokio::spawn(async move { client.create_order(order("lost-1", "lamp")).await });
     server.wait_until_executing(1).await;
     // The client goes away: tonic cancels the call, the server's work goes on.
     lost.abort();
     assert!(lost.await.unwrap_err().is_cancelled());
+    hold.release();
     let retry = server
         .client()
         .await
@@ -143,14 +139,8 @@ async fn another_message_under_a_key_is_failed_precondition<D: Db>() {
 /// `ABORTED` with `RetryInfo`; once done, the retry replays.
 async fn a_duplicate_in_flight_is_aborted_with_retry_info<D: Db>() {
     let db = D::create().await;
-    let server = Server::start(
-        &db.url(),
-        &[
-            ("ORDERS_LATENCY_MS", "5000"),
-            ("IDEM_IN_FLIGHT_WAIT_MS", "100"),
-        ],
-    )
-    .await;
+    let hold = Hold::new();
+    let server = Server::start(&db.url(), &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "100")]).await;
     let mut client = server.client().await;
     let first = tokio::spawn(async move { client.create_order(order("busy-1", "desk")).await });
     server.wait_until_executing(1).await;
@@ -169,6 +159,7 @@ async fn a_duplicate_in_flight_is_aborted_with_retry_info<D: Db>() {
             .is_some()
     );
     assert_eq!(status.get_details_error_info().unwrap().reason, "IN_FLIGHT");
+    hold.release();
     let first = first.await.unwrap().unwrap();
     assert!(!replayed(&first));
     let retry = server
@@ -512,14 +503,8 @@ async fn the_client_half_waits_out_in_flight_and_never_retries_a_reused_key() {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     let db = harness::SqliteDb::create().await;
-    let server = Server::start(
-        &db.url(),
-        &[
-            ("ORDERS_LATENCY_MS", "3000"),
-            ("IDEM_IN_FLIGHT_WAIT_MS", "100"),
-        ],
-    )
-    .await;
+    let hold = Hold::new();
+    let server = Server::start(&db.url(), &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "100")]).await;
     let mut first_client = server.client().await;
     let first = tokio::spawn(async move { first_client.create_order(order("cli-1", "mug")).await });
     server.wait_until_executing(1).await;
@@ -527,7 +512,11 @@ async fn the_client_half_waits_out_in_flight_and_never_retries_a_reused_key() {
     let client = server.client().await;
     let attempts = AtomicUsize::new(0);
     let send = |mut request: tonic::Request<CreateOrderRequest>| {
-        attempts.fetch_add(1, Ordering::SeqCst);
+        // The first attempt meets the held call (ABORTED); the first call is
+        // let go before the second, which then waits it out or replays it.
+        if attempts.fetch_add(1, Ordering::SeqCst) == 1 {
+            hold.release();
+        }
         let template = call(None, ());
         for (name, value) in [
             ("authorization", "authorization"),
