@@ -251,7 +251,7 @@ impl IdempotencyMiddleware {
 
     /// The longest body, in bytes, the middleware holds in memory: a problem
     /// document it judges, or a final answer it hands over whole. A longer one
-    /// is the error [`BodyTooLarge`](crate::BodyTooLarge), at once and never
+    /// is the error [`BodyTooLarge`], at once and never
     /// retried; the body is not read past the limit (nor at all when its
     /// `Content-Length` is over it). The body of an answer that is retried
     /// anyway (a `503`, say) is read up to the limit for its problem type and

@@ -31,6 +31,8 @@ use crate::Failure;
 #[command(after_long_help = AFTER_HELP)]
 pub(crate) struct CheckArgs {
     /// The endpoint to check, e.g. https://staging.example.com/orders
+    // The doc comment is the `--help` text, where a URL is written bare.
+    #[allow(rustdoc::bare_urls)]
     #[arg(long, value_name = "URL")]
     pub(crate) url: String,
 

@@ -18,7 +18,7 @@ pub struct Address {
 
 impl Address {
     /// The resource of `spec`'s operation under `digest`, below `path`
-    /// ([`Idem::operations_path`]).
+    /// ([`Idem::operations_path`](crate::Idem::operations_path)).
     pub(crate) fn new(path: &str, spec: &'static OperationSpec, digest: &KeyDigest) -> Self {
         let id = format!("{}/{digest}", spec.operation);
         Address {

@@ -1,6 +1,6 @@
 //! Long operations: a leased handler written `#[idempotent(.., lease = "..",
 //! accepted)]` answers `202 Accepted` at once and keeps working under its lease;
-//! its operation resource, served by [`router`], tells the client how it goes.
+//! its operation resource, served by [`router()`], tells the client how it goes.
 //!
 //! ```text
 //! POST /exports  Idempotency-Key: k1        -> 202 Accepted, Location: /operations/create-export/<digest>
@@ -34,7 +34,7 @@
 //! effect is taken not to have happened): its resource is then gone (`404`),
 //! and the original request sent again runs anew.
 //!
-//! **Tenants.** [`router`] extracts the caller the way the handlers do (the
+//! **Tenants.** [`router()`] extracts the caller the way the handlers do (the
 //! `#[tenant]` parameter's type, or [`SingleTenant`](crate::SingleTenant)), and
 //! reads the record under that tenant only: another tenant's operation, an
 //! unknown or malformed id, an operation that is not `accepted`, and a finished

@@ -256,7 +256,7 @@ return 1
 /// KEYS: record, its shard's uncertain index. ARGV: the record's index entry,
 /// `1` to erase a record in flight too. Deletes the record and its index entry
 /// (1); leaves a record whose lease is live or whose outcome is uncertain
-/// unless ARGV[2] is `1` (-1); 0 when there is no record.
+/// unless `ARGV[2]` is `1` (-1); 0 when there is no record.
 pub(super) const ERASE: &str = on_record!(
     r#"
 if not rec then return 0 end

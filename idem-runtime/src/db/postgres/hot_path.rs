@@ -62,7 +62,7 @@
 //!
 //! The price, said in ARCHITECTURE.md: a duplicate on another process that
 //! arrives while the first is still running its handler runs its own handler too,
-//! and that transaction rolls back. With [`Idem::with_claims_at_commit`] off, the
+//! and that transaction rolls back. With [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off, the
 //! key is claimed before the handler instead (`idem_claim`, the hand-written
 //! path), and the duplicate waits before it runs anything.
 
