@@ -994,6 +994,20 @@ async fn usage_errors_are_clap_s_exit_2_and_help_is_0() {
     assert!(out.stdout.contains("DATABASE_URL"), "{out:?}");
 }
 
+/// `idem check` speaks HTTP: its help does not offer the database's
+/// `--database-url`, which every database command's help does.
+#[tokio::test]
+async fn check_does_not_offer_a_database_url() {
+    let out = idem(None, &["check", "--help"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("--url <URL>"), "{out:?}");
+    assert!(!out.stdout.contains("--database-url"), "{out:?}");
+    for cmd in ["show", "stats", "sweep"] {
+        let out = idem(None, &[cmd, "--help"]).await;
+        assert!(out.stdout.contains("--database-url"), "{cmd}: {out:?}");
+    }
+}
+
 /// `DATABASE_URL` provides the URL: no usage line may then present
 /// `--database-url` as a required argument (clap lists every argument it took
 /// from the environment in the usage line of its errors).

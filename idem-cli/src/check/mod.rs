@@ -36,6 +36,18 @@ pub(crate) struct CheckArgs {
     #[arg(long, value_name = "URL")]
     pub(crate) url: String,
 
+    /// Not read: `check` speaks HTTP to the endpoint, never to a database.
+    // The global `--database-url` would otherwise be listed in this command's
+    // help; clap does not give a global option to a subcommand that declares
+    // one of the same id, so this hidden one stands in for it here.
+    #[arg(
+        long = "database-url",
+        id = "database_url",
+        value_name = "URL",
+        hide = true
+    )]
+    pub(crate) database_url: Option<String>,
+
     /// The request's method
     #[arg(long, default_value = "POST")]
     pub(crate) method: String,
