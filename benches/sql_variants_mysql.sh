@@ -47,7 +47,10 @@
 # id (sqlx: MySqlQueryResult::last_insert_id) is then 1 (inserted), g + 1 (replaced)
 # or 0 (left alone). The affected rows alone cannot tell: with CLIENT_FOUND_ROWS off
 # they are 1 inserted, 2 replaced, 0 left alone, but sqlx always connects with
-# CLIENT_FOUND_ROWS, and then a row left alone counts 1, like an insert.
+# CLIENT_FOUND_ROWS, and then a row left alone counts 1, like an insert. (The
+# runtime now binds the execution's generation, LAST_INSERT_ID(?), and replaces at
+# LAST_INSERT_ID(VALUES(generation)): the same work, and for the new keys measured
+# here the same value, 1.)
 #
 # MySQL 8 has no SET STATEMENT, and its per-statement hint SET_VAR takes only the
 # variables its reference marks "SET_VAR Hint Applies: Yes", InnoDB's not among them

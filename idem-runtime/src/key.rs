@@ -84,7 +84,10 @@ pub enum KeyError {
     /// A bare key holds a comma. HTTP lets an intermediary join repeated header
     /// lines into one with commas, so `a,b` may be two keys sent twice; the
     /// structured-string spelling (`"a,b"`) carries a comma unambiguously.
-    #[error("the bare Idempotency-Key {}", self.rule())]
+    #[error(
+        "the bare Idempotency-Key {}, as two header lines joined would; send a key with a comma as a structured-field string (\"a,b\")",
+        self.rule()
+    )]
     Comma {
         /// Zero-based byte position of the first comma.
         position: usize,
@@ -103,7 +106,11 @@ impl KeyError {
     /// What is wrong with the key, as the rest of a sentence whose subject is
     /// the key (`is empty`, `appears more than once`): the one wording of each
     /// rule, which the error's own text (the HTTP header's) and gRPC's refusals
-    /// (the metadata entry's, a field's) both finish with.
+    /// (the metadata entry's, a field's) both say. Two are worded apart: a key
+    /// that was not sent (`was not sent` here; the header's text says the
+    /// request has no header, and gRPC names where to send one), and the advice
+    /// after a comma, which depends on where the key came from (a header can
+    /// quote it, a message field cannot hold one).
     ///
     /// ```
     /// use idem_runtime::{IdempotencyKey, KeyError};
@@ -123,9 +130,7 @@ impl KeyError {
             KeyError::NotPrintableAscii { position } => format!(
                 "holds a character outside visible ASCII (a space, a control or a non-ASCII character) at position {position}"
             ),
-            KeyError::Comma { position } => format!(
-                "holds a comma at position {position}, as two header lines joined would; send a key with a comma as a structured-field string (\"a,b\")"
-            ),
+            KeyError::Comma { position } => format!("holds a comma at position {position}"),
             KeyError::MalformedStructuredString => {
                 "starts with '\"' but is not a valid structured-field string (RFC 8941)".to_owned()
             }
@@ -456,6 +461,11 @@ mod tests {
                 "the Idempotency-Key header appears more than once",
             ),
             (KeyError::Empty, "the Idempotency-Key is empty"),
+            (
+                KeyError::NotPrintableAscii { position: 4 },
+                "the Idempotency-Key holds a character outside visible ASCII (a space, a control \
+                 or a non-ASCII character) at position 4",
+            ),
             (
                 KeyError::TooLong { len: 300 },
                 "the Idempotency-Key is 300 characters long; at most 255 are allowed",

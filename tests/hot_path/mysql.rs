@@ -378,9 +378,9 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
 }
 
 /// A takeover writes the generation its execution decided on, bound, in both
-/// insert forms and for a clear answer as for a sealed one: an expired row
-/// swept between the lookup and the insert leaves a new row at that generation
-/// (2, not 1).
+/// insert forms (here with clear answers; tests/sealed_answers swaps in sealed
+/// ones): an expired row swept between the lookup and the insert leaves a new
+/// row at that generation (2, not 1).
 #[tokio::test]
 async fn a_takeover_of_a_row_swept_meanwhile_writes_its_executions_generation() {
     use idem_runtime::test_util::{Finish, HandlerPath};
@@ -427,6 +427,7 @@ async fn a_takeover_of_a_row_swept_meanwhile_writes_its_executions_generation() 
                 .unwrap();
         assert_eq!((generation, &body[..]), (2, &b"new"[..]), "{case}");
     }
+    idem_runtime::test_util::assume_set_statement(None);
 }
 
 /// A finished row whose insert waited for another holder of the key longer

@@ -1425,16 +1425,17 @@ async fn key_finished_meanwhile_is_lost(session: bool, expired: bool) {
 }
 
 /// A takeover writes the generation its execution decided on, bound, on both
-/// paths and for a clear answer as for a sealed one: an expired row swept
-/// between the lookup and the insert leaves a plain insert at that generation
-/// (2, not 1). And it replaces only the row it decided on: an expired row at
-/// another generation (taken over, finished and expired again meanwhile) is
+/// paths (here with clear answers; tests/sealed_answers swaps in sealed ones):
+/// an expired row swept between the lookup and the insert leaves a plain insert
+/// at that generation (2, not 1). And it replaces only the row it decided on: an
+/// expired row at another generation (taken over by another execution at the
+/// same generation 2, finished and expired again meanwhile; or any other) is
 /// left as it is, and the execution, whose handler has run, answers in flight
 /// and rolls back, so that the retry decides afresh.
 #[tokio::test]
 async fn a_takeover_writes_its_executions_generation_over_the_row_it_decided_on() {
     for session in [true, false] {
-        for meanwhile in ["swept", "another generation"] {
+        for meanwhile in ["swept", "taken over at 2", "at 5"] {
             let case = format!("session {session}, the expired row {meanwhile}");
             let db = TestDb::new().await;
             let idem: Idem<Postgres> = Idem::new(db.pool.clone()).with_session_statements(session);
@@ -1459,11 +1460,16 @@ async fn a_takeover_writes_its_executions_generation_over_the_row_it_decided_on(
             let Claim::Execute(anew) = claim else {
                 panic!("{case}: {claim:?}")
             };
-            if meanwhile == "swept" {
-                db.exec("DELETE FROM idempotency_requests").await;
-            } else {
-                db.exec("UPDATE idempotency_requests SET generation = 5")
-                    .await;
+            match meanwhile {
+                "swept" => db.exec("DELETE FROM idempotency_requests").await,
+                "taken over at 2" => {
+                    db.exec("UPDATE idempotency_requests SET generation = 2")
+                        .await
+                }
+                _ => {
+                    db.exec("UPDATE idempotency_requests SET generation = 5")
+                        .await
+                }
             }
             let done = Postgres::finish(&ctx, tx, anew, &stored(b"new")).await;
             let (generation, body): (i64, Vec<u8>) =
@@ -1479,7 +1485,8 @@ async fn a_takeover_writes_its_executions_generation_over_the_row_it_decided_on(
                     matches!(done, Finish::Taken(Claim::InFlight { .. })),
                     "{case}: {done:?}"
                 );
-                assert_eq!((generation, &body[..]), (5, &b"old"[..]), "{case}");
+                let left = if meanwhile == "at 5" { 5 } else { 2 };
+                assert_eq!((generation, &body[..]), (left, &b"old"[..]), "{case}");
             }
         }
     }

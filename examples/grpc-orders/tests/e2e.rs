@@ -380,8 +380,9 @@ const RING: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
 /// With `IDEM_KEY_RING` set, every answer the service stores (an order's message
 /// in the transactional mode, a payment's in leased mode, a refund's stored
-/// `NOT_FOUND`) is sealed in its row: the row names the key and holds no byte of
-/// the answer. A retry replays the same message or status, opened from the row.
+/// `NOT_FOUND`) is sealed in its row: the row names the key, and none of the
+/// answer's telling values (the sku, the charge's id, the status's message) is
+/// in it. A retry replays the same message or status, opened from the row.
 async fn answers_are_sealed_at_rest_and_replay_the_message<D: Db>() {
     let db = D::create().await;
     let server = Server::start(&db.url(), &[("IDEM_KEY_RING", RING)]).await;

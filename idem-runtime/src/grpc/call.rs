@@ -135,15 +135,23 @@ fn refused(source: KeySource, e: &KeyError) -> Status {
             reason::KEY_MISSING,
         )
     } else {
-        // The rule as the HTTP header's refusal words it, said of the key.
-        let bare = if matches!(e, KeyError::Comma { .. }) {
-            "bare "
-        } else {
-            ""
+        // The rule as the HTTP header's refusal words it, said of the key; a
+        // comma's advice depends on the source: metadata can quote a key (as a
+        // header can), a field's key is taken as written and cannot hold one.
+        let (bare, advice) = match (e, source) {
+            (KeyError::Comma { .. }, KeySource::Metadata) => (
+                "bare ",
+                ", as two entries joined would; send a key with a comma as a structured-field \
+                 string (\"a,b\")",
+            ),
+            (KeyError::Comma { .. }, KeySource::Field(_)) => {
+                ("", "; a key in a field cannot hold one")
+            }
+            _ => ("", ""),
         };
         (
             format!(
-                "the `{name}` {why} is not a usable idempotency key: the {bare}key {}",
+                "the `{name}` {why} is not a usable idempotency key: the {bare}key {}{advice}",
                 e.rule()
             ),
             reason::KEY_MALFORMED,
@@ -227,7 +235,7 @@ mod tests {
             ),
             (
                 KeyError::Comma { position: 1 },
-                "the bare key holds a comma at position 1",
+                "the key holds a comma at position 1; a key in a field cannot hold one",
             ),
             (
                 KeyError::MalformedStructuredString,
@@ -241,9 +249,17 @@ mod tests {
                 "{message}"
             );
             assert!(message.contains(said), "{message}");
-            assert!(message.ends_with(&e.rule()), "{message}");
+            assert!(message.contains(&e.rule()), "{message}");
             assert!(!message.contains("Idempotency-Key"), "{message}");
-            assert!(e.to_string().ends_with(&e.rule()), "{e}");
+            assert!(e.to_string().contains(&e.rule()), "{e}");
         }
+        // In metadata a key with a comma can be quoted, as in a header.
+        let comma = refused(KeySource::Metadata, &KeyError::Comma { position: 1 });
+        assert_eq!(
+            comma.message(),
+            "the `idempotency-key` metadata entry is not a usable idempotency key: the bare key \
+             holds a comma at position 1, as two entries joined would; send a key with a comma \
+             as a structured-field string (\"a,b\")"
+        );
     }
 }

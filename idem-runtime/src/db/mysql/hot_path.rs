@@ -42,8 +42,9 @@
 //! execution (a retention shorter than the handler) is replaced at the
 //! execution's generation, as the others would answer in flight.
 //!
-//! With [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off the key is claimed before the handler
-//! (the locking read of [`super::transactional`], as hand-written claims do).
+//! With [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off
+//! the key is claimed before the handler (the locking read of
+//! [`super::transactional`], as hand-written claims do).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -17,10 +17,11 @@
 //! no row, so there is none to take over, and a row another execution wrote
 //! since is a unique violation. A key whose expired row is taken over finishes
 //! with `idem_finish_2`, the insert with `ON CONFLICT .. DO UPDATE .. WHERE
-//! <expired>`, which fails when it claimed nothing. Either way the row is
-//! written at the execution's generation, bound: an expired row swept between
-//! the lookup and the insert leaves a plain insert at that generation, so the
-//! row holds what the execution's answer (sealed, it is bound to it) was made for.
+//! <expired>`, which fails when it claimed nothing. The takeover binds the
+//! execution's generation (the new key's insert writes 1): an expired row swept
+//! between the lookup and the insert leaves a plain insert at that generation,
+//! so the row holds the generation the execution's answer (sealed, it is bound
+//! to it) was made for.
 //!
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
@@ -62,7 +63,8 @@
 //!
 //! The price, said in ARCHITECTURE.md: a duplicate on another process that
 //! arrives while the first is still running its handler runs its own handler too,
-//! and that transaction rolls back. With [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off, the
+//! and that transaction rolls back. With
+//! [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off, the
 //! key is claimed before the handler instead (`idem_claim`, the hand-written
 //! path), and the duplicate waits before it runs anything.
 
@@ -310,23 +312,19 @@ impl HandlerPath for Postgres {
         if execution.in_session {
             return finish_in_session(ctx, tx, execution, response, status, wait, started).await;
         }
-        let row = sqlx::query(
-            // Generation 1: the lookup found no row, so no row is there to take over.
-            if execution.generation == 1 {
-                INSERT_NEW_SQL
-            } else {
-                INSERT_SQL
-            },
-        )
-        .bind_key(&execution.tenant, &execution.operation, execution.key)
-        .bind(&execution.fingerprint.as_bytes()[..])
-        .bind(response.state())
-        .bind(status)
-        .bind(sqlx::types::Json(&response.headers))
-        .bind(&response.body[..])
-        .bind(kept_for_ms(&execution, wait))
-        .bind(wait);
-        let inserted = if execution.generation == 1 {
+        // Generation 1: the lookup found no row, so no row is there to take over
+        // (and the plain insert writes 1); a takeover binds the generation.
+        let new_key = execution.generation == 1;
+        let row = sqlx::query(if new_key { INSERT_NEW_SQL } else { INSERT_SQL })
+            .bind_key(&execution.tenant, &execution.operation, execution.key)
+            .bind(&execution.fingerprint.as_bytes()[..])
+            .bind(response.state())
+            .bind(status)
+            .bind(sqlx::types::Json(&response.headers))
+            .bind(&response.body[..])
+            .bind(kept_for_ms(&execution, wait))
+            .bind(wait);
+        let inserted = if new_key {
             row
         } else {
             row.bind(execution.generation)
