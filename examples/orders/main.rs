@@ -13,6 +13,7 @@
 //! | `IDEM_ACTIVE_KEY` | the only key | with several keys in `IDEM_KEY_RING`: the id of the one that seals new answers |
 //! | `IDEM_ADDR` | `127.0.0.1:3000` | listen address (`127.0.0.1:0` picks a free port) |
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside the transaction, after the claim |
+//! | `ORDERS_HOLD_FILE` | unset | a path: while the file exists, `POST /orders` and `POST /refunds` wait inside their transaction after the claim (the tests hold a request mid-way and release it by removing the file) |
 //! | `EXPORTS_DURATION_MS` | `3000` | how long an export (`POST /exports`, a long operation) works (at most 3600000) |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per call |
@@ -152,6 +153,7 @@ const _: () = assert!(2 * MAX_BODY_BYTES <= MAX_STORED_ANSWER_BYTES);
 /// What the environment configures besides the database.
 struct Settings {
     latency: Duration,
+    hold_file: Option<std::sync::Arc<std::path::Path>>,
     export_duration: Duration,
     in_flight_wait: Duration,
     sweep_every: Duration,
@@ -224,6 +226,7 @@ impl Settings {
             idem,
             pool,
             latency: self.latency,
+            hold_file: self.hold_file.clone(),
             export_duration: self.export_duration,
             provider,
         }
@@ -384,6 +387,7 @@ async fn run() -> Result<(), String> {
     let key_ring = key_ring()?;
     let settings = Settings {
         latency: env_ms("ORDERS_LATENCY_MS", 0, 3_600_000)?,
+        hold_file: std::env::var_os("ORDERS_HOLD_FILE").map(|p| std::path::Path::new(&p).into()),
         export_duration: env_ms("EXPORTS_DURATION_MS", 3000, 3_600_000)?,
         in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
         sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,

@@ -20,6 +20,9 @@ pub struct AppState<DB: Backend> {
     pub pool: Pool<DB>,
     /// `ORDERS_LATENCY_MS`: slow work inside the transaction, after the claim.
     pub latency: Duration,
+    /// `ORDERS_HOLD_FILE`: while this file exists, an order or refund waits
+    /// inside its transaction, after the claim (see [`AppState::slow_work`]).
+    pub hold_file: Option<std::sync::Arc<std::path::Path>>,
     /// `EXPORTS_DURATION_MS`: how long an export (`POST /exports`) works.
     pub export_duration: Duration,
     /// The simulated payment provider of `POST /payments`.
@@ -33,8 +36,24 @@ impl<DB: Backend> Clone for AppState<DB> {
             idem: self.idem.clone(),
             pool: self.pool.clone(),
             latency: self.latency,
+            hold_file: self.hold_file.clone(),
             export_duration: self.export_duration,
             provider: self.provider.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> AppState<DB> {
+    /// The slow work inside an order's or a refund's transaction: the latency,
+    /// then as long as the hold file exists, so that a test can hold a request
+    /// mid-way (its key claimed, its transaction open) for as long as it needs
+    /// and let it go by removing the file, with no timing of its own to guess.
+    async fn slow_work(&self) {
+        slow_work(self.latency).await;
+        if let Some(path) = &self.hold_file {
+            while path.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 }
@@ -309,7 +328,7 @@ macro_rules! backend_routes {
             ValidJson(cmd): ValidJson<NewOrder>,
         ) -> Result<impl IntoResponse, ApiError> {
             let order = insert_order(tx, &caller.tenant, &cmd, &currency).await?;
-            slow_work(app.latency).await;
+            app.slow_work().await;
             let location = format!("/orders/{}", order.id);
             Ok((
                 StatusCode::CREATED,
@@ -331,7 +350,7 @@ macro_rules! backend_routes {
             ValidJson(cmd): ValidJson<NewRefund>,
         ) -> Result<axum::response::Response, ApiError> {
             let refund = insert_refund(tx, &caller.tenant, &cmd).await?;
-            slow_work(app.latency).await;
+            app.slow_work().await;
             Ok(match refund {
                 Some(r) => (StatusCode::CREATED, Json(r)).into_response(),
                 // Ok, not Err: the rejection is the operation's result, and is kept.
