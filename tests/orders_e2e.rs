@@ -18,7 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Command;
 
-use common::orders::{Hold, Server};
+use common::hold::Hold;
+use common::orders::Server;
 
 /// What the suite needs of a database the example runs on.
 trait Backend: Sized {

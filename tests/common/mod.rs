@@ -5,6 +5,7 @@
 pub mod caller;
 mod db;
 pub mod gate;
+pub mod hold;
 pub mod lease_harness;
 pub mod orders;
 pub mod respell;

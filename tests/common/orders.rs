@@ -37,39 +37,6 @@ pub fn seal_answers_on(database_url: &str) {
     SEALED.lock().unwrap().push(database_url.to_owned());
 }
 
-/// A hold on the example's orders and refunds (`ORDERS_HOLD_FILE`): while it is
-/// held, a request waits inside its transaction after its claim;
-/// [`Hold::release`] lets it finish. Released when dropped too.
-pub struct Hold(std::path::PathBuf);
-
-impl Hold {
-    /// Holds every order and refund of a server started with [`Hold::env`].
-    pub fn new() -> Self {
-        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("idem-orders-hold-{}-{n}", std::process::id()));
-        std::fs::write(&path, b"held").unwrap();
-        Hold(path)
-    }
-
-    /// The server's setting: `("ORDERS_HOLD_FILE", path)`.
-    pub fn env(&self) -> (&'static str, &str) {
-        ("ORDERS_HOLD_FILE", self.0.to_str().unwrap())
-    }
-
-    /// Lets the held requests (and every later one) finish.
-    pub fn release(&self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
 impl Server {
     /// Starts the example on `database_url` with `env`, and waits until it listens.
     pub async fn start(database_url: &str, env: &[(&str, &str)]) -> Server {

@@ -128,35 +128,12 @@ impl Server {
     }
 }
 
-/// A hold on `CreateOrder` (the service's `ORDERS_HOLD_FILE`): while it is
-/// held, a call waits inside its transaction after its insert; [`Hold::release`]
-/// lets it finish. Released when dropped too.
-pub struct Hold(std::path::PathBuf);
-
-impl Hold {
-    /// Holds every `CreateOrder` of a service started with [`Hold::env`].
-    pub fn new() -> Self {
-        let path = std::env::temp_dir().join(unique("idem-grpc-hold"));
-        std::fs::write(&path, b"held").unwrap();
-        Hold(path)
-    }
-
-    /// The service's setting: `("ORDERS_HOLD_FILE", path)`.
-    pub fn env(&self) -> (&'static str, &str) {
-        ("ORDERS_HOLD_FILE", self.0.to_str().unwrap())
-    }
-
-    /// Lets the held calls (and every later one) finish.
-    pub fn release(&self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
+/// The root suites' hold on the examples' orders: `CreateOrder` waits inside
+/// its transaction while it is held.
+#[path = "../../../../tests/common/hold.rs"]
+mod hold;
+#[allow(unused_imports, reason = "each suite uses part of the harness")]
+pub use hold::Hold;
 
 /// A database of the test's own.
 pub trait Db: Sized {
