@@ -375,6 +375,18 @@ async fn same_key_different_payload_is_422<D: Backend>() {
     assert_eq!(orders(&db).await, 1);
 }
 
+/// Sends the order of `key` and gives it up once the server executes it (the
+/// request is held inside its transaction, its key claimed): the client's
+/// connection closes, the server carries on. Then lets the request finish.
+async fn give_up_while_held(server: &Server, hold: &Hold, key: &'static str) {
+    let base = server.base.clone();
+    let gone = tokio::spawn(async move { Call::order(key).send_to(&base).await });
+    server.wait_until_executing(1).await;
+    gone.abort();
+    assert!(gone.await.is_err_and(|e| e.is_cancelled()));
+    hold.release();
+}
+
 /// (3) The response is lost: the client gives up before the server commits; the
 /// retry replays the committed result. The request is held inside its
 /// transaction (its key claimed) until the client has gone.
@@ -382,13 +394,7 @@ async fn a_lost_response_is_replayed_on_retry<D: Backend>() {
     let db = D::create().await;
     let hold = Hold::new();
     let server = Server::start(&db.url(), &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "500")]).await;
-    let base = server.base.clone();
-    let lost = tokio::spawn(async move { Call::order("lost-1").send_to(&base).await });
-    server.wait_until_executing(1).await;
-    // The client goes away (its connection closes); the server carries on.
-    lost.abort();
-    assert!(lost.await.is_err_and(|e| e.is_cancelled()));
-    hold.release();
+    give_up_while_held(&server, &hold, "lost-1").await;
     let mut call = Call::order("lost-1");
     call.timeout = Duration::from_secs(60);
     let retry = call.until_settled(&server).await;
@@ -436,13 +442,7 @@ async fn the_stored_result_matches_the_order_after_a_client_timeout<D: Backend>(
     let hold = Hold::new();
     let server = Server::start(&db.url(), &[hold.env()]).await;
     let mut call = Call::order("timeout-1");
-    // The client gives up while the request is held inside its transaction.
-    let base = server.base.clone();
-    let gone = tokio::spawn(async move { Call::order("timeout-1").send_to(&base).await });
-    server.wait_until_executing(1).await;
-    gone.abort();
-    assert!(gone.await.is_err_and(|e| e.is_cancelled()));
-    hold.release();
+    give_up_while_held(&server, &hold, "timeout-1").await;
     // The server carries on and commits although nobody listens any more.
     wait_for(
         &db,

@@ -163,16 +163,19 @@ fn replace_self(tokens: TokenStream) -> TokenStream {
             TokenTree::Ident(id) if id == "self" && !punct(i + 1, ':') => {
                 out.push(TokenTree::Ident(Ident::new("__idem_self", id.span())));
             }
-            TokenTree::Group(g) => {
-                let mut ng = Group::new(g.delimiter(), replace_self(g.stream()));
-                ng.set_span(g.span());
-                out.push(TokenTree::Group(ng));
-            }
+            TokenTree::Group(g) => out.push(regroup(g, replace_self)),
             _ => out.push(t.clone()),
         }
         i += 1;
     }
     out.into_iter().collect()
+}
+
+/// `g` with its tokens rewritten by `rewrite`, keeping its delimiter and span.
+fn regroup(g: &Group, rewrite: fn(TokenStream) -> TokenStream) -> TokenTree {
+    let mut regrouped = Group::new(g.delimiter(), rewrite(g.stream()));
+    regrouped.set_span(g.span());
+    TokenTree::Group(regrouped)
 }
 
 /// The receiver in the body as `#[tonic::async_trait]` wrote it: only its
@@ -190,11 +193,7 @@ fn replace_async_traits_self(tokens: TokenStream) -> TokenStream {
             TokenTree::Ident(id) if receiver => {
                 out.push(TokenTree::Ident(Ident::new("__idem_self", id.span())));
             }
-            TokenTree::Group(g) => {
-                let mut ng = Group::new(g.delimiter(), replace_async_traits_self(g.stream()));
-                ng.set_span(g.span());
-                out.push(TokenTree::Group(ng));
-            }
+            TokenTree::Group(g) => out.push(regroup(g, replace_async_traits_self)),
             _ => out.push(t.clone()),
         }
     }
