@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 
+use common::hold::Hold;
 use common::orders::Server;
 
 /// What the simulated provider saw.
@@ -74,6 +75,19 @@ fn client(middleware: IdempotencyMiddleware) -> (ClientWithMiddleware, Attempts)
     (client, attempts)
 }
 
+/// Waits until the attempts so far satisfy `done` (at most 60 s).
+async fn until(attempts: &Attempts, done: impl Fn(&[Attempt]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done(&attempts.lock().unwrap()) {
+        assert!(
+            Instant::now() < deadline,
+            "attempts never got there: {:?}",
+            attempts.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The status of each attempt so far.
 fn seen(attempts: &Attempts) -> Vec<Option<u16>> {
     let attempts = attempts.lock().unwrap();
@@ -106,25 +120,27 @@ async fn count(db: &TestDb, sql: &str) -> i64 {
 /// The first attempt's response is lost to the client's timeout while the server
 /// commits; the retry with the same key gets the stored answer: one order. (A
 /// replay, not a `422`, also shows the retry sent the same body: the server
-/// fingerprints it.)
+/// fingerprints it.) The first attempt is held inside its transaction until the
+/// client has given up on it.
 #[tokio::test]
 async fn a_response_lost_to_a_client_timeout_is_answered_by_the_replay() {
     let db = TestDb::new().await;
-    let server = Server::start(
-        &db.url,
-        &[
-            ("ORDERS_LATENCY_MS", "1500"),
-            ("IDEM_IN_FLIGHT_WAIT_MS", "200"),
-        ],
-    )
-    .await;
+    let hold = Hold::new();
+    let server =
+        Arc::new(Server::start(&db.url, &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "200")]).await);
     let (client, attempts) = client(
         IdempotencyMiddleware::new()
             .attempt_timeout(Duration::from_millis(800))
             .max_attempts(100)
             .deadline(Duration::from_secs(120)),
     );
-    let r = order(&client, &server, 2).send().await.unwrap();
+    let sent = tokio::spawn({
+        let server = server.clone();
+        async move { order(&client, &server, 2).send().await }
+    });
+    until(&attempts, |a| !a.is_empty()).await;
+    hold.release();
+    let r = sent.await.unwrap().unwrap();
     let idem = outcome(&r);
     assert_eq!(r.status(), 201);
     assert!(
@@ -148,20 +164,15 @@ async fn a_response_lost_to_a_client_timeout_is_answered_by_the_replay() {
 }
 
 /// A duplicate arrives while the first request with its key runs: it gets `409`s,
-/// waits each `Retry-After` out, and ends with the first request's answer.
+/// waits each `Retry-After` out, and ends with the first request's answer. The
+/// first request is held inside its transaction until the duplicate has its
+/// first `409`.
 #[tokio::test]
 async fn a_duplicate_in_flight_waits_out_its_409s() {
     let db = TestDb::new().await;
-    let server = Arc::new(
-        Server::start(
-            &db.url,
-            &[
-                ("ORDERS_LATENCY_MS", "5000"),
-                ("IDEM_IN_FLIGHT_WAIT_MS", "200"),
-            ],
-        )
-        .await,
-    );
+    let hold = Hold::new();
+    let server =
+        Arc::new(Server::start(&db.url, &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "200")]).await);
     let key = IdempotencyKey::new("dup-1").unwrap();
     let (first_client, _) = client(IdempotencyMiddleware::new().deadline(Duration::from_secs(120)));
     let first = tokio::spawn({
@@ -180,11 +191,14 @@ async fn a_duplicate_in_flight_waits_out_its_409s() {
             .max_attempts(1000)
             .deadline(Duration::from_secs(120)),
     );
-    let dup = order(&client, &server, 2)
-        .with_extension(key.clone())
-        .send()
-        .await
-        .unwrap();
+    let dup = tokio::spawn({
+        let (server, key) = (server.clone(), key.clone());
+        async move { order(&client, &server, 2).with_extension(key).send().await }
+    });
+    // The first request is held until the duplicate has been told `409`.
+    until(&attempts, |a| a.iter().any(|a| matches!(a, Some((409, _))))).await;
+    hold.release();
+    let dup = dup.await.unwrap().unwrap();
     let first = first.await.unwrap();
     assert_eq!(first.status(), 201);
     assert!(!outcome(&first).replayed);

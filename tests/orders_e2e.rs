@@ -35,6 +35,10 @@ trait Backend: Sized {
     const A_SECOND_AGO: &'static str;
     /// The SQL literal of a key's digest, as idem stores it in `key_digest`.
     fn key(&self, raw: &str) -> String;
+    /// Whether a duplicate on another process runs its handler while the first
+    /// request holds the key (the key claimed at commit: PostgreSQL, MySQL), or
+    /// waits in the database before it runs anything (SQLite's write lock).
+    const DUPLICATES_RUN: bool;
     /// Waits until no (killed) server's transaction holds anything any more.
     async fn wait_until_no_open_transaction(&self);
     /// The status and body of the one stored outcome.
@@ -82,6 +86,7 @@ impl Backend for TestDb {
     }
     same_sql!();
     const A_SECOND_AGO: &'static str = "now() - interval '1 second'";
+    const DUPLICATES_RUN: bool = true;
     /// PostgreSQL rolls a dead session's transaction back once it notices.
     async fn wait_until_no_open_transaction(&self) {
         wait_for(self, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'", |n| n == 0).await;
@@ -97,6 +102,7 @@ impl Backend for SqliteDb {
     }
     same_sql!();
     const A_SECOND_AGO: &'static str = concat!(idem_runtime::sqlite_now_ms!(), " - 1000");
+    const DUPLICATES_RUN: bool = false;
     /// The write lock of a dead process is gone with it: taking it proves nobody
     /// holds it (the pool's busy timeout is the wait).
     async fn wait_until_no_open_transaction(&self) {
@@ -121,6 +127,7 @@ impl Backend for common::MySqlDb {
         Self::exec(self, sql).await
     }
     const A_SECOND_AGO: &'static str = concat!(idem_runtime::mysql_now_ms!(), " - 1000");
+    const DUPLICATES_RUN: bool = true;
     fn key(&self, raw: &str) -> String {
         Self::key(self, raw)
     }
@@ -170,6 +177,7 @@ impl<D: Backend> Backend for Sealed<D> {
         self.0.exec(sql).await
     }
     const A_SECOND_AGO: &'static str = D::A_SECOND_AGO;
+    const DUPLICATES_RUN: bool = D::DUPLICATES_RUN;
     fn key(&self, raw: &str) -> String {
         self.0.key(raw)
     }
@@ -315,29 +323,29 @@ async fn wait_for(db: &impl Backend, sql: &str, done: impl Fn(i64) -> bool) {
     }
 }
 
-/// (1) N concurrent requests with one key: one order; every answer 201 or 409.
+/// (1) N concurrent requests with one key: one order; every answer 201 (or 409
+/// past the in-flight wait). The first is held inside its transaction until
+/// every duplicate waits for it, so all N are in the server at once.
 async fn concurrent_duplicates_create_one_order<D: Backend>() {
     let db = D::create().await;
-    let server = Arc::new(
-        Server::start(
-            &db.url(),
-            &[
-                ("ORDERS_LATENCY_MS", "200"),
-                ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
-            ],
-        )
-        .await,
-    );
+    let hold = Hold::new();
+    let server =
+        Arc::new(Server::start(&db.url(), &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "5000")]).await);
     let n = 16;
-    let barrier = Arc::new(tokio::sync::Barrier::new(n));
-    let mut tasks = Vec::new();
-    for _ in 0..n {
-        let (server, barrier) = (server.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            Call::order("race-1").ok(&server).await
-        }));
-    }
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let server = server.clone();
+            tokio::spawn(async move { Call::order("race-1").ok(&server).await })
+        })
+        .collect();
+    server.wait_until_executing(1).await;
+    server.wait_until_waiting(n - 1).await;
+    assert_eq!(
+        *server.executions.borrow(),
+        1,
+        "a duplicate ran its handler beside the first"
+    );
+    hold.release();
     let mut originals = 0;
     for t in tasks {
         let a = t.await.unwrap();
@@ -513,34 +521,40 @@ async fn a_replay_after_delete_returns_the_stored_201<D: Backend>() {
     );
 }
 
-/// (8) Two processes on two ports, one database, duplicates across both: one order.
+/// (8) Two processes on two ports, one database, duplicates across both: one
+/// order. Every request is held until both processes have theirs in flight:
+/// where the key is claimed at commit, both first requests run their handlers
+/// at once and the database lets one commit; elsewhere the second waits in the
+/// database.
 async fn two_servers_one_database_one_order<D: Backend>() {
     let db = D::create().await;
-    let env = [
-        ("ORDERS_LATENCY_MS", "200"),
-        ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
-    ];
+    let hold = Hold::new();
+    let env = [hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "5000")];
     let a = Arc::new(Server::start(&db.url(), &env).await);
     let b = Arc::new(Server::start(&db.url(), &env).await);
     assert_ne!(a.base, b.base);
     let n = 12;
-    let barrier = Arc::new(tokio::sync::Barrier::new(n));
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let server = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            Call::order("spread-1").ok(&server).await
-        }));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let server = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move { Call::order("spread-1").ok(&server).await })
+        })
+        .collect();
+    // Each process's first request holds its flight; the rest wait behind it.
+    a.wait_until_waiting(n / 2 - 1).await;
+    b.wait_until_waiting(n / 2 - 1).await;
+    if D::DUPLICATES_RUN {
+        a.wait_until_executing(1).await;
+        b.wait_until_executing(1).await;
     }
+    hold.release();
     let mut originals = 0;
     for t in tasks {
         let r = t.await.unwrap();
         match r.status {
             StatusCode::CREATED => originals += usize::from(!r.replayed()),
             StatusCode::CONFLICT => assert!(r.headers.contains_key("retry-after")),
-            s => panic!("unexpected {s}"),
+            s => panic!("unexpected {s}: {}", String::from_utf8_lossy(&r.body)),
         }
     }
     assert_eq!(originals, 1);
@@ -1647,13 +1661,22 @@ async fn a_half_sent_body_is_408<D: Backend>() {
 async fn sigterm_and_sigint_drain_the_request_in_flight_and_exit_0() {
     for (name, signal) in [("SIGTERM", libc::SIGTERM), ("SIGINT", libc::SIGINT)] {
         let db = SqliteDb::new().await;
-        let mut server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "3000")]).await;
+        let hold = Hold::new();
+        let mut server = Server::start(&db.url(), &[hold.env()]).await;
         let base = server.base.clone();
         let in_flight = tokio::spawn(async move { Call::order("drain-1").send_to(&base).await });
         server.wait_until_executing(1).await;
         let pid = i32::try_from(server.child.id().expect("running")).unwrap();
         // SAFETY: kill(2) on the child this test started and still owns.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        // The signal is taken while the request is held: the server drains.
+        server.wait_for_log("orders: shutting down", 1).await;
+        assert!(!in_flight.is_finished(), "{name}: answered while held");
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "{name}: exited with a request in flight"
+        );
+        hold.release();
         let answer = in_flight
             .await
             .unwrap()
@@ -1674,7 +1697,8 @@ async fn sigterm_and_sigint_drain_the_request_in_flight_and_exit_0() {
 #[tokio::test]
 async fn sigterm_waits_for_work_whose_client_has_gone() {
     let db = SqliteDb::new().await;
-    let mut server = Server::start(&db.url(), &[("ORDERS_LATENCY_MS", "3000")]).await;
+    let hold = Hold::new();
+    let mut server = Server::start(&db.url(), &[hold.env()]).await;
     let base = server.base.clone();
     let client = tokio::spawn(async move { Call::order("gone-1").send_to(&base).await });
     server.wait_until_executing(1).await;
@@ -1684,6 +1708,13 @@ async fn sigterm_waits_for_work_whose_client_has_gone() {
     let pid = i32::try_from(server.child.id().expect("running")).unwrap();
     // SAFETY: kill(2) on the child this test started and still owns.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // Draining, and the held work keeps it from exiting until it is let go.
+    server.wait_for_log("orders: shutting down", 1).await;
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "exited while the work ran"
+    );
+    hold.release();
     let status = tokio::time::timeout(Duration::from_secs(60), server.child.wait())
         .await
         .expect("the server exits within 60 s")
@@ -2245,10 +2276,11 @@ impl OnRedis {
 #[tokio::test]
 async fn on_redis_a_duplicate_in_flight_is_409_and_a_paid_payment_replays() {
     let env = OnRedis::new("flight").await;
-    // The charge is made, then the provider takes 5 s to answer: the lease is
-    // held all along.
+    // The charge is made, then the provider's answer is held: the lease is
+    // held all along, until the duplicate has been refused.
+    let hold = Hold::new();
     let server = env
-        .start(&[("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "5000")])
+        .start(&[hold.env_as("PAYMENTS_PROVIDER_HOLD_FILE")])
         .await;
     let base = server.base.clone();
     let first = tokio::spawn(async move { payment("r-pay-1", 500).send_to(&base).await });
@@ -2256,6 +2288,7 @@ async fn on_redis_a_duplicate_in_flight_is_409_and_a_paid_payment_replays() {
     let dup = payment("r-pay-1", 500).ok(&server).await;
     assert_eq!(dup.status, StatusCode::CONFLICT);
     assert!(dup.headers.contains_key("retry-after"));
+    hold.release();
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     let replay = payment("r-pay-1", 500).ok(&server).await;
@@ -2279,12 +2312,13 @@ async fn on_a_redis_cluster_a_duplicate_in_flight_is_409_and_a_paid_payment_repl
     let urls = nodes.join(",");
     let db = TestDb::new().await;
     let prefix = format!("idem-e2ec{}", std::process::id());
+    let hold = Hold::new();
     let server = Server::start(
         &db.url,
         &[
             ("IDEM_LEASE_STORE", urls.as_str()),
             ("IDEM_LEASE_STORE_PREFIX", prefix.as_str()),
-            ("PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS", "3000"),
+            hold.env_as("PAYMENTS_PROVIDER_HOLD_FILE"),
         ],
     )
     .await;
@@ -2293,6 +2327,7 @@ async fn on_a_redis_cluster_a_duplicate_in_flight_is_409_and_a_paid_payment_repl
     wait_for(&db, "SELECT count(*) FROM provider_charges", |n| n == 1).await;
     let dup = payment("c-pay-1", 500).ok(&server).await;
     assert_eq!(dup.status, StatusCode::CONFLICT);
+    hold.release();
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     let replay = payment("c-pay-1", 500).ok(&server).await;

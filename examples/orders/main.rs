@@ -18,6 +18,7 @@
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per call |
 //! | `PAYMENTS_PROVIDER_LATENCY_AFTER_CHARGE_MS` | `0` | the provider charges, then takes this long to answer |
+//! | `PAYMENTS_PROVIDER_HOLD_FILE` | unset | a path: while the file exists, the provider charges and then does not answer (the tests hold a payment's lease mid-way and release it by removing the file) |
 //! | `PAYMENTS_PROVIDER_OUTAGE_CALLS` | `0` | the provider's first N calls fail (503) |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's first N charges time out after charging |
 //! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
@@ -401,6 +402,8 @@ async fn run() -> Result<(), String> {
                 0,
                 3_600_000,
             )?,
+            hold_after_charge: std::env::var_os("PAYMENTS_PROVIDER_HOLD_FILE")
+                .map(|p| std::path::Path::new(&p).into()),
             outage_calls: env_count("PAYMENTS_PROVIDER_OUTAGE_CALLS")?,
             timeout_after_charge: env_count("PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE")?,
         },

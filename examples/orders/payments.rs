@@ -39,6 +39,10 @@ pub struct ProviderConfig {
     /// the answer takes this long (a service killed meanwhile has charged
     /// without knowing it).
     pub latency_after_charge: Duration,
+    /// `PAYMENTS_PROVIDER_HOLD_FILE`: while this file exists, a charge is made
+    /// and its answer waits (a test holds a payment's lease mid-way and lets it
+    /// go by removing the file, with no timing of its own to guess).
+    pub hold_after_charge: Option<std::sync::Arc<std::path::Path>>,
     /// `PAYMENTS_PROVIDER_OUTAGE_CALLS`: the first N calls fail (503).
     pub outage_calls: u64,
     /// `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE`: the first N charges are made and
@@ -167,6 +171,11 @@ impl Provider {
         };
         if !self.config.latency_after_charge.is_zero() {
             tokio::time::sleep(self.config.latency_after_charge).await;
+        }
+        if let Some(path) = &self.config.hold_after_charge {
+            while path.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
         if self.timeouts.fetch_add(1, Ordering::SeqCst) < self.config.timeout_after_charge {
             return Err(ProviderError::TimedOut);

@@ -28,6 +28,12 @@ impl Hold {
         ("ORDERS_HOLD_FILE", self.0.to_str().unwrap())
     }
 
+    /// The same hold under another of the service's settings (for instance
+    /// `PAYMENTS_PROVIDER_HOLD_FILE`).
+    pub fn env_as<'a>(&'a self, name: &'static str) -> (&'static str, &'a str) {
+        (name, self.0.to_str().unwrap())
+    }
+
     /// Lets the held requests (and every later one) finish.
     pub fn release(&self) {
         let _ = std::fs::remove_file(&self.0);

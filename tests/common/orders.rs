@@ -127,6 +127,13 @@ impl Server {
         self.wait_for_log("idem: execute", n).await;
     }
 
+    /// Waits until `n` duplicates have joined the waiting room of a key whose
+    /// first request runs in this process (idem's debug line `idem: duplicate
+    /// waits`).
+    pub async fn wait_until_waiting(&self, n: usize) {
+        self.wait_for_log("idem: duplicate waits", n).await;
+    }
+
     /// SIGKILL: no shutdown hooks, no graceful rollback — a crash. (An error only
     /// says it is dead already.)
     pub async fn kill(&mut self) {

@@ -46,23 +46,22 @@ async fn counts(server: &Server) -> (i64, i64, i64) {
 /// Concurrent duplicates of one call: one order, every answer the same.
 async fn concurrent_duplicates_make_one_order<D: Db>() {
     let db = D::create().await;
-    // The duplicates wait for the first up to the longest in-flight wait, so
+    // The first call is held inside its transaction until every duplicate
+    // waits for it. The duplicates wait up to the longest in-flight wait, so
     // that a slow machine answers late rather than ABORTED.
-    let server = Server::start(
-        &db.url(),
-        &[
-            ("ORDERS_LATENCY_MS", "300"),
-            ("IDEM_IN_FLIGHT_WAIT_MS", "5000"),
-        ],
-    )
-    .await;
+    let hold = Hold::new();
+    let server = Server::start(&db.url(), &[hold.env(), ("IDEM_IN_FLIGHT_WAIT_MS", "5000")]).await;
+    let n = 6;
     let mut calls = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..n {
         let mut client = server.client().await;
         calls.push(tokio::spawn(async move {
             client.create_order(order("dup-1", "book")).await
         }));
     }
+    server.wait_until_executing(1).await;
+    server.wait_until_waiting(n - 1).await;
+    hold.release();
     let mut ids = Vec::new();
     let mut fresh = 0;
     for c in calls {

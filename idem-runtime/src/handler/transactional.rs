@@ -66,7 +66,13 @@ impl<DB: Backend> Mode<DB> for Transactional {
             }
             Joined::Follower(mut waiter) => {
                 // Waits without a connection for the key's first request in this
-                // process; past the in-flight wait, as in the database.
+                // process; past the in-flight wait, as in the database. Logged so
+                // that an operator (and a test holding the first request) can
+                // see a burst of retries gathering here.
+                tracing::debug!(
+                    operation = scope.op(),
+                    "idem: duplicate waits for the key's first request"
+                );
                 let started = tokio::time::Instant::now();
                 let finished = tokio::time::timeout(req.in_flight_wait, waiter.finished()).await;
                 // The wait for a concurrent holder, as the databases' claims record it.

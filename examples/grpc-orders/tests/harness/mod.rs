@@ -122,6 +122,13 @@ impl Server {
         self.wait_for_log("idem: execute", n).await;
     }
 
+    /// Waits until `n` duplicates have joined the waiting room of a key whose
+    /// first call runs in this process (idem's debug line `idem: duplicate
+    /// waits`).
+    pub async fn wait_until_waiting(&self, n: usize) {
+        self.wait_for_log("idem: duplicate waits", n).await;
+    }
+
     /// SIGKILL: a crash.
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
