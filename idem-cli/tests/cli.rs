@@ -1,8 +1,9 @@
 //! The `idem` binary against real databases: every subcommand's output and exit
 //! code, `--json` that parses, and the documented error cases. What holds on
-//! PostgreSQL, SQLite and MySQL alike is written once in `cli_tests!` and stamped per
-//! backend (`mod postgres`, `mod sqlite`, `mod mysql` with the feature `mysql`); what only one backend has (a server to
-//! reach, a file to find) is tested beside it.
+//! PostgreSQL, SQLite and MySQL alike is written once, as an ordinary test
+//! generic over `CliDb`, and stamped per backend by `cli_suite!` (`mod
+//! postgres`, `mod sqlite`, `mod mysql` with the feature `mysql`); what only one
+//! backend has (a server to reach, a file to find) is tested beside it.
 
 // The suite runs both databases, so it needs the CLI built with both
 // (`cargo test --workspace --all-features`).
@@ -93,9 +94,91 @@ trait CliDb: Sized {
     async fn bare(&self) -> String;
     /// Removes what [`CliDb::bare`] made.
     async fn drop_bare(&self);
+    /// One row of each kind: a finished outcome with a recognisable body
+    /// (created 2026-01-02T03:04:05Z, completed a second later, fingerprint
+    /// 0xab * 32, headers content-type and location), a failed one past its
+    /// retention, and an execution in flight for five minutes.
+    const SEED: &'static str;
+    /// Four completed rows of operation `pay`, keys old-1..4, expired a day ago.
+    const EXPIRED_ROWS: &'static str;
+    /// Runs statements.
+    async fn exec(&self, sql: &str);
+    /// The single integer a query returns.
+    async fn count(&self, sql: &str) -> i64;
+    /// The SQL literal of `raw`'s digest, to find its row in `key_digest`.
+    fn key(&self, raw: &str) -> String;
+    /// A finished answer of `acme`'s `pay` under `key`, sealed with `ring`.
+    async fn sealed_answer(&self, ring: &idem_runtime::KeyRing, key: &str);
+    /// Runs `during` while a transaction holds `key`'s row as a claim leaves it
+    /// (PostgreSQL and MySQL: the row's lock; SQLite: the write lock), then
+    /// rolls that transaction back.
+    async fn while_held<T>(&self, key: &str, during: impl std::future::Future<Output = T>) -> T;
+}
+
+/// The [`CliDb`] methods that are the same on every backend's pool.
+macro_rules! through_the_pool {
+    () => {
+        async fn exec(&self, sql: &str) {
+            Self::exec(self, sql).await
+        }
+
+        async fn count(&self, sql: &str) -> i64 {
+            Self::count(self, sql).await
+        }
+
+        fn key(&self, raw: &str) -> String {
+            Self::key(self, raw)
+        }
+
+        async fn sealed_answer(&self, ring: &idem_runtime::KeyRing, key: &str) {
+            sealed_answer(&self.pool, ring, key).await
+        }
+
+        async fn while_held<T>(
+            &self,
+            key: &str,
+            during: impl std::future::Future<Output = T>,
+        ) -> T {
+            let mut holder = self.pool.begin().await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE idempotency_requests SET generation = generation \
+                 WHERE key_digest = {}",
+                Self::key(self, key)
+            )))
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+            let out = during.await;
+            holder.rollback().await.unwrap();
+            out
+        }
+    };
 }
 
 impl CliDb for TestDb {
+    through_the_pool!();
+
+    const SEED: &'static str = r#"INSERT INTO idempotency_requests
+         (tenant_id, operation, key_digest, fingerprint, state, response_status,
+          response_headers, response_body, created_at, completed_at, expires_at)
+       VALUES
+         ('acme', 'create-order', sha256('k-done'::bytea), decode(repeat('ab', 32), 'hex'), 'completed', 201,
+          '[["content-type", "application/json"], ["location", "/orders/7"]]',
+          '{"secret":"SECRET-BODY-123"}',
+          '2026-01-02 03:04:05+00', '2026-01-02 03:04:06+00', now() + interval '1 day'),
+         ('acme', 'create-order', sha256('k-old'::bytea), decode(repeat('00', 32), 'hex'), 'failed', 404,
+          NULL, 'gone', now() - interval '2 days', now() - interval '2 days',
+          now() - interval '1 day'),
+         ('acme', 'refund', sha256('k-running'::bytea), decode(repeat('00', 32), 'hex'), 'processing', NULL,
+          NULL, NULL, now() - interval '5 minutes', NULL, now() + interval '1 day')"#;
+
+    const EXPIRED_ROWS: &'static str = "INSERT INTO idempotency_requests \
+           (tenant_id, operation, key_digest, fingerprint, state, response_status, \
+            created_at, expires_at) \
+         SELECT 'acme', 'pay', sha256(convert_to('old-' || i, 'UTF8')), decode(repeat('00', 32), 'hex'), 'completed', 201, \
+                now() - interval '2 days', now() - interval '1 day' \
+           FROM generate_series(1, 4) i";
+
     async fn create() -> Self {
         TestDb::new().await
     }
@@ -118,6 +201,52 @@ impl CliDb for TestDb {
 }
 
 impl CliDb for SqliteDb {
+    through_the_pool!();
+
+    // The same rows in SQLite's columns: Unix milliseconds, BLOBs, JSON text.
+    const SEED: &'static str = concat!(
+        r#"INSERT INTO idempotency_requests
+             (tenant_id, operation, key_digest, fingerprint, state, response_status,
+              response_headers, response_body, created_at, completed_at, expires_at)
+           VALUES
+             ('acme', 'create-order', X'62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8', unhex(replace(hex(zeroblob(32)), '00', 'AB')),
+              'completed', 201,
+              '[["content-type","application/json"],["location","/orders/7"]]',
+              CAST('{"secret":"SECRET-BODY-123"}' AS BLOB),
+              unixepoch('2026-01-02 03:04:05') * 1000, unixepoch('2026-01-02 03:04:06') * 1000,
+              "#,
+        idem_runtime::sqlite_now_ms!(),
+        r#" + 86400000),
+             ('acme', 'create-order', X'b084ac54ffa13c78a77dce7bad936a19c66c287b91ca9d540bf59770474f2a5c', zeroblob(32), 'failed', 404,
+              NULL, CAST('gone' AS BLOB), "#,
+        idem_runtime::sqlite_now_ms!(),
+        r#" - 2 * 86400000,
+              "#,
+        idem_runtime::sqlite_now_ms!(),
+        r#" - 2 * 86400000, "#,
+        idem_runtime::sqlite_now_ms!(),
+        r#" - 86400000),
+             ('acme', 'refund', X'e19536511e72950fbf054914c0b86cda66dc77e9dd6db7c47176fcd2bdec947c', zeroblob(32), 'processing', NULL,
+              NULL, NULL, "#,
+        idem_runtime::sqlite_now_ms!(),
+        r#" - 300000, NULL, "#,
+        idem_runtime::sqlite_now_ms!(),
+        r#" + 86400000)"#
+    );
+
+    // A recursive CTE stands in for generate_series.
+    const EXPIRED_ROWS: &'static str = concat!(
+        "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < 4) \
+         INSERT INTO idempotency_requests \
+           (tenant_id, operation, key_digest, fingerprint, state, response_status, \
+            created_at, expires_at) \
+         SELECT 'acme', 'pay', CAST(printf('%-32s', 'old-' || i) AS BLOB), zeroblob(32), 'completed', 201, ",
+        idem_runtime::sqlite_now_ms!(),
+        " - 2 * 86400000, ",
+        idem_runtime::sqlite_now_ms!(),
+        " - 86400000 FROM seq"
+    );
+
     async fn create() -> Self {
         SqliteDb::new().await
     }
@@ -148,6 +277,49 @@ impl CliDb for SqliteDb {
 
 #[cfg(feature = "mysql")]
 impl CliDb for common::MySqlDb {
+    through_the_pool!();
+
+    // The same rows in MySQL's columns: Unix milliseconds (2026-01-02T03:04:05Z
+    // is 1767323045000), VARBINARY, JSON text.
+    const SEED: &'static str = concat!(
+        r#"INSERT INTO idempotency_requests
+             (tenant_id, operation, key_digest, fingerprint, state, response_status,
+              response_headers, response_body, created_at, completed_at, expires_at)
+           VALUES
+             ('acme', 'create-order', UNHEX(SHA2('k-done', 256)), UNHEX(REPEAT('AB', 32)), 'completed', 201,
+              '[["content-type","application/json"],["location","/orders/7"]]',
+              '{"secret":"SECRET-BODY-123"}', 1767323045000, 1767323046000,
+              "#,
+        idem_runtime::mysql_now_ms!(),
+        r#" + 86400000),
+             ('acme', 'create-order', UNHEX(SHA2('k-old', 256)), UNHEX(REPEAT('00', 32)), 'failed', 404,
+              NULL, 'gone', "#,
+        idem_runtime::mysql_now_ms!(),
+        r#" - 2 * 86400000,
+              "#,
+        idem_runtime::mysql_now_ms!(),
+        r#" - 2 * 86400000, "#,
+        idem_runtime::mysql_now_ms!(),
+        r#" - 86400000),
+             ('acme', 'refund', UNHEX(SHA2('k-running', 256)), UNHEX(REPEAT('00', 32)), 'processing', NULL,
+              NULL, NULL, "#,
+        idem_runtime::mysql_now_ms!(),
+        r#" - 300000, NULL, "#,
+        idem_runtime::mysql_now_ms!(),
+        r#" + 86400000)"#
+    );
+
+    const EXPIRED_ROWS: &'static str = concat!(
+        "INSERT INTO idempotency_requests \
+           (tenant_id, operation, key_digest, fingerprint, state, response_status, \
+            created_at, expires_at) \
+         SELECT 'acme', 'pay', UNHEX(SHA2(CONCAT('old-', i), 256)), UNHEX(REPEAT('00', 32)), 'completed', 201, ",
+        idem_runtime::mysql_now_ms!(),
+        " - 2 * 86400000, ",
+        idem_runtime::mysql_now_ms!(),
+        " - 86400000 FROM (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4) seq"
+    );
+
     async fn create() -> Self {
         common::MySqlDb::new().await
     }
@@ -184,616 +356,578 @@ fn remove_sqlite_files(path: &Path) {
     }
 }
 
-/// The behaviour every backend shares, written once. The arguments are the SQL
-/// that differs: the seeded rows and the extra expired rows of the sweep test.
-macro_rules! cli_tests {
-    (
-        db = $db:ty,
-        // One row of each kind: a finished outcome with a recognisable body
-        // (created 2026-01-02T03:04:05Z, completed a second later, fingerprint
-        // 0xab * 32, headers content-type and location), a failed one past its
-        // retention, and an execution in flight for five minutes.
-        seed = $seed:expr,
-        // Four completed rows of operation `pay`, keys old-1..4, expired a day ago.
-        expired_rows = $expired_rows:expr $(,)?
-    ) => {
-        use super::*;
+// The behaviour every backend shares, written once as generic tests over
+// [`CliDb`] and stamped per backend by `cli_suite!`.
 
-        type Db = $db;
+async fn seeded<Db: CliDb>() -> Db {
+    let db = Db::create().await;
+    db.exec(Db::SEED).await;
+    db
+}
 
-        async fn seeded() -> Db {
-            let db = Db::create().await;
-            db.exec($seed).await;
-            db
-        }
+async fn a_fresh_database_says_run_migrate_and_migrate_fixes_it<Db: CliDb>() {
+    let db = Db::create().await;
+    let url = db.bare().await;
+    let url = Some(url.as_str());
 
-        #[tokio::test]
-        async fn a_fresh_database_says_run_migrate_and_migrate_fixes_it() {
-            let db = Db::create().await;
-            let url = db.bare().await;
-            let url = Some(url.as_str());
+    for args in [
+        &["stats"][..],
+        &["show", "acme", "op", "k"],
+        &["purge", "acme", "op", "k"],
+        &["sweep"],
+        &["sweep", "--once"],
+        &["--json", "stats"],
+    ] {
+        let out = idem(url, args).await;
+        out.assert_error(6, "run `idem migrate`");
+    }
 
-            for args in [
-                &["stats"][..],
-                &["show", "acme", "op", "k"],
-                &["purge", "acme", "op", "k"],
-                &["sweep"],
-                &["sweep", "--once"],
-                &["--json", "stats"],
-            ] {
-                let out = idem(url, args).await;
-                out.assert_error(6, "run `idem migrate`");
-            }
+    let out = idem(url, &["migrate"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("idempotency requests"), "{out:?}");
+    assert!(out.stdout.contains("applied now"), "{out:?}");
+    assert!(!out.stdout.contains("  already applied"), "{out:?}");
 
-            let out = idem(url, &["migrate"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert!(out.stdout.contains("idempotency requests"), "{out:?}");
-            assert!(out.stdout.contains("applied now"), "{out:?}");
-            assert!(!out.stdout.contains("  already applied"), "{out:?}");
+    // Again: nothing to do, and the JSON says so.
+    let out = idem(url, &["migrate", "--json"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let migrations = out.json()["migrations"].as_array().unwrap().clone();
+    assert!(!migrations.is_empty());
+    assert!(
+        migrations
+            .iter()
+            .all(|m| m["applied_now"] == false && m["version"].is_i64())
+    );
 
-            // Again: nothing to do, and the JSON says so.
-            let out = idem(url, &["migrate", "--json"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let migrations = out.json()["migrations"].as_array().unwrap().clone();
-            assert!(!migrations.is_empty());
-            assert!(
-                migrations
-                    .iter()
-                    .all(|m| m["applied_now"] == false && m["version"].is_i64())
-            );
+    let out = idem(url, &["stats", "--json"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["rows"], 0);
+    db.drop_bare().await;
+}
 
-            let out = idem(url, &["stats", "--json"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert_eq!(out.json()["rows"], 0);
-            db.drop_bare().await;
-        }
+async fn stats_prints_a_table_and_json<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let url = Some(url.as_str());
+    let out = idem(url, &["stats"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let line = |label: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} line: {out:?}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(line("rows"), ["rows", "3"]);
+    assert_eq!(
+        line("expired, not swept"),
+        ["expired,", "not", "swept", "1"]
+    );
+    assert_eq!(
+        line("oldest valid row")[3],
+        "2026-01-02T03:04:05Z",
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("OPERATION"), "{out:?}");
+    let create = line("create-order");
+    // OPERATION ROWS PROCESSING COMPLETED FAILED UNCERTAIN EXPIRED BYTES
+    assert_eq!(create[..7], ["create-order", "2", "0", "1", "1", "0", "1"]);
+    assert_eq!(line("refund")[..3], ["refund", "1", "1"]);
 
-        #[tokio::test]
-        async fn stats_prints_a_table_and_json() {
-            let db = seeded().await;
-            let url = db.url();
-            let url = Some(url.as_str());
-            let out = idem(url, &["stats"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let line = |label: &str| {
-                out.stdout
-                    .lines()
-                    .find(|l| l.starts_with(label))
-                    .unwrap_or_else(|| panic!("no {label:?} line: {out:?}"))
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(line("rows"), ["rows", "3"]);
-            assert_eq!(
-                line("expired, not swept"),
-                ["expired,", "not", "swept", "1"]
-            );
-            assert_eq!(
-                line("oldest valid row")[3],
-                "2026-01-02T03:04:05Z",
-                "{out:?}"
-            );
-            assert!(out.stdout.contains("OPERATION"), "{out:?}");
-            let create = line("create-order");
-            // OPERATION ROWS PROCESSING COMPLETED FAILED UNCERTAIN EXPIRED BYTES
-            assert_eq!(create[..7], ["create-order", "2", "0", "1", "1", "0", "1"]);
-            assert_eq!(line("refund")[..3], ["refund", "1", "1"]);
+    // --json after the subcommand works as well as before it.
+    for args in [&["stats", "--json"][..], &["--json", "stats"]] {
+        let out = idem(url, args).await;
+        assert_eq!(out.code, 0, "{out:?}");
+        let j = out.json();
+        assert_eq!(j["rows"], 3);
+        assert_eq!(j["by_state"]["completed"], 1);
+        assert_eq!(j["by_state"]["processing"], 1);
+        assert_eq!(j["expired_unswept"], 1);
+        assert_eq!(j["oldest_valid_created_at"], "2026-01-02T03:04:05Z");
+        assert_eq!(j["by_operation"][0]["operation"], "create-order");
+        assert!(j["stored_bytes"].as_u64().unwrap() > 0);
+    }
+}
 
-            // --json after the subcommand works as well as before it.
-            for args in [&["stats", "--json"][..], &["--json", "stats"]] {
-                let out = idem(url, args).await;
-                assert_eq!(out.code, 0, "{out:?}");
-                let j = out.json();
-                assert_eq!(j["rows"], 3);
-                assert_eq!(j["by_state"]["completed"], 1);
-                assert_eq!(j["by_state"]["processing"], 1);
-                assert_eq!(j["expired_unswept"], 1);
-                assert_eq!(j["oldest_valid_created_at"], "2026-01-02T03:04:05Z");
-                assert_eq!(j["by_operation"][0]["operation"], "create-order");
-                assert!(j["stored_bytes"].as_u64().unwrap() > 0);
-            }
-        }
+async fn show_prints_one_key_without_its_body_unless_asked<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let url = Some(url.as_str());
 
-        #[tokio::test]
-        async fn show_prints_one_key_without_its_body_unless_asked() {
-            let db = seeded().await;
-            let url = db.url();
-            let url = Some(url.as_str());
+    let out = idem(url, &["show", "acme", "create-order", "k-done"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    for expected in [
+        "key digest        62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8",
+        "state             completed",
+        "generation        1",
+        "created at        2026-01-02T03:04:05Z",
+        "completed at      2026-01-02T03:04:06Z",
+        "status            201",
+        "body bytes        28",
+        "headers           content-type, location",
+    ] {
+        assert!(out.stdout.contains(expected), "{expected:?} in {out:?}");
+    }
+    assert!(!out.stdout.contains("SECRET-BODY-123"), "{out:?}");
+    assert!(!out.stdout.contains("/orders/7"), "{out:?}");
 
-            let out = idem(url, &["show", "acme", "create-order", "k-done"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            for expected in [
-                "key digest        62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8",
-                "state             completed",
-                "generation        1",
-                "created at        2026-01-02T03:04:05Z",
-                "completed at      2026-01-02T03:04:06Z",
-                "status            201",
-                "body bytes        28",
-                "headers           content-type, location",
-            ] {
-                assert!(out.stdout.contains(expected), "{expected:?} in {out:?}");
-            }
-            assert!(!out.stdout.contains("SECRET-BODY-123"), "{out:?}");
-            assert!(!out.stdout.contains("/orders/7"), "{out:?}");
+    let out = idem(url, &["show", "acme", "create-order", "k-done", "--json"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let j = out.json();
+    assert_eq!(
+        j["key_digest"],
+        "62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8"
+    );
+    assert!(j.get("key").is_none(), "the key itself is never shown: {j}");
+    assert_eq!(j["state"], "completed");
+    assert_eq!(j["response_status"], 201);
+    assert_eq!(j["body_bytes"], 28);
+    assert_eq!(j["fingerprint"], "ab".repeat(32));
+    assert_eq!(j["expired"], false);
+    assert_eq!(
+        j["expires_at"].as_str().unwrap().len(),
+        "2026-01-02T03:04:05Z".len()
+    );
+    assert_eq!(j["lease_expires_at"], Value::Null);
+    assert_eq!(j["header_names"][1], "location");
+    assert!(j.get("body").is_none() && j.get("headers").is_none(), "{j}");
+    assert!(!out.stdout.contains("SECRET-BODY-123"));
 
-            let out = idem(url, &["show", "acme", "create-order", "k-done", "--json"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let j = out.json();
-            assert_eq!(
-                j["key_digest"],
-                "62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8"
-            );
-            assert!(j.get("key").is_none(), "the key itself is never shown: {j}");
-            assert_eq!(j["state"], "completed");
-            assert_eq!(j["response_status"], 201);
-            assert_eq!(j["body_bytes"], 28);
-            assert_eq!(j["fingerprint"], "ab".repeat(32));
-            assert_eq!(j["expired"], false);
-            assert_eq!(
-                j["expires_at"].as_str().unwrap().len(),
-                "2026-01-02T03:04:05Z".len()
-            );
-            assert_eq!(j["lease_expires_at"], Value::Null);
-            assert_eq!(j["header_names"][1], "location");
-            assert!(j.get("body").is_none() && j.get("headers").is_none(), "{j}");
-            assert!(!out.stdout.contains("SECRET-BODY-123"));
+    let out = idem(url, &["show", "acme", "create-order", "k-done", "--body"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.contains("{\"secret\":\"SECRET-BODY-123\"}"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("location: /orders/7"), "{out:?}");
 
-            let out = idem(url, &["show", "acme", "create-order", "k-done", "--body"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert!(
-                out.stdout.contains("{\"secret\":\"SECRET-BODY-123\"}"),
-                "{out:?}"
-            );
-            assert!(out.stdout.contains("location: /orders/7"), "{out:?}");
+    let out = idem(
+        url,
+        &["--json", "show", "acme", "create-order", "k-done", "--body"],
+    )
+    .await;
+    let j = out.json();
+    assert_eq!(j["body"], "{\"secret\":\"SECRET-BODY-123\"}");
+    assert_eq!(j["headers"][1][1], "/orders/7");
 
-            let out = idem(
-                url,
-                &["--json", "show", "acme", "create-order", "k-done", "--body"],
-            )
-            .await;
-            let j = out.json();
-            assert_eq!(j["body"], "{\"secret\":\"SECRET-BODY-123\"}");
-            assert_eq!(j["headers"][1][1], "/orders/7");
+    let out = idem(url, &["show", "acme", "refund", "k-running", "--json"]).await;
+    let j = out.json();
+    assert_eq!(j["state"], "processing");
+    assert_eq!(j["response_status"], Value::Null);
+    assert_eq!(j["body_bytes"], Value::Null);
+    assert_eq!(j["completed_at"], Value::Null);
 
-            let out = idem(url, &["show", "acme", "refund", "k-running", "--json"]).await;
-            let j = out.json();
-            assert_eq!(j["state"], "processing");
-            assert_eq!(j["response_status"], Value::Null);
-            assert_eq!(j["body_bytes"], Value::Null);
-            assert_eq!(j["completed_at"], Value::Null);
+    let out = idem(url, &["show", "acme", "create-order", "k-old", "--json"]).await;
+    assert_eq!(out.json()["expired"], true);
 
-            let out = idem(url, &["show", "acme", "create-order", "k-old", "--json"]).await;
-            assert_eq!(out.json()["expired"], true);
+    // The key is scoped by tenant and operation: each part must match.
+    for args in [
+        &["show", "acme", "create-order", "nope"][..],
+        &["show", "globex", "create-order", "k-done"],
+        &["show", "acme", "refund", "k-done"],
+        &["show", "acme", "create-order", "nope", "--json"],
+    ] {
+        idem(url, args).await.assert_error(3, "no row for tenant");
+    }
+}
 
-            // The key is scoped by tenant and operation: each part must match.
-            for args in [
-                &["show", "acme", "create-order", "nope"][..],
-                &["show", "globex", "create-order", "k-done"],
-                &["show", "acme", "refund", "k-done"],
-                &["show", "acme", "create-order", "nope", "--json"],
-            ] {
-                idem(url, args).await.assert_error(3, "no row for tenant");
-            }
-        }
+/// The table holds digests: the CLI digests the key it is given (either
+/// spelling), or takes the digest itself, and never echoes a bad key.
+async fn keys_are_digested_or_given_as_digests<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let url = Some(url.as_str());
+    let digest = "62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8";
+    for args in [
+        &["--json", "show", "acme", "create-order", "\"k-done\""][..],
+        &["--json", "show", "acme", "create-order", digest, "--digest"],
+        &[
+            "--json",
+            "show",
+            "acme",
+            "create-order",
+            &digest.to_uppercase(),
+            "--digest",
+        ],
+    ] {
+        let out = idem(url, args).await;
+        assert_eq!(out.code, 0, "{args:?}: {out:?}");
+        assert_eq!(out.json()["key_digest"], digest, "{args:?}");
+    }
+    // The key itself, given as if it were a digest, is not one.
+    let out = idem(url, &["show", "acme", "create-order", "k-done", "--digest"]).await;
+    out.assert_error(2, "64 hexadecimal digits");
+    // A key no client could send is refused, and not echoed.
+    let out = idem(
+        url,
+        &["show", "acme", "create-order", "sk_live_bad\u{1}key"],
+    )
+    .await;
+    out.assert_error(2, "not a valid key");
+    assert!(!out.stderr.contains("sk_live_bad"), "{out:?}");
+    // A row that is not there is named by its digest, not by its key.
+    let out = idem(url, &["show", "acme", "create-order", "sk_live_absent"]).await;
+    out.assert_error(3, "key digest");
+    assert!(!out.stderr.contains("sk_live_absent"), "{out:?}");
+    // Purge by digest, then the row is gone.
+    let out = idem(
+        url,
+        &[
+            "purge",
+            "acme",
+            "create-order",
+            digest,
+            "--digest",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["key_digest"], digest);
+    assert_eq!(exists(&db, "k-done").await, 0);
+}
 
-        /// The table holds digests: the CLI digests the key it is given (either
-        /// spelling), or takes the digest itself, and never echoes a bad key.
-        #[tokio::test]
-        async fn keys_are_digested_or_given_as_digests() {
-            let db = seeded().await;
-            let url = db.url();
-            let url = Some(url.as_str());
-            let digest = "62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8";
-            for args in [
-                &["--json", "show", "acme", "create-order", "\"k-done\""][..],
-                &["--json", "show", "acme", "create-order", digest, "--digest"],
-                &["--json", "show", "acme", "create-order", &digest.to_uppercase(), "--digest"],
-            ] {
-                let out = idem(url, args).await;
-                assert_eq!(out.code, 0, "{args:?}: {out:?}");
-                assert_eq!(out.json()["key_digest"], digest, "{args:?}");
-            }
-            // The key itself, given as if it were a digest, is not one.
-            let out = idem(url, &["show", "acme", "create-order", "k-done", "--digest"]).await;
-            out.assert_error(2, "64 hexadecimal digits");
-            // A key no client could send is refused, and not echoed.
-            let out = idem(url, &["show", "acme", "create-order", "sk_live_bad\u{1}key"]).await;
-            out.assert_error(2, "not a valid key");
-            assert!(!out.stderr.contains("sk_live_bad"), "{out:?}");
-            // A row that is not there is named by its digest, not by its key.
-            let out = idem(url, &["show", "acme", "create-order", "sk_live_absent"]).await;
-            out.assert_error(3, "key digest");
-            assert!(!out.stderr.contains("sk_live_absent"), "{out:?}");
-            // Purge by digest, then the row is gone.
-            let out = idem(
-                url,
-                &["purge", "acme", "create-order", digest, "--digest", "--json"],
-            )
-            .await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert_eq!(out.json()["key_digest"], digest);
-            assert_eq!(exists(&db, "k-done").await, 0);
-        }
+async fn exists<Db: CliDb>(db: &Db, key: &str) -> i64 {
+    db.count(&format!(
+        "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
+        db.key(key)
+    ))
+    .await
+}
 
-        async fn exists(db: &Db, key: &str) -> i64 {
+async fn purge_refuses_in_flight_rows_without_force<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let url = Some(url.as_str());
+
+    let out = idem(url, &["purge", "acme", "refund", "k-running"]).await;
+    out.assert_error(4, "--force");
+    assert!(out.stderr.contains("processing"), "{out:?}");
+    assert_eq!(exists(&db, "k-running").await, 1);
+
+    let out = idem(url, &["purge", "acme", "refund", "k-running", "--force"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("processing (generation 1)"), "{out:?}");
+    assert_eq!(exists(&db, "k-running").await, 0);
+
+    // A finished row needs no --force.
+    let out = idem(url, &["--json", "purge", "acme", "create-order", "k-old"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let j = out.json();
+    assert_eq!(j["purged"], true);
+    assert_eq!(j["state"], "failed");
+    assert_eq!(exists(&db, "k-old").await, 0);
+
+    idem(url, &["purge", "acme", "create-order", "k-old"])
+        .await
+        .assert_error(3, "no row for tenant");
+
+    // An uncertain row is refused as well.
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET state = 'uncertain', response_status = NULL \
+         WHERE key_digest = {}",
+        db.key("k-done")
+    ))
+    .await;
+    idem(url, &["purge", "acme", "create-order", "k-done"])
+        .await
+        .assert_error(4, "uncertain");
+    assert_eq!(exists(&db, "k-done").await, 1);
+}
+
+/// `purge --tenant` erases every row of the tenant but those in flight,
+/// says how many it left (exit 4), and takes them too with --force;
+/// another tenant's rows stay.
+async fn purge_tenant_erases_every_row_of_one_tenant<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let url = Some(url.as_str());
+    db.exec(&format!(
+        "INSERT INTO idempotency_requests \
+            (tenant_id, operation, key_digest, fingerprint, state, response_status, \
+             created_at, expires_at) \
+         SELECT 'globex', operation, key_digest, fingerprint, state, response_status, \
+                created_at, expires_at \
+           FROM idempotency_requests WHERE key_digest = {}",
+        db.key("k-done")
+    ))
+    .await;
+    let rows_of = |tenant: &'static str| {
+        let db = &db;
+        async move {
             db.count(&format!(
-                "SELECT count(*) FROM idempotency_requests WHERE key_digest = {}",
-                db.key(key)
+                "SELECT count(*) FROM idempotency_requests WHERE tenant_id = '{tenant}'"
             ))
             .await
         }
+    };
 
-        #[tokio::test]
-        async fn purge_refuses_in_flight_rows_without_force() {
-            let db = seeded().await;
-            let url = db.url();
-            let url = Some(url.as_str());
+    // k-done and k-old go; k-running, in flight, is left and counted.
+    let out = idem(url, &["purge", "--tenant", "acme"]).await;
+    out.assert_error(4, "erased 2 rows of tenant \"acme\"; 1 were left");
+    assert!(out.stderr.contains("--force"), "{out:?}");
+    assert_eq!(rows_of("acme").await, 1);
+    assert_eq!(exists(&db, "k-running").await, 1);
 
-            let out = idem(url, &["purge", "acme", "refund", "k-running"]).await;
-            out.assert_error(4, "--force");
-            assert!(out.stderr.contains("processing"), "{out:?}");
-            assert_eq!(exists(&db, "k-running").await, 1);
+    let out = idem(url, &["--json", "purge", "--tenant", "acme", "--force"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let j = out.json();
+    assert_eq!(
+        (j["erased"].as_u64(), j["left"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert_eq!(rows_of("acme").await, 0);
+    assert_eq!(rows_of("globex").await, 1, "another tenant's row stays");
 
-            let out = idem(url, &["purge", "acme", "refund", "k-running", "--force"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert!(out.stdout.contains("processing (generation 1)"), "{out:?}");
-            assert_eq!(exists(&db, "k-running").await, 0);
+    // Nothing left: a plain table, exit 0.
+    let out = idem(url, &["purge", "--tenant", "acme", "--wait", "1"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("erased"), "{out:?}");
 
-            // A finished row needs no --force.
-            let out = idem(url, &["--json", "purge", "acme", "create-order", "k-old"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let j = out.json();
-            assert_eq!(j["purged"], true);
-            assert_eq!(j["state"], "failed");
-            assert_eq!(exists(&db, "k-old").await, 0);
+    // One key or a whole tenant, never both; --wait only with --tenant.
+    for args in [
+        &[
+            "purge",
+            "acme",
+            "create-order",
+            "k-done",
+            "--tenant",
+            "acme",
+        ][..],
+        &["purge", "globex", "create-order", "k-done", "--wait", "1"],
+        &[
+            "purge",
+            "--tenant",
+            "globex",
+            "--wait",
+            "18446744073709551615",
+        ],
+    ] {
+        let out = idem(url, args).await;
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+    }
+    assert_eq!(rows_of("globex").await, 1);
+}
 
-            idem(url, &["purge", "acme", "create-order", "k-old"])
-                .await
-                .assert_error(3, "no row for tenant");
+/// `purge --tenant --wait` erases a row in flight once it finishes: the
+/// first pass leaves it (the finished rows going show the pass ran), the
+/// row is then completed, and a later pass takes it.
+async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot<Db: CliDb>() {
+    let db = Db::create().await;
+    let url = db.url();
+    let url = Some(url.as_str());
+    let k1 = idem_runtime::KeyRing::parse(K1, None).unwrap();
+    for key in ["r-1", "r-2", "r-3"] {
+        db.sealed_answer(&k1, key).await;
+    }
+    let rotated = format!("{K1},{K2}");
+    let env = [
+        ("IDEM_KEY_RING", rotated.as_str()),
+        ("IDEM_ACTIVE_KEY", "k2"),
+    ];
+    let out = idem_with(url, &["rekey", "--batch-size", "2"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("rows under key k2"), "{out:?}");
+    assert!(!out.stdout.contains("rows under key k1"), "{out:?}");
+    assert!(out.stderr.contains("rekey: page 2: 3 re-sealed"), "{out:?}");
 
-            // An uncertain row is refused as well.
-            db.exec(&format!(
-                "UPDATE idempotency_requests SET state = 'uncertain', response_status = NULL \
-                 WHERE key_digest = {}",
-                db.key("k-done")
-            ))
-            .await;
-            idem(url, &["purge", "acme", "create-order", "k-done"])
-                .await
-                .assert_error(4, "uncertain");
-            assert_eq!(exists(&db, "k-done").await, 1);
+    // Again: nothing to do, and the JSON says where every row is.
+    let out = idem_with(url, &["--json", "rekey"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let j = out.json();
+    assert_eq!(j["resealed"], 0);
+    assert_eq!(
+        j["rows_by_key"],
+        serde_json::json!([{"key_id": "k2", "rows": 3}])
+    );
+
+    // A ring without the key that sealed them: named, and left alone.
+    let out = idem_with(url, &["rekey"], &[("IDEM_KEY_RING", K3)]).await;
+    assert_eq!(out.code, 4, "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(out.stderr.contains("rekey: page 1: 0 re-sealed"), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("3 sealed with key \"k2\", which the ring lacks"),
+        "{out:?}"
+    );
+    let out = idem_with(url, &["--json", "rekey"], &env).await;
+    assert_eq!(out.json()["rows_by_key"][0]["rows"], 3, "{out:?}");
+
+    // No ring at all, or a broken one: usage errors.
+    let out = idem_with(url, &["rekey"], &[]).await;
+    out.assert_error(2, "needs the key ring");
+    let out = idem_with(url, &["rekey"], &[("IDEM_KEY_RING", "k1:c2hvcnQ=")]).await;
+    out.assert_error(2, "\"k1\" is 5 bytes long");
+}
+
+async fn purge_tenant_waits_for_rows_in_flight_to_finish<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--json", "purge", "--tenant", "acme", "--wait", "120"])
+        .env("DATABASE_URL", &url)
+        .output();
+    let waiting = tokio::spawn(waiting);
+    // Until the first pass has erased the finished rows and left k-running.
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while exists(&db, "k-done").await == 1 {
+            tokio::task::yield_now().await;
         }
+    })
+    .await
+    .expect("the first pass ran");
+    assert!(!waiting.is_finished(), "it waits while a row is in flight");
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET state = 'completed', response_status = 201 \
+         WHERE key_digest = {}",
+        db.key("k-running")
+    ))
+    .await;
+    let out = Out::of(waiting.await.unwrap().unwrap());
+    assert_eq!(out.code, 0, "{out:?}");
+    let j = out.json();
+    assert_eq!(
+        (j["erased"].as_u64(), j["left"].as_u64()),
+        (Some(3), Some(0))
+    );
+    assert_eq!(exists(&db, "k-running").await, 0);
+}
 
-        /// `purge --tenant` erases every row of the tenant but those in flight,
-        /// says how many it left (exit 4), and takes them too with --force;
-        /// another tenant's rows stay.
-        #[tokio::test]
-        async fn purge_tenant_erases_every_row_of_one_tenant() {
-            let db = seeded().await;
-            let url = db.url();
-            let url = Some(url.as_str());
-            db.exec(&format!(
-                "INSERT INTO idempotency_requests \
-                    (tenant_id, operation, key_digest, fingerprint, state, response_status, \
-                     created_at, expires_at) \
-                 SELECT 'globex', operation, key_digest, fingerprint, state, response_status, \
-                        created_at, expires_at \
-                   FROM idempotency_requests WHERE key_digest = {}",
-                db.key("k-done")
-            ))
-            .await;
-            let rows_of = |tenant: &'static str| {
-                let db = &db;
-                async move {
-                    db.count(&format!(
-                        "SELECT count(*) FROM idempotency_requests WHERE tenant_id = '{tenant}'"
-                    ))
-                    .await
+async fn purge_does_not_wait_forever_on_a_running_request<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let url = Some(url.as_str());
+    // A request re-using the key is in the middle of its transaction, as a
+    // claim leaves it: on PostgreSQL it holds the row, on SQLite the
+    // database's write lock. It stays so until the CLI has exited.
+    let out = db
+        .while_held(
+            "k-done",
+            idem(url, &["purge", "acme", "create-order", "k-done", "--force"]),
+        )
+        .await;
+    out.assert_error(4, "locked by a request that is running now");
+    assert!(out.stderr.contains("nothing was purged"), "{out:?}");
+    assert_eq!(exists(&db, "k-done").await, 1);
+
+    let out = idem(url, &["purge", "acme", "create-order", "k-done"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(exists(&db, "k-done").await, 0);
+}
+
+async fn sweep_deletes_the_expired_finished_rows_once_and_reports<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    db.exec(Db::EXPIRED_ROWS).await;
+    let url = db.url();
+    let url = Some(url.as_str());
+
+    // One pass, then exit: no flag needed for that.
+    let out = idem(url, &["sweep", "--batch-size", "2"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let field = |label: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(label))
+            .unwrap_or_else(|| panic!("no {label:?} in {out:?}"))
+            .trim()
+            .to_owned()
+    };
+    // 5 expired finished rows (k-old and old-1..4), two per batch: 2 + 2 + 1.
+    assert_eq!(field("deleted"), "5");
+    assert_eq!(field("batches"), "3");
+    assert_eq!(field("backlog"), "0");
+    assert_eq!(field("stale in flight"), "0");
+    // The running row was created five minutes ago.
+    assert!(field("oldest in flight").starts_with("5m "), "{out:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        2
+    );
+
+    // --stale-after-secs below the running row's age reports it, and still
+    // deletes nothing in flight. `--once`, which the command used to
+    // require, is still accepted and changes nothing.
+    let out = idem(
+        url,
+        &["sweep", "--once", "--stale-after-secs", "60", "--json"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let j = out.json();
+    assert_eq!(j["deleted"], 0);
+    assert_eq!(j["batches"], 1);
+    assert_eq!(j["stale_in_flight"], 1);
+    assert!(j["oldest_in_flight_seconds"].as_f64().unwrap() >= 300.0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        2
+    );
+
+    // Nothing left: a plain `idem sweep` is one pass too, and returns.
+    let out = idem(url, &["sweep", "--json"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["deleted"], 0);
+    assert_eq!(out.json()["batches"], 1);
+}
+
+async fn the_flag_wins_over_the_environment<Db: CliDb>() {
+    let db = Db::create().await;
+    let out = idem(
+        Some("postgres://postgres@127.0.0.1:1/postgres"),
+        &["--database-url", &db.url(), "stats", "--json"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.json()["rows"], 0);
+}
+
+/// Stamps each shared test once per backend: `postgres::<name>`,
+/// `sqlite::<name>` and, with the feature `mysql`, `mysql::<name>`.
+macro_rules! cli_suite {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<crate::common::TestDb>().await
                 }
-            };
-
-            // k-done and k-old go; k-running, in flight, is left and counted.
-            let out = idem(url, &["purge", "--tenant", "acme"]).await;
-            out.assert_error(4, "erased 2 rows of tenant \"acme\"; 1 were left");
-            assert!(out.stderr.contains("--force"), "{out:?}");
-            assert_eq!(rows_of("acme").await, 1);
-            assert_eq!(exists(&db, "k-running").await, 1);
-
-            let out = idem(url, &["--json", "purge", "--tenant", "acme", "--force"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let j = out.json();
-            assert_eq!((j["erased"].as_u64(), j["left"].as_u64()), (Some(1), Some(0)));
-            assert_eq!(rows_of("acme").await, 0);
-            assert_eq!(rows_of("globex").await, 1, "another tenant's row stays");
-
-            // Nothing left: a plain table, exit 0.
-            let out = idem(url, &["purge", "--tenant", "acme", "--wait", "1"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert!(out.stdout.contains("erased"), "{out:?}");
-
-            // One key or a whole tenant, never both; --wait only with --tenant.
-            for args in [
-                &["purge", "acme", "create-order", "k-done", "--tenant", "acme"][..],
-                &["purge", "globex", "create-order", "k-done", "--wait", "1"],
-                &["purge", "--tenant", "globex", "--wait", "18446744073709551615"],
-            ] {
-                let out = idem(url, args).await;
-                assert_eq!(out.code, 2, "{args:?}: {out:?}");
-            }
-            assert_eq!(rows_of("globex").await, 1);
+            )*
         }
-
-        /// `purge --tenant --wait` erases a row in flight once it finishes: the
-        /// first pass leaves it (the finished rows going show the pass ran), the
-        /// row is then completed, and a later pass takes it.
-        #[tokio::test]
-        async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot() {
-            let db = Db::create().await;
-            let url = db.url();
-            let url = Some(url.as_str());
-            let k1 = idem_runtime::KeyRing::parse(K1, None).unwrap();
-            for key in ["r-1", "r-2", "r-3"] {
-                sealed_answer(&db.pool, &k1, key).await;
-            }
-            let rotated = format!("{K1},{K2}");
-            let env = [("IDEM_KEY_RING", rotated.as_str()), ("IDEM_ACTIVE_KEY", "k2")];
-            let out = idem_with(url, &["rekey", "--batch-size", "2"], &env).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert!(out.stdout.contains("rows under key k2"), "{out:?}");
-            assert!(!out.stdout.contains("rows under key k1"), "{out:?}");
-            assert!(out.stderr.contains("rekey: page 2: 3 re-sealed"), "{out:?}");
-
-            // Again: nothing to do, and the JSON says where every row is.
-            let out = idem_with(url, &["--json", "rekey"], &env).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let j = out.json();
-            assert_eq!(j["resealed"], 0);
-            assert_eq!(j["rows_by_key"], serde_json::json!([{"key_id": "k2", "rows": 3}]));
-
-            // A ring without the key that sealed them: named, and left alone.
-            let out = idem_with(url, &["rekey"], &[("IDEM_KEY_RING", K3)]).await;
-            assert_eq!(out.code, 4, "{out:?}");
-            assert!(out.stdout.is_empty(), "{out:?}");
-            assert!(out.stderr.contains("rekey: page 1: 0 re-sealed"), "{out:?}");
-            assert!(
-                out.stderr
-                    .contains("3 sealed with key \"k2\", which the ring lacks"),
-                "{out:?}"
-            );
-            let out = idem_with(url, &["--json", "rekey"], &env).await;
-            assert_eq!(out.json()["rows_by_key"][0]["rows"], 3, "{out:?}");
-
-            // No ring at all, or a broken one: usage errors.
-            let out = idem_with(url, &["rekey"], &[]).await;
-            out.assert_error(2, "needs the key ring");
-            let out = idem_with(url, &["rekey"], &[("IDEM_KEY_RING", "k1:c2hvcnQ=")]).await;
-            out.assert_error(2, "\"k1\" is 5 bytes long");
-        }
-
-        #[tokio::test]
-        async fn purge_tenant_waits_for_rows_in_flight_to_finish() {
-            let db = seeded().await;
-            let url = db.url();
-            let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-                .args(["--json", "purge", "--tenant", "acme", "--wait", "120"])
-                .env("DATABASE_URL", &url)
-                .output();
-            let waiting = tokio::spawn(waiting);
-            // Until the first pass has erased the finished rows and left k-running.
-            tokio::time::timeout(std::time::Duration::from_secs(60), async {
-                while exists(&db, "k-done").await == 1 {
-                    tokio::task::yield_now().await;
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<crate::common::SqliteDb>().await
                 }
-            })
-            .await
-            .expect("the first pass ran");
-            assert!(!waiting.is_finished(), "it waits while a row is in flight");
-            db.exec(&format!(
-                "UPDATE idempotency_requests SET state = 'completed', response_status = 201 \
-                 WHERE key_digest = {}",
-                db.key("k-running")
-            ))
-            .await;
-            let out = Out::of(waiting.await.unwrap().unwrap());
-            assert_eq!(out.code, 0, "{out:?}");
-            let j = out.json();
-            assert_eq!((j["erased"].as_u64(), j["left"].as_u64()), (Some(3), Some(0)));
-            assert_eq!(exists(&db, "k-running").await, 0);
+            )*
         }
-
-        #[tokio::test]
-        async fn purge_does_not_wait_forever_on_a_running_request() {
-            let db = seeded().await;
-            let url = db.url();
-            let url = Some(url.as_str());
-            // A request re-using the key is in the middle of its transaction, as a
-            // claim leaves it: on PostgreSQL it holds the row, on SQLite the
-            // database's write lock. It stays so until the CLI has exited.
-            let mut holder = db.pool.begin().await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE idempotency_requests SET generation = generation \
-                 WHERE key_digest = {}",
-                db.key("k-done")
-            )))
-            .execute(&mut *holder)
-            .await
-            .unwrap();
-            let out = idem(url, &["purge", "acme", "create-order", "k-done", "--force"]).await;
-            out.assert_error(4, "locked by a request that is running now");
-            assert!(out.stderr.contains("nothing was purged"), "{out:?}");
-            holder.rollback().await.unwrap();
-            assert_eq!(exists(&db, "k-done").await, 1);
-
-            let out = idem(url, &["purge", "acme", "create-order", "k-done"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert_eq!(exists(&db, "k-done").await, 0);
-        }
-
-        #[tokio::test]
-        async fn sweep_deletes_the_expired_finished_rows_once_and_reports() {
-            let db = seeded().await;
-            db.exec($expired_rows).await;
-            let url = db.url();
-            let url = Some(url.as_str());
-
-            // One pass, then exit: no flag needed for that.
-            let out = idem(url, &["sweep", "--batch-size", "2"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let field = |label: &str| {
-                out.stdout
-                    .lines()
-                    .find_map(|l| l.strip_prefix(label))
-                    .unwrap_or_else(|| panic!("no {label:?} in {out:?}"))
-                    .trim()
-                    .to_owned()
-            };
-            // 5 expired finished rows (k-old and old-1..4), two per batch: 2 + 2 + 1.
-            assert_eq!(field("deleted"), "5");
-            assert_eq!(field("batches"), "3");
-            assert_eq!(field("backlog"), "0");
-            assert_eq!(field("stale in flight"), "0");
-            // The running row was created five minutes ago.
-            assert!(field("oldest in flight").starts_with("5m "), "{out:?}");
-            assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests").await,
-                2
-            );
-
-            // --stale-after-secs below the running row's age reports it, and still
-            // deletes nothing in flight. `--once`, which the command used to
-            // require, is still accepted and changes nothing.
-            let out = idem(
-                url,
-                &["sweep", "--once", "--stale-after-secs", "60", "--json"],
-            )
-            .await;
-            assert_eq!(out.code, 0, "{out:?}");
-            let j = out.json();
-            assert_eq!(j["deleted"], 0);
-            assert_eq!(j["batches"], 1);
-            assert_eq!(j["stale_in_flight"], 1);
-            assert!(j["oldest_in_flight_seconds"].as_f64().unwrap() >= 300.0);
-            assert_eq!(
-                db.count("SELECT count(*) FROM idempotency_requests").await,
-                2
-            );
-
-            // Nothing left: a plain `idem sweep` is one pass too, and returns.
-            let out = idem(url, &["sweep", "--json"]).await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert_eq!(out.json()["deleted"], 0);
-            assert_eq!(out.json()["batches"], 1);
-        }
-
-        #[tokio::test]
-        async fn the_flag_wins_over_the_environment() {
-            let db = Db::create().await;
-            let out = idem(
-                Some("postgres://postgres@127.0.0.1:1/postgres"),
-                &["--database-url", &db.url(), "stats", "--json"],
-            )
-            .await;
-            assert_eq!(out.code, 0, "{out:?}");
-            assert_eq!(out.json()["rows"], 0);
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<crate::common::MySqlDb>().await
+                }
+            )*
         }
     };
 }
 
-mod postgres {
-    cli_tests! {
-        db = TestDb,
-        seed = r#"INSERT INTO idempotency_requests
-             (tenant_id, operation, key_digest, fingerprint, state, response_status,
-              response_headers, response_body, created_at, completed_at, expires_at)
-           VALUES
-             ('acme', 'create-order', sha256('k-done'::bytea), decode(repeat('ab', 32), 'hex'), 'completed', 201,
-              '[["content-type", "application/json"], ["location", "/orders/7"]]',
-              '{"secret":"SECRET-BODY-123"}',
-              '2026-01-02 03:04:05+00', '2026-01-02 03:04:06+00', now() + interval '1 day'),
-             ('acme', 'create-order', sha256('k-old'::bytea), decode(repeat('00', 32), 'hex'), 'failed', 404,
-              NULL, 'gone', now() - interval '2 days', now() - interval '2 days',
-              now() - interval '1 day'),
-             ('acme', 'refund', sha256('k-running'::bytea), decode(repeat('00', 32), 'hex'), 'processing', NULL,
-              NULL, NULL, now() - interval '5 minutes', NULL, now() + interval '1 day')"#,
-        expired_rows = "INSERT INTO idempotency_requests \
-               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
-                created_at, expires_at) \
-             SELECT 'acme', 'pay', sha256(convert_to('old-' || i, 'UTF8')), decode(repeat('00', 32), 'hex'), 'completed', 201, \
-                    now() - interval '2 days', now() - interval '1 day' \
-               FROM generate_series(1, 4) i",
-    }
-}
-
-mod sqlite {
-    cli_tests! {
-        db = SqliteDb,
-        // The same rows in SQLite's columns: Unix milliseconds, BLOBs, JSON text.
-        seed = concat!(
-            r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, key_digest, fingerprint, state, response_status,
-                  response_headers, response_body, created_at, completed_at, expires_at)
-               VALUES
-                 ('acme', 'create-order', X'62d2861dc10d138f44e7beb5074f0b7ce605922b403bf067c1f4eb3ccfa016c8', unhex(replace(hex(zeroblob(32)), '00', 'AB')),
-                  'completed', 201,
-                  '[["content-type","application/json"],["location","/orders/7"]]',
-                  CAST('{"secret":"SECRET-BODY-123"}' AS BLOB),
-                  unixepoch('2026-01-02 03:04:05') * 1000, unixepoch('2026-01-02 03:04:06') * 1000,
-                  "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000),
-                 ('acme', 'create-order', X'b084ac54ffa13c78a77dce7bad936a19c66c287b91ca9d540bf59770474f2a5c', zeroblob(32), 'failed', 404,
-                  NULL, CAST('gone' AS BLOB), "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000,
-                  "#, idem_runtime::sqlite_now_ms!(), r#" - 2 * 86400000, "#, idem_runtime::sqlite_now_ms!(), r#" - 86400000),
-                 ('acme', 'refund', X'e19536511e72950fbf054914c0b86cda66dc77e9dd6db7c47176fcd2bdec947c', zeroblob(32), 'processing', NULL,
-                  NULL, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" - 300000, NULL, "#, idem_runtime::sqlite_now_ms!(), r#" + 86400000)"#
-        ),
-        // A recursive CTE stands in for generate_series.
-        expired_rows = concat!(
-            "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < 4) \
-             INSERT INTO idempotency_requests \
-               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
-                created_at, expires_at) \
-             SELECT 'acme', 'pay', CAST(printf('%-32s', 'old-' || i) AS BLOB), zeroblob(32), 'completed', 201, ",
-            idem_runtime::sqlite_now_ms!(),
-            " - 2 * 86400000, ",
-            idem_runtime::sqlite_now_ms!(),
-            " - 86400000 FROM seq"
-        ),
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod mysql {
-    cli_tests! {
-        db = common::MySqlDb,
-        // The same rows in MySQL's columns: Unix milliseconds (2026-01-02T03:04:05Z
-        // is 1767323045000), VARBINARY, JSON text.
-        seed = concat!(
-            r#"INSERT INTO idempotency_requests
-                 (tenant_id, operation, key_digest, fingerprint, state, response_status,
-                  response_headers, response_body, created_at, completed_at, expires_at)
-               VALUES
-                 ('acme', 'create-order', UNHEX(SHA2('k-done', 256)), UNHEX(REPEAT('AB', 32)), 'completed', 201,
-                  '[["content-type","application/json"],["location","/orders/7"]]',
-                  '{"secret":"SECRET-BODY-123"}', 1767323045000, 1767323046000,
-                  "#, idem_runtime::mysql_now_ms!(), r#" + 86400000),
-                 ('acme', 'create-order', UNHEX(SHA2('k-old', 256)), UNHEX(REPEAT('00', 32)), 'failed', 404,
-                  NULL, 'gone', "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000,
-                  "#, idem_runtime::mysql_now_ms!(), r#" - 2 * 86400000, "#, idem_runtime::mysql_now_ms!(), r#" - 86400000),
-                 ('acme', 'refund', UNHEX(SHA2('k-running', 256)), UNHEX(REPEAT('00', 32)), 'processing', NULL,
-                  NULL, NULL, "#, idem_runtime::mysql_now_ms!(), r#" - 300000, NULL, "#, idem_runtime::mysql_now_ms!(), r#" + 86400000)"#
-        ),
-        expired_rows = concat!(
-            "INSERT INTO idempotency_requests \
-               (tenant_id, operation, key_digest, fingerprint, state, response_status, \
-                created_at, expires_at) \
-             SELECT 'acme', 'pay', UNHEX(SHA2(CONCAT('old-', i), 256)), UNHEX(REPEAT('00', 32)), 'completed', 201, ",
-            idem_runtime::mysql_now_ms!(),
-            " - 2 * 86400000, ",
-            idem_runtime::mysql_now_ms!(),
-            " - 86400000 FROM (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4) seq"
-        ),
-    }
-}
+cli_suite!(
+    a_fresh_database_says_run_migrate_and_migrate_fixes_it,
+    stats_prints_a_table_and_json,
+    show_prints_one_key_without_its_body_unless_asked,
+    keys_are_digested_or_given_as_digests,
+    purge_refuses_in_flight_rows_without_force,
+    purge_tenant_erases_every_row_of_one_tenant,
+    rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot,
+    purge_tenant_waits_for_rows_in_flight_to_finish,
+    purge_does_not_wait_forever_on_a_running_request,
+    sweep_deletes_the_expired_finished_rows_once_and_reports,
+    the_flag_wins_over_the_environment,
+);
 
 /// What only PostgreSQL has: a server to reach and to authenticate with.
 #[tokio::test]
