@@ -359,8 +359,12 @@ async fn postgres_app(url: &str) -> Result<Router, String> {
         .await
         .map_err(|e| format!("cannot connect: {e}"))?;
 
+    // Replay hints (on by default): (c) replays keys this server finished, so
+    // with them on it measures a retry that reaches the process that answered;
+    // `IDEM_BENCH_REPLAY_HINTS=0` measures one that reaches another replica.
+    let replay_hints: u8 = env_or("IDEM_BENCH_REPLAY_HINTS", 1)?;
     let state = AppState {
-        idem: Idem::new(pool.clone()),
+        idem: Idem::new(pool.clone()).with_replay_hints(replay_hints != 0),
         pool,
         protocol,
         rtt,

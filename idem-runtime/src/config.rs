@@ -108,6 +108,10 @@ pub struct Idem<DB: LeaseBackend> {
     /// choice up again.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     session_path: Arc<std::sync::OnceLock<bool>>,
+    /// Shared by clones: keys seen finished lately, whose retries read the key
+    /// first (PostgreSQL's session path; see [`Idem::with_replay_hints`]).
+    #[cfg(feature = "postgres")]
+    recent: Option<Arc<crate::recent::Recent>>,
 }
 
 impl<DB: LeaseBackend> Clone for Idem<DB> {
@@ -120,6 +124,8 @@ impl<DB: LeaseBackend> Clone for Idem<DB> {
             executions: self.executions.clone(),
             renewals: self.renewals.clone(),
             session_path: self.session_path.clone(),
+            #[cfg(feature = "postgres")]
+            recent: self.recent.clone(),
         }
     }
 }
@@ -243,6 +249,38 @@ impl<DB: Backend> Idem<DB> {
         self
     }
 
+    /// PostgreSQL's session path: whether this `Idem` (and its clones) remembers
+    /// the keys it has seen finished lately (committed, replayed or refused as
+    /// another request's), so that a retry of one reads the key first, one
+    /// message and no transaction, instead of beginning with the probe that
+    /// fails for a key with a row (an aborted transaction, an `ERROR` in the
+    /// server's log, and a second message). On by default.
+    ///
+    /// A hint only: the table holds 16,384 64-bit tags (128 KiB, allocated at the
+    /// first key recorded) and forgets; a stale hint (the row swept, purged or
+    /// expired since) costs the lookup's round trip before the usual claim, and
+    /// the database decides every answer as without it. Retries that reach
+    /// another process (another replica) take the probe as before. No effect on
+    /// SQLite and MySQL, nor where the session path is off (that path always
+    /// looks the key up first).
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let idem = idem_runtime::Idem::new(pool).with_replay_hints(false);
+    /// # }
+    /// ```
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+    pub fn with_replay_hints(mut self, on: bool) -> Self {
+        #[cfg(feature = "postgres")]
+        {
+            self.recent = on.then(Default::default);
+        }
+        #[cfg(not(feature = "postgres"))]
+        let _ = on;
+        self
+    }
+
     /// The earlier name of [`Idem::with_claims_at_commit`]: the claim no longer
     /// travels with `BEGIN` (nor as SQL text), but it still adds no statement of
     /// its own.
@@ -303,6 +341,8 @@ impl<DB: Backend> Idem<DB> {
             deadline: self.deadline_with_wait(in_flight_wait),
             session_statements: self.settings.session_statements,
             session_path: &self.session_path,
+            #[cfg(feature = "postgres")]
+            recent: self.recent.as_deref(),
         }
     }
 
@@ -384,6 +424,8 @@ impl<DB: LeaseBackend> Idem<DB> {
             )),
             executions: Default::default(),
             session_path: Default::default(),
+            #[cfg(feature = "postgres")]
+            recent: Some(Default::default()),
         }
     }
 

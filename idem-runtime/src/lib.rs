@@ -130,6 +130,8 @@ mod model;
 pub mod openapi;
 pub mod operations;
 pub mod problem;
+#[cfg(feature = "postgres")]
+mod recent;
 pub mod reconcile;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

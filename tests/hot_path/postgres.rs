@@ -344,14 +344,87 @@ async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
     // The probe rides with BEGIN, the finished row with COMMIT (and the empty
     // transaction's ROLLBACK with the release ping).
     assert_eq!(c.first, c.bare, "a first execution");
-    // The probe's BEGIN fails, then the lookup (with the ROLLBACK), no
-    // transaction after it.
-    assert_eq!(c.replay, 4, "a replay");
+    // This process finished the key: its retry reads it first, one message,
+    // no transaction.
+    assert_eq!(c.replay, 3, "a replay where the key was finished");
     assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 4);
     assert_eq!(
         c.db.count("SELECT count(*) FROM idempotency_requests")
             .await,
         2
+    );
+}
+
+/// A retry that reaches a process which has not seen its key finished (another
+/// replica, or hints turned off) begins with the probe: its `BEGIN` fails, then
+/// the lookup (with the `ROLLBACK`), no transaction after it. Once it has
+/// replayed the key, that process reads the key first too.
+#[tokio::test]
+async fn a_replay_elsewhere_begins_with_the_probe_once() {
+    let c = Counted::measure(true).await;
+    for (name, idem, second) in [
+        ("another process", Idem::new(c.pool.clone()), 3),
+        (
+            "hints off",
+            Idem::new(c.pool.clone()).with_replay_hints(false),
+            4,
+        ),
+    ] {
+        let elsewhere = router(idem.with_session_statements(true));
+        // Its first claim decides the session path: not counted.
+        let (status, _, _) =
+            send(&elsewhere, request("/widgets", "w3", json!({"name": "w"}))).await;
+        assert!(status.is_success(), "{name}");
+        assert_eq!(c.count(&elsewhere, "/widgets", "k1").await, 4, "{name}");
+        // Remembered once replayed, unless hints are off.
+        assert_eq!(
+            c.count(&elsewhere, "/widgets", "k1").await,
+            second,
+            "{name}"
+        );
+    }
+    assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 5);
+}
+
+/// A key this process remembers as finished is still decided by the database:
+/// its row gone (purged behind the process's back), the retry executes anew; a
+/// session that lost idem's statements prepares them for the lookup; another
+/// request under the key is refused.
+#[tokio::test]
+async fn a_remembered_key_is_decided_by_the_database() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    let widget = |name: &str| request("/widgets", "k1", json!({ "name": name }));
+    let (status, replayed, _) = send(&r, widget("a")).await;
+    assert!(status.is_success() && !replayed, "{status}");
+
+    db.exec("DELETE FROM idempotency_requests").await;
+    let (status, replayed, anew) = send(&r, widget("a")).await;
+    assert!(status.is_success(), "{status}: {anew:?}");
+    assert!(!replayed, "a key without a row executes anew");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+
+    sqlx::raw_sql("DEALLOCATE idem_lookup_1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, replayed, body) = send(&r, widget("a")).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, anew, "the stored answer of the second execution");
+
+    let (status, _, _) = send(&r, widget("b")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    assert_eq!(
+        state_of_the_only_connection(&pool, &db.pool).await,
+        "idle",
+        "the connection went back clean"
     );
 }
 

@@ -26,7 +26,10 @@
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
 //! has run) and is looked up (`ROLLBACK; EXECUTE idem_lookup_1(<key>)`, one more
-//! message); a retry of a finished key is answered from that, as below. The probe
+//! message); a retry of a finished key is answered from that, as below. A key
+//! this process has seen finished lately (`crate::recent`) is read first
+//! instead, `EXECUTE idem_lookup_1(<key>)` alone: its retry costs one message and
+//! no failed probe, and the lookup decides as after a probe. The probe
 //! also sets the request deadline (`statement_timeout`,
 //! `idle_in_transaction_session_timeout`). `AND CHAIN` opens an empty transaction
 //! whose `ROLLBACK` the driver sends with the connection's release (see
@@ -116,12 +119,21 @@ const INSERT_NEW_SQL: &str = concat!(
 const LOCK_TIMEOUT: &str = "55P03";
 
 /// The session path's claim (see the module docs): `BEGIN` with the probe; a
-/// key with a row is looked up and decided as on the other path.
+/// key with a row is looked up and decided as on the other path. A key this
+/// process has seen finished lately (`Idem::with_replay_hints`) is looked up
+/// first instead, so that its retry costs one message and no failed probe.
 async fn begin_in_session(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
     mut conn: PoolConnection<Postgres>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
+    if ctx
+        .recent
+        .is_some_and(|r| r.seen_finished(req.tenant, req.operation, &req.key.digest()))
+    {
+        let (conn, snapshot) = lookup_first(conn, req).await?;
+        return decided(ctx, req, conn, snapshot).await;
+    }
     let probe = || -> Result<sqlx::SqlStr, StoreError> {
         let mut begin = String::from(BEGIN_READ_COMMITTED);
         begin.push_str("; EXECUTE ");
@@ -133,16 +145,12 @@ async fn begin_in_session(
         begin.push_str("')");
         Ok(AssertSqlSafe(begin).into_sql_str())
     };
-    let in_session = |generation| Execution {
-        in_session: true,
-        ..Execution::at_commit(req, generation)
-    };
     let mut prepared = false;
     loop {
         // Built anew for the second attempt (a session prepared just now)
         // rather than copied for every first one.
         let e = match Tx::begin_on(conn, probe()?).await {
-            Ok(tx) => return Ok((tx, Claim::Execute(in_session(1)))),
+            Ok(tx) => return Ok((tx, Claim::Execute(in_session(req, 1)))),
             Err((returned, e)) => {
                 conn = returned;
                 e
@@ -150,15 +158,7 @@ async fn begin_in_session(
         };
         if session::is_marker(&e, session::PROBE_MARKER) {
             let (conn, snapshot) = lookup_in_session(conn, req).await?;
-            return match decide::transactional(snapshot, req.in_flight_wait) {
-                decide::TransactionalStep::Answer(claim) => Ok((Tx::idle(conn), claim)),
-                decide::TransactionalStep::Execute { generation } => {
-                    let tx = Tx::begin_on(conn, begin_statement(ctx))
-                        .await
-                        .map_err(|(_, e)| e)?;
-                    Ok((tx, Claim::Execute(in_session(generation))))
-                }
-            };
+            return decided(ctx, req, conn, snapshot).await;
         }
         // The message failed after `BEGIN` (or in it): whatever the server holds
         // now is rolled back before the connection is used or given back.
@@ -176,6 +176,74 @@ async fn begin_in_session(
     }
 }
 
+/// An execution on the session path at `generation`.
+fn in_session(req: &ClaimRequest<'_>, generation: i64) -> Execution {
+    Execution {
+        in_session: true,
+        ..Execution::at_commit(req, generation)
+    }
+}
+
+/// Decides the claim from what the lookup read: an answer without a
+/// transaction, or the handler's transaction begun (the request deadline with
+/// `BEGIN`, no probe: the key was just read). A key found finished is
+/// remembered for its next retry.
+async fn decided(
+    ctx: &ClaimContext<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+    conn: PoolConnection<Postgres>,
+    snapshot: Option<KeySnapshot>,
+) -> Result<(Tx<Postgres>, Claim), StoreError> {
+    match decide::transactional(snapshot, req.in_flight_wait) {
+        decide::TransactionalStep::Answer(claim) => {
+            if matches!(claim, Claim::Replay(_) | Claim::Mismatch) {
+                remember(ctx, req.tenant, req.operation, &req.key.digest());
+            }
+            Ok((Tx::idle(conn), claim))
+        }
+        decide::TransactionalStep::Execute { generation } => {
+            let tx = Tx::begin_on(conn, begin_statement(ctx))
+                .await
+                .map_err(|(_, e)| e)?;
+            Ok((tx, Claim::Execute(in_session(req, generation))))
+        }
+    }
+}
+
+/// Records that the key has a finished row, where hints are kept.
+fn remember(ctx: &ClaimContext<'_, Postgres>, tenant: &str, operation: &str, key: &KeyDigest) {
+    if let Some(recent) = ctx.recent {
+        recent.finished(tenant, operation, key);
+    }
+}
+
+/// A key seen finished here: reads it before anything else, in one message
+/// outside any transaction. A session that lacks idem's statements prepares
+/// them and reads again; any other failure closes the connection.
+async fn lookup_first(
+    mut conn: PoolConnection<Postgres>,
+    req: &ClaimRequest<'_>,
+) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
+    let mut prepared = false;
+    loop {
+        let sql = lookup_text("", req)?;
+        match sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_optional(&mut *conn)
+            .await
+        {
+            Ok(row) => return Ok((conn, snapshot_of(row, req)?)),
+            Err(e) if !prepared && session::is_missing_statement(&e) => {
+                session::prepare(&mut conn).await?;
+                prepared = true;
+            }
+            Err(e) => {
+                conn.close_on_drop();
+                return Err(e.into());
+            }
+        }
+    }
+}
+
 /// After the probe found a row: rolls the aborted transaction back and reads
 /// the key, in one message. Any failure closes the connection (where the
 /// message stopped is not known).
@@ -183,9 +251,7 @@ async fn lookup_in_session(
     mut conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
-    let mut sql = String::from("ROLLBACK; EXECUTE ");
-    sql.push_str(session::LOOKUP);
-    push_key(&mut sql, req.tenant, req.operation, req.key.digest())?;
+    let sql = lookup_text("ROLLBACK; ", req)?;
     let row = match sqlx::raw_sql(AssertSqlSafe(sql))
         .fetch_optional(&mut *conn)
         .await
@@ -196,21 +262,34 @@ async fn lookup_in_session(
             return Err(e.into());
         }
     };
-    let snapshot = match row {
-        None => None,
-        Some(row) => {
-            let stored = unhex(row.try_get("fingerprint")?)?;
-            Some(KeySnapshot::read(
-                row.try_get("state")?,
-                &stored,
-                &req.fingerprint,
-                row.try_get("generation")?,
-                row.try_get("live")?,
-                || stored_with_body(&row, unhex(row.try_get("response_body")?)?),
-            )?)
-        }
-    };
-    Ok((conn, snapshot))
+    Ok((conn, snapshot_of(row, req)?))
+}
+
+/// `<before>EXECUTE idem_lookup_1(<key>)`.
+fn lookup_text(before: &str, req: &ClaimRequest<'_>) -> Result<String, StoreError> {
+    let mut sql = String::from(before);
+    sql.push_str("EXECUTE ");
+    sql.push_str(session::LOOKUP);
+    push_key(&mut sql, req.tenant, req.operation, req.key.digest())?;
+    Ok(sql)
+}
+
+/// The key as the session lookup's row has it (`None`: no row).
+fn snapshot_of(
+    row: Option<sqlx::postgres::PgRow>,
+    req: &ClaimRequest<'_>,
+) -> Result<Option<KeySnapshot>, StoreError> {
+    let Some(row) = row else { return Ok(None) };
+    let stored = unhex(row.try_get("fingerprint")?)?;
+    KeySnapshot::read(
+        row.try_get("state")?,
+        &stored,
+        &req.fingerprint,
+        row.try_get("generation")?,
+        row.try_get("live")?,
+        || stored_with_body(&row, unhex(row.try_get("response_body")?)?),
+    )
+    .map(Some)
 }
 
 /// `(<tenant>, <operation>, <key digest>)` as the session statements take them.
@@ -412,6 +491,7 @@ async fn finish_in_session(
     {
         Ok(_) => {
             tx.committed_by_message();
+            remember(ctx, &execution.tenant, &execution.operation, &execution.key);
             Finish::Committed
         }
         // The insert claimed nothing and the cast after it failed, or the plain
