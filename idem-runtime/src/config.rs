@@ -250,16 +250,17 @@ impl<DB: Backend> Idem<DB> {
     }
 
     /// PostgreSQL's session path: whether this `Idem` (and its clones) remembers
-    /// the keys it has seen finished lately (committed, replayed or refused as
-    /// another request's), so that a retry of one reads the key first, one
+    /// the keys it has seen finished lately (committed here, or replayed), so
+    /// that a retry of one reads the key first, one
     /// message and no transaction, instead of beginning with the probe that
     /// fails for a key with a row (an aborted transaction, an `ERROR` in the
     /// server's log, and a second message). On by default.
     ///
     /// A hint only: the table holds 16,384 64-bit tags (128 KiB, allocated at the
-    /// first key recorded) and forgets; a stale hint (the row swept, purged or
-    /// expired since) costs the lookup's round trip before the usual claim, and
-    /// the database decides every answer as without it. Retries that reach
+    /// first key recorded) and forgets, and the database decides every answer
+    /// as without it. A key whose row has expired is read and taken over in the
+    /// same messages as after a probe; one whose row was swept or purged since
+    /// costs the lookup's round trip before its `BEGIN`. Retries that reach
     /// another process (another replica) take the probe as before. No effect on
     /// SQLite and MySQL, nor where the session path is off (that path always
     /// looks the key up first).
@@ -272,9 +273,12 @@ impl<DB: Backend> Idem<DB> {
     /// ```
     #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
     pub fn with_replay_hints(mut self, on: bool) -> Self {
+        // Turning hints on keeps the table clones made earlier share.
         #[cfg(feature = "postgres")]
-        {
-            self.recent = on.then(Default::default);
+        if !on {
+            self.recent = None;
+        } else if self.recent.is_none() {
+            self.recent = Some(Default::default());
         }
         #[cfg(not(feature = "postgres"))]
         let _ = on;

@@ -34,7 +34,7 @@ pub(crate) struct Recent {
 
 impl Recent {
     /// Records that `key` of `tenant`'s `operation` has a finished row (it was
-    /// committed here, or replayed, or refused as another request's key).
+    /// committed here, or replayed).
     pub(crate) fn finished(&self, tenant: &str, operation: &str, key: &KeyDigest) {
         let tag = self.tag(tenant, operation, key);
         let slots = self

@@ -25,10 +25,10 @@
 //!
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
-//! has run) and is looked up (`ROLLBACK; EXECUTE idem_lookup_1(<key>)`, one more
+//! has run) and is looked up (`ROLLBACK; EXECUTE idem_lookup_2(<key>)`, one more
 //! message); a retry of a finished key is answered from that, as below. A key
 //! this process has seen finished lately (`crate::recent`) is read first
-//! instead, `EXECUTE idem_lookup_1(<key>)` alone: its retry costs one message and
+//! instead, `EXECUTE idem_lookup_2(<key>)` alone: its retry costs one message and
 //! no failed probe, and the lookup decides as after a probe. The probe
 //! also sets the request deadline (`statement_timeout`,
 //! `idle_in_transaction_session_timeout`). `AND CHAIN` opens an empty transaction
@@ -186,8 +186,9 @@ fn in_session(req: &ClaimRequest<'_>, generation: i64) -> Execution {
 
 /// Decides the claim from what the lookup read: an answer without a
 /// transaction, or the handler's transaction begun (the request deadline with
-/// `BEGIN`, no probe: the key was just read). A key found finished is
-/// remembered for its next retry.
+/// `BEGIN`, no probe: the key was just read). A key replayed is remembered for
+/// its next retry. A `BEGIN` message that fails is rolled back before the
+/// connection goes back (it may have failed after `BEGIN`).
 async fn decided(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
@@ -196,16 +197,23 @@ async fn decided(
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     match decide::transactional(snapshot, req.in_flight_wait) {
         decide::TransactionalStep::Answer(claim) => {
-            if matches!(claim, Claim::Replay(_) | Claim::Mismatch) {
+            // A mismatch is left out: it is decided before the row's state,
+            // which may be an execution still in flight.
+            if matches!(claim, Claim::Replay(_)) {
                 remember(ctx, req.tenant, req.operation, &req.key.digest());
             }
             Ok((Tx::idle(conn), claim))
         }
         decide::TransactionalStep::Execute { generation } => {
-            let tx = Tx::begin_on(conn, begin_statement(ctx))
-                .await
-                .map_err(|(_, e)| e)?;
-            Ok((tx, Claim::Execute(in_session(req, generation))))
+            match Tx::begin_on(conn, begin_statement(ctx)).await {
+                Ok(tx) => Ok((tx, Claim::Execute(in_session(req, generation)))),
+                Err((mut conn, e)) => {
+                    if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
+                        conn.close_on_drop();
+                    }
+                    Err(e.into())
+                }
+            }
         }
     }
 }
@@ -265,7 +273,7 @@ async fn lookup_in_session(
     Ok((conn, snapshot_of(row, req)?))
 }
 
-/// `<before>EXECUTE idem_lookup_1(<key>)`.
+/// `<before>EXECUTE idem_lookup_2(<key>)`.
 fn lookup_text(before: &str, req: &ClaimRequest<'_>) -> Result<String, StoreError> {
     let mut sql = String::from(before);
     sql.push_str("EXECUTE ");

@@ -16,7 +16,8 @@
 //!   such a literal, numbers formatted from integers. [`text_literal`] is held
 //!   to a real server by a property test with arbitrary strings.
 //! * **Created on first use.** A connection that lacks them reports `26000`
-//!   (`invalid_sql_statement_name`) at its first probe; they are prepared then
+//!   (`invalid_sql_statement_name`) at its first probe (or, for a key the process
+//!   has seen finished, its first lookup); they are prepared then
 //!   ([`prepare`]), and the claim begins again. The names carry a version, so a
 //!   statement of another idem release in the same session is never called.
 //! * **Only where the session stays.** A pooler that runs each transaction on
@@ -41,17 +42,20 @@ use crate::model::StoreError;
 /// a cast of a text that names itself, evaluated per row (a constant would be
 /// folded, and fail, at planning): the server's log shows what it is.
 ///
-/// A session is prepared when its probe is missing, so the probe's version
-/// names the whole set: a session that has this probe has [`INSERT`] and this
-/// [`FINISH`] too (one an earlier release prepared has `idem_probe_1` and no
-/// `INSERT`, or `idem_probe_2` and `idem_finish_1`, which wrote the generation
-/// the row had plus one rather than the execution's). The probe's text is the
-/// same in every version.
+/// A session is prepared when the first statement a claim sends is missing:
+/// this probe, or for a key the process has seen finished [`LOOKUP`]. Both
+/// names carry the set's version, so a session that has either has [`INSERT`]
+/// and this [`FINISH`] too (one an earlier release prepared has `idem_probe_1`
+/// and no `INSERT`, or `idem_probe_2` and `idem_finish_1`, which wrote the
+/// generation the row had plus one rather than the execution's; both with
+/// `idem_lookup_1`). The probe's text is the same in every version.
 pub(crate) const PROBE: &str = "idem_probe_3";
 
 /// Everything the decision needs about a key (as the prepared lookup reads it),
 /// with the byte columns as hex: the simple-query protocol answers in text.
-pub(crate) const LOOKUP: &str = "idem_lookup_1";
+/// Named with the set's version (its text is `idem_lookup_1`'s): a remembered
+/// key's claim sends it first, and a session that has it must have the rest.
+pub(crate) const LOOKUP: &str = "idem_lookup_2";
 
 /// The finished row, claiming the key, as the bound-parameter insert writes it,
 /// at the execution's generation (its last argument); fails when it claimed
@@ -104,7 +108,7 @@ const STATEMENTS: [(&str, &str); 4] = [
     ),
     (
         LOOKUP,
-        "PREPARE idem_lookup_1(text, text, bytea) AS \
+        "PREPARE idem_lookup_2(text, text, bytea) AS \
          SELECT encode(fingerprint, 'hex') AS fingerprint, state, generation, \
                 expires_at > now() AS live, response_status, response_headers, \
                 encode(response_body, 'hex') AS response_body \
