@@ -76,7 +76,7 @@ mod tests {
     use super::*;
 
     fn k(raw: &str) -> KeyDigest {
-        crate::IdempotencyKey::parse(raw).unwrap().digest()
+        crate::key::IdempotencyKey::parse(raw).unwrap().digest()
     }
 
     #[test]
