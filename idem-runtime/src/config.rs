@@ -265,6 +265,15 @@ impl<DB: Backend> Idem<DB> {
     /// SQLite and MySQL, nor where the session path is off (that path always
     /// looks the key up first).
     ///
+    /// The read takes an idle connection as it is (`Pool::try_acquire`, without
+    /// the pool's acquire ping or `before_acquire` hook), so that a replay waits
+    /// for one round trip rather than two; where none is idle, or the read
+    /// fails on it (a connection the server dropped: what the ping is there to
+    /// find), the key is read on a connection from `acquire()`, tested as the
+    /// pool says. Only an answer is decided on the untested connection: a key
+    /// that executes again begins its handler's transaction on a tested one.
+    /// Turn hints off where your `before_acquire` must see every checkout.
+    ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
     /// # async fn demo(pool: sqlx::PgPool) {

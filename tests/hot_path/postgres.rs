@@ -250,6 +250,11 @@ impl RoundTrips {
 /// round trip in a window is one the request made (plus the release ping that
 /// every window has once).
 async fn pool_through(proxy: &RoundTrips, db: &TestDb) -> PgPool {
+    pinging_pool_through(proxy, db, false).await
+}
+
+/// [`pool_through`], pinging on acquire if `ping` (sqlx's default).
+async fn pinging_pool_through(proxy: &RoundTrips, db: &TestDb, ping: bool) -> PgPool {
     let opts = PgConnectOptions::new()
         .host("127.0.0.1")
         .port(proxy.addr.port())
@@ -258,10 +263,23 @@ async fn pool_through(proxy: &RoundTrips, db: &TestDb) -> PgPool {
         .ssl_mode(PgSslMode::Disable);
     PgPoolOptions::new()
         .max_connections(1)
-        .test_before_acquire(false)
+        .test_before_acquire(ping)
         .connect_with(opts)
         .await
         .unwrap()
+}
+
+/// Waits until `pool`'s only connection is idle in it: a released connection
+/// goes back after its release ping, on a task of its own, and until then it
+/// cannot be taken as it is (`Pool::try_acquire`).
+async fn until_idle(pool: &PgPool) {
+    for _ in 0..10_000 {
+        if pool.num_idle() > 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("the pool's connection never came back");
 }
 
 /// Round trips of `req` between two points where the pool's one connection is
@@ -277,6 +295,7 @@ async fn round_trips(
     let held = pool.acquire().await.unwrap();
     let before = proxy.now();
     drop(held);
+    until_idle(pool).await;
     let (status, _, body) = send(router, req).await;
     assert!(status.is_success(), "{status}: {body:?}");
     // Acquiring the only connection waits until the request's release is done.
@@ -380,6 +399,153 @@ async fn a_replay_elsewhere_begins_with_the_probe_once() {
         );
     }
     assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 4);
+}
+
+/// A retry of a key this process has seen finished is read on an idle
+/// connection as it is, without the pool's acquire ping (sqlx's default): the
+/// request waits for one round trip where a first execution waits for the
+/// bare write's four, ping included.
+#[tokio::test]
+async fn a_remembered_keys_read_takes_no_acquire_ping() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
+    let pool = pinging_pool_through(&proxy, &db, true).await;
+    let hinted = router(Idem::new(pool.clone()).with_session_statements(true));
+    let unhinted = router(
+        Idem::new(pool.clone())
+            .with_session_statements(true)
+            .with_replay_hints(false),
+    );
+    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
+        let (status, _, _) = send(&hinted, request(path, key, json!({"name": "w"}))).await;
+        assert!(status.is_success());
+    }
+    let count = |r: &Router, path: &'static str, key: &'static str| {
+        let r = r.clone();
+        let (proxy, pool) = (&proxy, &pool);
+        async move { round_trips(proxy, pool, &r, request(path, key, json!({"name": "a"}))).await }
+    };
+    // The held connection's release ping, the acquire ping, BEGIN, INSERT,
+    // COMMIT, the release ping and the window's own acquire ping.
+    let bare = count(&hinted, "/bare", "b1").await;
+    assert_eq!(bare, 7, "the yardstick changed");
+    assert_eq!(
+        count(&hinted, "/widgets", "k1").await,
+        bare,
+        "a first execution"
+    );
+    // The lookup alone between the window's pings and the release ping.
+    assert_eq!(
+        count(&hinted, "/widgets", "k1").await,
+        4,
+        "a remembered key's replay"
+    );
+    // Unremembered: the acquire ping, the failed probe, then the lookup.
+    assert_eq!(
+        count(&unhinted, "/widgets", "k1").await,
+        6,
+        "a replay elsewhere"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);
+}
+
+/// The acquire ping is there to find a connection the server has dropped: a
+/// remembered key's read on such a connection is made again on one the pool
+/// tested, and the retry still gets the stored answer.
+#[tokio::test]
+async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    let (status, replayed, first) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert!(status.is_success() && !replayed, "{status}: {first:?}");
+
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // Back in the pool before it is ended (ended during its release ping, the
+    // pool would close it itself).
+    until_idle(&pool).await;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 10000)")
+        .bind(pid)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(terminated, "the pool's connection was ended by the server");
+    assert_eq!(
+        pool.num_idle(),
+        1,
+        "the dropped connection is idle in the pool"
+    );
+
+    let (status, replayed, body) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_ne!(now, pid, "the dropped connection was replaced");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// Only an answer is decided on a connection taken without the pool's test:
+/// a remembered key that is to execute again (its row purged) runs its
+/// handler's transaction on a connection the pool's `before_acquire` saw.
+#[tokio::test]
+async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let tested = Arc::new(AtomicU64::new(0));
+    let seen = tested.clone();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .before_acquire(move |_, _| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok(true)
+            })
+        })
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, _, _) = send(&r, widget()).await;
+    assert!(status.is_success(), "{status}");
+    until_idle(&pool).await;
+    let before = tested.load(Ordering::SeqCst);
+
+    let (status, replayed, _) = send(&r, widget()).await;
+    assert!(status.is_success() && replayed, "{status}");
+    assert_eq!(
+        tested.load(Ordering::SeqCst),
+        before,
+        "a replay's read is untested"
+    );
+
+    db.exec("DELETE FROM idempotency_requests").await;
+    until_idle(&pool).await;
+    let (status, replayed, _) = send(&r, widget()).await;
+    assert!(status.is_success() && !replayed, "{status}");
+    assert!(
+        tested.load(Ordering::SeqCst) > before,
+        "the handler's transaction began on a tested connection"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    assert_eq!(
+        state_of_the_only_connection(&pool, &db.pool).await,
+        "idle",
+        "the connection went back clean"
+    );
 }
 
 /// A key this process remembers as finished is still decided by the database:

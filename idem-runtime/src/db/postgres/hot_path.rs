@@ -28,8 +28,10 @@
 //! has run) and is looked up (`ROLLBACK; EXECUTE idem_lookup_2(<key>)`, one more
 //! message); a retry of a finished key is answered from that, as below. A key
 //! this process has seen finished lately (`crate::recent`) is read first
-//! instead, `EXECUTE idem_lookup_2(<key>)` alone: its retry costs one message and
-//! no failed probe, and the lookup decides as after a probe. The probe
+//! instead, `EXECUTE idem_lookup_2(<key>)` alone, on an idle connection taken
+//! without the pool's acquire ping (`begin_remembered` says why that is safe):
+//! its retry waits for one round trip and no failed probe, and the lookup
+//! decides as after a probe. The probe
 //! also sets the request deadline (`statement_timeout`,
 //! `idle_in_transaction_session_timeout`). `AND CHAIN` opens an empty transaction
 //! whose `ROLLBACK` the driver sends with the connection's release (see
@@ -119,21 +121,12 @@ const INSERT_NEW_SQL: &str = concat!(
 const LOCK_TIMEOUT: &str = "55P03";
 
 /// The session path's claim (see the module docs): `BEGIN` with the probe; a
-/// key with a row is looked up and decided as on the other path. A key this
-/// process has seen finished lately (`Idem::with_replay_hints`) is looked up
-/// first instead, so that its retry costs one message and no failed probe.
+/// key with a row is looked up and decided as on the other path.
 async fn begin_in_session(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
     mut conn: PoolConnection<Postgres>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    if ctx
-        .recent
-        .is_some_and(|r| r.seen_finished(req.tenant, req.operation, &req.key.digest()))
-    {
-        let (conn, snapshot) = lookup_first(conn, req).await?;
-        return decided(ctx, req, conn, snapshot).await;
-    }
     let probe = || -> Result<sqlx::SqlStr, StoreError> {
         let mut begin = String::from(BEGIN_READ_COMMITTED);
         begin.push_str("; EXECUTE ");
@@ -184,11 +177,68 @@ fn in_session(req: &ClaimRequest<'_>, generation: i64) -> Execution {
     }
 }
 
+/// Whether this process has seen the request's key finished lately
+/// (`Idem::with_replay_hints`).
+fn remembered(ctx: &ClaimContext<'_, Postgres>, req: &ClaimRequest<'_>) -> bool {
+    ctx.recent
+        .is_some_and(|r| r.seen_finished(req.tenant, req.operation, &req.key.digest()))
+}
+
+/// A key this process has seen finished lately: read first, so that its retry
+/// costs one message and no failed probe.
+///
+/// The read takes an idle connection as it is (`Pool::try_acquire`: no
+/// acquire ping, no `before_acquire`), so that a replay waits for one round
+/// trip, not two. That is safe for a read: where the connection turns out dead
+/// (what the ping is there to find), or none is idle, the key is read again on
+/// a connection from `acquire()`, tested as the pool says. Only an answer is
+/// decided on the untested connection; where the key is to be executed (its
+/// row expired, swept or purged since), the connection goes back and the
+/// handler's transaction begins on a tested one, after a second read there.
+async fn begin_remembered(
+    ctx: &ClaimContext<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+) -> Result<(Tx<Postgres>, Claim), StoreError> {
+    if let Some(conn) = ctx.pool.try_acquire() {
+        match lookup_first(conn, req).await {
+            Ok((conn, snapshot)) => match decide::transactional(snapshot, req.in_flight_wait) {
+                decide::TransactionalStep::Answer(claim) => {
+                    return Ok(answered(ctx, req, conn, claim));
+                }
+                decide::TransactionalStep::Execute { .. } => drop(conn),
+            },
+            Err(e) => tracing::debug!(
+                error = %e,
+                "idem: a remembered key's read failed on an idle connection; reading it again on a tested one"
+            ),
+        }
+    }
+    let conn = ctx.pool.acquire().await?;
+    let (conn, snapshot) = lookup_first(conn, req).await?;
+    decided(ctx, req, conn, snapshot).await
+}
+
+/// An answer decided without a transaction; a key replayed is remembered for
+/// its next retry.
+fn answered(
+    ctx: &ClaimContext<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+    conn: PoolConnection<Postgres>,
+    claim: Claim,
+) -> (Tx<Postgres>, Claim) {
+    // A mismatch is left out: it is decided before the row's state, which may
+    // be an execution still in flight.
+    if matches!(claim, Claim::Replay(_)) {
+        remember(ctx, req.tenant, req.operation, &req.key.digest());
+    }
+    (Tx::idle(conn), claim)
+}
+
 /// Decides the claim from what the lookup read: an answer without a
 /// transaction, or the handler's transaction begun (the request deadline with
-/// `BEGIN`, no probe: the key was just read). A key replayed is remembered for
-/// its next retry. A `BEGIN` message that fails is rolled back before the
-/// connection goes back (it may have failed after `BEGIN`).
+/// `BEGIN`, no probe: the key was just read). A `BEGIN` message that fails is
+/// rolled back before the connection goes back (it may have failed after
+/// `BEGIN`).
 async fn decided(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
@@ -196,14 +246,7 @@ async fn decided(
     snapshot: Option<KeySnapshot>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     match decide::transactional(snapshot, req.in_flight_wait) {
-        decide::TransactionalStep::Answer(claim) => {
-            // A mismatch is left out: it is decided before the row's state,
-            // which may be an execution still in flight.
-            if matches!(claim, Claim::Replay(_)) {
-                remember(ctx, req.tenant, req.operation, &req.key.digest());
-            }
-            Ok((Tx::idle(conn), claim))
-        }
+        decide::TransactionalStep::Answer(claim) => Ok(answered(ctx, req, conn, claim)),
         decide::TransactionalStep::Execute { generation } => {
             match Tx::begin_on(conn, begin_statement(ctx)).await {
                 Ok(tx) => Ok((tx, Claim::Execute(in_session(req, generation)))),
@@ -361,6 +404,9 @@ impl HandlerPath for Postgres {
         let in_session = ctx.claims_at_commit
             && session::uses_session_statements(ctx.pool, ctx.session_statements, ctx.session_path)
                 .await;
+        if in_session && remembered(ctx, req) {
+            return begin_remembered(ctx, req).await;
+        }
         let mut conn = ctx.pool.acquire().await?;
         if in_session {
             return begin_in_session(ctx, req, conn).await;
