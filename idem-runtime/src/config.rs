@@ -258,21 +258,22 @@ impl<DB: Backend> Idem<DB> {
     ///
     /// A hint only: the table holds 16,384 64-bit tags (128 KiB, allocated at the
     /// first key recorded) and forgets, and the database decides every answer
-    /// as without it. A key whose row has expired is read and taken over in the
-    /// same messages as after a probe; one whose row was swept or purged since
-    /// costs the lookup's round trip before its `BEGIN`. Retries that reach
+    /// as without it. A remembered key whose row has expired, or was swept or
+    /// purged since, costs the read before its claim, which then begins as
+    /// without the hint (below). Retries that reach
     /// another process (another replica) take the probe as before. No effect on
     /// SQLite and MySQL, nor where the session path is off (that path always
     /// looks the key up first).
     ///
     /// The read takes an idle connection as it is (`Pool::try_acquire`, without
     /// the pool's acquire ping or `before_acquire` hook), so that a replay waits
-    /// for one round trip rather than two; where none is idle, or the read
-    /// fails on it (a connection the server dropped: what the ping is there to
-    /// find), the key is read on a connection from `acquire()`, tested as the
-    /// pool says. Only an answer is decided on the untested connection: a key
-    /// that executes again begins its handler's transaction on a tested one.
-    /// Turn hints off where your `before_acquire` must see every checkout.
+    /// for one round trip rather than two; where none is idle, or the
+    /// connection turns out lost (a connection the server dropped: what the
+    /// ping is there to find), the key is read on a connection from
+    /// `acquire()`, tested as the pool says. Only an answer is decided on the
+    /// untested connection: a key that executes again begins its claim on a
+    /// tested one, with the probe. Turn hints off where your `before_acquire`
+    /// must see every checkout.
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's

@@ -189,6 +189,9 @@ async fn state_of_the_only_connection(pool: &PgPool, observer: &PgPool) -> Strin
 struct RoundTrips {
     addr: SocketAddr,
     count: Arc<AtomicU64>,
+    /// While true, what the server says is held back (a connection cut
+    /// without a word, as the client sees it).
+    stall: tokio::sync::watch::Sender<bool>,
 }
 
 impl RoundTrips {
@@ -197,9 +200,11 @@ impl RoundTrips {
         let addr = listener.local_addr().unwrap();
         let count = Arc::new(AtomicU64::new(0));
         let counted = count.clone();
+        let (stall, stalled) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let counted = counted.clone();
+                let mut stalled = stalled.clone();
                 tokio::spawn(async move {
                     let server = TcpStream::connect("127.0.0.1:5432").await.unwrap();
                     let (mut cr, mut cw) = client.into_split();
@@ -228,6 +233,9 @@ impl RoundTrips {
                             Ok(0) | Err(_) => break,
                             Ok(n) => n,
                         };
+                        if stalled.wait_for(|s| !s).await.is_err() {
+                            break;
+                        }
                         // Marked before forwarding: the client cannot send its
                         // next message before it has this answer.
                         answered.store(true, Ordering::SeqCst);
@@ -238,7 +246,7 @@ impl RoundTrips {
                 });
             }
         });
-        RoundTrips { addr, count }
+        RoundTrips { addr, count, stall }
     }
 
     fn now(&self) -> u64 {
@@ -473,12 +481,24 @@ async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
     // Back in the pool before it is ended (ended during its release ping, the
     // pool would close it itself).
     until_idle(&pool).await;
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 10000)")
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&db.pool)
         .await
         .unwrap();
     assert!(terminated, "the pool's connection was ended by the server");
+    for gone in 0.. {
+        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if alive == 0 {
+            break;
+        }
+        assert!(gone < 10_000, "the backend never ended");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     assert_eq!(
         pool.num_idle(),
         1,
@@ -548,6 +568,81 @@ async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
     );
 }
 
+/// A read of a remembered key that stalls (the connection cut without a
+/// word) ends with the request's deadline, and its connection is closed, not
+/// given back to wait in its release ping for an answer that is not coming:
+/// the pool's only slot is free for the next request.
+#[tokio::test]
+async fn a_stalled_read_of_a_remembered_key_frees_its_pool_slot() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
+    let pool = pool_through(&proxy, &db).await;
+    let r = router(
+        Idem::new(pool.clone())
+            .with_session_statements(true)
+            .with_in_flight_wait(std::time::Duration::from_millis(100))
+            .with_request_deadline(std::time::Duration::from_secs(1)),
+    );
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, _, first) = send(&r, widget()).await;
+    assert!(status.is_success(), "{status}: {first:?}");
+    until_idle(&pool).await;
+
+    proxy.stall.send_replace(true);
+    let (status, _, body) = send(&r, widget()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+    for waited in 0.. {
+        if pool.size() == 0 {
+            break;
+        }
+        assert!(
+            waited < 10_000,
+            "the stalled connection still holds the pool's slot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    proxy.stall.send_replace(false);
+    let (status, replayed, body) = send(&r, widget()).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer, on a new connection");
+}
+
+/// A session that has the probe but lacks the lookup (one an earlier release
+/// prepared, kept by a pooler in session pooling) is given the statements
+/// after the probe finds the key's row, and the retry gets the stored answer.
+#[tokio::test]
+async fn a_session_without_the_lookup_replays_after_the_probe() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let r = router(
+        Idem::new(pool.clone())
+            .with_session_statements(true)
+            .with_replay_hints(false),
+    );
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, _, first) = send(&r, widget()).await;
+    assert!(status.is_success(), "{status}: {first:?}");
+    sqlx::raw_sql("DEALLOCATE idem_lookup_2")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, replayed, body) = send(&r, widget()).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    assert_eq!(
+        state_of_the_only_connection(&pool, &db.pool).await,
+        "idle",
+        "the connection went back clean"
+    );
+}
+
 /// A key this process remembers as finished is still decided by the database:
 /// its row gone (purged behind the process's back), the retry executes anew; a
 /// session that lost idem's statements prepares them for the lookup; another
@@ -576,6 +671,8 @@ async fn a_remembered_key_is_decided_by_the_database() {
         .execute(&pool)
         .await
         .unwrap();
+    // Idle, so that the read takes it as it is (untested) and prepares there.
+    until_idle(&pool).await;
     let (status, replayed, body) = send(&r, widget("a")).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, anew, "the stored answer of the second execution");
@@ -592,6 +689,7 @@ async fn a_remembered_key_is_decided_by_the_database() {
         .execute(&pool)
         .await
         .unwrap();
+    until_idle(&pool).await;
     let (status, replayed, body) = send(&r, widget("b")).await;
     assert!(status.is_success() && !replayed, "{status}: {body:?}");
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 3);

@@ -186,8 +186,30 @@ impl<DB: Backend> Tx<DB> {
     }
 }
 
-/// A connection that is closed if dropped while still held.
-struct ClosedIfDropped<DB: Database>(Option<PoolConnection<DB>>);
+/// A connection that is closed if dropped while still held: one in the middle
+/// of a message whose answer may never come (the request's deadline on a
+/// stalled connection), or whose server state is not known.
+pub(crate) struct ClosedIfDropped<DB: Database>(Option<PoolConnection<DB>>);
+
+impl<DB: Database> ClosedIfDropped<DB> {
+    /// Holds `conn` until [`ClosedIfDropped::release`].
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
+        ClosedIfDropped(Some(conn))
+    }
+
+    /// The connection, while held.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn conn(&mut self) -> &mut PoolConnection<DB> {
+        self.0.as_mut().expect("held until released")
+    }
+
+    /// The connection back, in a known state: dropping it returns it to the pool.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn release(mut self) -> PoolConnection<DB> {
+        self.0.take().expect("held until released")
+    }
+}
 
 impl<DB: Database> Drop for ClosedIfDropped<DB> {
     fn drop(&mut self) {

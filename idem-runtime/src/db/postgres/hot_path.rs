@@ -87,6 +87,7 @@ use crate::db::Tx;
 use crate::db::at_commit::{self, KeyLookup};
 use crate::db::shared::BindKey;
 use crate::db::stores::{Claims, HandlerPath};
+use crate::db::tx::ClosedIfDropped;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -189,12 +190,14 @@ fn remembered(ctx: &ClaimContext<'_, Postgres>, req: &ClaimRequest<'_>) -> bool 
 ///
 /// The read takes an idle connection as it is (`Pool::try_acquire`: no
 /// acquire ping, no `before_acquire`), so that a replay waits for one round
-/// trip, not two. That is safe for a read: where the connection turns out dead
-/// (what the ping is there to find), or none is idle, the key is read again on
-/// a connection from `acquire()`, tested as the pool says. Only an answer is
-/// decided on the untested connection; where the key is to be executed (its
-/// row expired, swept or purged since), the connection goes back and the
-/// handler's transaction begins on a tested one, after a second read there.
+/// trip, not two. That is safe for a read: where the connection turns out
+/// dropped (what the ping is there to find), or none is idle, the key is read
+/// on a connection from `acquire()`, tested as the pool says; a read that
+/// stalls is bounded by the request's deadline, and its connection closed
+/// (`lookup_first`). Only an answer is decided on the untested connection;
+/// where the key is to be executed (its row expired, swept or purged since),
+/// the connection goes back and the claim begins on a tested one, with the
+/// probe (which reads the key again).
 async fn begin_remembered(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
@@ -205,17 +208,44 @@ async fn begin_remembered(
                 decide::TransactionalStep::Answer(claim) => {
                     return Ok(answered(ctx, req, conn, claim));
                 }
-                decide::TransactionalStep::Execute { .. } => drop(conn),
+                decide::TransactionalStep::Execute { .. } => {
+                    drop(conn);
+                    let conn = ctx.pool.acquire().await?;
+                    return begin_in_session(ctx, req, conn).await;
+                }
             },
+            // An error the server answered (or idem's own) would be the same
+            // on another connection.
+            Err(e) if !connection_lost(&e) => return Err(e),
             Err(e) => tracing::debug!(
                 error = %e,
-                "idem: a remembered key's read failed on an idle connection; reading it again on a tested one"
+                "idem: a remembered key's read lost its idle connection; reading it on a tested one"
             ),
         }
     }
     let conn = ctx.pool.acquire().await?;
     let (conn, snapshot) = lookup_first(conn, req).await?;
     decided(ctx, req, conn, snapshot).await
+}
+
+/// Whether `e` says the connection was lost (what the pool's acquire ping
+/// finds) rather than that the server refused the statement: the I/O or the
+/// protocol failed, or the server ended the session (`08xxx`, or
+/// `57P01`–`57P03`: an administrator's termination, a crash, a server
+/// starting up).
+fn connection_lost(e: &StoreError) -> bool {
+    match e {
+        StoreError::Database(sqlx::Error::Database(db)) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        StoreError::Database(
+            sqlx::Error::Io(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed,
+        ) => true,
+        _ => false,
+    }
 }
 
 /// An answer decided without a transaction; a key replayed is remembered for
@@ -270,50 +300,60 @@ fn remember(ctx: &ClaimContext<'_, Postgres>, tenant: &str, operation: &str, key
 
 /// A key seen finished here: reads it before anything else, in one message
 /// outside any transaction. A session that lacks idem's statements prepares
-/// them and reads again; any other failure closes the connection.
+/// them and reads again. Any other failure closes the connection, as does
+/// dropping the read half-way (the request's deadline on a stalled
+/// connection): given back, it would hold its slot of the pool for as long as
+/// its release ping waits for an answer that is not coming.
 async fn lookup_first(
-    mut conn: PoolConnection<Postgres>,
+    conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
+    // Built before the connection is held (text that cannot be sent leaves it
+    // as it was), and again for the second attempt rather than copied for
+    // every first one.
+    let mut sql = Some(lookup_text("", req)?);
+    let mut conn = ClosedIfDropped::new(conn);
     let mut prepared = false;
     loop {
-        let sql = lookup_text("", req)?;
+        let sql = match sql.take() {
+            Some(sql) => sql,
+            None => lookup_text("", req)?,
+        };
         match sqlx::raw_sql(AssertSqlSafe(sql))
-            .fetch_optional(&mut *conn)
+            .fetch_optional(&mut **conn.conn())
             .await
         {
-            Ok(row) => return Ok((conn, snapshot_of(row, req)?)),
+            Ok(row) => return Ok((conn.release(), snapshot_of(row, req)?)),
             Err(e) if !prepared && session::is_missing_statement(&e) => {
-                session::prepare(&mut conn).await?;
+                session::prepare(conn.conn()).await?;
                 prepared = true;
             }
-            Err(e) => {
-                conn.close_on_drop();
-                return Err(e.into());
-            }
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 /// After the probe found a row: rolls the aborted transaction back and reads
-/// the key, in one message. Any failure closes the connection (where the
-/// message stopped is not known).
+/// the key, in one message. A session that lacks the lookup (one an earlier
+/// release prepared, through a pooler that keeps sessions) is outside any
+/// transaction when it says so (the `ROLLBACK` ran first) and is given the
+/// statements as [`lookup_first`] gives them. Any other failure, or dropping
+/// the message half-way, closes the connection (where the message stopped is
+/// not known).
 async fn lookup_in_session(
-    mut conn: PoolConnection<Postgres>,
+    conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
     let sql = lookup_text("ROLLBACK; ", req)?;
-    let row = match sqlx::raw_sql(AssertSqlSafe(sql))
-        .fetch_optional(&mut *conn)
+    let mut conn = ClosedIfDropped::new(conn);
+    match sqlx::raw_sql(AssertSqlSafe(sql))
+        .fetch_optional(&mut **conn.conn())
         .await
     {
-        Ok(row) => row,
-        Err(e) => {
-            conn.close_on_drop();
-            return Err(e.into());
-        }
-    };
-    Ok((conn, snapshot_of(row, req)?))
+        Ok(row) => Ok((conn.release(), snapshot_of(row, req)?)),
+        Err(e) if session::is_missing_statement(&e) => lookup_first(conn.release(), req).await,
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `<before>EXECUTE idem_lookup_2(<key>)`.
@@ -360,10 +400,16 @@ fn push_key(
     Ok(())
 }
 
-/// A byte column the session lookup encoded as hex (`NULL` stays absent).
-fn unhex(text: Option<String>) -> Result<Vec<u8>, StoreError> {
-    hex::decode(text.unwrap_or_default())
-        .map_err(|e| StoreError::Corrupt(format!("a byte column's hex: {e}")))
+/// A byte column the session lookup encoded as hex (`NULL` stays absent),
+/// read from the row in place. A replay's stored body is the largest value on
+/// its path: decoded by `faster_hex` (SIMD where the CPU has it), where the
+/// `hex` crate's per-byte decode was a tenth of a replay's instructions.
+fn unhex(text: Option<&str>) -> Result<Vec<u8>, StoreError> {
+    let text = text.unwrap_or_default().as_bytes();
+    let mut bytes = vec![0; text.len() / 2];
+    faster_hex::hex_decode(text, &mut bytes)
+        .map_err(|e| StoreError::Corrupt(format!("a byte column's hex: {e}")))?;
+    Ok(bytes)
 }
 
 /// `BEGIN` with the request deadline as `statement_timeout` (no statement of the
@@ -685,6 +731,29 @@ async fn not_inserted(
             // Where the connection stopped is not known: close it.
             tx.discard();
             Finish::NotStored(e.into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unhex;
+
+    #[test]
+    fn hex_columns_decode_exactly_and_refuse_what_is_not_hex() {
+        let bytes: Vec<u8> = (0..=255).chain(0..77).collect();
+        for len in [0, 1, 15, 16, 31, 32, 33, 64, 333] {
+            let text = hex::encode(&bytes[..len]);
+            assert_eq!(unhex(Some(&text)).unwrap(), &bytes[..len], "{len}");
+            assert_eq!(
+                unhex(Some(&text.to_uppercase())).unwrap(),
+                &bytes[..len],
+                "{len}"
+            );
+        }
+        assert!(unhex(None).unwrap().is_empty());
+        for bad in ["a", "abc", "zz", "0g", "\\x00", "00 1"] {
+            assert!(unhex(Some(bad)).is_err(), "{bad:?}");
         }
     }
 }
