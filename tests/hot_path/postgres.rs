@@ -182,6 +182,28 @@ async fn state_of_the_only_connection(pool: &PgPool, observer: &PgPool) -> Strin
         .unwrap()
 }
 
+/// A database with the widgets table, and a pool of one connection to it
+/// (pinging on acquire, sqlx's default).
+async fn widgets_on_one_connection() -> (TestDb, PgPool) {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    (db, pool)
+}
+
+/// The pool's only connection is idle on the server: no transaction left open.
+async fn assert_went_back_clean(pool: &PgPool, db: &TestDb) {
+    assert_eq!(
+        state_of_the_only_connection(pool, &db.pool).await,
+        "idle",
+        "the connection went back clean"
+    );
+}
+
 /// A TCP proxy in front of PostgreSQL that counts round trips: a round trip
 /// starts whenever the client sends after the server last spoke. (Counting the
 /// server's `ReadyForQuery` messages would count a queued rollback that travels
@@ -463,13 +485,7 @@ async fn a_remembered_keys_read_takes_no_acquire_ping() {
 /// tested, and the retry still gets the stored answer.
 #[tokio::test]
 async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let (db, pool) = widgets_on_one_connection().await;
     let r = router(Idem::new(pool.clone()).with_session_statements(true));
     let (status, replayed, first) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
     assert!(status.is_success() && !replayed, "{status}: {first:?}");
@@ -561,11 +577,7 @@ async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
         "the handler's transaction began on a tested connection"
     );
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
-    assert_eq!(
-        state_of_the_only_connection(&pool, &db.pool).await,
-        "idle",
-        "the connection went back clean"
-    );
+    assert_went_back_clean(&pool, &db).await;
 }
 
 /// A read of a remembered key that stalls (the connection cut without a
@@ -613,13 +625,7 @@ async fn a_stalled_read_of_a_remembered_key_frees_its_pool_slot() {
 /// after the probe finds the key's row, and the retry gets the stored answer.
 #[tokio::test]
 async fn a_session_without_the_lookup_replays_after_the_probe() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let (db, pool) = widgets_on_one_connection().await;
     let r = router(
         Idem::new(pool.clone())
             .with_session_statements(true)
@@ -636,11 +642,7 @@ async fn a_session_without_the_lookup_replays_after_the_probe() {
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, first, "the stored answer");
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
-    assert_eq!(
-        state_of_the_only_connection(&pool, &db.pool).await,
-        "idle",
-        "the connection went back clean"
-    );
+    assert_went_back_clean(&pool, &db).await;
 }
 
 /// A key this process remembers as finished is still decided by the database:
@@ -649,13 +651,7 @@ async fn a_session_without_the_lookup_replays_after_the_probe() {
 /// request under the key is refused; its row expired, it is taken over.
 #[tokio::test]
 async fn a_remembered_key_is_decided_by_the_database() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let (db, pool) = widgets_on_one_connection().await;
     let r = router(Idem::new(pool.clone()).with_session_statements(true));
     let widget = |name: &str| request("/widgets", "k1", json!({ "name": name }));
     let (status, replayed, _) = send(&r, widget("a")).await;
@@ -698,11 +694,7 @@ async fn a_remembered_key_is_decided_by_the_database() {
             .await,
         2
     );
-    assert_eq!(
-        state_of_the_only_connection(&pool, &db.pool).await,
-        "idle",
-        "the connection went back clean"
-    );
+    assert_went_back_clean(&pool, &db).await;
 }
 
 /// Where sessions are not kept (or the session path is turned off), each of
