@@ -41,11 +41,17 @@ async fn provider(server: &Server) -> Value {
 /// for no answer.
 type Attempt = Option<(u16, Option<u64>)>;
 
-/// Each attempt in turn.
-type Attempts = Arc<Mutex<Vec<Attempt>>>;
+/// Each attempt in turn, published as it comes for a test to wait on.
+type Attempts = Arc<tokio::sync::watch::Sender<Vec<Attempt>>>;
 
 /// Placed after `IdempotencyMiddleware`, it sees each attempt.
 struct Recorder(Attempts);
+
+/// A recorder of its own, and what it has seen.
+fn recorder() -> (Recorder, Attempts) {
+    let attempts = Attempts::new(tokio::sync::watch::Sender::new(Vec::new()));
+    (Recorder(attempts.clone()), attempts)
+}
 
 #[async_trait::async_trait]
 impl Middleware for Recorder {
@@ -61,37 +67,34 @@ impl Middleware for Recorder {
             let retry_after = retry_after.and_then(|v| v.to_str().ok()?.parse().ok());
             (r.status().as_u16(), retry_after)
         });
-        self.0.lock().unwrap().push(seen);
+        self.0.send_modify(|all| all.push(seen));
         result
     }
 }
 
 fn client(middleware: IdempotencyMiddleware) -> (ClientWithMiddleware, Attempts) {
-    let attempts = Attempts::default();
+    let (recorder, attempts) = recorder();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(middleware.backoff(Duration::from_millis(20), Duration::from_millis(500)))
-        .with(Recorder(attempts.clone()))
+        .with(recorder)
         .build();
     (client, attempts)
 }
 
-/// Waits until the attempts so far satisfy `done` (at most 60 s).
-async fn until(attempts: &Attempts, done: impl Fn(&[Attempt]) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done(&attempts.lock().unwrap()) {
-        assert!(
-            Instant::now() < deadline,
-            "attempts never got there: {:?}",
-            attempts.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+/// Waits until the attempts so far satisfy `done` (at most 60 s), woken by
+/// each attempt, and returns them.
+async fn until(attempts: &Attempts, done: impl Fn(&[Attempt]) -> bool) -> Vec<Attempt> {
+    let mut seen = attempts.subscribe();
+    match tokio::time::timeout(Duration::from_secs(60), seen.wait_for(|a| done(a))).await {
+        Ok(Ok(got)) => got.clone(),
+        _ => panic!("attempts never got there: {:?}", *attempts.borrow()),
     }
 }
 
 /// The status of each attempt so far.
 fn seen(attempts: &Attempts) -> Vec<Option<u16>> {
-    let attempts = attempts.lock().unwrap();
     attempts
+        .borrow()
         .iter()
         .map(|a| a.map(|(status, _)| status))
         .collect()
@@ -243,7 +246,7 @@ async fn an_uncertain_payment_is_retried_until_reconciled() {
     assert_eq!(r.status(), 201);
     let idem = outcome(&r);
     assert!(idem.replayed);
-    let first_retry_after = attempts.lock().unwrap()[0].and_then(|(_, r)| r);
+    let first_retry_after = attempts.borrow()[0].and_then(|(_, r)| r);
     let seen = seen(&attempts);
     assert_eq!(seen[0], Some(202), "{seen:?}");
     assert_eq!(seen.last(), Some(&Some(201)));
@@ -252,29 +255,6 @@ async fn an_uncertain_payment_is_retried_until_reconciled() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["id"], "ch_000001");
     assert_eq!(provider(&server).await, json!({"calls": 1, "charges": 1}));
-}
-
-/// Placed after `IdempotencyMiddleware`, it publishes each attempt's status and
-/// `Retry-After` as it comes, for a test to wait on.
-struct Announcer(tokio::sync::watch::Sender<Vec<Attempt>>);
-
-#[async_trait::async_trait]
-impl Middleware for Announcer {
-    async fn handle(
-        &self,
-        req: reqwest::Request,
-        extensions: &mut http::Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        let result = next.run(req, extensions).await;
-        let seen = result.as_ref().ok().map(|r| {
-            let retry_after = r.headers().get("retry-after");
-            let retry_after = retry_after.and_then(|v| v.to_str().ok()?.parse().ok());
-            (r.status().as_u16(), retry_after)
-        });
-        self.0.send_modify(|all| all.push(seen));
-        result
-    }
 }
 
 /// A client on the defaults waits out the `Retry-After` the service gives an
@@ -296,10 +276,10 @@ async fn a_client_on_the_defaults_waits_out_an_uncertain_payments_retry_after() 
         ],
     )
     .await;
-    let (announce, mut attempts) = tokio::sync::watch::channel(Vec::new());
+    let (recorder, attempts) = recorder();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(IdempotencyMiddleware::new())
-        .with(Announcer(announce))
+        .with(recorder)
         .build();
     let started = Instant::now();
     let payment = tokio::spawn({
@@ -313,14 +293,7 @@ async fn a_client_on_the_defaults_waits_out_an_uncertain_payments_retry_after() 
                 .await
         }
     });
-    let two = tokio::time::timeout(
-        Duration::from_secs(60),
-        attempts.wait_for(|seen| seen.len() >= 2),
-    )
-    .await
-    .expect("two attempts within 60 s")
-    .unwrap()
-    .clone();
+    let two = until(&attempts, |seen| seen.len() >= 2).await;
     assert_eq!(two[0].map(|(status, _)| status), Some(202), "{two:?}");
     assert_eq!(
         two[1],
