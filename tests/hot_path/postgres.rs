@@ -299,17 +299,27 @@ async fn pinging_pool_through(proxy: &RoundTrips, db: &TestDb, ping: bool) -> Pg
         .unwrap()
 }
 
-/// Waits until `pool`'s only connection is idle in it: a released connection
-/// goes back after its release ping, on a task of its own, and until then it
-/// cannot be taken as it is (`Pool::try_acquire`).
-async fn until_idle(pool: &PgPool) {
+/// Waits until `holds` says so, checking every millisecond (what it waits for
+/// happens on a task of the pool's or in the server, which announce nothing);
+/// after 10 s the test fails with `what`.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut holds: impl FnMut() -> F) {
     for _ in 0..10_000 {
-        if pool.num_idle() > 0 {
+        if holds().await {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
-    panic!("the pool's connection never came back");
+    panic!("never: {what}");
+}
+
+/// Waits until `pool`'s only connection is idle in it: a released connection
+/// goes back after its release ping, on a task of its own, and until then it
+/// cannot be taken as it is (`Pool::try_acquire`).
+async fn until_idle(pool: &PgPool) {
+    until("the pool's connection came back", || async {
+        pool.num_idle() > 0
+    })
+    .await;
 }
 
 /// Round trips of `req` between two points where the pool's one connection is
@@ -503,18 +513,15 @@ async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
         .await
         .unwrap();
     assert!(terminated, "the pool's connection was ended by the server");
-    for gone in 0.. {
+    until("the backend ended", || async {
         let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
             .bind(pid)
             .fetch_one(&db.pool)
             .await
             .unwrap();
-        if alive == 0 {
-            break;
-        }
-        assert!(gone < 10_000, "the backend never ended");
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+        alive == 0
+    })
+    .await;
     assert_eq!(
         pool.num_idle(),
         1,
@@ -604,16 +611,10 @@ async fn a_stalled_read_of_a_remembered_key_frees_its_pool_slot() {
     proxy.stall.send_replace(true);
     let (status, _, body) = send(&r, widget()).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
-    for waited in 0.. {
-        if pool.size() == 0 {
-            break;
-        }
-        assert!(
-            waited < 10_000,
-            "the stalled connection still holds the pool's slot"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    until("the stalled connection gave up the pool's slot", || async {
+        pool.size() == 0
+    })
+    .await;
     proxy.stall.send_replace(false);
     let (status, replayed, body) = send(&r, widget()).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");

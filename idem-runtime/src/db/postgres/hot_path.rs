@@ -336,10 +336,10 @@ async fn lookup_first(
 /// After the probe found a row: rolls the aborted transaction back and reads
 /// the key, in one message. A session that lacks the lookup (one an earlier
 /// release prepared, through a pooler that keeps sessions) is outside any
-/// transaction when it says so (the `ROLLBACK` ran first) and is given the
-/// statements as [`lookup_first`] gives them. Any other failure, or dropping
-/// the message half-way, closes the connection (where the message stopped is
-/// not known).
+/// transaction when it says so (the `ROLLBACK` ran first): it is given the
+/// statements and read as [`lookup_first`] reads. Any other failure, or
+/// dropping the message half-way, closes the connection (where the message
+/// stopped is not known).
 async fn lookup_in_session(
     conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
@@ -351,7 +351,10 @@ async fn lookup_in_session(
         .await
     {
         Ok(row) => Ok((conn.release(), snapshot_of(row, req)?)),
-        Err(e) if session::is_missing_statement(&e) => lookup_first(conn.release(), req).await,
+        Err(e) if session::is_missing_statement(&e) => {
+            session::prepare(conn.conn()).await?;
+            lookup_first(conn.release(), req).await
+        }
         Err(e) => Err(e.into()),
     }
 }
