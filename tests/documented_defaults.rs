@@ -56,6 +56,9 @@ async fn the_configuration_table_states_the_codes_defaults() {
         );
     }
     assert!(documented("with_claims_at_commit").starts_with("on"));
+    assert_eq!(documented("with_checkout_test"), "on");
     let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://localhost/x");
-    assert!(Idem::new(pool.expect("a lazy pool")).claims_at_commit());
+    let idem = Idem::new(pool.expect("a lazy pool"));
+    assert!(idem.claims_at_commit());
+    assert!(idem.checkout_test());
 }

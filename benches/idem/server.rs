@@ -363,8 +363,13 @@ async fn postgres_app(url: &str) -> Result<Router, String> {
     // with them on it measures a retry that reaches the process that answered;
     // `IDEM_BENCH_REPLAY_HINTS=0` measures one that reaches another replica.
     let replay_hints: u8 = env_or("IDEM_BENCH_REPLAY_HINTS", 1)?;
+    // The checkout test (on by default): `IDEM_BENCH_CHECKOUT_TEST=0` measures
+    // a first execution whose first message is its connection's test.
+    let checkout_test: u8 = env_or("IDEM_BENCH_CHECKOUT_TEST", 1)?;
     let state = AppState {
-        idem: Idem::new(pool.clone()).with_replay_hints(replay_hints != 0),
+        idem: Idem::new(pool.clone())
+            .with_replay_hints(replay_hints != 0)
+            .with_checkout_test(checkout_test != 0),
         pool,
         protocol,
         rtt,

@@ -149,6 +149,8 @@ struct Settings {
     operations_path: String,
     /// See [`Idem::with_session_statements`].
     session_statements: Option<bool>,
+    /// See [`Idem::with_checkout_test`].
+    checkout_test: bool,
     #[cfg(feature = "replay-cache")]
     replay_cache: Option<crate::ReplayCache>,
     /// See [`Idem::with_running_limit`].
@@ -295,6 +297,45 @@ impl<DB: Backend> Idem<DB> {
         self
     }
 
+    /// PostgreSQL's session path: whether a first execution's connection comes
+    /// from `Pool::acquire`, which tests it (the acquire ping, where the pool's
+    /// `test_before_acquire` is on, as it is by default) and runs the pool's
+    /// `before_acquire` hook. On by default.
+    ///
+    /// Off, a first execution takes an idle connection as it is
+    /// (`Pool::try_acquire`) and its first message is the test: `BEGIN` with
+    /// the probe, which reads the key and changes nothing, so where it finds
+    /// the connection lost (dropped by the server, a pooler or a network in
+    /// between: what the ping is there to find) the claim begins again on a
+    /// connection from `acquire()`, and nothing ran twice. That saves the
+    /// ping's round trip on the request's path: with the ping, a first
+    /// execution waits for the bare write's four round trips, without it for
+    /// three (at 1 ms a round trip, about a millisecond a request). Where no
+    /// connection is idle, the claim waits in `acquire()` as it would have.
+    ///
+    /// Leave it on where your `before_acquire` must see every connection a
+    /// handler's transaction runs on (one that sets per-checkout session
+    /// state, or refuses connections by its own test): off, a first execution's
+    /// transaction may run on a connection that hook did not see. A replay of a
+    /// key this process remembers is read untested either way (see
+    /// [`Idem::with_replay_hints`]). No effect where the session path is off
+    /// ([`Idem::with_session_statements`]: each of idem's statements is a round
+    /// trip there, and the claim begins with a tested connection), nor on
+    /// SQLite and MySQL.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// // The pool has no `before_acquire` hook: the claim's first message tests
+    /// // the connection, one round trip fewer per first execution.
+    /// let idem = idem_runtime::Idem::new(pool).with_checkout_test(false);
+    /// # }
+    /// ```
+    pub fn with_checkout_test(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.settings).checkout_test = on;
+        self
+    }
+
     /// The earlier name of [`Idem::with_claims_at_commit`]: the claim no longer
     /// travels with `BEGIN` (nor as SQL text), but it still adds no statement of
     /// its own.
@@ -354,10 +395,17 @@ impl<DB: Backend> Idem<DB> {
             claims_at_commit: self.claims_at_commit,
             deadline: self.deadline_with_wait(in_flight_wait),
             session_statements: self.settings.session_statements,
+            checkout_test: self.settings.checkout_test,
             session_path: &self.session_path,
             #[cfg(feature = "postgres")]
             recent: self.recent.as_deref(),
         }
+    }
+
+    /// Whether a first execution's connection is tested by the pool (see
+    /// [`Idem::with_checkout_test`]).
+    pub fn checkout_test(&self) -> bool {
+        self.settings.checkout_test
     }
 
     /// Whether keys are claimed at commit (see [`Idem::with_claims_at_commit`]).
@@ -426,6 +474,7 @@ impl<DB: LeaseBackend> Idem<DB> {
                 tenant_label: false,
                 operations_path: Self::DEFAULT_OPERATIONS_PATH.to_owned(),
                 session_statements: None,
+                checkout_test: true,
                 #[cfg(feature = "replay-cache")]
                 replay_cache: None,
                 running: Default::default(),

@@ -322,6 +322,40 @@ async fn until_idle(pool: &PgPool) {
     .await;
 }
 
+/// Ends `pool`'s only connection from the server's side while it is idle in
+/// the pool (as a restart, a pooler or a network in between would), and
+/// answers its backend's pid.
+async fn end_the_idle_connection(pool: &PgPool, db: &TestDb) -> i32 {
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    // Back in the pool before it is ended (ended during its release ping, the
+    // pool would close it itself).
+    until_idle(pool).await;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(terminated, "the pool's connection was ended by the server");
+    until("the backend ended", || async {
+        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        alive == 0
+    })
+    .await;
+    assert_eq!(
+        pool.num_idle(),
+        1,
+        "the dropped connection is idle in the pool"
+    );
+    pid
+}
+
 /// Round trips of `req` between two points where the pool's one connection is
 /// back in the pool.
 async fn round_trips(
@@ -500,33 +534,7 @@ async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
     let (status, replayed, first) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
     assert!(status.is_success() && !replayed, "{status}: {first:?}");
 
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    // Back in the pool before it is ended (ended during its release ping, the
-    // pool would close it itself).
-    until_idle(&pool).await;
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert!(terminated, "the pool's connection was ended by the server");
-    until("the backend ended", || async {
-        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-            .bind(pid)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        alive == 0
-    })
-    .await;
-    assert_eq!(
-        pool.num_idle(),
-        1,
-        "the dropped connection is idle in the pool"
-    );
+    let pid = end_the_idle_connection(&pool, &db).await;
 
     let (status, replayed, body) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
@@ -584,6 +592,114 @@ async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
         "the handler's transaction began on a tested connection"
     );
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    assert_went_back_clean(&pool, &db).await;
+}
+
+/// Without the checkout test, a first execution takes an idle connection as
+/// it is, and the probe riding with `BEGIN` is its test: one round trip fewer
+/// than the bare write, whose connection the pool pings. A replay is as with
+/// the test.
+#[tokio::test]
+async fn without_the_checkout_test_a_first_execution_saves_the_acquire_ping() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
+    let pool = pinging_pool_through(&proxy, &db, true).await;
+    let r = router(
+        Idem::new(pool.clone())
+            .with_session_statements(true)
+            .with_checkout_test(false),
+    );
+    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
+        let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
+        assert!(status.is_success());
+    }
+    let count = |path: &'static str, key: &'static str| {
+        let (r, proxy, pool) = (r.clone(), &proxy, &pool);
+        async move { round_trips(proxy, pool, &r, request(path, key, json!({"name": "a"}))).await }
+    };
+    // As in `a_remembered_keys_read_takes_no_acquire_ping`.
+    let bare = count("/bare", "b1").await;
+    assert_eq!(bare, 7, "the yardstick changed");
+    assert_eq!(count("/widgets", "k1").await, bare - 1, "a first execution");
+    assert_eq!(count("/widgets", "k1").await, 4, "a replay");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);
+}
+
+/// What the checkout test is there to find, the claim's first message finds
+/// without it: a first execution on a connection the server has dropped
+/// begins again on a connection the pool tested, runs its handler once, and
+/// its retry replays.
+#[tokio::test]
+async fn without_the_checkout_test_a_claim_on_a_dropped_connection_begins_again() {
+    let (db, pool) = widgets_on_one_connection().await;
+    let r = router(
+        Idem::new(pool.clone())
+            .with_session_statements(true)
+            .with_checkout_test(false),
+    );
+    let widget = |key: &str| request("/widgets", key, json!({"name": "a"}));
+    // The session prepared, so the claim below fails on its connection alone.
+    let (status, _, _) = send(&r, widget("k0")).await;
+    assert!(status.is_success(), "{status}");
+    let pid = end_the_idle_connection(&pool, &db).await;
+
+    let (status, replayed, first) = send(&r, widget("k1")).await;
+    assert!(status.is_success() && !replayed, "{status}: {first:?}");
+    let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_ne!(now, pid, "the dropped connection was replaced");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    let (status, replayed, body) = send(&r, widget("k1")).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    assert_went_back_clean(&pool, &db).await;
+}
+
+/// The checkout test is the pool's: on (the default), a first execution's
+/// connection passes the pool's `before_acquire`; off, an idle one does not
+/// (what `Idem::with_checkout_test` warns of). So does a remembered key's
+/// execution anew (its row purged): on, it begins on a tested connection; off,
+/// on the one its read used.
+#[tokio::test]
+async fn the_checkout_test_runs_the_pools_before_acquire_for_a_first_execution() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let tested = Arc::new(AtomicU64::new(0));
+    let seen = tested.clone();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .before_acquire(move |_, _| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok(true)
+            })
+        })
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let idem = Idem::new(pool.clone()).with_session_statements(true);
+    for (checkout_test, key, hook_runs) in [(true, "k1", 1), (false, "k2", 0)] {
+        let r = router(idem.clone().with_checkout_test(checkout_test));
+        for execution in ["first", "anew, remembered"] {
+            until_idle(&pool).await;
+            let before = tested.load(Ordering::SeqCst);
+            let (status, replayed, _) =
+                send(&r, request("/widgets", key, json!({"name": "a"}))).await;
+            assert!(status.is_success() && !replayed, "{status}");
+            assert_eq!(
+                tested.load(Ordering::SeqCst) - before,
+                hook_runs,
+                "before_acquire runs with the checkout test {checkout_test}: {execution}"
+            );
+            db.exec("DELETE FROM idempotency_requests").await;
+        }
+    }
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);
     assert_went_back_clean(&pool, &db).await;
 }
 

@@ -94,6 +94,9 @@ pub struct ClaimContext<'a, DB: sqlx::Database> {
     /// What this `Idem` has decided of it, once decided.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) session_path: &'a std::sync::OnceLock<bool>,
+    /// See `Idem::with_checkout_test`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) checkout_test: bool,
     /// Keys seen finished lately (see `Idem::with_replay_hints`), if kept.
     #[cfg(feature = "postgres")]
     pub(crate) recent: Option<&'a crate::recent::Recent>,

@@ -31,7 +31,10 @@
 //! instead, `EXECUTE idem_lookup_2(<key>)` alone, on an idle connection taken
 //! without the pool's acquire ping (`begin_remembered` says why that is safe):
 //! its retry waits for one round trip and no failed probe, and the lookup
-//! decides as after a probe. The probe
+//! decides as after a probe. With `Idem::with_checkout_test(false)` a first
+//! execution's connection is taken the same way, and its first message is the
+//! pool's test (`begin_in_session`): three round trips on its path, not four.
+//! The probe
 //! also sets the request deadline (`statement_timeout`,
 //! `idle_in_transaction_session_timeout`). `AND CHAIN` opens an empty transaction
 //! whose `ROLLBACK` the driver sends with the connection's release (see
@@ -121,12 +124,29 @@ const INSERT_NEW_SQL: &str = concat!(
 /// PostgreSQL's `lock_not_available`: the insert waited past `lock_timeout`.
 const LOCK_TIMEOUT: &str = "55P03";
 
+/// How a claim's connection left the pool.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Checkout {
+    /// Through `acquire()`: the pool's ping and `before_acquire` saw it.
+    Tested,
+    /// Idle, as it was (`Idem::with_checkout_test(false)`): the claim's first
+    /// message is its test.
+    Untested,
+}
+
 /// The session path's claim (see the module docs): `BEGIN` with the probe; a
 /// key with a row is looked up and decided as on the other path.
+///
+/// On an untested connection the first message is the pool's test too: it
+/// reads the key and changes nothing, so where it finds the connection lost
+/// (what the ping is there to find) the connection is closed and the claim
+/// begins again on one from `acquire()`, with nothing run twice. Any other
+/// failure is the claim's, as on a tested connection.
 async fn begin_in_session(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
     mut conn: PoolConnection<Postgres>,
+    mut checkout: Checkout,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     let probe = || -> Result<sqlx::SqlStr, StoreError> {
         let mut begin = String::from(BEGIN_READ_COMMITTED);
@@ -153,6 +173,17 @@ async fn begin_in_session(
         if session::is_marker(&e, session::PROBE_MARKER) {
             let (conn, snapshot) = lookup_in_session(conn, req).await?;
             return decided(ctx, req, conn, snapshot).await;
+        }
+        if checkout == Checkout::Untested && lost_connection(&e) {
+            tracing::debug!(
+                error = %e,
+                "idem: a claim's untested connection was lost; beginning on a tested one"
+            );
+            conn.close_on_drop();
+            drop(conn);
+            conn = ctx.pool.acquire().await?;
+            checkout = Checkout::Tested;
+            continue;
         }
         // The message failed after `BEGIN` (or in it): whatever the server holds
         // now is rolled back before the connection is used or given back.
@@ -197,7 +228,9 @@ fn remembered(ctx: &ClaimContext<'_, Postgres>, req: &ClaimRequest<'_>) -> bool 
 /// (`lookup_first`). Only an answer is decided on the untested connection;
 /// where the key is to be executed (its row expired, swept or purged since),
 /// the connection goes back and the claim begins on a tested one, with the
-/// probe (which reads the key again).
+/// probe (which reads the key again); without the checkout test
+/// (`Idem::with_checkout_test(false)`) it begins on the connection the read
+/// just used.
 async fn begin_remembered(
     ctx: &ClaimContext<'_, Postgres>,
     req: &ClaimRequest<'_>,
@@ -208,10 +241,14 @@ async fn begin_remembered(
                 decide::TransactionalStep::Answer(claim) => {
                     return Ok(answered(ctx, req, conn, claim));
                 }
+                // Without the checkout test, the read was the connection's test.
+                decide::TransactionalStep::Execute { .. } if !ctx.checkout_test => {
+                    return begin_in_session(ctx, req, conn, Checkout::Untested).await;
+                }
                 decide::TransactionalStep::Execute { .. } => {
                     drop(conn);
                     let conn = ctx.pool.acquire().await?;
-                    return begin_in_session(ctx, req, conn).await;
+                    return begin_in_session(ctx, req, conn, Checkout::Tested).await;
                 }
             },
             // An error the server answered (or idem's own) would be the same
@@ -234,16 +271,19 @@ async fn begin_remembered(
 /// `57P01`–`57P03`: an administrator's termination, a crash, a server
 /// starting up).
 fn connection_lost(e: &StoreError) -> bool {
+    matches!(e, StoreError::Database(e) if lost_connection(e))
+}
+
+/// [`connection_lost`], of the driver's error.
+fn lost_connection(e: &sqlx::Error) -> bool {
     match e {
-        StoreError::Database(sqlx::Error::Database(db)) => db
+        sqlx::Error::Database(db) => db
             .code()
             .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
-        StoreError::Database(
-            sqlx::Error::Io(_)
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed,
-        ) => true,
+        sqlx::Error::Io(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
         _ => false,
     }
 }
@@ -456,9 +496,15 @@ impl HandlerPath for Postgres {
         if in_session && remembered(ctx, req) {
             return begin_remembered(ctx, req).await;
         }
+        if in_session
+            && !ctx.checkout_test
+            && let Some(conn) = ctx.pool.try_acquire()
+        {
+            return begin_in_session(ctx, req, conn, Checkout::Untested).await;
+        }
         let mut conn = ctx.pool.acquire().await?;
         if in_session {
-            return begin_in_session(ctx, req, conn).await;
+            return begin_in_session(ctx, req, conn, Checkout::Tested).await;
         }
         let begin = begin_statement(ctx);
         if !ctx.claims_at_commit {
