@@ -703,6 +703,52 @@ async fn the_checkout_test_runs_the_pools_before_acquire_for_a_first_execution()
     assert_went_back_clean(&pool, &db).await;
 }
 
+/// A session's plan for idem's key lookups stays on the primary key while the
+/// table is young: PostgreSQL builds a prepared statement's generic plan once
+/// (at its sixth execution) and keeps it until the table's statistics change,
+/// so one built after an ANALYZE of a tiny table is a sequential scan that the
+/// session keeps as the table grows. The migration holds the first automatic
+/// ANALYZE back until the table is past that size; before any ANALYZE the
+/// planner takes the key, which the probe's plan after seven first executions
+/// shows.
+#[tokio::test]
+async fn the_probes_plan_keeps_to_the_key_until_the_table_is_analysed() {
+    let (db, pool) = widgets_on_one_connection().await;
+    let options: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(reloptions) FROM pg_class WHERE oid = 'idempotency_requests'::regclass",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        options.contains(&"autovacuum_analyze_threshold=1000".to_owned()),
+        "{options:?}"
+    );
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    for i in 0..7 {
+        let (status, _, _) = send(
+            &r,
+            request("/widgets", &format!("k{i}"), json!({"name": "a"})),
+        )
+        .await;
+        assert!(status.is_success(), "{status}");
+    }
+    let plan: Vec<String> = sqlx::raw_sql(
+        "EXPLAIN EXECUTE idem_probe_3('acme', 'create-widget', '\\x00'::bytea, '1000')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get(0))
+    .collect();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("Index Scan using idempotency_requests_pkey")),
+        "{plan:#?}"
+    );
+}
+
 /// A read of a remembered key that stalls (the connection cut without a
 /// word) ends with the request's deadline, and its connection is closed, not
 /// given back to wait in its release ping for an answer that is not coming:
