@@ -749,6 +749,79 @@ async fn the_probes_plan_keeps_to_the_key_until_the_table_is_analysed() {
     );
 }
 
+/// A row for the table's rules: `digest` and `fingerprint` bytes long, in
+/// `state`, with `status` (SQL: a number or `NULL`).
+fn rule_row(key: &str, digest: usize, fingerprint: usize, state: &str, status: &str) -> String {
+    format!(
+        "INSERT INTO idempotency_requests \
+            (tenant_id, operation, key_digest, fingerprint, state, response_status, expires_at) \
+         VALUES ('acme', 'op', substring(sha256('{key}') || sha256('x') from 1 for {digest}), \
+                 substring(sha256('f') || sha256('g') from 1 for {fingerprint}), '{state}', \
+                 {status}, now() + interval '1 hour')"
+    )
+}
+
+/// The table's five rules are one CHECK constraint, since PostgreSQL prepares
+/// each constraint anew for every statement that writes the table: a schema an
+/// earlier release left, with a finished row in it, is upgraded to the one
+/// constraint, validated, and each rule still refuses what it refused.
+#[tokio::test]
+async fn the_tables_rules_hold_as_one_validated_constraint_after_an_upgrade() {
+    let db = TestDb::migrated_before(20261205000002).await;
+    db.exec(&rule_row("kept", 32, 32, "completed", "201")).await;
+    idem_runtime::migrate(&db.pool).await.unwrap();
+    let checks: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT conname::text, convalidated FROM pg_constraint \
+          WHERE conrelid = 'idempotency_requests'::regclass AND contype = 'c'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        checks,
+        [("idempotency_requests_row_check".to_owned(), true)],
+        "one constraint, validated"
+    );
+    for (what, row) in [
+        (
+            "a 31-byte digest",
+            rule_row("a", 31, 32, "completed", "201"),
+        ),
+        (
+            "a 33-byte fingerprint",
+            rule_row("b", 32, 33, "completed", "201"),
+        ),
+        ("a state of no name", rule_row("c", 32, 32, "done", "201")),
+        (
+            "a status past 599",
+            rule_row("d", 32, 32, "completed", "600"),
+        ),
+        ("a status under 100", rule_row("e", 32, 32, "failed", "99")),
+        (
+            "finished without a status",
+            rule_row("f", 32, 32, "failed", "NULL"),
+        ),
+    ] {
+        let err = sqlx::raw_sql(sqlx::AssertSqlSafe(row))
+            .execute(&db.pool)
+            .await
+            .expect_err(what);
+        let db_err = err.as_database_error().expect(what);
+        assert_eq!(db_err.code().as_deref(), Some("23514"), "{what}: {err}");
+        assert_eq!(
+            db_err.constraint(),
+            Some("idempotency_requests_row_check"),
+            "{what}"
+        );
+    }
+    // What the rules allow still goes in: in flight without a status.
+    db.exec(&rule_row("g", 32, 32, "processing", "NULL")).await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        2
+    );
+}
+
 /// A read of a remembered key that stalls (the connection cut without a
 /// word) ends with the request's deadline, and its connection is closed, not
 /// given back to wait in its release ping for an answer that is not coming:
