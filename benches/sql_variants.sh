@@ -39,6 +39,12 @@
 #                     expired row; before idem_insert_1 it finished every key)
 #   session_insert (simple)  what the runtime sends for a new key: the same, the finish a plain
 #                     INSERT (idem_insert_1), its unique violation meaning a race
+#   session_insert_untimed (simple)  session_insert without the deadline (the probe's two
+#                     set_config calls): what the request deadline costs the server
+#   session_insert_unbounded (simple)  session_insert without the in-flight bound (the
+#                     insert's lock_timeout saved, set and given back): what that bound costs
+#   (the last two change what a request promises; they measure, they are not proposals;
+#   not in the default SHAPES)
 #   pipelined (simple) what the runtime sent before the one-row path: idem_precheck \; BEGIN \; idem_take; INSERT order; idem_finish \; COMMIT \; BEGIN; ROLLBACK
 #                     (literals, 32-byte digest literals; skipped with a note when the database lacks idem_precheck/idem_take/idem_finish)
 # pgbench cannot prepare a line holding two statements ("cannot insert multiple
@@ -153,6 +159,22 @@ shape=session_insert;           script '\set k random(1000000000000, 89999999999
     "$ORDER" \
     "EXECUTE idem_insert_1('t', 'create-order', $KD, $FP, 'completed', 201, '$HEADERS', $BODY, 86400000, '2000') \\; COMMIT;"
 
+# session_insert less one part, to price it (see the header).
+PROBE_PREP="PREPARE idem_probe_3(text, text, bytea, text) AS SELECT set_config('statement_timeout', \$4, true), set_config('idle_in_transaction_session_timeout', \$4, true), (SELECT (r.state || ': idem: the key has a row')::int FROM idempotency_requests r WHERE r.tenant_id = \$1 AND r.operation = \$2 AND r.key_digest = \$3);"
+INSERT_PREP="PREPARE idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text) AS INSERT INTO idempotency_requests ($COLS) SELECT \$1, \$2, \$3, \$4, \$5, 1, \$6, \$7, \$8, now(), c.t, c.t + \$9 * interval '1 millisecond' FROM (SELECT clock_timestamp() AS t, set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', \$10, true) AS bounded) c RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true);"
+session_minus() { # $1: the probe's PREPARE, $2: the insert's PREPARE
+    script '\set k random(1000000000000, 8999999999999)' \
+        '\if :prepared = 0' "$1" "$2" '\set prepared 1' '\endif' \
+        "${RC%;} \\; EXECUTE idem_probe_3('t', 'create-order', $KD, '31000');" \
+        "$ORDER" \
+        "EXECUTE idem_insert_1('t', 'create-order', $KD, $FP, 'completed', 201, '$HEADERS', $BODY, 86400000, '2000') \\; COMMIT;"
+}
+shape=session_insert_untimed;   session_minus \
+    "PREPARE idem_probe_3(text, text, bytea, text) AS SELECT (SELECT (r.state || ': idem: the key has a row')::int FROM idempotency_requests r WHERE r.tenant_id = \$1 AND r.operation = \$2 AND r.key_digest = \$3);" \
+    "$INSERT_PREP"
+shape=session_insert_unbounded; session_minus "$PROBE_PREP" \
+    "PREPARE idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text) AS INSERT INTO idempotency_requests ($COLS) SELECT \$1, \$2, \$3, \$4, \$5, 1, \$6, \$7, \$8, now(), clock_timestamp(), clock_timestamp() + \$9 * interval '1 millisecond';"
+
 # The finished rows replay reads. The table is analysed only once it holds rows:
 # an empty ANALYZE makes sessions cache sequential-scan plans for the key lookups
 # (see BENCHMARKS.md).
@@ -162,7 +184,7 @@ populate() {
 }
 populate
 
-mode_of() { case "$1" in pipelined | lookup_optimistic_simple | bare_simple | session | session_insert) echo simple ;; *) echo prepared ;; esac; }
+mode_of() { case "$1" in pipelined | lookup_optimistic_simple | bare_simple | session*) echo simple ;; *) echo prepared ;; esac; }
 JOBS=$((CLIENTS < 2 ? CLIENTS : 2))
 echo "pgbench -M prepared (pipelined, lookup_optimistic_simple, bare_simple, session: -M simple), $CLIENTS clients, $SECS s per shape, $REPLAY_KEYS finished rows to replay; PostgreSQL $(psql -d "$DB" -c 'SHOW server_version'), synchronous_commit $(psql -d "$DB" -c 'SHOW synchronous_commit'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$PIPELINED" = t ] || echo "pipelined: skipped, the database has no idem_precheck/idem_take/idem_finish over bytea digests"
@@ -271,7 +293,7 @@ loop_cpu() { # $1: shape; prints backend CPU microseconds per transaction
     echo $((($(ticks "$pid") - t0) * 10000 / LOOP)) # ticks are 10 ms
     wait "$bg"
 }
-CPU_SHAPES="bare floor optimistic lookup_optimistic replay lookup_advisory claim_update"
+CPU_SHAPES=${CPU_SHAPES:-"bare floor optimistic lookup_optimistic replay lookup_advisory claim_update"}
 [ "$PIPELINED" = t ] && CPU_SHAPES="$CPU_SHAPES pipelined"
 echo "backend CPU per transaction, $LOOP transactions in one backend (replay: one lookup; lookup_optimistic: its lookup commits on its own):"
 for round in 1 2; do
