@@ -195,6 +195,28 @@ async fn widgets_on_one_connection() -> (TestDb, PgPool) {
     (db, pool)
 }
 
+/// [`widgets_on_one_connection`], with a `before_acquire` hook that counts
+/// the checkouts it sees (the count is returned).
+async fn widgets_with_a_counted_hook() -> (TestDb, PgPool, Arc<AtomicU64>) {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let tested = Arc::new(AtomicU64::new(0));
+    let seen = tested.clone();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .before_acquire(move |_, _| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok(true)
+            })
+        })
+        .connect(&db.url)
+        .await
+        .unwrap();
+    (db, pool, tested)
+}
+
 /// The pool's only connection is idle on the server: no transaction left open.
 async fn assert_went_back_clean(pool: &PgPool, db: &TestDb) {
     assert_eq!(
@@ -552,22 +574,7 @@ async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
 /// handler's transaction on a connection the pool's `before_acquire` saw.
 #[tokio::test]
 async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let tested = Arc::new(AtomicU64::new(0));
-    let seen = tested.clone();
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .before_acquire(move |_, _| {
-            let seen = seen.clone();
-            Box::pin(async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok(true)
-            })
-        })
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let (db, pool, tested) = widgets_with_a_counted_hook().await;
     let r = router(Idem::new(pool.clone()).with_session_statements(true));
     let widget = || request("/widgets", "k1", json!({"name": "a"}));
     let (status, _, _) = send(&r, widget()).await;
@@ -666,22 +673,7 @@ async fn without_the_checkout_test_a_claim_on_a_dropped_connection_begins_again(
 /// on the one its read used.
 #[tokio::test]
 async fn the_checkout_test_runs_the_pools_before_acquire_for_a_first_execution() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let tested = Arc::new(AtomicU64::new(0));
-    let seen = tested.clone();
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .before_acquire(move |_, _| {
-            let seen = seen.clone();
-            Box::pin(async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok(true)
-            })
-        })
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let (db, pool, tested) = widgets_with_a_counted_hook().await;
     let idem = Idem::new(pool.clone()).with_session_statements(true);
     for (checkout_test, key, hook_runs) in [(true, "k1", 1), (false, "k2", 0)] {
         let r = router(idem.clone().with_checkout_test(checkout_test));
