@@ -171,10 +171,7 @@ async fn widget(router: &Router, key: &str, mode: &str) -> (StatusCode, bool, By
 /// that its release (and any rollback queued for it) is complete.
 async fn state_of_the_only_connection(pool: &PgPool, observer: &PgPool) -> String {
     let mut held = pool.acquire().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *held)
-        .await
-        .unwrap();
+    let pid = backend_pid(&mut *held).await;
     sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
         .bind(pid)
         .fetch_one(observer)
@@ -348,10 +345,7 @@ async fn until_idle(pool: &PgPool) {
 /// the pool (as a restart, a pooler or a network in between would), and
 /// answers its backend's pid.
 async fn end_the_idle_connection(pool: &PgPool, db: &TestDb) -> i32 {
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let pid = backend_pid(pool).await;
     // Back in the pool before it is ended (ended during its release ping, the
     // pool would close it itself).
     until_idle(pool).await;
@@ -376,6 +370,26 @@ async fn end_the_idle_connection(pool: &PgPool, db: &TestDb) -> i32 {
         "the dropped connection is idle in the pool"
     );
     pid
+}
+
+/// The server process behind `on` (a connection, or the pool's next one).
+async fn backend_pid<'e>(on: impl sqlx::PgExecutor<'e>) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(on)
+        .await
+        .unwrap()
+}
+
+/// Uses every statement a window counts once (the bare write's, a first
+/// execution's and a replay's), so that none is prepared inside the window:
+/// the first use of a statement on a connection prepares it (a round trip of
+/// its own), and idem's session statements are prepared when the first one a
+/// claim sends is missing.
+async fn warm_up(r: &Router) {
+    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
+        let (status, _, _) = send(r, request(path, key, json!({"name": "w"}))).await;
+        assert!(status.is_success());
+    }
 }
 
 /// Round trips of `req` between two points where the pool's one connection is
@@ -419,13 +433,7 @@ impl Counted {
         let proxy = RoundTrips::start().await;
         let pool = pool_through(&proxy, &db).await;
         let r = router(Idem::new(pool.clone()).with_session_statements(session));
-        // The first use of a statement on a connection prepares it (a round trip
-        // of its own), and idem's session statements are prepared when the
-        // first one a claim sends is missing: warm every statement up first.
-        for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
-            let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
-            assert!(status.is_success());
-        }
+        warm_up(&r).await;
         let mut counted = Counted {
             db,
             proxy,
@@ -513,10 +521,7 @@ async fn a_remembered_keys_read_takes_no_acquire_ping() {
             .with_session_statements(true)
             .with_replay_hints(false),
     );
-    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
-        let (status, _, _) = send(&hinted, request(path, key, json!({"name": "w"}))).await;
-        assert!(status.is_success());
-    }
+    warm_up(&hinted).await;
     let count = |r: &Router, path: &'static str, key: &'static str| {
         let r = r.clone();
         let (proxy, pool) = (&proxy, &pool);
@@ -561,10 +566,7 @@ async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
     let (status, replayed, body) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, first, "the stored answer");
-    let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let now = backend_pid(&pool).await;
     assert_ne!(now, pid, "the dropped connection was replaced");
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
@@ -617,10 +619,7 @@ async fn without_the_checkout_test_a_first_execution_saves_the_acquire_ping() {
             .with_session_statements(true)
             .with_checkout_test(false),
     );
-    for (path, key) in [("/bare", "w1"), ("/widgets", "w2"), ("/widgets", "w2")] {
-        let (status, _, _) = send(&r, request(path, key, json!({"name": "w"}))).await;
-        assert!(status.is_success());
-    }
+    warm_up(&r).await;
     let count = |path: &'static str, key: &'static str| {
         let (r, proxy, pool) = (r.clone(), &proxy, &pool);
         async move { round_trips(proxy, pool, &r, request(path, key, json!({"name": "a"}))).await }
@@ -653,10 +652,7 @@ async fn without_the_checkout_test_a_claim_on_a_dropped_connection_begins_again(
 
     let (status, replayed, first) = send(&r, widget("k1")).await;
     assert!(status.is_success() && !replayed, "{status}: {first:?}");
-    let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let now = backend_pid(&pool).await;
     assert_ne!(now, pid, "the dropped connection was replaced");
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
     let (status, replayed, body) = send(&r, widget("k1")).await;
