@@ -230,6 +230,9 @@ async fn assert_went_back_clean(pool: &PgPool, db: &TestDb) {
 struct RoundTrips {
     addr: SocketAddr,
     count: Arc<AtomicU64>,
+    /// The server's `25P01` notices (`ROLLBACK` or `COMMIT` with no transaction
+    /// in progress: a warning in the server's log), as the client received them.
+    no_transaction: Arc<AtomicU64>,
     /// While true, what the server says is held back (a connection cut
     /// without a word, as the client sees it).
     stall: tokio::sync::watch::Sender<bool>,
@@ -241,10 +244,13 @@ impl RoundTrips {
         let addr = listener.local_addr().unwrap();
         let count = Arc::new(AtomicU64::new(0));
         let counted = count.clone();
+        let no_transaction = Arc::new(AtomicU64::new(0));
+        let warned = no_transaction.clone();
         let (stall, stalled) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let counted = counted.clone();
+                let warned = warned.clone();
                 let mut stalled = stalled.clone();
                 tokio::spawn(async move {
                     let server = TcpStream::connect("127.0.0.1:5432").await.unwrap();
@@ -268,12 +274,24 @@ impl RoundTrips {
                             }
                         }
                     });
+                    // The notice's SQLSTATE field; the last bytes of each read are
+                    // kept in front of the next, so a field cut in two is found.
+                    const NO_TRANSACTION: &[u8] = b"C25P01\0";
                     let mut buf = vec![0u8; 64 * 1024];
+                    let mut tail: Vec<u8> = Vec::new();
                     loop {
                         let n = match sr.read(&mut buf).await {
                             Ok(0) | Err(_) => break,
                             Ok(n) => n,
                         };
+                        tail.extend_from_slice(&buf[..n]);
+                        let found = tail
+                            .windows(NO_TRANSACTION.len())
+                            .filter(|w| *w == NO_TRANSACTION)
+                            .count();
+                        warned.fetch_add(found as u64, Ordering::SeqCst);
+                        let keep = tail.len().min(NO_TRANSACTION.len() - 1);
+                        tail.drain(..tail.len() - keep);
                         if stalled.wait_for(|s| !s).await.is_err() {
                             break;
                         }
@@ -287,11 +305,21 @@ impl RoundTrips {
                 });
             }
         });
-        RoundTrips { addr, count, stall }
+        RoundTrips {
+            addr,
+            count,
+            no_transaction,
+            stall,
+        }
     }
 
     fn now(&self) -> u64 {
         self.count.load(Ordering::SeqCst)
+    }
+
+    /// How many `25P01` warnings the server has sent so far.
+    fn no_transaction_warnings(&self) -> u64 {
+        self.no_transaction.load(Ordering::SeqCst)
     }
 }
 
@@ -479,9 +507,9 @@ async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
 }
 
 /// A retry that reaches a process which has not seen its key finished (another
-/// replica, or hints turned off) begins with the probe: its `BEGIN` fails, then
-/// the lookup (with the `ROLLBACK`), no transaction after it. Once it has
-/// replayed the key, that process reads the key first too.
+/// replica, or hints turned off) begins with the probe: its `BEGIN` fails, the
+/// driver's queued `ROLLBACK` goes, then the lookup, no transaction after it.
+/// Once it has replayed the key, that process reads the key first too.
 #[tokio::test]
 async fn a_replay_elsewhere_begins_with_the_probe_once() {
     let c = Counted::measure(true).await;
@@ -490,11 +518,11 @@ async fn a_replay_elsewhere_begins_with_the_probe_once() {
         (
             "hints off",
             Idem::new(c.pool.clone()).with_replay_hints(false),
-            4,
+            5,
         ),
     ] {
         let elsewhere = router(idem.with_session_statements(true));
-        assert_eq!(c.count(&elsewhere, "/widgets", "k1").await, 4, "{name}");
+        assert_eq!(c.count(&elsewhere, "/widgets", "k1").await, 5, "{name}");
         // Remembered once replayed, unless hints are off.
         assert_eq!(
             c.count(&elsewhere, "/widgets", "k1").await,
@@ -503,6 +531,10 @@ async fn a_replay_elsewhere_begins_with_the_probe_once() {
         );
     }
     assert_eq!(c.db.count("SELECT count(*) FROM widgets").await, 4);
+    // The failed probes' transactions, and the first one's (the session had no
+    // statements yet, so they were prepared after it), were each rolled back
+    // once: no `ROLLBACK` reached the server outside a transaction.
+    assert_eq!(c.proxy.no_transaction_warnings(), 0);
 }
 
 /// A retry of a key this process has seen finished is read on an idle
@@ -542,10 +574,11 @@ async fn a_remembered_keys_read_takes_no_acquire_ping() {
         4,
         "a remembered key's replay"
     );
-    // Unremembered: the acquire ping, the failed probe, then the lookup.
+    // Unremembered: the acquire ping, the failed probe, the driver's queued
+    // `ROLLBACK`, then the lookup.
     assert_eq!(
         count(&unhinted, "/widgets", "k1").await,
-        6,
+        7,
         "a replay elsewhere"
     );
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);

@@ -79,8 +79,10 @@ impl<DB: Backend> Tx<DB> {
     }
 
     /// Begins a transaction with `statement` on a connection idem already holds
-    /// (after a lookup on it, say). On failure the connection comes back, outside
-    /// any transaction, with the error.
+    /// (after a lookup on it, say). On failure the connection comes back with the
+    /// error; where the message failed after its `BEGIN`, PostgreSQL's driver has
+    /// queued the `ROLLBACK` (sqlx 0.9.1 on), which goes with the connection's
+    /// next message (MySQL's and SQLite's `BEGIN` statements hold no more).
     #[cfg_attr(
         not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
         allow(dead_code)
@@ -89,9 +91,9 @@ impl<DB: Backend> Tx<DB> {
         conn: PoolConnection<DB>,
         statement: SqlStr,
     ) -> Result<Self, (PoolConnection<DB>, sqlx::Error)> {
-        // Dropped half-way (the request's deadline), the `BEGIN` may have been
-        // sent without the driver counting the transaction: the connection is
-        // then closed, never given back to the pool inside a transaction.
+        // Dropped half-way (the request's deadline), where the message stopped
+        // is not known: the connection is then closed, never given back to the
+        // pool inside a transaction.
         let mut guard = ClosedIfDropped(Some(conn));
         let conn = guard.0.as_mut().expect("held until the end");
         let begun = <DB as Database>::TransactionManager::begin(conn, Some(statement)).await;

@@ -25,8 +25,10 @@
 //!
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
-//! has run) and is looked up (`ROLLBACK; EXECUTE idem_lookup_2(<key>)`, one more
-//! message); a retry of a finished key is answered from that, as below. A key
+//! has run): the driver queues its `ROLLBACK` of the failed `BEGIN` (sqlx 0.9.1
+//! on), which it sends and waits for before the lookup
+//! (`EXECUTE idem_lookup_2(<key>)`), two more round trips; a retry of a finished
+//! key is answered from that, as below. A key
 //! this process has seen finished lately (`crate::recent`) is read first
 //! instead, `EXECUTE idem_lookup_2(<key>)` alone, on an idle connection taken
 //! without the pool's acquire ping (`begin_remembered` says why that is safe):
@@ -185,9 +187,9 @@ async fn begin_in_session(
             checkout = Checkout::Tested;
             continue;
         }
-        // The message failed after `BEGIN` (or in it): whatever the server holds
-        // now is rolled back before the connection is used or given back.
-        if let Err(rollback) = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await {
+        // The message failed after `BEGIN` (or in it): the driver's queued
+        // `ROLLBACK` goes now, before the connection is used or given back.
+        if let Err(rollback) = end_failed_begin(&mut conn).await {
             conn.close_on_drop();
             return Err(rollback.into());
         }
@@ -321,7 +323,7 @@ async fn decided(
             match Tx::begin_on(conn, begin_statement(ctx)).await {
                 Ok(tx) => Ok((tx, Claim::Execute(in_session(req, generation)))),
                 Err((mut conn, e)) => {
-                    if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
+                    if end_failed_begin(&mut conn).await.is_err() {
                         conn.close_on_drop();
                     }
                     Err(e.into())
@@ -351,13 +353,13 @@ async fn lookup_first(
     // Built before the connection is held (text that cannot be sent leaves it
     // as it was), and again for the second attempt rather than copied for
     // every first one.
-    let mut sql = Some(lookup_text("", req)?);
+    let mut sql = Some(lookup_text(req)?);
     let mut conn = ClosedIfDropped::new(conn);
     let mut prepared = false;
     loop {
         let sql = match sql.take() {
             Some(sql) => sql,
-            None => lookup_text("", req)?,
+            None => lookup_text(req)?,
         };
         match sqlx::raw_sql(AssertSqlSafe(sql))
             .fetch_optional(&mut **conn.conn())
@@ -373,18 +375,26 @@ async fn lookup_first(
     }
 }
 
-/// After the probe found a row: rolls the aborted transaction back and reads
-/// the key, in one message. A session that lacks the lookup (one an earlier
-/// release prepared, through a pooler that keeps sessions) is outside any
-/// transaction when it says so (the `ROLLBACK` ran first): it is given the
-/// statements and read as [`lookup_first`] reads. Any other failure, or
-/// dropping the message half-way, closes the connection (where the message
-/// stopped is not known).
+/// Sends the `ROLLBACK` the driver queued when a `BEGIN` message failed, and
+/// waits for it (sqlx's ping: a sync after the queued message). idem sends no
+/// `ROLLBACK` of its own there: the server would find no transaction to end and
+/// log a warning.
+async fn end_failed_begin(conn: &mut PoolConnection<Postgres>) -> Result<(), sqlx::Error> {
+    sqlx::Connection::ping(&mut **conn).await
+}
+
+/// After the probe found a row: reads the key, once the driver's queued
+/// `ROLLBACK` of the aborted transaction has run (the read waits for it). A
+/// session that lacks the lookup (one an earlier release prepared, through a
+/// pooler that keeps sessions) is outside any transaction when it says so: it
+/// is given the statements and read as [`lookup_first`] reads. Any other
+/// failure, or dropping the message half-way, closes the connection (where the
+/// message stopped is not known).
 async fn lookup_in_session(
     conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
-    let sql = lookup_text("ROLLBACK; ", req)?;
+    let sql = lookup_text(req)?;
     let mut conn = ClosedIfDropped::new(conn);
     match sqlx::raw_sql(AssertSqlSafe(sql))
         .fetch_optional(&mut **conn.conn())
@@ -399,10 +409,9 @@ async fn lookup_in_session(
     }
 }
 
-/// `<before>EXECUTE idem_lookup_2(<key>)`.
-fn lookup_text(before: &str, req: &ClaimRequest<'_>) -> Result<String, StoreError> {
-    let mut sql = String::from(before);
-    sql.push_str("EXECUTE ");
+/// `EXECUTE idem_lookup_2(<key>)`.
+fn lookup_text(req: &ClaimRequest<'_>) -> Result<String, StoreError> {
+    let mut sql = String::from("EXECUTE ");
     sql.push_str(session::LOOKUP);
     push_key(&mut sql, req.tenant, req.operation, req.key.digest())?;
     Ok(sql)
