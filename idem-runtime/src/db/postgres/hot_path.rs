@@ -28,12 +28,11 @@
 //! has run): the driver queues its `ROLLBACK` of the failed `BEGIN` (sqlx 0.9.1
 //! on), which it sends and waits for before the lookup
 //! (`EXECUTE idem_lookup_2(<key>)`), two more round trips; a retry of a finished
-//! key is answered from that, as below. A key
-//! this process has seen finished lately (`crate::recent`) is read first
-//! instead, `EXECUTE idem_lookup_2(<key>)` alone, on an idle connection taken
-//! without the pool's acquire ping (`begin_remembered` says why that is safe):
-//! its retry waits for one round trip and no failed probe, and the lookup
-//! decides as after a probe. With `Idem::with_checkout_test(false)` a first
+//! key is answered from that, as below. A key this process has seen finished
+//! lately (`crate::recent`) is read first instead, `EXECUTE idem_lookup_2(<key>)`
+//! alone, on an idle connection taken without the pool's acquire ping
+//! (`begin_remembered` says why that is safe): its retry waits for one round trip
+//! and no failed probe, and the lookup decides as after a probe. With `Idem::with_checkout_test(false)` a first
 //! execution's connection is taken the same way, and its first message is the
 //! pool's test (`begin_in_session`): three round trips on its path, not four.
 //! The probe
