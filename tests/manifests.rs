@@ -107,6 +107,36 @@ fn the_readmes_dependency_lines_name_real_features() {
     }
 }
 
+/// The README's sqlx lines ask for the sqlx the workspace requires (0.9.1 on:
+/// docs/decisions.md says why), so a user who copies them reads the floor idem
+/// needs.
+#[test]
+fn the_readmes_sqlx_lines_name_the_workspaces_floor() {
+    let version = |line: &str| -> String {
+        line.split("version = \"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let workspace = manifest("Cargo.toml");
+    let floor = workspace
+        .lines()
+        .find(|l| l.starts_with("sqlx = "))
+        .map(version)
+        .expect("the workspace requires sqlx");
+    assert!(!floor.is_empty(), "the workspace's sqlx line has a version");
+    let readme = manifest("README.md");
+    let lines: Vec<&str> = readme
+        .lines()
+        .filter(|l| l.starts_with("sqlx = "))
+        .collect();
+    assert_eq!(lines.len(), 3, "one line per database: {lines:#?}");
+    for line in lines {
+        assert_eq!(version(line), floor, "{line}");
+    }
+}
+
 /// The lines of a manifest's table `[name]` (or of each `[[name]]` block, joined),
 /// comments and blank lines left out.
 fn table<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
