@@ -74,12 +74,7 @@ fn the_readmes_dependency_lines_name_real_features() {
         .take_while(|l| !l.starts_with('['))
         .filter_map(|l| l.split_once(" = ").map(|(name, _)| name.trim()))
         .collect();
-    let lines: Vec<&str> = readme
-        .lines()
-        .filter(|l| l.starts_with("idem-runtime = "))
-        .collect();
-    assert_eq!(lines.len(), 3, "one line per database: {lines:#?}");
-    for line in lines {
+    for line in readme_lines_per_database(&readme, "idem-runtime = ") {
         let named: Vec<&str> = line
             .split("features = [")
             .nth(1)
@@ -127,14 +122,21 @@ fn the_readmes_sqlx_lines_name_the_workspaces_floor() {
         .expect("the workspace requires sqlx");
     assert!(!floor.is_empty(), "the workspace's sqlx line has a version");
     let readme = manifest("README.md");
-    let lines: Vec<&str> = readme
-        .lines()
-        .filter(|l| l.starts_with("sqlx = "))
-        .collect();
-    assert_eq!(lines.len(), 3, "one line per database: {lines:#?}");
-    for line in lines {
+    for line in readme_lines_per_database(&readme, "sqlx = ") {
         assert_eq!(version(line), floor, "{line}");
     }
+}
+
+/// The README's dependency lines that start with `prefix`: one per database
+/// (PostgreSQL, SQLite, MySQL).
+fn readme_lines_per_database<'a>(readme: &'a str, prefix: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = readme.lines().filter(|l| l.starts_with(prefix)).collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "one {prefix:?} line per database: {lines:#?}"
+    );
+    lines
 }
 
 /// The lines of a manifest's table `[name]` (or of each `[[name]]` block, joined),
