@@ -361,15 +361,21 @@ async fn postgres_app(url: &str) -> Result<Router, String> {
 
     // Replay hints (on by default): (c) replays keys this server finished, so
     // with them on it measures a retry that reaches the process that answered;
-    // `IDEM_BENCH_REPLAY_HINTS=0` measures one that reaches another replica.
+    // `IDEM_BENCH_REPLAY_HINTS=2` one that reaches another replica (hints on,
+    // no key remembered), `IDEM_BENCH_REPLAY_HINTS=0` one with hints off.
     let replay_hints: u8 = env_or("IDEM_BENCH_REPLAY_HINTS", 1)?;
     // The checkout test (on by default): `IDEM_BENCH_CHECKOUT_TEST=0` measures
     // a first execution whose first message is its connection's test.
     let checkout_test: u8 = env_or("IDEM_BENCH_CHECKOUT_TEST", 1)?;
+    let idem = Idem::new(pool.clone())
+        .with_replay_hints(replay_hints != 0)
+        .with_checkout_test(checkout_test != 0);
     let state = AppState {
-        idem: Idem::new(pool.clone())
-            .with_replay_hints(replay_hints != 0)
-            .with_checkout_test(checkout_test != 0),
+        idem: if replay_hints == 2 {
+            idem_runtime::test_util::as_another_replica(idem)
+        } else {
+            idem
+        },
         pool,
         protocol,
         rtt,

@@ -274,8 +274,11 @@ impl<DB: Backend> Idem<DB> {
     /// ping is there to find), the key is read on a connection from
     /// `acquire()`, tested as the pool says. Only an answer is decided on the
     /// untested connection: a key that executes again begins its claim on a
-    /// tested one, with the probe. Turn hints off where your `before_acquire`
-    /// must see every checkout.
+    /// tested one, with the probe. With hints on, a retry that does begin with
+    /// the probe (its key not remembered: another replica answered it) is read
+    /// on an idle connection taken the same way, so that it does not wait for
+    /// the driver's `ROLLBACK` of the failed probe. Turn hints off where your
+    /// `before_acquire` must see every checkout.
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
@@ -294,6 +297,13 @@ impl<DB: Backend> Idem<DB> {
         }
         #[cfg(not(feature = "postgres"))]
         let _ = on;
+        self
+    }
+
+    /// Replay hints on, and nothing remembered (`test_util::as_another_replica`).
+    #[cfg(all(feature = "postgres", feature = "test-util"))]
+    pub(crate) fn with_forgetful_hints(mut self) -> Self {
+        self.recent = Some(Arc::new(crate::recent::Recent::forgetful()));
         self
     }
 

@@ -30,12 +30,27 @@ const SLOTS: usize = 16 * 1024;
 pub(crate) struct Recent {
     seed: RandomState,
     slots: OnceLock<Box<[AtomicU64]>>,
+    /// Records nothing (`test_util::as_another_replica`): every retry reaches
+    /// this process as one that did not answer its key.
+    forgetful: bool,
 }
 
 impl Recent {
+    /// A table that never remembers a key (see the field).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn forgetful() -> Self {
+        Recent {
+            forgetful: true,
+            ..Recent::default()
+        }
+    }
+
     /// Records that `key` of `tenant`'s `operation` has a finished row (it was
     /// committed here, or replayed).
     pub(crate) fn finished(&self, tenant: &str, operation: &str, key: &KeyDigest) {
+        if self.forgetful {
+            return;
+        }
         let tag = self.tag(tenant, operation, key);
         let slots = self
             .slots

@@ -26,6 +26,15 @@ pub mod decide {
     pub use crate::model::LeasedOutcome;
 }
 
+/// `idem` as a replica that answered none of the keys it meets: replay hints
+/// on (with what they allow, such as the read after a failed probe on an idle
+/// connection), and no key ever remembered, so that every retry begins with the
+/// probe, as one that reaches another process does.
+#[cfg(feature = "postgres")]
+pub fn as_another_replica(idem: crate::Idem<sqlx::Postgres>) -> crate::Idem<sqlx::Postgres> {
+    idem.with_forgetful_hints()
+}
+
 /// What a claim on the handler's path needs of `idem`, for a request whose
 /// in-flight wait is `in_flight_wait`: the argument of [`HandlerPath::begin_claim`]
 /// and [`HandlerPath::finish`].

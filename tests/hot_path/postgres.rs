@@ -21,6 +21,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use idem_runtime::test_util::Finish;
 use idem_runtime::test_util::HandlerPath;
+use idem_runtime::test_util::as_another_replica;
 use idem_runtime::{Claim, ClaimRequest, StoredResponse};
 use idem_runtime::{Fingerprint, FingerprintBuilder, Idem, IdempotencyKey, Tx};
 use serde_json::json;
@@ -236,6 +237,10 @@ struct RoundTrips {
     /// While true, what the server says is held back (a connection cut
     /// without a word, as the client sees it).
     stall: tokio::sync::watch::Sender<bool>,
+    /// While true, a client's write that holds a `ROLLBACK` query is held
+    /// back (counted first), and [`RoundTrips::held_rollbacks`] counts it.
+    hold_rollbacks: tokio::sync::watch::Sender<bool>,
+    held: Arc<AtomicU64>,
 }
 
 impl RoundTrips {
@@ -247,11 +252,16 @@ impl RoundTrips {
         let no_transaction = Arc::new(AtomicU64::new(0));
         let warned = no_transaction.clone();
         let (stall, stalled) = tokio::sync::watch::channel(false);
+        let (hold_rollbacks, holding) = tokio::sync::watch::channel(false);
+        let held = Arc::new(AtomicU64::new(0));
+        let holds = held.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let counted = counted.clone();
                 let warned = warned.clone();
                 let mut stalled = stalled.clone();
+                let mut holding = holding.clone();
+                let holds = holds.clone();
                 tokio::spawn(async move {
                     let server = TcpStream::connect("127.0.0.1:5432").await.unwrap();
                     let (mut cr, mut cw) = client.into_split();
@@ -268,6 +278,17 @@ impl RoundTrips {
                             };
                             if heard.swap(false, Ordering::SeqCst) {
                                 counted.fetch_add(1, Ordering::SeqCst);
+                            }
+                            // A simple query that is exactly `ROLLBACK` (sqlx's
+                            // queued rollback): its type, length and text.
+                            const ROLLBACK: &[u8] = b"Q\0\0\0\x0dROLLBACK\0";
+                            if *holding.borrow()
+                                && buf[..n].windows(ROLLBACK.len()).any(|w| w == ROLLBACK)
+                            {
+                                holds.fetch_add(1, Ordering::SeqCst);
+                                if holding.wait_for(|h| !h).await.is_err() {
+                                    break;
+                                }
                             }
                             if sw.write_all(&buf[..n]).await.is_err() {
                                 break;
@@ -310,7 +331,14 @@ impl RoundTrips {
             count,
             no_transaction,
             stall,
+            hold_rollbacks,
+            held,
         }
+    }
+
+    /// How many writes holding a `ROLLBACK` have been held back so far.
+    fn held_rollbacks(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
     }
 
     fn now(&self) -> u64 {
@@ -332,6 +360,12 @@ async fn pool_through(proxy: &RoundTrips, db: &TestDb) -> PgPool {
 
 /// [`pool_through`], pinging on acquire if `ping` (sqlx's default).
 async fn pinging_pool_through(proxy: &RoundTrips, db: &TestDb, ping: bool) -> PgPool {
+    sized_pool_through(proxy, db, ping, 1).await
+}
+
+/// A pool of up to `size` connections through `proxy`, pinging on acquire if
+/// `ping`.
+async fn sized_pool_through(proxy: &RoundTrips, db: &TestDb, ping: bool, size: u32) -> PgPool {
     let opts = PgConnectOptions::new()
         .host("127.0.0.1")
         .port(proxy.addr.port())
@@ -339,7 +373,7 @@ async fn pinging_pool_through(proxy: &RoundTrips, db: &TestDb, ping: bool) -> Pg
         .database(&db.name)
         .ssl_mode(PgSslMode::Disable);
     PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(size)
         .test_before_acquire(ping)
         .connect_with(opts)
         .await
@@ -507,7 +541,8 @@ async fn a_first_execution_takes_the_round_trips_of_the_bare_write() {
 }
 
 /// A retry that reaches a process which has not seen its key finished (another
-/// replica, or hints turned off) begins with the probe: its `BEGIN` fails, the
+/// replica, or hints turned off) begins with the probe: its `BEGIN` fails, and
+/// with no other connection idle (the pool's only one is the probe's) the
 /// driver's queued `ROLLBACK` goes, then the lookup, no transaction after it.
 /// Once it has replayed the key, that process reads the key first too.
 #[tokio::test]
@@ -535,6 +570,262 @@ async fn a_replay_elsewhere_begins_with_the_probe_once() {
     // statements yet, so they were prepared after it), were each rolled back
     // once: no `ROLLBACK` reached the server outside a transaction.
     assert_eq!(c.proxy.no_transaction_warnings(), 0);
+}
+
+/// Opens a second connection in `pool` (of two, its first idle) with idem's
+/// session statements, as the first has them: a claim on it while the first is
+/// held (a new key, `key`). Both are idle after it.
+async fn a_second_session(pool: &PgPool, r: &Router, key: &str) {
+    until_idle(pool).await;
+    let first = pool.acquire().await.unwrap();
+    let (status, _, body) = send(r, request("/widgets", key, json!({"name": "b"}))).await;
+    assert!(status.is_success(), "{status}: {body:?}");
+    drop(first);
+    until("both connections are idle", || async {
+        pool.num_idle() == 2
+    })
+    .await;
+}
+
+/// A retry that reaches a process without its key's hint, where another
+/// connection is idle: the key is read there, and the probe's connection goes
+/// back with the driver's queued `ROLLBACK`, which rides with its release
+/// ping. The retry is answered while that `ROLLBACK` is held back (so it did
+/// not wait for it): it waited for the probe and the read, two round trips of
+/// the four the window counts (the probe, the read, and each connection's
+/// release). No `ROLLBACK` reached the server outside a transaction.
+#[tokio::test]
+async fn a_replay_elsewhere_reads_on_an_idle_connection_without_waiting_for_the_rollback() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
+    let pool = sized_pool_through(&proxy, &db, false, 2).await;
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    let elsewhere = router(as_another_replica(
+        Idem::new(pool.clone()).with_session_statements(true),
+    ));
+    let (status, _, first) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert!(status.is_success(), "{status}: {first:?}");
+    a_second_session(&pool, &r, "k0").await;
+
+    let before = proxy.now();
+    proxy.hold_rollbacks.send_replace(true);
+    let replay = send(&elsewhere, request("/widgets", "k1", json!({"name": "a"})));
+    let (status, replayed, body) = tokio::time::timeout(std::time::Duration::from_secs(10), replay)
+        .await
+        .expect("the replay waited for the probe's ROLLBACK");
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    until("the probe's connection sent its ROLLBACK", || async {
+        proxy.held_rollbacks() == 1
+    })
+    .await;
+    until("the read's connection is back", || async {
+        pool.num_idle() == 1
+    })
+    .await;
+    assert_eq!(
+        proxy.now() - before,
+        4,
+        "the probe, the read and two releases"
+    );
+    proxy.hold_rollbacks.send_replace(false);
+    until("both connections are back", || async {
+        pool.num_idle() == 2
+    })
+    .await;
+    assert_eq!(proxy.now() - before, 4, "nothing more after the ROLLBACK");
+    assert_eq!(proxy.no_transaction_warnings(), 0);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state <> 'idle' \
+           AND pid <> pg_backend_pid()",
+    )
+    .bind(&db.name)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(open, 0, "both connections went back clean");
+}
+
+/// The pids of the connections a pool's `before_acquire` has seen since the
+/// list was last cleared.
+type Tested = Arc<std::sync::Mutex<Vec<i32>>>;
+
+/// A database whose widgets record the backend that wrote them, and a pool of
+/// two connections whose `before_acquire` records the backends it sees.
+async fn widgets_with_their_backends() -> (TestDb, PgPool, Tested) {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("ALTER TABLE widgets ADD COLUMN pid int NOT NULL DEFAULT pg_backend_pid()")
+        .await;
+    let tested = Tested::default();
+    let seen = tested.clone();
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .before_acquire(move |conn, _| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                let pid = backend_pid(conn).await;
+                seen.lock().unwrap().push(pid);
+                Ok(true)
+            })
+        })
+        .connect(&db.url)
+        .await
+        .unwrap();
+    (db, pool, tested)
+}
+
+/// Both of `pool`'s connections open and idle.
+async fn two_idle_connections(pool: &PgPool) {
+    let (first, second) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+    drop((first, second));
+    until("both connections are idle", || async {
+        pool.num_idle() == 2
+    })
+    .await;
+}
+
+/// A retry elsewhere whose key's row has expired: the read on the idle
+/// connection decides to execute, and the handler's transaction begins on the
+/// probe's connection, the one the pool tested, with no second probe.
+#[tokio::test]
+async fn a_replay_elsewhere_of_an_expired_key_executes_on_the_tested_connection() {
+    let (db, pool, tested) = widgets_with_their_backends().await;
+    let r = router(as_another_replica(
+        Idem::new(pool.clone()).with_session_statements(true),
+    ));
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, _, _) = send(&r, widget()).await;
+    assert!(status.is_success(), "{status}");
+    db.exec(EXPIRE_ALL).await;
+    two_idle_connections(&pool).await;
+
+    tested.lock().unwrap().clear();
+    let (status, replayed, body) = send(&r, widget()).await;
+    assert!(status.is_success() && !replayed, "{status}: {body:?}");
+    let wrote: i32 = sqlx::query_scalar("SELECT pid FROM widgets ORDER BY id DESC LIMIT 1")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        *tested.lock().unwrap(),
+        [wrote],
+        "the handler's transaction ran on the one connection the pool tested"
+    );
+    let read = readers(&db).await;
+    assert_eq!(read.len(), 1, "one read, after the probe: {read:?}");
+    assert_ne!(read[0], wrote, "the read was made on the idle connection");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    assert_eq!(
+        db.count("SELECT generation FROM idempotency_requests")
+            .await,
+        2
+    );
+}
+
+/// The backends of `db` whose last statement was idem's session lookup.
+async fn readers(db: &TestDb) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 \
+            AND query LIKE 'EXECUTE idem_lookup_2(%'",
+    )
+    .bind(&db.name)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// With replay hints off (and the checkout test on), no connection is taken
+/// without the pool's test: a replay's read after the probe waits for the
+/// driver's `ROLLBACK` on the probe's connection, the one `before_acquire` saw,
+/// even with another connection idle.
+#[tokio::test]
+async fn with_replay_hints_off_the_read_after_the_probe_is_on_the_tested_connection() {
+    let (db, pool, tested) = widgets_with_their_backends().await;
+    let r = router(
+        Idem::new(pool.clone())
+            .with_session_statements(true)
+            .with_replay_hints(false),
+    );
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, _, first) = send(&r, widget()).await;
+    assert!(status.is_success(), "{status}: {first:?}");
+    two_idle_connections(&pool).await;
+
+    tested.lock().unwrap().clear();
+    let (status, replayed, body) = send(&r, widget()).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    let tested = tested.lock().unwrap().clone();
+    assert_eq!(tested.len(), 1, "one checkout: {tested:?}");
+    assert_eq!(readers(&db).await, tested, "the read was on the tested one");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// A retry elsewhere whose idle connection turns out dropped (ended while it
+/// was idle, as a restart or a pooler in between would end it): the read is
+/// made again on the probe's connection, and the retry gets the stored answer.
+#[tokio::test]
+async fn a_replay_elsewhere_whose_idle_connection_was_dropped_reads_on_the_probes() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    // No acquire ping, so that the dropped connection is found by idem's read,
+    // not by the pool.
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .test_before_acquire(false)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let r = router(as_another_replica(
+        Idem::new(pool.clone()).with_session_statements(true),
+    ));
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, _, first) = send(&r, widget()).await;
+    assert!(status.is_success(), "{status}: {first:?}");
+
+    // Two idle connections, the one to be dropped behind the other in the
+    // pool's queue (which hands out the longest idle first): the probe gets
+    // the live one, the read the dropped one.
+    until_idle(&pool).await;
+    let mut live = pool.acquire().await.unwrap();
+    let mut doomed = pool.acquire().await.unwrap();
+    let live_pid = backend_pid(&mut *live).await;
+    drop(live);
+    until_idle(&pool).await;
+    let doomed_pid = backend_pid(&mut *doomed).await;
+    drop(doomed);
+    until("both connections are idle", || async {
+        pool.num_idle() == 2
+    })
+    .await;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(doomed_pid)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(terminated);
+    until("the backend ended", || async {
+        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(doomed_pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        alive == 0
+    })
+    .await;
+
+    let (status, replayed, body) = send(&r, widget()).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    until("the dropped connection was closed", || async {
+        pool.size() == 1 && pool.num_idle() == 1
+    })
+    .await;
+    assert_eq!(backend_pid(&pool).await, live_pid, "the live one is kept");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
 /// A retry of a key this process has seen finished is read on an idle

@@ -26,9 +26,11 @@
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
 //! has run): the driver queues its `ROLLBACK` of the failed `BEGIN` (sqlx 0.9.1
-//! on), which it sends and waits for before the lookup
-//! (`EXECUTE idem_lookup_2(<key>)`), two more round trips; a retry of a finished
-//! key is answered from that, as below. A key this process has seen finished
+//! on), and the key is read (`EXECUTE idem_lookup_2(<key>)`) on another
+//! connection idle in the pool while the failed one goes back with that
+//! `ROLLBACK` (`after_probe`): one more round trip, or two where none is idle
+//! (the read then waits for the `ROLLBACK`); a retry of a finished key is
+//! answered from that, as below. A key this process has seen finished
 //! lately (`crate::recent`) is read first instead, `EXECUTE idem_lookup_2(<key>)`
 //! alone, on an idle connection taken without the pool's acquire ping
 //! (`begin_remembered` says why that is safe): its retry waits for one round trip
@@ -172,8 +174,7 @@ async fn begin_in_session(
             }
         };
         if session::is_marker(&e, session::PROBE_MARKER) {
-            let (conn, snapshot) = lookup_in_session(conn, req).await?;
-            return decided(ctx, req, conn, snapshot).await;
+            return after_probe(ctx, req, conn).await;
         }
         if checkout == Checkout::Untested && lost_connection(&e) {
             tracing::debug!(
@@ -200,6 +201,57 @@ async fn begin_in_session(
         session::prepare(&mut conn).await?;
         prepared = true;
     }
+}
+
+/// The probe found a row: the key is read and decided, without a second probe.
+///
+/// The probe's connection has the driver's `ROLLBACK` of the failed `BEGIN`
+/// queued, and sqlx sends nothing after a queued message until its answer is
+/// in: a read there waits for two round trips. So where a connection is idle in
+/// the pool, the key is read on it, taken as it is (safe for a read, as
+/// `begin_remembered` says), and the probe's connection goes back to the pool,
+/// its `ROLLBACK` riding with the release ping off the request's path: a retry
+/// that reaches a process without the key's hint waits for the probe and the
+/// read. Where the key is to be executed (its row expired), the read's
+/// connection goes back and the transaction begins on the probe's, which the
+/// pool tested where the checkout test is on (its `ROLLBACK` goes first). With
+/// no connection idle, or one that turns out dropped, or where no connection
+/// is to be taken untested (replay hints off and the checkout test on), the key
+/// is read on the probe's connection, after the `ROLLBACK`.
+async fn after_probe(
+    ctx: &ClaimContext<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+    conn: PoolConnection<Postgres>,
+) -> Result<(Tx<Postgres>, Claim), StoreError> {
+    // Where every checkout must be tested (replay hints off, the checkout test
+    // on: the pool's `before_acquire` sees each connection idem uses), the key
+    // is read here.
+    let untested_reads = ctx.recent.is_some() || !ctx.checkout_test;
+    if untested_reads && let Some(idle) = ctx.pool.try_acquire() {
+        match lookup_first(idle, req).await {
+            Ok((idle, snapshot)) => {
+                return match decide::transactional(snapshot, req.in_flight_wait) {
+                    decide::TransactionalStep::Answer(claim) => {
+                        drop(conn);
+                        Ok(answered(ctx, req, idle, claim))
+                    }
+                    decide::TransactionalStep::Execute { generation } => {
+                        drop(idle);
+                        begin_decided(ctx, req, conn, generation).await
+                    }
+                };
+            }
+            // An error the server answered (or idem's own) would be the same
+            // on the probe's connection.
+            Err(e) if !connection_lost(&e) => return Err(e),
+            Err(e) => tracing::debug!(
+                error = %e,
+                "idem: a key's read after the probe lost its idle connection; reading it on the probe's"
+            ),
+        }
+    }
+    let (conn, snapshot) = lookup_in_session(conn, req).await?;
+    decided(ctx, req, conn, snapshot).await
 }
 
 /// An execution on the session path at `generation`.
@@ -319,15 +371,26 @@ async fn decided(
     match decide::transactional(snapshot, req.in_flight_wait) {
         decide::TransactionalStep::Answer(claim) => Ok(answered(ctx, req, conn, claim)),
         decide::TransactionalStep::Execute { generation } => {
-            match Tx::begin_on(conn, begin_statement(ctx)).await {
-                Ok(tx) => Ok((tx, Claim::Execute(in_session(req, generation)))),
-                Err((mut conn, e)) => {
-                    if end_failed_begin(&mut conn).await.is_err() {
-                        conn.close_on_drop();
-                    }
-                    Err(e.into())
-                }
+            begin_decided(ctx, req, conn, generation).await
+        }
+    }
+}
+
+/// Begins the handler's transaction for a key just read and decided to
+/// execute at `generation` (see [`decided`]).
+async fn begin_decided(
+    ctx: &ClaimContext<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+    conn: PoolConnection<Postgres>,
+    generation: i64,
+) -> Result<(Tx<Postgres>, Claim), StoreError> {
+    match Tx::begin_on(conn, begin_statement(ctx)).await {
+        Ok(tx) => Ok((tx, Claim::Execute(in_session(req, generation)))),
+        Err((mut conn, e)) => {
+            if end_failed_begin(&mut conn).await.is_err() {
+                conn.close_on_drop();
             }
+            Err(e.into())
         }
     }
 }
