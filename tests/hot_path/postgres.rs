@@ -183,13 +183,24 @@ async fn state_of_the_only_connection(pool: &PgPool, observer: &PgPool) -> Strin
 /// A database with the widgets table, and a pool of one connection to it
 /// (pinging on acquire, sqlx's default).
 async fn widgets_on_one_connection() -> (TestDb, PgPool) {
+    widgets_on(PgPoolOptions::new().max_connections(1)).await
+}
+
+/// The widget routes on the session path with replay hints off: every retry
+/// begins with the probe, and every connection is taken through `acquire()`.
+fn unhinted(pool: &PgPool) -> Router {
+    router(
+        Idem::new(pool.clone())
+            .with_session_statements(true)
+            .with_replay_hints(false),
+    )
+}
+
+/// A database with the widgets table, and a pool to it made with `options`.
+async fn widgets_on(options: PgPoolOptions) -> (TestDb, PgPool) {
     let db = TestDb::new().await;
     db.exec(WIDGETS).await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let pool = options.connect(&db.url).await.unwrap();
     (db, pool)
 }
 
@@ -411,12 +422,23 @@ async fn end_the_idle_connection(pool: &PgPool, db: &TestDb) -> i32 {
     // Back in the pool before it is ended (ended during its release ping, the
     // pool would close it itself).
     until_idle(pool).await;
+    end_backend(db, pid).await;
+    assert_eq!(
+        pool.num_idle(),
+        1,
+        "the dropped connection is idle in the pool"
+    );
+    pid
+}
+
+/// Ends the server process `pid` of `db` and waits until it is gone.
+async fn end_backend(db: &TestDb, pid: i32) {
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert!(terminated, "the pool's connection was ended by the server");
+    assert!(terminated, "the connection was ended by the server");
     until("the backend ended", || async {
         let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
             .bind(pid)
@@ -426,12 +448,6 @@ async fn end_the_idle_connection(pool: &PgPool, db: &TestDb) -> i32 {
         alive == 0
     })
     .await;
-    assert_eq!(
-        pool.num_idle(),
-        1,
-        "the dropped connection is idle in the pool"
-    );
-    pid
 }
 
 /// The server process behind `on` (a connection, or the pool's next one).
@@ -677,14 +693,22 @@ async fn widgets_with_their_backends() -> (TestDb, PgPool, Tested) {
     (db, pool, tested)
 }
 
-/// Both of `pool`'s connections open and idle.
-async fn two_idle_connections(pool: &PgPool) {
+/// Sends `req` once both of `pool`'s connections are open and idle, with
+/// `tested` cleared: it then holds the checkouts of this request alone.
+async fn send_with_both_idle(
+    r: &Router,
+    req: Request<Body>,
+    pool: &PgPool,
+    tested: &Tested,
+) -> (StatusCode, bool, Bytes) {
     let (first, second) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
     drop((first, second));
     until("both connections are idle", || async {
         pool.num_idle() == 2
     })
     .await;
+    tested.lock().unwrap().clear();
+    send(r, req).await
 }
 
 /// A retry elsewhere whose key's row has expired: the read on the idle
@@ -700,10 +724,7 @@ async fn a_replay_elsewhere_of_an_expired_key_executes_on_the_tested_connection(
     let (status, _, _) = send(&r, widget()).await;
     assert!(status.is_success(), "{status}");
     db.exec(EXPIRE_ALL).await;
-    two_idle_connections(&pool).await;
-
-    tested.lock().unwrap().clear();
-    let (status, replayed, body) = send(&r, widget()).await;
+    let (status, replayed, body) = send_with_both_idle(&r, widget(), &pool, &tested).await;
     assert!(status.is_success() && !replayed, "{status}: {body:?}");
     let wrote: i32 = sqlx::query_scalar("SELECT pid FROM widgets ORDER BY id DESC LIMIT 1")
         .fetch_one(&db.pool)
@@ -744,18 +765,11 @@ async fn readers(db: &TestDb) -> Vec<i32> {
 #[tokio::test]
 async fn with_replay_hints_off_the_read_after_the_probe_is_on_the_tested_connection() {
     let (db, pool, tested) = widgets_with_their_backends().await;
-    let r = router(
-        Idem::new(pool.clone())
-            .with_session_statements(true)
-            .with_replay_hints(false),
-    );
+    let r = unhinted(&pool);
     let widget = || request("/widgets", "k1", json!({"name": "a"}));
     let (status, _, first) = send(&r, widget()).await;
     assert!(status.is_success(), "{status}: {first:?}");
-    two_idle_connections(&pool).await;
-
-    tested.lock().unwrap().clear();
-    let (status, replayed, body) = send(&r, widget()).await;
+    let (status, replayed, body) = send_with_both_idle(&r, widget(), &pool, &tested).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, first, "the stored answer");
     let tested = tested.lock().unwrap().clone();
@@ -769,16 +783,14 @@ async fn with_replay_hints_off_the_read_after_the_probe_is_on_the_tested_connect
 /// made again on the probe's connection, and the retry gets the stored answer.
 #[tokio::test]
 async fn a_replay_elsewhere_whose_idle_connection_was_dropped_reads_on_the_probes() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
     // No acquire ping, so that the dropped connection is found by idem's read,
     // not by the pool.
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .test_before_acquire(false)
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let (db, pool) = widgets_on(
+        PgPoolOptions::new()
+            .max_connections(2)
+            .test_before_acquire(false),
+    )
+    .await;
     let r = router(as_another_replica(
         Idem::new(pool.clone()).with_session_statements(true),
     ));
@@ -801,21 +813,7 @@ async fn a_replay_elsewhere_whose_idle_connection_was_dropped_reads_on_the_probe
         pool.num_idle() == 2
     })
     .await;
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(doomed_pid)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert!(terminated);
-    until("the backend ended", || async {
-        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-            .bind(doomed_pid)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        alive == 0
-    })
-    .await;
+    end_backend(&db, doomed_pid).await;
 
     let (status, replayed, body) = send(&r, widget()).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
@@ -839,11 +837,7 @@ async fn a_remembered_keys_read_takes_no_acquire_ping() {
     let proxy = RoundTrips::start().await;
     let pool = pinging_pool_through(&proxy, &db, true).await;
     let hinted = router(Idem::new(pool.clone()).with_session_statements(true));
-    let unhinted = router(
-        Idem::new(pool.clone())
-            .with_session_statements(true)
-            .with_replay_hints(false),
-    );
+    let unhinted = unhinted(&pool);
     warm_up(&hinted).await;
     let count = |r: &Router, path: &'static str, key: &'static str| {
         let r = r.clone();
@@ -1174,11 +1168,7 @@ async fn a_stalled_read_of_a_remembered_key_frees_its_pool_slot() {
 #[tokio::test]
 async fn a_session_without_the_lookup_replays_after_the_probe() {
     let (db, pool) = widgets_on_one_connection().await;
-    let r = router(
-        Idem::new(pool.clone())
-            .with_session_statements(true)
-            .with_replay_hints(false),
-    );
+    let r = unhinted(&pool);
     let widget = || request("/widgets", "k1", json!({"name": "a"}));
     let (status, _, first) = send(&r, widget()).await;
     assert!(status.is_success(), "{status}: {first:?}");
