@@ -204,28 +204,6 @@ async fn widgets_on(options: PgPoolOptions) -> (TestDb, PgPool) {
     (db, pool)
 }
 
-/// [`widgets_on_one_connection`], with a `before_acquire` hook that counts
-/// the checkouts it sees (the count is returned).
-async fn widgets_with_a_counted_hook() -> (TestDb, PgPool, Arc<AtomicU64>) {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let tested = Arc::new(AtomicU64::new(0));
-    let seen = tested.clone();
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .before_acquire(move |_, _| {
-            let seen = seen.clone();
-            Box::pin(async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok(true)
-            })
-        })
-        .connect(&db.url)
-        .await
-        .unwrap();
-    (db, pool, tested)
-}
-
 /// The pool's only connection is idle on the server: no transaction left open.
 async fn assert_went_back_clean(pool: &PgPool, db: &TestDb) {
     assert_eq!(
@@ -669,8 +647,9 @@ async fn a_replay_elsewhere_reads_on_an_idle_connection_without_waiting_for_the_
 type Tested = Arc<std::sync::Mutex<Vec<i32>>>;
 
 /// A database whose widgets record the backend that wrote them, and a pool of
-/// two connections whose `before_acquire` records the backends it sees.
-async fn widgets_with_their_backends() -> (TestDb, PgPool, Tested) {
+/// `size` connections whose `before_acquire` records the backends it sees
+/// (how many checkouts it saw is the list's length).
+async fn widgets_with_their_backends(size: u32) -> (TestDb, PgPool, Tested) {
     let db = TestDb::new().await;
     db.exec(WIDGETS).await;
     db.exec("ALTER TABLE widgets ADD COLUMN pid int NOT NULL DEFAULT pg_backend_pid()")
@@ -678,7 +657,7 @@ async fn widgets_with_their_backends() -> (TestDb, PgPool, Tested) {
     let tested = Tested::default();
     let seen = tested.clone();
     let pool = PgPoolOptions::new()
-        .max_connections(2)
+        .max_connections(size)
         .before_acquire(move |conn, _| {
             let seen = seen.clone();
             Box::pin(async move {
@@ -716,7 +695,7 @@ async fn send_with_both_idle(
 /// probe's connection, the one the pool tested, with no second probe.
 #[tokio::test]
 async fn a_replay_elsewhere_of_an_expired_key_executes_on_the_tested_connection() {
-    let (db, pool, tested) = widgets_with_their_backends().await;
+    let (db, pool, tested) = widgets_with_their_backends(2).await;
     let r = router(as_another_replica(
         Idem::new(pool.clone()).with_session_statements(true),
     ));
@@ -764,7 +743,7 @@ async fn readers(db: &TestDb) -> Vec<i32> {
 /// even with another connection idle.
 #[tokio::test]
 async fn with_replay_hints_off_the_read_after_the_probe_is_on_the_tested_connection() {
-    let (db, pool, tested) = widgets_with_their_backends().await;
+    let (db, pool, tested) = widgets_with_their_backends(2).await;
     let r = unhinted(&pool);
     let widget = || request("/widgets", "k1", json!({"name": "a"}));
     let (status, _, first) = send(&r, widget()).await;
@@ -894,18 +873,18 @@ async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
 /// handler's transaction on a connection the pool's `before_acquire` saw.
 #[tokio::test]
 async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
-    let (db, pool, tested) = widgets_with_a_counted_hook().await;
+    let (db, pool, tested) = widgets_with_their_backends(1).await;
     let r = router(Idem::new(pool.clone()).with_session_statements(true));
     let widget = || request("/widgets", "k1", json!({"name": "a"}));
     let (status, _, _) = send(&r, widget()).await;
     assert!(status.is_success(), "{status}");
     until_idle(&pool).await;
-    let before = tested.load(Ordering::SeqCst);
+    let before = tested.lock().unwrap().len();
 
     let (status, replayed, _) = send(&r, widget()).await;
     assert!(status.is_success() && replayed, "{status}");
     assert_eq!(
-        tested.load(Ordering::SeqCst),
+        tested.lock().unwrap().len(),
         before,
         "a replay's read is untested"
     );
@@ -915,7 +894,7 @@ async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
     let (status, replayed, _) = send(&r, widget()).await;
     assert!(status.is_success() && !replayed, "{status}");
     assert!(
-        tested.load(Ordering::SeqCst) > before,
+        tested.lock().unwrap().len() > before,
         "the handler's transaction began on a tested connection"
     );
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
@@ -987,18 +966,18 @@ async fn without_the_checkout_test_a_claim_on_a_dropped_connection_begins_again(
 /// on the one its read used.
 #[tokio::test]
 async fn the_checkout_test_runs_the_pools_before_acquire_for_a_first_execution() {
-    let (db, pool, tested) = widgets_with_a_counted_hook().await;
+    let (db, pool, tested) = widgets_with_their_backends(1).await;
     let idem = Idem::new(pool.clone()).with_session_statements(true);
     for (checkout_test, key, hook_runs) in [(true, "k1", 1), (false, "k2", 0)] {
         let r = router(idem.clone().with_checkout_test(checkout_test));
         for execution in ["first", "anew, remembered"] {
             until_idle(&pool).await;
-            let before = tested.load(Ordering::SeqCst);
+            let before = tested.lock().unwrap().len();
             let (status, replayed, _) =
                 send(&r, request("/widgets", key, json!({"name": "a"}))).await;
             assert!(status.is_success() && !replayed, "{status}");
             assert_eq!(
-                tested.load(Ordering::SeqCst) - before,
+                tested.lock().unwrap().len() - before,
                 hook_runs,
                 "before_acquire runs with the checkout test {checkout_test}: {execution}"
             );
