@@ -590,12 +590,30 @@ async fn a_second_session(pool: &PgPool, r: &Router, key: &str) {
 /// release). No `ROLLBACK` reached the server outside a transaction.
 #[tokio::test]
 async fn a_replay_elsewhere_reads_on_an_idle_connection_without_waiting_for_the_rollback() {
+    reads_on_an_idle_connection_after_the_probe(as_another_replica).await;
+}
+
+/// With replay hints off but the checkout test off too, no connection idem
+/// uses is one the pool tested anyway: the read after the probe is made on an
+/// idle connection as with hints on.
+#[tokio::test]
+async fn without_the_checkout_test_an_unhinted_replay_reads_on_an_idle_connection() {
+    reads_on_an_idle_connection_after_the_probe(|idem| {
+        idem.with_replay_hints(false).with_checkout_test(false)
+    })
+    .await;
+}
+
+/// A retry, through a process that `elsewhere` makes from the first one's
+/// settings, of a key the first finished: read on the other idle connection
+/// while the probe's `ROLLBACK` is held back (see the test above).
+async fn reads_on_an_idle_connection_after_the_probe(elsewhere: fn(Idem<Db>) -> Idem<Db>) {
     let db = TestDb::new().await;
     db.exec(WIDGETS).await;
     let proxy = RoundTrips::start().await;
     let pool = sized_pool_through(&proxy, &db, false, 2).await;
     let r = router(Idem::new(pool.clone()).with_session_statements(true));
-    let elsewhere = router(as_another_replica(
+    let elsewhere = router(elsewhere(
         Idem::new(pool.clone()).with_session_statements(true),
     ));
     let (status, _, first) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
