@@ -593,9 +593,9 @@ async fn a_replay_elsewhere_reads_on_an_idle_connection_without_waiting_for_the_
     reads_on_an_idle_connection_after_the_probe(as_another_replica).await;
 }
 
-/// With replay hints off but the checkout test off too, no connection idem
-/// uses is one the pool tested anyway: the read after the probe is made on an
-/// idle connection as with hints on.
+/// With replay hints off but the checkout test off too, a first execution
+/// already takes its connection as it is, without the pool's test: the read
+/// after the probe is made on an idle connection as with hints on.
 #[tokio::test]
 async fn without_the_checkout_test_an_unhinted_replay_reads_on_an_idle_connection() {
     reads_on_an_idle_connection_after_the_probe(|idem| {
@@ -606,7 +606,8 @@ async fn without_the_checkout_test_an_unhinted_replay_reads_on_an_idle_connectio
 
 /// A retry, through a process that `elsewhere` makes from the first one's
 /// settings, of a key the first finished: read on the other idle connection
-/// while the probe's `ROLLBACK` is held back (see the test above).
+/// while the probe's `ROLLBACK` is held back (see
+/// `a_replay_elsewhere_reads_on_an_idle_connection_without_waiting_for_the_rollback`).
 async fn reads_on_an_idle_connection_after_the_probe(elsewhere: fn(Idem<Db>) -> Idem<Db>) {
     let db = TestDb::new().await;
     db.exec(WIDGETS).await;
