@@ -59,9 +59,16 @@ fn cpu_lines(db: Db, results: &[&Measured]) -> String {
     };
     let db_ratio = db_b / db_a.max(1e-9);
     let srv_added = srv_b - srv_a;
+    let srv_shown = beside(srv_added, 50.0, 0);
+    let srv_shown = if srv_added >= 0.0 {
+        format!("+{srv_shown}")
+    } else {
+        srv_shown
+    };
     format!(
-        "db us b/a = {db_ratio:>5.2}   {}({db_b:.0} us against {db_a:.0})\n\
-         srv us b-a = {srv_added:>+5.0}   {}({srv_b:.0} us against {srv_a:.0})\n",
+        "db us b/a = {:>5}   {}({db_b:.0} us against {db_a:.0})\n\
+         srv us b-a = {srv_shown:>5}   {}({srv_b:.0} us against {srv_a:.0})\n",
+        beside(db_ratio, 2.0, 2),
         judge(db_ratio <= 2.0, "<= 2.00"),
         judge(srv_added <= 50.0, "<= +50"),
     )
@@ -69,6 +76,18 @@ fn cpu_lines(db: Db, results: &[&Measured]) -> String {
 
 fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "NOT met" }
+}
+
+/// `value` as printed beside its `target`: with `decimals` decimals, or up to
+/// three more where that many would show the target's own figure for a value
+/// that is not the target, so that the figure agrees with its verdict: a ratio
+/// of 0.549 against 0.55 reads "0.549 >= 0.55: NOT met", never "0.55 >= 0.55:
+/// NOT met".
+fn beside(value: f64, target: f64, decimals: usize) -> String {
+    (decimals..=decimals + 3)
+        .map(|d| (format!("{value:.d$}"), format!("{target:.d$}")))
+        .find(|(shown, at)| shown != at || value == target)
+        .map_or_else(|| format!("{value:.0$}", decimals + 3), |(shown, _)| shown)
 }
 
 /// The scenarios of one database (and RTT) in a group.
@@ -161,13 +180,16 @@ impl Report<'_> {
                 "c/b" => Some(t.c_b),
                 _ => None,
             });
-            let judged = match target {
-                Some(x) => format!("target >= {x:.2}   {:<8}", verdict(r >= x)),
-                None => format!("{:<25}", "no target"),
+            let (shown, judged) = match target {
+                Some(x) => (
+                    beside(r, x, 2),
+                    format!("target >= {x:.2}   {:<8}", verdict(r >= x)),
+                ),
+                None => (format!("{r:.2}"), format!("{:<25}", "no target")),
             };
             let _ = writeln!(
                 t,
-                "{name} = {r:>5.2}   {judged} (by CPU per request: {by_cpu:.2})"
+                "{name} = {shown:>5}   {judged} (by CPU per request: {by_cpu:.2})"
             );
         }
         t.push_str(&cpu_lines(db, results));
@@ -317,7 +339,7 @@ impl Report<'_> {
                         return "-".to_owned();
                     };
                     match targets(db).map(|t| [t.b_a, t.b_d, t.c_b][pick]) {
-                        Some(x) => format!("{r:.2} >= {x:.2}: {}", verdict(r >= x)),
+                        Some(x) => format!("{} >= {x:.2}: {}", beside(r, x, 2), verdict(r >= x)),
                         None => format!("{r:.2} (no target)"),
                     }
                 })
