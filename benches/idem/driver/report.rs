@@ -49,6 +49,8 @@ fn cpu_lines(db: Db, results: &[&Measured]) -> String {
     let per = |m: &Measured, i: usize| m.cpu[i] * 1e6 / m.tally.requests.max(1) as f64;
     let (db_a, db_b) = (per(a, 1), per(b, 1));
     let (srv_a, srv_b) = (per(a, 0), per(b, 0));
+    let db_ratio = db_b / db_a.max(1e-9);
+    let srv_added = srv_b - srv_a;
     let judged = matches!(db, Db::Postgres { .. });
     let judge = |met: bool, target: &str| {
         if judged {
@@ -57,18 +59,20 @@ fn cpu_lines(db: Db, results: &[&Measured]) -> String {
             format!("{:<25}", "no target")
         }
     };
-    let db_ratio = db_b / db_a.max(1e-9);
-    let srv_added = srv_b - srv_a;
-    let srv_shown = beside(srv_added, 50.0, 0);
+    // More decimals only where a verdict stands beside the figure.
+    let (db_shown, srv_shown) = if judged {
+        (beside(db_ratio, 2.0, 2), beside(srv_added, 50.0, 0))
+    } else {
+        (format!("{db_ratio:.2}"), format!("{srv_added:.0}"))
+    };
     let srv_shown = if srv_added >= 0.0 {
         format!("+{srv_shown}")
     } else {
         srv_shown
     };
     format!(
-        "db us b/a = {:>5}   {}({db_b:.0} us against {db_a:.0})\n\
+        "db us b/a = {db_shown:>5}   {}({db_b:.0} us against {db_a:.0})\n\
          srv us b-a = {srv_shown:>5}   {}({srv_b:.0} us against {srv_a:.0})\n",
-        beside(db_ratio, 2.0, 2),
         judge(db_ratio <= 2.0, "<= 2.00"),
         judge(srv_added <= 50.0, "<= +50"),
     )
