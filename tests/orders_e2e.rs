@@ -651,6 +651,31 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
         (
+            // serde's derived structs take an array field by field; the schema
+            // says object.
+            "an array for the object",
+            Call::order(key).body(json!(["A", 1, 1])),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "an array for the payment",
+            payment(key, 1).body(json!([2_241_691])),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "a string for the object",
+            Call::order(key).body(json!("A")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "a malformed array",
+            Call {
+                body: "[\"A\", 1,".into(),
+                ..Call::order(key)
+            },
+            StatusCode::BAD_REQUEST,
+        ),
+        (
             "not JSON",
             Call {
                 content_type: "text/plain",

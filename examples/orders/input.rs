@@ -19,10 +19,10 @@ pub trait Validate {
     fn validate(&self) -> Result<(), String>;
 }
 
-/// A JSON body that parsed and validated; its rejections are problem+json
-/// (400 for malformed JSON, 408 for a body that does not arrive in time, 413 for
-/// one over the limit, 415 for another media type, 422 for the wrong shape or
-/// values).
+/// A JSON object body that parsed and validated; its rejections are
+/// problem+json (400 for malformed JSON, 408 for a body that does not arrive in
+/// time, 413 for one over the limit, 415 for another media type, 422 for the
+/// wrong shape or values, a top-level array or scalar among them).
 pub struct ValidJson<T>(pub T);
 
 /// Whether a `Content-Type` value is `application/json`: the media type's type
@@ -68,6 +68,9 @@ where
             })?
             // The rejection's own status: 413 past the body limit, 400 otherwise.
             .map_err(|e| ApiError::invalid(e.status(), e.body_text()))?;
+        if let Some(rejection) = not_an_object(&bytes) {
+            return Err(rejection);
+        }
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = T::deserialize(&mut de)
             .and_then(|v| de.end().map(|()| v))
@@ -84,6 +87,30 @@ where
             .map_err(|m| ApiError::invalid(StatusCode::UNPROCESSABLE_ENTITY, m))?;
         Ok(ValidJson(value))
     }
+}
+
+/// The rejection of a body that is not a JSON object, `None` for one that may be.
+///
+/// serde's derived structs also take a JSON array, field by field in order: on
+/// its own, `[2241691]` would be a payment of 22,416.91 where the schema says
+/// object. Malformed JSON stays a 400 whatever it starts with; an empty body is
+/// left to the deserialiser, which calls it malformed.
+fn not_an_object(bytes: &[u8]) -> Option<ApiError> {
+    let first = bytes
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))?;
+    if *first == b'{' {
+        return None;
+    }
+    Some(
+        match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Err(e) => ApiError::invalid(StatusCode::BAD_REQUEST, e.to_string()),
+            Ok(_) => ApiError::invalid(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "the body must be a JSON object",
+            ),
+        },
+    )
 }
 
 impl<T: Serialize> FingerprintBody for ValidJson<T> {
