@@ -668,6 +668,15 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
         (
+            // Well-formed JSON (serde alone called it out of range, a 400).
+            "a number too large for a double",
+            Call {
+                body: "1e999".into(),
+                ..Call::order(key)
+            },
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
             "a malformed array",
             Call {
                 body: "[\"A\", 1,".into(),

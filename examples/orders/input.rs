@@ -74,14 +74,7 @@ where
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = T::deserialize(&mut de)
             .and_then(|v| de.end().map(|()| v))
-            .map_err(|e| {
-                let status = if e.is_data() {
-                    StatusCode::UNPROCESSABLE_ENTITY
-                } else {
-                    StatusCode::BAD_REQUEST
-                };
-                ApiError::invalid(status, e.to_string())
-            })?;
+            .map_err(refused)?;
         value
             .validate()
             .map_err(|m| ApiError::invalid(StatusCode::UNPROCESSABLE_ENTITY, m))?;
@@ -104,13 +97,24 @@ fn not_an_object(bytes: &[u8]) -> Option<ApiError> {
     }
     Some(
         match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
-            Err(e) => ApiError::invalid(StatusCode::BAD_REQUEST, e.to_string()),
+            Err(e) => refused(e),
             Ok(_) => ApiError::invalid(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "the body must be a JSON object",
             ),
         },
     )
+}
+
+/// A body serde_json refused: 422 for well-formed JSON of the wrong shape or
+/// values, 400 for malformed JSON.
+fn refused(e: serde_json::Error) -> ApiError {
+    let status = if e.is_data() {
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    ApiError::invalid(status, e.to_string())
 }
 
 impl<T: Serialize> FingerprintBody for ValidJson<T> {
