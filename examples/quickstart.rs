@@ -44,7 +44,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 }
 
 /// The body. `Serialize` too: idem fingerprints the typed value, so a retry with
-/// the same fields in another order or spacing is still the same request.
+/// the same fields in another order or spacing is still the same request. (Like
+/// any serde struct it also takes the fields as an array, `["A-1", 2]`; a service
+/// whose API says "object" checks for one first, as `examples/orders` does.)
 #[derive(Deserialize, Serialize)]
 struct NewOrder {
     sku: String,
