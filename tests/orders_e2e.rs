@@ -685,6 +685,15 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
             StatusCode::BAD_REQUEST,
         ),
         (
+            // No byte but JSON whitespace: left to the deserialiser, malformed.
+            "only whitespace",
+            Call {
+                body: " \r\n\t".into(),
+                ..Call::order(key)
+            },
+            StatusCode::BAD_REQUEST,
+        ),
+        (
             "not JSON",
             Call {
                 content_type: "text/plain",
@@ -714,6 +723,20 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
         "a fresh execution, not a replay and not a 422"
     );
     assert_eq!(orders(&db).await, 1);
+    // The object check looks past JSON's whitespace, not only at the first byte.
+    let spaced = Call {
+        body: format!(" \r\n\t{}", Call::order("bad-2").body),
+        ..Call::order("bad-2")
+    }
+    .ok(&server)
+    .await;
+    assert_eq!(
+        spaced.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&spaced.body)
+    );
+    assert_eq!(orders(&db).await, 2);
 }
 
 /// (10) Tenant and operation isolation over HTTP.
