@@ -6,20 +6,34 @@
 //! * the networked-database runs delay every chunk from PostgreSQL to the server
 //!   by a fixed round-trip time, as a database on another machine would.
 //!
-//! Plain threads and blocking sockets, named `dbproxy*` so the driver can tell
-//! their CPU time from the server's (`/proc/<pid>/task`). Per connection: one
-//! thread relays the server's bytes up, one reads PostgreSQL's, and with a delay
-//! a third writes them down when due. The reader queues each chunk with its due
-//! time (arrival + RTT) and goes back to reading, so a delay never throttles a
-//! connection nor holds up another; the writer sleeps until the oldest chunk is
-//! due (`thread::sleep`: tokio's timer, with its 1 ms resolution, is too coarse
-//! for a 500 us RTT) and writes it. A connection's due times only grow, so its
+//! One thread, named `dbproxy-loop` so the driver can tell its CPU time from the
+//! server's (`/proc/<pid>/task`), relays every connection: an epoll loop over
+//! the connections' sockets and a timer (`timerfd`, nanosecond resolution;
+//! tokio's timer, at 1 ms, is too coarse for a 500 us RTT). The server's bytes go
+//! up at once; each chunk from PostgreSQL is queued with its due time (arrival +
+//! RTT), and the timer is armed for the oldest. The delay is the same for every
+//! chunk, so one queue in arrival order is in due order for all connections, a
+//! delay never throttles a connection nor holds up another, and a connection's
 //! chunks keep their order.
+//!
+//! One thread rather than three per connection (a reader each way and a writer
+//! sleeping until each chunk is due, as until issue 34's last measurements):
+//! the proxy stands for the network, which costs the server's machine no CPU,
+//! and the threads' hand-offs and wake-ups cost the bench's two cores about as
+//! much CPU per request as the server itself; one loop picks up several
+//! connections' chunks per wake-up under load.
+//!
+//! The timer wakes the thread late (the scheduler's wake-up latency, tens of
+//! microseconds on a busy VM, hundreds on an idle one); the loop aims early by
+//! the median of its own oversleeping, tracked in steps of 2 us (at most half
+//! the RTT), and writes every chunk due within that margin, so that the typical
+//! chunk is written at its due time; [`DelayReport`] says how far from it they
+//! were.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use super::*;
 
@@ -67,159 +81,407 @@ pub struct DelayReport {
 }
 
 /// Starts the proxy and answers its address. Each accepted connection gets its
-/// own connection to `upstream`.
+/// own connection to `upstream`; one thread relays them all (see the module
+/// docs).
 pub fn start(upstream: String, options: Options) -> std::io::Result<std::net::SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    spawn("accept", move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { continue };
-            let (upstream, options) = (upstream.clone(), options.clone());
-            if let Err(e) = relay(client, &upstream, options) {
+    let mut relay = Relay::new(listener, upstream, options)?;
+    std::thread::Builder::new()
+        .name(format!("{THREAD_PREFIX}-loop"))
+        .spawn(move || {
+            if let Err(e) = relay.run() {
                 eprintln!("proxy: {e}");
             }
-        }
-    })?;
+        })?;
     Ok(addr)
 }
 
-fn spawn(role: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name(format!("{THREAD_PREFIX}-{role}"))
-        .spawn(f)
-        .map(drop)
-}
-
-/// Connects to PostgreSQL and starts the connection's threads.
-fn relay(client: TcpStream, upstream: &str, options: Options) -> std::io::Result<()> {
-    let server = TcpStream::connect(upstream)?;
-    client.set_nodelay(true)?;
-    server.set_nodelay(true)?;
-    let client_spoke_last = Arc::new(AtomicBool::new(true));
-    {
-        let (from, to) = (client.try_clone()?, server.try_clone()?);
-        let (stats, last) = (options.stats.clone(), client_spoke_last.clone());
-        spawn("up", move || up(from, to, stats, &last))?;
-    }
-    let sink = if options.rtt.is_zero() {
-        Sink::Direct(client)
-    } else {
-        let (due_tx, due_rx) = mpsc::channel();
-        let rtt = options.rtt;
-        spawn("wr", move || write_when_due(client, due_rx, rtt))?;
-        Sink::Delayed {
-            rtt: options.rtt,
-            due_tx,
-        }
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock the timer is armed on.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    spawn("rd", move || {
-        down(server, sink, options.stats, &client_spoke_last)
-    })
+    // SAFETY: clock_gettime writes one timespec, which `ts` is.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Server to PostgreSQL, at once, counted for the profile.
-fn up(mut from: TcpStream, mut to: TcpStream, stats: Option<Arc<Mutex<Stats>>>, last: &AtomicBool) {
-    let mut parser = Parser::default();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+fn check(ret: libc::c_int) -> std::io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Epoll tokens: the listener, the timer, and per connection its two sockets
+/// (`id * 2` the pool's side, `id * 2 + 1` PostgreSQL's).
+const LISTENER: u64 = u64::MAX;
+const TIMER: u64 = u64::MAX - 1;
+
+/// One relayed connection.
+struct Conn {
+    /// The bench server's side (a pool connection).
+    client: TcpStream,
+    /// PostgreSQL's side.
+    server: TcpStream,
+    parser: Parser,
+    /// Whether the pool's side spoke last: its next burst starts a round trip.
+    client_spoke_last: bool,
+    client_open: bool,
+    server_open: bool,
+}
+
+/// A chunk from PostgreSQL waiting for its due time (empty: the end of the
+/// stream, delayed like the rest).
+struct Due {
+    at_ns: u64,
+    conn: u64,
+    chunk: Vec<u8>,
+}
+
+/// The proxy's one thread: an epoll loop over every connection's two sockets,
+/// and a timer armed for the oldest queued chunk.
+struct Relay {
+    epoll: OwnedFd,
+    timer: OwnedFd,
+    listener: TcpListener,
+    upstream: String,
+    options: Options,
+    rtt_ns: u64,
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+    /// Every connection's queued chunks in one queue: the delay is the same
+    /// for all, so arrival order is due order.
+    queue: std::collections::VecDeque<Due>,
+    /// The timer's expiry, if armed.
+    armed_ns: Option<u64>,
+    /// How late the timer wakes the thread, tracked as in the module docs.
+    oversleep_ns: u64,
+    buf: Vec<u8>,
+}
+
+impl Relay {
+    fn new(listener: TcpListener, upstream: String, options: Options) -> std::io::Result<Self> {
+        // SAFETY: both calls take flags only and return a new descriptor
+        // (checked), which the `OwnedFd`s then own.
+        let (epoll, timer) = unsafe {
+            let epoll = check(libc::epoll_create1(libc::EPOLL_CLOEXEC))?;
+            let epoll = OwnedFd::from_raw_fd(epoll);
+            let timer = check(libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            ))?;
+            (epoll, OwnedFd::from_raw_fd(timer))
+        };
+        let rtt_ns = u64::try_from(options.rtt.as_nanos()).unwrap_or(u64::MAX);
+        let relay = Relay {
+            epoll,
+            timer,
+            listener,
+            upstream,
+            options,
+            rtt_ns,
+            conns: HashMap::new(),
+            next_id: 0,
+            queue: Default::default(),
+            armed_ns: None,
+            oversleep_ns: 0,
+            buf: vec![0u8; 64 * 1024],
+        };
+        relay.watch(relay.listener.as_raw_fd(), LISTENER)?;
+        relay.watch(relay.timer.as_raw_fd(), TIMER)?;
+        Ok(relay)
+    }
+
+    fn watch(&self, fd: RawFd, token: u64) -> std::io::Result<()> {
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: token,
+        };
+        // SAFETY: `event` lives across the call; the kernel copies it.
+        check(unsafe {
+            libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event)
+        })
+        .map(drop)
+    }
+
+    fn run(&mut self) -> std::io::Result<()> {
+        // SAFETY: PR_SET_TIMERSLACK takes one integer argument and changes only
+        // the calling thread's timer slack.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+        }
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        loop {
+            // SAFETY: `events` has room for the count passed.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as libc::c_int,
+                    -1,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for event in &events[..n as usize] {
+                // A copy: the struct is packed, its field cannot be borrowed.
+                let token = event.u64;
+                match token {
+                    LISTENER => self.accept(),
+                    TIMER => self.timer_fired(),
+                    token if token % 2 == 0 => self.up(token / 2),
+                    token => self.down(token / 2),
+                }
+            }
+            self.write_due();
+        }
+    }
+
+    fn accept(&mut self) {
+        while let Ok((client, _)) = self.listener.accept() {
+            let connected = TcpStream::connect(&self.upstream).and_then(|server| {
+                for s in [&client, &server] {
+                    s.set_nodelay(true)?;
+                    s.set_nonblocking(true)?;
+                }
+                Ok(server)
+            });
+            let server = match connected {
+                Ok(server) => server,
+                Err(e) => {
+                    eprintln!("proxy: {e}");
+                    continue;
+                }
+            };
+            let id = self.next_id;
+            self.next_id += 1;
+            if let Err(e) = self
+                .watch(client.as_raw_fd(), id * 2)
+                .and_then(|()| self.watch(server.as_raw_fd(), id * 2 + 1))
+            {
+                eprintln!("proxy: {e}");
+                continue;
+            }
+            let conn = Conn {
+                client,
+                server,
+                parser: Parser::default(),
+                client_spoke_last: true,
+                client_open: true,
+                server_open: true,
+            };
+            self.conns.insert(id, conn);
+        }
+    }
+
+    /// The bench server to PostgreSQL, at once, counted for the profile.
+    fn up(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let n = match (&conn.client).read(&mut self.buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Ok(0) | Err(_) => 0,
             Ok(n) => n,
         };
-        if let Some(stats) = &stats {
+        if n == 0 {
+            conn.client_open = false;
+            unwatch(&self.epoll, conn.client.as_raw_fd());
+            let _ = conn.server.shutdown(Shutdown::Write);
+            self.forget_if_done(id);
+            return;
+        }
+        let data = &self.buf[..n];
+        if let Some(stats) = &self.options.stats {
             let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
-            if !last.swap(true, Ordering::AcqRel) {
+            if !std::mem::replace(&mut conn.client_spoke_last, true) {
                 s.round_trips += 1;
             }
             s.bytes_up += n as u64;
-            if buf[..n] == [b'S', 0, 0, 0, 4] {
+            if data == [b'S', 0, 0, 0, 4] {
                 s.pings += 1;
             }
-            parser.feed(&buf[..n], &mut s);
+            conn.parser.feed(data, &mut s);
         }
-        if to.write_all(&buf[..n]).is_err() {
-            break;
+        if write_all(&conn.server, data).is_err() {
+            self.close(id);
         }
     }
-    let _ = to.shutdown(Shutdown::Write);
-}
 
-/// PostgreSQL to the server: each chunk to the sink, as soon as it is read.
-fn down(mut from: TcpStream, mut sink: Sink, stats: Option<Arc<Mutex<Stats>>>, last: &AtomicBool) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = from.read(&mut buf).unwrap_or(0);
-        last.store(false, Ordering::Release);
-        if let Some(stats) = &stats {
+    /// PostgreSQL to the bench server: at once at RTT 0, else queued with its
+    /// due time.
+    fn down(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let n = match (&conn.server).read(&mut self.buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Ok(0) | Err(_) => 0,
+            Ok(n) => n,
+        };
+        conn.client_spoke_last = false;
+        if let Some(stats) = &self.options.stats {
             stats.lock().unwrap_or_else(|e| e.into_inner()).bytes_down += n as u64;
         }
-        // An empty chunk is the end of the stream, delayed like the rest.
-        if sink.send(&buf[..n]).is_err() || n == 0 {
-            break;
+        if n == 0 {
+            conn.server_open = false;
+            unwatch(&self.epoll, conn.server.as_raw_fd());
         }
-    }
-}
-
-/// Where the chunks from PostgreSQL go: the server's socket at once, or the
-/// connection's queue of chunks with their due times.
-enum Sink {
-    Direct(TcpStream),
-    Delayed {
-        rtt: Duration,
-        due_tx: mpsc::Sender<(Instant, Vec<u8>)>,
-    },
-}
-
-impl Sink {
-    fn send(&mut self, chunk: &[u8]) -> std::io::Result<()> {
-        match self {
-            Sink::Direct(socket) if chunk.is_empty() => socket.shutdown(Shutdown::Write),
-            Sink::Direct(socket) => socket.write_all(chunk),
-            Sink::Delayed { rtt, due_tx } => due_tx
-                .send((Instant::now() + *rtt, chunk.to_vec()))
-                .map_err(|_| std::io::Error::other("the delayed writer stopped")),
-        }
-    }
-}
-
-/// The delayed writer of one connection: each chunk at its due time, in order.
-///
-/// A sleeping thread wakes late: the timer slack (set to 1 ns here) and the
-/// scheduler's wake-up latency, which on this VM is tens of microseconds when
-/// the cores are busy and hundreds when they idle. The writer therefore aims
-/// early by the median of its own oversleeping (tracked in steps of 2 us, so
-/// that a thread descheduled for milliseconds does not throw it off; at most
-/// half the RTT), so that the typical chunk is written at its due time and the
-/// RTT the server sees is the one configured; [`DelayReport`] says how far from
-/// it they were.
-fn write_when_due(mut to: TcpStream, due_rx: mpsc::Receiver<(Instant, Vec<u8>)>, rtt: Duration) {
-    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and changes only the
-    // calling thread's timer slack.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
-    }
-    const STEP: Duration = Duration::from_micros(2);
-    let mut oversleep = Duration::ZERO;
-    while let Ok((due, chunk)) = due_rx.recv() {
-        let aim = due - oversleep;
-        let now = Instant::now();
-        if aim > now {
-            std::thread::sleep(aim - now);
-            oversleep = if Instant::now() > aim + oversleep {
-                (oversleep + STEP).min(rtt / 2)
+        if self.rtt_ns == 0 {
+            let sent = if n == 0 {
+                conn.client.shutdown(Shutdown::Write)
             } else {
-                oversleep.saturating_sub(STEP)
+                write_all(&conn.client, &self.buf[..n])
             };
+            if sent.is_err() {
+                self.close(id);
+            } else if n == 0 {
+                self.forget_if_done(id);
+            }
+            return;
         }
-        delay_stats().record(due);
-        if chunk.is_empty() {
-            break;
-        }
-        if to.write_all(&chunk).is_err() {
-            break;
+        self.queue.push_back(Due {
+            at_ns: now_ns() + self.rtt_ns,
+            conn: id,
+            chunk: self.buf[..n].to_vec(),
+        });
+    }
+
+    fn timer_fired(&mut self) {
+        let mut expirations = [0u8; 8];
+        // SAFETY: a timerfd read takes 8 bytes, which the buffer has.
+        unsafe { libc::read(self.timer.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
+        let Some(aim) = self.armed_ns.take() else {
+            return;
+        };
+        // The timer was aimed early by `oversleep_ns`: woken after the chunk's
+        // due time, aim earlier next time; before it, later.
+        const STEP_NS: u64 = 2_000;
+        if now_ns() > aim + self.oversleep_ns {
+            self.oversleep_ns = (self.oversleep_ns + STEP_NS).min(self.rtt_ns / 2);
+        } else {
+            self.oversleep_ns = self.oversleep_ns.saturating_sub(STEP_NS);
         }
     }
-    let _ = to.shutdown(Shutdown::Write);
+
+    /// Writes every chunk due by now (aimed early as the timer is), then arms
+    /// the timer for the next.
+    fn write_due(&mut self) {
+        let now = now_ns();
+        while let Some(due) = self.queue.front() {
+            if due.at_ns > now + self.oversleep_ns {
+                break;
+            }
+            let due = self.queue.pop_front().expect("a front");
+            delay_stats().record(now_ns() as i64 - due.at_ns as i64);
+            let Some(conn) = self.conns.get_mut(&due.conn) else {
+                continue;
+            };
+            let sent = if due.chunk.is_empty() {
+                conn.client.shutdown(Shutdown::Write)
+            } else {
+                write_all(&conn.client, &due.chunk)
+            };
+            if sent.is_err() {
+                self.close(due.conn);
+            } else if due.chunk.is_empty() {
+                self.forget_if_done(due.conn);
+            }
+        }
+        let Some(next) = self.queue.front().map(|d| d.at_ns) else {
+            return;
+        };
+        let aim = next.saturating_sub(self.oversleep_ns);
+        if self.armed_ns == Some(aim) {
+            return;
+        }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (aim / 1_000_000_000) as libc::time_t,
+                tv_nsec: (aim % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: `spec` lives across the call; no old value is asked for.
+        unsafe {
+            libc::timerfd_settime(
+                self.timer.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        self.armed_ns = Some(aim);
+    }
+
+    /// Drops a connection whose both directions have ended.
+    fn forget_if_done(&mut self, id: u64) {
+        if let Some(conn) = self.conns.get(&id)
+            && !conn.client_open
+            && !conn.server_open
+        {
+            self.conns.remove(&id);
+        }
+    }
+
+    /// Drops a connection at once (a write failed: its peer is gone).
+    fn close(&mut self, id: u64) {
+        if let Some(conn) = self.conns.remove(&id) {
+            unwatch(&self.epoll, conn.client.as_raw_fd());
+            unwatch(&self.epoll, conn.server.as_raw_fd());
+            let _ = conn.client.shutdown(Shutdown::Both);
+            let _ = conn.server.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Stops watching a socket (before it is dropped, or at its end of stream).
+fn unwatch(epoll: &OwnedFd, fd: RawFd) {
+    // SAFETY: a null event is allowed for EPOLL_CTL_DEL.
+    unsafe {
+        libc::epoll_ctl(
+            epoll.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// Writes the whole chunk to a non-blocking socket, waiting for room if it is
+/// full (never, for the protocol's small messages; the loop then waits too).
+fn write_all(mut socket: &TcpStream, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        match socket.write(data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fd = libc::pollfd {
+                    fd: socket.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd, which `fd` is.
+                unsafe { libc::poll(&mut fd, 1, -1) };
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// When the delayed chunks were written against their due time.
@@ -238,10 +500,9 @@ pub fn delay_stats() -> &'static DelayStats {
 }
 
 impl DelayStats {
-    fn record(&self, due: Instant) {
-        let now = Instant::now();
-        let us = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
-        let off = us(now.saturating_duration_since(due)) - us(due.saturating_duration_since(now));
+    /// Records one chunk written `off_ns` after its due time (negative: before).
+    fn record(&self, off_ns: i64) {
+        let off = off_ns / 1_000;
         self.chunks.fetch_add(1, Ordering::Relaxed);
         self.off_us_total.fetch_add(off, Ordering::Relaxed);
         self.off_us_abs_total
