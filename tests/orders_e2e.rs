@@ -199,6 +199,17 @@ struct Answer {
 }
 
 impl Answer {
+    /// Asserts the answer's status, with `what` (the case) and the body in the
+    /// message when it is not.
+    #[track_caller]
+    fn expect_status(&self, status: StatusCode, what: impl std::fmt::Display) {
+        assert_eq!(
+            self.status,
+            status,
+            "{what}: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+    }
     fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
@@ -704,12 +715,7 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
     ];
     for (what, call, status) in cases {
         let a = call.ok(&server).await;
-        assert_eq!(
-            a.status,
-            status,
-            "{what}: {}",
-            String::from_utf8_lossy(&a.body)
-        );
+        a.expect_status(status, what);
         a.problem_type();
     }
     assert_eq!(
@@ -730,12 +736,7 @@ async fn rejected_input_reserves_nothing<D: Backend>() {
     }
     .ok(&server)
     .await;
-    assert_eq!(
-        spaced.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&spaced.body)
-    );
+    spaced.expect_status(StatusCode::CREATED, "an order after leading whitespace");
     assert_eq!(orders(&db).await, 2);
 }
 
@@ -787,12 +788,7 @@ async fn tenants_and_operations_are_isolated<D: Backend>() {
     .body(json!({"order_id": alice.json()["id"], "amount_cents": 500}))
     .ok(&server)
     .await;
-    assert_eq!(
-        refund.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&refund.body)
-    );
+    refund.expect_status(StatusCode::CREATED, "refund");
     assert!(!refund.replayed());
     assert_eq!(refund.json()["order_id"], alice.json()["id"]);
     assert_eq!(refund.json()["amount_cents"], 500);
@@ -1078,12 +1074,7 @@ async fn a_payment_killed_mid_call_is_charged_once_after_the_restart<D: Backend>
 
     let server = Server::start(&db.url(), &[]).await;
     let retry = payment("mid-pay", 800).ok(&server).await;
-    assert_eq!(
-        retry.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    retry.expect_status(StatusCode::CREATED, "retry");
     assert_eq!(
         retry.json()["id"],
         "ch_000001",
@@ -1124,12 +1115,7 @@ async fn on_sqlite_a_step_behind_a_held_write_lock_is_503_then_succeeds() {
         .unwrap();
     let holder = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     let busy = step(&server, id, "pay").await;
-    assert_eq!(
-        busy.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        String::from_utf8_lossy(&busy.body)
-    );
+    busy.expect_status(StatusCode::SERVICE_UNAVAILABLE, "busy");
     assert_eq!(busy.problem_type(), "urn:orders:problem:busy");
     assert_eq!(busy.headers["retry-after"], "1");
     holder.rollback().await.unwrap();
@@ -1151,12 +1137,7 @@ async fn on_sqlite_a_new_key_behind_another_writer_is_503_store_busy_and_reserve
     let rows = db.count("SELECT count(*) FROM idempotency_requests").await;
     let holder = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     let busy = Call::order("busy-new-1").ok(&server).await;
-    assert_eq!(
-        busy.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        String::from_utf8_lossy(&busy.body)
-    );
+    busy.expect_status(StatusCode::SERVICE_UNAVAILABLE, "busy");
     assert_eq!(busy.problem_type(), "urn:idem:problem:store-busy");
     assert_eq!(busy.headers["retry-after"], "1");
     assert_eq!(busy.headers["content-type"], "application/problem+json");
@@ -1413,12 +1394,7 @@ async fn fulfilment_steps_are_idempotent_transitions<D: Backend>() {
     let mut changed = 0;
     for t in tasks {
         let a = t.await.unwrap();
-        assert_eq!(
-            a.status,
-            StatusCode::OK,
-            "{}",
-            String::from_utf8_lossy(&a.body)
-        );
+        a.expect_status(StatusCode::OK, "a concurrent pay");
         assert_eq!(a.json()["status"], "paid");
         changed += usize::from(a.json()["changed"] == true);
     }
@@ -1866,12 +1842,7 @@ async fn the_content_type_is_parsed_as_a_media_type<D: Backend>() {
         }
         .ok(&server)
         .await;
-        assert_eq!(
-            a.status,
-            StatusCode::CREATED,
-            "{ct}: {}",
-            String::from_utf8_lossy(&a.body)
-        );
+        a.expect_status(StatusCode::CREATED, ct);
     }
     for ct in [
         "application/jsonfoo",
@@ -2020,12 +1991,7 @@ async fn on_postgres_a_database_outage_is_503_with_retry_after() {
 
     proxy.cut.send_replace(true);
     let unavailable = |a: &Answer, what: &str| {
-        assert_eq!(
-            a.status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{what}: {}",
-            String::from_utf8_lossy(&a.body)
-        );
+        a.expect_status(StatusCode::SERVICE_UNAVAILABLE, what);
         assert!(
             a.headers.contains_key("retry-after"),
             "{what}: no Retry-After"
@@ -2065,12 +2031,7 @@ async fn until_operation(server: &Server, location: &str, status: &str) -> Answe
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let a = get(server, location, "acme").await;
-        assert_eq!(
-            a.status,
-            StatusCode::OK,
-            "{}",
-            String::from_utf8_lossy(&a.body)
-        );
+        a.expect_status(StatusCode::OK, location);
         if a.json()["status"] == status {
             return a;
         }
@@ -2088,12 +2049,7 @@ async fn a_long_export_answers_202_and_is_taken_over_after_a_kill<D: Backend>() 
     let db = D::create().await;
     let mut server = Server::start(&db.url(), &[("EXPORTS_DURATION_MS", "600000")]).await;
     let first = export("exp-1").ok(&server).await;
-    assert_eq!(
-        first.status,
-        StatusCode::ACCEPTED,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
+    first.expect_status(StatusCode::ACCEPTED, "first");
     let location = first.headers["location"].to_str().unwrap().to_owned();
     assert!(
         location.starts_with("/operations/create-export/"),
@@ -2435,12 +2391,7 @@ async fn on_redis_a_payment_killed_mid_call_is_charged_once_after_the_restart() 
 
     let server = env.start(&[]).await;
     let retry = payment("r-mid-pay", 800).ok(&server).await;
-    assert_eq!(
-        retry.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
+    retry.expect_status(StatusCode::CREATED, "retry");
     assert_eq!(
         retry.json()["id"],
         "ch_000001",
