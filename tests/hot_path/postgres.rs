@@ -230,6 +230,13 @@ struct RoundTrips {
     /// back (counted first), and [`RoundTrips::held_rollbacks`] counts it.
     hold_rollbacks: tokio::sync::watch::Sender<bool>,
     held: Arc<AtomicU64>,
+    /// While true, the request deadline's `set_config('statement_timeout', ..)`
+    /// in a client's write names a setting the server lacks (one letter
+    /// changed, so the message keeps its length): a `BEGIN` message that
+    /// carries it fails after its `BEGIN`. [`RoundTrips::broken_deadlines`]
+    /// counts the writes changed.
+    break_deadlines: tokio::sync::watch::Sender<bool>,
+    broken: Arc<AtomicU64>,
 }
 
 impl RoundTrips {
@@ -244,6 +251,9 @@ impl RoundTrips {
         let (hold_rollbacks, holding) = tokio::sync::watch::channel(false);
         let held = Arc::new(AtomicU64::new(0));
         let holds = held.clone();
+        let (break_deadlines, breaking) = tokio::sync::watch::channel(false);
+        let broken = Arc::new(AtomicU64::new(0));
+        let breaks = broken.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let counted = counted.clone();
@@ -251,6 +261,8 @@ impl RoundTrips {
                 let mut stalled = stalled.clone();
                 let mut holding = holding.clone();
                 let holds = holds.clone();
+                let breaking = breaking.clone();
+                let breaks = breaks.clone();
                 tokio::spawn(async move {
                     let server = TcpStream::connect("127.0.0.1:5432").await.unwrap();
                     let (mut cr, mut cw) = client.into_split();
@@ -271,6 +283,15 @@ impl RoundTrips {
                             // A simple query that is exactly `ROLLBACK` (sqlx's
                             // queued rollback): its type, length and text.
                             const ROLLBACK: &[u8] = b"Q\0\0\0\x0dROLLBACK\0";
+                            const DEADLINE: &[u8] = b"SELECT set_config('statement_timeout'";
+                            if *breaking.borrow()
+                                && let Some(at) =
+                                    buf[..n].windows(DEADLINE.len()).position(|w| w == DEADLINE)
+                            {
+                                // `statement_timeouz`: the same length.
+                                buf[at + DEADLINE.len() - 2] = b'z';
+                                breaks.fetch_add(1, Ordering::SeqCst);
+                            }
                             if *holding.borrow()
                                 && buf[..n].windows(ROLLBACK.len()).any(|w| w == ROLLBACK)
                             {
@@ -322,7 +343,14 @@ impl RoundTrips {
             stall,
             hold_rollbacks,
             held,
+            break_deadlines,
+            broken,
         }
+    }
+
+    /// How many writes [`RoundTrips::break_deadlines`] has changed so far.
+    fn broken_deadlines(&self) -> u64 {
+        self.broken.load(Ordering::SeqCst)
     }
 
     /// How many writes holding a `ROLLBACK` have been held back so far.
@@ -1311,6 +1339,81 @@ async fn a_completion_that_fails_commits_nothing() {
     );
     let (status, replayed, _) = widget(&r, "k1", "plain").await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
+}
+
+/// A key just read and decided to execute (its row expired), whose `BEGIN`
+/// message then fails after its `BEGIN` (the proxy breaks the request
+/// deadline's `set_config`): the driver's queued `ROLLBACK` is sent before the
+/// connection goes back, inside the aborted transaction (no warning), and
+/// nothing is claimed: the answer is a 503 and the retry executes. Both ways to
+/// that read: a key this process remembers (read first), and one read after
+/// the probe (replay hints off).
+#[tokio::test]
+async fn a_begin_that_fails_after_the_read_is_rolled_back_before_the_connection_goes_back() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
+    let pool = pool_through(&proxy, &db).await;
+    for (n, (how, idem, key)) in [
+        ("remembered", Idem::new(pool.clone()), "k1"),
+        (
+            "after the probe",
+            Idem::new(pool.clone()).with_replay_hints(false),
+            "k2",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = router(idem.with_session_statements(true));
+        let (status, _, body) = widget(&r, key, "plain").await;
+        assert_eq!(status, StatusCode::CREATED, "{how}: {body:?}");
+        // Replayed once, so that a process with hints remembers the key.
+        let (status, replayed, _) = widget(&r, key, "plain").await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, true), "{how}");
+        db.exec(EXPIRE_ALL).await;
+        let widgets = db.count("SELECT count(*) FROM widgets").await;
+
+        proxy.break_deadlines.send_replace(true);
+        let (status, _, body) = widget(&r, key, "plain").await;
+        proxy.break_deadlines.send_replace(false);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{how}: {body:?}");
+        assert_eq!(
+            proxy.broken_deadlines(),
+            n as u64 + 1,
+            "{how}: one BEGIN broken"
+        );
+        assert_eq!(
+            proxy.no_transaction_warnings(),
+            0,
+            "{how}: the ROLLBACK ran inside the aborted transaction"
+        );
+        assert_went_back_clean(&pool, &db).await;
+        assert_eq!(
+            db.count("SELECT count(*) FROM widgets").await,
+            widgets,
+            "{how}: no effect"
+        );
+
+        // Nothing was claimed: the retry executes, at the next generation.
+        let (status, replayed, body) = widget(&r, key, "plain").await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::CREATED, false),
+            "{how}: {body:?}"
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM widgets").await,
+            widgets + 1,
+            "{how}"
+        );
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests WHERE generation = 2")
+            .await,
+        2,
+        "each key taken over once"
+    );
 }
 
 /// A duplicate on another process whose handler ran into the first's own row
