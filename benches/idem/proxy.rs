@@ -289,10 +289,8 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        let n = match (&conn.client).read(&mut self.buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-            Ok(0) | Err(_) => 0,
-            Ok(n) => n,
+        let Some(n) = read_some(&conn.client, &mut self.buf) else {
+            return;
         };
         if n == 0 {
             conn.client_open = false;
@@ -324,10 +322,8 @@ impl Relay {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        let n = match (&conn.server).read(&mut self.buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-            Ok(0) | Err(_) => 0,
-            Ok(n) => n,
+        let Some(n) = read_some(&conn.server, &mut self.buf) else {
+            return;
         };
         conn.client_spoke_last = false;
         if let Some(stats) = &self.options.stats {
@@ -445,6 +441,23 @@ impl Relay {
             let _ = conn.client.shutdown(Shutdown::Both);
             let _ = conn.server.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// What a non-blocking socket has: `None` if nothing yet (the loop hears of it
+/// again), `Some(0)` at its end or on an error (the peer is gone either way).
+fn read_some(mut socket: &TcpStream, buf: &mut [u8]) -> Option<usize> {
+    match socket.read(buf) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            None
+        }
+        Ok(n) => Some(n),
+        Err(_) => Some(0),
     }
 }
 

@@ -368,33 +368,27 @@ impl RoundTrips {
     }
 }
 
-/// A pool of one connection through `proxy`, with no ping on acquire, so every
-/// round trip in a window is one the request made (plus the release ping that
-/// every window has once).
-async fn pool_through(proxy: &RoundTrips, db: &TestDb) -> PgPool {
-    pinging_pool_through(proxy, db, false).await
-}
-
-/// [`pool_through`], pinging on acquire if `ping` (sqlx's default).
-async fn pinging_pool_through(proxy: &RoundTrips, db: &TestDb, ping: bool) -> PgPool {
-    sized_pool_through(proxy, db, ping, 1).await
-}
-
-/// A pool of up to `size` connections through `proxy`, pinging on acquire if
-/// `ping`.
-async fn sized_pool_through(proxy: &RoundTrips, db: &TestDb, ping: bool, size: u32) -> PgPool {
+/// A database with the widgets table, a counting proxy in front of it, and a
+/// pool of up to `size` connections through the proxy, pinging on acquire if
+/// `ping` (sqlx's default). Without the ping, every round trip in a window is one
+/// the request made (plus the release ping that every window has once).
+async fn widgets_through(ping: bool, size: u32) -> (TestDb, RoundTrips, PgPool) {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let proxy = RoundTrips::start().await;
     let opts = PgConnectOptions::new()
         .host("127.0.0.1")
         .port(proxy.addr.port())
         .username("postgres")
         .database(&db.name)
         .ssl_mode(PgSslMode::Disable);
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(size)
         .test_before_acquire(ping)
         .connect_with(opts)
         .await
-        .unwrap()
+        .unwrap();
+    (db, proxy, pool)
 }
 
 /// Waits until `holds` says so, checking every millisecond (what it waits for
@@ -512,10 +506,7 @@ struct Counted {
 
 impl Counted {
     async fn measure(session: bool) -> Counted {
-        let db = TestDb::new().await;
-        db.exec(WIDGETS).await;
-        let proxy = RoundTrips::start().await;
-        let pool = pool_through(&proxy, &db).await;
+        let (db, proxy, pool) = widgets_through(false, 1).await;
         let r = router(Idem::new(pool.clone()).with_session_statements(session));
         warm_up(&r).await;
         let mut counted = Counted {
@@ -637,10 +628,7 @@ async fn without_the_checkout_test_an_unhinted_replay_reads_on_an_idle_connectio
 /// while the probe's `ROLLBACK` is held back (see
 /// `a_replay_elsewhere_reads_on_an_idle_connection_without_waiting_for_the_rollback`).
 async fn reads_on_an_idle_connection_after_the_probe(elsewhere: fn(Idem<Db>) -> Idem<Db>) {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let proxy = RoundTrips::start().await;
-    let pool = sized_pool_through(&proxy, &db, false, 2).await;
+    let (db, proxy, pool) = widgets_through(false, 2).await;
     let r = router(Idem::new(pool.clone()).with_session_statements(true));
     let elsewhere = router(elsewhere(
         Idem::new(pool.clone()).with_session_statements(true),
@@ -858,10 +846,7 @@ async fn a_replay_elsewhere_whose_idle_connection_was_dropped_reads_on_the_probe
 /// bare write's four, ping included.
 #[tokio::test]
 async fn a_remembered_keys_read_takes_no_acquire_ping() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let proxy = RoundTrips::start().await;
-    let pool = pinging_pool_through(&proxy, &db, true).await;
+    let (db, proxy, pool) = widgets_through(true, 1).await;
     let hinted = router(Idem::new(pool.clone()).with_session_statements(true));
     let unhinted = unhinted(&pool);
     warm_up(&hinted).await;
@@ -954,10 +939,7 @@ async fn a_remembered_key_executes_on_a_connection_the_pool_tested() {
 /// the test.
 #[tokio::test]
 async fn without_the_checkout_test_a_first_execution_saves_the_acquire_ping() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let proxy = RoundTrips::start().await;
-    let pool = pinging_pool_through(&proxy, &db, true).await;
+    let (db, proxy, pool) = widgets_through(true, 1).await;
     let r = router(
         Idem::new(pool.clone())
             .with_session_statements(true)
@@ -1160,10 +1142,7 @@ async fn the_tables_rules_hold_as_one_validated_constraint_after_an_upgrade() {
 /// the pool's only slot is free for the next request.
 #[tokio::test]
 async fn a_stalled_read_of_a_remembered_key_frees_its_pool_slot() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let proxy = RoundTrips::start().await;
-    let pool = pool_through(&proxy, &db).await;
+    let (db, proxy, pool) = widgets_through(false, 1).await;
     let r = router(
         Idem::new(pool.clone())
             .with_session_statements(true)
@@ -1350,10 +1329,7 @@ async fn a_completion_that_fails_commits_nothing() {
 /// the probe (replay hints off).
 #[tokio::test]
 async fn a_begin_that_fails_after_the_read_is_rolled_back_before_the_connection_goes_back() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    let proxy = RoundTrips::start().await;
-    let pool = pool_through(&proxy, &db).await;
+    let (db, proxy, pool) = widgets_through(false, 1).await;
     for (n, (how, idem, key)) in [
         ("remembered", Idem::new(pool.clone()), "k1"),
         (
