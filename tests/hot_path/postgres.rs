@@ -1142,7 +1142,7 @@ async fn the_tables_rules_hold_as_one_validated_constraint_after_an_upgrade() {
 /// the pool's only slot is free for the next request.
 #[tokio::test]
 async fn a_stalled_read_of_a_remembered_key_frees_its_pool_slot() {
-    let (db, proxy, pool) = widgets_through(false, 1).await;
+    let (_db, proxy, pool) = widgets_through(false, 1).await;
     let r = router(
         Idem::new(pool.clone())
             .with_session_statements(true)
