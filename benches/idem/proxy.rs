@@ -316,8 +316,7 @@ impl Relay {
         }
     }
 
-    /// PostgreSQL to the bench server: at once at RTT 0, else queued with its
-    /// due time.
+    /// PostgreSQL to the bench server: queued with its due time.
     fn down(&mut self, id: u64) {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
@@ -333,19 +332,8 @@ impl Relay {
             conn.server_open = false;
             unwatch(&self.epoll, conn.server.as_raw_fd());
         }
-        if self.rtt_ns == 0 {
-            let sent = if n == 0 {
-                conn.client.shutdown(Shutdown::Write)
-            } else {
-                write_all(&conn.client, &self.buf[..n])
-            };
-            if sent.is_err() {
-                self.close(id);
-            } else if n == 0 {
-                self.forget_if_done(id);
-            }
-            return;
-        }
+        // At RTT 0 the chunk is due at once: `write_due`, after this turn's
+        // events, writes it.
         self.queue.push_back(Due {
             at_ns: now_ns() + self.rtt_ns,
             conn: id,
@@ -379,7 +367,9 @@ impl Relay {
                 break;
             }
             let due = self.queue.pop_front().expect("a front");
-            delay_stats().record(now_ns() as i64 - due.at_ns as i64);
+            if self.rtt_ns > 0 {
+                delay_stats().record(now_ns() as i64 - due.at_ns as i64);
+            }
             let Some(conn) = self.conns.get_mut(&due.conn) else {
                 continue;
             };
@@ -474,8 +464,14 @@ fn unwatch(epoll: &OwnedFd, fd: RawFd) {
     };
 }
 
+/// How long a write waits for room in a full socket before the connection is
+/// dropped.
+const STUCK_MS: libc::c_int = 10_000;
+
 /// Writes the whole chunk to a non-blocking socket, waiting for room if it is
-/// full (never, for the protocol's small messages; the loop then waits too).
+/// full (never, for the protocol's small messages; the loop then waits too), but
+/// not for longer than [`STUCK_MS`]: a peer that stops reading is dropped
+/// rather than hold up every connection.
 fn write_all(mut socket: &TcpStream, mut data: &[u8]) -> std::io::Result<()> {
     while !data.is_empty() {
         match socket.write(data) {
@@ -488,7 +484,9 @@ fn write_all(mut socket: &TcpStream, mut data: &[u8]) -> std::io::Result<()> {
                     revents: 0,
                 };
                 // SAFETY: one pollfd, which `fd` is.
-                unsafe { libc::poll(&mut fd, 1, -1) };
+                if unsafe { libc::poll(&mut fd, 1, STUCK_MS) } == 0 {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
