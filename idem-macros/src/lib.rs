@@ -279,7 +279,7 @@ use proc_macro::TokenStream;
 /// | one `&mut Tx<Postgres>` (or `&mut Lease<Postgres>` in leased mode), by name | "`create_order` takes no transaction: add a parameter `tx: &mut idem_runtime::Tx<Postgres>` ..."; "takes no lease"; "this is not idem's transaction: take `tx: &mut idem_runtime::Tx<Postgres>` ..."; "with `lease = \"...\"` the handler holds a lease, not a transaction ..."; "`Lease` is the handle of leased mode: add `lease = \"30s\"` ..."; "the handler takes two `&mut` parameters"; "take it as `tx: &mut idem_runtime::Tx<Postgres>`; other references cannot be extracted" |
 /// | the output is a response | "the trait bound `NotAResponse: IntoResponse` is not satisfied" |
 ///
-/// Each is pinned by a case in `tests/ui/fail` (every case mounts its handler in a
+/// Each is pinned by a case in `idem-macros/tests/ui/fail` (every case mounts its handler in a
 /// `Router`).
 ///
 /// # Limitations

@@ -1,7 +1,8 @@
 //! `idem_runtime::__private` is what this crate's expansions (and the
 //! runtime's own `__idem_*` macros) name, and nothing else: a test expands
-//! every case of the attribute in tests/ui and compares the names the code it emits
-//! reaches with the module's exports.
+//! every case of the attribute (this crate's trybuild cases in tests/ui, the
+//! root package's supported shapes in tests/attribute_shapes) and compares the
+//! names the code it emits reaches with the module's exports.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -155,7 +156,8 @@ fn private_exports_exactly_what_the_expansions_name() {
     let mut cases = 0;
     // The failing cases too: their expansions (the error recovery) are emitted.
     let mut ui = Vec::new();
-    rust_files(&workspace().join("tests/ui"), &mut ui);
+    rust_files(&workspace().join("idem-macros/tests/ui"), &mut ui);
+    rust_files(&workspace().join("tests/attribute_shapes"), &mut ui);
     for path in ui {
         let text = std::fs::read_to_string(&path).unwrap();
         let file = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -169,7 +171,10 @@ fn private_exports_exactly_what_the_expansions_name() {
             );
         }
     }
-    assert!(cases >= 80, "only {cases} handlers in tests/ui");
+    assert!(
+        cases >= 80,
+        "only {cases} handlers in the trybuild cases and the shapes"
+    );
     // The runtime's own macros, which the expansions call.
     let mut runtime = Vec::new();
     rust_files(&workspace().join("idem-runtime/src"), &mut runtime);

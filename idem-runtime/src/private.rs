@@ -112,7 +112,7 @@ pub fn single_tenant() -> Result<String, crate::tenant::TenantError> {
 
 /// The checked tenant id of the `#[tenant]` parameter. (Past line 99 of this
 /// file: the width of its line number sets where rustc trims the source lines
-/// of the errors that point here, which tests/ui pins.) Called as
+/// of the errors that point here, which idem-macros/tests/ui pins.) Called as
 /// `tenant_id::<Ty>` with the parameter's own type tokens, so a type that does not
 /// implement [`TenantScope`] is reported at the whole type.
 pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::TenantError> {

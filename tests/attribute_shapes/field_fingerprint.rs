@@ -1,0 +1,35 @@
+// A supported shape: it compiles and mounts on a router.
+include!("../../idem-macros/tests/ui/prelude.rs");
+
+use axum::Form;
+use axum::extract::Path;
+use axum::extract::State;
+
+#[derive(Deserialize, Serialize)]
+struct CustomerOrder {
+    sku: String,
+    quantity: u32,
+    customer: Customer,
+}
+
+#[derive(Deserialize, Serialize)]
+struct Customer {
+    id: String,
+}
+
+#[idempotent(operation = "create-order", retention = "24h", fingerprint(body.sku, body.customer.id, header = "x-currency", header = "X-Channel"))]
+async fn create_order(
+    #[tenant] caller: Caller,
+    tx: &mut Tx<Postgres>,
+    Json(cmd): Json<CustomerOrder>,
+) -> StatusCode {
+    let _ = (caller, tx, cmd);
+    StatusCode::CREATED
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn mounts_on_a_router() {
+    let _: Router = Router::new()
+        .route("/orders", post(create_order))
+        .with_state(idem());
+}

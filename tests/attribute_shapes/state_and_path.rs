@@ -1,0 +1,43 @@
+// A supported shape: it compiles and mounts on a router.
+include!("../../idem-macros/tests/ui/prelude.rs");
+
+use axum::Form;
+use axum::extract::Path;
+use axum::extract::State;
+
+use axum::extract::FromRef;
+
+#[derive(Clone)]
+struct AppState {
+    idem: Idem<Postgres>,
+    region: &'static str,
+}
+
+impl FromRef<AppState> for Idem<Postgres> {
+    fn from_ref(s: &AppState) -> Idem<Postgres> {
+        s.idem.clone()
+    }
+}
+
+#[idempotent(operation = "ship-order", retention = "7d")]
+async fn ship(
+    #[tenant] caller: Caller,
+    State(state): State<AppState>,
+    Path(order_id): Path<i64>,
+    tx: &mut Tx<Postgres>,
+    Json(cmd): Json<NewOrder>,
+) -> Result<Json<String>, (StatusCode, String)> {
+    let _ = (caller, tx, cmd);
+    Ok(Json(format!("{order_id} ships from {}", state.region)))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn mounts_on_a_router() {
+    let state = AppState {
+        idem: idem(),
+        region: "eu",
+    };
+    let _: Router = Router::new()
+        .route("/orders/{id}/ship", post(ship))
+        .with_state(state);
+}
