@@ -58,6 +58,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgExecutor, PgPoolOptions};
 use sqlx::{FromRow, PgPool, Row};
 
+use idem_bench_proxy as proxy;
+
 /// Selects the role of a process: unset for the driver, `server` for the child.
 const ROLE_ENV: &str = "IDEM_BENCH_ROLE";
 /// The line the server prints on stdout once it listens.
@@ -245,5 +247,4 @@ fn created(order: Order) -> Response {
 }
 
 mod driver;
-mod proxy;
 mod server;

@@ -30,12 +30,15 @@
 //! chunk is written at its due time; [`DelayReport`] says how far from it they
 //! were.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::*;
+use serde::{Deserialize, Serialize};
 
 /// Prefix of the proxy's thread names (`/proc/<pid>/task/<tid>/comm`).
 pub const THREAD_PREFIX: &str = "dbproxy";
@@ -44,15 +47,23 @@ pub const THREAD_PREFIX: &str = "dbproxy";
 /// client bytes after the server last spoke.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct Stats {
+    /// Bursts of the client's bytes that follow bytes of the server's.
     pub round_trips: u64,
     /// Lone `Sync` messages: sqlx's liveness pings (on acquire, and on release).
     pub pings: u64,
+    /// `Parse` messages (a statement prepared).
     pub parse: u64,
+    /// `Bind` messages.
     pub bind: u64,
+    /// `Execute` messages (extended protocol).
     pub execute: u64,
+    /// `Query` messages (simple protocol).
     pub simple_query: u64,
+    /// `Sync` messages, pings included.
     pub sync: u64,
+    /// Bytes from the client to PostgreSQL.
     pub bytes_up: u64,
+    /// Bytes from PostgreSQL to the client.
     pub bytes_down: u64,
     /// Executions (extended protocol `Execute`, or simple `Query`) by SQL text.
     pub statements: BTreeMap<String, u64>,
@@ -73,10 +84,15 @@ pub struct Options {
 /// the mean (positive: late), the mean distance either way, the latest.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct DelayReport {
+    /// The delay the proxy was set to.
     pub rtt_us: u64,
+    /// Chunks delayed.
     pub chunks: u64,
+    /// Mean of (written - due), in microseconds: positive is late.
     pub off_us_mean: f64,
+    /// Mean of |written - due|.
     pub off_us_abs_mean: f64,
+    /// The most any chunk was late.
     pub late_us_max: u64,
 }
 
@@ -505,6 +521,7 @@ pub struct DelayStats {
     late_us_max: AtomicU64,
 }
 
+/// The process's delay statistics, which every proxy records into.
 pub fn delay_stats() -> &'static DelayStats {
     static STATS: std::sync::OnceLock<DelayStats> = std::sync::OnceLock::new();
     STATS.get_or_init(DelayStats::default)
@@ -522,6 +539,7 @@ impl DelayStats {
             .fetch_max(off.max(0).unsigned_abs(), Ordering::Relaxed);
     }
 
+    /// The statistics so far, for a proxy set to `rtt`.
     pub fn report(&self, rtt: Duration) -> DelayReport {
         let n = self.chunks.load(Ordering::Relaxed).max(1) as f64;
         DelayReport {
@@ -680,5 +698,176 @@ impl Parser {
             at += 1 + len;
         }
         self.buf.drain(..at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
+
+    use super::*;
+
+    /// Long enough that a test fails rather than hangs when the proxy loses
+    /// bytes; never reached when it works.
+    const NEVER: Duration = Duration::from_secs(30);
+
+    /// A stand-in for PostgreSQL on one connection: it answers every read with
+    /// `reply` of what it read, at once, and closes when the proxy does.
+    fn upstream(reply: impl Fn(&[u8]) -> Vec<u8> + Send + 'static) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut buf = vec![0u8; 256 * 1024];
+            loop {
+                let n = match socket.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if socket.write_all(&reply(&buf[..n])).is_err() {
+                    return;
+                }
+            }
+        });
+        addr
+    }
+
+    fn client(upstream: String, options: Options) -> TcpStream {
+        let socket = TcpStream::connect(start(upstream, options).unwrap()).unwrap();
+        socket.set_read_timeout(Some(NEVER)).unwrap();
+        socket
+    }
+
+    /// A frontend message: its type, its length (itself included), its body.
+    fn message(ty: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![ty];
+        m.extend_from_slice(&(4 + body.len() as u32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// The startup message of protocol 3.0, which has no type byte.
+    const STARTUP: [u8; 8] = [0, 0, 0, 8, 0, 3, 0, 0];
+
+    /// Writes `bytes` and waits for the answer, so that each call is one burst
+    /// and one round trip.
+    fn exchange(socket: &mut TcpStream, bytes: &[u8]) {
+        socket.write_all(bytes).unwrap();
+        let mut answer = [0u8; 64];
+        assert!(socket.read(&mut answer).unwrap() > 0, "no answer");
+    }
+
+    #[test]
+    fn relays_every_byte_both_ways_in_order_and_the_end_of_the_stream() {
+        // More than the relay's 64 KiB buffer, so that it takes many chunks.
+        let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut socket = client(upstream(|read| read.to_vec()), Options::default());
+        let mut writer = socket.try_clone().unwrap();
+        let to_send = sent.clone();
+        // Written from another thread: the echo comes back while it writes.
+        let written = std::thread::spawn(move || {
+            writer.write_all(&to_send).unwrap();
+            writer.shutdown(Shutdown::Write).unwrap();
+        });
+        let mut echoed = Vec::new();
+        // Ends only when the proxy passes the upstream's close on.
+        socket.read_to_end(&mut echoed).unwrap();
+        written.join().unwrap();
+        assert_eq!(echoed.len(), sent.len());
+        assert!(echoed == sent, "the bytes came back changed or reordered");
+    }
+
+    #[test]
+    fn an_answer_is_held_back_by_the_rtt_less_at_most_its_half() {
+        let rtt = Duration::from_millis(100);
+        let before = delay_stats().report(rtt).chunks;
+        let mut socket = client(upstream(|_| b"pong".to_vec()), Options { stats: None, rtt });
+        for _ in 0..3 {
+            let asked = Instant::now();
+            socket.write_all(b"ping").unwrap();
+            let mut answer = [0u8; 4];
+            socket.read_exact(&mut answer).unwrap();
+            // The loop writes a chunk up to its oversleeping margin before it
+            // is due, and the margin is at most half the RTT.
+            assert!(
+                asked.elapsed() >= rtt / 2,
+                "answered after {:?}",
+                asked.elapsed()
+            );
+            assert_eq!(&answer, b"pong");
+        }
+        // Every answer was a delayed chunk (other tests may add their own).
+        assert!(delay_stats().report(rtt).chunks >= before + 3);
+    }
+
+    #[test]
+    fn the_profile_counts_messages_statements_pings_and_round_trips() {
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let mut socket = client(
+            upstream(|_| b"Z".to_vec()),
+            Options {
+                stats: Some(stats.clone()),
+                rtt: Duration::ZERO,
+            },
+        );
+        let prepared = [
+            message(b'P', b"\0SELECT  $1::int\0\0\0"),
+            message(b'B', b"\0\0\0\0\0\0\0\0"),
+            message(b'E', b"\0\0\0\0\0"),
+            message(b'S', b""),
+        ]
+        .concat();
+        let simple = message(b'Q', b"SELECT 1 WHERE x = E'it''s \\' here' AND y = 'b'\0");
+        let ping = message(b'S', b"");
+        // The startup is the client's first burst: no round trip yet.
+        for burst in [&STARTUP[..], &prepared, &simple, &ping] {
+            exchange(&mut socket, burst);
+        }
+        let s = stats.lock().unwrap().clone();
+        assert_eq!(s.round_trips, 3);
+        assert_eq!(
+            (s.parse, s.bind, s.execute, s.sync, s.simple_query),
+            (1, 1, 1, 2, 1)
+        );
+        assert_eq!(
+            s.pings, 1,
+            "a lone Sync is a ping, the one after Execute is not"
+        );
+        assert_eq!(
+            s.statements,
+            BTreeMap::from([
+                ("SELECT $1::int".to_owned(), 1),
+                ("SELECT N WHERE x = ? AND y = ?".to_owned(), 1),
+            ])
+        );
+        assert_eq!(s.parsed, BTreeMap::from([("SELECT $1::int".to_owned(), 1)]));
+        let up = STARTUP.len() + prepared.len() + simple.len() + ping.len();
+        assert_eq!(s.bytes_up, up as u64);
+        // An answer a burst, or more if the stand-in read one in pieces.
+        assert!(s.bytes_down >= 4, "{} bytes down", s.bytes_down);
+    }
+
+    #[test]
+    fn a_message_split_across_reads_is_counted_once_whole() {
+        let mut parser = Parser::default();
+        let mut s = Stats::default();
+        parser.feed(&STARTUP[..3], &mut s);
+        parser.feed(&STARTUP[3..], &mut s);
+        let query = message(b'Q', b"SELECT 1\0");
+        parser.feed(&query[..3], &mut s);
+        assert_eq!(s.simple_query, 0, "counted before its end arrived");
+        parser.feed(&query[3..], &mut s);
+        assert_eq!(s.simple_query, 1);
+        assert_eq!(s.statements.get("SELECT N"), Some(&1));
+    }
+
+    #[test]
+    fn literals_become_placeholders_and_names_keep_their_digits() {
+        assert_eq!(
+            without_literals("SELECT 'a''b', E'c\\'d', 42, 3.5 FROM t1 WHERE idem_probe_3(x)"),
+            "SELECT ?, ?, N, N FROM t1 WHERE idem_probe_3(x)"
+        );
     }
 }
