@@ -560,6 +560,9 @@ impl DelayStats {
 struct Parser {
     buf: Vec<u8>,
     started: bool,
+    /// Set on bytes that cannot be the protocol (a length shorter than its own
+    /// field): the connection's counting stops there, its relaying does not.
+    lost: bool,
     names: HashMap<String, String>,
     unnamed: String,
     bound: String,
@@ -627,23 +630,44 @@ fn without_literals(sql: &str) -> String {
     out
 }
 
+/// The codes of the requests that may precede the startup message.
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+
 impl Parser {
+    /// Stops counting this connection, saying so once on stderr (the bench's
+    /// log), rather than panic on a slice and take the relay thread down.
+    fn lose(&mut self, why: &str) {
+        eprintln!("proxy: {why}: this connection is no longer counted");
+        self.lost = true;
+        self.buf = Vec::new();
+    }
+
     fn feed(&mut self, data: &[u8], s: &mut Stats) {
+        if self.lost {
+            return;
+        }
         self.buf.extend_from_slice(data);
         let mut at = 0;
         loop {
             let rest = &self.buf[at..];
             if !self.started {
-                // StartupMessage: length, then protocol and parameters; no type byte.
-                if rest.len() < 4 {
+                // StartupMessage: length, then protocol and parameters; no type
+                // byte. An SSL or GSSAPI encryption request (the same layout,
+                // answered with one byte) may come first.
+                if rest.len() < 8 {
                     break;
                 }
                 let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                if len < 8 {
+                    return self.lose("a startup message shorter than 8 bytes");
+                }
                 if rest.len() < len {
                     break;
                 }
+                let code = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
+                self.started = !matches!(code, SSL_REQUEST | GSSENC_REQUEST);
                 at += len;
-                self.started = true;
                 continue;
             }
             if rest.len() < 5 {
@@ -651,6 +675,9 @@ impl Parser {
             }
             let ty = rest[0];
             let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            if len < 4 {
+                return self.lose("a message shorter than its length field");
+            }
             if rest.len() < 1 + len {
                 break;
             }
@@ -861,6 +888,34 @@ mod tests {
         parser.feed(&query[3..], &mut s);
         assert_eq!(s.simple_query, 1);
         assert_eq!(s.statements.get("SELECT N"), Some(&1));
+    }
+
+    #[test]
+    fn an_encryption_request_before_the_startup_message_is_not_taken_for_it() {
+        let mut parser = Parser::default();
+        let mut s = Stats::default();
+        let ssl_request = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+        parser.feed(&ssl_request, &mut s);
+        parser.feed(&STARTUP, &mut s);
+        parser.feed(&message(b'Q', b"SELECT 1\0"), &mut s);
+        assert_eq!(s.simple_query, 1);
+        assert_eq!(s.statements.get("SELECT N"), Some(&1));
+    }
+
+    #[test]
+    fn bytes_that_are_not_the_protocol_stop_the_count_without_a_panic() {
+        let mut parser = Parser::default();
+        let mut s = Stats::default();
+        parser.feed(&STARTUP, &mut s);
+        // A length of 2, shorter than the length field itself.
+        parser.feed(&[b'Q', 0, 0, 0, 2], &mut s);
+        parser.feed(&message(b'Q', b"SELECT 1\0"), &mut s);
+        assert_eq!(s.simple_query, 0, "counted after the stream was lost");
+        assert!(parser.lost && parser.buf.is_empty());
+
+        let mut parser = Parser::default();
+        parser.feed(&[0, 0, 0, 3, 0, 3, 0, 0], &mut s);
+        assert!(parser.lost, "a startup message shorter than 8 bytes");
     }
 
     #[test]
