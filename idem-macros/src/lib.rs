@@ -91,7 +91,8 @@ use proc_macro::TokenStream;
 ///
 /// For an effect outside the database (a payment provider). The claim commits on
 /// its own with an owner token; the handler takes `lease: &mut idem_runtime::Lease<Postgres>`
-/// (`&mut Lease<sqlx::Sqlite>` on SQLite) instead of a transaction, passes
+/// (`Lease<sqlx::Sqlite>`, `Lease<sqlx::MySql>`, or `Lease<Redis>` on a Redis lease
+/// store) instead of a transaction, passes
 /// `lease.downstream_key()` to the downstream system's own idempotency, and may
 /// return `idem_runtime::Uncertain` when the effect's outcome is unknown. The lease
 /// (between 100 ms and 100 years) is renewed every third of its length while the
@@ -129,7 +130,7 @@ use proc_macro::TokenStream;
 /// * A free `async fn`: not `unsafe`, `extern` or `const`, no `self`, no generic,
 ///   lifetime or const parameters, no `where` clause, no `impl Trait` or
 ///   `#[cfg]` parameters.
-/// * One parameter `tx: &mut idem_runtime::Tx<Postgres>` (`&mut Tx<sqlx::Sqlite>` on SQLite),
+/// * One parameter `tx: &mut idem_runtime::Tx<Postgres>` (`Tx<sqlx::Sqlite>`, `Tx<sqlx::MySql>`),
 ///   written with its name `Tx`, which picks the backend: the transaction in which
 ///   the key was claimed. Write the operation's effects through it (`&mut **tx` is
 ///   the connection); they commit together with the stored outcome. There is no
@@ -217,9 +218,9 @@ use proc_macro::TokenStream;
 ///         .and_then(|fp| rt::fingerprint_body(fp, &cmd));
 ///     let handler = rt::handler_for(&idempotency, move |tx| Box::pin(async move {
 ///         let out = __idem_inner(caller, tx, cmd).await;
-///         // a `Result` becomes `HandlerOutcome::from_result(out)` (an `Err` rolls
-///         // back), any other response `HandlerOutcome::ok(out)`
-///         rt::HandlerOutcome::from_result(out)
+///         // the return type picks the outcome: a `Result`'s `Err` rolls back,
+///         // any other response is the answer (resolved at the return type's span)
+///         (&rt::KindProbe(&out)).__idem_kind().outcome(out)
 ///     }));
 ///     rt::run(idempotency, &__IDEM_SPEC, tenant, fingerprint, handler).await
 ///     // leased mode: `rt::leased_handler_for`, and `run` takes the lease's mode
@@ -284,9 +285,9 @@ use proc_macro::TokenStream;
 ///
 /// # Limitations
 ///
-/// * PostgreSQL, or SQLite with `tx: &mut Tx<Sqlite>`. In the transactional mode
-///   the effect must live in the same database; effects elsewhere take the leased
-///   mode (either database).
+/// * PostgreSQL, SQLite or MySQL / MariaDB (`Tx<..>` names the one). In the
+///   transactional mode the effect must live in the same database; effects elsewhere
+///   take the leased mode, on any of them or on Redis (`Lease<Redis>`).
 /// * The body is buffered by its extractor before the claim, and the response is
 ///   buffered before it is stored (limit: `Idem::with_max_response_bytes`, 1 MiB by
 ///   default; a larger response rolls back and answers `500`; in leased mode, where

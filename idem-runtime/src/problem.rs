@@ -27,6 +27,9 @@ pub const INVALID_TENANT: &str = idem_wire::problem::INVALID_TENANT;
 /// `500`: the request body could not be fingerprinted.
 pub const FINGERPRINT_FAILED: &str = idem_wire::problem::FINGERPRINT_FAILED;
 /// `503`: the idempotency store failed; nothing was stored and a retry is safe.
+/// Also `500` when the handler's response itself could not be captured for storing
+/// (its body failed mid-stream, a header that is not text): the operation was
+/// rolled back.
 pub const STORE_UNAVAILABLE: &str = idem_wire::problem::STORE_UNAVAILABLE;
 /// `503`: the database stayed locked by other writers past the claim's wait
 /// (SQLite); nothing was reserved and a retry is safe.
@@ -62,8 +65,8 @@ pub struct Problem {
     /// What went wrong with this request. Never holds the raw idempotency key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
-    /// For [`IN_FLIGHT`], [`OUTCOME_UNCERTAIN`] and [`STORE_UNAVAILABLE`]:
-    /// seconds after which a retry may succeed.
+    /// For [`IN_FLIGHT`], [`OUTCOME_UNCERTAIN`], [`STORE_UNAVAILABLE`],
+    /// [`STORE_BUSY`] and [`AT_CAPACITY`]: seconds after which a retry may succeed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
 }

@@ -100,6 +100,8 @@ pub const OPERATION_NOT_FOUND: &str = "urn:idem:problem:operation-not-found";
 
 /// `503`: the idempotency store failed; nothing was stored and a retry with the
 /// same key is safe.
+/// (`500` when the response itself could not be captured for storing; the
+/// operation was rolled back, and a retry is safe too.)
 ///
 /// ```
 /// assert_eq!(idem_wire::problem::STORE_UNAVAILABLE, "urn:idem:problem:store-unavailable");

@@ -22,9 +22,10 @@
 //! It runs on every database idem runs on (the pool's type picks it) and, with
 //! the feature `redis`, on a Redis store ([`LeaseBackend`] is the seam). A claim
 //! that cannot get its lock in time answers "in flight": on PostgreSQL after
-//! 200 ms on the key's row, on MySQL after its lock wait, on SQLite after the
-//! connection's busy timeout on the database's one write lock; on Redis a claim
-//! is one script and waits for nothing. On Redis a finished record that expired
+//! 200 ms on the key's row, on MySQL after its lock wait. On SQLite, past the
+//! connection's busy timeout on the database's one write lock, it answers
+//! [`LeasedClaim::Busy`] (`503` `store-busy`) instead. On Redis a claim is one
+//! script and waits for nothing. On Redis a finished record that expired
 //! is forgotten whole, so its next execution starts again at generation 1.
 //!
 //! The module holds the lease itself ([`Lease`], [`claim_leased`]); its background

@@ -10,8 +10,8 @@
 //! // or a Redis Cluster, by some of its nodes:
 //! // RedisLeaseStore::connect_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]).await?
 //! let idem: idem_runtime::Idem<Redis> = store.idem();
-//! // handlers: #[idempotent(operation = "create-payment", lease = "30s")]
-//! //           async fn pay(lease: &mut idem_runtime::Lease<Redis>, ...) -> ...
+//! // handlers: #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
+//! //           async fn pay(#[tenant] caller: Caller, lease: &mut idem_runtime::Lease<Redis>, ...) -> ...
 //! # Ok(()) }
 //! ```
 //!
