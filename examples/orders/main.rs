@@ -295,8 +295,6 @@ async fn app(store: Store, settings: &Settings) -> Result<(Router, Executions), 
     }
 }
 
-/// The Redis lease store `IDEM_LEASE_STORE` names, if it names one: one
-/// server, or (several URLs separated by commas) the nodes of a Redis Cluster.
 /// `IDEM_KEY_RING` and `IDEM_ACTIVE_KEY`, if set.
 fn key_ring() -> Result<Option<KeyRing>, String> {
     let ring = KeyRing::from_env().map_err(|e| format!("cannot use IDEM_KEY_RING: {e}"))?;
@@ -310,7 +308,9 @@ fn key_ring() -> Result<Option<KeyRing>, String> {
     Ok(ring)
 }
 
-/// `IDEM_LEASE_STORE`, sealing with `ring` when there is one.
+/// The Redis lease store `IDEM_LEASE_STORE` names, if it names one: one
+/// server, or (several URLs separated by commas) the nodes of a Redis Cluster;
+/// sealing with `ring` when there is one.
 async fn lease_store(ring: Option<&KeyRing>) -> Result<Option<RedisLeaseStore>, String> {
     let Ok(value) = std::env::var("IDEM_LEASE_STORE") else {
         return Ok(None);
