@@ -27,9 +27,9 @@ pub const INVALID_TENANT: &str = idem_wire::problem::INVALID_TENANT;
 /// `500`: the request body could not be fingerprinted.
 pub const FINGERPRINT_FAILED: &str = idem_wire::problem::FINGERPRINT_FAILED;
 /// `503`: the idempotency store failed; nothing was stored and a retry is safe.
-/// Also `500` when the handler's response itself could not be captured for storing
-/// (its body failed mid-stream, a header that is not text): the operation was
-/// rolled back.
+/// Also `500` when the handler's response itself could not be captured for
+/// storing (its body failed mid-stream, or a stored header's value is not text):
+/// the operation was rolled back.
 pub const STORE_UNAVAILABLE: &str = idem_wire::problem::STORE_UNAVAILABLE;
 /// `503`: the database stayed locked by other writers past the claim's wait
 /// (SQLite); nothing was reserved and a retry is safe.
