@@ -28,7 +28,7 @@ async fn rebuild_index(lease: &mut Lease<Postgres>) -> StatusCode {
 
 #[tokio::test(flavor = "current_thread")]
 async fn mounts_on_a_router() {
-    let idem = Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap());
+    let idem = idem();
     let _: Router = Router::new()
         .route("/exports", post(create_export))
         .route("/index", post(rebuild_index))

@@ -25,7 +25,7 @@ async fn create_payment(
 
 #[tokio::test(flavor = "current_thread")]
 async fn mounts_on_a_router() {
-    let idem = Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap());
+    let idem = idem();
     let _: Router = Router::new()
         .route("/payments", post(create_payment))
         .with_state(idem);

@@ -743,10 +743,7 @@ mod tests {
     /// A stand-in for PostgreSQL on one connection: it answers every read with
     /// `reply` of what it read, at once, and closes when the proxy does.
     fn upstream(reply: impl Fn(&[u8]) -> Vec<u8> + Send + 'static) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let (mut socket, _) = listener.accept().unwrap();
+        serving_one(move |mut socket| {
             let mut buf = vec![0u8; 256 * 1024];
             loop {
                 let n = match socket.read(&mut buf) {
@@ -757,7 +754,15 @@ mod tests {
                     return;
                 }
             }
-        });
+        })
+    }
+
+    /// The address of a listener whose first connection `serve` takes, on a
+    /// thread of its own.
+    fn serving_one(serve: impl FnOnce(TcpStream) + Send + 'static) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || serve(listener.accept().unwrap().0));
         addr
     }
 
@@ -767,16 +772,12 @@ mod tests {
     /// wait on a peer that waits on it (an echo writing back while the client
     /// still writes), and the test would depend on the kernel's buffer sizes.
     fn echo_after_end() -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let (mut socket, _) = listener.accept().unwrap();
+        serving_one(|mut socket| {
             let mut read = Vec::new();
             if socket.read_to_end(&mut read).is_ok() {
                 let _ = socket.write_all(&read);
             }
-        });
-        addr
+        })
     }
 
     fn client(upstream: String, options: Options) -> TcpStream {
