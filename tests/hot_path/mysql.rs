@@ -4,8 +4,9 @@
 //! outcome, the in-flight bound on a key another transaction holds (in both
 //! forms of the insert: MariaDB's `SET STATEMENT` and MySQL 8's session variable
 //! set around it, given back after), a leased row left alone, the claim-first
-//! path when claims at commit are off, and no lock wait left on a pooled
-//! connection.
+//! path when claims at commit are off, and no lock wait or transaction left on
+//! a pooled connection (a claim dropped half-way, a lock wait that could not
+//! be given back, a `BEGIN` whose answer came after the request's deadline).
 
 use std::time::{Duration, Instant};
 
@@ -184,7 +185,7 @@ async fn a_key_held_by_another_transaction_is_answered_409_after_the_bound() {
         let db = MySqlDb::with_pool_size(1).await;
         db.exec(WIDGETS).await;
         let holder_pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
-        idem_runtime::test_util::assume_set_statement(Some(set_statement));
+        let _form = insert_form(set_statement).await;
         let r = router(Idem::new(db.pool.clone()).with_in_flight_wait(Duration::from_millis(1)));
         let before: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
             .fetch_one(&db.pool)
@@ -237,7 +238,6 @@ async fn a_key_held_by_another_transaction_is_answered_409_after_the_bound() {
         assert_eq!((status, replayed), (StatusCode::CREATED, false));
         assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
     }
-    idem_runtime::test_util::assume_set_statement(None);
 }
 
 /// A leased execution's row that appears while the handler runs (committed by
@@ -387,7 +387,7 @@ async fn a_takeover_of_a_row_swept_meanwhile_writes_its_executions_generation() 
     for set_statement in [true, false] {
         let case = format!("SET STATEMENT {set_statement}");
         let db = MySqlDb::new().await;
-        idem_runtime::test_util::assume_set_statement(Some(set_statement));
+        let _form = insert_form(set_statement).await;
         let idem: Idem<MySql> = Idem::new(db.pool.clone());
         let wait = Duration::from_secs(1);
         let key = IdempotencyKey::parse("generation").unwrap();
@@ -427,7 +427,6 @@ async fn a_takeover_of_a_row_swept_meanwhile_writes_its_executions_generation() 
                 .unwrap();
         assert_eq!((generation, &body[..]), (2, &b"new"[..]), "{case}");
     }
-    idem_runtime::test_util::assume_set_statement(None);
 }
 
 /// A finished row whose insert waited for another holder of the key longer
@@ -440,7 +439,7 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
     use idem_runtime::test_util::{Finish, HandlerPath};
     for set_statement in [true, false] {
         let db = MySqlDb::new().await;
-        idem_runtime::test_util::assume_set_statement(Some(set_statement));
+        let _form = insert_form(set_statement).await;
         let idem: Idem<MySql> = Idem::new(db.pool.clone());
         let wait = Duration::from_secs(3);
         let key = IdempotencyKey::parse("short-retention").unwrap();
@@ -525,5 +524,252 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
             "SET STATEMENT {set_statement}: a retry replays: {again:?}"
         );
     }
-    idem_runtime::test_util::assume_set_statement(None);
+}
+
+/// A claim whose request deadline strikes while its `BEGIN` is on the way
+/// back does not give the pool a connection the server holds a transaction
+/// on: sqlx counts a MySQL transaction only once the server's answer is in, so
+/// a connection dropped before then would go back with nothing queued to end
+/// it, and the next autocommit write on it would never commit. The relay holds
+/// the server's answers until the deadline has struck; that the server had
+/// answered the `BEGIN` by then (the session in a transaction) is checked.
+#[tokio::test]
+async fn a_claim_dropped_while_its_begin_is_answered_leaves_no_transaction_on_a_pooled_connection()
+{
+    let db = MySqlDb::new().await;
+    db.exec(WIDGETS).await;
+    let relay = Relay::to(&db.url).await;
+    // No acquire ping: the claim's first message is its `BEGIN`.
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(relay.options.clone())
+        .await
+        .unwrap();
+    let r = router(
+        Idem::new(pool.clone())
+            .with_claims_at_commit(false)
+            .with_in_flight_wait(Duration::from_millis(100))
+            .with_request_deadline(Duration::from_secs(1)),
+    );
+    let (status, _, _, _) = send(&r, request("/widgets", "k0", json!({"name": "warm"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    relay
+        .until("the connection is idle in the pool", || {
+            pool.num_idle() == 1
+        })
+        .await;
+
+    relay.hold.send_replace(true);
+    let (status, _, _, body) = send(&r, request("/widgets", "k1", json!({"name": "cut"}))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+    assert!(
+        ends_in_transaction(&relay.held.lock().unwrap()),
+        "the server had begun the claim's transaction when its deadline struck"
+    );
+    relay.hold.send_replace(false);
+
+    sqlx::query("INSERT INTO widgets (tenant, name) VALUES ('acme', 'after')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM widgets WHERE name = 'after'")
+            .await,
+        1,
+        "the pool handed out a connection inside the dropped claim's transaction"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+}
+
+/// MySQL 8's form of the insert: where giving the session's lock wait back
+/// after the insert fails with an error the server answered, the connection is
+/// closed, not pooled with idem's bound on it, and nothing commits.
+/// Deterministic: a trigger of the test's overwrites the saved setting during
+/// the insert with a text, which the server refuses to give the session.
+#[tokio::test]
+async fn a_lock_wait_that_could_not_be_given_back_leaves_with_its_connection() {
+    let db = MySqlDb::with_pool_size(1).await;
+    db.exec(WIDGETS).await;
+    db.exec(
+        "CREATE TRIGGER lose_the_saved_wait BEFORE INSERT ON idempotency_requests \
+         FOR EACH ROW SET @idem_saved_lock_wait = 'not a number'",
+    )
+    .await;
+    let server_default: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        server_default > 1,
+        "the server's own lock wait is idem's bound"
+    );
+    let _form = insert_form(false).await;
+    let r = router(Idem::new(db.pool.clone()));
+    let (status, _, _, body) = send(&r, request("/widgets", "k-lost", json!({"name": "x"}))).await;
+    // Nothing stored: answered as a store that failed, or as a key still in
+    // flight (what the key holds once this execution rolled back).
+    assert!(
+        status.is_server_error() || status == StatusCode::CONFLICT,
+        "{status}: {body:?}"
+    );
+    let next: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        next, server_default,
+        "the pool handed out a connection with idem's lock wait on it"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+}
+
+/// Sends the insert in MySQL 8's form (`false`: the session's lock wait set
+/// around it) or MariaDB's (`true`: `SET STATEMENT`) while the guard is held.
+/// The choice is the process's, so the tests that make one take turns; the
+/// others learn the server's form and keep to a choice once made.
+async fn insert_form(set_statement: bool) -> InsertForm {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let turn = TURN.lock().await;
+    idem_runtime::test_util::assume_set_statement(Some(set_statement));
+    InsertForm(turn)
+}
+
+/// See [`insert_form`]; dropped, the process learns the server's form again.
+struct InsertForm(#[allow(dead_code)] tokio::sync::MutexGuard<'static, ()>);
+
+impl Drop for InsertForm {
+    fn drop(&mut self) {
+        idem_runtime::test_util::assume_set_statement(None);
+    }
+}
+
+/// A TCP relay in front of the test's MySQL server whose answers to the client
+/// can be held back (kept in [`Relay::held`]) and then let through.
+struct Relay {
+    /// The test database's options, through the relay.
+    options: sqlx::mysql::MySqlConnectOptions,
+    /// While true, what the server says is held back.
+    hold: tokio::sync::watch::Sender<bool>,
+    /// What the server said while held, not yet passed on.
+    held: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Relay {
+    async fn to(url: &str) -> Relay {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let direct: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
+        let server = format!("{}:{}", direct.get_host(), direct.get_port());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let options = direct
+            .host("127.0.0.1")
+            .port(listener.local_addr().unwrap().port());
+        let (hold, _) = tokio::sync::watch::channel(false);
+        let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (watch, kept) = (hold.clone(), held.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = tokio::net::TcpStream::connect(&server).await.unwrap();
+                let (mut client_rx, mut client_tx) = client.into_split();
+                let (mut server_rx, mut server_tx) = upstream.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_rx, &mut server_tx).await;
+                    let _ = server_tx.shutdown().await;
+                });
+                let (mut hold, kept) = (watch.subscribe(), kept.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        tokio::select! {
+                            read = server_rx.read(&mut buf) => {
+                                let n = match read {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => n,
+                                };
+                                if *hold.borrow() {
+                                    kept.lock().unwrap().extend_from_slice(&buf[..n]);
+                                } else if client_tx.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                            changed = hold.changed() => {
+                                if changed.is_err() {
+                                    return;
+                                }
+                                if !*hold.borrow_and_update() {
+                                    let out = std::mem::take(&mut *kept.lock().unwrap());
+                                    if client_tx.write_all(&out).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Relay {
+            options,
+            hold,
+            held,
+        }
+    }
+
+    /// Waits until `holds` (what happens on the relay's tasks or the pool's,
+    /// which announce nothing); after 10 s the test fails with `what`.
+    async fn until(&self, what: &str, mut holds: impl FnMut() -> bool) {
+        for _ in 0..10_000 {
+            if holds() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("never: {what}");
+    }
+}
+
+/// Whether `bytes`, the server's packets from a packet's start, hold an OK
+/// packet that ends a message (no more results to come) with the session in a
+/// transaction (`SERVER_STATUS_IN_TRANS`).
+fn ends_in_transaction(bytes: &[u8]) -> bool {
+    const IN_TRANS: u16 = 0x0001;
+    const MORE_RESULTS: u16 = 0x0008;
+    /// The length of a length-encoded integer, from its first byte.
+    fn int_len(first: u8) -> usize {
+        match first {
+            0xfc => 3,
+            0xfd => 4,
+            0xfe => 9,
+            _ => 1,
+        }
+    }
+    let mut rest = bytes;
+    while rest.len() >= 4 {
+        let len = usize::from(rest[0]) | usize::from(rest[1]) << 8 | usize::from(rest[2]) << 16;
+        let Some(payload) = rest.get(4..4 + len) else {
+            return false;
+        };
+        if payload.first() == Some(&0) {
+            // Affected rows and last insert id, then the status flags.
+            let mut at = 1;
+            for _ in 0..2 {
+                match payload.get(at) {
+                    Some(&first) => at += int_len(first),
+                    None => return false,
+                }
+            }
+            if let Some(flags) = payload.get(at..at + 2) {
+                let flags = u16::from_le_bytes([flags[0], flags[1]]);
+                if flags & IN_TRANS != 0 && flags & MORE_RESULTS == 0 {
+                    return true;
+                }
+            }
+        }
+        rest = &rest[4 + len..];
+    }
+    false
 }

@@ -900,6 +900,50 @@ async fn a_remembered_keys_read_on_a_dropped_connection_is_made_again() {
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
+/// A server that ends idle sessions (`idle_session_timeout`, PostgreSQL 14 on)
+/// answers the next message on one with `57P05`: a lost connection as much as
+/// an administrator's termination is, so a remembered key's read on it is made
+/// again on a tested connection rather than answered `503`.
+#[tokio::test]
+async fn a_remembered_keys_read_on_a_session_the_server_timed_out_is_made_again() {
+    let (db, pool) = widgets_on_one_connection().await;
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    let (status, replayed, first) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert!(status.is_success() && !replayed, "{status}: {first:?}");
+
+    // The setting on the pool's one connection, which the server then ends
+    // once it has been idle that long (well after its release ping).
+    let pid = {
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::query("SET idle_session_timeout = 500")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        backend_pid(&mut *conn).await
+    };
+    until_idle(&pool).await;
+    until("the server ended the idle session", || async {
+        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        alive == 0
+    })
+    .await;
+    assert_eq!(pool.num_idle(), 1, "the ended session is idle in the pool");
+
+    let (status, replayed, body) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    assert_ne!(
+        backend_pid(&pool).await,
+        pid,
+        "the ended session was replaced"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
 /// Only an answer is decided on a connection taken without the pool's test:
 /// a remembered key that is to execute again (its row purged) runs its
 /// handler's transaction on a connection the pool's `before_acquire` saw.
@@ -1165,6 +1209,37 @@ async fn a_stalled_read_of_a_remembered_key_frees_its_pool_slot() {
     let (status, replayed, body) = send(&r, widget()).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, first, "the stored answer, on a new connection");
+}
+
+/// The same where the pool keeps no session (the path of bound parameters): a
+/// first execution's read of its key before the transaction stalls, ends with
+/// the request's deadline, and its connection is closed; the key executes
+/// once the connection is back.
+#[tokio::test]
+async fn a_stalled_read_before_the_transaction_frees_its_pool_slot() {
+    let (db, proxy, pool) = widgets_through(false, 1).await;
+    let r = router(
+        Idem::new(pool.clone())
+            .with_session_statements(false)
+            .with_in_flight_wait(std::time::Duration::from_millis(100))
+            .with_request_deadline(std::time::Duration::from_secs(1)),
+    );
+    let widget = |key: &str| request("/widgets", key, json!({"name": "a"}));
+    let (status, _, body) = send(&r, widget("k0")).await;
+    assert!(status.is_success(), "{status}: {body:?}");
+    until_idle(&pool).await;
+
+    proxy.stall.send_replace(true);
+    let (status, _, body) = send(&r, widget("k1")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+    until("the stalled connection gave up the pool's slot", || async {
+        pool.size() == 0
+    })
+    .await;
+    proxy.stall.send_replace(false);
+    let (status, replayed, body) = send(&r, widget("k1")).await;
+    assert!(status.is_success() && !replayed, "{status}: {body:?}");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
 }
 
 /// A session that has the probe but lacks the lookup (one an earlier release

@@ -1,12 +1,19 @@
 //! What PostgreSQL's and MySQL's handler paths share, where the key is claimed
 //! by the finished row at commit: the answer of an execution whose transaction
 //! did not commit its own row.
+//!
+//! A read here dropped half-way (the request's deadline on a connection cut
+//! without a word) closes its connection rather than give it back to the pool,
+//! where its release ping would wait, with no bound, for an answer that is
+//! not coming, and hold a slot of the pool while it does.
 
 use std::future::Future;
 
 use sqlx::Database;
+use sqlx::pool::PoolConnection;
 
 use crate::db::ClaimContext;
+use crate::db::tx::ClosedIfDropped;
 use crate::decide::{self, KeySnapshot};
 use crate::fingerprint::Fingerprint;
 use crate::key::KeyDigest;
@@ -26,20 +33,23 @@ pub(crate) trait KeyLookup: Database {
 }
 
 /// The handler path's first step where the key is claimed at commit: `req`'s
-/// key looked up, outside any transaction, and the claim decided on it.
+/// key looked up on `conn`, outside any transaction, and the claim decided on
+/// it. The connection comes back with the decision.
 pub(crate) async fn decide_claim<DB: KeyLookup>(
-    conn: &mut DB::Connection,
+    conn: PoolConnection<DB>,
     req: &ClaimRequest<'_>,
-) -> Result<decide::TransactionalStep, StoreError> {
+) -> Result<(PoolConnection<DB>, decide::TransactionalStep), StoreError> {
+    let mut conn = ClosedIfDropped::new(conn);
     let snapshot = DB::lookup(
-        conn,
+        conn.conn(),
         req.tenant,
         req.operation,
         req.key.digest(),
         &req.fingerprint,
     )
-    .await?;
-    Ok(decide::transactional(snapshot, req.in_flight_wait))
+    .await;
+    let conn = conn.release();
+    Ok((conn, decide::transactional(snapshot?, req.in_flight_wait)))
 }
 
 /// What a request that did not commit answers instead of its own outcome, when
@@ -62,14 +72,15 @@ pub(crate) async fn answer_instead<DB: KeyLookup>(
     ctx: &ClaimContext<'_, DB>,
     execution: &Execution,
 ) -> Result<Claim, StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
+    let mut conn = ClosedIfDropped::new(ctx.pool.acquire().await?);
     let snapshot = DB::lookup(
-        &mut conn,
+        conn.conn(),
         &execution.tenant,
         &execution.operation,
         execution.key,
         &execution.fingerprint,
     )
-    .await?;
-    Ok(decide::after_execution(snapshot, execution.in_flight_wait))
+    .await;
+    drop(conn.release());
+    Ok(decide::after_execution(snapshot?, execution.in_flight_wait))
 }

@@ -23,6 +23,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use super::leases::SqlLeases;
 use super::stores::{Admin, Purge, Rekey, Transitions, Upkeep};
+use super::tx::ClosedIfDropped;
 use crate::key::KeyDigest;
 use crate::model::{
     FencedWrite, InFlightSummary, KeyAddress, KeyRecord, KeyUse, PurgeError, ResealRow, Resource,
@@ -349,7 +350,12 @@ where
     for<'q> String: Decode<'q, DB> + Type<DB>,
     for<'q> &'q str: ColumnIndex<DB::Row>,
 {
-    let mut tx = pool.begin_with(sql.begin).await?;
+    // Dropped before it is over (a caller's timeout), the connection is closed:
+    // MySQL's driver counts a transaction only once `BEGIN` is answered, so one
+    // dropped before then would go back to the pool inside this read-only one.
+    let mut conn = ClosedIfDropped::new(pool.acquire().await?);
+    let mut tx =
+        sqlx::Connection::begin_with(&mut **conn.conn(), sqlx::AssertSqlSafe(sql.begin)).await?;
     let ages = sqlx::query(sql.ages).fetch_one(&mut *tx).await?;
     let mut groups = sqlx::query(sql.groups);
     if sql.groups_at_now {
@@ -359,6 +365,7 @@ where
     let snapshot = super::rows::snapshot(&ages, &groups)?;
     // Read only: there is nothing to commit.
     tx.rollback().await?;
+    drop(conn.release());
     Ok(snapshot)
 }
 

@@ -55,8 +55,9 @@ pub struct Tx<DB: Backend> {
     /// connection rather than queue a rollback on a connection that may be stuck.
     abandon_at: Option<tokio::time::Instant>,
     /// A session setting of idem's is on the connection (see
-    /// [`Tx::session_changed`]): a drop closes it.
-    session_changed: bool,
+    /// [`Tx::session_changed`]), or idem's statement is on its way (see
+    /// [`Tx::in_idems_statement`]): a drop closes it.
+    closes_if_dropped: bool,
 }
 
 impl<DB: Backend> Tx<DB> {
@@ -68,13 +69,17 @@ impl<DB: Backend> Tx<DB> {
         pool: &Pool<DB>,
         statement: Option<SqlStr>,
     ) -> Result<Self, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        <DB as Database>::TransactionManager::begin(&mut conn, statement).await?;
+        // Dropped half-way (the request's deadline, a client gone), the
+        // connection is closed: MySQL's driver counts the transaction only once
+        // the server has answered, so one dropped before then would go back to
+        // the pool inside a transaction with nothing queued to end it.
+        let mut guard = ClosedIfDropped(Some(pool.acquire().await?));
+        <DB as Database>::TransactionManager::begin(guard.conn(), statement).await?;
         Ok(Tx {
-            conn,
+            conn: guard.release(),
             open: true,
             abandon_at: None,
-            session_changed: false,
+            closes_if_dropped: false,
         })
     }
 
@@ -103,7 +108,7 @@ impl<DB: Backend> Tx<DB> {
                 conn,
                 open: true,
                 abandon_at: None,
-                session_changed: false,
+                closes_if_dropped: false,
             }),
             Err(e) => Err((conn, e)),
         }
@@ -117,7 +122,7 @@ impl<DB: Backend> Tx<DB> {
             conn,
             open: false,
             abandon_at: None,
-            session_changed: false,
+            closes_if_dropped: false,
         }
     }
 
@@ -127,7 +132,17 @@ impl<DB: Backend> Tx<DB> {
     /// rather than return it to the pool with idem's setting on it.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn session_changed(&mut self, changed: bool) {
-        self.session_changed = changed;
+        self.closes_if_dropped = changed;
+    }
+
+    /// Whether one of idem's statements is on its way before the request's
+    /// deadline is set on this value (a claim before the handler): dropped
+    /// then (a caller's timeout on a connection cut without a word), the
+    /// connection is closed rather than given back to wait, in the pool's
+    /// release ping, for an answer that is not coming.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn in_idems_statement(&mut self, on: bool) {
+        self.closes_if_dropped = on;
     }
 
     /// Sets when the request is abandoned (see the field).
@@ -223,7 +238,7 @@ impl<DB: Database> Drop for ClosedIfDropped<DB> {
 
 impl<DB: Backend> Drop for Tx<DB> {
     fn drop(&mut self) {
-        if self.session_changed {
+        if self.closes_if_dropped {
             self.conn.close_on_drop();
             return;
         }

@@ -163,14 +163,17 @@ pub(super) fn taken(
 }
 
 /// The answer for a request that did not finish by its deadline: its work was
-/// dropped, its transaction rolled back with its connection closed (or, if the
-/// deadline struck during the commit, committed: a retry then replays).
+/// dropped, its transaction rolled back with its connection closed (or, if its
+/// `COMMIT` had been sent, committed: a retry then replays). On PostgreSQL's
+/// session path the finished row travels in the `COMMIT`'s message, so a
+/// deadline that struck while that row waited for another holder of the key
+/// counts too.
 pub(super) fn abandoned(op: &'static str, deadline: tokio::time::Instant) -> Response {
     metrics::completion(op, "deadline");
     tracing::error!(
         operation = op,
         late_ms = deadline.elapsed().as_millis() as u64,
-        "idem: request deadline passed; the request was abandoned (its transaction rolls back, unless the deadline struck during its commit: then it may still commit, and a retry replays it)"
+        "idem: request deadline passed; the request was abandoned (its transaction rolls back, unless its COMMIT had been sent: then it may still commit, and a retry replays it)"
     );
     Problem::store_unavailable()
         .with_detail(

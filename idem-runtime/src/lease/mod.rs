@@ -266,10 +266,12 @@ impl<DB: LeaseBackend> Lease<DB> {
 
     /// True once the lease is lost or taken to be: a renewal found the execution
     /// taken over, or the lease's length has passed since the claim or the last
-    /// renewal that got through was *sent* (renewals that hang, the renewal
-    /// ceiling, or a hand-written lease nobody renews). Measured from the send
-    /// time, it turns true no later than the store could hand the execution to
-    /// another worker; once true it stays true. Stop before calling downstream
+    /// renewal that got through was *sent*, less a margin for the store's
+    /// clock and this process's running at rates apart (a millisecond and a
+    /// thousandth of the lease), for renewals that hang, the renewal ceiling, or
+    /// a hand-written lease nobody renews. Measured from the send time, it turns
+    /// true no later than the store could hand the execution to another worker;
+    /// once true it stays true. Stop before calling downstream
     /// again. What the handler
     /// returns is still stored if no other worker took over (every store is fenced
     /// by the owner token), and never if one did.

@@ -18,6 +18,12 @@ use crate::model::{Fence, Owned, OwnerToken, StoreError};
 /// [`Lease::is_lost`](super::Lease::is_lost) true no later than the moment the
 /// store could hand the execution to another worker, whatever a hanging renewal
 /// does. Once lost, always lost: a late renewal does not revive it.
+///
+/// The two clocks are not one, though: the store reads its own (in whole
+/// milliseconds on MySQL, SQLite and Redis, so up to one earlier than the
+/// instant it reads), and the two may run at rates apart by what time
+/// synchronisation allows (NTP slews by at most 500 parts per million). So the
+/// lease is taken as lost [`Deadline::margin`] before `t + lease`.
 #[derive(Debug)]
 pub(crate) struct Deadline {
     base: Instant,
@@ -31,20 +37,32 @@ impl Deadline {
     pub(crate) fn new(sent: Instant, lease: Duration) -> Self {
         Deadline {
             base: sent,
-            until: AtomicU64::new(nanos(lease)),
+            until: AtomicU64::new(nanos(Self::held(lease))),
             lost: AtomicBool::new(false),
         }
     }
 
+    /// How much sooner than `sent + lease` the lease is taken as lost: a
+    /// millisecond for the store's clock, and a thousandth of the lease (twice
+    /// NTP's largest slew) for clocks running at different rates.
+    pub(crate) fn margin(lease: Duration) -> Duration {
+        Duration::from_millis(1) + lease / 1000
+    }
+
+    /// How long a lease sent for `lease` is taken to hold on this clock.
+    fn held(lease: Duration) -> Duration {
+        lease.saturating_sub(Self::margin(lease))
+    }
+
     /// A renewal sent at `sent` succeeded: the lease holds until `sent + lease`
-    /// (never shortened, and never revived once lost).
+    /// less the margin (never shortened, and never revived once lost).
     pub(crate) fn renewed(&self, sent: Instant, lease: Duration) {
         if self.is_lost() {
             return;
         }
         let until = nanos(
             sent.saturating_duration_since(self.base)
-                .saturating_add(lease),
+                .saturating_add(Self::held(lease)),
         );
         self.until.fetch_max(until, Ordering::AcqRel);
     }
@@ -110,5 +128,33 @@ impl<DB: LeaseBackend> Renewer<DB> {
             self.deadline.lose();
         }
         Ok(kept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_taken_as_lost_its_margin_before_the_store_counts_it_out() {
+        let lease = Duration::from_secs(30);
+        let margin = Deadline::margin(lease);
+        assert_eq!(margin, Duration::from_millis(31));
+        let now = Instant::now();
+        let sent_ago = |ago: Duration| now.checked_sub(ago).unwrap();
+        assert!(
+            Deadline::new(sent_ago(lease - margin), lease).is_lost(),
+            "lost with only the margin left of the store's count"
+        );
+        let held = Deadline::new(sent_ago(lease - margin - Duration::from_secs(5)), lease);
+        assert!(!held.is_lost(), "held with more than the margin left");
+        assert!(held.left() <= Duration::from_secs(5));
+        // A renewal counts from its send time the same way.
+        held.renewed(sent_ago(Duration::from_secs(1)), lease);
+        let left = held.left();
+        assert!(
+            left <= lease - margin - Duration::from_secs(1) && left > Duration::from_secs(20),
+            "{left:?}"
+        );
     }
 }

@@ -246,8 +246,9 @@ impl HandlerPath for MySql {
         if !ctx.claims_at_commit {
             return claim_first(ctx, req).await;
         }
-        let mut conn = ctx.pool.acquire().await?;
-        let generation = match at_commit::decide_claim::<MySql>(&mut conn, req).await? {
+        let conn = ctx.pool.acquire().await?;
+        let (conn, step) = at_commit::decide_claim::<MySql>(conn, req).await?;
+        let generation = match step {
             decide::TransactionalStep::Execute { generation } => generation,
             decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
         };
@@ -275,14 +276,7 @@ impl HandlerPath for MySql {
             Err(e) => return Finish::NotStored(e),
         };
         let started = Instant::now();
-        // On MySQL 8 the insert's lock wait is a session setting set around it:
-        // dropped in between, the connection is closed (see `Tx::session_changed`).
-        // Once `upsert` returns, it gave the setting back (a lock-wait timeout
-        // included, the common failure under contention).
-        tx.session_changed(true);
-        let taken = upsert(tx.connection(), &execution, response, status, &headers).await;
-        tx.session_changed(false);
-        match taken {
+        match upsert(&mut tx, &execution, response, status, &headers).await {
             Ok(Some(_)) => match tx.commit().await {
                 Ok(()) => Finish::Committed,
                 Err(e) => Finish::Unknown(e.into()),
@@ -371,8 +365,13 @@ impl KeyLookup for MySql {
 
 /// The insert that claims the key, its wait bounded by the in-flight wait: the
 /// generation it took, or `None` when it left another execution's row alone.
+///
+/// On MySQL 8 the lock wait is a session setting set around the insert: from
+/// the change until it is given back (a lock-wait timeout included, the common
+/// failure under contention), a drop or an error closes the connection rather
+/// than pool it with idem's setting on it (see `Tx::session_changed`).
 async fn upsert(
-    conn: &mut MySqlConnection,
+    tx: &mut Tx<MySql>,
     execution: &Execution,
     response: &StoredResponse,
     status: i64,
@@ -411,7 +410,10 @@ async fn upsert(
     };
     if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);
-        match bind(bounded_upsert(secs))?.execute(&mut *conn).await {
+        match bind(bounded_upsert(secs))?
+            .execute(&mut **tx.connection())
+            .await
+        {
             Err(e) if error_number(&e) == Some(PARSE_ERROR) => {
                 // MySQL: a statement that did not parse changed nothing, and the
                 // transaction goes on.
@@ -428,11 +430,13 @@ async fn upsert(
     // Encoded before the session's lock wait changes: an encoding error then
     // leaves the session as it was.
     let upsert = bind(UPSERT_SQL)?;
-    bound_lock_wait(conn, execution.in_flight_wait).await?;
-    let done = upsert.execute(&mut *conn).await;
+    tx.session_changed(true);
+    bound_lock_wait(tx.connection(), execution.in_flight_wait).await?;
+    let done = upsert.execute(&mut **tx.connection()).await;
     // Given back whatever the insert did: a lock-wait timeout rolled back the
     // statement only, and the connection goes back to the pool.
-    restore_lock_wait(conn).await?;
+    restore_lock_wait(tx.connection()).await?;
+    tx.session_changed(false);
     done.map(taken)
 }
 

@@ -2,10 +2,11 @@
 //! stats snapshot. "Now" is the database's clock, in Unix milliseconds.
 
 use sqlx::mysql::MySqlArguments;
-use sqlx::{MySql, MySqlPool, Row};
+use sqlx::{Connection, MySql, MySqlPool, Row};
 
 use super::{BEGIN_READ_COMMITTED, now_ms};
 use crate::db::shared::SnapshotSql;
+use crate::db::tx::ClosedIfDropped;
 use crate::model::StoreError;
 
 /// A Unix-milliseconds expression as RFC 3339 text in UTC, whole seconds,
@@ -97,10 +98,15 @@ pub(super) async fn delete_chosen(
     pool: &MySqlPool,
     choose: sqlx::query::Query<'_, MySql, MySqlArguments>,
 ) -> Result<u64, StoreError> {
-    let mut tx = pool.begin_with(BEGIN_READ_COMMITTED).await?;
+    // Dropped before it is over (a sweeper stopped), the connection is closed:
+    // the driver counts the transaction only once `BEGIN` is answered, so one
+    // dropped before then would go back to the pool inside it.
+    let mut conn = ClosedIfDropped::new(pool.acquire().await?);
+    let mut tx = conn.conn().begin_with(BEGIN_READ_COMMITTED).await?;
     let keys = choose.fetch_all(&mut *tx).await?;
     if keys.is_empty() {
         tx.rollback().await?;
+        drop(conn.release());
         return Ok(0);
     }
     // The keys drive the join (STRAIGHT_JOIN) and reach the table through its
@@ -122,6 +128,7 @@ pub(super) async fn delete_chosen(
     }
     let done = query.execute(&mut *tx).await?;
     tx.commit().await?;
+    drop(conn.release());
     Ok(done.rows_affected())
 }
 

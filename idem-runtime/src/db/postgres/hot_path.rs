@@ -189,16 +189,18 @@ async fn begin_in_session(
         }
         // The message failed after `BEGIN` (or in it): the driver's queued
         // `ROLLBACK` goes now, before the connection is used or given back.
-        if let Err(rollback) = end_failed_begin(&mut conn).await {
-            conn.close_on_drop();
-            return Err(rollback.into());
-        }
+        // Failing, or dropped half-way (the request's deadline), the
+        // connection is closed.
+        let mut held = ClosedIfDropped::new(conn);
+        end_failed_begin(held.conn()).await?;
         if prepared || !session::is_missing_statement(&e) {
+            drop(held.release());
             return Err(e.into());
         }
         // A session that has not met idem yet (or lost its statements): prepare
         // them, once, and begin again.
-        session::prepare(&mut conn).await?;
+        session::prepare(held.conn()).await?;
+        conn = held.release();
         prepared = true;
     }
 }
@@ -322,7 +324,8 @@ async fn begin_remembered(
 /// finds) rather than that the server refused the statement: the I/O or the
 /// protocol failed, or the server ended the session (`08xxx`, or
 /// `57P01`–`57P03`: an administrator's termination, a crash, a server
-/// starting up).
+/// starting up; `57P05`: a session idle longer than the server's
+/// `idle_session_timeout`).
 fn connection_lost(e: &StoreError) -> bool {
     matches!(e, StoreError::Database(e) if lost_connection(e))
 }
@@ -330,9 +333,9 @@ fn connection_lost(e: &StoreError) -> bool {
 /// [`connection_lost`], of the driver's error.
 fn lost_connection(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "57P05")
+        }),
         sqlx::Error::Io(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::Tls(_)
@@ -573,7 +576,7 @@ impl HandlerPath for Postgres {
         {
             return begin_in_session(ctx, req, conn, Checkout::Untested).await;
         }
-        let mut conn = ctx.pool.acquire().await?;
+        let conn = ctx.pool.acquire().await?;
         if in_session {
             return begin_in_session(ctx, req, conn, Checkout::Tested).await;
         }
@@ -581,7 +584,8 @@ impl HandlerPath for Postgres {
         if !ctx.claims_at_commit {
             return claim_first(conn, req, begin).await;
         }
-        let generation = match at_commit::decide_claim::<Postgres>(&mut conn, req).await? {
+        let (conn, step) = at_commit::decide_claim::<Postgres>(conn, req).await?;
+        let generation = match step {
             decide::TransactionalStep::Execute { generation } => generation,
             decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
         };
@@ -686,8 +690,10 @@ async fn claim_first(
     begin: sqlx::SqlStr,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     let mut tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
-    let claim = Postgres::claim(tx.connection(), req).await?;
-    Ok((tx, claim))
+    tx.in_idems_statement(true);
+    let claim = Postgres::claim(tx.connection(), req).await;
+    tx.in_idems_statement(false);
+    Ok((tx, claim?))
 }
 
 /// The session path's finish: the finished row and `COMMIT AND CHAIN` in one
