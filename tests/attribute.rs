@@ -50,6 +50,7 @@ macro_rules! attribute_tests {
             a_response_over_the_limit_is_rolled_back_not_lost,
             single_tenant_handlers_run_and_replay,
             the_concrete_path_and_query_are_part_of_the_request,
+            a_nested_routes_full_path_is_part_of_the_request,
             a_rejected_fallible_body_is_answered_before_the_claim,
             an_optional_body_absent_and_present_are_different_requests,
             a_body_behind_an_alias_is_fingerprinted,

@@ -133,6 +133,7 @@ macro_rules! leased_tests {
             a_full_running_limit_answers_503_reserves_nothing_and_frees_its_slot_when_the_work_ends,
             a_lost_lease_gives_back_its_slot_so_its_takeover_runs,
             a_live_worker_is_renewed_and_not_taken_over,
+            a_streamed_answer_keeps_its_lease_until_it_is_read,
             a_dead_worker_is_taken_over_after_its_lease,
             a_stalled_handler_is_fenced_and_its_client_gets_the_new_owners_result,
             an_uncertain_outcome_is_never_retried_and_is_reconciled,

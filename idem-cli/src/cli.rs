@@ -78,6 +78,7 @@ pub(crate) enum Command {
         #[arg(
             long = "tenant",
             value_name = "TENANT",
+            value_parser = clap::builder::NonEmptyStringValueParser::new(),
             conflicts_with_all = ["tenant", "operation", "key", "digest"]
         )]
         whole_tenant: Option<String>,

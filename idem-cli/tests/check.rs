@@ -487,7 +487,15 @@ mod services {
                 .into_response()
         }
 
-        async fn create(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+        async fn create(
+            State(app): State<App>,
+            uri: axum::http::Uri,
+            headers: HeaderMap,
+            body: Bytes,
+        ) -> Response {
+            // `/fixed` answers every execution with the same body, so that
+            // only the replay marker tells a replay from a second execution.
+            let fixed = uri.path() == "/fixed";
             let Some(tenant) = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
@@ -551,7 +559,11 @@ mod services {
                     .fetch_one(&app.pool)
                     .await
                     .unwrap();
-            let answer = serde_json::json!({"id": id}).to_string();
+            let answer = if fixed {
+                r#"{"ok":true}"#.to_owned()
+            } else {
+                serde_json::json!({"id": id}).to_string()
+            };
             sqlx::query(
                 "INSERT INTO answers (tenant, key, fingerprint, body) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT DO NOTHING",
@@ -602,6 +614,7 @@ mod services {
             };
             let router = Router::new()
                 .route("/things", post(create))
+                .route("/fixed", post(create))
                 .route("/effects", get(effects))
                 .with_state(app);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -647,6 +660,48 @@ mod services {
         );
         // The request before it was sent; no retry after it.
         assert_eq!(restart["exchanges"].as_array().unwrap().len(), 1);
+    }
+
+    /// The same service answering every execution with one body: without
+    /// `--effects`, the answers not marked replayed show that each duplicate
+    /// executed, though status and body all agree.
+    #[tokio::test]
+    async fn duplicates_that_execute_with_one_body_fail_the_concurrent_scenario() {
+        let db = common::TestDb::new().await;
+        let base = broken::serve(db.pool.clone()).await;
+        let dir = Dir::new();
+        let body = dir.file("thing.json", r#"{"name":"a","size":2}"#);
+        let url = format!("{base}/fixed");
+        let out = check(&[
+            "--url",
+            &url,
+            "--body",
+            &body,
+            "-H",
+            "Authorization: Bearer first",
+            "--tenant-header",
+            "Authorization: Bearer second",
+            "--after",
+            "0s",
+            "--format",
+            "json",
+        ])
+        .await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let concurrent = out.scenario("concurrent");
+        assert_eq!(concurrent["verdict"], "fail", "{out:?}");
+        let saw = concurrent["saw"].as_str().unwrap();
+        assert!(saw.contains("16× 2xx with one body"), "{saw}");
+        assert!(saw.contains(" of them not marked replayed"), "{saw}");
+        assert!(saw.contains("answers not marked replayed"), "{saw}");
+        for s in out.json()["scenarios"].as_array().unwrap() {
+            let expected = match s["id"].as_str().unwrap() {
+                "concurrent" => "fail",
+                "restart" | "late-retry" => "not-applicable",
+                _ => "pass",
+            };
+            assert_eq!(s["verdict"], expected, "{}: {}", s["id"], s["saw"]);
+        }
     }
 
     #[tokio::test]

@@ -703,6 +703,8 @@ async fn purge_tenant_erases_every_row_of_one_tenant<Db: CliDb>() {
             "--wait",
             "18446744073709551615",
         ],
+        // An empty tenant is no tenant: a usage error, not a database one.
+        &["purge", "--tenant", ""],
     ] {
         let out = idem(url, args).await;
         assert_eq!(out.code, 2, "{args:?}: {out:?}");

@@ -100,6 +100,12 @@ pub enum KeyRingError {
     /// The active key's id is not in the ring.
     #[error("the active key {0:?} is not in the key ring")]
     UnknownActiveKey(String),
+    /// The active key's id is not a usable id (not quoted: it may be a key
+    /// set where its id belongs).
+    #[error(
+        "the active key's id is not a usable id: an id is 1 to 64 letters, digits, '.', '_' or '-'"
+    )]
+    InvalidActiveId,
     /// Two keys with one id.
     #[error("the key id {0:?} appears twice in the key ring")]
     DuplicateId(String),
@@ -175,6 +181,9 @@ impl KeyRing {
         if ring.is_empty() {
             return Err(KeyRingError::NoKeys);
         }
+        if !usable_id(active) {
+            return Err(KeyRingError::InvalidActiveId);
+        }
         let active = ring
             .iter()
             .position(|(id, _)| id == active)
@@ -199,6 +208,11 @@ impl KeyRing {
             let Some((id, key)) = entry.split_once(':') else {
                 return Err(KeyRingError::InvalidId(n + 1));
             };
+            // Checked before the key is decoded: an error about the key quotes
+            // its id, which must then not be a key pasted in the id's place.
+            if !usable_id(id.trim()) {
+                return Err(KeyRingError::InvalidId(n + 1));
+            }
             keys.push((id.trim().to_owned(), decode(id.trim(), key.trim())?));
         }
         Self::with_active(keys, active)
@@ -258,8 +272,15 @@ impl KeyRing {
             }
             let mut words = line.split_whitespace();
             match (words.next(), words.next(), words.next()) {
-                (Some("active"), Some(id), None) => active = Some(id.to_owned()),
-                (Some(id), Some(key), None) => keys.push((id.to_owned(), decode(id, key)?)),
+                // `active` names a key's id; a key after it (a key whose id is
+                // `active`) would be read as the active one's name, and is
+                // refused rather than quoted.
+                (Some("active"), Some(id), None) if usable_id(id) => active = Some(id.to_owned()),
+                (Some("active"), Some(_), None) => return Err(KeyRingError::Malformed(n + 1)),
+                (Some(id), Some(key), None) if usable_id(id) => {
+                    keys.push((id.to_owned(), decode(id, key)?));
+                }
+                (Some(_), Some(_), None) => return Err(KeyRingError::InvalidId(keys.len() + 1)),
                 _ => return Err(KeyRingError::Malformed(n + 1)),
             }
         }
@@ -799,6 +820,13 @@ mod tests {
         // A key pasted without its id is not quoted back.
         let pasted = e(KeyRing::parse(&b64(1), None));
         assert!(!pasted.contains(&b64(1)[..8]), "{pasted}");
+        // Nor a key and its id swapped, nor a key set as the active id.
+        let swapped = e(KeyRing::parse(&format!("{}:k1", b64(1)), None));
+        assert!(swapped.contains("key number 1"), "{swapped}");
+        assert!(!swapped.contains(&b64(1)[..8]), "{swapped}");
+        let active = e(KeyRing::parse(&format!("k1:{}", b64(1)), Some(&b64(1))));
+        assert!(active.contains("not a usable id"), "{active}");
+        assert!(!active.contains(&b64(1)[..8]), "{active}");
         assert_eq!(e(KeyRing::parse(" , ", None)), "the key ring holds no key");
     }
 
@@ -827,6 +855,17 @@ mod tests {
             "line 1 of the key file is neither `active ID` nor `ID BASE64`"
         );
         assert!(!e.contains(&b64(1)[..8]));
+        // A key and its id swapped, and a key named `active` (read as the
+        // active key's name): refused, and the key not quoted.
+        for (text, said) in [
+            (format!("{} k1\n", b64(1)), "key number 1"),
+            (format!("active {}\n", b64(1)), "line 1 of the key file"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = KeyRing::from_file(&file).unwrap_err().to_string();
+            assert!(e.contains(said), "{e}");
+            assert!(!e.contains(&b64(1)[..8]), "{e}");
+        }
         assert!(matches!(
             KeyRing::from_file(dir.join("missing")),
             Err(KeyRingError::Unreadable { .. })

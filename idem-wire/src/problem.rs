@@ -101,7 +101,10 @@ pub const OPERATION_NOT_FOUND: &str = "urn:idem:problem:operation-not-found";
 /// `503`: the idempotency store failed; nothing was stored and a retry with the
 /// same key is safe.
 /// (`500` when the response itself could not be captured for storing; the
-/// operation was rolled back, and a retry is safe too.)
+/// operation was rolled back, and a retry is safe too. Also `503` when the key
+/// holds an outcome that cannot be read, such as an answer sealed with a key
+/// the service no longer has: it is not run again, and its `detail` says so;
+/// retry later with the same key, never a new one.)
 ///
 /// ```
 /// assert_eq!(idem_wire::problem::STORE_UNAVAILABLE, "urn:idem:problem:store-unavailable");

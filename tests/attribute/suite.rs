@@ -224,6 +224,10 @@ pub async fn app(gate: Option<Arc<Gate>>, wait: Duration) -> App {
         .route("/raw", post(raw_widget))
         .route("/tagged", post(tagged_widget))
         .route("/orgs/{org}/widgets", post(org_widget))
+        .nest(
+            "/stores/{store}",
+            Router::new().route("/widgets", post(create_widget)),
+        )
         .with_state(state);
     App { db, router }
 }
@@ -664,6 +668,34 @@ pub async fn the_concrete_path_and_query_are_part_of_the_request() {
     )
     .await;
     assert_eq!(query.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// Inside `Router::nest` the handler's URI has lost the prefix, and with it
+/// the path's values; the client's path (axum's `OriginalUri`) is what is
+/// fingerprinted, so the same key and body for another store is a mismatch,
+/// not the first store's answer.
+pub async fn a_nested_routes_full_path_is_part_of_the_request() {
+    let a = app(None, WAIT).await;
+    let body = r#"{"name":"n"}"#;
+    let one = send(
+        &a.router,
+        request("/stores/1/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
+    assert_eq!(one.status, StatusCode::CREATED);
+    let again = send(
+        &a.router,
+        request("/stores/1/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
+    assert!(again.replayed(), "a retry of the same path replays");
+    let two = send(
+        &a.router,
+        request("/stores/2/widgets", Some("acme"), Some("k1"), body),
+    )
+    .await;
+    assert_eq!(two.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
 }
 

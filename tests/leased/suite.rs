@@ -276,6 +276,39 @@ async fn create_payment_body(
     charge_and_answer(&app, lease, p.amount_cents).await
 }
 
+/// A handler that charges and returns at once, its body streamed: the first
+/// execution reports in as it returns, and its body waits for a permit (a
+/// receipt relayed from the provider, say, that takes longer than the lease).
+#[idempotent(
+    operation = "create-payment",
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "1h"
+)]
+async fn create_payment_streamed(
+    #[tenant] _caller: Caller,
+    State(app): State<App>,
+    lease: &mut Lease<Db>,
+    Json(p): Json<NewPayment>,
+) -> Response {
+    let answer = charge_and_answer(&app, lease, p.amount_cents).await;
+    if lease.acquisition() != Acquisition::New {
+        return answer;
+    }
+    let Some(entered) = &app.entered else {
+        return answer;
+    };
+    entered.send(()).ok();
+    let (parts, body) = answer.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let release = app.release.clone();
+    let held = futures_util::stream::once(async move {
+        release.acquire().await.unwrap().forget();
+        Ok::<_, std::convert::Infallible>(bytes)
+    });
+    Response::from_parts(parts, Body::from_stream(held))
+}
+
 pub struct Setup {
     pub h: Arc<H>,
     idem: Idem<Db>,
@@ -314,6 +347,7 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
         .route("/payments", post(create_payment))
         .route("/payments-no-renewal", post(create_payment_no_renewal))
         .route("/payments-until-lost", post(create_payment_until_lost))
+        .route("/payments-streamed", post(create_payment_streamed))
         .with_state(app);
     Setup {
         h,
@@ -567,6 +601,42 @@ pub async fn a_lost_lease_gives_back_its_slot_so_its_takeover_runs() {
     assert_eq!(a_body, b_body);
     assert_eq!(s.provider.charge_count(), 1);
     assert_eq!(s.idem.running("create-payment"), Some(0));
+}
+
+/// A body the handler streams is read under the lease: renewed until the
+/// response is in hand, so a duplicate meanwhile finds it in flight, well past
+/// the 300 ms lease, and nothing is charged twice.
+pub async fn a_streamed_answer_keeps_its_lease_until_it_is_read() {
+    let mut s = setup("streamed", true).await;
+    let router = s.router.clone();
+    let first =
+        tokio::spawn(
+            async move { send(&router, pay("/payments-streamed", "stream-1", 100)).await },
+        );
+    s.entered.recv().await.unwrap();
+    // The handler has returned; its body waits. See the lease move twice.
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < 3 {
+        seen.insert(record(&s.h, "stream-1").await.lease_until);
+        assert!(
+            Instant::now() < deadline,
+            "the lease was not renewed while the body was read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, headers, _) = send(&s.router, pay("/payments-streamed", "stream-1", 100)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(headers.contains_key("retry-after"));
+    s.release.add_permits(1);
+    let (status, _, body) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, replayed) =
+        send(&s.router, pay("/payments-streamed", "stream-1", 100)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(replayed, body);
+    assert_eq!(s.provider.charge_count(), 1);
 }
 
 pub async fn a_live_worker_is_renewed_and_not_taken_over() {

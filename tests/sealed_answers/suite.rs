@@ -256,6 +256,12 @@ pub async fn an_answer_moved_to_another_row_does_not_open() {
     let moved = send(&router, "/widgets", "w-2", "nut").await;
     assert_eq!(moved.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(!holds(&moved.body, b"bolt"));
+    // The key has an outcome: the answer must not say nothing was stored.
+    assert!(
+        holds(&moved.body, b"could not be read") && !holds(&moved.body, b"nothing was stored"),
+        "{}",
+        String::from_utf8_lossy(&moved.body)
+    );
     let own = send(&router, "/widgets", "w-1", "bolt").await;
     assert_eq!((own.status, own.replayed), (StatusCode::CREATED, true));
     assert_eq!(a.widgets().await, 2);

@@ -478,27 +478,50 @@ impl Run<'_> {
         if exchanges.len() < n {
             problems.push(format!("{} requests were lost", n - exchanges.len()));
         }
-        // Distinct successful answers (status and body), conflicts, the rest.
+        // Distinct successful answers (status and body), those not marked
+        // replayed (each an execution of its own), refusals to retry later
+        // (a 409, or a 503 that reserved nothing), the rest.
         let mut bodies: Vec<(u16, &[u8])> = Vec::new();
-        let (mut successes, mut conflicts, mut others) = (0, 0, Vec::new());
+        let mut first_success: Option<&Answer> = None;
+        let (mut successes, mut fresh, mut conflicts, mut busy, mut others) =
+            (0, 0, 0, 0, Vec::new());
+        let mut headers_differ: Vec<&str> = Vec::new();
         let now = SystemTime::now();
+        let retry_after = |a: &Answer, problems: &mut Vec<String>| match a.header("retry-after") {
+            Some(v) if idem_wire::parse_retry_after(v, now).is_some() => {}
+            Some(v) => problems.push(format!("a {} with an invalid Retry-After {v:?}", a.status)),
+            None => problems.push(format!("a {} without Retry-After", a.status)),
+        };
         for ex in &exchanges {
             match ex.answer() {
                 Some(a) if a.is_success() => {
                     successes += 1;
+                    if !a.replayed() {
+                        fresh += 1;
+                    }
                     if !bodies.contains(&(a.status, a.bytes.as_slice())) {
                         bodies.push((a.status, a.bytes.as_slice()));
+                    }
+                    match first_success {
+                        None => first_success = Some(a),
+                        Some(first) => {
+                            for name in MUST_MATCH {
+                                if first.header(name) != a.header(name)
+                                    && !headers_differ.contains(name)
+                                {
+                                    headers_differ.push(name);
+                                }
+                            }
+                        }
                     }
                 }
                 Some(a) if a.status == 409 => {
                     conflicts += 1;
-                    match a.header("retry-after") {
-                        Some(v) if idem_wire::parse_retry_after(v, now).is_some() => {}
-                        Some(v) => {
-                            problems.push(format!("a 409 with an invalid Retry-After {v:?}"))
-                        }
-                        None => problems.push("a 409 without Retry-After".to_owned()),
-                    }
+                    retry_after(a, &mut problems);
+                }
+                Some(a) if a.status == 503 && a.header("retry-after").is_some() => {
+                    busy += 1;
+                    retry_after(a, &mut problems);
                 }
                 _ => others.push(ex.short()),
             }
@@ -512,11 +535,30 @@ impl Run<'_> {
                 problems.push(format!("executed more than once ({k} different answers)"));
             }
         }
+        if fresh > 1 {
+            saw.push_str(&format!(", {fresh} of them not marked replayed"));
+            problems.push(format!(
+                "executed more than once ({fresh} answers not marked replayed)"
+            ));
+        }
+        if !headers_differ.is_empty() {
+            saw.push_str(&format!(", differing in {}", headers_differ.join(", ")));
+            problems.push(format!(
+                "executed more than once (answers differing in {})",
+                headers_differ.join(", ")
+            ));
+        }
         saw.push_str(&format!(", {conflicts}× 409"));
+        if busy > 0 {
+            saw.push_str(&format!(", {busy}× 503 to retry later"));
+        }
         if !others.is_empty() {
             others.dedup();
             saw.push_str(&format!(", others: {}", others.join(", ")));
-            problems.push("answers that are neither the same answer nor 409".to_owned());
+            problems.push(
+                "answers that are neither the same answer, nor 409, nor 503 with Retry-After"
+                    .to_owned(),
+            );
         }
         if successes == 0 {
             problems.push("no request succeeded".to_owned());

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use super::pipeline::Scope;
 use crate::at_rest::KeyRing;
 use crate::metrics;
-use crate::model::{Claim, StoredResponse};
+use crate::model::{Claim, StoreError, StoredResponse};
 use crate::operations::Address;
 use crate::problem::Problem;
 use crate::response;
@@ -187,12 +187,30 @@ pub(super) fn store_failed(
     op: &'static str,
     tenant: Option<&str>,
     step: Step,
-    e: &dyn std::fmt::Display,
+    e: &StoreError,
 ) -> Response {
     if step == Step::Claim {
         metrics::claim(op, tenant, "error");
     } else {
         metrics::completion(op, "error");
+    }
+    // Where the key holds an outcome that cannot be read (sealed with a key the
+    // ring lacks, changed, corrupt), or a stale worker's effect ran under a
+    // lease another took over, "nothing was stored" would be false: a client
+    // reading it might resubmit with a new key and pay twice.
+    let unread = step == Step::Stale
+        || matches!(
+            e,
+            StoreError::SealKeyMissing { .. } | StoreError::SealBroken | StoreError::Corrupt(_)
+        );
+    if unread {
+        tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: the key's outcome could not be read");
+        return Problem::store_unavailable()
+            .with_detail(
+                "this key's outcome could not be read; it will not run again for this key. \
+                 Retry later with the same key, not a new one",
+            )
+            .into_response();
     }
     tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: store failed; nothing stored");
     Problem::store_unavailable().into_response()

@@ -227,11 +227,17 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
         probe,
         slot,
     } = held;
+    // Renewed (and its running slot held) until the response is in hand: a
+    // body the handler streams is read below, and a lease that lapsed while
+    // it was would let another worker take over and call downstream again.
+    // Boxed rather than pinned in place, so that it can be dropped (renewals
+    // stop, the slot is freed) as soon as the response is in hand.
+    let mut renewing = Box::pin(idem.renewals().run(renewer, ceiling, slot));
     let outcome = {
         let mut work = body(&mut lease);
         tokio::select! {
             outcome = &mut work => outcome,
-            never = idem.renewals().run(renewer, ceiling, slot) => match never {},
+            never = &mut renewing => match never {},
         }
     };
     // A lease believed lost (no renewal got through for a whole lease, or the
@@ -275,7 +281,12 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
             Err(LeaseError::Store(e)) => store_failed(op, None, Step::Release, &e),
         };
     }
-    let (response, stored) = match capture(idem, op, outcome.response).await {
+    let captured = tokio::select! {
+        captured = capture(idem, op, outcome.response) => captured,
+        never = &mut renewing => match never {},
+    };
+    drop(renewing);
+    let (response, stored) = match captured {
         Ok(r) => r,
         Err(_rolled_back) => {
             // The transactional answer ("rolled back") would be false here.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{FromRef, FromRequestParts, MatchedPath};
+use axum::extract::{FromRef, FromRequestParts, MatchedPath, OriginalUri};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
@@ -167,7 +167,13 @@ where
             key,
             method: parts.method.clone(),
             route: parts.extensions.get::<MatchedPath>().cloned(),
-            uri: parts.uri.clone(),
+            // The path the client sent: inside `Router::nest` the request's
+            // URI has lost the prefix (and the path's values in it), which
+            // axum keeps in `OriginalUri`.
+            uri: parts
+                .extensions
+                .get::<OriginalUri>()
+                .map_or_else(|| parts.uri.clone(), |original| original.0.clone()),
             headers: if HEADERS {
                 parts.headers.clone()
             } else {
