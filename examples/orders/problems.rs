@@ -63,9 +63,10 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
         // SQLSTATE class 08 (connection exception), 57P01-57P03 (the server is
-        // shutting down or starting), 53300 (too many connections).
+        // shutting down or starting), 57P05 (a session idle past the server's
+        // idle_session_timeout), 53300 (too many connections).
         sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "53300")
+            c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "57P05" | "53300")
         }),
         _ => false,
     }

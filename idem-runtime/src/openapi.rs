@@ -333,7 +333,8 @@ fn annotate(op: &mut Operation, facts: &Facts) {
             problem_response(
                 "The idempotency store is unavailable or busy, or the operation already runs \
                  as many executions as its running limit allows; nothing was stored or \
-                 reserved. Retrying with the same key after `Retry-After` is safe.",
+                 reserved (or the key's stored outcome could not be read, and it does not \
+                 run again). Retrying with the same key after `Retry-After` is safe.",
                 &[
                     idem_wire::problem::STORE_UNAVAILABLE,
                     idem_wire::problem::STORE_BUSY,
@@ -344,7 +345,8 @@ fn annotate(op: &mut Operation, facts: &Facts) {
         } else {
             problem_response(
                 "The idempotency store is unavailable or busy; nothing was stored or \
-                 reserved. Retrying with the same key after `Retry-After` is safe.",
+                 reserved (or the key's stored outcome could not be read, and it does not \
+                 run again). Retrying with the same key after `Retry-After` is safe.",
                 &[
                     idem_wire::problem::STORE_UNAVAILABLE,
                     idem_wire::problem::STORE_BUSY,

@@ -189,6 +189,17 @@ impl Problem {
         p.retry_after = Some(1);
         p
     }
+
+    /// [`Problem::store_unavailable`] for a key that holds an outcome which
+    /// cannot be read (an answer sealed with a key the ring lacks, or changed):
+    /// "nothing was stored" would be false, and a client that believed it
+    /// might resubmit with a new key and pay twice.
+    pub(crate) fn outcome_unreadable() -> Self {
+        Self::store_unavailable().with_detail(
+            "this key's outcome could not be read; it will not run again for this key. \
+             Retry later with the same key, not a new one",
+        )
+    }
 }
 
 impl IntoResponse for Problem {

@@ -78,7 +78,7 @@ pub fn replay(stored: StoredResponse) -> Response {
             key_id,
             "idem: a sealed answer reached the replay unopened; refused"
         );
-        return crate::problem::Problem::store_unavailable().into_response();
+        return crate::problem::Problem::outcome_unreadable().into_response();
     }
     let mut resp = Response::new(Body::from(Bytes::clone(&stored.body)));
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);

@@ -44,7 +44,7 @@ pub(crate) const SCENARIOS: &[(&str, &str)] = &[
     ),
     (
         "concurrent",
-        "concurrent duplicates execute once; the rest replay or are 409 with Retry-After",
+        "concurrent duplicates execute once; the rest replay, or are 409 or 503 with Retry-After",
     ),
     (
         "other-tenant",

@@ -73,7 +73,7 @@ impl<DB: Backend> Tx<DB> {
         // connection is closed: MySQL's driver counts the transaction only once
         // the server has answered, so one dropped before then would go back to
         // the pool inside a transaction with nothing queued to end it.
-        let mut guard = ClosedIfDropped(Some(pool.acquire().await?));
+        let mut guard = ClosedIfDropped::new(pool.acquire().await?);
         <DB as Database>::TransactionManager::begin(guard.conn(), statement).await?;
         Ok(Tx {
             conn: guard.release(),
@@ -210,19 +210,16 @@ pub(crate) struct ClosedIfDropped<DB: Database>(Option<PoolConnection<DB>>);
 
 impl<DB: Database> ClosedIfDropped<DB> {
     /// Holds `conn` until [`ClosedIfDropped::release`].
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
         ClosedIfDropped(Some(conn))
     }
 
     /// The connection, while held.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn conn(&mut self) -> &mut PoolConnection<DB> {
         self.0.as_mut().expect("held until released")
     }
 
     /// The connection back, in a known state: dropping it returns it to the pool.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn release(mut self) -> PoolConnection<DB> {
         self.0.take().expect("held until released")
     }

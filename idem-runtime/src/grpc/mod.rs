@@ -86,7 +86,8 @@ pub mod reason {
     /// (leased mode) until a reconciler settles it.
     pub const OUTCOME_UNCERTAIN: &str = "OUTCOME_UNCERTAIN";
     /// `UNAVAILABLE` with `RetryInfo`: the store could not be reached or is
-    /// busy, or the operation's running limit is full; nothing was stored.
+    /// busy, or the operation's running limit is full; nothing was stored
+    /// (or the key's stored outcome could not be read: it does not run again).
     pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
     /// `INTERNAL`: the service failed before or after the method (a tenant
     /// id it cannot use, an answer too large to store, a panic).

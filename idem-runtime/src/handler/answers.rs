@@ -194,23 +194,19 @@ pub(super) fn store_failed(
     } else {
         metrics::completion(op, "error");
     }
-    // Where the key holds an outcome that cannot be read (sealed with a key the
-    // ring lacks, changed, corrupt), or a stale worker's effect ran under a
-    // lease another took over, "nothing was stored" would be false: a client
-    // reading it might resubmit with a new key and pay twice.
+    // Where the key holds an outcome that cannot be read (a stored answer
+    // sealed with a key the ring lacks, or changed), or a stale worker's
+    // effect ran under a lease another took over, "nothing was stored" would
+    // be false. (A seal that fails while storing is a rollback: nothing was.)
     let unread = step == Step::Stale
-        || matches!(
-            e,
-            StoreError::SealKeyMissing { .. } | StoreError::SealBroken | StoreError::Corrupt(_)
-        );
+        || (step == Step::Claim
+            && matches!(
+                e,
+                StoreError::SealKeyMissing { .. } | StoreError::SealBroken
+            ));
     if unread {
         tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: the key's outcome could not be read");
-        return Problem::store_unavailable()
-            .with_detail(
-                "this key's outcome could not be read; it will not run again for this key. \
-                 Retry later with the same key, not a new one",
-            )
-            .into_response();
+        return Problem::outcome_unreadable().into_response();
     }
     tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: store failed; nothing stored");
     Problem::store_unavailable().into_response()

@@ -252,6 +252,9 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
         .get::<UncertainMarker>()
         .is_some()
     {
+        // Renewals end before the lease is settled: one racing the mark would
+        // find the row no longer this worker's and log a takeover.
+        drop(renewing);
         return match lease.mark_uncertain().await {
             Ok(()) => {
                 metrics::completion(op, "uncertain");
@@ -271,6 +274,7 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
         };
     }
     if outcome.rolls_back() {
+        drop(renewing);
         return match lease.release().await {
             Ok(()) => {
                 metrics::completion(op, "rolled_back");

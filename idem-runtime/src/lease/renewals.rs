@@ -122,7 +122,8 @@ impl<DB: LeaseBackend> Renewals<DB> {
         if let Some(slot) = slot {
             // Wakes about once a lease, as renewals move the deadline on. A
             // lease found taken over is given back by the time its last
-            // renewal would have run out, which is when it lapsed on the store.
+            // renewal would have run out, a margin before it lapsed on the
+            // store (`Deadline::margin`).
             loop {
                 let left = deadline.left();
                 if left.is_zero() {

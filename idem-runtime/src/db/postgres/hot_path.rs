@@ -189,16 +189,14 @@ async fn begin_in_session(
         }
         // The message failed after `BEGIN` (or in it): the driver's queued
         // `ROLLBACK` goes now, before the connection is used or given back.
-        // Failing, or dropped half-way (the request's deadline), the
-        // connection is closed.
-        let mut held = ClosedIfDropped::new(conn);
-        end_failed_begin(held.conn()).await?;
+        conn = end_failed_begin(conn).await?;
         if prepared || !session::is_missing_statement(&e) {
-            drop(held.release());
             return Err(e.into());
         }
         // A session that has not met idem yet (or lost its statements): prepare
-        // them, once, and begin again.
+        // them, once, and begin again. Failing, or dropped half-way, the
+        // connection is closed.
+        let mut held = ClosedIfDropped::new(conn);
         session::prepare(held.conn()).await?;
         conn = held.release();
         prepared = true;
@@ -389,10 +387,9 @@ async fn begin_decided(
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     match Tx::begin_on(conn, begin_statement(ctx)).await {
         Ok(tx) => Ok((tx, Claim::Execute(in_session(req, generation)))),
-        Err((mut conn, e)) => {
-            if end_failed_begin(&mut conn).await.is_err() {
-                conn.close_on_drop();
-            }
+        Err((conn, e)) => {
+            // Back to the pool once its `ROLLBACK` is through; closed if not.
+            let _ = end_failed_begin(conn).await;
             Err(e.into())
         }
     }
@@ -443,9 +440,15 @@ async fn lookup_first(
 /// Sends the `ROLLBACK` the driver queued when a `BEGIN` message failed, and
 /// waits for it (sqlx's ping: a sync after the queued message). idem sends no
 /// `ROLLBACK` of its own there: the server would find no transaction to end and
-/// log a warning.
-async fn end_failed_begin(conn: &mut PoolConnection<Postgres>) -> Result<(), sqlx::Error> {
-    sqlx::Connection::ping(&mut **conn).await
+/// log a warning. Failing, or dropped half-way (the request's deadline on a
+/// connection cut without a word), the connection is closed rather than given
+/// back to wait in the pool's release ping, which has no bound.
+async fn end_failed_begin(
+    conn: PoolConnection<Postgres>,
+) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+    let mut held = ClosedIfDropped::new(conn);
+    sqlx::Connection::ping(&mut **held.conn()).await?;
+    Ok(held.release())
 }
 
 /// After the probe found a row: reads the key, once the driver's queued
