@@ -624,16 +624,15 @@ mod services {
         }
     }
 
-    /// A restart command that fails fails its scenario, with its exit status
-    /// and what it said on stderr.
-    #[tokio::test]
-    async fn a_failing_restart_command_fails_the_restart_scenario() {
+    /// `idem check` of a broken service's route `path` as the first tenant,
+    /// the late retry at once, a JSON report, with `more` arguments.
+    async fn check_broken(path: &str, more: &[&str]) -> Out {
         let db = common::TestDb::new().await;
         let base = broken::serve(db.pool.clone()).await;
         let dir = Dir::new();
         let body = dir.file("thing.json", r#"{"name":"a","size":2}"#);
-        let url = format!("{base}/things");
-        let out = check(&[
+        let url = format!("{base}{path}");
+        let mut args = vec![
             "--url",
             &url,
             "--body",
@@ -642,13 +641,39 @@ mod services {
             "Authorization: Bearer first",
             "--after",
             "0s",
-            "--concurrency",
-            "2",
-            "--restart-cmd",
-            "echo no such service >&2; exit 3",
             "--format",
             "json",
-        ])
+        ];
+        args.extend_from_slice(more);
+        check(&args).await
+    }
+
+    /// Every scenario of a run against the broken service passes but
+    /// `concurrent` (and the two its arguments leave out).
+    fn only_concurrent_fails(out: &Out) {
+        for s in out.json()["scenarios"].as_array().unwrap() {
+            let expected = match s["id"].as_str().unwrap() {
+                "concurrent" => "fail",
+                "restart" | "late-retry" => "not-applicable",
+                _ => "pass",
+            };
+            assert_eq!(s["verdict"], expected, "{}: {}", s["id"], s["saw"]);
+        }
+    }
+
+    /// A restart command that fails fails its scenario, with its exit status
+    /// and what it said on stderr.
+    #[tokio::test]
+    async fn a_failing_restart_command_fails_the_restart_scenario() {
+        let out = check_broken(
+            "/things",
+            &[
+                "--concurrency",
+                "2",
+                "--restart-cmd",
+                "echo no such service >&2; exit 3",
+            ],
+        )
         .await;
         assert_eq!(out.code, 7, "{out:?}");
         let restart = out.scenario("restart");
@@ -667,25 +692,10 @@ mod services {
     /// executed, though status and body all agree.
     #[tokio::test]
     async fn duplicates_that_execute_with_one_body_fail_the_concurrent_scenario() {
-        let db = common::TestDb::new().await;
-        let base = broken::serve(db.pool.clone()).await;
-        let dir = Dir::new();
-        let body = dir.file("thing.json", r#"{"name":"a","size":2}"#);
-        let url = format!("{base}/fixed");
-        let out = check(&[
-            "--url",
-            &url,
-            "--body",
-            &body,
-            "-H",
-            "Authorization: Bearer first",
-            "--tenant-header",
-            "Authorization: Bearer second",
-            "--after",
-            "0s",
-            "--format",
-            "json",
-        ])
+        let out = check_broken(
+            "/fixed",
+            &["--tenant-header", "Authorization: Bearer second"],
+        )
         .await;
         assert_eq!(out.code, 7, "{out:?}");
         let concurrent = out.scenario("concurrent");
@@ -694,14 +704,7 @@ mod services {
         assert!(saw.contains("16× 2xx with one body"), "{saw}");
         assert!(saw.contains(" of them not marked replayed"), "{saw}");
         assert!(saw.contains("answers not marked replayed"), "{saw}");
-        for s in out.json()["scenarios"].as_array().unwrap() {
-            let expected = match s["id"].as_str().unwrap() {
-                "concurrent" => "fail",
-                "restart" | "late-retry" => "not-applicable",
-                _ => "pass",
-            };
-            assert_eq!(s["verdict"], expected, "{}: {}", s["id"], s["saw"]);
-        }
+        only_concurrent_fails(&out);
     }
 
     #[tokio::test]
@@ -756,14 +759,7 @@ mod services {
         );
         assert_eq!(exchanges[0]["answer"]["status"], 201);
         // Everything else the service does right.
-        for s in out.json()["scenarios"].as_array().unwrap() {
-            let expected = match s["id"].as_str().unwrap() {
-                "concurrent" => "fail",
-                "restart" | "late-retry" => "not-applicable",
-                _ => "pass",
-            };
-            assert_eq!(s["verdict"], expected, "{}: {}", s["id"], s["saw"]);
-        }
+        only_concurrent_fails(&out);
         assert_eq!(out.json()["failed"], 1);
 
         // Without --effects, by the answers: different bodies. (The report is

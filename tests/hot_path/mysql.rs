@@ -187,10 +187,7 @@ async fn a_key_held_by_another_transaction_is_answered_409_after_the_bound() {
         let holder_pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
         let _form = insert_form(set_statement).await;
         let r = router(Idem::new(db.pool.clone()).with_in_flight_wait(Duration::from_millis(1)));
-        let before: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let before: u64 = lock_wait(&db.pool).await;
         let key = IdempotencyKey::parse("k-held").unwrap();
         let fingerprint =
             FingerprintBuilder::new("acme", "create-widget", "POST", "/widgets").finish();
@@ -226,10 +223,7 @@ async fn a_key_held_by_another_transaction_is_answered_409_after_the_bound() {
         assert!(started.elapsed() >= Duration::from_secs(1));
         assert_eq!(runs(&name), 1, "the handler ran");
         assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
-        let after: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let after: u64 = lock_wait(&db.pool).await;
         assert_eq!(after, before, "SET STATEMENT: {set_statement}");
         holder.rollback().await.unwrap();
         // Let go, the key is free: the retry executes.
@@ -337,10 +331,7 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
         retention: Duration::from_secs(3600),
         lease: Duration::from_secs(30),
     };
-    let server_default: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let server_default: u64 = lock_wait(&db.pool).await;
     assert!(
         server_default > 1,
         "the server's own lock wait is idem's bound"
@@ -367,10 +358,7 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
     // succeeds on the server, and the pool's check on release finds nothing
     // wrong with the connection (a statement that failed would have it closed).
     holder.rollback().await.unwrap();
-    let next: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let next: u64 = lock_wait(&db.pool).await;
     assert_eq!(
         next, server_default,
         "the pool handed out a connection with idem's lock wait on it"
@@ -596,10 +584,7 @@ async fn a_lock_wait_that_could_not_be_given_back_leaves_with_its_connection() {
          FOR EACH ROW SET @idem_saved_lock_wait = 'not a number'",
     )
     .await;
-    let server_default: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let server_default: u64 = lock_wait(&db.pool).await;
     assert!(
         server_default > 1,
         "the server's own lock wait is idem's bound"
@@ -613,10 +598,7 @@ async fn a_lock_wait_that_could_not_be_given_back_leaves_with_its_connection() {
         status.is_server_error() || status == StatusCode::CONFLICT,
         "{status}: {body:?}"
     );
-    let next: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let next: u64 = lock_wait(&db.pool).await;
     assert_eq!(
         next, server_default,
         "the pool handed out a connection with idem's lock wait on it"
@@ -626,6 +608,14 @@ async fn a_lock_wait_that_could_not_be_given_back_leaves_with_its_connection() {
         db.count("SELECT count(*) FROM idempotency_requests").await,
         0
     );
+}
+
+/// The lock wait of the session `pool` hands out next.
+async fn lock_wait(pool: &sqlx::MySqlPool) -> u64 {
+    sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// Sends the insert in MySQL 8's form (`false`: the session's lock wait set

@@ -439,7 +439,12 @@ async fn end_backend(db: &TestDb, pid: i32) {
         .await
         .unwrap();
     assert!(terminated, "the connection was ended by the server");
-    until("the backend ended", || async {
+    until_gone(db, pid, "the backend ended").await;
+}
+
+/// Waits until the server process `pid` of `db` is gone.
+async fn until_gone(db: &TestDb, pid: i32, what: &str) {
+    until(what, || async {
         let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
             .bind(pid)
             .fetch_one(&db.pool)
@@ -930,15 +935,7 @@ async fn a_remembered_keys_read_on_a_session_the_server_timed_out_is_made_again(
         backend_pid(&mut *conn).await
     };
     until_idle(&pool).await;
-    until("the server ended the idle session", || async {
-        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-            .bind(pid)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        alive == 0
-    })
-    .await;
+    until_gone(&db, pid, "the server ended the idle session").await;
     assert_eq!(pool.num_idle(), 1, "the ended session is idle in the pool");
 
     let (status, replayed, body) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
