@@ -626,11 +626,13 @@ async fn insert_form(set_statement: bool) -> InsertForm {
     static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let turn = TURN.lock().await;
     idem_runtime::test_util::assume_set_statement(Some(set_statement));
-    InsertForm(turn)
+    InsertForm { _turn: turn }
 }
 
 /// See [`insert_form`]; dropped, the process learns the server's form again.
-struct InsertForm(#[allow(dead_code)] tokio::sync::MutexGuard<'static, ()>);
+struct InsertForm {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
 
 impl Drop for InsertForm {
     fn drop(&mut self) {

@@ -55,8 +55,8 @@ pub struct Tx<DB: Backend> {
     /// connection rather than queue a rollback on a connection that may be stuck.
     abandon_at: Option<tokio::time::Instant>,
     /// A session setting of idem's is on the connection (see
-    /// [`Tx::session_changed`]), or idem's statement is on its way (see
-    /// [`Tx::in_idems_statement`]): a drop closes it.
+    /// [`Tx::close_if_dropped`]), or idem's statement is on its way: a drop
+    /// closes it.
     closes_if_dropped: bool,
 }
 
@@ -126,22 +126,15 @@ impl<DB: Backend> Tx<DB> {
         }
     }
 
-    /// Whether a session setting of idem's (MySQL's lock wait) is on the
-    /// connection now: from the change until it is given back, a drop of this
-    /// value (a request deadline, a caller's timeout) closes the connection
-    /// rather than return it to the pool with idem's setting on it.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) fn session_changed(&mut self, changed: bool) {
-        self.closes_if_dropped = changed;
-    }
-
-    /// Whether one of idem's statements is on its way before the request's
-    /// deadline is set on this value (a claim before the handler): dropped
-    /// then (a caller's timeout on a connection cut without a word), the
-    /// connection is closed rather than given back to wait, in the pool's
-    /// release ping, for an answer that is not coming.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn in_idems_statement(&mut self, on: bool) {
+    /// Whether a drop of this value closes the connection rather than return
+    /// it to the pool: on while a session setting of idem's is on it (MySQL's
+    /// lock wait, from the change until it is given back), or while one of
+    /// idem's statements is on its way before the request's deadline is set
+    /// here (a claim before the handler, whose connection may be stalled and
+    /// would otherwise wait, in the pool's release ping, for an answer that is
+    /// not coming).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn close_if_dropped(&mut self, on: bool) {
         self.closes_if_dropped = on;
     }
 

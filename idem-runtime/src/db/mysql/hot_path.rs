@@ -216,10 +216,10 @@ async fn claim_first(
         .await?;
         // The claim bounds the session's lock wait and gives it back; dropped in
         // between, the connection is closed (a failed claim's too).
-        tx.session_changed(true);
+        tx.close_if_dropped(true);
         match transactional::claim_on(tx.connection(), req).await {
             Ok(claim) => {
-                tx.session_changed(false);
+                tx.close_if_dropped(false);
                 return Ok((tx, claim));
             }
             Err(StoreError::Database(e)) if is_deadlock(&e) => {
@@ -369,7 +369,7 @@ impl KeyLookup for MySql {
 /// On MySQL 8 the lock wait is a session setting set around the insert: from
 /// the change until it is given back (a lock-wait timeout included, the common
 /// failure under contention), a drop or an error closes the connection rather
-/// than pool it with idem's setting on it (see `Tx::session_changed`).
+/// than pool it with idem's setting on it (see `Tx::close_if_dropped`).
 async fn upsert(
     tx: &mut Tx<MySql>,
     execution: &Execution,
@@ -430,13 +430,13 @@ async fn upsert(
     // Encoded before the session's lock wait changes: an encoding error then
     // leaves the session as it was.
     let upsert = bind(UPSERT_SQL)?;
-    tx.session_changed(true);
+    tx.close_if_dropped(true);
     bound_lock_wait(tx.connection(), execution.in_flight_wait).await?;
     let done = upsert.execute(&mut **tx.connection()).await;
     // Given back whatever the insert did: a lock-wait timeout rolled back the
     // statement only, and the connection goes back to the pool.
     restore_lock_wait(tx.connection()).await?;
-    tx.session_changed(false);
+    tx.close_if_dropped(false);
     done.map(taken)
 }
 

@@ -693,9 +693,9 @@ async fn claim_first(
     begin: sqlx::SqlStr,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     let mut tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
-    tx.in_idems_statement(true);
+    tx.close_if_dropped(true);
     let claim = Postgres::claim(tx.connection(), req).await;
-    tx.in_idems_statement(false);
+    tx.close_if_dropped(false);
     Ok((tx, claim?))
 }
 
