@@ -56,7 +56,7 @@ const OTHERS: &[&str] = &[
     "CreateOrder", "CreateRefund", "CreatePayment", "GetOrder", "CountOrders", "Caller", "Service",
     // axum's
     "Body", "Bytes", "Form", "FromRef", "IntoResponse", "Json", "JsonRejection", "RawForm",
-    "Request", "OriginalUri", "Router", "FromRequest",
+    "Request", "OriginalUri", "Router", "FromRequest", "State",
     // sqlx's
     "MySql", "MySqlPool", "PgPool", "PgPoolOptions", "Pool", "Postgres", "Sqlite", "SqlitePool",
     "Transaction",

@@ -532,12 +532,29 @@ impl<'a> Handler<'a> {
         let rt = &self.rt;
         let (name, ty) = (self.name_of(i), self.ty_of(i));
         let at = first_span(&ty);
-        let probe = quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().default_print(__idem_fp, &#name));
+        let state = self.state_type();
+        let probe = quote_spanned!(at=> (&&&&#rt::BodyProbe::<#ty, #state>::NEW).__idem_body_kind().default_print(__idem_fp, &#name));
         quote!(.and_then(|__idem_fp| {
             #[allow(unused_imports)]
-            use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
+            use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _, ProbeUnplaced as _};
             #probe
         }))
+    }
+
+    /// The state the probe asks the last parameter about: the handler's
+    /// `State<S>`, else `()`. A handler that names no state and ends with an
+    /// extractor for a particular one is refused (see `BodyProbe`): whether it
+    /// reads the body cannot be asked without that state.
+    fn state_type(&self) -> TokenStream {
+        self.func
+            .sig
+            .inputs
+            .iter()
+            .find_map(|arg| match arg {
+                FnArg::Typed(t) => state_of(&t.ty),
+                FnArg::Receiver(_) => None,
+            })
+            .map_or_else(|| quote!(()), ToTokens::to_token_stream)
     }
 
     /// Likewise, with `fingerprint(header = ..)` only: a body there is refused.
@@ -545,12 +562,12 @@ impl<'a> Handler<'a> {
         let rt = &self.rt;
         let ty = self.ty_of(i);
         let at = first_span(&ty);
-        let probe =
-            quote_spanned!(at=> (&&&#rt::BodyProbe::<#ty>::NEW).__idem_body_kind().left_out());
+        let state = self.state_type();
+        let probe = quote_spanned!(at=> (&&&&#rt::BodyProbe::<#ty, #state>::NEW).__idem_body_kind().left_out());
         quote! {
             {
                 #[allow(unused_imports)]
-                use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _};
+                use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _, ProbeUnplaced as _};
                 #probe;
             }
         }
@@ -594,6 +611,22 @@ fn emit(func: ItemFn, config: &Config) -> TokenStream {
         #vis use #stub_mod::*;
         #path::__private::__idem_item! { #func }
     }
+}
+
+/// `S` of a parameter typed `State<S>` (any path to it).
+fn state_of(ty: &syn::Type) -> Option<&syn::Type> {
+    let syn::Type::Path(p) = ty else { return None };
+    let seg = p.path.segments.last()?;
+    if p.qself.is_some() || seg.ident != "State" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(a) = &seg.arguments else {
+        return None;
+    };
+    a.args.iter().find_map(|g| match g {
+        syn::GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })
 }
 
 /// The span of a type's first token.

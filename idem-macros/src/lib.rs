@@ -269,6 +269,7 @@ use proc_macro::TokenStream;
 /// | a body is in the fingerprint or left out explicitly | "`fingerprint(header = \"x\")` leaves the request body out of the fingerprint ...: write `fingerprint(body, header = \"x\")` ..., or `fingerprint(header = \"x\", ignore_body)` ..."; behind an alias: "`OrderBody` reads the request body, which this `fingerprint(...)` leaves out" |
 /// | `ignore_body` only with a body and without `body` | "`ignore_body`, but the handler reads no body"; "`ignore_body` contradicts `body`" |
 /// | the body can be fingerprinted | "`Upload` cannot be fingerprinted as a request body" (implement `FingerprintBody`, wrap another crate's type, or `ignore_body`); a stream: "this body is a stream, which idem cannot fingerprint before the claim ..."; "the trait bound `Secret: Serialize` is not satisfied" |
+/// | a last parameter idem cannot place is asked with the handler's state | "`#[idempotent]` cannot tell whether `Signed` reads the request body" (an extractor for `AppState` only, in a handler without `State<AppState>`: name the state, move a parts extractor before another parameter, or mark a body `#[body]`) |
 /// | one body extractor, last | "a second body extractor ..."; "the body extractor must be the last parameter ..." |
 /// | written once | "`#[idempotent]` is written twice on `create_order`: keep one" |
 /// | an `async fn` | "`#[idempotent]` handlers must be async: write `async fn create_order`" |

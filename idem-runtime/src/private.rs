@@ -261,13 +261,17 @@ pub fn rejected<E: IntoResponse>(rejection: E) -> Response {
     rejection.into_response()
 }
 
-/// Asks, by method resolution on `&&&BodyProbe<T>`, whether the handler's last
-/// parameter (of a type the attribute cannot name, such as an alias) reads the
-/// body: [`IsBody`] when it can be fingerprinted, [`ReadsBody`] when it reads the
-/// body but cannot, [`NotBody`] otherwise.
-pub struct BodyProbe<T>(std::marker::PhantomData<T>);
+/// Asks, by method resolution on `&&&&BodyProbe<T, S>`, whether the handler's
+/// last parameter (of a type the attribute cannot place: an alias, an extractor
+/// of the application's) reads the body, with `S` the state its handler names
+/// (`State<S>`, else `()`): [`IsBody`] when it can be fingerprinted,
+/// [`ReadsBody`] when it reads the body but cannot, [`NotBody`] when it reads
+/// only the request's parts, [`Unplaced`] when it is an extractor for neither
+/// (one that needs a state the handler does not name), which does not compile:
+/// its body, if it reads one, would be left out of the fingerprint unseen.
+pub struct BodyProbe<T, S = ()>(std::marker::PhantomData<(T, S)>);
 
-impl<T> BodyProbe<T> {
+impl<T, S> BodyProbe<T, S> {
     /// The probe.
     pub const NEW: Self = BodyProbe(std::marker::PhantomData);
 }
@@ -279,7 +283,7 @@ pub trait ProbeIsBody<T> {
         IsBody(std::marker::PhantomData)
     }
 }
-impl<T: BodyShape> ProbeIsBody<T> for &&BodyProbe<T> {}
+impl<T: BodyShape, S> ProbeIsBody<T> for &&&BodyProbe<T, S> {}
 
 /// Chosen second: a body extractor (`FromRequest`, not from the parts).
 pub trait ProbeReadsBody<T> {
@@ -288,16 +292,25 @@ pub trait ProbeReadsBody<T> {
         ReadsBody(std::marker::PhantomData)
     }
 }
-impl<T: axum::extract::FromRequest<()>> ProbeReadsBody<T> for &BodyProbe<T> {}
+impl<T: axum::extract::FromRequest<S>, S> ProbeReadsBody<T> for &&BodyProbe<T, S> {}
 
-/// Chosen otherwise: an extractor of the request's parts.
+/// Chosen third: an extractor of the request's parts.
 pub trait ProbeNotBody<T> {
     /// The tag.
     fn __idem_body_kind(&self) -> NotBody<T> {
         NotBody(std::marker::PhantomData)
     }
 }
-impl<T> ProbeNotBody<T> for BodyProbe<T> {}
+impl<T: axum::extract::FromRequestParts<S>, S> ProbeNotBody<T> for &BodyProbe<T, S> {}
+
+/// Chosen otherwise: not an extractor for the state the handler names.
+pub trait ProbeUnplaced<T, S> {
+    /// The tag.
+    fn __idem_body_kind(&self) -> Unplaced<T, S> {
+        Unplaced(std::marker::PhantomData)
+    }
+}
+impl<T, S> ProbeUnplaced<T, S> for BodyProbe<T, S> {}
 
 /// The last parameter is a body that can be fingerprinted.
 pub struct IsBody<T>(std::marker::PhantomData<T>);
@@ -305,6 +318,19 @@ pub struct IsBody<T>(std::marker::PhantomData<T>);
 pub struct ReadsBody<T>(std::marker::PhantomData<T>);
 /// The last parameter does not read the body.
 pub struct NotBody<T>(std::marker::PhantomData<T>);
+/// The last parameter is not an extractor for the handler's state `S`.
+pub struct Unplaced<T, S>(std::marker::PhantomData<(T, S)>);
+
+/// Refuses a last parameter of which idem cannot tell whether it reads the body.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` cannot tell whether `{Self}` reads the request body",
+    label = "not an extractor for the state `{S}`: if it reads the body, the body would be left out of the fingerprint without a word",
+    note = "idem asks the last parameter's type whether it reads the body, with the state the handler names in a `State<S>` parameter (`()` without one)",
+    note = "if it needs your application's state, name that state in the handler: `State(_): State<AppState>`",
+    note = "if it reads only the request's parts, you can also move it before another parameter: axum runs every parameter but the last from the parts",
+    note = "if it reads the body, mark it `#[body]` and implement `idem_runtime::FingerprintBody` for it"
+)]
+pub trait PlacedExtractor<S> {}
 
 /// Refuses a body that `fingerprint(header = "...")` would leave out silently.
 #[diagnostic::on_unimplemented(
@@ -374,6 +400,30 @@ impl<T> NotBody<T> {
     }
     /// Not a body: nothing is left out.
     pub fn left_out(self) {}
+}
+
+impl<T, S> Unplaced<T, S> {
+    /// Refused: whether it is a body is unknown.
+    ///
+    /// # Errors
+    ///
+    /// Never: it does not compile.
+    pub fn default_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        _: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError>
+    where
+        T: PlacedExtractor<S>,
+    {
+        Ok(fp)
+    }
+    /// Refused likewise.
+    pub fn left_out(self)
+    where
+        T: PlacedExtractor<S>,
+    {
+    }
 }
 
 /// Borrows a handler's output to find out, by method resolution, whether it is a

@@ -29,6 +29,7 @@ mod no_body;
 mod single_tenant;
 mod sqlite_backend;
 mod state_and_path;
+mod state_bound_last_extractor;
 mod tenant_extractors;
 mod unknown_last_parts_extractor;
 
