@@ -43,6 +43,7 @@ macro_rules! attribute_tests {
             extractor_rejections_reserve_nothing,
             tenants_and_operations_are_isolated,
             handler_err_and_5xx_roll_back_and_free_the_key,
+            an_uncertain_answer_from_a_transaction_rolls_back_as_500,
             a_committed_4xx_business_rejection_is_replayed,
             a_duplicate_in_flight_gets_409_with_retry_after,
             concurrent_duplicates_through_the_router_execute_once,

@@ -199,6 +199,22 @@ async fn org_widget(
     (StatusCode::CREATED, Json(json!({"id": id})))
 }
 
+/// `Uncertain`, a leased handler's answer, from a transaction: as `Ok` or as
+/// `Err`, after writing a widget.
+#[idempotent(operation = "uncertain-widget", retention = "1h")]
+async fn uncertain_widget(
+    #[tenant] caller: Caller,
+    tx: &mut Tx<Db>,
+    Json(w): Json<NewWidget>,
+) -> Result<axum::response::Response, idem_runtime::Uncertain> {
+    insert_widget(tx, &caller.0, &w.name).await;
+    let uncertain = idem_runtime::Uncertain::new("the provider timed out");
+    match w.outcome.as_deref() {
+        Some("err") => Err(uncertain),
+        _ => Ok(uncertain.into_response()),
+    }
+}
+
 pub struct App {
     pub db: TestDb,
     pub router: Router,
@@ -224,6 +240,7 @@ pub async fn app(gate: Option<Arc<Gate>>, wait: Duration) -> App {
         .route("/raw", post(raw_widget))
         .route("/tagged", post(tagged_widget))
         .route("/orgs/{org}/widgets", post(org_widget))
+        .route("/uncertain", post(uncertain_widget))
         .nest(
             "/stores/{store}",
             Router::new().route("/widgets", post(create_widget)),
@@ -484,6 +501,42 @@ pub async fn handler_err_and_5xx_roll_back_and_free_the_key() {
     assert_eq!(ok.status, StatusCode::CREATED);
     assert!(!ok.replayed());
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+pub async fn an_uncertain_answer_from_a_transaction_rolls_back_as_500() {
+    let a = app(None, WAIT).await;
+    for (key, body) in [
+        ("k1", r#"{"name":"a"}"#),
+        ("k2", r#"{"name":"a","outcome":"err"}"#),
+    ] {
+        let r = send(
+            &a.router,
+            request("/uncertain", Some("acme"), Some(key), body),
+        )
+        .await;
+        // Not the 202 that would promise a reconciliation nothing performs.
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{key}");
+        let problem: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(problem["type"], "about:blank", "{key}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("rolled back"),
+            "{problem}"
+        );
+    }
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
+    assert_eq!(
+        a.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
+        0
+    );
+    // Nothing was stored: a retry runs the handler again (and is refused again).
+    let again = send(
+        &a.router,
+        request("/uncertain", Some("acme"), Some("k1"), r#"{"name":"a"}"#),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!again.replayed());
 }
 
 pub async fn a_committed_4xx_business_rejection_is_replayed() {

@@ -7,11 +7,12 @@ use axum::response::{IntoResponse, Response};
 
 use super::answers::{Answer, Step, store_failed, taken};
 use super::pipeline::{Decision, Mode, ModeOf, Scope, capture, stored_ok};
-use super::{BoxedHandler, OperationSpec};
+use super::{BoxedHandler, HandlerOutcome, OperationSpec};
 use crate::config::Idem;
 use crate::db::Backend;
 use crate::db::Tx;
 use crate::flight::{Joined, Leader};
+use crate::lease::UncertainMarker;
 use crate::metrics;
 #[cfg(feature = "replay-cache")]
 use crate::model::ClaimRequest;
@@ -136,7 +137,15 @@ impl<DB: Backend> Mode<DB> for Transactional {
         started: Instant,
     ) -> Response {
         let op = scope.op();
-        let outcome = body(&mut tx).await;
+        let mut outcome = body(&mut tx).await;
+        if outcome
+            .response
+            .extensions()
+            .get::<UncertainMarker>()
+            .is_some()
+        {
+            outcome = uncertain_refused(op);
+        }
         if outcome.rolls_back() {
             // Dropping the transaction rolls it back; say so explicitly to free the
             // connection before the response is sent.
@@ -208,6 +217,30 @@ impl<DB: Backend> Mode<DB> for Transactional {
         stored_ok(op, &stored, started);
         response
     }
+}
+
+/// A transactional handler that answered [`crate::Uncertain`] (as `Ok` or
+/// `Err`): that answer is a leased handler's, whose effect is elsewhere and may
+/// have happened. A transaction's effects commit with the key or not at all, so
+/// its `202` would promise a reconciliation that nothing performs (stored), or
+/// that the request will not run twice when its rollback freed the key (not
+/// stored). Rolled back and answered `500` instead, as gRPC answers `Unknown`;
+/// a retry with the same key runs the handler again.
+fn uncertain_refused(op: &str) -> HandlerOutcome {
+    tracing::error!(
+        operation = op,
+        "idem: a transactional handler answered `Uncertain`, which only a leased handler can; rolled back, nothing stored"
+    );
+    HandlerOutcome::err(
+        Problem::new(
+            "about:blank",
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "Internal Server Error",
+        )
+        .with_detail(
+            "the handler's outcome was uncertain, which its transaction cannot be: it was rolled back and nothing was stored; a retry with the same key runs it again",
+        ),
+    )
 }
 
 /// How a transactional execution came to run, its generation recorded in the
