@@ -76,7 +76,11 @@ const AAD_TAG: &[u8] = b"idem-answer-v1\0";
 /// Cheap to clone (the keys are shared). The keys are zeroised when the last
 /// clone is dropped, and neither `Debug` nor any error shows their bytes.
 #[derive(Clone)]
-pub struct KeyRing(Arc<Ring>);
+pub struct KeyRing {
+    ring: Arc<Ring>,
+    /// See [`KeyRing::refusing_clear_answers`].
+    refuse_clear: bool,
+}
 
 struct Ring {
     /// `(id, cipher)`; the cipher zeroises its key when dropped.
@@ -188,7 +192,10 @@ impl KeyRing {
             .iter()
             .position(|(id, _)| id == active)
             .ok_or_else(|| KeyRingError::UnknownActiveKey(active.to_owned()))?;
-        Ok(KeyRing(Arc::new(Ring { keys: ring, active })))
+        Ok(KeyRing {
+            ring: Arc::new(Ring { keys: ring, active }),
+            refuse_clear: false,
+        })
     }
 
     /// A ring from text: `id:BASE64` entries separated by commas (spaces
@@ -298,12 +305,43 @@ impl KeyRing {
 
     /// The id of the key new answers are sealed with.
     pub fn active_id(&self) -> &str {
-        &self.0.keys[self.0.active].0
+        &self.ring.keys[self.ring.active].0
     }
 
     /// The ids of every key in the ring, in the order given.
     pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.0.keys.iter().map(|(id, _)| id.as_str())
+        self.ring.keys.iter().map(|(id, _)| id.as_str())
+    }
+
+    /// The ring, refusing answers stored in clear: a retry of a key whose row
+    /// holds a clear answer is answered `503` (its outcome cannot be read; it
+    /// does not run again), as for a seal that does not open. Without it, a
+    /// clear answer is replayed as it is, so whoever can write the store could
+    /// put in an answer of their own choosing.
+    ///
+    /// Turn it on once no clear answer is kept: after every row finished
+    /// before the ring was set has passed its retention, or after a rekey with
+    /// `seal_clear` (`idem rekey --seal-clear`) has sealed them. The rekey
+    /// still opens clear answers to seal them.
+    ///
+    /// ```
+    /// use idem_runtime::at_rest::KeyRing;
+    ///
+    /// let ring = KeyRing::parse("2026-12:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=", None)?
+    ///     .refusing_clear_answers();
+    /// assert!(ring.refuses_clear_answers());
+    /// # Ok::<(), idem_runtime::at_rest::KeyRingError>(())
+    /// ```
+    #[must_use]
+    pub fn refusing_clear_answers(mut self) -> Self {
+        self.refuse_clear = true;
+        self
+    }
+
+    /// Whether answers stored in clear are refused
+    /// ([`KeyRing::refusing_clear_answers`]).
+    pub fn refuses_clear_answers(&self) -> bool {
+        self.refuse_clear
     }
 
     fn with_active(
@@ -320,7 +358,7 @@ impl KeyRing {
     }
 
     fn cipher(&self, id: &str) -> Option<&XChaCha20Poly1305> {
-        self.0
+        self.ring
             .keys
             .iter()
             .find(|(k, _)| k == id)
@@ -334,7 +372,7 @@ impl KeyRing {
         row: &RowId<'_>,
         clear: &StoredResponse,
     ) -> Result<StoredResponse, StoreError> {
-        let (id, cipher) = &self.0.keys[self.0.active];
+        let (id, cipher) = &self.ring.keys[self.ring.active];
         let headers = serde_json::to_vec(&clear.headers)
             .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
         let headers_len = u32::try_from(headers.len())
@@ -411,10 +449,13 @@ impl KeyRing {
 
 impl fmt::Debug for KeyRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyRing")
-            .field("active", &self.active_id())
-            .field("ids", &self.ids().collect::<Vec<_>>())
-            .finish()
+        let mut d = f.debug_struct("KeyRing");
+        d.field("active", &self.active_id())
+            .field("ids", &self.ids().collect::<Vec<_>>());
+        if self.refuse_clear {
+            d.field("clear_answers", &"refused");
+        }
+        d.finish()
     }
 }
 
@@ -515,8 +556,8 @@ pub(crate) fn noted(mut stored: StoredResponse, generation: i64) -> StoredRespon
 ///
 /// [`StoreError::SealKeyMissing`] when it is sealed with a key `ring` lacks (or
 /// there is no ring), [`StoreError::SealBroken`] when it does not open for this
-/// row (changed, or moved from another). Either way it is neither replayed nor
-/// run again.
+/// row (changed, or moved from another), or is clear where the ring refuses
+/// clear answers. Either way it is neither replayed nor run again.
 pub(crate) fn open(
     ring: Option<&KeyRing>,
     tenant: &str,
@@ -525,7 +566,7 @@ pub(crate) fn open(
     stored: StoredResponse,
 ) -> Result<StoredResponse, StoreError> {
     let Some(key_id) = sealed_with(&stored) else {
-        return Ok(stored);
+        return clear(ring, stored);
     };
     let generation = match stored.headers.get(1) {
         Some((name, g)) if name == GENERATION => g
@@ -561,9 +602,22 @@ pub(crate) fn open_replay(
     stored: StoredResponse,
 ) -> Result<StoredResponse, StoreError> {
     if sealed_with(&stored).is_none() {
-        return Ok(stored);
+        return clear(ring, stored);
     }
     open(ring, tenant, operation, &key.digest(), stored)
+}
+
+/// A clear answer: itself, unless the ring refuses clear answers (a row
+/// written, or rewritten, without the ring's keys).
+fn clear(ring: Option<&KeyRing>, stored: StoredResponse) -> Result<StoredResponse, StoreError> {
+    if ring.is_some_and(KeyRing::refuses_clear_answers) {
+        tracing::error!(
+            status = stored.status,
+            "idem: a stored answer is in clear where the key ring refuses clear answers; not replayed"
+        );
+        return Err(StoreError::SealBroken);
+    }
+    Ok(stored)
 }
 
 /// A rekey's open of one stored answer: the answer, or `None` when it cannot
@@ -581,7 +635,13 @@ pub(crate) fn opened_to_reseal(
     stored: StoredResponse,
     report: &mut crate::model::RekeyReport,
 ) -> Result<Option<StoredResponse>, StoreError> {
-    match open(Some(ring), tenant, operation, key, stored) {
+    // A rekey seals clear answers (`seal_clear`): they open here even where
+    // the ring refuses them on a request's path.
+    let accepting = KeyRing {
+        refuse_clear: false,
+        ..ring.clone()
+    };
+    match open(Some(&accepting), tenant, operation, key, stored) {
         Ok(clear) => Ok(Some(clear)),
         Err(StoreError::SealKeyMissing { key_id }) => {
             *report.unreadable.entry(key_id).or_default() += 1;
@@ -693,6 +753,33 @@ mod tests {
             seal(None, &row(&k, 1), &answer()).unwrap(),
             Cow::Borrowed(_)
         ));
+    }
+
+    #[test]
+    fn a_ring_refusing_clear_answers_refuses_them_but_a_rekey_opens_them() {
+        let k = digest();
+        let strict = ring().refusing_clear_answers();
+        assert!(strict.refuses_clear_answers() && !ring().refuses_clear_answers());
+        assert!(matches!(
+            open(Some(&strict), "acme", "pay", &k, noted(answer(), 3)),
+            Err(StoreError::SealBroken)
+        ));
+        let key = crate::key::IdempotencyKey::parse("k-1").unwrap();
+        assert!(matches!(
+            open_replay(Some(&strict), "acme", "pay", &key, answer()),
+            Err(StoreError::SealBroken)
+        ));
+        // A sealed answer opens as with any ring.
+        let sealed = strict.seal(&row(&k, 3), &answer()).unwrap();
+        assert_eq!(
+            open(Some(&strict), "acme", "pay", &k, read_back(&sealed, 3)).unwrap(),
+            answer()
+        );
+        // The rekey opens the clear answer, to seal it.
+        let mut report = crate::model::RekeyReport::default();
+        let opened = opened_to_reseal(&strict, "acme", "pay", &k, answer(), &mut report);
+        assert_eq!(opened.unwrap(), Some(answer()));
+        assert!(format!("{strict:?}").ends_with(r#"clear_answers: "refused" }"#));
     }
 
     #[test]

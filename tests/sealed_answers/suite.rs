@@ -318,6 +318,53 @@ pub async fn clear_answers_stay_readable_and_sealed_ones_need_the_ring() {
     assert_eq!(a.widgets().await, 2);
 }
 
+pub async fn a_ring_refusing_clear_answers_replays_none_until_a_rekey_seals_them() {
+    let a = App::new(None).await;
+    let clear = send(&a.router(), "/widgets", "w-1", "bolt").await;
+    assert_eq!(clear.status, StatusCode::CREATED);
+    let strict_ring = ring("k1", &["k1"]).refusing_clear_answers();
+    let strict = a.with_ring(Some(strict_ring.clone()));
+    // A clear answer, kept from before the ring: neither replayed nor run again.
+    let refused = send(&strict, "/widgets", "w-1", "bolt").await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(holds(&refused.body, b"could not be read"));
+    // A sealed answer overwritten with a clear one, as someone who can write
+    // the store but lacks the keys could: refused too.
+    let sealed = send(&strict, "/widgets", "w-2", "nut").await;
+    assert_eq!(sealed.status, StatusCode::CREATED);
+    let (headers, body) = a.row("w-1").await;
+    a.set_answer("w-2", &headers, &body).await;
+    let forged = send(&strict, "/widgets", "w-2", "nut").await;
+    assert_eq!(forged.status, StatusCode::SERVICE_UNAVAILABLE);
+    // What the refusal adds: a ring that accepts clear answers replays it.
+    let accepting = send(
+        &a.with_ring(Some(ring("k1", &["k1"]))),
+        "/widgets",
+        "w-2",
+        "nut",
+    )
+    .await;
+    assert_eq!(
+        (accepting.status, accepting.replayed),
+        (StatusCode::CREATED, true)
+    );
+    assert_eq!(accepting.body, clear.body);
+    assert_eq!(a.widgets().await, 2);
+    // A rekey with the strict ring still seals them; then they replay.
+    let mut pages = RekeyOptions::default();
+    pages.seal_clear = true;
+    let report = admin::rekey(&a.db.pool, &strict_ring, pages, |_| {
+        ControlFlow::Continue(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(report.resealed, 2);
+    let again = send(&strict, "/widgets", "w-1", "bolt").await;
+    assert_eq!((again.status, again.replayed), (StatusCode::CREATED, true));
+    assert_eq!(again.body, clear.body);
+    assert_eq!(a.widgets().await, 2);
+}
+
 pub async fn claims_made_before_the_handler_seal_too() {
     let db = TestDb::new().await;
     db.exec(WIDGETS_DDL).await;
