@@ -50,7 +50,7 @@ const OTHERS: &[&str] = &[
     // the standard library's
     "Debug", "Display", "Duration", "Err", "Ok", "Option", "Result", "String", "Clone",
     "BTreeMap",
-    "HashMap", "Arc",
+    "HashMap", "Arc", "HashSet", "BTreeSet", "Vec",
     // gRPC's: google.rpc's error details, and the gRPC example's methods and types
     "RetryInfo", "ErrorInfo", "PreconditionFailure", "BadRequest",
     "CreateOrder", "CreateRefund", "CreatePayment", "GetOrder", "CountOrders", "Caller", "Service",

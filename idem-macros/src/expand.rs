@@ -468,8 +468,25 @@ impl<'a> Handler<'a> {
     }
 
     /// `Result<B, B::Rejection>`: the rejection is the answer, before any claim.
+    /// Behind a name the attribute cannot read (`Result<OrderBody, _>`), the
+    /// probe's tag screens the parameter: a `Result` body's `Err` is answered,
+    /// anything else passes unchanged.
     fn reject(&self) -> Option<TokenStream> {
         let rt = &self.rt;
+        if let Some(i) = self.config.probed {
+            let (name, ty) = (self.name_of(i), self.ty_of(i));
+            let state = self.state_type();
+            return Some(quote! {
+                let #name = {
+                    #[allow(unused_imports)]
+                    use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _, ProbeUnplaced as _};
+                    match (&&&&#rt::BodyProbe::<#ty, #state>::NEW).__idem_body_kind().screen(#name) {
+                        ::core::ops::ControlFlow::Continue(__idem_ok) => __idem_ok,
+                        ::core::ops::ControlFlow::Break(__idem_rejection) => return __idem_rejection,
+                    }
+                };
+            });
+        }
         self.config.body_result.map(|i| {
             let name = self.name_of(i);
             quote! {
@@ -508,14 +525,20 @@ impl<'a> Handler<'a> {
         let rt = &self.rt;
         let (name, ty) = (self.name_of(i), self.ty_of(i));
         let steps = fields.iter().map(|(segments, span)| {
-            let path = segments.join(".");
+            // A raw identifier (`body.r#type`) is the field `type`: the path
+            // names it as serde writes it.
+            let unraw = |s: &String| s.strip_prefix("r#").unwrap_or(s).to_owned();
+            let path = segments.iter().map(unraw).collect::<Vec<_>>().join(".");
             let members = segments.iter().map(|s| match s.parse::<u32>() {
                 Ok(index) => {
                     let idx = syn::Index { index, span: *span };
                     quote!(#idx)
                 }
                 Err(_) => {
-                    let id = syn::Ident::new(s, *span);
+                    let id = match s.strip_prefix("r#") {
+                        Some(raw) => syn::Ident::new_raw(raw, *span),
+                        None => syn::Ident::new(s, *span),
+                    };
                     quote!(#id)
                 }
             });
@@ -541,15 +564,18 @@ impl<'a> Handler<'a> {
         }))
     }
 
-    /// The state the probe asks the last parameter about: the handler's
-    /// `State<S>`, else `()`. A handler that names no state and ends with an
-    /// extractor for a particular one is refused (see `BodyProbe`): whether it
-    /// reads the body cannot be asked without that state.
+    /// The state the probe asks the last parameter about: the handler's last
+    /// `State<S>` (the last, so that the router's own state named after a
+    /// sub-state's is the one asked), else `()`. A handler that names no state
+    /// and ends with an extractor for a particular one is refused (see
+    /// `BodyProbe`): whether it reads the body cannot be asked without that
+    /// state.
     fn state_type(&self) -> TokenStream {
         self.func
             .sig
             .inputs
             .iter()
+            .rev()
             .find_map(|arg| match arg {
                 FnArg::Typed(t) => state_of(&t.ty),
                 FnArg::Receiver(_) => None,
@@ -827,6 +853,22 @@ mod tests {
             ),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_raw_field_is_read_raw_and_named_as_serde_names_it() {
+        let out = expand_str(
+            quote!(
+                operation = "transfer",
+                retention = "24h",
+                fingerprint(body.r#type)
+            ),
+            quote! {
+                async fn transfer(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, Json(cmd): Json<Transfer>) -> StatusCode { todo!() }
+            },
+        );
+        assert!(out.contains("\"type\""), "{out}");
+        assert!(out.contains("& __idem_b . r#type"), "{out}");
     }
 
     #[test]

@@ -110,14 +110,24 @@ impl FingerprintBuilder {
 
     /// Adds a request header by name. All of its values count, in order; an absent
     /// header and an empty one are different requests.
+    ///
+    /// A header sent on several lines counts as those lines combined into one,
+    /// as HTTP lets any intermediary combine them (RFC 9110, section 5.3: joined
+    /// by `, `; `cookie` by `; `, as HTTP/2 splits it): a retry whose proxy
+    /// combined the lines its first attempt sent apart is the same request.
     pub fn header(mut self, name: &str, headers: &HeaderMap) -> Self {
         let name = name.to_ascii_lowercase();
-        let values: Vec<Vec<u8>> = headers
-            .get_all(name.as_str())
-            .iter()
-            .map(|v| v.as_bytes().to_vec())
-            .collect();
-        let values = (!values.is_empty()).then_some(values);
+        let mut lines = headers.get_all(name.as_str()).iter();
+        let values = lines.next().map(|first| {
+            let mut value = first.as_bytes().to_vec();
+            let separator: &[u8] = if name == "cookie" { b"; " } else { b", " };
+            for line in lines {
+                value.extend_from_slice(separator);
+                value.extend_from_slice(line.as_bytes());
+            }
+            // One value: the encoding of a header sent on one line, unchanged.
+            vec![value]
+        });
         self.parts.push(Part::Header { name, values });
         self
     }
@@ -1177,6 +1187,55 @@ mod tests {
         assert_ne!(eur, usd);
         // Header names are case-insensitive.
         assert_eq!(usd, base().header("X-CURRENCY", &h).finish());
+    }
+
+    #[test]
+    fn a_header_on_several_lines_is_those_lines_combined() {
+        let combined = |name: &str, lines: &[&str]| {
+            let mut h = HeaderMap::new();
+            for line in lines {
+                h.append(
+                    axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    line.parse().unwrap(),
+                );
+            }
+            base().header(name, &h).finish()
+        };
+        assert_eq!(
+            combined("x-tags", &["a", "b"]),
+            combined("x-tags", &["a, b"])
+        );
+        assert_eq!(
+            combined("cookie", &["a=1", "b=2"]),
+            combined("cookie", &["a=1; b=2"])
+        );
+        // The order of the lines and what they hold still count.
+        assert_ne!(
+            combined("x-tags", &["a", "b"]),
+            combined("x-tags", &["b", "a"])
+        );
+        assert_ne!(
+            combined("x-tags", &["a", "b"]),
+            combined("x-tags", &["a", "c"])
+        );
+        assert_ne!(combined("x-tags", &["a", ""]), combined("x-tags", &["a"]));
+    }
+
+    /// A header on one line is encoded as it always was (computed
+    /// independently: `H`, the name, `+`, a count of 1, the value, each
+    /// length-prefixed as in `the_encoding_is_pinned`), so combining
+    /// several lines changed no stored digest of a header sent on one.
+    #[test]
+    fn a_header_on_one_line_fingerprints_as_before() {
+        let mut h = HeaderMap::new();
+        h.insert("x-currency", "EUR".parse().unwrap());
+        let fp = FingerprintBuilder::new("acme", "create-order", "POST", "/orders")
+            .header("x-currency", &h)
+            .finish();
+        assert_eq!(
+            hex::encode(fp.as_bytes()),
+            "ab3fd9895abc7f2a47772d49da34713d0488c77e774297c29081884ebe1ce6a8"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! and signatures here change without notice.
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 
 use axum::response::IntoResponse;
@@ -124,7 +125,8 @@ pub fn tenant_id<T: TenantScope>(value: &T) -> Result<String, crate::tenant::Ten
 /// The shapes of request body the attribute fingerprints: every
 /// [`FingerprintBody`] (its typed value), `Bytes` and `RawForm` (byte for byte),
 /// and `Option<B>` and `Result<B, E>` of those (`None` adds no body; an `Err` never
-/// gets here: the rejection is answered before the claim).
+/// gets here: the rejection is answered before the claim, by the attribute's
+/// `rejected` step or, behind a name it cannot read, by [`BodyShape::screen`]).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be fingerprinted as a request body",
     label = "`#[idempotent]` fingerprints this parameter as the request body",
@@ -146,6 +148,15 @@ pub trait BodyShape {
         &self,
         fp: crate::FingerprintBuilder,
     ) -> Result<crate::FingerprintBuilder, crate::FingerprintError>;
+    /// The body, or the answer instead of a claim: a `Result` body's
+    /// rejection (a body behind a name the attribute cannot read, which the
+    /// probe screens).
+    fn screen(self) -> ControlFlow<Response, Self>
+    where
+        Self: Sized,
+    {
+        ControlFlow::Continue(self)
+    }
 }
 
 impl<B: FingerprintBody> BodyShape for B {
@@ -203,7 +214,7 @@ impl<B: BodyShape> BodyShape for Option<B> {
     }
 }
 
-impl<B: BodyShape, E> BodyShape for Result<B, E> {
+impl<B: BodyShape, E: IntoResponse> BodyShape for Result<B, E> {
     type Value = B::Value;
     fn value(&self) -> Option<&B::Value> {
         self.as_ref().ok().and_then(B::value)
@@ -215,6 +226,12 @@ impl<B: BodyShape, E> BodyShape for Result<B, E> {
         match self {
             Ok(b) => b.add(fp),
             Err(_) => Ok(fp),
+        }
+    }
+    fn screen(self) -> ControlFlow<Response, Self> {
+        match self {
+            Ok(b) => ControlFlow::Continue(Ok(b)),
+            Err(e) => ControlFlow::Break(rejected(e)),
         }
     }
 }
@@ -264,7 +281,7 @@ pub fn rejected<E: IntoResponse>(rejection: E) -> Response {
 /// Asks, by method resolution on `&&&&BodyProbe<T, S>`, whether the handler's
 /// last parameter (of a type the attribute cannot place: an alias, an extractor
 /// of the application's) reads the body, with `S` the state its handler names
-/// (`State<S>`, else `()`): [`IsBody`] when it can be fingerprinted,
+/// (its last `State<S>`, else `()`): [`IsBody`] when it can be fingerprinted,
 /// [`ReadsBody`] when it reads the body but cannot, [`NotBody`] when it reads
 /// only the request's parts, [`Unplaced`] when it is an extractor for neither
 /// (one that needs a state the handler does not name), which does not compile:
@@ -325,8 +342,8 @@ pub struct Unplaced<T, S>(std::marker::PhantomData<(T, S)>);
 #[diagnostic::on_unimplemented(
     message = "`#[idempotent]` cannot tell whether `{Self}` reads the request body",
     label = "not an extractor for the state `{S}`: if it reads the body, the body would be left out of the fingerprint without a word",
-    note = "idem asks the last parameter's type whether it reads the body, with the state the handler names in a `State<S>` parameter (`()` without one)",
-    note = "if it needs your application's state, name that state in the handler: `State(_): State<AppState>`",
+    note = "idem asks the last parameter's type whether it reads the body, with the state the handler names in its last `State<S>` parameter (`()` without one)",
+    note = "if it needs your application's state, name that state in the handler, after any sub-state: `State(_): State<AppState>`",
     note = "if it reads only the request's parts, you can also move it before another parameter: axum runs every parameter but the last from the parts",
     note = "if it reads the body, mark it `#[body]` and implement `idem_runtime::FingerprintBody` for it"
 )]
@@ -358,6 +375,34 @@ impl<T: BodyShape> IsBody<T> {
     where
         T: BodyLeftOut,
     {
+    }
+}
+
+impl<T: BodyShape> IsBody<T> {
+    /// See [`BodyShape::screen`].
+    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
+        body.screen()
+    }
+}
+
+impl<T> ReadsBody<T> {
+    /// Not screened: refused where it is fingerprinted.
+    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
+        ControlFlow::Continue(body)
+    }
+}
+
+impl<T> NotBody<T> {
+    /// Not a body: passes unchanged.
+    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
+        ControlFlow::Continue(body)
+    }
+}
+
+impl<T, S> Unplaced<T, S> {
+    /// Not screened: refused where it is fingerprinted.
+    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
+        ControlFlow::Continue(body)
     }
 }
 

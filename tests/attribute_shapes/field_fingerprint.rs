@@ -27,9 +27,26 @@ async fn create_order(
     StatusCode::CREATED
 }
 
+/// A field whose name is a keyword, written as a raw identifier.
+#[derive(Deserialize, Serialize)]
+struct Transfer {
+    r#type: String,
+    amount: u64,
+}
+
+#[idempotent(operation = "transfer", retention = "24h", fingerprint(body.r#type, body.amount))]
+async fn transfer(
+    #[tenant] caller: Caller,
+    tx: &mut Tx<Postgres>,
+    Json(cmd): Json<Transfer>,
+) -> StatusCode {
+    StatusCode::CREATED
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn mounts_on_a_router() {
     let _: Router = Router::new()
         .route("/orders", post(create_order))
+        .route("/transfers", post(transfer))
         .with_state(idem());
 }

@@ -60,6 +60,27 @@ async fn ship(
     StatusCode::OK
 }
 
+/// A sub-state, named before the router's own state: the probe asks with
+/// the last `State<..>`.
+#[derive(Clone)]
+struct Pool;
+impl FromRef<AppState> for Pool {
+    fn from_ref(_: &AppState) -> Pool {
+        Pool
+    }
+}
+
+#[idempotent(operation = "ship-from-pool", retention = "24h")]
+async fn ship_from_pool(
+    #[tenant] caller: Caller,
+    State(pool): State<Pool>,
+    State(app): State<AppState>,
+    tx: &mut Tx<Postgres>,
+    region: Region,
+) -> StatusCode {
+    StatusCode::OK
+}
+
 #[idempotent(operation = "sign", retention = "24h")]
 async fn sign(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: Signed) -> StatusCode {
     StatusCode::CREATED
@@ -83,6 +104,7 @@ async fn mounts_on_a_router() {
     };
     let _: Router = Router::new()
         .route("/ship", post(ship))
+        .route("/ship-from-pool", post(ship_from_pool))
         .route("/sign", post(sign))
         .route("/sign-in-region", post(sign_in_region))
         .with_state(state);

@@ -50,6 +50,10 @@ pub struct Config {
     pub request_before: Option<usize>,
     /// The body is a `Result<B, B::Rejection>`: a rejection is answered first.
     pub body_result: Option<usize>,
+    /// A last parameter the attribute cannot place (see `BodyPrint::Probe`):
+    /// its type decides, before the claim, whether it is a `Result` body whose
+    /// rejection is the answer.
+    pub probed: Option<usize>,
     /// `None`: `::idem_runtime`. Its tokens carry the span of the string it was
     /// written in, where an unresolved path is then reported.
     pub krate: Option<syn::Path>,
@@ -119,6 +123,7 @@ pub fn validate(
         tx: params.tx?,
         request_before: body_param.map(|(i, _)| i).or(maybe_body),
         body_result,
+        probed: maybe_body,
         krate: options.krate,
     })
 }
