@@ -173,6 +173,48 @@ mod postgres {
     stamp!(sql => a_transactional_reclaim_forgets_the_leased_executions_downstream_key);
     stamp!(row_lock => a_held_row_does_not_hold_up_the_other_leases_renewals);
 
+    /// A handler's `Uncertain` whose mark fails once (a trigger refuses the
+    /// first update to `uncertain`; a sequence counts, as a failed statement
+    /// rolls back anything else it wrote) is marked on the next attempt: the
+    /// row does not stay `processing`, to be taken over and charged again.
+    #[tokio::test]
+    async fn an_uncertain_mark_that_fails_once_is_tried_again() {
+        let s = suite::setup("uncertain-retry", false).await;
+        let db = &s.h.db;
+        db.exec("CREATE SEQUENCE test_uncertain_marks").await;
+        db.exec(
+            "CREATE FUNCTION test_fail_first_mark() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN \
+               IF NEW.state = 'uncertain' THEN \
+                 IF nextval('test_uncertain_marks') = 1 THEN \
+                   RAISE EXCEPTION 'the first mark fails'; \
+                 END IF; \
+               END IF; \
+               RETURN NEW; \
+             END $$",
+        )
+        .await;
+        db.exec(
+            "CREATE TRIGGER test_fail_first_mark BEFORE UPDATE ON idempotency_requests \
+             FOR EACH ROW EXECUTE FUNCTION test_fail_first_mark()",
+        )
+        .await;
+        s.provider
+            .timeout_after_charge
+            .store(true, Ordering::SeqCst);
+        let (status, _, _) = suite::send(&s.router, suite::pay("/payments", "unc-r", 100)).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        let marks: i64 = sqlx::query_scalar("SELECT last_value FROM test_uncertain_marks")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(marks, 2, "failed once, then marked");
+        assert_eq!(suite::record(&s.h, "unc-r").await.state, "uncertain");
+        let (status, _, _) = suite::send(&s.router, suite::pay("/payments", "unc-r", 100)).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
+    }
+
     /// A claim waits a moment at most for the key's row lock: held elsewhere (a
     /// slow statement, an operator), the answer is "in flight", not a parked
     /// connection.

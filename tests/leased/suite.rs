@@ -313,7 +313,7 @@ pub struct Setup {
     pub h: Arc<H>,
     idem: Idem<Db>,
     pub router: Router,
-    provider: Arc<Provider>,
+    pub provider: Arc<Provider>,
     pub entered: mpsc::UnboundedReceiver<()>,
     pub release: Arc<Semaphore>,
     crash_next: Arc<AtomicBool>,

@@ -255,7 +255,9 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
         // Renewals end before the lease is settled: one racing the mark would
         // find the row no longer this worker's and log a takeover.
         drop(renewing);
-        return match lease.mark_uncertain().await {
+        // Tried as hard as an unrecorded effect's mark: a row left `processing`
+        // is taken over after its lease, and downstream called again.
+        return match mark_uncertain(op, &lease).await {
             Ok(()) => {
                 metrics::completion(op, "uncertain");
                 tracing::warn!(
@@ -265,10 +267,13 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
                 outcome.response
             }
             Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
-            Err(LeaseError::Store(e)) => {
+            Err(LeaseError::Store(_)) => {
                 // The effect may have happened: never answer "nothing was stored".
                 metrics::completion(op, "error");
-                tracing::error!(operation = op, error = %e, "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease");
+                tracing::error!(
+                    operation = op,
+                    "idem: could not mark the outcome uncertain; the row stays processing and is taken over after its lease"
+                );
                 outcome.response
             }
         };
@@ -351,28 +356,38 @@ async fn effect_unrecorded<DB: LeaseBackend>(
     detail: &str,
     count: bool,
 ) -> Response {
-    for attempt in 1..=3u64 {
-        match lease.record_uncertain().await {
-            Ok(()) => {
-                if count {
-                    metrics::completion(op, "uncertain");
-                }
-                break;
-            }
-            Err(LeaseError::StaleOwner { .. }) => return stale(op, probe, lease_len).await,
-            Err(LeaseError::Store(e)) => {
-                tracing::error!(operation = op, attempt, error = %e, "idem: marking the outcome uncertain failed");
-                if attempt < 3 {
-                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-                }
-            }
-        }
+    match mark_uncertain(op, lease).await {
+        Ok(()) if count => metrics::completion(op, "uncertain"),
+        Ok(()) | Err(LeaseError::Store(_)) => {}
+        Err(LeaseError::StaleOwner { .. }) => return stale(op, probe, lease_len).await,
     }
     Problem::uncertain(lease_len)
         .with_detail(format!(
             "{detail}; its outcome is being confirmed. Retry later with the same key"
         ))
         .into_response()
+}
+
+/// Marks the row `uncertain`, three attempts 100 and 200 ms apart: the last
+/// store error (each is logged), or the lease lost.
+async fn mark_uncertain<DB: LeaseBackend>(
+    op: &'static str,
+    lease: &Lease<DB>,
+) -> Result<(), LeaseError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match lease.record_uncertain().await {
+            Err(LeaseError::Store(e)) => {
+                tracing::error!(operation = op, attempt, error = %e, "idem: marking the outcome uncertain failed");
+                if attempt == 3 {
+                    return Err(LeaseError::Store(e));
+                }
+                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// The answer for a worker that lost its lease: never its own result.

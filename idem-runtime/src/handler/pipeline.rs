@@ -213,13 +213,17 @@ async fn detached(
     match tokio::spawn(work).await {
         Ok(resp) => resp,
         Err(e) => {
-            tracing::error!(operation, error = %e, "idem: handler task failed; its work was rolled back or released at lease expiry");
+            tracing::error!(operation, error = %e, "idem: handler task failed; its transaction rolled back, or its lease is taken over once it lapses");
+            // Not "nothing happened": a leased handler may have called
+            // downstream before it failed. Either way the same key is the retry
+            // (a leased one runs again under the same downstream key once the
+            // lease lapses); a new key could repeat the effect.
             Problem::new(
                 problem::HANDLER_PANICKED,
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "The handler failed",
             )
-            .with_detail("nothing was stored; retrying with the same key is safe")
+            .with_detail("its outcome was not recorded; retry with the same key, not a new one")
             .into_response()
         }
     }
