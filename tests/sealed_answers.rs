@@ -71,7 +71,7 @@ macro_rules! sealed_tests {
             a_key_the_ring_lacks_is_refused_and_a_mismatch_is_still_422,
             rotation_opens_old_answers_and_seals_new_ones_with_the_active_key,
             clear_answers_stay_readable_and_sealed_ones_need_the_ring,
-            a_ring_refusing_clear_answers_replays_none_until_a_rekey_seals_them,
+            a_ring_refusing_clear_answers_replays_and_seals_none_of_them,
             claims_made_before_the_handler_seal_too,
             an_expired_key_runs_anew_and_its_new_answer_opens,
             a_leased_answer_is_sealed_and_replayed,

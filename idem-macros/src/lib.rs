@@ -279,6 +279,7 @@ use proc_macro::TokenStream;
 /// | exactly one tenant | "`create_order` has no tenant: mark ... `#[tenant]` ..., or add `single_tenant`"; "only one parameter can be the `#[tenant]`"; "`#[tenant]` contradicts `single_tenant`"; "the request body cannot be the `#[tenant]`"; "`#[tenant]` marks the parameter that identifies the caller, not the transaction" |
 /// | the tenant implements `TenantScope` | "`Anonymous` does not identify a tenant" (with what works for your own type, `Extension<T>`, `Path<String>`, another crate's type) |
 /// | one `&mut Tx<Postgres>` (or `&mut Lease<Postgres>` in leased mode), by name | "`create_order` takes no transaction: add a parameter `tx: &mut idem_runtime::Tx<Postgres>` ..."; "takes no lease"; "this is not idem's transaction: take `tx: &mut idem_runtime::Tx<Postgres>` ..."; "with `lease = \"...\"` the handler holds a lease, not a transaction ..."; "`Lease` is the handle of leased mode: add `lease = \"30s\"` ..."; "the handler takes two `&mut` parameters"; "take it as `tx: &mut idem_runtime::Tx<Postgres>`; other references cannot be extracted" |
+/// | no `Uncertain` in a transactional handler's return type | "`Uncertain` is a leased handler's answer: ..." (with the way to leased mode) |
 /// | the output is a response | "the trait bound `NotAResponse: IntoResponse` is not satisfied" |
 ///
 /// Each is pinned by a case in `idem-macros/tests/ui/fail` (every case mounts its handler in a

@@ -20,6 +20,8 @@ const REACHED_THROUGH_SIGNATURES: &[&str] = &[
     "IsBody",
     "ReadsBody",
     "NotBody",
+    "Unplaced",
+    "PlacedExtractor",
     "ResultTag",
     "PlainTag",
 ];

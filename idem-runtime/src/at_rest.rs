@@ -319,10 +319,14 @@ impl KeyRing {
     /// clear answer is replayed as it is, so whoever can write the store could
     /// put in an answer of their own choosing.
     ///
-    /// Turn it on once no clear answer is kept: after every row finished
-    /// before the ring was set has passed its retention, or after a rekey with
-    /// `seal_clear` (`idem rekey --seal-clear`) has sealed them. The rekey
-    /// still opens clear answers to seal them.
+    /// Turn it on once no clear answer is kept and none is written: every
+    /// writer of answers carries the ring first (the service's `Idem`, a
+    /// [`crate::Reconciler`] through `with_key_ring`, hand-written claims), and
+    /// every row finished before has passed its retention or been sealed by a
+    /// rekey with `seal_clear` (`idem rekey --seal-clear`) run with a ring that
+    /// does not refuse them. A rekey with a refusing ring leaves clear answers
+    /// as they are and counts them as broken: sealing them would make a clear
+    /// row written since by someone without the keys replay.
     ///
     /// ```
     /// use idem_runtime::at_rest::KeyRing;
@@ -635,13 +639,11 @@ pub(crate) fn opened_to_reseal(
     stored: StoredResponse,
     report: &mut crate::model::RekeyReport,
 ) -> Result<Option<StoredResponse>, StoreError> {
-    // A rekey seals clear answers (`seal_clear`): they open here even where
-    // the ring refuses them on a request's path.
-    let accepting = KeyRing {
-        refuse_clear: false,
-        ..ring.clone()
-    };
-    match open(Some(&accepting), tenant, operation, key, stored) {
+    // A ring that refuses clear answers does not seal them either: a clear
+    // row that appeared after sealing was complete (written by someone
+    // without the keys) would otherwise be sealed and replayed from then on.
+    // It is counted as broken (`open` refuses it as such).
+    match open(Some(ring), tenant, operation, key, stored) {
         Ok(clear) => Ok(Some(clear)),
         Err(StoreError::SealKeyMissing { key_id }) => {
             *report.unreadable.entry(key_id).or_default() += 1;
@@ -756,7 +758,7 @@ mod tests {
     }
 
     #[test]
-    fn a_ring_refusing_clear_answers_refuses_them_but_a_rekey_opens_them() {
+    fn a_ring_refusing_clear_answers_refuses_them_and_does_not_seal_them() {
         let k = digest();
         let strict = ring().refusing_clear_answers();
         assert!(strict.refuses_clear_answers() && !ring().refuses_clear_answers());
@@ -775,9 +777,12 @@ mod tests {
             open(Some(&strict), "acme", "pay", &k, read_back(&sealed, 3)).unwrap(),
             answer()
         );
-        // The rekey opens the clear answer, to seal it.
+        // A rekey with it leaves the clear answer, counted as broken; one with
+        // a ring that accepts clear answers opens it, to seal it.
         let mut report = crate::model::RekeyReport::default();
-        let opened = opened_to_reseal(&strict, "acme", "pay", &k, answer(), &mut report);
+        let left = opened_to_reseal(&strict, "acme", "pay", &k, answer(), &mut report);
+        assert_eq!((left.unwrap(), report.broken), (None, 1));
+        let opened = opened_to_reseal(&ring(), "acme", "pay", &k, answer(), &mut report);
         assert_eq!(opened.unwrap(), Some(answer()));
         assert!(format!("{strict:?}").ends_with(r#"clear_answers: "refused" }"#));
     }

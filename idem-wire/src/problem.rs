@@ -111,7 +111,9 @@ pub const OPERATION_NOT_FOUND: &str = "urn:idem:problem:operation-not-found";
 /// ```
 pub const STORE_UNAVAILABLE: &str = "urn:idem:problem:store-unavailable";
 
-/// `500`: the handler panicked; its transaction was rolled back.
+/// `500`: the handler panicked; its transaction was rolled back (in leased
+/// mode, where it may have called downstream, its lease is taken over once it
+/// lapses). The retry is the same key, never a new one.
 ///
 /// ```
 /// assert_eq!(idem_wire::problem::HANDLER_PANICKED, "urn:idem:problem:handler-panicked");

@@ -318,7 +318,7 @@ pub async fn clear_answers_stay_readable_and_sealed_ones_need_the_ring() {
     assert_eq!(a.widgets().await, 2);
 }
 
-pub async fn a_ring_refusing_clear_answers_replays_none_until_a_rekey_seals_them() {
+pub async fn a_ring_refusing_clear_answers_replays_and_seals_none_of_them() {
     let a = App::new(None).await;
     let clear = send(&a.router(), "/widgets", "w-1", "bolt").await;
     assert_eq!(clear.status, StatusCode::CREATED);
@@ -350,10 +350,21 @@ pub async fn a_ring_refusing_clear_answers_replays_none_until_a_rekey_seals_them
     );
     assert_eq!(accepting.body, clear.body);
     assert_eq!(a.widgets().await, 2);
-    // A rekey with the strict ring still seals them; then they replay.
+    // A rekey with the strict ring does not seal them (the forgery would
+    // replay from then on): left, counted as broken, still refused.
     let mut pages = RekeyOptions::default();
     pages.seal_clear = true;
     let report = admin::rekey(&a.db.pool, &strict_ring, pages, |_| {
+        ControlFlow::Continue(())
+    })
+    .await
+    .unwrap();
+    assert_eq!((report.resealed, report.broken), (0, 2));
+    let still = send(&strict, "/widgets", "w-1", "bolt").await;
+    assert_eq!(still.status, StatusCode::SERVICE_UNAVAILABLE);
+    // Sealing what is in clear is the operator's step, with a ring that
+    // accepts it (before the refusal is turned on); then they replay.
+    let report = admin::rekey(&a.db.pool, &ring("k1", &["k1"]), pages, |_| {
         ControlFlow::Continue(())
     })
     .await

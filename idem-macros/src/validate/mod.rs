@@ -93,6 +93,9 @@ pub fn validate(
     signature::check_written_once(func, errors);
     signature::check_signature(sig, errors);
     let options = options::check_options(&args, written, errors);
+    if args.lease.is_none() {
+        signature::refuse_uncertain(sig, errors);
+    }
     if let Some(key) = args.key.as_ref() {
         errors.push_at(
             key.span(),

@@ -36,6 +36,30 @@ pub(super) fn check_signature(sig: &Signature, errors: &mut Errors) {
     }
 }
 
+/// A transactional handler whose return type names `Uncertain`: that is a
+/// leased handler's answer (an effect elsewhere that may have happened). A
+/// transaction's effects commit with the key or not at all, so idem refuses
+/// it at run time (rolled back, `500`); written in the type, it is refused
+/// here, where the fix is to choose leased mode.
+pub(super) fn refuse_uncertain(sig: &Signature, errors: &mut Errors) {
+    fn find(tokens: proc_macro2::TokenStream) -> Option<proc_macro2::Ident> {
+        tokens.into_iter().find_map(|t| match t {
+            proc_macro2::TokenTree::Ident(i) if i == "Uncertain" => Some(i),
+            proc_macro2::TokenTree::Group(g) => find(g.stream()),
+            _ => None,
+        })
+    }
+    let syn::ReturnType::Type(_, ty) = &sig.output else {
+        return;
+    };
+    if let Some(at) = find(quote::ToTokens::to_token_stream(ty)) {
+        errors.push_at(
+            at.span(),
+            "`Uncertain` is a leased handler's answer: this handler's effects commit with its key in one transaction, or not at all, so its outcome is never uncertain (returned, it is rolled back and answered `500`). For an effect outside the database, such as a payment provider, use leased mode: `lease = \"30s\"` and a `lease: &mut Lease<Postgres>` parameter",
+        );
+    }
+}
+
 pub(super) fn check_qualifiers(sig: &Signature, errors: &mut Errors) {
     let name = &sig.ident;
     if sig.asyncness.is_none() {

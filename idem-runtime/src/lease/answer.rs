@@ -10,9 +10,10 @@ pub struct UncertainMarker;
 /// What a leased handler returns when it cannot know whether the external effect
 /// happened (the provider timed out after it may have charged). The row becomes
 /// `uncertain`; retries get `202` until a reconciler resolves it; the effect is
-/// never run again meanwhile. A leased handler's answer only: returned from a
-/// transactional (`Tx`) handler, whose effects commit with the key or not at
-/// all, it is rolled back and answered `500`, and nothing is stored.
+/// never run again meanwhile. A leased handler's answer only: in a
+/// transactional (`Tx`) handler's return type it does not compile, and
+/// returned from one behind `into_response()` (its effects commit with the key
+/// or not at all) it is rolled back and answered `500`, and nothing is stored.
 ///
 /// ```
 /// use idem_runtime::Uncertain;

@@ -135,7 +135,9 @@ pub struct RekeyReport {
     /// they are (add the key to the ring and run again).
     pub unreadable: std::collections::BTreeMap<String, u64>,
     /// Answers that did not open for their row (changed in the table by
-    /// someone else): left as they are, and never replayed.
+    /// someone else), and, with a ring that refuses clear answers
+    /// (`KeyRing::refusing_clear_answers`), answers in clear: left as they
+    /// are, and never replayed.
     pub broken: u64,
     /// Pages read.
     pub pages: u64,
