@@ -164,6 +164,9 @@ mod postgres {
     const NOW: &str = "clock_timestamp()";
     const HOLD_ONE: &str = "SELECT 1 FROM idempotency_requests \
           WHERE tenant_id = 'acme' AND operation = 'create-payment' AND key_digest = $1 FOR UPDATE";
+    /// Statements of this database waiting for a lock they have not been granted.
+    const LOCK_WAITS: &str = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+          WHERE NOT l.granted AND a.datname = current_database()";
 
     mod row_lock;
     mod sql;
@@ -171,7 +174,11 @@ mod postgres {
 
     leased_tests!();
     stamp!(sql => a_transactional_reclaim_forgets_the_leased_executions_downstream_key);
-    stamp!(row_lock => a_held_row_does_not_hold_up_the_other_leases_renewals);
+    stamp!(
+        row_lock =>
+        a_held_row_does_not_hold_up_the_other_leases_renewals,
+        a_row_held_through_two_renewals_is_renewed_by_waiting_for_it,
+    );
 
     /// A handler's `Uncertain` whose mark fails once (a trigger refuses the
     /// first update to `uncertain`; a sequence counts, as a failed statement
@@ -323,6 +330,14 @@ mod mysql {
     // The whole primary key: InnoDB then locks that one record.
     const HOLD_ONE: &str = "SELECT 1 FROM idempotency_requests \
           WHERE tenant_id = 'acme' AND operation = 'create-payment' AND key_digest = ? FOR UPDATE";
+    /// Statements of this database running the renewal's locking read that
+    /// waits (the batch's ends in `SKIP LOCKED`). Read from the process list:
+    /// MariaDB waits for a row found by its whole primary key while it plans
+    /// the statement (state `Statistics`), where `INNODB_TRX` does not list
+    /// the transaction as waiting.
+    const LOCK_WAITS: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+          WHERE DB = DATABASE() AND ID <> CONNECTION_ID() \
+            AND INFO LIKE 'SELECT owner_token FROM idempotency_requests%FOR UPDATE'";
 
     mod row_lock;
     mod sql;
@@ -330,7 +345,11 @@ mod mysql {
 
     leased_tests!();
     stamp!(sql => a_transactional_reclaim_forgets_the_leased_executions_downstream_key);
-    stamp!(row_lock => a_held_row_does_not_hold_up_the_other_leases_renewals);
+    stamp!(
+        row_lock =>
+        a_held_row_does_not_hold_up_the_other_leases_renewals,
+        a_row_held_through_two_renewals_is_renewed_by_waiting_for_it,
+    );
 
     /// The session's lock wait is restored after the claim has committed: a
     /// failing restore (here a trigger clears the saved value, so the restore

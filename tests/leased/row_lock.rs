@@ -1,7 +1,9 @@
 //! Databases with row locks, mounted beside `suite.rs` in their modules (they
 //! set `HOLD_ONE`, which locks one key's row and takes the key digest as its one
 //! parameter): a row another transaction holds is skipped by the renewal
-//! batch, not waited for.
+//! batch, not waited for; a row held through two batches is then waited for
+//! (`LOCK_WAITS` counts the statements of the test's database waiting for a
+//! row lock).
 
 use super::suite::*;
 use super::*;
@@ -52,4 +54,59 @@ pub async fn a_held_row_does_not_hold_up_the_other_leases_renewals() {
         "completed",
         "the other execution kept its lease and stored its outcome"
     );
+}
+
+/// A row held through two renewals is renewed next on its own, waiting for
+/// the row: a storm of duplicate claims of one key keeps its row nearly
+/// always held, and a renewal that only ever skipped it would let the lease
+/// lapse under a live worker. The renewal is seen waiting for the held row
+/// (it never waits while only skipped), and renews it once the holder lets go.
+pub async fn a_row_held_through_two_renewals_is_renewed_by_waiting_for_it() {
+    let mut s = setup("held-wait", true).await;
+    let router = s.router.clone();
+    let task =
+        tokio::spawn(
+            async move { send(&router, pay("/payments-long-lease", "held-w", 100)).await },
+        );
+    s.entered.recv().await.unwrap();
+    let key = IdempotencyKey::parse("held-w").unwrap();
+    let mut holder = s.h.db.pool.begin_with("BEGIN").await.unwrap();
+    sqlx::query(HOLD_ONE)
+        .bind(key.digest())
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let held_at = record(&s.h, "held-w").await.lease_until;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(LOCK_WAITS)
+            .fetch_one(&s.h.db.pool)
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no renewal ever waited for the held row"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        record(&s.h, "held-w").await.lease_until,
+        held_at,
+        "not written while held"
+    );
+    holder.rollback().await.unwrap();
+    while record(&s.h, "held-w").await.lease_until == held_at {
+        assert!(
+            Instant::now() < deadline,
+            "the lease was not renewed once the row was let go"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    s.release.add_permits(1);
+    let (status, _, _) = task.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(record(&s.h, "held-w").await.state, "completed");
 }

@@ -232,6 +232,23 @@ async fn create_payment_no_renewal(
     create_payment_body(caller, app, lease, p).await
 }
 
+/// The same with a lease long enough for a test to watch its renewals one by
+/// one (renewed every 2 s).
+#[idempotent(
+    operation = "create-payment",
+    retention = "1h",
+    lease = "6s",
+    lease_ceiling = "1h"
+)]
+async fn create_payment_long_lease(
+    #[tenant] caller: Caller,
+    State(app): State<App>,
+    lease: &mut Lease<Db>,
+    Json(p): Json<NewPayment>,
+) -> Response {
+    create_payment_body(caller, app, lease, p).await
+}
+
 /// A handler that watches its lease, as a careful one does before it calls
 /// downstream: the first execution reports in, waits until its lease is
 /// taken as lost, reports again, and charges.
@@ -346,6 +363,7 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
     let router = Router::new()
         .route("/payments", post(create_payment))
         .route("/payments-no-renewal", post(create_payment_no_renewal))
+        .route("/payments-long-lease", post(create_payment_long_lease))
         .route("/payments-until-lost", post(create_payment_until_lost))
         .route("/payments-streamed", post(create_payment_streamed))
         .with_state(app);

@@ -84,6 +84,16 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
         rows: &[Renewal<'_>],
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
 
+    /// Renews one owned execution that the batch found held by another
+    /// transaction twice running, waiting for its record at most about `wait`
+    /// (see `crate::lease::renewals`).
+    #[doc(hidden)]
+    fn lease_renew_waiting(
+        store: &Self::Store,
+        row: &Renewal<'_>,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Renewed, StoreError>> + Send;
+
     /// The key's finished outcome, if it has one, with its fingerprint.
     #[doc(hidden)]
     fn lease_current(
@@ -204,6 +214,22 @@ pub trait SqlLeases: Database {
         pool: &Pool<Self>,
         rows: &[Renewal<'_>],
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
+
+    /// Renews one owned execution whose row [`SqlLeases::renew_many`] found
+    /// held by another transaction twice running, waiting for the row's lock
+    /// at most about `wait`; [`Renewed::Unknown`] when the wait ran out. Where
+    /// a database has no row locks (SQLite), the batch statement.
+    fn renew_waiting(
+        pool: &Pool<Self>,
+        row: &Renewal<'_>,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Renewed, StoreError>> + Send {
+        let _ = wait;
+        async move {
+            let renewed = Self::renew_many(pool, std::slice::from_ref(row)).await?;
+            Ok(renewed.first().copied().unwrap_or(Renewed::Unknown))
+        }
+    }
 }
 
 /// What a leased claim that reads and writes the row itself (SQLite, MySQL)
@@ -327,6 +353,14 @@ where
         rows: &[Renewal<'_>],
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send {
         DB::renew_many(store, rows)
+    }
+
+    fn lease_renew_waiting(
+        store: &Pool<DB>,
+        row: &Renewal<'_>,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Renewed, StoreError>> + Send {
+        DB::renew_waiting(store, row, wait)
     }
 
     async fn lease_current(

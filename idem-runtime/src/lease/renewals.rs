@@ -11,7 +11,11 @@
 //! close together settle into one batch and stay there. A batch is bounded by
 //! the time its leases have left and runs on a task of its own, so a hanging
 //! statement holds up only its own batch; a row another transaction holds is
-//! skipped by the statement, not waited for, and renewed again soon. Each lease
+//! skipped by the statement, not waited for, and renewed again soon; a lease
+//! whose row was skipped twice running (held each time: a storm of duplicate
+//! claims of its key keeps it nearly always held) is renewed next on its own,
+//! waiting for the row's lock for at most half the time it has left, so that
+//! it cannot lapse under a live worker for never being waited for. Each lease
 //! learns from the batch's reply whether it was renewed (its deadline moves to
 //! the batch's send time plus its length) or taken over (lost at once).
 
@@ -81,6 +85,9 @@ struct Entry {
     ceiling: Instant,
     /// In a batch being sent.
     sending: bool,
+    /// Batches in a row that answered and found its row held by another
+    /// transaction (skipped, not renewed).
+    skipped: u8,
 }
 
 impl<DB: LeaseBackend> Renewals<DB> {
@@ -151,6 +158,7 @@ impl<DB: LeaseBackend> Renewals<DB> {
             due,
             ceiling: now + ceiling,
             sending: false,
+            skipped: 0,
         };
         let (id, wake) = {
             let mut state = self.lock();
@@ -228,9 +236,15 @@ fn next_in(every: Duration, deadline: &Deadline) -> Duration {
     every.min(deadline.left() / 2)
 }
 
+/// A lease's row skipped this many batches running is renewed on its own,
+/// waiting for the row (see the module docs).
+const SKIPS_BEFORE_WAITING: u8 = 2;
+
 /// One lease of a batch being sent.
 struct Sending {
     id: u64,
+    /// Renewed on its own, waiting for its row ([`SKIPS_BEFORE_WAITING`]).
+    waiting: bool,
     tenant: String,
     operation: String,
     key: KeyDigest,
@@ -254,7 +268,11 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
             state.wake_at = next;
             (batch, next)
         };
-        let mut batch = batch;
+        let (waiting, mut batch): (Vec<Sending>, Vec<Sending>) =
+            batch.into_iter().partition(|s| s.waiting);
+        for alone in waiting {
+            tokio::spawn(send(inner.clone(), vec![alone]));
+        }
         while !batch.is_empty() {
             let rest = batch.split_off(batch.len().min(MAX_BATCH));
             tokio::spawn(send(inner.clone(), batch));
@@ -302,6 +320,7 @@ fn due_now(state: &mut State) -> (Vec<Sending>, Option<Instant>) {
             e.sending = true;
             batch.push(Sending {
                 id: *id,
+                waiting: e.skipped >= SKIPS_BEFORE_WAITING,
                 tenant: e.tenant.clone(),
                 operation: e.operation.clone(),
                 key: e.key,
@@ -343,9 +362,21 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
     inner
         .renewals
         .fetch_add(rows.len() as u64, Ordering::Relaxed);
-    let answered = match tokio::time::timeout(limit, DB::lease_renew_many(&inner.store, &rows))
-        .await
-    {
+    let renewing = async {
+        match (&batch[..], &rows[..]) {
+            ([one], [row]) if one.waiting => {
+                tracing::debug!(operation = %one.operation, "idem: a lease's row was held through two renewals; renewing it alone, waiting for the row");
+                // Half the time the lease has left: an answer after that
+                // would still keep it, with room for the next try.
+                let wait = (limit / 2).max(Duration::from_millis(1));
+                DB::lease_renew_waiting(&inner.store, row, wait)
+                    .await
+                    .map(|r| vec![r])
+            }
+            _ => DB::lease_renew_many(&inner.store, &rows).await,
+        }
+    };
+    let answered = match tokio::time::timeout(limit, renewing).await {
         Ok(Ok(renewed)) if renewed.len() == rows.len() => Some(renewed),
         Ok(Ok(_)) => {
             tracing::warn!(
@@ -386,6 +417,13 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
             continue;
         }
         e.sending = false;
+        // Held by another transaction: the batch answered, and neither
+        // renewed the row nor found it lost.
+        e.skipped = match (outcome, &answered) {
+            (Renewed::Unknown, Some(_)) => e.skipped.saturating_add(1),
+            (Renewed::Kept, _) => 0,
+            _ => e.skipped,
+        };
         e.due = match outcome {
             Renewed::Kept => sent + e.every,
             _ => now + next_in(e.every, &e.deadline),
@@ -415,6 +453,7 @@ mod tests {
             due: if late { now - due_in } else { now + due_in },
             ceiling: now + Duration::from_secs(3600),
             sending: false,
+            skipped: 0,
         }
     }
 

@@ -737,6 +737,16 @@ impl LeaseBackend for Redis {
     /// scripts sent at once and pipelined by the connections; each record's
     /// reply says kept or lost. A script that failed leaves its leases
     /// `Unknown` (renewed again soon); the batch fails only when every one did.
+    /// Redis holds no record for anyone: the batch's script, for one lease.
+    async fn lease_renew_waiting(
+        store: &RedisLeaseStore,
+        row: &Renewal<'_>,
+        _wait: Duration,
+    ) -> Result<Renewed, StoreError> {
+        let renewed = Self::lease_renew_many(store, std::slice::from_ref(row)).await?;
+        Ok(renewed.first().copied().unwrap_or(Renewed::Unknown))
+    }
+
     async fn lease_renew_many(
         store: &RedisLeaseStore,
         rows: &[Renewal<'_>],

@@ -89,6 +89,39 @@ async fn owner_tokens(
         .collect()
 }
 
+/// [`SqlLeases::renew_waiting`]'s transaction: the row locked by primary key
+/// (waiting for it), then renewed by it.
+async fn renew_one_locked(
+    conn: &mut MySqlConnection,
+    row: &Renewal<'_>,
+) -> Result<Renewed, StoreError> {
+    let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
+    let owned = owner_tokens(
+        &mut tx,
+        "SELECT owner_token FROM idempotency_requests FORCE INDEX (PRIMARY)",
+        " FOR UPDATE",
+        &[row],
+    )
+    .await?;
+    if !owned.contains(row.row.token.as_str()) {
+        tx.commit().await?;
+        return Ok(Renewed::Lost);
+    }
+    sqlx::query(concat!(
+        "UPDATE idempotency_requests SET lease_expires_at = ",
+        now_ms!(),
+        " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
+    ))
+    .bind(millis(row.lease))
+    .bind(row.row.tenant)
+    .bind(row.row.operation)
+    .bind(row.row.key)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Renewed::Kept)
+}
+
 fn busy() -> LeasedOutcome {
     LeasedOutcome::InFlight {
         retry_after: Duration::from_secs(1),
@@ -269,6 +302,36 @@ impl SqlLeases for MySql {
             // deciding the key right now.
             Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => Ok(busy()),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Renews one lease in a short transaction whose locking read waits for
+    /// its row at most about `wait` (the session's lock wait, in whole
+    /// seconds, at least 1, given back after it): found owned and still
+    /// processing, renewed by primary key; not found, lost; the wait run out
+    /// (or a deadlock's victim), unknown.
+    async fn renew_waiting(
+        pool: &Pool<Self>,
+        row: &Renewal<'_>,
+        wait: Duration,
+    ) -> Result<Renewed, StoreError> {
+        let mut conn = pool.acquire().await?;
+        // Dropped before the lock wait is given back, or inside the
+        // transaction, the connection is closed rather than pooled.
+        let mut session = Restoring::new(&mut conn);
+        bound_lock_wait(session.conn(), wait).await?;
+        let renewed = renew_one_locked(session.conn(), row).await;
+        match restore_lock_wait(session.conn()).await {
+            Ok(()) => session.restored(),
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: could not restore the session's lock wait after a lease renewal; closing the connection");
+            }
+        }
+        match renewed {
+            Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => {
+                Ok(Renewed::Unknown)
+            }
+            other => other,
         }
     }
 

@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Postgres, Row};
+use sqlx::{AssertSqlSafe, Connection, Pool, Postgres, Row};
 
+use super::BEGIN_READ_COMMITTED;
 use super::transactional::stored_from_row;
 use crate::db::leases::SqlLeases;
+use crate::db::restoring::Restoring;
 use crate::db::shared::BindKey;
 use crate::db::shared::{owned_row, uncertain_and_release_sql};
 use crate::model::{
@@ -47,6 +49,9 @@ SELECT EXISTS (SELECT 1 FROM renewed x \
                   AND r.key_digest = l.key_digest AND r.owner_token = l.owner_token \
                   AND r.state = 'processing') AS owned \
   FROM l ORDER BY l.ord";
+
+/// PostgreSQL's `lock_not_available`: the statement waited past `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// Stored headers as the `jsonb` column takes them.
 pub(super) type JsonHeaders<'a> = sqlx::types::Json<&'a Vec<(String, String)>>;
@@ -165,6 +170,49 @@ impl SqlLeases for Postgres {
                 "leased claim outcome {other:?}"
             ))),
         }
+    }
+
+    /// Renews one lease in a transaction whose `lock_timeout` bounds the wait
+    /// for its row (`SET LOCAL`: the session is as it was after it), by
+    /// [`SqlLeases::RENEW_SQL`]: 1 row renewed, 0 lost (the lock was had, so
+    /// the row is not merely held); the wait run out, unknown.
+    async fn renew_waiting(
+        pool: &Pool<Self>,
+        row: &Renewal<'_>,
+        wait: Duration,
+    ) -> Result<Renewed, StoreError> {
+        let mut conn = pool.acquire().await?;
+        // Dropped half-way (its time ran out), the connection is closed, not
+        // pooled inside the transaction.
+        let mut guard = Restoring::new(&mut conn);
+        let begin = format!(
+            "{BEGIN_READ_COMMITTED}; SET LOCAL lock_timeout = {}",
+            wait.as_millis().clamp(1, i32::MAX as u128)
+        );
+        let mut tx = guard.conn().begin_with(AssertSqlSafe(begin)).await?;
+        let done = sqlx::query(Self::RENEW_SQL)
+            .bind(millis(row.lease))
+            .bind_key(row.row.tenant, row.row.operation, row.row.key)
+            .bind(row.row.token)
+            .execute(&mut *tx)
+            .await;
+        let renewed = match done {
+            Ok(done) => {
+                tx.commit().await?;
+                if done.rows_affected() == 1 {
+                    Renewed::Kept
+                } else {
+                    Renewed::Lost
+                }
+            }
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                tx.rollback().await?;
+                Renewed::Unknown
+            }
+            Err(e) => return Err(e.into()),
+        };
+        guard.restored();
+        Ok(renewed)
     }
 
     /// Renews `rows` in one statement ([`RENEW_MANY_SQL`]).
