@@ -177,7 +177,7 @@ mod postgres {
     stamp!(
         row_lock =>
         a_held_row_does_not_hold_up_the_other_leases_renewals,
-        a_row_held_through_two_renewals_is_renewed_by_waiting_for_it,
+        a_held_row_is_renewed_next_by_waiting_for_it,
     );
 
     /// A handler's `Uncertain` whose mark fails once (a trigger refuses the
@@ -348,7 +348,7 @@ mod mysql {
     stamp!(
         row_lock =>
         a_held_row_does_not_hold_up_the_other_leases_renewals,
-        a_row_held_through_two_renewals_is_renewed_by_waiting_for_it,
+        a_held_row_is_renewed_next_by_waiting_for_it,
     );
 
     /// The session's lock wait is restored after the claim has committed: a

@@ -1,7 +1,7 @@
 //! Databases with row locks, mounted beside `suite.rs` in their modules (they
 //! set `HOLD_ONE`, which locks one key's row and takes the key digest as its one
 //! parameter): a row another transaction holds is skipped by the renewal
-//! batch, not waited for; a row held through two batches is then waited for
+//! batch, not waited for; the next renewal of a row held waits for it
 //! (`LOCK_WAITS` counts the statements of the test's database waiting for a
 //! row lock).
 
@@ -56,12 +56,12 @@ pub async fn a_held_row_does_not_hold_up_the_other_leases_renewals() {
     );
 }
 
-/// A row held through two renewals is renewed next on its own, waiting for
+/// A row held at a renewal is renewed next on its own, waiting for
 /// the row: a storm of duplicate claims of one key keeps its row nearly
 /// always held, and a renewal that only ever skipped it would let the lease
 /// lapse under a live worker. The renewal is seen waiting for the held row
 /// (it never waits while only skipped), and renews it once the holder lets go.
-pub async fn a_row_held_through_two_renewals_is_renewed_by_waiting_for_it() {
+pub async fn a_held_row_is_renewed_next_by_waiting_for_it() {
     let mut s = setup("held-wait", true).await;
     let router = s.router.clone();
     let task =

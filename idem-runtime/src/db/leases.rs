@@ -85,7 +85,7 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
 
     /// Renews one owned execution that the batch found held by another
-    /// transaction twice running, waiting for its record at most about `wait`
+    /// transaction at its last renewal, waiting for its record at most about `wait`
     /// (see `crate::lease::renewals`).
     #[doc(hidden)]
     fn lease_renew_waiting(
@@ -216,7 +216,7 @@ pub trait SqlLeases: Database {
     ) -> impl Future<Output = Result<Vec<Renewed>, StoreError>> + Send;
 
     /// Renews one owned execution whose row [`SqlLeases::renew_many`] found
-    /// held by another transaction twice running, waiting for the row's lock
+    /// held by another transaction at its last renewal, waiting for the row's lock
     /// at most about `wait`; [`Renewed::Unknown`] when the wait ran out. Where
     /// a database has no row locks (SQLite), the batch statement.
     fn renew_waiting(

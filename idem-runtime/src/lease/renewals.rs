@@ -12,15 +12,16 @@
 //! the time its leases have left and runs on a task of its own, so a hanging
 //! statement holds up only its own batch; a row another transaction holds is
 //! skipped by the statement, not waited for, and renewed again soon; a lease
-//! whose row was skipped twice running (held each time: a storm of duplicate
-//! claims of its key keeps it nearly always held) is renewed next on its own,
-//! waiting for the row's lock for at most half the time it has left, so that
-//! it cannot lapse under a live worker for never being waited for. Each lease
+//! whose row was skipped (held: a storm of duplicate claims of its key keeps it
+//! nearly always held) is renewed next on its own, waiting for the row's lock
+//! for at most half the time it has left (a few such renewals at once per
+//! store), so that it cannot lapse under a live worker for never being waited
+//! for. Each lease
 //! learns from the batch's reply whether it was renewed (its deadline moves to
 //! the batch's send time plus its length) or taken over (lost at once).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -57,6 +58,8 @@ struct Inner<DB: LeaseBackend> {
     statements: AtomicU64,
     /// Lease renewals those statements carried.
     renewals: AtomicU64,
+    /// Renewals waiting for their rows now ([`MAX_WAITING`]).
+    waiting: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -99,6 +102,7 @@ impl<DB: LeaseBackend> Renewals<DB> {
                 wake: Notify::new(),
                 statements: AtomicU64::new(0),
                 renewals: AtomicU64::new(0),
+                waiting: AtomicUsize::new(0),
             }),
         }
     }
@@ -237,8 +241,14 @@ fn next_in(every: Duration, deadline: &Deadline) -> Duration {
 }
 
 /// A lease's row skipped this many batches running is renewed on its own,
-/// waiting for the row (see the module docs).
-const SKIPS_BEFORE_WAITING: u8 = 2;
+/// waiting for the row (see the module docs). One: the next renewal goes out
+/// with a third of the lease left, time enough to wait and try again.
+const SKIPS_BEFORE_WAITING: u8 = 1;
+
+/// The most renewals of one store waiting for their rows at once: each holds
+/// a connection of the pool the batches and the handlers share. Past it, a
+/// lease is skipped with the batch again.
+const MAX_WAITING: usize = 8;
 
 /// One lease of a batch being sent.
 struct Sending {
@@ -268,10 +278,17 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
             state.wake_at = next;
             (batch, next)
         };
-        let (waiting, mut batch): (Vec<Sending>, Vec<Sending>) =
-            batch.into_iter().partition(|s| s.waiting);
-        for alone in waiting {
-            tokio::spawn(send(inner.clone(), vec![alone]));
+        let mut batch = batch;
+        for mut s in std::mem::take(&mut batch) {
+            if s.waiting && inner.waiting.fetch_add(1, Ordering::Relaxed) < MAX_WAITING {
+                tokio::spawn(send(inner.clone(), vec![s]));
+                continue;
+            }
+            if s.waiting {
+                inner.waiting.fetch_sub(1, Ordering::Relaxed);
+                s.waiting = false;
+            }
+            batch.push(s);
         }
         while !batch.is_empty() {
             let rest = batch.split_off(batch.len().min(MAX_BATCH));
@@ -365,7 +382,7 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
     let renewing = async {
         match (&batch[..], &rows[..]) {
             ([one], [row]) if one.waiting => {
-                tracing::debug!(operation = %one.operation, "idem: a lease's row was held through two renewals; renewing it alone, waiting for the row");
+                tracing::debug!(operation = %one.operation, "idem: a lease's row was held at its last renewal; renewing it alone, waiting for the row");
                 // Half the time the lease has left: an answer after that
                 // would still keep it, with room for the next try.
                 let wait = (limit / 2).max(Duration::from_millis(1));
@@ -376,7 +393,11 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
             _ => DB::lease_renew_many(&inner.store, &rows).await,
         }
     };
-    let answered = match tokio::time::timeout(limit, renewing).await {
+    let answered = tokio::time::timeout(limit, renewing).await;
+    if batch.first().is_some_and(|s| s.waiting) {
+        inner.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+    let answered = match answered {
         Ok(Ok(renewed)) if renewed.len() == rows.len() => Some(renewed),
         Ok(Ok(_)) => {
             tracing::warn!(

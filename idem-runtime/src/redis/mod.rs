@@ -732,11 +732,6 @@ impl LeaseBackend for Redis {
         store.run::<u64>(&inv).await?.acknowledged()
     }
 
-    /// One script per slot renews that slot's leases of the batch (a record's
-    /// slot is its operation's shard, so a cluster takes them too), the
-    /// scripts sent at once and pipelined by the connections; each record's
-    /// reply says kept or lost. A script that failed leaves its leases
-    /// `Unknown` (renewed again soon); the batch fails only when every one did.
     /// Redis holds no record for anyone: the batch's script, for one lease.
     async fn lease_renew_waiting(
         store: &RedisLeaseStore,
@@ -747,6 +742,11 @@ impl LeaseBackend for Redis {
         Ok(renewed.first().copied().unwrap_or(Renewed::Unknown))
     }
 
+    /// One script per slot renews that slot's leases of the batch (a record's
+    /// slot is its operation's shard, so a cluster takes them too), the
+    /// scripts sent at once and pipelined by the connections; each record's
+    /// reply says kept or lost. A script that failed leaves its leases
+    /// `Unknown` (renewed again soon); the batch fails only when every one did.
     async fn lease_renew_many(
         store: &RedisLeaseStore,
         rows: &[Renewal<'_>],
