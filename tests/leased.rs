@@ -330,14 +330,14 @@ mod mysql {
     // The whole primary key: InnoDB then locks that one record.
     const HOLD_ONE: &str = "SELECT 1 FROM idempotency_requests \
           WHERE tenant_id = 'acme' AND operation = 'create-payment' AND key_digest = ? FOR UPDATE";
-    /// Statements of this database running the renewal's locking read that
-    /// waits (the batch's ends in `SKIP LOCKED`). Read from the process list:
-    /// MariaDB waits for a row found by its whole primary key while it plans
-    /// the statement (state `Statistics`), where `INNODB_TRX` does not list
-    /// the transaction as waiting.
+    /// Statements of this database running the renewal that waits for a row
+    /// (the batch's `UPDATE` reaches only rows it has locked, so it never
+    /// waits). Read from the process list: MariaDB's `INNODB_TRX` does not
+    /// always list a statement waiting for a row found by its whole primary
+    /// key as waiting.
     const LOCK_WAITS: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
           WHERE DB = DATABASE() AND ID <> CONNECTION_ID() \
-            AND INFO LIKE 'SELECT owner_token FROM idempotency_requests%FOR UPDATE'";
+            AND INFO LIKE 'UPDATE idempotency_requests SET lease_expires_at%'";
 
     mod row_lock;
     mod sql;

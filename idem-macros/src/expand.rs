@@ -31,7 +31,9 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::{FnArg, ItemFn, Pat, ReturnType};
 
 use crate::errors::Errors;
-use crate::validate::{BodyPrint, Config, Tenant, is_idempotent_attr};
+use crate::validate::{
+    BodyPrint, Config, Tenant, first_type_arg, is_idempotent_attr, last_segment,
+};
 
 /// The attribute's entry point over `proc_macro2` tokens.
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -641,18 +643,9 @@ fn emit(func: ItemFn, config: &Config) -> TokenStream {
 
 /// `S` of a parameter typed `State<S>` (any path to it).
 fn state_of(ty: &syn::Type) -> Option<&syn::Type> {
-    let syn::Type::Path(p) = ty else { return None };
-    let seg = p.path.segments.last()?;
-    if p.qself.is_some() || seg.ident != "State" {
-        return None;
-    }
-    let syn::PathArguments::AngleBracketed(a) = &seg.arguments else {
-        return None;
-    };
-    a.args.iter().find_map(|g| match g {
-        syn::GenericArgument::Type(t) => Some(t),
-        _ => None,
-    })
+    last_segment(ty)
+        .filter(|seg| seg.ident == "State")
+        .and_then(first_type_arg)
 }
 
 /// The span of a type's first token.

@@ -51,7 +51,8 @@ pub struct FingerprintError(#[from] serde_json::Error);
 enum Part {
     Header {
         name: String,
-        values: Option<Vec<Vec<u8>>>,
+        /// Its lines combined into one (see [`FingerprintBuilder::header`]).
+        value: Option<Vec<u8>>,
     },
     Body(Vec<u8>),
     BodyField {
@@ -118,17 +119,16 @@ impl FingerprintBuilder {
     pub fn header(mut self, name: &str, headers: &HeaderMap) -> Self {
         let name = name.to_ascii_lowercase();
         let mut lines = headers.get_all(name.as_str()).iter();
-        let values = lines.next().map(|first| {
+        let value = lines.next().map(|first| {
             let mut value = first.as_bytes().to_vec();
             let separator: &[u8] = if name == "cookie" { b"; " } else { b", " };
             for line in lines {
                 value.extend_from_slice(separator);
                 value.extend_from_slice(line.as_bytes());
             }
-            // One value: the encoding of a header sent on one line, unchanged.
-            vec![value]
+            value
         });
-        self.parts.push(Part::Header { name, values });
+        self.parts.push(Part::Header { name, value });
         self
     }
 
@@ -194,17 +194,17 @@ impl FingerprintBuilder {
         let mut h = self.head;
         for part in &self.parts {
             match part {
-                Part::Header { name, values } => {
+                Part::Header { name, value } => {
                     h.update(b"H");
                     put(&mut h, name.as_bytes());
-                    match values {
+                    match value {
                         None => h.update(b"-"),
-                        Some(values) => {
+                        Some(value) => {
+                            // A count of values, always 1 since the lines are
+                            // combined: kept, so stored digests still match.
                             h.update(b"+");
-                            h.update((values.len() as u64).to_be_bytes());
-                            for v in values {
-                                put(&mut h, v);
-                            }
+                            h.update(1u64.to_be_bytes());
+                            put(&mut h, value);
                         }
                     }
                 }

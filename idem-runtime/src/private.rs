@@ -358,6 +358,10 @@ pub trait PlacedExtractor<S> {}
 pub trait BodyLeftOut {}
 
 impl<T: BodyShape> IsBody<T> {
+    /// See [`BodyShape::screen`].
+    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
+        body.screen()
+    }
     /// Without `fingerprint(...)`: the whole body.
     ///
     /// # Errors
@@ -378,35 +382,11 @@ impl<T: BodyShape> IsBody<T> {
     }
 }
 
-impl<T: BodyShape> IsBody<T> {
-    /// See [`BodyShape::screen`].
-    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
-        body.screen()
-    }
-}
-
 impl<T> ReadsBody<T> {
     /// Not screened: refused where it is fingerprinted.
     pub fn screen(self, body: T) -> ControlFlow<Response, T> {
         ControlFlow::Continue(body)
     }
-}
-
-impl<T> NotBody<T> {
-    /// Not a body: passes unchanged.
-    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
-        ControlFlow::Continue(body)
-    }
-}
-
-impl<T, S> Unplaced<T, S> {
-    /// Not screened: refused where it is fingerprinted.
-    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
-        ControlFlow::Continue(body)
-    }
-}
-
-impl<T> ReadsBody<T> {
     /// Without `fingerprint(...)`: the body must be fingerprinted, and cannot.
     ///
     /// # Errors
@@ -431,6 +411,10 @@ impl<T> ReadsBody<T> {
 }
 
 impl<T> NotBody<T> {
+    /// Not a body: passes unchanged.
+    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
+        ControlFlow::Continue(body)
+    }
     /// Not a body: nothing to add.
     ///
     /// # Errors
@@ -448,6 +432,10 @@ impl<T> NotBody<T> {
 }
 
 impl<T, S> Unplaced<T, S> {
+    /// Not screened: refused where it is fingerprinted.
+    pub fn screen(self, body: T) -> ControlFlow<Response, T> {
+        ControlFlow::Continue(body)
+    }
     /// Refused: whether it is a body is unknown.
     ///
     /// # Errors

@@ -51,7 +51,7 @@ pub(super) enum Class {
     Unknown,
 }
 
-pub(super) fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
+pub(crate) fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
     match ty {
         Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
         Type::Paren(p) => last_segment(&p.elem),
@@ -60,7 +60,7 @@ pub(super) fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
     }
 }
 
-fn first_type_arg(seg: &syn::PathSegment) -> Option<&Type> {
+pub(crate) fn first_type_arg(seg: &syn::PathSegment) -> Option<&Type> {
     match &seg.arguments {
         PathArguments::AngleBracketed(a) => a.args.iter().find_map(|g| match g {
             GenericArgument::Type(t) => Some(t),

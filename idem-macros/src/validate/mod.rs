@@ -24,6 +24,7 @@ mod signature;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use extractors::{first_type_arg, last_segment};
 #[cfg(test)]
 pub use grpc::async_trait_output;
 pub use grpc::{GrpcConfig, Key, is_grpc_method, validate_grpc};

@@ -222,9 +222,8 @@ pub trait SqlLeases: Database {
     fn renew_waiting(
         pool: &Pool<Self>,
         row: &Renewal<'_>,
-        wait: Duration,
+        _wait: Duration,
     ) -> impl Future<Output = Result<Renewed, StoreError>> + Send {
-        let _ = wait;
         async move {
             let renewed = Self::renew_many(pool, std::slice::from_ref(row)).await?;
             Ok(renewed.first().copied().unwrap_or(Renewed::Unknown))
@@ -266,6 +265,36 @@ impl NewOwner {
             generation,
         }
     }
+}
+
+/// [`SqlLeases::RENEW_SQL`] for one owned execution on `conn`, whose session
+/// bounds how long it waits for the row ([`SqlLeases::renew_waiting`]): 1 row
+/// renewed; 0 lost (the row's lock was had, so the row is not merely held).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn renew_one_on<DB>(
+    conn: &mut DB::Connection,
+    row: &Renewal<'_>,
+) -> Result<Renewed, sqlx::Error>
+where
+    DB: SqlLeases,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> KeyDigest: Encode<'q, DB> + Type<DB>,
+    for<'q> OwnerToken: Encode<'q, DB> + Type<DB>,
+{
+    let done = sqlx::query(DB::RENEW_SQL)
+        .bind(crate::model::millis(row.lease))
+        .bind_key(row.row.tenant, row.row.operation, row.row.key)
+        .bind(row.row.token)
+        .execute(conn)
+        .await?;
+    Ok(if DB::rows_affected(&done) == 1 {
+        Renewed::Kept
+    } else {
+        Renewed::Lost
+    })
 }
 
 /// Runs a fenced statement: `query` with the values it sets bound, then the

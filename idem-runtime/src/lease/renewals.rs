@@ -21,7 +21,7 @@
 //! the batch's send time plus its length) or taken over (lost at once).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -58,8 +58,6 @@ struct Inner<DB: LeaseBackend> {
     statements: AtomicU64,
     /// Lease renewals those statements carried.
     renewals: AtomicU64,
-    /// Renewals waiting for their rows now ([`MAX_WAITING`]).
-    waiting: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -73,6 +71,9 @@ struct State {
     /// thousands of long operations beside a stream of short executions
     /// would otherwise cost a scan of them all for each short one.
     wake_at: Option<Instant>,
+    /// Renewals sent alone, waiting for their rows, not answered yet (at most
+    /// [`MAX_WAITING`]).
+    waiting: usize,
 }
 
 struct Entry {
@@ -88,9 +89,9 @@ struct Entry {
     ceiling: Instant,
     /// In a batch being sent.
     sending: bool,
-    /// Batches in a row that answered and found its row held by another
-    /// transaction (skipped, not renewed).
-    skipped: u8,
+    /// Its last renewal answered and found its row held by another
+    /// transaction (skipped, not renewed): the next one waits for it.
+    held: bool,
 }
 
 impl<DB: LeaseBackend> Renewals<DB> {
@@ -102,7 +103,6 @@ impl<DB: LeaseBackend> Renewals<DB> {
                 wake: Notify::new(),
                 statements: AtomicU64::new(0),
                 renewals: AtomicU64::new(0),
-                waiting: AtomicUsize::new(0),
             }),
         }
     }
@@ -162,7 +162,7 @@ impl<DB: LeaseBackend> Renewals<DB> {
             due,
             ceiling: now + ceiling,
             sending: false,
-            skipped: 0,
+            held: false,
         };
         let (id, wake) = {
             let mut state = self.lock();
@@ -240,11 +240,6 @@ fn next_in(every: Duration, deadline: &Deadline) -> Duration {
     every.min(deadline.left() / 2)
 }
 
-/// A lease's row skipped this many batches running is renewed on its own,
-/// waiting for the row (see the module docs). One: the next renewal goes out
-/// with a third of the lease left, time enough to wait and try again.
-const SKIPS_BEFORE_WAITING: u8 = 1;
-
 /// The most renewals of one store waiting for their rows at once: each holds
 /// a connection of the pool the batches and the handlers share. Past it, a
 /// lease is skipped with the batch again.
@@ -253,7 +248,7 @@ const MAX_WAITING: usize = 8;
 /// One lease of a batch being sent.
 struct Sending {
     id: u64,
-    /// Renewed on its own, waiting for its row ([`SKIPS_BEFORE_WAITING`]).
+    /// Renewed on its own, waiting for its row (see [`Entry::held`]).
     waiting: bool,
     tenant: String,
     operation: String,
@@ -278,17 +273,10 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
             state.wake_at = next;
             (batch, next)
         };
-        let mut batch = batch;
-        for mut s in std::mem::take(&mut batch) {
-            if s.waiting && inner.waiting.fetch_add(1, Ordering::Relaxed) < MAX_WAITING {
-                tokio::spawn(send(inner.clone(), vec![s]));
-                continue;
-            }
-            if s.waiting {
-                inner.waiting.fetch_sub(1, Ordering::Relaxed);
-                s.waiting = false;
-            }
-            batch.push(s);
+        let (alone, mut batch): (Vec<Sending>, Vec<Sending>) =
+            batch.into_iter().partition(|s| s.waiting);
+        for s in alone {
+            tokio::spawn(send(inner.clone(), vec![s]));
         }
         while !batch.is_empty() {
             let rest = batch.split_off(batch.len().min(MAX_BATCH));
@@ -329,15 +317,21 @@ fn due_now(state: &mut State) -> (Vec<Sending>, Option<Instant>) {
     // before it planned to, and taking every lease that has just come within
     // reach at each such wake would send them one by one, never together.
     let any_due = state.leases.values().any(|e| !e.sending && e.due <= now);
-    for (id, e) in &mut state.leases {
+    let State {
+        leases, waiting, ..
+    } = state;
+    for (id, e) in leases {
         if e.sending {
             continue;
         }
         if any_due && e.due <= now + e.every / 3 {
             e.sending = true;
+            // Past the cap, a held row is skipped with the batch again.
+            let alone = e.held && *waiting < MAX_WAITING;
+            *waiting += usize::from(alone);
             batch.push(Sending {
                 id: *id,
-                waiting: e.skipped >= SKIPS_BEFORE_WAITING,
+                waiting: alone,
                 tenant: e.tenant.clone(),
                 operation: e.operation.clone(),
                 key: e.key,
@@ -393,11 +387,7 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
             _ => DB::lease_renew_many(&inner.store, &rows).await,
         }
     };
-    let answered = tokio::time::timeout(limit, renewing).await;
-    if batch.first().is_some_and(|s| s.waiting) {
-        inner.waiting.fetch_sub(1, Ordering::Relaxed);
-    }
-    let answered = match answered {
+    let answered = match tokio::time::timeout(limit, renewing).await {
         Ok(Ok(renewed)) if renewed.len() == rows.len() => Some(renewed),
         Ok(Ok(_)) => {
             tracing::warn!(
@@ -420,6 +410,7 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
     drop(rows);
     let now = Instant::now();
     let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+    state.waiting -= batch.iter().filter(|s| s.waiting).count();
     for (i, s) in batch.iter().enumerate() {
         let outcome = answered.as_ref().map_or(Renewed::Unknown, |r| r[i]);
         match outcome {
@@ -440,10 +431,10 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
         e.sending = false;
         // Held by another transaction: the batch answered, and neither
         // renewed the row nor found it lost.
-        e.skipped = match (outcome, &answered) {
-            (Renewed::Unknown, Some(_)) => e.skipped.saturating_add(1),
-            (Renewed::Kept, _) => 0,
-            _ => e.skipped,
+        e.held = match (outcome, &answered) {
+            (Renewed::Unknown, Some(_)) => true,
+            (Renewed::Kept, _) => false,
+            _ => e.held,
         };
         e.due = match outcome {
             Renewed::Kept => sent + e.every,
@@ -474,7 +465,7 @@ mod tests {
             due: if late { now - due_in } else { now + due_in },
             ceiling: now + Duration::from_secs(3600),
             sending: false,
-            skipped: 0,
+            held: false,
         }
     }
 
@@ -520,5 +511,25 @@ mod tests {
         assert_eq!(next, Some(now + ms(1500)));
         assert!(state.leases[&0].sending && state.leases[&1].sending);
         assert!(!state.leases[&2].sending);
+    }
+
+    #[test]
+    fn held_rows_wait_alone_up_to_the_cap_and_the_rest_go_with_the_batch() {
+        let now = Instant::now();
+        let mut state = State::default();
+        for id in 0..(MAX_WAITING as u64 + 2) {
+            let mut e = entry(now, Duration::from_millis(1), true);
+            e.held = true;
+            state.leases.insert(id, e);
+        }
+        state
+            .leases
+            .insert(99, entry(now, Duration::from_millis(1), true));
+        let (batch, _) = due_now(&mut state);
+        let alone: Vec<u64> = batch.iter().filter(|s| s.waiting).map(|s| s.id).collect();
+        assert_eq!(alone.len(), MAX_WAITING);
+        assert!(!alone.contains(&99), "a row not held goes with the batch");
+        assert_eq!(state.waiting, MAX_WAITING);
+        assert_eq!(batch.len(), MAX_WAITING + 3);
     }
 }

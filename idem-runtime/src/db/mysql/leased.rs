@@ -20,7 +20,7 @@ use super::{
 };
 use crate::db::dialect::{placeholder_rows, question_marks};
 use crate::db::leases::NewOwner;
-use crate::db::leases::SqlLeases;
+use crate::db::leases::{SqlLeases, renew_one_on};
 use crate::db::restoring::Restoring;
 use crate::db::rows::{encode_text, leased_step, stored_from_text};
 use crate::db::shared::BindKey;
@@ -87,39 +87,6 @@ async fn owner_tokens(
         .iter()
         .map(|r| r.try_get::<String, _>(0))
         .collect()
-}
-
-/// [`SqlLeases::renew_waiting`]'s transaction: the row locked by primary key
-/// (waiting for it), then renewed by it.
-async fn renew_one_locked(
-    conn: &mut MySqlConnection,
-    row: &Renewal<'_>,
-) -> Result<Renewed, StoreError> {
-    let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
-    let owned = owner_tokens(
-        &mut tx,
-        "SELECT owner_token FROM idempotency_requests FORCE INDEX (PRIMARY)",
-        " FOR UPDATE",
-        &[row],
-    )
-    .await?;
-    if !owned.contains(row.row.token.as_str()) {
-        tx.commit().await?;
-        return Ok(Renewed::Lost);
-    }
-    sqlx::query(concat!(
-        "UPDATE idempotency_requests SET lease_expires_at = ",
-        now_ms!(),
-        " + ? WHERE tenant_id = ? AND operation = ? AND key_digest = ?"
-    ))
-    .bind(millis(row.lease))
-    .bind(row.row.tenant)
-    .bind(row.row.operation)
-    .bind(row.row.key)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(Renewed::Kept)
 }
 
 fn busy() -> LeasedOutcome {
@@ -305,22 +272,20 @@ impl SqlLeases for MySql {
         }
     }
 
-    /// Renews one lease in a short transaction whose locking read waits for
-    /// its row at most about `wait` (the session's lock wait, in whole
-    /// seconds, at least 1, given back after it): found owned and still
-    /// processing, renewed by primary key; not found, lost; the wait run out
-    /// (or a deadlock's victim), unknown.
+    /// Renews one lease ([`renew_one_on`]) with the session's lock wait bounded
+    /// to about `wait` (in whole seconds, at least 1; given back after it);
+    /// the wait run out (or a deadlock's victim), unknown.
     async fn renew_waiting(
         pool: &Pool<Self>,
         row: &Renewal<'_>,
         wait: Duration,
     ) -> Result<Renewed, StoreError> {
         let mut conn = pool.acquire().await?;
-        // Dropped before the lock wait is given back, or inside the
-        // transaction, the connection is closed rather than pooled.
+        // Dropped before the lock wait is given back, the connection is closed
+        // rather than pooled with idem's bound on it.
         let mut session = Restoring::new(&mut conn);
         bound_lock_wait(session.conn(), wait).await?;
-        let renewed = renew_one_locked(session.conn(), row).await;
+        let renewed = renew_one_on::<Self>(session.conn(), row).await;
         match restore_lock_wait(session.conn()).await {
             Ok(()) => session.restored(),
             Err(e) => {
@@ -328,10 +293,8 @@ impl SqlLeases for MySql {
             }
         }
         match renewed {
-            Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => {
-                Ok(Renewed::Unknown)
-            }
-            other => other,
+            Err(e) if is_lock_timeout(&e) || is_deadlock(&e) => Ok(Renewed::Unknown),
+            other => Ok(other?),
         }
     }
 

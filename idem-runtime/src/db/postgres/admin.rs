@@ -26,11 +26,10 @@ macro_rules! rfc3339 {
 
 /// lock_not_available: the row's lock was not had within the wait.
 fn locked_or<E>(e: sqlx::Error) -> PurgeError<E> {
-    match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03") => {
-            PurgeError::Locked("the key is locked by a request that is running now")
-        }
-        _ => PurgeError::Store(e.into()),
+    if super::is_lock_timeout(&e) {
+        PurgeError::Locked("the key is locked by a request that is running now")
+    } else {
+        PurgeError::Store(e.into())
     }
 }
 

@@ -124,9 +124,6 @@ const INSERT_NEW_SQL: &str = concat!(
     restore_lock_timeout!()
 );
 
-/// PostgreSQL's `lock_not_available`: the insert waited past `lock_timeout`.
-const LOCK_TIMEOUT: &str = "55P03";
-
 /// How a claim's connection left the pool.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Checkout {
@@ -833,7 +830,8 @@ async fn not_inserted(
     e: sqlx::Error,
 ) -> Finish {
     match e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some(LOCK_TIMEOUT) => {
+        // The insert waited past `lock_timeout`.
+        e if super::is_lock_timeout(&e) => {
             crate::metrics::claim_waited(execution.operation.clone(), started);
             drop(tx); // rolls the aborted transaction back
             Finish::Taken(Claim::InFlight {

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Connection, Pool, Postgres, Row};
 
-use super::BEGIN_READ_COMMITTED;
 use super::transactional::stored_from_row;
-use crate::db::leases::SqlLeases;
+use super::{BEGIN_READ_COMMITTED, is_lock_timeout, lock_wait_ms};
+use crate::db::leases::{SqlLeases, renew_one_on};
 use crate::db::restoring::Restoring;
 use crate::db::shared::BindKey;
 use crate::db::shared::{owned_row, uncertain_and_release_sql};
@@ -49,9 +49,6 @@ SELECT EXISTS (SELECT 1 FROM renewed x \
                   AND r.key_digest = l.key_digest AND r.owner_token = l.owner_token \
                   AND r.state = 'processing') AS owned \
   FROM l ORDER BY l.ord";
-
-/// PostgreSQL's `lock_not_available`: the statement waited past `lock_timeout`.
-const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// Stored headers as the `jsonb` column takes them.
 pub(super) type JsonHeaders<'a> = sqlx::types::Json<&'a Vec<(String, String)>>;
@@ -172,10 +169,9 @@ impl SqlLeases for Postgres {
         }
     }
 
-    /// Renews one lease in a transaction whose `lock_timeout` bounds the wait
-    /// for its row (`SET LOCAL`: the session is as it was after it), by
-    /// [`SqlLeases::RENEW_SQL`]: 1 row renewed, 0 lost (the lock was had, so
-    /// the row is not merely held); the wait run out, unknown.
+    /// Renews one lease ([`renew_one_on`]) in a transaction whose
+    /// `lock_timeout` bounds the wait for its row (`SET LOCAL`: the session is
+    /// as it was after it); the wait run out, unknown.
     async fn renew_waiting(
         pool: &Pool<Self>,
         row: &Renewal<'_>,
@@ -187,25 +183,15 @@ impl SqlLeases for Postgres {
         let mut guard = Restoring::new(&mut conn);
         let begin = format!(
             "{BEGIN_READ_COMMITTED}; SET LOCAL lock_timeout = {}",
-            wait.as_millis().clamp(1, i32::MAX as u128)
+            lock_wait_ms(wait).max(1)
         );
         let mut tx = guard.conn().begin_with(AssertSqlSafe(begin)).await?;
-        let done = sqlx::query(Self::RENEW_SQL)
-            .bind(millis(row.lease))
-            .bind_key(row.row.tenant, row.row.operation, row.row.key)
-            .bind(row.row.token)
-            .execute(&mut *tx)
-            .await;
-        let renewed = match done {
-            Ok(done) => {
+        let renewed = match renew_one_on::<Self>(&mut tx, row).await {
+            Ok(renewed) => {
                 tx.commit().await?;
-                if done.rows_affected() == 1 {
-                    Renewed::Kept
-                } else {
-                    Renewed::Lost
-                }
+                renewed
             }
-            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+            Err(e) if is_lock_timeout(&e) => {
                 tx.rollback().await?;
                 Renewed::Unknown
             }

@@ -97,6 +97,12 @@ pub(crate) fn lock_wait_ms(wait: Duration) -> i64 {
     crate::model::millis(wait).min(i64::from(i32::MAX))
 }
 
+/// PostgreSQL's `lock_not_available`: a statement waited for a row's lock past
+/// `lock_timeout`.
+pub(crate) fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
 impl super::sealed::Sealed for Postgres {}
 
 impl Backend for Postgres {
