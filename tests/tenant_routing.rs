@@ -354,7 +354,7 @@ async fn every_statement_idem_sends_on_a_requests_path_names_the_tenant() {
         "SELECT fingerprint, state, generation, expires_at > now() AS live",
         "idem_probe_3(text, text, bytea, text) AS SELECT",
         "idem_insert_1(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text) AS INSERT",
-        "idem_lookup_2(text, text, bytea) AS SELECT",
+        "idem_finish_2(text, text, bytea, bytea, text, smallint, jsonb, bytea, bigint, text, bigint) AS WITH",
         "WITH ins AS ( INSERT INTO idempotency_requests AS r",
         "INSERT INTO idempotency_requests AS r",
         "bounded) c RETURNING set_config(",

@@ -592,12 +592,28 @@ async fn a_replay_elsewhere_begins_with_the_probe_once() {
 
 /// Opens a second connection in `pool` (of two, its first idle) with idem's
 /// session statements, as the first has them: a claim on it while the first is
-/// held (a new key, `key`). Both are idle after it.
+/// held (a new key, `key`, which `r` remembers). Then each connection, alone
+/// idle, reads that key once (a replay), so that both have the driver's
+/// prepared lookup too: a read on either is one round trip. Both are idle
+/// after it.
 async fn a_second_session(pool: &PgPool, r: &Router, key: &str) {
+    let widget = || request("/widgets", key, json!({"name": "b"}));
     until_idle(pool).await;
     let first = pool.acquire().await.unwrap();
-    let (status, _, body) = send(r, request("/widgets", key, json!({"name": "b"}))).await;
+    let (status, _, body) = send(r, widget()).await;
     assert!(status.is_success(), "{status}: {body:?}");
+    until_idle(pool).await;
+    let second = pool.acquire().await.unwrap();
+    let replay_on = |alone_idle| async move {
+        drop(alone_idle);
+        until_idle(pool).await;
+        let (status, replayed, body) = send(r, widget()).await;
+        assert!(status.is_success() && replayed, "{status}: {body:?}");
+        until_idle(pool).await;
+    };
+    replay_on(first).await;
+    let first = pool.acquire().await.unwrap();
+    replay_on(second).await;
     drop(first);
     until("both connections are idle", || async {
         pool.num_idle() == 2
@@ -765,11 +781,11 @@ async fn a_replay_elsewhere_of_an_expired_key_executes_on_the_tested_connection(
     );
 }
 
-/// The backends of `db` whose last statement was idem's session lookup.
+/// The backends of `db` whose last statement was idem's lookup of a key.
 async fn readers(db: &TestDb) -> Vec<i32> {
     sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity WHERE datname = $1 \
-            AND query LIKE 'EXECUTE idem_lookup_2(%'",
+            AND query LIKE 'SELECT fingerprint, state, generation, expires_at > now() AS live,%'",
     )
     .bind(&db.name)
     .fetch_all(&db.pool)
@@ -1247,31 +1263,39 @@ async fn a_stalled_read_before_the_transaction_frees_its_pool_slot() {
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
 }
 
-/// A session that has the probe but lacks the lookup (one an earlier release
-/// prepared, kept by a pooler in session pooling) is given the statements
-/// after the probe finds the key's row, and the retry gets the stored answer.
+/// A replay's read needs none of idem's session statements (it is the
+/// driver's prepared lookup, bound parameters): a session that lost them (or
+/// one that kept the release before's set, with `idem_lookup_2`) still answers
+/// a retry after the probe finds the key's row, and gets them back for the
+/// next first execution.
 #[tokio::test]
-async fn a_session_without_the_lookup_replays_after_the_probe() {
+async fn a_session_without_idems_statements_replays_after_the_probe() {
     let (db, pool) = widgets_on_one_connection().await;
     let r = unhinted(&pool);
-    let widget = || request("/widgets", "k1", json!({"name": "a"}));
-    let (status, _, first) = send(&r, widget()).await;
+    let widget = |key: &str| request("/widgets", key, json!({"name": "a"}));
+    let (status, _, first) = send(&r, widget("k1")).await;
     assert!(status.is_success(), "{status}: {first:?}");
-    sqlx::raw_sql("DEALLOCATE idem_lookup_2")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let (status, replayed, body) = send(&r, widget()).await;
+    sqlx::raw_sql(
+        "DEALLOCATE idem_probe_3; DEALLOCATE idem_insert_1; DEALLOCATE idem_finish_2; \
+         PREPARE idem_lookup_2(text, text, bytea) AS SELECT 1",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (status, replayed, body) = send(&r, widget("k1")).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, first, "the stored answer");
-    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    let (status, replayed, body) = send(&r, widget("k2")).await;
+    assert!(status.is_success() && !replayed, "{status}: {body:?}");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
     assert_went_back_clean(&pool, &db).await;
 }
 
 /// A key this process remembers as finished is still decided by the database:
 /// its row gone (purged behind the process's back), the retry executes anew; a
-/// session that lost idem's statements prepares them for the lookup; another
-/// request under the key is refused; its row expired, it is taken over.
+/// session that lost idem's statements still reads it (the read needs none);
+/// another request under the key is refused; its row expired, it is taken
+/// over, the statements prepared again by the probe that claim begins with.
 #[tokio::test]
 async fn a_remembered_key_is_decided_by_the_database() {
     let (db, pool) = widgets_on_one_connection().await;
@@ -1286,11 +1310,11 @@ async fn a_remembered_key_is_decided_by_the_database() {
     assert!(!replayed, "a key without a row executes anew");
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
 
-    sqlx::raw_sql("DEALLOCATE idem_lookup_2")
+    sqlx::raw_sql(DEALLOCATE_IDEMS)
         .execute(&pool)
         .await
         .unwrap();
-    // Idle, so that the read takes it as it is (untested) and prepares there.
+    // Idle, so that the read takes it as it is (untested).
     until_idle(&pool).await;
     let (status, replayed, body) = send(&r, widget("a")).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
@@ -1300,18 +1324,45 @@ async fn a_remembered_key_is_decided_by_the_database() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
 
-    // Expired, its row still there, in a session that lost the lookup and the
-    // takeover's statement (as one an earlier release prepared would lack
-    // them): the set is prepared again and the key taken over.
+    // Expired, its row still there, in that session (still without idem's
+    // statements): the set is prepared again and the key taken over.
     db.exec(EXPIRE_ALL).await;
-    sqlx::raw_sql("DEALLOCATE idem_lookup_2; DEALLOCATE idem_finish_2")
-        .execute(&pool)
-        .await
-        .unwrap();
     until_idle(&pool).await;
     let (status, replayed, body) = send(&r, widget("b")).await;
     assert!(status.is_success() && !replayed, "{status}: {body:?}");
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 3);
+    assert_eq!(
+        db.count("SELECT generation FROM idempotency_requests")
+            .await,
+        2
+    );
+    assert_went_back_clean(&pool, &db).await;
+}
+
+/// What ends idem's session statements in a session (a pooler's
+/// `DEALLOCATE`, or an administrator's), leaving the driver's own.
+const DEALLOCATE_IDEMS: &str =
+    "DEALLOCATE idem_probe_3; DEALLOCATE idem_insert_1; DEALLOCATE idem_finish_2";
+
+/// A remembered key whose idle connection turns out dropped is read on a new
+/// one from `acquire()`, a session that has none of idem's statements (the
+/// read needs none): found expired there, its claim begins with the probe,
+/// which prepares them, and the key is taken over, not failed at `COMMIT` for
+/// a statement the session lacks.
+#[tokio::test]
+async fn a_remembered_key_read_on_a_new_session_executes_again() {
+    let (db, pool) = widgets_on_one_connection().await;
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, replayed, first) = send(&r, widget()).await;
+    assert!(status.is_success() && !replayed, "{status}: {first:?}");
+
+    db.exec(EXPIRE_ALL).await;
+    let pid = end_the_idle_connection(&pool, &db).await;
+    let (status, replayed, body) = send(&r, widget()).await;
+    assert!(status.is_success() && !replayed, "{status}: {body:?}");
+    assert_ne!(backend_pid(&pool).await, pid, "a new session");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
     assert_eq!(
         db.count("SELECT generation FROM idempotency_requests")
             .await,

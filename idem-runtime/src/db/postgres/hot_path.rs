@@ -26,12 +26,12 @@
 //! A new key, the common case, costs no round trip of idem's own. A key that has
 //! a row makes the first message fail (the transaction is then aborted, nothing
 //! has run): the driver queues its `ROLLBACK` of the failed `BEGIN` (sqlx 0.9.1
-//! on), and the key is read (`EXECUTE idem_lookup_2(<key>)`) on another
-//! connection idle in the pool while the failed one goes back with that
-//! `ROLLBACK` (`after_probe`): one more round trip, or two where none is idle
-//! (the read then waits for the `ROLLBACK`); a retry of a finished key is
-//! answered from that, as below. A key this process has seen finished
-//! lately (`crate::recent`) is read first instead, `EXECUTE idem_lookup_2(<key>)`
+//! on), and the key is read (the prepared lookup with bound parameters, as
+//! on the path below) on another connection idle in the pool while the failed
+//! one goes back with that `ROLLBACK` (`after_probe`): one more round trip, or
+//! two where none is idle (the read then waits for the `ROLLBACK`); a retry of
+//! a finished key is answered from that, as below. A key this process has seen
+//! finished lately (`crate::recent`) is read first instead, the same lookup
 //! alone, on an idle connection taken without the pool's acquire ping
 //! (`begin_remembered` says why that is safe): its retry waits for one round trip
 //! and no failed probe, and the lookup decides as after a probe. With `Idem::with_checkout_test(false)` a first
@@ -87,7 +87,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 
 use super::BEGIN_READ_COMMITTED;
 use super::session::{self, bytea_literal, text_literal};
-use super::transactional::{stored_from_row, stored_with_body};
+use super::transactional::stored_from_row;
 use crate::db::ClaimContext;
 use crate::db::Tx;
 use crate::db::at_commit::{self, KeyLookup};
@@ -225,7 +225,7 @@ async fn after_probe(
     // is read here.
     let untested_reads = ctx.recent.is_some() || !ctx.checkout_test;
     if untested_reads && let Some(idle) = ctx.pool.try_acquire() {
-        match lookup_first(idle, req).await {
+        match read_key(idle, req).await {
             Ok((idle, snapshot)) => {
                 return match decide::transactional(snapshot, req.in_flight_wait) {
                     decide::TransactionalStep::Answer(claim) => {
@@ -247,7 +247,7 @@ async fn after_probe(
             ),
         }
     }
-    let (conn, snapshot) = lookup_in_session(conn, req).await?;
+    let (conn, snapshot) = read_key(conn, req).await?;
     decided(ctx, req, conn, snapshot).await
 }
 
@@ -275,7 +275,7 @@ fn remembered(ctx: &ClaimContext<'_, Postgres>, req: &ClaimRequest<'_>) -> bool 
 /// dropped (what the ping is there to find), or none is idle, the key is read
 /// on a connection from `acquire()`, tested as the pool says; a read that
 /// stalls is bounded by the request's deadline, and its connection closed
-/// (`lookup_first`). Only an answer is decided on the untested connection;
+/// (`read_key`). Only an answer is decided on the untested connection;
 /// where the key is to be executed (its row expired, swept or purged since),
 /// the connection goes back and the claim begins on a tested one, with the
 /// probe (which reads the key again); without the checkout test
@@ -286,7 +286,7 @@ async fn begin_remembered(
     req: &ClaimRequest<'_>,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
     if let Some(conn) = ctx.pool.try_acquire() {
-        match lookup_first(conn, req).await {
+        match read_key(conn, req).await {
             Ok((conn, snapshot)) => match decide::transactional(snapshot, req.in_flight_wait) {
                 decide::TransactionalStep::Answer(claim) => {
                     return Ok(answered(ctx, req, conn, claim));
@@ -311,8 +311,15 @@ async fn begin_remembered(
         }
     }
     let conn = ctx.pool.acquire().await?;
-    let (conn, snapshot) = lookup_first(conn, req).await?;
-    decided(ctx, req, conn, snapshot).await
+    let (conn, snapshot) = read_key(conn, req).await?;
+    match decide::transactional(snapshot, req.in_flight_wait) {
+        decide::TransactionalStep::Answer(claim) => Ok(answered(ctx, req, conn, claim)),
+        // With the probe, which prepares a session that lacks idem's statements
+        // (the read needed none) and reads the key again.
+        decide::TransactionalStep::Execute { .. } => {
+            begin_in_session(ctx, req, conn, Checkout::Tested).await
+        }
+    }
 }
 
 /// Whether `e` says the connection was lost (what the pool's acquire ping
@@ -399,39 +406,31 @@ fn remember(ctx: &ClaimContext<'_, Postgres>, tenant: &str, operation: &str, key
     }
 }
 
-/// A key seen finished here: reads it before anything else, in one message
-/// outside any transaction. A session that lacks idem's statements prepares
-/// them and reads again. Any other failure closes the connection, as does
-/// dropping the read half-way (the request's deadline on a stalled
-/// connection): given back, it would hold its slot of the pool for as long as
-/// its release ping waits for an answer that is not coming.
-async fn lookup_first(
+/// Reads the key with the driver's prepared lookup ([`LOOKUP_SQL`]: bound
+/// parameters, binary results, outside any transaction): first, for a key this
+/// process has seen finished; after a failed probe, on an idle connection or on
+/// the probe's once the driver's queued `ROLLBACK` has gone. A protocol-level
+/// statement rather than the session's: it needs no session statement, and
+/// the stored body comes back as it is where the simple-query protocol's text
+/// doubled it as hex (a replay's PostgreSQL time, BENCHMARKS.md). Any failure
+/// closes the connection, as does dropping the read half-way (the request's
+/// deadline on a stalled connection): given back, it would hold its slot of
+/// the pool for as long as its release ping waits for an answer that is not
+/// coming.
+async fn read_key(
     conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
 ) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
-    // Built before the connection is held (text that cannot be sent leaves it
-    // as it was), and again for the second attempt rather than copied for
-    // every first one.
-    let mut sql = Some(lookup_text(req)?);
     let mut conn = ClosedIfDropped::new(conn);
-    let mut prepared = false;
-    loop {
-        let sql = match sql.take() {
-            Some(sql) => sql,
-            None => lookup_text(req)?,
-        };
-        match sqlx::raw_sql(AssertSqlSafe(sql))
-            .fetch_optional(&mut **conn.conn())
-            .await
-        {
-            Ok(row) => return Ok((conn.release(), snapshot_of(row, req)?)),
-            Err(e) if !prepared && session::is_missing_statement(&e) => {
-                session::prepare(conn.conn()).await?;
-                prepared = true;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    let snapshot = <Postgres as KeyLookup>::lookup(
+        conn.conn(),
+        req.tenant,
+        req.operation,
+        req.key.digest(),
+        &req.fingerprint,
+    )
+    .await?;
+    Ok((conn.release(), snapshot))
 }
 
 /// Sends the `ROLLBACK` the driver queued when a `BEGIN` message failed, and
@@ -446,58 +445,6 @@ async fn end_failed_begin(
     let mut held = ClosedIfDropped::new(conn);
     sqlx::Connection::ping(&mut **held.conn()).await?;
     Ok(held.release())
-}
-
-/// After the probe found a row: reads the key, once the driver's queued
-/// `ROLLBACK` of the aborted transaction has run (the read waits for it). A
-/// session that lacks the lookup (one an earlier release prepared, through a
-/// pooler that keeps sessions) is outside any transaction when it says so: it
-/// is given the statements and read as [`lookup_first`] reads. Any other
-/// failure, or dropping the message half-way, closes the connection (where the
-/// message stopped is not known).
-async fn lookup_in_session(
-    conn: PoolConnection<Postgres>,
-    req: &ClaimRequest<'_>,
-) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
-    let sql = lookup_text(req)?;
-    let mut conn = ClosedIfDropped::new(conn);
-    match sqlx::raw_sql(AssertSqlSafe(sql))
-        .fetch_optional(&mut **conn.conn())
-        .await
-    {
-        Ok(row) => Ok((conn.release(), snapshot_of(row, req)?)),
-        Err(e) if session::is_missing_statement(&e) => {
-            session::prepare(conn.conn()).await?;
-            lookup_first(conn.release(), req).await
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// `EXECUTE idem_lookup_2(<key>)`.
-fn lookup_text(req: &ClaimRequest<'_>) -> Result<String, StoreError> {
-    let mut sql = String::from("EXECUTE ");
-    sql.push_str(session::LOOKUP);
-    push_key(&mut sql, req.tenant, req.operation, req.key.digest())?;
-    Ok(sql)
-}
-
-/// The key as the session lookup's row has it (`None`: no row).
-fn snapshot_of(
-    row: Option<sqlx::postgres::PgRow>,
-    req: &ClaimRequest<'_>,
-) -> Result<Option<KeySnapshot>, StoreError> {
-    let Some(row) = row else { return Ok(None) };
-    let stored = unhex(row.try_get("fingerprint")?)?;
-    KeySnapshot::read(
-        row.try_get("state")?,
-        &stored,
-        &req.fingerprint,
-        row.try_get("generation")?,
-        row.try_get("live")?,
-        || stored_with_body(&row, unhex(row.try_get("response_body")?)?),
-    )
-    .map(Some)
 }
 
 /// `(<tenant>, <operation>, <key digest>)` as the session statements take them.
@@ -515,18 +462,6 @@ fn push_key(
     bytea_literal(sql, key.as_bytes());
     sql.push(')');
     Ok(())
-}
-
-/// A byte column the session lookup encoded as hex (`NULL` stays absent),
-/// read from the row in place. A replay's stored body is the largest value on
-/// its path: decoded by `faster_hex` (SIMD where the CPU has it), where the
-/// `hex` crate's per-byte decode was a tenth of a replay's instructions.
-fn unhex(text: Option<&str>) -> Result<Vec<u8>, StoreError> {
-    let text = text.unwrap_or_default().as_bytes();
-    let mut bytes = vec![0; text.len() / 2];
-    faster_hex::hex_decode(text, &mut bytes)
-        .map_err(|e| StoreError::Corrupt(format!("a byte column's hex: {e}")))?;
-    Ok(bytes)
 }
 
 /// `BEGIN` with the request deadline as `statement_timeout` (no statement of the
@@ -669,10 +604,10 @@ impl KeyLookup for Postgres {
             .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else { return Ok(None) };
-        let stored: Vec<u8> = row.try_get("fingerprint")?;
+        let stored: &[u8] = row.try_get("fingerprint")?;
         KeySnapshot::read(
             row.try_get("state")?,
-            &stored,
+            stored,
             fingerprint,
             row.try_get("generation")?,
             row.try_get("live")?,
@@ -858,29 +793,6 @@ async fn not_inserted(
             // Where the connection stopped is not known: close it.
             tx.discard();
             Finish::NotStored(e.into())
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unhex;
-
-    #[test]
-    fn hex_columns_decode_exactly_and_refuse_what_is_not_hex() {
-        let bytes: Vec<u8> = (0..=255).chain(0..77).collect();
-        for len in [0, 1, 15, 16, 31, 32, 33, 64, 333] {
-            let text = hex::encode(&bytes[..len]);
-            assert_eq!(unhex(Some(&text)).unwrap(), &bytes[..len], "{len}");
-            assert_eq!(
-                unhex(Some(&text.to_uppercase())).unwrap(),
-                &bytes[..len],
-                "{len}"
-            );
-        }
-        assert!(unhex(None).unwrap().is_empty());
-        for bad in ["a", "abc", "zz", "0g", "\\x00", "00 1"] {
-            assert!(unhex(Some(bad)).is_err(), "{bad:?}");
         }
     }
 }

@@ -16,8 +16,7 @@
 //!   such a literal, numbers formatted from integers. [`text_literal`] is held
 //!   to a real server by a property test with arbitrary strings.
 //! * **Created on first use.** A connection that lacks them reports `26000`
-//!   (`invalid_sql_statement_name`) at its first probe (or, for a key the process
-//!   has seen finished, its first lookup); they are prepared then
+//!   (`invalid_sql_statement_name`) at its first probe; they are prepared then
 //!   ([`prepare`]), and the claim begins again. The names carry a version, so a
 //!   statement of another idem release in the same session is never called.
 //! * **Only where the session stays.** A pooler that runs each transaction on
@@ -38,24 +37,21 @@ use super::pooler::{self, Sessions};
 use crate::model::StoreError;
 
 /// Fails when the key has a row, whatever its state, so that the `BEGIN`
-/// message it rides in fails and the claim goes on to [`LOOKUP`]. The error is
+/// message it rides in fails and the claim goes on to read the key (with the
+/// driver's prepared lookup, which rides with nothing). The error is
 /// a cast of a text that names itself, evaluated per row (a constant would be
 /// folded, and fail, at planning): the server's log shows what it is.
 ///
-/// A session is prepared when the first statement a claim sends is missing:
-/// this probe, or for a key the process has seen finished [`LOOKUP`]. Both
-/// names carry the set's version, so a session that has either has [`INSERT`]
-/// and this [`FINISH`] too (one an earlier release prepared has `idem_probe_1`
-/// and no `INSERT`, or `idem_probe_2` and `idem_finish_1`, which wrote the
-/// generation the row had plus one rather than the execution's; both with
-/// `idem_lookup_1`). The probe's text is the same in every version.
+/// A session is prepared when this probe, the first statement of the set a
+/// claim sends, is missing. Its name carries the set's version, so a session
+/// that has it has [`INSERT`] and [`FINISH`] too (one an earlier release
+/// prepared has `idem_probe_1` and no `INSERT`, or `idem_probe_2` and
+/// `idem_finish_1`, which wrote the generation the row had plus one rather than
+/// the execution's; both with `idem_lookup_1`; a set of the release before
+/// this one has these three and `idem_lookup_2`, which is left unused: the key
+/// is read with bound parameters now). The probe's text is the same in every
+/// version.
 pub(crate) const PROBE: &str = "idem_probe_3";
-
-/// Everything the decision needs about a key (as the prepared lookup reads it),
-/// with the byte columns as hex: the simple-query protocol answers in text.
-/// Named with the set's version (its text is `idem_lookup_1`'s): a remembered
-/// key's claim sends it first, and a session that has it must have the rest.
-pub(crate) const LOOKUP: &str = "idem_lookup_2";
 
 /// The finished row, claiming the key, as the bound-parameter insert writes it,
 /// at the execution's generation (its last argument); fails when it claimed
@@ -92,8 +88,8 @@ const KEY_CONSTRAINT: &str = "idempotency_requests_pkey";
 /// PostgreSQL's `duplicate_prepared_statement`: the session has it already.
 const DUPLICATE_STATEMENT: &str = "42P05";
 
-/// The four statements, by name, with their `PREPARE` texts.
-const STATEMENTS: [(&str, &str); 4] = [
+/// The three statements, by name, with their `PREPARE` texts.
+const STATEMENTS: [(&str, &str); 3] = [
     (
         PROBE,
         // The request deadline ($4, milliseconds) is set here too, saving the
@@ -105,15 +101,6 @@ const STATEMENTS: [(&str, &str); 4] = [
                 (SELECT (r.state || ': idem: the key has a row')::int \
                    FROM idempotency_requests r \
                   WHERE r.tenant_id = $1 AND r.operation = $2 AND r.key_digest = $3)",
-    ),
-    (
-        LOOKUP,
-        "PREPARE idem_lookup_2(text, text, bytea) AS \
-         SELECT encode(fingerprint, 'hex') AS fingerprint, state, generation, \
-                expires_at > now() AS live, response_status, response_headers, \
-                encode(response_body, 'hex') AS response_body \
-           FROM idempotency_requests \
-          WHERE tenant_id = $1 AND operation = $2 AND key_digest = $3",
     ),
     (
         FINISH,
@@ -145,7 +132,7 @@ const STATEMENTS: [(&str, &str); 4] = [
 
 /// Prepares idem's statements in a session that lacks them. The connection must
 /// be outside any transaction (a failed `PREPARE` there would abort it). A new
-/// session has none: all four go in one message. A session that has some (one
+/// session has none: all three go in one message. A session that has some (one
 /// was deallocated) is asked which, and gets the others.
 pub(crate) async fn prepare(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     let all: String = STATEMENTS

@@ -27,15 +27,6 @@ const COMPLETE_SQL: &str = "UPDATE idempotency_requests \
 /// `response_headers` (`jsonb`) and `response_body` (`bytea`).
 pub(crate) fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredResponse, StoreError> {
     let body: Option<Vec<u8>> = row.try_get("response_body")?;
-    stored_with_body(row, body.unwrap_or_default())
-}
-
-/// A stored outcome from a row's `response_status` and `response_headers`,
-/// with its body read by the caller (bound as `bytea`, or as hex text).
-pub(crate) fn stored_with_body(
-    row: &sqlx::postgres::PgRow,
-    body: Vec<u8>,
-) -> Result<StoredResponse, StoreError> {
     let status: i16 = row.try_get("response_status")?;
     let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
         row.try_get("response_headers")?;
@@ -43,7 +34,7 @@ pub(crate) fn stored_with_body(
         status: u16::try_from(status)
             .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
         headers: headers.map(|h| h.0).unwrap_or_default(),
-        body: Bytes::from(body),
+        body: Bytes::from(body.unwrap_or_default()),
     };
     crate::db::rows::with_generation(row, stored)
 }
