@@ -230,7 +230,7 @@ impl<DB: Backend> Idem<DB> {
     }
 
     /// PostgreSQL: whether a first execution's lookup rides with `BEGIN` and its
-    /// finished row with `COMMIT`, through four statements idem prepares in each
+    /// finished row with `COMMIT`, through three statements idem prepares in each
     /// server session (SQL `PREPARE`), so that it costs the round trips of the
     /// handler's own transaction and no more. By default idem decides per
     /// database target with the pooler probe that `migrate` and

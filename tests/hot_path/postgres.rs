@@ -1263,32 +1263,72 @@ async fn a_stalled_read_before_the_transaction_frees_its_pool_slot() {
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
 }
 
-/// A replay's read needs none of idem's session statements (it is the
-/// driver's prepared lookup, bound parameters): a session that lost them (or
-/// one that kept the release before's set, with `idem_lookup_2`) still answers
-/// a retry after the probe finds the key's row, and gets them back for the
-/// next first execution.
+/// A session that kept an earlier build's set (the probe, the inserts, and a
+/// lookup named `idem_lookup_2`, here one that would answer nonsense) answers
+/// a retry after the probe finds the key's row from the driver's lookup, never
+/// that statement, and keeps its statements as they were.
 #[tokio::test]
-async fn a_session_without_idems_statements_replays_after_the_probe() {
+async fn a_session_with_an_earlier_lookup_replays_after_the_probe() {
     let (db, pool) = widgets_on_one_connection().await;
     let r = unhinted(&pool);
-    let widget = |key: &str| request("/widgets", key, json!({"name": "a"}));
-    let (status, _, first) = send(&r, widget("k1")).await;
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, _, first) = send(&r, widget()).await;
     assert!(status.is_success(), "{status}: {first:?}");
-    sqlx::raw_sql(
-        "DEALLOCATE idem_probe_3; DEALLOCATE idem_insert_1; DEALLOCATE idem_finish_2; \
-         PREPARE idem_lookup_2(text, text, bytea) AS SELECT 1",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let (status, replayed, body) = send(&r, widget("k1")).await;
+    sqlx::raw_sql("PREPARE idem_lookup_2(text, text, bytea) AS SELECT 1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let statements = || async {
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT name, statement FROM pg_prepared_statements \
+              WHERE name LIKE 'idem\\_%' ORDER BY name",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    let before = statements().await;
+    let names: Vec<&str> = before.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "idem_finish_2",
+            "idem_insert_1",
+            "idem_lookup_2",
+            "idem_probe_3"
+        ]
+    );
+    let (status, replayed, body) = send(&r, widget()).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, first, "the stored answer");
-    let (status, replayed, body) = send(&r, widget("k2")).await;
-    assert!(status.is_success() && !replayed, "{status}: {body:?}");
-    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+    assert_eq!(statements().await, before, "nothing prepared again");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
     assert_went_back_clean(&pool, &db).await;
+}
+
+/// A row idem cannot read (its stored headers rewritten by hand into
+/// something that is not a list of pairs) fails its retry, and leaves the
+/// connection that read it as it was: the read's answer came in whole, so the
+/// connection goes back to the pool rather than being closed and opened again
+/// for every retry of that key.
+#[tokio::test]
+async fn an_unreadable_row_fails_its_retry_and_keeps_the_connection() {
+    let (db, pool) = widgets_on_one_connection().await;
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, replayed, first) = send(&r, widget()).await;
+    assert!(status.is_success() && !replayed, "{status}: {first:?}");
+    db.exec("UPDATE idempotency_requests SET response_headers = '{\"a\": 1}'::jsonb")
+        .await;
+    let pid = backend_pid(&pool).await;
+    for _ in 0..2 {
+        until_idle(&pool).await;
+        let (status, replayed, body) = send(&r, widget()).await;
+        assert!(status.is_server_error() && !replayed, "{status}: {body:?}");
+    }
+    until_idle(&pool).await;
+    assert_eq!(backend_pid(&pool).await, pid, "the connection was kept");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
 /// A key this process remembers as finished is still decided by the database:

@@ -68,9 +68,10 @@
 //!   what the holder stored. Only a finished row past its retention is taken over
 //!   (`DO UPDATE .. WHERE`); a leased execution's row never is.
 //! * **Values that cannot inject**: on the bound-parameter path nothing travels
-//!   as SQL text; on the session path values travel only in the encodings of
-//!   [`super::session`] (text as `E'..'` with quotes and backslashes doubled,
-//!   bytes as hex, numbers formatted from integers).
+//!   as SQL text; on the session path the probe's and the finished row's
+//!   values travel only in the encodings of [`super::session`] (text as `E'..'`
+//!   with quotes and backslashes doubled, bytes as hex, numbers formatted from
+//!   integers), and a key's read binds its values.
 //!
 //! The price, said in ARCHITECTURE.md: a duplicate on another process that
 //! arrives while the first is still running its handler runs its own handler too,
@@ -422,15 +423,43 @@ async fn read_key(
     req: &ClaimRequest<'_>,
 ) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
     let mut conn = ClosedIfDropped::new(conn);
-    let snapshot = <Postgres as KeyLookup>::lookup(
-        conn.conn(),
-        req.tenant,
-        req.operation,
-        req.key.digest(),
-        &req.fingerprint,
+    let row = fetch_key(conn.conn(), req.tenant, req.operation, req.key.digest()).await?;
+    // The answer is in: the connection is as it was, whatever the row holds
+    // (a row idem cannot read fails the request, not the connection).
+    let conn = conn.release();
+    let snapshot = row
+        .map(|row| snapshot_of(&row, &req.fingerprint))
+        .transpose()?;
+    Ok((conn, snapshot))
+}
+
+/// The key's row, if it has one ([`LOOKUP_SQL`]).
+async fn fetch_key(
+    conn: &mut PgConnection,
+    tenant: &str,
+    operation: &str,
+    key: KeyDigest,
+) -> Result<Option<sqlx::postgres::PgRow>, sqlx::Error> {
+    sqlx::query(LOOKUP_SQL)
+        .bind_key(tenant, operation, key)
+        .fetch_optional(conn)
+        .await
+}
+
+/// The key as [`LOOKUP_SQL`]'s row has it; `fingerprint` is the request's.
+fn snapshot_of(
+    row: &sqlx::postgres::PgRow,
+    fingerprint: &Fingerprint,
+) -> Result<KeySnapshot, StoreError> {
+    let stored: &[u8] = row.try_get("fingerprint")?;
+    KeySnapshot::read(
+        row.try_get("state")?,
+        stored,
+        fingerprint,
+        row.try_get("generation")?,
+        row.try_get("live")?,
+        || stored_from_row(row),
     )
-    .await?;
-    Ok((conn.release(), snapshot))
 }
 
 /// Sends the `ROLLBACK` the driver queued when a `BEGIN` message failed, and
@@ -599,21 +628,8 @@ impl KeyLookup for Postgres {
         key: KeyDigest,
         fingerprint: &'c Fingerprint,
     ) -> Result<Option<KeySnapshot>, StoreError> {
-        let row = sqlx::query(LOOKUP_SQL)
-            .bind_key(tenant, operation, key)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let stored: &[u8] = row.try_get("fingerprint")?;
-        KeySnapshot::read(
-            row.try_get("state")?,
-            stored,
-            fingerprint,
-            row.try_get("generation")?,
-            row.try_get("live")?,
-            || stored_from_row(&row),
-        )
-        .map(Some)
+        let row = fetch_key(conn, tenant, operation, key).await?;
+        row.map(|row| snapshot_of(&row, fingerprint)).transpose()
     }
 }
 

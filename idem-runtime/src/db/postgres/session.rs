@@ -47,10 +47,9 @@ use crate::model::StoreError;
 /// that has it has [`INSERT`] and [`FINISH`] too (one an earlier release
 /// prepared has `idem_probe_1` and no `INSERT`, or `idem_probe_2` and
 /// `idem_finish_1`, which wrote the generation the row had plus one rather than
-/// the execution's; both with `idem_lookup_1`; a set of the release before
-/// this one has these three and `idem_lookup_2`, which is left unused: the key
-/// is read with bound parameters now). The probe's text is the same in every
-/// version.
+/// the execution's; both with `idem_lookup_1`; an earlier build's set has
+/// these three and `idem_lookup_2`, which is left unused: the key is read with
+/// bound parameters now). The probe's text is the same in every version.
 pub(crate) const PROBE: &str = "idem_probe_3";
 
 /// The finished row, claiming the key, as the bound-parameter insert writes it,
