@@ -78,6 +78,7 @@ macro_rules! sealed_tests {
             hand_written_claims_seal_with_the_ring_and_refuse_without,
             rekey_moves_answers_to_the_active_key_and_a_stopped_run_resumes,
             two_rekeys_beside_live_replays_move_every_answer_once,
+            a_rekey_reaches_every_tenant_whatever_its_case,
         );
     };
 }

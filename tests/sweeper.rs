@@ -914,6 +914,36 @@ mod mysql {
 
     sweeper_tests!(MySqlDb);
 
+    /// A batch of more keys than one statement can name (65,535 placeholders,
+    /// three a key: 21,845) is deleted whole, in one transaction: raised past
+    /// that, the batch once failed every run and retention stopped.
+    #[tokio::test]
+    async fn a_batch_over_one_statements_placeholders_is_deleted_whole() {
+        let db = MySqlDb::create().await;
+        // In parts: MySQL 8's recursive CTEs stop at 1,000 levels.
+        for part in 0..22 {
+            rows(
+                &db,
+                "pay",
+                &format!("old-{part}"),
+                1000,
+                "completed",
+                -60,
+                HOUR,
+            )
+            .await;
+        }
+        rows(&db, "pay", "new", 3, "completed", HOUR, 60).await;
+        let report = sweeper(&db)
+            .with_batch_size(25_000)
+            .sweep_once()
+            .await
+            .unwrap();
+        assert_eq!((report.deleted, report.batches), (22_000, 1));
+        assert_eq!(count_where(&db, "1 = 1").await, 3);
+        assert_eq!(count_where(&db, MySqlDb::NOT_EXPIRED).await, 3);
+    }
+
     /// A sweep skips the rows a claim holds (`FOR UPDATE SKIP LOCKED`) instead of
     /// waiting for them, and deletes the others.
     #[tokio::test]

@@ -523,7 +523,12 @@ where
 /// answer's key id, NULL for a clear one) and `$p` (the placeholders, in the
 /// order the generic code binds them: `$1` to `$7`, or MySQL's `?`), with
 /// `$cols` the address's columns as selected and `$after` the empty value of
-/// each (`''` and an empty digest) that comes before every row.
+/// each (`''` and an empty digest) that comes before every row. The page is
+/// ordered by the table's columns, named with the table: where the address is
+/// selected as an expression under the column's name (MySQL's VARBINARY read
+/// back as text), the bare name would order by that text's collation while the
+/// resume point compares the column's bytes, and a page that ended on `acme`
+/// would never reach `Zeta`.
 #[allow(unused_macros)]
 macro_rules! rekey_sql {
     (
@@ -562,7 +567,8 @@ macro_rules! rekey_sql {
             ", ",
             $empty,
             ")) \
-              ORDER BY tenant_id, operation, key_digest LIMIT ",
+              ORDER BY idempotency_requests.tenant_id, idempotency_requests.operation, \
+                       idempotency_requests.key_digest LIMIT ",
             $p6
         );
         const RESEAL_SQL: &'static str = concat!(

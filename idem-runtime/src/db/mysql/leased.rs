@@ -197,7 +197,9 @@ impl SqlLeases for MySql {
     // Paged by (created_at, tenant, key), so that rows that never resolve cannot
     // keep newer ones from being asked about; the in-flight index (state,
     // created_at) serves `state = 'uncertain'`. The key columns are VARBINARY, read
-    // back as text. The first page has no position: -1 (before every `created_at`,
+    // back as text; the order names the column (unqualified, `tenant_id` would be
+    // the text alias, ordered by its collation where the resume point compares
+    // bytes). The first page has no position: -1 (before every `created_at`,
     // which are Unix milliseconds) stands for it, so that each parameter appears
     // once, in the order every database binds them.
     const UNCERTAIN_ROWS_SQL: &'static str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
@@ -206,7 +208,7 @@ impl SqlLeases for MySql {
            FROM idempotency_requests \
           WHERE operation = ? AND state = 'uncertain' \
             AND (created_at, tenant_id, key_digest) > (COALESCE(?, -1), COALESCE(?, ''), COALESCE(?, '')) \
-          ORDER BY created_at, tenant_id, key_digest LIMIT ?";
+          ORDER BY created_at, idempotency_requests.tenant_id, key_digest LIMIT ?";
 
     // The retention runs from the resolution, as for any completion; the
     // assignments run left to right, so expires_at is computed before created_at

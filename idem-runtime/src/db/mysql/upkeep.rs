@@ -112,25 +112,34 @@ pub(super) async fn delete_chosen(
     // The keys drive the join (STRAIGHT_JOIN) and reach the table through its
     // primary key, one row each: a `WHERE` over the table itself (an `IN` list,
     // equalities joined by `OR`, a condition on expires_at) may be read with a
-    // scan on a small table, and a scan waits for the rows skipped above.
-    let sql = format!(
-        "DELETE r FROM (SELECT ? AS t, ? AS o, ? AS k{}) v \
-         STRAIGHT_JOIN idempotency_requests r \
-            ON r.tenant_id = v.t AND r.operation = v.o AND r.key_digest = v.k",
-        " UNION ALL SELECT ?, ?, ?".repeat(keys.len() - 1)
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for row in &keys {
-        query = query
-            .bind(row.try_get::<String, _>(0)?)
-            .bind(row.try_get::<String, _>(1)?)
-            .bind(row.try_get::<Vec<u8>, _>(2)?);
+    // scan on a small table, and a scan waits for the rows skipped above. A
+    // statement takes at most 65,535 placeholders, three a key: a larger batch
+    // is deleted in several statements, in the same transaction.
+    let mut deleted = 0;
+    for chunk in keys.chunks(DELETE_KEYS_PER_STATEMENT) {
+        let sql = format!(
+            "DELETE r FROM (SELECT ? AS t, ? AS o, ? AS k{}) v \
+             STRAIGHT_JOIN idempotency_requests r \
+                ON r.tenant_id = v.t AND r.operation = v.o AND r.key_digest = v.k",
+            " UNION ALL SELECT ?, ?, ?".repeat(chunk.len() - 1)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for row in chunk {
+            query = query
+                .bind(row.try_get::<String, _>(0)?)
+                .bind(row.try_get::<String, _>(1)?)
+                .bind(row.try_get::<Vec<u8>, _>(2)?);
+        }
+        deleted += query.execute(&mut *tx).await?.rows_affected();
     }
-    let done = query.execute(&mut *tx).await?;
     tx.commit().await?;
     drop(conn.release());
-    Ok(done.rows_affected())
+    Ok(deleted)
 }
+
+/// The keys one `DELETE` of [`delete_chosen`] names: three placeholders each,
+/// under the protocol's 65,535 a statement.
+const DELETE_KEYS_PER_STATEMENT: usize = 20_000;
 
 /// Both queries in one `REPEATABLE READ, READ ONLY` transaction with a
 /// consistent snapshot taken at its start.
