@@ -284,6 +284,13 @@ fn from_problem(http: StatusCode, bytes: &[u8], retry_after: Option<Duration>) -
         problem::STORE_UNAVAILABLE | problem::STORE_BUSY | problem::AT_CAPACITY => {
             with_info(Code::Unavailable, message, reason::STORE_UNAVAILABLE, wait)
         }
+        // Not `INTERNAL`, which clients take as final and may send again under
+        // a new key: a leased method that panicked may have called downstream,
+        // and only the same key finds that out. `UNKNOWN` is the code of an
+        // outcome the client cannot know, retried under the key.
+        problem::HANDLER_PANICKED => {
+            with_info(Code::Unknown, message, reason::HANDLER_PANICKED, wait)
+        }
         _ if http.is_server_error() => {
             with_info(Code::Internal, message, reason::SERVICE_FAULT, None)
         }
@@ -416,6 +423,15 @@ mod tests {
                 Some(1),
             ),
             (problem::Problem::missing_key(), Code::InvalidArgument, None),
+            (
+                problem::Problem::new(
+                    problem::HANDLER_PANICKED,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "The handler failed",
+                ),
+                Code::Unknown,
+                Some(1),
+            ),
         ];
         for (p, code, retry) in cases {
             let status = answer::<Order>(p.into_response()).await.unwrap_err();

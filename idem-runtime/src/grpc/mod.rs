@@ -90,8 +90,13 @@ pub mod reason {
     /// (or the key's stored outcome could not be read: it does not run again).
     pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
     /// `INTERNAL`: the service failed before or after the method (a tenant
-    /// id it cannot use, an answer too large to store, a panic).
+    /// id it cannot use, an answer too large to store); nothing was stored.
     pub const SERVICE_FAULT: &str = "SERVICE_FAULT";
+    /// `UNKNOWN` with `RetryInfo`: the method panicked. Its transaction was
+    /// rolled back; in leased mode it may have called downstream, and its lease
+    /// is taken over once it lapses. Retry with the same key, never a new one
+    /// (a new key could repeat the effect).
+    pub const HANDLER_PANICKED: &str = "HANDLER_PANICKED";
 }
 
 /// Whether a status the method returns is stored and replayed (`true`) or
