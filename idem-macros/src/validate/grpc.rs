@@ -66,6 +66,30 @@ fn request_param(sig: &Signature) -> Option<usize> {
         .then_some(last)
 }
 
+/// Refuses `Request<Streaming<M>>`: idem fingerprints one message, and would
+/// hold the key's claim (in transactional mode, its transaction and row lock)
+/// for as long as the client kept the stream open.
+fn refuse_a_client_stream(sig: &Signature, request: usize, errors: &mut Errors) {
+    let FnArg::Typed(t) = &sig.inputs[request] else {
+        return;
+    };
+    let Some(PathArguments::AngleBracketed(a)) = last_segment(&t.ty).map(|s| &s.arguments) else {
+        return;
+    };
+    let Some(GenericArgument::Type(message)) = a.args.first() else {
+        return;
+    };
+    if last_segment(message).is_some_and(|s| s.ident == "Streaming") {
+        errors.push_spanned(
+            message,
+            format!(
+                "`{}` takes a client stream: `#[idempotent]` makes a call with one request message idempotent (it fingerprints that message, and holds the key's claim while the method runs); take a unary `Request<M>`, or make each streamed message idempotent on its own",
+                sig.ident
+            ),
+        );
+    }
+}
+
 /// The `R` of `Pin<Box<dyn Future<Output = R> + Send + 'async_trait>>`, the
 /// return type `#[tonic::async_trait]` writes for `-> R`.
 pub fn async_trait_output(sig: &Signature) -> Option<Type> {
@@ -142,6 +166,7 @@ pub fn validate_grpc(
     }
     let key = check_key(&args, name, errors);
     let request = request_param(sig).expect("a gRPC method has a request");
+    refuse_a_client_stream(sig, request, errors);
     let (tenant, tx) = check_params(&args, written, sig, request, errors);
     let arg = parameters::typed(sig, request);
     let body = fingerprint::Body {

@@ -38,6 +38,16 @@ trait Orders: Send + Sync + 'static {
         &self,
         request: Request<CreateOrderRequest>,
     ) -> Result<Response<Order>, Status>;
+
+    // A client-streaming method, with a default body so that the cases that
+    // do not implement it need not.
+    async fn import_orders(
+        &self,
+        request: Request<tonic::Streaming<CreateOrderRequest>>,
+    ) -> Result<Response<Order>, Status> {
+        let _ = request;
+        Err(Status::unimplemented("import_orders"))
+    }
 }
 
 #[derive(Clone)]
