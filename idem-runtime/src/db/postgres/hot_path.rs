@@ -413,11 +413,12 @@ fn remember(ctx: &ClaimContext<'_, Postgres>, tenant: &str, operation: &str, key
 /// the probe's once the driver's queued `ROLLBACK` has gone. A protocol-level
 /// statement rather than the session's: it needs no session statement, and
 /// the stored body comes back as it is where the simple-query protocol's text
-/// doubled it as hex (a replay's PostgreSQL time, BENCHMARKS.md). Any failure
-/// closes the connection, as does dropping the read half-way (the request's
+/// doubled it as hex (a replay's PostgreSQL time, BENCHMARKS.md). A read that
+/// fails closes the connection, as does dropping it half-way (the request's
 /// deadline on a stalled connection): given back, it would hold its slot of
 /// the pool for as long as its release ping waits for an answer that is not
-/// coming.
+/// coming. A row read whole but not readable by idem fails the request and
+/// leaves the connection as it was.
 async fn read_key(
     conn: PoolConnection<Postgres>,
     req: &ClaimRequest<'_>,
