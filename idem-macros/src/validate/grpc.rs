@@ -7,7 +7,7 @@
 use proc_macro2::Span;
 use syn::{FnArg, GenericArgument, ItemFn, PathArguments, ReturnType, Signature, Type};
 
-use super::extractors::{Class, last_segment};
+use super::extractors::{Class, first_type_arg, last_segment};
 use super::{BodyPrint, Tenant, fingerprint, parameters, signature};
 use crate::errors::Errors;
 use crate::parse::{RawArgs, Written};
@@ -73,10 +73,7 @@ fn refuse_a_client_stream(sig: &Signature, request: usize, errors: &mut Errors) 
     let FnArg::Typed(t) = &sig.inputs[request] else {
         return;
     };
-    let Some(PathArguments::AngleBracketed(a)) = last_segment(&t.ty).map(|s| &s.arguments) else {
-        return;
-    };
-    let Some(GenericArgument::Type(message)) = a.args.first() else {
+    let Some(message) = last_segment(&t.ty).and_then(first_type_arg) else {
         return;
     };
     if last_segment(message).is_some_and(|s| s.ident == "Streaming") {

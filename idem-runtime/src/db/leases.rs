@@ -86,13 +86,19 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
 
     /// Renews one owned execution that the batch found held by another
     /// transaction at its last renewal, waiting for its record at most about `wait`
-    /// (see `crate::lease::renewals`).
+    /// (see `crate::lease::renewals`). Where records are not held by anyone
+    /// (Redis), the batch's renewal, for one.
     #[doc(hidden)]
     fn lease_renew_waiting(
         store: &Self::Store,
         row: &Renewal<'_>,
-        wait: Duration,
-    ) -> impl Future<Output = Result<Renewed, StoreError>> + Send;
+        _wait: Duration,
+    ) -> impl Future<Output = Result<Renewed, StoreError>> + Send {
+        async move {
+            let renewed = Self::lease_renew_many(store, std::slice::from_ref(row)).await?;
+            Ok(renewed.first().copied().unwrap_or(Renewed::Unknown))
+        }
+    }
 
     /// The key's finished outcome, if it has one, with its fingerprint.
     #[doc(hidden)]

@@ -732,16 +732,6 @@ impl LeaseBackend for Redis {
         store.run::<u64>(&inv).await?.acknowledged()
     }
 
-    /// Redis holds no record for anyone: the batch's script, for one lease.
-    async fn lease_renew_waiting(
-        store: &RedisLeaseStore,
-        row: &Renewal<'_>,
-        _wait: Duration,
-    ) -> Result<Renewed, StoreError> {
-        let renewed = Self::lease_renew_many(store, std::slice::from_ref(row)).await?;
-        Ok(renewed.first().copied().unwrap_or(Renewed::Unknown))
-    }
-
     /// One script per slot renews that slot's leases of the batch (a record's
     /// slot is its operation's shard, so a cluster takes them too), the
     /// scripts sent at once and pipelined by the connections; each record's
