@@ -291,6 +291,15 @@ async fn stale_in_flight_rows_are_reported_not_deleted<T: SweepDb>() {
         "{oldest:?}"
     );
     assert_eq!(count_where(&db, "1 = 1").await, 6);
+    // An age past what the database counts is a century: nothing is stale,
+    // and the run reports rather than failing after its deletes.
+    let report = Sweeper::new(db.pool().clone())
+        .with_stale_after(Duration::MAX)
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!((report.stale_in_flight, report.deleted), (0, 0));
+    assert_eq!(count_where(&db, "1 = 1").await, 6);
 }
 
 async fn a_retry_after_the_sweep_executes_anew<T: SweepDb>() {

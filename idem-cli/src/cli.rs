@@ -98,8 +98,8 @@ pub(crate) enum Command {
         /// Statements per run
         #[arg(long, default_value_t = Defaults::DEFAULT_MAX_BATCHES, value_parser = clap::value_parser!(u32).range(1..))]
         max_batches: u32,
-        /// Age in seconds beyond which an in-flight row is reported as stale
-        #[arg(long, default_value_t = Defaults::DEFAULT_STALE_AFTER.as_secs())]
+        /// Age in seconds beyond which an in-flight row is reported as stale (at most a century)
+        #[arg(long, default_value_t = Defaults::DEFAULT_STALE_AFTER.as_secs(), value_parser = clap::value_parser!(u64).range(..=Defaults::MAX_STALE_AFTER.as_secs()))]
         stale_after_secs: u64,
     },
     /// Re-seal stored answers under the key ring's active key, a page at a time (safe

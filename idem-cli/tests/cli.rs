@@ -825,6 +825,20 @@ async fn sweep_deletes_the_expired_finished_rows_once_and_reports<Db: CliDb>() {
     let url = db.url();
     let url = Some(url.as_str());
 
+    // An age past a century is a usage error, before anything is deleted.
+    let out = idem(
+        url,
+        &["sweep", "--stale-after-secs", "18446744073709551615"],
+    )
+    .await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--stale-after-secs"), "{out:?}");
+    assert!(out.stderr.contains("3155760000"), "{out:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        7
+    );
+
     // One pass, then exit: no flag needed for that.
     let out = idem(url, &["sweep", "--batch-size", "2"]).await;
     assert_eq!(out.code, 0, "{out:?}");

@@ -151,6 +151,9 @@ impl<DB: Backend> Sweeper<DB> {
     /// In-flight age beyond which a row is reported as stale unless configured
     /// otherwise.
     pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
+    /// The longest [`Sweeper::with_stale_after`] age: a century of 365.25-day
+    /// years, which every database counts without overflow.
+    pub const MAX_STALE_AFTER: Duration = Duration::from_secs(3_155_760_000);
 }
 
 impl<DB: Backend> Sweeper<DB> {
@@ -190,9 +193,11 @@ impl<DB: Backend> Sweeper<DB> {
     }
 
     /// The age beyond which a `processing` or `uncertain` row is reported as stale.
-    /// Set it well above your longest legitimate execution (or lease).
+    /// Set it well above your longest legitimate execution (or lease). At most
+    /// [`Sweeper::MAX_STALE_AFTER`] (a century): a longer age is taken as that,
+    /// where the database's interval or integer arithmetic would overflow.
     pub fn with_stale_after(mut self, age: Duration) -> Self {
-        self.stale_after = age;
+        self.stale_after = age.min(Self::MAX_STALE_AFTER);
         self
     }
 

@@ -44,3 +44,18 @@ pub fn claim_context<DB: crate::db::Backend>(
 ) -> ClaimContext<'_, DB> {
     idem.claim_context(in_flight_wait)
 }
+
+pub use crate::model::Renewed;
+
+/// Renews `leases` (all of one store) in one batch, as the process's renewal
+/// task does, and answers what the batch learned of each, in order.
+///
+/// # Panics
+///
+/// When `leases` is empty.
+pub async fn renew_together<DB: crate::lease::LeaseBackend>(
+    leases: &[&crate::Lease<DB>],
+) -> Result<Vec<Renewed>, crate::StoreError> {
+    let rows: Vec<crate::model::Renewal<'_>> = leases.iter().map(|l| l.renewal()).collect();
+    DB::lease_renew_many(leases[0].store(), &rows).await
+}

@@ -100,7 +100,9 @@ pub trait LeaseHarness: Send + Sync + Sized + 'static {
     /// The store's clock, in milliseconds (only compared with itself).
     fn now_ms(&self) -> impl Future<Output = i64> + Send;
 
-    /// Whether the lease of `key` has lapsed on the store's clock.
+    /// Whether the lease of `key` has lapsed on the store's clock: a claim now
+    /// takes it over (every store's claim counts a lease that ends at its now
+    /// as lapsed).
     fn lease_lapsed(&self, key: &IdempotencyKey) -> impl Future<Output = bool> + Send;
 
     /// Keeps renewals of `key` from getting through (a held row lock, or a
@@ -236,7 +238,7 @@ macro_rules! sql_harness {
             async fn lease_lapsed(&self, key: &IdempotencyKey) -> bool {
                 let sql = format!(
                     "SELECT count(*) FROM idempotency_requests \
-                      WHERE key_digest = {} AND lease_expires_at < {}",
+                      WHERE key_digest = {} AND lease_expires_at <= {}",
                     $p, $now
                 );
                 let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
@@ -580,7 +582,7 @@ pub mod redis_store {
             let name = self.name(key);
             let until: Option<i64> = c.hget(&name, "lease_until").await.unwrap();
             let now = server_ms(&mut c, &name).await;
-            until.is_some_and(|until| until < now)
+            until.is_some_and(|until| until <= now)
         }
 
         async fn block_renewals(&self, key: &IdempotencyKey) -> Refusing {

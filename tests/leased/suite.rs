@@ -110,6 +110,36 @@ pub async fn a_stale_owner_cannot_publish_and_the_provider_charges_once() {
     assert_eq!(provider.charge_count(), 1);
 }
 
+/// A stalled worker and the worker that took its key over, in one process,
+/// are renewed in one batch: the batch tells the stalled one that its lease
+/// is lost, not renewed because its key's row was (by the new owner), and
+/// leaves the row's lease the new owner's.
+pub async fn a_batch_renewal_tells_the_taken_over_owner_it_lost() {
+    use idem_runtime::test_util::{Renewed, renew_together};
+
+    let h = H::new("batch-takeover").await;
+    let key = IdempotencyKey::parse("pay-b").unwrap();
+    let a = acquire(&h, &key, Duration::from_millis(200)).await;
+    until_lease_lapsed(&h, &key).await;
+    let b = acquire(&h, &key, HOUR).await;
+    assert_eq!(b.acquisition(), Acquisition::TakenOver);
+    let before = record(&h, "pay-b").await.lease_until;
+    next_instant(&h).await;
+    assert_eq!(
+        renew_together(&[&a, &b]).await.unwrap(),
+        [Renewed::Lost, Renewed::Kept],
+        "A is told it lost; B is renewed"
+    );
+    let row = record(&h, "pay-b").await;
+    assert_eq!(row.generation, 2);
+    assert_ne!(row.lease_until, before, "B's lease was renewed");
+    assert!(!h.lease_lapsed(&key).await, "by B's hour, not A's 200 ms");
+    assert!(matches!(
+        a.renew().await,
+        Err(LeaseError::StaleOwner { generation: 1 })
+    ));
+}
+
 pub async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
     let h = H::new("crash-claim").await;
     let provider = Provider::default();
@@ -565,6 +595,103 @@ pub async fn a_full_running_limit_answers_503_reserves_nothing_and_frees_its_slo
         "the panicked execution's slot was given back"
     );
     assert_eq!(s.provider.charge_count(), 4);
+}
+
+/// A takeover refused for the running limit is given back as a takeover:
+/// its lease lapses at once (the retry is not held `409` for a lease it
+/// never used) and the row stays `processing`, so the next execution is
+/// still told it takes over from one that may have charged.
+pub async fn a_takeover_refused_for_the_running_limit_lapses_at_once() {
+    let mut s = setup_with("limit_takeover", true, |idem| {
+        idem.with_running_limit(
+            "create-payment",
+            idem_runtime::RunningLimit::new(1).per_tenant(1),
+        )
+        .unwrap()
+    })
+    .await;
+    let key = IdempotencyKey::parse("tk-1").unwrap();
+    s.crash_next.store(true, Ordering::SeqCst);
+    let (status, _, _) = send(&s.router, pay("/payments", "tk-1", 100)).await;
+    assert_eq!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the handler died"
+    );
+    until_lease_lapsed(&*s.h, &key).await;
+    // Another key of acme's holds the only slot.
+    let router = s.router.clone();
+    let holder = tokio::spawn(async move { send(&router, pay("/payments", "tk-2", 100)).await });
+    s.entered.recv().await.unwrap();
+    let (status, _, body) = send(&s.router, pay("/payments", "tk-1", 100)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:at-capacity");
+    let row = record(&s.h, "tk-1").await;
+    assert_eq!(
+        (row.state.as_str(), row.generation),
+        ("processing", 2),
+        "taken over, then given back as a takeover"
+    );
+    assert!(
+        s.h.lease_lapsed(&key).await,
+        "the refused takeover's lease (300 ms) lapsed at once"
+    );
+    s.release.add_permits(1);
+    assert_eq!(holder.await.unwrap().0, StatusCode::CREATED);
+    let (status, headers, _) = send(&s.router, pay("/payments", "tk-1", 100)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(record(&s.h, "tk-1").await.generation, 3, "a takeover again");
+    assert_eq!(s.provider.charge_count(), 2);
+}
+
+/// A taken-over execution whose handler fails (here the provider is down:
+/// `503`) says nothing of the execution it took over from, which may have
+/// charged: the key is not released (the next claim would be `New`, and a
+/// handler that asks downstream only on a takeover would charge blind), its
+/// lease lapses at once and the row stays `processing`, so the retry takes
+/// it over again, at once, and is told so.
+pub async fn a_failed_takeover_lapses_so_the_retry_is_a_takeover_again() {
+    let s = setup("failed_takeover", false).await;
+    let key = IdempotencyKey::parse("ft-1").unwrap();
+    s.crash_next.store(true, Ordering::SeqCst);
+    let (status, _, _) = send(&s.router, pay("/payments", "ft-1", 100)).await;
+    assert_eq!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the handler died"
+    );
+    until_lease_lapsed(&*s.h, &key).await;
+    s.provider.down.store(true, Ordering::SeqCst);
+    let (status, _, _) = send(&s.router, pay("/payments", "ft-1", 100)).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the takeover failed"
+    );
+    let row =
+        s.h.record(&key)
+            .await
+            .expect("a failed takeover keeps the key's row: it is not released");
+    assert_eq!((row.state.as_str(), row.generation), ("processing", 2));
+    assert!(s.h.lease_lapsed(&key).await, "its lease lapsed at once");
+    s.provider.down.store(false, Ordering::SeqCst);
+    let (status, headers, body) = send(&s.router, pay("/payments", "ft-1", 100)).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(headers.get("idempotent-replayed").is_none());
+    let row = record(&s.h, "ft-1").await;
+    assert_eq!(
+        (row.state.as_str(), row.generation),
+        ("completed", 3),
+        "taken over again (a released key would start at generation 1)"
+    );
+    assert_eq!(s.provider.charge_count(), 1);
 }
 
 /// A lease that is lost gives its slot back at once, though its handler

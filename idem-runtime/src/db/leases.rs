@@ -377,6 +377,9 @@ where
     async fn lease_fence(store: &Pool<DB>, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
         let query = match what {
             Fence::Renew(lease) => sqlx::query(DB::RENEW_SQL).bind(crate::model::millis(lease)),
+            // A renewal by nothing: the lease ends at the database's now,
+            // which the claim counts as lapsed (`lease_expires_at <= now`).
+            Fence::Lapse => sqlx::query(DB::RENEW_SQL).bind(0_i64),
             Fence::Uncertain => sqlx::query(DB::UNCERTAIN_SQL),
             Fence::Release => sqlx::query(DB::RELEASE_SQL),
         };

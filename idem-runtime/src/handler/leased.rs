@@ -147,17 +147,23 @@ struct Work<DB: LeaseBackend> {
 }
 
 /// Gives back a key acquired for an execution that its running limit has no
-/// slot for, so that nothing stays reserved: a new or re-claimed key is
-/// released (free for the retry). A key taken over from a lapsed lease is left
-/// to lapse again, not released, so that whoever runs it next still learns that
-/// an earlier execution may have called downstream.
+/// slot for, so that nothing stays reserved (see [`let_go`]).
 async fn give_back<DB: LeaseBackend>(op: &'static str, lease: Lease<DB>) {
-    if lease.acquisition() == Acquisition::TakenOver {
-        return;
-    }
-    if let Err(e) = lease.release().await {
+    if let Err(e) = let_go(lease).await {
         // Nothing ran: the key frees itself when the lease lapses.
         tracing::warn!(operation = op, error = %e, "idem: could not give back a key refused for the running limit; it frees itself after its lease");
+    }
+}
+
+/// Ends an execution whose own effect did not happen: a new or re-claimed key
+/// is released (free for the retry, as new). A key taken over from a lapsed
+/// lease is not: an earlier execution may have called downstream, and a
+/// released key would tell the next one it is new. Its lease lapses now
+/// instead, so the retry takes it over at once and is told so.
+async fn let_go<DB: LeaseBackend>(lease: Lease<DB>) -> Result<(), LeaseError> {
+    match lease.acquisition() {
+        Acquisition::TakenOver => lease.lapse().await,
+        Acquisition::New | Acquisition::Reclaimed => lease.release().await,
     }
 }
 
@@ -280,7 +286,7 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
     }
     if outcome.rolls_back() {
         drop(renewing);
-        return match lease.release().await {
+        return match let_go(lease).await {
             Ok(()) => {
                 metrics::completion(op, "rolled_back");
                 outcome.response

@@ -293,6 +293,15 @@ impl<DB: LeaseBackend> Lease<DB> {
         }
     }
 
+    /// This lease as a batch renewal names it.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn renewal(&self) -> crate::model::Renewal<'_> {
+        crate::model::Renewal {
+            row: self.owned(),
+            lease: self.lease,
+        }
+    }
+
     pub(crate) fn renewer(&self) -> Renewer<DB> {
         Renewer {
             pool: self.pool.clone(),
@@ -363,11 +372,26 @@ impl<DB: LeaseBackend> Lease<DB> {
 
     /// Gives the key up: the effect did not happen, and a retry may execute anew.
     ///
+    /// On a lease that [`Acquisition::TakenOver`] the key, this says that no
+    /// earlier execution's effect happened either (you asked downstream): the
+    /// next claim is [`Acquisition::New`]. Where only this execution failed,
+    /// an `#[idempotent]` handler's `Err` or 5xx lets the lease lapse at once
+    /// instead, and the next claim is a takeover again.
+    ///
     /// # Errors
     ///
     /// [`LeaseError::StaleOwner`] when the lease was taken over.
     pub async fn release(self) -> Result<(), LeaseError> {
         self.fenced_statement(Fence::Release).await
+    }
+
+    /// Ends the lease now and keeps the row `processing`: the next claim takes
+    /// the key over at once (generation + 1, [`Acquisition::TakenOver`]), so
+    /// it still learns that an earlier execution may have called downstream.
+    /// What a taken-over execution that failed leaves, where releasing the key
+    /// would tell the next one it is new.
+    pub(crate) async fn lapse(self) -> Result<(), LeaseError> {
+        self.fenced_statement(Fence::Lapse).await
     }
 
     /// Runs a fenced statement that must touch exactly this lease's row.

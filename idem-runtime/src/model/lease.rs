@@ -175,6 +175,9 @@ pub enum Fence {
     Uncertain,
     /// Delete the row: the effect did not happen.
     Release,
+    /// End the lease now, the row kept `processing`: the next claim takes the
+    /// key over (see `Lease::lapse`).
+    Lapse,
 }
 
 /// An `uncertain` row awaiting reconciliation.

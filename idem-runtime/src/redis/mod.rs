@@ -728,6 +728,14 @@ impl LeaseBackend for Redis {
                 inv = store.scripts.release.key(&name);
                 inv.arg(row.token);
             }
+            Fence::Lapse => {
+                // RENEW by nothing (not `script_ms`, which rounds up to a
+                // millisecond): `lease_until` is the server's now, which the
+                // claim counts as lapsed (`lease_until > now` is in flight).
+                // Sent as a write, not as a renewal: it ends an execution.
+                inv = store.scripts.renew.key(&name);
+                inv.arg(row.token).arg(0_i64);
+            }
         }
         store.run::<u64>(&inv).await?.acknowledged()
     }

@@ -40,10 +40,10 @@ const RENEW_MANY_SQL: &str = "WITH l AS ( \
            SET lease_expires_at = clock_timestamp() + h.ms * interval '1 millisecond' \
           FROM held h \
          WHERE r.tenant_id = h.tenant_id AND r.operation = h.operation AND r.key_digest = h.key_digest \
-        RETURNING r.tenant_id, r.operation, r.key_digest) \
+        RETURNING r.tenant_id, r.operation, r.key_digest, r.owner_token) \
 SELECT EXISTS (SELECT 1 FROM renewed x \
                 WHERE x.tenant_id = l.tenant_id AND x.operation = l.operation \
-                  AND x.key_digest = l.key_digest) AS renewed, \
+                  AND x.key_digest = l.key_digest AND x.owner_token = l.owner_token) AS renewed, \
        EXISTS (SELECT 1 FROM idempotency_requests r \
                 WHERE r.tenant_id = l.tenant_id AND r.operation = l.operation \
                   AND r.key_digest = l.key_digest AND r.owner_token = l.owner_token \
