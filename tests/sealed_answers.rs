@@ -96,6 +96,14 @@ mod postgres {
     const SET_ANSWER: &str = "UPDATE idempotency_requests \
         SET response_body = $1, response_headers = $2::jsonb WHERE key_digest = $3";
 
+    /// The rekey's write, waiting for a row lock.
+    const RESEAL_WAITING: &str = "SELECT count(*) FROM pg_stat_activity \
+        WHERE datname = current_database() AND wait_event_type = 'Lock' \
+          AND query LIKE 'UPDATE idempotency_requests SET response_headers%'";
+    /// The held row made a later run's: another time, other headers.
+    const LATER_RUN: &str = "UPDATE idempotency_requests \
+        SET created_at = created_at + interval '1 second', response_headers = $1::jsonb";
+
     mod suite;
 
     sealed_tests!();
@@ -104,6 +112,7 @@ mod postgres {
         suite =>
         the_bound_path_seals_as_the_session_path_does,
         a_row_swept_under_a_takeover_gets_the_executions_generation,
+        a_rekey_does_not_write_over_a_later_run_of_the_key,
     );
 }
 
@@ -118,6 +127,9 @@ mod sqlite {
     const HEADERS_TEXT: &str = "response_headers";
     const SET_ANSWER: &str = "UPDATE idempotency_requests \
         SET response_body = $1, response_headers = $2 WHERE key_digest = $3";
+    /// Unused here: SQLite shows no statement waiting for a row.
+    const RESEAL_WAITING: &str = "";
+    const LATER_RUN: &str = "";
 
     mod suite;
 
@@ -135,6 +147,12 @@ mod mysql {
     const HEADERS_TEXT: &str = "response_headers";
     const SET_ANSWER: &str = "UPDATE idempotency_requests \
         SET response_body = ?, response_headers = ? WHERE key_digest = ?";
+    /// The rekey's write, waiting for a row lock.
+    const RESEAL_WAITING: &str = "SELECT count(*) FROM information_schema.PROCESSLIST \
+        WHERE DB = DATABASE() AND INFO LIKE 'UPDATE idempotency_requests SET response_headers%'";
+    /// The held row made a later run's: another time, other headers.
+    const LATER_RUN: &str = "UPDATE idempotency_requests \
+        SET created_at = created_at + 1000, response_headers = ?";
 
     mod suite;
 
@@ -143,5 +161,6 @@ mod mysql {
     stamp!(
         suite =>
         a_row_swept_under_a_takeover_gets_the_executions_generation,
+        a_rekey_does_not_write_over_a_later_run_of_the_key,
     );
 }

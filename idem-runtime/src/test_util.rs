@@ -14,7 +14,7 @@ pub use crate::response::replay;
 /// MySQL's handler path: which form of its claiming insert to send, whatever
 /// the server would be found to support (`None` gives the choice back).
 #[cfg(feature = "mysql")]
-pub use crate::db::mysql::hot_path::assume_set_statement;
+pub use crate::db::mysql::hot_path::{assume_in_transaction, assume_set_statement};
 
 /// The claim decisions, transactional and leased, as pure functions over a
 /// snapshot of the key's row.
@@ -58,4 +58,13 @@ pub async fn renew_together<DB: crate::lease::LeaseBackend>(
 ) -> Result<Vec<Renewed>, crate::StoreError> {
     let rows: Vec<crate::model::Renewal<'_>> = leases.iter().map(|l| l.renewal()).collect();
     DB::lease_renew_many(leases[0].store(), &rows).await
+}
+
+/// Lapses `lease` as a taken-over execution that failed does, then renews its
+/// old token in a batch, as a renewal sent before the lapse and arriving
+/// after it would: what that renewal learns (the lease must be lost).
+pub async fn lapse_then_renew<DB: crate::lease::LeaseBackend>(
+    lease: crate::Lease<DB>,
+) -> Result<Renewed, crate::StoreError> {
+    lease.lapse_then_renew().await
 }

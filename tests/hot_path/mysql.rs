@@ -89,6 +89,33 @@ async fn more_modes(tx: &mut Tx<Db>, tenant: &str, name: &str, mode: &str) -> Op
         }
         // Every run waits at the widget's gate.
         "gated-every" => Gate::named(name).stop().await,
+        // The first run holds pair 1 and waits at the gate, where the test's
+        // heavier transaction takes pair 2 and waits for pair 1; asking for
+        // pair 2 then closes a deadlock, and InnoDB rolls this (lighter)
+        // transaction back whole. The handler swallows the error and answers
+        // as if its widget were written.
+        "swallowed-deadlock" => {
+            sqlx::query("UPDATE pairs SET v = v + 1 WHERE id = 1")
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+            let gate = Gate::named(name);
+            if gate.first_visit() {
+                gate.stop().await;
+                let swallowed = sqlx::query("UPDATE pairs SET v = v + 1 WHERE id = 2")
+                    .execute(&mut **tx)
+                    .await;
+                let deadlock = matches!(&swallowed, Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("40001"));
+                if !deadlock {
+                    // Not the case the test is about: say so.
+                    return Some(Ok((
+                        StatusCode::IM_A_TEAPOT,
+                        Json(json!({"not a deadlock": format!("{swallowed:?}")})),
+                    )));
+                }
+            }
+        }
         _ => {}
     }
     Some(Ok((StatusCode::CREATED, Json(json!({"id": id})))))
@@ -296,6 +323,114 @@ async fn a_leased_row_that_appears_meanwhile_is_left_alone() {
         .await,
         2
     );
+}
+
+/// A handler that swallows InnoDB's deadlock error (1213) answers as if its
+/// effect were written, but the server has rolled its whole transaction back
+/// and the session runs in autocommit: idem's insert must not then commit the
+/// key's answer alone, which every retry would replay for an effect that is
+/// not there. On MariaDB the insert finds no transaction and writes nothing:
+/// the request is answered `503` (nothing stored) and the retry runs anew.
+/// Deterministic: the handler waits at its gate while the test's heavier
+/// transaction (InnoDB's victim is the lighter one) takes pair 2 and queues
+/// for pair 1.
+#[tokio::test]
+async fn a_deadlock_the_handler_swallows_stores_no_answer() {
+    // MariaDB's form of the insert, whatever another test has chosen.
+    let _form = insert_form(true).await;
+    let (db, r) = app().await;
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    if !version.contains("MariaDB") {
+        eprintln!("skipped: {version} has no @@in_transaction (docs/mysql.md)");
+        return;
+    }
+    db.exec("CREATE TABLE pairs (id INT PRIMARY KEY, v INT NOT NULL) ENGINE = InnoDB")
+        .await;
+    db.exec("INSERT INTO pairs VALUES (1, 0), (2, 0)").await;
+    db.exec("CREATE TABLE ballast (id INT PRIMARY KEY) ENGINE = InnoDB")
+        .await;
+    let body = json!({"name": "dl-m", "mode": "swallowed-deadlock"});
+    let gate = Gate::named("dl-m");
+    let first = {
+        let (r, body) = (r.clone(), body.clone());
+        tokio::spawn(async move { send(&r, request("/widgets", "k-dl", body)).await })
+    };
+    gate.arrival().await;
+    let mut other = db.pool.begin().await.unwrap();
+    let rows: Vec<String> = (1..=200).map(|i| format!("({i})")).collect();
+    let ballast = format!("INSERT INTO ballast VALUES {}", rows.join(", "));
+    sqlx::query(sqlx::AssertSqlSafe(ballast))
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE pairs SET v = v + 10 WHERE id = 2")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        sqlx::query("UPDATE pairs SET v = v + 10 WHERE id = 1")
+            .execute(&mut *other)
+            .await
+            .expect("the heavier transaction is not the deadlock's victim");
+        other.commit().await.unwrap();
+    });
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while db
+            .count(
+                "SELECT count(*) FROM information_schema.PROCESSLIST \
+                  WHERE DB = DATABASE() AND INFO LIKE 'UPDATE pairs SET v = v + 10 WHERE id = 1%'",
+            )
+            .await
+            != 1
+        {
+            // A poll interval: what is awaited is the condition above.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the other transaction waits for pair 1");
+    gate.open(1);
+    let (status, replayed, retry_after, answer) = first.await.unwrap();
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::SERVICE_UNAVAILABLE, false),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(retry_after.is_some(), "nothing stored: retry");
+    waiter.await.unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0,
+        "no answer stored for the rolled-back effect"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
+    assert_eq!(db.count("SELECT v FROM pairs WHERE id = 1").await, 10);
+    // The retry runs the handler again (no gate, no deadlock) and is stored.
+    let (status, replayed, _, _) = send(&r, request("/widgets", "k-dl", body.clone())).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _, _) = send(&r, request("/widgets", "k-dl", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// MariaDB's `SET STATEMENT` form without its `@@in_transaction` guard (what
+/// a server that takes `SET STATEMENT` but lacks the variable is sent, after
+/// it answers 1193) claims, stores and replays as the guarded form does.
+#[tokio::test]
+async fn the_set_statement_form_without_its_guard_executes_once_and_replays() {
+    let _form = insert_form_guarded(true, false).await;
+    let (db, r) = app().await;
+    let body = json!({"name": "unguarded"});
+    let (status, replayed, _, first) = send(&r, request("/widgets", "k-ung", body.clone())).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _, again) = send(&r, request("/widgets", "k-ung", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(again, first);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
 /// With claims at commit off, the key is claimed before the handler (the
@@ -623,9 +758,17 @@ async fn lock_wait(pool: &sqlx::MySqlPool) -> u64 {
 /// The choice is the process's, so the tests that make one take turns; the
 /// others learn the server's form and keep to a choice once made.
 async fn insert_form(set_statement: bool) -> InsertForm {
+    insert_form_guarded(set_statement, true).await
+}
+
+/// As [`insert_form`]; `guarded: false` sends MariaDB's form without its
+/// `@@in_transaction` guard, as on a server that takes `SET STATEMENT` but
+/// lacks the variable.
+async fn insert_form_guarded(set_statement: bool, guarded: bool) -> InsertForm {
     static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let turn = TURN.lock().await;
     idem_runtime::test_util::assume_set_statement(Some(set_statement));
+    idem_runtime::test_util::assume_in_transaction(Some(guarded));
     InsertForm { _turn: turn }
 }
 
@@ -637,6 +780,7 @@ struct InsertForm {
 impl Drop for InsertForm {
     fn drop(&mut self) {
         idem_runtime::test_util::assume_set_statement(None);
+        idem_runtime::test_util::assume_in_transaction(None);
     }
 }
 

@@ -140,6 +140,27 @@ pub async fn a_batch_renewal_tells_the_taken_over_owner_it_lost() {
     ));
 }
 
+/// A lapse (what a taken-over execution that failed leaves) moves the row to
+/// a fresh owner token: a renewal of the old one, sent before the lapse and
+/// arriving after it, finds the lease lost and cannot extend it, so the
+/// retry still takes the key over at once.
+pub async fn a_renewal_arriving_after_a_lapse_cannot_extend_it() {
+    use idem_runtime::test_util::{Renewed, lapse_then_renew};
+
+    let h = H::new("lapse-renew").await;
+    let key = IdempotencyKey::parse("pay-l").unwrap();
+    let a = acquire(&h, &key, HOUR).await;
+    assert_eq!(lapse_then_renew(a).await.unwrap(), Renewed::Lost);
+    let row = record(&h, "pay-l").await;
+    assert_eq!((row.state.as_str(), row.generation), ("processing", 1));
+    assert!(
+        h.lease_lapsed(&key).await,
+        "still lapsed after the late renewal"
+    );
+    let b = acquire(&h, &key, HOUR).await;
+    assert_eq!(b.acquisition(), Acquisition::TakenOver);
+}
+
 pub async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
     let h = H::new("crash-claim").await;
     let provider = Provider::default();

@@ -180,6 +180,10 @@ pub trait SqlLeases: Database {
     const UNCERTAIN_SQL: &'static str;
     /// Releases the key: the owned row.
     const RELEASE_SQL: &'static str;
+    /// Ends the lease now, the row kept `processing` under a fresh token (so
+    /// that a renewal of the old one already on its way cannot extend it):
+    /// `new token`, then the owned row.
+    const LAPSE_SQL: &'static str;
     /// A finished row's fingerprint and outcome: `tenant, operation, digest`
     /// (by default the statement written with `$n` in `shared`).
     const CURRENT_SQL: &'static str = super::shared::CURRENT_SQL;
@@ -377,9 +381,7 @@ where
     async fn lease_fence(store: &Pool<DB>, row: Owned<'_>, what: Fence) -> Result<u64, StoreError> {
         let query = match what {
             Fence::Renew(lease) => sqlx::query(DB::RENEW_SQL).bind(crate::model::millis(lease)),
-            // A renewal by nothing: the lease ends at the database's now,
-            // which the claim counts as lapsed (`lease_expires_at <= now`).
-            Fence::Lapse => sqlx::query(DB::RENEW_SQL).bind(0_i64),
+            Fence::Lapse => sqlx::query(DB::LAPSE_SQL).bind(OwnerToken::random()),
             Fence::Uncertain => sqlx::query(DB::UNCERTAIN_SQL),
             Fence::Release => sqlx::query(DB::RELEASE_SQL),
         };

@@ -537,15 +537,17 @@ macro_rules! rekey_sql {
         tenant: $tenant:literal,
         operation: $operation:literal,
         empty_digest: $empty:literal,
-        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal, $p7:literal] $(,)?
+        created: $created:literal,
+        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal, $p7:literal, $p8:literal] $(,)?
     ) => {
         const REKEY_PAGE_SQL: &'static str = concat!(
             "SELECT ",
             $tenant,
             " AS tenant_id, ",
             $operation,
-            " AS operation, key_digest, generation, \
-                    response_status, response_headers, response_body \
+            " AS operation, key_digest, generation, ",
+            $created,
+            " AS created, response_status, response_headers, response_body \
                FROM idempotency_requests \
               WHERE state IN ('completed', 'failed') \
                 AND CASE WHEN ",
@@ -587,7 +589,11 @@ macro_rules! rekey_sql {
             " AND state IN ('completed', 'failed') AND ",
             $body,
             " = ",
-            $p7
+            $p7,
+            " AND ",
+            $created,
+            " = ",
+            $p8
         );
         const KEYS_IN_USE_SQL: &'static str = concat!(
             "SELECT ",
@@ -604,11 +610,13 @@ pub(crate) use rekey_sql;
 pub trait SqlRekey: SqlLeases {
     /// Finished rows whose answer is sealed with another key than `$1` (or in
     /// clear when `$2`), after (`$3`, `$4`, `$5`) in primary key order, at most
-    /// `$6`: `tenant_id, operation, key_digest, generation` and the answer's
-    /// columns.
+    /// `$6`: `tenant_id, operation, key_digest, generation, created` (when the
+    /// execution began, in the database's units) and the answer's columns.
     const REKEY_PAGE_SQL: &'static str;
     /// Writes headers `$1` and body `$2` over the row (`$3`, `$4`, `$5`) if it
-    /// is finished, of generation `$6`, and still holds body `$7`.
+    /// is finished, of generation `$6`, still holds body `$7` and was created
+    /// at `$8` (the same execution: a row swept and run again since, at
+    /// generation 1 with the same body, has another time).
     const RESEAL_SQL: &'static str;
     /// `key_id` (NULL for a clear answer) and `n` rows, over the finished rows.
     const KEYS_IN_USE_SQL: &'static str;
@@ -655,6 +663,7 @@ where
                         row.try_get("key_digest")?,
                     ),
                     generation: row.try_get("generation")?,
+                    created: row.try_get("created")?,
                     stored: DB::stored_from_row(row)?,
                 })
             })
@@ -673,6 +682,7 @@ where
             .bind_key(&row.at.0, &row.at.1, row.at.2)
             .bind(row.generation)
             .bind(&row.stored.body[..])
+            .bind(row.created)
             .execute(pool)
             .await?;
         Ok(DB::rows_affected(&done))

@@ -127,7 +127,8 @@ fn status_json(status: &Status) -> Vec<u8> {
 }
 
 /// A method's result as the pipeline settles it: a message and the statuses
-/// [`is_stored`] names are stored; the others roll back (or release the lease);
+/// [`is_stored`] names are stored; the others roll back (or release the lease,
+/// or lapse it where the execution took the key over);
 /// in leased mode, an [`uncertain`] status marks the outcome uncertain.
 pub(crate) fn outcome<T: prost::Message>(
     result: Result<tonic::Response<T>, Status>,

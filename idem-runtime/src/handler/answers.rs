@@ -120,7 +120,9 @@ pub(super) enum Step {
     Claim,
     /// Storing the outcome (and committing): rolled back.
     Complete,
-    /// Releasing a leased key after a failure: the effect did not happen.
+    /// Releasing a leased key after a failure (or, where the execution took
+    /// the key over, lapsing its lease): this execution's effect did not
+    /// happen.
     Release,
     /// Reading the current outcome for a stale owner.
     Stale,

@@ -213,7 +213,8 @@ fn accept<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) 
 }
 
 /// Runs the handler under its lease, renewed in the background, and settles
-/// its outcome: stores it, marks it uncertain or releases the key; the answer
+/// its outcome: stores it, marks it uncertain, or lets the key go (see
+/// [`let_go`]); the answer
 /// for the request (or, for a long operation, for the log).
 async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) -> Response {
     let Work {

@@ -302,6 +302,34 @@ impl<DB: LeaseBackend> Lease<DB> {
         }
     }
 
+    /// Lapses the lease, then renews its old token in a batch, as a renewal
+    /// sent before the lapse and arriving after it would: what that renewal
+    /// learns.
+    #[cfg(feature = "test-util")]
+    pub(crate) async fn lapse_then_renew(self) -> Result<crate::model::Renewed, crate::StoreError> {
+        let (store, tenant, operation, token) = (
+            self.pool.clone(),
+            self.tenant.clone(),
+            self.operation.clone(),
+            self.token.clone(),
+        );
+        let (key, lease) = (self.key.digest(), self.lease);
+        self.lapse().await.map_err(|e| match e {
+            LeaseError::Store(e) => e,
+            other => crate::StoreError::Corrupt(format!("the lapse: {other}")),
+        })?;
+        let late = crate::model::Renewal {
+            row: Owned {
+                tenant: &tenant,
+                operation: &operation,
+                key,
+                token: &token,
+            },
+            lease,
+        };
+        Ok(DB::lease_renew_many(&store, &[late]).await?[0])
+    }
+
     pub(crate) fn renewer(&self) -> Renewer<DB> {
         Renewer {
             pool: self.pool.clone(),
@@ -389,7 +417,10 @@ impl<DB: LeaseBackend> Lease<DB> {
     /// the key over at once (generation + 1, [`Acquisition::TakenOver`]), so
     /// it still learns that an earlier execution may have called downstream.
     /// What a taken-over execution that failed leaves, where releasing the key
-    /// would tell the next one it is new.
+    /// would tell the next one it is new. The row takes a fresh owner token:
+    /// a renewal of this one already on its way (the batch does not wait for
+    /// this execution to end) then finds the lease lost instead of renewing
+    /// what was just lapsed.
     pub(crate) async fn lapse(self) -> Result<(), LeaseError> {
         self.fenced_statement(Fence::Lapse).await
     }

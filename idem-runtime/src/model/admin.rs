@@ -172,5 +172,8 @@ pub struct ResealRow {
     /// Tenant, operation and key digest: the row's primary key.
     pub(crate) at: (String, String, KeyDigest),
     pub(crate) generation: i64,
+    /// When the row's execution began, in the database's units: with the
+    /// generation, what tells it from a later execution of the key.
+    pub(crate) created: i64,
     pub(crate) stored: super::StoredResponse,
 }

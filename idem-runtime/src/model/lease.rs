@@ -78,11 +78,8 @@ pub enum LeasedOutcome {
 pub struct OwnerToken(Arc<str>);
 
 impl OwnerToken {
-    /// A fresh token: 128 random bits, as hex.
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "mysql", feature = "redis")),
-        allow(dead_code)
-    )]
+    /// A fresh token: 128 random bits, as hex (PostgreSQL's `uuid` takes
+    /// them too).
     pub(crate) fn random() -> Self {
         OwnerToken(format!("{:032x}", fastrand::u128(..)).into())
     }
@@ -175,8 +172,9 @@ pub enum Fence {
     Uncertain,
     /// Delete the row: the effect did not happen.
     Release,
-    /// End the lease now, the row kept `processing`: the next claim takes the
-    /// key over (see `Lease::lapse`).
+    /// End the lease now, the row kept `processing` under a fresh token (a
+    /// renewal of the old one already sent finds it lost): the next claim
+    /// takes the key over (see `Lease::lapse`).
     Lapse,
 }
 

@@ -25,14 +25,16 @@
 //! | status | the record | what a client does |
 //! | --- | --- | --- |
 //! | `running` | `processing`, its lease live | come back after `Retry-After` |
-//! | `stalled` | `processing`, its lease lapsed: the worker died | send the original request again with the same key: it takes the work over (the same downstream key) and answers the same `202` |
+//! | `stalled` | `processing`, its lease lapsed: the worker died, or a takeover failed | send the original request again with the same key: it takes the work over (the same downstream key) and answers the same `202` |
 //! | `succeeded` | `completed` | read `result`: the stored answer, replayed |
 //! | `failed` | `failed` (a 4xx was stored) | likewise |
 //! | `uncertain` | `uncertain`: the effect may have happened | wait: the reconciler resolves it |
 //!
 //! A handler that returns `Err` or a 5xx releases the key as in leased mode (the
 //! effect is taken not to have happened): its resource is then gone (`404`),
-//! and the original request sent again runs anew.
+//! and the original request sent again runs anew. One that had taken the work
+//! over is not released (the run before it may have done the work): it shows
+//! `stalled` until the original request sent again takes it over.
 //!
 //! **Tenants.** [`router()`] extracts the caller the way the handlers do (the
 //! `#[tenant]` parameter's type, or [`SingleTenant`](crate::SingleTenant)), and
@@ -122,7 +124,8 @@ pub enum Status {
     /// The work runs: its worker holds a live lease.
     Running,
     /// Its worker stopped renewing its lease (it died, or stalled past its
-    /// renewal ceiling). Sending the original request again with the same key
+    /// renewal ceiling), or a run that had taken the work over failed.
+    /// Sending the original request again with the same key
     /// takes the work over.
     Stalled,
     /// Done: a 2xx or 3xx answer is stored.

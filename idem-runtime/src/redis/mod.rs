@@ -121,6 +121,7 @@ struct Scripts {
     renew_many: Script,
     uncertain: Script,
     release: Script,
+    lapse: Script,
     resolve: Script,
     prune: Script,
     abandon: Script,
@@ -317,6 +318,7 @@ impl RedisLeaseStore {
                 renew_many: Script::new(scripts::RENEW_MANY),
                 uncertain: Script::new(scripts::UNCERTAIN),
                 release: Script::new(scripts::RELEASE),
+                lapse: Script::new(scripts::LAPSE),
                 resolve: Script::new(scripts::RESOLVE),
                 prune: Script::new(scripts::PRUNE),
                 abandon: Script::new(scripts::ABANDON),
@@ -561,10 +563,14 @@ fn stored_from(
     Ok(crate::at_rest::noted(stored, generation))
 }
 
-/// A finished record's answer, its generation, and one more of its fields.
+/// A finished record's answer, its generation, its execution's owner token,
+/// and one more of its fields.
 struct Finished {
     field: String,
     generation: i64,
+    /// The token of the execution that stored the answer: with the
+    /// generation, what tells it from a later execution of the key.
+    token: String,
     stored: StoredResponse,
 }
 
@@ -573,11 +579,11 @@ impl RedisLeaseStore {
     async fn finished(&self, name: &str, field: &str) -> Result<Option<Finished>, StoreError> {
         let r: Vec<Value> = redis::cmd("HMGET")
             .arg(name)
-            .arg(&["state", field, "status", "headers", "body", "gen"])
+            .arg(&["state", field, "status", "headers", "body", "gen", "token"])
             .query_async(&mut self.conn.clone())
             .await
             .map_err(redis_err)?;
-        let [state, value, status, headers, body, generation] = &r[..] else {
+        let [state, value, status, headers, body, generation, token] = &r[..] else {
             return Err(corrupt("HMGET"));
         };
         if !matches!(text(state).as_deref(), Some("completed" | "failed")) {
@@ -586,6 +592,7 @@ impl RedisLeaseStore {
         Ok(Some(Finished {
             field: text(value).ok_or_else(|| corrupt(field))?,
             generation: int(generation).ok_or_else(|| corrupt("generation"))?,
+            token: text(token).ok_or_else(|| corrupt("token"))?,
             stored: stored_from(status, headers, body, generation)?,
         }))
     }
@@ -729,12 +736,8 @@ impl LeaseBackend for Redis {
                 inv.arg(row.token);
             }
             Fence::Lapse => {
-                // RENEW by nothing (not `script_ms`, which rounds up to a
-                // millisecond): `lease_until` is the server's now, which the
-                // claim counts as lapsed (`lease_until > now` is in flight).
-                // Sent as a write, not as a renewal: it ends an execution.
-                inv = store.scripts.renew.key(&name);
-                inv.arg(row.token).arg(0_i64);
+                inv = store.scripts.lapse.key(&name);
+                inv.arg(row.token).arg(OwnerToken::random());
             }
         }
         store.run::<u64>(&inv).await?.acknowledged()

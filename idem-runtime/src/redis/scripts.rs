@@ -186,6 +186,20 @@ return 1
 "#
 );
 
+/// KEYS: record. ARGV: token, the fresh token. Ends the lease now (the next
+/// claim takes the record over) under the fresh token, so that a renewal of
+/// the old one already on its way finds it lost rather than extend it.
+pub(super) const LAPSE: &str = on_record!(
+    r#"
+-- This very lapse, sent again: done already.
+if rec and rec.state == 'processing' and rec.token == ARGV[2] then return 1 end
+if not rec or rec.state ~= 'processing' or rec.token ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', int(now_ms()), 'token', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], int(rec.retention))
+return 1
+"#
+);
+
 /// KEYS: record. ARGV: token.
 pub(super) const RELEASE: &str = on_record!(
     r#"
@@ -271,13 +285,16 @@ return 1
 );
 
 /// KEYS: record. ARGV: the generation and the body the rekey read, then the
-/// re-sealed headers and body. Writes them only over the same finished
-/// execution's same answer (run again, purged or re-sealed meanwhile: 0); the
-/// record's expiry stays. Answers 1 when it wrote.
+/// re-sealed headers and body, then the owner token the rekey read. Writes
+/// them only over the same finished execution's same answer (run again,
+/// purged or re-sealed meanwhile: 0; a record expired and claimed again has
+/// generation 1 again, but another token); the record's expiry stays.
+/// Answers 1 when it wrote.
 pub(super) const REKEY: &str = on_record!(
     r#"
 if not rec then return 0 end
 if (rec.state ~= 'completed' and rec.state ~= 'failed') or int(rec.gen) ~= ARGV[1] then return 0 end
+if rec.token ~= ARGV[5] then return 0 end
 if redis.call('HGET', KEYS[1], 'body') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'headers', ARGV[3], 'body', ARGV[4])
 return 1

@@ -131,6 +131,7 @@ impl SqlRekey for MySql {
         tenant: "CONVERT(tenant_id USING utf8mb4)",
         operation: "CONVERT(operation USING utf8mb4)",
         empty_digest: "''",
-        params: ["?", "?", "?", "?", "?", "?", "?"],
+        created: "created_at",
+        params: ["?", "?", "?", "?", "?", "?", "?", "?"],
     );
 }

@@ -42,6 +42,11 @@
 //! execution (a retention shorter than the handler) is replaced at the
 //! execution's generation, as the others would answer in flight.
 //!
+//! On MariaDB the insert's row comes from `SELECT .. WHERE @@in_transaction = 1`:
+//! where InnoDB rolled the handler's transaction back under it (a deadlock the
+//! handler swallowed), it writes nothing rather than commit the answer alone
+//! (see `upsert!`). MySQL 8 lacks the variable, and sends `VALUES`.
+//!
 //! With [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off
 //! the key is claimed before the handler (the locking read of
 //! [`super::transactional`], as hand-written claims do).
@@ -123,19 +128,35 @@ macro_rules! null_if_taken {
 /// last assignment exactly when it held at first), then `expires_at`.
 /// `VALUES()` in `ON DUPLICATE KEY UPDATE` is what MariaDB and MySQL both take
 /// (MySQL 8.0.20 deprecates it with a warning, for a row alias MariaDB lacks).
+///
+/// `upsert!(in_transaction)` is MariaDB's form: the row comes from a `SELECT ..
+/// WHERE @@in_transaction = 1` instead of `VALUES`, so that where InnoDB has
+/// rolled the handler's whole transaction back (a deadlock, 1213, that the
+/// handler did not return as its error) and the session has gone back to
+/// autocommit, the insert writes nothing, rather than commit the key's answer
+/// alone for an effect that was undone: it then affects no row at all (with
+/// `CLIENT_FOUND_ROWS` a row left alone counts one). MySQL 8 has no
+/// `@@in_transaction`.
 macro_rules! upsert {
     () => {
+        upsert!("VALUES (", ")")
+    };
+    (in_transaction) => {
+        upsert!("SELECT ", " FROM DUAL WHERE @@in_transaction = 1")
+    };
+    ($open:literal, $close:literal) => {
         concat!(
             "INSERT INTO idempotency_requests \
                 (tenant_id, operation, key_digest, fingerprint, state, generation, \
                  response_status, response_headers, response_body, created_at, completed_at, \
-                 expires_at) \
-             VALUES (?, ?, ?, ?, ?, LAST_INSERT_ID(?), ?, ?, ?, ",
+                 expires_at) ",
+            $open,
+            "?, ?, ?, ?, ?, LAST_INSERT_ID(?), ?, ?, ?, ",
             now_ms!(),
             ", ",
             created_now!(),
-            ") \
-             ON DUPLICATE KEY UPDATE generation = IF(",
+            $close,
+            " ON DUPLICATE KEY UPDATE generation = IF(",
             take!(),
             ", LAST_INSERT_ID(VALUES(generation)), generation + LAST_INSERT_ID(0))",
             new_if_taken!(
@@ -154,8 +175,20 @@ macro_rules! upsert {
 /// it.
 const UPSERT_SQL: &str = upsert!();
 
+/// The insert on MariaDB, behind its `SET STATEMENT` (see `upsert!`).
+const UPSERT_IN_TRANSACTION_SQL: &str = upsert!(in_transaction);
+
 /// MariaDB's `SET STATEMENT ... FOR` with ER_PARSE_ERROR: MySQL's answer to it.
 pub(super) const PARSE_ERROR: u16 = 1064;
+
+/// ER_UNKNOWN_SYSTEM_VARIABLE: `@@in_transaction` on a server that takes `SET
+/// STATEMENT` but is not MariaDB (Percona Server); the statement changed
+/// nothing, and the transaction goes on.
+const UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
+
+/// Whether the server has `@@in_transaction`, as far as the insert has seen
+/// (`UNKNOWN` until a server without it answers; a hint as `SET_STATEMENT` is).
+static IN_TRANSACTION: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// What the insert learned of the server: whether it takes `SET STATEMENT`.
 /// Only a hint (which form to send first): a wrong guess costs one round trip,
@@ -175,25 +208,32 @@ pub(super) fn learned_set_statement(taken: bool) {
     SET_STATEMENT.store(if taken { TAKEN } else { REFUSED }, Ordering::Relaxed);
 }
 
-/// The bounded insert's text for a wait of `secs` seconds: built once per value
-/// (a handful per service), then the same `&'static str` that sqlx's statement
-/// cache knows.
-fn bounded_upsert(secs: u64) -> &'static str {
+/// The bounded insert's text for a wait of `secs` seconds, `guarded` by
+/// `@@in_transaction` or not: built once per value (a handful per service),
+/// then the same `&'static str` that sqlx's statement cache knows.
+fn bounded_upsert(secs: u64, guarded: bool) -> &'static str {
     const CACHED: usize = 300;
     static TEXTS: [OnceLock<String>; CACHED] = [const { OnceLock::new() }; CACHED];
-    let text = || format!("SET STATEMENT innodb_lock_wait_timeout = {secs} FOR {UPSERT_SQL}");
+    static UNGUARDED: [OnceLock<String>; CACHED] = [const { OnceLock::new() }; CACHED];
+    let insert = if guarded {
+        UPSERT_IN_TRANSACTION_SQL
+    } else {
+        UPSERT_SQL
+    };
+    let text = || format!("SET STATEMENT innodb_lock_wait_timeout = {secs} FOR {insert}");
+    let texts = if guarded { &TEXTS } else { &UNGUARDED };
     match usize::try_from(secs) {
-        Ok(i) if (1..=CACHED).contains(&i) => TEXTS[i - 1].get_or_init(text),
+        Ok(i) if (1..=CACHED).contains(&i) => texts[i - 1].get_or_init(text),
         // A wait of minutes is no hot path: leaked once per distinct value.
         _ => {
-            static LONG: std::sync::Mutex<Vec<(u64, &'static str)>> =
+            static LONG: std::sync::Mutex<Vec<(u64, bool, &'static str)>> =
                 std::sync::Mutex::new(Vec::new());
             let mut long = LONG.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, t)) = long.iter().find(|(s, _)| *s == secs) {
+            if let Some((_, _, t)) = long.iter().find(|(s, g, _)| *s == secs && *g == guarded) {
                 return t;
             }
             let t: &'static str = Box::leak(text().into_boxed_str());
-            long.push((secs, t));
+            long.push((secs, guarded, t));
             t
         }
     }
@@ -277,11 +317,20 @@ impl HandlerPath for MySql {
         };
         let started = Instant::now();
         match upsert(&mut tx, &execution, response, status, &headers).await {
-            Ok(Some(_)) => match tx.commit().await {
+            Ok(Upserted::Took) => match tx.commit().await {
                 Ok(()) => Finish::Committed,
                 Err(e) => Finish::Unknown(e.into()),
             },
-            Ok(None) => {
+            Ok(Upserted::OutsideTransaction) => {
+                // The handler's transaction had ended, and the key's row was
+                // not written: the retry runs the handler again. The
+                // `ROLLBACK` only ends sqlx's count of the transaction.
+                if let Err(e) = tx.rollback().await {
+                    return Finish::NotStored(e.into());
+                }
+                Finish::NotStored(StoreError::TransactionEnded)
+            }
+            Ok(Upserted::LeftAlone) => {
                 // A finished row that has not expired, or a leased execution's: this
                 // execution loses, and answers what the key holds now.
                 crate::metrics::claim_waited(execution.operation.clone(), started);
@@ -363,8 +412,18 @@ impl KeyLookup for MySql {
     }
 }
 
-/// The insert that claims the key, its wait bounded by the in-flight wait: the
-/// generation it took, or `None` when it left another execution's row alone.
+/// What the insert that claims the key did.
+enum Upserted {
+    /// It took the key.
+    Took,
+    /// It left another execution's row alone.
+    LeftAlone,
+    /// It wrote nothing: the session is no longer in the handler's transaction
+    /// (MariaDB's form, see `upsert!`).
+    OutsideTransaction,
+}
+
+/// The insert that claims the key, its wait bounded by the in-flight wait.
 ///
 /// On MySQL 8 the lock wait is a session setting set around the insert: from
 /// the change until it is given back (a lock-wait timeout included, the common
@@ -376,7 +435,7 @@ async fn upsert(
     response: &StoredResponse,
     status: i64,
     headers: &str,
-) -> Result<Option<i64>, sqlx::Error> {
+) -> Result<Upserted, sqlx::Error> {
     // The retention and the insert's bounded wait for another holder of the
     // key, which passes after the statement reads its time (as on PostgreSQL:
     // docs/decisions.md, "Retention").
@@ -410,7 +469,8 @@ async fn upsert(
     };
     if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);
-        match bind(bounded_upsert(secs))?
+        let guarded = IN_TRANSACTION.load(Ordering::Relaxed) != REFUSED;
+        match bind(bounded_upsert(secs, guarded))?
             .execute(&mut **tx.connection())
             .await
         {
@@ -418,6 +478,18 @@ async fn upsert(
                 // MySQL: a statement that did not parse changed nothing, and the
                 // transaction goes on.
                 SET_STATEMENT.store(REFUSED, Ordering::Relaxed);
+            }
+            Err(e) if guarded && error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) => {
+                // `SET STATEMENT` without `@@in_transaction`: sent again
+                // without the guard (docs/mysql.md says what that loses).
+                IN_TRANSACTION.store(REFUSED, Ordering::Relaxed);
+                let done = bind(bounded_upsert(secs, false))?
+                    .execute(&mut **tx.connection())
+                    .await;
+                if done.is_ok() {
+                    SET_STATEMENT.store(TAKEN, Ordering::Relaxed);
+                }
+                return done.map(taken);
             }
             done => {
                 if done.is_ok() {
@@ -440,11 +512,16 @@ async fn upsert(
     done.map(taken)
 }
 
-/// The generation the insert took, from `LAST_INSERT_ID(expr)`.
-fn taken(done: MySqlQueryResult) -> Option<i64> {
+/// What the insert did: no row affected at all is MariaDB's form finding no
+/// transaction; otherwise `LAST_INSERT_ID(expr)` is the generation it took, or
+/// 0 for a row left alone.
+fn taken(done: MySqlQueryResult) -> Upserted {
+    if done.rows_affected() == 0 {
+        return Upserted::OutsideTransaction;
+    }
     match done.last_insert_id() {
-        0 => None,
-        generation => i64::try_from(generation).ok(),
+        0 => Upserted::LeftAlone,
+        _ => Upserted::Took,
     }
 }
 
@@ -459,4 +536,17 @@ pub fn assume_set_statement(taken: Option<bool>) {
         Some(false) => REFUSED,
     };
     SET_STATEMENT.store(v, Ordering::Relaxed);
+}
+
+/// Forgets whether the server has `@@in_transaction`: `Some(false)` sends the
+/// `SET STATEMENT` form without its guard, as on a server that lacks it
+/// (feature `test-util`).
+#[cfg(feature = "test-util")]
+pub fn assume_in_transaction(has: Option<bool>) {
+    let v = match has {
+        None => UNKNOWN,
+        Some(true) => TAKEN,
+        Some(false) => REFUSED,
+    };
+    IN_TRANSACTION.store(v, Ordering::Relaxed);
 }

@@ -190,6 +190,13 @@ impl SqlLeases for MySql {
         owned_row!("?", "?", "?", "?", "")
     );
 
+    const LAPSE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests SET lease_expires_at = ",
+        now_ms!(),
+        ", owner_token = ? WHERE",
+        owned_row!("?", "?", "?", "?", "")
+    );
+
     uncertain_and_release_sql!("?", "?", "?", "?", "");
 
     const CURRENT_SQL: &'static str = question_marks!(shared::CURRENT_SQL);

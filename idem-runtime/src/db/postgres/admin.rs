@@ -84,7 +84,8 @@ impl SqlRekey for Postgres {
         tenant: "tenant_id",
         operation: "operation",
         empty_digest: "''::bytea",
-        params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7"],
+        created: "(extract(epoch FROM created_at) * 1000000)::bigint",
+        params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"],
     );
 }
 

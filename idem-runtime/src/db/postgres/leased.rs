@@ -77,6 +77,13 @@ impl SqlLeases for Postgres {
         owned_row!("$2", "$3", "$4", "$5", "::uuid")
     );
 
+    const LAPSE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests \
+            SET lease_expires_at = clock_timestamp(), owner_token = $1::uuid \
+          WHERE",
+        owned_row!("$2", "$3", "$4", "$5", "::uuid")
+    );
+
     uncertain_and_release_sql!("$1", "$2", "$3", "$4", "::uuid");
 
     // Paged by (created_at, tenant, key), so that rows that never resolve cannot

@@ -95,7 +95,8 @@ impl SqlRekey for Sqlite {
         tenant: "tenant_id",
         operation: "operation",
         empty_digest: "X''",
-        params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7"],
+        created: "created_at",
+        params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"],
     );
 }
 

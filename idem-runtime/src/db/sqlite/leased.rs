@@ -137,6 +137,13 @@ impl SqlLeases for Sqlite {
         owned_row!("$2", "$3", "$4", "$5", "")
     );
 
+    const LAPSE_SQL: &'static str = concat!(
+        "UPDATE idempotency_requests SET lease_expires_at = ",
+        now_ms!(),
+        ", owner_token = $1 WHERE",
+        owned_row!("$2", "$3", "$4", "$5", "")
+    );
+
     uncertain_and_release_sql!("$1", "$2", "$3", "$4", "");
 
     // Paged by (created_at, tenant, key), so that rows that never resolve cannot
