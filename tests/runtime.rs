@@ -219,6 +219,53 @@ mod sqlite {
         );
     }
 
+    /// A trigger's `RAISE(ROLLBACK)` ends the handler's whole transaction and
+    /// leaves the connection in autocommit. A handler that swallows the error
+    /// and answers as if its payment were written must not have idem commit
+    /// the key's answer alone (every retry would replay a payment that is
+    /// not there): nothing is stored, and the key executes again.
+    #[tokio::test]
+    async fn a_transaction_sqlite_rolled_back_under_the_handler_stores_no_answer() {
+        use idem_runtime::Idem;
+        use idem_runtime::test_util::{Finish, HandlerPath};
+
+        let db = db().await;
+        db.exec(
+            "CREATE TRIGGER over_the_limit BEFORE INSERT ON payments WHEN NEW.amount > 1000 \
+               BEGIN SELECT RAISE(ROLLBACK, 'over the limit'); END",
+        )
+        .await;
+        let idem: Idem<sqlx::Sqlite> = Idem::new(db.pool.clone());
+        let key = IdempotencyKey::parse("k-rolled-back").unwrap();
+        let r = req("acme", "pay", &key, 100);
+        let context = idem_runtime::test_util::claim_context(&idem, r.in_flight_wait);
+        let (mut tx, c) = sqlx::Sqlite::begin_claim(&context, &r).await.unwrap();
+        let Claim::Execute(exec) = c else {
+            panic!("a new key executes: {c:?}")
+        };
+        sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 100)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let swallowed = sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 5000)")
+            .execute(&mut *tx)
+            .await;
+        assert!(swallowed.is_err(), "the trigger refused it");
+        match sqlx::Sqlite::finish(&context, tx, exec, &created(1)).await {
+            Finish::NotStored(StoreError::TransactionEnded) => {}
+            other => panic!("expected nothing stored, got {other:?}"),
+        }
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            0,
+            "no answer for the rolled-back payment"
+        );
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
+        let (tx, again) = sqlx::Sqlite::begin_claim(&context, &r).await.unwrap();
+        assert!(matches!(again, Claim::Execute(_)), "{again:?}");
+        drop(tx);
+    }
+
     /// The handler's path (`Backend::begin_claim` / `finish`): the write lock
     /// first, nothing written by the claim, the finished row inserted once, and
     /// the connection's busy timeout left as the pool set it. Triggers count

@@ -429,6 +429,34 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
     }
 }
 
+/// As [`setup`] (first executions gated), the operation's running limit one
+/// execution at a time, one per tenant.
+async fn setup_one_slot(test: &str) -> Setup {
+    setup_with(test, true, |idem| {
+        idem.with_running_limit(
+            "create-payment",
+            idem_runtime::RunningLimit::new(1).per_tenant(1),
+        )
+        .unwrap()
+    })
+    .await
+}
+
+/// The first execution of `key` dies in its handler (`500`), its row left
+/// `processing`; returns once its lease has lapsed.
+async fn crash_then_lapse(s: &Setup, key: &str) -> IdempotencyKey {
+    s.crash_next.store(true, Ordering::SeqCst);
+    let (status, _, _) = send(&s.router, pay("/payments", key, 100)).await;
+    assert_eq!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the handler died"
+    );
+    let key = IdempotencyKey::parse(key).unwrap();
+    until_lease_lapsed(&*s.h, &key).await;
+    key
+}
+
 pub fn pay(path: &str, key: &str, amount: i64) -> Request<Body> {
     pay_as("acme", path, key, amount)
 }
@@ -623,23 +651,8 @@ pub async fn a_full_running_limit_answers_503_reserves_nothing_and_frees_its_slo
 /// never used) and the row stays `processing`, so the next execution is
 /// still told it takes over from one that may have charged.
 pub async fn a_takeover_refused_for_the_running_limit_lapses_at_once() {
-    let mut s = setup_with("limit_takeover", true, |idem| {
-        idem.with_running_limit(
-            "create-payment",
-            idem_runtime::RunningLimit::new(1).per_tenant(1),
-        )
-        .unwrap()
-    })
-    .await;
-    let key = IdempotencyKey::parse("tk-1").unwrap();
-    s.crash_next.store(true, Ordering::SeqCst);
-    let (status, _, _) = send(&s.router, pay("/payments", "tk-1", 100)).await;
-    assert_eq!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "the handler died"
-    );
-    until_lease_lapsed(&*s.h, &key).await;
+    let mut s = setup_one_slot("limit_takeover").await;
+    let key = crash_then_lapse(&s, "tk-1").await;
     // Another key of acme's holds the only slot.
     let router = s.router.clone();
     let holder = tokio::spawn(async move { send(&router, pay("/payments", "tk-2", 100)).await });
@@ -675,15 +688,7 @@ pub async fn a_takeover_refused_for_the_running_limit_lapses_at_once() {
 /// it over again, at once, and is told so.
 pub async fn a_failed_takeover_lapses_so_the_retry_is_a_takeover_again() {
     let s = setup("failed_takeover", false).await;
-    let key = IdempotencyKey::parse("ft-1").unwrap();
-    s.crash_next.store(true, Ordering::SeqCst);
-    let (status, _, _) = send(&s.router, pay("/payments", "ft-1", 100)).await;
-    assert_eq!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "the handler died"
-    );
-    until_lease_lapsed(&*s.h, &key).await;
+    let key = crash_then_lapse(&s, "ft-1").await;
     s.provider.down.store(true, Ordering::SeqCst);
     let (status, _, _) = send(&s.router, pay("/payments", "ft-1", 100)).await;
     assert_eq!(
@@ -720,14 +725,7 @@ pub async fn a_failed_takeover_lapses_so_the_retry_is_a_takeover_again() {
 /// share of 1 a slot kept by the stalled handler would answer that
 /// takeover `503` for as long as the stall lasts.
 pub async fn a_lost_lease_gives_back_its_slot_so_its_takeover_runs() {
-    let mut s = setup_with("limit_lapse", true, |idem| {
-        idem.with_running_limit(
-            "create-payment",
-            idem_runtime::RunningLimit::new(1).per_tenant(1),
-        )
-        .unwrap()
-    })
-    .await;
+    let mut s = setup_one_slot("limit_lapse").await;
     let router = s.router.clone();
     let a =
         tokio::spawn(

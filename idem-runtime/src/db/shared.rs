@@ -521,7 +521,7 @@ where
 
 /// The rekey's statements over `$key_id` (the SQL expression of a sealed
 /// answer's key id, NULL for a clear one) and `$p` (the placeholders, in the
-/// order the generic code binds them: `$1` to `$7`, or MySQL's `?`), with
+/// order the generic code binds them: `$1` to `$8`, or MySQL's `?`), with
 /// `$cols` the address's columns as selected and `$after` the empty value of
 /// each (`''` and an empty digest) that comes before every row. The page is
 /// ordered by the table's columns, named with the table: where the address is

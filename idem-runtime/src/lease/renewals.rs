@@ -415,16 +415,16 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
         let outcome = answered.as_ref().map_or(Renewed::Unknown, |r| r[i]);
         match outcome {
             Renewed::Kept => s.deadline.renewed(sent, s.lease),
-            Renewed::Lost => {
-                tracing::warn!(operation = %s.operation, "idem: lease taken over; this worker's result will not be published");
-                s.deadline.lose();
-            }
+            Renewed::Lost => s.deadline.lose(),
             Renewed::Unknown => {}
         }
         let Some(e) = state.leases.get_mut(&s.id) else {
             continue;
         };
         if outcome == Renewed::Lost {
+            // Said only of a lease still running: one whose execution ended
+            // while the batch was out (stored, released, lapsed) is no news.
+            tracing::warn!(operation = %s.operation, "idem: lease taken over; this worker's result will not be published");
             state.leases.remove(&s.id);
             continue;
         }

@@ -30,9 +30,10 @@ pub enum StoreError {
     Corrupt(String),
     /// The handler's transaction had ended before idem stored its outcome
     /// (MariaDB: rolled back by the server, as after a deadlock, 1213, that
-    /// the handler did not return as its error; or committed by a statement
-    /// that commits implicitly). Nothing was stored; the retry runs the
-    /// handler again. What the handler ran after its transaction ended ran
+    /// the handler did not return as its error, or committed by a statement
+    /// that commits implicitly; SQLite: rolled back by a trigger's
+    /// `RAISE(ROLLBACK)` or an error such as `SQLITE_FULL`). Nothing was
+    /// stored; the retry runs the handler again. What the handler ran after its transaction ended ran
     /// outside it, each statement committing by itself.
     #[error(
         "the handler's transaction had ended before its outcome was stored (rolled back, as after a deadlock the handler did not return as its error, or committed by a statement that commits implicitly); nothing was stored"

@@ -563,14 +563,15 @@ fn stored_from(
     Ok(crate::at_rest::noted(stored, generation))
 }
 
-/// A finished record's answer, its generation, its execution's owner token,
-/// and one more of its fields.
+/// A finished record's answer, its generation, when the record was made, and
+/// one more of its fields.
 struct Finished {
     field: String,
     generation: i64,
-    /// The token of the execution that stored the answer: with the
-    /// generation, what tells it from a later execution of the key.
-    token: String,
+    /// `created` as stored (empty where a record lacks it): with the
+    /// generation, what tells the record from a later one of the key (the
+    /// token does not: the reconciler resolves every record to the same one).
+    created: String,
     stored: StoredResponse,
 }
 
@@ -579,11 +580,13 @@ impl RedisLeaseStore {
     async fn finished(&self, name: &str, field: &str) -> Result<Option<Finished>, StoreError> {
         let r: Vec<Value> = redis::cmd("HMGET")
             .arg(name)
-            .arg(&["state", field, "status", "headers", "body", "gen", "token"])
+            .arg(&[
+                "state", field, "status", "headers", "body", "gen", "created",
+            ])
             .query_async(&mut self.conn.clone())
             .await
             .map_err(redis_err)?;
-        let [state, value, status, headers, body, generation, token] = &r[..] else {
+        let [state, value, status, headers, body, generation, created] = &r[..] else {
             return Err(corrupt("HMGET"));
         };
         if !matches!(text(state).as_deref(), Some("completed" | "failed")) {
@@ -592,7 +595,7 @@ impl RedisLeaseStore {
         Ok(Some(Finished {
             field: text(value).ok_or_else(|| corrupt(field))?,
             generation: int(generation).ok_or_else(|| corrupt("generation"))?,
-            token: text(token).ok_or_else(|| corrupt("token"))?,
+            created: text(created).unwrap_or_default(),
             stored: stored_from(status, headers, body, generation)?,
         }))
     }

@@ -84,7 +84,7 @@ impl RedisLeaseStore {
                     .arg(&old_body[..])
                     .arg(headers)
                     .arg(&sealed.body[..])
-                    .arg(&found.token)
+                    .arg(&found.created)
                     .invoke_async(&mut self.conn.clone())
                     .await
                     .map_err(redis_err)?;

@@ -11,8 +11,9 @@
 //! each takeover; it is kept as long as the record is. A record that is gone
 //! (released, or finished and expired with its retention) takes its `gen` with
 //! it, and the next claim writes 1 again, as a SQL store does once the sweeper
-//! has deleted a row. Every fence checks `token`, new at every claim (RESOLVE
-//! checks `gen` with it), so a `gen` that starts again lets no old write through.
+//! has deleted a row. Every fence checks `token`, new at every claim and at a
+//! lapse (RESOLVE checks `gen` with it), so a `gen` that starts again lets no
+//! old write through.
 //!
 //! Every script validates what it read before its first write, so a record it
 //! cannot read (foreign data, another format) is answered with an error and
@@ -285,16 +286,16 @@ return 1
 );
 
 /// KEYS: record. ARGV: the generation and the body the rekey read, then the
-/// re-sealed headers and body, then the owner token the rekey read. Writes
-/// them only over the same finished execution's same answer (run again,
-/// purged or re-sealed meanwhile: 0; a record expired and claimed again has
-/// generation 1 again, but another token); the record's expiry stays.
-/// Answers 1 when it wrote.
+/// re-sealed headers and body, then the record's `created` as read (empty
+/// where it had none). Writes them only over the same finished execution's
+/// same answer (run again, purged or re-sealed meanwhile: 0; a record expired
+/// and claimed again has generation 1 again, but another `created`); the
+/// record's expiry stays. Answers 1 when it wrote.
 pub(super) const REKEY: &str = on_record!(
     r#"
 if not rec then return 0 end
 if (rec.state ~= 'completed' and rec.state ~= 'failed') or int(rec.gen) ~= ARGV[1] then return 0 end
-if rec.token ~= ARGV[5] then return 0 end
+if (redis.call('HGET', KEYS[1], 'created') or '') ~= ARGV[5] then return 0 end
 if redis.call('HGET', KEYS[1], 'body') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'headers', ARGV[3], 'body', ARGV[4])
 return 1

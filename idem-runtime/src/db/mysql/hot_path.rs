@@ -187,12 +187,14 @@ pub(super) const PARSE_ERROR: u16 = 1064;
 const UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
 
 /// Whether the server has `@@in_transaction`, as far as the insert has seen
-/// (`UNKNOWN` until a server without it answers; a hint as `SET_STATEMENT` is).
+/// (`UNKNOWN` until a server without it answers 1193 naming it).
 static IN_TRANSACTION: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// What the insert learned of the server: whether it takes `SET STATEMENT`.
-/// Only a hint (which form to send first): a wrong guess costs one round trip,
-/// never a wrong answer.
+/// A hint (which form to send first), for the process, not per pool: a wrong
+/// guess costs one round trip, and on MariaDB taken for MySQL 8 (a process
+/// that also talks to MySQL 8) the `@@in_transaction` guard, which only the
+/// `SET STATEMENT` form carries.
 static SET_STATEMENT: AtomicU8 = AtomicU8::new(UNKNOWN);
 const UNKNOWN: u8 = 0;
 const TAKEN: u8 = 1;
@@ -479,7 +481,11 @@ async fn upsert(
                 // transaction goes on.
                 SET_STATEMENT.store(REFUSED, Ordering::Relaxed);
             }
-            Err(e) if guarded && error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) => {
+            Err(e)
+                if guarded
+                    && error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE)
+                    && e.to_string().contains("in_transaction") =>
+            {
                 // `SET STATEMENT` without `@@in_transaction`: sent again
                 // without the guard (docs/mysql.md says what that loses).
                 IN_TRANSACTION.store(REFUSED, Ordering::Relaxed);
@@ -489,13 +495,13 @@ async fn upsert(
                 if done.is_ok() {
                     SET_STATEMENT.store(TAKEN, Ordering::Relaxed);
                 }
-                return done.map(taken);
+                return done.map(|done| taken(done, false));
             }
             done => {
                 if done.is_ok() {
                     SET_STATEMENT.store(TAKEN, Ordering::Relaxed);
                 }
-                return done.map(taken);
+                return done.map(|done| taken(done, guarded));
             }
         }
     }
@@ -509,14 +515,14 @@ async fn upsert(
     // statement only, and the connection goes back to the pool.
     restore_lock_wait(tx.connection()).await?;
     tx.close_if_dropped(false);
-    done.map(taken)
+    done.map(|done| taken(done, false))
 }
 
-/// What the insert did: no row affected at all is MariaDB's form finding no
-/// transaction; otherwise `LAST_INSERT_ID(expr)` is the generation it took, or
-/// 0 for a row left alone.
-fn taken(done: MySqlQueryResult) -> Upserted {
-    if done.rows_affected() == 0 {
+/// What the insert did: no row affected at all is the `guarded` form finding
+/// no transaction; otherwise `LAST_INSERT_ID(expr)` is the generation it took,
+/// or 0 for a row left alone.
+fn taken(done: MySqlQueryResult, guarded: bool) -> Upserted {
+    if guarded && done.rows_affected() == 0 {
         return Upserted::OutsideTransaction;
     }
     match done.last_insert_id() {

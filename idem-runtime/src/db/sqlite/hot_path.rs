@@ -2,12 +2,22 @@
 //! finished row inserted once.
 //!
 //! ```text
-//! BEGIN IMMEDIATE                                   the database's write lock, through the busy timeout
+//! BEGIN IMMEDIATE; SAVEPOINT idem_tx                the database's write lock, through the busy timeout
 //! SELECT .. FROM idempotency_requests WHERE <key>   the decision (decide.rs), under the lock
 //! ... the handler's statements ...
+//! RELEASE idem_tx                                   fails if SQLite ended the transaction meanwhile
 //! INSERT INTO idempotency_requests .. ON CONFLICT .. DO UPDATE ..   the finished row, once
 //! COMMIT
 //! ```
+//!
+//! The savepoint is how the insert knows it is still in the handler's
+//! transaction: SQLite rolls a whole transaction back by itself on a trigger's
+//! `RAISE(ROLLBACK)` and on some errors (`SQLITE_FULL`, `SQLITE_IOERR`, ..),
+//! after which the connection runs in autocommit. A handler that swallowed
+//! such an error would otherwise have idem commit the key's answer alone, for
+//! an effect that was undone; the savepoint went with the transaction, its
+//! `RELEASE` fails, and nothing is stored (`StoreError::TransactionEnded`).
+//! Both statements run in the process, with no round trip.
 //!
 //! SQLite has one writer at a time, so the transaction takes the write lock at
 //! its start and holds it to the end: nobody can change the key between the read
@@ -34,6 +44,14 @@ use crate::db::shared::BindKey;
 use crate::db::stores::HandlerPath;
 use crate::decide::{self, KeySnapshot, RowState};
 use crate::model::{Claim, ClaimRequest, Execution, Finish, StoreError, StoredResponse, millis};
+
+/// The handler's transaction: the write lock, and the savepoint whose
+/// `RELEASE` ([`RELEASE_SQL`]) tells the finish it is still in it.
+const BEGIN_SQL: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_tx";
+
+/// Fails (`no such savepoint`) where the transaction has ended under the
+/// handler; otherwise leaves it as it was, the savepoint merged into it.
+const RELEASE_SQL: &str = "RELEASE idem_tx";
 
 /// The key's row, if any, and the database's clock, in one statement.
 const LOOKUP_SQL: &str = concat!(
@@ -106,7 +124,7 @@ impl HandlerPath for Sqlite {
     ) -> Result<(Tx<Self>, Claim), StoreError> {
         let conn = ctx.pool.acquire().await?;
         let started = std::time::Instant::now();
-        let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str("BEGIN IMMEDIATE")).await;
+        let begun = Tx::begin_on(conn, SqlSafeStr::into_sql_str(BEGIN_SQL)).await;
         // An uncontended BEGIN IMMEDIATE takes microseconds: a millisecond or more
         // is a wait for another writer, recorded as the other databases record theirs.
         let waited = started.elapsed();
@@ -153,6 +171,17 @@ impl HandlerPath for Sqlite {
             Ok(h) => h,
             Err(e) => return Finish::NotStored(StoreError::Corrupt(e.to_string())),
         };
+        match sqlx::query(RELEASE_SQL)
+            .execute(&mut **tx.connection())
+            .await
+        {
+            Ok(_) => {}
+            // Dropping `tx` ends sqlx's count of the transaction SQLite ended.
+            Err(e) if is_no_such_savepoint(&e) => {
+                return Finish::NotStored(StoreError::TransactionEnded);
+            }
+            Err(e) => return Finish::NotStored(e.into()),
+        }
         let inserted = sqlx::query(INSERT_SQL)
             .bind_key(&execution.tenant, &execution.operation, execution.key)
             .bind(&execution.fingerprint.as_bytes()[..])
@@ -177,4 +206,9 @@ impl HandlerPath for Sqlite {
             Err(e) => Finish::NotStored(e.into()),
         }
     }
+}
+
+/// SQLite's answer to `RELEASE` of a savepoint that is not there.
+fn is_no_such_savepoint(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.message().starts_with("no such savepoint"))
 }
