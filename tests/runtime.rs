@@ -235,7 +235,8 @@ mod sqlite {
                BEGIN SELECT RAISE(ROLLBACK, 'over the limit'); END",
         )
         .await;
-        let idem: Idem<sqlx::Sqlite> = Idem::new(db.pool.clone());
+        // One connection: the request after it runs on the same one.
+        let idem: Idem<sqlx::Sqlite> = Idem::new(one_connection(&db, Duration::from_secs(5)).await);
         let key = IdempotencyKey::parse("k-rolled-back").unwrap();
         let r = req("acme", "pay", &key, 100);
         let context = idem_runtime::test_util::claim_context(&idem, r.in_flight_wait);
@@ -261,9 +262,24 @@ mod sqlite {
             "no answer for the rolled-back payment"
         );
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 0);
-        let (tx, again) = sqlx::Sqlite::begin_claim(&context, &r).await.unwrap();
-        assert!(matches!(again, Claim::Execute(_)), "{again:?}");
-        drop(tx);
+        // The key executes again, on the same connection, and is stored.
+        let (mut tx, again) = sqlx::Sqlite::begin_claim(&context, &r).await.unwrap();
+        let Claim::Execute(exec) = again else {
+            panic!("the key executes again: {again:?}")
+        };
+        sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 100)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        assert!(matches!(
+            sqlx::Sqlite::finish(&context, tx, exec, &created(2)).await,
+            Finish::Committed
+        ));
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            1
+        );
+        assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
     }
 
     /// The handler's path (`Backend::begin_claim` / `finish`): the write lock

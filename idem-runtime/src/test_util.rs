@@ -60,6 +60,15 @@ pub async fn renew_together<DB: crate::lease::LeaseBackend>(
     DB::lease_renew_many(leases[0].store(), &rows).await
 }
 
+/// Marks `lease`'s execution uncertain, then sends the same mark again, as
+/// one whose answer was lost is (the handler's path tries a mark three times):
+/// what the second answers (it must be `Ok`: the mark is this execution's).
+pub async fn mark_uncertain_again<DB: crate::lease::LeaseBackend>(
+    lease: crate::Lease<DB>,
+) -> Result<(), crate::lease::LeaseError> {
+    lease.mark_uncertain_again().await
+}
+
 /// Lapses `lease` as a taken-over execution that failed does, then renews its
 /// old token in a batch, as a renewal sent before the lapse and arriving
 /// after it would: what that renewal learns (the lease must be lost).

@@ -775,7 +775,6 @@ async fn a_lock_wait_that_could_not_be_given_back_leaves_with_its_connection() {
     );
 }
 
-/// The lock wait of the session `pool` hands out next.
 /// Whether the test's server is MariaDB (not MySQL 8).
 async fn is_mariadb(db: &MySqlDb) -> bool {
     let version: String = sqlx::query_scalar("SELECT VERSION()")
@@ -785,6 +784,7 @@ async fn is_mariadb(db: &MySqlDb) -> bool {
     version.contains("MariaDB")
 }
 
+/// The lock wait of the session `pool` hands out next.
 async fn lock_wait(pool: &sqlx::MySqlPool) -> u64 {
     sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
         .fetch_one(pool)

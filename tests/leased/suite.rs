@@ -161,6 +161,21 @@ pub async fn a_renewal_arriving_after_a_lapse_cannot_extend_it() {
     assert_eq!(b.acquisition(), Acquisition::TakenOver);
 }
 
+/// A mark of "outcome uncertain" whose answer was lost (it had committed) is
+/// sent again by the handler's path: the second finds the execution's row
+/// uncertain already and is the same mark, not a stale owner (whose client
+/// would be told `409` for an effect that may have happened).
+pub async fn an_uncertain_mark_sent_again_is_the_same_mark() {
+    let h = H::new("mark-again").await;
+    let key = IdempotencyKey::parse("pay-u").unwrap();
+    let a = acquire(&h, &key, HOUR).await;
+    idem_runtime::test_util::mark_uncertain_again(a)
+        .await
+        .expect("the same mark, sent again");
+    assert_eq!(record(&h, "pay-u").await.state, "uncertain");
+    assert_eq!(h.uncertain_listed().await, 1);
+}
+
 pub async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
     let h = H::new("crash-claim").await;
     let provider = Provider::default();

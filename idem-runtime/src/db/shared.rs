@@ -138,9 +138,21 @@ pub(crate) use owned_row;
 /// owned row's placeholders and token cast as [`owned_row`] takes them.
 macro_rules! uncertain_and_release_sql {
     ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
+        // `owned_row!` but for the state: this very mark, sent again after
+        // its answer was lost (it had committed), finds the execution's row
+        // uncertain already, and is the same mark (as Redis's script says).
         const UNCERTAIN_SQL: &'static str = concat!(
-            "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
-            $crate::db::shared::owned_row!($t, $o, $k, $tok, $cast)
+            "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL \
+              WHERE tenant_id = ",
+            $t,
+            " AND operation = ",
+            $o,
+            " AND key_digest = ",
+            $k,
+            " AND owner_token = ",
+            $tok,
+            $cast,
+            " AND state IN ('processing', 'uncertain')"
         );
 
         const RELEASE_SQL: &'static str = concat!(

@@ -39,7 +39,9 @@ use crate::model::{Finish, StoreError};
 /// It has no `commit` or `rollback`: idem commits after storing the outcome, and
 /// rolls back when the handler returns `Err` or a 5xx. Do not send `COMMIT`,
 /// `ROLLBACK` or `SET TRANSACTION` yourself: that would separate the effect from its
-/// record, the one thing idem exists to prevent.
+/// record, the one thing idem exists to prevent. On SQLite the savepoint
+/// `idem_tx` is idem's (it tells idem the transaction is still the handler's):
+/// leave it alone.
 pub struct Tx<DB: Backend> {
     // A pooled connection rather than a `sqlx::Transaction`: the value outlives
     // the claim's decision (a replay answered on the same connection, with no
@@ -87,7 +89,9 @@ impl<DB: Backend> Tx<DB> {
     /// (after a lookup on it, say). On failure the connection comes back with the
     /// error; where the message failed after its `BEGIN`, PostgreSQL's driver has
     /// queued the `ROLLBACK` (sqlx 0.9.1 on), which goes with the connection's
-    /// next message (MySQL's and SQLite's `BEGIN` statements hold no more).
+    /// next message (MySQL's `BEGIN` statements hold no more; SQLite's caller
+    /// closes a connection whose `BEGIN IMMEDIATE; SAVEPOINT ..` failed after
+    /// its `BEGIN`).
     #[cfg_attr(
         not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
         allow(dead_code)

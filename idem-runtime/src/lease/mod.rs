@@ -302,6 +302,14 @@ impl<DB: LeaseBackend> Lease<DB> {
         }
     }
 
+    /// Marks the execution uncertain twice, as a mark whose answer was lost
+    /// (it had committed) is sent again: what the second one answers.
+    #[cfg(feature = "test-util")]
+    pub(crate) async fn mark_uncertain_again(self) -> Result<(), LeaseError> {
+        self.record_uncertain().await?;
+        self.record_uncertain().await
+    }
+
     /// Lapses the lease, then renews its old token in a batch, as a renewal
     /// sent before the lapse and arriving after it would: what that renewal
     /// learns.

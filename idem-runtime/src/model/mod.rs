@@ -36,7 +36,7 @@ pub enum StoreError {
     /// stored; the retry runs the handler again. What the handler ran after its transaction ended ran
     /// outside it, each statement committing by itself.
     #[error(
-        "the handler's transaction had ended before its outcome was stored (rolled back, as after a deadlock the handler did not return as its error, or committed by a statement that commits implicitly); nothing was stored"
+        "the handler's transaction had ended before its outcome was stored (rolled back by the database after an error the handler did not return as its own, or committed by a statement that commits implicitly); nothing was stored"
     )]
     TransactionEnded,
     /// The database refused or failed.

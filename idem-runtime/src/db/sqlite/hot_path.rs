@@ -146,7 +146,13 @@ impl HandlerPath for Sqlite {
                     },
                 ));
             }
-            Err((_, e)) => return Err(e.into()),
+            Err((mut conn, e)) => {
+                // Where the `BEGIN IMMEDIATE` went through and the `SAVEPOINT`
+                // did not (out of memory), the connection holds a transaction
+                // sqlx does not count: closed, not pooled.
+                conn.close_on_drop();
+                return Err(e.into());
+            }
         };
         let (snapshot, now) = lookup(tx.connection(), req).await?;
         match decide::transactional(snapshot, req.in_flight_wait) {
