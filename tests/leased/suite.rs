@@ -472,6 +472,18 @@ async fn crash_then_lapse(s: &Setup, key: &str) -> IdempotencyKey {
     key
 }
 
+/// A payment of `key` on `/payments` that runs (`201`, not a replay).
+async fn pays_anew(s: &Setup, key: &str) {
+    let (status, headers, body) = send(&s.router, pay("/payments", key, 100)).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(headers.get("idempotent-replayed").is_none());
+}
+
 pub fn pay(path: &str, key: &str, amount: i64) -> Request<Body> {
     pay_as("acme", path, key, amount)
 }
@@ -718,14 +730,7 @@ pub async fn a_failed_takeover_lapses_so_the_retry_is_a_takeover_again() {
     assert_eq!((row.state.as_str(), row.generation), ("processing", 2));
     assert!(s.h.lease_lapsed(&key).await, "its lease lapsed at once");
     s.provider.down.store(false, Ordering::SeqCst);
-    let (status, headers, body) = send(&s.router, pay("/payments", "ft-1", 100)).await;
-    assert_eq!(
-        status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&body)
-    );
-    assert!(headers.get("idempotent-replayed").is_none());
+    pays_anew(&s, "ft-1").await;
     let row = record(&s.h, "ft-1").await;
     assert_eq!(
         (row.state.as_str(), row.generation),
@@ -863,14 +868,7 @@ pub async fn a_dead_worker_is_taken_over_after_its_lease() {
     assert_eq!(record(&s.h, "dead-1").await.state, "processing");
     // Nobody renews a dead worker's lease: it lapses and the retry takes over.
     until_lease_lapsed(&*s.h, &IdempotencyKey::parse("dead-1").unwrap()).await;
-    let (status, headers, body) = send(&s.router, pay("/payments", "dead-1", 100)).await;
-    assert_eq!(
-        status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&body)
-    );
-    assert!(headers.get("idempotent-replayed").is_none());
+    pays_anew(&s, "dead-1").await;
     assert_eq!(s.provider.charge_count(), 1);
     assert_eq!(record(&s.h, "dead-1").await.generation, 2);
 }

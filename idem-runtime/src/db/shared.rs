@@ -115,8 +115,13 @@ pub(crate) fn write_sql(resource: &Resource, null_param: &str) -> String {
 /// primary key and owner token as the four placeholders given (every database
 /// binds them after the values the statement sets), `$cast` how the database
 /// reads the bound token as the column's type (`"::uuid"` on PostgreSQL).
+/// `state:` is the condition on the row's state (`= 'processing'` unless
+/// given).
 macro_rules! owned_row {
     ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
+        $crate::db::shared::owned_row!($t, $o, $k, $tok, $cast, state: "= 'processing'")
+    };
+    ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal, state: $state:literal) => {
         concat!(
             " tenant_id = ",
             $t,
@@ -127,7 +132,8 @@ macro_rules! owned_row {
             " AND owner_token = ",
             $tok,
             $cast,
-            " AND state = 'processing'"
+            " AND state ",
+            $state
         )
     };
 }
@@ -138,21 +144,19 @@ pub(crate) use owned_row;
 /// owned row's placeholders and token cast as [`owned_row`] takes them.
 macro_rules! uncertain_and_release_sql {
     ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
-        // `owned_row!` but for the state: this very mark, sent again after
-        // its answer was lost (it had committed), finds the execution's row
-        // uncertain already, and is the same mark (as Redis's script says).
+        // This very mark, sent again after its answer was lost (it had
+        // committed), finds the execution's row uncertain already, and is the
+        // same mark (as Redis's script says).
         const UNCERTAIN_SQL: &'static str = concat!(
-            "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL \
-              WHERE tenant_id = ",
-            $t,
-            " AND operation = ",
-            $o,
-            " AND key_digest = ",
-            $k,
-            " AND owner_token = ",
-            $tok,
-            $cast,
-            " AND state IN ('processing', 'uncertain')"
+            "UPDATE idempotency_requests SET state = 'uncertain', lease_expires_at = NULL WHERE",
+            $crate::db::shared::owned_row!(
+                $t,
+                $o,
+                $k,
+                $tok,
+                $cast,
+                state: "IN ('processing', 'uncertain')"
+            )
         );
 
         const RELEASE_SQL: &'static str = concat!(
