@@ -66,7 +66,8 @@ pub async fn renew_together<DB: crate::lease::LeaseBackend>(
 pub async fn mark_uncertain_again<DB: crate::lease::LeaseBackend>(
     lease: crate::Lease<DB>,
 ) -> Result<(), crate::lease::LeaseError> {
-    lease.mark_uncertain_again().await
+    lease.record_uncertain().await?;
+    lease.record_uncertain().await
 }
 
 /// Lapses `lease` as a taken-over execution that failed does, then renews its

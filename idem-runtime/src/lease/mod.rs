@@ -302,40 +302,22 @@ impl<DB: LeaseBackend> Lease<DB> {
         }
     }
 
-    /// Marks the execution uncertain twice, as a mark whose answer was lost
-    /// (it had committed) is sent again: what the second one answers.
-    #[cfg(feature = "test-util")]
-    pub(crate) async fn mark_uncertain_again(self) -> Result<(), LeaseError> {
-        self.record_uncertain().await?;
-        self.record_uncertain().await
-    }
-
     /// Lapses the lease, then renews its old token in a batch, as a renewal
     /// sent before the lapse and arriving after it would: what that renewal
     /// learns.
     #[cfg(feature = "test-util")]
     pub(crate) async fn lapse_then_renew(self) -> Result<crate::model::Renewed, crate::StoreError> {
-        let (store, tenant, operation, token) = (
-            self.pool.clone(),
-            self.tenant.clone(),
-            self.operation.clone(),
-            self.token.clone(),
-        );
-        let (key, lease) = (self.key.digest(), self.lease);
+        // What the renewal task holds of the lease, taken before the lapse.
+        let late = self.renewer();
         self.lapse().await.map_err(|e| match e {
             LeaseError::Store(e) => e,
             other => crate::StoreError::Corrupt(format!("the lapse: {other}")),
         })?;
-        let late = crate::model::Renewal {
-            row: Owned {
-                tenant: &tenant,
-                operation: &operation,
-                key,
-                token: &token,
-            },
-            lease,
+        let row = crate::model::Renewal {
+            row: late.owned(),
+            lease: late.lease,
         };
-        Ok(DB::lease_renew_many(&store, &[late]).await?[0])
+        Ok(DB::lease_renew_many(&late.pool, &[row]).await?[0])
     }
 
     pub(crate) fn renewer(&self) -> Renewer<DB> {

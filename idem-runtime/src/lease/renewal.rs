@@ -112,16 +112,20 @@ pub(crate) struct Renewer<DB: LeaseBackend> {
 }
 
 impl<DB: LeaseBackend> Renewer<DB> {
-    /// One renewal; `false` when the lease was taken over.
-    pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
-        let sent = Instant::now();
-        let owned = Owned {
+    /// The row the lease owns, as its fenced statements match it.
+    pub(super) fn owned(&self) -> Owned<'_> {
+        Owned {
             tenant: &self.tenant,
             operation: &self.operation,
             key: self.key,
             token: &self.token,
-        };
-        let kept = DB::lease_fence(&self.pool, owned, Fence::Renew(self.lease)).await? == 1;
+        }
+    }
+
+    /// One renewal; `false` when the lease was taken over.
+    pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
+        let sent = Instant::now();
+        let kept = DB::lease_fence(&self.pool, self.owned(), Fence::Renew(self.lease)).await? == 1;
         if kept {
             self.deadline.renewed(sent, self.lease);
         } else {

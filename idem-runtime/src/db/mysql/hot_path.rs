@@ -471,31 +471,29 @@ async fn upsert(
     };
     if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);
-        let guarded = IN_TRANSACTION.load(Ordering::Relaxed) != REFUSED;
-        match bind(bounded_upsert(secs, guarded))?
+        let mut guarded = IN_TRANSACTION.load(Ordering::Relaxed) != REFUSED;
+        let mut done = bind(bounded_upsert(secs, guarded))?
             .execute(&mut **tx.connection())
-            .await
+            .await;
+        if let Err(e) = &done
+            && guarded
+            && error_number(e) == Some(UNKNOWN_SYSTEM_VARIABLE)
+            && e.to_string().contains("in_transaction")
         {
+            // `SET STATEMENT` without `@@in_transaction`: the statement changed
+            // nothing, and is sent again without the guard (docs/mysql.md says
+            // what that loses).
+            IN_TRANSACTION.store(REFUSED, Ordering::Relaxed);
+            guarded = false;
+            done = bind(bounded_upsert(secs, false))?
+                .execute(&mut **tx.connection())
+                .await;
+        }
+        match done {
             Err(e) if error_number(&e) == Some(PARSE_ERROR) => {
                 // MySQL: a statement that did not parse changed nothing, and the
                 // transaction goes on.
                 SET_STATEMENT.store(REFUSED, Ordering::Relaxed);
-            }
-            Err(e)
-                if guarded
-                    && error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE)
-                    && e.to_string().contains("in_transaction") =>
-            {
-                // `SET STATEMENT` without `@@in_transaction`: sent again
-                // without the guard (docs/mysql.md says what that loses).
-                IN_TRANSACTION.store(REFUSED, Ordering::Relaxed);
-                let done = bind(bounded_upsert(secs, false))?
-                    .execute(&mut **tx.connection())
-                    .await;
-                if done.is_ok() {
-                    SET_STATEMENT.store(TAKEN, Ordering::Relaxed);
-                }
-                return done.map(|done| taken(done, false));
             }
             done => {
                 if done.is_ok() {
@@ -536,12 +534,7 @@ fn taken(done: MySqlQueryResult, guarded: bool) -> Upserted {
 /// test can hold that form to the same promises (feature `test-util`).
 #[cfg(feature = "test-util")]
 pub fn assume_set_statement(taken: Option<bool>) {
-    let v = match taken {
-        None => UNKNOWN,
-        Some(true) => TAKEN,
-        Some(false) => REFUSED,
-    };
-    SET_STATEMENT.store(v, Ordering::Relaxed);
+    SET_STATEMENT.store(hint(taken), Ordering::Relaxed);
 }
 
 /// Forgets whether the server has `@@in_transaction`: `Some(false)` sends the
@@ -549,10 +542,15 @@ pub fn assume_set_statement(taken: Option<bool>) {
 /// (feature `test-util`).
 #[cfg(feature = "test-util")]
 pub fn assume_in_transaction(has: Option<bool>) {
-    let v = match has {
+    IN_TRANSACTION.store(hint(has), Ordering::Relaxed);
+}
+
+/// A hint as a test sets it: `None` forgets what was learned.
+#[cfg(feature = "test-util")]
+fn hint(taken: Option<bool>) -> u8 {
+    match taken {
         None => UNKNOWN,
         Some(true) => TAKEN,
         Some(false) => REFUSED,
-    };
-    IN_TRANSACTION.store(v, Ordering::Relaxed);
+    }
 }
