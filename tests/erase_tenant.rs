@@ -1,7 +1,7 @@
 //! Erasing a tenant (`idem_runtime::admin::erase_tenant`) against real
 //! databases: every row of the tenant that no execution in flight needs goes,
-//! in batches, in every operation; other tenants' rows stay; a live lease's row
-//! and an uncertain row are left and counted until they finish or the caller
+//! in batches, in every operation; other tenants' rows stay; a leased row (its
+//! lease live or lapsed) and an uncertain row are left and counted until they finish or the caller
 //! asks for them too; a row a running transaction holds is left, not waited
 //! on. Written once, generic over [`EraseDb`] (the SQL that differs), and
 //! stamped per database: `postgres::<name>`, `sqlite::<name>`, `mysql::<name>`.
@@ -178,18 +178,19 @@ async fn populated<T: EraseDb>(db: &T) -> (idem_runtime::Lease<T::Db>, idem_runt
 async fn erasing_leaves_other_tenants_and_executions_in_flight<T: EraseDb>() {
     let db = T::create().await;
     let (live, _other) = populated(&db).await;
-    // Batches of two: five rows to erase take three statements.
+    // Batches of two: four rows to erase take three statements.
     let done = admin::erase_tenant(db.pool(), "acme", 2, InFlightRows::Keep)
         .await
         .unwrap();
-    assert_eq!((done.erased, done.left), (5, 2), "{done:?}");
+    assert_eq!((done.erased, done.left), (4, 3), "{done:?}");
     assert_eq!(
         db.count(
             "SELECT count(*) FROM idempotency_requests \
               WHERE tenant_id = 'acme' AND state IN ('processing', 'uncertain')"
         )
         .await,
-        2
+        3,
+        "the live lease, the lapsed one and the uncertain row stay"
     );
     assert_eq!(
         rows_of(&db, "globex").await,
@@ -216,14 +217,44 @@ async fn erasing_leaves_other_tenants_and_executions_in_flight<T: EraseDb>() {
     let done = admin::erase_tenant(db.pool(), "acme", 2, InFlightRows::Keep)
         .await
         .unwrap();
-    assert_eq!((done.erased, done.left), (1, 1), "{done:?}");
-    // The uncertain row goes only when asked for.
+    assert_eq!((done.erased, done.left), (1, 2), "{done:?}");
+    // The lapsed lease and the uncertain row go only when asked for.
     let done = admin::erase_tenant(db.pool(), "acme", 2, InFlightRows::Erase)
         .await
         .unwrap();
-    assert_eq!((done.erased, done.left), (1, 0), "{done:?}");
+    assert_eq!((done.erased, done.left), (2, 0), "{done:?}");
     assert_eq!(rows_of(&db, "acme").await, 0);
     assert_eq!(rows_of(&db, "globex").await, 2);
+}
+
+/// A leased execution whose lease lapsed (its worker died, its effect perhaps
+/// done) survives an erasure that keeps executions in flight: the key's retry
+/// takes it over and is told so, never `New`.
+async fn a_lapsed_lease_survives_erasure_and_its_retry_is_a_takeover<T: EraseDb>() {
+    let db = T::create().await;
+    drop(leased(&db, "acme", "lapsed", "charge").await);
+    db.exec(T::LAPSE_LEASES).await;
+    let done = admin::erase_tenant(db.pool(), "acme", admin::ERASE_BATCH, InFlightRows::Keep)
+        .await
+        .unwrap();
+    assert_eq!(counts(done), (0, 1), "the lapsed lease's row is left");
+    let key = IdempotencyKey::parse("charge").unwrap();
+    let req = LeaseRequest {
+        tenant: "acme",
+        operation: "lapsed",
+        key: &key,
+        fingerprint: FingerprintBuilder::new("acme", "lapsed", "POST", "/x").finish(),
+        retention: Duration::from_secs(3600),
+        lease: Duration::from_secs(30),
+    };
+    match claim_leased(db.pool(), &req).await.unwrap() {
+        LeasedClaim::Acquired(lease) => assert_eq!(
+            lease.acquisition(),
+            idem_runtime::lease::Acquisition::TakenOver,
+            "the retry knows an earlier attempt may have had its effect"
+        ),
+        other => panic!("expected a takeover, got {other:?}"),
+    }
 }
 
 /// A key of an erased tenant executes anew: its row is gone, not hidden.
@@ -264,6 +295,11 @@ macro_rules! erase_tests {
         #[tokio::test]
         async fn erasing_leaves_other_tenants_and_executions_in_flight() {
             super::erasing_leaves_other_tenants_and_executions_in_flight::<$db>().await
+        }
+
+        #[tokio::test]
+        async fn a_lapsed_lease_survives_erasure_and_its_retry_is_a_takeover() {
+            super::a_lapsed_lease_survives_erasure_and_its_retry_is_a_takeover::<$db>().await
         }
 
         #[tokio::test]

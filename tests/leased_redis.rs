@@ -419,8 +419,8 @@ async fn rekey_moves_records_to_the_active_key_and_counts_them() {
 }
 
 /// Erasing a tenant deletes its records in every operation, and the uncertain
-/// index entries with them; a record whose lease is live and an uncertain one
-/// are left and counted unless asked for too; another tenant's records, and
+/// index entries with them; a record whose lease is live or lapsed and an
+/// uncertain one are left and counted unless asked for too; another tenant's records, and
 /// another prefix's, stay; a key of the erased tenant is claimed anew.
 #[tokio::test]
 async fn erasing_a_tenant_deletes_its_records_and_their_index_entries() {
@@ -466,6 +466,10 @@ async fn erasing_a_tenant_deletes_its_records_and_their_index_entries() {
         .await
         .unwrap();
     let live = claim(&s, "acme", "create-payment", "k2").await;
+    // A worker that died mid-charge: its lease lapsed, its effect perhaps done.
+    idem_runtime::test_util::lapse(claim(&s, "acme", "create-payment", "k4").await)
+        .await
+        .unwrap();
     let records = |s: &RedisLeaseStore, tenant: &'static str| {
         let s = s.clone();
         async move {
@@ -479,16 +483,20 @@ async fn erasing_a_tenant_deletes_its_records_and_their_index_entries() {
                 .count()
         }
     };
-    assert_eq!(records(&s, "acme").await, 4);
+    assert_eq!(records(&s, "acme").await, 5);
     assert_eq!(uncertain_entries(&s).await, 1);
 
     let done = s.erase_tenant("acme", InFlightRows::Keep).await.unwrap();
-    assert_eq!((done.erased, done.left), (2, 2), "{done:?}");
+    assert_eq!((done.erased, done.left), (2, 3), "{done:?}");
     assert_eq!(
         records(&s, "acme").await,
-        2,
-        "the live and the uncertain stay"
+        3,
+        "the live, the lapsed and the uncertain stay"
     );
+    // The lapsed one's retry is a takeover, told so.
+    let retry = claim(&s, "acme", "create-payment", "k4").await;
+    assert_eq!(retry.acquisition(), Acquisition::TakenOver);
+    idem_runtime::test_util::lapse(retry).await.unwrap();
     assert_eq!(uncertain_entries(&s).await, 1);
     assert_eq!(
         records(&s, "globex").await,
@@ -503,7 +511,7 @@ async fn erasing_a_tenant_deletes_its_records_and_their_index_entries() {
 
     live.release().await.unwrap();
     let done = s.erase_tenant("acme", InFlightRows::Erase).await.unwrap();
-    assert_eq!((done.erased, done.left), (1, 0), "{done:?}");
+    assert_eq!((done.erased, done.left), (2, 0), "{done:?}");
     assert_eq!(records(&s, "acme").await, 0);
     assert_eq!(
         uncertain_entries(&s).await,

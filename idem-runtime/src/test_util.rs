@@ -78,3 +78,11 @@ pub async fn lapse_then_renew<DB: crate::lease::LeaseBackend>(
 ) -> Result<Renewed, crate::StoreError> {
     lease.lapse_then_renew().await
 }
+
+/// Ends `lease` now as a taken-over execution that failed does: the row stays
+/// `processing`, its lease lapsed, as a dead worker's is once its lease ran out.
+pub async fn lapse<DB: crate::lease::LeaseBackend>(
+    lease: crate::Lease<DB>,
+) -> Result<(), crate::lease::LeaseError> {
+    lease.lapse().await
+}

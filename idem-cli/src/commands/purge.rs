@@ -121,7 +121,7 @@ pub(super) async fn erase_tenant<DB: Backend>(
     if left > 0 {
         return Err(Failure::Refused(format!(
             "erased {erased} rows of tenant {tenant:?}; {left} were left: executions in flight \
-             (a live lease, an uncertain outcome) or rows a running request holds. \
+             (a lease, live or lapsed, an uncertain outcome) or rows a running request holds. \
              Run again when they have finished (--wait SECS waits for them), or --force \
              to erase them too (their effects may happen twice)"
         )));

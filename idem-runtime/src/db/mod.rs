@@ -15,20 +15,15 @@ use sqlx::migrate::Migrator;
 use sqlx::{Pool, Transaction};
 
 /// Which of a tenant's rows an erasure takes (`admin::erase_tenant`), with the
-/// database's spelling of the "every row" flag (`$all`) and of its clock
-/// (`now`): the finished ones and those whose lease lapsed, or every one when
-/// the flag is set. One rule for every SQL store; Redis's `ERASE` script is its
-/// Lua twin.
+/// database's spelling of the "every row" flag (`$all`): the finished ones, or
+/// every one when the flag is set. A `processing` row stays whether or not its
+/// lease lapsed: a lapsed one is an execution that may have had its effect, and
+/// its retry is told so (`Acquisition::TakenOver`), where a retry of a deleted
+/// row would be told `New`. One rule for every SQL store; Redis's `ERASE`
+/// script is its Lua twin.
 macro_rules! erasable {
-    ($all:literal, $($now:tt)+) => {
-        concat!(
-            "(",
-            $all,
-            " OR state IN ('completed', 'failed') \
-                OR (state = 'processing' AND lease_expires_at <= ",
-            $($now)+,
-            "))"
-        )
+    ($all:literal) => {
+        concat!("(", $all, " OR state IN ('completed', 'failed'))")
     };
 }
 

@@ -81,8 +81,8 @@ pub enum PurgeError<E> {
 pub struct TenantErasure {
     /// Rows deleted.
     pub erased: u64,
-    /// Rows of the tenant still there: executions in flight (a live lease, an
-    /// uncertain outcome the reconciler owes an answer) and rows a running
+    /// Rows of the tenant still there: executions in flight (a lease, live or
+    /// lapsed, an uncertain outcome the reconciler owes an answer) and rows a running
     /// transaction holds, unless [`InFlightRows::Erase`] was asked for. Erase
     /// again once they have finished.
     pub left: u64,
@@ -92,8 +92,10 @@ pub struct TenantErasure {
 /// are in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InFlightRows {
-    /// Leaves them (counted in [`TenantErasure::left`]): a live lease's row and
-    /// an uncertain row are what stands between a retry and a second effect.
+    /// Leaves them (counted in [`TenantErasure::left`]): a leased execution's
+    /// row (its lease live, or lapsed: the retry is then a takeover, told so)
+    /// and an uncertain row are what stands between a retry and a second
+    /// effect.
     Keep,
     /// Deletes them too. A retry of such a key executes again, and an
     /// uncertain effect is never reconciled: for a tenant whose traffic has

@@ -9,7 +9,8 @@ use crate::model::{InFlightRows, StoreError, TenantErasure};
 impl RedisLeaseStore {
     /// Deletes every record of `tenant`, in every operation, with its entry in
     /// the uncertain index, as [`crate::admin::erase_tenant`] does on a SQL
-    /// store: a record whose lease is live or whose outcome is uncertain is left
+    /// store: a record in flight (its lease live or lapsed) or whose outcome is
+    /// uncertain is left
     /// and counted in [`TenantErasure::left`] unless `in_flight` is
     /// [`InFlightRows::Erase`]. The records are found by name with `SCAN`
     /// (on a cluster, on every master), which reads the whole keyspace a page at

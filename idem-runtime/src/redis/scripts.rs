@@ -270,14 +270,15 @@ return 1
 
 /// KEYS: record, its shard's uncertain index. ARGV: the record's index entry,
 /// `1` to erase a record in flight too. Deletes the record and its index entry
-/// (1); leaves a record whose lease is live or whose outcome is uncertain
-/// unless `ARGV[2]` is `1` (-1); 0 when there is no record.
+/// (1); leaves a record in flight (`processing`, its lease live or lapsed: a
+/// lapsed one's retry is a takeover, not a new key) or whose outcome is
+/// uncertain unless `ARGV[2]` is `1` (-1); 0 when there is no record.
 pub(super) const ERASE: &str = on_record!(
     r#"
 if not rec then return 0 end
 if ARGV[2] ~= '1' then
   if rec.state == 'uncertain' then return -1 end
-  if rec.state == 'processing' and rec.lease_until > now_ms() then return -1 end
+  if rec.state == 'processing' then return -1 end
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])

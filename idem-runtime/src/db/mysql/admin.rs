@@ -39,7 +39,7 @@ const CHOOSE_TENANT_SQL: &str = concat!(
     "SELECT CONVERT(tenant_id USING utf8mb4), CONVERT(operation USING utf8mb4), \
             key_digest FROM idempotency_requests \
       WHERE tenant_id = ? AND ",
-    erasable!("?", now_ms!()),
+    erasable!("?"),
     " LIMIT ? FOR UPDATE SKIP LOCKED"
 );
 

@@ -44,11 +44,11 @@ impl SqlAdmin for Postgres {
           WHERE ctid = ANY(ARRAY( \
                 SELECT ctid FROM idempotency_requests \
                  WHERE tenant_id = $1 AND ",
-        erasable!("$3", "now()"),
+        erasable!("$3"),
         " LIMIT $2 \
                  FOR UPDATE SKIP LOCKED)) \
             AND tenant_id = $1 AND ",
-        erasable!("$3", "now()")
+        erasable!("$3")
     );
 
     // The body leaves the database only when asked for ($4), so that a plain `show`

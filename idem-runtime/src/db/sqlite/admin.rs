@@ -60,7 +60,7 @@ impl SqlAdmin for Sqlite {
           WHERE rowid IN ( \
                 SELECT rowid FROM idempotency_requests \
                  WHERE tenant_id = $1 AND ",
-        erasable!("$3", now_ms!()),
+        erasable!("$3"),
         " LIMIT $2)"
     );
 
