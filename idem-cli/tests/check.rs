@@ -177,10 +177,19 @@ async fn a_dry_run_prints_the_plan_and_sends_nothing() {
     .await;
     assert_eq!(out.code, 0, "{out:?}");
     // 1 first + 1 retry + 1 equivalent + 3 other body + 1 missing key + 1 empty
-    // key + 4 x 2 malformed keys + 16 + 1 concurrent + 1 late retry.
+    // key + 4 x 2 malformed keys + 16 OPTIONS + 16 + 1 concurrent + 1 late
+    // retry; the count before the run, then two around each scenario but the
+    // retry's one (after it).
     assert!(
         out.stdout
-            .contains("sends 34 requests to that URL and 6 GETs to"),
+            .contains("sends 50 requests to that URL and 24 GETs to"),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout.contains(
+            "one at a time except 16 at once (after 16 OPTIONS, at once, that open their \
+             connections)"
+        ),
         "{out:?}"
     );
     assert!(
@@ -261,7 +270,7 @@ async fn an_unreachable_service_fails_the_first_request_and_runs_nothing_else() 
     assert_eq!(out.scenario("concurrent")["verdict"], "not-applicable");
     assert_eq!(out.json()["failed"], 1, "{out:?}");
     // The plan went to stderr before the first request.
-    assert!(out.stderr.contains("sends 29 requests"), "{out:?}");
+    assert!(out.stderr.contains("sends 45 requests"), "{out:?}");
 }
 
 // The services below need the databases (tests/common/db.rs builds with both
@@ -494,8 +503,28 @@ mod services {
             body: Bytes,
         ) -> Response {
             // `/fixed` answers every execution with the same body, so that
-            // only the replay marker tells a replay from a second execution.
-            let fixed = uri.path() == "/fixed";
+            // only the replay marker tells a replay from a second execution;
+            // `/marked` does too, and marks every answer replayed.
+            let fixed = matches!(uri.path(), "/fixed" | "/marked");
+            let marked = uri.path() == "/marked";
+            // `/sloppy` runs the operation before it refuses a request
+            // without a key or with another body under a used key.
+            let sloppy = uri.path() == "/sloppy";
+            // `/racy` leaves the race open for 100 ms, with no help: only
+            // duplicates that arrive together take it.
+            let racy = uri.path() == "/racy";
+            let effect = |tenant: String| {
+                let pool = app.pool.clone();
+                async move {
+                    sqlx::query_scalar::<_, i64>(
+                        "INSERT INTO effects (tenant) VALUES ($1) RETURNING id",
+                    )
+                    .bind(tenant)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+                }
+            };
             let Some(tenant) = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
@@ -507,6 +536,9 @@ mod services {
             let key = match idem_runtime::IdempotencyKey::from_headers(&headers) {
                 Ok(k) => k.as_str().to_owned(),
                 Err(e) if e.is_missing() => {
+                    if sloppy {
+                        effect(tenant).await;
+                    }
                     return problem(StatusCode::BAD_REQUEST, "missing-key");
                 }
                 Err(_) => return problem(StatusCode::BAD_REQUEST, "malformed-key"),
@@ -526,6 +558,9 @@ mod services {
             .unwrap();
             if let Some((stored_fingerprint, stored_body)) = stored {
                 if stored_fingerprint != fingerprint {
+                    if sloppy {
+                        effect(tenant).await;
+                    }
                     return problem(StatusCode::UNPROCESSABLE_ENTITY, "fingerprint-mismatch");
                 }
                 return (
@@ -541,7 +576,9 @@ mod services {
                 )
                     .into_response();
             }
-            if key.ends_with("-concurrent") {
+            if racy {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            } else if key.ends_with("-concurrent") {
                 let mut unused = {
                     let mut seen = app.seen_unused.lock().unwrap();
                     let counter = seen
@@ -553,12 +590,7 @@ mod services {
                 unused.wait_for(|n| *n >= 2).await.unwrap();
             }
             // The insert, unguarded.
-            let id: i64 =
-                sqlx::query_scalar("INSERT INTO effects (tenant) VALUES ($1) RETURNING id")
-                    .bind(&tenant)
-                    .fetch_one(&app.pool)
-                    .await
-                    .unwrap();
+            let id = effect(tenant.clone()).await;
             let answer = if fixed {
                 r#"{"ok":true}"#.to_owned()
             } else {
@@ -575,12 +607,19 @@ mod services {
             .execute(&app.pool)
             .await
             .unwrap();
-            (
+            let mut response = (
                 StatusCode::CREATED,
                 [(header::CONTENT_TYPE, "application/json")],
                 answer,
             )
-                .into_response()
+                .into_response();
+            if marked {
+                response.headers_mut().insert(
+                    header::HeaderName::from_static("idempotent-replayed"),
+                    header::HeaderValue::from_static("true"),
+                );
+            }
+            response
         }
 
         async fn effects(State(app): State<App>, headers: HeaderMap) -> Response {
@@ -598,8 +637,38 @@ mod services {
             n.to_string().into_response()
         }
 
+        /// A listener that lets each connection wait `0.1` before it is
+        /// served, one after the other, as a far service's handshakes would:
+        /// a request sent on a new connection arrives that much later than
+        /// one on a connection already open.
+        struct SlowAccept(tokio::net::TcpListener, std::time::Duration);
+
+        impl axum::serve::Listener for SlowAccept {
+            type Io = tokio::net::TcpStream;
+            type Addr = std::net::SocketAddr;
+
+            async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+                let accepted = axum::serve::Listener::accept(&mut self.0).await;
+                tokio::time::sleep(self.1).await;
+                accepted
+            }
+
+            fn local_addr(&self) -> std::io::Result<Self::Addr> {
+                self.0.local_addr()
+            }
+        }
+
         /// Serves it on a port of its own over `pool`; its base URL.
         pub(super) async fn serve(pool: PgPool) -> String {
+            serve_accepting(pool, None).await
+        }
+
+        /// Serves it with each new connection served `delay` after the one
+        /// before it (see `SlowAccept`).
+        pub(super) async fn serve_accepting(
+            pool: PgPool,
+            delay: Option<std::time::Duration>,
+        ) -> String {
             sqlx::raw_sql(
                 "CREATE TABLE effects (id bigserial PRIMARY KEY, tenant text NOT NULL);
                  CREATE TABLE answers (tenant text, key text, fingerprint text NOT NULL,
@@ -615,11 +684,21 @@ mod services {
             let router = Router::new()
                 .route("/things", post(create))
                 .route("/fixed", post(create))
+                .route("/marked", post(create))
+                .route("/sloppy", post(create))
+                .route("/racy", post(create))
                 .route("/effects", get(effects))
                 .with_state(app);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let base = format!("http://{}", listener.local_addr().unwrap());
-            tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+            match delay {
+                None => tokio::spawn(async move { axum::serve(listener, router).await.unwrap() }),
+                Some(delay) => tokio::spawn(async move {
+                    axum::serve(SlowAccept(listener, delay), router)
+                        .await
+                        .unwrap()
+                }),
+            };
             base
         }
     }
@@ -627,8 +706,25 @@ mod services {
     /// `idem check` of a broken service's route `path` as the first tenant,
     /// the late retry at once, a JSON report, with `more` arguments.
     async fn check_broken(path: &str, more: &[&str]) -> Out {
+        check_broken_accepting(None, path, more).await
+    }
+
+    /// As [`check_broken`], each new connection served `delay` after the one
+    /// before it; `{effects}` in `more` stands for the service's count URL.
+    async fn check_broken_accepting(
+        delay: Option<std::time::Duration>,
+        path: &str,
+        more: &[&str],
+    ) -> Out {
         let db = common::TestDb::new().await;
-        let base = broken::serve(db.pool.clone()).await;
+        let base = broken::serve_accepting(db.pool.clone(), delay).await;
+        let effects = format!("{base}/effects");
+        let more: Vec<String> = more
+            .iter()
+            .map(|a| a.replace("{effects}", &effects))
+            .collect();
+        let more: Vec<&str> = more.iter().map(String::as_str).collect();
+        let more = more.as_slice();
         let dir = Dir::new();
         let body = dir.file("thing.json", r#"{"name":"a","size":2}"#);
         let url = format!("{base}{path}");
@@ -659,6 +755,122 @@ mod services {
             };
             assert_eq!(s["verdict"], expected, "{}: {}", s["id"], s["saw"]);
         }
+    }
+
+    /// The verdict of every scenario, by id, is `expected`'s (`pass` for
+    /// those it leaves out).
+    fn verdicts_are(out: &Out, expected: &[(&str, &str)]) {
+        for s in out.json()["scenarios"].as_array().unwrap() {
+            let id = s["id"].as_str().unwrap();
+            let want = expected
+                .iter()
+                .find(|(e, _)| *e == id)
+                .map_or("pass", |(_, v)| *v);
+            assert_eq!(s["verdict"], want, "{id}: {}", s["saw"]);
+        }
+    }
+
+    /// Duplicates sent together reach the service together, though the
+    /// service serves a new connection only 300 ms after the one before it:
+    /// each is sent on a connection opened beforehand. Sent on connections
+    /// opened as they went, the first (on the connection the earlier
+    /// scenarios left open) would be answered and stored before the second
+    /// arrived, and the service's open race (100 ms between its check and
+    /// its insert) would never be taken.
+    #[tokio::test]
+    async fn duplicates_reach_a_far_service_together_and_its_race_fails_the_check() {
+        let out = check_broken_accepting(
+            Some(std::time::Duration::from_millis(300)),
+            "/racy",
+            &["--effects", "{effects}"],
+        )
+        .await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let saw = out.scenario("concurrent")["saw"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(saw.contains("executed more than once"), "{saw}");
+        assert!(!saw.contains("opened as it was sent"), "{saw}");
+        verdicts_are(
+            &out,
+            &[
+                ("concurrent", "fail"),
+                ("other-tenant", "not-applicable"),
+                ("restart", "not-applicable"),
+                ("late-retry", "not-applicable"),
+            ],
+        );
+    }
+
+    /// With `--effects`, a service that runs the operation and only then
+    /// refuses the request (`400` without a key, `422` for another body
+    /// under a used key) fails those scenarios: their answers alone are right.
+    #[tokio::test]
+    async fn an_operation_run_before_a_refusal_fails_with_effects_counted() {
+        let out = check_broken("/sloppy", &["--effects", "{effects}"]).await;
+        assert_eq!(out.code, 7, "{out:?}");
+        for id in ["missing-key", "other-body"] {
+            let saw = out.scenario(id)["saw"].as_str().unwrap().to_owned();
+            assert!(saw.contains("expected"), "{id}: {saw}");
+        }
+        assert!(
+            out.scenario("missing-key")["saw"]
+                .as_str()
+                .unwrap()
+                .ends_with("; 1 effect, expected 0"),
+            "{out:?}"
+        );
+        verdicts_are(
+            &out,
+            &[
+                ("missing-key", "fail"),
+                ("other-body", "fail"),
+                ("concurrent", "fail"),
+                ("other-tenant", "not-applicable"),
+                ("restart", "not-applicable"),
+                ("late-retry", "not-applicable"),
+            ],
+        );
+        // Without the count, the answers are all the check sees.
+        let out = check_broken("/sloppy", &[]).await;
+        assert_eq!(out.scenario("missing-key")["verdict"], "pass", "{out:?}");
+        assert_eq!(out.scenario("other-body")["verdict"], "pass", "{out:?}");
+    }
+
+    /// A new key's first answer marked replayed is no replay: the first
+    /// request fails (and with it the run).
+    #[tokio::test]
+    async fn a_first_answer_marked_replayed_fails_the_first_request() {
+        let out = check_broken("/marked", &[]).await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let first = out.scenario("first-request");
+        assert_eq!(first["verdict"], "fail", "{out:?}");
+        assert!(
+            first["saw"].as_str().unwrap().contains("marked replayed"),
+            "{out:?}"
+        );
+    }
+
+    /// A restart command that starts the service in the background (its
+    /// output still open) is done when `sh` exits, not when that output ends.
+    #[tokio::test]
+    async fn a_restart_command_that_leaves_a_process_running_is_done_when_it_exits() {
+        let out = check_broken(
+            "/things",
+            &[
+                "--concurrency",
+                "2",
+                "--restart-cmd",
+                "sleep 30 &",
+                "--restart-timeout",
+                "20s",
+            ],
+        )
+        .await;
+        let restart = out.scenario("restart");
+        assert_eq!(restart["verdict"], "pass", "{out:?}");
+        assert!(restart["elapsed_ms"].as_u64().unwrap() < 20_000, "{out:?}");
     }
 
     /// A restart command that fails fails its scenario, with its exit status

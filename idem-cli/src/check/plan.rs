@@ -91,7 +91,8 @@ pub(crate) struct Plan {
 
 impl Plan {
     pub(crate) fn new(args: &CheckArgs, target: &Target) -> Result<Plan, Failure> {
-        let run = format!("{:08x}", fastrand::u32(..));
+        // 64 bits: two runs against the same service never share a key.
+        let run = format!("{:016x}", fastrand::u64(..));
         let equivalent = target.body.as_deref().and_then(body::equivalent);
         let other = match &args.other_body {
             Some(path) => Some(read_other_body(path)?),
@@ -108,7 +109,7 @@ impl Plan {
                     "equivalent-body" => match (&target.body, &equivalent) {
                         (None, _) => (Err("the request has no body".to_owned()), 0, 0, 0),
                         (_, None) => (Err("the body is not JSON".to_owned()), 0, 0, 0),
-                        _ => (Ok(()), 1, 0, 0),
+                        _ => (Ok(()), 1, 2 * counting, 0),
                     },
                     "other-body" => match (&target.body, &other) {
                         (None, None) => (
@@ -132,15 +133,16 @@ impl Plan {
                         ),
                         // The other body alone (is it valid?), under the used
                         // key, then the first body again.
-                        _ => (Ok(()), 3, 0, 1),
+                        _ => (Ok(()), 3, 2 * counting, 1),
                     },
-                    "missing-key" => (Ok(()), 1, 0, 0),
-                    "malformed-key-empty" => (Ok(()), 1, 0, 0),
+                    "missing-key" => (Ok(()), 1, 2 * counting, 0),
+                    "malformed-key-empty" => (Ok(()), 1, 2 * counting, 0),
                     // The malformed key, then the key a lenient parser could
                     // have made of it, which must execute as new.
-                    id if id.starts_with("malformed-key-") => (Ok(()), 2, 0, 1),
-                    // The duplicates, then a retry after they all answered.
-                    "concurrent" => (Ok(()), n + 1, 2 * counting, 1),
+                    id if id.starts_with("malformed-key-") => (Ok(()), 2, 2 * counting, 1),
+                    // An OPTIONS per duplicate to open its connection, the
+                    // duplicates, then a retry after they all answered.
+                    "concurrent" => (Ok(()), 2 * n + 1, 2 * counting, 1),
                     "other-tenant" if args.tenant_header.is_empty() => {
                         (Err("no --tenant-header".to_owned()), 0, 0, 0)
                     }
@@ -150,7 +152,7 @@ impl Plan {
                     }
                     "restart" => (Ok(()), 2, 2 * counting, 1),
                     "late-retry" if args.after.is_zero() => (Err("--after 0s".to_owned()), 0, 0, 0),
-                    "late-retry" => (Ok(()), 1, 0, 0),
+                    "late-retry" => (Ok(()), 1, 2 * counting, 0),
                     _ => (Ok(()), 0, 0, 0),
                 };
                 Step {
@@ -187,10 +189,11 @@ impl Plan {
     }
 
     /// How long a run can take at most: every request to its timeout (the
-    /// concurrent ones together), the wait for the late retry, the restart.
+    /// concurrent ones together, and their OPTIONS together), the wait for the
+    /// late retry, the restart.
     pub(crate) fn bound(&self, target: &Target, args: &CheckArgs) -> Duration {
         let (url, counts) = self.requests(target);
-        let sequential = url + counts - (args.concurrency - 1);
+        let sequential = url + counts - 2 * (args.concurrency - 1);
         let mut bound = target.timeout * sequential;
         if self.step("late-retry").applies.is_ok() {
             bound += args.after;
@@ -220,10 +223,11 @@ impl Plan {
         }
         let _ = writeln!(
             out,
-            ", one at a time except {} at once, each within {} (at most {} in all)",
-            args.concurrency,
-            humantime::format_duration(target.timeout),
-            humantime::format_duration(self.bound(target, args))
+            ", one at a time except {n} at once (after {n} OPTIONS, at once, that open their \
+             connections), each within {each} (at most {all} in all)",
+            n = args.concurrency,
+            each = humantime::format_duration(target.timeout),
+            all = humantime::format_duration(self.bound(target, args))
         );
         let mut waits = Vec::new();
         if self.step("late-retry").applies.is_ok() {

@@ -177,13 +177,7 @@ impl Target {
         {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
-        let client = reqwest::Client::builder()
-            // Only the URLs given: a redirect is reported, never followed.
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(args.timeout)
-            .user_agent(concat!("idem-check/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| Failure::Other(format!("cannot build the HTTP client: {e}")))?;
+        let client = client(args.timeout).map_err(Failure::Other)?;
         Ok(Target {
             client,
             url,
@@ -194,6 +188,38 @@ impl Target {
             effects,
             timeout: args.timeout,
         })
+    }
+
+    /// The same target on an HTTP client of its own, whose connections no
+    /// other request shares.
+    pub(crate) fn on_own_client(&self) -> Result<Target, String> {
+        Ok(Target {
+            client: client(self.timeout)?,
+            ..self.clone()
+        })
+    }
+
+    /// Opens this client's connection before it is needed: an `OPTIONS`
+    /// request to the URL (a safe method, RFC 9110: no key, no body, no
+    /// effect), its answer read whole so that the connection waits idle for
+    /// the next request. `Err` says why no connection is known to wait: no
+    /// answer, or one that closes it.
+    pub(crate) async fn open_connection(&self) -> Result<(), String> {
+        let mut headers = self.headers.clone();
+        headers.remove(CONTENT_TYPE);
+        let answer = fetch(
+            self.client
+                .request(Method::OPTIONS, self.url.clone())
+                .headers(headers),
+        )
+        .await?;
+        match answer.header("connection") {
+            Some(v) if v.to_ascii_lowercase().contains("close") => Err(format!(
+                "the OPTIONS answer ({}) closes its connection",
+                answer.status
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Sends the request with `key` (raw bytes: the malformed ones are the
@@ -258,8 +284,10 @@ impl Target {
         }
     }
 
-    /// Sends again on a connection error only (nothing reached the service)
-    /// until `deadline`: the service is coming back after a restart.
+    /// Sends again until `deadline` while the service is not back after a
+    /// restart: a connection error (nothing reached the service), or a
+    /// gateway's `502`, `503` or `504` (a proxy in front of it, which answers
+    /// for it while it starts).
     pub(crate) async fn send_when_up(
         &self,
         key: &[u8],
@@ -268,8 +296,11 @@ impl Target {
     ) -> Exchange {
         loop {
             let ex = self.send(Some(key), body, Tenant::First).await;
-            let refused = matches!(&ex.result, Outcome::Error(e) if e.starts_with(CONNECT));
-            if !refused || Instant::now() >= deadline {
+            let down = match &ex.result {
+                Outcome::Error(e) => e.starts_with(CONNECT),
+                Outcome::Answer(a) => matches!(a.status, 502..=504),
+            };
+            if !down || Instant::now() >= deadline {
                 return ex;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -297,6 +328,17 @@ impl Target {
             )),
         }
     }
+}
+
+/// The checker's HTTP client: every request bounded by `timeout`, no redirect
+/// followed (only the URLs given are reached; a `3xx` is reported).
+fn client(timeout: Duration) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .user_agent(concat!("idem-check/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
 
 /// How a connection error's message starts ([`Target::send_when_up`] retries those).

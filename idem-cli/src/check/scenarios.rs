@@ -134,15 +134,20 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
             match step.id {
                 "first-request" => run.first_request().await,
                 "retry" => run.retry().await,
-                "equivalent-body" => run.equivalent_body().await,
-                "other-body" => run.other_body().await,
-                "missing-key" => run.missing_key().await,
+                "equivalent-body" => run.counted(0, run.equivalent_body()).await,
+                // The other body alone executes; under the used key, nothing.
+                "other-body" => run.counted(1, run.other_body()).await,
+                "missing-key" => run.counted(0, run.missing_key()).await,
                 "concurrent" => run.concurrent().await,
+                // Not counted: `--effects` counts the first tenant's, or
+                // every tenant's.
                 "other-tenant" => run.other_tenant().await,
                 "restart" => run.restart().await,
-                "late-retry" => run.late_retry().await,
+                "late-retry" => run.counted(0, run.late_retry()).await,
                 "problem-documents" => problem_documents(&results),
-                malformed => run.malformed_key(malformed).await,
+                "malformed-key-empty" => run.counted(0, run.malformed_key(step.id)).await,
+                // The key a lenient parser could have made executes, once.
+                malformed => run.counted(1, run.malformed_key(malformed)).await,
             }
         };
         results.push(ScenarioResult {
@@ -194,6 +199,44 @@ impl Run<'_> {
             .map_err(|e| format!("--effects: {e}"))
     }
 
+    /// Runs `scenario` between two counts of the effects (with `--effects`):
+    /// one that passed fails when the count moved by other than `expected`
+    /// (an answer of 400 or 422 that came after the operation ran, say). One
+    /// not applicable is left as it is.
+    async fn counted(&self, expected: i128, scenario: impl Future<Output = Found>) -> Found {
+        let before = match self.effects().await {
+            Ok(n) => n,
+            Err(e) => return fail(e, Vec::new()),
+        };
+        let mut found = scenario.await;
+        if found.verdict == Verdict::NotApplicable {
+            return found;
+        }
+        let made = match (before, self.effects().await) {
+            (Some(b), Ok(Some(a))) => a as i128 - b as i128,
+            (_, Err(e)) => {
+                found.saw.push_str(&format!("; {e}"));
+                found.verdict = Verdict::Fail;
+                return found;
+            }
+            _ => return found,
+        };
+        let effects = |n: i128| match n {
+            0 => "no effect".to_owned(),
+            1 => "1 effect".to_owned(),
+            n => format!("{n} effects"),
+        };
+        if made == expected {
+            found.saw.push_str(&format!("; {}", effects(made)));
+        } else {
+            found
+                .saw
+                .push_str(&format!("; {}, expected {expected}", effects(made)));
+            found.verdict = Verdict::Fail;
+        }
+        found
+    }
+
     async fn first_request(&mut self) -> Found {
         let before = match self.effects().await {
             Ok(n) => n,
@@ -208,6 +251,13 @@ impl Run<'_> {
             );
             return fail(saw, vec![ex]);
         };
+        if answer.replayed() {
+            let saw = format!(
+                "{}, marked replayed: a new key's first answer is no replay",
+                answer.status
+            );
+            return fail(saw, vec![ex]);
+        }
         let mut saw = format!("{} in {} ms", answer.status, answer.elapsed_ms);
         let after = match self.effects().await {
             Ok(n) => n,
@@ -314,6 +364,11 @@ impl Run<'_> {
                 alone.short()
             );
             return not_applicable(saw, vec![alone]);
+        }
+        if alone.answer().is_some_and(Answer::replayed) {
+            let saw = "the other body alone, under a new key, is marked replayed: a new \
+                       key's first answer is no replay";
+            return fail(saw, vec![alone]);
         }
         let reused = self.send(&self.key("first-request"), other).await;
         let mut exchanges = vec![alone, reused];
@@ -452,12 +507,36 @@ impl Run<'_> {
         };
         let key = self.key("concurrent");
         let n = self.args.concurrency as usize;
-        let target = Arc::new(self.target.clone());
+        // Each duplicate on a connection of its own, opened beforehand: sent
+        // together, they reach the service together, where one sent on a
+        // kept-alive connection would be served while the others still
+        // connect (a round trip or three later, long enough for a handler that
+        // checks for the key and then inserts to look like one that claims it).
+        let mut targets = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.target.on_own_client() {
+                Ok(t) => targets.push(Arc::new(t)),
+                Err(e) => return fail(e, Vec::new()),
+            }
+        }
+        let mut opening = tokio::task::JoinSet::new();
+        for target in &targets {
+            let target = target.clone();
+            opening.spawn(async move { target.open_connection().await });
+        }
+        let mut unopened = Vec::new();
+        while let Some(opened) = opening.join_next().await {
+            match opened {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => unopened.push(e),
+                Err(e) => unopened.push(e.to_string()),
+            }
+        }
         // All spawned before any sends: they start together.
         let start = Arc::new(tokio::sync::Barrier::new(n));
         let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..n {
-            let (target, start, key) = (target.clone(), start.clone(), key.clone());
+        for (i, target) in targets.into_iter().enumerate() {
+            let (start, key) = (start.clone(), key.clone());
             tasks.spawn(async move {
                 start.wait().await;
                 let body = target.body.as_deref().map(|b| (BodyKind::Original, b));
@@ -527,6 +606,14 @@ impl Run<'_> {
             }
         }
         let mut saw = format!("{n} at once: {successes}× 2xx");
+        if successes > 0 && fresh == 0 {
+            saw.push_str(", every one marked replayed");
+            problems.push(
+                "no answer is the execution's own: every 2xx is marked replayed, the first \
+                 execution's included"
+                    .to_owned(),
+            );
+        }
         match bodies.len() {
             0 => {}
             1 => saw.push_str(" with one body"),
@@ -562,6 +649,15 @@ impl Run<'_> {
         }
         if successes == 0 {
             problems.push("no request succeeded".to_owned());
+        }
+        if !unopened.is_empty() {
+            unopened.dedup();
+            saw.push_str(&format!(
+                " ({} of {n} sent on a connection opened as it was sent, so they may not have \
+                 arrived together: {})",
+                unopened.len(),
+                unopened.join(", ")
+            ));
         }
         // Once they all answered, a retry gets the one outcome (with several,
         // there is none to compare it with).
@@ -664,6 +760,13 @@ impl Run<'_> {
             let saw = format!("the request before the restart is {}", ex.short());
             return fail(saw, vec![ex]);
         };
+        if first.replayed() {
+            let saw = format!(
+                "the request before the restart, a new key, is {} marked replayed",
+                first.status
+            );
+            return fail(saw, vec![ex]);
+        }
         let before = match self.effects().await {
             Ok(n) => n,
             Err(e) => return fail(e, vec![ex]),
@@ -737,17 +840,36 @@ impl Run<'_> {
 }
 
 /// Runs the restart command (`sh -c`), at most `limit`; `Err` says what went wrong.
+///
+/// It is done when `sh` exits, whatever it started: a service the command
+/// starts in the background (`./srv &`) keeps the command's output open for as
+/// long as it runs, so the output is not waited for. Standard output is
+/// dropped; what standard error held by then (its first 64 KiB) is kept for a
+/// failure's report.
 async fn run_restart_cmd(cmd: &str, limit: Duration) -> Result<(), String> {
-    let child = tokio::process::Command::new("sh")
+    use tokio::io::AsyncReadExt as _;
+    let mut child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("did not start: {e}"))?;
-    let out = tokio::time::timeout(limit, child.wait_with_output())
+    let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reading = child.stderr.take().map(|mut pipe| {
+        let stderr = stderr.clone();
+        tokio::spawn(async move {
+            let mut chunk = [0_u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
+                let mut held = stderr.lock().unwrap_or_else(|e| e.into_inner());
+                let room = (64_usize << 10).saturating_sub(held.len());
+                held.extend_from_slice(&chunk[..n.min(room)]);
+            }
+        })
+    });
+    let status = tokio::time::timeout(limit, child.wait())
         .await
         .map_err(|_| {
             format!(
@@ -755,14 +877,25 @@ async fn run_restart_cmd(cmd: &str, limit: Duration) -> Result<(), String> {
                 humantime::format_duration(limit)
             )
         })?
-        .map_err(|e| format!("failed: {e}"))?;
-    if out.status.success() {
+        .map_err(|e| format!("failed: {e}"));
+    if let Some(mut reading) = reading {
+        // The pipe's end once `sh` is gone, unless a background process holds
+        // it: what that writes later is not the command's.
+        if tokio::time::timeout(Duration::from_millis(100), &mut reading)
+            .await
+            .is_err()
+        {
+            reading.abort();
+        }
+    }
+    let status = status?;
+    if status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let held = stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let stderr = String::from_utf8_lossy(&held);
     Err(format!(
-        "exited with {}: {}",
-        out.status,
+        "exited with {status}: {}",
         super::report::excerpt(stderr.trim(), 300)
     ))
 }
