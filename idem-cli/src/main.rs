@@ -59,6 +59,7 @@
 //! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
 //! | 6 | not migrated: the table `idempotency_requests` does not exist; run `idem migrate` |
 //! | 7 | `check`: a scenario failed (the report says which, with its requests and answers) |
+//! | 8 | `check` could not run: the request itself does not succeed (no answer, or not a `2xx`), or `--effects` stopped counting; no finding about the promise |
 //!
 //! # Safety of `purge`
 //!

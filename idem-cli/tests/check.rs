@@ -260,7 +260,15 @@ async fn the_body_can_come_from_standard_input() {
 async fn an_unreachable_service_fails_the_first_request_and_runs_nothing_else() {
     let url = format!("http://127.0.0.1:{}/orders", closed_port());
     let out = check(&["--url", &url, "--format", "json", "--after", "0s"]).await;
-    assert_eq!(out.code, 7, "{out:?}");
+    // Not a finding about the promise: the check could not run (8, not 7).
+    assert_eq!(out.code, 8, "{out:?}");
+    assert!(
+        out.json()["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("the request itself does not succeed"),
+        "{out:?}"
+    );
     let first = out.scenario("first-request");
     assert_eq!(first["verdict"], "fail", "{out:?}");
     assert!(
@@ -484,6 +492,8 @@ mod services {
             /// (its keys end in `-concurrent`) sends duplicates at once, so
             /// only its keys wait; a lone request must not.
             seen_unused: Arc<Mutex<HashMap<String, watch::Sender<usize>>>>,
+            /// `/flaky-effects` calls so far.
+            counted: Arc<std::sync::atomic::AtomicUsize>,
         }
 
         fn problem(status: StatusCode, kind: &str) -> Response {
@@ -513,6 +523,11 @@ mod services {
             // `/racy` leaves the race open for 100 ms, with no help: only
             // duplicates that arrive together take it.
             let racy = uri.path() == "/racy";
+            // `/crashy` fails the body the check derives as the other one
+            // (the first integer plus one) with a 500.
+            if uri.path() == "/crashy" && body.as_ref() == br#"{"name":"a","size":3}"# {
+                return problem(StatusCode::INTERNAL_SERVER_ERROR, "crash");
+            }
             let effect = |tenant: String| {
                 let pool = app.pool.clone();
                 async move {
@@ -622,6 +637,18 @@ mod services {
             response
         }
 
+        /// `/effects` for its first three calls, then `500`: a count that
+        /// stops answering during a run.
+        async fn flaky_effects(State(app): State<App>, headers: HeaderMap) -> Response {
+            let calls = app
+                .counted
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if calls >= 3 {
+                return problem(StatusCode::INTERNAL_SERVER_ERROR, "count-down");
+            }
+            effects(State(app), headers).await
+        }
+
         async fn effects(State(app): State<App>, headers: HeaderMap) -> Response {
             let tenant = headers
                 .get(header::AUTHORIZATION)
@@ -680,6 +707,7 @@ mod services {
             let app = App {
                 pool,
                 seen_unused: Arc::default(),
+                counted: Arc::default(),
             };
             let router = Router::new()
                 .route("/things", post(create))
@@ -687,7 +715,9 @@ mod services {
                 .route("/marked", post(create))
                 .route("/sloppy", post(create))
                 .route("/racy", post(create))
+                .route("/crashy", post(create))
                 .route("/effects", get(effects))
+                .route("/flaky-effects", get(flaky_effects))
                 .with_state(app);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let base = format!("http://{}", listener.local_addr().unwrap());
@@ -721,7 +751,7 @@ mod services {
         let effects = format!("{base}/effects");
         let more: Vec<String> = more
             .iter()
-            .map(|a| a.replace("{effects}", &effects))
+            .map(|a| a.replace("{effects}", &effects).replace("{base}", &base))
             .collect();
         let more: Vec<&str> = more.iter().map(String::as_str).collect();
         let more = more.as_slice();
@@ -838,12 +868,39 @@ mod services {
         assert_eq!(out.scenario("other-body")["verdict"], "pass", "{out:?}");
     }
 
+    /// A service that fails the other body with a 500 fails `other-body`:
+    /// only a refusal (4xx) of that body makes the scenario not applicable.
+    #[tokio::test]
+    async fn a_5xx_for_the_other_body_alone_fails_the_scenario() {
+        let out = check_broken("/crashy", &[]).await;
+        let other = out.scenario("other-body");
+        assert_eq!(other["verdict"], "fail", "{out:?}");
+        assert_eq!(
+            other["saw"], "the other body alone, under a new key, is 500 urn:broken:crash",
+            "{out:?}"
+        );
+    }
+
+    /// A count that stops answering during the run is no finding about the
+    /// service's promise: the check could not run (exit 8), and says why.
+    #[tokio::test]
+    async fn effects_that_stop_counting_mean_the_check_could_not_run() {
+        let out = check_broken("/things", &["--effects", "{base}/flaky-effects"]).await;
+        assert_eq!(out.code, 8, "{out:?}");
+        let why = out.json()["could_not_run"].as_str().unwrap().to_owned();
+        assert!(why.starts_with("--effects: GET answered 500"), "{why}");
+    }
+
     /// A new key's first answer marked replayed is no replay: the first
     /// request fails (and with it the run).
     #[tokio::test]
     async fn a_first_answer_marked_replayed_fails_the_first_request() {
         let out = check_broken("/marked", &[]).await;
-        assert_eq!(out.code, 7, "{out:?}");
+        assert_eq!(
+            out.code, 7,
+            "a finding, not a check that could not run: {out:?}"
+        );
+        assert!(out.json()["could_not_run"].is_null(), "{out:?}");
         let first = out.scenario("first-request");
         assert_eq!(first["verdict"], "fail", "{out:?}");
         assert!(

@@ -115,7 +115,8 @@ pub(crate) struct CheckArgs {
 
 const AFTER_HELP: &str = "\
 Exit codes: 0 every applicable scenario passed (or --dry-run); 2 bad arguments (a URL,
-a header, a body file); 7 a scenario failed. The plan (how many requests, which
+a header, a body file); 7 a scenario failed; 8 the check could not run (the request
+itself does not succeed, or --effects stopped counting). The plan (how many requests, which
 scenarios create effects) is printed on stderr before the first request.
 
 Example (the orders example of the idem repository):
@@ -139,6 +140,10 @@ pub(crate) enum Format {
 
 /// The exit code when a scenario failed (documented in the CLI's table).
 pub(crate) const FAILED: u8 = 7;
+
+/// The exit code when the check could not judge the service: the request
+/// itself does not succeed, or `--effects` stopped counting.
+pub(crate) const COULD_NOT_RUN: u8 = 8;
 
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (write e.g. 10s, 500ms, 1m)"))
@@ -165,7 +170,13 @@ pub(crate) async fn check(mut args: CheckArgs, json: bool) -> Result<(String, u8
             .map_err(|e| Failure::Usage(format!("--effects {}: {e}", redact::url(effects))))?;
     }
     let report = scenarios::run(&args, &target, &plan).await;
-    let code = if report.failed() > 0 { FAILED } else { 0 };
+    let code = if report.could_not_run.is_some() {
+        COULD_NOT_RUN
+    } else if report.failed() > 0 {
+        FAILED
+    } else {
+        0
+    };
     let out = match args.format {
         Format::Table => report::table(&report, report::colour()),
         Format::Json => report::json(&report)?,

@@ -53,13 +53,17 @@ pub(crate) fn excerpt(text: &str, max: usize) -> String {
 }
 
 fn summary(report: &Report) -> String {
-    format!(
+    let mut line = format!(
         "{} passed, {} failed, {} not applicable ({} ms)",
         report.count(Verdict::Pass),
         report.count(Verdict::Fail),
         report.count(Verdict::NotApplicable),
         report.elapsed_ms
-    )
+    );
+    if let Some(why) = &report.could_not_run {
+        line.push_str(&format!("; the check could not run: {why}"));
+    }
+    line
 }
 
 /// The table: one row per scenario, then each failure's requests and answers.

@@ -52,6 +52,10 @@ pub(crate) struct Report {
     pub(crate) url: String,
     pub(crate) run: String,
     pub(crate) elapsed_ms: u128,
+    /// Why the check could not judge the service, if it could not: the
+    /// request itself does not succeed (no answer, or not a `2xx`), or
+    /// `--effects` stopped counting. Not a finding about the promise.
+    pub(crate) could_not_run: Option<String>,
     pub(crate) scenarios: Vec<ScenarioResult>,
 }
 
@@ -108,6 +112,8 @@ struct Run<'a> {
     first: Option<(Answer, Instant)>,
     /// The effects counted right after the first request.
     first_effects: Option<u64>,
+    /// See [`Report::could_not_run`].
+    could_not_run: std::cell::RefCell<Option<String>>,
 }
 
 /// Runs every scenario of the plan, in order.
@@ -119,6 +125,7 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
         plan,
         first: None,
         first_effects: None,
+        could_not_run: std::cell::RefCell::new(None),
     };
     let mut results = Vec::new();
     for step in &plan.steps {
@@ -164,6 +171,7 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
         url: super::redact::url(&target.url),
         run: plan.run.clone(),
         elapsed_ms: started.elapsed().as_millis(),
+        could_not_run: run.could_not_run.into_inner(),
         scenarios: results,
     }
 }
@@ -192,11 +200,18 @@ impl Run<'_> {
         if self.target.effects.is_none() {
             return Ok(None);
         }
-        self.target
+        let counted = self
+            .target
             .count_effects()
             .await
             .map(Some)
-            .map_err(|e| format!("--effects: {e}"))
+            .map_err(|e| format!("--effects: {e}"));
+        if let Err(e) = &counted {
+            self.could_not_run
+                .borrow_mut()
+                .get_or_insert_with(|| e.clone());
+        }
+        counted
     }
 
     /// Runs `scenario` between two counts of the effects (with `--effects`):
@@ -249,6 +264,7 @@ impl Run<'_> {
                  and run again",
                 ex.short()
             );
+            *self.could_not_run.get_mut() = Some(saw.clone());
             return fail(saw, vec![ex]);
         };
         if answer.replayed() {
@@ -357,6 +373,19 @@ impl Run<'_> {
         // Alone first: a 422 under the used key proves something only if the
         // other body is valid in itself.
         let alone = self.send(&self.key("other-body"), other).await;
+        // A refusal (4xx) makes the scenario moot; no answer, or a 5xx, is
+        // the service failing a valid request, which is no premise to skip.
+        match alone.answer() {
+            None => {
+                let saw = format!("the other body alone, under a new key: {}", alone.short());
+                return fail(saw, vec![alone]);
+            }
+            Some(a) if a.status >= 500 => {
+                let saw = format!("the other body alone, under a new key, is {}", a.short());
+                return fail(saw, vec![alone]);
+            }
+            Some(_) => {}
+        }
         if !alone.answer().is_some_and(Answer::is_success) {
             let saw = format!(
                 "the other body alone is {}, so a 422 under the used key would prove \
@@ -669,6 +698,18 @@ impl Run<'_> {
         let retry = self.send(&key, self.body()).await;
         match (retry.answer(), first) {
             (Some(a), Some((status, body))) => {
+                let headers_differ = first_success.is_some_and(|f| {
+                    MUST_MATCH
+                        .iter()
+                        .any(|name| f.header(name) != a.header(name))
+                });
+                if headers_differ {
+                    problems.push(
+                        "the retry after them differs from their answer in a header a replay \
+                         repeats"
+                            .to_owned(),
+                    );
+                }
                 if a.status != status || a.bytes != body || !a.replayed() {
                     problems.push(format!(
                         "the retry after them is {}{}",
