@@ -75,6 +75,7 @@ macro_rules! sealed_tests {
             claims_made_before_the_handler_seal_too,
             an_expired_key_runs_anew_and_its_new_answer_opens,
             a_leased_answer_is_sealed_and_replayed,
+            a_reconciler_from_the_service_seals_what_it_resolves,
             hand_written_claims_seal_with_the_ring_and_refuse_without,
             rekey_moves_answers_to_the_active_key_and_a_stopped_run_resumes,
             two_rekeys_beside_live_replays_move_every_answer_once,

@@ -170,6 +170,34 @@ impl<DB: Backend> Idem<DB> {
         &self.pool
     }
 
+    /// A [`crate::reconcile::Reconciler`] on this service's pool that seals
+    /// the outcomes it resolves with this service's key ring, if it has one
+    /// ([`Idem::with_key_ring`]): the outcomes a reconciler stores are the
+    /// uncertain effects, a payment's above all, and one built with
+    /// `Reconciler::new(pool, ..)` stores them in clear unless it is given the
+    /// ring too (and a service whose ring refuses clear answers then answers
+    /// them `503`).
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] // the example's pool is PostgreSQL's
+    /// # async fn demo(idem: idem_runtime::Idem<sqlx::Postgres>, provider: impl idem_runtime::reconcile::Reconcile) {
+    /// idem.reconciler(provider).spawn();
+    /// # }
+    /// ```
+    pub fn reconciler<R: crate::reconcile::Reconcile>(
+        &self,
+        reconcile: R,
+    ) -> crate::reconcile::Reconciler<R, DB>
+    where
+        DB: LeaseBackend,
+    {
+        let reconciler = crate::reconcile::Reconciler::new(self.pool.clone(), reconcile);
+        match self.key_ring() {
+            Some(ring) => reconciler.with_key_ring(ring.clone()),
+            None => reconciler,
+        }
+    }
+
     /// Applies idem's migrations to the pool's database (see [`crate::migrate`]).
     ///
     /// # Errors

@@ -80,7 +80,9 @@ impl<R, DB: LeaseBackend> std::fmt::Debug for Reconciler<R, DB> {
 }
 
 impl<R: Reconcile, DB: Backend> Reconciler<R, DB> {
-    /// A reconciler of up to 100 rows a round, every 10 seconds.
+    /// A reconciler of up to 100 rows a round, every 10 seconds. It seals
+    /// nothing unless given a key ring ([`Reconciler::with_key_ring`]);
+    /// [`crate::Idem::reconciler`] builds one with the service's.
     pub fn new(pool: Pool<DB>, reconcile: R) -> Self {
         Self::on_store(pool, reconcile)
     }

@@ -490,6 +490,66 @@ pub async fn a_leased_answer_is_sealed_and_replayed() {
     assert_eq!(a.state.charges.load(Ordering::SeqCst), 1, "charged twice");
 }
 
+/// Resolves every uncertain charge as paid, the card number in the answer.
+struct Paid;
+
+impl idem_runtime::reconcile::Reconcile for Paid {
+    fn operation(&self) -> &str {
+        "charge"
+    }
+    async fn reconcile(
+        &self,
+        _: &idem_runtime::reconcile::UncertainOutcome,
+    ) -> idem_runtime::reconcile::Resolution {
+        idem_runtime::reconcile::Resolution::Completed(StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "text/plain".into())],
+            body: Bytes::from_static(b"charged on card 4242"),
+        })
+    }
+}
+
+/// An uncertain charge of `key`, claimed and marked by hand.
+async fn uncertain_charge(db: &TestDb, key: &str) {
+    let key = IdempotencyKey::parse(key).unwrap();
+    let req = idem_runtime::LeaseRequest {
+        tenant: "acme",
+        operation: "charge",
+        key: &key,
+        fingerprint: FingerprintBuilder::new("acme", "charge", "POST", "/charges").finish(),
+        retention: Duration::from_secs(3600),
+        lease: Duration::from_secs(30),
+    };
+    match idem_runtime::claim_leased(&db.pool, &req).await.unwrap() {
+        idem_runtime::LeasedClaim::Acquired(lease) => lease.mark_uncertain().await.unwrap(),
+        other => panic!("a new key is acquired: {other:?}"),
+    }
+}
+
+/// The reconciler a service builds from its `Idem` seals the outcomes it
+/// resolves with the service's ring; one built from the pool alone stores
+/// them in clear.
+pub async fn a_reconciler_from_the_service_seals_what_it_resolves() {
+    let a = App::new(Some(ring("k1", &["k1"]))).await;
+    uncertain_charge(&a.db, "u-1").await;
+    let report = a.state.idem.reconciler(Paid).run_once().await.unwrap();
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (headers, body) = a.row("u-1").await;
+    assert_sealed(&headers, &body, "k1");
+
+    uncertain_charge(&a.db, "u-2").await;
+    let report = idem_runtime::reconcile::Reconciler::new(a.db.pool.clone(), Paid)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (_, body) = a.row("u-2").await;
+    assert!(
+        holds(&body, b"4242"),
+        "a reconciler without the ring seals nothing"
+    );
+}
+
 fn by_hand(key: &IdempotencyKey) -> ClaimRequest<'_> {
     ClaimRequest {
         tenant: "acme",

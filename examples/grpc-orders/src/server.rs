@@ -80,14 +80,8 @@ pub async fn run() -> Result<(), String> {
             }
             let ask = AskProvider { pool: pool.clone() };
             match &leases {
-                None => {
-                    let mut reconciler =
-                        Reconciler::new(pool.clone(), ask).with_interval(reconcile_every);
-                    if let Some(ring) = &ring {
-                        reconciler = reconciler.with_key_ring(ring.clone());
-                    }
-                    reconciler.spawn()
-                }
+                // The service's ring, if any, seals what it resolves.
+                None => idem.reconciler(ask).with_interval(reconcile_every).spawn(),
                 // The store seals with the ring it was given.
                 Some(store) => Reconciler::<_, Redis>::on_store(store.clone(), ask)
                     .with_interval(reconcile_every)
