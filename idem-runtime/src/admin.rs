@@ -96,7 +96,7 @@ pub const ERASE_BATCH: u32 = 1_000;
 /// [`InFlightRows::Erase`]: a leased execution's row whose lease is live (its
 /// fenced completion would find nothing, and a retry would run the effect
 /// again) or lapsed (its effect may have happened: its retry takes it over and
-/// is told [`crate::Acquisition::TakenOver`], where a retry of a deleted row
+/// is told [`crate::lease::Acquisition::TakenOver`], where a retry of a deleted row
 /// would be told `New`), an `uncertain` row (the reconciler's only record that an effect may
 /// have happened), and a row a running transaction holds (never waited on).
 /// They are counted in [`TenantErasure::left`]: erase again once they have
