@@ -39,6 +39,7 @@ macro_rules! consumer_tests {
             five_deliveries_of_one_message_apply_it_once,
             another_payload_under_the_same_identity_is_reported_not_applied,
             a_failed_effect_commits_nothing_and_the_redelivery_applies_it,
+            a_record_sealed_by_a_rekey_is_still_a_duplicate,
         );
     };
 }

@@ -58,9 +58,17 @@ pub struct Message<'a> {
     pub scope: &'a str,
     /// What consuming it does, such as `credit-account`.
     pub operation: &'a str,
-    /// The message's identity: the producer's message id (for NATS, `Nats-Msg-Id`),
-    /// or the broker's sequence number. Tag the kinds apart (`msg:…`, `seq:…`) so
-    /// they cannot collide. It is stored as its SHA-256, so any string will do.
+    /// The message's identity, the same on every delivery of the message and
+    /// never given to another: the producer's message id (for NATS,
+    /// `Nats-Msg-Id`), or the broker's position of the message qualified by
+    /// what it counts in, `stream:<name>:<created>:<stream sequence>` or
+    /// `kafka:<topic id>:<partition>:<offset>`: a stream or topic created again
+    /// counts from 1 again, and a bare sequence would then make a new message a
+    /// duplicate (same payload, acked unapplied) or a conflict. Never a
+    /// per-delivery counter (JetStream's consumer sequence, AMQP's
+    /// `delivery_tag`): it changes on redelivery. Tag the kinds apart (`msg:…`,
+    /// `stream:…`) so they cannot collide. It is stored as its SHA-256, so any
+    /// string will do.
     pub id: &'a str,
     /// The payload bytes: a different payload under the same id is a conflict.
     pub payload: &'a [u8],
@@ -112,7 +120,10 @@ pub fn message_key(id: &str) -> IdempotencyKey {
 /// Runs `effect` at most once for the message's scope, operation and id, in one
 /// transaction with the record of it; see the module docs for what to do with
 /// each answer. `retention` is how long redeliveries are recognised: make it
-/// longer than the broker can redeliver (its max age or dedup window).
+/// longer than the broker can deliver the message again (the stream's or
+/// queue's max age, the longest backlog it may hold, a replay from the start),
+/// never just its duplicate window, which ends long before redeliveries and
+/// re-publishes do.
 ///
 /// # Errors
 ///
@@ -139,7 +150,9 @@ where
         in_flight_wait: Duration::from_secs(2),
     };
     let mut tx = DB::begin(pool).await.map_err(StoreError::from)?;
-    let execution = match store::claim(&mut tx, &req).await? {
+    // The stored record is never read: a redelivery is a duplicate whatever
+    // its record holds, even sealed with a key this process lacks.
+    let execution = match store::claim_answer_unread(&mut tx, &req).await? {
         Claim::Execute(e) => e,
         Claim::Replay(_) => return Ok(Delivery::Duplicate),
         Claim::Mismatch => {

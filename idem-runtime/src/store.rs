@@ -80,6 +80,19 @@ pub async fn claim_with_key_ring<DB: Backend>(
     claim_sealed(tx, req, Some(ring)).await
 }
 
+/// [`claim`] for a caller that needs only to know that a key was finished,
+/// never its answer (the consumer helper: a redelivery is a duplicate, its
+/// stored record unread): a replay's stored answer is handed back as it is,
+/// not opened, so one sealed with a key this process lacks (say, by `idem
+/// rekey --seal-clear`) is still a replay rather than an error.
+pub(crate) async fn claim_answer_unread<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    req: &ClaimRequest<'_>,
+) -> Result<Claim, StoreError> {
+    crate::model::refuse_under_a_millisecond(req.retention, None)?;
+    DB::claim(&mut **tx, req).await
+}
+
 async fn claim_sealed<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     req: &ClaimRequest<'_>,

@@ -122,3 +122,33 @@ pub async fn a_failed_effect_commits_nothing_and_the_redelivery_applies_it() {
     ));
     assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
 }
+
+/// A message applied before `idem rekey --seal-clear` sealed its record is a
+/// duplicate on redelivery: the consumer never reads the record, so it needs
+/// no key ring to know the message was applied (reading it, a redelivery got a
+/// store error, was nacked, and came back until the broker gave up on it).
+pub async fn a_record_sealed_by_a_rekey_is_still_a_duplicate() {
+    let db = ledger_db().await;
+    assert!(matches!(
+        consume(&db, "evt-4", b"{}", false).await.unwrap(),
+        Delivery::Applied(_)
+    ));
+    let ring = idem_runtime::at_rest::KeyRing::new(
+        "k1",
+        [("k1", idem_runtime::at_rest::Zeroizing::new(vec![7_u8; 32]))],
+    )
+    .unwrap();
+    let mut options = idem_runtime::admin::RekeyOptions::default();
+    options.seal_clear = true;
+    let report = idem_runtime::admin::rekey(&db.pool, &ring, options, |_| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(report.resealed, 1, "{report:?}");
+    assert_eq!(
+        consume(&db, "evt-4", b"{}", false).await.unwrap(),
+        Delivery::Duplicate
+    );
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
