@@ -106,6 +106,21 @@ pub(crate) fn full_jitter(base: Duration, max: Duration, retry: u32) -> Duration
     Duration::from_nanos(fastrand::u64(0..=cap_nanos))
 }
 
+/// The wait before the `retry`th retry: the server's `Retry-After`, if any,
+/// with the backoff's [`full_jitter`] on top, so that clients the server told
+/// the same `Retry-After` (idem sends one second for a busy store) come back
+/// spread over the jitter rather than at one instant.
+pub(crate) fn next_wait(
+    base: Duration,
+    max: Duration,
+    retry: u32,
+    retry_after: Option<Duration>,
+) -> Duration {
+    retry_after
+        .unwrap_or_default()
+        .saturating_add(full_jitter(base, max, retry))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +280,26 @@ mod tests {
         assert_eq!(retry_after(&h, now), None);
         h.insert(RETRY_AFTER, HeaderValue::from_bytes(b"\xff").unwrap());
         assert_eq!(retry_after(&h, now), None);
+    }
+
+    #[test]
+    fn a_retry_after_is_waited_out_with_the_jitter_on_top() {
+        let (base, max) = (Duration::from_millis(100), Duration::from_secs(2));
+        let second = Duration::from_secs(1);
+        let waits: Vec<Duration> = (0..200)
+            .map(|_| next_wait(base, max, 1, Some(second)))
+            .collect();
+        assert!(waits.iter().all(|w| *w >= second && *w <= second + base));
+        assert!(
+            waits.iter().any(|w| *w != waits[0]),
+            "every client told Retry-After: 1 would come back at once"
+        );
+        assert!(next_wait(base, max, 1, None) <= base);
+        assert_eq!(
+            next_wait(base, max, 1, Some(Duration::MAX)),
+            Duration::MAX,
+            "a far Retry-After saturates, for the deadline to refuse"
+        );
     }
 
     #[test]

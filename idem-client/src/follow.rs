@@ -19,16 +19,22 @@ use crate::decide::{problem_type, retry_after};
 
 /// The resource of a long operation, when `status` and `headers` are a `202
 /// Accepted` that names one in `Location`, resolved against `url` (the
-/// request's, after any redirect). Only a resource of the request's own
-/// origin is followed: the `GET`s carry the request's credentials, which
-/// another origin must not get.
-pub(crate) fn operation_of(status: StatusCode, headers: &HeaderMap, url: &Url) -> Option<Url> {
+/// answer's, after any redirect). Only a resource of the origin the caller
+/// sent the request to (`requested`) is followed: the `GET`s carry the
+/// request's credentials, which another origin must not get, and which the
+/// HTTP client itself took off a redirect that left that origin.
+pub(crate) fn operation_of(
+    status: StatusCode,
+    headers: &HeaderMap,
+    url: &Url,
+    requested: &Url,
+) -> Option<Url> {
     if status != StatusCode::ACCEPTED {
         return None;
     }
     let location = headers.get(LOCATION)?.to_str().ok()?.trim();
     let resource = url.join(location).ok()?;
-    same_origin(url, &resource).then_some(resource)
+    (same_origin(url, &resource) && same_origin(requested, &resource)).then_some(resource)
 }
 
 fn same_origin(a: &Url, b: &Url) -> bool {
@@ -204,18 +210,19 @@ mod tests {
         let post = url("http://127.0.0.1:3000/api/exports?x=1");
         let op = "/operations/create-export/ab12";
         assert_eq!(
-            operation_of(StatusCode::ACCEPTED, &located(op), &post),
+            operation_of(StatusCode::ACCEPTED, &located(op), &post, &post),
             Some(url("http://127.0.0.1:3000/operations/create-export/ab12"))
         );
         // Relative to the request's path, as any reference is.
         assert_eq!(
-            operation_of(StatusCode::ACCEPTED, &located("ops/1"), &post),
+            operation_of(StatusCode::ACCEPTED, &located("ops/1"), &post, &post),
             Some(url("http://127.0.0.1:3000/api/ops/1"))
         );
         assert_eq!(
             operation_of(
                 StatusCode::ACCEPTED,
                 &located("http://127.0.0.1:3000/ops/1"),
+                &post,
                 &post
             ),
             Some(url("http://127.0.0.1:3000/ops/1"))
@@ -227,17 +234,37 @@ mod tests {
             "mailto:ops@example.com",
         ] {
             assert_eq!(
-                operation_of(StatusCode::ACCEPTED, &located(elsewhere), &post),
+                operation_of(StatusCode::ACCEPTED, &located(elsewhere), &post, &post),
                 None,
                 "{elsewhere}"
             );
         }
         assert_eq!(
-            operation_of(StatusCode::ACCEPTED, &HeaderMap::new(), &post),
+            operation_of(StatusCode::ACCEPTED, &HeaderMap::new(), &post, &post),
             None
         );
         for other in [StatusCode::OK, StatusCode::CREATED, StatusCode::SEE_OTHER] {
-            assert_eq!(operation_of(other, &located(op), &post), None, "{other}");
+            assert_eq!(
+                operation_of(other, &located(op), &post, &post),
+                None,
+                "{other}"
+            );
+        }
+        // An answer from where a redirect led, to another origin (or down to
+        // http): its resource is not followed with the request's credentials,
+        // relative or absolute.
+        for redirected in [
+            "http://127.0.0.1:3001/api/exports",
+            "http://other.example/api/exports",
+        ] {
+            let redirected = url(redirected);
+            for location in [op, "http://127.0.0.1:3001/ops/1"] {
+                assert_eq!(
+                    operation_of(StatusCode::ACCEPTED, &located(location), &redirected, &post),
+                    None,
+                    "{redirected} {location}"
+                );
+            }
         }
     }
 

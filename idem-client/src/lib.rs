@@ -18,7 +18,7 @@
 //! | `422` and every other `4xx`; `2xx`, `3xx`; other `409`s | returned at once |
 //! | attempts or deadline used up | the error [`GaveUp`], carrying the key to retry with later |
 //! | a body it must hold over [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB) | the error [`BodyTooLarge`], at once |
-//! | a body that arrived but cannot be decoded | reqwest's decode error, at once |
+//! | a body that arrived but cannot be decoded; an error of a middleware after it, of a redirect, of the client | the error [`Interrupted`], at once, carrying the key (the request may have run) and the error |
 //!
 //! The final answer comes with its body in memory, or unread for a request with
 //! the [`StreamFinal`] extension. By default a logical request may take 120 s:
@@ -63,4 +63,6 @@ mod outcome;
 pub use decide::{OUTCOME_UNCERTAIN, REQUEST_IN_FLIGHT};
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
 pub use middleware::{IdempotencyMiddleware, StreamFinal};
-pub use outcome::{BodyTooLarge, ErrorExt, GaveUp, IdemOutcome, LastAnswer, Limit, ResponseExt};
+pub use outcome::{
+    BodyTooLarge, ErrorExt, GaveUp, IdemOutcome, Interrupted, LastAnswer, Limit, ResponseExt,
+};

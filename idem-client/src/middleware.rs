@@ -10,11 +10,11 @@ use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode, Url};
 use reqwest_middleware::{Error, Middleware, Next};
 use tokio::time::Instant;
 
-use crate::decide::{Verdict, full_jitter, judge, problem_type, reads_body, retry_after};
+use crate::decide::{Verdict, judge, next_wait, problem_type, reads_body, retry_after};
 use crate::follow::{Poll, judge_poll, judge_result, operation_of, poll_headers};
 use crate::{
-    BodyTooLarge, GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, InvalidKey, LastAnswer,
-    Limit,
+    BodyTooLarge, GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, Interrupted, InvalidKey,
+    LastAnswer, Limit,
 };
 
 /// The `reqwest-middleware` middleware that makes a client keep the idempotency
@@ -218,8 +218,9 @@ impl IdempotencyMiddleware {
     }
 
     /// The backoff between attempts: the `n`th retry waits a random time in
-    /// `[0, min(max, base * 2^(n-1))]` (full jitter), or the answer's
-    /// `Retry-After` if that is longer.
+    /// `[0, min(max, base * 2^(n-1))]` (full jitter), after the answer's
+    /// `Retry-After` if it has one (so that clients told the same `Retry-After`
+    /// do not all come back at the same instant).
     ///
     /// ```
     /// use std::time::Duration;
@@ -406,7 +407,10 @@ impl Middleware for IdempotencyMiddleware {
                 Err(_cut_off) => {
                     return Err(run.gave_up(Limit::Deadline(self.deadline), LastAnswer::CutOff));
                 }
-                Ok(Err(e)) => return Err(e),
+                // Not retried (a retry would meet it again, or it is not
+                // the answer's), but the request was handed on: it may have
+                // run, and the caller must keep its key.
+                Ok(Err(e)) => return Err(run.interrupted(e)),
                 // The same step again: a lost answer, or one that asks for a retry.
                 Ok(Ok(Read::Lost(e))) => (step, Wait::After(None), LastAnswer::Transport(e)),
                 Ok(Ok(Read::TooLarge {
@@ -435,7 +439,12 @@ impl Middleware for IdempotencyMiddleware {
                     },
                 ),
                 Ok(Ok(Read::Final(response, body))) => {
-                    match self.after_final(&step, &response, body.as_deref().unwrap_or_default()) {
+                    match self.after_final(
+                        &step,
+                        &response,
+                        body.as_deref().unwrap_or_default(),
+                        req.url(),
+                    ) {
                         Some((next_step, wait, last)) => {
                             if let Step::Poll(resource) = &next_step {
                                 run.operation = Some(resource.clone());
@@ -451,9 +460,12 @@ impl Middleware for IdempotencyMiddleware {
             }
             if let Wait::After(retry_after) = wait {
                 // The nth wait of the logical request, sends and polls together.
-                let backoff =
-                    full_jitter(self.base_delay, self.max_delay, run.attempts + run.polls);
-                let wait = backoff.max(retry_after.unwrap_or_default());
+                let wait = next_wait(
+                    self.base_delay,
+                    self.max_delay,
+                    run.attempts + run.polls,
+                    retry_after,
+                );
                 // Compared as durations: a server's `Retry-After` may be far past
                 // what an `Instant` can hold.
                 if wait >= remaining() {
@@ -474,6 +486,7 @@ impl IdempotencyMiddleware {
         step: &Step,
         response: &Response,
         body: &[u8],
+        requested: &Url,
     ) -> Option<(Step, Wait, LastAnswer)> {
         let (status, headers) = (response.status(), response.headers());
         let now = SystemTime::now();
@@ -482,7 +495,7 @@ impl IdempotencyMiddleware {
                 if !self.follow_accepted {
                     return None;
                 }
-                let resource = operation_of(status, headers, response.url())?;
+                let resource = operation_of(status, headers, response.url(), requested)?;
                 let retry_after = retry_after(headers, now);
                 let last = LastAnswer::Status {
                     status,
@@ -558,6 +571,17 @@ impl Run {
         })
     }
 
+    fn interrupted(self, error: Error) -> Error {
+        Error::middleware(Interrupted {
+            key: self.key,
+            attempts: self.attempts,
+            polls: self.polls,
+            operation: self.operation,
+            elapsed: self.started.elapsed(),
+            error,
+        })
+    }
+
     fn finish(self, mut response: Response) -> Response {
         let replayed = response
             .headers()
@@ -586,7 +610,7 @@ enum Step {
 
 /// Whether the next step waits.
 enum Wait {
-    /// The backoff, and not less than this `Retry-After`.
+    /// This `Retry-After`, if any, then the backoff.
     After(Option<Duration>),
     /// At once: the answer said where to go now (a done operation's result).
     No,

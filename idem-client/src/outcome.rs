@@ -113,6 +113,67 @@ pub struct GaveUp {
     pub last: LastAnswer,
 }
 
+/// The error the middleware returns when an attempt ends in an error it does
+/// not retry, after the request was handed on to be sent: an error of a
+/// middleware or layer after it (a token refresher, a rate limiter), a redirect
+/// that failed, a body that arrived but cannot be decoded, a request the HTTP
+/// client refused to build. The request may have run (a decode error means it
+/// did: its answer arrived), so the key goes with the error: retry later with
+/// the same [`key`](Interrupted::key), never a new one. The error itself is
+/// [`error`](Interrupted::error), and the `source`.
+///
+/// It arrives as `reqwest_middleware::Error::Middleware`;
+/// [`ErrorExt::interrupted`] finds it. Its `Display` never shows the key.
+///
+/// ```no_run
+/// use idem_client::{ErrorExt, IdempotencyMiddleware};
+///
+/// # async fn run() {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotencyMiddleware::new())
+///     .build();
+/// if let Err(e) = client.post("http://127.0.0.1:3000/payments").send().await {
+///     // Either way the payment may have happened: keep the key.
+///     let key = e.gave_up().map(|g| &g.key).or(e.interrupted().map(|i| &i.key));
+///     eprintln!("{e}; retry with the key kept: {}", key.is_some());
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Interrupted {
+    /// The key every attempt carried: retry with it.
+    pub key: IdempotencyKey,
+    /// How many times the request was handed on to be sent, this one included.
+    pub attempts: u32,
+    /// How many `GET`s of a long operation's resource (and its result) were sent.
+    pub polls: u32,
+    /// The long operation's resource the client was following, if any.
+    pub operation: Option<Url>,
+    /// From the first send to the error.
+    pub elapsed: Duration,
+    /// The error that ended the attempt.
+    pub error: reqwest_middleware::Error,
+}
+
+impl fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "attempt {} of the request ended in an error that is not retried: {}; \
+             the request may have run: retry it with the same Idempotency-Key",
+            self.attempts, self.error
+        )
+    }
+}
+
+/// Its source is the error that ended the attempt.
+impl std::error::Error for Interrupted {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// The bound that ended the retries of a [`GaveUp`].
 ///
 /// ```
@@ -315,6 +376,7 @@ impl std::error::Error for BodyTooLarge {}
 /// let e = reqwest_middleware::Error::middleware(InvalidKey::Empty);
 /// assert!(e.gave_up().is_none());
 /// assert!(e.body_too_large().is_none());
+/// assert!(e.interrupted().is_none());
 /// assert_eq!(e.invalid_key(), Some(&InvalidKey::Empty));
 /// ```
 pub trait ErrorExt {
@@ -326,6 +388,9 @@ pub trait ErrorExt {
     /// The [`BodyTooLarge`], when an answer's body was over the limit on
     /// buffered bodies.
     fn body_too_large(&self) -> Option<&BodyTooLarge>;
+    /// The [`Interrupted`], when an attempt ended in an error that is not
+    /// retried (the request may have run).
+    fn interrupted(&self) -> Option<&Interrupted>;
 }
 
 impl ErrorExt for reqwest_middleware::Error {
@@ -344,6 +409,13 @@ impl ErrorExt for reqwest_middleware::Error {
     }
 
     fn body_too_large(&self) -> Option<&BodyTooLarge> {
+        match self {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    fn interrupted(&self) -> Option<&Interrupted> {
         match self {
             reqwest_middleware::Error::Middleware(e) => e.downcast_ref(),
             reqwest_middleware::Error::Reqwest(_) => None,

@@ -641,8 +641,74 @@ async fn an_undecodable_body_is_not_retried() {
         .await
         .unwrap_err();
     assert!(e.gave_up().is_none(), "not retried until given up: {e}");
-    assert!(e.is_decode(), "{e:?}");
-    assert_eq!(script.seen().len(), 1, "sent once");
+    // The answer arrived (the order was placed): the key comes with the error.
+    let interrupted = e.interrupted().expect("Interrupted");
+    assert!(interrupted.error.is_decode(), "{e:?}");
+    assert_eq!(interrupted.attempts, 1);
+    let seen = script.seen();
+    assert_eq!(seen.len(), 1, "sent once");
+    assert_eq!(
+        seen[0].key.as_deref(),
+        Some(interrupted.key.as_str()),
+        "the key to retry with is the one sent"
+    );
+    assert!(e.to_string().contains("may have run"), "{e}");
+    assert!(!e.to_string().contains(interrupted.key.as_str()), "{e}");
+}
+
+/// Placed after `IdempotencyMiddleware`: passes the first request on, and
+/// fails every later one before it is sent, as a token refresher that cannot
+/// reach its issuer would.
+struct FailsAfterFirst(std::sync::atomic::AtomicU32);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for FailsAfterFirst {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            return Err(reqwest_middleware::Error::middleware(
+                std::io::Error::other("token refresh failed"),
+            ));
+        }
+        next.run(req, extensions).await
+    }
+}
+
+/// The first attempt's answer is lost (the server may have charged), and a
+/// middleware after idem fails the retry before it is sent: the caller gets
+/// the key with the error, not an error that reads as "never sent".
+#[tokio::test]
+async fn an_error_after_a_send_carries_the_key_to_retry_with() {
+    let (base, script) = scripted([Reply::Hang]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            fast()
+                .attempt_timeout(Duration::from_millis(300))
+                .backoff(Duration::from_millis(1), Duration::from_millis(20)),
+        )
+        .with(FailsAfterFirst(Default::default()))
+        .build();
+    let e = client
+        .post(format!("{base}/payments"))
+        .send()
+        .await
+        .unwrap_err();
+    let interrupted = e.interrupted().expect("Interrupted");
+    assert_eq!(interrupted.attempts, 2);
+    assert!(
+        interrupted
+            .error
+            .to_string()
+            .contains("token refresh failed"),
+        "{e}"
+    );
+    let seen = script.seen();
+    assert_eq!(seen.len(), 1, "the retry never left");
+    assert_eq!(seen[0].key.as_deref(), Some(interrupted.key.as_str()));
 }
 
 /// A `'static` text made at run time, for the scripts.
