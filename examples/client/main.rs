@@ -92,9 +92,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let answer = match sent {
             Ok(answer) => answer,
             Err(e) => {
-                match e.gave_up() {
-                    Some(gave_up) => eprintln!("order {i}: {gave_up}"),
-                    None => eprintln!("order {i}: {e}"),
+                match (e.gave_up(), e.interrupted()) {
+                    (Some(gave_up), _) => eprintln!("order {i}: {gave_up}"),
+                    (_, Some(interrupted)) => eprintln!("order {i}: {interrupted}"),
+                    _ => eprintln!("order {i}: {e}"),
                 }
                 std::process::exit(1);
             }

@@ -519,7 +519,8 @@ mod services {
             let marked = uri.path() == "/marked";
             // `/sloppy` runs the operation before it refuses a request
             // without a key or with another body under a used key.
-            let sloppy = uri.path() == "/sloppy";
+            // `/sloppy-bytes` does too, and compares bodies byte for byte.
+            let sloppy = matches!(uri.path(), "/sloppy" | "/sloppy-bytes");
             // `/racy` leaves the race open for 100 ms, with no help: only
             // duplicates that arrive together take it.
             let racy = uri.path() == "/racy";
@@ -561,7 +562,11 @@ mod services {
             let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body) else {
                 return problem(StatusCode::BAD_REQUEST, "not-json");
             };
-            let fingerprint = value.to_string();
+            let fingerprint = if uri.path() == "/sloppy-bytes" {
+                String::from_utf8_lossy(&body).into_owned()
+            } else {
+                value.to_string()
+            };
             // The check.
             let stored: Option<(String, String)> = sqlx::query_as(
                 "SELECT fingerprint, body FROM answers WHERE tenant = $1 AND key = $2",
@@ -640,10 +645,20 @@ mod services {
         /// `/effects` for its first three calls, then `500`: a count that
         /// stops answering during a run.
         async fn flaky_effects(State(app): State<App>, headers: HeaderMap) -> Response {
-            let calls = app
+            effects_until(3, app, headers).await
+        }
+
+        /// `/effects` for its first 22 calls, then `500`: with `--after`, the
+        /// count stops answering at the late retry, after `concurrent`.
+        async fn late_flaky_effects(State(app): State<App>, headers: HeaderMap) -> Response {
+            effects_until(22, app, headers).await
+        }
+
+        async fn effects_until(calls: usize, app: App, headers: HeaderMap) -> Response {
+            let made = app
                 .counted
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if calls >= 3 {
+            if made >= calls {
                 return problem(StatusCode::INTERNAL_SERVER_ERROR, "count-down");
             }
             effects(State(app), headers).await
@@ -664,7 +679,7 @@ mod services {
             n.to_string().into_response()
         }
 
-        /// A listener that lets each connection wait `0.1` before it is
+        /// A listener that lets each connection wait its delay before it is
         /// served, one after the other, as a far service's handshakes would:
         /// a request sent on a new connection arrives that much later than
         /// one on a connection already open.
@@ -714,10 +729,12 @@ mod services {
                 .route("/fixed", post(create))
                 .route("/marked", post(create))
                 .route("/sloppy", post(create))
+                .route("/sloppy-bytes", post(create))
                 .route("/racy", post(create))
                 .route("/crashy", post(create))
                 .route("/effects", get(effects))
                 .route("/flaky-effects", get(flaky_effects))
+                .route("/late-flaky-effects", get(late_flaky_effects))
                 .with_state(app);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let base = format!("http://{}", listener.local_addr().unwrap());
@@ -734,7 +751,7 @@ mod services {
     }
 
     /// `idem check` of a broken service's route `path` as the first tenant,
-    /// the late retry at once, a JSON report, with `more` arguments.
+    /// the late retry left out (unless `more` gives `--after`), a JSON report, with `more` arguments.
     async fn check_broken(path: &str, more: &[&str]) -> Out {
         check_broken_accepting(None, path, more).await
     }
@@ -765,11 +782,12 @@ mod services {
             &body,
             "-H",
             "Authorization: Bearer first",
-            "--after",
-            "0s",
             "--format",
             "json",
         ];
+        if !more.contains(&"--after") {
+            args.extend_from_slice(&["--after", "0s"]);
+        }
         args.extend_from_slice(more);
         check(&args).await
     }
@@ -868,6 +886,27 @@ mod services {
         assert_eq!(out.scenario("other-body")["verdict"], "pass", "{out:?}");
     }
 
+    /// A scenario that failed before the count stopped answering is a
+    /// finding: the run exits 7, not 8, and still says why it stopped.
+    #[tokio::test]
+    async fn a_breach_found_before_the_check_could_not_go_on_still_exits_7() {
+        let out = check_broken(
+            "/things",
+            &["--effects", "{base}/late-flaky-effects", "--after", "1s"],
+        )
+        .await;
+        assert_eq!(out.code, 7, "{out:?}");
+        assert_eq!(out.scenario("concurrent")["verdict"], "fail", "{out:?}");
+        assert_eq!(out.scenario("late-retry")["verdict"], "fail", "{out:?}");
+        assert!(
+            out.json()["could_not_run"]
+                .as_str()
+                .unwrap()
+                .starts_with("--effects: GET answered 500"),
+            "{out:?}"
+        );
+    }
+
     /// A service that fails the other body with a 500 fails `other-body`:
     /// only a refusal (4xx) of that body makes the scenario not applicable.
     #[tokio::test]
@@ -889,6 +928,29 @@ mod services {
         assert_eq!(out.code, 8, "{out:?}");
         let why = out.json()["could_not_run"].as_str().unwrap().to_owned();
         assert!(why.starts_with("--effects: GET answered 500"), "{why}");
+    }
+
+    /// A scenario not applicable after its request went out still has its
+    /// effects counted: a byte-comparing service's `422` for the reordered
+    /// body is allowed, but not after it ran the operation.
+    #[tokio::test]
+    async fn a_refusal_after_the_operation_ran_fails_even_a_scenario_not_applicable() {
+        let out = check_broken("/sloppy-bytes", &["--effects", "{effects}"]).await;
+        let equivalent = out.scenario("equivalent-body");
+        assert_eq!(equivalent["verdict"], "fail", "{out:?}");
+        let saw = equivalent["saw"].as_str().unwrap();
+        assert!(
+            saw.starts_with("422: the service compares the bodies' bytes"),
+            "{saw}"
+        );
+        assert!(saw.ends_with("; 1 effect, expected 0"), "{saw}");
+        // Without the count, the 422 is allowed.
+        let out = check_broken("/sloppy-bytes", &[]).await;
+        assert_eq!(
+            out.scenario("equivalent-body")["verdict"],
+            "not-applicable",
+            "{out:?}"
+        );
     }
 
     /// A new key's first answer marked replayed is no replay: the first
@@ -913,13 +975,22 @@ mod services {
     /// output still open) is done when `sh` exits, not when that output ends.
     #[tokio::test]
     async fn a_restart_command_that_leaves_a_process_running_is_done_when_it_exits() {
+        let dir = Dir::new();
+        let alive = dir.path().join("alive");
+        // Writes on stderr once the check has stopped waiting for the command,
+        // then leaves a mark: a process whose stderr were a pipe nobody read
+        // would die of that write (SIGPIPE) and leave none.
+        let cmd = format!(
+            "(sleep 1; echo still serving >&2; touch '{}'; sleep 30) &",
+            alive.display()
+        );
         let out = check_broken(
             "/things",
             &[
                 "--concurrency",
                 "2",
                 "--restart-cmd",
-                "sleep 30 &",
+                &cmd,
                 "--restart-timeout",
                 "20s",
             ],
@@ -928,6 +999,14 @@ mod services {
         let restart = out.scenario("restart");
         assert_eq!(restart["verdict"], "pass", "{out:?}");
         assert!(restart["elapsed_ms"].as_u64().unwrap() < 20_000, "{out:?}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !alive.exists() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(
+            alive.exists(),
+            "the process the command started outlived its writes on stderr"
+        );
     }
 
     /// A restart command that fails fails its scenario, with its exit status

@@ -389,8 +389,11 @@ pub trait ErrorExt {
     /// buffered bodies.
     fn body_too_large(&self) -> Option<&BodyTooLarge>;
     /// The [`Interrupted`], when an attempt ended in an error that is not
-    /// retried (the request may have run).
-    fn interrupted(&self) -> Option<&Interrupted>;
+    /// retried (the request may have run). `None` by default, so that an
+    /// implementation of this trait written before it still builds.
+    fn interrupted(&self) -> Option<&Interrupted> {
+        None
+    }
 }
 
 impl ErrorExt for reqwest_middleware::Error {

@@ -170,7 +170,9 @@ pub(crate) async fn check(mut args: CheckArgs, json: bool) -> Result<(String, u8
             .map_err(|e| Failure::Usage(format!("--effects {}: {e}", redact::url(effects))))?;
     }
     let report = scenarios::run(&args, &target, &plan).await;
-    let code = if report.could_not_run.is_some() {
+    let code = if report.found_breach {
+        FAILED
+    } else if report.could_not_run.is_some() {
         COULD_NOT_RUN
     } else if report.failed() > 0 {
         FAILED

@@ -56,6 +56,10 @@ pub(crate) struct Report {
     /// request itself does not succeed (no answer, or not a `2xx`), or
     /// `--effects` stopped counting. Not a finding about the promise.
     pub(crate) could_not_run: Option<String>,
+    /// A scenario failed before the check could no longer judge the service
+    /// (exit code 7 then, whatever came after).
+    #[serde(skip)]
+    pub(crate) found_breach: bool,
     pub(crate) scenarios: Vec<ScenarioResult>,
 }
 
@@ -128,6 +132,9 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
         could_not_run: std::cell::RefCell::new(None),
     };
     let mut results = Vec::new();
+    // A scenario that failed while the check could still judge the service: a
+    // finding, which exit code 8 (the check could not run) must not hide.
+    let mut found_breach = false;
     for step in &plan.steps {
         let began = Instant::now();
         let found = if let Err(why) = &step.applies {
@@ -157,6 +164,9 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
                 malformed => run.counted(1, run.malformed_key(malformed)).await,
             }
         };
+        if found.verdict == Verdict::Fail && run.could_not_run.borrow().is_none() {
+            found_breach = true;
+        }
         results.push(ScenarioResult {
             id: step.id,
             title: step.title,
@@ -172,6 +182,7 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
         run: plan.run.clone(),
         elapsed_ms: started.elapsed().as_millis(),
         could_not_run: run.could_not_run.into_inner(),
+        found_breach,
         scenarios: results,
     }
 }
@@ -216,17 +227,22 @@ impl Run<'_> {
 
     /// Runs `scenario` between two counts of the effects (with `--effects`):
     /// one that passed fails when the count moved by other than `expected`
-    /// (an answer of 400 or 422 that came after the operation ran, say). One
-    /// not applicable is left as it is.
+    /// (an answer of 400 or 422 that came after the operation ran, say); one
+    /// not applicable whose requests went out fails when the count moved at
+    /// all (the service refused them: none may have run). One that failed is
+    /// left as it is: what it sent may not be what `expected` counts.
     async fn counted(&self, expected: i128, scenario: impl Future<Output = Found>) -> Found {
         let before = match self.effects().await {
             Ok(n) => n,
             Err(e) => return fail(e, Vec::new()),
         };
         let mut found = scenario.await;
-        if found.verdict == Verdict::NotApplicable {
-            return found;
-        }
+        let expected = match found.verdict {
+            Verdict::Fail => return found,
+            Verdict::NotApplicable if found.exchanges.is_empty() => return found,
+            Verdict::NotApplicable => 0,
+            Verdict::Pass => expected,
+        };
         let made = match (before, self.effects().await) {
             (Some(b), Ok(Some(a))) => a as i128 - b as i128,
             (_, Err(e)) => {
@@ -380,7 +396,11 @@ impl Run<'_> {
                 let saw = format!("the other body alone, under a new key: {}", alone.short());
                 return fail(saw, vec![alone]);
             }
-            Some(a) if a.status >= 500 => {
+            // A 503 with Retry-After is the promise's own refusal (busy,
+            // nothing reserved): the premise fails, as for a 4xx.
+            Some(a)
+                if a.status >= 500 && !(a.status == 503 && a.header("retry-after").is_some()) =>
+            {
                 let saw = format!("the other body alone, under a new key, is {}", a.short());
                 return fail(saw, vec![alone]);
             }
@@ -882,63 +902,63 @@ impl Run<'_> {
 
 /// Runs the restart command (`sh -c`), at most `limit`; `Err` says what went wrong.
 ///
-/// It is done when `sh` exits, whatever it started: a service the command
-/// starts in the background (`./srv &`) keeps the command's output open for as
-/// long as it runs, so the output is not waited for. Standard output is
-/// dropped; what standard error held by then (its first 64 KiB) is kept for a
-/// failure's report.
+/// It is done when `sh` exits, whatever it started. Its standard output is
+/// dropped and its standard error goes to a file (the first 64 KiB are read
+/// for a failure's report), never to a pipe: a service the command starts in
+/// the background (`./srv &`) keeps both for as long as it runs, and would
+/// hold the check waiting for the pipe's end, or be killed (`SIGPIPE`) by its
+/// next write once the check stopped reading.
 async fn run_restart_cmd(cmd: &str, limit: Duration) -> Result<(), String> {
-    use tokio::io::AsyncReadExt as _;
-    let mut child = tokio::process::Command::new("sh")
+    let path = std::env::temp_dir().join(format!(
+        "idem-check-restart-{}-{:016x}.stderr",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    let file = std::fs::File::create(&path)
+        .map_err(|e| format!("did not start: cannot create {}: {e}", path.display()))?;
+    let spawned = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(file)
         .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("did not start: {e}"))?;
-    let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let reading = child.stderr.take().map(|mut pipe| {
-        let stderr = stderr.clone();
-        tokio::spawn(async move {
-            let mut chunk = [0_u8; 4096];
-            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
-                let mut held = stderr.lock().unwrap_or_else(|e| e.into_inner());
-                let room = (64_usize << 10).saturating_sub(held.len());
-                held.extend_from_slice(&chunk[..n.min(room)]);
-            }
-        })
-    });
-    let status = tokio::time::timeout(limit, child.wait())
-        .await
-        .map_err(|_| {
-            format!(
-                "did not finish within {}",
-                humantime::format_duration(limit)
-            )
-        })?
-        .map_err(|e| format!("failed: {e}"));
-    if let Some(mut reading) = reading {
-        // The pipe's end once `sh` is gone, unless a background process holds
-        // it: what that writes later is not the command's.
-        if tokio::time::timeout(Duration::from_millis(100), &mut reading)
-            .await
-            .is_err()
-        {
-            reading.abort();
+        .spawn();
+    let status = match spawned {
+        Ok(mut child) => tokio::time::timeout(limit, child.wait()).await,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(format!("did not start: {e}"));
         }
+    };
+    // Read, then unlinked: a background process keeps writing to a file no
+    // name reaches, and nothing breaks.
+    let stderr = {
+        use std::io::Read as _;
+        let mut held = Vec::new();
+        if let Ok(f) = std::fs::File::open(&path) {
+            let _ = f.take(64 << 10).read_to_end(&mut held);
+        }
+        let _ = std::fs::remove_file(&path);
+        String::from_utf8_lossy(&held).trim().to_owned()
+    };
+    let said = |stderr: &str| {
+        if stderr.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", super::report::excerpt(stderr, 300))
+        }
+    };
+    match status {
+        Err(_) => Err(format!(
+            "did not finish within {}{}",
+            humantime::format_duration(limit),
+            said(&stderr)
+        )),
+        Ok(Err(e)) => Err(format!("failed: {e}")),
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!("exited with {status}{}", said(&stderr))),
     }
-    let status = status?;
-    if status.success() {
-        return Ok(());
-    }
-    let held = stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let stderr = String::from_utf8_lossy(&held);
-    Err(format!(
-        "exited with {status}: {}",
-        super::report::excerpt(stderr.trim(), 300)
-    ))
 }
 
 /// How a retry's answer differs from the first; empty when it is a faithful replay.

@@ -471,8 +471,7 @@ pub trait SqlAdmin: SqlLeases + Purge {
     const SHOW_SQL: &'static str;
 
     /// Deletes at most `$2` rows of tenant `$1` in one statement, skipping rows
-    /// a running transaction holds: the finished ones and those whose lease
-    /// lapsed, or every one when `$3`.
+    /// a running transaction holds: the finished ones, or every one when `$3`.
     const ERASE_TENANT_SQL: &'static str;
 }
 

@@ -181,7 +181,8 @@ pub trait Admin: Purge + Rekey {
     ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
 
     /// Deletes at most `limit` of `tenant`'s rows in a statement of its own: the
-    /// finished ones and those whose lease lapsed, or every one with `all`;
+    /// finished ones (not a leased execution's, live or lapsed), or every one
+    /// with `all`;
     /// never a row a running transaction holds. How many it deleted.
     fn erase_tenant_batch(
         pool: &Pool<Self>,

@@ -34,7 +34,7 @@ const SHOW_SQL: &str = concat!(
 );
 
 /// Chooses at most `?` rows of tenant `?` for [`erase_tenant_batch`]: the
-/// finished ones and those whose lease lapsed, or every one when `?`.
+/// finished ones, or every one when `?`.
 const CHOOSE_TENANT_SQL: &str = concat!(
     "SELECT CONVERT(tenant_id USING utf8mb4), CONVERT(operation USING utf8mb4), \
             key_digest FROM idempotency_requests \
