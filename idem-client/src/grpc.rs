@@ -5,10 +5,17 @@
 //! | --- | --- |
 //! | `ABORTED` (in flight, outcome uncertain) | retry after its `google.rpc.RetryInfo` wait (else the backoff) |
 //! | `UNAVAILABLE` (the store, the service, the connection) | retry after `RetryInfo`, else the backoff |
-//! | `DEADLINE_EXCEEDED`, `CANCELLED`, `UNKNOWN` (the answer lost, or a failure that rolled back) | retry after the backoff: under the same key it replays or runs once |
+//! | `DEADLINE_EXCEEDED`, `CANCELLED`, `UNKNOWN`, `INTERNAL` (the answer lost, a stream reset on the way, or a failure that rolled back) | retry after the backoff: under the same key it replays or runs once |
 //! | `FAILED_PRECONDITION` (the key belongs to another request) and every other status | returned at once |
 //! | a message | returned |
 //! | attempts used up | the last status |
+//!
+//! A `RetryInfo` wait is waited out with the backoff's jitter on top, so that
+//! callers told the same wait do not come back at one instant. Every status
+//! [`Retrying`] returns carries the call's key in its metadata
+//! ([`KEY_METADATA`], read with [`key_of`]): after a status that leaves the
+//! outcome unknown the call may have run, so try it again later under that
+//! key, never a new one.
 //!
 //! ```no_run
 //! # use idem_client::grpc::Retrying;
@@ -29,8 +36,25 @@ use tonic_types::StatusExt as _;
 
 use crate::IdempotencyKey;
 
-/// The request metadata entry the key travels in.
+/// The request metadata entry the key travels in (and the entry of a status
+/// [`Retrying`] returns that holds it: see [`key_of`]).
 pub const KEY_METADATA: &str = "idempotency-key";
+
+/// The key of the logical call a status [`Retrying`] returned ended, to try
+/// the call again under it ([`Retrying::call_with_key`]).
+///
+/// ```
+/// use idem_client::grpc::{KEY_METADATA, key_of};
+///
+/// let mut status = tonic::Status::unavailable("down");
+/// assert!(key_of(&status).is_none());
+/// status.metadata_mut().insert(KEY_METADATA, "k-1".parse().unwrap());
+/// assert_eq!(key_of(&status).unwrap().as_str(), "k-1");
+/// ```
+pub fn key_of(status: &Status) -> Option<IdempotencyKey> {
+    let value = status.metadata().get(KEY_METADATA)?.to_str().ok()?;
+    IdempotencyKey::new(value).ok()
+}
 
 /// Retries one logical call under one key (see the module's table).
 #[derive(Debug, Clone)]
@@ -123,18 +147,16 @@ impl Retrying {
         loop {
             let mut request = tonic::Request::new(message.clone());
             request.metadata_mut().insert(KEY_METADATA, value.clone());
-            let status = match send(request).await {
+            let mut status = match send(request).await {
                 Ok(answer) => return Ok(answer),
                 Err(status) => status,
             };
             if attempt >= self.attempts || !retried(&status) {
+                // The caller's way back to the call: it may have run.
+                status.metadata_mut().insert(KEY_METADATA, value);
                 return Err(status);
             }
-            let wait = status
-                .get_details_retry_info()
-                .and_then(|r| r.retry_delay)
-                .unwrap_or_else(|| jitter(backoff))
-                .min(self.max_wait);
+            let wait = wait_after(&status, backoff, self.max_wait);
             tokio::time::sleep(wait).await;
             backoff = backoff.saturating_mul(2).min(self.max_wait);
             attempt += 1;
@@ -153,7 +175,19 @@ pub fn retried(status: &Status) -> bool {
             | Code::DeadlineExceeded
             | Code::Cancelled
             | Code::Unknown
+            | Code::Internal
     )
+}
+
+/// The wait before the next attempt after `status`: its `RetryInfo` wait with
+/// the jitter of `backoff` on top, or that jitter alone; never over `max`.
+fn wait_after(status: &Status, backoff: Duration, max: Duration) -> Duration {
+    status
+        .get_details_retry_info()
+        .and_then(|r| r.retry_delay)
+        .unwrap_or_default()
+        .saturating_add(jitter(backoff))
+        .min(max)
 }
 
 /// Between half and all of `wait`.
@@ -204,6 +238,48 @@ mod tests {
         let seen = seen.into_inner().unwrap();
         assert_eq!(seen.len(), 3);
         assert!(seen.iter().all(|k| k == &seen[0]), "{seen:?}");
+    }
+
+    #[test]
+    fn a_retry_info_wait_gets_the_jitter_on_top() {
+        let (backoff, max) = (Duration::from_millis(100), Duration::from_secs(30));
+        let waits: Vec<Duration> = (0..200)
+            .map(|_| wait_after(&in_flight(1000), backoff, max))
+            .collect();
+        let second = Duration::from_secs(1);
+        assert!(waits.iter().all(|w| *w >= second && *w <= second + backoff));
+        assert!(
+            waits.iter().any(|w| *w != waits[0]),
+            "every caller told the same wait would come back at once"
+        );
+        assert!(wait_after(&Status::unavailable("down"), backoff, max) <= backoff);
+        assert_eq!(wait_after(&in_flight(60_000), backoff, max), max);
+    }
+
+    #[tokio::test]
+    async fn a_stream_reset_is_retried_and_a_final_status_carries_the_key() {
+        let seen = Mutex::new(Vec::new());
+        let answers = Mutex::new(vec![
+            Err(Status::internal("h2 protocol error: stream reset")),
+            Err(Status::unavailable("down")),
+        ]);
+        let status = Retrying::new()
+            .attempts(2)
+            .backoff(Duration::from_millis(1))
+            .call(1_u32, |r: tonic::Request<u32>| {
+                seen.lock()
+                    .unwrap()
+                    .push(r.metadata().get(KEY_METADATA).unwrap().clone());
+                let next: Result<tonic::Response<u32>, Status> = answers.lock().unwrap().remove(0);
+                async move { next }
+            })
+            .await
+            .unwrap_err();
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen.len(), 2, "INTERNAL (a reset stream) is retried");
+        assert_eq!(status.code(), Code::Unavailable);
+        let key = key_of(&status).expect("the key comes with the status");
+        assert_eq!(key.as_str(), seen[0].to_str().unwrap());
     }
 
     #[tokio::test]
