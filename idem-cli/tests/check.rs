@@ -494,6 +494,8 @@ mod services {
             seen_unused: Arc<Mutex<HashMap<String, watch::Sender<usize>>>>,
             /// `/flaky-effects` calls so far.
             counted: Arc<std::sync::atomic::AtomicUsize>,
+            /// `/gateway` requests with the restart scenario's key so far.
+            restart_seen: Arc<std::sync::atomic::AtomicUsize>,
         }
 
         fn problem(status: StatusCode, kind: &str) -> Response {
@@ -559,6 +561,17 @@ mod services {
                 }
                 Err(_) => return problem(StatusCode::BAD_REQUEST, "malformed-key"),
             };
+            // `/gateway` answers the retry after a restart with a proxy's
+            // `502` once, as a gateway does while the service starts.
+            if uri.path() == "/gateway"
+                && key.ends_with("-restart")
+                && app
+                    .restart_seen
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                    == 1
+            {
+                return (StatusCode::BAD_GATEWAY, "upstream starting").into_response();
+            }
             let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body) else {
                 return problem(StatusCode::BAD_REQUEST, "not-json");
             };
@@ -664,6 +677,11 @@ mod services {
             effects(State(app), headers).await
         }
 
+        /// An `OPTIONS` answer that closes its connection.
+        async fn closing() -> Response {
+            (StatusCode::NO_CONTENT, [(header::CONNECTION, "close")]).into_response()
+        }
+
         async fn effects(State(app): State<App>, headers: HeaderMap) -> Response {
             let tenant = headers
                 .get(header::AUTHORIZATION)
@@ -723,6 +741,7 @@ mod services {
                 pool,
                 seen_unused: Arc::default(),
                 counted: Arc::default(),
+                restart_seen: Arc::default(),
             };
             let router = Router::new()
                 .route("/things", post(create))
@@ -732,6 +751,8 @@ mod services {
                 .route("/sloppy-bytes", post(create))
                 .route("/racy", post(create))
                 .route("/crashy", post(create))
+                .route("/gateway", post(create))
+                .route("/closing", post(create).options(closing))
                 .route("/effects", get(effects))
                 .route("/flaky-effects", get(flaky_effects))
                 .route("/late-flaky-effects", get(late_flaky_effects))
@@ -905,6 +926,33 @@ mod services {
                 .starts_with("--effects: GET answered 500"),
             "{out:?}"
         );
+    }
+
+    /// The retry after a restart goes on past a gateway's `502` (the proxy in
+    /// front of a service still starting) and replays.
+    #[tokio::test]
+    async fn the_retry_after_a_restart_waits_out_a_gateways_502() {
+        let out = check_broken("/gateway", &["--concurrency", "2", "--restart-cmd", "true"]).await;
+        let restart = out.scenario("restart");
+        assert_eq!(restart["verdict"], "pass", "{out:?}");
+        let exchanges = restart["exchanges"].as_array().unwrap();
+        assert_eq!(exchanges[1]["answer"]["status"], 201, "{out:?}");
+    }
+
+    /// Where an `OPTIONS` answer closes its connection, the duplicates go out
+    /// on connections opened as they are sent, and the report says so.
+    #[tokio::test]
+    async fn duplicates_on_connections_not_opened_beforehand_are_reported() {
+        let out = check_broken("/closing", &["--concurrency", "2"]).await;
+        let saw = out.scenario("concurrent")["saw"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            saw.contains("(2 of 2 sent on a connection opened as it was sent"),
+            "{saw}"
+        );
+        assert!(saw.contains("closes its connection"), "{saw}");
     }
 
     /// A service that fails the other body with a 500 fails `other-body`:

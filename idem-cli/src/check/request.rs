@@ -190,6 +190,13 @@ impl Target {
         })
     }
 
+    /// The `-H` headers for a request without a body (no `Content-Type`).
+    fn bodiless_headers(&self) -> HeaderMap {
+        let mut headers = self.headers.clone();
+        headers.remove(CONTENT_TYPE);
+        headers
+    }
+
     /// The same target on an HTTP client of its own, whose connections no
     /// other request shares.
     pub(crate) fn on_own_client(&self) -> Result<Target, String> {
@@ -205,12 +212,10 @@ impl Target {
     /// the next request. `Err` says why no connection is known to wait: no
     /// answer, or one that closes it.
     pub(crate) async fn open_connection(&self) -> Result<(), String> {
-        let mut headers = self.headers.clone();
-        headers.remove(CONTENT_TYPE);
         let answer = fetch(
             self.client
                 .request(Method::OPTIONS, self.url.clone())
-                .headers(headers),
+                .headers(self.bodiless_headers()),
         )
         .await?;
         match answer.header("connection") {
@@ -313,9 +318,12 @@ impl Target {
         let Some(url) = &self.effects else {
             return Err("no --effects URL".into());
         };
-        let mut headers = self.headers.clone();
-        headers.remove(CONTENT_TYPE);
-        let answer = fetch(self.client.get(url.clone()).headers(headers)).await?;
+        let answer = fetch(
+            self.client
+                .get(url.clone())
+                .headers(self.bodiless_headers()),
+        )
+        .await?;
         if !answer.is_success() {
             return Err(format!("GET answered {}", answer.short()));
         }

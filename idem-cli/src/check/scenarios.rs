@@ -389,32 +389,27 @@ impl Run<'_> {
         // Alone first: a 422 under the used key proves something only if the
         // other body is valid in itself.
         let alone = self.send(&self.key("other-body"), other).await;
-        // A refusal (4xx) makes the scenario moot; no answer, or a 5xx, is
-        // the service failing a valid request, which is no premise to skip.
-        match alone.answer() {
-            None => {
-                let saw = format!("the other body alone, under a new key: {}", alone.short());
-                return fail(saw, vec![alone]);
-            }
-            // A 503 with Retry-After is the promise's own refusal (busy,
-            // nothing reserved): the premise fails, as for a 4xx.
-            Some(a)
-                if a.status >= 500 && !(a.status == 503 && a.header("retry-after").is_some()) =>
-            {
-                let saw = format!("the other body alone, under a new key, is {}", a.short());
-                return fail(saw, vec![alone]);
-            }
-            Some(_) => {}
+        // A refusal (4xx, or the promise's own busy 503 with Retry-After)
+        // makes the scenario moot; no answer, or another 5xx, is the service
+        // failing a valid request, which is no premise to skip.
+        let Some(a) = alone.answer() else {
+            let saw = format!("the other body alone, under a new key: {}", alone.short());
+            return fail(saw, vec![alone]);
+        };
+        let busy = a.status == 503 && a.header("retry-after").is_some();
+        if a.status >= 500 && !busy {
+            let saw = format!("the other body alone, under a new key, is {}", a.short());
+            return fail(saw, vec![alone]);
         }
-        if !alone.answer().is_some_and(Answer::is_success) {
+        if !a.is_success() {
             let saw = format!(
                 "the other body alone is {}, so a 422 under the used key would prove \
                  nothing; give one the service accepts with --other-body",
-                alone.short()
+                a.short()
             );
             return not_applicable(saw, vec![alone]);
         }
-        if alone.answer().is_some_and(Answer::replayed) {
+        if a.replayed() {
             let saw = "the other body alone, under a new key, is marked replayed: a new \
                        key's first answer is no replay";
             return fail(saw, vec![alone]);
@@ -700,11 +695,12 @@ impl Run<'_> {
             problems.push("no request succeeded".to_owned());
         }
         if !unopened.is_empty() {
+            let count = unopened.len();
+            unopened.sort();
             unopened.dedup();
             saw.push_str(&format!(
-                " ({} of {n} sent on a connection opened as it was sent, so they may not have \
-                 arrived together: {})",
-                unopened.len(),
+                " ({count} of {n} sent on a connection opened as it was sent, so they may not \
+                 have arrived together: {})",
                 unopened.join(", ")
             ));
         }
