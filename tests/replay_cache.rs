@@ -49,6 +49,7 @@ macro_rules! cache_tests {
             a_cached_replay_needs_no_row_and_is_byte_identical,
             a_cleared_cache_answers_from_the_database_again,
             erasing_the_tenant_forgets_its_cached_answers,
+            an_erasure_dropped_part_way_leaves_no_cached_answer,
             a_cached_key_refuses_another_request,
             without_a_cache_every_answer_comes_from_the_database,
             an_answer_too_large_for_the_cache_is_not_kept,

@@ -219,17 +219,18 @@ impl<DB: Backend> Idem<DB> {
         &self,
         tenant: &str,
     ) -> Result<crate::admin::TenantErasure, crate::StoreError> {
-        let done = crate::admin::erase_tenant(
+        // Whatever the erasure got to, no answer of the tenant's stays in
+        // memory: cleared when it ends, fails, or is dropped part-way (a
+        // request timeout), its deleted batches committed.
+        #[cfg(feature = "replay-cache")]
+        let _clear = ClearOnDrop(self.replay_cache());
+        crate::admin::erase_tenant(
             &self.pool,
             tenant,
             crate::admin::ERASE_BATCH,
             crate::admin::InFlightRows::Keep,
         )
-        .await;
-        // Whatever the erasure got to: no answer of the tenant's stays in memory.
-        #[cfg(feature = "replay-cache")]
-        self.clear_replay_cache();
-        done
+        .await
     }
 
     /// PostgreSQL and MySQL / MariaDB: whether a handler's key is claimed by the
@@ -586,6 +587,13 @@ impl<DB: LeaseBackend> Idem<DB> {
         self.renewals.sent()
     }
 
+    /// How many leased executions of this `Idem` (and its clones') are being
+    /// renewed now (for tests).
+    #[doc(hidden)]
+    pub fn renewing_leases(&self) -> usize {
+        self.renewals.registered()
+    }
+
     /// The waiting room of this `Idem` and its clones.
     pub(crate) fn flights(&self) -> &Arc<crate::flight::Flights> {
         &self.flights
@@ -816,6 +824,19 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// The response headers that are stored and replayed.
     pub fn stored_headers(&self) -> &[HeaderName] {
         &self.settings.stored_headers
+    }
+}
+
+/// Clears a replay cache when dropped (see [`Idem::erase_tenant`]).
+#[cfg(feature = "replay-cache")]
+struct ClearOnDrop<'a>(Option<&'a crate::ReplayCache>);
+
+#[cfg(feature = "replay-cache")]
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(cache) = self.0 {
+            cache.clear();
+        }
     }
 }
 

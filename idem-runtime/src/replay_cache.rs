@@ -26,6 +26,7 @@
 //! effect (the default, one minute, is enough for a retry storm).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The coarsest step of a database clock idem writes `expires_at` with (SQLite's
@@ -51,6 +52,17 @@ use crate::model::{ClaimRequest, StoredResponse};
 #[derive(Clone)]
 pub struct ReplayCache {
     entries: moka::sync::Cache<CacheKey, Arc<Entry>>,
+    /// How many times [`ReplayCache::clear`] has run: an outcome committed
+    /// before a clear (an erasure's, say) but inserted after it is not kept.
+    clears: Arc<AtomicU64>,
+}
+
+/// When a completion was sent, as [`ReplayCache::insert`] needs it: the
+/// process's clock, and the cache's clears so far.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    at: Instant,
+    clears: u64,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -93,12 +105,27 @@ impl ReplayCache {
                 })
                 .time_to_live(max_age)
                 .build(),
+            clears: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    /// Forgets every entry (see `Idem::clear_replay_cache`).
+    /// Forgets every entry (see `Idem::clear_replay_cache`), and every outcome
+    /// whose completion was sent before and is inserted after.
     pub fn clear(&self) {
+        // Counted first: an insert that reads the old count happened before
+        // this line, so `invalidate_all` takes it; one that reads the new count
+        // drops its entry itself.
+        self.clears.fetch_add(1, Ordering::SeqCst);
         self.entries.invalidate_all();
+    }
+
+    /// Taken just before a completion is sent: what [`ReplayCache::insert`]
+    /// needs once it has committed.
+    pub(crate) fn sent(&self) -> Sent {
+        Sent {
+            at: Instant::now(),
+            clears: self.clears.load(Ordering::SeqCst),
+        }
     }
 
     /// What the cache holds for `req`'s key, if anything that has not expired.
@@ -117,13 +144,15 @@ impl ReplayCache {
     }
 
     /// Keeps the outcome of `req`, whose completion was sent at `sent`, until
-    /// its retention less [`CLOCK_GRAIN`] has passed (or `max_age`).
+    /// its retention less [`CLOCK_GRAIN`] has passed (or `max_age`); not at all
+    /// if the cache was cleared since `sent`: the clear (an erasure's, a
+    /// failover's) may have been meant for this very row, committed in between.
     pub(crate) fn insert(
         &self,
         operation: &'static str,
         req: &ClaimRequest<'_>,
         stored: &StoredResponse,
-        sent: Instant,
+        sent: Sent,
     ) {
         let k = CacheKey::of(operation, req);
         // moka refuses nothing by size itself; an answer that would take a large
@@ -136,15 +165,29 @@ impl ReplayCache {
         // before `completion + retention` in real time, and an in-process SQLite
         // completion runs well within a millisecond of `sent`: the entry gives
         // that millisecond up.
-        let Some(deadline) = sent.checked_add(req.retention.saturating_sub(CLOCK_GRAIN)) else {
+        let Some(deadline) = sent
+            .at
+            .checked_add(req.retention.saturating_sub(CLOCK_GRAIN))
+        else {
             return;
         };
+        if self.cleared_since(sent) {
+            return;
+        }
         let entry = Entry {
             fingerprint: req.fingerprint,
             stored: stored.clone(),
             deadline,
         };
         self.entries.insert(k, Arc::new(entry));
+        // A clear between the check above and the insert did not see the entry.
+        if self.cleared_since(sent) {
+            self.entries.invalidate(&CacheKey::of(operation, req));
+        }
+    }
+
+    fn cleared_since(&self, sent: Sent) -> bool {
+        self.clears.load(Ordering::SeqCst) != sent.clears
     }
 }
 
@@ -185,5 +228,33 @@ mod tests {
             Some(ReplayCache::MAX_AGE_LIMIT)
         );
         let _ = ReplayCache::new(0, Duration::ZERO);
+    }
+
+    /// A clear that runs while a completion commits (an erasure's, whose
+    /// batch deleted that very row) must not be followed by the entry.
+    #[test]
+    fn an_outcome_sent_before_a_clear_is_not_kept() {
+        let cache = ReplayCache::new(1024 * 1024, Duration::from_secs(60));
+        let key = crate::IdempotencyKey::parse("k1").unwrap();
+        let req = ClaimRequest {
+            tenant: "acme",
+            operation: "pay",
+            key: &key,
+            fingerprint: crate::FingerprintBuilder::new("acme", "pay", "POST", "/p").finish(),
+            retention: Duration::from_secs(3600),
+            in_flight_wait: Duration::from_secs(2),
+        };
+        let stored = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: b"paid".to_vec().into(),
+        };
+        let sent = cache.sent();
+        cache.clear();
+        cache.insert("pay", &req, &stored, sent);
+        assert!(cache.get("pay", &req).is_none(), "kept after a clear");
+        // Without a clear in between it is kept: the test above is not vacuous.
+        cache.insert("pay", &req, &stored, cache.sent());
+        assert!(matches!(cache.get("pay", &req), Some(Cached::Replay(_))));
     }
 }

@@ -392,6 +392,63 @@ async fn create_payment_streamed(
     Response::from_parts(parts, Body::from_stream(held))
 }
 
+/// A handler that reports, on its first poll, before anything else, whether
+/// its lease is among those being renewed: a handler that then blocks its
+/// thread (a synchronous SDK call) must not hold a lease nobody renews. It
+/// charges nothing (a `503`, which gives the key back) if not.
+#[idempotent(
+    operation = "create-payment",
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "1h"
+)]
+async fn create_payment_registered(
+    #[tenant] _caller: Caller,
+    State(app): State<App>,
+    lease: &mut Lease<Db>,
+    Json(p): Json<NewPayment>,
+) -> Response {
+    if app.idem.renewing_leases() == 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the handler ran before its lease was registered for renewal",
+        )
+            .into_response();
+    }
+    charge_and_answer(&app, lease, p.amount_cents).await
+}
+
+/// A handler that passes its provider's timeout up as a `504`, as a
+/// downstream error sent on with `?` reads, and says how its key was
+/// acquired (`x-acquisition`).
+#[idempotent(
+    operation = "create-payment",
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "1h"
+)]
+async fn create_payment_timing_out(
+    #[tenant] _caller: Caller,
+    State(app): State<App>,
+    lease: &mut Lease<Db>,
+    Json(p): Json<NewPayment>,
+) -> Response {
+    let acquired = format!("{:?}", lease.acquisition());
+    let charged = app
+        .provider
+        .charge(&lease.downstream_key(), p.amount_cents)
+        .await;
+    let mut answer = match charged {
+        Ok(charge) => (StatusCode::CREATED, Json(json!({"charge": charge}))).into_response(),
+        Err(ProviderError::TimedOut) => StatusCode::GATEWAY_TIMEOUT.into_response(),
+        Err(ProviderError::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    answer
+        .headers_mut()
+        .insert("x-acquisition", acquired.parse().unwrap());
+    answer
+}
+
 pub struct Setup {
     pub h: Arc<H>,
     idem: Idem<Db>,
@@ -432,6 +489,8 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
         .route("/payments-long-lease", post(create_payment_long_lease))
         .route("/payments-until-lost", post(create_payment_until_lost))
         .route("/payments-streamed", post(create_payment_streamed))
+        .route("/payments-registered", post(create_payment_registered))
+        .route("/payments-timing-out", post(create_payment_timing_out))
         .with_state(app);
     Setup {
         h,
@@ -512,6 +571,22 @@ pub async fn send(
         parts.headers,
         body.collect().await.unwrap().to_bytes().to_vec(),
     )
+}
+
+/// The lease is registered for renewal before the handler is first polled,
+/// so a handler that blocks its thread at once (a synchronous SDK call) on a
+/// multi-threaded runtime is renewed from another thread meanwhile. Eight
+/// requests: the order of that first poll was once left to chance.
+pub async fn a_handler_is_first_polled_with_its_lease_already_renewed() {
+    let s = setup("registered", false).await;
+    for i in 0..8 {
+        ran(&send(
+            &s.router,
+            pay("/payments-registered", &format!("registered-{i}"), 100),
+        )
+        .await);
+    }
+    assert_eq!(s.provider.calls.load(Ordering::SeqCst), 8);
 }
 
 /// Renewals are batched: many executions running at once are
@@ -742,6 +817,40 @@ pub async fn a_failed_takeover_lapses_so_the_retry_is_a_takeover_again() {
         "taken over again (a released key would start at generation 1)"
     );
     assert_eq!(s.provider.charge_count(), 1);
+}
+
+/// A handler whose provider charged and then timed out answers `504`: its
+/// key is not given back (the retry would be told `New`), its lease lapses
+/// at once and its row stays `processing`, so the retry takes the key over,
+/// is told `TakenOver`, and gets the provider's one charge. A `503` (the
+/// provider refused) still gives the key back.
+pub async fn a_gateway_timeout_lapses_the_lease_and_the_retry_is_a_takeover() {
+    let s = setup("gateway_timeout", false).await;
+    s.provider
+        .timeout_after_charge
+        .store(true, Ordering::SeqCst);
+    let (status, _, _) = send(&s.router, pay("/payments-timing-out", "gt-1", 100)).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    let key = IdempotencyKey::parse("gt-1").unwrap();
+    let row =
+        s.h.record(&key)
+            .await
+            .expect("a gateway timeout keeps the key's row: it is not given back");
+    assert_eq!((row.state.as_str(), row.generation), ("processing", 1));
+    assert!(s.h.lease_lapsed(&key).await, "its lease lapsed at once");
+    let retry = send(&s.router, pay("/payments-timing-out", "gt-1", 100)).await;
+    ran(&retry);
+    assert_eq!(retry.1["x-acquisition"], "TakenOver");
+    assert_eq!(s.provider.charge_count(), 1);
+    s.provider.down.store(true, Ordering::SeqCst);
+    let (status, _, _) = send(&s.router, pay("/payments-timing-out", "gt-2", 100)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        s.h.record(&IdempotencyKey::parse("gt-2").unwrap())
+            .await
+            .is_none(),
+        "a refusal gives the key back"
+    );
 }
 
 /// A lease that is lost gives its slot back at once, though its handler

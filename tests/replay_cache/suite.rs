@@ -163,6 +163,40 @@ pub async fn erasing_the_tenant_forgets_its_cached_answers() {
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
 }
 
+/// An erasure dropped part-way (a request timeout around an admin endpoint)
+/// has committed the batches it ran: the answers they deleted must not stay in
+/// the cache, or a retry would be replayed here and executed elsewhere. The
+/// erasure is stepped by hand and dropped the moment its batch has committed
+/// (it still has its count of what is left to run).
+pub async fn an_erasure_dropped_part_way_leaves_no_cached_answer() {
+    let a = app(Some(cache())).await;
+    assert_eq!(
+        send(&a, "/widgets", "k1", "bolt", 0).await.0,
+        StatusCode::CREATED
+    );
+    let replayed = send(&a, "/widgets", "k1", "bolt", 0).await;
+    assert_eq!((replayed.0, replayed.1), (StatusCode::CREATED, true));
+    let rows = "SELECT count(*) FROM idempotency_requests";
+    {
+        let mut erasure = std::pin::pin!(a.idem.erase_tenant("acme"));
+        while a.db.count(rows).await > 0 {
+            let step = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(erasure.as_mut().poll(cx).is_ready())
+            })
+            .await;
+            assert!(!step, "the erasure ended before its batch was seen");
+            tokio::task::yield_now().await;
+        }
+    }
+    let again = send(&a, "/widgets", "k1", "bolt", 0).await;
+    assert_eq!(
+        (again.0, again.1),
+        (StatusCode::CREATED, false),
+        "a cached answer outlived its erased row"
+    );
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 2);
+}
+
 pub async fn a_cached_key_refuses_another_request() {
     let a = app(Some(cache())).await;
     assert_eq!(

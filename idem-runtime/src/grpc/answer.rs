@@ -21,7 +21,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, PreconditionViolation, StatusExt as _};
 
 use super::{ERROR_DOMAIN, REPLAYED_METADATA, is_stored, reason};
-use crate::handler::HandlerOutcome;
+use crate::handler::{EffectUnknown, HandlerOutcome};
 use crate::lease::Uncertain;
 use crate::model::StoredResponse;
 use crate::problem;
@@ -156,6 +156,13 @@ pub(crate) fn outcome<T: prost::Message>(
             if is_stored(status.code()) {
                 HandlerOutcome::ok(response)
             } else {
+                let mut response = response;
+                if matches!(
+                    status.code(),
+                    Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+                ) {
+                    response.extensions_mut().insert(EffectUnknown);
+                }
                 HandlerOutcome::err(response)
             }
         }
@@ -310,6 +317,27 @@ mod tests {
         id: i64,
         #[prost(string, tag = "2")]
         sku: String,
+    }
+
+    /// The codes a downstream call's failure passed up with `?` carries when
+    /// the call may have done its work leave the effect unknown (leased mode
+    /// lapses the lease rather than give the key back); the others do not.
+    #[test]
+    fn a_timeout_unknown_or_cancelled_status_leaves_the_effect_unknown() {
+        for code in [Code::DeadlineExceeded, Code::Unknown, Code::Cancelled] {
+            let out = outcome::<Order>(Err(Status::new(code, "downstream")), true);
+            assert!(out.rolls_back() && out.effect_unknown(), "{code:?}");
+        }
+        for code in [
+            Code::Unavailable,
+            Code::Internal,
+            Code::Aborted,
+            Code::ResourceExhausted,
+            Code::NotFound,
+        ] {
+            let out = outcome::<Order>(Err(Status::new(code, "downstream")), true);
+            assert!(!out.effect_unknown(), "{code:?}");
+        }
     }
 
     fn replayed(mut r: Response) -> Response {

@@ -160,15 +160,14 @@ fn refused(source: KeySource, e: &KeyError) -> Status {
     invalid_key(&name, message, reason)
 }
 
-/// The route the fingerprint names: the method's gRPC path when something
-/// recorded it (`tonic::GrpcMethod`: tonic's clients do, its servers do not),
-/// else the method's own name, which the expansion passes, so that two methods
-/// sharing an operation's name are never one request.
-pub(crate) fn path(extensions: &Extensions, method: &str) -> String {
-    match extensions.get::<tonic::GrpcMethod<'static>>() {
-        Some(m) => format!("/{}/{}", m.service(), m.method()),
-        None => format!("/{method}"),
-    }
+/// The route the fingerprint names: the method's own name, which the
+/// expansion passes, so that two methods sharing an operation's name are never
+/// one request. Never the gRPC path a layer may record (`tonic::GrpcMethod`:
+/// tonic's clients do, its servers do not): a layer added or removed in a
+/// deploy would change every fingerprint, and each retry of a key in its
+/// retention would be refused as another request's.
+pub(crate) fn path(method: &str) -> String {
+    format!("/{method}")
 }
 
 #[cfg(test)]

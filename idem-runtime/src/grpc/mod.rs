@@ -124,9 +124,11 @@ pub mod reason {
 /// clients retry them, and a stored one would answer every retry with a
 /// conflict or a quota that has since passed. In leased mode "rolled back"
 /// means the key is released (the effect is taken not to have happened), or,
-/// for an execution that took the key over, that its lease lapses at once so
-/// that the retry takes it over again; a status made with [`uncertain`] marks
-/// the outcome uncertain instead.
+/// for `DEADLINE_EXCEEDED`, `UNKNOWN` and `CANCELLED` (a downstream call that
+/// may have done its work) and for an execution that took the key over, that
+/// its lease lapses at once so that the retry takes it over, told
+/// `TakenOver`; a status made with [`uncertain`] marks the outcome uncertain
+/// instead.
 ///
 /// ```
 /// use idem_runtime::grpc::is_stored;

@@ -55,7 +55,7 @@ where
         )?,
         None => super::call::key(source, call.metadata(), None)?,
     };
-    let path = super::call::path(call.extensions(), method);
+    let path = super::call::path(method);
     let uri = axum::http::Uri::try_from(path.as_str())
         .unwrap_or_else(|_| axum::http::Uri::from_static("/"));
     Ok(IdemRequest::from_parts(
@@ -231,5 +231,37 @@ mod tests {
         copy_field(&mut a, &mut p, |m| &mut m.sku);
         assert_eq!(p.sku, "a");
         assert!(p.request_id.is_empty());
+    }
+
+    /// A layer that records the call's gRPC path (`tonic::GrpcMethod`), added
+    /// or removed in a deploy, must not change the fingerprint: every retry of
+    /// a key in its retention would be refused as another request's.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_recorded_grpc_path_does_not_change_the_fingerprint() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://localhost/none")
+            .unwrap();
+        let idem = Idem::new(pool);
+        let spec = crate::handler::OperationSpec::named("create-order");
+        let print = |recorded: bool| {
+            let mut call = tonic::Request::new(Order::default());
+            call.metadata_mut()
+                .insert("idempotency-key", "k1".parse().unwrap());
+            if recorded {
+                call.extensions_mut()
+                    .insert(tonic::GrpcMethod::new("orders.v1.Orders", "CreateOrder"));
+            }
+            let req = request::<sqlx::Postgres, false, _, _>(
+                &idem,
+                &mut call,
+                "create_order",
+                KeySource::Metadata,
+                None,
+            )
+            .unwrap();
+            req.fingerprint(&spec, "acme").finish()
+        };
+        assert_eq!(print(true), print(false));
     }
 }

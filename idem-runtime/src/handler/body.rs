@@ -43,10 +43,25 @@ impl HandlerOutcome {
         }
     }
 
-    pub(super) fn rolls_back(&self) -> bool {
+    pub(crate) fn rolls_back(&self) -> bool {
         self.is_err || self.response.status().is_server_error()
     }
+
+    /// Whether the answer says the handler does not know what its downstream
+    /// did: a `504 Gateway Timeout`, or a gRPC method's `DEADLINE_EXCEEDED`,
+    /// `UNKNOWN` or `CANCELLED` ([`EffectUnknown`]), as a downstream call's
+    /// error passed up with `?` reads. Leased mode does not take such an answer
+    /// for "nothing happened".
+    pub(crate) fn effect_unknown(&self) -> bool {
+        self.response.status() == axum::http::StatusCode::GATEWAY_TIMEOUT
+            || self.response.extensions().get::<EffectUnknown>().is_some()
+    }
 }
+
+/// Marks a handler's answer as one that leaves its downstream effect unknown
+/// (see [`HandlerOutcome::effect_unknown`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EffectUnknown;
 
 /// A handler body, boxed: it runs with the mode's handle (`Tx` or `Lease`).
 pub type BoxedBody<H> = Box<

@@ -242,9 +242,13 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
     let mut renewing = Box::pin(idem.renewals().run(renewer, ceiling, slot));
     let outcome = {
         let mut work = body(&mut lease);
+        // Renewals first: their first poll registers the lease, and a handler
+        // polled first that blocks its thread (a synchronous SDK call) would
+        // otherwise hold a lease nobody renews.
         tokio::select! {
-            outcome = &mut work => outcome,
+            biased;
             never = &mut renewing => match never {},
+            outcome = &mut work => outcome,
         }
     };
     // A lease believed lost (no renewal got through for a whole lease, or the
@@ -287,7 +291,20 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
     }
     if outcome.rolls_back() {
         drop(renewing);
-        return match let_go(lease).await {
+        // A downstream call that timed out may have charged: the retry must be
+        // told `TakenOver` (and ask the provider), never `New`, so the lease
+        // lapses now instead of the key being given back.
+        let ended = if outcome.effect_unknown() {
+            tracing::warn!(
+                operation = op,
+                status = outcome.response.status().as_u16(),
+                "idem: the handler's answer leaves its downstream effect unknown; its lease lapses and the retry takes the key over"
+            );
+            lease.lapse().await
+        } else {
+            let_go(lease).await
+        };
+        return match ended {
             Ok(()) => {
                 metrics::completion(op, "rolled_back");
                 outcome.response

@@ -13,6 +13,7 @@ mod pipeline;
 mod request;
 mod transactional;
 
+pub(crate) use body::EffectUnknown;
 pub use body::{BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome};
 pub use pipeline::run;
 pub use request::{IdemRequest, OperationSpec};

@@ -352,9 +352,9 @@ async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
 /// owns the execution.
 ///
 /// * An `Err` or a 5xx releases the key (the effect is taken not to have
-///   happened), or, where the execution took the key over, lapses its lease
-///   at once (an earlier execution's effect may have happened: the retry takes
-///   the key over again); a response built from [`crate::Uncertain`] marks the row
+///   happened), or, for a `504` (a downstream call that may have done its
+///   work) and where the execution took the key over, lapses its lease at once
+///   (an effect may have happened: the retry takes the key over, told so); a response built from [`crate::Uncertain`] marks the row
 ///   `uncertain`; anything else is stored and sent.
 /// * A worker whose lease was taken over publishes nothing: its client gets the
 ///   current owner's stored outcome if there is one, else `409`.

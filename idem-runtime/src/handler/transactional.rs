@@ -180,7 +180,9 @@ impl<DB: Backend> Mode<DB> for Transactional {
             Err(e) => return store_failed(op, None, Step::Complete, &e),
         };
         #[cfg(feature = "replay-cache")]
-        let sent = Instant::now();
+        let sent = idem
+            .replay_cache()
+            .map(crate::replay_cache::ReplayCache::sent);
         match DB::finish(
             &idem.claim_context(execution.in_flight_wait),
             tx,
@@ -192,7 +194,7 @@ impl<DB: Backend> Mode<DB> for Transactional {
             Finish::Committed =>
             {
                 #[cfg(feature = "replay-cache")]
-                if let Some(cache) = idem.replay_cache() {
+                if let (Some(cache), Some(sent)) = (idem.replay_cache(), sent) {
                     cache.insert(op, &scope.claim_request(idem), &stored, sent);
                 }
             }

@@ -115,6 +115,16 @@ impl<DB: LeaseBackend> Renewals<DB> {
         )
     }
 
+    /// How many leases are registered for renewal now.
+    pub(crate) fn registered(&self) -> usize {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .leases
+            .len()
+    }
+
     /// Renews `renewer`'s lease with the others until `ceiling` has passed or the
     /// lease is lost, then stops; never returns, so it can be raced against a
     /// handler, and stops renewing when dropped.
@@ -346,16 +356,25 @@ fn due_now(state: &mut State) -> (Vec<Sending>, Option<Instant>) {
     (batch, next)
 }
 
-/// Sends one batch, bounded by the least time any of its leases has left (a
-/// renewal that answers later could not keep that lease: it is lost by then
-/// whatever the store does), and records what each lease learned.
-async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
-    let limit = batch
+/// How long a batch may take: as long as the lease with the most time left
+/// could still use its answer. Not the least time any has left: a short lease
+/// taken along would cut a long one's renewal short, again at each retry,
+/// until the long one was lost under a live worker. A lease whose own time
+/// runs out while the batch is out is lost by its deadline, and a late answer
+/// does not revive it ([`Deadline::renewed`]).
+fn time_limit(batch: &[Sending]) -> Duration {
+    batch
         .iter()
         .map(|s| s.deadline.left())
-        .min()
+        .max()
         .unwrap_or_default()
-        .max(Duration::from_millis(10));
+        .max(Duration::from_millis(10))
+}
+
+/// Sends one batch, bounded by [`time_limit`], and records what each lease
+/// learned.
+async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
+    let limit = time_limit(&batch);
     let sent = Instant::now();
     let rows: Vec<Renewal<'_>> = batch
         .iter()
@@ -511,6 +530,29 @@ mod tests {
         assert_eq!(next, Some(now + ms(1500)));
         assert!(state.leases[&0].sending && state.leases[&1].sending);
         assert!(!state.leases[&2].sending);
+    }
+
+    /// A 300 ms lease due now takes a 6 s lease along: the batch may take as
+    /// long as the 6 s lease has left, not the 300 ms lease's few milliseconds.
+    #[test]
+    fn a_short_lease_taken_along_does_not_cut_a_long_ones_renewal_short() {
+        let now = Instant::now();
+        let mut state = State::default();
+        let mut short = entry(now, Duration::from_millis(1), true);
+        short.lease = Duration::from_millis(300);
+        short.every = short.lease / 3;
+        short.deadline = Arc::new(Deadline::new(now - Duration::from_millis(230), short.lease));
+        state.leases.insert(0, short);
+        state
+            .leases
+            .insert(1, entry(now, Duration::from_millis(400), false));
+        let (batch, _) = due_now(&mut state);
+        assert_eq!(batch.len(), 2, "the long lease goes along");
+        let limit = time_limit(&batch);
+        assert!(
+            limit > Duration::from_secs(5),
+            "the batch is cut at {limit:?}, the short lease's time"
+        );
     }
 
     #[test]

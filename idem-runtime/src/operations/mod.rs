@@ -32,9 +32,10 @@
 //!
 //! A handler that returns `Err` or a 5xx releases the key as in leased mode (the
 //! effect is taken not to have happened): its resource is then gone (`404`),
-//! and the original request sent again runs anew. One that had taken the work
-//! over is not released (the run before it may have done the work): it shows
-//! `stalled` until the original request sent again takes it over.
+//! and the original request sent again runs anew. One that answers `504` (its
+//! downstream call may have done the work), or had taken the work over (the
+//! run before it may have), is not released: it shows `stalled` until the
+//! original request sent again takes it over.
 //!
 //! **Tenants.** [`router()`] extracts the caller the way the handlers do (the
 //! `#[tenant]` parameter's type, or [`SingleTenant`](crate::SingleTenant)), and

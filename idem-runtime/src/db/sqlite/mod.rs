@@ -26,7 +26,9 @@ mod operations;
 pub(crate) mod transactional;
 mod upkeep;
 
-/// Now, in Unix milliseconds, from SQLite's clock: the one expression every
+/// Now, in Unix milliseconds, from SQLite's clock (whole milliseconds:
+/// `julianday` holds them in a double, and the product is rounded, not
+/// truncated, so none is lost to the arithmetic): the one expression every
 /// SQLite timestamp of idem (`created_at`, `completed_at`, `expires_at`,
 /// `lease_expires_at`) is written and compared with, as a string literal for
 /// `concat!`, for your own queries against `idempotency_requests`.
@@ -42,7 +44,7 @@ mod upkeep;
 #[macro_export]
 macro_rules! sqlite_now_ms {
     () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+        "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
     };
 }
 pub(crate) use crate::sqlite_now_ms as now_ms;
@@ -99,5 +101,41 @@ impl super::shared::SqlTransitions for Sqlite {
             id = resource.id_column,
             scope = super::shared::scope_sql(resource, "$2"),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    /// Every millisecond of a second, written by SQLite as a timestamp, comes
+    /// back from idem's expression exactly: an `expires_at` a millisecond
+    /// early would let the replay cache outlive its row.
+    #[tokio::test]
+    async fn sqlites_clock_in_milliseconds_loses_none() {
+        let pool = SqlitePoolOptions::new()
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        // 2026-12-07T00:00:00Z
+        let midnight: i64 = 1_796_601_600_000;
+        let mut wrong = vec![];
+        for ms in 0..1000_i64 {
+            let at = format!("'2026-12-07 00:00:00.{ms:03}'");
+            let sql = format!("SELECT {}", crate::sqlite_now_ms!().replace("'now'", &at));
+            let got: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            if got != midnight + ms {
+                wrong.push((ms, got - midnight));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} of 1,000 milliseconds read wrong (written, read), first: {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(5)]
+        );
     }
 }
