@@ -121,8 +121,8 @@ pub(super) async fn erase_tenant<DB: Backend>(
     if left > 0 {
         return Err(Failure::Refused(format!(
             "erased {erased} rows of tenant {tenant:?}; {left} were left: executions in flight \
-             (a lease, live or lapsed, an uncertain outcome) or rows a running request holds. \
-             Run again when they have finished (--wait SECS waits for them; a lapsed lease \
+             (a lease, live or lapsed, an uncertain outcome), rows a running request holds, or \
+             rows the tenant's traffic wrote meanwhile (stop it first). Run again when they have finished (--wait SECS waits for them; a lapsed lease \
              finishes only when a retry of its key takes it over), or --force to erase them \
              too (their effects may happen twice)"
         )));

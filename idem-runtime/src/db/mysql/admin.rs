@@ -91,10 +91,15 @@ pub(super) async fn purge<E>(
         delete: DELETE_SQL,
     };
     let purged = purge_row::<MySql, E>(session.conn(), sql, key, allow, locked_or).await;
-    restore_lock_wait(session.conn())
-        .await
-        .map_err(StoreError::from)?;
-    session.restored();
+    // What the purge did is the answer: an error here, after its commit, would
+    // report a deleted row as a failure. A session whose lock wait could not
+    // be restored is not given back to the pool.
+    match restore_lock_wait(session.conn()).await {
+        Ok(()) => session.restored(),
+        Err(e) => {
+            tracing::warn!(error = %e, "idem: could not restore the session's lock wait after a purge; the connection is closed");
+        }
+    }
     purged
 }
 

@@ -127,8 +127,13 @@ impl Purge for Sqlite {
             delete: DELETE_SQL,
         };
         let purged = purge_row::<Sqlite, E>(session.conn(), sql, key, allow, locked_or).await;
-        set_busy_timeout(session.conn(), saved).await?;
-        session.restored();
+        // What the purge did is the answer (see MySQL's purge).
+        match set_busy_timeout(session.conn(), saved).await {
+            Ok(()) => session.restored(),
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: could not restore the session's busy timeout after a purge; the connection is closed");
+            }
+        }
         purged
     }
 }
