@@ -76,8 +76,9 @@ use proc_macro::TokenStream;
 /// Exactly one parameter marked `#[tenant]` supplies the tenant through
 /// `idem_runtime::TenantScope`, usually the application's auth extractor. The
 /// runtime implements it for `Extension<T>` when `T: TenantScope` (a caller an auth
-/// middleware inserted), for `Path<String>` (a tenant named by the route; let your
-/// authorisation check it), and for `&T`, `Box<T>`, `Arc<T>`. Another crate's type
+/// middleware inserted), for `Path<String>` (a tenant named by the route; check
+/// the caller's membership before the handler, in a middleware: a retry is
+/// answered without running the handler), and for `&T`, `Box<T>`, `Arc<T>`. Another crate's type
 /// cannot implement it (the orphan rule): wrap it in a type of your own. A
 /// service with one tenant writes `single_tenant` instead.
 ///

@@ -13,6 +13,7 @@ use crate::running::RunningLimit;
 /// Response headers stored and replayed unless configured otherwise.
 pub const DEFAULT_STORED_HEADERS: &[&str] = &[
     "content-type",
+    "content-encoding",
     "content-language",
     "content-location",
     "location",

@@ -16,6 +16,8 @@ use axum::http::HeaderMap;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+mod raw;
+
 /// The version of the encoding hashed into every fingerprint.
 pub const FINGERPRINT_VERSION: &str = "idem-fingerprint-v1";
 
@@ -309,7 +311,12 @@ impl FingerprintBody for String {
 /// The value is written as it serializes, without an intermediate
 /// `serde_json::Value`; what it writes is what `serde_json::to_value` followed by
 /// canonicalisation of that tree would (the same numbers, strings, `null`s and
-/// errors; of two members with the same key, the later one).
+/// errors; of two members with the same key, the later one), but for two
+/// things the tree would lose: an integer past 64 bits, which `to_value`
+/// refuses, is written exactly; and a `serde_json::value::RawValue` whose text
+/// does not read as a tree without loss (a number past a double's precision,
+/// a key given twice) is written as its text, less the whitespace between
+/// tokens, since the handler reads that text.
 ///
 /// # Errors
 ///
@@ -506,19 +513,13 @@ impl<'a> serde::Serializer for &'a mut Canonical {
     }
 
     fn serialize_i128(self, v: i128) -> Result<(), serde_json::Error> {
-        // A JSON number here is an i64 or a u64, as in `serde_json::Value`.
-        match (u64::try_from(v), i64::try_from(v)) {
-            (Ok(u), _) => self.integer(u),
-            (_, Ok(i)) => self.integer(i),
-            _ => Err(refused("number out of range")),
-        }
+        // Exactly, as every integer: `serde_json::to_value` refuses one past 64
+        // bits, which would make a valid request (an amount in wei) a `500`.
+        self.integer(v)
     }
 
     fn serialize_u128(self, v: u128) -> Result<(), serde_json::Error> {
-        match u64::try_from(v) {
-            Ok(u) => self.integer(u),
-            Err(_) => Err(refused("number out of range")),
-        }
+        self.integer(v)
     }
 
     fn serialize_f32(self, v: f32) -> Result<(), serde_json::Error> {
@@ -633,11 +634,14 @@ impl<'a> serde::Serializer for &'a mut Canonical {
         len: usize,
     ) -> Result<Struct<'a>, serde_json::Error> {
         if name == RAW_VALUE_TOKEN {
-            // `serde_json::value::RawValue` (JSON text kept as it came): the
-            // value serializer parses it, and its tree is written like any other.
-            let raw =
-                serde::Serializer::serialize_struct(serde_json::value::Serializer, name, len)?;
-            return Ok(Struct::Raw(self, raw));
+            // `serde_json::value::RawValue` (JSON text kept as it came): its
+            // one field is the text (see `Struct::Raw`).
+            return Ok(Struct::Raw(self, None));
+        }
+        if name == NUMBER_TOKEN {
+            // A `serde_json::Number` where any crate in the build turned on
+            // `serde_json`'s `arbitrary_precision`: its one field is its text.
+            return Ok(Struct::Number(self, None));
         }
         Ok(Struct::Object(self.object(Some(len), false)))
     }
@@ -661,6 +665,10 @@ impl<'a> serde::Serializer for &'a mut Canonical {
 
 /// The name under which `serde_json::value::RawValue` serializes itself.
 const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
+/// The name under which `serde_json::Number` serializes itself where
+/// `serde_json`'s `arbitrary_precision` is on (in any crate of the build).
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 /// An array being written; `close` ends it (`]`, or `]}` for a tuple variant).
 struct Array<'a> {
@@ -816,14 +824,19 @@ impl serde::ser::SerializeStructVariant for Object<'_> {
     }
 }
 
-/// A struct: an object, or a `RawValue` handed to `serde_json`'s value
-/// serializer.
+/// A struct: an object, or a `RawValue`'s text. The text is written as the
+/// tree `serde_json` reads from it, like any other value, where that reading
+/// loses nothing; else as it is, less the whitespace between its tokens (a
+/// number past a double's precision, a key given twice: the handler reads the
+/// text, and two texts read alike must not be one request).
+///
+/// A `serde_json::Number` that serializes as its text (`arbitrary_precision`)
+/// is written as the number that text reads as without that feature, so that
+/// a dependency turning it on changes no fingerprint.
 enum Struct<'a> {
     Object(Object<'a>),
-    Raw(
-        &'a mut Canonical,
-        <serde_json::value::Serializer as serde::Serializer>::SerializeStruct,
-    ),
+    Raw(&'a mut Canonical, Option<String>),
+    Number(&'a mut Canonical, Option<String>),
 }
 
 impl serde::ser::SerializeStruct for Struct<'_> {
@@ -837,14 +850,45 @@ impl serde::ser::SerializeStruct for Struct<'_> {
     ) -> Result<(), Self::Error> {
         match self {
             Struct::Object(object) => object.member(KeyText::Static(key), value),
-            Struct::Raw(_, raw) => raw.serialize_field(key, value),
+            Struct::Raw(_, text) | Struct::Number(_, text) => {
+                let _ = key;
+                match value.serialize(serde_json::value::Serializer)? {
+                    serde_json::Value::String(s) => {
+                        *text = Some(s);
+                        Ok(())
+                    }
+                    _ => Err(refused("a RawValue without its text")),
+                }
+            }
         }
     }
 
     fn end(self) -> Result<(), Self::Error> {
         match self {
             Struct::Object(object) => object.close(),
-            Struct::Raw(w, raw) => raw.end()?.serialize(w),
+            Struct::Raw(w, text) => {
+                let text = text.ok_or_else(|| refused("a RawValue without its text"))?;
+                if raw::reads_exactly(&text) {
+                    serde_json::from_str::<serde_json::Value>(&text)?.serialize(w)
+                } else {
+                    raw::minify(&text, &mut w.out);
+                    Ok(())
+                }
+            }
+            Struct::Number(w, text) => {
+                let text = text.ok_or_else(|| refused("a number without its text"))?;
+                if let Ok(u) = text.parse::<u64>() {
+                    w.integer(u)
+                } else if let Ok(i) = text.parse::<i64>() {
+                    w.integer(i)
+                } else {
+                    let f = text
+                        .parse::<f64>()
+                        .map_err(|_| refused("a number that is not one"))?;
+                    w.float(f);
+                    Ok(())
+                }
+            }
         }
     }
 }
@@ -1267,6 +1311,75 @@ mod tests {
         assert_eq!(copied.finish(), borrowed.finish());
     }
 
+    /// A handler that takes a `RawValue` reads its text: two texts that
+    /// `serde_json` reads as one tree (a number past a double's precision, a
+    /// key given twice) are two requests; spellings of one value are one.
+    #[test]
+    fn raw_values_that_read_alike_are_not_one_request() {
+        #[derive(Serialize)]
+        struct Forwarded {
+            amount: Box<serde_json::value::RawValue>,
+        }
+        let c = |text: &str| {
+            let amount = serde_json::value::RawValue::from_string(text.to_owned()).unwrap();
+            String::from_utf8(canonical_json(&Forwarded { amount }).unwrap()).unwrap()
+        };
+        assert_ne!(c("1.000000000000000001"), c("1.000000000000000002"));
+        assert_ne!(c("20000000000000000001"), c("20000000000000000000"));
+        assert_ne!(c(r#"{"a":10,"a":100}"#), c(r#"{"a":100}"#));
+        assert_eq!(
+            c(" { \"x\" : [ 1.000000000000000001 ] } "),
+            r#"{"amount":{"x":[1.000000000000000001]}}"#,
+            "written as it came, less whitespace"
+        );
+        assert_eq!(c(r#" { "b" : 1.50, "a" : 1E2 } "#), c(r#"{"a":100,"b":1.5}"#));
+        assert_eq!(c(r#"{"b":1.5,"a":100}"#), r#"{"amount":{"a":100,"b":1.5}}"#);
+    }
+
+    /// `serde_json::Number` as it serializes where a crate of the build turns
+    /// on `arbitrary_precision`: a struct of one field, its text.
+    struct PreciseNumber(&'static str);
+
+    impl Serialize for PreciseNumber {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStruct as _;
+            let mut st = s.serialize_struct(NUMBER_TOKEN, 1)?;
+            st.serialize_field(NUMBER_TOKEN, self.0)?;
+            st.end()
+        }
+    }
+
+    #[test]
+    fn a_number_kept_as_its_text_is_written_as_the_number_it_reads_as() {
+        for (text, plain) in [
+            ("1.50", serde_json::json!(1.5)),
+            ("15e-1", serde_json::json!(1.5)),
+            ("18446744073709551615", serde_json::json!(u64::MAX)),
+            ("-42", serde_json::json!(-42)),
+            ("1152921504606846976.0", serde_json::json!(1_152_921_504_606_846_976.0_f64)),
+        ] {
+            assert_eq!(
+                canonical_json(&PreciseNumber(text)).unwrap(),
+                canonical_json(&plain).unwrap(),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn integers_past_64_bits_are_written_exactly() {
+        let past = u128::from(u64::MAX) + 1;
+        assert_eq!(canonical_json(&past).unwrap(), b"18446744073709551616");
+        assert_eq!(
+            canonical_json(&i128::MIN).unwrap(),
+            b"-170141183460469231731687303715884105728"
+        );
+        assert_ne!(canonical_json(&past).unwrap(), canonical_json(&(past + 1)).unwrap());
+        // Within 64 bits as before.
+        assert_eq!(canonical_json(&7_u128).unwrap(), canonical_json(&7_u64).unwrap());
+        assert_eq!(canonical_json(&-7_i128).unwrap(), canonical_json(&-7_i64).unwrap());
+    }
+
     #[test]
     fn integers_beyond_two_to_the_53_stay_distinct() {
         let a = of_json(r#"{"order_id":1234567890123456789}"#);
@@ -1544,9 +1657,23 @@ mod tests {
             same_as_oracle(&rng.i64(..));
             same_as_oracle(&rng.u64(..));
             same_as_oracle(&(rng.i8(..), rng.u16(..), rng.i32(..)));
-            // Within i64 or u64 a number; beyond them an error.
-            same_as_oracle(&(i128::from(rng.i64(..)) * i128::from(rng.i32(..))));
-            same_as_oracle(&(u128::from(rng.u64(..)) * u128::from(rng.u8(..4))));
+            // Within i64 or u64 as the oracle; beyond them (which its tree
+            // refuses) the integer's own digits.
+            let wide = i128::from(rng.i64(..)) * i128::from(rng.i32(..));
+            let unsigned = u128::from(rng.u64(..)) * u128::from(rng.u8(..4));
+            if i64::try_from(wide).is_ok() || u64::try_from(wide).is_ok() {
+                same_as_oracle(&wide);
+            } else {
+                assert_eq!(canonical_json(&wide).unwrap(), wide.to_string().as_bytes());
+            }
+            if u64::try_from(unsigned).is_ok() {
+                same_as_oracle(&unsigned);
+            } else {
+                assert_eq!(
+                    canonical_json(&unsigned).unwrap(),
+                    unsigned.to_string().as_bytes()
+                );
+            }
             same_as_oracle(&char_of(rng));
             same_as_oracle(&text(rng, 12));
         });
@@ -1733,11 +1860,20 @@ mod tests {
 
     fn typed(rng: &mut fastrand::Rng, depth: usize) -> Typed {
         const FIELDS: &[&str] = &["id", "note", "amount", "zzz", "a", "Ünïcode key"];
+        let fixed = r#" { "b" : 1.50, "a" : [ 1E2, -0.0, 18446744073709551615, "\u00e9" ] } "#;
         let raw = match rng.u8(..3) {
-            0 => r#" { "b" : 1.50, "a" : [ 1E2, -0.0, 18446744073709551615, "\u00e9" ] } "#
-                .to_owned(),
+            0 => fixed.to_owned(),
             1 => serde_json::to_string_pretty(&value(rng, 2)).unwrap(),
             _ => serde_json::to_string(&value(rng, 2)).unwrap(),
+        };
+        // The oracle reads a `RawValue` through a tree, as the fingerprint does
+        // only where that loses nothing (`serde_json` spells a whole double
+        // past 2^53 shortest, `1.152921504606847e18`, which is not its value):
+        // the others are `raw`'s own tests'.
+        let raw = if raw::reads_exactly(&raw) {
+            raw
+        } else {
+            fixed.to_owned()
         };
         Typed {
             id: rng.u64(..),
@@ -1745,11 +1881,9 @@ mod tests {
             maybe: rng.bool().then(|| rng.i32(..)),
             amount: float(rng),
             small: float(rng) as f32,
-            wide: if rng.u8(..20) == 0 {
-                i128::MAX - i128::from(rng.u8(..))
-            } else {
-                i128::from(rng.i64(..))
-            },
+            // Within 64 bits: the oracle's tree refuses wider integers, which
+            // the fingerprint writes exactly (`integers_past_64_bits_are_written_exactly`).
+            wide: i128::from(rng.i64(..)),
             flag: rng.bool(),
             letter: char_of(rng),
             nothing: (),

@@ -59,8 +59,11 @@ impl<T: TenantScope> TenantScope for axum::Extension<T> {
 }
 
 /// A tenant named by the route, as in `/orgs/{org}/orders`:
-/// `#[tenant] Path(org): Path<String>`. The path is what the client sent: let your
-/// authorisation check that the caller belongs to it.
+/// `#[tenant] Path(org): Path<String>`. The path is what the client sent: check
+/// that the caller belongs to it **before the handler**, in a middleware or an
+/// extractor of the handler's: a retry is answered from the stored outcome
+/// without running the handler, so a check inside it would let anyone who
+/// knows (or guesses) a key of the org read its answer.
 impl TenantScope for axum::extract::Path<String> {
     fn tenant_id(&self) -> &str {
         &self.0

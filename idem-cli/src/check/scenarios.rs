@@ -16,6 +16,7 @@ use super::request::{Answer, BodyKind, Exchange, Target, Tenant};
 /// tracing ids and the like may differ.
 pub(crate) const MUST_MATCH: &[&str] = &[
     "content-type",
+    "content-encoding",
     "content-language",
     "content-location",
     "location",

@@ -13,6 +13,7 @@ mod pipeline;
 mod request;
 mod transactional;
 
+#[cfg(feature = "grpc")]
 pub(crate) use body::EffectUnknown;
 pub use body::{BoxedBody, BoxedHandler, BoxedLeasedHandler, HandlerOutcome};
 pub use pipeline::run;

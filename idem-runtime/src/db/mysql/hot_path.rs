@@ -265,6 +265,9 @@ async fn claim_first(
                 return Ok((tx, claim));
             }
             Err(StoreError::Database(e)) if is_deadlock(&e) => {
+                // `claim_on` gave the lock wait back before it returned: the
+                // session is clean, and the connection may go back to the pool.
+                tx.close_if_dropped(false);
                 if attempt >= DEADLOCK_RETRIES {
                     return Ok((tx, transactional::in_flight(req)));
                 }

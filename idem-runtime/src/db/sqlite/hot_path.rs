@@ -28,7 +28,7 @@
 //! The wait for the write lock is the connection's own busy timeout
 //! (`SqliteConnectOptions::busy_timeout`, 5 s in sqlx by default), set once per
 //! connection by the pool, never read, changed and restored per claim; past it
-//! the request is in flight (`409`). The lock is the whole database's, so that
+//! the store is busy (`503` with `Retry-After: 1`). The lock is the whole database's, so that
 //! wait is for any writer, not only for a duplicate of the key; duplicates in the
 //! same process wait in the waiting room, bounded by the in-flight wait.
 
