@@ -1332,7 +1332,10 @@ mod tests {
             r#"{"amount":{"x":[1.000000000000000001]}}"#,
             "written as it came, less whitespace"
         );
-        assert_eq!(c(r#" { "b" : 1.50, "a" : 1E2 } "#), c(r#"{"a":100,"b":1.5}"#));
+        assert_eq!(
+            c(r#" { "b" : 1.50, "a" : 1E2 } "#),
+            c(r#"{"a":100,"b":1.5}"#)
+        );
         assert_eq!(c(r#"{"b":1.5,"a":100}"#), r#"{"amount":{"a":100,"b":1.5}}"#);
     }
 
@@ -1356,7 +1359,10 @@ mod tests {
             ("15e-1", serde_json::json!(1.5)),
             ("18446744073709551615", serde_json::json!(u64::MAX)),
             ("-42", serde_json::json!(-42)),
-            ("1152921504606846976.0", serde_json::json!(1_152_921_504_606_846_976.0_f64)),
+            (
+                "1152921504606846976.0",
+                serde_json::json!(1_152_921_504_606_846_976.0_f64),
+            ),
         ] {
             assert_eq!(
                 canonical_json(&PreciseNumber(text)).unwrap(),
@@ -1374,10 +1380,19 @@ mod tests {
             canonical_json(&i128::MIN).unwrap(),
             b"-170141183460469231731687303715884105728"
         );
-        assert_ne!(canonical_json(&past).unwrap(), canonical_json(&(past + 1)).unwrap());
+        assert_ne!(
+            canonical_json(&past).unwrap(),
+            canonical_json(&(past + 1)).unwrap()
+        );
         // Within 64 bits as before.
-        assert_eq!(canonical_json(&7_u128).unwrap(), canonical_json(&7_u64).unwrap());
-        assert_eq!(canonical_json(&-7_i128).unwrap(), canonical_json(&-7_i64).unwrap());
+        assert_eq!(
+            canonical_json(&7_u128).unwrap(),
+            canonical_json(&7_u64).unwrap()
+        );
+        assert_eq!(
+            canonical_json(&-7_i128).unwrap(),
+            canonical_json(&-7_i64).unwrap()
+        );
     }
 
     #[test]
@@ -1941,11 +1956,8 @@ mod tests {
             same_as_oracle(&entries);
             assert!(canonical_json(&entries).is_err(), "{entries:?}");
         }
-        for wide in [i128::MAX, i128::MIN, i128::from(i64::MIN) - 1] {
-            same_as_oracle(&wide);
-            assert!(canonical_json(&wide).is_err());
-        }
-        same_as_oracle(&(u128::from(u64::MAX) + 1));
+        // Integers past 64 bits, which the oracle's tree refuses, have a JSON
+        // form: `integers_past_64_bits_are_written_exactly`.
         // Not an error: `serde_json` writes a float that is not a number as null.
         assert_eq!(
             canonical_json(&[f64::NAN, f64::INFINITY]).unwrap(),

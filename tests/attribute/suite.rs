@@ -100,6 +100,9 @@ async fn make_blob(
         StatusCode::CREATED,
         [
             ("location", "/blobs/1"),
+            // What the bytes must be read with (they are not gzip: only the
+            // header's round trip is under test).
+            ("content-encoding", "gzip"),
             ("set-cookie", "session=secret"),
             ("x-trace", "not-stored"),
         ],
@@ -670,6 +673,10 @@ pub async fn replays_carry_only_stored_headers_and_never_set_cookie() {
     assert_eq!(again.body, first.body);
     assert_eq!(again.headers["location"], "/blobs/1");
     assert_eq!(again.headers["content-type"], first.headers["content-type"]);
+    assert_eq!(
+        again.headers["content-encoding"], "gzip",
+        "a replay's bytes are unreadable without it"
+    );
     assert!(again.headers.get("set-cookie").is_none());
     assert!(again.headers.get("x-trace").is_none());
 }
