@@ -154,7 +154,7 @@ macro_rules! leased_tests {
             a_stale_owner_cannot_touch_the_row_the_new_owner_holds,
             of_concurrent_claims_of_one_key_exactly_one_acquires,
             a_late_resolution_never_applies_to_a_later_execution_of_the_key,
-            a_handler_is_first_polled_with_its_lease_already_renewed,
+            a_handler_is_first_polled_with_its_lease_registered_for_renewal,
             a_gateway_timeout_lapses_the_lease_and_the_retry_is_a_takeover,
         );
     };

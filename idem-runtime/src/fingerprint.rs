@@ -831,8 +831,9 @@ impl serde::ser::SerializeStructVariant for Object<'_> {
 /// text, and two texts read alike must not be one request).
 ///
 /// A `serde_json::Number` that serializes as its text (`arbitrary_precision`)
-/// is written as the number that text reads as without that feature, so that
-/// a dependency turning it on changes no fingerprint.
+/// is written as the number that text reads as without that feature where it
+/// reads exactly, else as its text (two amounts past a double's precision
+/// stay two requests).
 enum Struct<'a> {
     Object(Object<'a>),
     Raw(&'a mut Canonical, Option<String>),
@@ -877,6 +878,12 @@ impl serde::ser::SerializeStruct for Struct<'_> {
             }
             Struct::Number(w, text) => {
                 let text = text.ok_or_else(|| refused("a number without its text"))?;
+                if !raw::number_reads_exactly(&text) {
+                    // Past a double's precision (a `Decimal` at wei, say, or
+                    // `1e400`): the text itself, as a lossy `RawValue`'s.
+                    w.out.extend_from_slice(text.as_bytes());
+                    return Ok(());
+                }
                 if let Ok(u) = text.parse::<u64>() {
                     w.integer(u)
                 } else if let Ok(i) = text.parse::<i64>() {
@@ -1353,7 +1360,7 @@ mod tests {
     }
 
     #[test]
-    fn a_number_kept_as_its_text_is_written_as_the_number_it_reads_as() {
+    fn a_number_kept_as_its_text_is_written_as_the_number_it_reads_as_where_exact() {
         for (text, plain) in [
             ("1.50", serde_json::json!(1.5)),
             ("15e-1", serde_json::json!(1.5)),
@@ -1370,6 +1377,11 @@ mod tests {
                 "{text}"
             );
         }
+        // Past a double's precision: two numbers stay two, and none is `null`.
+        let c = |text| String::from_utf8(canonical_json(&PreciseNumber(text)).unwrap()).unwrap();
+        assert_ne!(c("1.000000000000000001"), c("1.000000000000000002"));
+        assert_ne!(c("18446744073709551617"), c("18446744073709551616"));
+        assert_eq!(c("1e400"), "1e400");
     }
 
     #[test]

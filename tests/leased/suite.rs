@@ -393,9 +393,8 @@ async fn create_payment_streamed(
 }
 
 /// A handler that reports, on its first poll, before anything else, whether
-/// its lease is among those being renewed: a handler that then blocks its
-/// thread (a synchronous SDK call) must not hold a lease nobody renews. It
-/// charges nothing (a `503`, which gives the key back) if not.
+/// its lease is among those being renewed. It charges nothing (a `503`,
+/// which gives the key back) if not.
 #[idempotent(
     operation = "create-payment",
     retention = "1h",
@@ -573,11 +572,11 @@ pub async fn send(
     )
 }
 
-/// The lease is registered for renewal before the handler is first polled,
-/// so a handler that blocks its thread at once (a synchronous SDK call) on a
-/// multi-threaded runtime is renewed from another thread meanwhile. Eight
-/// requests: the order of that first poll was once left to chance.
-pub async fn a_handler_is_first_polled_with_its_lease_already_renewed() {
+/// The lease is registered for renewal before the handler is first polled
+/// (the order of that first poll was once left to chance: eight requests).
+/// Registered is not yet renewed: a handler that blocks its worker thread
+/// may keep the renewal task from running (docs/leased-mode.md).
+pub async fn a_handler_is_first_polled_with_its_lease_registered_for_renewal() {
     let s = setup("registered", false).await;
     for i in 0..8 {
         ran(&send(

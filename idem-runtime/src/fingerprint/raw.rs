@@ -94,7 +94,7 @@ fn string_end(b: &[u8], start: usize) -> usize {
 
 /// Whether the number `token` is, to the digit, what `serde_json` reads it as
 /// and the fingerprint then writes.
-fn number_reads_exactly(token: &str) -> bool {
+pub(super) fn number_reads_exactly(token: &str) -> bool {
     let integer = !token.contains(['.', 'e', 'E']);
     if integer && (token.parse::<u64>().is_ok() || token.parse::<i64>().is_ok()) {
         return true;

@@ -113,11 +113,12 @@ pub mod reason {
 /// | `ALREADY_EXISTS` | 409 | committed, stored, replayed |
 /// | `ABORTED` | 409 | rolled back, key freed: a retry runs again |
 /// | `RESOURCE_EXHAUSTED` | 429 | rolled back, key freed |
-/// | `CANCELLED` | 499 | rolled back, key freed |
-/// | `UNKNOWN`, `INTERNAL`, `DATA_LOSS` | 500 | rolled back, key freed |
+/// | `CANCELLED` | 499 | rolled back, key freed (leased: lease lapsed) |
+/// | `UNKNOWN` | 500 | rolled back, key freed (leased: lease lapsed) |
+/// | `INTERNAL`, `DATA_LOSS` | 500 | rolled back, key freed |
 /// | `UNIMPLEMENTED` | 501 | rolled back, key freed |
 /// | `UNAVAILABLE` | 503 | rolled back, key freed |
-/// | `DEADLINE_EXCEEDED` | 504 | rolled back, key freed |
+/// | `DEADLINE_EXCEEDED` | 504 | rolled back, key freed (leased: lease lapsed) |
 ///
 /// A decision is stored; a condition that may pass is not. `ABORTED` and
 /// `RESOURCE_EXHAUSTED` roll back although their HTTP codes are 4xx: gRPC

@@ -28,8 +28,8 @@ pub fn key_field<M>(_: &M, field: Field<M, String>) -> Field<M, String> {
 }
 
 /// The idempotency request of a call: the key (from `source`, through `field`
-/// when the key is a field of the message), the call's gRPC path (else the
-/// method's name, `method`) as its route, and its metadata when the operation fingerprints some, with the
+/// when the key is a field of the message), the method's name (`method`) as
+/// its route, and its metadata when the operation fingerprints some, with the
 /// service's [`Idem`].
 ///
 /// # Errors

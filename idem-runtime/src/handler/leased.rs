@@ -242,9 +242,8 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
     let mut renewing = Box::pin(idem.renewals().run(renewer, ceiling, slot));
     let outcome = {
         let mut work = body(&mut lease);
-        // Renewals first: their first poll registers the lease, and a handler
-        // polled first that blocks its thread (a synchronous SDK call) would
-        // otherwise hold a lease nobody renews.
+        // Renewals first: their first poll registers the lease, which is then
+        // in every batch whatever the handler does on its first poll.
         tokio::select! {
             biased;
             never = &mut renewing => match never {},
@@ -310,7 +309,7 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
                 outcome.response
             }
             Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
-            // The effect did not happen; the key frees itself when the lease lapses.
+            // The key frees itself, or is taken over, when the lease lapses.
             Err(LeaseError::Store(e)) => store_failed(op, None, Step::Release, &e),
         };
     }

@@ -25,7 +25,7 @@
 //! | status | the record | what a client does |
 //! | --- | --- | --- |
 //! | `running` | `processing`, its lease live | come back after `Retry-After` |
-//! | `stalled` | `processing`, its lease lapsed: the worker died, or a takeover failed | send the original request again with the same key: it takes the work over (the same downstream key) and answers the same `202` |
+//! | `stalled` | `processing`, its lease lapsed: the worker died, it answered `504` (its downstream call's outcome unknown), or a takeover failed | send the original request again with the same key: it takes the work over (the same downstream key) and answers the same `202` |
 //! | `succeeded` | `completed` | read `result`: the stored answer, replayed |
 //! | `failed` | `failed` (a 4xx was stored) | likewise |
 //! | `uncertain` | `uncertain`: the effect may have happened | wait: the reconciler resolves it |
@@ -125,7 +125,8 @@ pub enum Status {
     /// The work runs: its worker holds a live lease.
     Running,
     /// Its worker stopped renewing its lease (it died, or stalled past its
-    /// renewal ceiling), or a run that had taken the work over failed.
+    /// renewal ceiling), its run answered `504` (a downstream call's outcome
+    /// unknown), or a run that had taken the work over failed.
     /// Sending the original request again with the same key
     /// takes the work over.
     Stalled,
