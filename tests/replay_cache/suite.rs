@@ -105,6 +105,16 @@ async fn send(
     )
 }
 
+/// `k1` answered, then replayed (from the cache, which now holds it).
+async fn answer_and_replay_k1(a: &App) {
+    assert_eq!(
+        send(a, "/widgets", "k1", "bolt", 0).await.0,
+        StatusCode::CREATED
+    );
+    let replayed = send(a, "/widgets", "k1", "bolt", 0).await;
+    assert_eq!((replayed.0, replayed.1), (StatusCode::CREATED, true));
+}
+
 async fn forget_every_key(app: &App) {
     app.db.exec("DELETE FROM idempotency_requests").await;
 }
@@ -150,12 +160,7 @@ pub async fn a_cleared_cache_answers_from_the_database_again() {
 /// key it had answered executes anew, from neither the cache nor the database.
 pub async fn erasing_the_tenant_forgets_its_cached_answers() {
     let a = app(Some(cache())).await;
-    assert_eq!(
-        send(&a, "/widgets", "k1", "bolt", 0).await.0,
-        StatusCode::CREATED
-    );
-    let replayed = send(&a, "/widgets", "k1", "bolt", 0).await;
-    assert_eq!((replayed.0, replayed.1), (StatusCode::CREATED, true));
+    answer_and_replay_k1(&a).await;
     let erased = a.idem.erase_tenant("acme").await.unwrap();
     assert_eq!((erased.erased, erased.left), (1, 0));
     let again = send(&a, "/widgets", "k1", "bolt", 0).await;
@@ -170,12 +175,7 @@ pub async fn erasing_the_tenant_forgets_its_cached_answers() {
 /// (it still has its count of what is left to run).
 pub async fn an_erasure_dropped_part_way_leaves_no_cached_answer() {
     let a = app(Some(cache())).await;
-    assert_eq!(
-        send(&a, "/widgets", "k1", "bolt", 0).await.0,
-        StatusCode::CREATED
-    );
-    let replayed = send(&a, "/widgets", "k1", "bolt", 0).await;
-    assert_eq!((replayed.0, replayed.1), (StatusCode::CREATED, true));
+    answer_and_replay_k1(&a).await;
     let rows = "SELECT count(*) FROM idempotency_requests";
     {
         let mut erasure = std::pin::pin!(a.idem.erase_tenant("acme"));
