@@ -149,20 +149,25 @@ struct Work<DB: LeaseBackend> {
 /// Gives back a key acquired for an execution that its running limit has no
 /// slot for, so that nothing stays reserved (see [`let_go`]).
 async fn give_back<DB: LeaseBackend>(op: &'static str, lease: Lease<DB>) {
-    if let Err(e) = let_go(lease).await {
+    if let Err(e) = let_go(lease, false).await {
         // Nothing ran: the key frees itself when the lease lapses.
         tracing::warn!(operation = op, error = %e, "idem: could not give back a key refused for the running limit; it frees itself after its lease");
     }
 }
 
-/// Ends an execution whose own effect did not happen: a new or re-claimed key
-/// is released (free for the retry, as new). A key taken over from a lapsed
-/// lease is not: an earlier execution may have called downstream, and a
-/// released key would tell the next one it is new. Its lease lapses now
-/// instead, so the retry takes it over at once and is told so.
-async fn let_go<DB: LeaseBackend>(lease: Lease<DB>) -> Result<(), LeaseError> {
+/// Ends an execution that failed: a new or re-claimed key is released (free
+/// for the retry, as new). Not where an effect may have happened: the
+/// execution's own (`effect_unknown`: its answer says a downstream call timed
+/// out), or an earlier execution's (the key was taken over from a lapsed
+/// lease). A released key would tell the next execution it is new, so the
+/// lease lapses now instead, and the retry takes it over at once, told so.
+async fn let_go<DB: LeaseBackend>(
+    lease: Lease<DB>,
+    effect_unknown: bool,
+) -> Result<(), LeaseError> {
     match lease.acquisition() {
         Acquisition::TakenOver => lease.lapse().await,
+        _ if effect_unknown => lease.lapse().await,
         Acquisition::New | Acquisition::Reclaimed => lease.release().await,
     }
 }
@@ -290,20 +295,14 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
     }
     if outcome.rolls_back() {
         drop(renewing);
-        // A downstream call that timed out may have charged: the retry must be
-        // told `TakenOver` (and ask the provider), never `New`, so the lease
-        // lapses now instead of the key being given back.
-        let ended = if outcome.effect_unknown() {
+        if outcome.effect_unknown() {
             tracing::warn!(
                 operation = op,
                 status = outcome.response.status().as_u16(),
                 "idem: the handler's answer leaves its downstream effect unknown; its lease lapses and the retry takes the key over"
             );
-            lease.lapse().await
-        } else {
-            let_go(lease).await
-        };
-        return match ended {
+        }
+        return match let_go(lease, outcome.effect_unknown()).await {
             Ok(()) => {
                 metrics::completion(op, "rolled_back");
                 outcome.response
