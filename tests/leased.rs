@@ -157,6 +157,7 @@ macro_rules! leased_tests {
             a_handler_is_first_polled_with_its_lease_registered_for_renewal,
             a_gateway_timeout_lapses_the_lease_and_the_retry_is_a_takeover,
         );
+        stamp!(two_workers suite => a_handler_blocking_its_thread_is_still_renewed);
     };
 }
 

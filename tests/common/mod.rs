@@ -28,4 +28,13 @@ macro_rules! stamp {
             }
         )*
     };
+    // On a runtime of two workers, for what one blocked worker must not stop.
+    (two_workers $module:ident => $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                $module::$test().await
+            }
+        )*
+    };
 }

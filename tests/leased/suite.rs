@@ -228,6 +228,8 @@ struct App {
     entered: Option<mpsc::UnboundedSender<()>>,
     release: Arc<Semaphore>,
     crash_next: Arc<AtomicBool>,
+    /// Lets the handler that blocks its thread go on.
+    unblocked: Arc<AtomicBool>,
     retry: RetryPolicy,
 }
 
@@ -417,6 +419,30 @@ async fn create_payment_registered(
     charge_and_answer(&app, lease, p.amount_cents).await
 }
 
+/// A handler that blocks its worker thread (a blocking client called without
+/// `spawn_blocking`) from its first poll until the test lets it go; it
+/// reports in first when it is gated.
+#[idempotent(
+    operation = "create-payment",
+    retention = "1h",
+    lease = "300ms",
+    lease_ceiling = "1h"
+)]
+async fn create_payment_blocking(
+    #[tenant] _caller: Caller,
+    State(app): State<App>,
+    lease: &mut Lease<Db>,
+    Json(p): Json<NewPayment>,
+) -> Response {
+    if let Some(entered) = &app.entered {
+        entered.send(()).ok();
+    }
+    while !app.unblocked.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    charge_and_answer(&app, lease, p.amount_cents).await
+}
+
 /// A handler that passes its provider's timeout up as a `504`, as a
 /// downstream error sent on with `?` reads, and says how its key was
 /// acquired (`x-acquisition`).
@@ -456,6 +482,7 @@ pub struct Setup {
     pub entered: mpsc::UnboundedReceiver<()>,
     pub release: Arc<Semaphore>,
     crash_next: Arc<AtomicBool>,
+    unblocked: Arc<AtomicBool>,
 }
 
 pub async fn setup(test: &str, gate: bool) -> Setup {
@@ -469,6 +496,7 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
     let (tx, entered) = mpsc::unbounded_channel();
     let release = Arc::new(Semaphore::new(0));
     let crash_next = Arc::new(AtomicBool::new(false));
+    let unblocked = Arc::new(AtomicBool::new(false));
     let idem = config(h.idem());
     let app = App {
         idem: idem.clone(),
@@ -476,6 +504,7 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
         entered: gate.then_some(tx),
         release: release.clone(),
         crash_next: crash_next.clone(),
+        unblocked: unblocked.clone(),
         retry: RetryPolicy::new()
             .with_max_attempts(4)
             .with_min_delay(Duration::from_millis(1))
@@ -490,6 +519,7 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
         .route("/payments-streamed", post(create_payment_streamed))
         .route("/payments-registered", post(create_payment_registered))
         .route("/payments-timing-out", post(create_payment_timing_out))
+        .route("/payments-blocking", post(create_payment_blocking))
         .with_state(app);
     Setup {
         h,
@@ -499,6 +529,7 @@ async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Ide
         entered,
         release,
         crash_next,
+        unblocked,
     }
 }
 
@@ -586,6 +617,37 @@ pub async fn a_handler_is_first_polled_with_its_lease_registered_for_renewal() {
         .await);
     }
     assert_eq!(s.provider.calls.load(Ordering::SeqCst), 8);
+}
+
+/// A handler that blocks its worker thread is still renewed by the other
+/// worker: registering its lease starts the task that sends the batches in
+/// the blocked worker's LIFO slot, which the other worker cannot steal, unless
+/// the execution yields before it polls the handler. Stamped on a runtime of
+/// two workers; the lease (300 ms) must be seen renewed twice while the
+/// handler blocks, and the test thread (not a worker) watches the row.
+pub async fn a_handler_blocking_its_thread_is_still_renewed() {
+    let mut s = setup("blocking", true).await;
+    let router = s.router.clone();
+    let request =
+        tokio::spawn(
+            async move { send(&router, pay("/payments-blocking", "blocking-1", 100)).await },
+        );
+    s.entered.recv().await.unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < 3 && Instant::now() < deadline {
+        seen.insert(record(&s.h, "blocking-1").await.lease_until);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    s.unblocked.store(true, Ordering::SeqCst);
+    let (status, _, _) = request.await.unwrap();
+    assert!(
+        seen.len() >= 3,
+        "the blocked handler's lease was renewed {} times in 30 s",
+        seen.len() - 1
+    );
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
 }
 
 /// Renewals are batched: many executions running at once are

@@ -242,15 +242,19 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
     // Renewed (and its running slot held) until the response is in hand: a
     // body the handler streams is read below, and a lease that lapsed while
     // it was would let another worker take over and call downstream again.
+    // Registered before the handler is first polled, so that it is in every
+    // batch whatever the handler does then.
+    let registered = idem.renewals().register(renewer, ceiling);
+    // The task that sends the batches may now wait in this worker's LIFO
+    // slot, which no other worker steals: it runs before a handler that
+    // blocks this thread could keep it from running.
+    tokio::task::yield_now().await;
     // Boxed rather than pinned in place, so that it can be dropped (renewals
     // stop, the slot is freed) as soon as the response is in hand.
-    let mut renewing = Box::pin(idem.renewals().run(renewer, ceiling, slot));
+    let mut renewing = Box::pin(registered.hold(slot));
     let outcome = {
         let mut work = body(&mut lease);
-        // Renewals first: their first poll registers the lease, which is then
-        // in every batch whatever the handler does on its first poll.
         tokio::select! {
-            biased;
             never = &mut renewing => match never {},
             outcome = &mut work => outcome,
         }

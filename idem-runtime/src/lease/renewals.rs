@@ -125,40 +125,17 @@ impl<DB: LeaseBackend> Renewals<DB> {
             .len()
     }
 
-    /// Renews `renewer`'s lease with the others until `ceiling` has passed or the
-    /// lease is lost, then stops; never returns, so it can be raced against a
-    /// handler, and stops renewing when dropped.
+    /// Puts `renewer`'s lease among those renewed, until `ceiling` has passed or
+    /// the lease is lost, or the returned [`Registered`] is dropped.
     ///
-    /// `slot`, the execution's slot of its running limit, is given back as soon
-    /// as the lease is lost: from then on the key may be taken over, here or
-    /// elsewhere, and a stalled handler must not keep its takeover out.
-    pub(crate) async fn run(
-        &self,
-        renewer: Renewer<DB>,
-        ceiling: Duration,
-        slot: Option<Slot>,
-    ) -> std::convert::Infallible {
-        let deadline = renewer.deadline.clone();
-        let _registered = self.register(renewer, ceiling);
-        if let Some(slot) = slot {
-            // Wakes about once a lease, as renewals move the deadline on. A
-            // lease found taken over is given back by the time its last
-            // renewal would have run out, a margin before it lapsed on the
-            // store (`Deadline::margin`).
-            loop {
-                let left = deadline.left();
-                if left.is_zero() {
-                    break;
-                }
-                tokio::time::sleep(left).await;
-            }
-            drop(slot);
-        }
-        std::future::pending().await
-    }
-
-    fn register(&self, renewer: Renewer<DB>, ceiling: Duration) -> Registered<DB> {
+    /// Starting or waking the task that sends the batches puts it in this
+    /// worker's LIFO slot, which tokio's other workers do not steal: the
+    /// caller yields once before it polls a handler, so that a handler that
+    /// blocks its thread (a blocking client called without `spawn_blocking`)
+    /// cannot keep its own lease from being renewed.
+    pub(crate) fn register(&self, renewer: Renewer<DB>, ceiling: Duration) -> Registered<DB> {
         let now = Instant::now();
+        let deadline = renewer.deadline.clone();
         let every = (renewer.lease / 3).max(Duration::from_millis(10));
         let due = now + next_in(every, &renewer.deadline);
         let entry = Entry {
@@ -191,6 +168,7 @@ impl<DB: LeaseBackend> Renewals<DB> {
         Registered {
             inner: self.inner.clone(),
             id,
+            deadline,
         }
     }
 
@@ -227,9 +205,36 @@ fn wake_for(state: &mut State, due: Instant) -> Wake {
 }
 
 /// A lease in the renewals, taken out when dropped (its execution ended).
-struct Registered<DB: LeaseBackend> {
+pub(crate) struct Registered<DB: LeaseBackend> {
     inner: Arc<Inner<DB>>,
     id: u64,
+    deadline: Arc<Deadline>,
+}
+
+impl<DB: LeaseBackend> Registered<DB> {
+    /// Keeps the lease renewed with the others; never returns, so it can be
+    /// raced against a handler, and stops renewing when dropped.
+    ///
+    /// `slot`, the execution's slot of its running limit, is given back as soon
+    /// as the lease is lost: from then on the key may be taken over, here or
+    /// elsewhere, and a stalled handler must not keep its takeover out.
+    pub(crate) async fn hold(self, slot: Option<Slot>) -> std::convert::Infallible {
+        if let Some(slot) = slot {
+            // Wakes about once a lease, as renewals move the deadline on. A
+            // lease found taken over is given back by the time its last
+            // renewal would have run out, a margin before it lapsed on the
+            // store (`Deadline::margin`).
+            loop {
+                let left = self.deadline.left();
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left).await;
+            }
+            drop(slot);
+        }
+        std::future::pending().await
+    }
 }
 
 impl<DB: LeaseBackend> Drop for Registered<DB> {
