@@ -814,3 +814,38 @@ fn the_readme_stays_a_guide_of_at_most_350_lines() {
         "README.md has {lines} lines; move reference material into docs/"
     );
 }
+
+/// The first ```rust block after `heading` in `markdown`.
+fn rust_block_after(markdown: &str, heading: &str) -> String {
+    let from = markdown
+        .find(heading)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    let rest = &markdown[from..];
+    let open = rest.find("```rust\n").expect("a rust block") + "```rust\n".len();
+    let len = rest[open..].find("```").expect("the block ends");
+    rest[open..open + len].to_owned()
+}
+
+/// The leased handler README.md and docs/leased-mode.md show is the one
+/// `tests/attribute_shapes/readme_leased.rs` compiles and mounts, so the
+/// snippet a newcomer copies builds against the API as it is.
+#[test]
+fn the_leased_handler_the_docs_show_is_a_shape_that_compiles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let shape = read("tests/attribute_shapes/readme_leased.rs");
+    let begin =
+        shape.find("// README: begin\n").expect("begin marker") + "// README: begin\n".len();
+    let end = shape.find("// README: end\n").expect("end marker");
+    let compiled = &shape[begin..end];
+    for (file, heading) in [
+        ("README.md", "## Leased mode"),
+        ("docs/leased-mode.md", "## The handler"),
+    ] {
+        assert_eq!(
+            rust_block_after(&read(file), heading),
+            compiled,
+            "{file}'s leased handler is not the one tests/attribute_shapes/readme_leased.rs compiles"
+        );
+    }
+}

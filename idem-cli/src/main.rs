@@ -55,7 +55,7 @@
 //! | 1 | unexpected failure (a stored row the CLI cannot read, stdout unwritable) |
 //! | 2 | usage: bad arguments (clap's own code), a key that is not a valid `Idempotency-Key` or a `--digest` that is not 64 hex digits, no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, a database this build of the CLI leaves out (its cargo feature), an in-memory SQLite database |
 //! | 3 | not found: `show` or `purge` of a key that has no row |
-//! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock); `rekey` that left answers it could not open (sealed with a key the ring lacks, or broken), after re-sealing the rest |
+//! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock); `purge --tenant` that left rows in flight; `rekey` that left answers it could not open (sealed with a key the ring lacks, or broken), after re-sealing the rest |
 //! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
 //! | 6 | not migrated: the table `idempotency_requests` does not exist; run `idem migrate` |
 //! | 7 | `check`: a scenario failed (the report says which, with its requests and answers) |

@@ -26,6 +26,7 @@ mod json_body;
 mod leased;
 mod leased_sqlite;
 mod no_body;
+mod readme_leased;
 mod single_tenant;
 mod sqlite_backend;
 mod state_and_path;
