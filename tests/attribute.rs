@@ -58,6 +58,7 @@ macro_rules! attribute_tests {
             a_bytes_body_is_fingerprinted_byte_for_byte,
             ignore_body_leaves_the_body_out_as_written,
             a_path_tenant_scopes_the_key,
+            a_tenant_id_with_a_nul_is_refused_before_the_claim,
         );
     };
     ($($test:ident),* $(,)?) => {

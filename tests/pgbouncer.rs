@@ -82,7 +82,9 @@ const PROBE_DATABASE: &str = "idem_pgbouncer_probe";
 
 /// Through transaction pooling without prepared-statement support, the check
 /// and `migrate` refuse at start, naming the settings that work; `migrate` does
-/// so before it writes anything.
+/// so before it writes anything. So they do where the pool has one server
+/// (`idem_transaction_pool_one`), whose connections wait for each other's
+/// transactions rather than run on another server.
 #[tokio::test]
 async fn a_transaction_pool_that_loses_prepared_statements_is_refused_at_start() {
     use sqlx::Connection;
@@ -103,15 +105,17 @@ async fn a_transaction_pool_that_loses_prepared_statements_is_refused_at_start()
         .execute(&mut admin)
         .await;
     }
-    let pool = through_pgbouncer("idem_transaction_pool").await;
-    let err = idem_runtime::check_pooler(&pool).await.unwrap_err();
-    assert!(matches!(err, StoreError::Pooler(_)), "{err:?}");
-    let message = err.to_string();
-    for hint in ["pool_mode = session", "max_prepared_statements", "1.21"] {
-        assert!(message.contains(hint), "{hint:?} not in {message}");
+    for alias in ["idem_transaction_pool", "idem_transaction_pool_one"] {
+        let pool = through_pgbouncer(alias).await;
+        let err = idem_runtime::check_pooler(&pool).await.unwrap_err();
+        assert!(matches!(err, StoreError::Pooler(_)), "{alias}: {err:?}");
+        let message = err.to_string();
+        for hint in ["pool_mode = session", "max_prepared_statements", "1.21"] {
+            assert!(message.contains(hint), "{alias}: {hint:?} not in {message}");
+        }
+        let err = idem_runtime::migrate(&pool).await.unwrap_err();
+        assert!(matches!(err, StoreError::Pooler(_)), "{alias}: {err:?}");
     }
-    let err = idem_runtime::migrate(&pool).await.unwrap_err();
-    assert!(matches!(err, StoreError::Pooler(_)), "{err:?}");
     let url = common::admin_url();
     let url = format!("{}/{PROBE_DATABASE}", &url[..url.rfind('/').unwrap()]);
     let mut direct = sqlx::PgConnection::connect(&url).await.unwrap();

@@ -117,18 +117,24 @@ pub enum TenantError {
     /// `*` is reserved for [`SingleTenant`].
     #[error("the tenant id `*` is reserved for single-tenant services")]
     Reserved,
+    /// The id holds a NUL (U+0000), which PostgreSQL's text cannot hold: every
+    /// claim would fail as the database's, and be answered "retry".
+    #[error("the tenant id contains a NUL (U+0000)")]
+    Nul,
 }
 
 /// Checks a tenant id that a [`TenantScope`] returned.
 ///
 /// # Errors
 ///
-/// [`TenantError`] when it is empty, longer than 255 bytes, or the reserved `*`.
+/// [`TenantError`] when it is empty, longer than 255 bytes, the reserved `*`,
+/// or holds a NUL.
 pub(crate) fn validate_tenant_id(id: &str) -> Result<(), TenantError> {
     match id.len() {
         0 => Err(TenantError::Empty),
         n if n > 255 => Err(TenantError::TooLong(n)),
         _ if id == SingleTenant::ID => Err(TenantError::Reserved),
+        _ if id.contains('\0') => Err(TenantError::Nul),
         _ => Ok(()),
     }
 }
@@ -165,6 +171,7 @@ mod tests {
             Err(TenantError::TooLong(256))
         );
         assert_eq!(validate_tenant_id("*"), Err(TenantError::Reserved));
+        assert_eq!(validate_tenant_id("a\0b"), Err(TenantError::Nul));
     }
 
     /// A caller type of the application's own that answers `*`.

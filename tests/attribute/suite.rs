@@ -914,6 +914,27 @@ pub async fn ignore_body_leaves_the_body_out_as_written() {
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
+/// A tenant id holding a NUL (`%00` in a path tenant) is refused before the
+/// claim as an invalid tenant (`500`, never "retry": every retry would fail
+/// the same way), and nothing is written.
+pub async fn a_tenant_id_with_a_nul_is_refused_before_the_claim() {
+    let a = app(None, WAIT).await;
+    let refused = send(
+        &a.router,
+        request("/orgs/a%00b/widgets", None, Some("k1"), r#"{"name":"a"}"#),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(refused.json()["type"], "urn:idem:problem:invalid-tenant");
+    assert!(refused.headers.get("retry-after").is_none());
+    assert_eq!(
+        a.db.count("SELECT count(*) FROM idempotency_requests")
+            .await,
+        0
+    );
+    assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 0);
+}
+
 pub async fn a_path_tenant_scopes_the_key() {
     let a = app(None, WAIT).await;
     let body = r#"{"name":"a"}"#;

@@ -36,6 +36,7 @@ stamp!(suite =>
     a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winners_outcome,
     concurrent_duplicates_on_many_processes_make_one_effect_and_one_answer,
     an_expired_key_is_executed_anew_by_the_insert,
+    a_nested_transaction_left_open_is_not_committed_and_its_connection_is_closed,
 );
 
 const WIDGETS: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, \

@@ -82,6 +82,18 @@ pub async fn create_widget(
             ALL_INSERTED.wait().await;
             Ok((StatusCode::CREATED, Json(json!({"id": id}))))
         }
+        // Inserts, then leaves a nested transaction of its own open: begun and
+        // forgotten, neither committed nor dropped.
+        // "-then-err": and answers an error, which rolls back.
+        Some(mode @ ("forget-nested" | "forget-nested-then-err")) => {
+            let id = add_widget(tx, &caller.0, &w.name).await;
+            let nested = sqlx::Connection::begin(&mut **tx).await.unwrap();
+            std::mem::forget(nested);
+            if mode == "forget-nested-then-err" {
+                return Err((StatusCode::CONFLICT, "refused".into()));
+            }
+            Ok((StatusCode::CREATED, Json(json!({"id": id}))))
+        }
         Some(mode) => match more_modes(tx, &caller.0, &w.name, mode).await {
             Some(answer) => answer,
             None => {
@@ -190,6 +202,47 @@ pub async fn a_first_execution_writes_one_finished_row_and_a_retry_replays_it() 
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(runs(&other_name), 0);
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// A handler that leaves a nested transaction of its own open (begun and
+/// forgotten) is not committed by idem, whose `COMMIT` would end only that
+/// savepoint and answer `201` for nothing stored: nothing is stored, the
+/// request gets the store's `503`. Nor is it rolled back by a `ROLLBACK` that
+/// would end only the savepoint, when the handler answers an error. Either
+/// way the connection is closed rather than handed on inside the handler's
+/// transaction, so the next request on the pool's one connection commits as
+/// ever. (PostgreSQL's session path commits the whole transaction with its
+/// `COMMIT AND CHAIN`; this is the bound path.)
+pub async fn a_nested_transaction_left_open_is_not_committed_and_its_connection_is_closed() {
+    let db = TestDb::with_pool_size(1).await;
+    db.exec(WIDGETS).await;
+    let r = router(Idem::new(db.pool.clone()).with_session_statements(false));
+    for (i, (mode, answer)) in [
+        ("forget-nested", StatusCode::SERVICE_UNAVAILABLE),
+        ("forget-nested-then-err", StatusCode::CONFLICT),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (forgot, next) = (named(&format!("forgot-{i}")), named(&format!("after-{i}")));
+        let body = json!({"name": forgot, "mode": mode});
+        let (status, _, text) = send(&r, request("/widgets", &format!("k{i}-forgot"), body)).await;
+        assert_eq!(status, answer, "{mode}: {text:?}");
+        let body = json!({"name": next});
+        let (status, _, _) = send(&r, request("/widgets", &format!("k{i}-next"), body)).await;
+        assert_eq!(status, StatusCode::CREATED, "after {mode}");
+        let committed = i64::try_from(i).unwrap() + 1;
+        assert_eq!(
+            db.count("SELECT count(*) FROM widgets").await,
+            committed,
+            "after {mode}: the next requests' widgets only"
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            committed,
+            "after {mode}: the next requests' rows only"
+        );
+    }
 }
 
 /// A retry of a finished key answers the stored outcome and nothing else: the

@@ -159,6 +159,29 @@ impl<DB: Backend> Tx<DB> {
         Ok(())
     }
 
+    /// Whether the handler left a transaction of its own open on the
+    /// connection (an `sqlx::Transaction` it began and forgot rather than
+    /// committed or dropped): the driver's `COMMIT` or `ROLLBACK` would then
+    /// end only that savepoint, and leave the handler's transaction open.
+    fn nested_left_open(&self) -> bool {
+        <DB as Database>::TransactionManager::get_transaction_depth(&self.conn) > 1
+    }
+
+    /// Commits the handler's transaction with its outcome's row in it: not
+    /// where the handler left a nested transaction open (then the connection
+    /// is closed, and the server rolls everything back), and, where the
+    /// commit fails on the way, as an outcome that may or may not be stored.
+    pub(crate) async fn commit_stored(mut self) -> Finish {
+        if self.nested_left_open() {
+            self.closes_if_dropped = true;
+            return Finish::NotStored(StoreError::NestedTransactionLeftOpen);
+        }
+        match self.commit().await {
+            Ok(()) => Finish::Committed,
+            Err(e) => Finish::Unknown(e.into()),
+        }
+    }
+
     /// Ends the handler's path the plain way: after the outcome's store
     /// (`stored`), commit.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
@@ -166,10 +189,7 @@ impl<DB: Backend> Tx<DB> {
         if let Err(e) = stored {
             return Finish::NotStored(e);
         }
-        match self.commit().await {
-            Ok(()) => Finish::Committed,
-            Err(e) => Finish::Unknown(e.into()),
-        }
+        self.commit_stored().await
     }
 
     /// The transaction was committed by idem's own message, which ended with
@@ -186,17 +206,31 @@ impl<DB: Backend> Tx<DB> {
 
     /// Rolls back and waits for the database to confirm it.
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        <DB as Database>::TransactionManager::rollback(&mut self.conn).await?;
+        if self.nested_left_open() {
+            // A `ROLLBACK` would end only the handler's forgotten nested
+            // transaction; closing the connection ends all of it.
+            self.discard_conn();
+            return Ok(());
+        }
+        let rolled_back = <DB as Database>::TransactionManager::rollback(&mut self.conn).await;
+        if rolled_back.is_err() {
+            // Where the connection stopped is not known.
+            self.discard_conn();
+        }
         self.open = false;
-        Ok(())
+        rolled_back
+    }
+
+    fn discard_conn(&mut self) {
+        self.conn.close_on_drop();
+        self.open = false;
     }
 
     /// The connection's state is not known (an error mid-way through idem's own
     /// statements): it is closed rather than returned to the pool.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn discard(mut self) {
-        self.conn.close_on_drop();
-        self.open = false;
+        self.discard_conn();
     }
 }
 
@@ -237,6 +271,13 @@ impl<DB: Backend> Drop for Tx<DB> {
             return;
         }
         if !self.open {
+            return;
+        }
+        if self.nested_left_open() {
+            // A `ROLLBACK` would end only the handler's forgotten nested
+            // transaction, and the pool would hand the connection on inside
+            // the handler's.
+            self.conn.close_on_drop();
             return;
         }
         if self

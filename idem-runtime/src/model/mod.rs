@@ -39,6 +39,16 @@ pub enum StoreError {
         "the handler's transaction had ended before its outcome was stored (rolled back by the database after an error the handler did not return as its own, or committed by a statement that commits implicitly); nothing was stored"
     )]
     TransactionEnded,
+    /// The handler left a nested transaction open on its transaction's
+    /// connection (an `sqlx::Transaction` it began, then forgot with
+    /// `std::mem::forget` or leaked, rather than committed or dropped), so
+    /// idem's `COMMIT` would have ended only that savepoint. Nothing was
+    /// stored: the connection is closed, and the database rolls back the
+    /// handler's transaction with it.
+    #[error(
+        "the handler left a nested transaction open (began and forgot, not committed or dropped); nothing was stored"
+    )]
+    NestedTransactionLeftOpen,
     /// The database refused or failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

@@ -322,10 +322,7 @@ impl HandlerPath for MySql {
         };
         let started = Instant::now();
         match upsert(&mut tx, &execution, response, status, &headers).await {
-            Ok(Upserted::Took) => match tx.commit().await {
-                Ok(()) => Finish::Committed,
-                Err(e) => Finish::Unknown(e.into()),
-            },
+            Ok(Upserted::Took) => tx.commit_stored().await,
             Ok(Upserted::OutsideTransaction) => {
                 // The handler's transaction had ended, and the key's row was
                 // not written: the retry runs the handler again. The

@@ -600,10 +600,7 @@ impl HandlerPath for Postgres {
         .fetch_optional(&mut **tx.connection())
         .await;
         match inserted {
-            Ok(Some(_)) => match tx.commit().await {
-                Ok(()) => Finish::Committed,
-                Err(e) => Finish::Unknown(e.into()),
-            },
+            Ok(Some(_)) => tx.commit_stored().await,
             // A finished row that has not expired, or a leased execution's: this
             // execution loses, and answers what the key holds now.
             Ok(None) => lost(ctx, tx, &execution, started).await,
@@ -677,6 +674,13 @@ async fn finish_in_session(
         // aborted.
         Err(e) if session::is_marker(&e, session::TAKEN_MARKER) || session::is_key_taken(&e) => {
             lost(ctx, tx, &execution, started).await
+        }
+        // The server ending the session (an administrator's or a shutdown's
+        // FATAL, 57P01 and its kind) may do so after `COMMIT` ran and before
+        // it reported ready: as a connection lost mid-message.
+        Err(e) if lost_connection(&e) => {
+            tx.discard();
+            Finish::Unknown(e.into())
         }
         // An error the server answered: the message stopped there, before or at
         // `COMMIT`, and nothing committed (a `COMMIT` that fails rolls back).

@@ -20,8 +20,10 @@
 //! its own session and reads its setting back. Through transaction pooling it
 //! runs on another server: without prepared-statement support it fails there
 //! (the statement is missing, or another client's statement of the same name is
-//! in the way); with it, it runs but the setting is gone. Three rounds, since a
-//! busy pooler may hand out servers in another order.
+//! in the way); with it, it runs but the setting is gone. Where the pooler has
+//! no other server free, the first connection waits for the second's
+//! transaction instead, which says as much: it has no server of its own. Three
+//! rounds, since a busy pooler may hand out servers in another order.
 
 use std::time::Duration;
 
@@ -86,26 +88,43 @@ async fn round(options: &sqlx::postgres::PgConnectOptions) -> Result<Sessions, S
     };
     let mut second = PgConnection::connect_with(options).await?;
     second.execute("BEGIN; SELECT 1").await?;
-    // With one server for the pool, a transaction pooler makes the first
-    // connection wait for the second's transaction: past the bound, this round
-    // cannot tell.
-    let again = tokio::time::timeout(Duration::from_secs(2), read_back(&mut first)).await;
+    // A first connection that waits for the second's transaction has no
+    // server of its own (a transaction pooler with every server busy, the
+    // second's included): it is answered once that transaction ends, and its
+    // answer says whether its statement followed it.
+    let (again, waited) = {
+        let again = read_back(&mut first);
+        tokio::pin!(again);
+        match tokio::time::timeout(Duration::from_secs(2), &mut again).await {
+            Ok(again) => (again, false),
+            Err(_) => {
+                second.execute("ROLLBACK").await?;
+                match tokio::time::timeout(Duration::from_secs(30), &mut again).await {
+                    Ok(again) => (again, true),
+                    // Neither connection is closed politely: a statement
+                    // may still be on its way.
+                    Err(_) => {
+                        return Err(StoreError::Pooler(
+                            "the pooler probe's statement got no answer in 30 s".to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    };
     second.execute("ROLLBACK").await.ok();
     second.close().await.ok();
     let seen = match again {
-        Ok(Ok(again)) => {
+        Ok(again) => {
             kept &= again;
-            if kept {
+            if kept && !waited {
                 Sessions::Kept
             } else {
                 Sessions::TransactionPooled
             }
         }
-        Ok(Err(e)) if is_lost_statement(&e) => Sessions::PreparedStatementsLost,
-        Ok(Err(e)) => return Err(e.into()),
-        // The statement may still be on its way: the connection is dropped
-        // rather than closed politely.
-        Err(_) => return Ok(Sessions::Kept),
+        Err(e) if is_lost_statement(&e) => Sessions::PreparedStatementsLost,
+        Err(e) => return Err(e.into()),
     };
     first.close().await.ok();
     Ok(seen)

@@ -201,10 +201,7 @@ impl HandlerPath for Sqlite {
             .execute(&mut **tx.connection())
             .await;
         match inserted {
-            Ok(done) if done.rows_affected() == 1 => match tx.commit().await {
-                Ok(()) => Finish::Committed,
-                Err(e) => Finish::Unknown(e.into()),
-            },
+            Ok(done) if done.rows_affected() == 1 => tx.commit_stored().await,
             // Dropping `tx` rolls back: nothing of this execution commits.
             Ok(_) => Finish::NotStored(StoreError::LostClaim {
                 generation: execution.generation,
