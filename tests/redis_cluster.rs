@@ -323,6 +323,102 @@ async fn a_state_change_waits_for_its_replica_and_fails_when_too_few_acknowledge
     ));
 }
 
+/// A replica stopped (`SIGSTOP`) while the master keeps it as online: it
+/// acknowledges nothing until the guard lets it go on (`SIGCONT`, also when
+/// the test fails).
+struct Stopped(String);
+
+impl Stopped {
+    async fn replica(node: &str) -> Stopped {
+        let mut c = redis::Client::open(format!("redis://{node}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let pid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .expect("INFO server names the process")
+            .trim()
+            .to_owned();
+        let stopped = std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap();
+        assert!(stopped.success(), "kill -STOP {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0])
+            .status();
+    }
+}
+
+/// A claim answered from the record (a replay) writes nothing. Its `WAIT`
+/// still waits for every write the master made before it, the record's last
+/// state included: Redis sets a connection's replication mark after every
+/// command, a read included, not only after writes, and the script runs on
+/// the connection that then waits. So a completion reported as not
+/// replicated (its replica stopped) does not come back as an acknowledged
+/// replay from the next claim, which a failover would lose, although each
+/// state change takes the next of the store's connections that carry `WAIT`
+/// (the replay's never wrote). Once the replica runs again, the replay is
+/// acknowledged.
+#[tokio::test]
+async fn a_replay_is_acknowledged_only_once_the_replica_has_the_record() {
+    let _turn = WAITS.lock().await;
+    let s = store("acked-replay")
+        .await
+        .with_replica_acks(1, Duration::from_millis(300))
+        .unwrap();
+    let key = IdempotencyKey::parse("acked-replay-1").unwrap();
+    let LeasedClaim::Acquired(lease) = s.claim(&req(&key)).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    let name = s.record_key("acme", "create-payment", &key);
+    let mut c = s.redis_connection();
+    let (_, master) = slot_and_master(&mut c, &name).await;
+    let replica = replica_of(&mut c, &master).await;
+    let stopped = Stopped::replica(&replica).await;
+    let e = lease.complete(&paid("ch_acked")).await.unwrap_err();
+    assert!(
+        e.to_string().contains("acknowledged by 0 of 1 replicas"),
+        "{e}"
+    );
+    match s.claim(&req(&key)).await {
+        Err(StoreError::Redis(source)) => {
+            let short = source
+                .downcast_ref::<NotReplicated>()
+                .unwrap_or_else(|| panic!("{source}"));
+            assert_eq!((short.acknowledged, short.wanted), (0, 1));
+        }
+        other => panic!("a replay the replica lacks is not acknowledged: {other:?}"),
+    }
+    drop(stopped);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match s.claim(&req(&key)).await {
+            Ok(LeasedClaim::Replay(stored)) => {
+                assert_eq!(stored, paid("ch_acked"));
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                assert!(e.to_string().contains("replicas"), "{e}");
+            }
+            other => panic!("the replay, once replicated: {other:?}"),
+        }
+    }
+}
+
 /// The replica of a master, from `CLUSTER NODES` (`host:port`).
 async fn replica_of(c: &mut RedisConnection, master: &str) -> String {
     let nodes: String = redis::cmd("CLUSTER")
