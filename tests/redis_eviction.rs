@@ -48,7 +48,8 @@ async fn an_allkeys_eviction_policy_is_refused_at_start() {
     let e = RedisLeaseStore::connect(&redis_url()).await.unwrap_err();
     assert!(matches!(e, StoreError::Redis(_)), "{e}");
     assert!(e.to_string().contains("allkeys-lru"), "{e}");
-    // A volatile policy without maxmemory starts (and so does noeviction).
+    // A volatile policy without maxmemory starts, with a warning (and so does
+    // noeviction, without one).
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory-policy")

@@ -26,9 +26,11 @@ pub enum EvictionVerdict {
 ///   in-flight lease (a retry then runs concurrently) or an uncertain outcome
 ///   (which then never gets reconciled) alike; a later `CONFIG SET maxmemory`
 ///   would turn it on without a word.
-/// * `volatile-*`: a warning when `maxmemory` is set: only keys with a TTL may
-///   go (finished outcomes and in-flight leases; an uncertain record has none),
-///   and a retry of an evicted key runs again with the same downstream key.
+/// * `volatile-*`: a warning: only keys with a TTL may go (finished outcomes
+///   and in-flight leases; an uncertain record has none), and a retry of an
+///   evicted key runs again with the same downstream key. Without `maxmemory`
+///   nothing goes yet, but a later `CONFIG SET maxmemory` turns it on without
+///   a word, so that is a warning too.
 /// * anything else: a warning.
 pub fn eviction_verdict(policy: &str, maxmemory: u64) -> EvictionVerdict {
     let policy = policy.to_ascii_lowercase();
@@ -40,16 +42,17 @@ pub fn eviction_verdict(policy: &str, maxmemory: u64) -> EvictionVerdict {
              outcomes and live leases included; set it to noeviction (or volatile-*)"
         ))
     } else if policy.starts_with("volatile-") {
-        if maxmemory == 0 {
-            EvictionVerdict::Safe
+        let when = if maxmemory == 0 {
+            "once maxmemory is set (it is 0 now)".to_owned()
         } else {
-            EvictionVerdict::Warn(format!(
-                "maxmemory-policy is {policy} with maxmemory {maxmemory}: finished outcomes \
-                 and live leases may be evicted before their time; a retry of such a key \
-                 executes again, even while its first execution still runs (with the same \
-                 downstream key, so only a provider honouring it keeps the effect single)"
-            ))
-        }
+            format!("with maxmemory {maxmemory}")
+        };
+        EvictionVerdict::Warn(format!(
+            "maxmemory-policy is {policy}: {when}, finished outcomes and live leases may be \
+             evicted before their time; a retry of such a key executes again, even while its \
+             first execution still runs (with the same downstream key, so only a provider \
+             honouring it keeps the effect single); noeviction keeps them"
+        ))
     } else {
         EvictionVerdict::Warn(format!(
             "maxmemory-policy {policy:?} is not one idem knows; it may evict idem's records"
@@ -366,7 +369,10 @@ mod tests {
             eviction_verdict("allkeys-random", 1 << 30),
             EvictionVerdict::Refuse(_)
         ));
-        assert_eq!(eviction_verdict("volatile-ttl", 0), EvictionVerdict::Safe);
+        let EvictionVerdict::Warn(unset) = eviction_verdict("volatile-ttl", 0) else {
+            panic!("volatile-* without maxmemory is a warning");
+        };
+        assert!(unset.contains("once maxmemory is set"), "{unset}");
         assert!(matches!(
             eviction_verdict("volatile-lru", 1 << 30),
             EvictionVerdict::Warn(_)
