@@ -194,7 +194,12 @@ fn param_name(arg: &syn::PatType, i: usize, taken: &mut Vec<String>) -> syn::Ide
         .chain(from_type)
         .chain(std::iter::once(format!("arg{i}")));
     for c in candidates {
-        let c = c.trim_start_matches('_').to_owned();
+        // `r#type` reads as an identifier, but `Ident::new` refuses the `r#`;
+        // a keyword left bare reads as none, and the next candidate is taken.
+        let c = c
+            .trim_start_matches("r#")
+            .trim_start_matches('_')
+            .to_owned();
         if c.is_empty()
             || c.starts_with("idem")
             || taken.contains(&c)

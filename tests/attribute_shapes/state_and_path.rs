@@ -31,6 +31,19 @@ async fn ship(
     Ok(Json(format!("{order_id} ships from {}", state.region)))
 }
 
+/// Raw identifiers as bindings (a path segment named `type`, a body named
+/// `ref`): the outer parameters take other names, the handler keeps its own.
+#[idempotent(operation = "label-order", retention = "1d")]
+async fn label(
+    #[tenant] caller: Caller,
+    Path(r#type): Path<String>,
+    tx: &mut Tx<Postgres>,
+    r#ref: Json<NewOrder>,
+) -> StatusCode {
+    let _ = (caller, tx, r#type, r#ref.0.sku.len());
+    StatusCode::OK
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn mounts_on_a_router() {
     let state = AppState {
@@ -39,5 +52,6 @@ async fn mounts_on_a_router() {
     };
     let _: Router = Router::new()
         .route("/orders/{id}/ship", post(ship))
+        .route("/labels/{type}", post(label))
         .with_state(state);
 }
