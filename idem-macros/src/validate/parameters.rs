@@ -335,27 +335,42 @@ fn check_rejection(arg: &syn::PatType, errors: &mut Errors) {
     let (Some(body), Some(err)) = (types.next(), types.next()) else {
         return;
     };
+    let body_name = last_segment(body).map_or_else(|| "B".to_owned(), |b| b.ident.to_string());
+    // axum's own body extractors, whose rejection is known by name: axum
+    // implements the extractor only for `Result<T, T::Rejection>`, so another
+    // `...Rejection` would end in its `Handler` error at the router.
+    let known = match body_name.as_str() {
+        "Json" => Some("JsonRejection"),
+        "Form" => Some("FormRejection"),
+        "RawForm" => Some("RawFormRejection"),
+        "Bytes" => Some("BytesRejection"),
+        "String" => Some("StringRejection"),
+        _ => None,
+    };
+    let err_name = last_segment(err).map(|e| e.ident.to_string());
     let is_rejection = match err {
         // `<Json<T> as FromRequest<S>>::Rejection`
         Type::Path(p) if p.qself.is_some() => true,
-        _ => last_segment(err).is_some_and(|e| e.ident.to_string().ends_with("Rejection")),
+        _ => match (known, &err_name) {
+            (Some(want), Some(name)) => name == want,
+            (None, Some(name)) => name.ends_with("Rejection"),
+            (_, None) => false,
+        },
     };
     if is_rejection {
         return;
     }
-    let body_name = last_segment(body).map_or_else(|| "B".to_owned(), |b| b.ident.to_string());
-    let rejection = match body_name.as_str() {
-        "Json" => "axum::extract::rejection::JsonRejection".to_owned(),
-        "Form" => "axum::extract::rejection::FormRejection".to_owned(),
-        "RawForm" => "axum::extract::rejection::RawFormRejection".to_owned(),
-        "Bytes" => "axum::extract::rejection::BytesRejection".to_owned(),
-        "String" => "axum::extract::rejection::StringRejection".to_owned(),
-        other => format!("<{other}<..> as axum::extract::FromRequest<S>>::Rejection"),
+    let rejection = match known {
+        Some(name) => format!("axum::extract::rejection::{name}"),
+        None => format!("<{body_name}<..> as axum::extract::FromRequest<S>>::Rejection"),
     };
-    errors.push_spanned(
-        err,
-        format!(
+    let message = match (&err_name, known) {
+        (Some(name), Some(_)) if name.ends_with("Rejection") => format!(
+            "`{body_name}<..>`'s rejection is `{rejection}`, not `{name}`: axum extracts `Result<{body_name}<..>, E>` only with its own rejection as `E`; write `Result<{body_name}<..>, {rejection}>`"
+        ),
+        _ => format!(
             "a fallible body's error must be the extractor's rejection, which idem answers before the claim: write `Result<{body_name}<..>, {rejection}>`, or take `{body_name}<..>` alone and let axum answer a bad body"
         ),
-    );
+    };
+    errors.push_spanned(err, message);
 }
