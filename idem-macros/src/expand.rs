@@ -87,7 +87,16 @@ fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
     let ItemFn {
         attrs, vis, sig, ..
     } = &func;
-    let attrs = attrs.iter().filter(|a| !is_idempotent_attr(a));
+    // An `#[instrument]` below the attribute is one of its errors: on the
+    // stub it would report its own about parameters the stub lacks.
+    let attrs = attrs.iter().filter(|a| {
+        !is_idempotent_attr(a)
+            && !a
+                .path()
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "instrument")
+    });
     let name = &sig.ident;
     let stub = quote! {
         #(#attrs)*

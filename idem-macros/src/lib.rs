@@ -141,6 +141,11 @@ use proc_macro::TokenStream;
 ///   back and stores nothing. An `Ok` (or plain) response with a 5xx status also
 ///   rolls back; every other response is stored and replayed: a committed `404`
 ///   business rejection is replayed like a `201`.
+/// * Attribute macros that read the handler as written, such as
+///   `#[tracing::instrument]` and `#[utoipa::path]`, go above `#[idempotent]`:
+///   they then expand first, on your signature. Below it they would see the
+///   function idem writes; `#[instrument]` there is a compile error with this
+///   hint.
 ///
 /// ## The body
 ///

@@ -44,6 +44,20 @@ async fn label(
     StatusCode::OK
 }
 
+/// `#[tracing::instrument]` above the attribute: it expands first, on the
+/// handler as written (`skip(tx)`, `err` on its `Result`).
+#[tracing::instrument(skip(caller, tx, state), err)]
+#[idempotent(operation = "hold-order", retention = "1d")]
+async fn hold(
+    #[tenant] caller: Caller,
+    State(state): State<AppState>,
+    Path(order_id): Path<i64>,
+    tx: &mut Tx<Postgres>,
+) -> Result<StatusCode, String> {
+    let _ = (caller.0, state.region, order_id);
+    Ok(StatusCode::OK)
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn mounts_on_a_router() {
     let state = AppState {
@@ -53,5 +67,6 @@ async fn mounts_on_a_router() {
     let _: Router = Router::new()
         .route("/orders/{id}/ship", post(ship))
         .route("/labels/{type}", post(label))
+        .route("/orders/{id}/hold", post(hold))
         .with_state(state);
 }

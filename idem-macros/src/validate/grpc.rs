@@ -133,6 +133,7 @@ pub fn validate_grpc(
     let sig = &func.sig;
     let name = &sig.ident;
     signature::check_written_once(func, errors);
+    signature::check_attrs_below(func, errors);
     let desugared = sig.asyncness.is_none() && async_trait_output(sig).is_some();
     if !desugared {
         signature::check_qualifiers(sig, errors);

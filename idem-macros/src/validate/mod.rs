@@ -92,6 +92,7 @@ pub fn validate(
 ) -> Option<Config> {
     let sig = &func.sig;
     signature::check_written_once(func, errors);
+    signature::check_attrs_below(func, errors);
     signature::check_signature(sig, errors);
     let options = options::check_options(&args, written, errors);
     if args.lease.is_none() {

@@ -26,6 +26,27 @@ pub(super) fn check_written_once(func: &ItemFn, errors: &mut Errors) {
     }
 }
 
+/// `#[instrument]` written below `#[idempotent]`: it would apply to the
+/// function idem writes (its parameters are the extractors, its answer a
+/// `Response`), not to the handler as written, so `skip(tx)` names nothing
+/// and `err` finds no `Result`. Above `#[idempotent]` it expands first, on the
+/// handler as written, and is kept in it.
+pub(super) fn check_attrs_below(func: &ItemFn, errors: &mut Errors) {
+    for attr in &func.attrs {
+        if attr
+            .path()
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "instrument")
+        {
+            errors.push_spanned(
+                attr,
+                "`#[instrument]` below `#[idempotent]` would instrument the function idem writes (its parameters are the extractors, its answer a `Response`), not your handler: write it above `#[idempotent]`, where it sees your signature and body",
+            );
+        }
+    }
+}
+
 /// The function's shape: what axum cannot call as a handler, or the expansion
 /// cannot give concrete types.
 pub(super) fn check_signature(sig: &Signature, errors: &mut Errors) {

@@ -1,0 +1,18 @@
+// `#[tracing::instrument]` below `#[idempotent]` would instrument the function
+// idem writes, whose parameters are the extractors: above, it sees the handler.
+#![allow(unused_imports, unused_variables, dead_code)]
+include!("../prelude.rs");
+
+#[idempotent(operation = "create-order", retention = "24h")]
+#[tracing::instrument(skip(tx))]
+async fn create_order(
+    #[tenant] caller: Caller,
+    tx: &mut Tx<Postgres>,
+    Json(cmd): Json<NewOrder>,
+) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {
+    let _: Router = Router::new().route("/orders", post(create_order)).with_state(idem());
+}
