@@ -32,7 +32,7 @@ use syn::{FnArg, ItemFn, Pat, ReturnType};
 
 use crate::errors::Errors;
 use crate::validate::{
-    BodyPrint, Config, Tenant, first_type_arg, is_idempotent_attr, last_segment,
+    BodyPrint, Config, Tenant, first_type_arg, is_idempotent_attr, is_instrument_attr, last_segment,
 };
 
 /// The attribute's entry point over `proc_macro2` tokens.
@@ -89,14 +89,9 @@ fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
     } = &func;
     // An `#[instrument]` below the attribute is one of its errors: on the
     // stub it would report its own about parameters the stub lacks.
-    let attrs = attrs.iter().filter(|a| {
-        !is_idempotent_attr(a)
-            && !a
-                .path()
-                .segments
-                .last()
-                .is_some_and(|s| s.ident == "instrument")
-    });
+    let attrs = attrs
+        .iter()
+        .filter(|a| !is_idempotent_attr(a) && !is_instrument_attr(a));
     let name = &sig.ident;
     let stub = quote! {
         #(#attrs)*

@@ -13,6 +13,14 @@ pub fn is_idempotent_attr(a: &syn::Attribute) -> bool {
         .is_some_and(|s| s.ident == "idempotent")
 }
 
+/// Is this attribute `#[instrument]` (by any path, as `tracing::instrument`)?
+pub fn is_instrument_attr(a: &syn::Attribute) -> bool {
+    a.path()
+        .segments
+        .last()
+        .is_some_and(|s| s.ident == "instrument")
+}
+
 /// The attribute written twice: the first expansion sees the second.
 pub(super) fn check_written_once(func: &ItemFn, errors: &mut Errors) {
     let name = &func.sig.ident;
@@ -33,12 +41,7 @@ pub(super) fn check_written_once(func: &ItemFn, errors: &mut Errors) {
 /// handler as written, and is kept in it.
 pub(super) fn check_attrs_below(func: &ItemFn, errors: &mut Errors) {
     for attr in &func.attrs {
-        if attr
-            .path()
-            .segments
-            .last()
-            .is_some_and(|s| s.ident == "instrument")
-        {
+        if is_instrument_attr(attr) {
             errors.push_spanned(
                 attr,
                 "`#[instrument]` below `#[idempotent]` would instrument the function idem writes (its parameters are the extractors, its answer a `Response`), not your handler: write it above `#[idempotent]`, where it sees your signature and body",
