@@ -71,7 +71,7 @@ pub(crate) fn reads_body(status: StatusCode, headers: &HeaderMap) -> bool {
 }
 
 /// The answer says it is `application/problem+json`.
-fn is_problem(headers: &HeaderMap) -> bool {
+pub(crate) fn is_problem(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

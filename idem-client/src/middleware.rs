@@ -10,7 +10,9 @@ use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode, Url};
 use reqwest_middleware::{Error, Middleware, Next};
 use tokio::time::Instant;
 
-use crate::decide::{Verdict, judge, next_wait, problem_type, reads_body, retry_after};
+use crate::decide::{
+    Verdict, is_problem, judge, next_wait, problem_type, reads_body, retry_after,
+};
 use crate::follow::{Poll, judge_poll, judge_result, operation_of, poll_headers};
 use crate::{
     BodyTooLarge, GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, Interrupted, InvalidKey,
@@ -691,7 +693,14 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
     let judged_by_body = reads_body(status, response.headers());
     if !judged_by_body {
         match judge(status, response.headers(), b"") {
-            Verdict::Final if stream_final => return Ok(Read::Final(response, None)),
+            // A `404` problem may be idem's "operation not found" for a poll
+            // or a result, which sends the request again: read, to tell.
+            Verdict::Final
+                if stream_final
+                    && !(status == StatusCode::NOT_FOUND && is_problem(response.headers())) =>
+            {
+                return Ok(Read::Final(response, None));
+            }
             Verdict::Final => {}
             Verdict::Retry { retry_after } => {
                 // Only for `LastAnswer`: what the body says is nice to have.

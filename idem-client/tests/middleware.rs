@@ -1103,6 +1103,49 @@ async fn a_gone_operation_is_sent_again_a_refused_poll_is_handed_over() {
     );
 }
 
+/// Under `StreamFinal` too, a result that is gone (idem's `404`
+/// `operation-not-found` between the poll and the result's `GET`) sends the
+/// request again, as without it: it is not handed over as the request's
+/// answer, which would read as "not found" for an operation that ran.
+#[tokio::test]
+async fn a_gone_result_is_sent_again_under_stream_final() {
+    let gone = Reply::Answer(
+        404,
+        vec![("content-type", "application/problem+json")],
+        r#"{"type":"urn:idem:problem:operation-not-found"}"#,
+    );
+    let done = r#"{"status":"succeeded","result":"/operations/create-export/ab12/result"}"#;
+    let (base, script) = scripted([
+        accepted("0"),
+        document("0", done),
+        gone,
+        accepted("0"),
+        document("0", done),
+        created(true),
+    ])
+    .await;
+    let r = client(following())
+        .post(format!("{base}/exports"))
+        .with_extension(StreamFinal)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    let methods: Vec<_> = script.seen().iter().map(|s| s.method.clone()).collect();
+    assert_eq!(
+        methods,
+        [
+            Method::POST,
+            Method::GET,
+            Method::GET,
+            Method::POST,
+            Method::GET,
+            Method::GET
+        ]
+    );
+}
+
 /// `StreamFinal` applies to the result: handed over unread.
 #[tokio::test]
 async fn the_result_is_streamed_under_stream_final() {
