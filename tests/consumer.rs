@@ -122,9 +122,34 @@ impl Bus {
             .unwrap();
     }
 
-    /// Deletes the test's stream (not in Drop: that cannot await).
+    /// Deletes the test's stream and the dead-letter stream the consumer made
+    /// beside it (not in Drop: that cannot await).
     async fn delete(self) {
         self.js.delete_stream(&self.stream).await.ok();
+        self.js.delete_stream(self.dead_stream()).await.ok();
+    }
+
+    /// The stream the consumer dead-letters to (`<stream>_DEAD`).
+    fn dead_stream(&self) -> String {
+        format!("{}_DEAD", self.stream)
+    }
+
+    /// The messages the dead-letter stream holds now.
+    async fn dead_lettered(&self) -> u64 {
+        match self.js.get_stream(self.dead_stream()).await {
+            Ok(mut stream) => stream.info().await.unwrap().state.messages,
+            Err(_) => 0,
+        }
+    }
+
+    /// Deliveries the consumer has made so far, redeliveries included.
+    async fn deliveries(&self) -> u64 {
+        let stream = self.js.get_stream(&self.stream).await.unwrap();
+        let mut consumer = stream
+            .get_consumer::<jetstream::consumer::pull::Config>(&self.durable)
+            .await
+            .unwrap();
+        consumer.info().await.unwrap().delivered.consumer_sequence
     }
 
     /// Waits until the consumer has every message acked: nothing pending, nothing
@@ -268,5 +293,110 @@ async fn two_consumers_and_a_republished_message_apply_each_credit_once() {
             .await,
         1000
     );
+    bus.delete().await;
+}
+
+/// A credit the database refuses on every delivery (a trigger: a poison
+/// message) is dead-lettered once its delivery reaches the limit: published,
+/// with its id and the error, to the dead-letter stream, then terminated;
+/// never applied, and the credit beside it is applied as ever.
+#[tokio::test]
+async fn a_credit_the_database_always_refuses_is_dead_lettered_not_applied() {
+    let db = TestDb::new().await;
+    let bus = Bus::new().await;
+    let _consumer = start_consumer(
+        &db,
+        &bus,
+        &[
+            ("CONSUMER_DELIVERY_LIMIT", "3"),
+            ("CONSUMER_RETRY_DELAY_MS", "20"),
+        ],
+    )
+    .await;
+    db.exec(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.account = 'poison' THEN RAISE EXCEPTION 'poisoned account'; END IF; \
+         RETURN NEW; END $$",
+    )
+    .await;
+    db.exec(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON ledger_entries \
+         FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+    )
+    .await;
+    bus.publish("poison-1", r#"{"account":"poison","amount_cents":500}"#)
+        .await;
+    bus.publish("credit-1", r#"{"account":"acct-1","amount_cents":250}"#)
+        .await;
+    bus.until_all_acked(2).await;
+    assert_eq!(bus.dead_lettered().await, 1);
+    let dead = bus
+        .js
+        .get_stream(bus.dead_stream())
+        .await
+        .unwrap()
+        .get_raw_message(1)
+        .await
+        .unwrap();
+    assert_eq!(
+        &dead.payload[..],
+        br#"{"account":"poison","amount_cents":500}"#
+    );
+    let headers = dead.headers;
+    assert_eq!(
+        headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some("poison-1")
+    );
+    let why = headers.get("Idem-Error").map(|v| v.as_str().to_owned());
+    assert!(
+        why.as_deref().is_some_and(|w| w.contains("poisoned account")),
+        "{why:?}"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM ledger_entries").await, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM balances WHERE account = 'poison'")
+            .await,
+        0
+    );
+    bus.delete().await;
+}
+
+/// A store that fails for more deliveries than the limit (idem's table gone
+/// for a while, as in an outage) loses nothing: the message is redelivered
+/// until the store is back, then applied once, and nothing is dead-lettered.
+/// (JetStream itself would drop it at its `max_deliver`, which the durable
+/// leaves unset.)
+#[tokio::test]
+async fn a_store_outage_longer_than_the_delivery_limit_loses_nothing() {
+    let db = TestDb::new().await;
+    let bus = Bus::new().await;
+    let _consumer = start_consumer(
+        &db,
+        &bus,
+        &[
+            ("CONSUMER_DELIVERY_LIMIT", "2"),
+            ("CONSUMER_RETRY_DELAY_MS", "20"),
+        ],
+    )
+    .await;
+    db.exec("ALTER TABLE idempotency_requests RENAME TO idempotency_requests_away")
+        .await;
+    bus.publish("credit-1", r#"{"account":"acct-1","amount_cents":500}"#)
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while bus.deliveries().await < 6 {
+        assert!(Instant::now() < deadline, "the message was not redelivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    db.exec("ALTER TABLE idempotency_requests_away RENAME TO idempotency_requests")
+        .await;
+    bus.until_all_acked(1).await;
+    assert_eq!(
+        db.count("SELECT balance_cents FROM balances WHERE account = 'acct-1'")
+            .await,
+        500
+    );
+    assert_eq!(db.count("SELECT count(*) FROM ledger_entries").await, 1);
+    assert_eq!(bus.dead_lettered().await, 0);
     bus.delete().await;
 }

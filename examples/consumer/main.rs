@@ -12,7 +12,16 @@
 //! * the same identity with a different payload: not applied, terminated (no more
 //!   redeliveries) and logged as an error;
 //! * a malformed payload: terminated without reserving anything;
-//! * a failing effect or a concurrent delivery still running: nacked with a delay.
+//! * a failing effect or a concurrent delivery still running: nacked with a
+//!   delay (`CONSUMER_RETRY_DELAY_MS`), and redelivered, however often: the
+//!   durable has no `max_deliver`, so JetStream never drops a message this
+//!   consumer did not settle (a database outage of any length loses nothing);
+//! * an effect the database refuses (a constraint or a trigger: a `Database`
+//!   error of the credit's own statements) on delivery `CONSUMER_DELIVERY_LIMIT`
+//!   or later: a poison message, published to the dead-letter subject (its
+//!   stream `<stream>_DEAD` is created at start) with the error in `Idem-Error`,
+//!   then terminated and logged as an error; never applied. Where that publish
+//!   fails, the message is nacked, as above, and dead-lettered on a later try.
 //!
 //! Before any of this, JetStream drops a message published with a `Nats-Msg-Id`
 //! the stream already stored within its duplicate window (`duplicate_window`,
@@ -30,6 +39,9 @@
 //! | `CONSUMER_SUBJECT` | `ledger.credits` | the subject it holds |
 //! | `CONSUMER_DURABLE` | `ledger-worker` | the durable pull consumer; also the idempotency scope |
 //! | `CONSUMER_ACK_WAIT_MS` | `30000` | JetStream's redelivery timeout |
+//! | `CONSUMER_RETRY_DELAY_MS` | `1000` | how long a failed delivery waits before its redelivery |
+//! | `CONSUMER_DELIVERY_LIMIT` | `20` | the delivery from which an effect the database refuses is dead-lettered (at least 1) |
+//! | `CONSUMER_DEAD_LETTER_SUBJECT` | `<subject>.dead` | where poison messages go |
 //! | `CONSUMER_CRASH_AFTER_COMMIT` | `0` | test aid: exit right after the N-th commit, before acking it |
 //!
 //! A message is JSON: `{"account": "acct-1", "amount_cents": 500}`.
@@ -53,6 +65,12 @@ async fn run() -> Result<(), String> {
     let subject = env("CONSUMER_SUBJECT", "ledger.credits");
     let durable = env("CONSUMER_DURABLE", "ledger-worker");
     let ack_wait = Duration::from_millis(env_u64("CONSUMER_ACK_WAIT_MS", 30_000)?);
+    let retry_delay = Duration::from_millis(env_u64("CONSUMER_RETRY_DELAY_MS", 1000)?);
+    let delivery_limit = env_u64("CONSUMER_DELIVERY_LIMIT", 20)?;
+    if delivery_limit == 0 {
+        return Err("CONSUMER_DELIVERY_LIMIT must be at least 1".to_owned());
+    }
+    let dead_subject = env("CONSUMER_DEAD_LETTER_SUBJECT", &format!("{subject}.dead"));
     let crash_after = env_u64("CONSUMER_CRASH_AFTER_COMMIT", 0)?;
 
     let pool = ledger::connect().await?;
@@ -72,13 +90,25 @@ async fn run() -> Result<(), String> {
         })
         .await
         .map_err(|e| format!("cannot create the stream {stream_name}: {e}"))?;
+    let dead_stream = format!("{stream_name}_DEAD");
+    js.get_or_create_stream(stream::Config {
+        name: dead_stream.clone(),
+        subjects: vec![dead_subject.clone()],
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("cannot create the dead-letter stream {dead_stream}: {e}"))?;
     let consumer: jetstream::consumer::PullConsumer = stream
         .get_or_create_consumer(
             &durable,
             pull::Config {
                 durable_name: Some(durable.clone()),
                 ack_wait,
-                max_deliver: 20,
+                // No limit: JetStream would drop a message past it, with
+                // nothing but an advisory; this consumer dead-letters what
+                // keeps failing itself, and retries the rest for as long as
+                // it takes.
+                max_deliver: -1,
                 ..Default::default()
             },
         )
@@ -146,11 +176,26 @@ async fn run() -> Result<(), String> {
                 }
                 // An outcome this consumer does not know (Delivery can grow):
                 // not acknowledged, so redelivered later.
-                Ok(_) => AckKind::Nak(Some(Duration::from_secs(1))),
-                Err(ConsumeError::InFlight) => AckKind::Nak(Some(Duration::from_secs(1))),
+                Ok(_) => AckKind::Nak(Some(retry_delay)),
+                Err(ConsumeError::InFlight) => AckKind::Nak(Some(retry_delay)),
+                Err(ConsumeError::Effect(sqlx::Error::Database(e)))
+                    if delivered >= i64::try_from(delivery_limit).unwrap_or(i64::MAX) =>
+                {
+                    let why = e.to_string();
+                    match dead_letter(&js, &dead_subject, &message, &why).await {
+                        Ok(()) => {
+                            tracing::error!(delivered, error = %why, subject = %dead_subject, "consumer: the database refused the credit on every delivery; dead-lettered, not applied");
+                            AckKind::Term
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "consumer: dead-lettering failed; will be redelivered");
+                            AckKind::Nak(Some(retry_delay))
+                        }
+                    }
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "consumer: not applied; will be redelivered");
-                    AckKind::Nak(Some(Duration::from_secs(1)))
+                    tracing::warn!(delivered, error = %e, "consumer: not applied; will be redelivered");
+                    AckKind::Nak(Some(retry_delay))
                 }
             };
         if let Err(e) = message.ack_with(ack).await {
@@ -158,6 +203,27 @@ async fn run() -> Result<(), String> {
             tracing::warn!(error = %e, "consumer: ack failed");
         }
     }
+    Ok(())
+}
+
+/// Publishes `message` (its payload and headers, `Nats-Msg-Id` included, so a
+/// second try within the dead-letter stream's window is dropped there) to
+/// `subject`, with why in `Idem-Error`, and waits for the stream to store it.
+async fn dead_letter(
+    js: &jetstream::Context,
+    subject: &str,
+    message: &jetstream::Message,
+    why: &str,
+) -> Result<(), String> {
+    let mut headers = message.headers.clone().unwrap_or_default();
+    // A header value is one line.
+    let why: String = why.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    headers.insert("Idem-Error", why.as_str());
+    js.publish_with_headers(subject.to_owned(), headers, message.payload.clone())
+        .await
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 

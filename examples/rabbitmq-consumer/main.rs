@@ -15,11 +15,15 @@
 //!   payload: nothing is applied, and the message is rejected without requeue,
 //!   which dead-letters it (a message without an identity cannot be told from its
 //!   redelivery, so applying it would risk applying it twice);
-//! * a failing effect, or a concurrent delivery of the same message still
-//!   running: nacked with requeue after `CONSUMER_RETRY_DELAY_MS`. A message that
-//!   fails every time (a poison message) is dead-lettered by the broker after its
-//!   first delivery and `CONSUMER_DELIVERY_LIMIT` redeliveries have failed (a
-//!   requeue after a crash counts as a failed delivery too).
+//! * a failing effect: rejected with requeue after `CONSUMER_RETRY_DELAY_MS`. A
+//!   message that fails every time (a poison message) is dead-lettered by the
+//!   broker after its first delivery and `CONSUMER_DELIVERY_LIMIT` redeliveries
+//!   have failed (a requeue after a crash counts as a failed delivery too);
+//! * a failing store, or a concurrent delivery of the same message still
+//!   running: nacked with requeue after the same delay. RabbitMQ 4.3 and later
+//!   count a `basic.reject` against the limit but not a `basic.nack`, so there
+//!   an outage of the database dead-letters nothing; earlier versions count
+//!   both.
 //!
 //! The queue is a quorum queue: RabbitMQ counts its deliveries (the
 //! `x-delivery-count` header) and enforces `x-delivery-limit`, dead-lettering
@@ -49,7 +53,7 @@ use futures_util::StreamExt;
 #[path = "../shared/ledger.rs"]
 mod ledger;
 
-use idem_runtime::consumer::Delivery;
+use idem_runtime::consumer::{ConsumeError, Delivery};
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
@@ -108,8 +112,13 @@ enum Answer {
     /// Dead-letter it: nothing was applied and a redelivery cannot change that.
     Reject,
     /// Requeue it after the retry delay: nothing was applied, and a later
-    /// delivery may succeed.
-    Retry,
+    /// delivery may succeed. `counted`: with `basic.reject`, which counts
+    /// against `x-delivery-limit` on every RabbitMQ version (the effect
+    /// failed: a poison message is dead-lettered at the limit); else with
+    /// `basic.nack`, which RabbitMQ 4.3 and later do not count (the store
+    /// failed, or the message is in flight elsewhere: an outage dead-letters
+    /// nothing there; earlier versions count both).
+    Retry { counted: bool },
 }
 
 async fn run() -> Result<(), String> {
@@ -214,10 +223,12 @@ async fn run() -> Result<(), String> {
                         }
                         // An outcome this consumer does not know (Delivery can
                         // grow): redelivered later rather than acknowledged.
-                        Ok(_) => Answer::Retry,
+                        Ok(_) => Answer::Retry { counted: false },
                         Err(e) => {
                             tracing::warn!(attempt, id = %message_id, error = %e, "consumer: not applied; to be redelivered");
-                            Answer::Retry
+                            Answer::Retry {
+                                counted: matches!(e, ConsumeError::Effect(_)),
+                            }
                         }
                     }
                 }
@@ -236,17 +247,22 @@ async fn run() -> Result<(), String> {
                     tracing::warn!(error = %e, "consumer: reject failed");
                 }
             }
-            Answer::Retry => {
+            Answer::Retry { counted } => {
                 // Off the loop, so that other messages go on meanwhile; the message
                 // stays unacked (and counts against the prefetch) until then.
                 tokio::spawn(async move {
                     tokio::time::sleep(retry_delay).await;
-                    let requeue = BasicNackOptions {
-                        multiple: false,
-                        requeue: true,
+                    let requeued = if counted {
+                        acker.reject(BasicRejectOptions { requeue: true }).await
+                    } else {
+                        let requeue = BasicNackOptions {
+                            multiple: false,
+                            requeue: true,
+                        };
+                        acker.nack(requeue).await
                     };
-                    if let Err(e) = acker.nack(requeue).await {
-                        tracing::warn!(error = %e, "consumer: nack failed");
+                    if let Err(e) = requeued {
+                        tracing::warn!(error = %e, "consumer: requeue failed");
                     }
                 });
             }
