@@ -418,6 +418,43 @@ async fn rekey_moves_records_to_the_active_key_and_counts_them() {
     }
 }
 
+/// A finished record spoiled by hand (headers that are not JSON) is counted as
+/// broken by a rekey, which re-seals the record beside it; neither the rekey
+/// nor the count of keys in use stops at it.
+#[tokio::test]
+async fn a_spoiled_record_is_counted_broken_and_the_rekey_goes_on() {
+    let key_of = |id: &str, byte: u8| (id.to_owned(), Zeroizing::new(vec![byte; 32]));
+    let k1 = KeyRing::new("k1", [key_of("k1", 1)]).unwrap();
+    let rotated = KeyRing::new("k2", [key_of("k1", 1), key_of("k2", 2)]).unwrap();
+    let s = store("rekey-spoiled").await.with_key_ring(k1);
+    let keys: Vec<IdempotencyKey> = (0..2)
+        .map(|n| IdempotencyKey::parse(format!("spoiled-{n}")).unwrap())
+        .collect();
+    for (n, key) in keys.iter().enumerate() {
+        let lease = acquire(&s, key, HOUR).await;
+        lease.complete(&paid(&format!("ch_{n}"))).await.unwrap();
+    }
+    let spoiled = s.record_key("acme", "create-payment", &keys[0]);
+    let _: () = s
+        .redis_connection()
+        .hset(&spoiled, "headers", "not json")
+        .await
+        .unwrap();
+    let report = s
+        .rekey(&rotated, RekeyOptions::default(), |_| ControlFlow::Continue(()))
+        .await
+        .unwrap();
+    assert_eq!((report.resealed, report.broken), (1, 1), "{report:?}");
+    let uses: Vec<_> = s
+        .keys_in_use()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|u| (u.key_id, u.rows))
+        .collect();
+    assert_eq!(uses, [(Some("k2".to_owned()), 1)]);
+}
+
 /// Erasing a tenant deletes its records in every operation, and the uncertain
 /// index entries with them; a record whose lease is live or lapsed and an
 /// uncertain one are left and counted unless asked for too; another tenant's records, and

@@ -80,6 +80,7 @@ macro_rules! sealed_tests {
             rekey_moves_answers_to_the_active_key_and_a_stopped_run_resumes,
             two_rekeys_beside_live_replays_move_every_answer_once,
             a_rekey_reaches_every_tenant_whatever_its_case,
+            a_spoiled_row_is_counted_broken_and_the_rekey_goes_on,
         );
     };
 }
@@ -94,6 +95,8 @@ mod postgres {
         "CREATE TABLE widgets (id bigserial PRIMARY KEY, tenant text NOT NULL, name text NOT NULL)";
     const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES ($1, $2)";
     const HEADERS_TEXT: &str = "response_headers::text";
+    /// The headers column is `jsonb`: it holds JSON only.
+    const TEXT_HEADERS: bool = false;
     const SET_ANSWER: &str = "UPDATE idempotency_requests \
         SET response_body = $1, response_headers = $2::jsonb WHERE key_digest = $3";
 
@@ -126,6 +129,8 @@ mod sqlite {
     const WIDGETS_DDL: &str = "CREATE TABLE widgets (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, name TEXT NOT NULL)";
     const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES ($1, $2)";
     const HEADERS_TEXT: &str = "response_headers";
+    /// The headers column is text: it can hold what is not JSON.
+    const TEXT_HEADERS: bool = true;
     const SET_ANSWER: &str = "UPDATE idempotency_requests \
         SET response_body = $1, response_headers = $2 WHERE key_digest = $3";
     /// Unused here: SQLite shows no statement waiting for a row.
@@ -146,6 +151,8 @@ mod mysql {
     const WIDGETS_DDL: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(64) NOT NULL, name VARCHAR(255) NOT NULL) ENGINE = InnoDB";
     const INSERT_WIDGET: &str = "INSERT INTO widgets (tenant, name) VALUES (?, ?)";
     const HEADERS_TEXT: &str = "response_headers";
+    /// The headers column is text: it can hold what is not JSON.
+    const TEXT_HEADERS: bool = true;
     const SET_ANSWER: &str = "UPDATE idempotency_requests \
         SET response_body = ?, response_headers = ? WHERE key_digest = ?";
     /// The rekey's write, waiting for a row lock.

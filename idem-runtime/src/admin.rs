@@ -207,7 +207,10 @@ pub async fn rekey<DB: Backend>(
         .await?;
         for row in &page {
             let (tenant, operation, key) = &row.at;
-            let stored = row.stored.clone();
+            let Some(stored) = row.stored.clone() else {
+                report.broken += 1;
+                continue;
+            };
             let Some(clear) = crate::at_rest::opened_to_reseal(
                 ring,
                 tenant,

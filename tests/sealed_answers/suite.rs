@@ -676,6 +676,38 @@ pub async fn rekey_moves_answers_to_the_active_key_and_a_stopped_run_resumes() {
     assert_eq!(a.widgets().await, 7);
 }
 
+/// A finished row spoiled by hand (its headers not idem's pairs; on the
+/// databases that keep them as text, not JSON at all) is counted as broken by
+/// a rekey, which re-seals the rows beside it; neither the rekey nor the list
+/// of keys in use stops at it.
+pub async fn a_spoiled_row_is_counted_broken_and_the_rekey_goes_on() {
+    let a = App::new(Some(ring("k1", &["k1"]))).await;
+    let router = a.router();
+    for key in ["w-a", "w-b", "w-c"] {
+        send(&router, "/widgets", key, "bolt").await;
+    }
+    a.set_answer("w-b", r#"[[":idem-sealed","k1"],["x"]]"#, b"spoiled")
+        .await;
+    if TEXT_HEADERS {
+        a.set_answer("w-c", "not json", b"spoiled").await;
+    }
+    let rotated = ring("k2", &["k1", "k2"]);
+    let report = admin::rekey(
+        &a.db.pool,
+        &rotated,
+        RekeyOptions::default(),
+        |_| ControlFlow::Continue(()),
+    )
+    .await
+    .unwrap();
+    let fine = if TEXT_HEADERS { 1 } else { 2 };
+    assert_eq!((report.resealed, report.broken), (fine, 1));
+    let uses = uses(&a).await;
+    assert!(uses.contains(&on(Some("k2"), fine)), "{uses:?}");
+    let again = send(&a.with_ring(Some(rotated)), "/widgets", "w-a", "bolt").await;
+    assert_eq!((again.status, again.replayed), (StatusCode::CREATED, true));
+}
+
 pub async fn two_rekeys_beside_live_replays_move_every_answer_once() {
     let a = App::new(Some(ring("k1", &["k1"]))).await;
     let router = a.router();

@@ -137,7 +137,8 @@ pub struct RekeyReport {
     /// they are (add the key to the ring and run again).
     pub unreadable: std::collections::BTreeMap<String, u64>,
     /// Answers that did not open for their row (changed in the table by
-    /// someone else), and, with a ring that refuses clear answers
+    /// someone else), rows whose answer does not read as one at all, and,
+    /// with a ring that refuses clear answers
     /// (`KeyRing::refusing_clear_answers`), answers in clear: left as they
     /// are, and never replayed.
     pub broken: u64,
@@ -177,5 +178,7 @@ pub struct ResealRow {
     /// When the row's execution began, in the database's units: with the
     /// generation, what tells it from a later execution of the key.
     pub(crate) created: i64,
-    pub(crate) stored: super::StoredResponse,
+    /// The answer as stored; `None` where the row's columns do not read as
+    /// one (spoiled by hand): counted as broken, never written.
+    pub(crate) stored: Option<super::StoredResponse>,
 }

@@ -45,8 +45,16 @@ impl RedisLeaseStore {
                 let Some((operation, key)) = self.layout.record_of(name) else {
                     continue;
                 };
-                let Some(found) = self.finished(name, "tenant").await? else {
-                    continue;
+                let found = match self.finished(name, "tenant").await {
+                    Ok(Some(found)) => found,
+                    Ok(None) => continue,
+                    // A record that does not read (spoiled by hand) is its own
+                    // loss, counted as broken, not the whole run's.
+                    Err(StoreError::Corrupt(_)) => {
+                        report.broken += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 };
                 let needed = match sealed_with(&found.stored) {
                     Some(id) => id != ring.active_id(),
@@ -120,9 +128,14 @@ impl RedisLeaseStore {
             if self.layout.record_of(name).is_none() {
                 continue;
             }
-            if let Some(found) = self.finished(name, "tenant").await? {
-                let key_id = sealed_with(&found.stored).map(str::to_owned);
-                *by_key.entry(key_id).or_default() += 1;
+            match self.finished(name, "tenant").await {
+                Ok(Some(found)) => {
+                    let key_id = sealed_with(&found.stored).map(str::to_owned);
+                    *by_key.entry(key_id).or_default() += 1;
+                }
+                // Not an answer any key holds (spoiled by hand).
+                Ok(None) | Err(StoreError::Corrupt(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(by_key

@@ -130,8 +130,12 @@ pub(super) async fn tenant_rows(pool: &MySqlPool, tenant: &str) -> Result<u64, S
 /// VARBINARY (read back as text).
 impl SqlRekey for MySql {
     rekey_sql!(
-        key_id: "(CASE WHEN JSON_UNQUOTE(JSON_EXTRACT(response_headers, '$[0][0]')) = ':idem-sealed' \
-                 THEN JSON_UNQUOTE(JSON_EXTRACT(response_headers, '$[0][1]')) END)",
+        // `JSON_EXTRACT` fails the statement on text that is not JSON (a row
+        // spoiled by hand): such a row reads as clear, and is counted broken
+        // by a rekey that reads it.
+        key_id: "(CASE WHEN JSON_VALID(response_headers) THEN \
+                 (CASE WHEN JSON_UNQUOTE(JSON_EXTRACT(response_headers, '$[0][0]')) = ':idem-sealed' \
+                 THEN JSON_UNQUOTE(JSON_EXTRACT(response_headers, '$[0][1]')) END) END)",
         body: "response_body",
         tenant: "CONVERT(tenant_id USING utf8mb4)",
         operation: "CONVERT(operation USING utf8mb4)",
