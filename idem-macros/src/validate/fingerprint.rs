@@ -110,16 +110,20 @@ fn check_fields(fp: &Fingerprint, errors: &mut Errors) -> Vec<(Vec<String>, Span
     let mut fields: Vec<(Vec<String>, Span)> = Vec::new();
     for f in &fp.fields {
         let segments: Vec<String> = f.as_str().split('.').map(str::to_owned).collect();
-        if segments
+        let bad = segments
             .iter()
-            .any(|s| syn::parse_str::<syn::Ident>(s).is_err() && s.parse::<u32>().is_err())
-        {
+            .find(|s| syn::parse_str::<syn::Ident>(s).is_err() && s.parse::<u32>().is_err());
+        if let Some(bad) = bad {
+            // A field named by a keyword (`type`) is written raw, as in Rust.
+            let keyword = syn::parse_str::<syn::Ident>(&format!("r#{bad}")).is_ok();
+            let hint = if keyword {
+                format!("`{bad}` is a keyword: a field named so is written `r#{bad}`, as in Rust")
+            } else {
+                "write `body.field` or `body.field.subfield`".to_owned()
+            };
             errors.push_at(
                 f.span(),
-                format!(
-                    "`body.{}` is not a field path: write `body.field` or `body.field.subfield`",
-                    f.as_str()
-                ),
+                format!("`body.{}` is not a field path: {hint}", f.as_str()),
             );
         } else if fields.iter().any(|(s, _)| s == &segments) {
             errors.push_at(
