@@ -441,7 +441,9 @@ async fn a_spoiled_record_is_counted_broken_and_the_rekey_goes_on() {
         .await
         .unwrap();
     let report = s
-        .rekey(&rotated, RekeyOptions::default(), |_| ControlFlow::Continue(()))
+        .rekey(&rotated, RekeyOptions::default(), |_| {
+            ControlFlow::Continue(())
+        })
         .await
         .unwrap();
     assert_eq!((report.resealed, report.broken), (1, 1), "{report:?}");

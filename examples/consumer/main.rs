@@ -153,51 +153,52 @@ async fn run() -> Result<(), String> {
                 continue;
             }
         };
-        let ack =
-            match ledger::apply(&pool, &durable, &id, &message.payload, &credit, RETENTION).await {
-                Ok(Delivery::Applied(())) => {
-                    commits += 1;
-                    tracing::info!(delivered, "consumer: applied");
-                    if crash_after > 0 && commits == crash_after {
-                        tracing::warn!("consumer: simulated crash after commit, before ack");
-                        std::process::exit(3);
+        let ack = match ledger::apply(&pool, &durable, &id, &message.payload, &credit, RETENTION)
+            .await
+        {
+            Ok(Delivery::Applied(())) => {
+                commits += 1;
+                tracing::info!(delivered, "consumer: applied");
+                if crash_after > 0 && commits == crash_after {
+                    tracing::warn!("consumer: simulated crash after commit, before ack");
+                    std::process::exit(3);
+                }
+                AckKind::Ack
+            }
+            Ok(Delivery::Duplicate) => {
+                tracing::info!(delivered, "consumer: duplicate delivery; already applied");
+                AckKind::Ack
+            }
+            Ok(Delivery::Conflict) => {
+                tracing::error!(
+                    "consumer: message id reused with another payload; not applied, terminated"
+                );
+                AckKind::Term
+            }
+            // An outcome this consumer does not know (Delivery can grow):
+            // not acknowledged, so redelivered later.
+            Ok(_) => AckKind::Nak(Some(retry_delay)),
+            Err(ConsumeError::InFlight) => AckKind::Nak(Some(retry_delay)),
+            Err(ConsumeError::Effect(sqlx::Error::Database(e)))
+                if delivered >= i64::try_from(delivery_limit).unwrap_or(i64::MAX) =>
+            {
+                let why = e.to_string();
+                match dead_letter(&js, &dead_subject, &message, &why).await {
+                    Ok(()) => {
+                        tracing::error!(delivered, error = %why, subject = %dead_subject, "consumer: the database refused the credit on every delivery; dead-lettered, not applied");
+                        AckKind::Term
                     }
-                    AckKind::Ack
-                }
-                Ok(Delivery::Duplicate) => {
-                    tracing::info!(delivered, "consumer: duplicate delivery; already applied");
-                    AckKind::Ack
-                }
-                Ok(Delivery::Conflict) => {
-                    tracing::error!(
-                        "consumer: message id reused with another payload; not applied, terminated"
-                    );
-                    AckKind::Term
-                }
-                // An outcome this consumer does not know (Delivery can grow):
-                // not acknowledged, so redelivered later.
-                Ok(_) => AckKind::Nak(Some(retry_delay)),
-                Err(ConsumeError::InFlight) => AckKind::Nak(Some(retry_delay)),
-                Err(ConsumeError::Effect(sqlx::Error::Database(e)))
-                    if delivered >= i64::try_from(delivery_limit).unwrap_or(i64::MAX) =>
-                {
-                    let why = e.to_string();
-                    match dead_letter(&js, &dead_subject, &message, &why).await {
-                        Ok(()) => {
-                            tracing::error!(delivered, error = %why, subject = %dead_subject, "consumer: the database refused the credit on every delivery; dead-lettered, not applied");
-                            AckKind::Term
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "consumer: dead-lettering failed; will be redelivered");
-                            AckKind::Nak(Some(retry_delay))
-                        }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "consumer: dead-lettering failed; will be redelivered");
+                        AckKind::Nak(Some(retry_delay))
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(delivered, error = %e, "consumer: not applied; will be redelivered");
-                    AckKind::Nak(Some(retry_delay))
-                }
-            };
+            }
+            Err(e) => {
+                tracing::warn!(delivered, error = %e, "consumer: not applied; will be redelivered");
+                AckKind::Nak(Some(retry_delay))
+            }
+        };
         if let Err(e) = message.ack_with(ack).await {
             // The effect is committed; a redelivery will be recognised.
             tracing::warn!(error = %e, "consumer: ack failed");
@@ -217,7 +218,10 @@ async fn dead_letter(
 ) -> Result<(), String> {
     let mut headers = message.headers.clone().unwrap_or_default();
     // A header value is one line.
-    let why: String = why.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let why: String = why
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     headers.insert("Idem-Error", why.as_str());
     js.publish_with_headers(subject.to_owned(), headers, message.payload.clone())
         .await

@@ -118,7 +118,9 @@ enum Answer {
     /// `basic.nack`, which RabbitMQ 4.3 and later do not count (the store
     /// failed, or the message is in flight elsewhere: an outage dead-letters
     /// nothing there; earlier versions count both).
-    Retry { counted: bool },
+    Retry {
+        counted: bool,
+    },
 }
 
 async fn run() -> Result<(), String> {

@@ -10,9 +10,7 @@ use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode, Url};
 use reqwest_middleware::{Error, Middleware, Next};
 use tokio::time::Instant;
 
-use crate::decide::{
-    Verdict, is_problem, judge, next_wait, problem_type, reads_body, retry_after,
-};
+use crate::decide::{Verdict, is_problem, judge, next_wait, problem_type, reads_body, retry_after};
 use crate::follow::{Poll, judge_poll, judge_result, operation_of, poll_headers};
 use crate::{
     BodyTooLarge, GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, Interrupted, InvalidKey,

@@ -692,12 +692,9 @@ pub async fn a_spoiled_row_is_counted_broken_and_the_rekey_goes_on() {
         a.set_answer("w-c", "not json", b"spoiled").await;
     }
     let rotated = ring("k2", &["k1", "k2"]);
-    let report = admin::rekey(
-        &a.db.pool,
-        &rotated,
-        RekeyOptions::default(),
-        |_| ControlFlow::Continue(()),
-    )
+    let report = admin::rekey(&a.db.pool, &rotated, RekeyOptions::default(), |_| {
+        ControlFlow::Continue(())
+    })
     .await
     .unwrap();
     let fine = if TEXT_HEADERS { 1 } else { 2 };
