@@ -457,6 +457,36 @@ async fn a_spoiled_record_is_counted_broken_and_the_rekey_goes_on() {
     assert_eq!(uses, [(Some("k2".to_owned()), 1)]);
 }
 
+/// A record under the tenant's name that is not idem's (spoiled by hand: a
+/// format idem does not know) is left and counted, and the erasure goes on
+/// past it: the tenant's other records are erased, on the first run and on
+/// any later one.
+#[tokio::test]
+async fn an_erasure_goes_on_past_a_record_that_is_not_idems() {
+    let s = store("erase-spoiled").await;
+    let keys: Vec<IdempotencyKey> = (0..3)
+        .map(|n| IdempotencyKey::parse(format!("erase-spoiled-{n}")).unwrap())
+        .collect();
+    for (n, key) in keys.iter().enumerate() {
+        let lease = acquire(&s, key, HOUR).await;
+        lease.complete(&paid(&format!("ch_{n}"))).await.unwrap();
+    }
+    let spoiled = s.record_key("acme", "create-payment", &keys[1]);
+    let _: () = s.redis_connection().hset(&spoiled, "v", "9").await.unwrap();
+    for erased in [2, 0] {
+        let done = s.erase_tenant("acme", InFlightRows::Keep).await.unwrap();
+        assert_eq!((done.erased, done.left), (erased, 1), "{done:?}");
+    }
+    let mut c = s.redis_connection();
+    for (n, key) in keys.iter().enumerate() {
+        let exists: bool = c
+            .exists(s.record_key("acme", "create-payment", key))
+            .await
+            .unwrap();
+        assert_eq!(exists, n == 1, "record {n}");
+    }
+}
+
 /// Erasing a tenant deletes its records in every operation, and the uncertain
 /// index entries with them; a record whose lease is live or lapsed and an
 /// uncertain one are left and counted unless asked for too; another tenant's records, and

@@ -20,9 +20,10 @@ impl RedisLeaseStore {
     /// # Errors
     ///
     /// [`StoreError::InvalidRequest`] for an empty tenant id;
-    /// [`StoreError::Redis`] when Redis fails, or for a record under the
-    /// prefix that is not idem's (left as it was), after the records before it
-    /// were erased: erase again.
+    /// [`StoreError::Redis`] when Redis fails, after the records before it
+    /// were erased: erase again. A record under the tenant's name that is not
+    /// idem's (or spoiled by hand) is left as it is and counted in
+    /// [`TenantErasure::left`].
     pub async fn erase_tenant(
         &self,
         tenant: &str,
@@ -52,7 +53,7 @@ impl RedisLeaseStore {
                 continue;
             }
             let index = format!("{base}}}:uncertain");
-            let answer: i64 = self
+            let answer: Result<i64, _> = self
                 .scripts
                 .erase
                 .key(&name)
@@ -60,12 +61,20 @@ impl RedisLeaseStore {
                 .arg(member)
                 .arg(all)
                 .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(redis_err)?;
+                .await;
             match answer {
-                1 => erased += 1,
-                -1 => left += 1,
-                _ => {}
+                Ok(1) => erased += 1,
+                Ok(-1) => left += 1,
+                Ok(_) => {}
+                // The script's own refusal of a record that is not idem's (or
+                // spoiled by hand): left as it is and counted, so that the
+                // erasure goes on past it, and a second one does not stop
+                // there again.
+                Err(e) if e.code() == Some("idem:") => {
+                    tracing::warn!(error = %e, "idem: redis: a record under the tenant's name that is not idem's; left as it is");
+                    left += 1;
+                }
+                Err(e) => return Err(redis_err(e)),
             }
         }
         Ok(TenantErasure { erased, left })
