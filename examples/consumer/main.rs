@@ -16,11 +16,13 @@
 //!   delay (`CONSUMER_RETRY_DELAY_MS`), and redelivered, however often: the
 //!   durable has no `max_deliver`, so JetStream never drops a message this
 //!   consumer did not settle (a database outage of any length loses nothing);
-//! * an effect the database refuses (a constraint or a trigger: a `Database`
-//!   error of the credit's own statements) on delivery `CONSUMER_DELIVERY_LIMIT`
-//!   or later: a poison message, published to the dead-letter subject (its
-//!   stream `<stream>_DEAD` is created at start) with the error in `Idem-Error`,
-//!   then terminated and logged as an error; never applied. Where that publish
+//! * an effect the database refuses (a data exception, a constraint, an
+//!   exception a trigger raised: SQLSTATE 22, 23 or P0001 from the credit's own
+//!   statements) on delivery `CONSUMER_DELIVERY_LIMIT` or later: a poison
+//!   message, published to the dead-letter subject (its stream `<stream>_DEAD`
+//!   is created at start) with its headers (JetStream's `Nats-*` directives
+//!   left out, its `Nats-Msg-Id` kept) and the error in `Idem-Error`, then
+//!   terminated and logged as an error; never applied. Where that publish
 //!   fails, the message is nacked, as above, and dead-lettered on a later try.
 //!
 //! Before any of this, JetStream drops a message published with a `Nats-Msg-Id`
@@ -99,19 +101,17 @@ async fn run() -> Result<(), String> {
     .await
     .map_err(|e| format!("cannot create the dead-letter stream {dead_stream}: {e}"))?;
     let consumer: jetstream::consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            &durable,
-            pull::Config {
-                durable_name: Some(durable.clone()),
-                ack_wait,
-                // No limit: JetStream would drop a message past it, with
-                // nothing but an advisory; this consumer dead-letters what
-                // keeps failing itself, and retries the rest for as long as
-                // it takes.
-                max_deliver: -1,
-                ..Default::default()
-            },
-        )
+        // Created, or updated where it exists: a durable made by an earlier
+        // version of this example has `max_deliver: 20`.
+        .create_consumer(pull::Config {
+            durable_name: Some(durable.clone()),
+            ack_wait,
+            // No limit: JetStream would drop a message past it, with nothing
+            // but an advisory; this consumer dead-letters what keeps failing
+            // itself, and retries the rest for as long as it takes.
+            max_deliver: -1,
+            ..Default::default()
+        })
         .await
         .map_err(|e| format!("cannot create the consumer {durable}: {e}"))?;
     let stream_created = stream.cached_info().created.unix_timestamp_nanos();
@@ -179,13 +179,14 @@ async fn run() -> Result<(), String> {
             // not acknowledged, so redelivered later.
             Ok(_) => AckKind::Nak(Some(retry_delay)),
             Err(ConsumeError::InFlight) => AckKind::Nak(Some(retry_delay)),
-            Err(ConsumeError::Effect(sqlx::Error::Database(e)))
-                if delivered >= i64::try_from(delivery_limit).unwrap_or(i64::MAX) =>
+            Err(e)
+                if delivered >= i64::try_from(delivery_limit).unwrap_or(i64::MAX)
+                    && ledger::refused(&e).is_some() =>
             {
                 let why = e.to_string();
                 match dead_letter(&js, &dead_subject, &message, &why).await {
                     Ok(()) => {
-                        tracing::error!(delivered, error = %why, subject = %dead_subject, "consumer: the database refused the credit on every delivery; dead-lettered, not applied");
+                        tracing::error!(delivered, error = %why, subject = %dead_subject, "consumer: the database refused the credit; dead-lettered, not applied");
                         AckKind::Term
                     }
                     Err(e) => {
@@ -216,7 +217,21 @@ async fn dead_letter(
     message: &jetstream::Message,
     why: &str,
 ) -> Result<(), String> {
-    let mut headers = message.headers.clone().unwrap_or_default();
+    // Its own headers but JetStream's directives (`Nats-Expected-*` would
+    // make every publish to the dead-letter stream fail, `Nats-Rollup` purge
+    // it), the producer's id kept.
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(own) = &message.headers {
+        for (name, values) in own.iter() {
+            let name: &str = name.as_ref();
+            if name.starts_with("Nats-") && name != "Nats-Msg-Id" {
+                continue;
+            }
+            for value in values {
+                headers.append(name, value.as_str());
+            }
+        }
+    }
     // A header value is one line.
     let why: String = why
         .chars()

@@ -15,12 +15,15 @@
 //!   payload: nothing is applied, and the message is rejected without requeue,
 //!   which dead-letters it (a message without an identity cannot be told from its
 //!   redelivery, so applying it would risk applying it twice);
-//! * a failing effect: rejected with requeue after `CONSUMER_RETRY_DELAY_MS`. A
-//!   message that fails every time (a poison message) is dead-lettered by the
-//!   broker after its first delivery and `CONSUMER_DELIVERY_LIMIT` redeliveries
-//!   have failed (a requeue after a crash counts as a failed delivery too);
-//! * a failing store, or a concurrent delivery of the same message still
-//!   running: nacked with requeue after the same delay. RabbitMQ 4.3 and later
+//! * an effect the database refuses (a data exception, a constraint, an
+//!   exception a trigger raised: SQLSTATE 22, 23 or P0001): rejected with
+//!   requeue after `CONSUMER_RETRY_DELAY_MS`. A message refused every time (a
+//!   poison message) is dead-lettered by the broker after its first delivery
+//!   and `CONSUMER_DELIVERY_LIMIT` redeliveries have failed (a requeue after a
+//!   crash counts as a failed delivery too);
+//! * any other failure (the store, a lost connection, a deadlock), or a
+//!   concurrent delivery of the same message still running: nacked with
+//!   requeue after the same delay. RabbitMQ 4.3 and later
 //!   count a `basic.reject` against the limit but not a `basic.nack`, so there
 //!   an outage of the database dead-letters nothing; earlier versions count
 //!   both.
@@ -53,7 +56,7 @@ use futures_util::StreamExt;
 #[path = "../shared/ledger.rs"]
 mod ledger;
 
-use idem_runtime::consumer::{ConsumeError, Delivery};
+use idem_runtime::consumer::Delivery;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
@@ -113,8 +116,8 @@ enum Answer {
     Reject,
     /// Requeue it after the retry delay: nothing was applied, and a later
     /// delivery may succeed. `counted`: with `basic.reject`, which counts
-    /// against `x-delivery-limit` on every RabbitMQ version (the effect
-    /// failed: a poison message is dead-lettered at the limit); else with
+    /// against `x-delivery-limit` on every RabbitMQ version (the database
+    /// refused the credit: a poison message is dead-lettered at the limit); else with
     /// `basic.nack`, which RabbitMQ 4.3 and later do not count (the store
     /// failed, or the message is in flight elsewhere: an outage dead-letters
     /// nothing there; earlier versions count both).
@@ -229,7 +232,7 @@ async fn run() -> Result<(), String> {
                         Err(e) => {
                             tracing::warn!(attempt, id = %message_id, error = %e, "consumer: not applied; to be redelivered");
                             Answer::Retry {
-                                counted: matches!(e, ConsumeError::Effect(_)),
+                                counted: ledger::refused(&e).is_some(),
                             }
                         }
                     }

@@ -96,6 +96,24 @@ pub async fn apply(
     .await
 }
 
+/// Whether the database refused the credit itself, as it would again on every
+/// delivery: a data exception (SQLSTATE class 22), a constraint (23) or an
+/// exception a trigger raised (P0001) in the credit's own statements. Anything
+/// else (the store, a lost connection, a deadlock, a timeout, a failover) may
+/// go through on a later delivery.
+pub fn refused(e: &ConsumeError<sqlx::Error>) -> Option<&dyn sqlx::error::DatabaseError> {
+    match e {
+        ConsumeError::Effect(sqlx::Error::Database(db))
+            if db
+                .code()
+                .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c == "P0001") =>
+        {
+            Some(&**db)
+        }
+        _ => None,
+    }
+}
+
 /// Logs to stderr (`RUST_LOG`, default `info`), runs `run`, and exits 1 with its
 /// error, logged.
 pub async fn main_with(

@@ -698,7 +698,12 @@ where
             .bind(&sealed.body[..])
             .bind_key(&row.at.0, &row.at.1, row.at.2)
             .bind(row.generation)
-            .bind(row.stored.as_ref().map_or(&[][..], |s| &s.body[..]))
+            .bind(
+                &row.stored
+                    .as_ref()
+                    .expect("admin::rekey reseals only rows whose answer reads")
+                    .body[..],
+            )
             .bind(row.created)
             .execute(pool)
             .await?;

@@ -200,6 +200,13 @@ impl<DB: Backend> Tx<DB> {
     /// the pool's check on release, with no round trip of its own.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn committed_by_message(mut self) {
+        if self.nested_left_open() {
+            // `COMMIT AND CHAIN` committed the handler's nested transaction
+            // with the rest; the driver's queued rollback would end only that
+            // savepoint, which the server no longer has.
+            self.discard_conn();
+            return;
+        }
         <DB as Database>::TransactionManager::start_rollback(&mut self.conn);
         self.open = false;
     }
@@ -209,6 +216,9 @@ impl<DB: Backend> Tx<DB> {
         if self.nested_left_open() {
             // A `ROLLBACK` would end only the handler's forgotten nested
             // transaction; closing the connection ends all of it.
+            tracing::warn!(
+                "idem: the handler left a nested transaction open; its connection is closed, which rolls everything back"
+            );
             self.discard_conn();
             return Ok(());
         }

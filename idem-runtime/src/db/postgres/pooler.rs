@@ -22,8 +22,9 @@
 //! (the statement is missing, or another client's statement of the same name is
 //! in the way); with it, it runs but the setting is gone. Where the pooler has
 //! no other server free, the first connection waits for the second's
-//! transaction instead, which says as much: it has no server of its own. Three
-//! rounds, since a busy pooler may hand out servers in another order.
+//! transaction instead, on the server the first ran on (the probe compares
+//! their `pg_backend_pid()`), which says as much: it has no server of its own.
+//! Three rounds, since a busy pooler may hand out servers in another order.
 
 use std::time::Duration;
 
@@ -86,21 +87,24 @@ async fn round(options: &sqlx::postgres::PgConnectOptions) -> Result<Sessions, S
         Err(e) if is_lost_statement(&e) => return Ok(Sessions::PreparedStatementsLost),
         Err(e) => return Err(e.into()),
     };
+    let first_server = backend_pid(&mut first).await?;
     let mut second = PgConnection::connect_with(options).await?;
     second.execute("BEGIN; SELECT 1").await?;
-    // A first connection that waits for the second's transaction has no
-    // server of its own (a transaction pooler with every server busy, the
-    // second's included): it is answered once that transaction ends, and its
-    // answer says whether its statement followed it.
+    // A first connection that waits while the second's transaction holds the
+    // very server the first ran on has no server of its own (a transaction
+    // pooler with no other server free): it is answered once that transaction
+    // ends, and its answer says whether its statement followed it. A wait
+    // beside another server is a slow server, and says nothing.
     let (again, waited) = {
         let again = read_back(&mut first);
         tokio::pin!(again);
         match tokio::time::timeout(Duration::from_secs(2), &mut again).await {
             Ok(again) => (again, false),
             Err(_) => {
+                let shared = backend_pid(&mut second).await? == first_server;
                 second.execute("ROLLBACK").await?;
                 match tokio::time::timeout(Duration::from_secs(30), &mut again).await {
-                    Ok(again) => (again, true),
+                    Ok(again) => (again, shared),
                     // Neither connection is closed politely: a statement
                     // may still be on its way.
                     Err(_) => {
@@ -128,6 +132,17 @@ async fn round(options: &sqlx::postgres::PgConnectOptions) -> Result<Sessions, S
     };
     first.close().await.ok();
     Ok(seen)
+}
+
+/// The server process the connection's statement runs on: its own session's
+/// without a pooler, whichever server the pooler hands it through one. A
+/// simple query, so that it prepares nothing (the probe's statement names
+/// must start at sqlx's first).
+async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
+    sqlx::raw_sql("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)
 }
 
 /// Whether the session still holds the probe's setting, read by a prepared
