@@ -112,6 +112,12 @@ pub(crate) enum Command {
         /// Also seal the answers stored in clear
         #[arg(long)]
         seal_clear: bool,
+        /// Refuse answers stored in clear, as a service whose ring refuses them does
+        /// (KeyRing::refusing_clear_answers): they are counted as broken and left, never
+        /// sealed, --seal-clear or not. Use it once no row should be in clear: a clear
+        /// row then is one written by someone without the keys
+        #[arg(long)]
+        refuse_clear: bool,
         /// A key file (`ID BASE64` lines and an `active ID` line) instead of the environment
         #[arg(long, value_name = "PATH")]
         key_ring_file: Option<std::path::PathBuf>,

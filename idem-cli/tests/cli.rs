@@ -764,6 +764,32 @@ async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot<Db:
     out.assert_error(2, "\"k1\" is 5 bytes long");
 }
 
+/// `rekey --refuse-clear` treats answers stored in clear as a ring that
+/// refuses them does: counted as broken and left in clear, never sealed, even
+/// with `--seal-clear` (exit 4); `--seal-clear` alone seals them.
+async fn rekey_refuse_clear_leaves_clear_answers_unsealed<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let url = db.url();
+    let url = Some(url.as_str());
+    let env = [("IDEM_KEY_RING", K1)];
+    let out = idem_with(url, &["rekey", "--seal-clear", "--refuse-clear"], &env).await;
+    assert_eq!(out.code, 4, "{out:?}");
+    assert!(out.stderr.contains("2 that do not open"), "{out:?}");
+    assert!(out.stderr.contains("in clear and refused"), "{out:?}");
+    let out = idem_with(url, &["--json", "rekey"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.json()["rows_by_key"],
+        serde_json::json!([{"key_id": null, "rows": 2}])
+    );
+    let out = idem_with(url, &["--json", "rekey", "--seal-clear"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.json()["rows_by_key"],
+        serde_json::json!([{"key_id": "k1", "rows": 2}])
+    );
+}
+
 async fn purge_tenant_waits_for_rows_in_flight_to_finish<Db: CliDb>() {
     let db = seeded::<Db>().await;
     let url = db.url();
@@ -939,6 +965,7 @@ cli_suite!(
     purge_refuses_in_flight_rows_without_force,
     purge_tenant_erases_every_row_of_one_tenant,
     rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot,
+    rekey_refuse_clear_leaves_clear_answers_unsealed,
     purge_tenant_waits_for_rows_in_flight_to_finish,
     purge_does_not_wait_forever_on_a_running_request,
     sweep_deletes_the_expired_finished_rows_once_and_reports,

@@ -73,16 +73,14 @@ pub(crate) async fn execute<DB: Backend>(
         Command::Rekey {
             batch_size,
             seal_clear,
+            refuse_clear,
             key_ring_file,
         } => {
-            rekey::rekey(
-                &pool,
-                json,
-                batch_size,
-                seal_clear,
-                key_ring_file.as_deref(),
-            )
-            .await
+            let clear = rekey::Clear {
+                seal: seal_clear,
+                refuse: refuse_clear,
+            };
+            rekey::rekey(&pool, json, batch_size, clear, key_ring_file.as_deref()).await
         }
         // `run` answers it without a database.
         Command::Check(_) => Err(Failure::Other(

@@ -45,6 +45,15 @@ fn ring(file: Option<&Path>) -> Result<KeyRing, Failure> {
     }
 }
 
+/// What the rekey does with answers stored in clear.
+pub(super) struct Clear {
+    /// Seal them (`--seal-clear`).
+    pub(super) seal: bool,
+    /// Refuse them, as a ring that refuses clear answers does
+    /// (`--refuse-clear`): counted as broken, never sealed.
+    pub(super) refuse: bool,
+}
+
 /// Re-seals every answer that is not under the active key, one line of
 /// progress on stderr per page; rows left unreadable or broken are a refusal
 /// (exit 4) that names them, after the rest is re-sealed.
@@ -52,13 +61,20 @@ pub(super) async fn rekey<DB: Backend>(
     pool: &Pool<DB>,
     json: bool,
     batch_size: u32,
-    seal_clear: bool,
+    clear: Clear,
     key_ring_file: Option<&Path>,
 ) -> Result<String, Failure> {
     let ring = ring(key_ring_file)?;
+    let ring = if clear.refuse {
+        ring.refusing_clear_answers()
+    } else {
+        ring
+    };
     let mut options = RekeyOptions::default();
     options.batch = batch_size;
-    options.seal_clear = seal_clear;
+    // Refused clear answers are read to be counted: a rekey with a refusing
+    // ring leaves each one in clear, as broken.
+    options.seal_clear = clear.seal || clear.refuse;
     let report = admin::rekey(pool, &ring, options, |so_far| {
         eprintln!(
             "rekey: page {}: {} re-sealed, {} changed meanwhile, {} unreadable, {} broken",
@@ -118,7 +134,7 @@ fn left(report: &RekeyReport) -> String {
     }
     if report.broken > 0 {
         parts.push(format!(
-            "{} that do not open for their row (changed in the table; they are never replayed)",
+            "{} that do not open for their row, or are in clear and refused (changed in the table; they are never replayed)",
             report.broken
         ));
     }
