@@ -1024,11 +1024,15 @@ fn problem_documents(results: &[ScenarioResult]) -> Found {
     let mut checked = 0;
     let mut defects = Vec::new();
     for r in results {
+        // A scenario the service's own refusal made moot (the other body
+        // alone refused as invalid, say) provoked no refusal of the promise's:
+        // its answers are checked only where they say they are problems.
+        let provoked = r.verdict != Verdict::NotApplicable;
         for ex in &r.exchanges {
             let Some(a) = ex.answer() else { continue };
             let content_type = a.header("content-type").unwrap_or("");
             let is_problem = idem_wire::problem::is_problem_content_type(content_type);
-            if !is_problem && !expects_problem(r.id, a.status) {
+            if !is_problem && !(provoked && expects_problem(r.id, a.status)) {
                 continue;
             }
             checked += 1;
@@ -1174,6 +1178,41 @@ mod tests {
                 "\"status\" is 400, the answer's is 409"
             ]
         );
+    }
+
+    /// The other body alone refused by the service's own validation, as a
+    /// plain `422 application/json`: `other-body` is not applicable, and that
+    /// answer is no refusal of the promise's for `problem-documents` to fail.
+    /// The same answer to the other body under the used key is one.
+    #[test]
+    fn a_moot_scenarios_own_refusal_is_not_a_problem_document_defect() {
+        let refused = Exchange {
+            request: Sent {
+                method: "POST".into(),
+                url: "http://127.0.0.1/orders".into(),
+                key: Some("k".into()),
+                headers: Vec::new(),
+                body: None,
+            },
+            result: Outcome::Answer(answer(
+                422,
+                &[("content-type", "application/json")],
+                r#"{"error":"invalid"}"#,
+            )),
+        };
+        let result = |verdict| ScenarioResult {
+            id: "other-body",
+            title: "other body",
+            verdict,
+            saw: String::new(),
+            elapsed_ms: 1,
+            exchanges: vec![refused.clone()],
+        };
+        let moot = problem_documents(&[result(Verdict::NotApplicable)]);
+        assert_eq!(moot.verdict, Verdict::NotApplicable, "{}", moot.saw);
+        let provoked = problem_documents(&[result(Verdict::Pass)]);
+        assert_eq!(provoked.verdict, Verdict::Fail, "{}", provoked.saw);
+        assert!(provoked.saw.contains("not application/problem+json"), "{}", provoked.saw);
     }
 
     #[test]
