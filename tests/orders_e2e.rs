@@ -906,6 +906,7 @@ async fn read_and_delete_routes<D: Backend>() {
         .unwrap();
     assert_eq!(unauth.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(unauth.headers()["content-type"], "application/problem+json");
+    assert_eq!(unauth.headers()["www-authenticate"], "Bearer");
     let client = reqwest::Client::new();
     let del = |id: i64| {
         client

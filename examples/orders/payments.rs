@@ -317,7 +317,7 @@ pub async fn charge(provider: &Arc<Provider>, downstream_key: String, cmd: NewPa
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Payment provider unavailable",
             )
-            .with_detail("nothing was charged; retry later with the same key");
+            .with_detail("this request charged nothing; retry later with the same key, which the provider charges at most once");
             p.retry_after = Some(crate::server::RETRY_AFTER_SECS);
             p.into_response()
         }

@@ -84,6 +84,15 @@ impl From<sqlx::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        self.0.into_response()
+        let unauthorized = self.0.status == StatusCode::UNAUTHORIZED.as_u16();
+        let mut response = self.0.into_response();
+        if unauthorized {
+            // RFC 9110 §15.5.2: a 401 names the scheme it wants.
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }

@@ -91,7 +91,7 @@ pub mod redis_payments {
     #[utoipa::path(post, path = "/payments", request_body = crate::payments::NewPayment,
         responses((status = 201, description = "The charge", body = crate::payments::Payment),
             (status = 402, description = "The card was declined (over 1,000,000 cents): problem type `urn:orders:problem:card-declined` (stored, and replayed)"),
-            (status = 503, description = "The payment provider stayed unavailable through the retries; nothing was charged: problem type `urn:orders:problem:provider-unavailable`, with `Retry-After`")))]
+            (status = 503, description = "The payment provider stayed unavailable through the retries; this request charged nothing (a retry after a takeover may still find the first execution's charge, under the same downstream key): problem type `urn:orders:problem:provider-unavailable`, with `Retry-After`")))]
     #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
     pub async fn create_payment(
         #[tenant] _caller: Caller,
@@ -418,7 +418,7 @@ macro_rules! backend_routes {
         #[utoipa::path(post, path = "/payments", request_body = crate::payments::NewPayment,
             responses((status = 201, description = "The charge", body = crate::payments::Payment),
                 (status = 402, description = "The card was declined (over 1,000,000 cents): problem type `urn:orders:problem:card-declined` (stored, and replayed)"),
-                (status = 503, description = "The payment provider stayed unavailable through the retries; nothing was charged: problem type `urn:orders:problem:provider-unavailable`, with `Retry-After`")))]
+                (status = 503, description = "The payment provider stayed unavailable through the retries; this request charged nothing (a retry after a takeover may still find the first execution's charge, under the same downstream key): problem type `urn:orders:problem:provider-unavailable`, with `Retry-After`")))]
         #[idempotent(operation = "create-payment", retention = "24h", lease = "30s")]
         async fn create_payment(
             #[tenant] _caller: Caller,

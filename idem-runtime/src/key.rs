@@ -364,7 +364,9 @@ fn parse_structured(raw: &[u8]) -> Result<String, KeyError> {
 }
 
 /// The key to give the downstream system's own idempotency mechanism: derived from
-/// tenant, operation and key, the same for every owner and generation.
+/// tenant, operation and key, the same for every owner and generation, and for
+/// the key's next use once its retention has passed (a provider that keeps its
+/// keys longer then sees it again: keep idempotency keys single-use).
 pub fn downstream_key(tenant: &str, operation: &str, key: &IdempotencyKey) -> String {
     downstream_key_of(tenant, operation, key.as_str())
 }

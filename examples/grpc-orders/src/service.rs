@@ -214,7 +214,7 @@ macro_rules! orders_service {
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "grpc-orders: the provider failed");
-                    tonic::Status::unavailable("the payment provider is unavailable; nothing was charged")
+                    tonic::Status::unavailable("the payment provider is unavailable; this request charged nothing (retry with the same key)")
                 })?;
                 if self.knobs.charge_times_out() {
                     // The charge was made, its answer lost: only the reconciler,
