@@ -1103,6 +1103,18 @@ mod services {
         only_concurrent_fails(&out);
     }
 
+    /// Second-tenant credentials the service refuses (`401`) are a mistake in
+    /// the arguments, as a refused first request is: `other-tenant` is not
+    /// applicable, not a finding.
+    #[tokio::test]
+    async fn refused_tenant_credentials_make_other_tenant_not_applicable() {
+        let out = check_broken("/things", &["--tenant-header", "Authorization: Basic second"]).await;
+        let other = out.scenario("other-tenant");
+        assert_eq!(other["verdict"], "not-applicable", "{out:?}");
+        let saw = other["saw"].as_str().unwrap();
+        assert!(saw.contains("credentials are refused"), "{saw}");
+    }
+
     #[tokio::test]
     async fn a_check_then_insert_service_fails_the_concurrent_scenario_and_only_it() {
         let db = common::TestDb::new().await;

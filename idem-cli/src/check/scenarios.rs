@@ -804,7 +804,13 @@ impl Run<'_> {
                 a.short()
             )
         } else if matches!(a.status, 401 | 403) {
-            format!("{}: the --tenant-header credentials are refused", a.short())
+            // A mistake in the arguments, as a refused first request is: no
+            // finding about the promise.
+            let saw = format!(
+                "{}: the --tenant-header credentials are refused; give ones the service accepts",
+                a.short()
+            );
+            return not_applicable(saw, vec![ex]);
         } else {
             format!("{}, expected a success of its own", a.short())
         };
