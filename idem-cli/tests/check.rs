@@ -1108,7 +1108,11 @@ mod services {
     /// applicable, not a finding.
     #[tokio::test]
     async fn refused_tenant_credentials_make_other_tenant_not_applicable() {
-        let out = check_broken("/things", &["--tenant-header", "Authorization: Basic second"]).await;
+        let out = check_broken(
+            "/things",
+            &["--tenant-header", "Authorization: Basic second"],
+        )
+        .await;
         let other = out.scenario("other-tenant");
         assert_eq!(other["verdict"], "not-applicable", "{out:?}");
         let saw = other["saw"].as_str().unwrap();

@@ -1107,6 +1107,7 @@ pub(crate) fn problem_defects(a: &Answer) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::request::{Outcome, Sent};
 
     fn answer(status: u16, headers: &[(&str, &str)], body: &str) -> Answer {
         Answer {
@@ -1218,7 +1219,11 @@ mod tests {
         assert_eq!(moot.verdict, Verdict::NotApplicable, "{}", moot.saw);
         let provoked = problem_documents(&[result(Verdict::Pass)]);
         assert_eq!(provoked.verdict, Verdict::Fail, "{}", provoked.saw);
-        assert!(provoked.saw.contains("not application/problem+json"), "{}", provoked.saw);
+        assert!(
+            provoked.saw.contains("not application/problem+json"),
+            "{}",
+            provoked.saw
+        );
     }
 
     #[test]
