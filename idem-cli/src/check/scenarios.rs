@@ -1038,7 +1038,8 @@ fn problem_documents(results: &[ScenarioResult]) -> Found {
             let Some(a) = ex.answer() else { continue };
             let content_type = a.header("content-type").unwrap_or("");
             let is_problem = idem_wire::problem::is_problem_content_type(content_type);
-            if !is_problem && !(provoked && expects_problem(r.id, a.status)) {
+            let refusal = provoked && expects_problem(r.id, a.status);
+            if !(is_problem || refusal) {
                 continue;
             }
             checked += 1;
