@@ -12,7 +12,8 @@
 //! * the same identity with a different payload: not applied, terminated (no more
 //!   redeliveries) and logged as an error;
 //! * a malformed payload: terminated without reserving anything;
-//! * a failing effect or a concurrent delivery still running: nacked with a
+//! * any other failure (the store, a lost connection, a deadlock, a refusal
+//!   before the limit) or a concurrent delivery still running: nacked with a
 //!   delay (`CONSUMER_RETRY_DELAY_MS`), and redelivered, however often: the
 //!   durable has no `max_deliver`, so JetStream never drops a message this
 //!   consumer did not settle (a database outage of any length loses nothing);
@@ -68,10 +69,11 @@ async fn run() -> Result<(), String> {
     let durable = env("CONSUMER_DURABLE", "ledger-worker");
     let ack_wait = Duration::from_millis(env_u64("CONSUMER_ACK_WAIT_MS", 30_000)?);
     let retry_delay = Duration::from_millis(env_u64("CONSUMER_RETRY_DELAY_MS", 1000)?);
-    let delivery_limit = env_u64("CONSUMER_DELIVERY_LIMIT", 20)?;
-    if delivery_limit == 0 {
-        return Err("CONSUMER_DELIVERY_LIMIT must be at least 1".to_owned());
-    }
+    // Compared with JetStream's delivery count, an i64.
+    let delivery_limit = i64::try_from(env_u64("CONSUMER_DELIVERY_LIMIT", 20)?)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or("CONSUMER_DELIVERY_LIMIT must be a whole number from 1")?;
     let dead_subject = env("CONSUMER_DEAD_LETTER_SUBJECT", &format!("{subject}.dead"));
     let crash_after = env_u64("CONSUMER_CRASH_AFTER_COMMIT", 0)?;
 
@@ -179,10 +181,7 @@ async fn run() -> Result<(), String> {
             // not acknowledged, so redelivered later.
             Ok(_) => AckKind::Nak(Some(retry_delay)),
             Err(ConsumeError::InFlight) => AckKind::Nak(Some(retry_delay)),
-            Err(e)
-                if delivered >= i64::try_from(delivery_limit).unwrap_or(i64::MAX)
-                    && ledger::refused(&e).is_some() =>
-            {
+            Err(e) if delivered >= delivery_limit && ledger::refused(&e) => {
                 let why = e.to_string();
                 match dead_letter(&js, &dead_subject, &message, &why).await {
                     Ok(()) => {

@@ -232,7 +232,7 @@ async fn run() -> Result<(), String> {
                         Err(e) => {
                             tracing::warn!(attempt, id = %message_id, error = %e, "consumer: not applied; to be redelivered");
                             Answer::Retry {
-                                counted: ledger::refused(&e).is_some(),
+                                counted: ledger::refused(&e),
                             }
                         }
                     }

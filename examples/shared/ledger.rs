@@ -101,16 +101,12 @@ pub async fn apply(
 /// exception a trigger raised (P0001) in the credit's own statements. Anything
 /// else (the store, a lost connection, a deadlock, a timeout, a failover) may
 /// go through on a later delivery.
-pub fn refused(e: &ConsumeError<sqlx::Error>) -> Option<&dyn sqlx::error::DatabaseError> {
+pub fn refused(e: &ConsumeError<sqlx::Error>) -> bool {
     match e {
-        ConsumeError::Effect(sqlx::Error::Database(db))
-            if db
-                .code()
-                .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c == "P0001") =>
-        {
-            Some(&**db)
-        }
-        _ => None,
+        ConsumeError::Effect(sqlx::Error::Database(db)) => db
+            .code()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c == "P0001"),
+        _ => false,
     }
 }
 

@@ -698,12 +698,9 @@ where
             .bind(&sealed.body[..])
             .bind_key(&row.at.0, &row.at.1, row.at.2)
             .bind(row.generation)
-            .bind(
-                &row.stored
-                    .as_ref()
-                    .expect("admin::rekey reseals only rows whose answer reads")
-                    .body[..],
-            )
+            // A row whose answer did not read is never re-sealed; were it, a
+            // NULL body would match no row.
+            .bind(row.stored.as_ref().map(|s| &s.body[..]))
             .bind(row.created)
             .execute(pool)
             .await?;

@@ -168,12 +168,11 @@ impl<DB: Backend> Tx<DB> {
     }
 
     /// Commits the handler's transaction with its outcome's row in it: not
-    /// where the handler left a nested transaction open (then the connection
-    /// is closed, and the server rolls everything back), and, where the
-    /// commit fails on the way, as an outcome that may or may not be stored.
-    pub(crate) async fn commit_stored(mut self) -> Finish {
+    /// where the handler left a nested transaction open (dropped, the
+    /// connection is closed, and the server rolls everything back), and, where
+    /// the commit fails on the way, as an outcome that may or may not be stored.
+    pub(crate) async fn commit_stored(self) -> Finish {
         if self.nested_left_open() {
-            self.closes_if_dropped = true;
             return Finish::NotStored(StoreError::NestedTransactionLeftOpen);
         }
         match self.commit().await {
@@ -203,8 +202,7 @@ impl<DB: Backend> Tx<DB> {
         if self.nested_left_open() {
             // `COMMIT AND CHAIN` committed the handler's nested transaction
             // with the rest; the driver's queued rollback would end only that
-            // savepoint, which the server no longer has.
-            self.discard_conn();
+            // savepoint, which the server no longer has. Dropped, it is closed.
             return;
         }
         <DB as Database>::TransactionManager::start_rollback(&mut self.conn);
@@ -215,32 +213,28 @@ impl<DB: Backend> Tx<DB> {
     pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
         if self.nested_left_open() {
             // A `ROLLBACK` would end only the handler's forgotten nested
-            // transaction; closing the connection ends all of it.
+            // transaction; dropped, the connection is closed, which ends all
+            // of it.
             tracing::warn!(
                 "idem: the handler left a nested transaction open; its connection is closed, which rolls everything back"
             );
-            self.discard_conn();
             return Ok(());
         }
         let rolled_back = <DB as Database>::TransactionManager::rollback(&mut self.conn).await;
         if rolled_back.is_err() {
             // Where the connection stopped is not known.
-            self.discard_conn();
+            self.conn.close_on_drop();
         }
         self.open = false;
         rolled_back
-    }
-
-    fn discard_conn(&mut self) {
-        self.conn.close_on_drop();
-        self.open = false;
     }
 
     /// The connection's state is not known (an error mid-way through idem's own
     /// statements): it is closed rather than returned to the pool.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn discard(mut self) {
-        self.discard_conn();
+        self.conn.close_on_drop();
+        self.open = false;
     }
 }
 
@@ -284,9 +278,10 @@ impl<DB: Backend> Drop for Tx<DB> {
             return;
         }
         if self.nested_left_open() {
-            // A `ROLLBACK` would end only the handler's forgotten nested
-            // transaction, and the pool would hand the connection on inside
-            // the handler's.
+            // The one place a forgotten nested transaction is dealt with (the
+            // commit, the rollback and the session path's message leave it
+            // here): a `ROLLBACK` would end only that savepoint, and the pool
+            // would hand the connection on inside the handler's transaction.
             self.conn.close_on_drop();
             return;
         }
