@@ -525,7 +525,8 @@ impl<'a> Handler<'a> {
                 (quote!(), step)
             }
             BodyPrint::Fields(i, fields) => (quote!(), self.field_steps(*i, fields)),
-            BodyPrint::Probe(i) => (quote!(), self.probe(*i)),
+            BodyPrint::Probe(i) => (quote!(), self.probe(*i, false)),
+            BodyPrint::ProbeNamed(i) => (quote!(), self.probe(*i, true)),
             BodyPrint::ProbeLeftOut(i) => (self.probe_left_out(*i), quote!()),
         }
     }
@@ -562,12 +563,22 @@ impl<'a> Handler<'a> {
     /// A last parameter behind an alias: its type decides whether it is a body,
     /// fingerprinted whole. A failed bound on the chosen tag's method is
     /// reported at the method call, which gets the parameter type's span.
-    fn probe(&self, i: usize) -> TokenStream {
+    /// `named`: `fingerprint(body)` asks for it, so an extractor of the parts
+    /// (no body to take) is refused.
+    fn probe(&self, i: usize, named: bool) -> TokenStream {
         let rt = &self.rt;
         let (name, ty) = (self.name_of(i), self.ty_of(i));
         let at = first_span(&ty);
         let state = self.state_type();
-        let probe = quote_spanned!(at=> (&&&&#rt::BodyProbe::<#ty, #state>::NEW).__idem_body_kind().default_print(__idem_fp, &#name));
+        let print = syn::Ident::new(
+            if named {
+                "named_print"
+            } else {
+                "default_print"
+            },
+            at,
+        );
+        let probe = quote_spanned!(at=> (&&&&#rt::BodyProbe::<#ty, #state>::NEW).__idem_body_kind().#print(__idem_fp, &#name));
         quote!(.and_then(|__idem_fp| {
             #[allow(unused_imports)]
             use #rt::{ProbeIsBody as _, ProbeNotBody as _, ProbeReadsBody as _, ProbeUnplaced as _};
@@ -626,26 +637,14 @@ impl<'a> Handler<'a> {
 
 /// The generated handler as it is emitted: as is, or, with the runtime under a
 /// path the attribute cannot check, through a macro found at that path, so a
-/// wrong path is one error (at the macro) and nothing of the handler is checked
-/// against it; a stub under the same name, imported by glob, stands in for it
-/// then (a defined item shadows a glob import, so when the path is right the
-/// stub is never used), and the router stays quiet.
+/// wrong path is reported at the macro and nothing of the handler is checked
+/// against it. Only the macro call is emitted beside it (no stub item, no
+/// import), so that it fits where an associated function goes, in an `impl`.
 fn emit(func: ItemFn, config: &Config) -> TokenStream {
     let Some(path) = &config.krate else {
         return quote!(#func);
     };
-    let fn_name = &func.sig.ident;
-    let stub_mod = format_ident!("__idem_stub_{}", fn_name);
-    let vis = &func.vis;
     quote! {
-        #[doc(hidden)]
-        #[allow(non_snake_case, dead_code)]
-        mod #stub_mod {
-            pub async fn #fn_name() {}
-        }
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        #vis use #stub_mod::*;
         #path::__private::__idem_item! { #func }
     }
 }
@@ -707,7 +706,9 @@ fn generated_docs(config: &Config, written: &str, request: &syn::Ident) -> Vec<s
     let fingerprint = {
         let mut parts = Vec::new();
         match &config.body {
-            BodyPrint::Whole(_) | BodyPrint::Probe(_) => parts.push("the body".to_owned()),
+            BodyPrint::Whole(_) | BodyPrint::Probe(_) | BodyPrint::ProbeNamed(_) => {
+                parts.push("the body".to_owned());
+            }
             BodyPrint::Fields(_, f) => parts.push(format!(
                 "the body's {}",
                 f.iter()

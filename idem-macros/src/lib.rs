@@ -124,7 +124,9 @@ use proc_macro::TokenStream;
 ///
 /// Where the runtime is, when it is not `::idem_runtime` (a renamed dependency or a
 /// re-export). The handler is then emitted through a macro found at that path, so
-/// a wrong path is a single error; such a handler must be a module-level function.
+/// a wrong path is reported once, at the path (and the handler is then missing
+/// where it is mounted), not at each of its uses; nothing else is emitted beside
+/// the handler, so it may be an associated function in an `impl` block too.
 ///
 /// # The handler
 ///

@@ -17,6 +17,7 @@ use quote::ToTokens;
 const REACHED_THROUGH_SIGNATURES: &[&str] = &[
     "BodyShape",
     "BodyLeftOut",
+    "BodyNamed",
     "IsBody",
     "ReadsBody",
     "NotBody",

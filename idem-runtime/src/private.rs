@@ -349,6 +349,17 @@ pub struct Unplaced<T, S>(std::marker::PhantomData<(T, S)>);
 )]
 pub trait PlacedExtractor<S> {}
 
+/// Refuses `fingerprint(body)` where the last parameter reads only the request's
+/// parts: there is no body to take (never implemented).
+#[diagnostic::on_unimplemented(
+    message = "`fingerprint(body)` finds no body: `{Self}` reads only the request's parts",
+    label = "the last parameter, which `fingerprint(body)` takes as the request body",
+    note = "axum reads the body only in the last parameter; this one is an extractor of the request's parts",
+    note = "if the handler reads a body, take it as the last parameter, after this one (`Json<T>`, `Form<T>`, `Bytes`, `String`)",
+    note = "if it reads none, remove `body` from `fingerprint(...)`"
+)]
+pub trait BodyNamed {}
+
 /// Refuses a body that `fingerprint(header = "...")` would leave out silently.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` reads the request body, which this `fingerprint(...)` leaves out",
@@ -368,6 +379,18 @@ impl<T: BodyShape> IsBody<T> {
     ///
     /// As [`crate::FingerprintBuilder::body`].
     pub fn default_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        body: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
+        body.add(fp)
+    }
+    /// With `fingerprint(body)`: the whole body.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::FingerprintBuilder::body`].
+    pub fn named_print(
         self,
         fp: crate::FingerprintBuilder,
         body: &T,
@@ -402,6 +425,21 @@ impl<T> ReadsBody<T> {
     {
         body.add(fp)
     }
+    /// With `fingerprint(body)`: as without, it must be fingerprinted.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::FingerprintBuilder::body`].
+    pub fn named_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        body: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError>
+    where
+        T: BodyShape,
+    {
+        body.add(fp)
+    }
     /// With `fingerprint(header = ..)` only: refused.
     pub fn left_out(self)
     where
@@ -427,6 +465,21 @@ impl<T> NotBody<T> {
     ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
         Ok(fp)
     }
+    /// With `fingerprint(body)`: refused, there is no body to take.
+    ///
+    /// # Errors
+    ///
+    /// Never: it does not compile.
+    pub fn named_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        _: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError>
+    where
+        T: BodyNamed,
+    {
+        Ok(fp)
+    }
     /// Not a body: nothing is left out.
     pub fn left_out(self) {}
 }
@@ -442,6 +495,21 @@ impl<T, S> Unplaced<T, S> {
     ///
     /// Never: it does not compile.
     pub fn default_print(
+        self,
+        fp: crate::FingerprintBuilder,
+        _: &T,
+    ) -> Result<crate::FingerprintBuilder, crate::FingerprintError>
+    where
+        T: PlacedExtractor<S>,
+    {
+        Ok(fp)
+    }
+    /// Refused likewise.
+    ///
+    /// # Errors
+    ///
+    /// Never: it does not compile.
+    pub fn named_print(
         self,
         fp: crate::FingerprintBuilder,
         _: &T,

@@ -81,6 +81,12 @@ async fn alias(#[tenant] c: Caller, tx: &mut Tx<Postgres>, cmd: OrderBody) -> St
     StatusCode::CREATED
 }
 
+/// An alias named by `fingerprint(body)`: its type is probed too.
+#[idempotent(operation = "alias-named", retention = "24h", fingerprint(body))]
+async fn alias_named(#[tenant] c: Caller, tx: &mut Tx<Postgres>, cmd: OrderBody) -> StatusCode {
+    StatusCode::CREATED
+}
+
 /// An alias with fields.
 #[idempotent(operation = "alias-fields", retention = "24h", fingerprint(body.quantity))]
 async fn alias_fields(#[tenant] c: Caller, tx: &mut Tx<Postgres>, cmd: OrderBody) -> StatusCode {
@@ -184,6 +190,7 @@ async fn mounts_on_a_router() {
         .route("/fallible", post(fallible))
         .route("/alias-pattern", post(alias_pattern))
         .route("/alias", post(alias))
+        .route("/alias-named", post(alias_named))
         .route("/alias-fields", post(alias_fields))
         .route("/valid-json", post(valid_json))
         .route("/checked", post(checked))

@@ -32,10 +32,27 @@ async fn create_order(
     StatusCode::CREATED
 }
 
+// Likewise on an associated function: what the attribute emits beside the
+// handler must fit in an `impl` block.
+struct Orders;
+
+impl Orders {
+    #[idem_rt::idempotent(crate = "idem_rt", operation = "create-order", retention = "24h")]
+    async fn create_order(
+        #[tenant] caller: Caller,
+        tx: &mut idem_rt::Tx<sqlx::Postgres>,
+        Json(sku): Json<String>,
+    ) -> StatusCode {
+        let _ = (caller, tx, sku);
+        StatusCode::CREATED
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn mounts_on_a_router() {
     let idem = idem_rt::Idem::new(sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap());
     let _: Router = Router::new()
         .route("/orders", post(create_order))
+        .route("/associated/orders", post(Orders::create_order))
         .with_state(idem);
 }

@@ -185,7 +185,11 @@ fn body_print(
     }
     if fp.body.is_present() {
         body.refuse_a_stream(errors, "`fingerprint(body)` asks for it");
-        return BodyPrint::Whole(param);
+        return if body.param.is_some() {
+            BodyPrint::Whole(param)
+        } else {
+            BodyPrint::ProbeNamed(param)
+        };
     }
     if !fields.is_empty() {
         body.refuse_a_stream(errors, "`fingerprint(body.<field>)` asks for it");

@@ -72,6 +72,9 @@ pub enum BodyPrint {
     Probe(usize),
     /// Likewise, with `fingerprint(header = ..)` only: a body there is refused.
     ProbeLeftOut(usize),
+    /// Likewise, named by `fingerprint(body)`: an extractor of the parts there
+    /// is refused (there is no body to take).
+    ProbeNamed(usize),
 }
 
 /// Where the tenant comes from.

@@ -283,6 +283,15 @@ fn body_shapes() {
     );
     let c = check(quote!(operation = "x", retention = "1h"), alias).unwrap();
     assert!(matches!(c.body, BodyPrint::Probe(2)));
+    // Named by `fingerprint(body)`: still probed, and a parts extractor refused.
+    let c = check(
+        quote!(operation = "x", retention = "1h", fingerprint(body)),
+        parse_quote!(
+            async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, b: Payload) {}
+        ),
+    )
+    .unwrap();
+    assert!(matches!(c.body, BodyPrint::ProbeNamed(2)));
     // A known parts extractor last is not a body.
     let parts: ItemFn = parse_quote!(
         async fn f(#[tenant] a: A, tx: &mut Tx<Postgres>, p: Path<i64>) {}

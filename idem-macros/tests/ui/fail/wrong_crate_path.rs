@@ -1,4 +1,6 @@
-// A `crate` path that does not resolve is one error, at the import, not one per use.
+// A `crate` path that does not resolve is reported at the path, once, not once per
+// use; the handler is then missing where it is mounted (nothing is emitted beside it,
+// so that the attribute fits an associated function too).
 #![allow(unused_imports, unused_variables, dead_code)]
 include!("../prelude.rs");
 
