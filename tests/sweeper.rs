@@ -691,6 +691,22 @@ mod sqlite {
     use super::*;
     use crate::common::SqliteDb;
 
+    /// A row whose age is past what a `Duration` holds (a `created_at` written
+    /// by hand as a REAL, which the column, not STRICT, keeps) is reported as
+    /// the longest age there is, and the run goes on: the spawned sweeper
+    /// would otherwise end at its first run and retention with it.
+    #[tokio::test]
+    async fn an_age_past_what_a_duration_holds_is_reported_as_the_longest() {
+        let db = SqliteDb::create().await;
+        rows(&db, "pay", "stuck", 1, "processing", HOUR, 60).await;
+        rows(&db, "pay", "done", 2, "completed", -60, 60).await;
+        db.exec("UPDATE idempotency_requests SET created_at = -1e300 WHERE state = 'processing'")
+            .await;
+        let report = Sweeper::new(db.pool().clone()).sweep_once().await.unwrap();
+        assert_eq!(report.oldest_in_flight, Some(Duration::MAX));
+        assert_eq!((report.stale_in_flight, report.deleted), (1, 2));
+    }
+
     impl SweepDb for SqliteDb {
         type Db = sqlx::Sqlite;
         // Timestamps are Unix milliseconds from SQLite's clock, as the store

@@ -24,8 +24,8 @@ pub(crate) enum CaptureError {
     /// The body stream failed.
     #[error("the response body could not be read: {0}")]
     Body(String),
-    /// A header that must be stored has a value that is not visible ASCII text.
-    #[error("the response header `{0}` is not text and cannot be stored")]
+    /// A header that must be stored has a value that is not UTF-8 text.
+    #[error("the response header `{0}` is not UTF-8 text and cannot be stored")]
     BinaryHeader(String),
 }
 
@@ -35,7 +35,7 @@ pub(crate) enum CaptureError {
 /// # Errors
 ///
 /// [`CaptureError`] when the body is too large, fails, or an allow-listed header
-/// holds bytes that are not text.
+/// holds bytes that are not UTF-8 text.
 pub(crate) async fn capture(
     response: Response,
     stored_headers: &[HeaderName],
@@ -53,8 +53,10 @@ pub(crate) async fn capture(
     let mut headers = Vec::new();
     for (name, value) in &parts.headers {
         if stored_headers.contains(name) {
-            let text = value
-                .to_str()
+            // UTF-8, not only visible ASCII (`to_str`): `http` takes any byte
+            // from 0x80 in a value (a `Location` of `/w/café`), and the replay
+            // (`HeaderValue::from_str`) sends such text byte for byte.
+            let text = std::str::from_utf8(value.as_bytes())
                 .map_err(|_| CaptureError::BinaryHeader(name.to_string()))?;
             headers.push((name.as_str().to_owned(), text.to_owned()));
         }
@@ -93,4 +95,45 @@ pub fn replay(stored: StoredResponse) -> Response {
     }
     headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::header::LOCATION;
+
+    fn with_location(value: HeaderValue) -> Response {
+        let mut resp = Response::new(Body::from("made"));
+        *resp.status_mut() = StatusCode::CREATED;
+        resp.headers_mut().insert(LOCATION, value);
+        resp
+    }
+
+    #[tokio::test]
+    async fn a_utf8_header_value_is_stored_and_replayed_byte_for_byte() {
+        let value = HeaderValue::from_bytes("/widgets/café".as_bytes()).unwrap();
+        let (sent, stored) = capture(with_location(value.clone()), &[LOCATION], 1024)
+            .await
+            .expect("a UTF-8 Location is stored");
+        assert_eq!(sent.headers()[LOCATION], value);
+        assert_eq!(
+            stored.headers,
+            [("location".to_owned(), "/widgets/café".to_owned())]
+        );
+        let replayed = replay(stored);
+        assert_eq!(replayed.headers()[LOCATION], value);
+        assert_eq!(replayed.status(), StatusCode::CREATED);
+    }
+
+    #[tokio::test]
+    async fn a_header_value_that_is_not_utf8_is_refused_by_name() {
+        let value = HeaderValue::from_bytes(b"/widgets/caf\xe9").unwrap();
+        let err = capture(with_location(value), &[LOCATION], 1024)
+            .await
+            .expect_err("Latin-1 is not stored");
+        assert!(
+            matches!(&err, CaptureError::BinaryHeader(name) if name == "location"),
+            "{err}"
+        );
+    }
 }

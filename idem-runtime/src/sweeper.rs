@@ -256,8 +256,12 @@ impl<DB: Backend> Sweeper<DB> {
         } = DB::in_flight(&self.pool, self.stale_after).await?;
         let stale_in_flight = stale_processing.saturating_add(stale_uncertain);
         // A row created "in the future" (clock skew between primaries, a manual
-        // insert) would give a negative age, which Duration cannot hold.
-        let oldest_in_flight = oldest_seconds.map(|s| Duration::from_secs_f64(s.max(0.0)));
+        // insert) would give a negative age, which Duration cannot hold; one
+        // from "before time" (PostgreSQL's `-infinity`, a REAL written by hand
+        // into SQLite's column) an age past what it holds, which is reported
+        // as the longest there is rather than ending the spawned sweeper.
+        let oldest_in_flight = oldest_seconds
+            .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX));
 
         metrics::gauge!(SWEEPER_BACKLOG).set(backlog as f64);
         metrics::gauge!(STALE_IN_FLIGHT).set(stale_in_flight as f64);

@@ -338,12 +338,46 @@ async fn a_leased_row_that_appears_meanwhile_is_left_alone() {
 #[tokio::test]
 async fn a_deadlock_the_handler_swallows_stores_no_answer() {
     // MariaDB's form of the insert, whatever another test has chosen.
-    let _form = insert_form(true).await;
+    let form = insert_form(true).await;
     let (db, r) = app().await;
     if !is_mariadb(&db).await {
-        eprintln!("skipped: MySQL 8 has no @@in_transaction (docs/mysql.md)");
+        eprintln!("skipped: MariaDB's form of the insert");
         return;
     }
+    swallowed_deadlock_stores_no_answer(form, db, r, "dl-m").await;
+}
+
+/// As [`a_deadlock_the_handler_swallows_stores_no_answer`], with MySQL 8's form
+/// of the insert (no `@@in_transaction` to read): the `RELEASE` of the savepoint
+/// the transaction began with fails, and the insert is not sent.
+#[tokio::test]
+async fn a_deadlock_the_handler_swallows_stores_no_answer_in_mysql_8s_form() {
+    let form = insert_form(false).await;
+    let (db, r) = app().await;
+    swallowed_deadlock_stores_no_answer(form, db, r, "dl-8").await;
+}
+
+/// Likewise with MariaDB's `SET STATEMENT` form without its guard (a server
+/// without `@@in_transaction`): the savepoint's `RELEASE` is sent before it.
+#[tokio::test]
+async fn a_deadlock_the_handler_swallows_stores_no_answer_in_the_unguarded_form() {
+    let form = insert_form_guarded(true, false).await;
+    let (db, r) = app().await;
+    if !is_mariadb(&db).await {
+        eprintln!("skipped: MariaDB's form of the insert");
+        return;
+    }
+    swallowed_deadlock_stores_no_answer(form, db, r, "dl-u").await;
+}
+
+/// The deadlock's case, in the insert's `form` (held to the end).
+async fn swallowed_deadlock_stores_no_answer(
+    form: InsertForm,
+    db: TestDb,
+    r: Router,
+    name: &'static str,
+) {
+    let _form = form;
     let detects: i64 = sqlx::query_scalar("SELECT @@innodb_deadlock_detect + 0")
         .fetch_one(&db.pool)
         .await
@@ -357,11 +391,11 @@ async fn a_deadlock_the_handler_swallows_stores_no_answer() {
     db.exec("INSERT INTO pairs VALUES (1, 0), (2, 0)").await;
     db.exec("CREATE TABLE ballast (id INT PRIMARY KEY) ENGINE = InnoDB")
         .await;
-    let body = json!({"name": "dl-m", "mode": "swallowed-deadlock"});
-    let gate = Gate::named("dl-m");
+    let body = json!({"name": name, "mode": "swallowed-deadlock"});
+    let gate = Gate::named(name);
     let first = {
         let (r, body) = (r.clone(), body.clone());
-        tokio::spawn(async move { send(&r, request("/widgets", "k-dl", body)).await })
+        tokio::spawn(async move { send(&r, request("/widgets", &format!("k-{name}"), body)).await })
     };
     gate.arrival().await;
     let mut other = db.pool.begin().await.unwrap();
@@ -415,9 +449,10 @@ async fn a_deadlock_the_handler_swallows_stores_no_answer() {
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
     assert_eq!(db.count("SELECT v FROM pairs WHERE id = 1").await, 10);
     // The retry runs the handler again (no gate, no deadlock) and is stored.
-    let (status, replayed, _, _) = send(&r, request("/widgets", "k-dl", body.clone())).await;
+    let (status, replayed, _, _) =
+        send(&r, request("/widgets", &format!("k-{name}"), body.clone())).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
-    let (status, replayed, _, _) = send(&r, request("/widgets", "k-dl", body)).await;
+    let (status, replayed, _, _) = send(&r, request("/widgets", &format!("k-{name}"), body)).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! SELECT .. FROM idempotency_requests WHERE <key>     prepared, outside any transaction
-//! SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION
+//! SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; SAVEPOINT idem_tx
 //! ... the handler's statements ...
 //! [SET STATEMENT innodb_lock_wait_timeout = N FOR] INSERT .. ON DUPLICATE KEY UPDATE ..
 //! COMMIT
@@ -45,7 +45,11 @@
 //! On MariaDB the insert's row comes from `SELECT .. WHERE @@in_transaction = 1`:
 //! where InnoDB rolled the handler's transaction back under it (a deadlock the
 //! handler swallowed), it writes nothing rather than commit the answer alone
-//! (see `upsert!`). MySQL 8 lacks the variable, and sends `VALUES`.
+//! (see `upsert!`). MySQL 8 lacks the variable, and sends `VALUES`: there the
+//! handler's transaction begins with the savepoint `idem_tx`
+//! ([`BEGIN_HANDLER`]), and the message that bounds the insert's wait opens
+//! with its `RELEASE`, which fails where the transaction has ended (every end
+//! of a transaction takes its savepoints), so the insert is not sent.
 //!
 //! With [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off
 //! the key is claimed before the handler (the locking read of
@@ -61,8 +65,8 @@ use sqlx::{MySql, MySqlConnection, Row};
 
 use super::transactional::{self, DEADLOCK_RETRIES};
 use super::{
-    BEGIN_READ_COMMITTED, bound_lock_wait, created_now, error_number, is_deadlock, is_lock_timeout,
-    lock_wait_seconds, now_ms, restore_lock_wait,
+    BEGIN_HANDLER, BEGIN_READ_COMMITTED, NO_SUCH_SAVEPOINT, created_now, error_number, is_deadlock,
+    is_lock_timeout, lock_wait_seconds, now_ms, released_with_lock_wait, restore_lock_wait,
 };
 use crate::db::ClaimContext;
 use crate::db::Tx;
@@ -297,7 +301,7 @@ impl HandlerPath for MySql {
             decide::TransactionalStep::Execute { generation } => generation,
             decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
         };
-        let tx = Tx::begin_on(conn, sqlx::SqlStr::from_static(BEGIN_READ_COMMITTED))
+        let tx = Tx::begin_on(conn, sqlx::SqlStr::from_static(BEGIN_HANDLER))
             .await
             .map_err(|(_, e)| e)?;
         Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
@@ -472,6 +476,9 @@ async fn upsert(
     if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);
         let mut guarded = IN_TRANSACTION.load(Ordering::Relaxed) != REFUSED;
+        if !guarded && !still_in_transaction(tx.connection()).await? {
+            return Ok(Upserted::OutsideTransaction);
+        }
         let mut done = bind(bounded_upsert(secs, guarded))?
             .execute(&mut **tx.connection())
             .await;
@@ -481,10 +488,13 @@ async fn upsert(
             && e.to_string().contains("in_transaction")
         {
             // `SET STATEMENT` without `@@in_transaction`: the statement changed
-            // nothing, and is sent again without the guard (docs/mysql.md says
-            // what that loses).
+            // nothing, and is sent again without the guard, after the
+            // savepoint's (a round trip of its own on such a server).
             IN_TRANSACTION.store(REFUSED, Ordering::Relaxed);
             guarded = false;
+            if !still_in_transaction(tx.connection()).await? {
+                return Ok(Upserted::OutsideTransaction);
+            }
             done = bind(bounded_upsert(secs, false))?
                 .execute(&mut **tx.connection())
                 .await;
@@ -507,13 +517,37 @@ async fn upsert(
     // leaves the session as it was.
     let upsert = bind(UPSERT_SQL)?;
     tx.close_if_dropped(true);
-    bound_lock_wait(tx.connection(), execution.in_flight_wait).await?;
+    match released_with_lock_wait(tx.connection(), execution.in_flight_wait).await {
+        Ok(()) => {}
+        Err(e) if error_number(&e) == Some(NO_SUCH_SAVEPOINT) => {
+            // The handler's transaction has ended: nothing after the `RELEASE`
+            // ran, so the session is as it was, and the answer is not written.
+            tx.close_if_dropped(false);
+            return Ok(Upserted::OutsideTransaction);
+        }
+        Err(e) => return Err(e),
+    }
     let done = upsert.execute(&mut **tx.connection()).await;
     // Given back whatever the insert did: a lock-wait timeout rolled back the
     // statement only, and the connection goes back to the pool.
     restore_lock_wait(tx.connection()).await?;
     tx.close_if_dropped(false);
     done.map(|done| taken(done, false))
+}
+
+/// `RELEASE SAVEPOINT idem_tx` in a message of its own, for the insert's form
+/// that neither reads `@@in_transaction` nor carries the `RELEASE` (`SET
+/// STATEMENT` on a server without the variable): `false` where the handler's
+/// transaction has ended (see [`BEGIN_HANDLER`]).
+async fn still_in_transaction(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+    match sqlx::raw_sql("RELEASE SAVEPOINT idem_tx")
+        .execute(conn)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if error_number(&e) == Some(NO_SUCH_SAVEPOINT) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// What the insert did: no row affected at all is the `guarded` form finding

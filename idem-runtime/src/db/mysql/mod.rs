@@ -110,6 +110,20 @@ pub(super) use restarted_row;
 pub(crate) const BEGIN_READ_COMMITTED: &str =
     "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
+/// How the handler's transaction begins on the claims-at-commit path: as
+/// [`BEGIN_READ_COMMITTED`], and the savepoint `idem_tx`, in the same message.
+/// Where the server has no `@@in_transaction` for the insert to read (MySQL
+/// 8), the insert's message opens with `RELEASE SAVEPOINT idem_tx`, which fails
+/// (1305) once the transaction has ended under the handler (InnoDB's rollback
+/// of a deadlock's victim, an implicit commit): any end of a transaction takes
+/// its savepoints with it.
+pub(crate) const BEGIN_HANDLER: &str =
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; SAVEPOINT idem_tx";
+
+/// ER_SP_DOES_NOT_EXIST: `RELEASE SAVEPOINT idem_tx` where the transaction
+/// that held it has ended.
+pub(crate) const NO_SUCH_SAVEPOINT: u16 = 1305;
+
 /// The error number of a MySQL error, if `e` is one.
 pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
     match e {
@@ -175,6 +189,25 @@ pub(crate) async fn bound_lock_wait(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "SET @idem_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+             SESSION innodb_lock_wait_timeout = {}",
+        lock_wait_seconds(wait)
+    )))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// As [`bound_lock_wait`], in one text message after `RELEASE SAVEPOINT
+/// idem_tx` (see [`BEGIN_HANDLER`]): where the transaction has ended under the
+/// handler the `RELEASE` fails with [`NO_SUCH_SAVEPOINT`] and the server runs
+/// nothing after it, so the session's wait is left as it was.
+pub(crate) async fn released_with_lock_wait(
+    conn: &mut MySqlConnection,
+    wait: Duration,
+) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "RELEASE SAVEPOINT idem_tx; \
+         SET @idem_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
              SESSION innodb_lock_wait_timeout = {}",
         lock_wait_seconds(wait)
     )))
