@@ -190,9 +190,10 @@ fn wait_after(status: &Status, backoff: Duration, max: Duration) -> Duration {
         .min(max)
 }
 
-/// Between half and all of `wait`.
+/// Between half and all of `wait` (`mul_f64` would panic where the product
+/// rounds past what a `Duration` holds: a backoff near `Duration::MAX`).
 fn jitter(wait: Duration) -> Duration {
-    wait.mul_f64(0.5 + fastrand::f64() / 2.0)
+    Duration::try_from_secs_f64(wait.as_secs_f64() * (0.5 + fastrand::f64() / 2.0)).unwrap_or(wait)
 }
 
 #[cfg(test)]
@@ -253,7 +254,11 @@ mod tests {
             "every caller told the same wait would come back at once"
         );
         assert!(wait_after(&Status::unavailable("down"), backoff, max) <= backoff);
-        assert_eq!(wait_after(&in_flight(60_000), backoff, max), max);
+        assert_eq!(wait_after(&in_flight(60_000), backoff, max), max); // A backoff as long as a Duration gets is capped at the longest wait.
+        assert_eq!(
+            wait_after(&Status::unavailable("down"), Duration::MAX, max),
+            max
+        );
     }
 
     #[tokio::test]

@@ -234,7 +234,7 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
     let db = quote!(<#handle as #rt::#handle_trait>::Db);
     let headers_flag = !config.headers.is_empty();
     let leased = config.lease.is_some();
-    let method_name = sig.ident.to_string();
+    let method_name = method_name(&sig.ident);
 
     // The key, and the accessor of its field: the field is named once, at the
     // attribute's string, where a field the message lacks is reported.
@@ -408,9 +408,28 @@ fn spec(config: &GrpcConfig, rt: &TokenStream) -> TokenStream {
     .to_static(rt)
 }
 
+/// The method's name as the fingerprint's route has it (`/<name>`): a raw
+/// identifier without its `r#` (prost names an rpc `Type` `r#type`), which in a
+/// route would start a fragment and leave `/r` for every such method.
+fn method_name(ident: &syn::Ident) -> String {
+    syn::ext::IdentExt::unraw(ident).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_method_name_is_its_own_in_the_route() {
+        let (ty, matched): (syn::Ident, syn::Ident) =
+            (syn::parse_quote!(r#type), syn::parse_quote!(r#match));
+        assert_eq!(method_name(&ty), "type");
+        assert_eq!(method_name(&matched), "match");
+        assert_eq!(
+            method_name(&syn::parse_quote!(create_order)),
+            "create_order"
+        );
+    }
 
     #[test]
     fn self_becomes_the_tasks_service_and_nested_items_keep_theirs() {

@@ -211,8 +211,7 @@ pub(crate) async fn answer<T: prost::Message + Default>(
     match content_type.as_str() {
         MESSAGE_TYPE => {
             let message = T::decode(bytes).map_err(|e| {
-                tracing::error!(error = %e, "idem: a stored gRPC answer is not the method's message");
-                fault("the stored answer is not this method's message")
+                unreadable(format!("it is not this method's message: {e}"), retry_after)
             })?;
             let mut response = tonic::Response::new(message);
             mark(response.metadata_mut());
@@ -220,7 +219,7 @@ pub(crate) async fn answer<T: prost::Message + Default>(
         }
         STATUS_TYPE => {
             let stored: StoredStatus = serde_json::from_slice(&bytes)
-                .map_err(|e| fault(format!("a stored status could not be read: {e}")))?;
+                .map_err(|e| unreadable(format!("a stored status: {e}"), retry_after))?;
             let details = base64::engine::general_purpose::STANDARD
                 .decode(stored.details.as_bytes())
                 .unwrap_or_default();
@@ -230,11 +229,33 @@ pub(crate) async fn answer<T: prost::Message + Default>(
             Err(status)
         }
         problem::CONTENT_TYPE => Err(from_problem(parts.status, &bytes, retry_after)),
-        _ => Err(fault(format!(
-            "an answer idem cannot send over gRPC (HTTP {}, {content_type:?})",
-            parts.status
-        ))),
+        _ => Err(unreadable(
+            format!(
+                "an answer that is not gRPC's (HTTP {}, {content_type:?})",
+                parts.status
+            ),
+            retry_after,
+        )),
     }
+}
+
+/// An answer stored for the key (or just committed) that cannot be sent as the
+/// method's: one a reconciler stored for another method or as HTTP, one from
+/// before a change of the message. Not `INTERNAL` "nothing stored", which is
+/// false (the effect is there) and which clients take as final, sending again
+/// under a new key: `UNAVAILABLE`, as HTTP's `503` for an outcome idem cannot
+/// read, retried under the same key.
+fn unreadable(why: String, retry_after: Option<Duration>) -> Status {
+    tracing::error!(why = %why, "idem: a stored gRPC answer cannot be sent as the method's");
+    with_info(
+        Code::Unavailable,
+        format!(
+            "this key's outcome could not be read ({why}); it will not run again for this key. \
+             Retry later with the same key, not a new one"
+        ),
+        reason::STORE_UNAVAILABLE,
+        Some(retry_after.unwrap_or(Duration::from_secs(1))),
+    )
 }
 
 /// An `INTERNAL` status of idem's own.
@@ -412,6 +433,41 @@ mod tests {
         let back = answer::<Order>(replay).await.unwrap_err();
         assert_eq!(back.code(), Code::FailedPrecondition);
         assert_eq!(back.message(), "declined");
+    }
+
+    /// A stored answer that cannot be sent as the method's (another method's
+    /// message, a status that is not JSON, an HTTP answer a reconciler stored)
+    /// is an outcome that could not be read, retried under the same key: never
+    /// `INTERNAL` "nothing stored", after which a client may pay again under a
+    /// new key.
+    #[tokio::test]
+    async fn a_stored_answer_that_cannot_be_sent_is_unreadable_not_nothing_stored() {
+        let stored = |content_type: &str, body: &[u8]| {
+            crate::response::replay(StoredResponse {
+                status: 200,
+                headers: vec![("content-type".into(), content_type.into())],
+                body: bytes::Bytes::copy_from_slice(body),
+            })
+        };
+        // Field 1 of `Order` is an int64: a length-delimited field 1 is not it.
+        for replay in [
+            stored(MESSAGE_TYPE, &[0x0a, 1, b'x']),
+            stored(STATUS_TYPE, b"not json"),
+            stored("application/json", br#"{"id":9}"#),
+        ] {
+            let status = answer::<Order>(replay).await.unwrap_err();
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+            assert_eq!(
+                status.get_details_error_info().unwrap().reason,
+                reason::STORE_UNAVAILABLE
+            );
+            assert!(
+                status.message().contains("same key"),
+                "{}",
+                status.message()
+            );
+            assert!(status.get_details_retry_info().is_some());
+        }
     }
 
     #[tokio::test]
