@@ -137,7 +137,7 @@ impl Slots {
     /// A slot for `tenant`, or `None` when the operation or the tenant's share is
     /// full.
     pub(crate) fn take(self: &Arc<Self>, operation: &'static str, tenant: &str) -> Option<Slot> {
-        let total = {
+        {
             let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
             let mine = held.by_tenant.get(tenant).copied().unwrap_or(0);
             if held.total >= self.limit.total || mine >= self.limit.per_tenant {
@@ -145,9 +145,11 @@ impl Slots {
             }
             held.total += 1;
             *held.by_tenant.entry(tenant.to_owned()).or_default() += 1;
-            held.total
-        };
-        crate::metrics::running(operation, total, self.limit.total);
+            // Under the lock: a take and a give-back that interleave would
+            // otherwise set the gauge in the other order, and leave it wrong
+            // until the next change.
+            crate::metrics::running(operation, held.total, self.limit.total);
+        }
         Some(Slot {
             slots: self.clone(),
             operation,
@@ -166,22 +168,20 @@ pub(crate) struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let total = {
-            let mut held = self
-                .slots
-                .held
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            held.total = held.total.saturating_sub(1);
-            if let Some(mine) = held.by_tenant.get_mut(&self.tenant) {
-                *mine -= 1;
-                if *mine == 0 {
-                    held.by_tenant.remove(&self.tenant);
-                }
+        let mut held = self
+            .slots
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        held.total = held.total.saturating_sub(1);
+        if let Some(mine) = held.by_tenant.get_mut(&self.tenant) {
+            *mine -= 1;
+            if *mine == 0 {
+                held.by_tenant.remove(&self.tenant);
             }
-            held.total
-        };
-        crate::metrics::running(self.operation, total, self.slots.limit.total);
+        }
+        // Under the lock, as in `take`.
+        crate::metrics::running(self.operation, held.total, self.slots.limit.total);
     }
 }
 
