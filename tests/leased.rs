@@ -145,6 +145,7 @@ macro_rules! leased_tests {
             an_uncertain_outcome_without_a_charge_is_released,
             an_outage_under_load_stays_within_the_retry_bound_and_recovers_exactly_once,
             a_5xx_resolution_is_never_stored,
+            a_grpc_status_never_stored_is_not_stored_by_a_reconciler,
             an_unstorable_outcome_becomes_uncertain_and_is_never_repeated,
             a_resolution_that_lost_a_race_changes_nothing,
             rows_that_never_resolve_do_not_starve_newer_ones,

@@ -37,8 +37,15 @@ pub(crate) enum Verdict {
 ///   `409` (a business conflict): final;
 /// * `5xx` but `501` and `505` (which never change): retry;
 /// * everything else, `422` above all (the key was used for another request: a
-///   bug in the caller, which a retry would only repeat): final.
+///   bug in the caller, which a retry would only repeat): final;
+/// * and before all of these, a replay (`Idempotent-Replayed: true`): final,
+///   whatever its status. It is the key's stored outcome, which every other
+///   attempt would get again (a handler's `409` with a stored `Retry-After`, a
+///   server that stores its `5xx`).
 pub(crate) fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdict {
+    if replayed(headers) {
+        return Verdict::Final;
+    }
     let retry = || Verdict::Retry {
         retry_after: retry_after(headers, SystemTime::now()),
     };
@@ -65,9 +72,17 @@ pub(crate) fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Ver
 /// other answer the status and headers decide, so a final `2xx` (or any answer
 /// but those) needs no buffering before it is handed over.
 pub(crate) fn reads_body(status: StatusCode, headers: &HeaderMap) -> bool {
-    is_problem(headers)
+    !replayed(headers)
+        && is_problem(headers)
         && (status == StatusCode::ACCEPTED
             || (status == StatusCode::CONFLICT && !headers.contains_key(RETRY_AFTER)))
+}
+
+/// The answer is a replay of the key's stored outcome.
+fn replayed(headers: &HeaderMap) -> bool {
+    headers
+        .get(idem_wire::IDEMPOTENT_REPLAYED)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
 }
 
 /// The answer says it is `application/problem+json`.
@@ -180,6 +195,32 @@ mod tests {
         for s in [400, 401, 402, 403, 404, 408, 410, 412, 415, 422, 429] {
             let s = StatusCode::from_u16(s).unwrap();
             assert_eq!(judge(s, &h, &b), Verdict::Final, "{s}");
+        }
+    }
+
+    /// A replay is the key's outcome, which another attempt would get again:
+    /// final whatever its status, `Retry-After` or problem type.
+    #[test]
+    fn a_replayed_answer_is_final_whatever_it_says() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        let in_flight = br#"{"type":"urn:idem:problem:request-in-flight"}"#;
+        assert!(matches!(
+            judge(StatusCode::CONFLICT, &h, in_flight),
+            Verdict::Retry { .. }
+        ));
+        h.insert(
+            idem_wire::IDEMPOTENT_REPLAYED,
+            HeaderValue::from_static("true"),
+        );
+        for s in [409, 500, 503] {
+            let s = StatusCode::from_u16(s).unwrap();
+            assert_eq!(judge(s, &h, in_flight), Verdict::Final, "{s}");
+            assert!(!reads_body(s, &h), "{s}");
         }
     }
 

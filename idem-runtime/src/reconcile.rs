@@ -178,6 +178,13 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
                 tracing::warn!(operation = %op, status = stored.status, "idem: a reconciliation answered 5xx; the row stays uncertain");
                 return Ok("still_uncertain");
             }
+            Resolution::Completed(stored) if !grpc_status_kept(&stored) => {
+                // A gRPC status a live method's call would roll back
+                // (`ABORTED`, `RESOURCE_EXHAUSTED`, `CANCELLED`, ...): stored,
+                // it would be replayed for the whole retention.
+                tracing::warn!(operation = %op, status = stored.status, "idem: a reconciliation answered a gRPC status that is never stored; the row stays uncertain");
+                return Ok("still_uncertain");
+            }
             Resolution::Completed(stored) => (Some(stored), "completed"),
             Resolution::Released => (None, "released"),
             Resolution::StillUncertain => return Ok("still_uncertain"),
@@ -209,4 +216,17 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
             }
         })
     }
+}
+
+/// Whether a reconciler's answer may be stored as far as gRPC's statuses go
+/// (see `grpc::status_kept`); anything but a gRPC status is.
+#[cfg(feature = "grpc")]
+fn grpc_status_kept(stored: &StoredResponse) -> bool {
+    crate::grpc::status_kept(stored).unwrap_or(true)
+}
+
+/// Without gRPC there are no gRPC statuses to refuse.
+#[cfg(not(feature = "grpc"))]
+fn grpc_status_kept(_: &StoredResponse) -> bool {
+    true
 }

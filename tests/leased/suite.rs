@@ -1248,6 +1248,47 @@ pub async fn a_5xx_resolution_is_never_stored() {
     );
 }
 
+/// A downstream whose answer, told as a gRPC status, is one a live call
+/// would roll back (`ABORTED`, as `idem_runtime::grpc::stored_status` writes
+/// it: code 10 under idem's status content type).
+struct Aborted;
+
+impl Reconcile for Aborted {
+    fn operation(&self) -> &str {
+        "create-payment"
+    }
+
+    async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+        Resolution::Completed(StoredResponse {
+            status: 409,
+            headers: vec![(
+                "content-type".into(),
+                "application/vnd.idem.grpc-status+json".into(),
+            )],
+            body: r#"{"code":10,"message":"conflict","details":""}"#.into(),
+        })
+    }
+}
+
+/// A reconciler's gRPC status that a live call would roll back is not stored
+/// (it would be replayed for the whole retention): the row stays uncertain.
+pub async fn a_grpc_status_never_stored_is_not_stored_by_a_reconciler() {
+    if !cfg!(feature = "grpc") {
+        eprintln!("skipped: gRPC's statuses need the feature `grpc`");
+        return;
+    }
+    let h = H::new("resolution-aborted").await;
+    let key = IdempotencyKey::parse("unc-ab").unwrap();
+    acquire(&h, &key, HOUR)
+        .await
+        .mark_uncertain()
+        .await
+        .unwrap();
+    let report = reconciler(&h, Aborted).run_once().await.unwrap();
+    assert_eq!((report.still_uncertain, report.completed), (1, 0));
+    assert_eq!(record(&h, "unc-ab").await.state, "uncertain");
+}
+
 /// The provider charged but the answer is too large to store: the key must
 /// not be released (a retry would charge again); it becomes uncertain, and
 /// the client is told what its retries will be told.

@@ -112,6 +112,25 @@ pub fn stored_status(status: &Status) -> StoredResponse {
     }
 }
 
+/// Whether a gRPC status a reconciler resolved with may be stored: `None` for
+/// an answer that is not a status ([`stored_status`]'s content type); else
+/// whether [`is_stored`] keeps its code (a body that is not a status cannot be
+/// replayed, and is not kept either). A live method's `ABORTED` rolls back; a
+/// reconciler's must not be replayed for the whole retention instead.
+pub(crate) fn status_kept(stored: &StoredResponse) -> Option<bool> {
+    let is_status = stored
+        .headers
+        .iter()
+        .any(|(name, value)| name.eq_ignore_ascii_case("content-type") && value == STATUS_TYPE);
+    if !is_status {
+        return None;
+    }
+    Some(
+        serde_json::from_slice::<StoredStatus>(&stored.body)
+            .is_ok_and(|s| is_stored(Code::from(s.code))),
+    )
+}
+
 /// A status's stored body: [`StoredStatus`] as JSON.
 fn status_json(status: &Status) -> Vec<u8> {
     let stored = StoredStatus {
@@ -433,6 +452,34 @@ mod tests {
         let back = answer::<Order>(replay).await.unwrap_err();
         assert_eq!(back.code(), Code::FailedPrecondition);
         assert_eq!(back.message(), "declined");
+    }
+
+    #[test]
+    fn a_reconcilers_status_is_kept_only_where_a_methods_would_be() {
+        assert_eq!(
+            status_kept(&stored_status(&Status::aborted("conflict"))),
+            Some(false)
+        );
+        assert_eq!(
+            status_kept(&stored_status(&Status::resource_exhausted("quota"))),
+            Some(false)
+        );
+        assert_eq!(
+            status_kept(&stored_status(&Status::failed_precondition("declined"))),
+            Some(true)
+        );
+        assert_eq!(
+            status_kept(&stored_status(&Status::not_found("gone"))),
+            Some(true)
+        );
+        let order = Order {
+            id: 1,
+            sku: "pen".into(),
+        };
+        assert_eq!(status_kept(&stored_message(&order)), None);
+        let mut spoiled = stored_status(&Status::not_found("gone"));
+        spoiled.body = bytes::Bytes::from_static(b"not json");
+        assert_eq!(status_kept(&spoiled), Some(false));
     }
 
     /// A stored answer that cannot be sent as the method's (another method's

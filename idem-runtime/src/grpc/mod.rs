@@ -52,6 +52,7 @@ mod call;
 #[doc(hidden)]
 pub mod support;
 
+pub(crate) use answer::status_kept;
 pub use answer::{http_status, stored_message, stored_status, uncertain};
 /// The value an interceptor inserted, as a method's parameter (re-exported
 /// from axum, so that a tonic service need not name it).
