@@ -530,6 +530,18 @@ async fn show_prints_one_key_without_its_body_unless_asked<Db: CliDb>() {
     ] {
         idem(url, args).await.assert_error(3, "no row for tenant");
     }
+
+    // Headers that are JSON but not idem's pairs (written by another tool):
+    // a row the CLI cannot read, and nothing of what they hold in the error.
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET response_headers = '[\"x-api-token: s3cret\"]' \
+          WHERE key_digest = {}",
+        db.key("k-done")
+    ))
+    .await;
+    let out = idem(url, &["show", "acme", "create-order", "k-done"]).await;
+    out.assert_error(1, "stored headers unreadable");
+    assert!(!out.stderr.contains("s3cret"), "{out:?}");
 }
 
 /// The table holds digests: the CLI digests the key it is given (either

@@ -110,7 +110,11 @@ use proc_macro::TokenStream;
 /// with the key gets the same `202` while the work runs, and the stored answer
 /// once it is done. `idem_runtime::operations::router` serves the resource
 /// (`GET`: running, stalled, succeeded, failed or uncertain, and the result).
-/// Leased mode only: a transaction cannot stay open past its request.
+/// Leased mode only: a transaction cannot stay open past its request. Set
+/// `lease_ceiling` to the longest the work may take: renewals stop at the
+/// ceiling (ten leases by default, a minute for `lease = "6s"`), and work still
+/// running past it loses its lease, is shown `stalled`, and is taken over by
+/// the next retry.
 ///
 /// ## `key = "metadata"` or `key = "body.request_id"`: gRPC methods
 ///

@@ -98,7 +98,10 @@ pub const ERASE_BATCH: u32 = 1_000;
 /// again) or lapsed (its effect may have happened: its retry takes it over and
 /// is told [`crate::lease::Acquisition::TakenOver`], where a retry of a deleted row
 /// would be told `New`), an `uncertain` row (the reconciler's only record that an effect may
-/// have happened), and a row a running transaction holds (never waited on).
+/// have happened), and a row a running transaction holds (never waited on;
+/// SQLite has no row locks, so there a writer holding the database's write
+/// lock past the pool's busy timeout makes the erasure fail instead, to be run
+/// again).
 /// They are counted in [`TenantErasure::left`]: erase again once they have
 /// finished. A request of the tenant that commits after the erasure writes its
 /// row as ever, so stop the tenant's traffic first. Each process's replay cache

@@ -378,7 +378,7 @@ impl KeyRing {
     ) -> Result<StoredResponse, StoreError> {
         let (id, cipher) = &self.ring.keys[self.ring.active];
         let headers = serde_json::to_vec(&clear.headers)
-            .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
+            .map_err(|e| StoreError::unreadable_headers("headers", &e))?;
         let headers_len = u32::try_from(headers.len())
             .map_err(|_| StoreError::Corrupt("headers over 4 GiB".into()))?;
         let mut plain = Zeroizing::new(Vec::with_capacity(4 + headers.len() + clear.body.len()));
@@ -442,7 +442,7 @@ impl KeyRing {
         .map_err(|_| StoreError::SealBroken)?;
         let (headers, body) = rest.split_at_checked(len).ok_or(StoreError::SealBroken)?;
         let headers: Vec<(String, String)> = serde_json::from_slice(headers)
-            .map_err(|e| StoreError::Corrupt(format!("sealed headers: {e}")))?;
+            .map_err(|e| StoreError::unreadable_headers("sealed headers", &e))?;
         Ok(StoredResponse {
             status: sealed.status,
             headers,

@@ -618,6 +618,8 @@ fn problem_schema() -> Schema {
         FINGERPRINT_MISMATCH,
         IN_FLIGHT,
         STORE_UNAVAILABLE,
+        STORE_BUSY,
+        AT_CAPACITY,
         OUTCOME_UNCERTAIN,
         RESPONSE_TOO_LARGE,
         INVALID_TENANT,

@@ -62,8 +62,15 @@ pub(super) async fn show<DB: Backend>(
     // The header text as each database gives it (jsonb's or SQLite's): the same
     // JSON either way.
     let headers: Vec<(String, String)> = match response_headers {
-        Some(text) => serde_json::from_str(&text)
-            .map_err(|e| Failure::Other(format!("stored headers unreadable: {e}")))?,
+        // serde_json's message quotes what it did not expect, which may be a
+        // header's value: only where it stopped is said, never what is there.
+        Some(text) => serde_json::from_str(&text).map_err(|e| {
+            Failure::Other(format!(
+                "stored headers unreadable: not a list of [name, value] pairs (line {}, column {})",
+                e.line(),
+                e.column()
+            ))
+        })?,
         None => Vec::new(),
     };
     let (body_text, body_hex) = match body {

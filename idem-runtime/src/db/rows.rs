@@ -87,9 +87,8 @@ where
     let headers: Option<String> = row.nullable("response_headers")?;
     let body: Option<Vec<u8>> = row.nullable("response_body")?;
     let headers = match headers {
-        Some(text) => {
-            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))?
-        }
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::unreadable_headers("headers", &e))?,
         None => Vec::new(),
     };
     let stored = StoredResponse {

@@ -29,9 +29,9 @@ pub enum StoreError {
     #[error("a stored outcome is corrupt: {0}")]
     Corrupt(String),
     /// The handler's transaction had ended before idem stored its outcome
-    /// (MariaDB: rolled back by the server, as after a deadlock, 1213, that
-    /// the handler did not return as its error, or committed by a statement
-    /// that commits implicitly; SQLite: rolled back by a trigger's
+    /// (MySQL and MariaDB: rolled back by the server, as after a deadlock,
+    /// 1213, that the handler did not return as its error, or committed by a
+    /// statement that commits implicitly; SQLite: rolled back by a trigger's
     /// `RAISE(ROLLBACK)` or an error such as `SQLITE_FULL`). Nothing was
     /// stored; the retry runs the handler again. What the handler ran after its transaction ended ran
     /// outside it, each statement committing by itself.
@@ -86,6 +86,19 @@ pub enum StoreError {
         "a sealed stored answer failed authentication (changed, or moved from another row); it is neither replayed nor run again"
     )]
     SealBroken,
+}
+
+impl StoreError {
+    /// Stored headers that are not idem's `[name, value]` pairs: where the
+    /// JSON stopped, never what it holds (serde_json's message quotes what it
+    /// did not expect, which may be a header's value).
+    pub(crate) fn unreadable_headers(what: &str, e: &serde_json::Error) -> Self {
+        Self::Corrupt(format!(
+            "{what}: not a list of [name, value] pairs (line {}, column {})",
+            e.line(),
+            e.column()
+        ))
+    }
 }
 
 /// A type stored as a text column: `sqlx::Type`, `Encode` and `Decode` through
@@ -198,3 +211,22 @@ pub use lease::{
 };
 pub use stats::{InFlightSummary, StatsGroup, StatsSnapshot};
 pub use transition::{FencedWrite, Resource};
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    /// serde_json's own message would quote the value it did not expect.
+    #[test]
+    fn unreadable_headers_say_where_not_what() {
+        let e = serde_json::from_str::<Vec<(String, String)>>(r#"["x-api-token: s3cret"]"#)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("s3cret"),
+            "the case this is about: {e}"
+        );
+        let said = StoreError::unreadable_headers("headers", &e).to_string();
+        assert!(!said.contains("s3cret"), "{said}");
+        assert!(said.contains("line 1, column"), "{said}");
+    }
+}

@@ -120,10 +120,22 @@ fn a_registered_operation_gets_the_key_the_replay_header_and_the_problems() {
     let types = schema["properties"]["type"]["description"]
         .as_str()
         .unwrap();
-    assert!(
-        types.contains(idem_wire::problem::FINGERPRINT_MISMATCH),
-        "{types}"
-    );
+    // Every problem type idem-wire defines (read off its source, so that a
+    // new one cannot be left out of the description unseen).
+    let wire = include_str!("../../../idem-wire/src/problem.rs");
+    let defined: Vec<&str> = wire
+        .lines()
+        .filter(|l| l.starts_with("pub const "))
+        .filter_map(|l| l.split('"').nth(1))
+        .filter(|t| t.starts_with("urn:idem:problem:"))
+        .collect();
+    assert!(defined.len() >= 13, "{defined:?}");
+    for t in defined {
+        assert!(
+            types.contains(&format!("`{t}`")),
+            "{t} missing from {types}"
+        );
+    }
 }
 
 #[test]

@@ -57,7 +57,9 @@
 //! # }
 //! # impl TenantScope for Caller { fn tenant_id(&self) -> &str { &self.0 } }
 //!
-//! #[idempotent(operation = "create-export", retention = "24h", lease = "6s", accepted)]
+//! // `lease_ceiling`: the longest the work may take; renewals stop there (ten
+//! // leases by default), and a retry then takes the work over.
+//! #[idempotent(operation = "create-export", retention = "24h", lease = "6s", lease_ceiling = "1h", accepted)]
 //! async fn create_export(#[tenant] caller: Caller, lease: &mut Lease<Postgres>) -> String {
 //!     // minutes of work; `lease.downstream_key()` names it to anything downstream
 //!     "done".to_owned()

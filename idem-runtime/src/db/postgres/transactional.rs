@@ -29,7 +29,15 @@ pub(crate) fn stored_from_row(row: &sqlx::postgres::PgRow) -> Result<StoredRespo
     let body: Option<Vec<u8>> = row.try_get("response_body")?;
     let status: i16 = row.try_get("response_status")?;
     let headers: Option<sqlx::types::Json<Vec<(String, String)>>> =
-        row.try_get("response_headers")?;
+        row.try_get("response_headers").map_err(|e| match &e {
+            // The driver's message would carry serde_json's, which quotes
+            // what it did not expect (a header's value).
+            sqlx::Error::ColumnDecode { source, .. } => match source.downcast_ref() {
+                Some(json) => StoreError::unreadable_headers("headers", json),
+                None => e.into(),
+            },
+            _ => e.into(),
+        })?;
     let stored = StoredResponse {
         status: u16::try_from(status)
             .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
