@@ -41,7 +41,8 @@ use proc_macro::TokenStream;
 ///
 /// The operation's stable name. Together with the tenant it scopes keys: the same
 /// key on `create-order` and `create-refund` never collides. ASCII letters, digits
-/// and `-` `_` `.` `:` `/`, at most 128 characters. Keep it when you rename the
+/// and `-` `_` `.` `:` `/`, at most 128 characters, with no empty, `.` or `..`
+/// segment between `/`s (a long operation's resource URL holds the name). Keep it when you rename the
 /// handler: a new name forgets every stored key.
 ///
 /// ## `retention = "24h"` (required)
@@ -267,7 +268,7 @@ use proc_macro::TokenStream;
 /// | known options only | "unknown option `retension` ...: did you mean `retention`? the options are ..." |
 /// | each option once | "`retention` is written twice: keep one" |
 /// | `operation` and `retention` are given | "missing `operation`: add `operation = \"create-order\"` ..." |
-/// | `operation` is a short ASCII name | "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only ..." / "must not be empty" / "at most 128" |
+/// | `operation` is a short ASCII name | "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only ..." / "must not be empty" / "at most 128" / "has an empty, `.` or `..` segment ..." |
 /// | durations parse | "`retention` is not a duration (...): write e.g. \"90s\" ..." |
 /// | `retention` between 1ms and 100 years | "`retention` must be between 1ms and 100 years, not \"500us\": a key is stored in whole milliseconds ..." |
 /// | `in_flight_wait` between 0 and 60 s, transactional mode only | "`in_flight_wait` must be between 0s and 1m ..."; "`in_flight_wait` applies to the transactional mode ..." |

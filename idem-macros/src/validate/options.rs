@@ -217,12 +217,22 @@ fn check_operation(op: Option<&Text>, written: bool, errors: &mut Errors) -> Opt
             "`operation` is {} characters long; keep it at most 128",
             name.len()
         ))
+    } else if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/')))
+    {
+        Some(format!(
+            "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only, not {c:?}: write e.g. \"create-order\""
+        ))
+    } else if name.split('/').any(|seg| matches!(seg, "" | "." | "..")) {
+        // A long operation's resource is `<operations path>/<operation>/<key>`:
+        // an empty or dot segment there is one no client can follow (the
+        // router strips leading slashes, clients resolve dot segments away).
+        Some(format!(
+            "`operation` {name:?} has an empty, `.` or `..` segment between its `/`s, which a long operation's `Location` could not be followed through: write e.g. \"exports/create\""
+        ))
     } else {
-        name.chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/')))
-            .map(|c| format!(
-                "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only, not {c:?}: write e.g. \"create-order\""
-            ))
+        None
     };
     match problem {
         Some(msg) => {

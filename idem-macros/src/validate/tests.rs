@@ -204,10 +204,26 @@ fn accepted_needs_a_lease() {
 
 #[test]
 fn operation_names() {
-    for bad in ["", "create order", "création"] {
+    for bad in [
+        "",
+        "create order",
+        "création",
+        ".",
+        "..",
+        "/exports",
+        "exports/",
+        "a//b",
+        "a/./b",
+    ] {
         assert!(
             check(quote!(operation = #bad, retention = "1h"), handler()).is_err(),
             "{bad}"
+        );
+    }
+    for good in ["create-order", "exports/create", "v1.orders:create", "a.b"] {
+        assert!(
+            check(quote!(operation = #good, retention = "1h"), handler()).is_ok(),
+            "{good}"
         );
     }
 }
