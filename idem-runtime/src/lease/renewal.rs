@@ -49,9 +49,12 @@ impl Deadline {
         Duration::from_millis(1) + lease / 1000
     }
 
-    /// How long a lease sent for `lease` is taken to hold on this clock.
+    /// How long a lease sent for `lease` is taken to hold on this clock: the
+    /// store keeps it in whole milliseconds (`millis` truncates), so a
+    /// fraction of one is not counted.
     fn held(lease: Duration) -> Duration {
-        lease.saturating_sub(Self::margin(lease))
+        let stored = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        stored.saturating_sub(Self::margin(lease))
     }
 
     /// A renewal sent at `sent` succeeded: the lease holds until `sent + lease`
@@ -158,6 +161,18 @@ mod tests {
         let left = held.left();
         assert!(
             left <= lease - margin - Duration::from_secs(1) && left > Duration::from_secs(20),
+            "{left:?}"
+        );
+    }
+
+    /// The store keeps whole milliseconds: a lease of 100.6 ms is 100 ms
+    /// there, and its margin comes off those.
+    #[test]
+    fn a_fraction_of_a_millisecond_is_not_counted_as_held() {
+        let lease = Duration::from_micros(100_600);
+        let left = Deadline::new(Instant::now(), lease).left();
+        assert!(
+            left <= Duration::from_millis(100) - Deadline::margin(lease),
             "{left:?}"
         );
     }
