@@ -20,7 +20,10 @@ pub use crate::model::UncertainOutcome;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Resolution {
-    /// The effect happened: store this outcome; retries replay it.
+    /// The effect happened: store this outcome; retries replay it. A status
+    /// that is not a final answer a retry may replay (a `5xx`, a `1xx`, or a
+    /// gRPC status a live call rolls back) is not stored: the row stays
+    /// uncertain for the next round.
     Completed(StoredResponse),
     /// The effect did not happen: forget the key; a retry executes anew.
     Released,
@@ -172,10 +175,11 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
     async fn resolve(&self, op: &str, row: &DB::UncertainRow) -> Result<&'static str, StoreError> {
         let outcome = DB::lease_describe(op, row)?;
         let (stored, applied) = match self.reconcile.reconcile(&outcome).await {
-            Resolution::Completed(stored) if stored.status >= 500 => {
-                // A 5xx is never stored (a retry must be able to run); the row
-                // waits for a definite answer.
-                tracing::warn!(operation = %op, status = stored.status, "idem: a reconciliation answered 5xx; the row stays uncertain");
+            Resolution::Completed(stored) if !(200..500).contains(&stored.status) => {
+                // A 5xx is never stored (a retry must be able to run), nor an
+                // interim 1xx (no final answer to replay); the row waits for a
+                // definite answer.
+                tracing::warn!(operation = %op, status = stored.status, "idem: a reconciliation answered a 5xx or an interim 1xx; the row stays uncertain");
                 return Ok("still_uncertain");
             }
             Resolution::Completed(stored) if !grpc_status_kept(&stored) => {

@@ -1212,8 +1212,9 @@ pub async fn an_outage_under_load_stays_within_the_retry_bound_and_recovers_exac
     );
 }
 
-/// A downstream that answers with a server error.
-struct Broken;
+/// A downstream whose answer has the given status: a server error, or an
+/// interim `1xx`, which is no final answer to replay.
+struct Broken(u16);
 
 impl Reconcile for Broken {
     fn operation(&self) -> &str {
@@ -1222,7 +1223,7 @@ impl Reconcile for Broken {
 
     async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
         Resolution::Completed(StoredResponse {
-            status: 502,
+            status: self.0,
             headers: vec![],
             body: "bad gateway".into(),
         })
@@ -1230,22 +1231,27 @@ impl Reconcile for Broken {
 }
 
 pub async fn a_5xx_resolution_is_never_stored() {
-    let h = H::new("resolution-5xx").await;
-    let key = IdempotencyKey::parse("unc-3").unwrap();
-    acquire(&h, &key, HOUR)
-        .await
-        .mark_uncertain()
-        .await
-        .unwrap();
-    let report = reconciler(&h, Broken).run_once().await.unwrap();
-    assert_eq!(report.still_uncertain, 1);
-    assert_eq!(report.completed, 0);
-    assert_eq!(record(&h, "unc-3").await.state, "uncertain");
-    assert_eq!(
-        h.uncertain_listed().await,
-        1,
-        "still listed for the next round"
-    );
+    for (status, name) in [(502, "unc-3"), (103, "unc-1xx")] {
+        let h = H::new(&format!("resolution-{status}")).await;
+        let key = IdempotencyKey::parse(name).unwrap();
+        acquire(&h, &key, HOUR)
+            .await
+            .mark_uncertain()
+            .await
+            .unwrap();
+        let report = reconciler(&h, Broken(status)).run_once().await.unwrap();
+        assert_eq!(
+            (report.still_uncertain, report.completed),
+            (1, 0),
+            "{status}"
+        );
+        assert_eq!(record(&h, name).await.state, "uncertain", "{status}");
+        assert_eq!(
+            h.uncertain_listed().await,
+            1,
+            "still listed for the next round"
+        );
+    }
 }
 
 /// A downstream whose answer, told as a gRPC status, is one a live call
