@@ -273,15 +273,39 @@ struct Sending {
     deadline: Arc<Deadline>,
 }
 
+/// Marks the task that sends the batches as not running when it ends by being
+/// dropped: its runtime shut down under it (a test's, or one of several a
+/// program runs in turn). Otherwise `running` would stay true, and the same
+/// `Idem` in another runtime would never start the task again: its leases
+/// would lapse under live workers.
+/// (The task's own end marks it under the lock that finds no lease left, and
+/// disarms this: marked later, it could undo a new task's start.)
+struct Stopped<'a, DB: LeaseBackend>(Option<&'a Inner<DB>>);
+
+impl<DB: LeaseBackend> Drop for Stopped<'_, DB> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0 {
+            stop(&mut inner.state.lock().unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+}
+
+/// The task that sends the batches is not running (nor planning a wake).
+fn stop(state: &mut State) {
+    state.running = false;
+    state.wake_at = None;
+}
+
 /// The task that sends the batches: wakes at the earliest due lease (or when a
 /// lease is added), sends what is due, and ends when no lease is left.
 async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
+    let mut stopped = Stopped(Some(&inner));
     loop {
         let (batch, next) = {
             let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
             if state.leases.is_empty() {
-                state.running = false;
-                state.wake_at = None;
+                stop(&mut state);
+                stopped.0 = None;
                 return;
             }
             let (batch, next) = due_now(&mut state);
@@ -491,6 +515,54 @@ mod tests {
             sending: false,
             held: false,
         }
+    }
+
+    /// A runtime that shuts down while the task waits drops it: the next
+    /// lease, in another runtime, starts it again.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_task_dropped_with_its_runtime_is_started_again_by_the_next_lease() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        // The pool's own tasks live in a runtime of their own, to the end.
+        let pools = runtime();
+        let pool = {
+            let _in = pools.enter();
+            sqlx::sqlite::SqlitePoolOptions::new()
+                .connect_lazy("sqlite::memory:")
+                .unwrap()
+        };
+        let renewals = Renewals::<sqlx::Sqlite>::new(pool.clone());
+        let renewer = || Renewer::<sqlx::Sqlite> {
+            pool: pool.clone(),
+            tenant: "t".into(),
+            operation: "op".into(),
+            key: IdempotencyKey::parse("k").unwrap().digest(),
+            token: OwnerToken::from("token".to_owned()),
+            lease: Duration::from_secs(3600),
+            deadline: Arc::new(Deadline::new(Instant::now(), Duration::from_secs(3600))),
+        };
+        let running = |r: &Renewals<sqlx::Sqlite>| r.inner.state.lock().unwrap().running;
+        let first = runtime();
+        let held = first.block_on(async {
+            let held = renewals.register(renewer(), Duration::from_secs(7200));
+            // The task runs, finds nothing due for 20 minutes, and waits.
+            tokio::task::yield_now().await;
+            held
+        });
+        assert!(running(&renewals));
+        drop(first);
+        assert!(!running(&renewals), "the task went with its runtime");
+        drop(held);
+        let second = runtime();
+        second.block_on(async {
+            let _held = renewals.register(renewer(), Duration::from_secs(7200));
+            assert!(running(&renewals), "started again");
+        });
     }
 
     #[test]
