@@ -334,6 +334,12 @@ impl<DB: LeaseBackend> Lease<DB> {
 
     /// Extends the lease by its length from now.
     ///
+    /// A lease already taken as lost ([`Lease::is_lost`]: no renewal got
+    /// through for a whole lease) stays lost after a renewal that gets
+    /// through, and the background renewals have given it up: the renewal
+    /// only keeps the key from being taken over for one more lease. Stop
+    /// before calling downstream again, and return.
+    ///
     /// # Errors
     ///
     /// [`LeaseError::StaleOwner`] when it was taken over meanwhile.
