@@ -1252,6 +1252,36 @@ async fn an_unusable_key_ring_is_a_clear_startup_error() {
     }
 }
 
+/// A background task's interval of 0 (a tight loop) stops the example at
+/// start, naming the variable.
+#[tokio::test]
+async fn an_interval_of_zero_is_a_clear_startup_error() {
+    let db = SqliteDb::new().await;
+    let url = format!("sqlite://{}", db.path.display());
+    for name in ["PAYMENTS_RECONCILE_INTERVAL_MS", "IDEM_SWEEP_INTERVAL_MS"] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            Command::new(common::example_binary("orders"))
+                .env("DATABASE_URL", &url)
+                .env("IDEM_ADDR", "127.0.0.1:0")
+                .env(name, "0")
+                .env("NO_COLOR", "1")
+                .output(),
+        )
+        .await
+        .expect("the example exits within 60 s")
+        .unwrap();
+        assert!(!out.status.success(), "{name}=0: exited successfully");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!(
+                "{name} is 0; an interval of at least 1 ms is needed"
+            )),
+            "{text}"
+        );
+    }
+}
+
 /// A `DATABASE_URL` the example cannot use stops it at once with a clear error.
 #[tokio::test]
 async fn an_unusable_database_url_is_a_clear_startup_error() {

@@ -21,8 +21,8 @@
 //! | `PAYMENTS_PROVIDER_HOLD_FILE` | unset | a path: while the file exists, the provider charges and then does not answer (the tests hold a payment's lease mid-way and release it by removing the file) |
 //! | `PAYMENTS_PROVIDER_OUTAGE_CALLS` | `0` | the provider's first N calls fail (503) |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's first N charges time out after charging |
-//! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
-//! | `IDEM_SWEEP_INTERVAL_MS` | `60000` | how often expired keys are swept |
+//! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled (1 to 3600000) |
+//! | `IDEM_SWEEP_INTERVAL_MS` | `60000` | how often expired keys are swept (1 to 86400000) |
 //! | `ORDERS_HEADER_TIMEOUT_MS` | `10000` | a connection that sends no whole request head within this time (since it opened, or since its last answer) is closed |
 //! | `ORDERS_BODY_TIMEOUT_MS` | `30000` | a request body that has not arrived within this time is `408` |
 //! | `ORDERS_SHUTDOWN_GRACE_MS` | `30000` | on `SIGTERM` or `SIGINT`, how long requests in flight may take to finish |
@@ -360,6 +360,18 @@ fn env_ms(name: &str, default: u64, max: u64) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
+/// As [`env_ms`], for how often a background task runs: never 0, at which
+/// it would run in a tight loop.
+fn env_interval(name: &str, default: u64, max: u64) -> Result<Duration, String> {
+    let every = env_ms(name, default, max)?;
+    if every.is_zero() {
+        return Err(format!(
+            "{name} is 0; an interval of at least 1 ms is needed"
+        ));
+    }
+    Ok(every)
+}
+
 /// A whole number between `min` and `max`, `default` when unset.
 fn env_number(name: &str, default: usize, min: usize, max: usize) -> Result<usize, String> {
     let n = match std::env::var(name) {
@@ -391,8 +403,8 @@ async fn run() -> Result<(), String> {
         hold_file: std::env::var_os("ORDERS_HOLD_FILE").map(|p| std::path::Path::new(&p).into()),
         export_duration: env_ms("EXPORTS_DURATION_MS", 3000, 3_600_000)?,
         in_flight_wait: env_ms("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?,
-        sweep_every: env_ms("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
-        reconcile_every: env_ms("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,
+        sweep_every: env_interval("IDEM_SWEEP_INTERVAL_MS", 60_000, 86_400_000)?,
+        reconcile_every: env_interval("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?,
         lease_store: lease_store(key_ring.as_ref()).await?,
         key_ring,
         provider: payments::ProviderConfig {

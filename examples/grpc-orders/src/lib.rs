@@ -16,7 +16,7 @@
 //! | `ORDERS_HOLD_FILE` | unset | a path: while the file exists, `CreateOrder` waits inside its transaction after the insert (the tests hold a call mid-way and release it by removing the file) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per charge |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's next N charges time out after charging: the payment's outcome is uncertain until the reconciler asks |
-//! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled |
+//! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled (1 to 3600000) |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |
 //! | `IDEM_KEY_RING` | unset: answers are stored in clear | `ID:BASE64` keys of 32 bytes, separated by commas: every answer idem stores (a method's message or status, on every store) is sealed with the active key and opened when a retry replays it (docs/security.md); a malformed ring stops the service at start |
 //! | `IDEM_ACTIVE_KEY` | the only key | with several keys in `IDEM_KEY_RING`: the id of the one that seals new answers |

@@ -52,6 +52,12 @@ pub async fn run() -> Result<(), String> {
         timeouts_after_charge: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(timeouts)),
     };
     let reconcile_every = millis("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;
+    if reconcile_every.is_zero() {
+        // The reconciler would run in a tight loop.
+        return Err(
+            "PAYMENTS_RECONCILE_INTERVAL_MS is 0; an interval of at least 1 ms is needed".into(),
+        );
+    }
     let wait = millis("IDEM_IN_FLIGHT_WAIT_MS", 1000, 5000)?;
     let addr = std::env::var("IDEM_ADDR").unwrap_or_else(|_| "127.0.0.1:50051".into());
     let ring = key_ring()?;
