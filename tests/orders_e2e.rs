@@ -1205,6 +1205,25 @@ async fn without_database_url_the_example_uses_an_embedded_sqlite_file() {
     assert_eq!(list.as_array().map(Vec::len), Some(1));
 }
 
+/// Runs the example with `env` (and `IDEM_ADDR`, `NO_COLOR`) until it exits,
+/// as it must within 60 s for a setting it cannot use: whether it exited
+/// successfully, and what it logged.
+async fn startup_failure(env: &[(&str, &str)]) -> (bool, String) {
+    let mut command = Command::new(common::example_binary("orders"));
+    command.env("IDEM_ADDR", "127.0.0.1:0").env("NO_COLOR", "1");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .expect("the example exits within 60 s")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// A key ring the example cannot use stops it at start, naming what is wrong
 /// and never a key's bytes.
 #[tokio::test]
@@ -1228,21 +1247,13 @@ async fn an_unusable_key_ring_is_a_clear_startup_error() {
         (twice.as_str(), "k1", "the key id \"k1\" appears twice"),
         ("k1:not base64!", "", "the key \"k1\" is not base64"),
     ] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            Command::new(common::example_binary("orders"))
-                .env("DATABASE_URL", &url)
-                .env("IDEM_ADDR", "127.0.0.1:0")
-                .env("IDEM_KEY_RING", ring)
-                .env("IDEM_ACTIVE_KEY", active)
-                .env("NO_COLOR", "1")
-                .output(),
-        )
-        .await
-        .expect("the example exits within 60 s")
-        .unwrap();
-        assert!(!out.status.success(), "{ring}: exited successfully");
-        let text = String::from_utf8_lossy(&out.stdout);
+        let (success, text) = startup_failure(&[
+            ("DATABASE_URL", &url),
+            ("IDEM_KEY_RING", ring),
+            ("IDEM_ACTIVE_KEY", active),
+        ])
+        .await;
+        assert!(!success, "{ring}: exited successfully");
         assert!(text.contains("cannot use IDEM_KEY_RING"), "{text}");
         assert!(text.contains(says), "expected {says:?} in\n{text}");
         assert!(
@@ -1259,20 +1270,8 @@ async fn an_interval_of_zero_is_a_clear_startup_error() {
     let db = SqliteDb::new().await;
     let url = format!("sqlite://{}", db.path.display());
     for name in ["PAYMENTS_RECONCILE_INTERVAL_MS", "IDEM_SWEEP_INTERVAL_MS"] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            Command::new(common::example_binary("orders"))
-                .env("DATABASE_URL", &url)
-                .env("IDEM_ADDR", "127.0.0.1:0")
-                .env(name, "0")
-                .env("NO_COLOR", "1")
-                .output(),
-        )
-        .await
-        .expect("the example exits within 60 s")
-        .unwrap();
-        assert!(!out.status.success(), "{name}=0: exited successfully");
-        let text = String::from_utf8_lossy(&out.stdout);
+        let (success, text) = startup_failure(&[("DATABASE_URL", &url), (name, "0")]).await;
+        assert!(!success, "{name}=0: exited successfully");
         assert!(
             text.contains(&format!(
                 "{name} is 0; an interval of at least 1 ms is needed"
@@ -1307,19 +1306,8 @@ async fn an_unusable_database_url_is_a_clear_startup_error() {
             "in-memory SQLite database",
         ),
     ] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            Command::new(common::example_binary("orders"))
-                .env("DATABASE_URL", url)
-                .env("IDEM_ADDR", "127.0.0.1:0")
-                .env("NO_COLOR", "1")
-                .output(),
-        )
-        .await
-        .expect("the example exits within 60 s")
-        .unwrap();
-        assert!(!out.status.success(), "{url}: exited successfully");
-        let text = String::from_utf8_lossy(&out.stdout);
+        let (success, text) = startup_failure(&[("DATABASE_URL", url)]).await;
+        assert!(!success, "{url}: exited successfully");
         assert!(text.contains(says), "{url}: expected {says:?} in\n{text}");
         assert!(
             !text.contains("root@"),
