@@ -256,9 +256,9 @@ fn expand(config: Config, func: ItemFn) -> TokenStream {
 struct Handler<'a> {
     config: &'a Config,
     func: &'a ItemFn,
-    /// `::idem_runtime::__private`, or under the `crate` path. A runtime under
-    /// another path is imported once, so that a wrong path is one error (at the
-    /// import) rather than one per use.
+    /// `::idem_runtime::__private`, or under the `crate` path (whose handler
+    /// is emitted through a macro at that path, see `emit`, so that a wrong
+    /// path is reported there rather than at each use).
     rt: TokenStream,
     /// Each parameter's outer name; `None` for the handle (and a receiver).
     names: Vec<Option<syn::Ident>>,

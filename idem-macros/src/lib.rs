@@ -41,9 +41,10 @@ use proc_macro::TokenStream;
 ///
 /// The operation's stable name. Together with the tenant it scopes keys: the same
 /// key on `create-order` and `create-refund` never collides. ASCII letters, digits
-/// and `-` `_` `.` `:` `/`, at most 128 characters, with no empty, `.` or `..`
-/// segment between `/`s (a long operation's resource URL holds the name). Keep it when you rename the
-/// handler: a new name forgets every stored key.
+/// and `-` `_` `.` `:` `/`, at most 128 characters; with `accepted`, no empty,
+/// `.` or `..` segment between `/`s (the long operation's resource URL holds
+/// the name). Keep it when you rename the handler: a new name forgets every
+/// stored key.
 ///
 /// ## `retention = "24h"` (required)
 ///
@@ -268,14 +269,14 @@ use proc_macro::TokenStream;
 /// | known options only | "unknown option `retension` ...: did you mean `retention`? the options are ..." |
 /// | each option once | "`retention` is written twice: keep one" |
 /// | `operation` and `retention` are given | "missing `operation`: add `operation = \"create-order\"` ..." |
-/// | `operation` is a short ASCII name | "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only ..." / "must not be empty" / "at most 128" / "has an empty, `.` or `..` segment ..." |
+/// | `operation` is a short ASCII name | "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only ..." / "must not be empty" / "at most 128" / with `accepted`, "has an empty, `.` or `..` segment ..." |
 /// | durations parse | "`retention` is not a duration (...): write e.g. \"90s\" ..." |
 /// | `retention` between 1ms and 100 years | "`retention` must be between 1ms and 100 years, not \"500us\": a key is stored in whole milliseconds ..." |
 /// | `in_flight_wait` between 0 and 60 s, transactional mode only | "`in_flight_wait` must be between 0s and 1m ..."; "`in_flight_wait` applies to the transactional mode ..." |
 /// | `lease` between 100 ms and 100 years | "`lease` must be between 100ms and 100 years ...: a lease is renewed every third of its length ..." |
 /// | `lease_ceiling` needs `lease` and is at least one lease | "`lease_ceiling` needs `lease = \"...\"`"; "`lease_ceiling` (10s) is shorter than `lease` (30s): the lease would never be renewed ..." |
 /// | `accepted` is a flag, with `lease` | "`accepted` needs `lease = \"...\"`: a long operation answers `202 Accepted` at once and keeps working after its answer ..."; "`accepted` is a flag and takes no value: write `accepted` alone" |
-/// | `crate` is a path | "`crate` must be a path such as \"::idem_runtime\" ..." (a path that does not resolve: one error, at the attribute) |
+/// | `crate` is a path | "`crate` must be a path such as \"::idem_runtime\" ..." (a path that does not resolve: an error at the attribute's string, and the handler missing where it is mounted) |
 /// | header names are valid, not the key, listed once | "\"x currency\" is not a valid HTTP header name"; "the Idempotency-Key is the key itself ..."; "the header \"x-ok\" is listed twice" |
 /// | `body` or `body.field`, not both; fields are paths that exist | "`body` already fingerprints the whole body ..."; "no field `skuu` on type `NewOrder`" |
 /// | `fingerprint(body...)` needs a body | "`fingerprint(body...)` needs a body: add a body extractor ..." |

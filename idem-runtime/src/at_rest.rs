@@ -378,7 +378,7 @@ impl KeyRing {
     ) -> Result<StoredResponse, StoreError> {
         let (id, cipher) = &self.ring.keys[self.ring.active];
         let headers = serde_json::to_vec(&clear.headers)
-            .map_err(|e| StoreError::unreadable_headers("headers", &e))?;
+            .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
         let headers_len = u32::try_from(headers.len())
             .map_err(|_| StoreError::Corrupt("headers over 4 GiB".into()))?;
         let mut plain = Zeroizing::new(Vec::with_capacity(4 + headers.len() + clear.body.len()));

@@ -568,7 +568,8 @@ impl PlainTag {
 }
 
 /// Emits its input unchanged: `#[idempotent(crate = "path")]` emits the handler
-/// through `path::__private::__idem_item!`, so that a wrong path is one error.
+/// through `path::__private::__idem_item!`, so that a wrong path is reported
+/// there, not at each of the handler's uses of it.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __idem_item {

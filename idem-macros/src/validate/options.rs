@@ -34,7 +34,12 @@ pub(super) struct Options {
 
 pub(super) fn check_options(args: &RawArgs, written: &Written, errors: &mut Errors) -> Options {
     let checked_names = |n: &str| written.unreadable || written.names.contains(n);
-    let operation = check_operation(args.operation.as_ref(), checked_names("operation"), errors);
+    let operation = check_operation(
+        args.operation.as_ref(),
+        checked_names("operation"),
+        args.accepted.is_present(),
+        errors,
+    );
     let retention = check_retention(args.retention.as_ref(), checked_names("retention"), errors);
     let in_flight_wait = args.in_flight_wait.as_ref().and_then(|w| {
         check_duration(
@@ -199,7 +204,13 @@ fn respan(tokens: proc_macro2::TokenStream, span: Span) -> proc_macro2::TokenStr
         .collect()
 }
 
-fn check_operation(op: Option<&Text>, written: bool, errors: &mut Errors) -> Option<String> {
+/// `accepted`: the name is also a segment of the long operation's resource URL.
+fn check_operation(
+    op: Option<&Text>,
+    written: bool,
+    accepted: bool,
+    errors: &mut Errors,
+) -> Option<String> {
     let Some(op) = op else {
         if !written {
             errors.push_at(
@@ -224,10 +235,12 @@ fn check_operation(op: Option<&Text>, written: bool, errors: &mut Errors) -> Opt
         Some(format!(
             "`operation` may hold ASCII letters, digits and `-` `_` `.` `:` `/` only, not {c:?}: write e.g. \"create-order\""
         ))
-    } else if name.split('/').any(|seg| matches!(seg, "" | "." | "..")) {
+    } else if accepted && name.split('/').any(|seg| matches!(seg, "" | "." | "..")) {
         // A long operation's resource is `<operations path>/<operation>/<key>`:
         // an empty or dot segment there is one no client can follow (the
         // router strips leading slashes, clients resolve dot segments away).
+        // Only there: another handler's name is only a scope, and renaming it
+        // would forget its stored keys.
         Some(format!(
             "`operation` {name:?} has an empty, `.` or `..` segment between its `/`s, which a long operation's `Location` could not be followed through: write e.g. \"exports/create\""
         ))

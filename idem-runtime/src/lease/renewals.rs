@@ -160,7 +160,7 @@ impl<DB: LeaseBackend> Renewals<DB> {
         };
         match wake {
             Wake::Start => {
-                tokio::spawn(schedule(self.inner.clone()));
+                tokio::spawn(schedule(Stopped(Some(self.inner.clone()))));
             }
             Wake::Sooner => self.inner.wake.notify_one(),
             Wake::No => {}
@@ -274,18 +274,50 @@ struct Sending {
 }
 
 /// Marks the task that sends the batches as not running when it ends by being
-/// dropped: its runtime shut down under it (a test's, or one of several a
-/// program runs in turn). Otherwise `running` would stay true, and the same
-/// `Idem` in another runtime would never start the task again: its leases
-/// would lapse under live workers.
+/// dropped, polled or not: its runtime shut down under it (a test's, or one
+/// of several a program runs in turn). Otherwise `running` would stay true,
+/// and the same `Idem` in another runtime would never start the task again:
+/// its leases would lapse under live workers. Made before the task is
+/// spawned, and moved into it.
 /// (The task's own end marks it under the lock that finds no lease left, and
 /// disarms this: marked later, it could undo a new task's start.)
-struct Stopped<'a, DB: LeaseBackend>(Option<&'a Inner<DB>>);
+struct Stopped<DB: LeaseBackend>(Option<Arc<Inner<DB>>>);
 
-impl<DB: LeaseBackend> Drop for Stopped<'_, DB> {
+impl<DB: LeaseBackend> Drop for Stopped<DB> {
     fn drop(&mut self) {
-        if let Some(inner) = self.0 {
+        if let Some(inner) = &self.0 {
             stop(&mut inner.state.lock().unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+}
+
+/// A batch out for renewal. Dropped unanswered (its task dropped with its
+/// runtime, polled or not), it gives its leases back to the schedule: not
+/// sending, due now, and the places of those waiting alone freed. Otherwise
+/// they would stay "sending" and never be renewed again.
+struct Outstanding<DB: LeaseBackend> {
+    inner: Arc<Inner<DB>>,
+    batch: Vec<Sending>,
+    answered: bool,
+}
+
+impl<DB: LeaseBackend> Drop for Outstanding<DB> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let now = Instant::now();
+        let mut state = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.waiting -= self.batch.iter().filter(|s| s.waiting).count();
+        for s in &self.batch {
+            if let Some(e) = state.leases.get_mut(&s.id) {
+                e.sending = false;
+                e.due = now;
+            }
         }
     }
 }
@@ -298,8 +330,8 @@ fn stop(state: &mut State) {
 
 /// The task that sends the batches: wakes at the earliest due lease (or when a
 /// lease is added), sends what is due, and ends when no lease is left.
-async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
-    let mut stopped = Stopped(Some(&inner));
+async fn schedule<DB: LeaseBackend>(mut stopped: Stopped<DB>) {
+    let inner = stopped.0.clone().expect("armed when spawned");
     loop {
         let (batch, next) = {
             let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -315,11 +347,19 @@ async fn schedule<DB: LeaseBackend>(inner: Arc<Inner<DB>>) {
         let (alone, mut batch): (Vec<Sending>, Vec<Sending>) =
             batch.into_iter().partition(|s| s.waiting);
         for s in alone {
-            tokio::spawn(send(inner.clone(), vec![s]));
+            tokio::spawn(send(Outstanding {
+                inner: inner.clone(),
+                batch: vec![s],
+                answered: false,
+            }));
         }
         while !batch.is_empty() {
             let rest = batch.split_off(batch.len().min(MAX_BATCH));
-            tokio::spawn(send(inner.clone(), batch));
+            tokio::spawn(send(Outstanding {
+                inner: inner.clone(),
+                batch,
+                answered: false,
+            }));
             batch = rest;
         }
         match next {
@@ -402,8 +442,10 @@ fn time_limit(batch: &[Sending]) -> Duration {
 
 /// Sends one batch, bounded by [`time_limit`], and records what each lease
 /// learned.
-async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
-    let limit = time_limit(&batch);
+async fn send<DB: LeaseBackend>(mut out: Outstanding<DB>) {
+    let inner = out.inner.clone();
+    let batch = &out.batch;
+    let limit = time_limit(batch);
     let sent = Instant::now();
     let rows: Vec<Renewal<'_>> = batch
         .iter()
@@ -490,6 +532,7 @@ async fn send<DB: LeaseBackend>(inner: Arc<Inner<DB>>, batch: Vec<Sending>) {
         };
     }
     drop(state);
+    out.answered = true;
     inner.wake.notify_one();
 }
 
@@ -558,11 +601,52 @@ mod tests {
         drop(first);
         assert!(!running(&renewals), "the task went with its runtime");
         drop(held);
+        // Dropped before it was ever polled, likewise.
         let second = runtime();
-        second.block_on(async {
-            let _held = renewals.register(renewer(), Duration::from_secs(7200));
+        let held = second.block_on(async {
+            let held = renewals.register(renewer(), Duration::from_secs(7200));
             assert!(running(&renewals), "started again");
+            held
         });
+        drop(second);
+        assert!(
+            !running(&renewals),
+            "the unpolled task went with its runtime"
+        );
+        drop(held);
+
+        // A batch out for renewal, dropped unanswered with its runtime, gives
+        // its leases back: not sending, due, and its waiting place freed.
+        let third = runtime();
+        let held =
+            third.block_on(async { renewals.register(renewer(), Duration::from_secs(7200)) });
+        let id = held.id;
+        let sending = {
+            let mut state = renewals.inner.state.lock().unwrap();
+            let e = state.leases.get_mut(&id).unwrap();
+            e.sending = true;
+            let s = Sending {
+                id,
+                waiting: true,
+                tenant: e.tenant.clone(),
+                operation: e.operation.clone(),
+                key: e.key,
+                token: e.token.clone(),
+                lease: e.lease,
+                deadline: e.deadline.clone(),
+            };
+            state.waiting = 1;
+            s
+        };
+        drop(Outstanding {
+            inner: renewals.inner.clone(),
+            batch: vec![sending],
+            answered: false,
+        });
+        let state = renewals.inner.state.lock().unwrap();
+        assert_eq!(state.waiting, 0);
+        let e = &state.leases[&id];
+        assert!(!e.sending && e.due <= Instant::now());
     }
 
     #[test]

@@ -700,7 +700,7 @@ impl LeaseBackend for Redis {
         retention: Duration,
     ) -> Result<u64, StoreError> {
         let headers = serde_json::to_string(&response.headers)
-            .map_err(|e| StoreError::unreadable_headers("headers", &e))?;
+            .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
         let name = store.owned_name(&row);
         let mut inv = store.scripts.store.key(&name);
         inv.arg(row.token)
@@ -920,7 +920,7 @@ return {r[1], live, r[3] or false, r[4] or false, r[5] or false, r[6] or false}
         match outcome {
             Some(stored) => {
                 let headers = serde_json::to_string(&stored.headers)
-                    .map_err(|e| StoreError::unreadable_headers("headers", &e))?;
+                    .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
                 inv.arg("1")
                     .arg(stored.state())
                     .arg(stored.status)

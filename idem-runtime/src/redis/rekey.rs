@@ -83,7 +83,7 @@ impl RedisLeaseStore {
                 };
                 let sealed = ring.seal(&at, &clear)?;
                 let headers = serde_json::to_string(&sealed.headers)
-                    .map_err(|e| StoreError::unreadable_headers("headers", &e))?;
+                    .map_err(|e| StoreError::Corrupt(format!("headers: {e}")))?;
                 let wrote: i64 = self
                     .scripts
                     .rekey

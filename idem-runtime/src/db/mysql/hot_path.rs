@@ -65,8 +65,9 @@ use sqlx::{MySql, MySqlConnection, Row};
 
 use super::transactional::{self, DEADLOCK_RETRIES};
 use super::{
-    BEGIN_HANDLER, BEGIN_READ_COMMITTED, NO_SUCH_SAVEPOINT, created_now, error_number, is_deadlock,
-    is_lock_timeout, lock_wait_seconds, now_ms, released_with_lock_wait, restore_lock_wait,
+    BEGIN_HANDLER, BEGIN_READ_COMMITTED, NO_SUCH_SAVEPOINT, bound_lock_wait, created_now,
+    error_number, is_deadlock, is_lock_timeout, lock_wait_seconds, now_ms, released_with_lock_wait,
+    restore_lock_wait,
 };
 use crate::db::ClaimContext;
 use crate::db::Tx;
@@ -425,7 +426,8 @@ enum Upserted {
     /// It left another execution's row alone.
     LeftAlone,
     /// It wrote nothing: the session is no longer in the handler's transaction
-    /// (MariaDB's form, see `upsert!`).
+    /// (MariaDB's form reads `@@in_transaction`, see `upsert!`; the others'
+    /// `RELEASE SAVEPOINT idem_tx` fails).
     OutsideTransaction,
 }
 
@@ -473,11 +475,17 @@ async fn upsert(
         args.add(kept_for).map_err(encode)?;
         Ok(sqlx::query_with(sql, args))
     };
+    // Whether `idem_tx` has been released already (it is released once: a
+    // second `RELEASE` would fail as if the transaction had ended).
+    let mut released = false;
     if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);
         let mut guarded = IN_TRANSACTION.load(Ordering::Relaxed) != REFUSED;
-        if !guarded && !still_in_transaction(tx.connection()).await? {
-            return Ok(Upserted::OutsideTransaction);
+        if !guarded {
+            if !still_in_transaction(tx.connection()).await? {
+                return Ok(Upserted::OutsideTransaction);
+            }
+            released = true;
         }
         let mut done = bind(bounded_upsert(secs, guarded))?
             .execute(&mut **tx.connection())
@@ -495,6 +503,7 @@ async fn upsert(
             if !still_in_transaction(tx.connection()).await? {
                 return Ok(Upserted::OutsideTransaction);
             }
+            released = true;
             done = bind(bounded_upsert(secs, false))?
                 .execute(&mut **tx.connection())
                 .await;
@@ -517,7 +526,15 @@ async fn upsert(
     // leaves the session as it was.
     let upsert = bind(UPSERT_SQL)?;
     tx.close_if_dropped(true);
-    match released_with_lock_wait(tx.connection(), execution.in_flight_wait).await {
+    let bounded = if released {
+        // Released before the `SET STATEMENT` form, which this server then
+        // refused to parse (MySQL 8, in a process that learned of a server
+        // without `@@in_transaction` first).
+        bound_lock_wait(tx.connection(), execution.in_flight_wait).await
+    } else {
+        released_with_lock_wait(tx.connection(), execution.in_flight_wait).await
+    };
+    match bounded {
         Ok(()) => {}
         Err(e) if error_number(&e) == Some(NO_SUCH_SAVEPOINT) => {
             // The handler's transaction has ended: nothing after the `RELEASE`
