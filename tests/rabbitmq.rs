@@ -299,7 +299,9 @@ async fn a_poison_message_is_dead_lettered_after_the_delivery_limit_and_never_ap
     assert_eq!(dead.message_id.as_deref(), Some("poison-1"));
     assert_eq!(dead.payload, poison.as_bytes());
     assert_eq!(dead.reason, "delivery_limit");
-    // The first delivery and one per allowed redelivery, each failing: no more.
+    // The first delivery and one per allowed redelivery, each failing: no more
+    // (the log lines come in through their own reader: waited for first).
+    consumer.until("consumer: not applied", "poison-1", 3).await;
     assert_eq!(consumer.count("consumer: not applied", "poison-1"), 3);
     consumer.until("consumer: applied", "credit-1", 1).await;
     assert_eq!(consumer.count("consumer: applied", "poison-1"), 0);
@@ -343,6 +345,9 @@ async fn messages_without_an_identity_or_reusing_one_are_dead_lettered_not_appli
     assert_eq!(malformed.message_id.as_deref(), Some("credit-2"));
     assert_eq!(malformed.reason, "rejected");
 
+    // The log lines come in through their own reader: waited for first.
+    consumer.until("consumer: applied", "credit-1", 1).await;
+    consumer.until("consumer: duplicate", "credit-1", 1).await;
     assert_eq!(consumer.count("consumer: applied", "credit-1"), 1);
     assert_eq!(consumer.count("consumer: duplicate", "credit-1"), 1);
     assert_eq!(db.count("SELECT count(*) FROM ledger_entries").await, 1);

@@ -198,7 +198,6 @@ mod mysql {
             (r, b)
         });
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         while db
             .count(
                 "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",

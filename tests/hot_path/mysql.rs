@@ -630,7 +630,8 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
         let db = MySqlDb::new().await;
         let _form = insert_form(set_statement).await;
         let idem: Idem<MySql> = Idem::new(db.pool.clone());
-        let wait = Duration::from_secs(3);
+        // Long enough for a slow machine: the holder rolls back well before.
+        let wait = Duration::from_secs(30);
         let key = IdempotencyKey::parse("short-retention").unwrap();
         let req = ClaimRequest {
             tenant: "acme",
@@ -683,9 +684,28 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
                 .await
             })
         };
-        // The holder keeps the key until it rolls back: wall time passes the
-        // retention while the insert waits (it cannot have finished).
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // The holder keeps the key until it rolls back: until the server
+        // shows the insert waiting for longer than the retention (its wait's
+        // start has whole seconds, hence two of them: more than one passed).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let waited: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.INNODB_TRX \
+                  WHERE trx_state = 'LOCK WAIT' AND trx_wait_started <= NOW() - INTERVAL 2 SECOND",
+            )
+            .fetch_one(&holder_pool)
+            .await
+            .unwrap();
+            if waited > 0 || finishing.is_finished() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the insert never waited for the holder"
+            );
+            // A poll interval: what is awaited is the condition above.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert!(!finishing.is_finished(), "the insert waits for the holder");
         holder.rollback().await.unwrap();
         let finished = finishing.await.unwrap();

@@ -1672,8 +1672,27 @@ async fn the_commit_waits_for_deferred_checks_without_the_in_flight_bound() {
     })
     .await
     .expect("the COMMIT reached the holder's row");
-    // Six times the in-flight wait: a COMMIT bounded by it would have given up.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Until the COMMIT has waited six times the in-flight wait, by the
+    // server's clock: a COMMIT bounded by that wait would have given up.
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let long: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                    AND query ~ 'COMMIT' AND now() - query_start >= interval '300 milliseconds'",
+            )
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if long == 1 || request_task.is_finished() {
+                break;
+            }
+            // A poll interval: what is awaited is the condition above.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the COMMIT kept waiting or ended");
     assert!(
         !request_task.is_finished(),
         "the COMMIT gave up at the in-flight wait: {:?}",

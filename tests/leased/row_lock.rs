@@ -10,7 +10,8 @@ use super::*;
 
 /// One held row does not hold up the batch: while another transaction
 /// holds one execution's row, the other execution's lease is still
-/// renewed (twice), and the held one is not taken as lost for it.
+/// renewed (twice), the held row is not written meanwhile, and the other
+/// execution stores its outcome.
 pub async fn a_held_row_does_not_hold_up_the_other_leases_renewals() {
     let mut s = setup("held-row", true).await;
     let mut tasks = Vec::new();
