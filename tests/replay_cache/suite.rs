@@ -251,7 +251,11 @@ pub async fn a_purge_elsewhere_is_seen_once_max_age_has_passed() {
     forget_every_key(&a).await;
     // The row is gone: a replay now can only be the cache's.
     let first = send(&a, "/widgets", "k1", "bolt", 0).await;
-    assert_eq!((first.0, first.1), (StatusCode::CREATED, true), "not cached");
+    assert_eq!(
+        (first.0, first.1),
+        (StatusCode::CREATED, true),
+        "not cached"
+    );
     // Replayed from the cache until max_age passes (bounded wait), then the
     // key is free again and executes anew.
     loop {

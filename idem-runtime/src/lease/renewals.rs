@@ -704,7 +704,10 @@ mod tests {
         let mut short = entry(now, Duration::from_millis(1), true);
         short.lease = Duration::from_secs(3);
         short.every = short.lease / 3;
-        short.deadline = Arc::new(Deadline::new(now - Duration::from_millis(2300), short.lease));
+        short.deadline = Arc::new(Deadline::new(
+            now - Duration::from_millis(2300),
+            short.lease,
+        ));
         state.leases.insert(0, short);
         state
             .leases
