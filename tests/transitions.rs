@@ -200,7 +200,7 @@ mod mysql {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while db
             .count(
-                "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+                "SELECT count(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()",
             )
             .await
             == 0

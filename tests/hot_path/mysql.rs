@@ -690,8 +690,10 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let waited: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM information_schema.INNODB_TRX \
-                  WHERE trx_state = 'LOCK WAIT' AND trx_wait_started <= NOW() - INTERVAL 2 SECOND",
+                "SELECT count(*) FROM information_schema.INNODB_TRX t \
+                   JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+                  WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE() \
+                    AND t.trx_wait_started <= NOW() - INTERVAL 2 SECOND",
             )
             .fetch_one(&holder_pool)
             .await

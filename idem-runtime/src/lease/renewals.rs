@@ -312,13 +312,19 @@ impl<DB: LeaseBackend> Drop for Outstanding<DB> {
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        state.waiting -= self.batch.iter().filter(|s| s.waiting).count();
+        let waiting = self.batch.iter().filter(|s| s.waiting).count();
+        state.waiting = state.waiting.saturating_sub(waiting);
         for s in &self.batch {
             if let Some(e) = state.leases.get_mut(&s.id) {
                 e.sending = false;
                 e.due = now;
             }
         }
+        drop(state);
+        // The schedule planned its next wake without these leases (they were
+        // being sent): woken, it sees them due. Gone with its runtime, the
+        // permit waits for the next task, which wakes once more than needed.
+        self.inner.wake.notify_one();
     }
 }
 
@@ -501,6 +507,9 @@ async fn send<DB: LeaseBackend>(mut out: Outstanding<DB>) {
     let now = Instant::now();
     let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
     state.waiting -= batch.iter().filter(|s| s.waiting).count();
+    // Answered from here on: given back, as below, not by the guard (which
+    // would count the waiting ones off again).
+    out.answered = true;
     for (i, s) in batch.iter().enumerate() {
         let outcome = answered.as_ref().map_or(Renewed::Unknown, |r| r[i]);
         match outcome {
@@ -532,7 +541,6 @@ async fn send<DB: LeaseBackend>(mut out: Outstanding<DB>) {
         };
     }
     drop(state);
-    out.answered = true;
     inner.wake.notify_one();
 }
 
@@ -615,8 +623,9 @@ mod tests {
         );
         drop(held);
 
-        // A batch out for renewal, dropped unanswered with its runtime, gives
-        // its leases back: not sending, due, and its waiting place freed.
+        // A batch out for renewal, dropped unanswered (as with its runtime,
+        // or a panic in it), gives its leases back: not sending, due, and its
+        // waiting place freed.
         let third = runtime();
         let held =
             third.block_on(async { renewals.register(renewer(), Duration::from_secs(7200)) });
