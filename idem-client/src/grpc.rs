@@ -254,7 +254,8 @@ mod tests {
             "every caller told the same wait would come back at once"
         );
         assert!(wait_after(&Status::unavailable("down"), backoff, max) <= backoff);
-        assert_eq!(wait_after(&in_flight(60_000), backoff, max), max); // A backoff as long as a Duration gets is capped at the longest wait.
+        assert_eq!(wait_after(&in_flight(60_000), backoff, max), max);
+        // A backoff as long as a Duration gets is capped at the longest wait.
         assert_eq!(
             wait_after(&Status::unavailable("down"), Duration::MAX, max),
             max

@@ -385,7 +385,7 @@ impl<T: BodyShape> IsBody<T> {
     ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
         body.add(fp)
     }
-    /// With `fingerprint(body)`: the whole body.
+    /// With `fingerprint(body)`: as without it.
     ///
     /// # Errors
     ///
@@ -395,7 +395,7 @@ impl<T: BodyShape> IsBody<T> {
         fp: crate::FingerprintBuilder,
         body: &T,
     ) -> Result<crate::FingerprintBuilder, crate::FingerprintError> {
-        body.add(fp)
+        self.default_print(fp, body)
     }
     /// With `fingerprint(header = ..)` only: refused.
     pub fn left_out(self)
@@ -425,7 +425,7 @@ impl<T> ReadsBody<T> {
     {
         body.add(fp)
     }
-    /// With `fingerprint(body)`: as without, it must be fingerprinted.
+    /// With `fingerprint(body)`: as without it, it must be fingerprinted.
     ///
     /// # Errors
     ///
@@ -438,7 +438,7 @@ impl<T> ReadsBody<T> {
     where
         T: BodyShape,
     {
-        body.add(fp)
+        self.default_print(fp, body)
     }
     /// With `fingerprint(header = ..)` only: refused.
     pub fn left_out(self)

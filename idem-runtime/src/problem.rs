@@ -71,6 +71,12 @@ pub struct Problem {
     pub retry_after: Option<u64>,
 }
 
+/// What an outcome idem cannot read is answered with, on HTTP and gRPC alike:
+/// not "nothing stored" (a client that believed it might pay again under a
+/// new key), and the same key later.
+pub(crate) const OUTCOME_UNREADABLE: &str = "this key's outcome could not be read; it will not \
+     run again for this key. Retry later with the same key, not a new one";
+
 impl Problem {
     /// A problem of the given type, status and title.
     pub fn new(type_uri: &str, status: StatusCode, title: &str) -> Self {
@@ -195,10 +201,7 @@ impl Problem {
     /// "nothing was stored" would be false, and a client that believed it
     /// might resubmit with a new key and pay twice.
     pub(crate) fn outcome_unreadable() -> Self {
-        Self::store_unavailable().with_detail(
-            "this key's outcome could not be read; it will not run again for this key. \
-             Retry later with the same key, not a new one",
-        )
+        Self::store_unavailable().with_detail(OUTCOME_UNREADABLE)
     }
 }
 

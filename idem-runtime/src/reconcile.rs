@@ -120,9 +120,10 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
         self
     }
 
-    /// Time between rounds of [`Reconciler::spawn`].
+    /// Time between rounds of [`Reconciler::spawn`]; at least a millisecond
+    /// (0 would run the rounds in a tight loop), as the sweeper's.
     pub fn with_interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
+        self.interval = interval.max(Duration::from_millis(1));
         self
     }
 

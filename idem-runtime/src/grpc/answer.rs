@@ -268,10 +268,7 @@ fn unreadable(why: String, retry_after: Option<Duration>) -> Status {
     tracing::error!(why = %why, "idem: a stored gRPC answer cannot be sent as the method's");
     with_info(
         Code::Unavailable,
-        format!(
-            "this key's outcome could not be read ({why}); it will not run again for this key. \
-             Retry later with the same key, not a new one"
-        ),
+        format!("{} ({why})", problem::OUTCOME_UNREADABLE),
         reason::STORE_UNAVAILABLE,
         Some(retry_after.unwrap_or(Duration::from_secs(1))),
     )

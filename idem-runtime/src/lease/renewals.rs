@@ -273,6 +273,22 @@ struct Sending {
     deadline: Arc<Deadline>,
 }
 
+impl Sending {
+    /// Lease `id`'s renewal, from its entry; `waiting`: alone, for its row.
+    fn of(id: u64, e: &Entry, waiting: bool) -> Self {
+        Sending {
+            id,
+            waiting,
+            tenant: e.tenant.clone(),
+            operation: e.operation.clone(),
+            key: e.key,
+            token: e.token.clone(),
+            lease: e.lease,
+            deadline: e.deadline.clone(),
+        }
+    }
+}
+
 /// Marks the task that sends the batches as not running when it ends by being
 /// dropped, polled or not: its runtime shut down under it (a test's, or one
 /// of several a program runs in turn). Otherwise `running` would stay true,
@@ -299,6 +315,17 @@ struct Outstanding<DB: LeaseBackend> {
     inner: Arc<Inner<DB>>,
     batch: Vec<Sending>,
     answered: bool,
+}
+
+impl<DB: LeaseBackend> Outstanding<DB> {
+    /// `batch`, not answered yet.
+    fn new(inner: Arc<Inner<DB>>, batch: Vec<Sending>) -> Self {
+        Outstanding {
+            inner,
+            batch,
+            answered: false,
+        }
+    }
 }
 
 impl<DB: LeaseBackend> Drop for Outstanding<DB> {
@@ -353,19 +380,11 @@ async fn schedule<DB: LeaseBackend>(mut stopped: Stopped<DB>) {
         let (alone, mut batch): (Vec<Sending>, Vec<Sending>) =
             batch.into_iter().partition(|s| s.waiting);
         for s in alone {
-            tokio::spawn(send(Outstanding {
-                inner: inner.clone(),
-                batch: vec![s],
-                answered: false,
-            }));
+            tokio::spawn(send(Outstanding::new(inner.clone(), vec![s])));
         }
         while !batch.is_empty() {
             let rest = batch.split_off(batch.len().min(MAX_BATCH));
-            tokio::spawn(send(Outstanding {
-                inner: inner.clone(),
-                batch,
-                answered: false,
-            }));
+            tokio::spawn(send(Outstanding::new(inner.clone(), batch)));
             batch = rest;
         }
         match next {
@@ -414,16 +433,7 @@ fn due_now(state: &mut State) -> (Vec<Sending>, Option<Instant>) {
             // Past the cap, a held row is skipped with the batch again.
             let alone = e.held && *waiting < MAX_WAITING;
             *waiting += usize::from(alone);
-            batch.push(Sending {
-                id: *id,
-                waiting: alone,
-                tenant: e.tenant.clone(),
-                operation: e.operation.clone(),
-                key: e.key,
-                token: e.token.clone(),
-                lease: e.lease,
-                deadline: e.deadline.clone(),
-            });
+            batch.push(Sending::of(*id, e, alone));
         } else {
             next = Some(next.map_or(e.due, |n| n.min(e.due)));
         }
@@ -634,24 +644,11 @@ mod tests {
             let mut state = renewals.inner.state.lock().unwrap();
             let e = state.leases.get_mut(&id).unwrap();
             e.sending = true;
-            let s = Sending {
-                id,
-                waiting: true,
-                tenant: e.tenant.clone(),
-                operation: e.operation.clone(),
-                key: e.key,
-                token: e.token.clone(),
-                lease: e.lease,
-                deadline: e.deadline.clone(),
-            };
+            let s = Sending::of(id, e, true);
             state.waiting = 1;
             s
         };
-        drop(Outstanding {
-            inner: renewals.inner.clone(),
-            batch: vec![sending],
-            answered: false,
-        });
+        drop(Outstanding::new(renewals.inner.clone(), vec![sending]));
         let state = renewals.inner.state.lock().unwrap();
         assert_eq!(state.waiting, 0);
         let e = &state.leases[&id];

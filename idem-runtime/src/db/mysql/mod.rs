@@ -187,14 +187,19 @@ pub(crate) async fn bound_lock_wait(
     conn: &mut MySqlConnection,
     wait: Duration,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    sqlx::query(sqlx::AssertSqlSafe(lock_wait_sql(wait)))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Saves the session's lock wait and bounds it by `wait` (whole seconds).
+fn lock_wait_sql(wait: Duration) -> String {
+    format!(
         "SET @idem_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
              SESSION innodb_lock_wait_timeout = {}",
         lock_wait_seconds(wait)
-    )))
-    .execute(conn)
-    .await?;
-    Ok(())
+    )
 }
 
 /// As [`bound_lock_wait`], in one text message after `RELEASE SAVEPOINT
@@ -205,14 +210,10 @@ pub(crate) async fn released_with_lock_wait(
     conn: &mut MySqlConnection,
     wait: Duration,
 ) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "RELEASE SAVEPOINT idem_tx; \
-         SET @idem_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
-             SESSION innodb_lock_wait_timeout = {}",
-        lock_wait_seconds(wait)
-    )))
-    .execute(conn)
-    .await?;
+    let sql = format!("RELEASE SAVEPOINT idem_tx; {}", lock_wait_sql(wait));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
