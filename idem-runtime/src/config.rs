@@ -356,7 +356,13 @@ impl<DB: Backend> Idem<DB> {
     /// Leave it on where your `before_acquire` must see every connection a
     /// handler's transaction runs on (one that sets per-checkout session
     /// state, or refuses connections by its own test): off, a first execution's
-    /// transaction may run on a connection that hook did not see. A replay of a
+    /// transaction may run on a connection that hook did not see. To save the
+    /// ping and keep the hook, turn the ping off in the pool instead
+    /// (`PgPoolOptions::test_before_acquire(false)`): `acquire()` then runs
+    /// `before_acquire` alone, and idem takes the claim's first message as
+    /// the connection's test as above (a dropped connection is closed and the
+    /// claim begins on another, up to one more than the pool's size). Your own
+    /// queries on that pool then go untested too. A replay of a
     /// key this process remembers is read untested either way (see
     /// [`Idem::with_replay_hints`]). No effect where the session path is off
     /// ([`Idem::with_session_statements`]: each of idem's statements is a round

@@ -1083,6 +1083,62 @@ async fn the_checkout_test_runs_the_pools_before_acquire_for_a_first_execution()
     assert_went_back_clean(&pool, &db).await;
 }
 
+/// A pool that does not ping its checkouts (`test_before_acquire(false)`)
+/// still runs its `before_acquire` on a first execution's connection, and the
+/// claim's first message is the test the ping would have been: after a server
+/// restart every idle connection is dropped, and the claim closes each as it
+/// finds it so and begins on a new one, running its handler once, with the
+/// hook seeing every idle connection it was given.
+#[tokio::test]
+async fn without_the_pools_ping_a_claim_begins_again_past_every_dropped_connection() {
+    let hooked = Arc::new(AtomicU64::new(0));
+    let counted = hooked.clone();
+    // The hook only counts: one that queried would test the connection itself.
+    let (db, pool) = widgets_on(
+        PgPoolOptions::new()
+            .max_connections(2)
+            .test_before_acquire(false)
+            .before_acquire(move |_, _| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(true) })
+            }),
+    )
+    .await;
+    let hook_runs = || hooked.load(Ordering::SeqCst);
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    // Both connections open and idle, then ended by the server.
+    let (mut a, mut b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+    let ended = [backend_pid(&mut *a).await, backend_pid(&mut *b).await];
+    drop((a, b));
+    until("both connections came back", || async {
+        pool.num_idle() == 2
+    })
+    .await;
+    for pid in ended {
+        end_backend(&db, pid).await;
+    }
+    let before = hook_runs();
+
+    let widget = || request("/widgets", "k1", json!({"name": "a"}));
+    let (status, replayed, first) = send(&r, widget()).await;
+    assert!(status.is_success() && !replayed, "{status}: {first:?}");
+    // The new connection is `after_connect`'s: `before_acquire` sees idle ones.
+    assert_eq!(
+        hook_runs() - before,
+        2,
+        "the hook saw both dropped connections"
+    );
+    let now = backend_pid(&pool).await;
+    assert!(
+        !ended.contains(&now),
+        "the dropped connections were replaced"
+    );
+    let (status, replayed, body) = send(&r, widget()).await;
+    assert!(status.is_success() && replayed, "{status}: {body:?}");
+    assert_eq!(body, first, "the stored answer");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
 /// A session's plan for idem's key lookups stays on the primary key while the
 /// table is young: PostgreSQL builds a prepared statement's generic plan once
 /// (at its sixth execution) and keeps it until the table's statistics change,

@@ -34,9 +34,13 @@
 //! finished lately (`crate::recent`) is read first instead, the same lookup
 //! alone, on an idle connection taken without the pool's acquire ping
 //! (`begin_remembered` says why that is safe): its retry waits for one round trip
-//! and no failed probe, and the lookup decides as after a probe. With `Idem::with_checkout_test(false)` a first
-//! execution's connection is taken the same way, and its first message is the
-//! pool's test (`begin_in_session`): three round trips on its path, not four.
+//! and no failed probe, and the lookup decides as after a probe. With
+//! `Idem::with_checkout_test(false)` a first execution's connection is taken the
+//! same way, and its first message is the pool's test (`begin_in_session`):
+//! three round trips on its path, not four. So is it from a pool that does not
+//! ping its checkouts (`test_before_acquire(false)`), whose `before_acquire`
+//! still runs: a connection its first message finds dropped is closed and the
+//! claim begins on another (`Checkout::Untested`).
 //! The probe
 //! also sets the request deadline (`statement_timeout`,
 //! `idle_in_transaction_session_timeout`). `AND CHAIN` opens an empty transaction
@@ -128,11 +132,25 @@ const INSERT_NEW_SQL: &str = concat!(
 /// How a claim's connection left the pool.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Checkout {
-    /// Through `acquire()`: the pool's ping and `before_acquire` saw it.
+    /// Through `acquire()`, from a pool that pings its checkouts: the ping and
+    /// `before_acquire` saw it.
     Tested,
-    /// Idle, as it was (`Idem::with_checkout_test(false)`): the claim's first
-    /// message is its test.
+    /// Idle, as it was (`Idem::with_checkout_test(false)`), or through
+    /// `acquire()` from a pool that does not ping (`test_before_acquire(false)`:
+    /// only its `before_acquire` saw it): the claim's first message is its
+    /// test.
     Untested,
+}
+
+impl Checkout {
+    /// A connection `acquire()` gave: tested only where the pool pings it.
+    fn acquired(pool: &sqlx::PgPool) -> Self {
+        if pool.options().get_test_before_acquire() {
+            Checkout::Tested
+        } else {
+            Checkout::Untested
+        }
+    }
 }
 
 /// The session path's claim (see the module docs): `BEGIN` with the probe; a
@@ -161,6 +179,14 @@ async fn begin_in_session(
         Ok(AssertSqlSafe(begin).into_sql_str())
     };
     let mut prepared = false;
+    // A pool that does not ping may hand out every idle connection dropped
+    // (after a server restart, all of them): each is closed as its first
+    // message finds it so, up to one more than the pool holds, by when
+    // `acquire()` has opened a new one.
+    let (mut lost, max_lost) = (
+        0,
+        ctx.pool.options().get_max_connections().saturating_add(1),
+    );
     loop {
         // Built anew for the second attempt (a session prepared just now)
         // rather than copied for every first one.
@@ -174,15 +200,16 @@ async fn begin_in_session(
         if session::is_marker(&e, session::PROBE_MARKER) {
             return after_probe(ctx, req, conn).await;
         }
-        if checkout == Checkout::Untested && lost_connection(&e) {
+        if checkout == Checkout::Untested && lost_connection(&e) && lost < max_lost {
             tracing::debug!(
                 error = %e,
-                "idem: a claim's untested connection was lost; beginning on a tested one"
+                "idem: a claim's untested connection was lost; beginning on another"
             );
             conn.close_on_drop();
             drop(conn);
             conn = ctx.pool.acquire().await?;
-            checkout = Checkout::Tested;
+            checkout = Checkout::acquired(ctx.pool);
+            lost += 1;
             continue;
         }
         // The message failed after `BEGIN` (or in it): the driver's queued
@@ -299,7 +326,8 @@ async fn begin_remembered(
                 decide::TransactionalStep::Execute { .. } => {
                     drop(conn);
                     let conn = ctx.pool.acquire().await?;
-                    return begin_in_session(ctx, req, conn, Checkout::Tested).await;
+                    let checkout = Checkout::acquired(ctx.pool);
+                    return begin_in_session(ctx, req, conn, checkout).await;
                 }
             },
             // An error the server answered (or idem's own) would be the same
@@ -318,7 +346,8 @@ async fn begin_remembered(
         // With the probe, which prepares a session that lacks idem's statements
         // (the read needed none) and reads the key again.
         decide::TransactionalStep::Execute { .. } => {
-            begin_in_session(ctx, req, conn, Checkout::Tested).await
+            let checkout = Checkout::acquired(ctx.pool);
+            begin_in_session(ctx, req, conn, checkout).await
         }
     }
 }
@@ -543,7 +572,7 @@ impl HandlerPath for Postgres {
         }
         let conn = ctx.pool.acquire().await?;
         if in_session {
-            return begin_in_session(ctx, req, conn, Checkout::Tested).await;
+            return begin_in_session(ctx, req, conn, Checkout::acquired(ctx.pool)).await;
         }
         let begin = begin_statement(ctx);
         if !ctx.claims_at_commit {
