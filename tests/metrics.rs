@@ -82,6 +82,19 @@ async fn limited(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, body: St
     format!("{}:{body}", caller.0)
 }
 
+/// The handler both executions of one key run at once (two processes) says
+/// it is inside, then waits to be let go (the first to wait goes first).
+static TAKEN_ENTERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static TAKEN_RELEASE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[idempotent(operation = "taken-op", retention = "1h")]
+async fn taken(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) -> String {
+    let _ = tx;
+    TAKEN_ENTERED.notify_one();
+    TAKEN_RELEASE.notified().await;
+    format!("{}:{body}", caller.0)
+}
+
 async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCode, Vec<u8>) {
     let resp = router
         .clone()
@@ -92,6 +105,8 @@ async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCo
                 "/gated"
             } else if body.starts_with("limited") {
                 "/limited"
+            } else if body.starts_with("taken") {
+                "/taken"
             } else {
                 "/metered"
             })
@@ -325,6 +340,37 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
         ),
         1
     );
+
+    // Two processes (two `Idem`s: no shared waiting room) execute one key at
+    // once; the second finds it finished at commit, rolls back, and is
+    // answered the first's outcome. Its claim counts once (executed), its
+    // completion once (rolled back).
+    let here = Router::new()
+        .route("/taken", post(taken))
+        .with_state(idem.clone());
+    let there = Router::new()
+        .route("/taken", post(taken))
+        .with_state(Idem::new(db.pool.clone()));
+    let first = tokio::spawn(async move { send(&here, "t1", "acme", "taken").await });
+    TAKEN_ENTERED.notified().await;
+    let second = tokio::spawn(async move { send(&there, "t1", "acme", "taken").await });
+    TAKEN_ENTERED.notified().await;
+    TAKEN_RELEASE.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(first.0, StatusCode::OK);
+    TAKEN_RELEASE.notify_one();
+    assert_eq!(
+        second.await.unwrap(),
+        first,
+        "the second answers the first's outcome"
+    );
+    let all = entries(&snap);
+    let op = ("operation", "taken-op");
+    let claims = |outcome| counter(&all, names::CLAIMS_TOTAL, &[op, ("outcome", outcome)]);
+    assert_eq!((claims("executed"), claims("replayed")), (2, 0));
+    let completions =
+        |outcome| counter(&all, names::COMPLETIONS_TOTAL, &[op, ("outcome", outcome)]);
+    assert_eq!((completions("stored"), completions("rolled_back")), (1, 1));
 
     // Never the raw key.
     assert!(

@@ -46,7 +46,10 @@ pub const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Counter: claims by operation and outcome.
+/// Counter: claims by operation and outcome, one per request that reached
+/// its claim. A first execution that finds its key finished by another at
+/// commit counts `executed` (and its completion `rolled_back`), though it is
+/// answered the other's outcome.
 pub const CLAIMS_TOTAL: &str = "idem_claims_total";
 /// Histogram: claim latency in seconds.
 pub const CLAIM_SECONDS: &str = "idem_claim_seconds";

@@ -56,9 +56,17 @@ impl Answer {
         }
     }
 
+    /// The claim's answer, counted as the claim's outcome.
     pub(super) fn respond(self, op: &'static str, tenant_label: Option<&str>) -> Response {
+        metrics::claim(op, tenant_label, self.outcome());
+        self.send(op)
+    }
+
+    /// The answer, its outcome on the request's span. Not counted: a claim
+    /// counts once, and one that executed and then found its key taken was
+    /// counted `executed`, its completion `rolled_back` ([`taken`]).
+    fn send(self, op: &'static str) -> Response {
         let outcome = self.outcome();
-        metrics::claim(op, tenant_label, outcome);
         let span = tracing::Span::current();
         span.record("idem.outcome", outcome);
         span.record("idem.replayed", matches!(self, Answer::Replay { .. }));
@@ -161,7 +169,7 @@ pub(super) fn taken(
         // Never decided after an execution (`decide::after_execution`).
         Claim::Execute(_) => Answer::InFlight(Duration::from_secs(1)),
     };
-    answer.respond(op, scope.tenant_label)
+    answer.send(op)
 }
 
 /// The answer for a request that did not finish by its deadline: its work was
