@@ -630,12 +630,18 @@ mod mysql_only {
             claim(&mut holder, &r).await.unwrap(),
             Claim::Execute(_)
         ));
-        let waited = tokio::time::timeout(Duration::from_millis(300), async {
+        // Dropped once the server shows the claim's statement waiting on the row.
+        // Boxed, so that dropping it drops the claim (`pin!` would keep it
+        // alive to the end of the scope, its connection held).
+        let mut waiting = Box::pin(async {
             let mut tx = db.pool.begin().await.unwrap();
             claim(&mut tx, &r).await
-        })
-        .await;
-        assert!(waited.is_err(), "the claim waited on the held row");
+        });
+        tokio::select! {
+            done = &mut waiting => panic!("the claim did not wait on the held row: {done:?}"),
+            () = db.until_running(&holder_pool, "%idempotency_requests%") => {}
+        }
+        drop(waiting);
         holder.rollback().await.unwrap();
         let next = db.count(LOCK_WAIT).await;
         assert_eq!(

@@ -305,6 +305,36 @@ impl MySqlDb {
         Self::create(4, Some("READ COMMITTED"), Some(version)).await
     }
 
+    /// Waits until a statement of this database whose text is `LIKE like`
+    /// runs on another connection, polling over `on` (a pool the statement
+    /// does not hold up). A statement that waits for a row lock shows there
+    /// while it waits; the process list is read live, where MariaDB's
+    /// `INNODB_TRX` is a cache refreshed only after 100 ms without reads.
+    #[allow(dead_code)]
+    pub async fn until_running(&self, on: &sqlx::MySqlPool, like: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let running: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.PROCESSLIST \
+                  WHERE DB = ? AND ID <> CONNECTION_ID() AND INFO LIKE ?",
+            )
+            .bind(&self.name)
+            .bind(like)
+            .fetch_one(on)
+            .await
+            .unwrap();
+            if running > 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no statement like {like:?} ever ran"
+            );
+            // A poll interval: what is awaited is the condition above.
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// As [`MySqlDb::new`], with the server's default isolation (REPEATABLE
     /// READ) when `isolation` is `None`.
     pub async fn with_isolation(size: u32, isolation: Option<&'static str>) -> MySqlDb {

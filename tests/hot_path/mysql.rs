@@ -548,13 +548,15 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
         .await
         .unwrap();
     // The second claim waits on the held row under idem's 1 s bound; it is
-    // dropped well before that bound gives up.
-    let waited = tokio::time::timeout(
-        Duration::from_millis(300),
-        idem_runtime::claim_leased(&db.pool, &req),
-    )
-    .await;
-    assert!(waited.is_err(), "the claim waited on the held row");
+    // dropped once the server shows its statement waiting there.
+    // Boxed, so that dropping it drops the claim (`pin!` would keep it alive
+    // to the end of the scope, its connection held).
+    let mut waiting = Box::pin(idem_runtime::claim_leased(&db.pool, &req));
+    tokio::select! {
+        done = &mut waiting => panic!("the claim did not wait on the held row: {done:?}"),
+        () = db.until_running(&other, "%idempotency_requests%") => {}
+    }
+    drop(waiting);
     // Released before the bound gives up: the dropped claim's statement then
     // succeeds on the server, and the pool's check on release finds nothing
     // wrong with the connection (a statement that failed would have it closed).
