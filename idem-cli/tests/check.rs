@@ -146,6 +146,10 @@ async fn bad_arguments_are_usage_errors_that_say_which_and_echo_no_credential() 
     // clap's own refusals: exit 2 as well.
     for args in [
         &["--url", &url, "--timeout", "soon"][..],
+        // Past a week: it would overflow the run's deadlines (a panic).
+        &["--url", &url, "--timeout", "30000000000y", "--dry-run"],
+        &["--url", &url, "--after", "300000000000y", "--dry-run"],
+        &["--url", &url, "--restart-timeout", "8d", "--dry-run"],
         &["--url", &url, "--concurrency", "1"],
         &["--url", &url, "--format", "xml"],
         &[][..],
@@ -667,6 +671,12 @@ mod services {
             effects_until(22, app, headers).await
         }
 
+        /// `/effects` for its first 21 calls, then `500`: the count stops
+        /// answering at `concurrent`'s second count, after its answers.
+        async fn mid_flaky_effects(State(app): State<App>, headers: HeaderMap) -> Response {
+            effects_until(21, app, headers).await
+        }
+
         async fn effects_until(calls: usize, app: App, headers: HeaderMap) -> Response {
             let made = app
                 .counted
@@ -756,6 +766,7 @@ mod services {
                 .route("/effects", get(effects))
                 .route("/flaky-effects", get(flaky_effects))
                 .route("/late-flaky-effects", get(late_flaky_effects))
+                .route("/mid-flaky-effects", get(mid_flaky_effects))
                 .with_state(app);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let base = format!("http://{}", listener.local_addr().unwrap());
@@ -976,6 +987,20 @@ mod services {
         assert_eq!(out.code, 8, "{out:?}");
         let why = out.json()["could_not_run"].as_str().unwrap().to_owned();
         assert!(why.starts_with("--effects: GET answered 500"), "{why}");
+    }
+
+    /// A count that stops answering after a scenario's answers showed a
+    /// double execution does not hide it: the finding stands (exit 7), the
+    /// failed count said beside it, and the check could not run past it.
+    #[tokio::test]
+    async fn a_count_that_fails_after_a_breach_the_answers_showed_hides_nothing() {
+        let out = check_broken("/things", &["--effects", "{base}/mid-flaky-effects"]).await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let concurrent = out.scenario("concurrent");
+        assert_eq!(concurrent["verdict"], "fail", "{out:?}");
+        let saw = concurrent["saw"].as_str().unwrap();
+        assert!(saw.contains("executed more than once"), "{saw}");
+        assert!(saw.contains("--effects: GET answered 500"), "{saw}");
     }
 
     /// A scenario not applicable after its request went out still has its

@@ -145,8 +145,19 @@ pub(crate) const FAILED: u8 = 7;
 /// itself does not succeed, or `--effects` stopped counting.
 pub(crate) const COULD_NOT_RUN: u8 = 8;
 
+/// The longest `--timeout`, `--after` or `--restart-timeout`: a week. A
+/// longer one is surely a slip, and the run's arithmetic (a deadline past
+/// what an `Instant` holds, the plan's bound of fifty timeouts) must not
+/// overflow mid-run, after effects were made.
+const LONGEST: Duration = Duration::from_secs(7 * 24 * 3600);
+
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (write e.g. 10s, 500ms, 1m)"))
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e} (write e.g. 10s, 500ms, 1m)"))?;
+    if d > LONGEST {
+        return Err("longer than a week (the most it takes, written 7d)".to_owned());
+    }
+    Ok(d)
 }
 
 /// Runs `idem check`: the report to print and the exit code.

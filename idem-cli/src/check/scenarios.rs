@@ -209,21 +209,37 @@ impl Run<'_> {
 
     /// The effects counted now, if `--effects` is given.
     async fn effects(&self) -> Result<Option<u64>, String> {
-        if self.target.effects.is_none() {
-            return Ok(None);
-        }
-        let counted = self
-            .target
-            .count_effects()
-            .await
-            .map(Some)
-            .map_err(|e| format!("--effects: {e}"));
+        let counted = self.count().await;
         if let Err(e) = &counted {
             self.could_not_run
                 .borrow_mut()
                 .get_or_insert_with(|| e.clone());
         }
         counted
+    }
+
+    /// The effects' count, `None` without `--effects`; a failure is only said.
+    async fn count(&self) -> Result<Option<u64>, String> {
+        if self.target.effects.is_none() {
+            return Ok(None);
+        }
+        self.target
+            .count_effects()
+            .await
+            .map(Some)
+            .map_err(|e| format!("--effects: {e}"))
+    }
+
+    /// The count after a scenario's answers were judged: where they already
+    /// broke the promise, a count that fails is said beside that finding and
+    /// does not make the check one that could not run (exit 8 would hide a
+    /// double execution the answers showed).
+    async fn effects_after(&self, problems: &[String]) -> Result<Option<u64>, String> {
+        if problems.is_empty() {
+            self.effects().await
+        } else {
+            self.count().await
+        }
     }
 
     /// Runs `scenario` between two counts of the effects (with `--effects`):
@@ -314,7 +330,7 @@ impl Run<'_> {
             return fail(ex.short(), vec![ex]);
         };
         let mut problems = differences(self.first(), answer);
-        match self.effects().await {
+        match self.effects_after(&problems).await {
             Ok(Some(now)) => {
                 if let Some(was) = self.first_effects
                     && now != was
@@ -755,7 +771,7 @@ impl Run<'_> {
             _ => problems.push(format!("the retry after them is {}", retry.short())),
         }
         exchanges.push(retry);
-        match self.effects().await {
+        match self.effects_after(&problems).await {
             Ok(Some(after)) => {
                 let made = after as i128 - before.unwrap_or(0) as i128;
                 saw.push_str(&format!(
@@ -862,7 +878,7 @@ impl Run<'_> {
             started.elapsed().as_millis(),
             exchanges[1].short()
         );
-        match self.effects().await {
+        match self.effects_after(&problems).await {
             Ok(Some(after)) => {
                 let made = after as i128 - before.unwrap_or(0) as i128;
                 if made == 0 {
