@@ -1183,11 +1183,18 @@ async fn a_change_too_few_replicas_acknowledge_is_a_failure_and_frees_the_key() 
     assert_eq!(lease.acquisition(), Acquisition::New);
     lease.complete(&paid("ch_acks")).await.unwrap();
     // Every call that runs a script, not only one that writes: a replay is
-    // reported as a failure too while the replicas fall short.
+    // reported as a failure too while the replicas fall short. It writes the
+    // slot's ack mark before its `WAIT`: from Redis 7.2 a `WAIT` covers only
+    // its own connection's writes, and the replay's script writes nothing.
+    let record = s.record_key("acme", "create-payment", &key);
+    let mark = format!("{}:ack", &record[..=record.rfind("}:r:").unwrap()]);
+    let _: () = c.del(&mark).await.unwrap();
     assert!(matches!(
         waiting.claim(&lease_req(&key, HOUR)).await,
         Err(StoreError::Redis(e)) if e.is::<idem_runtime::redis::NotReplicated>()
     ));
+    let ttl: i64 = c.pttl(&mark).await.unwrap();
+    assert!(ttl > 0, "the replay wrote the ack mark, to expire: {ttl}");
 }
 
 /// `with_replica_acks` refuses what would wait for nothing, or for ever, and

@@ -365,9 +365,9 @@ impl Drop for Stopped {
 
 /// A claim answered from the record (a replay) writes nothing. Its `WAIT`
 /// still waits for every write the master made before it, the record's last
-/// state included: Redis sets a connection's replication mark after every
-/// command, a read included, not only after writes, and the script runs on
-/// the connection that then waits. So a completion reported as not
+/// state included: the pipeline writes the slot's ack mark before it (from
+/// Redis 7.2 a `WAIT` covers only its own connection's writes; up to 7.0 a
+/// read moved that point too). So a completion reported as not
 /// replicated (its replica stopped) does not come back as an acknowledged
 /// replay from the next claim, which a failover would lose, although each
 /// state change takes the next of the store's connections that carry `WAIT`

@@ -7,13 +7,28 @@
 //! On a cluster redis-rs sends a pipeline to the slot of its first keyed
 //! command (the script's record), and a `WAIT` has no key, so it follows; a
 //! `MOVED` answer to the script resends the whole pipeline to the new master.
+//!
+//! Between the script and the `WAIT`, a write of the record's ack mark
+//! (`P:{O:s}:ack`, in its slot): from Redis 7.2 a `WAIT` counts the replicas
+//! that have the last write *its own connection* made, not everything the
+//! master had written (up to 7.0, every command moved that mark, a read
+//! included). A script that writes nothing (a replay, a completion sent again
+//! that finds its own outcome) would leave it at that connection's last write,
+//! perhaps none, and the `WAIT` would pass at once with the record on the
+//! master alone. The mark's write moves it past the record's last write,
+//! whichever connection made it.
 
 use std::time::Duration;
 
 use redis::{ErrorKind, FromRedisValue, ScriptInvocation, ServerErrorKind, Value};
 
+use super::layout::Layout;
 use super::{RedisLeaseStore, redis_err};
 use crate::model::{StoreError, millis};
+
+/// How long an ack mark lives (ms): it only has to be written; kept a
+/// minute, so that a slot in use keeps one key rather than making one a call.
+const ACK_MARK_MS: u64 = 60_000;
 
 /// How many replicas must acknowledge each state change, and how long to wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +88,7 @@ impl RedisLeaseStore {
     pub(super) async fn run<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
+        record: &str,
     ) -> Result<Ran<T>, StoreError> {
         let Some(acks) = self.acks else {
             let reply = inv
@@ -86,20 +102,30 @@ impl RedisLeaseStore {
         };
         // Held until the answer is in, so the next pipeline picks another
         // connection while this one's WAIT blocks it.
+        let mark = Layout::ack_beside(record).ok_or_else(|| {
+            StoreError::Corrupt(format!("redis: {record:?} is not a record's name"))
+        })?;
         let lane = self.lanes.for_wait().await?;
         let mut conn = lane.conn();
         let mut pipe = redis::pipe();
         // The script's error is its reply (below), not the pipeline's.
         pipe.ignore_errors();
         pipe.invoke_script(inv)
+            .cmd("SET")
+            .arg(&mark)
+            .arg("1")
+            .arg("PX")
+            .arg(ACK_MARK_MS)
             .cmd("WAIT")
             .arg(acks.replicas)
             .arg(millis(acks.timeout).max(1));
         let mut loaded = false;
         loop {
             let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(redis_err)?;
-            let [script, wait] = <[Value; 2]>::try_from(replies).map_err(|_| {
-                StoreError::Corrupt("redis: a script and WAIT, not two replies".into())
+            let [script, marked, wait] = <[Value; 3]>::try_from(replies).map_err(|_| {
+                StoreError::Corrupt(
+                    "redis: a script, its ack mark and WAIT, not three replies".into(),
+                )
             })?;
             let script = match script.extract_error() {
                 // EVALSHA in a pipeline does not load a script the server
@@ -113,7 +139,9 @@ impl RedisLeaseStore {
                 Ok(v) => v,
             };
             let reply = T::from_redis_value(script).map_err(|e| redis_err(e.into()))?;
-            let acked = match wait.extract_error() {
+            // Without the mark's write (refused: out of memory, say) the
+            // `WAIT` may not cover the record: not acknowledged.
+            let acked = match marked.extract_error().and_then(|_| wait.extract_error()) {
                 Ok(Value::Int(n)) => {
                     let acknowledged = u32::try_from(n).unwrap_or(0);
                     if acknowledged < acks.replicas {

@@ -89,6 +89,16 @@ impl Layout {
         format!("{}:abandoned:{token}", self.shard_base(operation, shard))
     }
 
+    /// `P:{O:s}:ack`, the mark beside a record (`P:{O:s}:r:T:D`) that a call
+    /// awaiting replica acknowledgement writes before its `WAIT` (see
+    /// `acks`); `None` for a name that is not a record's.
+    pub(super) fn ack_beside(record: &str) -> Option<String> {
+        // The member (escaped tenant and digest) holds no `}`: the last
+        // `}:r:` ends the shard's tag.
+        let end = record.rfind("}:r:")?;
+        Some(format!("{}:ack", &record[..=end]))
+    }
+
     /// A `SCAN` pattern for every record under the prefix: `P:{*}:r:*`.
     pub(super) fn all_records(&self) -> String {
         format!("{}:{{*}}:r:*", glob_literal(&self.prefix))
@@ -202,6 +212,15 @@ mod tests {
         assert_eq!(
             l.abandoned("create-payment", shard_of(digest), "0a1b"),
             "idem:{create-payment:c}:abandoned:0a1b"
+        );
+        let record = l.record("a}:r:b", "create-payment", digest);
+        assert_eq!(
+            Layout::ack_beside(&record).as_deref(),
+            Some("idem:{create-payment:c}:ack")
+        );
+        assert_eq!(
+            Layout::ack_beside("idem:{create-payment:c}:uncertain"),
+            None
         );
         assert_eq!(shards().count(), SHARDS);
         assert_eq!(shard_of(""), '0');

@@ -635,7 +635,7 @@ impl LeaseBackend for Redis {
             .arg(script_ms(req.retention))
             .arg(req.tenant)
             .arg(downstream);
-        let ran = match store.run::<Vec<Value>>(&inv).await {
+        let ran = match store.run::<Vec<Value>>(&inv, &name).await {
             Ok(ran) => ran,
             Err(e) => {
                 if fate_unknown(&e) {
@@ -709,7 +709,7 @@ impl LeaseBackend for Redis {
             .arg(headers)
             .arg(&response.body[..])
             .arg(script_ms(retention));
-        store.run::<u64>(&inv).await?.acknowledged()
+        store.run::<u64>(&inv, &name).await?.acknowledged()
     }
 
     async fn lease_fence(
@@ -743,7 +743,7 @@ impl LeaseBackend for Redis {
                 inv.arg(row.token).arg(OwnerToken::random());
             }
         }
-        store.run::<u64>(&inv).await?.acknowledged()
+        store.run::<u64>(&inv, &name).await?.acknowledged()
     }
 
     /// One script per slot renews that slot's leases of the batch (a record's
@@ -931,7 +931,7 @@ return {r[1], live, r[3] or false, r[4] or false, r[5] or false, r[6] or false}
                 inv.arg("0");
             }
         }
-        store.run::<u64>(&inv).await?.acknowledged()
+        store.run::<u64>(&inv, &name).await?.acknowledged()
     }
 }
 
