@@ -707,7 +707,26 @@ async fn foreign_or_malformed_data_is_a_clear_error_and_is_left_as_it_was() {
     r.run_once().await.unwrap();
     let after: HashMap<String, Vec<u8>> = c.hgetall(&name3).await.unwrap();
     assert_eq!(before, after);
-    for n in [name, name2, name3] {
+    // A finished record without its answer.
+    let key4 = IdempotencyKey::parse("foreign-4").unwrap();
+    acquire(&s, &key4, HOUR)
+        .await
+        .complete(&paid("ch_foreign"))
+        .await
+        .unwrap();
+    let name4 = s.record_key("acme", "create-payment", &key4);
+    let _: () = c.hdel(&name4, "status").await.unwrap();
+    let e = s.claim(&lease_req(&key4, HOUR)).await.unwrap_err();
+    assert!(e.to_string().contains("without its response"), "{e}");
+    // The server answered each claim with its error (the script checks before
+    // it writes): nothing ran, so none was given back (the give-up script
+    // would have marked the finished one's token).
+    let marks = keys_under(&mut c, &prefix("foreign")).await;
+    assert!(
+        !marks.iter().any(|k| k.contains(":abandoned:")),
+        "a refused claim is not given back: {marks:?}"
+    );
+    for n in [name, name2, name3, name4] {
         let _: () = c.del(n).await.unwrap();
     }
 }

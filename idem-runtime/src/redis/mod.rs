@@ -955,16 +955,18 @@ fn mark_ms(lease: Duration) -> i64 {
 
 /// Whether a claim that failed with `e` may have run: anything but an answer
 /// from the server to the claim itself (every script checks before it writes,
-/// so its error means nothing was written). A redirection or a cluster that
-/// is down counts as unknown: the cluster client resends after such answers,
-/// and an earlier send may have run.
+/// so its error means nothing was written). redis-rs reads an error code it
+/// does not know (the scripts' own `idem: ..` refusals) as
+/// `ErrorKind::Extension`: the server's answer all the same. A redirection or
+/// a cluster that is down counts as unknown: the cluster client resends after
+/// such answers, and an earlier send may have run.
 fn fate_unknown(e: &StoreError) -> bool {
     let StoreError::Redis(source) = e else {
         return false;
     };
-    source
-        .downcast_ref::<RedisError>()
-        .is_some_and(|e| !matches!(e.kind(), ErrorKind::Server(_)) || e.is_cluster_error())
+    source.downcast_ref::<RedisError>().is_some_and(|e| {
+        !matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) || e.is_cluster_error()
+    })
 }
 
 impl RedisLeaseStore {
