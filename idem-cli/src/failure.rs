@@ -60,6 +60,14 @@ impl From<sqlx::Error> for Failure {
             sqlx::Error::PoolTimedOut => {
                 Failure::Database("timed out waiting for a database connection".to_owned())
             }
+            // The database answered; what it holds is not what idem wrote (a
+            // value of another type in a SQLite column, say): a stored row the
+            // CLI cannot read, not a database error. The column's name, never
+            // its value.
+            sqlx::Error::ColumnDecode { index, .. } => Failure::Other(format!(
+                "a stored row the CLI cannot read: column {index} holds a value of another type"
+            )),
+            sqlx::Error::Decode(_) => Failure::Other("a stored row the CLI cannot read".to_owned()),
             other => Failure::Database(format!("database error: {other}")),
         }
     }

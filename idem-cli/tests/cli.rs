@@ -984,6 +984,23 @@ cli_suite!(
     the_flag_wins_over_the_environment,
 );
 
+/// What only SQLite allows: a value of another type in a typed column (it
+/// does not enforce them). A row the CLI cannot read (exit 1, as documented),
+/// not a database error, and the value is not echoed.
+#[tokio::test]
+async fn sqlite_a_column_of_another_type_is_a_row_the_cli_cannot_read() {
+    let db = seeded::<common::SqliteDb>().await;
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET generation = 'gen-s3cret' WHERE key_digest = {}",
+        db.key("k-done")
+    ))
+    .await;
+    let url = db.url();
+    let out = idem(Some(&url), &["show", "acme", "create-order", "k-done"]).await;
+    out.assert_error(1, "a stored row the CLI cannot read");
+    assert!(!out.stderr.contains("s3cret"), "{out:?}");
+}
+
 /// What only PostgreSQL has: a server to reach and to authenticate with.
 #[tokio::test]
 async fn postgres_connection_problems_are_one_clear_line() {
