@@ -658,3 +658,27 @@ async fn an_uncertain_payment_is_settled_by_the_reconciler_on_sqlite() {
 async fn an_uncertain_payment_is_settled_by_the_reconciler_on_redis() {
     an_uncertain_payment_is_settled_by_the_reconciler(Some("redis://127.0.0.1:6379")).await;
 }
+
+/// A reconcile interval of 0 (the reconciler in a tight loop) stops the
+/// example at start, naming the variable, before it listens.
+#[tokio::test]
+async fn a_reconcile_interval_of_zero_is_a_clear_startup_error() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_grpc-orders"))
+        .env("PAYMENTS_RECONCILE_INTERVAL_MS", "0")
+        .env("IDEM_ADDR", "127.0.0.1:0")
+        .env("DATABASE_URL", "sqlite::memory:")
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), out)
+        .await
+        .expect("the example exits within 60 s")
+        .unwrap();
+    assert!(!out.status.success(), "exited successfully");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(
+            "PAYMENTS_RECONCILE_INTERVAL_MS is 0; an interval of at least 1 ms is needed"
+        ),
+        "{said}"
+    );
+    assert!(out.stdout.is_empty(), "it never listened: {out:?}");
+}
