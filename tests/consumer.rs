@@ -296,12 +296,82 @@ async fn two_consumers_and_a_republished_message_apply_each_credit_once() {
     bus.delete().await;
 }
 
+/// A refusal PostgreSQL makes only at `COMMIT` (a deferred constraint
+/// trigger) is the commit's error, not the store's: `ConsumeError::Commit`
+/// with the trigger's SQLSTATE, and nothing committed, neither the effect nor
+/// the message's record.
+#[tokio::test]
+async fn a_refusal_at_commit_is_the_commits_error_and_commits_nothing() {
+    let db = TestDb::new().await;
+    db.exec(DEFERRED_REFUSAL).await;
+    db.exec("CREATE TABLE credits (account text NOT NULL)")
+        .await;
+    db.exec(
+        "CREATE CONSTRAINT TRIGGER refuse_poison AFTER INSERT ON credits \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+    )
+    .await;
+    let msg = Message {
+        scope: "billing",
+        operation: "credit",
+        id: "poison-1",
+        payload: b"{}",
+    };
+    let err = process_once(&db.pool, &msg, WEEK, |tx| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO credits (account) VALUES ('poison')")
+                .execute(&mut **tx)
+                .await?;
+            Ok::<_, sqlx::Error>(())
+        })
+    })
+    .await
+    .unwrap_err();
+    let ConsumeError::Commit(sqlx::Error::Database(e)) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(e.code().as_deref(), Some("P0001"), "{err}");
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+}
+
+/// A trigger function that refuses the `poison` account.
+const DEFERRED_REFUSAL: &str = "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     BEGIN IF NEW.account = 'poison' THEN RAISE EXCEPTION 'poisoned account'; END IF; \
+     RETURN NEW; END $$";
+
 /// A credit the database refuses on every delivery (a trigger: a poison
 /// message) is dead-lettered once its delivery reaches the limit: published,
 /// with its id and the error, to the dead-letter stream, then terminated;
 /// never applied, and the credit beside it is applied as ever.
 #[tokio::test]
 async fn a_credit_the_database_always_refuses_is_dead_lettered_not_applied() {
+    a_refused_credit_is_dead_lettered(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON ledger_entries \
+         FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+    )
+    .await;
+}
+
+/// So is one the database refuses only at `COMMIT` (a deferred constraint
+/// trigger): the commit's refusal is the credit's, not the store's, which
+/// would be nacked for ever.
+#[tokio::test]
+async fn a_credit_refused_at_commit_is_dead_lettered_not_applied() {
+    a_refused_credit_is_dead_lettered(
+        "CREATE CONSTRAINT TRIGGER refuse_poison AFTER INSERT ON ledger_entries \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+    )
+    .await;
+}
+
+/// The poison credit refused by the trigger `create_trigger` makes (over
+/// `refuse_poison()`) is dead-lettered at the delivery limit; the credit
+/// beside it is applied.
+async fn a_refused_credit_is_dead_lettered(create_trigger: &str) {
     let db = TestDb::new().await;
     let bus = Bus::new().await;
     let _consumer = start_consumer(
@@ -313,17 +383,8 @@ async fn a_credit_the_database_always_refuses_is_dead_lettered_not_applied() {
         ],
     )
     .await;
-    db.exec(
-        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.account = 'poison' THEN RAISE EXCEPTION 'poisoned account'; END IF; \
-         RETURN NEW; END $$",
-    )
-    .await;
-    db.exec(
-        "CREATE TRIGGER refuse_poison BEFORE INSERT ON ledger_entries \
-         FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
-    )
-    .await;
+    db.exec(DEFERRED_REFUSAL).await;
+    db.exec(create_trigger).await;
     bus.publish("poison-1", r#"{"account":"poison","amount_cents":500}"#)
         .await;
     bus.publish("credit-1", r#"{"account":"acct-1","amount_cents":250}"#)

@@ -98,12 +98,14 @@ pub async fn apply(
 
 /// Whether the database refused the credit itself, as it would again on every
 /// delivery: a data exception (SQLSTATE class 22), a constraint (23) or an
-/// exception a trigger raised (P0001) in the credit's own statements. Anything
-/// else (the store, a lost connection, a deadlock, a timeout, a failover) may
-/// go through on a later delivery.
+/// exception a trigger raised (P0001), in the credit's own statements or at
+/// its `COMMIT` (a deferred constraint). Anything else (the store, a lost
+/// connection, a deadlock, a timeout, a failover) may go through on a later
+/// delivery.
 pub fn refused(e: &ConsumeError<sqlx::Error>) -> bool {
     match e {
-        ConsumeError::Effect(sqlx::Error::Database(db)) => db
+        ConsumeError::Effect(sqlx::Error::Database(db))
+        | ConsumeError::Commit(sqlx::Error::Database(db)) => db
             .code()
             .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c == "P0001"),
         _ => false,

@@ -10,12 +10,14 @@
 //!   the effect does not run; ack again.
 //! * the same identity with a different payload → [`Delivery::Conflict`]: reported,
 //!   never applied; dead-letter it (terminate) and alert.
-//! * the effect fails → nothing commits → nack; the redelivery applies it.
+//! * the effect fails → nothing commits → nack; the redelivery applies it. So
+//!   does a constraint the database checks only at `COMMIT` (deferred):
+//!   [`ConsumeError::Commit`].
 //! * a concurrent delivery of the same message still running → [`ConsumeError::InFlight`]:
 //!   nack with a delay; the redelivery sees the outcome.
 //!
-//! It works on a PostgreSQL or a SQLite pool (the effect's transaction is of the
-//! pool's database).
+//! It works on a PostgreSQL, SQLite or MySQL / MariaDB pool (the effect's
+//! transaction is of the pool's database).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -86,7 +88,9 @@ pub enum Delivery<T> {
     Conflict,
 }
 
-/// Why a delivery was not processed. In every case nothing committed: nack it.
+/// Why a delivery was not processed: nack it. Nothing committed, unless the
+/// connection was lost during `COMMIT` ([`ConsumeError::Commit`]), when the
+/// redelivery finds the message applied ([`Delivery::Duplicate`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConsumeError<E> {
@@ -100,6 +104,14 @@ pub enum ConsumeError<E> {
     /// The effect failed; its transaction was rolled back.
     #[error("the effect failed: {0}")]
     Effect(E),
+    /// The transaction's `COMMIT` failed. Either the database refused what
+    /// the effect wrote at commit (a constraint declared `DEFERRABLE
+    /// INITIALLY DEFERRED`, a constraint trigger: the effect's refusal, as
+    /// [`ConsumeError::Effect`] is, and nothing committed), or the connection
+    /// was lost during it (the transaction may have committed: the
+    /// redelivery then finds it applied).
+    #[error("the commit failed: {0}")]
+    Commit(sqlx::Error),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -172,7 +184,7 @@ where
         body: bytes::Bytes::new(),
     };
     execution.complete(&mut tx, &record).await?;
-    tx.commit().await.map_err(StoreError::from)?;
+    tx.commit().await.map_err(ConsumeError::Commit)?;
     Ok(Delivery::Applied(value))
 }
 
