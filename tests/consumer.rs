@@ -255,6 +255,23 @@ async fn stream_without_broker_dedup(bus: &Bus) {
         .unwrap();
 }
 
+/// A stream made elsewhere without a max age (by an operator, or an earlier
+/// version of the example) gets the example's, below the keys' retention: a
+/// message is never delivered after its key is forgotten, a replay from the
+/// start included. Its other settings stay.
+#[tokio::test]
+async fn a_stream_made_without_a_max_age_gets_one_below_the_keys_retention() {
+    let db = TestDb::new().await;
+    let bus = Bus::new().await;
+    stream_without_broker_dedup(&bus).await;
+    let _consumer = start_consumer(&db, &bus, &[]).await;
+    let mut stream = bus.js.get_stream(&bus.stream).await.unwrap();
+    let config = stream.info().await.unwrap().config.clone();
+    assert_eq!(config.max_age, Duration::from_secs(6 * 24 * 3600));
+    assert_eq!(config.duplicate_window, BROKER_DEDUP_WINDOW);
+    bus.delete().await;
+}
+
 #[tokio::test]
 async fn two_consumers_and_a_republished_message_apply_each_credit_once() {
     let db = TestDb::new().await;

@@ -83,17 +83,32 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot connect to NATS_URL: {e}"))?;
     let js = jetstream::new(client);
+    // Shorter than RETENTION: a message is never delivered after its key has
+    // been forgotten (a replay from the start included).
+    let max_age = RETENTION - Duration::from_secs(24 * 3600);
     let stream = js
         .get_or_create_stream(stream::Config {
             name: stream_name.clone(),
             subjects: vec![subject.clone()],
-            // Shorter than RETENTION: a message is never delivered after its key
-            // has been forgotten.
-            max_age: RETENTION - Duration::from_secs(24 * 3600),
+            max_age,
             ..Default::default()
         })
         .await
         .map_err(|e| format!("cannot create the stream {stream_name}: {e}"))?;
+    // A stream that was there already keeps its own settings, and one made
+    // without a max age (by an operator, or an earlier version of this
+    // example) keeps its messages for ever: it gets this one, the rest of its
+    // settings as they are.
+    let config = &stream.cached_info().config;
+    if config.max_age.is_zero() || config.max_age > max_age {
+        js.update_stream(stream::Config {
+            max_age,
+            ..config.clone()
+        })
+        .await
+        .map_err(|e| format!("cannot set the stream {stream_name}'s max age: {e}"))?;
+        tracing::info!(stream = %stream_name, ?max_age, "consumer: the stream's max age set, below the keys' retention");
+    }
     let dead_stream = format!("{stream_name}_DEAD");
     js.get_or_create_stream(stream::Config {
         name: dead_stream.clone(),
