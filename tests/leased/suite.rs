@@ -70,6 +70,27 @@ pub async fn a_zero_lease_or_retention_by_hand_is_refused_and_reserves_nothing()
     assert!(matches!(h.claim(&least).await, LeasedClaim::Acquired(_)));
 }
 
+/// A hand-written lease and retention of `Duration::MAX` are a century on
+/// every store, not an expiry past what the store counts (a refused claim on
+/// PostgreSQL and MySQL; on SQLite a REAL no later read takes, so every retry
+/// of the key failed): the lease completes, and its retry replays.
+pub async fn a_lease_and_retention_of_duration_max_are_a_century() {
+    let h = H::new("duration-max").await;
+    let key = IdempotencyKey::parse("forever-1").unwrap();
+    let req = LeaseRequest {
+        retention: Duration::MAX,
+        ..lease_req(&key, Duration::MAX)
+    };
+    let LeasedClaim::Acquired(lease) = h.claim(&req).await else {
+        panic!("a new key is acquired");
+    };
+    lease.complete(&paid("ch_forever")).await.unwrap();
+    match h.claim(&req).await {
+        LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_forever")),
+        other => panic!("the retry replays: {other:?}"),
+    }
+}
+
 pub async fn a_stale_owner_cannot_publish_and_the_provider_charges_once() {
     let h = H::new("stale-publish").await;
     let provider = Provider::default();

@@ -20,7 +20,8 @@ pub struct ClaimRequest<'a> {
     pub key: &'a IdempotencyKey,
     /// The logical request's fingerprint.
     pub fingerprint: Fingerprint,
-    /// How long the key and its outcome are kept after completion.
+    /// How long the key and its outcome are kept after completion: at least
+    /// 1 ms (less is refused), at most a century (more is taken as that).
     pub retention: Duration,
     /// How long a duplicate waits for a concurrent first request to finish.
     pub in_flight_wait: Duration,

@@ -20,7 +20,8 @@ pub struct LeaseRequest<'a> {
     pub key: &'a IdempotencyKey,
     /// The logical request's fingerprint.
     pub fingerprint: Fingerprint,
-    /// How long the outcome is kept after completion.
+    /// How long the outcome is kept after completion: at least 1 ms (less is
+    /// refused), at most a century (more is taken as that, as is a lease).
     pub retention: Duration,
     /// How long the claim is owned without renewal.
     pub lease: Duration,

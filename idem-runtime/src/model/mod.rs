@@ -182,11 +182,18 @@ pub(crate) fn refuse_under_a_millisecond(
     Ok(())
 }
 
-/// A duration as the milliseconds every backend's SQL takes. Saturates rather
-/// than fails: a bound of centuries means "never" either way.
+/// A duration as the milliseconds every backend's SQL takes, at most a
+/// century of 365-day years. Saturates rather than fails: a bound of
+/// centuries means "never" either way, and the time it is added to must not
+/// overflow (on SQLite, `now + n` past `i64` turns into a REAL, which no
+/// later read of the row takes; PostgreSQL and MySQL refuse the claim).
 pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(d.as_millis()).map_or(CENTURY_MS, |ms| ms.min(CENTURY_MS))
 }
+
+/// A century of 365-day years, in milliseconds: the longest duration
+/// [`millis`] gives.
+pub(crate) const CENTURY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// A database count as an unsigned number. A count is never negative; the
 /// fallback only keeps a corrupt answer from panicking a background task.

@@ -505,12 +505,11 @@ impl RedisLeaseStore {
 
 /// A duration as the scripts take it: at least 1 ms (a claim refuses less, so
 /// a lease's own renewals and completion never send less; `PEXPIRE 0` would
-/// delete the record) and at most a century (Lua's numbers are doubles, and
-/// `string.format('%d')` of one past 2^63 is undefined: the record could get a
-/// negative expiry, which deletes it).
+/// delete the record) and at most a century, as [`millis`] gives (Lua's
+/// numbers are doubles, and `string.format('%d')` of one past 2^63 is
+/// undefined: the record could get a negative expiry, which deletes it).
 fn script_ms(d: Duration) -> i64 {
-    const CENTURY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
-    millis(d).clamp(1, CENTURY_MS)
+    millis(d).max(1)
 }
 
 fn text(v: &Value) -> Option<String> {
