@@ -130,6 +130,11 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), StoreError> {
 /// (apart from the application's own `_sqlx_migrations`), to run with options
 /// of your own or to list; [`migrate`] runs them as they are.
 ///
+/// On SQLite, call [`migrate`] after running them yourself: it also converts
+/// rows written before keys were digested (idem 0.1), which SQL cannot do
+/// there (SQLite has no SHA-256). Until it has, such a key is not found, and
+/// its retry runs the handler again. Elsewhere the migrations convert them.
+///
 /// ```
 /// # #[cfg(feature = "postgres")] { // the example names PostgreSQL's migrations
 /// let pending = idem_runtime::migrator::<sqlx::Postgres>().iter().count();
