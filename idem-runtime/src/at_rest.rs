@@ -148,7 +148,9 @@ pub enum KeyRingError {
 }
 
 impl KeyRing {
-    /// A ring of `keys` (`(id, 32 bytes)`), `active` the one that seals.
+    /// A ring of `keys` (`(id, 32 bytes)`), `active` the one that seals. An
+    /// id names its bytes for good: never give another key an id used
+    /// before (docs/security.md, "Rotation").
     ///
     /// # Errors
     ///
