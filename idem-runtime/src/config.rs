@@ -359,14 +359,16 @@ impl<DB: Backend> Idem<DB> {
     /// transaction may run on a connection that hook did not see. To save the
     /// ping and keep the hook, turn the ping off in the pool instead
     /// (`PgPoolOptions::test_before_acquire(false)`): `acquire()` then runs
-    /// `before_acquire` alone, and idem takes the claim's first message as
-    /// the connection's test as above (a dropped connection is closed and the
-    /// claim begins on another, up to one more than the pool's size). Your own
-    /// queries on that pool then go untested too. A replay of a
+    /// `before_acquire` alone, and on the session path idem takes the claim's
+    /// first message (or a remembered key's read) as the connection's test as
+    /// above (a dropped connection is closed and the claim begins on another,
+    /// up to one more than the pool's size). Your own queries on that pool
+    /// then go untested too, and so do idem's on the bound-parameter path: a
+    /// dropped connection fails the request there (`503`, nothing stored). A replay of a
     /// key this process remembers is read untested either way (see
     /// [`Idem::with_replay_hints`]). No effect where the session path is off
     /// ([`Idem::with_session_statements`]: each of idem's statements is a round
-    /// trip there, and the claim begins with a tested connection), nor on
+    /// trip there, and the claim begins on a connection from `acquire()`), nor on
     /// SQLite and MySQL.
     ///
     /// ```no_run

@@ -1088,9 +1088,10 @@ async fn the_checkout_test_runs_the_pools_before_acquire_for_a_first_execution()
 /// claim's first message is the test the ping would have been: after a server
 /// restart every idle connection is dropped, and the claim closes each as it
 /// finds it so and begins on a new one, running its handler once, with the
-/// hook seeing every idle connection it was given.
+/// hook seeing every idle connection it was given. So does a remembered key's
+/// read: its retry replays after the next restart.
 #[tokio::test]
-async fn without_the_pools_ping_a_claim_begins_again_past_every_dropped_connection() {
+async fn without_the_pools_ping_a_claim_and_a_replay_get_past_every_dropped_connection() {
     let hooked = Arc::new(AtomicU64::new(0));
     let counted = hooked.clone();
     // The hook only counts: one that queried would test the connection itself.
@@ -1106,17 +1107,7 @@ async fn without_the_pools_ping_a_claim_begins_again_past_every_dropped_connecti
     .await;
     let hook_runs = || hooked.load(Ordering::SeqCst);
     let r = router(Idem::new(pool.clone()).with_session_statements(true));
-    // Both connections open and idle, then ended by the server.
-    let (mut a, mut b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
-    let ended = [backend_pid(&mut *a).await, backend_pid(&mut *b).await];
-    drop((a, b));
-    until("both connections came back", || async {
-        pool.num_idle() == 2
-    })
-    .await;
-    for pid in ended {
-        end_backend(&db, pid).await;
-    }
+    let ended = end_both_connections(&pool, &db).await;
     let before = hook_runs();
 
     let widget = || request("/widgets", "k1", json!({"name": "a"}));
@@ -1133,10 +1124,28 @@ async fn without_the_pools_ping_a_claim_begins_again_past_every_dropped_connecti
         !ended.contains(&now),
         "the dropped connections were replaced"
     );
+
+    end_both_connections(&pool, &db).await;
     let (status, replayed, body) = send(&r, widget()).await;
     assert!(status.is_success() && replayed, "{status}: {body:?}");
     assert_eq!(body, first, "the stored answer");
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+}
+
+/// Opens `pool`'s two connections, lets them go back idle, then ends both
+/// from the server's side (as a restart would): their backends' pids.
+async fn end_both_connections(pool: &PgPool, db: &TestDb) -> [i32; 2] {
+    let (mut a, mut b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+    let ended = [backend_pid(&mut *a).await, backend_pid(&mut *b).await];
+    drop((a, b));
+    until("both connections came back", || async {
+        pool.num_idle() == 2
+    })
+    .await;
+    for pid in ended {
+        end_backend(db, pid).await;
+    }
+    ended
 }
 
 /// A session's plan for idem's key lookups stays on the primary key while the

@@ -151,6 +151,14 @@ impl Checkout {
             Checkout::Untested
         }
     }
+
+    /// How many untested connections found dropped a claim closes before it
+    /// gives up: a pool that does not ping may hand out every idle connection
+    /// dropped (after a server restart, all of them), and by one more than
+    /// the pool holds `acquire()` has opened a new one.
+    fn most_lost(pool: &sqlx::PgPool) -> u32 {
+        pool.options().get_max_connections().saturating_add(1)
+    }
 }
 
 /// The session path's claim (see the module docs): `BEGIN` with the probe; a
@@ -179,14 +187,7 @@ async fn begin_in_session(
         Ok(AssertSqlSafe(begin).into_sql_str())
     };
     let mut prepared = false;
-    // A pool that does not ping may hand out every idle connection dropped
-    // (after a server restart, all of them): each is closed as its first
-    // message finds it so, up to one more than the pool holds, by when
-    // `acquire()` has opened a new one.
-    let (mut lost, max_lost) = (
-        0,
-        ctx.pool.options().get_max_connections().saturating_add(1),
-    );
+    let mut lost = 0;
     loop {
         // Built anew for the second attempt (a session prepared just now)
         // rather than copied for every first one.
@@ -200,7 +201,10 @@ async fn begin_in_session(
         if session::is_marker(&e, session::PROBE_MARKER) {
             return after_probe(ctx, req, conn).await;
         }
-        if checkout == Checkout::Untested && lost_connection(&e) && lost < max_lost {
+        if checkout == Checkout::Untested
+            && lost_connection(&e)
+            && lost < Checkout::most_lost(ctx.pool)
+        {
             tracing::debug!(
                 error = %e,
                 "idem: a claim's untested connection was lost; beginning on another"
@@ -301,12 +305,12 @@ fn remembered(ctx: &ClaimContext<'_, Postgres>, req: &ClaimRequest<'_>) -> bool 
 /// acquire ping, no `before_acquire`), so that a replay waits for one round
 /// trip, not two. That is safe for a read: where the connection turns out
 /// dropped (what the ping is there to find), or none is idle, the key is read
-/// on a connection from `acquire()`, tested as the pool says; a read that
+/// on a connection from `acquire()` (`read_acquired`); a read that
 /// stalls is bounded by the request's deadline, and its connection closed
 /// (`read_key`). Only an answer is decided on the untested connection;
 /// where the key is to be executed (its row expired, swept or purged since),
-/// the connection goes back and the claim begins on a tested one, with the
-/// probe (which reads the key again); without the checkout test
+/// the connection goes back and the claim begins on one from `acquire()`,
+/// with the probe (which reads the key again); without the checkout test
 /// (`Idem::with_checkout_test(false)`) it begins on the connection the read
 /// just used.
 async fn begin_remembered(
@@ -335,12 +339,11 @@ async fn begin_remembered(
             Err(e) if !connection_lost(&e) => return Err(e),
             Err(e) => tracing::debug!(
                 error = %e,
-                "idem: a remembered key's read lost its idle connection; reading it on a tested one"
+                "idem: a remembered key's read lost its idle connection; reading it on one from acquire()"
             ),
         }
     }
-    let conn = ctx.pool.acquire().await?;
-    let (conn, snapshot) = read_key(conn, req).await?;
+    let (conn, snapshot) = read_acquired(ctx, req).await?;
     match decide::transactional(snapshot, req.in_flight_wait) {
         decide::TransactionalStep::Answer(claim) => Ok(answered(ctx, req, conn, claim)),
         // With the probe, which prepares a session that lacks idem's statements
@@ -348,6 +351,31 @@ async fn begin_remembered(
         decide::TransactionalStep::Execute { .. } => {
             let checkout = Checkout::acquired(ctx.pool);
             begin_in_session(ctx, req, conn, checkout).await
+        }
+    }
+}
+
+/// The key read on a connection from `acquire()`. From a pool that does not
+/// ping its checkouts, a connection the read finds dropped is closed
+/// (`read_key` closes a connection whose read failed) and the read made on
+/// another, as [`begin_in_session`] does.
+async fn read_acquired(
+    ctx: &ClaimContext<'_, Postgres>,
+    req: &ClaimRequest<'_>,
+) -> Result<(PoolConnection<Postgres>, Option<KeySnapshot>), StoreError> {
+    let mut lost = 0;
+    loop {
+        let conn = ctx.pool.acquire().await?;
+        match read_key(conn, req).await {
+            Err(e)
+                if connection_lost(&e)
+                    && Checkout::acquired(ctx.pool) == Checkout::Untested
+                    && lost < Checkout::most_lost(ctx.pool) =>
+            {
+                tracing::debug!(error = %e, "idem: a key's read lost its untested connection; reading it on another");
+                lost += 1;
+            }
+            read => return read,
         }
     }
 }
