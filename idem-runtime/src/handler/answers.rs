@@ -161,7 +161,9 @@ pub(super) fn taken(
                 stored,
                 cached: false,
             },
-            Err(e) => return store_failed(op, scope.tenant_label, Step::Claim, &e),
+            // Counted already (its claim executed, its completion rolled
+            // back): only answered.
+            Err(e) => return failed_response(op, Step::Claim, &e),
         },
         Claim::Mismatch => Answer::Mismatch { cached: false },
         Claim::InFlight { retry_after } => Answer::InFlight(retry_after),
@@ -204,6 +206,11 @@ pub(super) fn store_failed(
     } else {
         metrics::completion(op, "error");
     }
+    failed_response(op, step, e)
+}
+
+/// [`store_failed`]'s log line and answer, without its count.
+fn failed_response(op: &'static str, step: Step, e: &StoreError) -> Response {
     // Where the key holds an outcome that cannot be read (a stored answer
     // sealed with a key the ring lacks, or changed), or a stale worker's
     // effect ran under a lease another took over, "nothing was stored" would
