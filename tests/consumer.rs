@@ -176,7 +176,9 @@ impl Bus {
     }
 }
 
-async fn start_consumer(db: &TestDb, bus: &Bus, env: &[(&str, &str)]) -> Child {
+/// The `consumer` example's command for the test's database and bus, with
+/// `env` besides.
+fn consumer_command(db: &TestDb, bus: &Bus, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(common::example_binary("consumer"));
     cmd.env("DATABASE_URL", &db.url)
         .env("NATS_URL", common::nats_url())
@@ -191,7 +193,11 @@ async fn start_consumer(db: &TestDb, bus: &Bus, env: &[(&str, &str)]) -> Child {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap();
+    cmd
+}
+
+async fn start_consumer(db: &TestDb, bus: &Bus, env: &[(&str, &str)]) -> Child {
+    let mut child = consumer_command(db, bus, env).spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     loop {
         let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
@@ -249,6 +255,8 @@ async fn stream_without_broker_dedup(bus: &Bus) {
             name: bus.stream.clone(),
             subjects: vec![bus.subject.clone()],
             duplicate_window: BROKER_DEDUP_WINDOW,
+            // The example's: below the keys' retention.
+            max_age: Duration::from_secs(6 * 24 * 3600),
             ..Default::default()
         })
         .await
@@ -256,19 +264,32 @@ async fn stream_without_broker_dedup(bus: &Bus) {
 }
 
 /// A stream made elsewhere without a max age (by an operator, or an earlier
-/// version of the example) gets the example's, below the keys' retention: a
-/// message is never delivered after its key is forgotten, a replay from the
-/// start included. Its other settings stay.
+/// version of the example) could deliver a credit again after its key is
+/// forgotten: the example refuses to start on it, saying what to set, and
+/// changes nothing (a shorter max age would drop unconsumed credits).
 #[tokio::test]
-async fn a_stream_made_without_a_max_age_gets_one_below_the_keys_retention() {
+async fn a_stream_without_a_max_age_is_refused_at_start() {
     let db = TestDb::new().await;
     let bus = Bus::new().await;
-    stream_without_broker_dedup(&bus).await;
-    let _consumer = start_consumer(&db, &bus, &[]).await;
+    bus.js
+        .create_stream(jetstream::stream::Config {
+            name: bus.stream.clone(),
+            subjects: vec![bus.subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let out = consumer_command(&db, &bus, &[]).output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the consumer exits within 60 s")
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("keeps messages for ever"), "{said}");
+    assert!(said.contains("--max-age 6d"), "{said}");
     let mut stream = bus.js.get_stream(&bus.stream).await.unwrap();
-    let config = stream.info().await.unwrap().config.clone();
-    assert_eq!(config.max_age, Duration::from_secs(6 * 24 * 3600));
-    assert_eq!(config.duplicate_window, BROKER_DEDUP_WINDOW);
+    assert_eq!(stream.info().await.unwrap().config.max_age, Duration::ZERO);
     bus.delete().await;
 }
 
@@ -320,7 +341,7 @@ async fn two_consumers_and_a_republished_message_apply_each_credit_once() {
 #[tokio::test]
 async fn a_refusal_at_commit_is_the_commits_error_and_commits_nothing() {
     let db = TestDb::new().await;
-    db.exec(DEFERRED_REFUSAL).await;
+    db.exec(REFUSE_POISON_FN).await;
     db.exec("CREATE TABLE credits (account text NOT NULL)")
         .await;
     db.exec(
@@ -356,7 +377,7 @@ async fn a_refusal_at_commit_is_the_commits_error_and_commits_nothing() {
 }
 
 /// A trigger function that refuses the `poison` account.
-const DEFERRED_REFUSAL: &str = "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+const REFUSE_POISON_FN: &str = "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
      BEGIN IF NEW.account = 'poison' THEN RAISE EXCEPTION 'poisoned account'; END IF; \
      RETURN NEW; END $$";
 
@@ -400,7 +421,7 @@ async fn a_refused_credit_is_dead_lettered(create_trigger: &str) {
         ],
     )
     .await;
-    db.exec(DEFERRED_REFUSAL).await;
+    db.exec(REFUSE_POISON_FN).await;
     db.exec(create_trigger).await;
     bus.publish("poison-1", r#"{"account":"poison","amount_cents":500}"#)
         .await;

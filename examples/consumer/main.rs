@@ -95,19 +95,25 @@ async fn run() -> Result<(), String> {
         })
         .await
         .map_err(|e| format!("cannot create the stream {stream_name}: {e}"))?;
-    // A stream that was there already keeps its own settings, and one made
-    // without a max age (by an operator, or an earlier version of this
-    // example) keeps its messages for ever: it gets this one, the rest of its
-    // settings as they are.
-    let config = &stream.cached_info().config;
-    if config.max_age.is_zero() || config.max_age > max_age {
-        js.update_stream(stream::Config {
-            max_age,
-            ..config.clone()
-        })
-        .await
-        .map_err(|e| format!("cannot set the stream {stream_name}'s max age: {e}"))?;
-        tracing::info!(stream = %stream_name, ?max_age, "consumer: the stream's max age set, below the keys' retention");
+    // A stream that was there already keeps its own settings. One made
+    // without a max age, or a longer one (by an operator, or an earlier
+    // version of this example), could deliver a credit again after its key
+    // is forgotten (a durable recreated replays from the start): refused.
+    // Not changed here: a shorter max age drops the messages past it at
+    // once, unconsumed credits included, which is the operator's call.
+    let kept = stream.cached_info().config.max_age;
+    if kept.is_zero() || kept > max_age {
+        return Err(format!(
+            "the stream {stream_name} keeps messages {}, longer than the keys' retention              ({} days) allows: a replay from the start would apply old credits again. Give it              a max age of at most {} days (nats stream edit {stream_name} --max-age {}d),              once its backlog is consumed",
+            if kept.is_zero() {
+                "for ever".to_owned()
+            } else {
+                format!("{} s", kept.as_secs())
+            },
+            RETENTION.as_secs() / 86400,
+            max_age.as_secs() / 86400,
+            max_age.as_secs() / 86400,
+        ));
     }
     let dead_stream = format!("{stream_name}_DEAD");
     js.get_or_create_stream(stream::Config {

@@ -112,7 +112,7 @@ pub fn refused(e: &ConsumeError<sqlx::Error>) -> bool {
     }
 }
 
-/// Logs to stderr (`RUST_LOG`, default `info`), runs `run`, and exits 1 with its
+/// Logs to stdout (`RUST_LOG`, default `info`), runs `run`, and exits 1 with its
 /// error, logged.
 pub async fn main_with(
     run: impl std::future::Future<Output = Result<(), String>>,

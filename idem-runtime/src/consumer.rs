@@ -10,9 +10,9 @@
 //!   the effect does not run; ack again.
 //! * the same identity with a different payload → [`Delivery::Conflict`]: reported,
 //!   never applied; dead-letter it (terminate) and alert.
-//! * the effect fails → nothing commits → nack; the redelivery applies it. So
-//!   does a constraint the database checks only at `COMMIT` (deferred):
-//!   [`ConsumeError::Commit`].
+//! * the effect fails → nothing commits → nack; the redelivery applies it.
+//!   A constraint the database checks only at `COMMIT` (deferred) fails there,
+//!   [`ConsumeError::Commit`], and again on every redelivery: dead-letter it.
 //! * a concurrent delivery of the same message still running → [`ConsumeError::InFlight`]:
 //!   nack with a delay; the redelivery sees the outcome.
 //!
@@ -139,7 +139,9 @@ pub fn message_key(id: &str) -> IdempotencyKey {
 ///
 /// # Errors
 ///
-/// [`ConsumeError`]: nothing committed; the message should be redelivered.
+/// [`ConsumeError`]: the message should be redelivered. Nothing committed,
+/// unless the connection was lost during `COMMIT` ([`ConsumeError::Commit`]):
+/// the redelivery then finds it applied.
 pub async fn process_once<DB, T, E, F>(
     pool: &Pool<DB>,
     msg: &Message<'_>,
