@@ -125,7 +125,7 @@ macro_rules! leased_tests {
         stamp!(
             suite =>
             a_zero_lease_or_retention_by_hand_is_refused_and_reserves_nothing,
-            a_lease_and_retention_of_duration_max_are_a_century,
+            a_lease_and_retention_of_duration_max_complete_and_replay,
             a_stale_owner_cannot_publish_and_the_provider_charges_once,
             a_batch_renewal_tells_the_taken_over_owner_it_lost,
             a_renewal_arriving_after_a_lapse_cannot_extend_it,

@@ -639,7 +639,7 @@ mod mysql_only {
         });
         tokio::select! {
             done = &mut waiting => panic!("the claim did not wait on the held row: {done:?}"),
-            () = db.until_running(&holder_pool, "%idempotency_requests%") => {}
+            () = db.until_running(&holder_pool, "%FROM idempotency_requests%FOR UPDATE%") => {}
         }
         drop(waiting);
         holder.rollback().await.unwrap();

@@ -153,7 +153,8 @@ impl<DB: Backend> Sweeper<DB> {
     pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
     /// The longest [`Sweeper::with_stale_after`] age: a century of 365.25-day
     /// years, which every database counts without overflow.
-    pub const MAX_STALE_AFTER: Duration = Duration::from_secs(3_155_760_000);
+    pub const MAX_STALE_AFTER: Duration =
+        Duration::from_millis(crate::model::CENTURY_MS.unsigned_abs());
 }
 
 impl<DB: Backend> Sweeper<DB> {

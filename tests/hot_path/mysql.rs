@@ -554,7 +554,7 @@ async fn a_cancelled_leased_claim_leaves_no_lock_wait_on_a_pooled_connection() {
     let mut waiting = Box::pin(idem_runtime::claim_leased(&db.pool, &req));
     tokio::select! {
         done = &mut waiting => panic!("the claim did not wait on the held row: {done:?}"),
-        () = db.until_running(&other, "%idempotency_requests%") => {}
+        () = db.until_running(&other, "%FROM idempotency_requests%FOR UPDATE%") => {}
     }
     drop(waiting);
     // Released before the bound gives up: the dropped claim's statement then

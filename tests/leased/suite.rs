@@ -70,11 +70,11 @@ pub async fn a_zero_lease_or_retention_by_hand_is_refused_and_reserves_nothing()
     assert!(matches!(h.claim(&least).await, LeasedClaim::Acquired(_)));
 }
 
-/// A hand-written lease and retention of `Duration::MAX` are a century on
-/// every store, not an expiry past what the store counts (a refused claim on
-/// PostgreSQL and MySQL; on SQLite a REAL no later read takes, so every retry
-/// of the key failed): the lease completes, and its retry replays.
-pub async fn a_lease_and_retention_of_duration_max_are_a_century() {
+/// A hand-written lease and retention of `Duration::MAX` (taken as a
+/// century) complete on every store, and the retry replays: not an expiry
+/// past what the store counts (a refused claim on PostgreSQL and MySQL; on
+/// SQLite a REAL no later read takes, so every retry of the key failed).
+pub async fn a_lease_and_retention_of_duration_max_complete_and_replay() {
     let h = H::new("duration-max").await;
     let key = IdempotencyKey::parse("forever-1").unwrap();
     let req = LeaseRequest {

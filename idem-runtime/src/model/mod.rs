@@ -183,7 +183,7 @@ pub(crate) fn refuse_under_a_millisecond(
 }
 
 /// A duration as the milliseconds every backend's SQL takes, at most a
-/// century of 365-day years. Saturates rather than fails: a bound of
+/// century of 365.25-day years. Saturates rather than fails: a bound of
 /// centuries means "never" either way, and the time it is added to must not
 /// overflow (on SQLite, `now + n` past `i64` turns into a REAL, which no
 /// later read of the row takes; PostgreSQL and MySQL refuse the claim).
@@ -191,9 +191,9 @@ pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).map_or(CENTURY_MS, |ms| ms.min(CENTURY_MS))
 }
 
-/// A century of 365-day years, in milliseconds: the longest duration
-/// [`millis`] gives.
-pub(crate) const CENTURY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+/// A century of 365.25-day years, in milliseconds: the longest duration
+/// [`millis`] gives, and `Sweeper::MAX_STALE_AFTER`.
+pub(crate) const CENTURY_MS: i64 = 3_155_760_000_000;
 
 /// A database count as an unsigned number. A count is never negative; the
 /// fallback only keeps a corrupt answer from panicking a background task.
