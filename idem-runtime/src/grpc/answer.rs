@@ -247,7 +247,12 @@ pub(crate) async fn answer<T: prost::Message + Default>(
             mark(status.metadata_mut());
             Err(status)
         }
-        problem::CONTENT_TYPE => Err(from_problem(parts.status, &bytes, retry_after)),
+        // idem's own answer, live. A stored one (a reconciler's answer in
+        // HTTP's form) is no gRPC answer, and must not pass for idem's: an
+        // `in-flight` kept for the whole retention, say.
+        problem::CONTENT_TYPE if !replayed => {
+            Err(from_problem(parts.status, &bytes, retry_after))
+        }
         _ => Err(unreadable(
             format!(
                 "an answer that is not gRPC's (HTTP {}, {content_type:?})",
@@ -498,6 +503,15 @@ mod tests {
             stored(MESSAGE_TYPE, &[0x0a, 1, b'x']),
             stored(STATUS_TYPE, b"not json"),
             stored("application/json", br#"{"id":9}"#),
+            // A reconciler's answer in HTTP's form, of idem's types or not.
+            stored(
+                problem::CONTENT_TYPE,
+                br#"{"type":"urn:idem:problem:in-flight","title":"In flight","status":409}"#,
+            ),
+            stored(
+                problem::CONTENT_TYPE,
+                br#"{"type":"https://shop.example/declined","title":"Declined","status":402}"#,
+            ),
         ] {
             let status = answer::<Order>(replay).await.unwrap_err();
             assert_eq!(status.code(), Code::Unavailable, "{status:?}");
