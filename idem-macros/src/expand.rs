@@ -71,18 +71,25 @@ fn checked<C>(
     func: ItemFn,
     validate: Validator<C>,
     expand: impl FnOnce(C, ItemFn) -> TokenStream,
-    refused: fn(ItemFn, &Errors) -> TokenStream,
+    refused: fn(ItemFn, &Errors, &syn::Path) -> TokenStream,
 ) -> TokenStream {
     let mut errors = Errors::default();
     let (raw, written) = crate::parse::parse_args(args, &mut errors);
+    // What a refused copy names the runtime by: the `crate` given, where it
+    // is a path (where not, that is one of the errors).
+    let rt = raw
+        .krate
+        .as_ref()
+        .and_then(|k| syn::parse_str::<syn::Path>(k.as_str()).ok())
+        .unwrap_or_else(|| syn::parse_quote!(::idem_runtime));
     match validate(raw, &written, &func, &mut errors) {
         Some(config) if errors.is_empty() => expand(config, func),
-        _ => refused(func, &errors),
+        _ => refused(func, &errors, &rt),
     }
 }
 
 /// The errors, a stub the router accepts, and the function as written.
-fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
+fn refused(func: ItemFn, errors: &Errors, rt: &syn::Path) -> TokenStream {
     let errors = errors.to_compile_errors();
     let ItemFn {
         attrs, vis, sig, ..
@@ -104,7 +111,7 @@ fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
     } else {
         let mut original = func.clone();
         strip_marker_attrs(&mut original);
-        name_a_bare_handles_database(&mut original);
+        name_a_bare_handles_database(&mut original, rt);
         original.attrs.retain(|a| {
             !is_idempotent_attr(a) && (a.path().is_ident("allow") || a.path().is_ident("expect"))
         });
@@ -124,7 +131,7 @@ fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
 /// A bare `Tx` or `Lease`, already refused with the databases to name, gets one
 /// in the copy of the function, so that rustc does not report it a second time
 /// (a missing generic argument).
-fn name_a_bare_handles_database(func: &mut ItemFn) {
+fn name_a_bare_handles_database(func: &mut ItemFn, rt: &syn::Path) {
     for arg in func.sig.inputs.iter_mut() {
         let FnArg::Typed(t) = arg else { continue };
         let syn::Type::Reference(r) = &mut *t.ty else {
@@ -138,7 +145,7 @@ fn name_a_bare_handles_database(func: &mut ItemFn) {
             && last.arguments.is_none()
         {
             last.arguments = syn::PathArguments::AngleBracketed(syn::parse_quote!(
-                <::idem_runtime::__private::AnyBackend>
+                <#rt::__private::AnyBackend>
             ));
         }
     }
@@ -370,8 +377,8 @@ impl<'a> Handler<'a> {
             (Some(elem), false) => {
                 quote!(#rt::IdemRequest<<#elem as #rt::#handle_trait>::Db, true>)
             }
-            (None, true) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend>),
-            (None, false) => quote!(#rt::IdemRequest<#rt::__private::AnyBackend, true>),
+            (None, true) => quote!(#rt::IdemRequest<#rt::AnyBackend>),
+            (None, false) => quote!(#rt::IdemRequest<#rt::AnyBackend, true>),
         }
     }
 
@@ -856,6 +863,35 @@ mod tests {
             ),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_refused_handler_names_the_runtime_by_its_crate_path() {
+        // A bare `Tx` is refused; the function's copy names its database
+        // through the `crate` given, not a crate the user may not have.
+        let out = expand_str(
+            quote!(crate = "idem_rt", operation = "x", retention = "24h"),
+            quote! {
+                async fn f(#[tenant] c: Caller, tx: &mut idem_rt::Tx, Json(b): Json<B>) -> StatusCode { todo!() }
+            },
+        );
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(!out.contains(":: idem_runtime ::"), "{out}");
+        assert!(out.contains("idem_rt :: __private :: AnyBackend"), "{out}");
+    }
+
+    #[test]
+    fn a_grpc_key_field_of_a_raw_name_is_named_as_the_proto_names_it() {
+        let out = expand_str(
+            quote!(operation = "x", retention = "24h", key = "body.r#type"),
+            quote! {
+                async fn create_order(&self, #[tenant] caller: Extension<Caller>, tx: &mut Tx<Postgres>, request: Request<CreateOrderRequest>) -> Result<Response<Order>, Status> {
+                    todo!()
+                }
+            },
+        );
+        assert!(out.contains("KeySource :: Field (\"type\")"), "{out}");
+        assert!(out.contains("__idem_m . r#type"), "{out}");
     }
 
     #[test]

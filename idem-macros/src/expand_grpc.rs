@@ -32,7 +32,7 @@ use crate::validate::{BodyPrint, GrpcConfig, Key, Tenant, is_idempotent_attr};
 
 /// The errors, and the method with tonic's signature and no body, so that
 /// the `impl` adds no error of its own.
-pub fn refused(func: ItemFn, errors: &Errors) -> TokenStream {
+pub fn refused(func: ItemFn, errors: &Errors, _rt: &syn::Path) -> TokenStream {
     let errors = errors.to_compile_errors();
     let ItemFn {
         attrs, vis, sig, ..
@@ -246,9 +246,12 @@ pub fn expand(config: &GrpcConfig, func: ItemFn) -> TokenStream {
         Key::Field(f, span) => {
             let field = field_ident(f, *span);
             let access = quote_spanned!(*span=> &mut __idem_m.#field);
+            // The field as the proto names it (and clients see it in a
+            // violation): `r#type` is `type`.
+            let named = f.strip_prefix("r#").unwrap_or(f);
             (
                 quote!(let __idem_key_field = #rt::grpc::key_field(__idem_call.get_ref(), |__idem_m| #access);),
-                quote!(#rt::grpc::KeySource::Field(#f), ::core::option::Option::Some(__idem_key_field)),
+                quote!(#rt::grpc::KeySource::Field(#named), ::core::option::Option::Some(__idem_key_field)),
             )
         }
     };

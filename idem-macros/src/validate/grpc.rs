@@ -269,6 +269,13 @@ fn check_params(
             FnArg::Typed(t) => t,
         };
         if i == request {
+            if let Some(attr) = parameters::tenant_attr(arg) {
+                errors.push_spanned(
+                    attr,
+                    "the request message cannot be the `#[tenant]`: a client could name any tenant in it; mark the caller's identity `#[tenant]` instead (such as `#[tenant] caller: Extension<Caller>`, inserted by an interceptor)",
+                );
+                tenant_refused = true;
+            }
             continue;
         }
         for attr in &arg.attrs {
