@@ -250,9 +250,7 @@ pub(crate) async fn answer<T: prost::Message + Default>(
         // idem's own answer, live. A stored one (a reconciler's answer in
         // HTTP's form) is no gRPC answer, and must not pass for idem's: an
         // `in-flight` kept for the whole retention, say.
-        problem::CONTENT_TYPE if !replayed => {
-            Err(from_problem(parts.status, &bytes, retry_after))
-        }
+        problem::CONTENT_TYPE if !replayed => Err(from_problem(parts.status, &bytes, retry_after)),
         _ => Err(unreadable(
             format!(
                 "an answer that is not gRPC's (HTTP {}, {content_type:?})",
