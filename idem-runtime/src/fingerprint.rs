@@ -1344,6 +1344,14 @@ mod tests {
             c(r#"{"a":100,"b":1.5}"#)
         );
         assert_eq!(c(r#"{"b":1.5,"a":100}"#), r#"{"amount":{"a":100,"b":1.5}}"#);
+        // A lone surrogate (a string cut inside an emoji) is text a
+        // `RawValue` takes and a `Value` refuses: written as it came, not a
+        // fingerprint failure (a 500 on every retry).
+        assert_eq!(
+            c(r#"{ "memo" : "\ud83d" }"#),
+            r#"{"amount":{"memo":"\ud83d"}}"#
+        );
+        assert_ne!(c(r#""\ud83d""#), c(r#""\ud83e""#));
     }
 
     /// `serde_json::Number` as it serializes where a crate of the build turns

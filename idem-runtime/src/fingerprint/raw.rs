@@ -54,6 +54,13 @@ pub(super) fn reads_exactly(text: &str) -> bool {
                     {
                         return false;
                     }
+                } else if text[i..end].contains("\\u")
+                    && serde_json::from_str::<String>(&text[i..end]).is_err()
+                {
+                    // An escape that is no character (a lone surrogate,
+                    // which serde_json's `RawValue` lets through and its
+                    // `Value` refuses): written as its text.
+                    return false;
                 }
                 i = end;
             }

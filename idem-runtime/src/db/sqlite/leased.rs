@@ -4,8 +4,8 @@
 //! are single `UPDATE`s and `DELETE`s that match the owner token.
 //!
 //! SQLite has one write lock for all keys, so a claim waits for it as long as the
-//! connection's busy timeout (sqlx's default is 5 s) and answers "in flight" past
-//! it; PostgreSQL's claim waits at most 200 ms for its key's row lock. Holders are
+//! connection's busy timeout (sqlx's default is 5 s) and answers `Busy` past it
+//! (`503 store-busy`); PostgreSQL's claim waits at most 200 ms for its key's row lock. Holders are
 //! short (a claim, a renewal, a completion), unless a transactional handler on
 //! the same database runs long. Owner tokens are
 //! 128 random bits, made here; timestamps are Unix milliseconds from SQLite's clock.
