@@ -39,9 +39,14 @@ use crate::model::{Finish, StoreError};
 /// It has no `commit` or `rollback`: idem commits after storing the outcome, and
 /// rolls back when the handler returns `Err` or a 5xx. Do not send `COMMIT`,
 /// `ROLLBACK` or `SET TRANSACTION` yourself: that would separate the effect from its
-/// record, the one thing idem exists to prevent. On SQLite and MySQL the
-/// savepoint `idem_tx` is idem's (it tells idem the transaction is still the
-/// handler's): leave it alone.
+/// record, the one thing idem exists to prevent. Nor change the schema search
+/// path (PostgreSQL's `SET LOCAL search_path`, MySQL's `USE`): idem's
+/// finished row is written at commit by its table's unqualified name, after
+/// the key was read before your statements, so a schema of your own with an
+/// `idempotency_requests` of its own would take the row where no retry reads
+/// it (qualify your tables instead). On SQLite and MySQL the savepoint
+/// `idem_tx` is idem's (it tells idem the transaction is still the handler's):
+/// leave it alone.
 pub struct Tx<DB: Backend> {
     // A pooled connection rather than a `sqlx::Transaction`: the value outlives
     // the claim's decision (a replay answered on the same connection, with no

@@ -78,11 +78,20 @@ pub(crate) async fn probe(pool: &PgPool) -> Result<Sessions, StoreError> {
 /// servers most-recent-first (PgBouncer's default), and the first connection
 /// runs its statement again.
 async fn round(options: &sqlx::postgres::PgConnectOptions) -> Result<Sessions, StoreError> {
+    // This round's own value: a transaction pooler does not reset a session's
+    // settings between clients, so a value every round wrote alike would be
+    // left on its servers by earlier probes, and a read on another server
+    // would find it there as if it had been kept.
+    let mark = format!("kept-{:016x}", fastrand::u64(..));
     let mut first = PgConnection::connect_with(options).await?;
-    first
-        .execute("SELECT set_config('idem.pooler_probe', 'kept', false)")
-        .await?;
-    let mut kept = match read_back(&mut first).await {
+    // A simple query, so that it prepares nothing (the read below must be
+    // the connection's first prepared statement); the mark is hex digits.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT set_config('idem.pooler_probe', '{mark}', false)"
+    )))
+    .execute(&mut first)
+    .await?;
+    let mut kept = match read_back(&mut first, &mark).await {
         Ok(kept) => kept,
         Err(e) if is_lost_statement(&e) => return Ok(Sessions::PreparedStatementsLost),
         Err(e) => return Err(e.into()),
@@ -96,7 +105,7 @@ async fn round(options: &sqlx::postgres::PgConnectOptions) -> Result<Sessions, S
     // ends, and its answer says whether its statement followed it. A wait
     // beside another server is a slow server, and says nothing.
     let (again, waited) = {
-        let again = read_back(&mut first);
+        let again = read_back(&mut first, &mark);
         tokio::pin!(again);
         match tokio::time::timeout(Duration::from_secs(2), &mut again).await {
             Ok(again) => (again, false),
@@ -145,14 +154,14 @@ async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
         .try_get(0)
 }
 
-/// Whether the session still holds the probe's setting, read by a prepared
-/// statement (the same one each time, by name, as sqlx caches it).
-async fn read_back(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+/// Whether the session still holds the round's setting, `mark`, read by a
+/// prepared statement (the same one each time, by name, as sqlx caches it).
+async fn read_back(conn: &mut PgConnection, mark: &str) -> Result<bool, sqlx::Error> {
     let row = sqlx::query("SELECT current_setting('idem.pooler_probe', true) AS kept")
         .fetch_one(&mut *conn)
         .await?;
     let kept: Option<String> = row.try_get("kept")?;
-    Ok(kept.as_deref() == Some("kept"))
+    Ok(kept.as_deref() == Some(mark))
 }
 
 /// A prepared statement the server does not have (`26000`), or one of another
