@@ -90,6 +90,15 @@ async fn more_modes(tx: &mut Tx<Db>, tenant: &str, name: &str, mode: &str) -> Op
         }
         // Every run waits at the widget's gate.
         "gated-every" => Gate::named(name).stop().await,
+        // idem's savepoint released under it (which the docs forbid): the
+        // session is still in a transaction, but not with `idem_tx`, as
+        // MariaDB before MDEV-36959's fix leaves a swallowed deadlock's.
+        "releases-savepoint" => {
+            sqlx::raw_sql("RELEASE SAVEPOINT idem_tx")
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+        }
         // The first run holds pair 1 and waits at the gate, where the test's
         // heavier transaction takes pair 2 and waits for pair 1; asking for
         // pair 2 then closes a deadlock, and InnoDB rolls this (lighter)
@@ -345,6 +354,39 @@ async fn a_deadlock_the_handler_swallows_stores_no_answer() {
         return;
     }
     swallowed_deadlock_stores_no_answer(form, db, r, "dl-m").await;
+}
+
+/// A transaction that `@@in_transaction` reports but that lacks the savepoint
+/// `idem_tx` stores no answer in MariaDB's form: the commit's message releases
+/// the savepoint first, which fails, and nothing commits, the handler's widget
+/// included. That is the state MariaDB releases before MDEV-36959's fix leave
+/// after a swallowed deadlock (its rollback kept `BEGIN`, and the next
+/// statement opened a new transaction); here the handler releases the
+/// savepoint itself to make it.
+#[tokio::test]
+async fn a_transaction_without_idem_tx_commits_nothing_in_mariadbs_form() {
+    let form = insert_form(true).await;
+    let (db, r) = app().await;
+    if !is_mariadb(&db).await {
+        eprintln!("skipped: MariaDB's form of the insert");
+        return;
+    }
+    let _form = form;
+    let body = json!({"name": "sp", "mode": "releases-savepoint"});
+    let (status, replayed, retry_after, answer) =
+        send(&r, request("/widgets", "k-sp", body.clone())).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::SERVICE_UNAVAILABLE, false),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(retry_after.is_some(), "nothing stored: retry");
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_requests").await,
+        0
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0);
 }
 
 /// As [`a_deadlock_the_handler_swallows_stores_no_answer`], with MySQL 8's form

@@ -168,7 +168,7 @@ impl<DB: Backend> Tx<DB> {
     /// connection (an `sqlx::Transaction` it began and forgot rather than
     /// committed or dropped): the driver's `COMMIT` or `ROLLBACK` would then
     /// end only that savepoint, and leave the handler's transaction open.
-    fn nested_left_open(&self) -> bool {
+    pub(crate) fn nested_left_open(&self) -> bool {
         <DB as Database>::TransactionManager::get_transaction_depth(&self.conn) > 1
     }
 
@@ -202,7 +202,7 @@ impl<DB: Backend> Tx<DB> {
     /// both at once: the count drops, and the `ROLLBACK` (of an empty
     /// transaction: no warning, no work) rides with the connection's next message,
     /// the pool's check on release, with no round trip of its own.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn committed_by_message(mut self) {
         if self.nested_left_open() {
             // `COMMIT AND CHAIN` committed the handler's nested transaction

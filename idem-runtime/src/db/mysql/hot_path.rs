@@ -7,7 +7,7 @@
 //! SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; SAVEPOINT idem_tx
 //! ... the handler's statements ...
 //! [SET STATEMENT innodb_lock_wait_timeout = N FOR] INSERT .. ON DUPLICATE KEY UPDATE ..
-//! COMMIT
+//! [RELEASE SAVEPOINT idem_tx;] COMMIT [AND CHAIN]           one message
 //! ```
 //!
 //! * **The lookup** answers every retry of a finished key (replay, or `422`) with
@@ -45,11 +45,15 @@
 //! On MariaDB the insert's row comes from `SELECT .. WHERE @@in_transaction = 1`:
 //! where InnoDB rolled the handler's transaction back under it (a deadlock the
 //! handler swallowed), it writes nothing rather than commit the answer alone
-//! (see `upsert!`). MySQL 8 lacks the variable, and sends `VALUES`: there the
-//! handler's transaction begins with the savepoint `idem_tx`
-//! ([`BEGIN_HANDLER`]), and the message that bounds the insert's wait opens
-//! with its `RELEASE`, which fails where the transaction has ended (every end
-//! of a transaction takes its savepoints), so the insert is not sent.
+//! (see `upsert!`); its `COMMIT` then comes after the `RELEASE` of the
+//! savepoint `idem_tx` the handler's transaction began with ([`BEGIN_HANDLER`]),
+//! in one message (`commit_in_handlers_transaction`): a MariaDB release before
+//! the fix for MDEV-36959 opens a new transaction after such a rollback, which
+//! the variable reports, but without the savepoint. MySQL 8 lacks the
+//! variable, and sends `VALUES`: there the message that bounds the insert's
+//! wait opens with the `RELEASE`, which fails where the transaction has ended
+//! (every end of a transaction takes its savepoints), so the insert is not
+//! sent.
 //!
 //! With [`Idem::with_claims_at_commit`](crate::Idem::with_claims_at_commit) off
 //! the key is claimed before the handler (the locking read of
@@ -327,7 +331,10 @@ impl HandlerPath for MySql {
         };
         let started = Instant::now();
         match upsert(&mut tx, &execution, response, status, &headers).await {
-            Ok(Upserted::Took) => tx.commit_stored().await,
+            Ok(Upserted::Took {
+                savepoint_held: true,
+            }) => commit_in_handlers_transaction(tx).await,
+            Ok(Upserted::Took { .. }) => tx.commit_stored().await,
             Ok(Upserted::OutsideTransaction) => {
                 // The handler's transaction had ended, and the key's row was
                 // not written: the retry runs the handler again. The
@@ -421,8 +428,9 @@ impl KeyLookup for MySql {
 
 /// What the insert that claims the key did.
 enum Upserted {
-    /// It took the key.
-    Took,
+    /// It took the key; `savepoint_held` where `idem_tx` has not been released
+    /// yet (MariaDB's guarded form), for the commit to check.
+    Took { savepoint_held: bool },
     /// It left another execution's row alone.
     LeftAlone,
     /// It wrote nothing: the session is no longer in the handler's transaction
@@ -552,6 +560,38 @@ async fn upsert(
     done.map(|done| taken(done, false))
 }
 
+/// Commits after MariaDB's guarded insert, `RELEASE SAVEPOINT idem_tx` first
+/// in the same message (`COMMIT AND CHAIN`: see `Tx::committed_by_message`),
+/// so that only the transaction idem began commits the answer. MariaDB
+/// releases before the fix for MDEV-36959 keep a deadlocked transaction's
+/// `BEGIN`: the next statement opens a new transaction, which
+/// `@@in_transaction` reports like the handler's, but the rollback removed
+/// the savepoint. Its `RELEASE` then fails ([`NO_SUCH_SAVEPOINT`]), the
+/// `COMMIT` does not run, and what that new transaction holds is rolled back:
+/// nothing stored. No round trip is added: the `RELEASE` rides with the
+/// `COMMIT`.
+async fn commit_in_handlers_transaction(mut tx: Tx<MySql>) -> Finish {
+    if tx.nested_left_open() {
+        return Finish::NotStored(StoreError::NestedTransactionLeftOpen);
+    }
+    match sqlx::raw_sql("RELEASE SAVEPOINT idem_tx; COMMIT AND CHAIN")
+        .execute(&mut **tx.connection())
+        .await
+    {
+        Ok(_) => {
+            tx.committed_by_message();
+            Finish::Committed
+        }
+        Err(e) if error_number(&e) == Some(NO_SUCH_SAVEPOINT) => {
+            if let Err(e) = tx.rollback().await {
+                return Finish::NotStored(e.into());
+            }
+            Finish::NotStored(StoreError::TransactionEnded)
+        }
+        Err(e) => Finish::Unknown(e.into()),
+    }
+}
+
 /// `RELEASE SAVEPOINT idem_tx` in a message of its own, for the insert's form
 /// that neither reads `@@in_transaction` nor carries the `RELEASE` (`SET
 /// STATEMENT` on a server without the variable): `false` where the handler's
@@ -576,7 +616,9 @@ fn taken(done: MySqlQueryResult, guarded: bool) -> Upserted {
     }
     match done.last_insert_id() {
         0 => Upserted::LeftAlone,
-        _ => Upserted::Took,
+        _ => Upserted::Took {
+            savepoint_held: guarded,
+        },
     }
 }
 
