@@ -288,6 +288,10 @@ async fn a_stream_without_a_max_age_is_refused_at_start() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("keeps messages for ever"), "{said}");
     assert!(said.contains("--max-age 6d"), "{said}");
+    assert!(
+        said.contains("the keys' retention (7 days) allows"),
+        "{said}"
+    );
     let mut stream = bus.js.get_stream(&bus.stream).await.unwrap();
     assert_eq!(stream.info().await.unwrap().config.max_age, Duration::ZERO);
     bus.delete().await;

@@ -103,16 +103,18 @@ async fn run() -> Result<(), String> {
     // once, unconsumed credits included, which is the operator's call.
     let kept = stream.cached_info().config.max_age;
     if kept.is_zero() || kept > max_age {
+        let days = |d: Duration| d.as_secs() / 86400;
+        let kept = if kept.is_zero() {
+            "for ever".to_owned()
+        } else {
+            format!("{} s", kept.as_secs())
+        };
+        let (retention, most) = (days(RETENTION), days(max_age));
         return Err(format!(
-            "the stream {stream_name} keeps messages {}, longer than the keys' retention              ({} days) allows: a replay from the start would apply old credits again. Give it              a max age of at most {} days (nats stream edit {stream_name} --max-age {}d),              once its backlog is consumed",
-            if kept.is_zero() {
-                "for ever".to_owned()
-            } else {
-                format!("{} s", kept.as_secs())
-            },
-            RETENTION.as_secs() / 86400,
-            max_age.as_secs() / 86400,
-            max_age.as_secs() / 86400,
+            "the stream {stream_name} keeps messages {kept}, longer than the keys' retention \
+             ({retention} days) allows: a replay from the start would apply old credits again. \
+             Give it a max age of at most {most} days (nats stream edit {stream_name} \
+             --max-age {most}d), once its backlog is consumed"
         ));
     }
     let dead_stream = format!("{stream_name}_DEAD");

@@ -346,13 +346,9 @@ async fn a_leased_row_that_appears_meanwhile_is_left_alone() {
 /// for pair 1.
 #[tokio::test]
 async fn a_deadlock_the_handler_swallows_stores_no_answer() {
-    // MariaDB's form of the insert, whatever another test has chosen.
-    let form = insert_form(true).await;
-    let (db, r) = app().await;
-    if !is_mariadb(&db).await {
-        eprintln!("skipped: MariaDB's form of the insert");
+    let Some((form, db, r)) = on_mariadb_guarded().await else {
         return;
-    }
+    };
     swallowed_deadlock_stores_no_answer(form, db, r, "dl-m").await;
 }
 
@@ -365,16 +361,11 @@ async fn a_deadlock_the_handler_swallows_stores_no_answer() {
 /// savepoint itself to make it.
 #[tokio::test]
 async fn a_transaction_without_idem_tx_commits_nothing_in_mariadbs_form() {
-    let form = insert_form(true).await;
-    let (db, r) = app().await;
-    if !is_mariadb(&db).await {
-        eprintln!("skipped: MariaDB's form of the insert");
+    let Some((_form, db, r)) = on_mariadb_guarded().await else {
         return;
-    }
-    let _form = form;
+    };
     let body = json!({"name": "sp", "mode": "releases-savepoint"});
-    let (status, replayed, retry_after, answer) =
-        send(&r, request("/widgets", "k-sp", body.clone())).await;
+    let (status, replayed, retry_after, answer) = send(&r, request("/widgets", "k-sp", body)).await;
     assert_eq!(
         (status, replayed),
         (StatusCode::SERVICE_UNAVAILABLE, false),
@@ -876,6 +867,18 @@ async fn lock_wait(pool: &sqlx::MySqlPool) -> u64 {
 /// around it) or MariaDB's (`true`: `SET STATEMENT`) while the guard is held.
 /// The choice is the process's, so the tests that make one take turns; the
 /// others learn the server's form and keep to a choice once made.
+/// The widget app with MariaDB's guarded form of the insert held, whatever
+/// another test has chosen; `None` (the test skipped, and said so) elsewhere.
+async fn on_mariadb_guarded() -> Option<(InsertForm, TestDb, Router)> {
+    let form = insert_form(true).await;
+    let (db, r) = app().await;
+    if !is_mariadb(&db).await {
+        eprintln!("skipped: MariaDB's form of the insert");
+        return None;
+    }
+    Some((form, db, r))
+}
+
 async fn insert_form(set_statement: bool) -> InsertForm {
     insert_form_guarded(set_statement, true).await
 }
