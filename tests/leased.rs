@@ -130,6 +130,7 @@ macro_rules! leased_tests {
             a_batch_renewal_tells_the_taken_over_owner_it_lost,
             a_renewal_arriving_after_a_lapse_cannot_extend_it,
             an_uncertain_mark_sent_again_is_the_same_mark,
+            an_outcome_stored_again_is_the_same_store,
             a_crash_between_claim_and_effect_executes_once_after_the_lease,
             release_frees_the_key_and_a_mismatch_is_reported,
             many_running_executions_are_renewed_together_in_few_statements,

@@ -70,6 +70,18 @@ pub async fn mark_uncertain_again<DB: crate::lease::LeaseBackend>(
     lease.record_uncertain().await
 }
 
+/// Stores `response` as `lease`'s outcome, then sends the same store again, as
+/// one whose answer was lost is (the handler's path tries a store three
+/// times): what the second answers (it must be `Ok`: the outcome is this
+/// execution's).
+pub async fn store_outcome_again<DB: crate::lease::LeaseBackend>(
+    lease: crate::Lease<DB>,
+    response: &crate::StoredResponse,
+) -> Result<(), crate::lease::LeaseError> {
+    lease.store_outcome(response).await?;
+    lease.store_outcome(response).await
+}
+
 /// Lapses `lease` as a taken-over execution that failed does, then renews its
 /// old token in a batch, as a renewal sent before the lapse and arriving
 /// after it would: what that renewal learns (the lease must be lost).

@@ -209,6 +209,26 @@ pub async fn an_uncertain_mark_sent_again_is_the_same_mark() {
     assert_eq!(h.uncertain_listed().await, 1);
 }
 
+/// An outcome whose store's answer was lost (it had committed) is stored again
+/// by the handler's path: the second finds the execution's own outcome and is
+/// the same store, not a stale owner (whose client would get the answer marked
+/// as a replay, and whose operator a false "not published").
+pub async fn an_outcome_stored_again_is_the_same_store() {
+    let h = H::new("store-again").await;
+    let key = IdempotencyKey::parse("pay-s").unwrap();
+    let a = acquire(&h, &key, HOUR).await;
+    idem_runtime::test_util::store_outcome_again(a, &paid("ch_again"))
+        .await
+        .expect("the same store, sent again");
+    assert_eq!(record(&h, "pay-s").await.state, "completed");
+    match h.claim(&lease_req(&key, HOUR)).await {
+        LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_again")),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    // That a store finds nothing to write once another owner finished the
+    // key is `a_stale_owner_cannot_publish_and_the_provider_charges_once`.
+}
+
 pub async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
     let h = H::new("crash-claim").await;
     let provider = Provider::default();

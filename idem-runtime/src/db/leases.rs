@@ -58,7 +58,8 @@ pub trait LeaseBackend: sealed::Sealed + Send + Sized + 'static {
     ) -> impl Future<Output = Result<LeasedOutcome, StoreError>> + Send;
 
     /// Stores the owned execution's outcome, its retention counted from now; the
-    /// records touched (1, or 0 for a stale owner).
+    /// records touched (1, or 0 for a stale owner). Sent again after its answer
+    /// was lost, it finds its own outcome and touches the record again (1).
     #[doc(hidden)]
     fn lease_store(
         store: &Self::Store,
@@ -172,7 +173,8 @@ pub trait SqlLeases: Database {
     type Headers<'r>: for<'q> Encode<'q, Self> + Type<Self> + Send;
 
     /// Stores the outcome: `state, status, headers, body, retention ms`, then
-    /// the owned row.
+    /// the owned row, running or already finished under its token
+    /// (`crate::db::shared::stored_row`).
     const STORE_SQL: &'static str;
     /// Renews the lease: `lease ms`, then the owned row.
     const RENEW_SQL: &'static str;

@@ -139,6 +139,27 @@ macro_rules! owned_row {
 }
 pub(crate) use owned_row;
 
+/// [`owned_row`] for the fenced store of an outcome: the owned execution's
+/// row while it runs, and also once it is finished under this owner token.
+/// A store sent again after its answer was lost (it had committed) then finds
+/// the outcome it wrote and is the same store, not a stale owner's (as
+/// Redis's script says). Only this owner's store finishes a row under its
+/// token (a takeover or a lapse gives the row a fresh one, a reconciler's
+/// resolution starts from `uncertain`), and it sends one outcome.
+macro_rules! stored_row {
+    ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
+        $crate::db::shared::owned_row!(
+            $t,
+            $o,
+            $k,
+            $tok,
+            $cast,
+            state: "IN ('processing', 'completed', 'failed')"
+        )
+    };
+}
+pub(crate) use stored_row;
+
 /// Leased mode's two fenced statements that write no value, in a `SqlLeases`
 /// impl: the execution marked uncertain, and released (its row deleted). The
 /// owned row's placeholders and token cast as [`owned_row`] takes them.

@@ -24,7 +24,7 @@ use crate::db::leases::{SqlLeases, renew_one_on};
 use crate::db::restoring::Restoring;
 use crate::db::rows::{encode_text, leased_step, stored_from_text};
 use crate::db::shared::BindKey;
-use crate::db::shared::{self, owned_row, uncertain_and_release_sql};
+use crate::db::shared::{self, owned_row, stored_row, uncertain_and_release_sql};
 use crate::decide::LeasedStep;
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
@@ -180,7 +180,7 @@ impl SqlLeases for MySql {
         ", expires_at = ",
         now_ms!(),
         " + ?, lease_expires_at = NULL WHERE",
-        owned_row!("?", "?", "?", "?", "")
+        stored_row!("?", "?", "?", "?", "")
     );
 
     const RENEW_SQL: &'static str = concat!(

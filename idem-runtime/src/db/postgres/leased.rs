@@ -11,7 +11,7 @@ use super::{BEGIN_READ_COMMITTED, is_lock_timeout, lock_wait_ms};
 use crate::db::leases::{SqlLeases, renew_one_on};
 use crate::db::restoring::Restoring;
 use crate::db::shared::BindKey;
-use crate::db::shared::{owned_row, uncertain_and_release_sql};
+use crate::db::shared::{owned_row, stored_row, uncertain_and_release_sql};
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
 };
@@ -67,7 +67,7 @@ impl SqlLeases for Postgres {
                 lease_expires_at = NULL \
            FROM (SELECT clock_timestamp() AS t) c \
           WHERE",
-        owned_row!("$6", "$7", "$8", "$9", "::uuid")
+        stored_row!("$6", "$7", "$8", "$9", "::uuid")
     );
 
     const RENEW_SQL: &'static str = concat!(

@@ -19,7 +19,7 @@ use crate::db::leases::SqlLeases;
 use crate::db::restoring::Restoring;
 use crate::db::rows::{encode_text, leased_step, stored_from_text};
 use crate::db::shared::BindKey;
-use crate::db::shared::{owned_row, uncertain_and_release_sql};
+use crate::db::shared::{owned_row, stored_row, uncertain_and_release_sql};
 use crate::decide::LeasedStep;
 use crate::model::{
     Acquisition, LeaseRequest, LeasedOutcome, Renewal, Renewed, StoreError, StoredResponse, millis,
@@ -127,7 +127,7 @@ impl SqlLeases for Sqlite {
         now_ms!(),
         " AS now) t \
           WHERE",
-        owned_row!("$6", "$7", "$8", "$9", "")
+        stored_row!("$6", "$7", "$8", "$9", "")
     );
 
     const RENEW_SQL: &'static str = concat!(
