@@ -246,6 +246,102 @@ mod sqlite {
     }
 }
 
+/// Two processes migrating one SQLite file at once (a deployment starting two
+/// replicas): sqlx's migration lock does nothing on SQLite, so idem takes the
+/// write lock first. Deterministic: a third connection holds the write lock
+/// until a busy handler has seen each process wait for it.
+mod sqlite_migrating_at_once {
+    use std::ffi::{c_int, c_void};
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+    use tokio::sync::Semaphore;
+
+    static FIRST_WAITS: Semaphore = Semaphore::const_new(0);
+    static SECOND_WAITS: Semaphore = Semaphore::const_new(0);
+    static STARTING_WAITS: Semaphore = Semaphore::const_new(0);
+
+    /// Stands in for the busy timeout: says when a lock wait begins, then
+    /// retries every millisecond, for ten seconds at most (then SQLITE_BUSY,
+    /// not a hang).
+    unsafe extern "C" fn busy(waits: *mut c_void, tries: c_int) -> c_int {
+        if tries == 0 {
+            // SAFETY: `waits` is one of the statics above.
+            unsafe { &*waits.cast::<Semaphore>() }.add_permits(1);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        c_int::from(tries < 10_000)
+    }
+
+    /// A process's pool: one connection, whose lock waits signal `waits`.
+    async fn process(path: &std::path::Path, waits: &'static Semaphore) -> sqlx::SqlitePool {
+        let waits = std::ptr::from_ref(waits).cast_mut().cast::<c_void>() as usize;
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    let mut handle = conn.lock_handle().await?;
+                    // SAFETY: the handle is this connection's, locked; the
+                    // handler and its argument are 'static.
+                    unsafe {
+                        libsqlite3_sys::sqlite3_busy_handler(
+                            handle.as_raw_handle().as_ptr(),
+                            Some(busy),
+                            waits as *mut c_void,
+                        );
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(SqliteConnectOptions::new().filename(path))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn two_processes_migrating_a_fresh_file_at_once_both_succeed() {
+        let db = crate::common::SqliteDb::migrated_before(0).await;
+        let first = process(&db.path, &FIRST_WAITS).await;
+        let second = process(&db.path, &SECOND_WAITS).await;
+        let holder = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let first = tokio::spawn(async move { idem_runtime::migrate(&first).await });
+        let second = tokio::spawn(async move { idem_runtime::migrate(&second).await });
+        tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            FIRST_WAITS.acquire().await.unwrap().forget();
+            SECOND_WAITS.acquire().await.unwrap().forget();
+        })
+        .await
+        .expect("both processes wait for the write lock");
+        holder.commit().await.unwrap();
+        first.await.unwrap().expect("the first process migrates");
+        second.await.unwrap().expect("the second process migrates");
+        let migrations = idem_runtime::migrator::<sqlx::Sqlite>().iter().count();
+        assert_eq!(
+            db.count("SELECT count(*) FROM _idem_migrations WHERE success")
+                .await,
+            i64::try_from(migrations).unwrap(),
+            "each migration applied once"
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            0
+        );
+    }
+
+    /// A start on a file with every migration applied does not take the write
+    /// lock, so it does not wait behind a running service's writers.
+    #[tokio::test]
+    async fn a_start_on_a_migrated_file_does_not_wait_for_the_write_lock() {
+        let db = crate::common::SqliteDb::new().await;
+        let starting = process(&db.path, &STARTING_WAITS).await;
+        let holder = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        idem_runtime::migrate(&starting)
+            .await
+            .expect("migrated while another connection writes");
+        assert_eq!(STARTING_WAITS.available_permits(), 0, "it never waited");
+        holder.rollback().await.unwrap();
+    }
+}
+
 mod sqlite_twins {
     use super::*;
 

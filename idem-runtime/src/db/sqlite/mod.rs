@@ -77,10 +77,65 @@ impl super::stores::Schema for Sqlite {
 
     /// The SQL migrations, then the conversion of raw keys to digests that
     /// SQLite cannot do in SQL (see [`digests`]).
+    ///
+    /// sqlx's migration lock does nothing on SQLite, and it lists the applied
+    /// migrations before any write: two processes migrating one file would
+    /// both apply the first missing one, and one would fail. So the migrations
+    /// run inside `BEGIN IMMEDIATE` (each one a savepoint in it): a second
+    /// process waits for the write lock (its busy timeout), then finds them
+    /// applied. A file with every migration applied is left without taking
+    /// the lock, so that a start does not wait behind the writers of a
+    /// running service.
     async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
-        Self::migrator().run(pool).await?;
+        let migrator = Self::migrator();
+        if !all_applied(pool, &migrator).await? {
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            run_on(&migrator, &mut tx).await?;
+            tx.commit().await?;
+        }
         digests::convert_raw_keys(pool).await
     }
+}
+
+/// Runs `migrator` on `conn`, where each migration's transaction is a
+/// savepoint of the one `conn` has open. Through `run_direct` (what `run`
+/// calls once it has a connection, public though hidden from sqlx's docs):
+/// `run` over `&mut SqliteConnection` gives a future the compiler cannot
+/// prove `Send` for every lifetime, which this trait's method must be.
+async fn run_on(
+    migrator: &sqlx::migrate::Migrator,
+    conn: &mut sqlx::SqliteConnection,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    migrator.run_direct(None, conn, false).await
+}
+
+/// Whether the file has every one of `migrator`'s migrations applied, with
+/// its checksum: anything else (no table yet, one missing, one failed half-way,
+/// a checksum that differs) is for the migrator to apply or to report.
+async fn all_applied(
+    pool: &Pool<Sqlite>,
+    migrator: &sqlx::migrate::Migrator,
+) -> Result<bool, StoreError> {
+    let applied: Vec<(i64, Vec<u8>)> = match sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT version, checksum FROM {} WHERE success",
+        super::MIGRATIONS_TABLE
+    )))
+    .fetch_all(pool)
+    .await
+    {
+        Ok(rows) => rows,
+        Err(e) if super::is_undefined_table(&e) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let applied: std::collections::HashMap<i64, Vec<u8>> = applied.into_iter().collect();
+    Ok(migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .all(|m| {
+            applied
+                .get(&m.version)
+                .is_some_and(|c| c[..] == m.checksum[..])
+        }))
 }
 
 impl super::shared::SqlTransitions for Sqlite {
