@@ -95,6 +95,13 @@ async fn taken(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) ->
     format!("{}:{body}", caller.0)
 }
 
+/// A handler that never finishes: its request ends at its deadline.
+#[idempotent(operation = "stalled-op", retention = "1h")]
+async fn stalled(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) -> String {
+    let _ = (caller, tx, body);
+    std::future::pending::<String>().await
+}
+
 async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCode, Vec<u8>) {
     let resp = router
         .clone()
@@ -107,6 +114,8 @@ async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCo
                 "/limited"
             } else if body.starts_with("taken") {
                 "/taken"
+            } else if body.starts_with("stalled") {
+                "/stalled"
             } else {
                 "/metered"
             })
@@ -371,6 +380,34 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
     let completions =
         |outcome| counter(&all, names::COMPLETIONS_TOTAL, &[op, ("outcome", outcome)]);
     assert_eq!((completions("stored"), completions("rolled_back")), (1, 1));
+
+    // The request deadline (a second: the in-flight wait of none, plus the
+    // second it is never less than). Struck while the claim waits for a
+    // connection (the pool's only one is held), it is the claim's outcome and
+    // no completion; struck while the handler runs, the completion's.
+    let small = TestDb::with_pool_size(1).await;
+    let stalling = Router::new().route("/stalled", post(stalled)).with_state(
+        Idem::new(small.pool.clone())
+            .with_in_flight_wait(std::time::Duration::ZERO)
+            .with_request_deadline(std::time::Duration::from_secs(1)),
+    );
+    let held = small.pool.acquire().await.unwrap();
+    assert_eq!(
+        send(&stalling, "d1", "acme", "stalled").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    drop(held);
+    assert_eq!(
+        send(&stalling, "d2", "acme", "stalled").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let all = entries(&snap);
+    let op = ("operation", "stalled-op");
+    let claims = |outcome| counter(&all, names::CLAIMS_TOTAL, &[op, ("outcome", outcome)]);
+    assert_eq!((claims("deadline"), claims("executed")), (1, 1));
+    let completions =
+        |outcome| counter(&all, names::COMPLETIONS_TOTAL, &[op, ("outcome", outcome)]);
+    assert_eq!(completions("deadline"), 1, "the claimed one only");
 
     // Never the raw key.
     assert!(

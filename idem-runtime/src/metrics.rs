@@ -49,7 +49,8 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 /// Counter: claims by operation and outcome, one per request that reached
 /// its claim. A first execution that finds its key finished by another at
 /// commit counts `executed` (and its completion `rolled_back`), though it is
-/// answered the other's outcome.
+/// answered the other's outcome. A request abandoned at its deadline before
+/// its claim was decided counts `deadline` here and no completion.
 pub const CLAIMS_TOTAL: &str = "idem_claims_total";
 /// Histogram: claim latency in seconds.
 pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
@@ -97,7 +98,7 @@ use std::sync::{PoisonError, RwLock};
 use metrics::{Key, Label, Level, Metadata};
 
 /// The outcomes of [`CLAIMS_TOTAL`] with a key kept per operation.
-const CLAIM_OUTCOMES: [&str; 10] = [
+const CLAIM_OUTCOMES: [&str; 11] = [
     "executed",
     "reclaimed",
     "replayed",
@@ -107,6 +108,7 @@ const CLAIM_OUTCOMES: [&str; 10] = [
     "at_capacity",
     "taken_over",
     "uncertain",
+    "deadline",
     "error",
 ];
 

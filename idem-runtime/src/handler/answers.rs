@@ -180,8 +180,19 @@ pub(super) fn taken(
 /// session path the finished row travels in the `COMMIT`'s message, so a
 /// deadline that struck while that row waited for another holder of the key
 /// counts too.
-pub(super) fn abandoned(op: &'static str, deadline: tokio::time::Instant) -> Response {
-    metrics::completion(op, "deadline");
+pub(super) fn abandoned(
+    op: &'static str,
+    tenant: Option<&str>,
+    claimed: bool,
+    deadline: tokio::time::Instant,
+) -> Response {
+    // Struck before the claim was decided, it is the claim's one outcome: no
+    // execution began, and none completes.
+    if claimed {
+        metrics::completion(op, "deadline");
+    } else {
+        metrics::claim(op, tenant, "deadline");
+    }
     tracing::error!(
         operation = op,
         late_ms = deadline.elapsed().as_millis() as u64,

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -283,16 +284,19 @@ async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
                     deadline: M::deadline(&req.idem, spec)
                         .and_then(|d| tokio::time::Instant::now().checked_add(d)),
                 };
+                // Set once the claim is decided: a deadline before then is the
+                // claim's outcome, after it the completion's.
+                let decided = AtomicBool::new(false);
                 let Some(deadline) = scope.deadline else {
-                    return pipeline::<DB, M>(&req.idem, &scope, body).await;
+                    return pipeline::<DB, M>(&req.idem, &scope, body, &decided).await;
                 };
-                match tokio::time::timeout_at(deadline, pipeline::<DB, M>(&req.idem, &scope, body))
-                    .await
-                {
+                let work = pipeline::<DB, M>(&req.idem, &scope, body, &decided);
+                match tokio::time::timeout_at(deadline, work).await {
                     Ok(resp) => resp,
                     Err(_) => {
                         tracing::Span::current().record("idem.outcome", "deadline");
-                        abandoned(spec.operation, deadline)
+                        let claimed = decided.load(Ordering::Relaxed);
+                        abandoned(spec.operation, scope.tenant_label, claimed, deadline)
                     }
                 }
             }
@@ -308,10 +312,13 @@ async fn pipeline<DB: LeaseBackend, M: Mode<DB>>(
     idem: &Idem<DB>,
     scope: &Scope<'_>,
     body: BoxedBody<M::Handle>,
+    decided: &AtomicBool,
 ) -> Response {
     let op = scope.op();
     let started = Instant::now();
-    let decision = match M::claim(idem, scope).await {
+    let claimed = M::claim(idem, scope).await;
+    decided.store(true, Ordering::Relaxed);
+    let decision = match claimed {
         Ok(d) => d,
         Err(e) => return store_failed(op, scope.tenant_label, Step::Claim, &e),
     };
