@@ -185,11 +185,36 @@ mod sqlite {
         assert_eq!(db.count("SELECT count(*) FROM payments").await, 1);
     }
 
+    /// Says when a statement that inserts into idem's table begins to run on
+    /// the connection it is set on (SQLite's statement trace).
+    static INSERTING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+    unsafe extern "C" fn on_statement(
+        event: std::ffi::c_uint,
+        _: *mut std::ffi::c_void,
+        _: *mut std::ffi::c_void,
+        sql: *mut std::ffi::c_void,
+    ) -> std::ffi::c_int {
+        if event == libsqlite3_sys::SQLITE_TRACE_STMT {
+            // SAFETY: for a statement event, SQLite passes its text, a C string.
+            let sql = unsafe { std::ffi::CStr::from_ptr(sql.cast()) };
+            if sql
+                .to_string_lossy()
+                .contains("INSERT INTO idempotency_requests")
+            {
+                INSERTING.add_permits(1);
+            }
+        }
+        0
+    }
+
     /// A hand-written claim dropped while it waits for the write lock (a
     /// caller's timeout) leaves the connection's busy timeout as the pool set
     /// it: the claim changes no setting of a connection it only borrows, so
-    /// there is nothing to give back. Deterministic: the holder keeps the write
-    /// lock until the claim, waiting on it, has been dropped.
+    /// there is nothing to give back. Deterministic: the claim is dropped once
+    /// the statement trace shows its insert running (whatever the claim set
+    /// before it has been set then), and the holder keeps the write lock until
+    /// after that, so the insert is waiting on it.
     #[tokio::test]
     async fn a_cancelled_claim_leaves_the_busy_timeout_on_the_pooled_connection() {
         let db = db().await;
@@ -202,12 +227,29 @@ mod sqlite {
         let key = IdempotencyKey::parse("k-cancelled").unwrap();
         let mut r = req("acme", "pay", &key, 100);
         r.in_flight_wait = Duration::from_secs(3);
-        let waited = tokio::time::timeout(Duration::from_millis(300), async {
+        let mut waiting = Box::pin(async {
             let mut tx = pool.begin().await.unwrap();
+            {
+                let mut handle = tx.lock_handle().await.unwrap();
+                // SAFETY: the handle is this connection's, locked; the
+                // callback is 'static and takes no context.
+                unsafe {
+                    libsqlite3_sys::sqlite3_trace_v2(
+                        handle.as_raw_handle().as_ptr(),
+                        libsqlite3_sys::SQLITE_TRACE_STMT,
+                        Some(on_statement),
+                        std::ptr::null_mut(),
+                    );
+                }
+            }
             claim(&mut tx, &r).await
-        })
-        .await;
-        assert!(waited.is_err(), "the claim waited on the held write lock");
+        });
+        tokio::select! {
+            done = &mut waiting => panic!("the claim did not wait on the held write lock: {done:?}"),
+            running = INSERTING.acquire() => running.unwrap().forget(),
+        }
+        // Box::pin, not pin!: dropping it here drops the claim mid-wait.
+        drop(waiting);
         sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
         let next: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
             .fetch_one(&pool)
@@ -492,24 +534,13 @@ mod mysql_only {
 
     mod lock_wait;
 
-    /// Waits until some transaction waits for a lock InnoDB holds.
+    /// Waits until the duplicate's claim, its locking read of the key's row,
+    /// runs in this database: it waits there for the first's row lock. From
+    /// the process list, which is read live and names this test's database,
+    /// where `INNODB_TRX` is a server-wide cache.
     async fn wait_for_lock_waiter(db: &MySqlDb) {
-        // Give the waiter's task a moment to connect and send its claim; and
-        // InnoDB refreshes INNODB_TRX only after 100 ms without a read of it
-        // (MariaDB's trx_i_s cache), so the first read after this pause is
-        // fresh where polls 20 ms apart from the start could keep reading the
-        // cache from before the waiter.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        for _ in 0..200 {
-            let n = db
-                .count("SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
-                .await;
-            if n > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("no transaction ever waited for a lock");
+        db.until_running(&db.pool, "%FROM idempotency_requests%FOR UPDATE%")
+            .await;
     }
 
     #[tokio::test]

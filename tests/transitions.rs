@@ -197,21 +197,9 @@ mod mysql {
             let r = go(&mut b, Step::Paid).await;
             (r, b)
         });
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        // InnoDB refreshes INNODB_TRX only after 100 ms without a read of it
-        // (MariaDB's trx_i_s cache): the first read after this pause is fresh,
-        // where polls 5 ms apart could keep reading the cache from before B.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        while db
-            .count(
-                "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
-            )
-            .await
-            == 0
-        {
-            assert!(std::time::Instant::now() < deadline, "B never blocked on A");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        // B's locking read, seen in the process list while it waits for A
+        // (A is idle: its statement has returned).
+        db.until_running(&db.pool, "%FOR UPDATE%").await;
         a.commit().await.unwrap();
         let (b_result, b) = b_task.await.unwrap();
         assert!(

@@ -718,8 +718,11 @@ async fn a_row_that_waited_longer_than_its_retention_commits_live() {
                 .await
             })
         };
-        // The holder keeps the key until it rolls back: wall time passes the
-        // retention while the insert waits (it cannot have finished).
+        // The holder keeps the key until it rolls back: once the insert is
+        // seen waiting, wall time passes the retention while it waits (it
+        // cannot have finished).
+        db.until_running(&holder_pool, "%INSERT INTO idempotency_requests%")
+            .await;
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert!(!finishing.is_finished(), "the insert waits for the holder");
         holder.rollback().await.unwrap();
