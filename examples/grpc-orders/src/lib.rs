@@ -15,6 +15,7 @@
 //! | `ORDERS_LATENCY_MS` | `0` | slow work inside `CreateOrder`'s transaction, after the insert |
 //! | `ORDERS_HOLD_FILE` | unset | a path: while the file exists, `CreateOrder` waits inside its transaction after the insert (the tests hold a call mid-way and release it by removing the file) |
 //! | `PAYMENTS_PROVIDER_LATENCY_MS` | `0` | the simulated provider's latency per charge |
+//! | `PAYMENTS_PROVIDER_HOLD_FILE` | unset | a path: while the file exists, `CreatePayment` waits after its charge, holding its lease (the tests hold a payment mid-way and release it by removing the file) |
 //! | `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE` | `0` | the provider's next N charges time out after charging: the payment's outcome is uncertain until the reconciler asks |
 //! | `PAYMENTS_RECONCILE_INTERVAL_MS` | `5000` | how often uncertain payments are reconciled (1 to 3600000) |
 //! | `IDEM_IN_FLIGHT_WAIT_MS` | `1000` | how long a duplicate waits for the first (at most 5000) |

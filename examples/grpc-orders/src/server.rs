@@ -49,6 +49,7 @@ pub async fn run() -> Result<(), String> {
         latency: millis("ORDERS_LATENCY_MS", 0, 600_000)?,
         hold_file: std::env::var_os("ORDERS_HOLD_FILE").map(Into::into),
         provider_latency: millis("PAYMENTS_PROVIDER_LATENCY_MS", 0, 600_000)?,
+        provider_hold_file: std::env::var_os("PAYMENTS_PROVIDER_HOLD_FILE").map(Into::into),
         timeouts_after_charge: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(timeouts)),
     };
     let reconcile_every = millis("PAYMENTS_RECONCILE_INTERVAL_MS", 5000, 3_600_000)?;

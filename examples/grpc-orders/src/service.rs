@@ -21,6 +21,9 @@ pub struct Knobs {
     pub hold_file: Option<std::path::PathBuf>,
     /// `PAYMENTS_PROVIDER_LATENCY_MS`: the provider's latency per charge.
     pub provider_latency: Duration,
+    /// `PAYMENTS_PROVIDER_HOLD_FILE`: while this file exists, a charge is made
+    /// and its answer waits (see [`Knobs::provider_held`]).
+    pub provider_hold_file: Option<std::path::PathBuf>,
     /// `PAYMENTS_PROVIDER_TIMEOUT_AFTER_CHARGE`: how many of the provider's next
     /// charges time out after they were made (the outcome is then uncertain).
     pub timeouts_after_charge: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -34,8 +37,14 @@ impl Knobs {
         let Some(path) = &self.hold_file else {
             return;
         };
-        while path.exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        wait_while_exists(path).await;
+    }
+
+    /// Waits while the provider's hold file exists: a test holds a payment
+    /// after its charge, its lease held, and lets it go by removing the file.
+    pub async fn provider_held(&self) {
+        if let Some(path) = &self.provider_hold_file {
+            wait_while_exists(path).await;
         }
     }
 
@@ -45,6 +54,14 @@ impl Knobs {
         self.timeouts_after_charge
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
+    }
+}
+
+/// Polls for `path` to be gone (a test's hold on a call, released by
+/// removing the file).
+async fn wait_while_exists(path: &std::path::Path) {
+    while path.exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -216,6 +233,7 @@ macro_rules! orders_service {
                     tracing::error!(error = %e, "grpc-orders: the provider failed");
                     tonic::Status::unavailable("the payment provider is unavailable; this request charged nothing (retry with the same key)")
                 })?;
+                self.knobs.provider_held().await;
                 if self.knobs.charge_times_out() {
                     // The charge was made, its answer lost: only the reconciler,
                     // asking the provider, can tell.

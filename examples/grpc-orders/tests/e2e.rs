@@ -316,50 +316,42 @@ async fn bad_calls_are_refused_and_reserve_nothing<D: Db>() {
 }
 
 /// `CreatePayment` holds a lease: duplicates make one charge at the provider,
-/// a retry replays it, a decline is stored.
+/// a retry replays it, a decline is stored. Deterministic: the first call is
+/// held after its charge, its lease held, while each duplicate is sent.
 async fn payments_charge_once<D: Db>(lease_store: Option<&str>) {
     let db = D::create().await;
     let prefix = harness::unique("idem-grpc");
-    let mut env = vec![("PAYMENTS_PROVIDER_LATENCY_MS", "300")];
+    let hold = Hold::new();
+    let mut env = vec![hold.env_as("PAYMENTS_PROVIDER_HOLD_FILE")];
     if let Some(url) = lease_store {
         env.push(("IDEM_LEASE_STORE", url));
         env.push(("IDEM_LEASE_STORE_PREFIX", &prefix));
     }
     let server = Server::start(&db.url(), &env).await;
     let pay = |key: &str, amount_cents: i64| call(Some(key), CreatePaymentRequest { amount_cents });
-    let mut calls = Vec::new();
-    for _ in 0..4 {
-        let mut client = server.client().await;
-        calls.push(tokio::spawn(async move {
-            client.create_payment(pay("pay-1", 900)).await
-        }));
+    let mut client = server.client().await;
+    let first = tokio::spawn(async move { client.create_payment(pay("pay-1", 900)).await });
+    server.wait_until_executing(1).await;
+    // A lease has no waiting room: each duplicate is refused while the first
+    // runs, with the hint to retry.
+    for _ in 0..3 {
+        let refused = server
+            .client()
+            .await
+            .create_payment(pay("pay-1", 900))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::Aborted, "{refused:?}");
+        assert!(refused.get_details_retry_info().is_some());
     }
-    let mut charges = Vec::new();
-    let mut fresh = 0;
-    for c in calls {
-        match c.await.unwrap() {
-            Ok(p) => {
-                // The provider dedupes by the downstream key, so its charges
-                // alone cannot show a second run: the answers can.
-                fresh += usize::from(!replayed(&p));
-                charges.push(p.into_inner().charge_id);
-            }
-            Err(s) => {
-                assert_eq!(s.code(), Code::Aborted, "{s:?}");
-                assert!(s.get_details_retry_info().is_some());
-            }
-        }
-    }
-    assert_eq!(
-        fresh, 1,
-        "one execution; the others were refused or replayed"
-    );
-    charges.dedup();
-    assert_eq!(charges.len(), 1, "{charges:?}");
+    hold.release();
+    let first = first.await.unwrap().expect("the first call charges");
+    assert!(!replayed(&first));
+    let charge = first.into_inner().charge_id;
     let mut client = server.client().await;
     let retry = client.create_payment(pay("pay-1", 900)).await.unwrap();
     assert!(replayed(&retry));
-    assert_eq!(retry.get_ref().charge_id, charges[0]);
+    assert_eq!(retry.get_ref().charge_id, charge);
     let declined = client
         .create_payment(pay("pay-2", 2_000_000))
         .await
