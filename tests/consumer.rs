@@ -40,6 +40,7 @@ macro_rules! consumer_tests {
             another_payload_under_the_same_identity_is_reported_not_applied,
             a_failed_effect_commits_nothing_and_the_redelivery_applies_it,
             a_record_sealed_by_a_rekey_is_still_a_duplicate,
+            a_rekey_refusing_clear_answers_leaves_a_message_record_alone,
         );
     };
 }

@@ -57,6 +57,16 @@ pub const ACTIVE_KEY_VAR: &str = "IDEM_ACTIVE_KEY";
 /// response has it: `:` cannot start an HTTP header name.
 pub(crate) const SEALED: &str = ":idem-sealed";
 
+/// The stored header of a message consumer's record (`crate::consumer`), its
+/// one header, with no body: it holds no answer, no consumer reads it, and a
+/// rekey leaves it in clear (see [`opened_to_reseal`]). No response has it.
+pub(crate) const MESSAGE_RECORD: &str = ":idem-message";
+
+/// Whether `stored` is a message consumer's record ([`MESSAGE_RECORD`]).
+fn is_message_record(stored: &StoredResponse) -> bool {
+    matches!(&stored.headers[..], [(name, _)] if name == MESSAGE_RECORD) && stored.body.is_empty()
+}
+
 /// The row's generation, noted beside [`SEALED`] by the store that read the row
 /// (see [`noted`]): the seal is bound to it, and only the row knows it.
 const GENERATION: &str = ":idem-generation";
@@ -641,6 +651,14 @@ pub(crate) fn opened_to_reseal(
     stored: StoredResponse,
     report: &mut crate::model::RekeyReport,
 ) -> Result<Option<StoredResponse>, StoreError> {
+    // A message consumer's record has nothing to protect and is never
+    // replayed: left in clear, and counted apart, so that a table shared with
+    // a consumer can pass a rekey that refuses clear answers. (A service that
+    // refuses them still refuses such a row as an answer: `open` below.)
+    if is_message_record(&stored) {
+        report.messages += 1;
+        return Ok(None);
+    }
     // A ring that refuses clear answers does not seal them either: a clear
     // row that appeared after sealing was complete (written by someone
     // without the keys) would otherwise be sealed and replayed from then on.

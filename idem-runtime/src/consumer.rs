@@ -180,9 +180,11 @@ where
         Claim::Busy { .. } => return Err(ConsumeError::Busy),
     };
     let value = effect(&mut tx).await.map_err(ConsumeError::Effect)?;
+    // Marked as a message's record: a rekey leaves it in clear, as it holds
+    // nothing, where it would refuse an answer in clear.
     let record = StoredResponse {
         status: 200,
-        headers: Vec::new(),
+        headers: vec![(crate::at_rest::MESSAGE_RECORD.to_owned(), "1".to_owned())],
         body: bytes::Bytes::new(),
     };
     execution.complete(&mut tx, &record).await?;

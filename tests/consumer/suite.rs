@@ -123,31 +123,72 @@ pub async fn a_failed_effect_commits_nothing_and_the_redelivery_applies_it() {
     assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
 }
 
-/// A message applied before `idem rekey --seal-clear` sealed its record is a
-/// duplicate on redelivery: the consumer never reads the record, so it needs
-/// no key ring to know the message was applied (reading it, a redelivery got a
-/// store error, was nacked, and came back until the broker gave up on it).
+fn ring() -> idem_runtime::at_rest::KeyRing {
+    idem_runtime::at_rest::KeyRing::new(
+        "k1",
+        [("k1", idem_runtime::at_rest::Zeroizing::new(vec![7_u8; 32]))],
+    )
+    .unwrap()
+}
+
+/// A rekey of every answer in clear (`idem rekey --seal-clear`) with `ring`.
+async fn rekey_clear(
+    db: &TestDb,
+    ring: &idem_runtime::at_rest::KeyRing,
+) -> idem_runtime::admin::RekeyReport {
+    let mut options = idem_runtime::admin::RekeyOptions::default();
+    options.seal_clear = true;
+    idem_runtime::admin::rekey(&db.pool, ring, options, |_| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .await
+    .unwrap()
+}
+
+/// A message applied before `idem rekey --seal-clear` sealed its record (a
+/// record of 0.2.0 and before, which had no mark) is a duplicate on
+/// redelivery: the consumer never reads the record, so it needs no key ring
+/// to know the message was applied (reading it, a redelivery got a store
+/// error, was nacked, and came back until the broker gave up on it).
 pub async fn a_record_sealed_by_a_rekey_is_still_a_duplicate() {
     let db = ledger_db().await;
     assert!(matches!(
         consume(&db, "evt-4", b"{}", false).await.unwrap(),
         Delivery::Applied(_)
     ));
-    let ring = idem_runtime::at_rest::KeyRing::new(
-        "k1",
-        [("k1", idem_runtime::at_rest::Zeroizing::new(vec![7_u8; 32]))],
-    )
-    .unwrap();
-    let mut options = idem_runtime::admin::RekeyOptions::default();
-    options.seal_clear = true;
-    let report = idem_runtime::admin::rekey(&db.pool, &ring, options, |_| {
-        std::ops::ControlFlow::Continue(())
-    })
-    .await
-    .unwrap();
-    assert_eq!(report.resealed, 1, "{report:?}");
+    // The record as an older release wrote it: no header.
+    db.exec("UPDATE idempotency_requests SET response_headers = '[]'")
+        .await;
+    let report = rekey_clear(&db, &ring()).await;
+    assert_eq!((report.resealed, report.messages), (1, 0), "{report:?}");
     assert_eq!(
         consume(&db, "evt-4", b"{}", false).await.unwrap(),
+        Delivery::Duplicate
+    );
+    assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);
+}
+
+/// A message's record holds no answer: a rekey that refuses answers in clear
+/// (`idem rekey --refuse-clear`) leaves it in clear and counts it apart, not
+/// as broken, so a table shared with a consumer can pass one. A redelivery is
+/// still a duplicate.
+pub async fn a_rekey_refusing_clear_answers_leaves_a_message_record_alone() {
+    let db = ledger_db().await;
+    assert!(matches!(
+        consume(&db, "evt-5", b"{}", false).await.unwrap(),
+        Delivery::Applied(_)
+    ));
+    let report = rekey_clear(&db, &ring().refusing_clear_answers()).await;
+    assert_eq!(
+        (report.resealed, report.broken, report.messages),
+        (0, 0, 1),
+        "{report:?}"
+    );
+    assert!(report.complete(), "{report:?}");
+    // Left as it was, in clear, by a rekey that would seal answers too.
+    assert_eq!(rekey_clear(&db, &ring()).await.messages, 1);
+    assert_eq!(
+        consume(&db, "evt-5", b"{}", false).await.unwrap(),
         Delivery::Duplicate
     );
     assert_eq!(db.count("SELECT count(*) FROM credits").await, 1);

@@ -19,6 +19,8 @@ struct Rekeyed {
     changed: u64,
     unreadable: std::collections::BTreeMap<String, u64>,
     broken: u64,
+    /// Message consumers' records, left in clear: they hold no answer.
+    messages: u64,
     /// Finished rows by key id (`null`: in clear), after the run.
     rows_by_key: Vec<KeyRows>,
 }
@@ -94,6 +96,7 @@ pub(super) async fn rekey<DB: Backend>(
         changed: report.changed,
         unreadable: report.unreadable.clone(),
         broken: report.broken,
+        messages: report.messages,
         rows_by_key: used
             .into_iter()
             .map(|KeyUse { key_id, rows, .. }| KeyRows { key_id, rows })
@@ -118,6 +121,12 @@ pub(super) async fn rekey<DB: Backend>(
         ("re-sealed", result.resealed.to_string()),
         ("changed meanwhile", result.changed.to_string()),
     ];
+    if result.messages > 0 {
+        pairs.push((
+            "message records (left in clear)",
+            result.messages.to_string(),
+        ));
+    }
     for (label, used) in labels.iter().zip(&result.rows_by_key) {
         pairs.push((label.as_str(), used.rows.to_string()));
     }

@@ -142,6 +142,9 @@ pub struct RekeyReport {
     /// (`KeyRing::refusing_clear_answers`), answers in clear: left as they
     /// are, and never replayed.
     pub broken: u64,
+    /// Records of `consumer::process_once`: they hold no answer, so they are
+    /// left in clear (with any ring) and are not broken.
+    pub messages: u64,
     /// Pages read.
     pub pages: u64,
     /// Whether the progress callback stopped the run before the end.
