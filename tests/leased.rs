@@ -131,6 +131,7 @@ macro_rules! leased_tests {
             a_renewal_arriving_after_a_lapse_cannot_extend_it,
             an_uncertain_mark_sent_again_is_the_same_mark,
             an_outcome_stored_again_is_the_same_store,
+            a_store_arriving_after_a_resolution_changes_nothing,
             a_crash_between_claim_and_effect_executes_once_after_the_lease,
             release_frees_the_key_and_a_mismatch_is_reported,
             many_running_executions_are_renewed_together_in_few_statements,

@@ -82,6 +82,20 @@ pub async fn store_outcome_again<DB: crate::lease::LeaseBackend>(
     lease.store_outcome(response).await
 }
 
+/// Marks `lease`'s execution uncertain, runs `meanwhile` (a reconciler's
+/// round, say), then stores `response` under the lease's token, as a store
+/// sent before the mark and held up on its way would arrive: what it answers
+/// (it must be a stale owner's: the row is not this execution's to finish).
+pub async fn store_after_uncertain<DB: crate::lease::LeaseBackend>(
+    lease: crate::Lease<DB>,
+    response: &crate::StoredResponse,
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> Result<(), crate::lease::LeaseError> {
+    lease.record_uncertain().await?;
+    meanwhile.await;
+    lease.store_outcome(response).await
+}
+
 /// Lapses `lease` as a taken-over execution that failed does, then renews its
 /// old token in a batch, as a renewal sent before the lapse and arriving
 /// after it would: what that renewal learns (the lease must be lost).

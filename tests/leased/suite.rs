@@ -229,6 +229,28 @@ pub async fn an_outcome_stored_again_is_the_same_store() {
     // key is `a_stale_owner_cannot_publish_and_the_provider_charges_once`.
 }
 
+/// A store of the execution's outcome that arrives after its row was marked
+/// uncertain and a reconciler resolved it (sent before the mark, held up on
+/// its way) writes nothing: the reconciler's outcome stands.
+pub async fn a_store_arriving_after_a_resolution_changes_nothing() {
+    let h = H::new("late-store").await;
+    let key = IdempotencyKey::parse("pay-late").unwrap();
+    let a = acquire(&h, &key, HOUR).await;
+    let late = idem_runtime::test_util::store_after_uncertain(a, &paid("ch_late"), async {
+        let report = reconciler(&h, Stubborn).run_once().await.unwrap();
+        assert_eq!(report.completed, 1, "{report:?}");
+    })
+    .await;
+    assert!(
+        matches!(late, Err(LeaseError::StaleOwner { .. })),
+        "{late:?}"
+    );
+    match h.claim(&lease_req(&key, HOUR)).await {
+        LeasedClaim::Replay(stored) => assert_eq!(stored, paid("ch_fresh")),
+        other => panic!("expected the reconciler's outcome, got {other:?}"),
+    }
+}
+
 pub async fn a_crash_between_claim_and_effect_executes_once_after_the_lease() {
     let h = H::new("crash-claim").await;
     let provider = Provider::default();

@@ -193,7 +193,8 @@ pub trait SqlLeases: Database {
     /// tenant, digest` (all `NULL` for the first page), then `limit`.
     const UNCERTAIN_ROWS_SQL: &'static str;
     /// Stores an uncertain row's outcome: `state, status, headers, body`, then
-    /// `tenant, operation, digest, generation, owner token`.
+    /// `tenant, operation, digest, generation, owner token`; clears the owner
+    /// token (see `crate::db::shared::stored_row`).
     const RESOLVE_SQL: &'static str;
     /// Forgets an uncertain row: `tenant, operation, digest, generation, owner
     /// token` (by default the statement written with `$n` in `shared`).

@@ -144,8 +144,10 @@ pub(crate) use owned_row;
 /// A store sent again after its answer was lost (it had committed) then finds
 /// the outcome it wrote and is the same store, not a stale owner's (as
 /// Redis's script says). Only this owner's store finishes a row under its
-/// token (a takeover or a lapse gives the row a fresh one, a reconciler's
-/// resolution starts from `uncertain`), and it sends one outcome.
+/// token, and it sends one outcome: a takeover or a lapse gives the row a
+/// fresh token, and a reconciler's resolution (`RESOLVE_SQL`) clears it, so
+/// that a store of this owner arriving after the row was marked uncertain
+/// and resolved finds nothing to write.
 macro_rules! stored_row {
     ($t:literal, $o:literal, $k:literal, $tok:literal, $cast:literal) => {
         $crate::db::shared::owned_row!(

@@ -222,7 +222,7 @@ impl SqlLeases for MySql {
     // would change (it does not).
     const RESOLVE_SQL: &'static str = concat!(
         store_outcome!(),
-        ", lease_expires_at = NULL, expires_at = ",
+        ", lease_expires_at = NULL, owner_token = NULL, expires_at = ",
         now_ms!(),
         " + (expires_at - created_at) \
           WHERE tenant_id = ? AND operation = ? AND key_digest = ? \

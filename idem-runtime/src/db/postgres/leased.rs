@@ -106,7 +106,7 @@ impl SqlLeases for Postgres {
     const RESOLVE_SQL: &'static str = "UPDATE idempotency_requests r \
             SET state = $1, response_status = $2, response_headers = $3, \
                 response_body = $4, completed_at = c.t, lease_expires_at = NULL, \
-                expires_at = c.t + (r.expires_at - r.created_at) \
+                owner_token = NULL, expires_at = c.t + (r.expires_at - r.created_at) \
            FROM (SELECT clock_timestamp() AS t) c \
           WHERE r.tenant_id = $5 AND r.operation = $6 AND r.key_digest = $7 \
             AND r.generation = $8 AND r.state = 'uncertain' AND r.owner_token = $9::uuid";

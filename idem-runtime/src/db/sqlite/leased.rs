@@ -161,7 +161,7 @@ impl SqlLeases for Sqlite {
     const RESOLVE_SQL: &'static str = concat!(
         "UPDATE idempotency_requests \
             SET state = $1, response_status = $2, response_headers = $3, response_body = $4, \
-                completed_at = t.now, lease_expires_at = NULL, \
+                completed_at = t.now, lease_expires_at = NULL, owner_token = NULL, \
                 expires_at = t.now + (expires_at - created_at) \
            FROM (SELECT ",
         now_ms!(),
