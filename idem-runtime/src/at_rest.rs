@@ -60,11 +60,23 @@ pub(crate) const SEALED: &str = ":idem-sealed";
 /// The stored header of a message consumer's record (`crate::consumer`), its
 /// one header, with no body: it holds no answer, no consumer reads it, and a
 /// rekey leaves it in clear (see [`opened_to_reseal`]). No response has it.
-pub(crate) const MESSAGE_RECORD: &str = ":idem-message";
+const MESSAGE_RECORD: &str = ":idem-message";
 
-/// Whether `stored` is a message consumer's record ([`MESSAGE_RECORD`]).
+/// A message consumer's record, as `consumer::process_once` writes it:
+/// status 200, the mark ([`MESSAGE_RECORD`]) alone, no body.
+pub(crate) fn message_record() -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: vec![(MESSAGE_RECORD.to_owned(), "1".to_owned())],
+        body: Bytes::new(),
+    }
+}
+
+/// Whether `stored` is exactly a message consumer's record.
 fn is_message_record(stored: &StoredResponse) -> bool {
-    matches!(&stored.headers[..], [(name, _)] if name == MESSAGE_RECORD) && stored.body.is_empty()
+    stored.status == 200
+        && matches!(&stored.headers[..], [(name, v)] if name == MESSAGE_RECORD && v == "1")
+        && stored.body.is_empty()
 }
 
 /// The row's generation, noted beside [`SEALED`] by the store that read the row

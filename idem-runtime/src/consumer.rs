@@ -50,7 +50,7 @@ use sqlx::{Pool, Transaction};
 use crate::db::Backend;
 use crate::fingerprint::FingerprintBuilder;
 use crate::key::IdempotencyKey;
-use crate::model::{Claim, ClaimRequest, StoreError, StoredResponse};
+use crate::model::{Claim, ClaimRequest, StoreError};
 use crate::store;
 
 /// One delivered message.
@@ -182,12 +182,9 @@ where
     let value = effect(&mut tx).await.map_err(ConsumeError::Effect)?;
     // Marked as a message's record: a rekey leaves it in clear, as it holds
     // nothing, where it would refuse an answer in clear.
-    let record = StoredResponse {
-        status: 200,
-        headers: vec![(crate::at_rest::MESSAGE_RECORD.to_owned(), "1".to_owned())],
-        body: bytes::Bytes::new(),
-    };
-    execution.complete(&mut tx, &record).await?;
+    execution
+        .complete(&mut tx, &crate::at_rest::message_record())
+        .await?;
     tx.commit().await.map_err(ConsumeError::Commit)?;
     Ok(Delivery::Applied(value))
 }

@@ -146,7 +146,7 @@ async fn rekey_clear(
 }
 
 /// A message applied before `idem rekey --seal-clear` sealed its record (a
-/// record of 0.2.0 and before, which had no mark) is a duplicate on
+/// record of 0.1.0, which had no mark) is a duplicate on
 /// redelivery: the consumer never reads the record, so it needs no key ring
 /// to know the message was applied (reading it, a redelivery got a store
 /// error, was nacked, and came back until the broker gave up on it).

@@ -109,15 +109,16 @@ async fn run_on(
     migrator.run_direct(None, conn, false).await
 }
 
-/// Whether the file has every one of `migrator`'s migrations applied, with
-/// its checksum: anything else (no table yet, one missing, one failed half-way,
-/// a checksum that differs) is for the migrator to apply or to report.
+/// Whether the file has exactly `migrator`'s migrations applied, each with its
+/// checksum and finished: anything else (no table yet, one missing, one failed
+/// half-way, a checksum that differs, one this build does not know) is for the
+/// migrator to apply or to report, as it does on the other databases.
 async fn all_applied(
     pool: &Pool<Sqlite>,
     migrator: &sqlx::migrate::Migrator,
 ) -> Result<bool, StoreError> {
-    let applied: Vec<(i64, Vec<u8>)> = match sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT version, checksum FROM {} WHERE success",
+    let applied: Vec<(i64, Vec<u8>, bool)> = match sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT version, checksum, success FROM {}",
         super::MIGRATIONS_TABLE
     )))
     .fetch_all(pool)
@@ -127,14 +128,14 @@ async fn all_applied(
         Err(e) if super::is_undefined_table(&e) => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    let applied: std::collections::HashMap<i64, Vec<u8>> = applied.into_iter().collect();
-    Ok(migrator
+    let wanted: std::collections::HashMap<i64, &[u8]> = migrator
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
-        .all(|m| {
-            applied
-                .get(&m.version)
-                .is_some_and(|c| c[..] == m.checksum[..])
+        .map(|m| (m.version, &m.checksum[..]))
+        .collect();
+    Ok(applied.len() == wanted.len()
+        && applied.iter().all(|(version, checksum, success)| {
+            *success && wanted.get(version).is_some_and(|c| *c == &checksum[..])
         }))
 }
 
