@@ -181,13 +181,18 @@ pub fn retried(status: &Status) -> bool {
 
 /// The wait before the next attempt after `status`: its `RetryInfo` wait with
 /// the jitter of `backoff` on top, or that jitter alone; never over `max`.
+/// A wait that reaches `max` is spread over its last tenth instead: cut to
+/// `max` after the jitter, every caller told to wait that long (an uncertain
+/// outcome's lease) would come back at one instant.
 fn wait_after(status: &Status, backoff: Duration, max: Duration) -> Duration {
-    status
+    let asked = status
         .get_details_retry_info()
         .and_then(|r| r.retry_delay)
-        .unwrap_or_default()
-        .saturating_add(jitter(backoff))
-        .min(max)
+        .unwrap_or_default();
+    match asked.checked_add(jitter(backoff)) {
+        Some(wait) if wait < max => wait,
+        _ => max - jitter(max / 10),
+    }
 }
 
 /// Between half and all of `wait` (`mul_f64` would panic where the product
@@ -254,12 +259,18 @@ mod tests {
             "every caller told the same wait would come back at once"
         );
         assert!(wait_after(&Status::unavailable("down"), backoff, max) <= backoff);
-        assert_eq!(wait_after(&in_flight(60_000), backoff, max), max);
-        // A backoff as long as a Duration gets is capped at the longest wait.
-        assert_eq!(
-            wait_after(&Status::unavailable("down"), Duration::MAX, max),
-            max
+        // A wait past the longest is spread over its last tenth, not cut to it.
+        let capped: Vec<Duration> = (0..200)
+            .map(|_| wait_after(&in_flight(60_000), backoff, max))
+            .collect();
+        assert!(capped.iter().all(|w| *w >= max * 9 / 10 && *w <= max));
+        assert!(
+            capped.iter().any(|w| *w != capped[0]),
+            "every caller told to wait past the longest would come back at once"
         );
+        // A backoff as long as a Duration gets is capped at the longest wait.
+        let longest = wait_after(&Status::unavailable("down"), Duration::MAX, max);
+        assert!(longest >= max * 9 / 10 && longest <= max);
     }
 
     #[tokio::test]

@@ -201,9 +201,11 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// The total time for a logical request, from its first send: no attempt
-    /// starts, and no wait is begun, that would end past it, and an attempt still
-    /// waiting for its answer then is cut off. Default 120 s. Keep it well
+    /// The total time for a logical request, from its first send: no wait is
+    /// begun that would end past it, no attempt starts after it, and an
+    /// attempt still waiting for its answer then is cut off (an attempt that
+    /// starts just before it may be cut off so, and may have run: the error
+    /// carries its key). Default 120 s. Keep it well
     /// beyond the longest `Retry-After` the server gives (idem's: the lease of
     /// a leased operation), or the client gives up at the first such answer.
     ///
@@ -701,13 +703,17 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
             }
             Verdict::Final => {}
             Verdict::Retry { retry_after } => {
-                // Only for `LastAnswer`: what the body says is nice to have.
-                let problem_type = match read_body(&mut response, limit).await {
-                    Ok(Some(body)) => problem_type(response.headers(), &body),
-                    Ok(None) => None,
-                    Err(e) if body_error_is_lost(&e) => return Ok(Read::Lost(e)),
-                    Err(_) => None,
-                };
+                // Only for `LastAnswer`: what the body says is nice to have,
+                // so it is read no longer than the wait the answer asks for (a
+                // second at least), and a body that stalls or is cut off
+                // still leaves that wait, where it would have taken the
+                // deadline, or the `Retry-After` with it.
+                let bound = retry_after.unwrap_or_default().max(Duration::from_secs(1));
+                let problem_type =
+                    match tokio::time::timeout(bound, read_body(&mut response, limit)).await {
+                        Ok(Ok(Some(body))) => problem_type(response.headers(), &body),
+                        _ => None,
+                    };
                 return Ok(Read::Retry {
                     status,
                     problem_type,

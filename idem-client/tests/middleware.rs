@@ -460,6 +460,16 @@ async fn a_retry_after_or_a_deadline_past_the_clock_does_not_panic() {
     let gave_up = e.gave_up().expect("GaveUp");
     assert_eq!(gave_up.limit, Limit::Deadline(Duration::from_secs(10)));
     assert_eq!(script.seen().len(), 1);
+    // Past what a u64 holds: the longest wait too, not an absent one (which
+    // would be retried at once).
+    let (base, script) = scripted([problem(503, "other", Some("99999999999999999999999"))]).await;
+    let e = client(fast().deadline(Duration::from_secs(10)))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(e.gave_up().is_some(), "{e}");
+    assert_eq!(script.seen().len(), 1);
 
     let (base, script) = scripted([status(503), created(false)]).await;
     let r = client(fast().deadline(Duration::MAX))
@@ -592,6 +602,71 @@ async fn a_body_cut_off_mid_way_is_retried() {
     assert_eq!(r.idem().unwrap().attempts, 2);
     assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
     assert_eq!(heads.lock().unwrap().len(), 2);
+}
+
+/// A `503` whose body is cut off mid-way is still waited out for its
+/// `Retry-After` (the body only names its problem), not retried at once as a
+/// lost answer.
+#[tokio::test]
+async fn a_retried_answer_whose_body_is_cut_off_keeps_its_retry_after() {
+    let (base, heads) = raw(vec![Some(
+        "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\
+         content-type: application/problem+json\r\ncontent-length: 50\r\n\r\n{\"type\":",
+    )])
+    .await;
+    let started = std::time::Instant::now();
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1, after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    assert_eq!(heads.lock().unwrap().len(), 2);
+}
+
+/// A `503` whose body stalls (a length it never sends) is retried after its
+/// `Retry-After`: the body, which only names its problem, is read no longer
+/// than that wait, not until the deadline.
+#[tokio::test]
+async fn a_retried_answer_whose_body_stalls_is_retried_before_the_deadline() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        for reply in [
+            "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\
+             content-type: application/problem+json\r\ncontent-length: 50\r\n\r\n{\"type\":",
+            "HTTP/1.1 201 Created\r\ncontent-length: 8\r\nconnection: close\r\n\r\n{\"id\":1}",
+        ] {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&buf[..n]);
+            }
+            socket.write_all(reply.as_bytes()).await.unwrap();
+            // The first stays open, its body never finished.
+            held.push(socket);
+        }
+        std::future::pending::<()>().await;
+    });
+    let r = client(fast())
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
 }
 
 /// Placed after `IdempotencyMiddleware`: the answer's body fails as a

@@ -36,11 +36,18 @@ pub fn retry_after_seconds(wait: Duration) -> u64 {
 ///     Some(Duration::from_secs(120))
 /// );
 /// assert_eq!(parse_retry_after("soon", now), None);
+/// // Past what a `u64` holds: the longest wait.
+/// assert_eq!(
+///     parse_retry_after("99999999999999999999999", now),
+///     Some(Duration::from_secs(u64::MAX))
+/// );
 /// ```
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    // Delta-seconds have no upper bound (RFC 9110): more than a `u64` holds is
+    // the longest wait, not an absent one (which would be retried at once).
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
