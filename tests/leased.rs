@@ -235,10 +235,10 @@ mod postgres {
     }
 
     /// A claim waits a moment at most for the key's row lock: held elsewhere (a
-    /// slow statement, an operator), the answer is "in flight", not a parked
-    /// connection.
+    /// slow statement, an operator), the answer is "contended" (retry; nothing
+    /// of the row was read), not a parked connection.
     #[tokio::test]
-    async fn a_claim_behind_a_held_row_lock_answers_in_flight() {
+    async fn a_claim_behind_a_held_row_lock_answers_contended() {
         let h = H::new("locked").await;
         let db = &h.db;
         let key = IdempotencyKey::parse("locked-1").unwrap();
@@ -260,10 +260,10 @@ mod postgres {
             .await
             .unwrap()
         {
-            LeasedClaim::InFlight { retry_after } => {
+            LeasedClaim::Contended { retry_after } => {
                 assert_eq!(retry_after, Duration::from_secs(1))
             }
-            other => panic!("expected in flight, got {other:?}"),
+            other => panic!("expected contended, got {other:?}"),
         }
         holder.rollback().await.unwrap();
         match claim_leased(&db.pool, &lease_req(&key, HOUR))
@@ -395,9 +395,10 @@ mod mysql {
     }
 
     /// A claim waits for the key's row lock at most 1 s (the smallest
-    /// `innodb_lock_wait_timeout`), then answers "in flight".
+    /// `innodb_lock_wait_timeout`), then answers "contended" (retry; nothing of
+    /// the row was read).
     #[tokio::test]
-    async fn a_claim_behind_a_held_row_lock_answers_in_flight() {
+    async fn a_claim_behind_a_held_row_lock_answers_contended() {
         let h = H::new("locked").await;
         let db = &h.db;
         let key = IdempotencyKey::parse("locked-1").unwrap();
@@ -418,10 +419,10 @@ mod mysql {
             .await
             .unwrap()
         {
-            LeasedClaim::InFlight { retry_after } => {
+            LeasedClaim::Contended { retry_after } => {
                 assert_eq!(retry_after, Duration::from_secs(1))
             }
-            other => panic!("expected in flight, got {other:?}"),
+            other => panic!("expected contended, got {other:?}"),
         }
         let waited = started.elapsed();
         assert!(

@@ -105,6 +105,7 @@ macro_rules! operation_tests {
             concurrent_first_requests_start_one_operation,
             a_single_tenant_service_reads_its_operations,
             a_failed_job_frees_its_key_and_its_resource_is_gone,
+            a_result_that_cannot_be_opened_never_says_nothing_was_stored,
         );
     };
 }
@@ -112,7 +113,11 @@ macro_rules! operation_tests {
 /// The tests of `operations/sql.rs`, for the SQL stores.
 macro_rules! sql_tests {
     () => {
-        stamp!(sql => a_finished_operation_past_its_retention_is_gone_and_runs_anew);
+        stamp!(
+            sql =>
+            a_finished_operation_past_its_retention_is_gone_and_runs_anew,
+            a_request_whose_claim_reads_nothing_is_not_given_the_operation,
+        );
     };
 }
 

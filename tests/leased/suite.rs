@@ -1626,8 +1626,10 @@ pub async fn of_concurrent_claims_of_one_key_exactly_one_acquires() {
             barrier.wait().await;
             match h.claim(&lease_req(&key, HOUR)).await {
                 LeasedClaim::Acquired(_) => 1,
-                LeasedClaim::InFlight { .. } | LeasedClaim::Busy { .. } => 0,
-                other => panic!("expected acquired, in flight or busy, got {other:?}"),
+                LeasedClaim::InFlight { .. }
+                | LeasedClaim::Contended { .. }
+                | LeasedClaim::Busy { .. } => 0,
+                other => panic!("expected acquired, in flight, contended or busy, got {other:?}"),
             }
         }));
     }

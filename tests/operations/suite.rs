@@ -112,8 +112,19 @@ pub struct Setup {
     pub router: Router,
     pub app: App,
     store: <Db as LeaseBackend>::Store,
-    entered: mpsc::UnboundedReceiver<()>,
+    pub entered: mpsc::UnboundedReceiver<()>,
     pub _keep: Box<dyn std::any::Any + Send>,
+}
+
+/// The service's routes over `app`: the export, and the operations.
+fn router_for(app: &App) -> Router {
+    Router::new()
+        .route("/exports", post(create_export))
+        .nest(
+            app.idem.operations_path(),
+            operations::router::<Caller, Db, App>(),
+        )
+        .with_state(app.clone())
 }
 
 pub async fn setup(test: &str) -> Setup {
@@ -127,13 +138,7 @@ pub async fn setup(test: &str) -> Setup {
         runs: Arc::new(AtomicUsize::new(0)),
         crash_next: Arc::new(AtomicBool::new(false)),
     };
-    let router = Router::new()
-        .route("/exports", post(create_export))
-        .nest(
-            app.idem.operations_path(),
-            operations::router::<Caller, Db, App>(),
-        )
-        .with_state(app.clone());
+    let router = router_for(&app);
     Setup {
         router,
         app,
@@ -145,8 +150,8 @@ pub async fn setup(test: &str) -> Setup {
 
 pub struct Answer {
     pub status: StatusCode,
-    headers: HeaderMap,
-    body: Vec<u8>,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
 }
 
 impl Answer {
@@ -663,4 +668,39 @@ pub async fn a_failed_job_frees_its_key_and_its_resource_is_gone() {
     assert_eq!(again.location(), location);
     settled(&s).await;
     assert_eq!(s.app.runs.load(Ordering::SeqCst), 2);
+}
+
+/// A key ring of one key, `id`, of 32 bytes `byte`.
+fn ring(id: &str, byte: u8) -> idem_runtime::at_rest::KeyRing {
+    idem_runtime::at_rest::KeyRing::new(
+        id,
+        [(id, idem_runtime::at_rest::Zeroizing::new(vec![byte; 32]))],
+    )
+    .unwrap()
+}
+
+/// A finished operation whose result is sealed with a key the service's ring
+/// lacks: `GET .../result` is `503` "could not be read", never "nothing was
+/// stored" (the operation ran: a client told otherwise might send it anew
+/// under a new key), while its status still says it succeeded.
+pub async fn a_result_that_cannot_be_opened_never_says_nothing_was_stored() {
+    let mut s = setup("unreadable").await;
+    s.app.idem = s.app.idem.clone().with_key_ring(ring("k1", 7));
+    s.router = router_for(&s.app);
+    let location = send(&s.router, export("k-13", "ok", false))
+        .await
+        .location();
+    settled(&s).await;
+    let mut lacking = s.app.clone();
+    lacking.idem = lacking.idem.with_key_ring(ring("k2", 9));
+    let lacking = router_for(&lacking);
+    let result = send(&lacking, get_as("acme", &format!("{location}/result"))).await;
+    assert_eq!(result.status, StatusCode::SERVICE_UNAVAILABLE);
+    let body = String::from_utf8_lossy(&result.body).into_owned();
+    assert!(
+        body.contains("could not be read") && !body.contains("nothing was stored"),
+        "{body}"
+    );
+    let status = send(&lacking, get_as("acme", &location)).await;
+    assert_eq!(status.json()["status"], "succeeded");
 }

@@ -21,8 +21,9 @@
 //!
 //! It runs on every database idem runs on (the pool's type picks it) and, with
 //! the feature `redis`, on a Redis store ([`LeaseBackend`] is the seam). A claim
-//! that cannot get its lock in time answers "in flight": on PostgreSQL after
-//! 200 ms on the key's row, on MySQL after its lock wait. On SQLite, past the
+//! that cannot get its lock in time answers [`LeasedClaim::Contended`] (retry,
+//! as for "in flight"): on PostgreSQL after 200 ms on the key's row, on MySQL
+//! after its lock wait. On SQLite, past the
 //! connection's busy timeout on the database's one write lock, it answers
 //! [`LeasedClaim::Busy`] (`503` `store-busy`) instead. On Redis a claim is one
 //! script and waits for nothing. On Redis a finished record that expired
@@ -66,6 +67,15 @@ pub enum LeasedClaim<DB: LeaseBackend> {
     /// Another worker holds a live lease.
     InFlight {
         /// Until its lease lapses, at least one second.
+        retry_after: Duration,
+    },
+    /// Another claim of the key held its record longer than the claim waits
+    /// for it (on PostgreSQL 200 ms, on MySQL its lock wait), or created it
+    /// at the same moment: nothing was looked at, not even whether this
+    /// request is the one the key was first used for. Answer it as
+    /// [`LeasedClaim::InFlight`] (retry later), never as that execution's.
+    Contended {
+        /// A hint for `Retry-After`, at least one second.
         retry_after: Duration,
     },
     /// An earlier execution's effect is unknown and awaits reconciliation; nothing
@@ -193,6 +203,9 @@ pub(crate) async fn claim_in<DB: LeaseBackend>(
         LeasedOutcome::InFlight { retry_after } => LeasedClaim::InFlight {
             retry_after: retry_after.max(Duration::from_secs(1)),
         },
+        LeasedOutcome::Contended { retry_after } => LeasedClaim::Contended {
+            retry_after: retry_after.max(Duration::from_secs(1)),
+        },
         LeasedOutcome::Busy { retry_after } => LeasedClaim::Busy {
             retry_after: retry_after.max(Duration::from_secs(1)),
         },
@@ -221,6 +234,10 @@ impl<DB: LeaseBackend> std::fmt::Debug for LeasedClaim<DB> {
             LeasedClaim::Mismatch => f.write_str("Mismatch"),
             LeasedClaim::InFlight { retry_after } => f
                 .debug_struct("InFlight")
+                .field("retry_after", retry_after)
+                .finish(),
+            LeasedClaim::Contended { retry_after } => f
+                .debug_struct("Contended")
                 .field("retry_after", retry_after)
                 .finish(),
             LeasedClaim::Uncertain => f.write_str("Uncertain"),

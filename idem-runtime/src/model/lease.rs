@@ -57,8 +57,15 @@ pub enum LeasedOutcome {
     Replay(StoredResponse),
     /// The key is in use for a different request.
     Mismatch,
-    /// Another worker holds a live lease (or the lock, for a moment).
+    /// Another worker holds a live lease, seen on the key's record.
     InFlight {
+        /// How long the caller is asked to wait.
+        retry_after: Duration,
+    },
+    /// Another claim of the key held its record past the claim's wait (or
+    /// won the race to create it): nothing was read, not even whether this
+    /// request is the one the key was first used for.
+    Contended {
         /// How long the caller is asked to wait.
         retry_after: Duration,
     },

@@ -132,7 +132,11 @@ async fn show<DB: LeaseBackend>(
         Ok(None) => return not_found(),
         Err(e) => {
             tracing::error!(operation, error = %e, "idem: cannot read an operation");
-            return Problem::store_unavailable().into_response();
+            // Not "nothing was stored": the operation may have run, and
+            // a client that believed it might send it anew under a new key.
+            return Problem::store_unavailable()
+                .with_detail("the operation could not be read; ask again later")
+                .into_response();
         }
     };
     // A state the schema does not allow failed to read above (503).
@@ -144,7 +148,7 @@ async fn show<DB: LeaseBackend>(
                 Ok(stored) => crate::response::replay(stored),
                 Err(e) => {
                     tracing::error!(operation, error = %e, "idem: cannot open an operation's result");
-                    Problem::store_unavailable().into_response()
+                    Problem::outcome_unreadable().into_response()
                 }
             }
         }

@@ -89,8 +89,10 @@ async fn owner_tokens(
         .collect()
 }
 
+/// Another claim of the key holds or has just created its row: this one read
+/// nothing of it.
 fn busy() -> LeasedOutcome {
-    LeasedOutcome::InFlight {
+    LeasedOutcome::Contended {
         retry_after: Duration::from_secs(1),
     }
 }
