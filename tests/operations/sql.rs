@@ -59,7 +59,11 @@ pub async fn a_request_whose_claim_reads_nothing_is_not_given_the_operation() {
         other.status,
         String::from_utf8_lossy(&other.body)
     );
-    assert!(!other.headers.contains_key("location"), "{:?}", other.headers);
+    assert!(
+        !other.headers.contains_key("location"),
+        "{:?}",
+        other.headers
+    );
     assert!(other.headers.contains_key("retry-after"));
     holder.rollback().await.unwrap();
     let other = send(&s.router, export("k-12", "refuse", true)).await;

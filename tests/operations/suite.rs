@@ -19,7 +19,7 @@ pub struct App {
     downstream: Arc<Downstream>,
     /// A held job reports here, then waits for a permit.
     entered: mpsc::UnboundedSender<()>,
-    release: Arc<Semaphore>,
+    pub release: Arc<Semaphore>,
     /// The handler's runs, takeovers included.
     pub runs: Arc<AtomicUsize>,
     /// The next `crash` job dies after its effect.

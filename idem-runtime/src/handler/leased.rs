@@ -70,61 +70,58 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
         if scope.spec.accepted && matches!(claimed, LeasedClaim::Contended { .. }) {
             claimed = claim().await?;
         }
-        Ok(
-            match claimed
-            {
-                LeasedClaim::Acquired(lease) => {
-                    let slot = match idem.running_slots(scope.spec.operation) {
-                        None => None,
-                        Some(slots) => match slots.take(scope.spec.operation, scope.tenant) {
-                            Some(slot) => Some(slot),
-                            None => {
-                                let wait = slots.limit().wait().unwrap_or(scope.lease_len());
-                                give_back(scope.op(), lease).await;
-                                return Ok(Decision::Answer(Answer::AtCapacity(wait)));
-                            }
-                        },
-                    };
-                    Decision::Execute {
-                        how: match recorded_acquisition(&lease) {
-                            Acquisition::New => "executed",
-                            Acquisition::Reclaimed => "reclaimed",
-                            Acquisition::TakenOver => "taken_over",
-                        },
-                        held: LeaseHeld {
-                            renewer: lease.renewer(),
-                            probe: lease.probe(),
-                            slot,
-                        },
-                        handle: lease,
-                    }
+        Ok(match claimed {
+            LeasedClaim::Acquired(lease) => {
+                let slot = match idem.running_slots(scope.spec.operation) {
+                    None => None,
+                    Some(slots) => match slots.take(scope.spec.operation, scope.tenant) {
+                        Some(slot) => Some(slot),
+                        None => {
+                            let wait = slots.limit().wait().unwrap_or(scope.lease_len());
+                            give_back(scope.op(), lease).await;
+                            return Ok(Decision::Answer(Answer::AtCapacity(wait)));
+                        }
+                    },
+                };
+                Decision::Execute {
+                    how: match recorded_acquisition(&lease) {
+                        Acquisition::New => "executed",
+                        Acquisition::Reclaimed => "reclaimed",
+                        Acquisition::TakenOver => "taken_over",
+                    },
+                    held: LeaseHeld {
+                        renewer: lease.renewer(),
+                        probe: lease.probe(),
+                        slot,
+                    },
+                    handle: lease,
                 }
-                LeasedClaim::Replay(stored) => Decision::Answer(Answer::Replay {
-                    stored,
-                    cached: false,
-                }),
-                LeasedClaim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
-                // A long operation's retry while the work runs gets the first
-                // request's `202` again, not `409`.
-                LeasedClaim::InFlight { .. } if scope.spec.accepted => {
-                    Decision::Answer(Answer::Running(address(idem, scope)))
-                }
-                LeasedClaim::InFlight { retry_after } => {
-                    Decision::Answer(Answer::InFlight(retry_after))
-                }
-                // Nothing was read of the key, not even whether this request
-                // is its first one: a long operation's too is told to retry,
-                // never given that operation's `202`.
-                LeasedClaim::Contended { retry_after } => {
-                    Decision::Answer(Answer::InFlight(retry_after))
-                }
-                LeasedClaim::Busy { retry_after } => Decision::Answer(Answer::Busy(retry_after)),
-                LeasedClaim::Uncertain => Decision::Answer(Answer::Uncertain(
-                    scope.lease_len(),
-                    scope.spec.accepted.then(|| address(idem, scope)),
-                )),
-            },
-        )
+            }
+            LeasedClaim::Replay(stored) => Decision::Answer(Answer::Replay {
+                stored,
+                cached: false,
+            }),
+            LeasedClaim::Mismatch => Decision::Answer(Answer::Mismatch { cached: false }),
+            // A long operation's retry while the work runs gets the first
+            // request's `202` again, not `409`.
+            LeasedClaim::InFlight { .. } if scope.spec.accepted => {
+                Decision::Answer(Answer::Running(address(idem, scope)))
+            }
+            LeasedClaim::InFlight { retry_after } => {
+                Decision::Answer(Answer::InFlight(retry_after))
+            }
+            // Nothing was read of the key, not even whether this request
+            // is its first one: a long operation's too is told to retry,
+            // never given that operation's `202`.
+            LeasedClaim::Contended { retry_after } => {
+                Decision::Answer(Answer::InFlight(retry_after))
+            }
+            LeasedClaim::Busy { retry_after } => Decision::Answer(Answer::Busy(retry_after)),
+            LeasedClaim::Uncertain => Decision::Answer(Answer::Uncertain(
+                scope.lease_len(),
+                scope.spec.accepted.then(|| address(idem, scope)),
+            )),
+        })
     }
 
     async fn execute(

@@ -165,7 +165,8 @@ impl SqlLeases for Postgres {
             "uncertain" => Ok(LeasedOutcome::Uncertain),
             "in_flight" => {
                 let ms: Option<i64> = row.try_get("retry_after_ms")?;
-                let retry_after = Duration::from_millis(u64::try_from(ms.unwrap_or(1000)).unwrap_or(1000));
+                let retry_after =
+                    Duration::from_millis(u64::try_from(ms.unwrap_or(1000)).unwrap_or(1000));
                 // Without a generation the function's wait for the key's row
                 // ran out: it read nothing of it.
                 let seen: Option<i64> = row.try_get("generation")?;
