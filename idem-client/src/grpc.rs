@@ -180,18 +180,23 @@ pub fn retried(status: &Status) -> bool {
 }
 
 /// The wait before the next attempt after `status`: its `RetryInfo` wait with
-/// the jitter of `backoff` on top, or that jitter alone; never over `max`.
-/// A wait that reaches `max` is spread over its last tenth instead: cut to
-/// `max` after the jitter, every caller told to wait that long (an uncertain
-/// outcome's lease) would come back at one instant.
+/// the jitter of `backoff` on top, or that jitter alone; never over `max`, and
+/// never under the `RetryInfo` wait where that is under `max` (a retry sent
+/// before it would be refused again, an attempt lost). Where the jitter would
+/// pass `max`, the wait falls between the asked one and `max`, so that callers
+/// told the same wait still come back apart; one asked for `max` or longer is
+/// `max`, which leaves them in step (set `max_wait` above the longest lease).
 fn wait_after(status: &Status, backoff: Duration, max: Duration) -> Duration {
     let asked = status
         .get_details_retry_info()
         .and_then(|r| r.retry_delay)
         .unwrap_or_default();
+    if asked >= max {
+        return max;
+    }
     match asked.checked_add(jitter(backoff)) {
-        Some(wait) if wait < max => wait,
-        _ => max - jitter(max / 10),
+        Some(wait) if wait <= max => wait,
+        _ => asked + jitter(max - asked),
     }
 }
 
@@ -259,18 +264,22 @@ mod tests {
             "every caller told the same wait would come back at once"
         );
         assert!(wait_after(&Status::unavailable("down"), backoff, max) <= backoff);
-        // A wait past the longest is spread over its last tenth, not cut to it.
-        let capped: Vec<Duration> = (0..200)
-            .map(|_| wait_after(&in_flight(60_000), backoff, max))
+        // A wait whose jitter would pass the longest falls between the asked
+        // one and the longest, never under what was asked.
+        let asked = max - Duration::from_millis(40);
+        let near: Vec<Duration> = (0..200)
+            .map(|_| wait_after(&in_flight(29_960), backoff, max))
             .collect();
-        assert!(capped.iter().all(|w| *w >= max * 9 / 10 && *w <= max));
+        assert!(near.iter().all(|w| *w >= asked && *w <= max), "{near:?}");
         assert!(
-            capped.iter().any(|w| *w != capped[0]),
-            "every caller told to wait past the longest would come back at once"
+            near.iter().any(|w| *w != near[0]),
+            "every caller told the same wait would come back at once"
         );
-        // A backoff as long as a Duration gets is capped at the longest wait.
+        // One asked for the longest or longer is the longest.
+        assert_eq!(wait_after(&in_flight(60_000), backoff, max), max);
+        // A backoff as long as a Duration gets stays within the longest wait.
         let longest = wait_after(&Status::unavailable("down"), Duration::MAX, max);
-        assert!(longest >= max * 9 / 10 && longest <= max);
+        assert!(longest >= max / 2 && longest <= max, "{longest:?}");
     }
 
     #[tokio::test]

@@ -704,13 +704,13 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
             Verdict::Final => {}
             Verdict::Retry { retry_after } => {
                 // Only for `LastAnswer`: what the body says is nice to have,
-                // so it is read no longer than the wait the answer asks for (a
-                // second at least), and a body that stalls or is cut off
-                // still leaves that wait, where it would have taken the
-                // deadline, or the `Retry-After` with it.
-                let bound = retry_after.unwrap_or_default().max(Duration::from_secs(1));
+                // so it is read for a second at most, and a body that stalls
+                // or is cut off still leaves the answer's wait, where it
+                // would have taken the deadline, or the `Retry-After` with it.
                 let problem_type =
-                    match tokio::time::timeout(bound, read_body(&mut response, limit)).await {
+                    match tokio::time::timeout(RETRIED_BODY_READ, read_body(&mut response, limit))
+                        .await
+                    {
                         Ok(Ok(Some(body))) => problem_type(response.headers(), &body),
                         _ => None,
                     };
@@ -751,6 +751,10 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
     }
     Ok(Read::Final(with_body(response, body.clone()), Some(body)))
 }
+
+/// How long the body of an answer already judged a retry is read, only to
+/// name its problem in `LastAnswer`.
+const RETRIED_BODY_READ: Duration = Duration::from_secs(1);
 
 /// The body, or `None` once it is longer than `limit` (it is not read further).
 async fn read_body(response: &mut Response, limit: usize) -> reqwest::Result<Option<Bytes>> {

@@ -423,7 +423,8 @@ fn key_parameter(name: &str, facts: &Facts) -> Parameter {
          running, {running}.",
         max = idem_wire::MAX_KEY_LEN,
         running = if facts.accepted {
-            "the same `202` with the operation's `Location` and `Retry-After`"
+            "the same `202` with the operation's `Location` and `Retry-After` (or `409` with \
+             `Retry-After` if its claim could not read the key in time)"
         } else {
             "`409` with `Retry-After`"
         },

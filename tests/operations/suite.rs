@@ -553,6 +553,13 @@ pub async fn concurrent_first_requests_start_one_operation() {
     let mut bodies = Vec::new();
     for r in racers {
         let a = r.await.unwrap();
+        // A racer whose claim could not read the key's row in time (on a
+        // loaded database, twice) is told to retry, and given nothing else.
+        if a.status == StatusCode::CONFLICT {
+            assert_eq!(a.json()["type"], "urn:idem:problem:request-in-flight");
+            assert!(!a.headers.contains_key("location"));
+            continue;
+        }
         assert_eq!(
             a.status,
             StatusCode::ACCEPTED,
@@ -562,8 +569,9 @@ pub async fn concurrent_first_requests_start_one_operation() {
         assert_eq!(a.location(), expected_location("k-9"));
         bodies.push(a.body);
     }
+    assert!(!bodies.is_empty(), "the first is accepted");
     bodies.dedup();
-    assert_eq!(bodies.len(), 1, "one answer for all");
+    assert_eq!(bodies.len(), 1, "one answer for all that were accepted");
     s.app.release.add_permits(1);
     settled(&s).await;
     assert_eq!(s.app.runs.load(Ordering::SeqCst), 1);
