@@ -84,6 +84,24 @@ async fn sealed_answer<DB: idem_runtime::Backend>(
     tx.commit().await.unwrap();
 }
 
+/// A message consumer's record, as `consumer::process_once` leaves one for
+/// message `id`: in clear, with no answer.
+async fn message_record<DB: idem_runtime::Backend>(pool: &sqlx::Pool<DB>, id: &str) {
+    use idem_runtime::consumer::{Delivery, Message, process_once};
+    let msg = Message {
+        scope: "ledger",
+        operation: "credit",
+        id,
+        payload: b"{}",
+    };
+    let applied = process_once(pool, &msg, std::time::Duration::from_secs(3600), |_tx| {
+        Box::pin(async { Ok::<_, std::convert::Infallible>(()) })
+    })
+    .await
+    .unwrap();
+    assert!(matches!(applied, Delivery::Applied(())), "{applied:?}");
+}
+
 trait CliDb: Sized {
     /// A fresh database of its own, with idem's migrations applied.
     async fn create() -> Self;
@@ -109,6 +127,8 @@ trait CliDb: Sized {
     fn key(&self, raw: &str) -> String;
     /// A finished answer of `acme`'s `pay` under `key`, sealed with `ring`.
     async fn sealed_answer(&self, ring: &idem_runtime::KeyRing, key: &str);
+    /// A message consumer's record for message `id` ([`message_record`]).
+    async fn message_record(&self, id: &str);
     /// Runs `during` while a transaction holds `key`'s row as a claim leaves it
     /// (PostgreSQL and MySQL: the row's lock; SQLite: the write lock), then
     /// rolls that transaction back.
@@ -132,6 +152,10 @@ macro_rules! through_the_pool {
 
         async fn sealed_answer(&self, ring: &idem_runtime::KeyRing, key: &str) {
             sealed_answer(&self.pool, ring, key).await
+        }
+
+        async fn message_record(&self, id: &str) {
+            message_record(&self.pool, id).await
         }
 
         async fn while_held<T>(
@@ -778,7 +802,8 @@ async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot<Db:
 
 /// `rekey --refuse-clear` treats answers stored in clear as a ring that
 /// refuses them does: counted as broken and left in clear, never sealed, even
-/// with `--seal-clear` (exit 4); `--seal-clear` alone seals them.
+/// with `--seal-clear` (exit 4); `--seal-clear` alone seals them. A message
+/// consumer's record is left in clear and counted apart, not broken.
 async fn rekey_refuse_clear_leaves_clear_answers_unsealed<Db: CliDb>() {
     let db = seeded::<Db>().await;
     let url = db.url();
@@ -800,6 +825,15 @@ async fn rekey_refuse_clear_leaves_clear_answers_unsealed<Db: CliDb>() {
         out.json()["rows_by_key"],
         serde_json::json!([{"key_id": "k1", "rows": 2}])
     );
+    // A message consumer's record holds no answer: left in clear and counted
+    // apart, never refused.
+    db.message_record("evt-1").await;
+    let out = idem_with(url, &["--json", "rekey", "--refuse-clear"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!((out.json()["messages"], out.json()["broken"]), (1.into(), 0.into()));
+    let out = idem_with(url, &["rekey", "--refuse-clear"], &env).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("message records (left in clear)"), "{out:?}");
 }
 
 async fn purge_tenant_waits_for_rows_in_flight_to_finish<Db: CliDb>() {

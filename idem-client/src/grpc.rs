@@ -11,7 +11,8 @@
 //! | attempts used up | the last status |
 //!
 //! A `RetryInfo` wait is waited out with the backoff's jitter on top, so that
-//! callers told the same wait do not come back at one instant. Every status
+//! callers told the same wait do not come back at one instant; one that
+//! reaches [`Retrying::max_wait`] is cut to it (see there). Every status
 //! [`Retrying`] returns carries the call's key in its metadata
 //! ([`KEY_METADATA`], read with [`key_of`]): after a status that leaves the
 //! outcome unknown the call may have run, so try it again later under that
@@ -93,7 +94,12 @@ impl Retrying {
         self
     }
 
-    /// The longest single wait, whatever `RetryInfo` asks.
+    /// The longest single wait, whatever `RetryInfo` asks (30 s by default). A
+    /// `RetryInfo` wait that the backoff's jitter would push past it ends
+    /// between the asked wait and `max`; one asked for `max` or longer is
+    /// `max`, with no jitter (a retry sooner would be refused again), so
+    /// callers told it come back together: set it above the longest lease of
+    /// the methods called (an uncertain outcome's wait is the lease).
     pub fn max_wait(mut self, max: Duration) -> Self {
         self.max_wait = max;
         self

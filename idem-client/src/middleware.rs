@@ -205,9 +205,9 @@ impl IdempotencyMiddleware {
     /// begun that would end past it, no attempt starts after it, and an
     /// attempt still waiting for its answer then is cut off (an attempt that
     /// starts just before it may be cut off so, and may have run: the error
-    /// carries its key). Default 120 s. Keep it well
-    /// beyond the longest `Retry-After` the server gives (idem's: the lease of
-    /// a leased operation), or the client gives up at the first such answer.
+    /// carries its key). Default 120 s. Keep it well beyond the longest
+    /// `Retry-After` the server gives (idem's: the lease of a leased
+    /// operation), or the client gives up at the first such answer.
     ///
     /// ```
     /// use std::time::Duration;

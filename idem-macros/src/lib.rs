@@ -111,8 +111,9 @@ use proc_macro::TokenStream;
 /// works on under its lease. Its answer is stored as in leased mode; every retry
 /// with the key gets the same `202` while the work runs (or `409` with
 /// `Retry-After`, if its claim could not read the key's row in time), and the
-/// stored answer once it is done. `idem_runtime::operations::router` serves the resource
-/// (`GET`: running, stalled, succeeded, failed or uncertain, and the result).
+/// stored answer once it is done. `idem_runtime::operations::router` serves
+/// the resource (`GET`: running, stalled, succeeded, failed or uncertain, and
+/// the result).
 /// Leased mode only: a transaction cannot stay open past its request. Set
 /// `lease_ceiling` to the longest the work may take: renewals stop at the
 /// ceiling (ten leases by default, a minute for `lease = "6s"`), and work still

@@ -23,9 +23,9 @@
 //! the feature `redis`, on a Redis store ([`LeaseBackend`] is the seam). A claim
 //! that cannot get its lock in time answers [`LeasedClaim::Contended`] (retry,
 //! as for "in flight"): on PostgreSQL after 200 ms on the key's row, on MySQL
-//! after its lock wait. On SQLite, past the
-//! connection's busy timeout on the database's one write lock, it answers
-//! [`LeasedClaim::Busy`] (`503` `store-busy`) instead. On Redis a claim is one
+//! after its lock wait. On SQLite, past the connection's busy timeout on the
+//! database's one write lock, it answers [`LeasedClaim::Busy`] (`503`
+//! `store-busy`) instead. On Redis a claim is one
 //! script and waits for nothing. On Redis a finished record that expired
 //! is forgotten whole, so its next execution starts again at generation 1.
 //!

@@ -5,9 +5,9 @@
 //!
 //! A claim waits for a concurrent holder of the key's row at most 1 s (the
 //! smallest `innodb_lock_wait_timeout`; PostgreSQL waits 200 ms), then answers
-//! contended (it read nothing). The rows a fenced statement reports are the rows it matched (sqlx
-//! connects with `CLIENT_FOUND_ROWS`), so a renewal within the same millisecond
-//! still counts. Owner tokens are 128 random bits, made here.
+//! contended (it read nothing). The rows a fenced statement reports are the
+//! rows it matched (sqlx connects with `CLIENT_FOUND_ROWS`), so a renewal
+//! within the same millisecond still counts. Owner tokens are 128 random bits, made here.
 
 use std::collections::HashSet;
 use std::time::Duration;
