@@ -830,10 +830,17 @@ async fn rekey_refuse_clear_leaves_clear_answers_unsealed<Db: CliDb>() {
     db.message_record("evt-1").await;
     let out = idem_with(url, &["--json", "rekey", "--refuse-clear"], &env).await;
     assert_eq!(out.code, 0, "{out:?}");
-    assert_eq!((out.json()["messages"], out.json()["broken"]), (1.into(), 0.into()));
+    let report = out.json();
+    assert_eq!(
+        (&report["messages"], &report["broken"]),
+        (&1.into(), &0.into())
+    );
     let out = idem_with(url, &["rekey", "--refuse-clear"], &env).await;
     assert_eq!(out.code, 0, "{out:?}");
-    assert!(out.stdout.contains("message records (left in clear)"), "{out:?}");
+    assert!(
+        out.stdout.contains("message records (left in clear)"),
+        "{out:?}"
+    );
 }
 
 async fn purge_tenant_waits_for_rows_in_flight_to_finish<Db: CliDb>() {
