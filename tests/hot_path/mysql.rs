@@ -365,14 +365,7 @@ async fn a_transaction_without_idem_tx_commits_nothing_in_mariadbs_form() {
         return;
     };
     let body = json!({"name": "sp", "mode": "releases-savepoint"});
-    let (status, replayed, retry_after, answer) = send(&r, request("/widgets", "k-sp", body)).await;
-    assert_eq!(
-        (status, replayed),
-        (StatusCode::SERVICE_UNAVAILABLE, false),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
-    assert!(retry_after.is_some(), "nothing stored: retry");
+    assert_nothing_stored(&send(&r, request("/widgets", "k-sp", body)).await);
     assert_eq!(
         db.count("SELECT count(*) FROM idempotency_requests").await,
         0
@@ -465,14 +458,7 @@ async fn swallowed_deadlock_stores_no_answer(
     .await
     .expect("the other transaction waits for pair 1");
     gate.open(1);
-    let (status, replayed, retry_after, answer) = first.await.unwrap();
-    assert_eq!(
-        (status, replayed),
-        (StatusCode::SERVICE_UNAVAILABLE, false),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
-    assert!(retry_after.is_some(), "nothing stored: retry");
+    assert_nothing_stored(&first.await.unwrap());
     waiter.await.unwrap();
     assert_eq!(
         db.count("SELECT count(*) FROM idempotency_requests").await,
@@ -866,10 +852,6 @@ async fn lock_wait(pool: &sqlx::MySqlPool) -> u64 {
         .unwrap()
 }
 
-/// Sends the insert in MySQL 8's form (`false`: the session's lock wait set
-/// around it) or MariaDB's (`true`: `SET STATEMENT`) while the guard is held.
-/// The choice is the process's, so the tests that make one take turns; the
-/// others learn the server's form and keep to a choice once made.
 /// The widget app with MariaDB's guarded form of the insert held, whatever
 /// another test has chosen; `None` (the test skipped, and said so) elsewhere.
 async fn on_mariadb_guarded() -> Option<(InsertForm, TestDb, Router)> {
@@ -882,6 +864,24 @@ async fn on_mariadb_guarded() -> Option<(InsertForm, TestDb, Router)> {
     Some((form, db, r))
 }
 
+/// An answer of `send` that stored nothing: `503`, not a replay, with
+/// `Retry-After` (the retry runs the handler again).
+fn assert_nothing_stored(
+    (status, replayed, retry_after, answer): &(StatusCode, bool, Option<String>, Bytes),
+) {
+    assert_eq!(
+        (*status, *replayed),
+        (StatusCode::SERVICE_UNAVAILABLE, false),
+        "{}",
+        String::from_utf8_lossy(answer)
+    );
+    assert!(retry_after.is_some(), "nothing stored: retry");
+}
+
+/// Sends the insert in MySQL 8's form (`false`: the session's lock wait set
+/// around it) or MariaDB's (`true`: `SET STATEMENT`) while the guard is held.
+/// The choice is the process's, so the tests that make one take turns; the
+/// others learn the server's form and keep to a choice once made.
 async fn insert_form(set_statement: bool) -> InsertForm {
     insert_form_guarded(set_statement, true).await
 }

@@ -60,16 +60,12 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
         idem: &Idem<DB>,
         scope: &Scope<'_>,
     ) -> Result<Decision<LeaseHeld<DB>, Lease<DB>>, StoreError> {
-        let req = scope.lease_request();
-        let claim = || crate::lease::claim_in::<DB>(idem.lease_store(), &req, idem.key_ring());
-        let mut claimed = claim().await?;
-        // A long operation's duplicate that met another claim of the key
-        // (MySQL's race to create the row) claims once more, now that the row
-        // is there to read: answered `202` with the operation only once the
-        // row shows it the same request.
-        if scope.spec.accepted && matches!(claimed, LeasedClaim::Contended { .. }) {
-            claimed = claim().await?;
-        }
+        let claimed = crate::lease::claim_in::<DB>(
+            idem.lease_store(),
+            &scope.lease_request(),
+            idem.key_ring(),
+        )
+        .await?;
         Ok(match claimed {
             LeasedClaim::Acquired(lease) => {
                 let slot = match idem.running_slots(scope.spec.operation) {
@@ -107,13 +103,10 @@ impl<DB: LeaseBackend> Mode<DB> for Leased {
             LeasedClaim::InFlight { .. } if scope.spec.accepted => {
                 Decision::Answer(Answer::Running(address(idem, scope)))
             }
-            LeasedClaim::InFlight { retry_after } => {
-                Decision::Answer(Answer::InFlight(retry_after))
-            }
-            // Nothing was read of the key, not even whether this request
-            // is its first one: a long operation's too is told to retry,
-            // never given that operation's `202`.
-            LeasedClaim::Contended { retry_after } => {
+            // A contended claim read nothing of the key, not even whether this
+            // request is its first one: a long operation's too is told to
+            // retry, never given that operation's `202`.
+            LeasedClaim::InFlight { retry_after } | LeasedClaim::Contended { retry_after } => {
                 Decision::Answer(Answer::InFlight(retry_after))
             }
             LeasedClaim::Busy { retry_after } => Decision::Answer(Answer::Busy(retry_after)),

@@ -125,8 +125,8 @@ async fn claim_under_lock(
         match leased_step(row.as_ref(), &req.fingerprint, stored_from_text)? {
             LeasedStep::Answer(outcome) => return Ok(outcome),
             // Two claimers that both found no row race here: the second waits for
-            // the first's row and then fails on the duplicate key, and its caller
-            // retries (the row is there then).
+            // the first's row and then fails on the duplicate key, and
+            // `claim_leased` claims again (the row is there then).
             LeasedStep::Insert => {
                 return match sqlx::query(INSERT_SQL)
                     .bind_key(req.tenant, req.operation, req.key.digest())
@@ -262,7 +262,13 @@ impl SqlLeases for MySql {
         // connection is closed rather than pooled with idem's bound on it.
         let mut session = Restoring::new(&mut conn);
         bound_lock_wait(session.conn(), Duration::from_secs(1)).await?;
-        let outcome = claim_in_transaction(session.conn(), req).await;
+        let mut outcome = claim_in_transaction(session.conn(), req).await;
+        // Lost the race to create the row (the only `Contended` a claim that
+        // ran through gives): the row is there now, to read and decide on, as
+        // PostgreSQL's claim function looks again.
+        if matches!(outcome, Ok(LeasedOutcome::Contended { .. })) {
+            outcome = claim_in_transaction(session.conn(), req).await;
+        }
         // The claim has committed (or not) by now: what the restore does must not
         // lose it. An acquired row dropped here would wait out its whole lease.
         // A session whose lock wait could not be restored is not given back to the
