@@ -36,6 +36,7 @@ use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use common::caller::Caller;
+use common::faults::{Fault, Faults};
 use common::lease_harness::{
     LeaseHarness, OPERATION, Record, Stubborn, TENANT, next_instant, paid, until_lease_lapsed,
 };
@@ -230,6 +231,78 @@ mod postgres {
         assert_eq!(marks, 2, "failed once, then marked");
         assert_eq!(suite::record(&s.h, "unc-r").await.state, "uncertain");
         let (status, _, _) = suite::send(&s.router, suite::pay("/payments", "unc-r", 100)).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
+    }
+
+    /// The service's `Idem` on a pool of its own through `faults`, for the
+    /// test database `idem` is on.
+    fn through(faults: &Faults, idem: &Idem<Db>) -> Idem<Db> {
+        let name = idem
+            .pool()
+            .connect_options()
+            .get_database()
+            .unwrap()
+            .to_owned();
+        Idem::new(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(4)
+                .connect_lazy_with(faults.options(&name)),
+        )
+    }
+
+    /// What only the leased store's statement holds.
+    const STORE_MARK: &str = "response_body = $4";
+
+    /// A leased store that committed but whose answer was lost, then two more
+    /// stores that never reached the server (the connection cut as each was
+    /// sent): the mark after them finds the row finished, not this execution's
+    /// to mark, as a stale owner's would be. The store sent once more finds the
+    /// row finished under this execution's token, so the client gets the
+    /// handler's own answer, not a replay, and the key was charged once.
+    #[tokio::test]
+    async fn a_store_whose_answer_was_lost_then_failing_twice_answers_its_own_outcome() {
+        let faults = Faults::start().await;
+        let s = suite::setup_with("store-lost", false, |idem| through(&faults, &idem)).await;
+        faults.on(
+            STORE_MARK,
+            [Fault::AnswerLost, Fault::NeverSent, Fault::NeverSent],
+        );
+        let (status, headers, body) =
+            suite::send(&s.router, suite::pay("/payments", "lost-1", 100)).await;
+        assert_eq!(faults.left(), 0, "every store met its fault");
+        assert_eq!(status, StatusCode::CREATED);
+        assert!(
+            headers.get(idem_runtime::REPLAYED_HEADER).is_none(),
+            "the handler's own answer, not a replay: {headers:?}"
+        );
+        let record = suite::record(&s.h, "lost-1").await;
+        assert_eq!(record.state, "completed");
+        assert_eq!(record.body.as_deref(), Some(&body[..]));
+        let (status, headers, again) =
+            suite::send(&s.router, suite::pay("/payments", "lost-1", 100)).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert!(headers.get(idem_runtime::REPLAYED_HEADER).is_some());
+        assert_eq!(again, body);
+        assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
+    }
+
+    /// Three leased stores that never reach the server: the effect happened and
+    /// is not recorded, so the row is marked `uncertain` and the client told
+    /// `202`, as every retry is; the provider is never called again.
+    #[tokio::test]
+    async fn an_outcome_no_store_reaches_is_marked_uncertain_and_never_repeated() {
+        let faults = Faults::start().await;
+        let s = suite::setup_with("store-never", false, |idem| through(&faults, &idem)).await;
+        faults.on(STORE_MARK, [Fault::NeverSent; 3]);
+        let (status, _, body) =
+            suite::send(&s.router, suite::pay("/payments", "never-1", 100)).await;
+        assert_eq!(faults.left(), 0, "every store met its fault");
+        assert_eq!(status, StatusCode::ACCEPTED);
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
+        assert_eq!(suite::record(&s.h, "never-1").await.state, "uncertain");
+        let (status, _, _) = suite::send(&s.router, suite::pay("/payments", "never-1", 100)).await;
         assert_eq!(status, StatusCode::ACCEPTED);
         assert_eq!(s.provider.calls.load(Ordering::SeqCst), 1);
     }

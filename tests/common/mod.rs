@@ -4,6 +4,7 @@
 
 pub mod caller;
 mod db;
+pub mod faults;
 pub mod gate;
 pub mod hold;
 pub mod lease_harness;

@@ -565,7 +565,11 @@ pub async fn setup(test: &str, gate: bool) -> Setup {
 }
 
 /// As [`setup`], with the service's `Idem` configured by `config`.
-async fn setup_with(test: &str, gate: bool, config: impl FnOnce(Idem<Db>) -> Idem<Db>) -> Setup {
+pub async fn setup_with(
+    test: &str,
+    gate: bool,
+    config: impl FnOnce(Idem<Db>) -> Idem<Db>,
+) -> Setup {
     let h = Arc::new(H::new(test).await);
     let provider = Arc::new(Provider::default());
     let (tx, entered) = mpsc::unbounded_channel();

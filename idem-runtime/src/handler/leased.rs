@@ -13,7 +13,7 @@ use super::{BoxedLeasedHandler, OperationSpec};
 use crate::config::Idem;
 use crate::lease::{Lease, LeaseBackend, LeaseError, LeasedClaim, Probe, Renewer, UncertainMarker};
 use crate::metrics;
-use crate::model::{Acquisition, StoreError};
+use crate::model::{Acquisition, StoreError, StoredResponse};
 use crate::operations::Address;
 use crate::problem::Problem;
 use crate::response;
@@ -333,7 +333,7 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
                 &probe,
                 lease_len,
                 "the operation ran but its response could not be stored",
-                false,
+                None,
             )
             .await;
         }
@@ -360,7 +360,11 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
                     &probe,
                     lease_len,
                     "the operation ran but its outcome could not be recorded",
-                    true,
+                    Some(Sent {
+                        stored: &stored,
+                        response,
+                        started,
+                    }),
                 )
                 .await;
             }
@@ -369,24 +373,52 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
     }
 }
 
+/// An outcome whose stores all failed: what was sent, and the answer that goes
+/// with it.
+struct Sent<'a> {
+    stored: &'a StoredResponse,
+    response: Response,
+    started: Instant,
+}
+
 /// The answer after an effect whose outcome could not be stored: the row is
 /// marked `uncertain` for reconciliation (never released: a retry would repeat
 /// the effect), and the client is told what its retries will be told, `202`, not
 /// that nothing happened. If even marking fails, the row stays `processing` and a
 /// retry takes it over after the lease, calling downstream with the same
 /// downstream key.
+///
+/// `sent` is the outcome whose stores failed (`None`: it could not be
+/// captured, and that completion is counted already). A store that failed may
+/// still have committed, its answer lost, with the retries after it failing
+/// on their own: the mark then finds the row finished, not this execution's
+/// to mark, as it would for a stale owner. The store sent once more tells the
+/// two apart (it matches only the row finished under this execution's token),
+/// and where it matches, the answer is the handler's own, stored, not a replay.
 async fn effect_unrecorded<DB: LeaseBackend>(
     op: &'static str,
     lease: &Lease<DB>,
     probe: &Probe<DB>,
     lease_len: Duration,
     detail: &str,
-    count: bool,
+    sent: Option<Sent<'_>>,
 ) -> Response {
     match mark_uncertain(op, lease).await {
-        Ok(()) if count => metrics::completion(op, "uncertain"),
+        Ok(()) if sent.is_some() => metrics::completion(op, "uncertain"),
         Ok(()) | Err(LeaseError::Store(_)) => {}
-        Err(LeaseError::StaleOwner { .. }) => return stale(op, probe, lease_len).await,
+        Err(LeaseError::StaleOwner { .. }) => {
+            if let Some(sent) = sent
+                && lease.store_outcome(sent.stored).await.is_ok()
+            {
+                tracing::warn!(
+                    operation = op,
+                    "idem: a store reported as failed had stored the outcome (its answer was lost)"
+                );
+                stored_ok(op, sent.stored, sent.started);
+                return sent.response;
+            }
+            return stale(op, probe, lease_len).await;
+        }
     }
     Problem::uncertain(lease_len)
         .with_detail(format!(
