@@ -46,9 +46,13 @@ use tower::ServiceExt;
 
 use common::lease_harness::redis_store::{
     blocked_in_wait, cluster_nodes, conn, delete_prefix, keys_under, prefix, redis_url,
-    store_from_client, store_on,
+    store_from_client, store_on, unblock_waits,
 };
 use common::lease_harness::{Stubborn, paid};
+
+/// Taken by the tests whose claims send `WAIT`s, so that the one that ends
+/// every blocked `WAIT` it sees ends only its own.
+static WAITS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A test that only means something on one server says why it does not run on
 /// the cluster.
@@ -1173,6 +1177,7 @@ async fn a_server_older_than_6_2_is_refused_at_start() {
 /// where the replica is there; `tests/redis_failover.rs` kills a master.
 #[tokio::test]
 async fn a_change_too_few_replicas_acknowledge_is_a_failure_and_frees_the_key() {
+    let _turn = WAITS.lock().await;
     let s = store("acks-short").await;
     let waiting = store_from_client(&prefix("acks-short"), Duration::from_secs(5))
         .await
@@ -1259,21 +1264,23 @@ fn keys_beside(key: &IdempotencyKey, name: &str, n: usize) -> Vec<IdempotencyKey
 /// A claim whose reply times out on the client is given
 /// back, so the next request with its key is not kept out for a lease, on one
 /// server and on the cluster. Deterministic: the store waits 300 ms for a
-/// reply and asks for more replicas than any master here has, for 3 s, so
-/// each claim's `WAIT` outlasts its client (as in a replica outage with a
-/// timeout above the client's). First, a claim on every connection that
-/// carries `WAIT`s: each ran at once, timed out, and its key is free at once.
-/// Then, with all of them blocked on the server, one more claim queues behind
-/// a `WAIT` and times out before it runs: its key is free at once too, and once
-/// the server has let go of every `WAIT` (the queued claim has run by then)
-/// it is still free: the claim given up wrote nothing when it came.
+/// reply and asks for more replicas than any master here has, for ten
+/// minutes, so each claim's `WAIT` outlasts its client (as in a replica outage
+/// with a timeout above the client's) until the test ends it. First, a claim
+/// on every connection that carries `WAIT`s: each ran at once, timed out, and
+/// its key is free at once. Then, with all of them blocked on the server, one
+/// more claim queues behind a `WAIT` and times out before it runs: its key is
+/// free at once too. The test then ends every `WAIT` (`CLIENT UNBLOCK`), the
+/// queued claim's own included once it has run, and the key is still free:
+/// the claim given up wrote nothing when it came.
 #[tokio::test]
 async fn a_claim_whose_reply_times_out_leaves_its_key_free() {
+    let _turn = WAITS.lock().await;
     let s = store("timed-out").await;
     let impatient = store_from_client(&prefix("timed-out"), Duration::from_millis(300))
         .await
         .unwrap()
-        .with_replica_acks(5, Duration::from_secs(3))
+        .with_replica_acks(5, Duration::from_secs(600))
         .unwrap();
     let key = IdempotencyKey::parse("timed-out-1").unwrap();
     let ran = keys_beside(&key, "timed-out-ran", idem_runtime::redis::WAIT_CONNECTIONS);
@@ -1296,10 +1303,11 @@ async fn a_claim_whose_reply_times_out_leaves_its_key_free() {
         assert!(timed_out(&e), "the reply timed out on the client: {e}");
     }
     let c = s.redis_connection();
+    // Polled; the bound only bounds a failure (the WAITs block until ended).
     let blocked = Instant::now();
     while blocked_in_wait(&c).await < ran.len() {
         assert!(
-            blocked.elapsed() < Duration::from_secs(2),
+            blocked.elapsed() < Duration::from_secs(30),
             "the claims' WAITs are blocking"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1317,11 +1325,15 @@ async fn a_claim_whose_reply_times_out_leaves_its_key_free() {
     assert_eq!(next.generation(), 1);
     next.release().await.unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Each `WAIT` ended lets what was queued behind it on its connection run
+    // before the server reads another command: the queued claim's script
+    // (which finds its give-up mark), then its own `WAIT`, ended next round.
+    let mut ended = 0;
     while blocked_in_wait(&c).await > 0 {
-        assert!(Instant::now() < deadline, "a WAIT never ended");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        ended += unblock_waits(&c).await;
+        assert!(ended <= ran.len() + 1, "no WAIT but the claims': {ended}");
     }
+    assert_eq!(ended, ran.len() + 1, "the queued claim ran, then waited");
     let mut c = s.redis_connection();
     for k in ran.iter().chain([&key]) {
         let name = s.record_key("acme", "create-payment", k);

@@ -439,16 +439,63 @@ pub mod redis_store {
             .into_iter()
             .map(|(_, list)| {
                 let list: String = redis::from_redis_value(list).unwrap();
-                list.lines()
-                    .filter(|l| {
-                        l.split(' ').any(|f| f == "cmd=wait")
-                            && l.split(' ').any(|f| {
-                                f.strip_prefix("flags=").is_some_and(|fl| fl.contains('b'))
-                            })
-                    })
-                    .count()
+                waiting_ids(&list).len()
             })
             .sum()
+    }
+
+    /// Ends every `WAIT` that blocks a client now, on every node, as its
+    /// timeout would (`CLIENT UNBLOCK .. TIMEOUT`: the `WAIT` answers the
+    /// acknowledgements it has). For tests whose `WAIT`s are made to block
+    /// until the test has seen what it came for, instead of racing a timeout.
+    /// How many it ended.
+    pub async fn unblock_waits(c: &RedisConnection) -> usize {
+        let lists = c
+            .on_every_node(redis::cmd("CLIENT").arg("LIST"))
+            .await
+            .unwrap();
+        let mut ended = 0;
+        for (node, list) in lists {
+            let list: String = redis::from_redis_value(list).unwrap();
+            let url = if node.is_empty() {
+                redis_url()
+            } else {
+                format!("redis://{node}")
+            };
+            let mut direct = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            for id in waiting_ids(&list) {
+                let n: i64 = redis::cmd("CLIENT")
+                    .arg("UNBLOCK")
+                    .arg(id)
+                    .arg("TIMEOUT")
+                    .query_async(&mut direct)
+                    .await
+                    .unwrap();
+                ended += n as usize;
+            }
+        }
+        ended
+    }
+
+    /// The ids of the clients `list` (`CLIENT LIST`'s answer) shows blocked in
+    /// a `WAIT`.
+    pub fn waiting_ids(list: &str) -> Vec<u64> {
+        list.lines()
+            .filter(|l| {
+                l.split(' ').any(|f| f == "cmd=wait")
+                    && l.split(' ')
+                        .any(|f| f.strip_prefix("flags=").is_some_and(|fl| fl.contains('b')))
+            })
+            .filter_map(|l| {
+                l.split(' ')
+                    .find_map(|f| f.strip_prefix("id="))
+                    .and_then(|id| id.parse().ok())
+            })
+            .collect()
     }
 
     /// Deletes every key under `prefix`.
