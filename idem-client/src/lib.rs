@@ -10,7 +10,7 @@
 //!
 //! | answer | what the middleware does |
 //! | --- | --- |
-//! | connection error, timeout, body cut off (the lost response) | retry, same key, same bytes |
+//! | connection error, timeout, body cut off (the lost response) | retry, same key, same bytes (after the head's `Retry-After`, for a problem document cut off or stalled) |
 //! | `5xx` (but `501`, `505`) | retry, not before `Retry-After` |
 //! | `409` in flight (`urn:idem:problem:request-in-flight`, or any `409` with `Retry-After`) | retry after `Retry-After` |
 //! | `202` outcome uncertain (`urn:idem:problem:outcome-uncertain`) | retry after `Retry-After`, until a final answer |

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use bytes::{Bytes, BytesMut};
 use http::Extensions;
 use http_body_util::BodyExt;
-use reqwest::header::HeaderValue;
+use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode, Url};
 use reqwest_middleware::{Error, Middleware, Next};
 use tokio::time::Instant;
@@ -33,7 +33,9 @@ use crate::{
 ///   to [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB;
 ///   a longer one is the error [`BodyTooLarge`]); or, for a request with the
 ///   [`StreamFinal`] extension, returns it with its body unread. The body of a
-///   `202` or `409` problem document is read in any case: it decides the retry;
+///   `202` or `409` problem document is read in any case: it decides the
+///   retry. It is read for five seconds at most, and one cut off or stalled
+///   is a lost answer, sent again after its head's `Retry-After`;
 /// * never retries a body it cannot decode (a compressed body that does not
 ///   inflate): the same answer would come again;
 /// * retries, after a full-jitter backoff and never before the answer's
@@ -374,22 +376,31 @@ impl Middleware for IdempotencyMiddleware {
         let stream_final = extensions.get::<StreamFinal>().is_some();
         let mut step = Step::Send;
         loop {
-            let (outgoing, stream) = match &step {
+            let (outgoing, reading) = match &step {
                 Step::Send => {
                     run.attempts += 1;
                     let attempt = req
                         .try_clone()
                         .expect("a request with a buffered body clones");
-                    (attempt, stream_final)
+                    (
+                        attempt,
+                        Reading::Answer {
+                            stream: stream_final,
+                        },
+                    )
                 }
-                // The resource's document decides what comes next: always read.
                 Step::Poll(url) => {
                     run.polls += 1;
-                    (poll_request(url, &req), false)
+                    (poll_request(url, &req), Reading::Document)
                 }
                 Step::Result(url) => {
                     run.polls += 1;
-                    (poll_request(url, &req), stream_final)
+                    (
+                        poll_request(url, &req),
+                        Reading::Result {
+                            stream: stream_final,
+                        },
+                    )
                 }
             };
             let answer = tokio::time::timeout(remaining(), async {
@@ -398,7 +409,7 @@ impl Middleware for IdempotencyMiddleware {
                     Err(Error::Reqwest(e)) if is_lost(&e) => return Ok(Read::Lost(e)),
                     Err(e) => return Err(e),
                 };
-                read(response, self.max_response_body, stream)
+                read(response, self.max_response_body, reading)
                     .await
                     .map_err(Error::Reqwest)
             })
@@ -667,14 +678,15 @@ enum Read {
     /// Hand it to the caller: its body in memory (and here too, to judge), or
     /// unread (`StreamFinal`).
     Final(Response, Option<Bytes>),
-    /// Send the request again, not before `retry_after`.
+    /// Send the request again, not before `retry_after`: the answer asks for
+    /// it, or its body, read to judge it, was cut off or stalled.
     Retry {
         status: StatusCode,
         problem_type: Option<String>,
         retry_after: Option<Duration>,
     },
-    /// The answer was lost: the connection failed or timed out, or its body was
-    /// cut off (or timed out) mid-way.
+    /// The answer was lost: the connection failed or timed out, or the body of
+    /// a final answer was cut off (or timed out) mid-way.
     Lost(reqwest::Error),
     /// A body the middleware had to hold is over the limit.
     TooLarge {
@@ -683,22 +695,54 @@ enum Read {
     },
 }
 
-/// Judges an answer, reading its body only where needed: the problem document
-/// the verdict depends on, a final answer the caller gets whole (so that a body
+/// What a step asks for, and so how much of its answer's body is read.
+#[derive(Debug, Clone, Copy)]
+enum Reading {
+    /// The request's own answer: held whole as a final answer, or handed over
+    /// unread with `stream` (`StreamFinal`).
+    Answer { stream: bool },
+    /// A long operation's document: it decides the next step, whatever its
+    /// status, so it is always read.
+    Document,
+    /// A long operation's stored result: a final answer as the request's own
+    /// is, but that idem's `404` `operation-not-found` (the record is gone)
+    /// sends the request again.
+    Result { stream: bool },
+}
+
+impl Reading {
+    /// Whether the answer's body decides what comes next, so that it must be
+    /// read whatever `StreamFinal` says, and is read as a document (see
+    /// [`JUDGED_BODY_READ`]).
+    fn judges(self, status: StatusCode, headers: &HeaderMap) -> bool {
+        reads_body(status, headers)
+            || match self {
+                Reading::Answer { .. } => false,
+                Reading::Document => true,
+                Reading::Result { .. } => status == StatusCode::NOT_FOUND && is_problem(headers),
+            }
+    }
+
+    /// Whether a final answer goes to the caller with its body unread.
+    fn streams(self) -> bool {
+        match self {
+            Reading::Answer { stream } | Reading::Result { stream } => stream,
+            Reading::Document => false,
+        }
+    }
+}
+
+/// Judges an answer, reading its body only where needed: a document the
+/// verdict depends on, a final answer the caller gets whole (so that a body
 /// cut off mid-way counts as a lost response), and (for its problem type, up
 /// to the limit) an answer that is retried anyway. An error it returns is one
 /// that a retry would meet again (a body the client cannot decode).
-async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwest::Result<Read> {
+async fn read(mut response: Response, limit: usize, reading: Reading) -> reqwest::Result<Read> {
     let status = response.status();
-    let judged_by_body = reads_body(status, response.headers());
-    if !judged_by_body {
+    let judged = reading.judges(status, response.headers());
+    if !reads_body(status, response.headers()) {
         match judge(status, response.headers(), b"") {
-            // A `404` problem may be idem's "operation not found" for a poll
-            // or a result, which sends the request again: read, to tell.
-            Verdict::Final
-                if stream_final
-                    && !(status == StatusCode::NOT_FOUND && is_problem(response.headers())) =>
-            {
+            Verdict::Final if reading.streams() && !judged => {
                 return Ok(Read::Final(response, None));
             }
             Verdict::Final => {}
@@ -729,7 +773,17 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
             content_length,
         });
     }
-    let body = match read_body(&mut response, limit).await {
+    // A document is bounded in time, a final answer's body only by the
+    // request's timeout and the deadline: see `JUDGED_BODY_READ`.
+    let body = if judged {
+        match tokio::time::timeout(JUDGED_BODY_READ, read_body(&mut response, limit)).await {
+            Ok(body) => body,
+            Err(_stalled) => return Ok(document_lost(status, response.headers())),
+        }
+    } else {
+        read_body(&mut response, limit).await
+    };
+    let body = match body {
         Ok(Some(body)) => body,
         Ok(None) => {
             return Ok(Read::TooLarge {
@@ -737,12 +791,13 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
                 content_length,
             });
         }
+        Err(e) if body_error_is_lost(&e) && judged => {
+            return Ok(document_lost(status, response.headers()));
+        }
         Err(e) if body_error_is_lost(&e) => return Ok(Read::Lost(e)),
         Err(e) => return Err(e),
     };
-    if judged_by_body
-        && let Verdict::Retry { retry_after } = judge(status, response.headers(), &body)
-    {
+    if judged && let Verdict::Retry { retry_after } = judge(status, response.headers(), &body) {
         return Ok(Read::Retry {
             status,
             problem_type: problem_type(response.headers(), &body),
@@ -751,6 +806,37 @@ async fn read(mut response: Response, limit: usize, stream_final: bool) -> reqwe
     }
     Ok(Read::Final(with_body(response, body.clone()), Some(body)))
 }
+
+/// A document (see [`Reading::judges`]) whose body was cut off or stalled:
+/// lost, and asked for again (the request with the same key, or the `GET`),
+/// but not before the `Retry-After` its head carried. The head arrived whole,
+/// and says when the server may have a better answer (idem's uncertain `202`:
+/// once its reconciliation may be done, the operation's lease; an operation's
+/// document: when to look again): asked at once, it would say the same again.
+fn document_lost(status: StatusCode, headers: &HeaderMap) -> Read {
+    Read::Retry {
+        status,
+        problem_type: None,
+        retry_after: retry_after(headers, SystemTime::now()),
+    }
+}
+
+/// How long the body of a document (see [`Reading::judges`]) is read, once its
+/// head has arrived, before the answer counts as lost. Such a body is small:
+/// a problem document (`application/problem+json`, a few hundred bytes from
+/// idem) or a long operation's document, which its server writes at once
+/// with its head. Five seconds carry far more than that on a slow link,
+/// while a body that stalls would otherwise hold the logical request until
+/// its deadline (120 s by default, minutes when following an operation), to
+/// end in `GaveUp` where a retry would have had its answer. Taking a slow
+/// body for a lost one costs one more send with the same key (or one more
+/// `GET`), which the server answers the same way.
+///
+/// A final answer's body is not bounded so: it may be of any length, and no
+/// fixed time fits every length; the request's own timeout (or
+/// [`attempt_timeout`](IdempotencyMiddleware::attempt_timeout)) and the
+/// deadline bound it, as the caller chose.
+const JUDGED_BODY_READ: Duration = Duration::from_secs(5);
 
 /// How long the body of an answer already judged a retry is read, only to
 /// name its problem in `LastAnswer`.

@@ -215,7 +215,10 @@ impl fmt::Display for Limit {
 pub enum LastAnswer {
     /// An answer that asks for a retry: a 5xx, the contract's `409` (request in
     /// flight) or `202` (outcome uncertain); or a long operation's `202
-    /// Accepted`, being followed.
+    /// Accepted`, being followed; or an answer whose body the middleware
+    /// reads to judge it (a `202` or `409` problem document, an operation's
+    /// document) that was cut off or stalled mid-way, then without its
+    /// `problem_type`.
     Status {
         /// Its status.
         status: StatusCode,
@@ -224,7 +227,8 @@ pub enum LastAnswer {
         /// Its `Retry-After`, if any.
         retry_after: Option<Duration>,
     },
-    /// No answer: the connection failed, or timed out (the lost response).
+    /// No answer: the connection failed, or timed out, or a final answer's
+    /// body was cut off mid-way (the lost response).
     Transport(reqwest::Error),
     /// A long operation's resource said the work is not done: `running`,
     /// `uncertain` or `stalled` (a resend with the key resumes it).

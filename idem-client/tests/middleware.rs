@@ -666,6 +666,63 @@ async fn a_retried_answer_whose_body_stalls_is_retried_before_the_deadline() {
     assert_eq!(heads.lock().unwrap().len(), 2);
 }
 
+/// An uncertain `202` whose problem document is cut off mid-way is still
+/// waited out for the `Retry-After` of its head (how long the server said its
+/// reconciliation takes), not sent again at once as a lost answer.
+#[tokio::test]
+async fn an_uncertain_202_whose_body_is_cut_off_keeps_its_retry_after() {
+    let (base, heads) = raw(vec![Some(
+        "HTTP/1.1 202 Accepted\r\nretry-after: 1\r\n\
+         content-type: application/problem+json\r\ncontent-length: 80\r\n\r\n{\"type\":",
+    )])
+    .await;
+    let started = std::time::Instant::now();
+    let r = client(fast())
+        .post(format!("{base}/payments"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1, after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2);
+    assert_eq!(key_of(&heads[0]), key_of(&heads[1]));
+}
+
+/// An uncertain `202` whose problem document stalls (a length it never
+/// sends) is taken for a lost answer after a few seconds, and sent again
+/// after its `Retry-After`: not held until the deadline, to end in `GaveUp`.
+#[tokio::test]
+async fn an_uncertain_202_whose_body_stalls_is_retried_after_its_retry_after() {
+    let (base, heads) = raw_with(
+        vec![Some(
+            "HTTP/1.1 202 Accepted\r\nretry-after: 1\r\n\
+             content-type: application/problem+json\r\ncontent-length: 80\r\n\r\n{\"type\":",
+        )],
+        true,
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let r = client(fast().deadline(Duration::from_secs(15)))
+        .post(format!("{base}/payments"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1, after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    assert_eq!(heads.lock().unwrap().len(), 2);
+}
+
 /// Placed after `IdempotencyMiddleware`: the answer's body fails as a
 /// decompressing client fails on a body that does not inflate (reqwest's
 /// decoders report an `std::io::Error` of their own), every time.
@@ -1214,6 +1271,58 @@ async fn a_gone_result_is_sent_again_under_stream_final() {
             Method::POST,
             Method::GET,
             Method::GET
+        ]
+    );
+}
+
+/// A long operation's document cut off mid-way is asked for again, but not
+/// before the `Retry-After` of its head: the server's word on when to look.
+#[tokio::test]
+async fn an_operation_document_cut_off_keeps_its_retry_after() {
+    let (base, heads) = raw(vec![
+        Some(
+            "HTTP/1.1 202 Accepted\r\nlocation: /operations/create-export/ab12\r\n\
+             retry-after: 0\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        ),
+        Some(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+             content-length: 80\r\n\r\n{\"status\":",
+        ),
+        Some(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 71\r\n\
+             connection: close\r\n\r\n\
+             {\"status\":\"succeeded\",\"result\":\"/operations/create-export/ab12/result\"}",
+        ),
+    ])
+    .await;
+    let started = std::time::Instant::now();
+    let r = client(following())
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1, after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.status(), 201);
+    assert_eq!(
+        (r.idem().unwrap().attempts, r.idem().unwrap().polls),
+        (1, 3)
+    );
+    let heads = heads.lock().unwrap().clone();
+    let walk: Vec<_> = heads
+        .iter()
+        .map(|h| h.lines().next().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        walk,
+        [
+            "post /exports http/1.1",
+            "get /operations/create-export/ab12 http/1.1",
+            "get /operations/create-export/ab12 http/1.1",
+            "get /operations/create-export/ab12/result http/1.1",
         ]
     );
 }
