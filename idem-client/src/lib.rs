@@ -17,7 +17,7 @@
 //! | `202 Accepted` with `Location`, with [`follow_accepted`](IdempotencyMiddleware::follow_accepted) | follow the long operation: poll it, resend on `stalled`, return its stored result |
 //! | `422` and every other `4xx`; `2xx`, `3xx`; other `409`s | returned at once |
 //! | attempts or deadline used up | the error [`GaveUp`], carrying the key to retry with later |
-//! | a body it must hold over [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB) | the error [`BodyTooLarge`], at once |
+//! | a final answer it must hold over [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB), or a document it reads to judge over 64 KiB (or the limit, if higher) | the error [`BodyTooLarge`], at once |
 //! | a body that arrived but cannot be decoded; an error of a middleware after it, of a redirect, of the client | the error [`Interrupted`], at once, carrying the key (the request may have run) and the error |
 //!
 //! The final answer comes with its body in memory, or unread for a request with

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use bytes::{Bytes, BytesMut};
 use http::Extensions;
 use http_body_util::BodyExt;
-use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::header::{CONTENT_LENGTH, HeaderMap, HeaderValue};
 use reqwest::{Method, Request, Response, ResponseBuilderExt, StatusCode, Url};
 use reqwest_middleware::{Error, Middleware, Next};
 use tokio::time::Instant;
@@ -34,8 +34,9 @@ use crate::{
 ///   a longer one is the error [`BodyTooLarge`]); or, for a request with the
 ///   [`StreamFinal`] extension, returns it with its body unread. The body of a
 ///   `202` or `409` problem document is read in any case: it decides the
-///   retry. It is read for five seconds at most, and one cut off or stalled
-///   is a lost answer, sent again after its head's `Retry-After`;
+///   retry. It is read up to 64 KiB whatever the limit, for five seconds at
+///   most, and one cut off or stalled is a lost answer, sent again after its
+///   head's `Retry-After`;
 /// * never retries a body it cannot decode (a compressed body that does not
 ///   inflate): the same answer would come again;
 /// * retries, after a full-jitter backoff and never before the answer's
@@ -254,14 +255,23 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// The longest body, in bytes, the middleware holds in memory: a problem
-    /// document it judges, or a final answer it hands over whole. A longer one
-    /// is the error [`BodyTooLarge`], at once and never
-    /// retried; the body is not read past the limit (nor at all when its
-    /// `Content-Length` is over it). The body of an answer that is retried
-    /// anyway (a `503`, say) is read up to the limit for its problem type and
-    /// otherwise dropped. A final answer asked for with [`StreamFinal`] is not
-    /// held, so not limited.
+    /// The longest final answer, in bytes, the middleware holds in memory to
+    /// hand it over whole. A longer one is the error [`BodyTooLarge`], at once
+    /// and never retried; the body is not read past the limit (nor at all
+    /// when its `Content-Length` is over it). A final answer asked for with
+    /// [`StreamFinal`] is not held, so not limited.
+    ///
+    /// What the middleware reads only to decide what comes next is read up
+    /// to 64 KiB whatever this says (or up to this limit, if higher): the
+    /// problem document of a `202` or of a `409` without `Retry-After`, a
+    /// long operation's documents (with
+    /// [`follow_accepted`](IdempotencyMiddleware::follow_accepted)), and, for
+    /// its problem type, the body of an answer retried anyway (a `503`, say),
+    /// otherwise dropped. So a limit below the size of idem's problem
+    /// documents (some 300 bytes) still waits out an uncertain `202`. Such a
+    /// document that turns out to be the final answer (a business `409`, say)
+    /// is then the caller's, and held to this limit; one longer than 64 KiB
+    /// cannot be judged, and is [`BodyTooLarge`] too.
     ///
     /// ```
     /// let middleware = idem_client::IdempotencyMiddleware::new().max_response_body(256 * 1024);
@@ -386,6 +396,7 @@ impl Middleware for IdempotencyMiddleware {
                         attempt,
                         Reading::Answer {
                             stream: stream_final,
+                            follow: self.follow_accepted,
                         },
                     )
                 }
@@ -430,13 +441,7 @@ impl Middleware for IdempotencyMiddleware {
                     status,
                     content_length,
                 })) => {
-                    return Err(Error::middleware(BodyTooLarge {
-                        limit: self.max_response_body,
-                        status,
-                        content_length,
-                        key: run.key,
-                        attempts: run.attempts,
-                    }));
+                    return Err(run.too_large(self.max_response_body, status, content_length));
                 }
                 Ok(Ok(Read::Retry {
                     status,
@@ -463,6 +468,19 @@ impl Middleware for IdempotencyMiddleware {
                                 run.operation = Some(resource.clone());
                             }
                             (next_step, wait, last)
+                        }
+                        // A document read to be judged, up to the floor, is
+                        // held to the limit once it is the caller's.
+                        None if body
+                            .as_ref()
+                            .is_some_and(|body| body.len() > self.max_response_body) =>
+                        {
+                            let content_length = declared_length(response.headers());
+                            return Err(run.too_large(
+                                self.max_response_body,
+                                response.status(),
+                                content_length,
+                            ));
                         }
                         None => return Ok(run.finish(response)),
                     }
@@ -584,6 +602,16 @@ impl Run {
         })
     }
 
+    fn too_large(self, limit: usize, status: StatusCode, content_length: Option<u64>) -> Error {
+        Error::middleware(BodyTooLarge {
+            limit,
+            status,
+            content_length,
+            key: self.key,
+            attempts: self.attempts,
+        })
+    }
+
     fn interrupted(self, error: Error) -> Error {
         Error::middleware(Interrupted {
             key: self.key,
@@ -699,8 +727,11 @@ enum Read {
 #[derive(Debug, Clone, Copy)]
 enum Reading {
     /// The request's own answer: held whole as a final answer, or handed over
-    /// unread with `stream` (`StreamFinal`).
-    Answer { stream: bool },
+    /// unread with `stream` (`StreamFinal`). With `follow`
+    /// ([`follow_accepted`](IdempotencyMiddleware::follow_accepted)) a `202`
+    /// is a long operation's first document, to be followed rather than
+    /// handed over, so it is read as a document.
+    Answer { stream: bool, follow: bool },
     /// A long operation's document: it decides the next step, whatever its
     /// status, so it is always read.
     Document,
@@ -711,13 +742,14 @@ enum Reading {
 }
 
 impl Reading {
-    /// Whether the answer's body decides what comes next, so that it must be
-    /// read whatever `StreamFinal` says, and is read as a document (see
-    /// [`JUDGED_BODY_READ`]).
+    /// Whether the answer is a document, read to decide what comes next
+    /// rather than only to be handed over: read whatever `StreamFinal` says,
+    /// up to [`JUDGED_BODY_FLOOR`] and for [`JUDGED_BODY_READ`] at most, and
+    /// held to the limit only once it is judged final.
     fn judges(self, status: StatusCode, headers: &HeaderMap) -> bool {
         reads_body(status, headers)
             || match self {
-                Reading::Answer { .. } => false,
+                Reading::Answer { follow, .. } => follow && status == StatusCode::ACCEPTED,
                 Reading::Document => true,
                 Reading::Result { .. } => status == StatusCode::NOT_FOUND && is_problem(headers),
             }
@@ -726,7 +758,7 @@ impl Reading {
     /// Whether a final answer goes to the caller with its body unread.
     fn streams(self) -> bool {
         match self {
-            Reading::Answer { stream } | Reading::Result { stream } => stream,
+            Reading::Answer { stream, .. } | Reading::Result { stream } => stream,
             Reading::Document => false,
         }
     }
@@ -740,6 +772,9 @@ impl Reading {
 async fn read(mut response: Response, limit: usize, reading: Reading) -> reqwest::Result<Read> {
     let status = response.status();
     let judged = reading.judges(status, response.headers());
+    // What is read only to judge is read up to the floor; what is handed
+    // over, to the limit (checked on a judged body once it is final).
+    let judging_limit = limit.max(JUDGED_BODY_FLOOR);
     if !reads_body(status, response.headers()) {
         match judge(status, response.headers(), b"") {
             Verdict::Final if reading.streams() && !judged => {
@@ -751,13 +786,15 @@ async fn read(mut response: Response, limit: usize, reading: Reading) -> reqwest
                 // so it is read for a second at most, and a body that stalls
                 // or is cut off still leaves the answer's wait, where it
                 // would have taken the deadline, or the `Retry-After` with it.
-                let problem_type =
-                    match tokio::time::timeout(RETRIED_BODY_READ, read_body(&mut response, limit))
-                        .await
-                    {
-                        Ok(Ok(Some(body))) => problem_type(response.headers(), &body),
-                        _ => None,
-                    };
+                let problem_type = match tokio::time::timeout(
+                    RETRIED_BODY_READ,
+                    read_body(&mut response, judging_limit),
+                )
+                .await
+                {
+                    Ok(Ok(Some(body))) => problem_type(response.headers(), &body),
+                    _ => None,
+                };
                 return Ok(Read::Retry {
                     status,
                     problem_type,
@@ -766,6 +803,7 @@ async fn read(mut response: Response, limit: usize, reading: Reading) -> reqwest
             }
         }
     }
+    let limit = if judged { judging_limit } else { limit };
     let content_length = response.content_length();
     if content_length.is_some_and(|n| n > limit as u64) {
         return Ok(Read::TooLarge {
@@ -838,6 +876,19 @@ fn document_lost(status: StatusCode, headers: &HeaderMap) -> Read {
 /// deadline bound it, as the caller chose.
 const JUDGED_BODY_READ: Duration = Duration::from_secs(5);
 
+/// How much of a body the middleware reads to judge it (a document, see
+/// [`Reading::judges`]) or to name a retried answer's problem, whatever
+/// [`max_response_body`](IdempotencyMiddleware::max_response_body) says.
+/// That limit is the caller's on what they are handed, and set low (to a few
+/// hundred bytes, for answers known to be small) it would be under idem's
+/// uncertain `202` problem document (some 300 bytes): the middleware would
+/// answer `BodyTooLarge` where the contract says to wait and ask again. The
+/// documents it judges are small (problem documents, operation documents),
+/// so 64 KiB holds any of them with room to spare, and still bounds the
+/// memory a server that sends a long one can take. A document judged final
+/// is then held to the limit like any final answer.
+const JUDGED_BODY_FLOOR: usize = 64 * 1024;
+
 /// How long the body of an answer already judged a retry is read, only to
 /// name its problem in `LastAnswer`.
 const RETRIED_BODY_READ: Duration = Duration::from_secs(1);
@@ -853,6 +904,17 @@ async fn read_body(response: &mut Response, limit: usize) -> reqwest::Result<Opt
         body.extend_from_slice(&chunk);
     }
     Ok(Some(body.freeze()))
+}
+
+/// The `Content-Length` an answer declared (a decoded body has none).
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// An equivalent response holding `body`.

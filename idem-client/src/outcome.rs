@@ -306,11 +306,14 @@ impl std::error::Error for GaveUp {
 /// allows: it stops reading there, never retries (the same answer would come
 /// again), and names the limit, never the body.
 ///
-/// The middleware holds a body in memory to judge it (a `202` or `409` problem
-/// document) or to hand over a final answer whole (so that a body cut off
-/// mid-way is retried like a lost response). A final answer asked for with the
-/// [`StreamFinal`](crate::StreamFinal) extension is handed over unread instead,
-/// whatever its length.
+/// The middleware holds a body in memory to hand over a final answer whole (so
+/// that a body cut off mid-way is retried like a lost response), and that body
+/// is held to the limit. A document it reads only to judge it (a `202` or `409`
+/// problem document, a long operation's document) is read up to 64 KiB
+/// whatever the limit, and is this error only when it is longer than that (or
+/// than the limit, if higher), or when, judged final, it would be handed over.
+/// A final answer asked for with the [`StreamFinal`](crate::StreamFinal)
+/// extension is handed over unread instead, whatever its length.
 ///
 /// When [`status`](BodyTooLarge::status) is a final answer (a `2xx`, say), the
 /// request has run: send it again with the same [`key`](BodyTooLarge::key) and
@@ -343,8 +346,9 @@ pub struct BodyTooLarge {
     pub limit: usize,
     /// The answer's status.
     pub status: StatusCode,
-    /// Its `Content-Length`, when it declared one (then over the limit, and
-    /// nothing of the body was read).
+    /// Its `Content-Length`, when it declared one. Nothing of the body was then
+    /// read, unless it is a document the middleware read to judge it, and
+    /// judged final.
     pub content_length: Option<u64>,
     /// The key the request carried.
     pub key: IdempotencyKey,
@@ -363,7 +367,7 @@ impl fmt::Display for BodyTooLarge {
             write!(f, " (Content-Length: {n})")?;
         }
         f.write_str(
-            "; it was not read: raise IdempotencyMiddleware::max_response_body, or send the \
+            "; it was not handed over: raise IdempotencyMiddleware::max_response_body, or send the \
              request again with the same Idempotency-Key and StreamFinal to read the answer \
              unbuffered",
         )

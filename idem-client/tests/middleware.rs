@@ -909,13 +909,105 @@ async fn a_chunked_body_over_the_limit_is_stopped_at_the_limit() {
     assert_eq!(heads.lock().unwrap().len(), 1, "not retried");
 }
 
-/// The limit holds for a problem document the retry decision reads, and does
-/// not stop a retry that the status decides alone (its body is only dropped).
+/// idem's uncertain `202`, as its server words it: some 300 bytes.
+const IDEM_UNCERTAIN: &str = r#"{"type":"urn:idem:problem:outcome-uncertain","title":"The outcome of this request is being confirmed","status":202,"detail":"an earlier attempt may have taken effect; it is being reconciled and will not run twice. Retry later with the same key","retry_after":1}"#;
+
+/// A limit under the size of idem's problem documents is the caller's on what
+/// it is handed, not on what the middleware reads to judge: the uncertain
+/// `202` and the in-flight `409` are still read, and retried, and the small
+/// final answer handed over.
 #[tokio::test]
-async fn the_limit_refuses_a_long_problem_document_but_not_a_retry() {
-    let long_problem = leak(format!(
-        r#"{{"type":"urn:idem:problem:outcome-uncertain","detail":"{}"}}"#,
+async fn a_small_limit_still_reads_an_uncertain_202_and_retries_it() {
+    assert!(IDEM_UNCERTAIN.len() > 250);
+    let in_flight = leak(format!(
+        r#"{{"type":"{REQUEST_IN_FLIGHT}","title":"A request with this key is in flight","detail":"{}"}}"#,
+        "d".repeat(200)
+    ));
+    let (base, script) = scripted([
+        Reply::Answer(
+            202,
+            vec![
+                ("content-type", "application/problem+json"),
+                ("retry-after", "0"),
+            ],
+            IDEM_UNCERTAIN,
+        ),
+        Reply::Answer(
+            409,
+            vec![("content-type", "application/problem+json")],
+            in_flight,
+        ),
+        created(true),
+    ])
+    .await;
+    let r = client(fast().max_response_body(100))
+        .post(format!("{base}/payments"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().attempts, 3);
+    assert_eq!(script.seen().len(), 3);
+    assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
+}
+
+/// The same for a long operation's documents (the `202 Accepted` and what its
+/// resource says), which are followed, not handed over.
+#[tokio::test]
+async fn a_small_limit_still_follows_a_long_operation() {
+    let (base, script) = scripted([
+        accepted("0"),
+        document(
+            "0",
+            r#"{"status":"running","detail":"the export is being written"}"#,
+        ),
+        document(
+            "0",
+            r#"{"status":"succeeded","result":"/operations/create-export/ab12/result"}"#,
+        ),
+        created(true),
+    ])
+    .await;
+    let r = client(following().max_response_body(40))
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.idem().unwrap().polls, 3);
+    assert_eq!(script.seen().len(), 4);
+}
+
+/// What the middleware reads to judge is still bounded (a document past the
+/// floor cannot be judged), and a document judged final is the caller's,
+/// so held to the limit like any final answer; a retry that the status
+/// decides alone is not stopped by a long body (it is only dropped).
+#[tokio::test]
+async fn the_limit_holds_for_a_judged_answer_handed_over_and_past_the_floor() {
+    let conflict = leak(format!(
+        r#"{{"type":"urn:orders:problem:invalid-transition","detail":"{}"}}"#,
         "d".repeat(2000)
+    ));
+    let (base, script) = scripted([Reply::Answer(
+        409,
+        vec![("content-type", "application/problem+json")],
+        conflict,
+    )])
+    .await;
+    let e = client(fast().max_response_body(1000))
+        .post(format!("{base}/orders/1/cancel"))
+        .send()
+        .await
+        .unwrap_err();
+    let too_large = e.body_too_large().expect("BodyTooLarge");
+    assert_eq!(too_large.status, 409);
+    assert_eq!(too_large.limit, 1000);
+    assert_eq!(too_large.content_length, Some(conflict.len() as u64));
+    assert_eq!(script.seen().len(), 1);
+
+    let past_the_floor = leak(format!(
+        r#"{{"type":"urn:idem:problem:outcome-uncertain","detail":"{}"}}"#,
+        "d".repeat(70 * 1024)
     ));
     let (base, script) = scripted([Reply::Answer(
         202,
@@ -923,7 +1015,7 @@ async fn the_limit_refuses_a_long_problem_document_but_not_a_retry() {
             ("content-type", "application/problem+json"),
             ("retry-after", "0"),
         ],
-        long_problem,
+        past_the_floor,
     )])
     .await;
     let e = client(fast().max_response_body(1000))
