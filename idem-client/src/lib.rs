@@ -45,10 +45,13 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The crate logs nothing, so never a key. It does not depend on idem's server
-//! crates: any server that speaks the same contract will do. That contract (the
-//! header names, the problem types, the key grammar, `Retry-After`) is
-//! `idem-wire`'s, the crate idem's server reads it from too.
+//! The crate logs nothing, so never a key, and the `Debug` and `Display` of its
+//! outcomes and errors show neither a key nor what reveals one (a followed
+//! operation's path, which holds the key's digest with idem's server). It does
+//! not depend on idem's server crates: any server that speaks the same
+//! contract will do. That contract (the header names, the problem types, the
+//! key grammar, `Retry-After`) is `idem-wire`'s, the crate idem's server reads
+//! it from too.
 
 #![warn(missing_docs)]
 

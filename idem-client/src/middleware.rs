@@ -425,6 +425,17 @@ impl Middleware for IdempotencyMiddleware {
                     .map_err(Error::Reqwest)
             })
             .await;
+            // A `GET` of a long operation is sent to the operation's URL, whose
+            // path may reveal the key (see `GaveUp::operation`); its errors
+            // end up in `GaveUp` and `Interrupted`, so in the caller's logs,
+            // and go there without it. The request's own URL is the caller's.
+            let answer = match step {
+                Step::Send => answer,
+                Step::Poll(_) | Step::Result(_) => answer.map(|read| {
+                    read.map(Read::without_url)
+                        .map_err(reqwest_middleware::Error::without_url)
+                }),
+            };
             // What comes next, whether it waits first, and the answer that led
             // there (for `GaveUp`).
             let (next_step, wait, last) = match answer {
@@ -721,6 +732,16 @@ enum Read {
         status: StatusCode,
         content_length: Option<u64>,
     },
+}
+
+impl Read {
+    /// The same, with the URL taken off a lost answer's error.
+    fn without_url(self) -> Read {
+        match self {
+            Read::Lost(e) => Read::Lost(e.without_url()),
+            other => other,
+        }
+    }
 }
 
 /// What a step asks for, and so how much of its answer's body is read.

@@ -23,7 +23,7 @@ use crate::IdempotencyKey;
 /// println!("attempts {}, replayed {}", idem.attempts, idem.replayed);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct IdemOutcome {
     /// The key sent with every attempt (for the caller's logs: the crate never
@@ -44,8 +44,48 @@ pub struct IdemOutcome {
     /// The long operation's resource the client followed (the `202`'s
     /// `Location`, resolved), if it followed one. The response's own `url()`
     /// is then where its answer came from: the operation's result, or the
-    /// request's URL when a resend answered.
+    /// request's URL when a resend answered. `Debug` shows its origin only
+    /// (see [`GaveUp::operation`]).
     pub operation: Option<Url>,
+}
+
+/// The key redacted (as its own `Debug` does), and the operation's path.
+impl fmt::Debug for IdemOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let IdemOutcome {
+            key,
+            attempts,
+            replayed,
+            polls,
+            operation,
+        } = self;
+        f.debug_struct("IdemOutcome")
+            .field("key", key)
+            .field("attempts", attempts)
+            .field("replayed", replayed)
+            .field("polls", polls)
+            .field("operation", &operation.as_ref().map(Redacted))
+            .finish()
+    }
+}
+
+/// A long operation's URL as this crate's `Debug` shows it: its origin, and
+/// not its path. The path names the operation's record, and idem's server
+/// puts there the SHA-256 digest of the idempotency key
+/// (`/operations/create-export/<digest>`): a key derived from a business id
+/// ("pay-invoice-42") is guessed back from its digest in a few tries, and the
+/// crate logs nothing that reveals a key. Another server may put the key
+/// anywhere in the path or the query, so none of them is shown.
+struct Redacted<'a>(&'a Url);
+
+impl fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "\"{}/<redacted>\"",
+            self.0.origin().ascii_serialization()
+        )
+    }
 }
 
 /// Reads the [`IdemOutcome`] off a response.
@@ -74,7 +114,8 @@ impl ResponseExt for reqwest::Response {
 /// The logical request may or may not have run (a lost response looks like an
 /// outage): retry it later with the same [`key`](GaveUp::key), never a new one.
 /// It arrives as `reqwest_middleware::Error::Middleware`; [`ErrorExt::gave_up`]
-/// finds it. Its `Display` never shows the key.
+/// finds it. Neither its `Display` nor its `Debug` shows the key, nor the path
+/// of the [`operation`](GaveUp::operation) (which may reveal it).
 ///
 /// ```no_run
 /// use idem_client::{ErrorExt, IdempotencyMiddleware};
@@ -93,7 +134,6 @@ impl ResponseExt for reqwest::Response {
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
 #[non_exhaustive]
 pub struct GaveUp {
     /// The key every attempt carried: retry with it.
@@ -104,6 +144,10 @@ pub struct GaveUp {
     pub polls: u32,
     /// The long operation's resource the client was following, if any: ask it
     /// later how the work goes, or send the request again with the same key.
+    ///
+    /// Log it with care: with idem's server its path holds the SHA-256 digest
+    /// of the key, from which a guessable key (a business id) is recovered.
+    /// This crate's `Debug` shows its origin only.
     pub operation: Option<Url>,
     /// From the first send to giving up.
     pub elapsed: Duration,
@@ -111,6 +155,30 @@ pub struct GaveUp {
     pub limit: Limit,
     /// What the last attempt got.
     pub last: LastAnswer,
+}
+
+/// The key redacted (as its own `Debug` does), and the operation's path.
+impl fmt::Debug for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let GaveUp {
+            key,
+            attempts,
+            polls,
+            operation,
+            elapsed,
+            limit,
+            last,
+        } = self;
+        f.debug_struct("GaveUp")
+            .field("key", key)
+            .field("attempts", attempts)
+            .field("polls", polls)
+            .field("operation", &operation.as_ref().map(Redacted))
+            .field("elapsed", elapsed)
+            .field("limit", limit)
+            .field("last", last)
+            .finish()
+    }
 }
 
 /// The error the middleware returns when an attempt ends in an error it does
@@ -123,7 +191,8 @@ pub struct GaveUp {
 /// [`error`](Interrupted::error), and the `source`.
 ///
 /// It arrives as `reqwest_middleware::Error::Middleware`;
-/// [`ErrorExt::interrupted`] finds it. Its `Display` never shows the key.
+/// [`ErrorExt::interrupted`] finds it. Neither its `Display` nor its `Debug`
+/// shows the key, nor the path of the [`operation`](Interrupted::operation).
 ///
 /// ```no_run
 /// use idem_client::{ErrorExt, IdempotencyMiddleware};
@@ -139,7 +208,6 @@ pub struct GaveUp {
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
 #[non_exhaustive]
 pub struct Interrupted {
     /// The key every attempt carried: retry with it.
@@ -148,12 +216,36 @@ pub struct Interrupted {
     pub attempts: u32,
     /// How many `GET`s of a long operation's resource (and its result) were sent.
     pub polls: u32,
-    /// The long operation's resource the client was following, if any.
+    /// The long operation's resource the client was following, if any. Log
+    /// it with care, as [`GaveUp::operation`].
     pub operation: Option<Url>,
     /// From the first send to the error.
     pub elapsed: Duration,
-    /// The error that ended the attempt.
+    /// The error that ended the attempt. That of a `GET` of a long operation
+    /// comes without its URL, the operation's (see [`GaveUp::operation`]).
     pub error: reqwest_middleware::Error,
+}
+
+/// The key redacted (as its own `Debug` does), and the operation's path.
+impl fmt::Debug for Interrupted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Interrupted {
+            key,
+            attempts,
+            polls,
+            operation,
+            elapsed,
+            error,
+        } = self;
+        f.debug_struct("Interrupted")
+            .field("key", key)
+            .field("attempts", attempts)
+            .field("polls", polls)
+            .field("operation", &operation.as_ref().map(Redacted))
+            .field("elapsed", elapsed)
+            .field("error", error)
+            .finish()
+    }
 }
 
 impl fmt::Display for Interrupted {
@@ -228,7 +320,9 @@ pub enum LastAnswer {
         retry_after: Option<Duration>,
     },
     /// No answer: the connection failed, or timed out, or a final answer's
-    /// body was cut off mid-way (the lost response).
+    /// body was cut off mid-way (the lost response). The error of a `GET` of
+    /// a long operation comes without its URL, the operation's (see
+    /// [`GaveUp::operation`]).
     Transport(reqwest::Error),
     /// A long operation's resource said the work is not done: `running`,
     /// `uncertain` or `stalled` (a resend with the key resumes it).

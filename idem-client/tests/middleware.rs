@@ -1278,6 +1278,142 @@ async fn the_deadline_ends_the_following_with_the_operation_named() {
     assert_eq!(script.seen().len(), 2);
 }
 
+/// What idem's server puts in an operation's path: the SHA-256 digest of the
+/// key (here of "test"), from which a guessable key is recovered.
+const DIGEST: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+/// A `202 Accepted` naming the operation `/operations/create-export/{DIGEST}`.
+fn accepted_at_digest() -> Reply {
+    let location = leak(format!("/operations/create-export/{DIGEST}"));
+    Reply::Answer(202, vec![("location", location), ("retry-after", "0")], "")
+}
+
+/// Neither `GaveUp`'s `Debug` nor its `Display` shows the operation's path,
+/// which holds the key's digest: its origin only. The field itself keeps
+/// the whole URL, for the caller to ask it later.
+#[tokio::test]
+async fn a_gave_up_shows_the_operations_origin_not_its_path() {
+    let (base, _script) = scripted([
+        accepted_at_digest(),
+        document("600", r#"{"status":"running"}"#),
+    ])
+    .await;
+    let e = client(following())
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert!(gave_up.operation.as_ref().unwrap().path().ends_with(DIGEST));
+    for shown in [
+        format!("{gave_up:?}"),
+        format!("{e:?}"),
+        format!("{gave_up}"),
+        format!("{e}"),
+    ] {
+        assert!(!shown.contains(DIGEST), "the key's digest: {shown}");
+        assert!(!shown.contains(gave_up.key.as_str()), "the key: {shown}");
+    }
+    let debugged = format!("{gave_up:?}");
+    assert!(
+        debugged.contains(&format!("{base}/<redacted>")),
+        "the origin: {debugged}"
+    );
+}
+
+/// `IdemOutcome`'s `Debug` neither: a followed operation's answer may be
+/// logged whole.
+#[tokio::test]
+async fn an_outcome_shows_the_operations_origin_not_its_path() {
+    let result = leak(format!(
+        r#"{{"status":"succeeded","result":"/operations/create-export/{DIGEST}/result"}}"#
+    ));
+    let (base, _script) =
+        scripted([accepted_at_digest(), document("0", result), created(true)]).await;
+    let r = client(following())
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap();
+    let idem = r.idem().unwrap();
+    assert!(idem.operation.as_ref().unwrap().path().ends_with(DIGEST));
+    let debugged = format!("{idem:?}");
+    assert!(!debugged.contains(DIGEST), "the key's digest: {debugged}");
+    assert!(
+        debugged.contains(&format!("{base}/<redacted>")),
+        "{debugged}"
+    );
+}
+
+/// An error of a `GET` of the operation carries the operation's URL, and
+/// comes without it: an error that ends the following (here a redirect the
+/// client refuses) in `Interrupted`, and a lost answer in `GaveUp`'s last.
+#[tokio::test]
+async fn an_error_of_a_poll_shows_no_operation_path() {
+    let redirected = Reply::Answer(302, vec![("location", "/elsewhere")], "");
+    let (base, script) = scripted([accepted_at_digest(), redirected]).await;
+    let refusing = ClientBuilder::new(
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                attempt.error("redirects refused")
+            }))
+            .build()
+            .unwrap(),
+    )
+    .with(following().backoff(Duration::from_millis(1), Duration::from_millis(20)))
+    .build();
+    let e = refusing
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap_err();
+    let interrupted = e.interrupted().expect("Interrupted");
+    assert_eq!((interrupted.attempts, interrupted.polls), (1, 1));
+    assert!(interrupted.error.is_redirect(), "{e:?}");
+    assert!(
+        interrupted
+            .operation
+            .as_ref()
+            .unwrap()
+            .path()
+            .ends_with(DIGEST)
+    );
+    for shown in [format!("{interrupted:?}"), format!("{e:?}"), format!("{e}")] {
+        assert!(!shown.contains(DIGEST), "the key's digest: {shown}");
+    }
+    assert_eq!(script.seen().len(), 2);
+
+    // Polls that get no answer, until the deadline: the last is (but for an
+    // attempt the deadline cuts off) the transport error of a poll.
+    let (base, _heads) = raw(vec![Some(leak(format!(
+        "HTTP/1.1 202 Accepted\r\nlocation: /operations/create-export/{DIGEST}\r\n\
+         retry-after: 0\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    )))]
+    .into_iter()
+    .chain(std::iter::repeat_n(None, 100))
+    .collect())
+    .await;
+    let e = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            following()
+                .deadline(Duration::from_secs(2))
+                .backoff(Duration::from_millis(200), Duration::from_secs(10)),
+        )
+        .build()
+        .post(format!("{base}/exports"))
+        .send()
+        .await
+        .unwrap_err();
+    let gave_up = e.gave_up().expect("GaveUp");
+    assert!(gave_up.polls >= 1);
+    if let LastAnswer::Transport(t) = &gave_up.last {
+        assert!(t.url().is_none(), "{t:?}");
+    }
+    for shown in [format!("{gave_up:?}"), format!("{e:?}"), format!("{e}")] {
+        assert!(!shown.contains(DIGEST), "the key's digest: {shown}");
+    }
+}
+
 /// A resource that is gone (the work failed and freed its key) is like a `5xx`:
 /// the request is sent again. Any other answer of the resource's is handed
 /// over, and `max_attempts` counts the sends only.
