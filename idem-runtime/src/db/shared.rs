@@ -561,7 +561,9 @@ where
 /// answer's key id, NULL for a clear one) and `$p` (the placeholders, in the
 /// order the generic code binds them: `$1` to `$8`, or MySQL's `?`), with
 /// `$cols` the address's columns as selected and `$after` the empty value of
-/// each (`''` and an empty digest) that comes before every row. The page is
+/// each (`''` and an empty digest) that comes before every row, and `$cursor`
+/// how the page's resume point is written (`row`, a row comparison, or
+/// `expanded`, column by column: see the arms below). The page is
 /// ordered by the table's columns, named with the table: where the address is
 /// selected as an expression under the column's name (MySQL's VARBINARY read
 /// back as text), the bare name would order by that text's collation while the
@@ -576,9 +578,59 @@ macro_rules! rekey_sql {
         operation: $operation:literal,
         empty_digest: $empty:literal,
         created: $created:literal,
+        cursor: $cursor:ident,
         params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal, $p7:literal, $p8:literal] $(,)?
     ) => {
-        const REKEY_PAGE_SQL: &'static str = concat!(
+        const REKEY_PAGE_SQL: &'static str = $crate::db::shared::rekey_sql!(
+            @page $cursor,
+            key_id: $key_id,
+            tenant: $tenant,
+            operation: $operation,
+            empty_digest: $empty,
+            created: $created,
+            params: [$p1, $p2, $p3, $p4, $p5, $p6],
+        );
+        const RESEAL_SQL: &'static str = concat!(
+            "UPDATE idempotency_requests SET response_headers = ",
+            $p1,
+            ", response_body = ",
+            $p2,
+            " WHERE tenant_id = ",
+            $p3,
+            " AND operation = ",
+            $p4,
+            " AND key_digest = ",
+            $p5,
+            " AND generation = ",
+            $p6,
+            " AND state IN ('completed', 'failed') AND ",
+            $body,
+            " = ",
+            $p7,
+            " AND ",
+            $created,
+            " = ",
+            $p8
+        );
+        const KEYS_IN_USE_SQL: &'static str = concat!(
+            "SELECT ",
+            $key_id,
+            " AS key_id, count(*) AS n FROM idempotency_requests \
+              WHERE state IN ('completed', 'failed') GROUP BY 1 ORDER BY 1"
+        );
+    };
+    // The resume point as a row comparison, which PostgreSQL and SQLite serve
+    // from the primary key's range.
+    (
+        @page row,
+        key_id: $key_id:literal,
+        tenant: $tenant:literal,
+        operation: $operation:literal,
+        empty_digest: $empty:literal,
+        created: $created:literal,
+        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal] $(,)?
+    ) => {
+        concat!(
             "SELECT ",
             $tenant,
             " AS tenant_id, ",
@@ -610,35 +662,60 @@ macro_rules! rekey_sql {
               ORDER BY idempotency_requests.tenant_id, idempotency_requests.operation, \
                        idempotency_requests.key_digest LIMIT ",
             $p6
-        );
-        const RESEAL_SQL: &'static str = concat!(
-            "UPDATE idempotency_requests SET response_headers = ",
-            $p1,
-            ", response_body = ",
-            $p2,
-            " WHERE tenant_id = ",
-            $p3,
-            " AND operation = ",
-            $p4,
-            " AND key_digest = ",
-            $p5,
-            " AND generation = ",
-            $p6,
-            " AND state IN ('completed', 'failed') AND ",
-            $body,
-            " = ",
-            $p7,
-            " AND ",
-            $created,
-            " = ",
-            $p8
-        );
-        const KEYS_IN_USE_SQL: &'static str = concat!(
+        )
+    };
+    // The resume point spelt out column by column, for MySQL and MariaDB:
+    // MariaDB uses no index for a row comparison, so each page read the table
+    // from its start (a run over n rows read about n²/2). Its values come
+    // from a one-row derived table, each placeholder once and in the order
+    // they are bound (MySQL's `?` are positional), which the optimizer reads
+    // as constants: the primary key's range serves the page.
+    (
+        @page expanded,
+        key_id: $key_id:literal,
+        tenant: $tenant:literal,
+        operation: $operation:literal,
+        empty_digest: $empty:literal,
+        created: $created:literal,
+        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal] $(,)?
+    ) => {
+        concat!(
             "SELECT ",
+            $tenant,
+            " AS tenant_id, ",
+            $operation,
+            " AS operation, key_digest, generation, ",
+            $created,
+            " AS created, response_status, response_headers, response_body \
+               FROM idempotency_requests, \
+                    (SELECT ",
+            $p1,
+            " AS active, ",
+            $p2,
+            " AS clear, COALESCE(",
+            $p3,
+            ", '') AS t, COALESCE(",
+            $p4,
+            ", '') AS o, COALESCE(",
+            $p5,
+            ", ",
+            $empty,
+            ") AS k) AS page \
+              WHERE state IN ('completed', 'failed') \
+                AND CASE WHEN ",
             $key_id,
-            " AS key_id, count(*) AS n FROM idempotency_requests \
-              WHERE state IN ('completed', 'failed') GROUP BY 1 ORDER BY 1"
-        );
+            " IS NOT NULL THEN ",
+            $key_id,
+            " <> page.active ELSE page.clear END \
+                AND (idempotency_requests.tenant_id > page.t \
+                     OR (idempotency_requests.tenant_id = page.t \
+                         AND (idempotency_requests.operation > page.o \
+                              OR (idempotency_requests.operation = page.o \
+                                  AND idempotency_requests.key_digest > page.k)))) \
+              ORDER BY idempotency_requests.tenant_id, idempotency_requests.operation, \
+                       idempotency_requests.key_digest LIMIT ",
+            $p6
+        )
     };
 }
 pub(crate) use rekey_sql;

@@ -141,6 +141,7 @@ impl SqlRekey for MySql {
         operation: "CONVERT(operation USING utf8mb4)",
         empty_digest: "''",
         created: "created_at",
+        cursor: expanded,
         params: ["?", "?", "?", "?", "?", "?", "?", "?"],
     );
 }

@@ -209,14 +209,20 @@ impl SqlLeases for MySql {
     // back as text; the order names the column (unqualified, `tenant_id` would be
     // the text alias, ordered by its collation where the resume point compares
     // bytes). The first page has no position: -1 (before every `created_at`,
-    // which are Unix milliseconds) stands for it, so that each parameter appears
-    // once, in the order every database binds them.
+    // which are Unix milliseconds) stands for it. The resume point is spelt out
+    // column by column, over a one-row derived table that holds each parameter
+    // once, in the order every database binds them: MariaDB uses no index for
+    // a row comparison, and each page would read every uncertain row before it.
     const UNCERTAIN_ROWS_SQL: &'static str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
                 key_digest, downstream_key, generation, \
                 owner_token, created_at AS created \
-           FROM idempotency_requests \
-          WHERE operation = ? AND state = 'uncertain' \
-            AND (created_at, tenant_id, key_digest) > (COALESCE(?, -1), COALESCE(?, ''), COALESCE(?, '')) \
+           FROM idempotency_requests, \
+                (SELECT ? AS op, COALESCE(?, -1) AS c, COALESCE(?, '') AS t, COALESCE(?, '') AS k) AS page \
+          WHERE operation = page.op AND state = 'uncertain' \
+            AND (created_at > page.c \
+                 OR (created_at = page.c \
+                     AND (idempotency_requests.tenant_id > page.t \
+                          OR (idempotency_requests.tenant_id = page.t AND key_digest > page.k)))) \
           ORDER BY created_at, idempotency_requests.tenant_id, key_digest LIMIT ?";
 
     // The retention runs from the resolution, as for any completion; the

@@ -85,6 +85,7 @@ impl SqlRekey for Postgres {
         operation: "operation",
         empty_digest: "''::bytea",
         created: "(extract(epoch FROM created_at) * 1000000)::bigint",
+        cursor: row,
         params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"],
     );
 }

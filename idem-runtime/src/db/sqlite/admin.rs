@@ -100,6 +100,7 @@ impl SqlRekey for Sqlite {
         operation: "operation",
         empty_digest: "X''",
         created: "created_at",
+        cursor: row,
         params: ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"],
     );
 }
