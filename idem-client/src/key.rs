@@ -18,10 +18,12 @@ pub const IDEMPOTENCY_KEY: &str = idem_wire::IDEMPOTENCY_KEY;
 /// `Idempotency-Key` header. A key derived from a business id ("payment for
 /// invoice 42") survives even a restart of the caller.
 ///
-/// Keys are bare tokens of visible ASCII, 1 to 255 characters: what idem's
-/// server side accepts. `Debug` is redacted, since in some APIs a key is as
-/// good as a capability; read it with [`IdempotencyKey::as_str`] when you log
-/// it on purpose.
+/// Keys are bare tokens of visible ASCII, 1 to 255 characters, with no comma
+/// and no leading `"` (which a server reads as the start of a structured-field
+/// string): what idem's server side accepts as a bare key ([`InvalidKey`] says
+/// which rule a refused key breaks). `Debug` is redacted, since in some APIs a
+/// key is as good as a capability; read it with [`IdempotencyKey::as_str`] when
+/// you log it on purpose.
 ///
 /// ```
 /// use idem_client::IdempotencyKey;
