@@ -10,6 +10,13 @@ pub(crate) enum Failure {
     Usage(String),
     NotFound(String),
     Refused(String),
+    /// A refusal after part of the work was done, with the report of what
+    /// was (`--json`'s document), printed on stdout all the same: a script
+    /// gets the counts, and exit 4 says not everything was done.
+    RefusedAfter {
+        message: String,
+        report: String,
+    },
     Database(String),
     NotMigrated,
 }
@@ -20,9 +27,33 @@ impl Failure {
             Failure::Other(_) => 1,
             Failure::Usage(_) => 2,
             Failure::NotFound(_) => 3,
-            Failure::Refused(_) => 4,
+            Failure::Refused(_) | Failure::RefusedAfter { .. } => 4,
             Failure::Database(_) => 5,
             Failure::NotMigrated => 6,
+        }
+    }
+
+    /// What goes on stdout before the error, if anything.
+    pub(crate) fn report(&self) -> Option<&str> {
+        match self {
+            Failure::RefusedAfter { report, .. } => Some(report),
+            _ => None,
+        }
+    }
+
+    /// A refusal (exit 4) that, with `--json`, still prints `report` (what
+    /// was done) on stdout.
+    pub(crate) fn refused_after(
+        message: String,
+        json: bool,
+        report: impl FnOnce() -> Result<String, Failure>,
+    ) -> Failure {
+        if !json {
+            return Failure::Refused(message);
+        }
+        match report() {
+            Ok(report) => Failure::RefusedAfter { message, report },
+            Err(e) => e,
         }
     }
 
@@ -32,6 +63,7 @@ impl Failure {
             | Failure::Usage(m)
             | Failure::NotFound(m)
             | Failure::Refused(m)
+            | Failure::RefusedAfter { message: m, .. }
             | Failure::Database(m) => m.clone(),
             Failure::NotMigrated => {
                 "the table idempotency_requests does not exist in this database; \

@@ -21,9 +21,16 @@
 //!   purge <tenant> <operation> <key>      delete one key, so that its next request
 //!         [--digest] [--force]            executes anew; refuses a `processing` or
 //!                                         `uncertain` row unless --force
+//!   purge --tenant TENANT [--force]       erase every row of a tenant, in batches;
+//!         [--wait SECS]                   rows in flight are left unless --force
+//!                                         (or waited for, with --wait)
 //!   sweep [--batch-size N]                one run of the retention sweeper, then
 //!         [--max-batches N]               exit (`--once`, which it used to require,
 //!         [--stale-after-secs S]          is accepted and changes nothing)
+//!   rekey [--batch-size N] [--seal-clear] re-seal stored answers under the key
+//!         [--refuse-clear]                ring's active key (IDEM_KEY_RING and
+//!         [--key-ring-file PATH]          IDEM_ACTIVE_KEY, or the file), then
+//!                                         count rows per key
 //! ```
 //!
 //! The table holds each key's SHA-256, never the key: `show` and `purge` digest
@@ -37,7 +44,9 @@
 //! `mysql://...` (or `mariadb://...`) for MySQL 8 or MariaDB 10.11. Each database
 //! is a cargo feature of the CLI: `postgres` (the default), `sqlite` and `mysql`;
 //! a URL of a database the build left out is a usage error. `--json` (before or after
-//! the command) prints one JSON document on stdout instead of a table. Errors are
+//! the command) prints one JSON document on stdout instead of a table, also
+//! where a command that did part of its work is refused (exit 4: `purge
+//! --tenant` that left rows, `rekey` that left answers). Errors are
 //! one line on stderr, starting with `idem: error:`, and never print the URL or a
 //! stored body (a SQLite file's path, which holds no password, is printed when
 //! the file is missing).
@@ -53,10 +62,10 @@
 //! | --- | --- |
 //! | 0 | success |
 //! | 1 | unexpected failure (a stored row the CLI cannot read, stdout unwritable) |
-//! | 2 | usage: bad arguments (clap's own code), a key that is not a valid `Idempotency-Key` or a `--digest` that is not 64 hex digits, no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, a database this build of the CLI leaves out (its cargo feature), an in-memory SQLite database |
-//! | 3 | not found: `show` or `purge` of a key that has no row |
-//! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock); `purge --tenant` that left rows in flight; `rekey` that left answers it could not open (sealed with a key the ring lacks, or broken), after re-sealing the rest |
-//! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate` or `sweep` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
+//! | 2 | usage: bad arguments (clap's own code), a key that is not a valid `Idempotency-Key` or a `--digest` that is not 64 hex digits, no database URL, a URL that does not parse or is none of `postgres://`, `sqlite:` and `mysql://`, a database this build of the CLI leaves out (its cargo feature), an in-memory SQLite database, `rekey` without a key ring or with one that does not load |
+//! | 3 | not found: `show` or `purge` of a key that has no row (never claimed, swept, or not committed yet) |
+//! | 4 | refused: `purge` of a `processing` or `uncertain` row without `--force`, or of a row a running request holds locked (on SQLite: while another writer holds the database's write lock); `purge --tenant` that left rows (executions in flight, rows a running request holds, rows written meanwhile), after erasing the rest; `rekey` that left answers it could not open (sealed with a key the ring lacks, or broken), after re-sealing the rest |
+//! | 5 | database error: unreachable server, authentication, unknown database, a SQLite file that does not exist or is not a SQLite database, a failed query or migration (on SQLite also `migrate`, `sweep`, `purge --tenant` or `rekey` not getting the write lock within [`connect::BUSY_TIMEOUT`]) |
 //! | 6 | not migrated: the table `idempotency_requests` does not exist; run `idem migrate` |
 //! | 7 | `check`: a scenario failed (the report says which, with its requests and answers) |
 //! | 8 | `check` could not run: the request itself does not succeed (no answer, or not a `2xx`), or `--effects` stopped counting; no finding about the promise |
@@ -76,7 +85,7 @@
 //! mode. SQLite has no row locks: `purge` takes the database's write lock
 //! (`BEGIN IMMEDIATE`), waiting for it at most [`PURGE_LOCK_WAIT`] as PostgreSQL
 //! waits for the row, and is refused (exit 4) if another writer holds it longer.
-//! The other commands that write (`migrate`, `sweep`) wait at most
+//! The other commands that write (`migrate`, `sweep`, `purge --tenant`, `rekey`) wait at most
 //! [`connect::BUSY_TIMEOUT`] for it, then fail with exit 5.
 //!
 //! # MySQL and MariaDB
@@ -123,7 +132,14 @@ fn main() -> ExitCode {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(code),
             Err(e) => fail(&Failure::Other(format!("cannot write the output: {e}"))),
         },
-        Err(f) => fail(&f),
+        Err(f) => {
+            // What was done before a refusal (`--json`): a closed pipe or an
+            // unwritable stdout leaves the refusal's own line and code.
+            if let Some(report) = f.report() {
+                let _ = write_stdout(report);
+            }
+            fail(&f)
+        }
     }
 }
 

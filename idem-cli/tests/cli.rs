@@ -699,11 +699,25 @@ async fn purge_tenant_erases_every_row_of_one_tenant<Db: CliDb>() {
         }
     };
 
-    // k-done and k-old go; k-running, in flight, is left and counted.
-    let out = idem(url, &["purge", "--tenant", "acme"]).await;
-    out.assert_error(4, "erased 2 rows of tenant \"acme\"; 1 were left");
+    // k-done and k-old go; k-running, in flight, is left and counted, in
+    // the JSON document too (printed with the refusal's exit 4).
+    let out = idem(url, &["--json", "purge", "--tenant", "acme"]).await;
+    assert_eq!(out.code, 4, "{out:?}");
+    assert!(
+        out.stderr
+            .starts_with("idem: error: erased 2 rows of tenant \"acme\"; 1 were left"),
+        "{out:?}"
+    );
     assert!(out.stderr.contains("--force"), "{out:?}");
+    let j = out.json();
+    assert_eq!(
+        (j["erased"].as_u64(), j["left"].as_u64()),
+        (Some(2), Some(1))
+    );
     assert_eq!(rows_of("acme").await, 1);
+    let out = idem(url, &["purge", "--tenant", "acme"]).await;
+    out.assert_error(4, "erased 0 rows of tenant \"acme\"; 1 were left");
+    assert!(out.stdout.is_empty(), "a table only on success: {out:?}");
     assert_eq!(exists(&db, "k-running").await, 1);
 
     let out = idem(url, &["--json", "purge", "--tenant", "acme", "--force"]).await;
@@ -788,6 +802,16 @@ async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot<Db:
     assert!(
         out.stderr
             .contains("3 sealed with key \"k2\", which the ring lacks"),
+        "{out:?}"
+    );
+    // With --json, the report of what was done comes with the refusal.
+    let out = idem_with(url, &["--json", "rekey"], &[("IDEM_KEY_RING", K3)]).await;
+    assert_eq!(out.code, 4, "{out:?}");
+    assert!(out.stderr.contains("which the ring lacks"), "{out:?}");
+    let j = out.json();
+    assert_eq!(
+        (&j["resealed"], &j["unreadable"]),
+        (&0.into(), &serde_json::json!({"k2": 3})),
         "{out:?}"
     );
     let out = idem_with(url, &["--json", "rekey"], &env).await;

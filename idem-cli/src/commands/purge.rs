@@ -118,20 +118,24 @@ pub(super) async fn erase_tenant<DB: Backend>(
         }
         tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
     };
-    if left > 0 {
-        return Err(Failure::Refused(format!(
-            "erased {erased} rows of tenant {tenant:?}; {left} were left: executions in flight \
-             (a lease, live or lapsed, an uncertain outcome), rows a running request holds, or \
-             rows the tenant's traffic wrote meanwhile (stop it first). Run again when they have finished (--wait SECS waits for them; a lapsed lease \
-             finishes only when a retry of its key takes it over), or --force to erase them \
-             too (their effects may happen twice)"
-        )));
-    }
     let report = Erased {
         tenant: tenant.to_owned(),
         erased,
         left,
     };
+    if left > 0 {
+        return Err(Failure::refused_after(
+            format!(
+                "erased {erased} rows of tenant {tenant:?}; {left} were left: executions in flight \
+             (a lease, live or lapsed, an uncertain outcome), rows a running request holds, or \
+             rows the tenant's traffic wrote meanwhile (stop it first). Run again when they have finished (--wait SECS waits for them; a lapsed lease \
+             finishes only when a retry of its key takes it over), or --force to erase them \
+             too (their effects may happen twice)"
+            ),
+            json,
+            || to_json(&report),
+        ));
+    }
     if json {
         return to_json(&report);
     }

@@ -103,7 +103,9 @@ pub(super) async fn rekey<DB: Backend>(
             .collect(),
     };
     if !report.complete() {
-        return Err(Failure::Refused(left(&report)));
+        return Err(Failure::refused_after(left(&report), json, || {
+            to_json(&result)
+        }));
     }
     if json {
         return to_json(&result);
