@@ -117,6 +117,10 @@ trait CliDb: Sized {
     /// 0xab * 32, headers content-type and location), a failed one past its
     /// retention, and an execution in flight for five minutes.
     const SEED: &'static str;
+    /// An `UPDATE`'s assignments of an answer that would drive a terminal: the
+    /// body `a ESC [2J b LF TAB c` (clear the screen), and a header `x-note`
+    /// of `n ESC ]0;owned BEL` (set its title), in this database's literals.
+    const TERMINAL_CONTROL_ANSWER: &'static str;
     /// Four completed rows of operation `pay`, keys old-1..4, expired a day ago.
     const EXPIRED_ROWS: &'static str;
     /// Runs statements.
@@ -182,6 +186,7 @@ macro_rules! through_the_pool {
 impl CliDb for TestDb {
     through_the_pool!();
 
+    const TERMINAL_CONTROL_ANSWER: &'static str = r#"response_body = '\x611b5b324a620a0963'::bytea, response_headers = '[["x-note", "n\u001b]0;owned\u0007"]]'"#;
     const SEED: &'static str = r#"INSERT INTO idempotency_requests
          (tenant_id, operation, key_digest, fingerprint, state, response_status,
           response_headers, response_body, created_at, completed_at, expires_at)
@@ -228,6 +233,7 @@ impl CliDb for SqliteDb {
     through_the_pool!();
 
     // The same rows in SQLite's columns: Unix milliseconds, BLOBs, JSON text.
+    const TERMINAL_CONTROL_ANSWER: &'static str = r#"response_body = X'611b5b324a620a0963', response_headers = '[["x-note", "n\u001b]0;owned\u0007"]]'"#;
     const SEED: &'static str = concat!(
         r#"INSERT INTO idempotency_requests
              (tenant_id, operation, key_digest, fingerprint, state, response_status,
@@ -305,6 +311,8 @@ impl CliDb for common::MySqlDb {
 
     // The same rows in MySQL's columns: Unix milliseconds (2026-01-02T03:04:05Z
     // is 1767323045000), VARBINARY, JSON text.
+    // MySQL's string literals take a backslash as an escape: doubled.
+    const TERMINAL_CONTROL_ANSWER: &'static str = r#"response_body = X'611b5b324a620a0963', response_headers = '[["x-note", "n\\u001b]0;owned\\u0007"]]'"#;
     const SEED: &'static str = concat!(
         r#"INSERT INTO idempotency_requests
              (tenant_id, operation, key_digest, fingerprint, state, response_status,
@@ -534,6 +542,31 @@ async fn show_prints_one_key_without_its_body_unless_asked<Db: CliDb>() {
     let j = out.json();
     assert_eq!(j["body"], "{\"secret\":\"SECRET-BODY-123\"}");
     assert_eq!(j["headers"][1][1], "/orders/7");
+
+    // What a response echoed from a client reaches the operator's terminal
+    // escaped (its lines and tabs kept); the JSON document holds it as it is.
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET {} WHERE key_digest = {}",
+        Db::TERMINAL_CONTROL_ANSWER,
+        db.key("k-done")
+    ))
+    .await;
+    let out = idem(url, &["show", "acme", "create-order", "k-done", "--body"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(!out.stdout.contains(['\u{1b}', '\u{7}']), "{out:?}");
+    assert!(out.stdout.contains("a\\u{1b}[2Jb\n\tc"), "{out:?}");
+    assert!(
+        out.stdout.contains("x-note: n\\u{1b}]0;owned\\u{7}"),
+        "{out:?}"
+    );
+    let out = idem(
+        url,
+        &["--json", "show", "acme", "create-order", "k-done", "--body"],
+    )
+    .await;
+    let j = out.json();
+    assert_eq!(j["body"], "a\u{1b}[2Jb\n\tc");
+    assert_eq!(j["headers"][0][1], "n\u{1b}]0;owned\u{7}");
 
     let out = idem(url, &["show", "acme", "refund", "k-running", "--json"]).await;
     let j = out.json();
