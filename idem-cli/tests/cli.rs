@@ -850,6 +850,34 @@ async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot<Db:
     let out = idem_with(url, &["--json", "rekey"], &env).await;
     assert_eq!(out.json()["rows_by_key"][0]["rows"], 3, "{out:?}");
 
+    // A key file: its `active` line decides; an IDEM_ACTIVE_KEY that names
+    // another key is a usage error, not silently overruled.
+    let file = std::env::temp_dir().join(format!(
+        "idem-cli-ring-{}-{:x}",
+        std::process::id(),
+        std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), url)
+    ));
+    let line = |k: &str| k.replacen(':', " ", 1);
+    std::fs::write(&file, format!("{}\n{}\nactive k1\n", line(K1), line(K2))).unwrap();
+    let path = file.to_str().unwrap();
+    let out = idem_with(
+        url,
+        &["rekey", "--key-ring-file", path],
+        &[("IDEM_ACTIVE_KEY", "k2")],
+    )
+    .await;
+    out.assert_error(
+        2,
+        "IDEM_ACTIVE_KEY names \"k2\" but the key file's active key is \"k1\"",
+    );
+    let out = idem_with(url, &["--json", "rekey", "--key-ring-file", path], &[]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.json()["rows_by_key"],
+        serde_json::json!([{"key_id": "k1", "rows": 3}])
+    );
+    std::fs::remove_file(&file).unwrap();
+
     // No ring at all, or a broken one: usage errors.
     let out = idem_with(url, &["rekey"], &[]).await;
     out.assert_error(2, "needs the key ring");

@@ -155,6 +155,10 @@ pub enum KeyRingError {
     /// A line of a key file that is neither `active ID` nor `ID BASE64`.
     #[error("line {0} of the key file is neither `active ID` nor `ID BASE64`")]
     Malformed(usize),
+    /// A key file with a second `active ID` line (its number): which key
+    /// seals is not left to the order of the lines.
+    #[error("line {0} of the key file names the active key a second time; keep one `active` line")]
+    ActiveTwice(usize),
     /// A key file that could not be read.
     #[error("the key file {path} could not be read: {source}")]
     Unreadable {
@@ -278,14 +282,15 @@ impl KeyRing {
         Self::parse(&text, active.as_deref().map(str::trim)).map(Some)
     }
 
-    /// A ring from a file: a line `ID BASE64` per key, a line `active ID`
+    /// A ring from a file: a line `ID BASE64` per key, one line `active ID`
     /// (which may be left out when there is one key), blank lines and lines
     /// that start with `#` ignored.
     ///
     /// # Errors
     ///
     /// [`KeyRingError::Unreadable`], [`KeyRingError::Malformed`] (the line's
-    /// number, never its text), and as [`KeyRing::parse`].
+    /// number, never its text), [`KeyRingError::ActiveTwice`], and as
+    /// [`KeyRing::parse`].
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, KeyRingError> {
         let path = path.as_ref();
         let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|source| {
@@ -306,6 +311,9 @@ impl KeyRing {
                 // `active` names a key's id; a key after it (a key whose id is
                 // `active`) would be read as the active one's name, and is
                 // refused rather than quoted.
+                (Some("active"), Some(_), None) if active.is_some() => {
+                    return Err(KeyRingError::ActiveTwice(n + 1));
+                }
                 (Some("active"), Some(id), None) if usable_id(id) => active = Some(id.to_owned()),
                 (Some("active"), Some(_), None) => return Err(KeyRingError::Malformed(n + 1)),
                 (Some(id), Some(key), None) if usable_id(id) => {
@@ -993,6 +1001,24 @@ mod tests {
         assert!(matches!(
             KeyRing::from_file(dir.join("missing")),
             Err(KeyRingError::Unreadable { .. })
+        ));
+        // Two `active` lines: which key seals is not the last line's choice.
+        std::fs::write(
+            &file,
+            format!(
+                "k1 {}
+active k1
+k2 {}
+active k2
+",
+                b64(1),
+                b64(2)
+            ),
+        )
+        .unwrap();
+        assert!(matches!(
+            KeyRing::from_file(&file),
+            Err(KeyRingError::ActiveTwice(4))
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -34,7 +34,24 @@ struct KeyRows {
 /// The ring of `file`, or of the environment.
 fn ring(file: Option<&Path>) -> Result<KeyRing, Failure> {
     match file {
-        Some(path) => KeyRing::from_file(path).map_err(|e| Failure::Usage(e.to_string())),
+        Some(path) => {
+            let ring = KeyRing::from_file(path).map_err(|e| Failure::Usage(e.to_string()))?;
+            // The file names its active key; an environment that names
+            // another would be silently overruled, and an operator who
+            // rotated there would re-seal under the key they meant to retire.
+            if let Ok(active) = std::env::var("IDEM_ACTIVE_KEY")
+                && !active.trim().is_empty()
+                && active.trim() != ring.active_id()
+            {
+                return Err(Failure::Usage(format!(
+                    "IDEM_ACTIVE_KEY names {:?} but the key file's active key is {:?}: \
+                     unset IDEM_ACTIVE_KEY, or make the file's `active` line agree",
+                    active.trim(),
+                    ring.active_id()
+                )));
+            }
+            Ok(ring)
+        }
         None => KeyRing::from_env()
             .map_err(|e| Failure::Usage(format!("IDEM_KEY_RING: {e}")))?
             .ok_or_else(|| {
