@@ -53,7 +53,9 @@ impl Failure {
         }
         match report() {
             Ok(report) => Failure::RefusedAfter { message, report },
-            Err(e) => e,
+            // The refusal is what matters: its line and exit 4, without the
+            // report.
+            Err(_) => Failure::Refused(message),
         }
     }
 

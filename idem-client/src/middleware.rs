@@ -396,7 +396,7 @@ impl Middleware for IdempotencyMiddleware {
                         attempt,
                         Reading::Answer {
                             stream: stream_final,
-                            follow: self.follow_accepted,
+                            follow: self.follow_accepted.then_some(req.url()),
                         },
                     )
                 }
@@ -746,13 +746,17 @@ impl Read {
 
 /// What a step asks for, and so how much of its answer's body is read.
 #[derive(Debug, Clone, Copy)]
-enum Reading {
+enum Reading<'a> {
     /// The request's own answer: held whole as a final answer, or handed over
-    /// unread with `stream` (`StreamFinal`). With `follow`
-    /// ([`follow_accepted`](IdempotencyMiddleware::follow_accepted)) a `202`
-    /// is a long operation's first document, to be followed rather than
-    /// handed over, so it is read as a document.
-    Answer { stream: bool, follow: bool },
+    /// unread with `stream` (`StreamFinal`). With `follow` (the request's URL,
+    /// under [`follow_accepted`](IdempotencyMiddleware::follow_accepted)) a
+    /// `202` that names an operation the middleware follows is that
+    /// operation's first document, to be followed rather than handed over, so
+    /// it is read as a document; any other `202` is a final answer.
+    Answer {
+        stream: bool,
+        follow: Option<&'a Url>,
+    },
     /// A long operation's document: it decides the next step, whatever its
     /// status, so it is always read.
     Document,
@@ -762,15 +766,18 @@ enum Reading {
     Result { stream: bool },
 }
 
-impl Reading {
+impl Reading<'_> {
     /// Whether the answer is a document, read to decide what comes next
     /// rather than only to be handed over: read whatever `StreamFinal` says,
     /// up to [`JUDGED_BODY_FLOOR`] and for [`JUDGED_BODY_READ`] at most, and
     /// held to the limit only once it is judged final.
-    fn judges(self, status: StatusCode, headers: &HeaderMap) -> bool {
+    fn judges(self, response: &Response) -> bool {
+        let (status, headers) = (response.status(), response.headers());
         reads_body(status, headers)
             || match self {
-                Reading::Answer { follow, .. } => follow && status == StatusCode::ACCEPTED,
+                Reading::Answer { follow, .. } => follow.is_some_and(|requested| {
+                    operation_of(status, headers, response.url(), requested).is_some()
+                }),
                 Reading::Document => true,
                 Reading::Result { .. } => status == StatusCode::NOT_FOUND && is_problem(headers),
             }
@@ -790,9 +797,9 @@ impl Reading {
 /// cut off mid-way counts as a lost response), and (for its problem type, up
 /// to the limit) an answer that is retried anyway. An error it returns is one
 /// that a retry would meet again (a body the client cannot decode).
-async fn read(mut response: Response, limit: usize, reading: Reading) -> reqwest::Result<Read> {
+async fn read(mut response: Response, limit: usize, reading: Reading<'_>) -> reqwest::Result<Read> {
     let status = response.status();
-    let judged = reading.judges(status, response.headers());
+    let judged = reading.judges(&response);
     // What is read only to judge is read up to the floor; what is handed
     // over, to the limit (checked on a judged body once it is final).
     let judging_limit = limit.max(JUDGED_BODY_FLOOR);

@@ -142,7 +142,7 @@ pub(super) async fn show<DB: Backend>(
             }
         }
         None if !shown.header_names.is_empty() => {
-            pairs.push(("headers", shown.header_names.join(", ")));
+            pairs.push(("headers", terminal_safe(&shown.header_names.join(", "))));
         }
         None => pairs.push(("headers", "-".to_owned())),
     }

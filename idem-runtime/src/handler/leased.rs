@@ -407,15 +407,26 @@ async fn effect_unrecorded<DB: LeaseBackend>(
         Ok(()) if sent.is_some() => metrics::completion(op, "uncertain"),
         Ok(()) | Err(LeaseError::Store(_)) => {}
         Err(LeaseError::StaleOwner { .. }) => {
-            if let Some(sent) = sent
-                && lease.store_outcome(sent.stored).await.is_ok()
-            {
-                tracing::warn!(
-                    operation = op,
-                    "idem: a store reported as failed had stored the outcome (its answer was lost)"
-                );
-                stored_ok(op, sent.stored, sent.started);
-                return sent.response;
+            if let Some(sent) = sent {
+                match lease.store_outcome(sent.stored).await {
+                    Ok(()) => {
+                        tracing::warn!(
+                            operation = op,
+                            "idem: a store reported as failed had stored the outcome (its answer was lost)"
+                        );
+                        stored_ok(op, sent.stored, sent.started);
+                        return sent.response;
+                    }
+                    Err(LeaseError::StaleOwner { .. }) => {}
+                    // Not told apart: the row may be this execution's own,
+                    // finished; what is stored there is answered, as a stale
+                    // owner's.
+                    Err(LeaseError::Store(e)) => tracing::warn!(
+                        operation = op,
+                        error = %e,
+                        "idem: the store sent again, to tell this execution's finished row from a takeover, failed"
+                    ),
+                }
             }
             return stale(op, probe, lease_len).await;
         }
