@@ -480,18 +480,9 @@ fn keys_beside(key: &IdempotencyKey, name: &str, n: usize) -> Vec<IdempotencyKey
 /// Ends every `WAIT` that blocks a client of `node` (`host:port`) now, as its
 /// timeout would (`CLIENT UNBLOCK .. TIMEOUT`): how many it ended.
 async fn unblock_waits(node: &str) -> usize {
-    let mut c = redis::Client::open(format!("redis://{node}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let clients: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let (mut c, waiting) = waiting_on(node).await;
     let mut ended = 0;
-    for id in waiting_ids(&clients) {
+    for id in waiting {
         let n: i64 = redis::cmd("CLIENT")
             .arg("UNBLOCK")
             .arg(id)
@@ -507,6 +498,11 @@ async fn unblock_waits(node: &str) -> usize {
 /// How many clients of `node` (`host:port`) a `WAIT` blocks now, by
 /// `CLIENT LIST` (`flags` with `b`, the command `wait`).
 async fn blocked_in_wait(node: &str) -> usize {
+    waiting_on(node).await.1.len()
+}
+
+/// A connection to `node`, and the ids of its clients a `WAIT` blocks now.
+async fn waiting_on(node: &str) -> (redis::aio::MultiplexedConnection, Vec<u64>) {
     let mut c = redis::Client::open(format!("redis://{node}"))
         .unwrap()
         .get_multiplexed_async_connection()
@@ -517,7 +513,8 @@ async fn blocked_in_wait(node: &str) -> usize {
         .query_async(&mut c)
         .await
         .unwrap();
-    waiting_ids(&clients).len()
+    let waiting = waiting_ids(&clients);
+    (c, waiting)
 }
 
 /// The ids of the clients `list` (`CLIENT LIST`'s answer) shows blocked in a
