@@ -222,7 +222,11 @@ macro_rules! orders_service {
                     tokio::time::sleep(self.knobs.provider_latency).await;
                 }
                 // The provider's own idempotency takes the downstream key.
-                let charge_id = <$db as $crate::store::Store>::charge(
+                // The charge's own amount, not the request's: a key given back
+                // after a failure that came after the charge (its answer lost)
+                // may come again with another amount, and the provider answers
+                // with the first charge.
+                let (charge_id, amount_cents) = <$db as $crate::store::Store>::charge(
                     &self.pool,
                     &lease.downstream_key(),
                     &caller.tenant,
@@ -231,7 +235,7 @@ macro_rules! orders_service {
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "grpc-orders: the provider failed");
-                    tonic::Status::unavailable("the payment provider is unavailable; this request charged nothing (retry with the same key)")
+                    tonic::Status::unavailable("the payment provider is unavailable; retry with the same key")
                 })?;
                 self.knobs.provider_held().await;
                 if self.knobs.charge_times_out() {

@@ -62,13 +62,14 @@ pub trait Store: Backend {
         key: &str,
     ) -> impl Future<Output = Result<Option<(String, i64)>, sqlx::Error>> + Send;
     /// The simulated provider's charge under `key` (its own idempotency: a
-    /// second charge under one key is the first): the charge's id.
+    /// second charge under one key is the first): the charge's id and the
+    /// amount it charged, which is the first charge's where there was one.
     fn charge(
         pool: &Pool<Self>,
         key: &str,
         tenant: &str,
         amount_cents: i64,
-    ) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<(String, i64), sqlx::Error>> + Send;
 }
 
 const ORDER_COLUMNS: &str = "id, sku, quantity, amount_cents, currency, note";
@@ -178,7 +179,7 @@ macro_rules! dollar_store {
                 key: &str,
                 tenant: &str,
                 amount_cents: i64,
-            ) -> Result<String, sqlx::Error> {
+            ) -> Result<(String, i64), sqlx::Error> {
                 sqlx::query(
                     "INSERT INTO grpc_charges (charge_key, tenant_id, amount_cents) VALUES ($1, $2, $3) \
                      ON CONFLICT (charge_key) DO NOTHING",
@@ -188,12 +189,13 @@ macro_rules! dollar_store {
                 .bind(amount_cents)
                 .execute(pool)
                 .await?;
-                let id: i64 =
-                    sqlx::query_scalar("SELECT id FROM grpc_charges WHERE charge_key = $1")
-                        .bind(key)
-                        .fetch_one(pool)
-                        .await?;
-                Ok(format!("ch_{id}"))
+                let (id, charged): (i64, i64) = sqlx::query_as(
+                    "SELECT id, amount_cents FROM grpc_charges WHERE charge_key = $1",
+                )
+                .bind(key)
+                .fetch_one(pool)
+                .await?;
+                Ok((format!("ch_{id}"), charged))
             }
         }
     };
@@ -351,17 +353,18 @@ impl Store for MySql {
         key: &str,
         tenant: &str,
         amount_cents: i64,
-    ) -> Result<String, sqlx::Error> {
+    ) -> Result<(String, i64), sqlx::Error> {
         sqlx::query("INSERT IGNORE INTO grpc_charges (charge_key, tenant_id, amount_cents) VALUES (?, ?, ?)")
             .bind(key)
             .bind(tenant)
             .bind(amount_cents)
             .execute(pool)
             .await?;
-        let id: i64 = sqlx::query_scalar("SELECT id FROM grpc_charges WHERE charge_key = ?")
-            .bind(key)
-            .fetch_one(pool)
-            .await?;
-        Ok(format!("ch_{id}"))
+        let (id, charged): (i64, i64) =
+            sqlx::query_as("SELECT id, amount_cents FROM grpc_charges WHERE charge_key = ?")
+                .bind(key)
+                .fetch_one(pool)
+                .await?;
+        Ok((format!("ch_{id}"), charged))
     }
 }
