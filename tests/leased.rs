@@ -513,6 +513,80 @@ mod mysql {
             other => panic!("expected to reclaim, got {other:?}"),
         }
     }
+
+    /// Each round of the reconciler reads about its own page of uncertain rows,
+    /// wherever it resumes: as a row comparison, MariaDB read every uncertain
+    /// row before the page (no index for a row comparison), about n²/2 over a
+    /// pass of n. Counted by the server's handler reads on the one connection
+    /// the reconciler runs on; the rows stay uncertain, so the rounds page
+    /// through all of them.
+    #[tokio::test]
+    async fn a_reconciler_round_reads_its_page_not_the_rows_before_it() {
+        struct Unknown;
+        impl Reconcile for Unknown {
+            fn operation(&self) -> &str {
+                "create-payment"
+            }
+            async fn reconcile(&self, _: &UncertainOutcome) -> Resolution {
+                Resolution::StillUncertain
+            }
+        }
+        const ROWS: usize = 2000;
+        const BATCH: usize = 50;
+        let h = H::new("uncertain-pages").await;
+        let values: Vec<String> = (0..ROWS)
+            .map(|i| {
+                format!(
+                    "('acme', 'create-payment', UNHEX(SHA2('f{i}', 256)), 'uncertain', \
+                      'a{i:031}', 'd{i:031}', 1, {i}, 9999999999999, UNHEX(SHA2('k{i}', 256)))"
+                )
+            })
+            .collect();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idempotency_requests (tenant_id, operation, fingerprint, state, \
+               owner_token, downstream_key, generation, created_at, expires_at, key_digest) \
+             VALUES {}",
+            values.join(", ")
+        )))
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+        let one = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&h.db.url)
+            .await
+            .unwrap();
+        // Rows read by an index scan and by a table scan.
+        let reads = || async {
+            let counters: Vec<(String, String)> = sqlx::query_as(
+                "SHOW SESSION STATUS WHERE Variable_name IN \
+                   ('Handler_read_next', 'Handler_read_rnd_next')",
+            )
+            .fetch_all(&one)
+            .await
+            .unwrap();
+            assert_eq!(counters.len(), 2, "{counters:?}");
+            counters
+                .iter()
+                .map(|(_, n)| n.parse::<u64>().unwrap())
+                .sum::<u64>()
+        };
+        let reconciler =
+            Reconciler::<_, Db>::on_store(one.clone(), Unknown).with_batch(BATCH as i64);
+        let before = reads().await;
+        let mut asked = 0;
+        for _ in 0..ROWS / BATCH {
+            asked += reconciler.run_once().await.unwrap().still_uncertain;
+        }
+        assert_eq!(asked, ROWS as u64, "every row asked about once");
+        let read = reads().await - before;
+        assert!(
+            read < 3 * ROWS as u64,
+            "{read} rows read for {ROWS} uncertain rows in rounds of {BATCH} \
+             (from the start each time: about {})",
+            ROWS * ROWS / (2 * BATCH)
+        );
+    }
 }
 
 #[path = "leased"]

@@ -8,6 +8,9 @@
 //! itself runs on the cluster too (`tests/leased_redis.rs` with
 //! `IDEM_TEST_REDIS_CLUSTER`). Every test has a key prefix of its own.
 
+#[path = "common/client_list.rs"]
+mod client_list;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -21,6 +24,8 @@ use idem_runtime::{
 };
 use redis::AsyncCommands;
 use serde_json::json;
+
+use client_list::waiting_ids;
 
 /// The cluster's nodes as `host:port`.
 fn nodes() -> Vec<String> {
@@ -515,23 +520,6 @@ async fn waiting_on(node: &str) -> (redis::aio::MultiplexedConnection, Vec<u64>)
         .unwrap();
     let waiting = waiting_ids(&clients);
     (c, waiting)
-}
-
-/// The ids of the clients `list` (`CLIENT LIST`'s answer) shows blocked in a
-/// `WAIT`.
-fn waiting_ids(list: &str) -> Vec<u64> {
-    list.lines()
-        .filter(|l| {
-            l.split(' ').any(|f| f == "cmd=wait")
-                && l.split(' ')
-                    .any(|f| f.strip_prefix("flags=").is_some_and(|fl| fl.contains('b')))
-        })
-        .filter_map(|l| {
-            l.split(' ')
-                .find_map(|f| f.strip_prefix("id="))
-                .and_then(|id| id.parse().ok())
-        })
-        .collect()
 }
 
 /// A renewal never queues behind other requests' acknowledgements. A live lease's master has one replica; other requests on the same

@@ -12,7 +12,9 @@ pub(crate) fn to_json<T: Serialize>(value: &T) -> Result<String, Failure> {
     Ok(s)
 }
 
-/// An aligned text table: two spaces between columns, numbers right-aligned.
+/// An aligned text table: two spaces between columns, numbers right-aligned,
+/// every cell [`terminal_safe`] (a stored value, a tenant id or a key id may
+/// hold what would drive the operator's terminal).
 pub(crate) struct Table {
     header: Option<Vec<String>>,
     right: Vec<bool>,
@@ -22,7 +24,7 @@ pub(crate) struct Table {
 impl Table {
     pub(crate) fn new(header: &[&str], right: &[bool]) -> Self {
         Table {
-            header: Some(header.iter().map(|h| (*h).to_owned()).collect()),
+            header: Some(header.iter().map(|h| terminal_safe(h)).collect()),
             right: right.to_vec(),
             rows: Vec::new(),
         }
@@ -35,13 +37,14 @@ impl Table {
             right: vec![false, false],
             rows: items
                 .into_iter()
-                .map(|(k, v)| vec![k.to_owned(), v])
+                .map(|(k, v)| vec![terminal_safe(k), terminal_safe(&v)])
                 .collect(),
         }
     }
 
     pub(crate) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows
+            .push(cells.iter().map(|cell| terminal_safe(cell)).collect());
     }
 
     pub(crate) fn render(&self) -> String {
@@ -88,6 +91,32 @@ pub(crate) fn age(secs: f64) -> String {
         3600..86400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
         _ => format!("{}d {}h", s / 86400, s % 86400 / 3600),
     }
+}
+
+/// `text` with every control character (and every character that reorders
+/// text) escaped as Rust writes it (`\u{1b}`): a stored answer or header
+/// that echoed a client's input must not drive the operator's terminal (clear
+/// it, set its title, hide what follows) or reorder what it shows.
+pub(crate) fn terminal_safe(text: &str) -> String {
+    escape(text, |_| false)
+}
+
+/// [`terminal_safe`], keeping line breaks and tabs: a body's layout.
+pub(crate) fn terminal_safe_lines(text: &str) -> String {
+    escape(text, |c| c == '\n' || c == '\t')
+}
+
+fn escape(text: &str, keep: impl Fn(char) -> bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let reorders = matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if (c.is_control() || reorders) && !keep(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -656,11 +656,18 @@ async fn a_retried_answer_whose_body_stalls_is_retried_before_the_deadline() {
         true,
     )
     .await;
-    let r = client(fast())
+    // A deadline a body read to its end would reach: `GaveUp` then, not 201.
+    let started = std::time::Instant::now();
+    let r = client(fast().deadline(Duration::from_secs(10)))
         .post(format!("{base}/orders"))
         .send()
         .await
         .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1, after {:?}",
+        started.elapsed()
+    );
     assert_eq!(r.status(), 201);
     assert_eq!(r.idem().unwrap().attempts, 2);
     assert_eq!(heads.lock().unwrap().len(), 2);

@@ -439,7 +439,7 @@ pub mod redis_store {
             .into_iter()
             .map(|(_, list)| {
                 let list: String = redis::from_redis_value(list).unwrap();
-                waiting_ids(&list).len()
+                crate::common::client_list::waiting_ids(&list).len()
             })
             .sum()
     }
@@ -467,7 +467,7 @@ pub mod redis_store {
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap();
-            for id in waiting_ids(&list) {
+            for id in crate::common::client_list::waiting_ids(&list) {
                 let n: i64 = redis::cmd("CLIENT")
                     .arg("UNBLOCK")
                     .arg(id)
@@ -479,23 +479,6 @@ pub mod redis_store {
             }
         }
         ended
-    }
-
-    /// The ids of the clients `list` (`CLIENT LIST`'s answer) shows blocked in
-    /// a `WAIT`.
-    pub fn waiting_ids(list: &str) -> Vec<u64> {
-        list.lines()
-            .filter(|l| {
-                l.split(' ').any(|f| f == "cmd=wait")
-                    && l.split(' ')
-                        .any(|f| f.strip_prefix("flags=").is_some_and(|fl| fl.contains('b')))
-            })
-            .filter_map(|l| {
-                l.split(' ')
-                    .find_map(|f| f.strip_prefix("id="))
-                    .and_then(|id| id.parse().ok())
-            })
-            .collect()
     }
 
     /// Deletes every key under `prefix`.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod caller;
+pub mod client_list;
 mod db;
 pub mod faults;
 pub mod gate;

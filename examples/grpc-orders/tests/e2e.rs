@@ -335,12 +335,14 @@ async fn payments_charge_once<D: Db>(lease_store: Option<&str>) {
     // A lease has no waiting room: each duplicate is refused while the first
     // runs, with the hint to retry.
     for _ in 0..3 {
-        let refused = server
-            .client()
-            .await
-            .create_payment(pay("pay-1", 900))
-            .await
-            .unwrap_err();
+        // Bounded: a duplicate that ran would charge, then wait on the hold.
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            server.client().await.create_payment(pay("pay-1", 900)),
+        )
+        .await
+        .expect("refused at once, not held with the first call")
+        .unwrap_err();
         assert_eq!(refused.code(), Code::Aborted, "{refused:?}");
         assert!(refused.get_details_retry_info().is_some());
     }

@@ -39,14 +39,15 @@ fn ring(file: Option<&Path>) -> Result<KeyRing, Failure> {
             // The file names its active key; an environment that names
             // another would be silently overruled, and an operator who
             // rotated there would re-seal under the key they meant to retire.
-            if let Ok(active) = std::env::var("IDEM_ACTIVE_KEY")
-                && !active.trim().is_empty()
-                && active.trim() != ring.active_id()
+            let var = idem_runtime::at_rest::ACTIVE_KEY_VAR;
+            if let Ok(active) = std::env::var(var)
+                && let active = active.trim()
+                && !active.is_empty()
+                && active != ring.active_id()
             {
                 return Err(Failure::Usage(format!(
-                    "IDEM_ACTIVE_KEY names {:?} but the key file's active key is {:?}: \
-                     unset IDEM_ACTIVE_KEY, or make the file's `active` line agree",
-                    active.trim(),
+                    "{var} names {active:?} but the key file's active key is {:?}: \
+                     unset {var}, or make the file's `active` line agree",
                     ring.active_id()
                 )));
             }

@@ -135,21 +135,18 @@ pub(super) async fn show<DB: Backend>(
     match &shown.headers {
         Some(hs) => {
             for (name, value) in hs {
-                pairs.push((
-                    "header",
-                    format!("{}: {}", terminal_safe(name), terminal_safe(value)),
-                ));
+                pairs.push(("header", format!("{name}: {value}")));
             }
         }
         None if !shown.header_names.is_empty() => {
-            pairs.push(("headers", terminal_safe(&shown.header_names.join(", "))));
+            pairs.push(("headers", shown.header_names.join(", ")));
         }
         None => pairs.push(("headers", "-".to_owned())),
     }
     let mut out = Table::pairs(pairs).render();
     if let Some(text) = &shown.body {
         out.push_str("\n--- body ---\n");
-        out.push_str(&terminal_safe_lines(text));
+        out.push_str(&crate::output::terminal_safe_lines(text));
         if !text.ends_with('\n') {
             out.push('\n');
         }
@@ -167,30 +164,4 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
         s
     })
-}
-
-/// `text` with every control character (and every character that reorders
-/// text) escaped as Rust writes it (`\u{1b}`): a stored answer or header
-/// that echoed a client's input must not drive the operator's terminal (clear
-/// it, set its title, hide what follows) or reorder what it shows.
-fn terminal_safe(text: &str) -> String {
-    escape(text, |_| false)
-}
-
-/// [`terminal_safe`], keeping line breaks and tabs: a body's layout.
-fn terminal_safe_lines(text: &str) -> String {
-    escape(text, |c| c == '\n' || c == '\t')
-}
-
-fn escape(text: &str, keep: impl Fn(char) -> bool) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        let reorders = matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if (c.is_control() || reorders) && !keep(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

@@ -581,14 +581,24 @@ macro_rules! rekey_sql {
         cursor: $cursor:ident,
         params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal, $p7:literal, $p8:literal] $(,)?
     ) => {
-        const REKEY_PAGE_SQL: &'static str = $crate::db::shared::rekey_sql!(
-            @page $cursor,
-            key_id: $key_id,
-            tenant: $tenant,
-            operation: $operation,
-            empty_digest: $empty,
-            created: $created,
-            params: [$p1, $p2, $p3, $p4, $p5, $p6],
+        const REKEY_PAGE_SQL: &'static str = concat!(
+            "SELECT ",
+            $tenant,
+            " AS tenant_id, ",
+            $operation,
+            " AS operation, key_digest, generation, ",
+            $created,
+            " AS created, response_status, response_headers, response_body \
+               FROM idempotency_requests",
+            $crate::db::shared::rekey_sql!(
+                @after $cursor,
+                key_id: $key_id,
+                empty_digest: $empty,
+                params: [$p1, $p2, $p3, $p4, $p5],
+            ),
+            " ORDER BY idempotency_requests.tenant_id, idempotency_requests.operation, \
+                       idempotency_requests.key_digest LIMIT ",
+            $p6
         );
         const RESEAL_SQL: &'static str = concat!(
             "UPDATE idempotency_requests SET response_headers = ",
@@ -619,27 +629,18 @@ macro_rules! rekey_sql {
               WHERE state IN ('completed', 'failed') GROUP BY 1 ORDER BY 1"
         );
     };
-    // The resume point as a row comparison, which PostgreSQL and SQLite serve
-    // from the primary key's range.
+    // The page's condition, after `FROM idempotency_requests`: finished rows
+    // not under the active key (`$p1`; in clear only when `$p2`), after the
+    // resume point (`$p3`, `$p4`, `$p5`). Here as a row comparison, which
+    // PostgreSQL and SQLite serve from the primary key's range.
     (
-        @page row,
+        @after row,
         key_id: $key_id:literal,
-        tenant: $tenant:literal,
-        operation: $operation:literal,
         empty_digest: $empty:literal,
-        created: $created:literal,
-        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal] $(,)?
+        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal] $(,)?
     ) => {
         concat!(
-            "SELECT ",
-            $tenant,
-            " AS tenant_id, ",
-            $operation,
-            " AS operation, key_digest, generation, ",
-            $created,
-            " AS created, response_status, response_headers, response_body \
-               FROM idempotency_requests \
-              WHERE state IN ('completed', 'failed') \
+            " WHERE state IN ('completed', 'failed') \
                 AND CASE WHEN ",
             $key_id,
             " IS NOT NULL THEN ",
@@ -658,10 +659,7 @@ macro_rules! rekey_sql {
             $p5,
             ", ",
             $empty,
-            ")) \
-              ORDER BY idempotency_requests.tenant_id, idempotency_requests.operation, \
-                       idempotency_requests.key_digest LIMIT ",
-            $p6
+            "))"
         )
     };
     // The resume point spelt out column by column, for MySQL and MariaDB:
@@ -671,24 +669,13 @@ macro_rules! rekey_sql {
     // they are bound (MySQL's `?` are positional), which the optimizer reads
     // as constants: the primary key's range serves the page.
     (
-        @page expanded,
+        @after expanded,
         key_id: $key_id:literal,
-        tenant: $tenant:literal,
-        operation: $operation:literal,
         empty_digest: $empty:literal,
-        created: $created:literal,
-        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal, $p6:literal] $(,)?
+        params: [$p1:literal, $p2:literal, $p3:literal, $p4:literal, $p5:literal] $(,)?
     ) => {
         concat!(
-            "SELECT ",
-            $tenant,
-            " AS tenant_id, ",
-            $operation,
-            " AS operation, key_digest, generation, ",
-            $created,
-            " AS created, response_status, response_headers, response_body \
-               FROM idempotency_requests, \
-                    (SELECT ",
+            ", (SELECT ",
             $p1,
             " AS active, ",
             $p2,
@@ -711,10 +698,7 @@ macro_rules! rekey_sql {
                      OR (idempotency_requests.tenant_id = page.t \
                          AND (idempotency_requests.operation > page.o \
                               OR (idempotency_requests.operation = page.o \
-                                  AND idempotency_requests.key_digest > page.k)))) \
-              ORDER BY idempotency_requests.tenant_id, idempotency_requests.operation, \
-                       idempotency_requests.key_digest LIMIT ",
-            $p6
+                                  AND idempotency_requests.key_digest > page.k))))"
         )
     };
 }

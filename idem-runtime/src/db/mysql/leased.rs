@@ -91,7 +91,7 @@ async fn owner_tokens(
 
 /// Another claim of the key holds or has just created its row: this one read
 /// nothing of it.
-fn busy() -> LeasedOutcome {
+fn contended() -> LeasedOutcome {
     LeasedOutcome::Contended {
         retry_after: Duration::from_secs(1),
     }
@@ -139,7 +139,7 @@ async fn claim_under_lock(
                     .await
                 {
                     Ok(_) => Ok(owner.acquired(Acquisition::New, 1)),
-                    Err(e) if super::is_duplicate(&e) => Ok(busy()),
+                    Err(e) if super::is_duplicate(&e) => Ok(contended()),
                     Err(e) => Err(e.into()),
                 };
             }
@@ -213,6 +213,10 @@ impl SqlLeases for MySql {
     // column by column, over a one-row derived table that holds each parameter
     // once, in the order every database binds them: MariaDB uses no index for
     // a row comparison, and each page would read every uncertain row before it.
+    // The order names `operation` (one value here) so that it is the in-flight
+    // index's own (state, created_at, then the primary key): the derived
+    // table's operation is not taken for a constant, and without it the page
+    // would be sorted from every row after the resume point.
     const UNCERTAIN_ROWS_SQL: &'static str = "SELECT CONVERT(tenant_id USING utf8mb4) AS tenant_id, \
                 key_digest, downstream_key, generation, \
                 owner_token, created_at AS created \
@@ -223,7 +227,8 @@ impl SqlLeases for MySql {
                  OR (created_at = page.c \
                      AND (idempotency_requests.tenant_id > page.t \
                           OR (idempotency_requests.tenant_id = page.t AND key_digest > page.k)))) \
-          ORDER BY created_at, idempotency_requests.tenant_id, key_digest LIMIT ?";
+          ORDER BY created_at, idempotency_requests.tenant_id, idempotency_requests.operation, \
+                   key_digest LIMIT ?";
 
     // The retention runs from the resolution, as for any completion; the
     // assignments run left to right, so expires_at is computed before created_at
@@ -290,7 +295,9 @@ impl SqlLeases for MySql {
             // Another claim of the key held it past the wait, or InnoDB chose this
             // claim as a deadlock's victim (and rolled it back): someone else is
             // deciding the key right now.
-            Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => Ok(busy()),
+            Err(StoreError::Database(e)) if is_lock_timeout(&e) || is_deadlock(&e) => {
+                Ok(contended())
+            }
             Err(e) => Err(e),
         }
     }
