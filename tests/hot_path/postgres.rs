@@ -69,6 +69,20 @@ async fn insert(conn: &mut sqlx::PgConnection, tenant: &str, name: &str) {
         .unwrap();
 }
 
+/// Inserts `nk` into `naturals`: whether it was taken (a unique violation,
+/// which aborts the transaction).
+async fn natural_taken(tx: &mut Tx<Db>, nk: &str) -> bool {
+    match sqlx::query("INSERT INTO naturals (nk) VALUES ($1)")
+        .bind(nk)
+        .execute(&mut **tx)
+        .await
+    {
+        Ok(_) => false,
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => true,
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// Writes one widget in the claimed transaction; its id.
 async fn add_widget(tx: &mut Tx<Db>, tenant: &str, name: &str) -> i64 {
     sqlx::query_scalar("INSERT INTO widgets (tenant, name) VALUES ($1, $2) RETURNING id")
@@ -127,6 +141,19 @@ async fn more_modes(tx: &mut Tx<Db>, tenant: &str, name: &str, mode: &str) -> Op
             if gate.first_visit() {
                 gate.stop().await;
             }
+        }
+        // A widget, then a natural key answered `409` when it is taken: the
+        // failed insert has aborted the transaction by then.
+        "natural-answered" => {
+            add_widget(tx, tenant, name).await;
+            if natural_taken(tx, name).await {
+                return Some(Ok((StatusCode::CONFLICT, Json(json!({"duplicate": true})))));
+            }
+        }
+        // The same, the failure ignored: a success over an aborted transaction.
+        "natural-ignored" => {
+            add_widget(tx, tenant, name).await;
+            natural_taken(tx, name).await;
         }
         // A code under a deferred unique constraint: checked at COMMIT.
         "deferred" => {
@@ -1555,6 +1582,110 @@ async fn a_completion_that_fails_commits_nothing() {
     );
     let (status, replayed, _) = widget(&r, "k1", "plain").await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
+}
+
+/// The three ways a first execution stores its answer on PostgreSQL: idem's
+/// statements in the session (the default on a direct connection), with bound
+/// parameters (behind a pooler that keeps no session), and the key claimed
+/// before the handler.
+fn every_store_path(pool: &PgPool) -> [(&'static str, Idem<Db>); 3] {
+    [
+        (
+            "session",
+            Idem::new(pool.clone()).with_session_statements(true),
+        ),
+        (
+            "bound",
+            Idem::new(pool.clone()).with_session_statements(false),
+        ),
+        (
+            "claimed-first",
+            Idem::new(pool.clone()).with_claims_at_commit(false),
+        ),
+    ]
+}
+
+/// A handler whose statement failed (a unique violation), which aborts the
+/// whole transaction on PostgreSQL, and which answered `409` rather than
+/// returning it as its `Err`: idem's row cannot be written in that
+/// transaction, so the `409` is sent as an `Err`'s would be, nothing of it is
+/// stored, nothing committed (the widget written before it is gone), and the
+/// retry runs the handler again.
+#[tokio::test]
+async fn a_client_error_answered_after_a_failed_statement_is_sent_not_stored() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
+    db.exec("INSERT INTO naturals (nk) VALUES ('taken')").await;
+    for (how, idem) in every_store_path(&db.pool) {
+        let r = router(idem);
+        let key = format!("k-{how}");
+        let body = json!({"name": "taken", "mode": "natural-answered"});
+        let (status, replayed, answered) = send(&r, request("/widgets", &key, body.clone())).await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::CONFLICT, false),
+            "{how}: {}",
+            String::from_utf8_lossy(&answered)
+        );
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&answered).unwrap(),
+            json!({"duplicate": true}),
+            "{how}"
+        );
+        assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0, "{how}");
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            0,
+            "{how}"
+        );
+        // The name freed, the retry runs the handler, which now succeeds and
+        // takes the name again for the next path.
+        db.exec("DELETE FROM naturals").await;
+        let (status, replayed, _) = send(&r, request("/widgets", &key, body)).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, false), "{how}");
+        db.exec("DELETE FROM widgets").await;
+        db.exec("DELETE FROM idempotency_requests").await;
+    }
+}
+
+/// The same failed statement ignored, and a `201` answered: what it reports
+/// was rolled back, so it is refused with `503` on every path, and nothing is
+/// stored or committed.
+#[tokio::test]
+async fn a_success_answered_after_a_failed_statement_is_refused() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
+    db.exec("INSERT INTO naturals (nk) VALUES ('taken')").await;
+    for (how, idem) in every_store_path(&db.pool) {
+        let r = router(idem);
+        let (status, replayed, answered) = send(
+            &r,
+            request(
+                "/widgets",
+                &format!("k-{how}"),
+                json!({"name": "taken", "mode": "natural-ignored"}),
+            ),
+        )
+        .await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::SERVICE_UNAVAILABLE, false),
+            "{how}"
+        );
+        let problem: serde_json::Value = serde_json::from_slice(&answered).unwrap();
+        assert_eq!(
+            problem["type"], "urn:idem:problem:store-unavailable",
+            "{how}"
+        );
+        assert_eq!(db.count("SELECT count(*) FROM widgets").await, 0, "{how}");
+        assert_eq!(
+            db.count("SELECT count(*) FROM idempotency_requests").await,
+            0,
+            "{how}"
+        );
+    }
 }
 
 /// A key just read and decided to execute (its row expired), whose `BEGIN`

@@ -198,6 +198,21 @@ impl<DB: Backend> Mode<DB> for Transactional {
                     cache.insert(op, &scope.claim_request(idem), &stored, sent);
                 }
             }
+            // Nothing committed, and a client error reports no effect: it is
+            // answered as the handler's `Err` would be, rolled back and not
+            // stored (a retry runs the handler again). A success would report
+            // an effect that was rolled back: refused below with `503`.
+            Finish::NotStored(StoreError::TransactionAborted)
+                if response.status().is_client_error() =>
+            {
+                metrics::completion(op, "rolled_back");
+                tracing::info!(
+                    operation = op,
+                    status = response.status().as_u16(),
+                    "idem: a statement of the handler's failed and aborted its transaction; its answer is sent, not stored"
+                );
+                return response;
+            }
             Finish::NotStored(e) => return store_failed(op, None, Step::Complete, &e),
             Finish::Taken(claim) => {
                 metrics::completion(op, "rolled_back");

@@ -39,6 +39,16 @@ pub enum StoreError {
         "the handler's transaction had ended before its outcome was stored (rolled back by the database after an error the handler did not return as its own, or committed by a statement that commits implicitly); nothing was stored"
     )]
     TransactionEnded,
+    /// PostgreSQL: a statement of the handler's failed (a unique violation it
+    /// answered `409`, say), which aborts the whole transaction, so idem's own
+    /// statement could not run in it. Nothing was committed: the transaction
+    /// was rolled back. A client error (4xx) the handler answered is sent as
+    /// it is, as an `Err` would be, and not stored; any other answer is refused
+    /// with `503`, since what it reports did not commit.
+    #[error(
+        "the handler's transaction was aborted by a statement that failed (PostgreSQL aborts the whole transaction; run a statement whose failure you answer inside a savepoint, or return the failure as the handler's Err); nothing was committed or stored"
+    )]
+    TransactionAborted,
     /// The handler left a nested transaction open on its transaction's
     /// connection (an `sqlx::Transaction` it began, then forgot with
     /// `std::mem::forget` or leaked, rather than committed or dropped), so

@@ -625,7 +625,12 @@ impl HandlerPath for Postgres {
         response: &StoredResponse,
     ) -> Finish {
         if !execution.at_commit {
-            let stored = Postgres::complete(execution, tx.connection(), response).await;
+            let stored = Postgres::complete(execution, tx.connection(), response)
+                .await
+                .map_err(|e| match e {
+                    StoreError::Database(e) => super::store_error(e),
+                    e => e,
+                });
             return tx.commit_after(stored).await;
         }
         let Ok(status) = i16::try_from(response.status) else {
@@ -864,7 +869,7 @@ async fn not_inserted(
                 .map(decide::answers_instead)
             {
                 Ok(Some(claim)) => Finish::Taken(claim),
-                _ => Finish::NotStored(e.into()),
+                _ => Finish::NotStored(super::store_error(e)),
             }
         }
         e => {

@@ -103,6 +103,23 @@ pub(crate) fn is_lock_timeout(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
+/// `25P02`: the transaction was already aborted when idem's statement came, by
+/// a statement of the handler's that failed and that it answered rather than
+/// returned as its error.
+pub(crate) fn is_aborted(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25P02"))
+}
+
+/// `e` as idem reports it: [`StoreError::TransactionAborted`] for
+/// [`is_aborted`].
+pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+    if is_aborted(&e) {
+        StoreError::TransactionAborted
+    } else {
+        StoreError::Database(e)
+    }
+}
+
 impl super::sealed::Sealed for Postgres {}
 
 impl Backend for Postgres {
