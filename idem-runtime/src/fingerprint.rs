@@ -869,11 +869,18 @@ impl serde::ser::SerializeStruct for Struct<'_> {
             Struct::Object(object) => object.close(),
             Struct::Raw(w, text) => {
                 let text = text.ok_or_else(|| refused("a RawValue without its text"))?;
-                if raw::reads_exactly(&text) {
-                    serde_json::from_str::<serde_json::Value>(&text)?.serialize(w)
-                } else {
-                    raw::minify(&text, &mut w.out);
-                    Ok(())
+                // A `RawValue` is read without serde_json's depth limit, a
+                // tree with it: text nested past 128 levels, which the handler
+                // took, is written as it came rather than failing every try.
+                match raw::reads_exactly(&text)
+                    .then(|| serde_json::from_str::<serde_json::Value>(&text).ok())
+                    .flatten()
+                {
+                    Some(tree) => tree.serialize(w),
+                    None => {
+                        raw::minify(&text, &mut w.out);
+                        Ok(())
+                    }
                 }
             }
             Struct::Number(w, text) => {
@@ -1352,6 +1359,14 @@ mod tests {
             r#"{"amount":{"memo":"\ud83d"}}"#
         );
         assert_ne!(c(r#""\ud83d""#), c(r#""\ud83e""#));
+        // Nested past serde_json's depth limit for a tree (128), which a
+        // `RawValue` is read without: written as it came, not a failure.
+        let deep = |leaf: &str| format!("{}{leaf}{}", "[ ".repeat(200), " ]".repeat(200));
+        assert_eq!(
+            c(&deep("1")),
+            format!(r#"{{"amount":{}1{}}}"#, "[".repeat(200), "]".repeat(200))
+        );
+        assert_ne!(c(&deep("1")), c(&deep("2")));
     }
 
     /// `serde_json::Number` as it serializes where a crate of the build turns
