@@ -76,9 +76,20 @@ async fn create_widget(
     if w.hold || state.hold_next.swap(false, Ordering::SeqCst) {
         state.gate.stop().await;
     }
+    // The server's bound on the transaction's statements, in milliseconds.
+    let statement_timeout: String =
+        sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")
+            .fetch_one(&mut **tx)
+            .await
+            .unwrap();
     (
         StatusCode::CREATED,
-        Json(json!({"id": id, "name": w.name, "tenant": caller.0})),
+        Json(json!({
+            "id": id,
+            "name": w.name,
+            "tenant": caller.0,
+            "statement_timeout": statement_timeout.parse::<u64>().unwrap(),
+        })),
     )
 }
 
@@ -291,6 +302,47 @@ async fn when_the_first_request_rolls_back_a_waiting_duplicate_executes() {
     assert_eq!(a.db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
+/// The server's bound on a transaction (`statement_timeout` and
+/// `idle_in_transaction_session_timeout`) is what is left of the request's
+/// deadline when the transaction begins, a second longer: a duplicate that
+/// waited in the waiting room, then executed, gets less than the whole
+/// deadline, so its statements cannot outlive the request by the time it
+/// waited.
+#[tokio::test]
+async fn a_duplicate_that_waited_begins_with_what_is_left_of_its_deadline() {
+    let deadline = Duration::from_secs(60);
+    let a = app_with(|idem| idem.with_request_deadline(deadline)).await;
+    a.hold_next.store(true, Ordering::SeqCst);
+    let router = a.router.clone();
+    let first = tokio::spawn(async move { send(&router, request("hot", "k", COLD)).await });
+    a.gate.arrival().await;
+    let router = a.router.clone();
+    let dup = tokio::spawn(async move { send(&router, request("hot", "k", COLD)).await });
+    until_waiting(&a.idem, 1).await;
+    // The duplicate's deadline runs while it waits, as long as this at least.
+    let waited = Duration::from_secs(2);
+    tokio::time::sleep(waited).await;
+    // The first's transaction never commits (as above), and the duplicate
+    // executes.
+    a.db.exec(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+          WHERE datname = current_database() AND state = 'idle in transaction'",
+    )
+    .await;
+    a.gate.open(1);
+    assert_ne!(first.await.unwrap().status, StatusCode::CREATED);
+    let dup = dup.await.unwrap();
+    assert_eq!((dup.status, dup.replayed), (StatusCode::CREATED, false));
+    let body: serde_json::Value = serde_json::from_slice(&dup.body).unwrap();
+    let bound = body["statement_timeout"].as_u64().unwrap();
+    let whole = u64::try_from((deadline + Duration::from_secs(1)).as_millis()).unwrap();
+    let at_most = whole - u64::try_from(waited.as_millis()).unwrap();
+    assert!(
+        bound <= at_most && bound > 0,
+        "statement_timeout {bound} ms, at most {at_most} (the whole deadline's {whole})"
+    );
+}
+
 const COLD: &str = r#"{"name":"cold"}"#;
 
 /// A handler that never finishes is abandoned at the deadline: `503` with
@@ -346,15 +398,21 @@ async fn a_statement_stalled_on_a_held_lock_is_bounded() {
 /// Reads the bounds the claim's transaction carries, in that transaction.
 #[idempotent(operation = "show-bounds", retention = "1h")]
 async fn show_bounds(#[tenant] _caller: Caller, tx: &mut Tx<Postgres>) -> impl IntoResponse {
-    let statement: String = sqlx::query_scalar("SHOW statement_timeout")
-        .fetch_one(&mut **tx)
-        .await
-        .unwrap();
-    let idle: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
-        .fetch_one(&mut **tx)
-        .await
-        .unwrap();
-    Json(json!({"statement": statement, "idle": idle}))
+    let (statement, idle): (String, String) = sqlx::query_as(
+        "SELECT current_setting('statement_timeout'), \
+                current_setting('idle_in_transaction_session_timeout')",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .unwrap();
+    let ms = |setting: String| -> u64 {
+        // `SHOW`'s units: whole seconds as `8s`, else milliseconds.
+        match setting.strip_suffix("ms") {
+            Some(ms) => ms.parse().unwrap(),
+            None => setting.strip_suffix('s').unwrap().parse::<u64>().unwrap() * 1000,
+        }
+    };
+    Json(json!({"statement": ms(statement), "idle": ms(idle)}))
 }
 
 /// On PostgreSQL the deadline travels with the transaction, so that the server
@@ -379,13 +437,17 @@ async fn the_claims_transaction_carries_the_deadline_to_the_server() {
         let answer = send(&router, req).await;
         assert_eq!(answer.status, StatusCode::OK);
         let bounds: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
-        // The deadline (7 s) and a second: the server's bound is the backstop,
-        // never ahead of the client's own abandonment.
-        assert_eq!(
-            bounds,
-            json!({"statement": "8s", "idle": "8s"}),
-            "claims at commit: {at_commit}"
-        );
+        // What is left of the deadline (7 s) when the transaction begins (the
+        // claim took a little of it), and a second: the server's bound is the
+        // backstop, never ahead of the client's own abandonment.
+        for bound in ["statement", "idle"] {
+            let ms = bounds[bound].as_u64().unwrap();
+            assert!(
+                (4_000..=8_000).contains(&ms),
+                "claims at commit: {at_commit}: {bound} {ms} ms"
+            );
+        }
+        assert_eq!(bounds["statement"], bounds["idle"]);
     }
 }
 
@@ -446,6 +508,6 @@ async fn a_deadline_past_the_servers_range_is_capped_not_an_error() {
     let bounds: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
     assert_eq!(
         bounds,
-        json!({"statement": "2147483647ms", "idle": "2147483647ms"})
+        json!({"statement": 2_147_483_647, "idle": 2_147_483_647})
     );
 }

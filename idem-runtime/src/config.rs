@@ -401,9 +401,10 @@ impl<DB: Backend> Idem<DB> {
     /// and the key is free for the retry. So a stalled database (a cut or
     /// blackholed connection, a lock held elsewhere) or a stuck handler costs a
     /// bounded wait, not a hung request. On PostgreSQL the transaction also
-    /// carries it, a second longer (the client abandons first), as
-    /// `statement_timeout` and `idle_in_transaction_session_timeout`, so the
-    /// server frees the key even when it never hears from the client again.
+    /// carries what is left of it when it begins, a second longer (the client
+    /// abandons first), as `statement_timeout` and
+    /// `idle_in_transaction_session_timeout`, so the server frees the key even
+    /// when it never hears from the client again.
     /// Leased handlers are not cut short (their lease bounds them).
     ///
     /// ```no_run
@@ -442,6 +443,7 @@ impl<DB: Backend> Idem<DB> {
             pool: self.pool(),
             claims_at_commit: self.claims_at_commit,
             deadline: self.deadline_with_wait(in_flight_wait),
+            ends_at: None,
             session_statements: self.settings.session_statements,
             checkout_test: self.settings.checkout_test,
             session_path: &self.session_path,

@@ -37,6 +37,7 @@ stamp!(suite =>
     concurrent_duplicates_on_many_processes_make_one_effect_and_one_answer,
     an_expired_key_is_executed_anew_by_the_insert,
     a_nested_transaction_left_open_is_not_committed_and_its_connection_is_closed,
+    a_duplicate_that_lost_at_commit_and_cannot_read_the_winner_answers_503_unknown,
 );
 
 const WIDGETS: &str = "CREATE TABLE widgets (id BIGINT AUTO_INCREMENT PRIMARY KEY, \

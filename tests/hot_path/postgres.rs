@@ -33,7 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::common::TestDb;
 use crate::common::caller::Caller;
 use crate::common::gate::Gate;
-use suite::{Answer, NewWidget, request, router, send};
+use suite::{Answer, NewWidget, refusing_checkouts, request, router, send};
 
 type Db = Postgres;
 
@@ -47,6 +47,7 @@ stamp!(suite =>
     concurrent_duplicates_on_many_processes_make_one_effect_and_one_answer,
     an_expired_key_is_executed_anew_by_the_insert,
     a_nested_transaction_left_open_is_not_committed_and_its_connection_is_closed,
+    a_duplicate_that_lost_at_commit_and_cannot_read_the_winner_answers_503_unknown,
 );
 
 const WIDGETS: &str =
@@ -68,6 +69,12 @@ async fn insert(conn: &mut sqlx::PgConnection, tenant: &str, name: &str) {
         .await
         .unwrap();
 }
+
+/// Set by a handler's mode: the pool of
+/// `a_key_that_cannot_be_looked_up_after_a_rollback_answers_503_not_the_handlers_answer`
+/// then refuses every checkout, so the read after a rollback fails. Only that
+/// test's pool reads it.
+static LOOKUPS_FAIL: AtomicBool = AtomicBool::new(false);
 
 /// Inserts `nk` into `naturals`: whether it was taken (a unique violation,
 /// which aborts the transaction).
@@ -149,6 +156,20 @@ async fn more_modes(tx: &mut Tx<Db>, tenant: &str, name: &str, mode: &str) -> Op
             if natural_taken(tx, name).await {
                 return Some(Ok((StatusCode::CONFLICT, Json(json!({"duplicate": true})))));
             }
+        }
+        // The same, with every later checkout refused (`LOOKUPS_FAIL`).
+        "natural-answered-lookups-fail" => {
+            add_widget(tx, tenant, name).await;
+            LOOKUPS_FAIL.store(true, Ordering::SeqCst);
+            if natural_taken(tx, name).await {
+                return Some(Ok((StatusCode::CONFLICT, Json(json!({"duplicate": true})))));
+            }
+        }
+        // An `Err` with every later checkout refused.
+        "err-lookups-fail" => {
+            add_widget(tx, tenant, name).await;
+            LOOKUPS_FAIL.store(true, Ordering::SeqCst);
+            return Some(Err((StatusCode::CONFLICT, "refused".into())));
         }
         // The same, the failure ignored: a success over an aborted transaction.
         "natural-ignored" => {
@@ -1646,6 +1667,62 @@ async fn a_client_error_answered_after_a_failed_statement_is_sent_not_stored() {
         assert_eq!((status, replayed), (StatusCode::CREATED, false), "{how}");
         db.exec("DELETE FROM widgets").await;
         db.exec("DELETE FROM idempotency_requests").await;
+    }
+}
+
+/// After a rollback on a path that claims at commit (the handler's `Err`, or a
+/// client error answered over an aborted transaction), idem reads the key to
+/// see whether another execution finished it meanwhile (a duplicate on
+/// another process, whose committed row the handler's error may be about).
+/// Where that read fails, the key's outcome is not known: the answer is a
+/// `503` that says so and asks for the same key, never the handler's own
+/// answer, which could contradict a stored success. Nothing committed.
+#[tokio::test]
+async fn a_key_that_cannot_be_looked_up_after_a_rollback_answers_503_not_the_handlers_answer() {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let pool = refusing_checkouts(&LOOKUPS_FAIL)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
+    db.exec("INSERT INTO naturals (nk) VALUES ('taken')").await;
+    for (how, idem) in every_store_path(&pool).into_iter().take(2) {
+        let r = router(idem);
+        for mode in ["natural-answered-lookups-fail", "err-lookups-fail"] {
+            LOOKUPS_FAIL.store(false, Ordering::SeqCst);
+            let (status, replayed, answered) = send(
+                &r,
+                request(
+                    "/widgets",
+                    &format!("k-{how}-{mode}"),
+                    json!({"name": "taken", "mode": mode}),
+                ),
+            )
+            .await;
+            LOOKUPS_FAIL.store(false, Ordering::SeqCst);
+            assert_eq!(
+                (status, replayed),
+                (StatusCode::SERVICE_UNAVAILABLE, false),
+                "{how}, {mode}: {}",
+                String::from_utf8_lossy(&answered)
+            );
+            let problem: serde_json::Value = serde_json::from_slice(&answered).unwrap();
+            assert_eq!(
+                problem["detail"], "the outcome is unknown; retry with the same key: it is safe",
+                "{how}, {mode}"
+            );
+            assert_eq!(
+                db.count("SELECT count(*) FROM widgets").await,
+                0,
+                "{how}, {mode}"
+            );
+            assert_eq!(
+                db.count("SELECT count(*) FROM idempotency_requests").await,
+                0,
+                "{how}, {mode}"
+            );
+        }
     }
 }
 

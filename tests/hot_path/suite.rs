@@ -6,6 +6,7 @@
 //! and stamps a `#[tokio::test]` wrapper per test there.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use axum::Json;
@@ -299,6 +300,70 @@ pub async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_wi
         db.count("SELECT count(*) FROM idempotency_requests").await,
         1
     );
+}
+
+/// A pool that refuses every checkout while `refusing` is set (a checkout that
+/// finds no idle connection opens one, hence both hooks).
+pub fn refusing_checkouts(refusing: &'static AtomicBool) -> sqlx::pool::PoolOptions<Db> {
+    let allowed = move || {
+        if refusing.load(Ordering::SeqCst) {
+            Err(sqlx::Error::Protocol(
+                "checkouts refused by the test".into(),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    sqlx::pool::PoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(std::time::Duration::from_millis(500))
+        .before_acquire(move |_, _| Box::pin(async move { allowed().map(|()| true) }))
+        .after_connect(move |_, _| Box::pin(async move { allowed() }))
+}
+
+/// A duplicate on another process whose commit found the key finished by the
+/// first (it ran beside it), and which then cannot read what the key holds
+/// (its pool refuses checkouts): it rolls back and answers that the outcome is
+/// unknown (`503`, the same key asked for), never its own answer nor "nothing
+/// was stored", and the retry replays the winner.
+pub async fn a_duplicate_that_lost_at_commit_and_cannot_read_the_winner_answers_503_unknown() {
+    static REFUSING: AtomicBool = AtomicBool::new(false);
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    let pool = refusing_checkouts(&REFUSING)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let (here, there) = (router(Idem::new(pool.clone())), router(Idem::new(pool)));
+    let name = named("lost-unread");
+    let gate = Gate::named(&name);
+    let body = json!({"name": name, "mode": "gated"});
+    let first = {
+        let (here, body) = (here.clone(), body.clone());
+        tokio::spawn(async move { send(&here, request("/widgets", "k-unread", body)).await })
+    };
+    gate.arrival().await;
+    let (status, replayed, won) = send(&there, request("/widgets", "k-unread", body.clone())).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    REFUSING.store(true, Ordering::SeqCst);
+    gate.open(1);
+    let (status, replayed, answered) = first.await.unwrap();
+    REFUSING.store(false, Ordering::SeqCst);
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::SERVICE_UNAVAILABLE, false),
+        "{}",
+        String::from_utf8_lossy(&answered)
+    );
+    let problem: Value = serde_json::from_slice(&answered).unwrap();
+    assert_eq!(
+        problem["detail"],
+        "the outcome is unknown; retry with the same key: it is safe"
+    );
+    let (status, replayed, again) = send(&here, request("/widgets", "k-unread", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(again, won);
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
 /// STORM processes (STORM `Idem`s, no shared waiting room) send one new key at

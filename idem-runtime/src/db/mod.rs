@@ -83,6 +83,12 @@ pub struct ClaimContext<'a, DB: sqlx::Database> {
     /// The request's deadline, for the database's own bound on the transaction.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) deadline: Duration,
+    /// When the request's deadline passes, where the handler's path knows it:
+    /// the database's bound is then what is left of it when the transaction
+    /// begins (the waiting room and the pool's wait took the rest), not the
+    /// whole of [`ClaimContext::deadline`].
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) ends_at: Option<tokio::time::Instant>,
     /// See `Idem::with_session_statements` (`None`: as the pooler probe says).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) session_statements: Option<bool>,

@@ -107,8 +107,9 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 None
             }
         };
-        let (mut tx, claim) =
-            DB::begin_claim(&idem.claim_context(req.in_flight_wait), &req).await?;
+        let mut ctx = idem.claim_context(req.in_flight_wait);
+        ctx.ends_at = scope.deadline;
+        let (mut tx, claim) = DB::begin_claim(&ctx, &req).await?;
         if let Some(deadline) = scope.deadline {
             tx.abandon_at(deadline);
         }
@@ -163,8 +164,15 @@ impl<DB: Backend> Mode<DB> for Transactional {
             match DB::taken_since(&idem.claim_context(execution.in_flight_wait), &execution).await {
                 Ok(Some(claim)) => return taken(op, scope, idem.key_ring(), claim),
                 Ok(None) => {}
+                // Another execution may have finished the key (a duplicate on
+                // another process, whose committed row this handler's error
+                // may be about): its answer is not known, and the handler's
+                // own could contradict it, a declined payment that was made.
                 Err(e) => {
-                    tracing::warn!(operation = op, error = %e, "idem: could not look the key up after a rollback; answering the handler's own response");
+                    tracing::error!(operation = op, error = %e, "idem: could not look the key up after a rollback; the key's outcome is unknown");
+                    return Problem::store_unavailable()
+                        .with_detail(OUTCOME_UNKNOWN)
+                        .into_response();
                 }
             }
             return outcome.response;
@@ -222,12 +230,19 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 );
                 return taken(op, scope, idem.key_ring(), claim);
             }
+            Finish::Overtaken(e) => {
+                metrics::completion(op, "error");
+                tracing::error!(operation = op, error = %e, "idem: rolled back; the key may hold another execution's outcome, which could not be read");
+                return Problem::store_unavailable()
+                    .with_detail(OUTCOME_UNKNOWN)
+                    .into_response();
+            }
             Finish::Unknown(e) => {
                 // Either way a retry with the same key is safe: it replays or executes.
                 metrics::completion(op, "error");
                 tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
                 return Problem::store_unavailable()
-                    .with_detail("the outcome is unknown; retry with the same key: it is safe")
+                    .with_detail(OUTCOME_UNKNOWN)
                     .into_response();
             }
         }
@@ -235,6 +250,11 @@ impl<DB: Backend> Mode<DB> for Transactional {
         response
     }
 }
+
+/// The detail of a `503` whose request may have been overtaken by another
+/// execution of the key (or committed itself): a retry with the same key
+/// learns which.
+const OUTCOME_UNKNOWN: &str = "the outcome is unknown; retry with the same key: it is safe";
 
 /// A transactional handler that answered [`crate::Uncertain`] (as `Ok` or
 /// `Err`): that answer is a leased handler's, whose effect is elsewhere and may

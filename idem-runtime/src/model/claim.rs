@@ -202,4 +202,10 @@ pub enum Finish {
     /// Nothing was committed: another execution holds the key (its key was to be
     /// claimed at commit). The request answers this instead of its own outcome.
     Taken(Claim),
+    /// Nothing was committed, and another execution holds the key, or may
+    /// (the handler's statement may have failed on its row), but what it holds
+    /// could not be read: the request's own answer could contradict it, so
+    /// the answer is that the outcome is unknown, and a retry with the same
+    /// key learns it.
+    Overtaken(StoreError),
 }

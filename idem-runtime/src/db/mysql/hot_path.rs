@@ -349,11 +349,11 @@ impl HandlerPath for MySql {
                 // execution loses, and answers what the key holds now.
                 crate::metrics::claim_waited(execution.operation.clone(), started);
                 if let Err(e) = tx.rollback().await {
-                    return Finish::NotStored(e.into());
+                    return Finish::Overtaken(e.into());
                 }
                 match at_commit::answer_instead(ctx, &execution).await {
                     Ok(claim) => Finish::Taken(claim),
-                    Err(e) => Finish::NotStored(e),
+                    Err(e) => Finish::Overtaken(e),
                 }
             }
             Err(e) if is_lock_timeout(&e) => {
@@ -379,7 +379,10 @@ impl HandlerPath for MySql {
                         Some(claim) => Finish::Taken(claim),
                         None => Finish::NotStored(e.into()),
                     },
-                    Err(_) => Finish::NotStored(e.into()),
+                    Err(lookup) => {
+                        tracing::warn!(error = %e, "idem: the finishing statement failed");
+                        Finish::Overtaken(lookup)
+                    }
                 }
             }
             Err(e) => {

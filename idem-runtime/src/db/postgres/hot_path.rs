@@ -447,14 +447,8 @@ async fn begin_decided(
     conn: PoolConnection<Postgres>,
     generation: i64,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    match Tx::begin_on(conn, begin_statement(ctx)).await {
-        Ok(tx) => Ok((tx, Claim::Execute(in_session(req, generation)))),
-        Err((conn, e)) => {
-            // Back to the pool once its `ROLLBACK` is through; closed if not.
-            let _ = end_failed_begin(conn).await;
-            Err(e.into())
-        }
-    }
+    let tx = begun(Tx::begin_on(conn, begin_statement(ctx)).await).await?;
+    Ok((tx, Claim::Execute(in_session(req, generation))))
 }
 
 /// Records that the key has a finished row, where hints are kept.
@@ -534,6 +528,20 @@ async fn end_failed_begin(
     Ok(held.release())
 }
 
+/// A `BEGIN`'s outcome: its transaction, or its error once the connection
+/// is through [`end_failed_begin`] (back to the pool, or closed).
+async fn begun(
+    begun: Result<Tx<Postgres>, (PoolConnection<Postgres>, sqlx::Error)>,
+) -> Result<Tx<Postgres>, sqlx::Error> {
+    match begun {
+        Ok(tx) => Ok(tx),
+        Err((conn, e)) => {
+            let _ = end_failed_begin(conn).await;
+            Err(e)
+        }
+    }
+}
+
 /// `(<tenant>, <operation>, <key digest>)` as the session statements take them.
 fn push_key(
     sql: &mut String,
@@ -554,18 +562,22 @@ fn push_key(
 /// `BEGIN` with the request deadline as `statement_timeout` (no statement of the
 /// handler's, nor idem's, runs longer) and `idle_in_transaction_session_timeout`
 /// (a client that stalls or vanishes mid-transaction has its session ended by
-/// the server), one simple-query message. A second longer than the deadline
-/// itself: the server's bound is the backstop for a client that vanished, and
-/// must not cancel a statement just before the client abandons the request.
+/// the server), one simple-query message. A second longer than what is left of
+/// the deadline (the waiting room and the pool's wait took the rest): the
+/// server's bound is the backstop for a client that vanished, and must not
+/// cancel a statement just before the client abandons the request.
 /// Both take at most `i32::MAX` milliseconds (about 24.8 days).
 fn begin_statement(ctx: &ClaimContext<'_, Postgres>) -> sqlx::SqlStr {
     AssertSqlSafe(begin_text(ctx)).into_sql_str()
 }
 
-/// The request deadline as the server bounds it: a second longer than the
-/// client's, in milliseconds (see [`begin_statement`]).
+/// The request deadline as the server bounds it: a second longer than what
+/// is left of the client's, in milliseconds (see [`begin_statement`]).
 fn deadline_ms(ctx: &ClaimContext<'_, Postgres>) -> i64 {
-    millis(ctx.deadline.saturating_add(Duration::from_secs(1))).min(i64::from(i32::MAX))
+    let left = ctx.ends_at.map_or(ctx.deadline, |at| {
+        at.saturating_duration_since(tokio::time::Instant::now())
+    });
+    millis(left.saturating_add(Duration::from_secs(1))).min(i64::from(i32::MAX))
 }
 
 /// The text of [`begin_statement`].
@@ -611,7 +623,7 @@ impl HandlerPath for Postgres {
             decide::TransactionalStep::Execute { generation } => generation,
             decide::TransactionalStep::Answer(claim) => return Ok((Tx::idle(conn), claim)),
         };
-        let tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
+        let tx = begun(Tx::begin_on(conn, begin).await).await?;
         Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
     }
 
@@ -700,7 +712,7 @@ async fn claim_first(
     req: &ClaimRequest<'_>,
     begin: sqlx::SqlStr,
 ) -> Result<(Tx<Postgres>, Claim), StoreError> {
-    let mut tx = Tx::begin_on(conn, begin).await.map_err(|(_, e)| e)?;
+    let mut tx = begun(Tx::begin_on(conn, begin).await).await?;
     tx.close_if_dropped(true);
     let claim = Postgres::claim(tx.connection(), req).await;
     tx.close_if_dropped(false);
@@ -831,11 +843,11 @@ async fn lost(
 ) -> Finish {
     crate::metrics::claim_waited(execution.operation.clone(), started);
     if let Err(e) = tx.rollback().await {
-        return Finish::NotStored(e.into());
+        return Finish::Overtaken(e.into());
     }
     match at_commit::answer_instead(ctx, execution).await {
         Ok(claim) => Finish::Taken(claim),
-        Err(e) => Finish::NotStored(e),
+        Err(e) => Finish::Overtaken(e),
     }
 }
 
@@ -869,7 +881,11 @@ async fn not_inserted(
                 .map(decide::answers_instead)
             {
                 Ok(Some(claim)) => Finish::Taken(claim),
-                _ => Finish::NotStored(super::store_error(e)),
+                Ok(None) => Finish::NotStored(super::store_error(e)),
+                Err(lookup) => {
+                    tracing::warn!(error = %e, "idem: the finishing statement failed");
+                    Finish::Overtaken(lookup)
+                }
             }
         }
         e => {
