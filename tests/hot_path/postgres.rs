@@ -1439,6 +1439,16 @@ async fn an_unreadable_row_fails_its_retry_and_keeps_the_connection() {
         until_idle(&pool).await;
         let (status, replayed, body) = send(&r, widget()).await;
         assert!(status.is_server_error() && !replayed, "{status}: {body:?}");
+        // Not "nothing was stored": the key holds an outcome, and a client
+        // that believed otherwise might pay again under a new key.
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("this key's outcome could not be read"),
+            "{problem}"
+        );
     }
     until_idle(&pool).await;
     assert_eq!(backend_pid(&pool).await, pid, "the connection was kept");

@@ -230,7 +230,12 @@ fn failed_response(op: &'static str, step: Step, e: &StoreError) -> Response {
         || (step == Step::Claim
             && matches!(
                 e,
-                StoreError::SealKeyMissing { .. } | StoreError::SealBroken
+                StoreError::SealKeyMissing { .. }
+                    | StoreError::SealBroken
+                    // A claim's `Corrupt` and a column it cannot decode are
+                    // about the key's row: it is there.
+                    | StoreError::Corrupt(_)
+                    | StoreError::Database(sqlx::Error::ColumnDecode { .. })
             ));
     if unread {
         tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: the key's outcome could not be read");
