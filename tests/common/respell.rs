@@ -137,7 +137,13 @@ fn respell_number(rng: &mut fastrand::Rng, n: &Number, out: &mut String) {
                 n.to_string(),
                 sci,
                 format!("{f:E}"),
-                format!("{f}"),
+                // Rust writes a whole double without a point ("1e18" as
+                // "1000000000000000000"), which would read as an integer: from
+                // 2^53 up, another number.
+                match format!("{f}") {
+                    plain if plain.contains(['.', 'e', 'E']) => plain,
+                    plain => format!("{plain}.0"),
+                },
                 shifted,
                 padded,
             ];
