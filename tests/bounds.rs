@@ -73,15 +73,16 @@ async fn create_widget(
             .fetch_one(&mut **tx)
             .await
             .unwrap();
-    if w.hold || state.hold_next.swap(false, Ordering::SeqCst) {
-        state.gate.stop().await;
-    }
-    // The server's bound on the transaction's statements, in milliseconds.
+    // The server's bound on the transaction's statements, in milliseconds
+    // (set at `BEGIN`), read before a hold, whose connection a test may end.
     let statement_timeout: String =
         sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")
             .fetch_one(&mut **tx)
             .await
             .unwrap();
+    if w.hold || state.hold_next.swap(false, Ordering::SeqCst) {
+        state.gate.stop().await;
+    }
     (
         StatusCode::CREATED,
         Json(json!({

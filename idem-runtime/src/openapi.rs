@@ -334,7 +334,8 @@ fn annotate(op: &mut Operation, facts: &Facts) {
                 "The idempotency store is unavailable or busy, or the operation already runs \
                  as many executions as its running limit allows; nothing was stored or \
                  reserved (or the key's stored outcome could not be read, and it does not \
-                 run again). Retrying with the same key after `Retry-After` is safe.",
+                 run again; or whether another request finished the key could not be \
+                 read). Retrying with the same key after `Retry-After` is safe.",
                 &[
                     idem_wire::problem::STORE_UNAVAILABLE,
                     idem_wire::problem::STORE_BUSY,
@@ -346,7 +347,8 @@ fn annotate(op: &mut Operation, facts: &Facts) {
             problem_response(
                 "The idempotency store is unavailable or busy; nothing was stored or \
                  reserved (or the key's stored outcome could not be read, and it does not \
-                 run again). Retrying with the same key after `Retry-After` is safe.",
+                 run again; or whether another request finished the key could not be \
+                 read). Retrying with the same key after `Retry-After` is safe.",
                 &[
                     idem_wire::problem::STORE_UNAVAILABLE,
                     idem_wire::problem::STORE_BUSY,

@@ -232,10 +232,10 @@ fn failed_response(op: &'static str, step: Step, e: &StoreError) -> Response {
                 e,
                 StoreError::SealKeyMissing { .. }
                     | StoreError::SealBroken
-                    // A claim's `Corrupt` and a column it cannot decode are
-                    // about the key's row: it is there.
+                    // A claim's `Corrupt` is about the key's row: it is
+                    // there. (A column that does not decode may be a schema
+                    // out of date for every key, rows or not.)
                     | StoreError::Corrupt(_)
-                    | StoreError::Database(sqlx::Error::ColumnDecode { .. })
             ));
     if unread {
         tracing::error!(operation = op, step = step.as_str(), error = %e, "idem: the key's outcome could not be read");

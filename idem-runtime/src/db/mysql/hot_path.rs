@@ -359,7 +359,7 @@ impl HandlerPath for MySql {
             Err(e) if is_lock_timeout(&e) => {
                 crate::metrics::claim_waited(execution.operation.clone(), started);
                 if let Err(e) = tx.rollback().await {
-                    return Finish::NotStored(e.into());
+                    return Finish::Overtaken(e.into());
                 }
                 Finish::Taken(Claim::InFlight {
                     retry_after: execution.in_flight_wait.max(Duration::from_secs(1)),
@@ -371,7 +371,8 @@ impl HandlerPath for MySql {
             // another holds it, so in flight.
             Err(e @ sqlx::Error::Database(_)) => {
                 if let Err(rollback) = tx.rollback().await {
-                    return Finish::NotStored(rollback.into());
+                    tracing::warn!(error = %e, "idem: the finishing statement failed");
+                    return Finish::Overtaken(rollback.into());
                 }
                 match at_commit::answer_instead(ctx, &execution).await {
                     Ok(claim) if is_deadlock(&e) => Finish::Taken(claim),

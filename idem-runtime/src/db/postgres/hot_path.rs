@@ -873,8 +873,11 @@ async fn not_inserted(
         // own unique row, say, then answered a 4xx): if another execution
         // finished the key meanwhile, its outcome is the answer.
         e @ sqlx::Error::Database(_) => {
+            // Whether another execution finished the key is read below; a
+            // rollback that fails leaves it unread.
             if let Err(rollback) = tx.rollback().await {
-                return Finish::NotStored(rollback.into());
+                tracing::warn!(error = %e, "idem: the finishing statement failed");
+                return Finish::Overtaken(rollback.into());
             }
             match at_commit::answer_instead(ctx, execution)
                 .await
