@@ -76,6 +76,16 @@ async fn insert(conn: &mut sqlx::PgConnection, tenant: &str, name: &str) {
 /// test's pool reads it.
 static LOOKUPS_FAIL: AtomicBool = AtomicBool::new(false);
 
+/// A database with the widgets table and `naturals`, in which the name
+/// `taken` is.
+async fn widgets_with_a_taken_name() -> TestDb {
+    let db = TestDb::new().await;
+    db.exec(WIDGETS).await;
+    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
+    db.exec("INSERT INTO naturals (nk) VALUES ('taken')").await;
+    db
+}
+
 /// Inserts `nk` into `naturals`: whether it was taken (a unique violation,
 /// which aborts the transaction).
 async fn natural_taken(tx: &mut Tx<Db>, nk: &str) -> bool {
@@ -1644,10 +1654,7 @@ fn every_store_path(pool: &PgPool) -> [(&'static str, Idem<Db>); 3] {
 /// retry runs the handler again.
 #[tokio::test]
 async fn a_client_error_answered_after_a_failed_statement_is_sent_not_stored() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
-    db.exec("INSERT INTO naturals (nk) VALUES ('taken')").await;
+    let db = widgets_with_a_taken_name().await;
     for (how, idem) in every_store_path(&db.pool) {
         let r = router(idem);
         let key = format!("k-{how}");
@@ -1689,14 +1696,11 @@ async fn a_client_error_answered_after_a_failed_statement_is_sent_not_stored() {
 /// answer, which could contradict a stored success. Nothing committed.
 #[tokio::test]
 async fn a_key_that_cannot_be_looked_up_after_a_rollback_answers_503_not_the_handlers_answer() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
+    let db = widgets_with_a_taken_name().await;
     let pool = refusing_checkouts(&LOOKUPS_FAIL)
         .connect(&db.url)
         .await
         .unwrap();
-    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
-    db.exec("INSERT INTO naturals (nk) VALUES ('taken')").await;
     for (how, idem) in every_store_path(&pool).into_iter().take(2) {
         let r = router(idem);
         for mode in ["natural-answered-lookups-fail", "err-lookups-fail"] {
@@ -1741,10 +1745,7 @@ async fn a_key_that_cannot_be_looked_up_after_a_rollback_answers_503_not_the_han
 /// stored or committed.
 #[tokio::test]
 async fn a_success_answered_after_a_failed_statement_is_refused() {
-    let db = TestDb::new().await;
-    db.exec(WIDGETS).await;
-    db.exec("CREATE TABLE naturals (nk text UNIQUE)").await;
-    db.exec("INSERT INTO naturals (nk) VALUES ('taken')").await;
+    let db = widgets_with_a_taken_name().await;
     for (how, idem) in every_store_path(&db.pool) {
         let r = router(idem);
         let (status, replayed, answered) = send(

@@ -231,24 +231,29 @@ impl<DB: Backend> Mode<DB> for Transactional {
                 return taken(op, scope, idem.key_ring(), claim);
             }
             Finish::Overtaken(e) => {
-                metrics::completion(op, "error");
-                tracing::error!(operation = op, error = %e, "idem: rolled back; the key may hold another execution's outcome, which could not be read");
-                return Problem::store_unavailable()
-                    .with_detail(OUTCOME_UNKNOWN)
-                    .into_response();
+                return outcome_unknown(
+                    op,
+                    &e,
+                    "rolled back; the key may hold another execution's outcome, which could not be read",
+                );
             }
+            // Either way a retry with the same key is safe: it replays or executes.
             Finish::Unknown(e) => {
-                // Either way a retry with the same key is safe: it replays or executes.
-                metrics::completion(op, "error");
-                tracing::error!(operation = op, error = %e, "idem: commit failed; the outcome is unknown");
-                return Problem::store_unavailable()
-                    .with_detail(OUTCOME_UNKNOWN)
-                    .into_response();
+                return outcome_unknown(op, &e, "commit failed; the outcome is unknown");
             }
         }
         stored_ok(op, &stored, started);
         response
     }
+}
+
+/// `503` [`OUTCOME_UNKNOWN`], counted as an error and logged as `what`.
+fn outcome_unknown(op: &'static str, e: &StoreError, what: &str) -> Response {
+    metrics::completion(op, "error");
+    tracing::error!(operation = op, error = %e, "idem: {what}");
+    Problem::store_unavailable()
+        .with_detail(OUTCOME_UNKNOWN)
+        .into_response()
 }
 
 /// The detail of a `503` whose request may have been overtaken by another
