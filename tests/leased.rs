@@ -556,21 +556,7 @@ mod mysql {
             .connect(&h.db.url)
             .await
             .unwrap();
-        // Rows read by an index scan and by a table scan.
-        let reads = || async {
-            let counters: Vec<(String, String)> = sqlx::query_as(
-                "SHOW SESSION STATUS WHERE Variable_name IN \
-                   ('Handler_read_next', 'Handler_read_rnd_next')",
-            )
-            .fetch_all(&one)
-            .await
-            .unwrap();
-            assert_eq!(counters.len(), 2, "{counters:?}");
-            counters
-                .iter()
-                .map(|(_, n)| n.parse::<u64>().unwrap())
-                .sum::<u64>()
-        };
+        let reads = || crate::common::MySqlDb::rows_read(&one);
         let reconciler =
             Reconciler::<_, Db>::on_store(one.clone(), Unknown).with_batch(BATCH as i64);
         let before = reads().await;

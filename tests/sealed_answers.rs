@@ -207,22 +207,7 @@ mod mysql {
             .connect(&db.url)
             .await
             .unwrap();
-        // Rows read by an index scan and by a table scan: whichever plan
-        // the server picks.
-        let reads = || async {
-            let counters: Vec<(String, String)> = sqlx::query_as(
-                "SHOW SESSION STATUS WHERE Variable_name IN \
-                   ('Handler_read_next', 'Handler_read_rnd_next')",
-            )
-            .fetch_all(&one)
-            .await
-            .unwrap();
-            assert_eq!(counters.len(), 2, "{counters:?}");
-            counters
-                .iter()
-                .map(|(_, n)| n.parse::<u64>().unwrap())
-                .sum::<u64>()
-        };
+        let reads = || crate::common::MySqlDb::rows_read(&one);
         let before = reads().await;
         let mut pages = RekeyOptions::default();
         pages.batch = 50;

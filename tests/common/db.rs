@@ -335,6 +335,24 @@ impl MySqlDb {
         }
     }
 
+    /// Rows the session of `one` (a pool of one connection) has read so far,
+    /// by an index scan and by a table scan: whichever plan the server picks.
+    #[allow(dead_code)]
+    pub async fn rows_read(one: &sqlx::MySqlPool) -> u64 {
+        let counters: Vec<(String, String)> = sqlx::query_as(
+            "SHOW SESSION STATUS WHERE Variable_name IN \
+               ('Handler_read_next', 'Handler_read_rnd_next')",
+        )
+        .fetch_all(one)
+        .await
+        .unwrap();
+        assert_eq!(counters.len(), 2, "{counters:?}");
+        counters
+            .iter()
+            .map(|(_, n)| n.parse::<u64>().unwrap())
+            .sum()
+    }
+
     /// As [`MySqlDb::new`], with the server's default isolation (REPEATABLE
     /// READ) when `isolation` is `None`.
     pub async fn with_isolation(size: u32, isolation: Option<&'static str>) -> MySqlDb {

@@ -321,6 +321,23 @@ pub fn refusing_checkouts(refusing: &'static AtomicBool) -> sqlx::pool::PoolOpti
         .after_connect(move |_, _| Box::pin(async move { allowed() }))
 }
 
+/// `answered` (status, replayed, body) is `503` saying the key's outcome is
+/// unknown and asking for the same key; `what` names the case.
+pub fn assert_outcome_unknown(answered: &(StatusCode, bool, Bytes), what: &str) {
+    let (status, replayed, body) = answered;
+    assert_eq!(
+        (*status, *replayed),
+        (StatusCode::SERVICE_UNAVAILABLE, false),
+        "{what}: {}",
+        String::from_utf8_lossy(body)
+    );
+    let problem: Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(
+        problem["detail"], "the outcome is unknown; retry with the same key: it is safe",
+        "{what}"
+    );
+}
+
 /// A duplicate on another process whose commit found the key finished by the
 /// first (it ran beside it), and which then cannot read what the key holds
 /// (its pool refuses checkouts): it rolls back and answers that the outcome is
@@ -347,19 +364,9 @@ pub async fn a_duplicate_that_lost_at_commit_and_cannot_read_the_winner_answers_
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
     REFUSING.store(true, Ordering::SeqCst);
     gate.open(1);
-    let (status, replayed, answered) = first.await.unwrap();
+    let answered = first.await.unwrap();
     REFUSING.store(false, Ordering::SeqCst);
-    assert_eq!(
-        (status, replayed),
-        (StatusCode::SERVICE_UNAVAILABLE, false),
-        "{}",
-        String::from_utf8_lossy(&answered)
-    );
-    let problem: Value = serde_json::from_slice(&answered).unwrap();
-    assert_eq!(
-        problem["detail"],
-        "the outcome is unknown; retry with the same key: it is safe"
-    );
+    assert_outcome_unknown(&answered, "the loser");
     let (status, replayed, again) = send(&here, request("/widgets", "k-unread", body)).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(again, won);
