@@ -870,6 +870,19 @@ async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot<Db:
         2,
         "IDEM_ACTIVE_KEY names \"k2\" but the key file's active key is \"k1\"",
     );
+    // A key pasted where its id belongs is not echoed into a log.
+    let pasted = K2.split_once(':').unwrap().1;
+    let out = idem_with(
+        url,
+        &["rekey", "--key-ring-file", path],
+        &[("IDEM_ACTIVE_KEY", pasted)],
+    )
+    .await;
+    out.assert_error(
+        2,
+        "IDEM_ACTIVE_KEY names a key id the key file does not hold but the key file's active key is \"k1\"",
+    );
+    assert!(!out.stderr.contains(pasted), "{out:?}");
     let out = idem_with(url, &["--json", "rekey", "--key-ring-file", path], &[]).await;
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(

@@ -921,10 +921,20 @@ const JUDGED_BODY_FLOOR: usize = 64 * 1024;
 /// name its problem in `LastAnswer`.
 const RETRIED_BODY_READ: Duration = Duration::from_secs(1);
 
+/// The most of a declared length [`read_body`] reserves before the bytes come.
+const RESERVED_UP_FRONT: usize = 1024 * 1024;
+
 /// The body, or `None` once it is longer than `limit` (it is not read further).
 async fn read_body(response: &mut Response, limit: usize) -> reqwest::Result<Option<Bytes>> {
+    // The declared length sizes the buffer only up to a bound: it is the
+    // server's word, and a limit lifted to `usize::MAX` must not turn a huge
+    // one into an allocation made before a byte has arrived.
     let expected = response.content_length().unwrap_or(0);
-    let mut body = BytesMut::with_capacity(usize::try_from(expected).unwrap_or(limit).min(limit));
+    let reserved = usize::try_from(expected)
+        .unwrap_or(usize::MAX)
+        .min(limit)
+        .min(RESERVED_UP_FRONT);
+    let mut body = BytesMut::with_capacity(reserved);
     while let Some(chunk) = response.chunk().await? {
         if chunk.len() > limit - body.len() {
             return Ok(None);

@@ -617,6 +617,26 @@ async fn a_body_cut_off_mid_way_is_retried() {
     assert_eq!(heads.lock().unwrap().len(), 2);
 }
 
+/// A `Content-Length` is the server's word, not memory to set aside: one far
+/// past what arrives, under a limit lifted to `usize::MAX`, is read as the
+/// bytes come (here cut off, so retried) instead of reserved up front, which
+/// would abort the process.
+#[tokio::test]
+async fn a_huge_declared_length_reserves_nothing_up_front() {
+    let (base, heads) = raw(vec![Some(
+        "HTTP/1.1 201 Created\r\ncontent-length: 4611686018427387904\r\n\r\n{\"id\":",
+    )])
+    .await;
+    let r = client(fast().max_response_body(usize::MAX))
+        .post(format!("{base}/orders"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.idem().unwrap().attempts, 2);
+    assert_eq!(r.bytes().await.unwrap(), r#"{"id":1}"#);
+    assert_eq!(heads.lock().unwrap().len(), 2);
+}
+
 /// A `503` whose body is cut off mid-way is still waited out for its
 /// `Retry-After` (the body only names its problem), not retried at once as a
 /// lost answer.

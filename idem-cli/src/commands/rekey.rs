@@ -45,8 +45,15 @@ fn ring(file: Option<&Path>) -> Result<KeyRing, Failure> {
                 && !active.is_empty()
                 && active != ring.active_id()
             {
+                // Quoted only where it is one of the ring's ids: a key pasted
+                // where its id belongs must not reach a log.
+                let named = if ring.ids().any(|id| id == active) {
+                    format!("{active:?}")
+                } else {
+                    "a key id the key file does not hold".to_owned()
+                };
                 return Err(Failure::Usage(format!(
-                    "{var} names {active:?} but the key file's active key is {:?}: \
+                    "{var} names {named} but the key file's active key is {:?}: \
                      unset {var}, or make the file's `active` line agree",
                     ring.active_id()
                 )));
