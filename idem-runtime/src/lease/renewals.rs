@@ -136,7 +136,7 @@ impl<DB: LeaseBackend> Renewals<DB> {
     pub(crate) fn register(&self, renewer: Renewer<DB>, ceiling: Duration) -> Registered<DB> {
         let now = Instant::now();
         let deadline = renewer.deadline.clone();
-        let every = (renewer.lease / 3).max(Duration::from_millis(10));
+        let every = (renewer.lease / 3).clamp(Duration::from_millis(10), FARTHEST);
         let due = now + next_in(every, &renewer.deadline);
         let entry = Entry {
             tenant: renewer.tenant,
@@ -147,7 +147,7 @@ impl<DB: LeaseBackend> Renewals<DB> {
             every,
             deadline: renewer.deadline,
             due,
-            ceiling: now + ceiling,
+            ceiling: now + ceiling.min(FARTHEST),
             sending: false,
             held: false,
         };
@@ -251,6 +251,11 @@ impl<DB: LeaseBackend> Drop for Registered<DB> {
 /// When to renew a lease from now: after a period, or at half the time it has
 /// left if that is sooner (a lease whose claim waited long, or whose last
 /// renewals failed, is renewed at once rather than at the next period).
+/// The farthest the schedule looks ahead: a century, what the attribute
+/// allows a lease and its ceiling. A hand-written `OperationSpec` may ask for
+/// more (`Duration::MAX` for "no ceiling"), which no `Instant` can hold.
+const FARTHEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 fn next_in(every: Duration, deadline: &Deadline) -> Duration {
     every.min(deadline.left() / 2)
 }
@@ -653,6 +658,36 @@ mod tests {
         assert_eq!(state.waiting, 0);
         let e = &state.leases[&id];
         assert!(!e.sending && e.due <= Instant::now());
+    }
+
+    /// A lease and a ceiling past what an `Instant` can hold (a hand-written
+    /// spec's `Duration::MAX`, "no ceiling") are renewed as the longest the
+    /// attribute allows, not a panic after the claim committed.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_ceiling_or_lease_no_instant_can_hold_is_a_century() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_lazy("sqlite::memory:")
+            .unwrap();
+        let renewals = Renewals::<sqlx::Sqlite>::new(pool.clone());
+        let now = Instant::now();
+        let held = renewals.register(
+            Renewer::<sqlx::Sqlite> {
+                pool,
+                tenant: "t".into(),
+                operation: "op".into(),
+                key: IdempotencyKey::parse("k").unwrap().digest(),
+                token: OwnerToken::from("token".to_owned()),
+                lease: Duration::MAX,
+                deadline: Arc::new(Deadline::new(now, Duration::MAX)),
+            },
+            Duration::MAX,
+        );
+        let state = renewals.inner.state.lock().unwrap();
+        let e = &state.leases[&held.id];
+        assert_eq!(e.every, FARTHEST);
+        assert!(e.ceiling >= now + FARTHEST && e.ceiling <= Instant::now() + FARTHEST);
+        assert!(e.due > now && e.due <= Instant::now() + FARTHEST);
     }
 
     #[test]
