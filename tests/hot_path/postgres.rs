@@ -296,6 +296,12 @@ struct RoundTrips {
     /// counts the writes changed.
     break_deadlines: tokio::sync::watch::Sender<bool>,
     broken: Arc<AtomicU64>,
+    /// Once set, the next connection that has sent idem's `PREPARE`s is cut
+    /// (both ways, without a word) at its next write, and this is cleared:
+    /// lost between preparing its session and the claim's next message.
+    /// [`RoundTrips::cut_after_prepare`] counts the connections cut.
+    cut_prepared: Arc<AtomicBool>,
+    cut: Arc<AtomicU64>,
 }
 
 impl RoundTrips {
@@ -313,6 +319,10 @@ impl RoundTrips {
         let (break_deadlines, breaking) = tokio::sync::watch::channel(false);
         let broken = Arc::new(AtomicU64::new(0));
         let breaks = broken.clone();
+        let cut_prepared = Arc::new(AtomicBool::new(false));
+        let cutting = cut_prepared.clone();
+        let cut = Arc::new(AtomicU64::new(0));
+        let cuts = cut.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let counted = counted.clone();
@@ -322,6 +332,8 @@ impl RoundTrips {
                 let holds = holds.clone();
                 let breaking = breaking.clone();
                 let breaks = breaks.clone();
+                let cutting = cutting.clone();
+                let cuts = cuts.clone();
                 tokio::spawn(async move {
                     let server = TcpStream::connect("127.0.0.1:5432").await.unwrap();
                     let (mut cr, mut cw) = client.into_split();
@@ -331,11 +343,31 @@ impl RoundTrips {
                     let heard = answered.clone();
                     tokio::spawn(async move {
                         let mut buf = vec![0u8; 64 * 1024];
+                        let mut prepared = false;
                         loop {
                             let n = match cr.read(&mut buf).await {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
+                            if prepared
+                                && cutting
+                                    .compare_exchange(
+                                        true,
+                                        false,
+                                        Ordering::SeqCst,
+                                        Ordering::SeqCst,
+                                    )
+                                    .is_ok()
+                            {
+                                // Dropping both halves ends the connection
+                                // both ways: the server's side reads its
+                                // end, and the client's read sees it closed.
+                                cuts.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                            prepared |= buf[..n]
+                                .windows(b"PREPARE idem_".len())
+                                .any(|w| w == b"PREPARE idem_");
                             if heard.swap(false, Ordering::SeqCst) {
                                 counted.fetch_add(1, Ordering::SeqCst);
                             }
@@ -404,7 +436,14 @@ impl RoundTrips {
             held,
             break_deadlines,
             broken,
+            cut_prepared,
+            cut,
         }
+    }
+
+    /// How many connections [`RoundTrips::cut_prepared`] has cut so far.
+    fn cut_after_prepare(&self) -> u64 {
+        self.cut.load(Ordering::SeqCst)
     }
 
     /// How many writes [`RoundTrips::break_deadlines`] has changed so far.
@@ -958,6 +997,27 @@ async fn a_remembered_keys_read_takes_no_acquire_ping() {
         "a replay elsewhere"
     );
     assert_eq!(db.count("SELECT count(*) FROM widgets").await, 4);
+}
+
+/// A claim's untested connection lost right after idem prepared its session
+/// begins again on a new connection, which has not met idem either: it is
+/// prepared in turn, and the first execution runs once, not a `503`.
+#[tokio::test]
+async fn a_connection_lost_after_its_prepare_is_replaced_and_the_next_prepared_too() {
+    let (db, proxy, pool) = widgets_through(false, 2).await;
+    let r = router(Idem::new(pool.clone()).with_session_statements(true));
+    proxy.cut_prepared.store(true, Ordering::SeqCst);
+    let (status, replayed, body) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert!(status.is_success() && !replayed, "{status}: {body:?}");
+    assert_eq!(
+        proxy.cut_after_prepare(),
+        1,
+        "the prepared connection was cut"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
+    let (status, replayed, again) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert!(status.is_success() && replayed, "{status}: {again:?}");
+    assert_eq!(again, body, "the stored answer");
 }
 
 /// The acquire ping is there to find a connection the server has dropped: a

@@ -214,6 +214,8 @@ async fn begin_in_session(
             conn = ctx.pool.acquire().await?;
             checkout = Checkout::acquired(ctx.pool);
             lost += 1;
+            // A session of its own, which may not have met idem yet either.
+            prepared = false;
             continue;
         }
         // The message failed after `BEGIN` (or in it): the driver's queued
