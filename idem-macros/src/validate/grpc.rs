@@ -300,6 +300,7 @@ fn check_params(
             } else {
                 tx_refused = true;
             }
+            tenant_refused |= parameters::refuse_tenant_on_handle(arg, errors);
             continue;
         }
         if let Some(attr) = parameters::tenant_attr(arg) {

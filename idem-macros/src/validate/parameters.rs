@@ -14,6 +14,19 @@ pub fn tenant_attr(arg: &syn::PatType) -> Option<&syn::Attribute> {
     arg.attrs.iter().find(|a| a.path().is_ident("tenant"))
 }
 
+/// A `#[tenant]` on the transaction or lease handle, refused at the mark:
+/// whether there was one (so that "no tenant" is not said as well).
+pub(super) fn refuse_tenant_on_handle(arg: &syn::PatType, errors: &mut Errors) -> bool {
+    let Some(attr) = tenant_attr(arg) else {
+        return false;
+    };
+    errors.push_spanned(
+        attr,
+        "`#[tenant]` marks the parameter that identifies the caller, not the transaction",
+    );
+    true
+}
+
 /// The parameters placed: `None` where one is missing or was refused.
 pub(super) struct Parameters {
     pub(super) tenant: Option<Tenant>,
@@ -84,13 +97,7 @@ pub(super) fn check_parameters(
             } else {
                 tx_refused = true;
             }
-            if let Some(attr) = tenant_attr(arg) {
-                tenant_refused = true;
-                errors.push_spanned(
-                    attr,
-                    "`#[tenant]` marks the parameter that identifies the caller, not the transaction",
-                );
-            }
+            tenant_refused |= refuse_tenant_on_handle(arg, errors);
             continue;
         }
         let class = classify(arg);
