@@ -132,10 +132,14 @@ fn replace_self(tokens: TokenStream) -> TokenStream {
         let punct = |j: usize, c: char| matches!(trees.get(j), Some(TokenTree::Punct(p)) if p.as_char() == c);
         match t {
             // An item or a `use`, copied as written up to its body or `;`.
+            // `fn` is an item only where a name follows: `fn(u32) -> u32` is
+            // a function pointer's type, in a statement whose `self` is the
+            // method's.
             TokenTree::Ident(id)
                 if ["fn", "impl", "trait", "mod", "use"]
                     .iter()
-                    .any(|k| id == k) =>
+                    .any(|k| id == k)
+                    && (id != "fn" || matches!(trees.get(i + 1), Some(TokenTree::Ident(_)))) =>
             {
                 while i < trees.len() {
                     out.push(trees[i].clone());
@@ -444,6 +448,7 @@ mod tests {
             use std::io::{self};
             pub(self) struct P;
             g(move || self.n)
+            let cb: Option<fn(u32) -> u32> = self.cb;
         });
         assert_eq!(
             out.to_string(),
@@ -455,6 +460,7 @@ mod tests {
                 use std::io::{self};
                 pub(self) struct P;
                 g(move || __idem_self.n)
+                let cb: Option<fn(u32) -> u32> = __idem_self.cb;
             }
             .to_string()
         );
