@@ -44,6 +44,7 @@ stamp!(suite =>
     a_first_execution_writes_one_finished_row_and_a_retry_replays_it,
     a_retry_of_a_finished_key_replays_even_when_the_handler_would_now_fail,
     a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_winners_outcome,
+    a_duplicate_whose_answer_cannot_be_stored_answers_the_winners_outcome,
     concurrent_duplicates_on_many_processes_make_one_effect_and_one_answer,
     an_expired_key_is_executed_anew_by_the_insert,
     a_nested_transaction_left_open_is_not_committed_and_its_connection_is_closed,

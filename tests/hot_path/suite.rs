@@ -74,6 +74,17 @@ pub async fn create_widget(
             }
             Ok((StatusCode::CREATED, Json(json!({"id": id}))))
         }
+        // As "gated", answering a body of 2 KiB: over the limit of an `Idem`
+        // that stores at most 1 KiB (`LARGE_OVER`).
+        Some("gated-large") => {
+            let id = add_widget(tx, &caller.0, &w.name).await;
+            let gate = Gate::named(&w.name);
+            if gate.first_visit() {
+                gate.stop().await;
+            }
+            let pad = "x".repeat(2 * LARGE_OVER);
+            Ok((StatusCode::CREATED, Json(json!({"id": id, "pad": pad}))))
+        }
         // Every run waits until STORM runs have inserted: they all looked the
         // key up before anyone committed, and then race to claim it at commit.
         Some("storm") => {
@@ -300,6 +311,39 @@ pub async fn a_duplicate_that_ran_beside_the_first_rolls_back_and_answers_the_wi
         db.count("SELECT count(*) FROM idempotency_requests").await,
         1
     );
+}
+
+/// The response limit of the `Idem` that cannot store mode "gated-large"'s
+/// answer.
+const LARGE_OVER: usize = 1024;
+
+/// As the race above, but the first's answer is over its `Idem`'s response
+/// limit: it cannot be stored, the transaction rolls back, and the answer is
+/// still the key's outcome, the second's (not a `500` saying the operation
+/// was rolled back, while the key holds the second's effect).
+pub async fn a_duplicate_whose_answer_cannot_be_stored_answers_the_winners_outcome() {
+    let (db, there) = app().await;
+    let here = router(Idem::new(db.pool.clone()).with_max_response_bytes(LARGE_OVER));
+    let name = named("race-large");
+    let gate = Gate::named(&name);
+    let body = json!({"name": name, "mode": "gated-large"});
+    let first = {
+        let (here, body) = (here.clone(), body.clone());
+        tokio::spawn(async move { send(&here, request("/widgets", "k-large", body)).await })
+    };
+    gate.arrival().await;
+    let (status, replayed, won) = send(&there, request("/widgets", "k-large", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    gate.open(1);
+    let (status, replayed, lost) = first.await.unwrap();
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "{}",
+        String::from_utf8_lossy(&lost)
+    );
+    assert_eq!(lost, won, "the first answers what the second stored");
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 1);
 }
 
 /// A pool that refuses every checkout while `refusing` is set (a checkout that

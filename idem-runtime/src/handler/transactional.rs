@@ -148,38 +148,19 @@ impl<DB: Backend> Mode<DB> for Transactional {
             outcome = uncertain_refused(op);
         }
         if outcome.rolls_back() {
-            // Dropping the transaction rolls it back; say so explicitly to free the
-            // connection before the response is sent.
-            if let Err(e) = tx.rollback().await {
-                tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
-            }
             metrics::completion(op, "rolled_back");
             tracing::debug!(
                 operation = op,
                 status = outcome.response.status().as_u16(),
                 "idem: rolled back"
             );
-            // A key claimed at commit may have been finished by another execution
-            // while this one ran: its outcome is the key's answer, not this error.
-            match DB::taken_since(&idem.claim_context(execution.in_flight_wait), &execution).await {
-                Ok(Some(claim)) => return taken(op, scope, idem.key_ring(), claim),
-                Ok(None) => {}
-                // Another execution may have finished the key (a duplicate on
-                // another process, whose committed row this handler's error
-                // may be about): its answer is not known, and the handler's
-                // own could contradict it, a declined payment that was made.
-                Err(e) => {
-                    tracing::error!(operation = op, error = %e, "idem: could not look the key up after a rollback; the key's outcome is unknown");
-                    return Problem::store_unavailable()
-                        .with_detail(OUTCOME_UNKNOWN)
-                        .into_response();
-                }
-            }
-            return outcome.response;
+            return rolled_back(idem, scope, &execution, tx, outcome.response).await;
         }
         let (response, stored) = match capture(idem, op, outcome.response).await {
             Ok(r) => r,
-            Err(resp) => return resp,
+            // Not storable (too large, or a body that failed): rolled back,
+            // and the key may hold a duplicate's outcome all the same.
+            Err(resp) => return rolled_back(idem, scope, &execution, tx, resp).await,
         };
         // Sealed for the row, if a key ring is set; the cache and the metrics
         // keep the clear answer.
@@ -260,6 +241,39 @@ fn outcome_unknown(op: &'static str, e: &StoreError, what: &str) -> Response {
 /// execution of the key (or committed itself): a retry with the same key
 /// learns which.
 const OUTCOME_UNKNOWN: &str = "the outcome is unknown; retry with the same key: it is safe";
+
+/// Rolls `tx` back and answers `own` (the handler's answer, or why its answer
+/// could not be stored), unless another execution finished the key while this
+/// one ran, as a key claimed at commit allows: that outcome is the key's
+/// answer, not `own`.
+async fn rolled_back<DB: Backend>(
+    idem: &Idem<DB>,
+    scope: &Scope<'_>,
+    execution: &Execution,
+    tx: Tx<DB>,
+    own: Response,
+) -> Response {
+    let op = scope.op();
+    // Dropping the transaction rolls it back; say so explicitly to free the
+    // connection before the response is sent.
+    if let Err(e) = tx.rollback().await {
+        tracing::warn!(operation = op, error = %e, "idem: rollback failed; the connection is discarded");
+    }
+    match DB::taken_since(&idem.claim_context(execution.in_flight_wait), execution).await {
+        Ok(Some(claim)) => taken(op, scope, idem.key_ring(), claim),
+        Ok(None) => own,
+        // Another execution may have finished the key (a duplicate on
+        // another process, whose committed row this handler's error may be
+        // about): its answer is not known, and `own` could contradict it, a
+        // declined payment that was made.
+        Err(e) => {
+            tracing::error!(operation = op, error = %e, "idem: could not look the key up after a rollback; the key's outcome is unknown");
+            Problem::store_unavailable()
+                .with_detail(OUTCOME_UNKNOWN)
+                .into_response()
+        }
+    }
+}
 
 /// A transactional handler that answered [`crate::Uncertain`] (as `Ok` or
 /// `Err`): that answer is a leased handler's, whose effect is elsewhere and may
