@@ -239,6 +239,10 @@ async fn the_body_can_come_from_standard_input() {
             "1 request   a logically equal body",
         ),
         ("sku=A-1", "not applicable: the body is not JSON"),
+        (
+            r#"{"sku":"A-1","sku":"B-2"}"#,
+            "not applicable: the body names a JSON member twice",
+        ),
     ] {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["check", "--url", &url, "--body", "-", "--dry-run"])
@@ -283,6 +287,35 @@ async fn an_unreachable_service_fails_the_first_request_and_runs_nothing_else() 
     assert_eq!(out.json()["failed"], 1, "{out:?}");
     // The plan went to stderr before the first request.
     assert!(out.stderr.contains("sends 45 requests"), "{out:?}");
+}
+
+/// A first request the service refuses stops the check, its problem document
+/// included: a refusal is a mistake in the arguments, and the document it came
+/// with is not judged either (docs/check.md: everything else not applicable).
+#[tokio::test]
+async fn a_refused_first_request_leaves_even_its_problem_document_unjudged() {
+    let app = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(|| async {
+            (
+                axum::http::StatusCode::UNAUTHORIZED,
+                [("content-type", "application/problem+json")],
+                r#"{"status":403}"#,
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/orders", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let out = check(&["--url", &url, "--format", "json", "--after", "0s"]).await;
+    assert_eq!(out.code, 8, "{out:?}");
+    assert_eq!(out.scenario("first-request")["verdict"], "fail", "{out:?}");
+    assert_eq!(
+        out.scenario("problem-documents")["verdict"],
+        "not-applicable",
+        "{out:?}"
+    );
+    assert_eq!(out.json()["failed"], 1, "{out:?}");
 }
 
 // The services below need the databases (tests/common/db.rs builds with both

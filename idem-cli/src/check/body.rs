@@ -13,10 +13,15 @@ pub(crate) fn is_json(body: &[u8]) -> bool {
 
 /// The same JSON value, bytes that differ: objects' members in reverse order,
 /// a space after every `:` and `,`, a line break at the end. `None` if the body
-/// is not JSON.
+/// is not JSON, or if an object names a member twice: reversed, the other of
+/// the two would win where the last one does (as in most parsers), another
+/// value.
 pub(crate) fn equivalent(body: &[u8]) -> Option<Vec<u8>> {
     let text = std::str::from_utf8(body).ok()?;
     let node = parse(text)?;
+    if repeats_a_name(&node) {
+        return None;
+    }
     let mut out = String::new();
     write_reordered(&node, &mut out);
     out.push('\n');
@@ -228,6 +233,23 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// Whether an object in `node` names a member twice (names compared as the
+/// strings they spell, escapes decoded).
+fn repeats_a_name(node: &Node<'_>) -> bool {
+    match node {
+        Node::Scalar(_) => false,
+        Node::Array(items) => items.iter().any(repeats_a_name),
+        Node::Object(members) => {
+            let mut names = std::collections::HashSet::new();
+            members.iter().any(|(key, _)| {
+                !names.insert(
+                    serde_json::from_str::<String>(key).unwrap_or_else(|_| (*key).to_owned()),
+                )
+            }) || members.iter().any(|(_, value)| repeats_a_name(value))
+        }
+    }
+}
+
 fn write_reordered(node: &Node<'_>, out: &mut String) {
     match node {
         Node::Scalar(s) => out.push_str(s),
@@ -296,6 +318,12 @@ mod tests {
         assert_eq!(eq, b"{ \"b\": 2.50, \"a\": 1 }\n", "numbers as written");
         assert_eq!(equivalent(b"not json"), None);
         assert_eq!(equivalent(b"{\"a\":1} x"), None);
+        // A name repeated, however spelled and however deep: reversed, the
+        // other value would win.
+        assert_eq!(equivalent(br#"{"a":1,"a":2}"#), None);
+        assert_eq!(equivalent(br#"{"a":1,"\u0061":2}"#), None);
+        assert_eq!(equivalent(br#"[{"b":{"a":1,"a":2}}]"#), None);
+        assert!(equivalent(br#"{"a":{"a":1},"b":{"a":2}}"#).is_some());
     }
 
     #[test]

@@ -108,6 +108,12 @@ impl Plan {
                     "retry" => (Ok(()), 1, counting, 0),
                     "equivalent-body" => match (&target.body, &equivalent) {
                         (None, _) => (Err("the request has no body".to_owned()), 0, 0, 0),
+                        (Some(b), None) if body::is_json(b) => (
+                            Err("the body names a JSON member twice: reordered, it would be another value".to_owned()),
+                            0,
+                            0,
+                            0,
+                        ),
                         (_, None) => (Err("the body is not JSON".to_owned()), 0, 0, 0),
                         _ => (Ok(()), 1, 2 * counting, 0),
                     },

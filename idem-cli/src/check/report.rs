@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use super::request::{Exchange, Outcome};
 use super::scenarios::{Report, ScenarioResult, Verdict};
 use crate::Failure;
-use crate::output::{Table, to_json};
+use crate::output::{Table, terminal_safe, terminal_safe_lines, to_json};
 
 /// How much of an answer's body a table or JUnit report shows.
 const BODY_SHOWN: usize = 300;
@@ -61,7 +61,8 @@ fn summary(report: &Report) -> String {
         report.elapsed_ms
     );
     if let Some(why) = &report.could_not_run {
-        line.push_str(&format!("; the check could not run: {why}"));
+        line.push_str("; the check could not run: ");
+        line.push_str(&terminal_safe(why));
     }
     line
 }
@@ -120,14 +121,15 @@ pub(crate) fn table(report: &Report, colour: bool) -> String {
             painted(Verdict::Fail, colour),
             s.id,
             s.title,
-            s.saw
+            terminal_safe(&s.saw)
         );
         out.push_str(&exchanges_text(s, "  "));
     }
     out
 }
 
-/// A failure's requests and answers, a few lines each.
+/// A failure's requests and answers, a few lines each; what the service sent
+/// (headers, bodies, errors quoting it) escaped as [`terminal_safe`] does.
 fn exchanges_text(s: &ScenarioResult, indent: &str) -> String {
     let mut out = String::new();
     for (i, ex) in s.exchanges.iter().enumerate() {
@@ -152,7 +154,7 @@ fn exchanges_text(s: &ScenarioResult, indent: &str) -> String {
             }
         }
     }
-    out
+    terminal_safe_lines(&out)
 }
 
 fn request_line(ex: &Exchange) -> String {
@@ -291,6 +293,71 @@ mod tests {
             xml_escape("a<b>&\"c\"'d'\te\nf\u{1}g\u{FFFF}é"),
             "a&lt;b&gt;&amp;&quot;c&quot;&apos;d&apos;&#9;e&#10;f\u{FFFD}g\u{FFFD}é"
         );
+    }
+
+    /// What a checked service chose (a problem's `type`, a header, a body)
+    /// reaches the table escaped: it cannot drive the operator's terminal.
+    #[test]
+    fn a_services_control_characters_reach_the_table_escaped() {
+        use super::super::request::{Answer, Exchange, Outcome, Sent};
+        use super::super::scenarios::{Report, ScenarioResult, Verdict};
+        const TITLE: &str = "\u{1b}]0;x\u{7}\u{1b}[2J";
+        let answer = Answer {
+            status: 422,
+            headers: vec![("x-title".to_owned(), format!("a\u{9b}2J{TITLE}"))],
+            body: format!("{{\"type\":\"{TITLE}\u{202e}\"}}"),
+            bytes: vec![],
+            elapsed_ms: 1,
+        };
+        let report = Report {
+            method: "POST".to_owned(),
+            url: "http://127.0.0.1/orders".to_owned(),
+            run: "r".to_owned(),
+            elapsed_ms: 1,
+            could_not_run: Some(format!("422 {TITLE}")),
+            found_breach: true,
+            scenarios: vec![ScenarioResult {
+                id: "missing-key",
+                title: "a request without a key",
+                verdict: Verdict::Fail,
+                saw: format!("422 {TITLE}"),
+                elapsed_ms: 1,
+                exchanges: vec![
+                    Exchange {
+                        request: Sent {
+                            method: "POST".to_owned(),
+                            url: "http://127.0.0.1/orders".to_owned(),
+                            key: None,
+                            headers: vec![],
+                            body: None,
+                        },
+                        result: Outcome::Answer(answer),
+                    },
+                    Exchange {
+                        request: Sent {
+                            method: "POST".to_owned(),
+                            url: "http://127.0.0.1/orders".to_owned(),
+                            key: None,
+                            headers: vec![],
+                            body: None,
+                        },
+                        result: Outcome::Error(format!("lost: {TITLE}")),
+                    },
+                ],
+            }],
+        };
+        for colour in [false, true] {
+            let shown = table(&report, colour);
+            // The only escape codes are the verdict's own colour.
+            let shown = shown.replace(&painted(Verdict::Fail, colour), "FAIL");
+            assert!(
+                !shown
+                    .chars()
+                    .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+                "{shown:?}"
+            );
+            assert!(shown.contains("\\u{1b}]0;x"), "{shown}");
+        }
     }
 
     #[test]

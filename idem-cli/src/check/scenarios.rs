@@ -140,10 +140,7 @@ pub(crate) async fn run(args: &CheckArgs, target: &Target, plan: &Plan) -> Repor
         let began = Instant::now();
         let found = if let Err(why) = &step.applies {
             not_applicable(why.clone(), Vec::new())
-        } else if step.id != "first-request"
-            && step.id != "problem-documents"
-            && run.first.is_none()
-        {
+        } else if step.id != "first-request" && run.first.is_none() {
             not_applicable("not run: the first request did not succeed", Vec::new())
         } else {
             match step.id {
