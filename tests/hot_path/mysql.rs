@@ -911,6 +911,45 @@ impl Drop for InsertForm {
     }
 }
 
+/// The claim's `BEGIN` message (`SET TRANSACTION ..; START TRANSACTION;
+/// SAVEPOINT idem_tx`) failing after its `START TRANSACTION` leaves a
+/// transaction the driver did not count: the connection is closed, not given
+/// back to the pool inside it, where the next claim on it would fail (`SET
+/// TRANSACTION` inside a transaction) and so would every one after.
+#[tokio::test]
+async fn a_begin_that_fails_after_its_start_transaction_closes_the_connection() {
+    let db = MySqlDb::new().await;
+    db.exec(WIDGETS).await;
+    let relay = Relay::to(&db.url).await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            relay
+                .options
+                .clone()
+                .ssl_mode(sqlx::mysql::MySqlSslMode::Disabled),
+        )
+        .await
+        .unwrap();
+    let r = router(Idem::new(pool.clone()));
+    relay
+        .spoil_savepoint
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, _, _, body) = send(&r, request("/widgets", "k1", json!({"name": "a"}))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+    assert!(
+        !relay
+            .spoil_savepoint
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the BEGIN message was spoiled"
+    );
+    for key in ["k1", "k2"] {
+        let (status, _, _, body) = send(&r, request("/widgets", key, json!({"name": "a"}))).await;
+        assert_eq!(status, StatusCode::CREATED, "{key}: {body:?}");
+    }
+    assert_eq!(db.count("SELECT count(*) FROM widgets").await, 2);
+}
+
 /// A TCP relay in front of the test's MySQL server whose answers to the client
 /// can be held back (kept in [`Relay::held`]) and then let through.
 struct Relay {
@@ -920,6 +959,10 @@ struct Relay {
     hold: tokio::sync::watch::Sender<bool>,
     /// What the server said while held, not yet passed on.
     held: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    /// Once set, the next client write holding `SAVEPOINT idem_tx` goes to
+    /// the server as `SAVEPOINX idem_tx` (a syntax error after the message's
+    /// `START TRANSACTION`), and this is cleared.
+    spoil_savepoint: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Relay {
@@ -934,13 +977,40 @@ impl Relay {
         let (hold, _) = tokio::sync::watch::channel(false);
         let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (watch, kept) = (hold.clone(), held.clone());
+        let spoil_savepoint = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spoiling = spoil_savepoint.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let upstream = tokio::net::TcpStream::connect(&server).await.unwrap();
                 let (mut client_rx, mut client_tx) = client.into_split();
                 let (mut server_rx, mut server_tx) = upstream.into_split();
+                let spoiling = spoiling.clone();
                 tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut client_rx, &mut server_tx).await;
+                    const SAVEPOINT: &[u8] = b"SAVEPOINT idem_tx";
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match client_rx.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if let Some(at) = buf[..n]
+                            .windows(SAVEPOINT.len())
+                            .position(|w| w == SAVEPOINT)
+                            && spoiling
+                                .compare_exchange(
+                                    true,
+                                    false,
+                                    std::sync::atomic::Ordering::SeqCst,
+                                    std::sync::atomic::Ordering::SeqCst,
+                                )
+                                .is_ok()
+                        {
+                            buf[at + "SAVEPOIN".len()] = b'X';
+                        }
+                        if server_tx.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
                     let _ = server_tx.shutdown().await;
                 });
                 let (mut hold, kept) = (watch.subscribe(), kept.clone());
@@ -979,6 +1049,7 @@ impl Relay {
             options,
             hold,
             held,
+            spoil_savepoint,
         }
     }
 

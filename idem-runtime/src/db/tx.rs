@@ -94,9 +94,9 @@ impl<DB: Backend> Tx<DB> {
     /// (after a lookup on it, say). On failure the connection comes back with the
     /// error; where the message failed after its `BEGIN`, PostgreSQL's driver has
     /// queued the `ROLLBACK` (sqlx 0.9.1 on), which goes with the connection's
-    /// next message (MySQL's `BEGIN` statements hold no more; SQLite's caller
-    /// closes a connection whose `BEGIN IMMEDIATE; SAVEPOINT ..` failed after
-    /// its `BEGIN`).
+    /// next message (MySQL's and SQLite's callers close a connection whose
+    /// `START TRANSACTION; SAVEPOINT ..` or `BEGIN IMMEDIATE; SAVEPOINT ..`
+    /// failed, perhaps after its `BEGIN`).
     #[cfg_attr(
         not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
         allow(dead_code)

@@ -308,7 +308,13 @@ impl HandlerPath for MySql {
         };
         let tx = Tx::begin_on(conn, sqlx::SqlStr::from_static(BEGIN_HANDLER))
             .await
-            .map_err(|(_, e)| e)?;
+            .map_err(|(mut conn, e)| {
+                // The message may have failed after its `START TRANSACTION`
+                // (at the `SAVEPOINT`), leaving a transaction the driver did
+                // not count and will not end: the connection is not given back.
+                conn.close_on_drop();
+                e
+            })?;
         Ok((tx, Claim::Execute(Execution::at_commit(req, generation))))
     }
 
