@@ -430,4 +430,78 @@ mod mysql {
     mod suite;
 
     key_digest_tests!();
+
+    /// MySQL commits each DDL statement on its own: a conversion stopped
+    /// after its first `ALTER` (here by a trigger that refuses the digests'
+    /// `UPDATE`; in life a lock wait, a lost connection, a deploy stopping
+    /// the process) left the schema half-converted and the migration marked
+    /// unfinished, which sqlx then refused to run past (and the file could not
+    /// run again: its columns exist). The next start resumes it: the legacy
+    /// row replays, no raw key is left.
+    #[tokio::test]
+    async fn a_conversion_stopped_part_way_is_resumed_by_the_next_start() {
+        let db = TestDb::migrated_before(KEY_DIGEST_MIGRATION).await;
+        let done = IdempotencyKey::parse("legacy-stopped-SECRET").unwrap();
+        let fp = fingerprint("a");
+        sqlx::query(LEGACY_ROW)
+            .bind("acme")
+            .bind("create-order")
+            .bind(done.as_str())
+            .bind(&fp.as_bytes()[..])
+            .bind("completed")
+            .bind(201_i32)
+            .bind(r#"[["content-type","application/json"]]"#)
+            .bind(LEGACY_BODY.as_bytes())
+            .bind(None::<&str>)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        db.exec(
+            "CREATE TRIGGER stop_the_digests BEFORE UPDATE ON idempotency_requests \
+             FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'stopped by the test'",
+        )
+        .await;
+        let stopped = idem_runtime::migrate(&db.pool).await.unwrap_err();
+        assert!(
+            stopped.to_string().contains("stopped by the test"),
+            "{stopped}"
+        );
+        assert_eq!(
+            db.count(&format!(
+                "SELECT count(*) FROM _idem_migrations \
+                  WHERE version = {KEY_DIGEST_MIGRATION} AND NOT success"
+            ))
+            .await,
+            1,
+            "left part-way"
+        );
+        db.exec("DROP TRIGGER stop_the_digests").await;
+
+        idem_runtime::migrate(&db.pool).await.unwrap();
+        idem_runtime::migrate(&db.pool).await.unwrap();
+
+        assert_eq!(
+            db.count("SELECT count(*) FROM _idem_migrations WHERE NOT success")
+                .await,
+            0
+        );
+        assert_eq!(
+            db.count(
+                "SELECT count(*) FROM information_schema.columns \
+                  WHERE table_schema = DATABASE() AND table_name = 'idempotency_requests' \
+                    AND column_name = 'idempotency_key'"
+            )
+            .await,
+            0,
+            "no raw key column is left"
+        );
+        let mut tx = db.pool.begin().await.unwrap();
+        match claim(&mut tx, &request(&done, fp)).await.unwrap() {
+            Claim::Replay(StoredResponse { status, body, .. }) => {
+                assert_eq!((status, &body[..]), (201, LEGACY_BODY.as_bytes()));
+            }
+            other => panic!("the legacy outcome was not replayed: {other:?}"),
+        }
+        tx.rollback().await.unwrap();
+    }
 }

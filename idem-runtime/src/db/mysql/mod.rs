@@ -27,6 +27,7 @@ mod admin;
 pub(crate) mod hot_path;
 mod leased;
 mod operations;
+mod resume;
 pub(crate) mod transactional;
 mod upkeep;
 
@@ -276,8 +277,7 @@ impl super::stores::Schema for MySql {
     }
 
     async fn migrate(pool: &Pool<Self>) -> Result<(), StoreError> {
-        Self::migrator().run(pool).await?;
-        Ok(())
+        resume::run(&Self::migrator(), pool).await
     }
 }
 
