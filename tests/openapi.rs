@@ -422,11 +422,50 @@ async fn the_orders_example_answers_as_its_document_says() {
         .unwrap();
     assert_eq!(again.status(), reqwest::StatusCode::CREATED);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
-    // A fraction is not an integer, however written.
-    let fraction = order("whole-2", r#"{"sku":"a","quantity":2.5,"amount_cents":1}"#)
-        .await
-        .unwrap();
-    assert_eq!(fraction.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    // A fraction is not an integer, however written, and however small.
+    for (key, body) in [
+        ("whole-2", r#"{"sku":"a","quantity":2.5,"amount_cents":1}"#),
+        (
+            "whole-3",
+            r#"{"sku":"a","quantity":1.0000000000000001,"amount_cents":1}"#,
+        ),
+        (
+            "whole-4",
+            r#"{"sku":"a","quantity":1,"amount_cents":25e-1}"#,
+        ),
+    ] {
+        let fraction = order(key, body).await.unwrap();
+        assert_eq!(
+            fraction.status(),
+            reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}"
+        );
+    }
+    // Read as written, not through a float: 2^53 + 1 is not 2^53, so under
+    // the same key it is another request (`422`), not a replay; with an
+    // exponent, a whole number is one.
+    let big = order(
+        "whole-big",
+        r#"{"sku":"a","quantity":1,"amount_cents":9007199254740992}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(big.status(), reqwest::StatusCode::CREATED);
+    let other = order(
+        "whole-big",
+        r#"{"sku":"a","quantity":1,"amount_cents":9007199254740993.0}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(other.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    let again = order(
+        "whole-big",
+        r#"{"sku":"a","quantity":1e0,"amount_cents":90071992547409.92e2}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.status(), reqwest::StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
     // The path's id is an integer the same way.
     for (path, status) in [
         (

@@ -5,8 +5,9 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use idem_runtime::FingerprintBody;
+use serde::Deserialize;
 use serde::Serialize;
-use serde::de::{DeserializeOwned, Deserializer, Error as _, Unexpected, Visitor};
+use serde::de::{DeserializeOwned, Deserializer, Error as _, Unexpected};
 
 use crate::problems::ApiError;
 use crate::server::BodyTimeout;
@@ -163,7 +164,7 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderId {
             .map_err(|e| ApiError::invalid(e.status(), e.body_text()))?;
         raw.parse::<i64>()
             .ok()
-            .or_else(|| raw.parse::<f64>().ok().and_then(whole_f64))
+            .or_else(|| exact_whole(&raw))
             .map(OrderId)
             .ok_or_else(|| {
                 ApiError::invalid(
@@ -174,50 +175,87 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderId {
     }
 }
 
-/// `v` as an `i64` when it has no fraction and is in range (`-2^63` is exact in
-/// an `f64`; `2^63`, the first float past `i64::MAX`, is not an `i64`).
-fn whole_f64(v: f64) -> Option<i64> {
-    const BOUND: f64 = 9_223_372_036_854_775_808.0;
-    // Whole and in range: the cast is exact. (NaN and the infinities have no
-    // zero fraction.)
-    (v.fract() == 0.0 && (-BOUND..BOUND).contains(&v)).then_some(v as i64)
+/// `text`, a number as JSON writes one (a sign, digits, a fraction, an
+/// exponent; in a path, a `+` in front too), as an `i64` when its value is
+/// whole and fits. Decided on the digits, not on an `f64`, which rounds:
+/// `9007199254740993.0` is not `9007199254740992`, and `1.0000000000000001`
+/// has a fraction.
+pub(crate) fn exact_whole(text: &str) -> Option<i64> {
+    let (negative, rest) = match text.as_bytes().first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits_only = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if int.is_empty()
+        || !digits_only(int)
+        || !digits_only(frac)
+        || (frac.is_empty() && mantissa.contains('.'))
+    {
+        return None;
+    }
+    // The value is `digits` times ten to the `shift`.
+    let all = format!("{int}{frac}");
+    let digits = all.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some(0);
+    }
+    let shift = exponent.checked_sub(i64::try_from(frac.len()).ok()?)?;
+    let (whole, zeros) = if shift < 0 {
+        let cut = usize::try_from(shift.unsigned_abs()).ok()?;
+        // Past the first digit (not a zero): a fraction.
+        let kept = digits.len().checked_sub(cut)?;
+        let (whole, fraction) = digits.split_at(kept);
+        if !fraction.bytes().all(|b| b == b'0') || whole.is_empty() {
+            return None;
+        }
+        (whole, 0)
+    } else {
+        (digits, usize::try_from(shift).ok()?)
+    };
+    // `i64` has at most 19 digits.
+    if whole.len() + zeros > 19 {
+        return None;
+    }
+    let n = (0..zeros).fold(whole.parse::<i128>().ok()?, |n, _| n * 10);
+    i64::try_from(if negative { -n } else { n }).ok()
 }
 
 /// Deserialises an integer field that JSON may spell either way: `5` or `5.0`.
 /// JSON Schema's `integer` is a number with no fractional part, whatever its
 /// spelling, and the document declares these fields so; serde's integers take
-/// only the first spelling. A fraction, or a value out of the field's range,
-/// is still refused (`422`). Both spellings are the same value, so the same
-/// request to idem (the fingerprint is of the parsed body).
+/// only the first spelling. A fraction (however small), or a value out of the
+/// field's range, is still refused (`422`). Both spellings are the same
+/// value, so the same request to idem (the fingerprint is of the parsed body).
+/// The number is read as written ([`exact_whole`]), not through an `f64`.
 pub fn whole<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: TryFrom<i64>,
 {
-    let n = deserializer.deserialize_any(WholeVisitor)?;
+    let raw = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
+    let text = raw.get();
+    let n = exact_whole(text).ok_or_else(|| {
+        // serde's words for what came instead, as before.
+        let value: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+        let unexpected = match &value {
+            serde_json::Value::Number(n) => n
+                .as_f64()
+                .map_or(Unexpected::Other("a number"), Unexpected::Float),
+            serde_json::Value::String(s) => Unexpected::Str(s),
+            serde_json::Value::Bool(b) => Unexpected::Bool(*b),
+            serde_json::Value::Null => Unexpected::Unit,
+            serde_json::Value::Array(_) => Unexpected::Seq,
+            serde_json::Value::Object(_) => Unexpected::Map,
+        };
+        D::Error::invalid_type(unexpected, &"an integer")
+    })?;
     T::try_from(n).map_err(|_| {
         D::Error::invalid_value(Unexpected::Signed(n), &"an integer in the field's range")
     })
-}
-
-struct WholeVisitor;
-
-impl Visitor<'_> for WholeVisitor {
-    type Value = i64;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an integer")
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<i64, E> {
-        Ok(v)
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<i64, E> {
-        i64::try_from(v).map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<i64, E> {
-        whole_f64(v).ok_or_else(|| E::invalid_type(Unexpected::Float(v), &self))
-    }
 }
