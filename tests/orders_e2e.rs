@@ -1119,12 +1119,26 @@ async fn on_sqlite_a_step_behind_a_held_write_lock_is_503_then_succeeds() {
     busy.expect_status(StatusCode::SERVICE_UNAVAILABLE, "busy");
     assert_eq!(busy.problem_type(), "urn:orders:problem:busy");
     assert_eq!(busy.headers["retry-after"], "1");
+    // Deleting waits for it as well, and is answered the same way (it was
+    // an undeclared `500`).
+    let delete = || {
+        reqwest::Client::new()
+            .delete(format!("{}/orders/{id}", server.base))
+            .header("authorization", "Bearer acme")
+            .send()
+    };
+    let refused = delete().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let problem: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:orders:problem:busy");
     holder.rollback().await.unwrap();
     assert_eq!(db.count("SELECT count(*) FROM order_payments").await, 0);
     let paid = step(&server, id, "pay").await;
     assert_eq!(paid.status, StatusCode::OK);
     assert_eq!(paid.json()["changed"], true);
     assert_eq!(db.count("SELECT count(*) FROM order_payments").await, 1);
+    assert_eq!(delete().await.unwrap().status(), StatusCode::NO_CONTENT);
 }
 
 /// On SQLite a new key waits for the database's one write lock too; held by a

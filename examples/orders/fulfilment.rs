@@ -71,17 +71,8 @@ pub fn answer(
                 )),
             ));
         }
-        Err(TransitionError::Database(e)) if is_busy(&e) => {
-            let mut busy = Problem::new(
-                "urn:orders:problem:busy",
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Busy",
-            )
-            .with_detail("the order could not be locked in time; nothing changed, retry shortly");
-            busy.retry_after = Some(1);
-            return Err(ApiError(busy));
-        }
-        // Unreachable database: 503 with Retry-After, like idem's store failure.
+        // Busy (`503` with `Retry-After: 1`), or unreachable (`503` with
+        // Retry-After, like idem's store failure): see `ApiError`'s `From`.
         Err(TransitionError::Database(e)) => return Err(e.into()),
         Err(e) => return Err(ApiError::internal(e)),
         // An outcome this example does not know (Transitioned can grow).
@@ -119,22 +110,4 @@ fn step_status() -> utoipa::openapi::Object {
         .schema_type(utoipa::openapi::Type::String)
         .enum_values(Some(["paid", "shipped"]))
         .build()
-}
-
-/// SQLite's "database is locked" (`SQLITE_BUSY`, `SQLITE_LOCKED` and their extended
-/// codes): another writer held the database's one write lock past the busy
-/// timeout; MySQL's lock wait timeout or deadlock. Nothing changed; the step can
-/// simply be retried.
-fn is_busy(e: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(db) = e else {
-        return false;
-    };
-    // MySQL: the row lock was not had within innodb_lock_wait_timeout (1205), or
-    // InnoDB rolled the transaction back as a deadlock's victim (1213).
-    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return matches!(my.number(), 1205 | 1213);
-    }
-    db.code()
-        .and_then(|c| c.parse::<i32>().ok())
-        .is_some_and(|c| c & 0xff == 5 || c & 0xff == 6)
 }

@@ -74,12 +74,43 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        if is_unavailable(&e) {
+        if is_busy(&e) {
+            let mut busy = Problem::new(
+                "urn:orders:problem:busy",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Busy",
+            )
+            .with_detail("the order could not be locked in time; nothing changed, retry shortly");
+            busy.retry_after = Some(1);
+            ApiError(busy)
+        } else if is_unavailable(&e) {
             ApiError::unavailable(e)
         } else {
             ApiError::internal(e)
         }
     }
+}
+
+/// SQLite's "database is locked" (`SQLITE_BUSY`, `SQLITE_LOCKED` and their extended
+/// codes): another writer held the database's one write lock past the busy
+/// timeout; MySQL's lock wait timeout or deadlock. Nothing changed; the request
+/// can simply be retried.
+fn is_busy(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    // MySQL: the row lock was not had within innodb_lock_wait_timeout (1205), or
+    // InnoDB rolled the transaction back as a deadlock's victim (1213).
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(my.number(), 1205 | 1213);
+    }
+    // SQLite's codes are numbers, its primary code in the low byte; PostgreSQL's
+    // SQLSTATEs can be digits too, and are not asked.
+    db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+        && db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| c & 0xff == 5 || c & 0xff == 6)
 }
 
 impl IntoResponse for ApiError {
