@@ -930,6 +930,48 @@ mod postgres_only {
         assert!(ok);
     }
 
+    /// A migration that fails (here the last one, its `VALIDATE` behind a
+    /// lock another transaction holds, past a statement timeout) gives back
+    /// the migrator's advisory lock, which sqlx's migrator answers an error
+    /// without releasing: its connection is closed, not pooled holding it, so
+    /// the next run (another process, a pool of its own) does not wait for it
+    /// forever. The bound only ends a hang.
+    #[tokio::test]
+    async fn a_failed_migration_leaves_no_lock_for_the_next_run() {
+        use sqlx::Executor as _;
+        let db = TestDb::migrated_before(20261205000003).await;
+        let impatient = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET statement_timeout = '300ms'").await?;
+                    Ok(())
+                })
+            })
+            .connect(&db.url)
+            .await
+            .unwrap();
+        let mut holder = db.pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE idempotency_requests IN SHARE UPDATE EXCLUSIVE MODE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let failed = idem_runtime::migrate(&impatient).await.unwrap_err();
+        assert!(failed.to_string().contains("statement timeout"), "{failed}");
+        holder.rollback().await.unwrap();
+
+        let other = sqlx::PgPool::connect(&db.url).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(60), idem_runtime::migrate(&other))
+            .await
+            .expect("the migrator's lock was left held by the failed run")
+            .unwrap();
+        let embedded = idem_runtime::migrator::<sqlx::Postgres>().iter().count() as i64;
+        assert_eq!(
+            db.count("SELECT count(*) FROM _idem_migrations").await,
+            embedded
+        );
+    }
+
     #[tokio::test]
     async fn migrations_are_idempotent_and_kept_apart() {
         let db = db().await;

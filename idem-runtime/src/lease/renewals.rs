@@ -248,14 +248,14 @@ impl<DB: LeaseBackend> Drop for Registered<DB> {
     }
 }
 
-/// When to renew a lease from now: after a period, or at half the time it has
-/// left if that is sooner (a lease whose claim waited long, or whose last
-/// renewals failed, is renewed at once rather than at the next period).
 /// The farthest the schedule looks ahead: a century, what the attribute
 /// allows a lease and its ceiling. A hand-written `OperationSpec` may ask for
 /// more (`Duration::MAX` for "no ceiling"), which no `Instant` can hold.
 const FARTHEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// When to renew a lease from now: after a period, or at half the time it has
+/// left if that is sooner (a lease whose claim waited long, or whose last
+/// renewals failed, is renewed at once rather than at the next period).
 fn next_in(every: Duration, deadline: &Deadline) -> Duration {
     every.min(deadline.left() / 2)
 }

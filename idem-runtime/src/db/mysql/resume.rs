@@ -18,19 +18,30 @@ use crate::model::StoreError;
 /// `20261202000010_key_digest.sql`.
 const KEY_DIGEST: i64 = 20261202000010;
 
-/// Runs `migrator`, first finishing `key_digest` where an earlier run stopped
-/// in it.
+/// Runs `migrator` on one connection of `pool`, first finishing `key_digest`
+/// where an earlier run stopped in it. sqlx's migrator answers an error
+/// without giving back the lock it took (`GET_LOCK`, the session's): a
+/// connection that failed is closed, not returned to the pool holding it,
+/// where the next run on another connection would wait for it forever.
 pub(super) async fn run(migrator: &Migrator, pool: &MySqlPool) -> Result<(), StoreError> {
-    match migrator.run(pool).await {
+    let mut conn = pool.acquire().await?;
+    let ran = run_on(migrator, &mut conn).await;
+    if ran.is_err() {
+        conn.close_on_drop();
+    }
+    ran
+}
+
+/// Through `run_direct` (what `run` calls once it has a connection), as
+/// SQLite's `run_on` says why.
+async fn run_on(migrator: &Migrator, conn: &mut MySqlConnection) -> Result<(), StoreError> {
+    match migrator.run_direct(None, &mut *conn, false).await {
+        // Answered holding the migrator's lock: processes starting at once
+        // wait for it, and then find the migration done.
         Err(MigrateError::Dirty(KEY_DIGEST)) => {
-            let mut conn = pool.acquire().await?;
-            // The migrator's own lock: processes starting at once resume it
-            // one after the other, and the second finds it done.
-            conn.lock().await?;
-            let resumed = resume_key_digest(migrator, &mut conn).await;
+            resume_key_digest(migrator, conn).await?;
             conn.unlock().await?;
-            resumed?;
-            migrator.run(pool).await?;
+            migrator.run_direct(None, conn, false).await?;
             Ok(())
         }
         ran => Ok(ran?),
@@ -41,16 +52,13 @@ async fn resume_key_digest(
     migrator: &Migrator,
     conn: &mut MySqlConnection,
 ) -> Result<(), StoreError> {
-    if conn.dirty_version(MIGRATIONS_TABLE).await? != Some(KEY_DIGEST) {
-        return Ok(());
-    }
     let migration = migrator
         .iter()
         .find(|m| m.version == KEY_DIGEST)
         .ok_or_else(|| StoreError::Corrupt("the key_digest migration is missing".into()))?;
-    let statements: Vec<&str> = migration
-        .sql
-        .as_str()
+    // A statement ends a line; a checkout with CRLF line ends too.
+    let sql = migration.sql.as_str().replace("\r\n", "\n");
+    let statements: Vec<&str> = sql
         .split(";\n")
         .map(str::trim)
         .filter(|s| !s.is_empty())
