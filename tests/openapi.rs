@@ -298,6 +298,15 @@ async fn the_orders_example_declares_what_it_answers_and_accepts() {
             header(&responses["503"], "retry-after").is_some(),
             "{method} {path}"
         );
+        // A statement behind another writer's lock is answered so on every
+        // route, in the route's own words or the shared ones.
+        assert!(
+            responses["503"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("`urn:orders:problem:busy`"),
+            "{method} {path}"
+        );
     }
     assert_eq!(doc["security"], serde_json::json!([{"tenant": []}]));
     let scheme = &doc["components"]["securitySchemes"]["tenant"];

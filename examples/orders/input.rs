@@ -241,12 +241,23 @@ where
     let raw = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
     let text = raw.get();
     let n = exact_whole(text).ok_or_else(|| {
-        // serde's words for what came instead, as before.
-        let value: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+        // serde's words for what came instead, as its integers' visitor says
+        // them. The text is JSON (a `RawValue`): one that does not read as a
+        // value is a number past a float's range.
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
+            return D::Error::invalid_type(
+                Unexpected::Other("a number out of range"),
+                &"an integer",
+            );
+        };
         let unexpected = match &value {
-            serde_json::Value::Number(n) => n
-                .as_f64()
-                .map_or(Unexpected::Other("a number"), Unexpected::Float),
+            serde_json::Value::Number(n) => match (n.as_u64(), n.as_f64()) {
+                (Some(u), _) => {
+                    return D::Error::invalid_value(Unexpected::Unsigned(u), &"an integer");
+                }
+                (None, Some(f)) => Unexpected::Float(f),
+                (None, None) => Unexpected::Other("a number"),
+            },
             serde_json::Value::String(s) => Unexpected::Str(s),
             serde_json::Value::Bool(b) => Unexpected::Bool(*b),
             serde_json::Value::Null => Unexpected::Unit,

@@ -28,6 +28,9 @@ const BEARER: &str = "tenant";
 const MEDIA_TYPE: &str = "application/problem+json";
 const INVALID: &str = "urn:orders:problem:invalid-request";
 
+/// Another writer held what a statement waited for (`crate::problems`).
+pub(crate) const BUSY: &str = "urn:orders:problem:busy";
+
 /// The utoipa modifier: `#[openapi(modifiers(&OrdersAnswers, &IdemOpenApi))]`.
 pub struct OrdersAnswers;
 
@@ -160,6 +163,22 @@ fn annotate(op: &mut Operation) {
         idem_runtime::problem::STORE_UNAVAILABLE,
         true,
     );
+    // Where the route names it in its own words (the fulfilment steps), they stay.
+    let busy_named = matches!(
+        op.responses.responses.get("503"),
+        Some(RefOr::T(r)) if r.description.contains(BUSY)
+    );
+    if !busy_named {
+        add(
+            op,
+            "503",
+            "Another writer held the database's write lock (SQLite) or the row's (MySQL) \
+             past the wait; nothing changed. The same request may be sent again after \
+             `Retry-After`.",
+            BUSY,
+            true,
+        );
+    }
     // The routes' own error answers (404, 409, ...) are problem documents too.
     for (status, response) in &mut op.responses.responses {
         if let RefOr::T(response) = response

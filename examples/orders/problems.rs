@@ -76,7 +76,7 @@ impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         if is_busy(&e) {
             let mut busy = Problem::new(
-                "urn:orders:problem:busy",
+                crate::openapi::BUSY,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Busy",
             )
