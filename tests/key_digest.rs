@@ -443,19 +443,16 @@ mod mysql {
         let db = TestDb::migrated_before(KEY_DIGEST_MIGRATION).await;
         let done = IdempotencyKey::parse("legacy-stopped-SECRET").unwrap();
         let fp = fingerprint("a");
-        sqlx::query(LEGACY_ROW)
-            .bind("acme")
-            .bind("create-order")
-            .bind(done.as_str())
-            .bind(&fp.as_bytes()[..])
-            .bind("completed")
-            .bind(201_i32)
-            .bind(r#"[["content-type","application/json"]]"#)
-            .bind(LEGACY_BODY.as_bytes())
-            .bind(None::<&str>)
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        suite::insert_legacy(
+            &db,
+            "acme",
+            "create-order",
+            done.as_str(),
+            fp,
+            "completed",
+            None,
+        )
+        .await;
         db.exec(
             "CREATE TRIGGER stop_the_digests BEFORE UPDATE ON idempotency_requests \
              FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'stopped by the test'",
@@ -502,13 +499,6 @@ mod mysql {
             0,
             "no raw key column is left"
         );
-        let mut tx = db.pool.begin().await.unwrap();
-        match claim(&mut tx, &request(&done, fp)).await.unwrap() {
-            Claim::Replay(StoredResponse { status, body, .. }) => {
-                assert_eq!((status, &body[..]), (201, LEGACY_BODY.as_bytes()));
-            }
-            other => panic!("the legacy outcome was not replayed: {other:?}"),
-        }
-        tx.rollback().await.unwrap();
+        suite::assert_legacy_replays(&db, &done, fp).await;
     }
 }

@@ -9,7 +9,8 @@
 
 use super::*;
 
-async fn insert_legacy(
+/// Writes a row as an older release (raw keys) did.
+pub(super) async fn insert_legacy(
     db: &TestDb,
     tenant: &str,
     operation: &str,
@@ -32,6 +33,19 @@ async fn insert_legacy(
         .execute(&db.pool)
         .await
         .unwrap();
+}
+
+/// The completed row [`insert_legacy`] wrote under `key` is replayed to a
+/// claim with its fingerprint.
+pub(super) async fn assert_legacy_replays(db: &TestDb, key: &IdempotencyKey, fp: Fingerprint) {
+    let mut tx = db.pool.begin().await.unwrap();
+    match claim(&mut tx, &request(key, fp)).await.unwrap() {
+        Claim::Replay(StoredResponse { status, body, .. }) => {
+            assert_eq!((status, &body[..]), (201, LEGACY_BODY.as_bytes()));
+        }
+        other => panic!("the legacy outcome was not replayed: {other:?}"),
+    }
+    tx.rollback().await.unwrap();
 }
 
 async fn rows_containing(db: &TestDb, text: &str) -> i64 {
@@ -92,14 +106,7 @@ pub async fn rows_of_an_older_release_are_found_after_the_migration() {
         1
     );
 
-    let mut tx = db.pool.begin().await.unwrap();
-    match claim(&mut tx, &request(&done, fp)).await.unwrap() {
-        Claim::Replay(StoredResponse { status, body, .. }) => {
-            assert_eq!((status, &body[..]), (201, LEGACY_BODY.as_bytes()));
-        }
-        other => panic!("the legacy outcome was not replayed: {other:?}"),
-    }
-    tx.rollback().await.unwrap();
+    assert_legacy_replays(&db, &done, fp).await;
     let mut tx = db.pool.begin().await.unwrap();
     let other = claim(&mut tx, &request(&done, fingerprint("b")))
         .await

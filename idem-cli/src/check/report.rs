@@ -322,28 +322,22 @@ mod tests {
                 verdict: Verdict::Fail,
                 saw: format!("422 {TITLE}"),
                 elapsed_ms: 1,
-                exchanges: vec![
-                    Exchange {
-                        request: Sent {
-                            method: "POST".to_owned(),
-                            url: "http://127.0.0.1/orders".to_owned(),
-                            key: None,
-                            headers: vec![],
-                            body: None,
-                        },
-                        result: Outcome::Answer(answer),
+                exchanges: [
+                    Outcome::Answer(answer),
+                    Outcome::Error(format!("lost: {TITLE}")),
+                ]
+                .into_iter()
+                .map(|result| Exchange {
+                    request: Sent {
+                        method: "POST".to_owned(),
+                        url: "http://127.0.0.1/orders".to_owned(),
+                        key: None,
+                        headers: vec![],
+                        body: None,
                     },
-                    Exchange {
-                        request: Sent {
-                            method: "POST".to_owned(),
-                            url: "http://127.0.0.1/orders".to_owned(),
-                            key: None,
-                            headers: vec![],
-                            body: None,
-                        },
-                        result: Outcome::Error(format!("lost: {TITLE}")),
-                    },
-                ],
+                    result,
+                })
+                .collect(),
             }],
         };
         for colour in [false, true] {
