@@ -17,6 +17,7 @@ use utoipa::openapi::{
     SchemaFormat, Type,
 };
 
+use crate::problems::BUSY;
 use crate::server::{MAX_HEAD_BYTES, MAX_HEADERS};
 
 /// The component schema of the service's problem documents.
@@ -27,9 +28,6 @@ const BEARER: &str = "tenant";
 
 const MEDIA_TYPE: &str = "application/problem+json";
 const INVALID: &str = "urn:orders:problem:invalid-request";
-
-/// Another writer held what a statement waited for (`crate::problems`).
-pub(crate) const BUSY: &str = "urn:orders:problem:busy";
 
 /// The utoipa modifier: `#[openapi(modifiers(&OrdersAnswers, &IdemOpenApi))]`.
 pub struct OrdersAnswers;

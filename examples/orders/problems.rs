@@ -72,15 +72,15 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Another writer held what a statement waited for ([`is_busy`]).
+pub const BUSY: &str = "urn:orders:problem:busy";
+
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         if is_busy(&e) {
-            let mut busy = Problem::new(
-                crate::openapi::BUSY,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Busy",
-            )
-            .with_detail("the order could not be locked in time; nothing changed, retry shortly");
+            let mut busy = Problem::new(BUSY, StatusCode::SERVICE_UNAVAILABLE, "Busy").with_detail(
+                "the order could not be locked in time; nothing changed, retry shortly",
+            );
             busy.retry_after = Some(1);
             ApiError(busy)
         } else if is_unavailable(&e) {

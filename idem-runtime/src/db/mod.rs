@@ -162,6 +162,21 @@ pub(crate) fn is_undefined_table(e: &sqlx::Error) -> bool {
         || db.message().contains("no such table")
 }
 
+/// Closes `conn`, the migrator's, rather than pooling it where its run
+/// failed: sqlx's migrator answers an error without giving back the session
+/// lock it took (PostgreSQL's advisory lock, MySQL's `GET_LOCK`), and a
+/// connection pooled holding it would make the next run, on another
+/// connection, wait for it forever.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn close_if_failed<DB: sqlx::Database, T, E>(
+    conn: &mut sqlx::pool::PoolConnection<DB>,
+    ran: &Result<T, E>,
+) {
+    if ran.is_err() {
+        conn.close_on_drop();
+    }
+}
+
 /// Shared by the modules: the migrator of `dir`, tracked in [`MIGRATIONS_TABLE`].
 pub(crate) fn tracked(mut m: Migrator) -> Migrator {
     m.dangerous_set_table_name(MIGRATIONS_TABLE);

@@ -18,17 +18,12 @@ use crate::model::StoreError;
 /// `20261202000010_key_digest.sql`.
 const KEY_DIGEST: i64 = 20261202000010;
 
-/// Runs `migrator` on one connection of `pool`, first finishing `key_digest`
-/// where an earlier run stopped in it. sqlx's migrator answers an error
-/// without giving back the lock it took (`GET_LOCK`, the session's): a
-/// connection that failed is closed, not returned to the pool holding it,
-/// where the next run on another connection would wait for it forever.
+/// Runs `migrator` on one connection of `pool` (see `close_if_failed`),
+/// first finishing `key_digest` where an earlier run stopped in it.
 pub(super) async fn run(migrator: &Migrator, pool: &MySqlPool) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
     let ran = run_on(migrator, &mut conn).await;
-    if ran.is_err() {
-        conn.close_on_drop();
-    }
+    crate::db::close_if_failed(&mut conn, &ran);
     ran
 }
 

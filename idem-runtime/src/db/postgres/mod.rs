@@ -145,15 +145,10 @@ impl super::stores::Schema for Postgres {
                 return Err(pooler::prepared_statements_lost());
             }
         }
-        // On one connection, closed if the run fails: sqlx's migrator answers
-        // an error without giving back its advisory lock (the session's), and
-        // a connection returned to the pool holding it would make the next
-        // run, on another connection, wait for it forever.
+        // On one connection: see `close_if_failed`.
         let mut conn = pool.acquire().await?;
         let ran = Self::migrator().run_direct(None, &mut *conn, false).await;
-        if ran.is_err() {
-            conn.close_on_drop();
-        }
+        super::close_if_failed(&mut conn, &ran);
         Ok(ran?)
     }
 }
