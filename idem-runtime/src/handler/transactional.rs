@@ -232,6 +232,11 @@ impl<DB: Backend> Mode<DB> for Transactional {
 fn outcome_unknown(op: &'static str, e: &StoreError, what: &str) -> Response {
     metrics::completion(op, "error");
     tracing::error!(operation = op, error = %e, "idem: {what}");
+    unknown()
+}
+
+/// The `503` of [`OUTCOME_UNKNOWN`].
+fn unknown() -> Response {
     Problem::store_unavailable()
         .with_detail(OUTCOME_UNKNOWN)
         .into_response()
@@ -267,10 +272,9 @@ async fn rolled_back<DB: Backend>(
         // about): its answer is not known, and `own` could contradict it, a
         // declined payment that was made.
         Err(e) => {
+            // Counted already, as the rollback it follows.
             tracing::error!(operation = op, error = %e, "idem: could not look the key up after a rollback; the key's outcome is unknown");
-            Problem::store_unavailable()
-                .with_detail(OUTCOME_UNKNOWN)
-                .into_response()
+            unknown()
         }
     }
 }
