@@ -98,6 +98,12 @@ impl KeySnapshot {
         live: bool,
         outcome: impl FnOnce() -> Result<StoredResponse, StoreError>,
     ) -> Result<Self, StoreError> {
+        // The next execution's generation is one more, and fences the last
+        // owner out only if it is greater: a row at the top of the range (or
+        // below the first generation) was not written by idem.
+        if !(1..i64::MAX).contains(&generation) {
+            return Err(StoreError::Corrupt(format!("generation {generation}")));
+        }
         Ok(KeySnapshot {
             fingerprint_matches: stored_fingerprint == request.as_bytes(),
             state,
@@ -483,6 +489,34 @@ mod tests {
         assert!(matches!(
             "done".parse::<RowState>(),
             Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn a_generation_with_no_next_is_corrupt() {
+        let request = crate::fingerprint::FingerprintBuilder::new("t", "op", "POST", "/").finish();
+        let read = |generation| {
+            KeySnapshot::read(
+                RowState::Completed,
+                request.as_bytes(),
+                &request,
+                generation,
+                false,
+                || unreachable!("an expired row's outcome is not read"),
+            )
+        };
+        for generation in [i64::MAX, 0, -1] {
+            assert!(
+                matches!(read(generation), Err(StoreError::Corrupt(m)) if m.contains("generation")),
+                "generation {generation}"
+            );
+        }
+        let step = transactional(Some(read(i64::MAX - 1).unwrap()), Duration::ZERO);
+        assert!(matches!(
+            step,
+            TransactionalStep::Execute {
+                generation: i64::MAX
+            }
         ));
     }
 }

@@ -190,7 +190,7 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
                 tracing::warn!(operation = %op, status = stored.status, "idem: a reconciliation answered a gRPC status that is never stored; the row stays uncertain");
                 return Ok("still_uncertain");
             }
-            Resolution::Completed(stored) => (Some(stored), "completed"),
+            Resolution::Completed(stored) => (Some(without_never_stored(op, stored)), "completed"),
             Resolution::Released => (None, "released"),
             Resolution::StillUncertain => return Ok("still_uncertain"),
         };
@@ -221,6 +221,23 @@ impl<R: Reconcile, DB: LeaseBackend> Reconciler<R, DB> {
             }
         })
     }
+}
+
+/// A reconciler's answer without the headers no answer keeps
+/// ([`crate::NEVER_STORED_HEADERS`]): a handler's are left out when it is
+/// captured, and a replay would send a reconciler's to every retry for the
+/// whole retention.
+fn without_never_stored(op: &str, mut stored: StoredResponse) -> StoredResponse {
+    stored.headers.retain(|(name, _)| {
+        let never = crate::NEVER_STORED_HEADERS
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name));
+        if never {
+            tracing::warn!(operation = %op, header = %name, "idem: a reconciliation's answer carried a header that is never stored; left out");
+        }
+        !never
+    });
+    stored
 }
 
 /// Whether a reconciler's answer may be stored as far as gRPC's statuses go

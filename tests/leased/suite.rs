@@ -1151,7 +1151,12 @@ impl Reconcile for AskProvider {
         match self.0.find(&outcome.downstream_key) {
             Some(charge) => Resolution::Completed(StoredResponse {
                 status: 201,
-                headers: vec![("content-type".into(), "application/json".into())],
+                // A cookie is never stored, a reconciler's no more than a
+                // handler's.
+                headers: vec![
+                    ("content-type".into(), "application/json".into()),
+                    ("Set-Cookie".into(), "session=first-caller".into()),
+                ],
                 body: serde_json::to_vec(&json!({"charge": charge, "amount_cents": 100}))
                     .unwrap()
                     .into(),
@@ -1180,10 +1185,12 @@ pub async fn an_uncertain_outcome_is_never_retried_and_is_reconciled() {
     assert_eq!(headers["content-type"], "application/problem+json");
     assert_eq!(record(&s.h, "unc-1").await.state, "uncertain");
     // Retries are answered, never executed: the provider sees no new call.
+    // They are told to wait what the first answer said (the lease's length).
+    let first_wait = headers["retry-after"].clone();
     for _ in 0..3 {
         let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
         assert_eq!(status, StatusCode::ACCEPTED);
-        assert!(headers.contains_key("retry-after"));
+        assert_eq!(headers["retry-after"], first_wait);
         let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(problem["type"], "urn:idem:problem:outcome-uncertain");
     }
@@ -1197,6 +1204,8 @@ pub async fn an_uncertain_outcome_is_never_retried_and_is_reconciled() {
     let (status, headers, body) = send(&s.router, pay("/payments", "unc-1", 100)).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers["content-type"], "application/json");
+    assert!(!headers.contains_key("set-cookie"), "{headers:?}");
     let paid: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(paid["charge"], "ch_0");
     assert_eq!(s.provider.charge_count(), 1);

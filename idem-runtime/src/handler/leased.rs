@@ -284,7 +284,14 @@ async fn settle<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work
                     operation = op,
                     "idem: outcome uncertain; awaiting reconciliation"
                 );
-                outcome.response
+                // `Uncertain` cannot know the lease; its retries are told the
+                // lease's length, and so is this first answer.
+                let mut response = outcome.response;
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    idem_wire::retry_after_seconds(lease_len).into(),
+                );
+                response
             }
             Err(LeaseError::StaleOwner { .. }) => stale(op, &probe, lease_len).await,
             Err(LeaseError::Store(_)) => {
