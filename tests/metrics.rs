@@ -82,6 +82,18 @@ async fn limited(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, body: St
     format!("{}:{body}", caller.0)
 }
 
+/// A long operation that says it is inside, then waits.
+static LONG_ENTERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static LONG_RELEASE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[idempotent(operation = "long-op", retention = "1h", lease = "1s", accepted)]
+async fn long(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, body: String) -> String {
+    let _ = lease;
+    LONG_ENTERED.notify_one();
+    LONG_RELEASE.notified().await;
+    format!("{}:{body}", caller.0)
+}
+
 /// The handler both executions of one key run at once (two processes) says
 /// it is inside, then waits to be let go (the first to wait goes first).
 static TAKEN_ENTERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
@@ -116,6 +128,8 @@ async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCo
                 "/taken"
             } else if body.starts_with("stalled") {
                 "/stalled"
+            } else if body.starts_with("long") {
+                "/long"
             } else {
                 "/metered"
             })
@@ -207,6 +221,11 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
         .merge(
             Router::new()
                 .route("/gated", post(gated))
+                .with_state(idem.clone()),
+        )
+        .merge(
+            Router::new()
+                .route("/long", post(long))
                 .with_state(idem.clone()),
         )
         .merge(
@@ -348,6 +367,26 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
             &[("operation", "limited-op"), ("outcome", "at_capacity")]
         ),
         1
+    );
+
+    // A long operation's retry while it runs is its `202`, counted as
+    // `running`: the `in_flight` outcome is the `409`s alone.
+    assert_eq!(
+        send(&router, "o1", "acme", "long").await.0,
+        StatusCode::ACCEPTED
+    );
+    LONG_ENTERED.notified().await;
+    assert_eq!(
+        send(&router, "o1", "acme", "long").await.0,
+        StatusCode::ACCEPTED
+    );
+    LONG_RELEASE.notify_one();
+    let all = entries(&snap);
+    let op = ("operation", "long-op");
+    let claims = |outcome| counter(&all, names::CLAIMS_TOTAL, &[op, ("outcome", outcome)]);
+    assert_eq!(
+        (claims("executed"), claims("running"), claims("in_flight")),
+        (1, 1, 0)
     );
 
     // Two processes (two `Idem`s: no shared waiting room) execute one key at

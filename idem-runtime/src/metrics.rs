@@ -98,12 +98,13 @@ use std::sync::{PoisonError, RwLock};
 use metrics::{Key, Label, Level, Metadata};
 
 /// The outcomes of [`CLAIMS_TOTAL`] with a key kept per operation.
-const CLAIM_OUTCOMES: [&str; 11] = [
+const CLAIM_OUTCOMES: [&str; 12] = [
     "executed",
     "reclaimed",
     "replayed",
     "mismatched",
     "in_flight",
+    "running",
     "busy",
     "at_capacity",
     "taken_over",

@@ -49,7 +49,10 @@ impl Answer {
         match self {
             Answer::Replay { .. } => "replayed",
             Answer::Mismatch { .. } => "mismatched",
-            Answer::InFlight(_) | Answer::Running(_) => "in_flight",
+            Answer::InFlight(_) => "in_flight",
+            // A long operation's retry is its `202`, never a `409`: counted
+            // apart so that the in-flight ratio (and its alert) is `409`s.
+            Answer::Running(_) => "running",
             Answer::Busy(_) => "busy",
             Answer::AtCapacity(_) => "at_capacity",
             Answer::Uncertain(..) => "uncertain",
