@@ -720,6 +720,12 @@ mod services {
             effects(State(app), headers).await
         }
 
+        /// A count stuck at the top of `u64`'s range, which no effect can
+        /// move: a first request's effect cannot show in it.
+        async fn full_effects() -> Response {
+            u64::MAX.to_string().into_response()
+        }
+
         /// An `OPTIONS` answer that closes its connection.
         async fn closing() -> Response {
             (StatusCode::NO_CONTENT, [(header::CONNECTION, "close")]).into_response()
@@ -800,6 +806,7 @@ mod services {
                 .route("/flaky-effects", get(flaky_effects))
                 .route("/late-flaky-effects", get(late_flaky_effects))
                 .route("/mid-flaky-effects", get(mid_flaky_effects))
+                .route("/full-effects", get(full_effects))
                 .with_state(app);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let base = format!("http://{}", listener.local_addr().unwrap());
@@ -949,6 +956,19 @@ mod services {
         let out = check_broken("/sloppy", &[]).await;
         assert_eq!(out.scenario("missing-key")["verdict"], "pass", "{out:?}");
         assert_eq!(out.scenario("other-body")["verdict"], "pass", "{out:?}");
+    }
+
+    /// A count that cannot go up (it is at `u64::MAX`) is a first request
+    /// whose effect did not show, said as such, not an overflow.
+    #[tokio::test]
+    async fn a_count_at_the_top_of_its_range_fails_the_first_request() {
+        let out = check_broken("/things", &["--effects", "{base}/full-effects"]).await;
+        assert_eq!(out.code, 7, "{out:?}");
+        let saw = out.scenario("first-request")["saw"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(saw.ends_with("; 0 effects, expected 1"), "{saw}");
     }
 
     /// A scenario that failed before the count stopped answering is a

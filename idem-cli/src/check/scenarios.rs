@@ -312,7 +312,7 @@ impl Run<'_> {
         self.first = Some((answer, Instant::now()));
         self.first_effects = after;
         if let (Some(b), Some(a)) = (before, after) {
-            if a != b + 1 {
+            if b.checked_add(1) != Some(a) {
                 let saw = format!("{saw}; {} effects, expected 1", a as i128 - b as i128);
                 return fail(saw, vec![ex]);
             }
