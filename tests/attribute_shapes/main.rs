@@ -25,6 +25,7 @@ mod impl_into_response;
 mod json_body;
 mod leased;
 mod leased_sqlite;
+mod lint_expectations;
 mod no_body;
 mod readme_leased;
 mod single_tenant;
