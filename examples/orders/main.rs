@@ -120,7 +120,8 @@ async fn connect() -> Result<Store, String> {
         ));
     };
     // WAL: readers never wait for the writer. The busy timeout is how long a
-    // write waits for another; idem's claim sets its own bound (the in-flight wait).
+    // write waits for another, idem's claim included: past it the claim is
+    // `503 store-busy` (docs/sqlite.md), whatever the in-flight wait says.
     let opts = opts
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)

@@ -22,8 +22,9 @@
 //! **Purges and sweeps elsewhere.** A row deleted before its expiry (`idem purge`,
 //! a manual `DELETE`) is not seen by the caches of running processes: they keep
 //! replaying it for at most `max_age`. The sweeper deletes only expired rows,
-//! which no cache holds any more. Keep `max_age` as short as a purge must take
-//! effect (the default, one minute, is enough for a retry storm).
+//! which no cache holds any more. Choose `max_age` (it has no default) as short
+//! as a purge or a tenant's erasure must take effect: a minute is enough for a
+//! retry storm.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
