@@ -129,7 +129,7 @@ pub enum KeyRingError {
     /// The active key's id is not a usable id (not quoted: it may be a key
     /// set where its id belongs).
     #[error(
-        "the active key's id is not a usable id: an id is 1 to 64 letters, digits, '.', '_' or '-'"
+        "the active key's id is not a usable id: an id is 1 to 64 letters, digits, '.', '_' or '-', and not a key"
     )]
     InvalidActiveId,
     /// Two keys with one id.
@@ -146,10 +146,11 @@ pub enum KeyRingError {
     /// A key that is not base64.
     #[error("the key {0:?} is not base64 (standard alphabet, padded)")]
     NotBase64(String),
-    /// An id that is empty, longer than 64 bytes or holds other than letters,
-    /// digits, `.`, `_` and `-` (it is not quoted: it may be a mistyped key).
+    /// An id that is empty, longer than 64 bytes, holds other than letters,
+    /// digits, `.`, `_` and `-`, or is a 256-bit key's base64 without its `=`
+    /// or its hex (it is not quoted: it may be a mistyped key).
     #[error(
-        "key number {0} of the ring has no usable id: an id is 1 to 64 letters, digits, '.', '_' or '-'"
+        "key number {0} of the ring has no usable id: an id is 1 to 64 letters, digits, '.', '_' or '-', and not a key"
     )]
     InvalidId(usize),
     /// A line of a key file that is neither `active ID` nor `ID BASE64`.
@@ -697,11 +698,30 @@ pub(crate) fn opened_to_reseal(
     }
 }
 
+/// Whether `id` may name a key, and so be quoted in an error: 1 to 64
+/// letters, digits, `.`, `_` or `-`, and not a key itself. A 256-bit key in
+/// base64 without its `=` (43 characters; a quarter of keys hold no `+` or
+/// `/`, and selecting one by double-click leaves the `=` out) or in hex (64
+/// digits) would pass the first rule, and be printed back where it was pasted
+/// in its id's place.
 fn usable_id(id: &str) -> bool {
     (1..=64).contains(&id.len())
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !looks_like_a_key(id)
+}
+
+fn looks_like_a_key(id: &str) -> bool {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+    let decodes_to_a_key = |engine: &base64::engine::GeneralPurpose| {
+        engine
+            .decode(id)
+            .is_ok_and(|bytes| bytes.len() == KEY_BYTES)
+    };
+    (id.len() == 2 * KEY_BYTES && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        || decodes_to_a_key(&STANDARD_NO_PAD)
+        || decodes_to_a_key(&URL_SAFE_NO_PAD)
 }
 
 fn decode(id: &str, key: &str) -> Result<Zeroizing<Vec<u8>>, KeyRingError> {
@@ -960,6 +980,38 @@ mod tests {
         assert!(active.contains("not a usable id"), "{active}");
         assert!(!active.contains(&b64(1)[..8]), "{active}");
         assert_eq!(e(KeyRing::parse(" , ", None)), "the key ring holds no key");
+    }
+
+    #[test]
+    fn a_key_without_its_padding_or_in_hex_is_no_id_and_is_not_quoted() {
+        let e = |r: Result<KeyRing, KeyRingError>| r.unwrap_err().to_string();
+        // A key whose base64 holds no '+' or '/': its 43 characters before the
+        // '=' are letters and digits, as an id's are.
+        let bytes: [u8; KEY_BYTES] = std::array::from_fn(|i| (i as u8).wrapping_mul(37) % 62);
+        let padded = base64::engine::general_purpose::STANDARD.encode(bytes);
+        let bare = padded.trim_end_matches('=');
+        assert_eq!(bare.len(), 43);
+        assert!(bare.bytes().all(|b| b.is_ascii_alphanumeric()), "{bare}");
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let url_safe = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([0xfb; KEY_BYTES]);
+        let ring = format!("k1:{padded}");
+        for pasted in [bare, hex.as_str(), url_safe.as_str()] {
+            let active = e(KeyRing::parse(&ring, Some(pasted)));
+            assert!(active.contains("not a usable id"), "{active}");
+            let swapped = e(KeyRing::parse(&format!("{pasted}:k1"), None));
+            assert!(swapped.contains("key number 1"), "{swapped}");
+            for said in [&active, &swapped] {
+                assert!(!said.contains(&pasted[..8]), "{said}");
+            }
+        }
+        // An id as long is still an id when it is no key.
+        let long = "payments-2026-12-primary-rotation-after-audit";
+        assert_eq!(
+            KeyRing::parse(&format!("{long}:{padded}"), None)
+                .unwrap()
+                .active_id(),
+            long
+        );
     }
 
     #[test]
