@@ -168,7 +168,7 @@ use proc_macro::TokenStream;
 /// | `Bytes`, `RawForm` | the bytes sent, byte for byte |
 /// | `Option<B>` of one of these | `B`, or no body when none was sent (a different request) |
 /// | `Result<B, B::Rejection>` (`Result<Json<T>, JsonRejection>`) | `B`; a rejection is answered with axum's own response for it before anything is claimed, so the handler only ever sees `Ok` |
-/// | a name ending in `Json` or `Form` (`ValidJson<T>`), or any type marked `#[body]` | its `idem_runtime::FingerprintBody` value |
+/// | a generic type whose name ends in `Json` or `Form` (`ValidJson<T>`; `AcceptJson`, without a type argument, is placed as any other extractor), or any type marked `#[body]` | its `idem_runtime::FingerprintBody` value |
 /// | an alias: `Json(cmd): OrderBody` | by the pattern's name |
 /// | an alias written `cmd: OrderBody`, as the last parameter | by its type, probed at compile time: a body is fingerprinted (or refused if it cannot be), anything else is taken as an extractor of the request's parts |
 /// | `Body`, `Request`, `Multipart` | streams: they cannot be fingerprinted before the claim; write `fingerprint(ignore_body)` (with headers) |

@@ -23,6 +23,7 @@ mod field_fingerprint;
 mod form_body;
 mod impl_into_response;
 mod json_body;
+mod json_named_parts_extractor;
 mod leased;
 mod leased_sqlite;
 mod lint_expectations;

@@ -5,8 +5,11 @@
 use syn::{GenericArgument, Pat, PathArguments, Type};
 
 /// Types that read the request body (axum's `FromRequest`, not
-/// `FromRequestParts`). Besides these, any type whose name ends in `Json` or
-/// `Form` (`ValidJson`), and any parameter marked `#[body]`, is the body.
+/// `FromRequestParts`). Besides these, any generic type whose name ends in
+/// `Json` or `Form` (`ValidJson<T>`), and any parameter marked `#[body]`, is the
+/// body. A name so ending without a type argument (`AcceptJson`, a guard of the
+/// request's headers) is not taken for one: it is placed as any other
+/// extractor is (last, through the probe).
 const BODY_EXTRACTORS: &[&str] = &["Json", "Form", "Bytes", "String", "RawForm"];
 
 /// Bodies that are streams: there is no value to fingerprint before the claim.
@@ -91,8 +94,7 @@ fn classify_type(ty: &Type) -> Class {
             result: false,
         }
     } else if BODY_EXTRACTORS.contains(&name.as_str())
-        || name.ends_with("Json")
-        || name.ends_with("Form")
+        || (first_type_arg(seg).is_some() && body_like(&name))
     {
         Class::Body {
             streaming: false,
@@ -103,6 +105,11 @@ fn classify_type(ty: &Type) -> Class {
     } else {
         Class::Unknown
     }
+}
+
+/// A name a body extractor of the application's may have (`ValidJson`).
+fn body_like(name: &str) -> bool {
+    name.ends_with("Json") || name.ends_with("Form")
 }
 
 pub(super) fn classify(arg: &syn::PatType) -> Class {
@@ -123,10 +130,10 @@ pub(super) fn classify(arg: &syn::PatType) -> Class {
                     .last()
                     .map(|s| s.ident.to_string())
                     .unwrap_or_default();
-                if BODY_EXTRACTORS.contains(&name.as_str())
-                    || name.ends_with("Json")
-                    || name.ends_with("Form")
-                {
+                // An alias hides the type's arguments; a pattern named as its
+                // type (`AcceptJson(x): AcceptJson`) is no alias.
+                let aliased = last_segment(&arg.ty).is_none_or(|s| s.ident != name);
+                if BODY_EXTRACTORS.contains(&name.as_str()) || (aliased && body_like(&name)) {
                     return Class::Body {
                         streaming: false,
                         result: false,
