@@ -54,7 +54,10 @@ pub fn refused(func: ItemFn, errors: &Errors, _rt: &syn::Path) -> TokenStream {
 /// async_trait's form, without the lifetimes only those parameters had.
 fn tonic_signature(sig: &Signature) -> Signature {
     let mut out = sig.clone();
-    let last = sig.inputs.len().saturating_sub(1);
+    // The request: last, unless the method was refused for placing it
+    // elsewhere.
+    let request = crate::validate::request_param(sig)
+        .unwrap_or_else(|| sig.inputs.len().saturating_sub(1));
     let mut dropped = BTreeSet::new();
     out.inputs = sig
         .inputs
@@ -62,7 +65,7 @@ fn tonic_signature(sig: &Signature) -> Signature {
         .enumerate()
         .filter_map(|(i, arg)| match arg {
             FnArg::Receiver(_) => Some(arg.clone()),
-            FnArg::Typed(t) if i == last => {
+            FnArg::Typed(t) if i == request => {
                 let mut t = t.clone();
                 t.attrs.clear();
                 t.pat = Box::new(syn::parse_quote!(__idem_call));

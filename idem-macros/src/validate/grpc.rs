@@ -46,24 +46,40 @@ pub enum Key {
     Field(String, Span),
 }
 
-/// Is this a tonic service method: a receiver, and a `Request<M>` last?
+/// Is this a tonic service method: a receiver, and a `Request<M>` (last, or
+/// out of place, which [`validate_grpc`] refuses with where it goes: an HTTP
+/// handler's errors would say nothing a method can follow)?
 pub fn is_grpc_method(func: &ItemFn) -> bool {
     let sig = &func.sig;
     sig.inputs.iter().any(|a| matches!(a, FnArg::Receiver(_))) && request_param(sig).is_some()
 }
 
-/// The last parameter, when it is a `Request<M>`.
-fn request_param(sig: &Signature) -> Option<usize> {
-    let last = sig.inputs.len().checked_sub(1)?;
-    let FnArg::Typed(t) = &sig.inputs[last] else {
-        return None;
-    };
-    let seg = last_segment(&t.ty)?;
-    let PathArguments::AngleBracketed(a) = &seg.arguments else {
-        return None;
-    };
-    (seg.ident == "Request" && matches!(a.args.first(), Some(GenericArgument::Type(_))))
-        .then_some(last)
+/// The last parameter that is a `Request<M>`.
+pub fn request_param(sig: &Signature) -> Option<usize> {
+    sig.inputs.iter().rposition(|arg| {
+        let FnArg::Typed(t) = arg else {
+            return false;
+        };
+        last_segment(&t.ty).is_some_and(|seg| {
+            seg.ident == "Request"
+                && matches!(&seg.arguments, PathArguments::AngleBracketed(a)
+                    if matches!(a.args.first(), Some(GenericArgument::Type(_))))
+        })
+    })
+}
+
+/// Whether the request is the last parameter; refused if not: tonic calls the method
+/// with it alone, so idem's parameters (the transaction or lease, the
+/// `#[tenant]`) go between `&self` and it.
+fn request_is_last(sig: &Signature, request: usize, errors: &mut Errors) -> bool {
+    if request + 1 == sig.inputs.len() {
+        return true;
+    }
+    errors.push_spanned(
+        &sig.inputs[request],
+        "the request goes last: tonic calls the method with `&self` and the request alone, so the parameters `#[idempotent]` fills (the transaction or lease, the `#[tenant]`) go between them; move the request to the end",
+    );
+    false
 }
 
 /// Refuses `Request<Streaming<M>>`: idem fingerprints one message, and would
@@ -164,6 +180,11 @@ pub fn validate_grpc(
     }
     let key = check_key(&args, name, errors);
     let request = request_param(sig).expect("a gRPC method has a request");
+    if !request_is_last(sig, request, errors) {
+        // The other checks read the parameters around the request as if it
+        // were last, and would only add confusion.
+        return None;
+    }
     refuse_a_client_stream(sig, request, errors);
     let (tenant, tx) = check_params(&args, written, sig, request, errors);
     let arg = parameters::typed(sig, request);

@@ -27,7 +27,7 @@ mod tests;
 pub(crate) use extractors::{first_type_arg, last_segment};
 #[cfg(test)]
 pub use grpc::async_trait_output;
-pub use grpc::{GrpcConfig, Key, is_grpc_method, validate_grpc};
+pub use grpc::{GrpcConfig, Key, is_grpc_method, request_param, validate_grpc};
 pub use signature::{is_idempotent_attr, is_instrument_attr};
 
 /// A checked attribute, ready to expand.
