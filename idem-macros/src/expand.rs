@@ -266,11 +266,11 @@ fn expand(config: Config, func: ItemFn) -> TokenStream {
 /// expectation left there would be reported unfulfilled at the user's line.
 fn expectations_allowed(attrs: &mut [syn::Attribute]) {
     for attr in attrs {
-        if attr.path().is_ident("expect") {
-            if let syn::Meta::List(list) = &mut attr.meta {
-                let span = syn::spanned::Spanned::span(&list.path);
-                list.path = syn::Path::from(syn::Ident::new("allow", span));
-            }
+        if attr.path().is_ident("expect")
+            && let syn::Meta::List(list) = &mut attr.meta
+        {
+            let span = syn::spanned::Spanned::span(&list.path);
+            list.path = syn::Path::from(syn::Ident::new("allow", span));
         }
     }
 }

@@ -56,8 +56,8 @@ fn tonic_signature(sig: &Signature) -> Signature {
     let mut out = sig.clone();
     // The request: last, unless the method was refused for placing it
     // elsewhere.
-    let request = crate::validate::request_param(sig)
-        .unwrap_or_else(|| sig.inputs.len().saturating_sub(1));
+    let request =
+        crate::validate::request_param(sig).unwrap_or_else(|| sig.inputs.len().saturating_sub(1));
     let mut dropped = BTreeSet::new();
     out.inputs = sig
         .inputs
