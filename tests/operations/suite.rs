@@ -315,6 +315,9 @@ pub async fn the_resource_shows_running_then_succeeded_and_replays_the_result() 
     let replayed = send(&s.router, get_as("acme", &result)).await;
     assert_eq!(replayed.status, StatusCode::CREATED);
     assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    // The address is another tenant's too under the same key: no cache keeps it.
+    assert_eq!(replayed.headers["cache-control"], "no-store");
+    assert_eq!(early.headers["cache-control"], "no-store");
     let retry = send(&s.router, export("k-2", "ok", true)).await;
     assert_eq!(
         replayed.body, retry.body,
@@ -418,12 +421,18 @@ pub async fn another_tenant_gets_the_same_404_as_an_operation_that_never_was() {
         get_as("acme", "/operations/create-export/not-hex"),
         get_as("acme", "/operations/create-export"),
         get_as("acme", &format!("{nobody}/result")),
+        // (`/operations/` is the service's own fallback: a nested router
+        // cannot match it in axum 0.8.)
+        get_as("acme", "/operations"),
+        get_as("acme", "/operations/create-export/%FF"),
     ];
+    assert_eq!(reference.headers["cache-control"], "no-store");
     for req in hidden {
         let uri = req.uri().to_string();
         let a = send(&s.router, req).await;
         assert_eq!(a.status, StatusCode::NOT_FOUND, "{uri}");
         assert_eq!(a.body, reference.body, "{uri}: nothing hints why");
+        assert_eq!(a.headers["cache-control"], "no-store", "{uri}");
         assert_eq!(a.headers.get("location"), None, "{uri}");
         assert_eq!(a.headers.get("retry-after"), None, "{uri}");
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRef, FromRequestParts, Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -41,6 +42,11 @@ fn registered() -> Registry {
 /// * anything else, and any operation the caller's tenant does not have: `404`
 ///   problem [`problem::OPERATION_NOT_FOUND`], the same every time.
 ///
+/// Every answer says `Cache-Control: no-store`, the result's too (whatever
+/// the stored answer said): an address names the operation and the key's
+/// digest, not the tenant, so two tenants' operations under one key share it,
+/// and a shared cache must never hand one tenant's answer to the other.
+///
 /// `T` is the caller, extracted as the handlers' `#[tenant]` parameter is (its
 /// rejection is its own answer), or [`SingleTenant`](crate::SingleTenant) for a
 /// single-tenant service; `DB` is where the operations' leases live (the `Idem<DB>`
@@ -61,29 +67,45 @@ where
             "idem: operations::router serves no operation: no handler in this program is `#[idempotent(.., accepted)]`"
         );
     }
-    Router::new().route(
-        "/{*__idem_operation}",
-        axum::routing::get(
-            move |caller: T,
-                  State(idem): State<Idem<DB>>,
-                  Path(params): Path<HashMap<String, String>>| {
-                let registry = registry.clone();
-                async move {
-                    let rest = params
-                        .get("__idem_operation")
-                        .map(String::as_str)
-                        .unwrap_or_default();
-                    show(
-                        &registry,
-                        &idem,
-                        crate::tenant::caller_tenant_id(&caller),
-                        rest,
-                    )
-                    .await
-                }
-            },
-        ),
-    )
+    Router::new()
+        .route(
+            "/{*__idem_operation}",
+            axum::routing::get(
+                move |caller: T,
+                      State(idem): State<Idem<DB>>,
+                      params: Result<Path<HashMap<String, String>>, PathRejection>| {
+                    let registry = registry.clone();
+                    async move {
+                        // A path that does not decode (`%FF`) names no operation.
+                        let Ok(Path(params)) = params else {
+                            return uncached(not_found());
+                        };
+                        let rest = params
+                            .get("__idem_operation")
+                            .map(String::as_str)
+                            .unwrap_or_default();
+                        uncached(
+                            show(
+                                &registry,
+                                &idem,
+                                crate::tenant::caller_tenant_id(&caller),
+                                rest,
+                            )
+                            .await,
+                        )
+                    }
+                },
+            ),
+        )
+        // The path itself, which the catch-all above does not match.
+        .route("/", axum::routing::get(|| async { uncached(not_found()) }))
+}
+
+/// `resp` with `Cache-Control: no-store` (see [`router`]).
+fn uncached(mut resp: Response) -> Response {
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 /// The answer of `GET {path}/{rest}` for `tenant`, as checked for the
@@ -167,10 +189,7 @@ async fn show<DB: LeaseBackend>(
         }
         (false, outcome) => {
             let doc = address.document(status, outcome.map(|o| o.status));
-            let mut resp = json(StatusCode::OK, &doc);
-            resp.headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-            resp
+            json(StatusCode::OK, &doc)
         }
     }
 }
