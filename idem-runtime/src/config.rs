@@ -38,7 +38,7 @@ pub enum ConfigError {
     /// Not a path the operation resources can live under (see
     /// [`Idem::with_operations_path`]).
     #[error(
-        "`{0}` cannot hold operation resources: give an absolute path such as \"/operations\", without a trailing `/`, a query or a fragment"
+        "`{0}` cannot hold operation resources: give an absolute path such as \"/operations\", of ASCII letters, digits and `/-._~!$&'()+,;=:@%` (percent-encode the rest), without a trailing `/`, a query or a fragment"
     )]
     InvalidOperationsPath(String),
     /// A running limit that lets nothing run (see [`Idem::with_running_limit`]).
@@ -797,13 +797,21 @@ impl<DB: LeaseBackend> Idem<DB> {
     /// # Errors
     ///
     /// [`ConfigError::InvalidOperationsPath`] for anything but an absolute path
-    /// without a trailing `/`, a query or a fragment.
+    /// without a trailing `/`, a query or a fragment, written in the characters
+    /// a URL's path holds as they are (ASCII letters, digits and
+    /// `/-._~!$&'()+,;=:@%`; percent-encode the rest).
     pub fn with_operations_path(mut self, path: &str) -> Result<Self, ConfigError> {
+        // Written as it is sent: a `Location` holds it byte for byte, so a
+        // character a client would percent-encode (any non-ASCII one) would
+        // come back as another path; and axum would read `{..}` or `*` in the
+        // path the router is nested at as a parameter of its own.
         let usable = path.len() > 1
             && path.starts_with('/')
             && !path.ends_with('/')
             && !path.contains("//")
-            && !path.contains(['?', '#'])
+            && path
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/-._~!$&'()+,;=:@%".contains(&b))
             && path.parse::<axum::http::uri::PathAndQuery>().is_ok();
         if !usable {
             return Err(ConfigError::InvalidOperationsPath(path.to_owned()));
@@ -907,6 +915,10 @@ mod tests {
             "/ops#a",
             "/o ps",
             "/a//b",
+            "/vorgänge",
+            "/ops/{tenant}",
+            "/ops/*rest",
+            "/\"ops\"",
         ] {
             assert_eq!(
                 idem().with_operations_path(bad).unwrap_err(),
@@ -914,7 +926,9 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let i = idem().with_operations_path("/v1/jobs").unwrap();
-        assert_eq!(i.operations_path(), "/v1/jobs");
+        for good in ["/v1/jobs", "/vorg%C3%A4nge", "/a-b_c.d~e/f:g@h"] {
+            let i = idem().with_operations_path(good).unwrap();
+            assert_eq!(i.operations_path(), good);
+        }
     }
 }
