@@ -708,19 +708,38 @@ mod mysql_only {
 
     #[tokio::test]
     async fn timestamps_come_from_the_database_clock_in_milliseconds() {
+        use sqlx::Executor as _;
         let db = db().await;
+        // The session's clock set to a moment no application clock reads
+        // (2001-09-09 01:46:40 UTC): what idem writes can only be the
+        // database's.
+        let pinned = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET @@timestamp = 1000000000").await?;
+                    Ok(())
+                })
+            })
+            .connect(&db.url)
+            .await
+            .unwrap();
         let key = IdempotencyKey::parse("k1").unwrap();
-        let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
-        let ok = db
-            .count(concat!(
-                "SELECT CAST((completed_at >= created_at \
-                        AND expires_at = completed_at + 3600000 \
-                        AND abs(created_at - ",
-                idem_runtime::mysql_now_ms!(),
-                ") < 600000) AS SIGNED) FROM idempotency_requests"
-            ))
-            .await;
-        assert_eq!(ok, 1);
+        let r = req("acme", "pay", &key, 100);
+        let mut tx = pinned.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut tx, &r).await.unwrap() else {
+            panic!("a new key executes")
+        };
+        let id = pay(&mut tx, "acme", 100).await;
+        exec.complete(&mut tx, &created(id)).await.unwrap();
+        tx.commit().await.unwrap();
+        let at: (i64, i64, i64) =
+            sqlx::query_as("SELECT created_at, completed_at, expires_at FROM idempotency_requests")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        let second = 1_000_000_000_000;
+        assert_eq!(at, (second, second, second + 3_600_000));
     }
 
     /// One statement carries the whole outcome, so the server's
@@ -919,15 +938,28 @@ mod postgres_only {
     async fn timestamps_come_from_the_database_clock() {
         let db = db().await;
         let key = IdempotencyKey::parse("k1").unwrap();
-        let _ = run_once(&db, &req("acme", "pay", &key, 100)).await.unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        let Claim::Execute(exec) = claim(&mut tx, &req("acme", "pay", &key, 100))
+            .await
+            .unwrap()
+        else {
+            panic!("a new key executes")
+        };
+        let id = pay(&mut tx, "acme", 100).await;
+        exec.complete(&mut tx, &created(id)).await.unwrap();
+        // Read in the same transaction: `now()` is its start, to the
+        // microsecond, which no application clock would have written; the
+        // completion is the statement's own time, after it.
         let ok: bool = sqlx::query_scalar(
-            "SELECT created_at <= now() AND completed_at >= created_at \
+            "SELECT created_at = now() AND completed_at >= created_at \
+                    AND completed_at <= clock_timestamp() \
                     AND expires_at = completed_at + interval '1 hour' FROM idempotency_requests",
         )
-        .fetch_one(&db.pool)
+        .fetch_one(&mut *tx)
         .await
         .unwrap();
         assert!(ok);
+        tx.commit().await.unwrap();
     }
 
     /// A migration that fails (here the last one, its `VALIDATE` behind a
