@@ -44,7 +44,7 @@ impl fmt::Debug for Fingerprint {
 }
 
 /// The body could not be canonicalised (for example a map with non-string keys,
-/// or a float that is NaN or infinite, which JSON cannot represent).
+/// or a map key that is a NaN or infinite float).
 #[derive(Debug, thiserror::Error)]
 #[error("the request body cannot be encoded as canonical JSON: {0}")]
 pub struct FingerprintError(#[from] serde_json::Error);
@@ -325,8 +325,10 @@ impl FingerprintBody for String {
 ///
 /// # Limitations
 ///
-/// A NaN or infinite float becomes `null`, as in `serde_json`: JSON bodies cannot
-/// carry one, but a form body can (`amount=inf`). Do not carry amounts in floats.
+/// A NaN or infinite float, which JSON cannot carry but a form body can
+/// (`amount=inf`), is written `NaN`, `Infinity` or `-Infinity`: outside JSON,
+/// so that it matches no other value (`serde_json` writes `null`, the same as
+/// an absent `Option`). Do not carry amounts in floats.
 pub fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
     let mut writer = Canonical {
         out: Vec::with_capacity(128),
@@ -419,8 +421,17 @@ impl Canonical {
 
     fn float(&mut self, f: f64) {
         if !f.is_finite() {
-            // What `serde_json::to_value` makes of it.
-            self.out.extend_from_slice(b"null");
+            // JSON has no spelling for it (a form body can carry one:
+            // `amount=inf`). `serde_json` writes `null`, which would make
+            // `inf`, `-inf`, `NaN` and an absent `Option` one request; these
+            // tokens are outside JSON, so they match nothing else.
+            self.out.extend_from_slice(if f.is_nan() {
+                b"NaN".as_slice()
+            } else if f > 0.0 {
+                b"Infinity"
+            } else {
+                b"-Infinity"
+            });
         } else if f.fract() == 0.0 && f.abs() >= EXACT_FROM && f.abs() < 1e21 {
             // The shortest spelling RFC 8785 asks for (2^60 as
             // 1152921504606847000) is not the value, while integers are written
@@ -1162,6 +1173,28 @@ mod tests {
         assert_ne!(a, of_json(r#"{"sku":"A"}"#));
     }
 
+    /// A form body can carry what JSON cannot (`amount=inf`, `amount=-inf`,
+    /// `amount=NaN`, as `str::parse` reads them): each is a request of its
+    /// own, and none is the request without the amount.
+    #[test]
+    fn non_finite_amounts_are_requests_of_their_own() {
+        #[derive(Deserialize, Serialize)]
+        struct Order {
+            amount: Option<f64>,
+        }
+        let of_form = |form: &str| {
+            let order: Order = serde_urlencoded::from_str(form).unwrap();
+            base().body(&order).unwrap().finish()
+        };
+        let all = ["amount=inf", "amount=-inf", "amount=NaN", "", "amount=0"].map(of_form);
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[..i] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(of_form("amount=inf"), of_form("amount=infinity"));
+    }
+
     #[test]
     fn equal_numbers_in_other_spellings_are_the_same() {
         assert_eq!(of_json(r#"{"n":4.50}"#), of_json(r#"{"n":4.5}"#));
@@ -1579,7 +1612,43 @@ mod tests {
         let written = canonical_json(value).map_err(|e| e.to_string());
         let oracle = oracle::canonical_json(value).map_err(|e| e.to_string());
         let text = |r: Result<Vec<u8>, String>| r.map(|b| String::from_utf8(b).unwrap());
-        assert_eq!(text(written), text(oracle), "{value:?}");
+        // The oracle's tree holds a NaN or infinite float as `null`; the
+        // writer spells each (`float`), and is otherwise the oracle.
+        assert_eq!(
+            text(written).map(|t| non_finite_as_null(&t)),
+            text(oracle),
+            "{value:?}"
+        );
+    }
+
+    /// `text` (canonical JSON but for `NaN`, `Infinity` and `-Infinity`)
+    /// with those tokens, outside strings, written `null`.
+    fn non_finite_as_null(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let (mut in_string, mut escaped) = (false, false);
+        let mut rest = text;
+        while let Some(c) = rest.chars().next() {
+            if !in_string {
+                if let Some(token) = ["-Infinity", "Infinity", "NaN"]
+                    .into_iter()
+                    .find(|t| rest.starts_with(t))
+                {
+                    out.push_str("null");
+                    rest = &rest[token.len()..];
+                    continue;
+                }
+                in_string = c == '"';
+            } else if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+        out
     }
 
     /// Characters where escaping and the UTF-16 order have edges: every control,
@@ -1993,10 +2062,16 @@ mod tests {
         }
         // Integers past 64 bits, which the oracle's tree refuses, have a JSON
         // form: `integers_past_64_bits_are_written_exactly`.
-        // Not an error: `serde_json` writes a float that is not a number as null.
+        // Not an error, and not `null` (as `serde_json` writes them): each its
+        // own token outside JSON, so that `inf`, `-inf`, `NaN` and an absent
+        // value are four requests.
         assert_eq!(
-            canonical_json(&[f64::NAN, f64::INFINITY]).unwrap(),
-            b"[null,null]"
+            canonical_json(&[f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY]).unwrap(),
+            b"[NaN,NaN,Infinity,-Infinity]"
+        );
+        assert_eq!(
+            canonical_json(&[Some(f32::INFINITY), None]).unwrap(),
+            b"[Infinity,null]"
         );
         same_as_oracle(&[f64::NAN, f64::INFINITY]);
     }
