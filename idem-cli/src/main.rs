@@ -167,6 +167,7 @@ async fn run(cli: Cli) -> Result<(String, u8), Failure> {
 
 /// Picks the backend from the URL, once, and runs the command on it.
 async fn database(cli: Cli) -> Result<String, Failure> {
+    commands::check_arguments(&cli.command)?;
     let url = database_url(cli.database_url.clone())?;
     let url = url.as_str();
     let json = cli.json;

@@ -125,6 +125,25 @@ async fn bad_arguments_are_usage_errors_that_say_which_and_echo_no_credential() 
         ),
         (vec!["--url", &url, "--method", "PO ST"], "--method"),
     ];
+    // No time for a request or a restart: refused by the argument parser (in
+    // its own words, as any value of the wrong form), not run and reported as
+    // the service's failure.
+    for args in [
+        vec!["--url", &url, "--timeout", "0s"],
+        vec![
+            "--url",
+            &url,
+            "--restart-cmd",
+            "true",
+            "--restart-timeout",
+            "0ms",
+        ],
+    ] {
+        let out = check(&args).await;
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(out.stderr.contains("no time at all"), "{out:?}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
     for (args, needle) in cases {
         let out = check(&args).await;
         out.assert_usage_error(needle);

@@ -1076,6 +1076,36 @@ async fn the_flag_wins_over_the_environment<Db: CliDb>() {
     assert_eq!(out.json()["rows"], 0);
 }
 
+/// A standard error closed by its reader (`2>&1 | head -3`, a log reader
+/// that quit) does not stop a rotation half-way: every row is re-sealed and
+/// the report is printed, exit 0.
+async fn rekey_goes_on_when_its_standard_error_is_closed<Db: CliDb>() {
+    let db = Db::create().await;
+    let k1 = idem_runtime::KeyRing::parse(K1, None).unwrap();
+    for key in ["e-1", "e-2", "e-3"] {
+        db.sealed_answer(&k1, key).await;
+    }
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--json", "rekey", "--batch-size", "1"])
+        .env_remove("IDEM_KEY_RING")
+        .env("DATABASE_URL", db.url())
+        .env("IDEM_KEY_RING", format!("{K1},{K2}"))
+        .env("IDEM_ACTIVE_KEY", "k2")
+        .stdout(std::process::Stdio::piped())
+        // Spawned, not `output()`, which would pipe standard error anew.
+        .stderr(std::process::Stdio::from(writer))
+        .spawn()
+        .expect("the idem binary runs")
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["resealed"], 3, "{report}");
+}
+
 /// Stamps each shared test once per backend: `postgres::<name>`,
 /// `sqlite::<name>` and, with the feature `mysql`, `mysql::<name>`.
 macro_rules! cli_suite {
@@ -1117,6 +1147,7 @@ cli_suite!(
     purge_tenant_erases_every_row_of_one_tenant,
     rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot,
     rekey_refuse_clear_leaves_clear_answers_unsealed,
+    rekey_goes_on_when_its_standard_error_is_closed,
     purge_tenant_waits_for_rows_in_flight_to_finish,
     purge_does_not_wait_forever_on_a_running_request,
     sweep_deletes_the_expired_finished_rows_once_and_reports,
@@ -1285,6 +1316,32 @@ async fn a_file_that_is_not_a_sqlite_database_is_a_database_error() {
     idem(Some(&format!("sqlite:{}", file.0.display())), &["stats"])
         .await
         .assert_error(5, "file is not a database");
+}
+
+/// What can be refused without the database is refused before it is
+/// reached: the same usage error (exit 2) with no server there, where
+/// reading them after connecting made each one exit 5, a connect timeout
+/// later.
+#[tokio::test]
+async fn arguments_are_refused_before_the_database_is_reached() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let nowhere = format!("postgres://idem@127.0.0.1:{port}/nowhere");
+    let cases: [(&[&str], &str); 4] = [
+        (&["show", "acme", "pay", "has space"], "not a valid key"),
+        (&["show", "acme", "pay", "zz", "--digest"], "--digest"),
+        (
+            &["purge", "acme", "pay", "k1", "--wait", "5"],
+            "--wait goes with --tenant",
+        ),
+        (&["rekey"], "needs the key ring"),
+    ];
+    for (args, needle) in cases {
+        idem(Some(&nowhere), args).await.assert_error(2, needle);
+    }
 }
 
 #[tokio::test]

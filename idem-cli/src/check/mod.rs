@@ -88,7 +88,7 @@ pub(crate) struct CheckArgs {
     pub(crate) concurrency: u32,
 
     /// How long each request may take, e.g. 10s, 500ms
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = some_time)]
     pub(crate) timeout: Duration,
 
     /// How long after the first answer the late retry is sent (0s leaves it out)
@@ -101,7 +101,7 @@ pub(crate) struct CheckArgs {
     pub(crate) restart_cmd: Option<String>,
 
     /// How long the restart command, and the service coming back after it, may take
-    #[arg(long, default_value = "60s", value_parser = duration)]
+    #[arg(long, default_value = "60s", value_parser = some_time)]
     pub(crate) restart_timeout: Duration,
 
     /// The report: a table, or json or junit for CI
@@ -158,6 +158,16 @@ fn duration(s: &str) -> Result<Duration, String> {
         return Err("longer than a week (the most it takes, written 7d)".to_owned());
     }
     Ok(d)
+}
+
+/// A [`duration`] that is not zero: a request or a restart given no time
+/// fails at once, and that would be reported as the service's failure (and a
+/// restart killed half-way), not as the slip it is.
+fn some_time(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        Duration::ZERO => Err("no time at all: give it some, e.g. 10s".to_owned()),
+        d => Ok(d),
+    }
 }
 
 /// Runs `idem check`: the report to print and the exit code.

@@ -50,17 +50,7 @@ pub(crate) async fn execute<DB: Backend>(
             wait,
             ..
         } => {
-            if wait.is_some() {
-                return Err(Failure::Usage(
-                    "--wait goes with --tenant: one key's purge waits for no execution".to_owned(),
-                ));
-            }
-            // clap requires all three without --tenant.
-            let (Some(tenant), Some(operation), Some(key)) = (tenant, operation, key) else {
-                return Err(Failure::Usage(
-                    "purge takes TENANT OPERATION KEY, or --tenant TENANT".to_owned(),
-                ));
-            };
+            let (tenant, operation, key) = one_key(tenant, operation, key, wait)?;
             let key = address(&tenant, &operation, &key, digest)?;
             purge::purge(&pool, json, &key, force).await
         }
@@ -92,6 +82,57 @@ pub(crate) async fn execute<DB: Backend>(
 /// The row's address: the key as a client sends it (either spelling the header
 /// allows), digested here as idem does, or with `--digest` the digest itself.
 /// Neither is echoed in an error: a key may be a secret.
+/// Refuses, before anything connects, what [`execute`] would refuse without
+/// the database: a usage error is exit 2 whether the database is up or not,
+/// and says so at once rather than after the connect timeout.
+pub(crate) fn check_arguments(command: &Command) -> Result<(), Failure> {
+    match command {
+        Command::Show {
+            tenant,
+            operation,
+            key,
+            digest,
+            ..
+        } => address(tenant, operation, key, *digest).map(drop),
+        Command::Purge {
+            whole_tenant: None,
+            tenant,
+            operation,
+            key,
+            digest,
+            wait,
+            ..
+        } => {
+            let (tenant, operation, key) =
+                one_key(tenant.clone(), operation.clone(), key.clone(), *wait)?;
+            address(&tenant, &operation, &key, *digest).map(drop)
+        }
+        Command::Rekey { key_ring_file, .. } => rekey::ring(key_ring_file.as_deref()).map(drop),
+        _ => Ok(()),
+    }
+}
+
+/// A one-key purge's tenant, operation and key (clap requires all three
+/// without `--tenant`), which waits for no execution.
+fn one_key(
+    tenant: Option<String>,
+    operation: Option<String>,
+    key: Option<String>,
+    wait: Option<u64>,
+) -> Result<(String, String, String), Failure> {
+    if wait.is_some() {
+        return Err(Failure::Usage(
+            "--wait goes with --tenant: one key's purge waits for no execution".to_owned(),
+        ));
+    }
+    match (tenant, operation, key) {
+        (Some(tenant), Some(operation), Some(key)) => Ok((tenant, operation, key)),
+        _ => Err(Failure::Usage(
+            "purge takes TENANT OPERATION KEY, or --tenant TENANT".to_owned(),
+        )),
+    }
+}
+
 fn address<'a>(
     tenant: &'a str,
     operation: &'a str,

@@ -1,6 +1,7 @@
 //! `idem rekey`: re-seals stored answers under the key ring's active key
 //! (`idem_runtime::admin::rekey`), then says how many rows each key seals.
 
+use std::io::Write as _;
 use std::ops::ControlFlow;
 use std::path::Path;
 
@@ -32,7 +33,7 @@ struct KeyRows {
 }
 
 /// The ring of `file`, or of the environment.
-fn ring(file: Option<&Path>) -> Result<KeyRing, Failure> {
+pub(super) fn ring(file: Option<&Path>) -> Result<KeyRing, Failure> {
     match file {
         Some(path) => {
             let ring = KeyRing::from_file(path).map_err(|e| Failure::Usage(e.to_string()))?;
@@ -103,7 +104,11 @@ pub(super) async fn rekey<DB: Backend>(
     // ring leaves each one in clear, as broken.
     options.seal_clear = clear.seal || clear.refuse;
     let report = admin::rekey(pool, &ring, options, |so_far| {
-        eprintln!(
+        // Progress only: a standard error that was closed (a reader that
+        // quit) must not stop a rotation half-way, as `eprintln!` would,
+        // with a panic and no report.
+        let _ = writeln!(
+            std::io::stderr().lock(),
             "rekey: page {}: {} re-sealed, {} changed meanwhile, {} unreadable, {} broken",
             so_far.pages,
             so_far.resealed,
