@@ -21,6 +21,7 @@ mod crate_rename;
 mod durations;
 mod field_fingerprint;
 mod form_body;
+mod from_macro_rules;
 mod impl_into_response;
 mod json_body;
 mod json_named_parts_extractor;

@@ -38,8 +38,9 @@ impl FromMeta for Text {
     fn from_meta(meta: &Meta) -> darling::Result<Self> {
         let name = path_text(meta.path());
         match meta {
-            Meta::NameValue(nv) if matches!(&nv.value, Expr::Lit(l) if matches!(l.lit, Lit::Str(_))) => {
-                SpannedValue::from_meta(meta).map(Text)
+            Meta::NameValue(nv) if string_literal(&nv.value).is_some() => {
+                let lit = string_literal(&nv.value).expect("matched above");
+                Ok(Text(SpannedValue::new(lit.value(), lit.span())))
             }
             Meta::NameValue(nv) => Err(Error::custom(format!(
                 "`{name}` takes a string: write `{name} = \"{}\"`",
@@ -311,6 +312,19 @@ pub fn cannot_be_read(nv: &MetaNameValueInvalidExpr) -> String {
 }
 
 /// The value as the user meant it, without quotes: `24h`, `create_order`.
+/// The string literal `e` is, also inside the invisible group a
+/// `macro_rules!` puts around a `$op:literal` or `$op:expr` it passes on
+/// (`operation = $op`).
+fn string_literal(e: &Expr) -> Option<&syn::LitStr> {
+    match e {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Some(s),
+        Expr::Group(g) => string_literal(&g.expr),
+        _ => None,
+    }
+}
+
 fn unquoted(e: &Expr) -> String {
     e.to_token_stream().to_string().replace(' ', "")
 }
