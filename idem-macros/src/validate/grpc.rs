@@ -314,6 +314,13 @@ fn check_params(
             );
             continue;
         }
+        if let Some(span) = parameters::nested_impl_trait(&arg.ty) {
+            errors.push_at(
+                span,
+                "`impl Trait` inside a parameter's type is a generic, which `#[idempotent]` does not support: name the concrete type",
+            );
+            continue;
+        }
         if let Type::Reference(r) = &*arg.ty {
             if parameters::check_handle(arg, r, leased, handle, tx.is_some(), errors) {
                 tx = Some(i);

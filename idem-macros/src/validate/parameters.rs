@@ -90,6 +90,13 @@ pub(super) fn check_parameters(
             );
             continue;
         }
+        if let Some(span) = nested_impl_trait(&arg.ty) {
+            errors.push_at(
+                span,
+                "`impl Trait` inside a parameter's type is a generic, which `#[idempotent]` does not support: name the concrete type (`Json<NewOrder>`, not `Json<impl Serialize>`)",
+            );
+            continue;
+        }
         if let Type::Reference(r) = &*arg.ty {
             if check_handle(arg, r, leased, handle, tx.is_some(), errors) {
                 tx = Some(i);
@@ -380,4 +387,18 @@ fn check_rejection(arg: &syn::PatType, errors: &mut Errors) {
         ),
     };
     errors.push_spanned(err, message);
+}
+
+/// Where `ty` holds an `impl Trait` below its top (`Json<impl Serialize>`):
+/// the attribute names the type in paths (`BodyProbe::<T>`), where rustc
+/// refuses it with no word of what to write instead.
+pub(crate) fn nested_impl_trait(ty: &Type) -> Option<proc_macro2::Span> {
+    fn find(tokens: proc_macro2::TokenStream) -> Option<proc_macro2::Span> {
+        tokens.into_iter().find_map(|tt| match tt {
+            proc_macro2::TokenTree::Ident(i) if i == "impl" => Some(i.span()),
+            proc_macro2::TokenTree::Group(g) => find(g.stream()),
+            _ => None,
+        })
+    }
+    find(quote::ToTokens::to_token_stream(ty))
 }
