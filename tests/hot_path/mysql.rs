@@ -881,9 +881,9 @@ fn assert_nothing_stored(
 }
 
 /// Sends the insert in MySQL 8's form (`false`: the session's lock wait set
-/// around it) or MariaDB's (`true`: `SET STATEMENT`) while the guard is held.
-/// The choice is the process's, so the tests that make one take turns; the
-/// others learn the server's form and keep to a choice once made.
+/// around it) or MariaDB's (`true`: `SET STATEMENT`) while the guard is held,
+/// for this test's requests only (the choice is its thread's); the other
+/// tests learn the server's form and keep to a choice once made.
 async fn insert_form(set_statement: bool) -> InsertForm {
     insert_form_guarded(set_statement, true).await
 }
@@ -892,17 +892,16 @@ async fn insert_form(set_statement: bool) -> InsertForm {
 /// `@@in_transaction` guard, as on a server that takes `SET STATEMENT` but
 /// lacks the variable.
 async fn insert_form_guarded(set_statement: bool, guarded: bool) -> InsertForm {
-    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let turn = TURN.lock().await;
     idem_runtime::test_util::assume_set_statement(Some(set_statement));
     idem_runtime::test_util::assume_in_transaction(Some(guarded));
-    InsertForm { _turn: turn }
+    InsertForm(std::marker::PhantomData)
 }
 
-/// See [`insert_form`]; dropped, the process learns the server's form again.
-struct InsertForm {
-    _turn: tokio::sync::MutexGuard<'static, ()>,
-}
+/// See [`insert_form`]; dropped, the thread goes back to the form the process
+/// learned. Not `Send`: the choice is the test's thread's (a current-thread
+/// runtime's, where every request of the test runs), and the tests beside it,
+/// on threads of their own, keep theirs.
+struct InsertForm(std::marker::PhantomData<*const ()>);
 
 impl Drop for InsertForm {
     fn drop(&mut self) {

@@ -211,7 +211,37 @@ const REFUSED: u8 = 2;
 
 /// Whether a server refused `SET STATEMENT` (MySQL 8), as far as idem has seen.
 pub(super) fn set_statement_refused() -> bool {
-    SET_STATEMENT.load(Ordering::Relaxed) == REFUSED
+    set_statement_hint() == REFUSED
+}
+
+/// What is known of `SET STATEMENT` here: a test's choice for this thread,
+/// else what the process learned.
+fn set_statement_hint() -> u8 {
+    chosen_on_this_thread(0).unwrap_or_else(|| SET_STATEMENT.load(Ordering::Relaxed))
+}
+
+/// What is known of `@@in_transaction` here, as [`set_statement_hint`].
+fn in_transaction_hint() -> u8 {
+    chosen_on_this_thread(1).unwrap_or_else(|| IN_TRANSACTION.load(Ordering::Relaxed))
+}
+
+// A test's choice of the insert's form, for the thread it runs on (a
+// current-thread runtime's test runs every request there): the process's
+// learned hints are left alone, so tests that choose run beside tests that do
+// not without changing the form under them mid-request.
+#[cfg(feature = "test-util")]
+thread_local! {
+    static CHOSEN: std::cell::Cell<[u8; 2]> = const { std::cell::Cell::new([UNKNOWN; 2]) };
+}
+
+#[cfg(feature = "test-util")]
+fn chosen_on_this_thread(which: usize) -> Option<u8> {
+    Some(CHOSEN.with(|c| c.get()[which])).filter(|&h| h != UNKNOWN)
+}
+
+#[cfg(not(feature = "test-util"))]
+fn chosen_on_this_thread(_: usize) -> Option<u8> {
+    None
 }
 
 /// Records what a statement sent with `SET STATEMENT` learned of the server.
@@ -496,9 +526,9 @@ async fn upsert(
     // Whether `idem_tx` has been released already (it is released once: a
     // second `RELEASE` would fail as if the transaction had ended).
     let mut released = false;
-    if SET_STATEMENT.load(Ordering::Relaxed) != REFUSED {
+    if set_statement_hint() != REFUSED {
         let secs = lock_wait_seconds(execution.in_flight_wait);
-        let mut guarded = IN_TRANSACTION.load(Ordering::Relaxed) != REFUSED;
+        let mut guarded = in_transaction_hint() != REFUSED;
         if !guarded {
             if !still_in_transaction(tx.connection()).await? {
                 return Ok(Upserted::OutsideTransaction);
@@ -632,23 +662,24 @@ fn taken(done: MySqlQueryResult, guarded: bool) -> Upserted {
     }
 }
 
-/// Forgets what the insert learned of the server, and whether to try `SET
-/// STATEMENT` at all: `Some(false)` sends MySQL 8's form on MariaDB too, so a
-/// test can hold that form to the same promises (feature `test-util`).
-#[cfg(feature = "test-util")]
-pub fn assume_set_statement(taken: Option<bool>) {
-    SET_STATEMENT.store(hint(taken), Ordering::Relaxed);
-}
-
-/// Forgets whether the server has `@@in_transaction`: `Some(false)` sends the
-/// `SET STATEMENT` form without its guard, as on a server that lacks it
+/// Whether to try `SET STATEMENT` at all, for requests on this thread:
+/// `Some(false)` sends MySQL 8's form on MariaDB too, so a test can hold that
+/// form to the same promises; `None` goes back to what the process learned
 /// (feature `test-util`).
 #[cfg(feature = "test-util")]
-pub fn assume_in_transaction(has: Option<bool>) {
-    IN_TRANSACTION.store(hint(has), Ordering::Relaxed);
+pub fn assume_set_statement(taken: Option<bool>) {
+    CHOSEN.with(|c| c.set([hint(taken), c.get()[1]]));
 }
 
-/// A hint as a test sets it: `None` forgets what was learned.
+/// Whether the server has `@@in_transaction`, for requests on this thread:
+/// `Some(false)` sends the `SET STATEMENT` form without its guard, as on a
+/// server that lacks it (feature `test-util`).
+#[cfg(feature = "test-util")]
+pub fn assume_in_transaction(has: Option<bool>) {
+    CHOSEN.with(|c| c.set([c.get()[0], hint(has)]));
+}
+
+/// A hint as a test chooses it: `None` chooses nothing.
 #[cfg(feature = "test-util")]
 fn hint(taken: Option<bool>) -> u8 {
     match taken {
