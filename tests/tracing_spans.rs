@@ -12,7 +12,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use idem_runtime::{Idem, Tx, idempotent};
+use idem_runtime::{Idem, Lease, Tx, idempotent};
 use tower::ServiceExt;
 use tracing::Instrument;
 use tracing::field::{Field, Visit};
@@ -28,6 +28,17 @@ use common::state::AppState;
 async fn traced(#[tenant] _caller: Caller, tx: &mut Tx<Postgres>) -> StatusCode {
     sqlx::query("SELECT 1").execute(&mut **tx).await.unwrap();
     tracing::info!("the handler speaks");
+    StatusCode::CREATED
+}
+
+/// A long operation: it speaks once answered `202`, then says it is done.
+static EXPORTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[idempotent(operation = "traced-export", retention = "1h", lease = "5s", accepted)]
+async fn traced_export(#[tenant] _caller: Caller, lease: &mut Lease<Postgres>) -> StatusCode {
+    let _ = lease;
+    tracing::info!("the export speaks");
+    EXPORTED.notify_one();
     StatusCode::CREATED
 }
 
@@ -137,4 +148,52 @@ async fn a_handlers_events_sit_inside_the_request_span_and_idems() {
     for (name, value) in &seen.fields {
         assert!(!value.contains("SECRET"), "{name} shows the key: {value}");
     }
+}
+
+/// A long operation's work, which outlives the request's `202`, runs in a span
+/// of its own (no parent), not inside the request's: a span holds its parent
+/// open, and the request's would stay open for as long as the work ran.
+#[tokio::test]
+async fn a_long_operations_work_runs_outside_the_request_span() {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = TestDb::new().await;
+    let router = Router::new()
+        .route("/exports", post(traced_export))
+        .with_state(AppState {
+            idem: Idem::new(db.pool.clone()),
+        });
+    let req = Request::post("/exports")
+        .header("authorization", "Bearer acme")
+        .header("idempotency-key", "x-1")
+        .body(Body::empty())
+        .unwrap();
+    let answer = router
+        .oneshot(req)
+        .instrument(tracing::info_span!("request", request_id = 43))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    EXPORTED.notified().await;
+
+    let seen = seen.lock().unwrap();
+    let spoke: Vec<&Vec<String>> = seen
+        .events
+        .iter()
+        .filter(|(message, _)| message == "the export speaks")
+        .map(|(_, scope)| scope)
+        .collect();
+    assert_eq!(
+        spoke,
+        [&vec!["idem.long_operation".to_owned()]],
+        "the work's event, in its own span alone: {:?}",
+        seen.events
+    );
+    assert!(
+        seen.fields
+            .iter()
+            .any(|(n, v)| n == "idem.operation" && v == "traced-export")
+    );
 }

@@ -190,7 +190,21 @@ fn accept<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) 
     let owned = scope.owned();
     let idem = idem.clone();
     let running = idem.executions().start();
-    let span = tracing::Span::current();
+    // A span of its own, not the request's: a span holds its parent open, so
+    // work that outlives the `202` inside the request's span would keep the
+    // request (a `TraceLayer`'s span, an exported trace) open for as long as
+    // the operation runs, and never export it if the process dies first. It
+    // follows from the request's, so a trace can still be walked from one to
+    // the other.
+    let span = tracing::info_span!(
+        parent: None,
+        "idem.long_operation",
+        idem.operation = op,
+        idem.mode = "leased",
+        idem.generation = tracing::field::Empty,
+        idem.outcome = tracing::field::Empty,
+    );
+    span.follows_from(tracing::Span::current());
     let task = async move {
         let scope = owned.scope();
         settle(&idem, &scope, work).await
