@@ -835,7 +835,7 @@ mod mysql_only {
 #[path = "runtime"]
 mod postgres_only {
     use super::postgres::pay;
-    use super::postgres::suite::{db, run_once};
+    use super::postgres::suite::db;
     use super::*;
     use crate::common::TestDb;
 
