@@ -50,6 +50,8 @@ const OTHERS: &[&str] = &[
     // the standard library's
     "Debug", "Display", "Duration", "Err", "Ok", "Option", "Result", "String", "Clone",
     "BTreeMap",
+    // the fingerprint's tokens for the floats JSON has no spelling for
+    "NaN", "Infinity",
     "HashMap", "Arc", "HashSet", "BTreeSet", "Vec",
     // gRPC's: google.rpc's error details, and the gRPC example's methods and types
     "RetryInfo", "ErrorInfo", "PreconditionFailure", "BadRequest",
