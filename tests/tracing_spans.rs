@@ -48,6 +48,18 @@ async fn traced_export(#[tenant] _caller: Caller, lease: &mut Lease<Postgres>) -
 struct Seen {
     events: Vec<(String, Vec<String>)>,
     fields: Vec<(String, String)>,
+    /// The same, each with the name of the span that recorded it.
+    span_fields: Vec<(String, String, String)>,
+}
+
+impl Seen {
+    fn saw(&mut self, span: &str, fields: Vec<(String, String)>) {
+        for (name, value) in fields {
+            self.span_fields
+                .push((span.to_owned(), name.clone(), value.clone()));
+            self.fields.push((name, value));
+        }
+    }
 }
 
 struct Capture(Arc<Mutex<Seen>>);
@@ -65,11 +77,16 @@ impl Visit for Fields<'_> {
 
 impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
-        attrs.record(&mut Fields(&mut self.0.lock().unwrap().fields));
+        let mut fields = Vec::new();
+        attrs.record(&mut Fields(&mut fields));
+        self.0.lock().unwrap().saw(attrs.metadata().name(), fields);
     }
 
-    fn on_record(&self, _: &Id, values: &Record<'_>, _: Context<'_, S>) {
-        values.record(&mut Fields(&mut self.0.lock().unwrap().fields));
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let mut fields = Vec::new();
+        values.record(&mut Fields(&mut fields));
+        let span = ctx.span(id).map(|s| s.name()).unwrap_or_default();
+        self.0.lock().unwrap().saw(span, fields);
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
@@ -88,18 +105,44 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     }
 }
 
-#[tokio::test]
-async fn a_handlers_events_sit_inside_the_request_span_and_idems() {
+/// What a test of spans holds: what the subscriber sees (set for the calling
+/// test while the guard lives), the router, and its database.
+struct Traced {
+    seen: Arc<Mutex<Seen>>,
+    router: Router,
+    idem: Idem<Postgres>,
+    _db: TestDb,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+/// `route` at `path`, over a fresh database, with a capturing subscriber.
+async fn traced_router(path: &str, route: axum::routing::MethodRouter<AppState>) -> Traced {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
-    let _guard = tracing::subscriber::set_default(subscriber);
-
+    let guard = tracing::subscriber::set_default(subscriber);
     let db = TestDb::new().await;
+    let idem = Idem::new(db.pool.clone());
     let router = Router::new()
-        .route("/traced", post(traced))
-        .with_state(AppState {
-            idem: Idem::new(db.pool.clone()),
-        });
+        .route(path, route)
+        .with_state(AppState { idem: idem.clone() });
+    Traced {
+        seen,
+        router,
+        idem,
+        _db: db,
+        _guard: guard,
+    }
+}
+
+#[tokio::test]
+async fn a_handlers_events_sit_inside_the_request_span_and_idems() {
+    let Traced {
+        seen,
+        router,
+        idem: _,
+        _db,
+        _guard,
+    } = traced_router("/traced", post(traced)).await;
     let send = |key: &'static str| {
         let router = router.clone();
         async move {
@@ -155,30 +198,30 @@ async fn a_handlers_events_sit_inside_the_request_span_and_idems() {
 /// open, and the request's would stay open for as long as the work ran.
 #[tokio::test]
 async fn a_long_operations_work_runs_outside_the_request_span() {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let db = TestDb::new().await;
-    let router = Router::new()
-        .route("/exports", post(traced_export))
-        .with_state(AppState {
-            idem: Idem::new(db.pool.clone()),
-        });
+    let traced = traced_router("/exports", post(traced_export)).await;
     let req = Request::post("/exports")
         .header("authorization", "Bearer acme")
         .header("idempotency-key", "x-1")
         .body(Body::empty())
         .unwrap();
-    let answer = router
+    let answer = traced
+        .router
+        .clone()
         .oneshot(req)
         .instrument(tracing::info_span!("request", request_id = 43))
         .await
         .unwrap();
     assert_eq!(answer.status(), StatusCode::ACCEPTED);
     EXPORTED.notified().await;
+    // The answer the work settled on is recorded once it is over.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        traced.idem.executions().drained(),
+    )
+    .await
+    .expect("the work settles");
 
-    let seen = seen.lock().unwrap();
+    let seen = traced.seen.lock().unwrap();
     let spoke: Vec<&Vec<String>> = seen
         .events
         .iter()
@@ -191,9 +234,17 @@ async fn a_long_operations_work_runs_outside_the_request_span() {
         "the work's event, in its own span alone: {:?}",
         seen.events
     );
-    assert!(
-        seen.fields
+    // Its fields, on its own span (the request's idem span has some of the
+    // same names).
+    let of_the_work = |name: &str| -> Vec<&str> {
+        seen.span_fields
             .iter()
-            .any(|(n, v)| n == "idem.operation" && v == "traced-export")
-    );
+            .filter(|(span, n, _)| span == "idem.long_operation" && n == name)
+            .map(|(_, _, v)| v.as_str())
+            .collect()
+    };
+    assert_eq!(of_the_work("idem.operation"), ["traced-export"]);
+    assert_eq!(of_the_work("idem.mode"), ["leased"]);
+    assert_eq!(of_the_work("idem.generation"), ["1"]);
+    assert_eq!(of_the_work("http.response.status_code"), ["201"]);
 }

@@ -1089,7 +1089,6 @@ async fn rekey_goes_on_when_its_standard_error_is_closed<Db: CliDb>() {
     drop(reader);
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["--json", "rekey", "--batch-size", "1"])
-        .env_remove("IDEM_KEY_RING")
         .env("DATABASE_URL", db.url())
         .env("IDEM_KEY_RING", format!("{K1},{K2}"))
         .env("IDEM_ACTIVE_KEY", "k2")

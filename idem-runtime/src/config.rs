@@ -38,7 +38,7 @@ pub enum ConfigError {
     /// Not a path the operation resources can live under (see
     /// [`Idem::with_operations_path`]).
     #[error(
-        "`{0}` cannot hold operation resources: give an absolute path such as \"/operations\", of ASCII letters, digits and `/-._~!$&'()+,;=:@%` (percent-encode the rest), without a trailing `/`, a query or a fragment"
+        "`{0}` cannot hold operation resources: give an absolute path such as \"/operations\", of ASCII letters, digits and `/-._~!$&'()+,;=:@%` (percent-encode the rest; no segment starting with `:`), without a trailing `/`, a query or a fragment"
     )]
     InvalidOperationsPath(String),
     /// A running limit that lets nothing run (see [`Idem::with_running_limit`]).
@@ -812,6 +812,10 @@ impl<DB: LeaseBackend> Idem<DB> {
             && path
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"/-._~!$&'()+,;=:@%".contains(&b))
+            // axum 0.8 refuses, by a panic at `nest`, a segment in 0.7's
+            // parameter syntax.
+            && !path.split('/').any(|segment| segment.starts_with(':'))
+            && percent_encoded_whole(path)
             && path.parse::<axum::http::uri::PathAndQuery>().is_ok();
         if !usable {
             return Err(ConfigError::InvalidOperationsPath(path.to_owned()));
@@ -857,6 +861,17 @@ impl Drop for ClearOnDrop<'_> {
             cache.clear();
         }
     }
+}
+
+/// Whether every `%` in `path` starts an escape (`%` and two hex digits).
+fn percent_encoded_whole(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    })
 }
 
 #[cfg(test)]
@@ -919,6 +934,9 @@ mod tests {
             "/ops/{tenant}",
             "/ops/*rest",
             "/\"ops\"",
+            "/v1/:ops",
+            "/a%zz",
+            "/a%2",
         ] {
             assert_eq!(
                 idem().with_operations_path(bad).unwrap_err(),

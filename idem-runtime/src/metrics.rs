@@ -5,7 +5,7 @@
 //!
 //! | name | kind | labels | what |
 //! | --- | --- | --- | --- |
-//! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight`, `busy` (SQLite's write lock held by others), `at_capacity` (the operation's running limit was full), `taken_over` (leased), `uncertain`, `deadline` (abandoned at the request deadline before the claim was decided: `503`, nothing reserved, no completion counted), `error` |
+//! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight` (`409`), `running` (a long operation's retry while it runs: its `202`), `busy` (SQLite's write lock held by others), `at_capacity` (the operation's running limit was full), `taken_over` (leased), `uncertain`, `deadline` (abandoned at the request deadline before the claim was decided: `503`, nothing reserved, no completion counted), `error` |
 //! | `idem_claim_seconds` | histogram | operation | claim latency, waits included |
 //! | `idem_claim_wait_seconds` | histogram | operation | time a claim spent waiting for a concurrent request with its key |
 //! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `deadline` (abandoned at the request deadline), `error` |

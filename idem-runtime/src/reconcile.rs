@@ -20,7 +20,10 @@ pub use crate::model::UncertainOutcome;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Resolution {
-    /// The effect happened: store this outcome; retries replay it. A status
+    /// The effect happened: store this outcome; retries replay it, its
+    /// headers as given but for [`crate::NEVER_STORED_HEADERS`] (the
+    /// service's stored-header list is the handlers', which a reconciler
+    /// does not see: give it only what a retry should get). A status
     /// that is not a final answer a retry may replay (a `5xx`, a `1xx`, or a
     /// gRPC status a live call rolls back) is not stored: the row stays
     /// uncertain for the next round.

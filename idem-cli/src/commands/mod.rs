@@ -79,9 +79,6 @@ pub(crate) async fn execute<DB: Backend>(
     }
 }
 
-/// The row's address: the key as a client sends it (either spelling the header
-/// allows), digested here as idem does, or with `--digest` the digest itself.
-/// Neither is echoed in an error: a key may be a secret.
 /// Refuses, before anything connects, what [`execute`] would refuse without
 /// the database: a usage error is exit 2 whether the database is up or not,
 /// and says so at once rather than after the connect timeout.
@@ -133,6 +130,9 @@ fn one_key(
     }
 }
 
+/// The row's address: the key as a client sends it (either spelling the header
+/// allows), digested here as idem does, or with `--digest` the digest itself.
+/// Neither is echoed in an error: a key may be a secret.
 fn address<'a>(
     tenant: &'a str,
     operation: &'a str,

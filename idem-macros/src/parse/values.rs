@@ -311,7 +311,6 @@ pub fn cannot_be_read(nv: &MetaNameValueInvalidExpr) -> String {
     )
 }
 
-/// The value as the user meant it, without quotes: `24h`, `create_order`.
 /// The string literal `e` is, also inside the invisible group a
 /// `macro_rules!` puts around a `$op:literal` or `$op:expr` it passes on
 /// (`operation = $op`).
@@ -325,6 +324,7 @@ fn string_literal(e: &Expr) -> Option<&syn::LitStr> {
     }
 }
 
+/// The value as the user meant it, without quotes: `24h`, `create_order`.
 fn unquoted(e: &Expr) -> String {
     e.to_token_stream().to_string().replace(' ', "")
 }

@@ -201,8 +201,8 @@ fn accept<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) 
         "idem.long_operation",
         idem.operation = op,
         idem.mode = "leased",
-        idem.generation = tracing::field::Empty,
-        idem.outcome = tracing::field::Empty,
+        idem.generation = work.lease.generation(),
+        http.response.status_code = tracing::field::Empty,
     );
     span.follows_from(tracing::Span::current());
     let task = async move {
@@ -216,6 +216,10 @@ fn accept<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) 
             // A task of its own, so that a panic is seen (and logged) here.
             match tokio::spawn(task).await {
                 Ok(resp) => {
+                    // The answer the work settled on (stored for the
+                    // retries, or what its failure would have told a client).
+                    tracing::Span::current()
+                        .record("http.response.status_code", resp.status().as_u16());
                     tracing::debug!(
                         operation = op,
                         status = resp.status().as_u16(),
