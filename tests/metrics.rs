@@ -107,6 +107,13 @@ async fn taken(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) ->
     format!("{}:{body}", caller.0)
 }
 
+/// A handler that panics after its claim executed.
+#[idempotent(operation = "panicky-op", retention = "1h")]
+async fn panicky(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) -> String {
+    let _ = (caller, tx, body);
+    panic!("the handler panics (on purpose)")
+}
+
 /// A handler that never finishes: its request ends at its deadline.
 #[idempotent(operation = "stalled-op", retention = "1h")]
 async fn stalled(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) -> String {
@@ -130,6 +137,8 @@ async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCo
                 "/stalled"
             } else if body.starts_with("long") {
                 "/long"
+            } else if body.starts_with("panicky") {
+                "/panicky"
             } else {
                 "/metered"
             })
@@ -226,6 +235,11 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
         .merge(
             Router::new()
                 .route("/long", post(long))
+                .with_state(idem.clone()),
+        )
+        .merge(
+            Router::new()
+                .route("/panicky", post(panicky))
                 .with_state(idem.clone()),
         )
         .merge(
@@ -387,6 +401,27 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
     assert_eq!(
         (claims("executed"), claims("running"), claims("in_flight")),
         (1, 1, 0)
+    );
+
+    // A handler that panics: its claim executed, and its completion is
+    // counted as what it was.
+    assert_eq!(
+        send(&router, "p1", "acme", "panicky").await.0,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let all = entries(&snap);
+    let op = ("operation", "panicky-op");
+    assert_eq!(
+        counter(&all, names::CLAIMS_TOTAL, &[op, ("outcome", "executed")]),
+        1
+    );
+    assert_eq!(
+        counter(
+            &all,
+            names::COMPLETIONS_TOTAL,
+            &[op, ("outcome", "panicked")]
+        ),
+        1
     );
 
     // Two processes (two `Idem`s: no shared waiting room) execute one key at

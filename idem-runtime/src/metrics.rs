@@ -8,7 +8,7 @@
 //! | `idem_claims_total` | counter | operation, outcome | claims by outcome: `executed`, `reclaimed` (an expired key executed anew), `replayed`, `mismatched`, `in_flight` (`409`), `running` (a long operation's retry while it runs: its `202`), `busy` (SQLite's write lock held by others), `at_capacity` (the operation's running limit was full), `taken_over` (leased), `uncertain`, `deadline` (abandoned at the request deadline before the claim was decided: `503`, nothing reserved, no completion counted), `error` |
 //! | `idem_claim_seconds` | histogram | operation | claim latency, waits included |
 //! | `idem_claim_wait_seconds` | histogram | operation | time a claim spent waiting for a concurrent request with its key |
-//! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `deadline` (abandoned at the request deadline), `error` |
+//! | `idem_completions_total` | counter | operation, outcome | `stored`, `rolled_back`, `too_large`, `stale_owner`, `uncertain`, `deadline` (abandoned at the request deadline), `panicked` (the handler panicked: rolled back, or its lease lapses), `error` |
 //! | `idem_completion_seconds` | histogram | operation | from claim to commit of the stored outcome |
 //! | `idem_stored_bytes_total` | counter | operation | response body bytes stored |
 //! | `idem_reconciled_total` | counter | operation, outcome | uncertain rows resolved: `completed`, `released`, `still_uncertain`, `raced` (another reconciler was first), `error` |
@@ -114,13 +114,14 @@ const CLAIM_OUTCOMES: [&str; 12] = [
 ];
 
 /// The outcomes of [`COMPLETIONS_TOTAL`] with a key kept per operation.
-const COMPLETION_OUTCOMES: [&str; 7] = [
+const COMPLETION_OUTCOMES: [&str; 8] = [
     "stored",
     "rolled_back",
     "too_large",
     "stale_owner",
     "uncertain",
     "deadline",
+    "panicked",
     "error",
 ];
 

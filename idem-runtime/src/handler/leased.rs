@@ -227,6 +227,7 @@ fn accept<DB: LeaseBackend>(idem: &Idem<DB>, scope: &Scope<'_>, work: Work<DB>) 
                     );
                 }
                 Err(e) => {
+                    metrics::completion(op, "panicked");
                     tracing::error!(operation = op, error = %e, "idem: a long operation's task failed; the next request with its key takes it over after its lease");
                 }
             }

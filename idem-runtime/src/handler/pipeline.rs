@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -210,11 +211,16 @@ fn prepare(
 async fn detached(
     operation: &'static str,
     work: Pin<Box<dyn Future<Output = Response> + Send + 'static>>,
+    decided: &AtomicBool,
 ) -> Response {
     match tokio::spawn(work).await {
         Ok(resp) => resp,
         Err(e) => {
             tracing::error!(operation, error = %e, "idem: handler task failed; its transaction rolled back, or its lease is taken over once it lapses");
+            // A claim that executed counts one completion, this one too.
+            if decided.load(Ordering::Relaxed) {
+                metrics::completion(operation, "panicked");
+            }
             // Not "nothing happened": a leased handler may have called
             // downstream before it failed. Either way the same key is the retry
             // (a leased one runs again under the same downstream key once the
@@ -269,10 +275,16 @@ async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
         http.response.status_code = tracing::field::Empty,
     );
     let recorded = span.clone();
+    // Set once the claim is decided: a deadline before then is the claim's
+    // outcome, after it the completion's; and a panic after it is the
+    // completion's too.
+    let decided = Arc::new(AtomicBool::new(false));
+    let decided_here = decided.clone();
     let response = detached(
         spec.operation,
         Box::pin(
             async move {
+                let decided = decided_here;
                 let _running = running;
                 let scope = Scope {
                     spec,
@@ -284,9 +296,6 @@ async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
                     deadline: M::deadline(&req.idem, spec)
                         .and_then(|d| tokio::time::Instant::now().checked_add(d)),
                 };
-                // Set once the claim is decided: a deadline before then is the
-                // claim's outcome, after it the completion's.
-                let decided = AtomicBool::new(false);
                 let Some(deadline) = scope.deadline else {
                     return pipeline::<DB, M>(&req.idem, &scope, body, &decided).await;
                 };
@@ -302,6 +311,7 @@ async fn run_in<DB: LeaseBackend, M: Mode<DB>, const HEADERS: bool>(
             }
             .instrument(span),
         ),
+        &decided,
     )
     .await;
     recorded.record("http.response.status_code", response.status().as_u16());
