@@ -144,10 +144,14 @@ impl Retrying {
         F: FnMut(tonic::Request<M>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let value: MetadataValue<_> = key
+        let mut value: MetadataValue<_> = key
             .as_str()
             .parse()
             .map_err(|_| Status::invalid_argument("the idempotency key is not valid metadata"))?;
+        // A key is as good as a capability: `Status`'s `Debug` prints its
+        // metadata (an `unwrap()`, a `?status` in a log), and sensitive values
+        // are printed as such; HTTP/2 also never indexes them.
+        value.set_sensitive(true);
         let mut backoff = self.backoff;
         let mut attempt = 1;
         loop {
@@ -312,6 +316,10 @@ mod tests {
         assert_eq!(status.code(), Code::Unavailable);
         let key = key_of(&status).expect("the key comes with the status");
         assert_eq!(key.as_str(), seen[0].to_str().unwrap());
+        // ... and never in its `Debug`, which an `unwrap()` or a log prints.
+        let printed = format!("{status:?}");
+        assert!(!printed.contains(key.as_str()), "{printed}");
+        assert!(seen.iter().all(|v| v.is_sensitive()));
     }
 
     #[tokio::test]

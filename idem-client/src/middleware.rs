@@ -360,10 +360,13 @@ impl Middleware for IdempotencyMiddleware {
             return next.run(req, extensions).await;
         }
         let key = key_for(&req, extensions).map_err(Error::middleware)?;
-        req.headers_mut().insert(
-            IDEMPOTENCY_KEY,
-            HeaderValue::from_str(key.as_str()).expect("a valid key is a valid header value"),
-        );
+        let mut value =
+            HeaderValue::from_str(key.as_str()).expect("a valid key is a valid header value");
+        // A key is as good as a capability: a `Request`'s `Debug` (a logging
+        // middleware after this one) prints it as sensitive, as reqwest's
+        // `bearer_auth` does, and HTTP/2 never indexes it.
+        value.set_sensitive(true);
+        req.headers_mut().insert(IDEMPOTENCY_KEY, value);
         buffer_body(&mut req).await?;
         if req.timeout().is_none() {
             *req.timeout_mut() = self.attempt_timeout;

@@ -133,6 +133,41 @@ fn fast() -> IdempotencyMiddleware {
     IdempotencyMiddleware::new().deadline(Duration::from_secs(60))
 }
 
+/// What a logging middleware placed after idem's prints of each request.
+struct Printed(Arc<Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Printed {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        self.0.lock().unwrap().push(format!("{req:?}"));
+        next.run(req, extensions).await
+    }
+}
+
+/// The key is sent, and a middleware after idem's that prints the request
+/// (a logger) does not print it: the header is marked sensitive.
+#[tokio::test]
+async fn the_key_is_sent_but_never_printed_by_a_later_middleware() {
+    let (base, script) = scripted([created(false)]).await;
+    let printed = Arc::new(Mutex::new(Vec::new()));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(fast())
+        .with(Printed(printed.clone()))
+        .build();
+    let r = client.post(format!("{base}/orders")).send().await.unwrap();
+    let key = r.idem().unwrap().key.as_str().to_owned();
+    assert_eq!(script.seen()[0].key.as_deref(), Some(key.as_str()));
+    let printed = printed.lock().unwrap();
+    assert_eq!(printed.len(), 1);
+    assert!(printed[0].contains("idempotency-key"), "{}", printed[0]);
+    assert!(!printed[0].contains(&key), "{}", printed[0]);
+}
+
 #[tokio::test]
 async fn every_retry_carries_the_same_key_and_the_same_bytes() {
     let (base, script) = scripted([status(503), status(500), created(false)]).await;
