@@ -68,7 +68,8 @@ pub(crate) enum Poll {
         retry_after: Option<Duration>,
     },
     /// Not an answer about the operation (a `401`, another `404`, a `2xx` that
-    /// is no document): hand it to the caller, as a redirect's target is.
+    /// is no document): to a poll, the end of following ([`crate::PollRefused`]);
+    /// to the result's `GET`, the answer.
     Final,
 }
 

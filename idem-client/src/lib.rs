@@ -18,7 +18,7 @@
 //! | `422` and every other `4xx`; `2xx`, `3xx`; other `409`s | returned at once |
 //! | attempts or deadline used up | the error [`GaveUp`], carrying the key to retry with later |
 //! | a final answer it must hold over [`max_response_body`](IdempotencyMiddleware::max_response_body) (4 MiB), or a document it reads to judge over 64 KiB (or the limit, if higher) | the error [`BodyTooLarge`], at once |
-//! | a body that arrived but cannot be decoded; an error of a middleware after it, of a redirect, of the client | the error [`Interrupted`], at once, carrying the key (the request may have run) and the error |
+//! | a body that arrived but cannot be decoded; an error of a middleware after it, of a redirect, of the client; a followed operation's resource answering other than about it (a `401`: [`PollRefused`]) | the error [`Interrupted`], at once, carrying the key (the request may have run) and the error |
 //!
 //! The final answer comes with its body in memory, or unread for a request with
 //! the [`StreamFinal`] extension. By default a logical request may take 120 s:
@@ -67,5 +67,6 @@ pub use decide::{OUTCOME_UNCERTAIN, REQUEST_IN_FLIGHT};
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
 pub use middleware::{IdempotencyMiddleware, StreamFinal};
 pub use outcome::{
-    BodyTooLarge, ErrorExt, GaveUp, IdemOutcome, Interrupted, LastAnswer, Limit, ResponseExt,
+    BodyTooLarge, ErrorExt, GaveUp, IdemOutcome, Interrupted, LastAnswer, Limit, PollRefused,
+    ResponseExt,
 };

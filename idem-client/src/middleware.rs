@@ -14,7 +14,7 @@ use crate::decide::{Verdict, is_problem, judge, next_wait, problem_type, reads_b
 use crate::follow::{Poll, judge_poll, judge_result, operation_of, poll_headers};
 use crate::{
     BodyTooLarge, GaveUp, IDEMPOTENCY_KEY, IdemOutcome, IdempotencyKey, Interrupted, InvalidKey,
-    LastAnswer, Limit,
+    LastAnswer, Limit, PollRefused,
 };
 
 /// The `reqwest-middleware` middleware that makes a client keep the idempotency
@@ -301,8 +301,10 @@ impl IdempotencyMiddleware {
     ///   (`Idempotent-Replayed: true`), under [`StreamFinal`] too;
     /// * treats a resource that is gone (`404` `operation-not-found`: the work
     ///   failed and freed its key) like a `5xx`: it sends the request again;
-    ///   and hands over any other answer of the resource's (a `401`, say) as
-    ///   a redirect's target's would be.
+    ///   and ends with [`Interrupted`] (its `error` a [`PollRefused`], with the
+    ///   key and the resource) at any other answer of the resource's that is
+    ///   not about the operation (a `401` once a token expired, say): the
+    ///   request was accepted and may have run, so that is no answer to it.
     ///
     /// The [`deadline`](IdempotencyMiddleware::deadline) covers the whole
     /// operation: set it to the longest the work may take, or get [`GaveUp`]
@@ -495,6 +497,16 @@ impl Middleware for IdempotencyMiddleware {
                                 response.status(),
                                 content_length,
                             ));
+                        }
+                        // A poll's answer that is not about the operation is
+                        // no answer to the accepted request: handed over as
+                        // one, a `401` would read as the request refused, and
+                        // be sent again under a new key.
+                        None if matches!(step, Step::Poll(_)) => {
+                            let refused = PollRefused {
+                                status: response.status(),
+                            };
+                            return Err(run.interrupted(Error::middleware(refused)));
                         }
                         None => return Ok(run.finish(response)),
                     }

@@ -181,6 +181,32 @@ impl fmt::Debug for GaveUp {
     }
 }
 
+/// What ends following a long operation whose resource answered other than
+/// about the operation (a `401` once the caller's token expired, a login
+/// page, another `404`): the request was accepted, and its work may be
+/// running or done, so that answer is no answer to the request. It comes as
+/// [`Interrupted::error`], with the key and the operation's resource: ask the
+/// resource again, or send the request again with the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PollRefused {
+    /// The status the resource answered.
+    pub status: StatusCode,
+}
+
+impl fmt::Display for PollRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the long operation's resource answered {}, not about the operation: the request \
+             was accepted and may have run; ask again, or send it again with the same key",
+            self.status
+        )
+    }
+}
+
+impl std::error::Error for PollRefused {}
+
 /// The error the middleware returns when an attempt ends in an error it does
 /// not retry, after the request was handed on to be sent: an error of a
 /// middleware or layer after it (a token refresher, a rate limiter), a redirect

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_client::{
     ErrorExt, IdempotencyKey, IdempotencyMiddleware, LastAnswer, Limit, OUTCOME_UNCERTAIN,
-    REQUEST_IN_FLIGHT, ResponseExt, StreamFinal,
+    PollRefused, REQUEST_IN_FLIGHT, ResponseExt, StreamFinal,
 };
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1498,10 +1498,12 @@ async fn an_error_of_a_poll_shows_no_operation_path() {
 }
 
 /// A resource that is gone (the work failed and freed its key) is like a `5xx`:
-/// the request is sent again. Any other answer of the resource's is handed
-/// over, and `max_attempts` counts the sends only.
+/// the request is sent again. Any other answer of the resource's that is not
+/// about the operation (a `401` once a token expired) ends the following with
+/// `Interrupted`, its key and resource, never handed over as the request's
+/// answer; `max_attempts` counts the sends only.
 #[tokio::test]
-async fn a_gone_operation_is_sent_again_a_refused_poll_is_handed_over() {
+async fn a_gone_operation_is_sent_again_a_refused_poll_is_interrupted() {
     let gone = Reply::Answer(
         404,
         vec![("content-type", "application/problem+json")],
@@ -1518,16 +1520,27 @@ async fn a_gone_operation_is_sent_again_a_refused_poll_is_handed_over() {
         refused,
     ])
     .await;
-    let r = client(following().max_attempts(2))
+    let e = client(following().max_attempts(2))
         .post(format!("{base}/exports"))
         .send()
         .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let idem = r.idem().unwrap();
-    assert_eq!((idem.attempts, idem.polls), (2, 5));
-    assert!(idem.operation.is_some());
-    assert_eq!(r.url().path(), OPERATION);
+        .unwrap_err();
+    let interrupted = e.interrupted().expect("Interrupted, not an answer");
+    assert_eq!((interrupted.attempts, interrupted.polls), (2, 5));
+    assert_eq!(
+        interrupted.operation.as_ref().map(|u| u.path()),
+        Some(OPERATION)
+    );
+    assert_eq!(
+        Some(interrupted.key.as_str()),
+        script.seen()[0].key.as_deref(),
+        "the key to send again with"
+    );
+    let reqwest_middleware::Error::Middleware(error) = &interrupted.error else {
+        panic!("{interrupted:?}")
+    };
+    let refused = error.downcast_ref::<PollRefused>().expect("a PollRefused");
+    assert_eq!(refused.status, 401);
     let methods: Vec<_> = script.seen().iter().map(|s| s.method.clone()).collect();
     assert_eq!(
         methods,
