@@ -1343,6 +1343,49 @@ async fn arguments_are_refused_before_the_database_is_reached() {
     }
 }
 
+/// A pass that fails after earlier passes erased rows says how many stay
+/// erased (each pass commits its own): a record of the erasure is not left
+/// at nothing done. Here deletes are refused (a trigger) while the erasure
+/// waits for a row in flight, which then finishes.
+#[tokio::test]
+async fn purge_tenant_says_what_it_erased_before_a_failure() {
+    let db = seeded::<crate::common::TestDb>().await;
+    let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["purge", "--tenant", "acme", "--wait", "120"])
+        .env("DATABASE_URL", db.url())
+        .output();
+    let waiting = tokio::spawn(waiting);
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while exists(&db, "k-done").await == 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the first pass ran");
+    db.exec(
+        "CREATE FUNCTION refuse_deletes() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'deletes refused'; END $$",
+    )
+    .await;
+    db.exec(
+        "CREATE TRIGGER refuse_deletes BEFORE DELETE ON idempotency_requests \
+         FOR EACH ROW EXECUTE FUNCTION refuse_deletes()",
+    )
+    .await;
+    db.exec(&format!(
+        "UPDATE idempotency_requests SET state = 'completed', response_status = 201 \
+         WHERE key_digest = {}",
+        db.key("k-running")
+    ))
+    .await;
+    let out = Out::of(waiting.await.unwrap().unwrap());
+    out.assert_error(
+        5,
+        "after erasing 2 rows in earlier passes, which stay erased",
+    );
+    assert!(out.stderr.contains("deletes refused"), "{out:?}");
+}
+
 #[tokio::test]
 async fn urls_that_cannot_work_are_usage_errors() {
     // No URL at all, or an empty variable (which counts as unset).

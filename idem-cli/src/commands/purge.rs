@@ -111,7 +111,7 @@ pub(super) async fn erase_tenant<DB: Backend>(
     let left = loop {
         let done = admin::erase_tenant(pool, tenant, admin::ERASE_BATCH, in_flight)
             .await
-            .map_err(Failure::from)?;
+            .map_err(|e| erased_before(Failure::from(e), erased))?;
         erased += done.erased;
         if done.left == 0 || Instant::now() >= until {
             break done.left;
@@ -145,4 +145,17 @@ pub(super) async fn erase_tenant<DB: Backend>(
         ("left", report.left.to_string()),
     ])
     .render())
+}
+
+/// A database error after earlier passes erased rows: says how many, which
+/// were committed (each pass commits its own), so that a record of the
+/// erasure is not left at nothing done. Running it again is safe.
+fn erased_before(failure: Failure, erased: u64) -> Failure {
+    match failure {
+        Failure::Database(e) if erased > 0 => Failure::Database(format!(
+            "{e} (after erasing {erased} rows in earlier passes, which stay erased; run it again \
+             to erase the rest)"
+        )),
+        other => other,
+    }
 }

@@ -47,6 +47,12 @@ use crate::model::{Finish, StoreError};
 /// it (qualify your tables instead). On SQLite and MySQL the savepoint
 /// `idem_tx` is idem's (it tells idem the transaction is still the handler's):
 /// leave it alone.
+///
+/// A statement of yours that you cancel (a `tokio::time::timeout` around it,
+/// say) may still run on the server, inside this transaction: after one,
+/// return `Err` or a 5xx, so that the transaction rolls back. Answered with a
+/// 2xx or a 4xx, it commits whatever that statement did along with the
+/// stored answer.
 pub struct Tx<DB: Backend> {
     // A pooled connection rather than a `sqlx::Transaction`: the value outlives
     // the claim's decision (a replay answered on the same connection, with no
