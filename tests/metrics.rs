@@ -114,6 +114,13 @@ async fn panicky(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) 
     panic!("the handler panics (on purpose)")
 }
 
+/// A long operation that panics in its work, after its `202`.
+#[idempotent(operation = "doomed-op", retention = "1h", lease = "1s", accepted)]
+async fn doomed(#[tenant] caller: Caller, lease: &mut Lease<Postgres>, body: String) -> String {
+    let _ = (caller, lease, body);
+    panic!("the long operation panics (on purpose)")
+}
+
 /// A handler that never finishes: its request ends at its deadline.
 #[idempotent(operation = "stalled-op", retention = "1h")]
 async fn stalled(#[tenant] caller: Caller, tx: &mut Tx<Postgres>, body: String) -> String {
@@ -139,6 +146,8 @@ async fn send(router: &Router, key: &str, tenant: &str, body: &str) -> (StatusCo
                 "/long"
             } else if body.starts_with("panicky") {
                 "/panicky"
+            } else if body.starts_with("doomed") {
+                "/doomed"
             } else {
                 "/metered"
             })
@@ -240,6 +249,7 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
         .merge(
             Router::new()
                 .route("/panicky", post(panicky))
+                .route("/doomed", post(doomed))
                 .with_state(idem.clone()),
         )
         .merge(
@@ -420,6 +430,26 @@ async fn claims_and_completions_are_recorded_with_the_documented_names() {
             &all,
             names::COMPLETIONS_TOTAL,
             &[op, ("outcome", "panicked")]
+        ),
+        1
+    );
+    // So does a long operation's work, after its `202`.
+    assert_eq!(
+        send(&router, "p2", "acme", "doomed").await.0,
+        StatusCode::ACCEPTED
+    );
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        idem.executions().drained(),
+    )
+    .await
+    .expect("the work ends");
+    let all = entries(&snap);
+    assert_eq!(
+        counter(
+            &all,
+            names::COMPLETIONS_TOTAL,
+            &[("operation", "doomed-op"), ("outcome", "panicked")]
         ),
         1
     );

@@ -47,18 +47,17 @@ async fn traced_export(#[tenant] _caller: Caller, lease: &mut Lease<Postgres>) -
 #[derive(Default)]
 struct Seen {
     events: Vec<(String, Vec<String>)>,
-    fields: Vec<(String, String)>,
-    /// The same, each with the name of the span that recorded it.
+    /// Each field a span recorded: the span's name, the field's, its value.
     span_fields: Vec<(String, String, String)>,
 }
 
 impl Seen {
     fn saw(&mut self, span: &str, fields: Vec<(String, String)>) {
-        for (name, value) in fields {
-            self.span_fields
-                .push((span.to_owned(), name.clone(), value.clone()));
-            self.fields.push((name, value));
-        }
+        self.span_fields.extend(
+            fields
+                .into_iter()
+                .map(|(name, value)| (span.to_owned(), name, value)),
+        );
     }
 }
 
@@ -177,10 +176,10 @@ async fn a_handlers_events_sit_inside_the_request_span_and_idems() {
         "the handler's event, inside idem's span inside the request's"
     );
     let field = |name: &str| -> Vec<&str> {
-        seen.fields
+        seen.span_fields
             .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+            .filter(|(_, n, _)| n == name)
+            .map(|(_, _, v)| v.as_str())
             .collect()
     };
     assert!(field("idem.operation").contains(&"traced"));
@@ -188,7 +187,7 @@ async fn a_handlers_events_sit_inside_the_request_span_and_idems() {
     assert!(field("idem.replayed").contains(&"true"));
     assert!(field("idem.generation").contains(&"1"));
     assert_eq!(field("http.response.status_code"), ["201", "201"]);
-    for (name, value) in &seen.fields {
+    for (_, name, value) in &seen.span_fields {
         assert!(!value.contains("SECRET"), "{name} shows the key: {value}");
     }
 }

@@ -167,13 +167,13 @@ async fn run(cli: Cli) -> Result<(String, u8), Failure> {
 
 /// Picks the backend from the URL, once, and runs the command on it.
 async fn database(cli: Cli) -> Result<String, Failure> {
-    commands::check_arguments(&cli.command)?;
+    let checked = commands::check_arguments(&cli.command)?;
     let url = database_url(cli.database_url.clone())?;
     let url = url.as_str();
     let json = cli.json;
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
-        return execute(connect::postgres(url).await?, cli.command, json).await;
+        return execute(connect::postgres(url).await?, cli.command, json, checked).await;
         #[cfg(not(feature = "postgres"))]
         return Err(without("PostgreSQL", "postgres"));
     } else if url.starts_with("sqlite:") {
@@ -184,13 +184,14 @@ async fn database(cli: Cli) -> Result<String, Failure> {
             connect::sqlite(url, matches!(cli.command, Command::Migrate)).await?,
             cli.command,
             json,
+            checked,
         )
         .await;
         #[cfg(not(feature = "sqlite"))]
         return Err(without("SQLite", "sqlite"));
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
         #[cfg(feature = "mysql")]
-        return execute(connect::mysql(url).await?, cli.command, json).await;
+        return execute(connect::mysql(url).await?, cli.command, json, checked).await;
         #[cfg(not(feature = "mysql"))]
         return Err(without("MySQL", "mysql"));
     } else {

@@ -795,9 +795,6 @@ async fn purge_tenant_erases_every_row_of_one_tenant<Db: CliDb>() {
     assert_eq!(rows_of("globex").await, 1);
 }
 
-/// `purge --tenant --wait` erases a row in flight once it finishes: the
-/// first pass leaves it (the finished rows going show the pass ran), the
-/// row is then completed, and a later pass takes it.
 async fn rekey_reseals_answers_under_the_active_key_and_names_what_it_cannot<Db: CliDb>() {
     let db = Db::create().await;
     let url = db.url();
@@ -941,22 +938,35 @@ async fn rekey_refuse_clear_leaves_clear_answers_unsealed<Db: CliDb>() {
     );
 }
 
-async fn purge_tenant_waits_for_rows_in_flight_to_finish<Db: CliDb>() {
-    let db = seeded::<Db>().await;
-    let url = db.url();
+/// `idem [first..] purge --tenant acme --wait 120` over the seeded rows,
+/// running, once its first pass has erased the finished ones (`k-done`) and
+/// left the one in flight (`k-running`) to wait for.
+async fn past_the_first_pass<Db: CliDb>(
+    db: &Db,
+    first: &[&str],
+) -> tokio::task::JoinHandle<std::io::Result<std::process::Output>> {
     let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["--json", "purge", "--tenant", "acme", "--wait", "120"])
-        .env("DATABASE_URL", &url)
+        .args(first)
+        .args(["purge", "--tenant", "acme", "--wait", "120"])
+        .env("DATABASE_URL", db.url())
         .output();
     let waiting = tokio::spawn(waiting);
-    // Until the first pass has erased the finished rows and left k-running.
     tokio::time::timeout(std::time::Duration::from_secs(60), async {
-        while exists(&db, "k-done").await == 1 {
+        while exists(db, "k-done").await == 1 {
             tokio::task::yield_now().await;
         }
     })
     .await
     .expect("the first pass ran");
+    waiting
+}
+
+/// `purge --tenant --wait` erases a row in flight once it finishes: the
+/// first pass leaves it (the finished rows going show the pass ran), the
+/// row is then completed, and a later pass takes it.
+async fn purge_tenant_waits_for_rows_in_flight_to_finish<Db: CliDb>() {
+    let db = seeded::<Db>().await;
+    let waiting = past_the_first_pass(&db, &["--json"]).await;
     assert!(!waiting.is_finished(), "it waits while a row is in flight");
     db.exec(&format!(
         "UPDATE idempotency_requests SET state = 'completed', response_status = 201 \
@@ -1350,18 +1360,7 @@ async fn arguments_are_refused_before_the_database_is_reached() {
 #[tokio::test]
 async fn purge_tenant_says_what_it_erased_before_a_failure() {
     let db = seeded::<crate::common::TestDb>().await;
-    let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["purge", "--tenant", "acme", "--wait", "120"])
-        .env("DATABASE_URL", db.url())
-        .output();
-    let waiting = tokio::spawn(waiting);
-    tokio::time::timeout(std::time::Duration::from_secs(60), async {
-        while exists(&db, "k-done").await == 1 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the first pass ran");
+    let waiting = past_the_first_pass(&db, &[]).await;
     db.exec(
         "CREATE FUNCTION refuse_deletes() RETURNS trigger LANGUAGE plpgsql AS \
          $$ BEGIN RAISE EXCEPTION 'deletes refused'; END $$",

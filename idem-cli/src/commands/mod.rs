@@ -21,6 +21,7 @@ pub(crate) async fn execute<DB: Backend>(
     pool: Pool<DB>,
     command: Command,
     json: bool,
+    checked: Checked,
 ) -> Result<String, Failure> {
     match command {
         Command::Migrate => migrate::migrate(&pool, json).await,
@@ -64,13 +65,16 @@ pub(crate) async fn execute<DB: Backend>(
             batch_size,
             seal_clear,
             refuse_clear,
-            key_ring_file,
+            ..
         } => {
             let clear = rekey::Clear {
                 seal: seal_clear,
                 refuse: refuse_clear,
             };
-            rekey::rekey(&pool, json, batch_size, clear, key_ring_file.as_deref()).await
+            let ring = checked.ring.ok_or_else(|| {
+                Failure::Other("idem rekey's key ring was not read before connecting".to_owned())
+            })?;
+            rekey::rekey(&pool, json, batch_size, clear, ring).await
         }
         // `run` answers it without a database.
         Command::Check(_) => Err(Failure::Other(
@@ -82,7 +86,8 @@ pub(crate) async fn execute<DB: Backend>(
 /// Refuses, before anything connects, what [`execute`] would refuse without
 /// the database: a usage error is exit 2 whether the database is up or not,
 /// and says so at once rather than after the connect timeout.
-pub(crate) fn check_arguments(command: &Command) -> Result<(), Failure> {
+pub(crate) fn check_arguments(command: &Command) -> Result<Checked, Failure> {
+    let mut checked = Checked { ring: None };
     match command {
         Command::Show {
             tenant,
@@ -90,7 +95,9 @@ pub(crate) fn check_arguments(command: &Command) -> Result<(), Failure> {
             key,
             digest,
             ..
-        } => address(tenant, operation, key, *digest).map(drop),
+        } => {
+            address(tenant, operation, key, *digest)?;
+        }
         Command::Purge {
             whole_tenant: None,
             tenant,
@@ -102,11 +109,20 @@ pub(crate) fn check_arguments(command: &Command) -> Result<(), Failure> {
         } => {
             let (tenant, operation, key) =
                 one_key(tenant.clone(), operation.clone(), key.clone(), *wait)?;
-            address(&tenant, &operation, &key, *digest).map(drop)
+            address(&tenant, &operation, &key, *digest)?;
         }
-        Command::Rekey { key_ring_file, .. } => rekey::ring(key_ring_file.as_deref()).map(drop),
-        _ => Ok(()),
+        Command::Rekey { key_ring_file, .. } => {
+            checked.ring = Some(rekey::ring(key_ring_file.as_deref())?);
+        }
+        _ => {}
     }
+    Ok(checked)
+}
+
+/// What [`check_arguments`] read that the command needs: the key ring (a
+/// file, or the environment), read once.
+pub(crate) struct Checked {
+    ring: Option<idem_runtime::KeyRing>,
 }
 
 /// A one-key purge's tenant, operation and key (clap requires all three

@@ -90,9 +90,8 @@ pub(super) async fn rekey<DB: Backend>(
     json: bool,
     batch_size: u32,
     clear: Clear,
-    key_ring_file: Option<&Path>,
+    ring: KeyRing,
 ) -> Result<String, Failure> {
-    let ring = ring(key_ring_file)?;
     let ring = if clear.refuse {
         ring.refusing_clear_answers()
     } else {
